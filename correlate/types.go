@@ -1,0 +1,152 @@
+package correlate
+
+import "github.com/gaptrace/gaptrace/event"
+
+// Cause is a stable cause ID (attribute gpu.gap.cause, metric label cause).
+type Cause string
+
+const (
+	CauseIORead        Cause = "io.read"
+	CauseLoaderWait    Cause = "loader.wait"
+	CauseIOWrite       Cause = "io.write"
+	CauseNet           Cause = "net"
+	CauseComm          Cause = "comm"
+	CauseCUDAMemcpy    Cause = "cuda.memcpy"
+	CauseCUDAAlloc     Cause = "cuda.alloc"
+	CauseCPU           Cause = "cpu"
+	CauseCPUContention Cause = "cpu.contention"
+	CauseSleep         Cause = "sleep"
+	CauseOther         Cause = "other"
+)
+
+// Causes lists every cause in display order.
+var Causes = []Cause{CauseIORead, CauseLoaderWait, CauseIOWrite, CauseNet, CauseComm, CauseCUDAMemcpy,
+	CauseCUDAAlloc, CauseCPU, CauseCPUContention, CauseSleep, CauseOther}
+
+// GapKind distinguishes a GPU that did nothing from one that was busy but
+// not useful (a collective spinning on a late peer).
+type GapKind string
+
+const (
+	GapIdle  GapKind = "idle"
+	GapStall GapKind = "stall"
+)
+
+// FileEvidence is one file a blocked thread read or wrote during a gap.
+type FileEvidence struct {
+	Path  string `json:"path"`
+	Op    string `json:"op"` // read, write, fsync
+	Bytes uint64 `json:"bytes"`
+	Calls int    `json:"calls"`
+	NS    int64  `json:"ns"`
+}
+
+// PeerEvidence is one socket peer a blocked thread talked to.
+type PeerEvidence struct {
+	Address string `json:"address"`
+	PID     uint32 `json:"pid,omitempty"` // loopback: the process owning the other end
+	Comm    string `json:"comm,omitempty"`
+	Bytes   uint64 `json:"bytes"`
+	Calls   int    `json:"calls"`
+	NS      int64  `json:"ns"`
+}
+
+// WorkerEvidence says what a data-loader worker did while a feeder waited.
+type WorkerEvidence struct {
+	PID      uint32   `json:"pid"`
+	Activity string   `json:"activity"` // "io" or "cpu"
+	Files    []string `json:"files,omitempty"`
+	IONS     int64    `json:"io_ns"`
+}
+
+// CollectiveEvidence describes the collective a thread waited on.
+type CollectiveEvidence struct {
+	Op       string `json:"op"`
+	Bytes    uint64 `json:"bytes"`
+	Comm     string `json:"comm"` // communicator, hex
+	PeerRank int32  `json:"peer_rank,omitempty"`
+	Stream   string `json:"stream,omitempty"`
+}
+
+// Evidence is what a user can check to believe a gap's cause.
+type Evidence struct {
+	Files      []FileEvidence      `json:"files,omitempty"`
+	Peers      []PeerEvidence      `json:"peers,omitempty"`
+	Workers    []WorkerEvidence    `json:"workers,omitempty"`
+	Collective *CollectiveEvidence `json:"collective,omitempty"`
+	CUDACall   string              `json:"cuda_call,omitempty"`
+	Syscalls   map[string]int      `json:"syscalls,omitempty"` // name -> calls
+	Threads    []uint32            `json:"threads,omitempty"`  // feeder threads considered
+	// Source says how the boundaries were found: "host" (a sync that
+	// waited and the next enqueue), "host+gpu" (host bounds, GPU-window
+	// duration), "gpu" (window idle the host could not bound).
+	Source string `json:"source"`
+}
+
+// HostOp is a host operation that explains a gap; otel/ turns each into a
+// child span of the gpu.idle span.
+type HostOp struct {
+	Name  string            `json:"name"` // "read", "write", "fsync", "sendto", "ncclAllReduce", "cuStreamSynchronize", ...
+	TID   uint32            `json:"tid"`
+	Start int64             `json:"start_unix_nano"`
+	End   int64             `json:"end_unix_nano"`
+	Attrs map[string]string `json:"attrs,omitempty"` // file.path, network.peer.address, ...
+}
+
+// Gap is one attributed GPU idle (or stalled) interval. The JSON form is
+// the --gaps-out contract.
+type Gap struct {
+	PID       uint32          `json:"pid"`
+	TID       uint32          `json:"tid"`
+	Device    int             `json:"device"`
+	Step      int64           `json:"step"`
+	Kind      GapKind         `json:"kind"`
+	Start     int64           `json:"start_unix_nano"`
+	End       int64           `json:"end_unix_nano"`
+	Duration  int64           `json:"duration_ns"`
+	Cause     Cause           `json:"cause"`
+	Breakdown map[Cause]int64 `json:"breakdown"`
+	Evidence  Evidence        `json:"evidence"`
+	Ops       []HostOp        `json:"ops,omitempty"`
+}
+
+// Step is one training step (or a fixed window when no period is found).
+type Step struct {
+	PID    uint32 `json:"pid"`
+	Device int    `json:"device"`
+	Number int64  `json:"step"`
+	// Window is true when no step period was found and this is a fixed
+	// time window.
+	Window bool  `json:"window,omitempty"`
+	Start  int64 `json:"start_unix_nano"`
+	End    int64 `json:"end_unix_nano"`
+	// IdleNS = BoundedIdleNS + MicroIdleNS; StallNS is busy-but-waiting
+	// time (comm).
+	IdleNS        int64            `json:"idle_ns"`
+	BoundedIdleNS int64            `json:"bounded_idle_ns"`
+	MicroIdleNS   int64            `json:"micro_idle_ns"`
+	StallNS       int64            `json:"stall_ns"`
+	IdleRatio     float64          `json:"idle_ratio"`
+	ByCause       map[Cause]int64  `json:"by_cause"`
+	Gaps          int              `json:"gaps"`
+	Launches      uint64           `json:"launches"`
+	HW            *event.HWContext `json:"hw,omitempty"`
+}
+
+// Summary is the --summary-json contract, written at exit.
+type Summary struct {
+	WallNS        int64           `json:"wall_ns"`
+	GPUIdleNS     int64           `json:"gpu_idle_ns"`
+	GPUStallNS    int64           `json:"gpu_stall_ns"`
+	ByCause       map[Cause]int64 `json:"by_cause"`
+	Steps         int64           `json:"steps"`
+	Gaps          int64           `json:"gaps"`
+	DroppedEvents uint64          `json:"dropped_events"`
+}
+
+// Sink receives results as soon as they are final. Calls come from the
+// goroutine that feeds the Engine.
+type Sink interface {
+	Gap(Gap)
+	Step(Step)
+}

@@ -1,0 +1,252 @@
+// Package event holds the plain data types that flow between gaptrace's
+// stages: host events produced by tracer/, GPU windows produced by
+// tracer/gpu, and nothing else. It has no dependencies so that correlate/
+// and its tests never pull in eBPF or NVML.
+//
+// All times are Unix nanoseconds (CLOCK_REALTIME). The tracer converts from
+// CLOCK_MONOTONIC in exactly one place before an event leaves it.
+package event
+
+// Kind says what a host Event records.
+type Kind uint8
+
+const (
+	KindInvalid Kind = iota
+	// KindEnqueue: the first GPU work enqueued by a thread after a sync or a
+	// blocking event (kernel launch, graph launch). Start == End. Count is the
+	// number of launches the thread made since its previous flushed event.
+	KindEnqueue
+	// KindMemcpyAsync / KindMemset: asynchronous copy or memset enqueued
+	// (point events, Bytes set, Stream set).
+	KindMemcpyAsync
+	KindMemset
+	// KindMemcpy: a synchronous host<->device copy, Start..End.
+	KindMemcpy
+	// KindSync: stream/context/event synchronize, Start..End. Count is the
+	// number of launches since the previous flushed event of the thread.
+	KindSync
+	// KindAlloc / KindFree: device memory allocation / free, Start..End.
+	KindAlloc
+	KindFree
+	// KindCollective: an NCCL collective or p2p op issued (point event;
+	// Op, Count, Bytes, Comm, Stream, PeerRank set).
+	KindCollective
+	// KindGroupEnd: ncclGroupEnd, Start..End.
+	KindGroupEnd
+	// KindSyscall: a traced syscall that lasted at least the threshold,
+	// Start..End. Syscall, FD, Ret, Path/PeerAddr, Waker* set.
+	KindSyscall
+	// KindRunqueue: the thread was runnable but not running, Start..End.
+	KindRunqueue
+	// KindOffCPU: the thread was blocked outside any traced syscall
+	// (page fault on a mapped file, ...), Start..End.
+	KindOffCPU
+	// KindFork: PID/TID forked ChildPID (a process or a thread).
+	KindFork
+	// KindExec: PID exec'd TaskComm (Path holds the filename).
+	KindExec
+	// KindExit: thread TID of PID exited (PID == TID: the process).
+	KindExit
+	// KindOpen / KindClose: fd lifecycle (Path holds the opened file).
+	KindOpen
+	KindClose
+)
+
+var kindNames = [...]string{"invalid", "enqueue", "memcpy_async", "memset", "memcpy", "sync", "alloc", "free",
+	"collective", "group_end", "syscall", "runqueue", "offcpu", "fork", "exec", "exit", "open", "close"}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return "unknown"
+}
+
+// CUDA names the driver-API function behind a CUDA event.
+type CUDA uint8
+
+const (
+	CUDANone CUDA = iota
+	CULaunchKernel
+	CULaunchKernelEx
+	CULaunchCooperativeKernel
+	CUGraphLaunch
+	CUMemcpyAsync // any cuMemcpy*Async
+	CUMemsetAsync // any cuMemsetD*Async
+	CUMemcpyHtoD  // synchronous
+	CUMemcpyDtoH  // synchronous
+	CUMemcpyOther // other synchronous copies (DtoD, generic cuMemcpy)
+	CUStreamSynchronize
+	CUCtxSynchronize
+	CUEventSynchronize
+	CUMemAlloc
+	CUMemFree
+	CUDALast
+)
+
+var cudaNames = [...]string{"", "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch",
+	"cuMemcpyAsync", "cuMemsetAsync", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpy", "cuStreamSynchronize",
+	"cuCtxSynchronize", "cuEventSynchronize", "cuMemAlloc", "cuMemFree"}
+
+func (c CUDA) String() string {
+	if int(c) < len(cudaNames) {
+		return cudaNames[c]
+	}
+	return "cuUnknown"
+}
+
+// NCCLOp names a collective or point-to-point operation.
+type NCCLOp uint8
+
+const (
+	NCCLNone NCCLOp = iota
+	NCCLAllReduce
+	NCCLAllGather
+	NCCLReduceScatter
+	NCCLBroadcast
+	NCCLReduce
+	NCCLSend
+	NCCLRecv
+	NCCLLast
+)
+
+var ncclNames = [...]string{"", "AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "Send", "Recv"}
+
+func (o NCCLOp) String() string {
+	if int(o) < len(ncclNames) {
+		return ncclNames[o]
+	}
+	return "Unknown"
+}
+
+// SyscallClass groups traced syscalls by what a blocked thread was doing.
+type SyscallClass uint8
+
+const (
+	SysOther SyscallClass = iota
+	SysRead               // read, pread64, readv, preadv
+	SysWrite              // write, pwrite64, writev
+	SysFsync              // fsync, fdatasync
+	SysNet                // sendto, sendmsg, recvfrom, recvmsg, connect
+	SysFutex              // futex
+	SysPoll               // poll, ppoll, epoll_wait, epoll_pwait, select, pselect6
+	SysSleep              // nanosleep, clock_nanosleep
+	SysOpen               // openat
+	SysClose              // close
+	SysLast
+)
+
+var classNames = [...]string{"other", "read", "write", "fsync", "net", "futex", "poll", "sleep", "open", "close"}
+
+func (c SyscallClass) String() string {
+	if int(c) < len(classNames) {
+		return classNames[c]
+	}
+	return "other"
+}
+
+// FDKind says what an fd referred to when it was resolved.
+type FDKind uint8
+
+const (
+	FDUnknown FDKind = iota
+	FDFile
+	FDSocket // PeerAddr set (tcp/udp "ip:port", unix path)
+	FDPipe
+	FDOther // eventfd, anon inode, device, ...
+)
+
+// Event is one host-side fact about a traced thread. Fields that do not
+// apply to the Kind are zero.
+type Event struct {
+	Kind Kind
+	PID  uint32 // thread group id (process)
+	TID  uint32
+	// Start and End are Unix ns. Point events have Start == End.
+	Start int64
+	End   int64
+
+	// CUDA / NCCL
+	CUDA     CUDA
+	Stream   uint64 // CUstream / cudaStream_t value; 0 is the legacy default stream
+	Bytes    uint64 // copy/memset/alloc size, collective payload (count*dtype size), syscall bytes
+	Count    uint64 // launches aggregated (Enqueue, Sync), elements (Collective)
+	Op       NCCLOp
+	Comm     uint64 // ncclComm_t value
+	PeerRank int32  // send/recv peer or reduce/broadcast root; -1 when n/a
+
+	// Syscalls
+	Syscall   SyscallClass
+	SyscallNr int32
+	Name      string // syscall name ("pread64"), exec'd comm, ...
+	FD        int32
+	Ret       int64
+	FDKind    FDKind
+	Path      string // file path, "pipe:[ino]", or unix socket path
+	PeerAddr  string // socket peer "ip:port" (tcp/udp) when FDKind == FDSocket
+	PeerPID   uint32 // loopback: pid that owns the other end, when known
+	WakerPID  uint32 // for blocking events: the last thread that woke this one
+	WakerTID  uint32
+	ChildPID  uint32 // KindFork
+	IsThread  bool   // KindFork: the child is a thread of PID
+	TaskComm  string // task comm of TID when known
+}
+
+// Duration returns End-Start in ns.
+func (e *Event) Duration() int64 { return e.End - e.Start }
+
+// WindowSource says where a GPU idle window came from.
+type WindowSource uint8
+
+const (
+	SourceNVML WindowSource = iota + 1 // nvmlDeviceGetSamples(GPU_UTILIZATION_SAMPLES)
+	SourceGPM                          // GPM SM activity
+)
+
+func (s WindowSource) String() string {
+	switch s {
+	case SourceNVML:
+		return "nvml"
+	case SourceGPM:
+		return "gpm"
+	}
+	return "unknown"
+}
+
+// GPUWindow is the GPU's own account of one sampling window.
+type GPUWindow struct {
+	Device int
+	UUID   string
+	Start  int64 // Unix ns
+	End    int64 // Unix ns
+	// IdleFraction is the fraction of [Start,End) during which no kernel ran
+	// (1 - utilization.gpu for NVML; 1 - SM-busy for GPM).
+	IdleFraction float64
+	Source       WindowSource
+	// SMActivity is GPM SM activity (0..1) when Source == SourceGPM; -1
+	// when unknown. A collective spinning on a late peer keeps utilization
+	// high while SM activity falls: correlate uses it to confirm comm stalls.
+	SMActivity     float64
+	TensorActivity float64 // 0..1, -1 when unknown
+}
+
+// HWContext is the hardware state of one device over a step.
+type HWContext struct {
+	Device          int
+	Name            string
+	UUID            string
+	SMClockMHz      uint32
+	MaxSMClockMHz   uint32
+	ThrottleReasons []string // "sw_power_cap", "hw_thermal_slowdown", ...
+	TemperatureC    uint32
+	SlowdownTempC   uint32
+	PCIeGen         uint32
+	PCIeMaxGen      uint32
+	PCIeWidth       uint32
+	PCIeMaxWidth    uint32
+	MemUsedBytes    uint64
+	MemTotalBytes   uint64
+	SMActivity      float64  // mean over the step, -1 unknown
+	OtherProcesses  []uint32 // PIDs on the device other than the traced ones
+	XidErrors       []uint64 // Xid codes seen during the step
+}

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""A PyTorch trainer with injected stalls of known cause, for validating gaptrace on a real GPU.
+
+Each step trains a small transformer (forward, backward, AdamW) and ends with loss.item(), a
+device-to-host copy plus a stream sync. Before every E-th step a stall of a known cause runs on the
+main (feeding) thread; its exact interval is written to --truth as JSON Lines in CLOCK_MONOTONIC ns,
+the same format as simtrain's truth file:
+
+  {"type":"meta","clock":"monotonic","realtime_minus_monotonic_ns":N,"pid":P,...}
+  {"type":"step","step":n,"start":ns,"end":ns}
+  {"type":"stall","step":n,"cause":"io.read","start":ns,"end":ns,"tid":T}
+
+Stall causes:
+  io.read      read a dataset file with its page cache dropped (posix_fadvise DONTNEED)
+  loader.wait  the next batch comes from a DataLoader worker that is slow this time (it reads a
+               file with the page cache dropped): the main thread blocks on the worker queue
+  net          synchronous HTTP POST to a local slow logging server (a child process)
+  io.write     torch.save of a checkpoint followed by fsync
+  cpu          CPU-bound host work in Python
+  launch       a launch-bound phase of many tiny kernels (micro-gaps, no single big gap)
+
+Usage: trainer.py --steps N [--stall CAUSE:every=E:ms=M]... [--truth FILE] [--profile FILE]
+                  [--warmup W] [--result FILE]
+--profile records a PyTorch profiler (Kineto/CUPTI) trace of the measured steps for the ground
+truth of GPU idle time. --result writes {"steps_per_s":..} over the measured steps.
+"""
+import argparse
+import http.server
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+import torch.nn as nn
+
+MONO = time.monotonic_ns
+
+
+def parse_stall(s):
+    cause, _, rest = s.partition(":")
+    kv = dict(p.split("=", 1) for p in rest.split(":") if p)
+    return cause, int(kv.get("every", 10)), float(kv.get("ms", 40))
+
+
+class SlowLogHandler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        self.rfile.read(n)
+        ms = float(self.path.strip("/").split("/")[-1] or 0)
+        time.sleep(ms / 1000.0)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *a):
+        pass
+
+
+def start_log_server():
+    """A slow logging service in a child process, like a wandb/HTTP logger on the other end."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        srv = http.server.HTTPServer(("127.0.0.1", 0), SlowLogHandler)
+        os.write(w, str(srv.server_address[1]).encode())
+        os.close(w)
+        srv.serve_forever()
+        os._exit(0)
+    os.close(w)
+    port = int(os.read(r, 16))
+    os.close(r)
+    return pid, port
+
+
+def http_post(port, ms):
+    body = json.dumps({"loss": 1.0}).encode()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /log/%g HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (ms, len(body)) + body)
+    buf = b""
+    while b"\r\n\r\n" not in buf or not buf.endswith(b"ok"):
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        buf += chunk
+    s.close()
+
+
+def make_file(path, size):
+    if os.path.exists(path) and os.path.getsize(path) >= size:
+        return
+    with open(path, "wb") as f:
+        block = os.urandom(1 << 20)
+        for _ in range(size >> 20):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_cold(path, ms):
+    """Blocking reads of a file whose page cache is dropped, until ms elapsed."""
+    deadline = MONO() + int(ms * 1e6)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        off = 0
+        while MONO() < deadline:
+            if off == 0:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.pread(fd, 1 << 20, off)
+            off = (off + (1 << 20)) % size
+    finally:
+        os.close(fd)
+
+
+class SlowDataset(torch.utils.data.IterableDataset):
+    """Yields batches; some are slow because the worker reads cold data first."""
+
+    def __init__(self, n, every, ms, path, shape):
+        self.n, self.every, self.ms, self.path, self.shape = n, every, ms, path, shape
+
+    def __iter__(self):
+        for i in range(1, self.n + 1):
+            if self.every and i % self.every == 0:
+                read_cold(self.path, self.ms)
+            yield torch.randint(0, 1000, self.shape)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--stall", action="append", default=[])
+    ap.add_argument("--truth")
+    ap.add_argument("--profile")
+    ap.add_argument("--result")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--dmodel", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--data-dir", default=tempfile.gettempdir())
+    args = ap.parse_args()
+
+    stalls = [parse_stall(s) for s in args.stall]
+    known = {"io.read", "loader.wait", "net", "io.write", "cpu", "launch"}
+    for c, _, _ in stalls:
+        if c not in known:
+            sys.exit(f"trainer: unknown stall cause {c!r} (known: {', '.join(sorted(known))})")
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    vocab = 1000
+    layer = nn.TransformerEncoderLayer(args.dmodel, 8, 4 * args.dmodel, batch_first=True)
+    model = nn.Sequential(nn.Embedding(vocab, args.dmodel), nn.TransformerEncoder(layer, args.layers),
+                          nn.Linear(args.dmodel, vocab)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    lossf = nn.CrossEntropyLoss()
+
+    data = os.path.join(args.data_dir, "gaptrace-dataset.bin")
+    make_file(data, 256 << 20)
+    ckpt = os.path.join(args.data_dir, "gaptrace-ckpt.pt")
+    logsrv, port = (None, None)
+    if any(c == "net" for c, _, _ in stalls):
+        logsrv, port = start_log_server()
+
+    total = args.warmup + args.steps
+    loader_stall = [(e, m) for c, e, m in stalls if c == "loader.wait"]
+    le, lm = loader_stall[0] if loader_stall else (0, 0)
+    ds = SlowDataset(total + 1, le, lm, data, (args.batch, args.seq))
+    loader = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1 if le else 0, prefetch_factor=1 if le else None))
+
+    truth = []
+    off = time.time_ns() - MONO()
+    truth.append({"type": "meta", "clock": "monotonic", "realtime_minus_monotonic_ns": off, "pid": os.getpid(),
+                  "device": 0, "rank": 0, "stalls": args.stall, "warmup": args.warmup})
+    tid = threading.get_native_id()
+    tiny = torch.ones(64, device=dev)
+
+    prof = None
+    if args.profile:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                  torch.profiler.ProfilerActivity.CUDA])
+    t_measure = None
+    for step in range(1, total + 1):
+        if step == args.warmup + 1:
+            torch.cuda.synchronize()
+            if prof:
+                prof.start()
+            t_measure = time.perf_counter()
+        n = step - args.warmup  # measured step number (<= 0 during warm-up)
+        for cause, every, ms in stalls:
+            if n <= 0 or n % every != 0:
+                continue
+            t0 = MONO()
+            if cause == "io.read":
+                read_cold(data, ms)
+            elif cause == "net":
+                http_post(port, ms)
+            elif cause == "io.write":
+                deadline = t0 + int(ms * 1e6)
+                while MONO() < deadline:
+                    with open(ckpt, "wb") as f:
+                        torch.save({k: v.detach().cpu()[:256] for k, v in list(model.state_dict().items())[:8]}, f)
+                        f.flush()
+                        os.fsync(f.fileno())
+            elif cause == "cpu":
+                deadline = t0 + int(ms * 1e6)
+                x = 0
+                while MONO() < deadline:
+                    x += 1
+            elif cause == "launch":
+                deadline = t0 + int(ms * 1e6)
+                while MONO() < deadline:
+                    tiny.add_(1.0)
+                torch.cuda.synchronize()
+            elif cause == "loader.wait":
+                continue  # happens inside next(loader), recorded below
+            truth.append({"type": "stall", "step": n, "cause": cause, "start": t0, "end": MONO(), "tid": tid})
+        t0 = MONO()
+        batch = next(loader)
+        t1 = MONO()
+        if le and n > 0 and t1 - t0 > 1e6:
+            # the worker was still reading cold data for this batch
+            truth.append({"type": "stall", "step": n, "cause": "loader.wait", "start": t0, "end": t1, "tid": tid})
+        s0 = MONO()
+        x = batch.to(dev, non_blocking=True)
+        out = model(x)
+        loss = lossf(out.view(-1, vocab), x.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss.item()
+        if n > 0:
+            truth.append({"type": "step", "step": n, "start": s0, "end": MONO()})
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t_measure
+    if prof:
+        prof.stop()
+        prof.export_chrome_trace(args.profile)
+    sps = args.steps / elapsed
+    print(f"trainer: {args.steps} steps in {elapsed:.2f}s, {sps:.2f} steps/s", flush=True)
+    if args.result:
+        with open(args.result, "w") as f:
+            json.dump({"steps_per_s": sps, "steps": args.steps, "elapsed_s": elapsed}, f)
+    if args.truth:
+        with open(args.truth, "w") as f:
+            for r in truth:
+                f.write(json.dumps(r) + "\n")
+    if logsrv:
+        os.kill(logsrv, 9)
+        os.waitpid(logsrv, 0)
+
+
+if __name__ == "__main__":
+    main()

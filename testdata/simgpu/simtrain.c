@@ -1,0 +1,1325 @@
+/*
+ * simtrain - a simulated training process for the simulated GPU.
+ *
+ * Runs steps of kernel launches, a batch copy, optional gradient all-reduces
+ * and a final synchronization against the simulated libcuda/libnccl, and
+ * injects host stalls of known causes on the main (feeder) thread. With
+ * --truth it writes the ground truth (steps, stalls, device busy intervals,
+ * driver calls) as JSON Lines with CLOCK_MONOTONIC nanosecond timestamps,
+ * which the tracer's integration and accuracy tests compare against.
+ *
+ * Steps are numbered from 1; a stall with every=E runs before every step n
+ * with n % E == 0, in the order the --stall flags were given. See README.md
+ * for the full contract.
+ */
+#define _GNU_SOURCE
+#include "simgpu.h"
+#include "timeline.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_STALLS  32
+#define MAX_STREAMS 64
+#define MAX_WORKERS 64
+#define IO_CHUNK    (1u << 20)
+#define DATA_FILE_BYTES (256ull << 20)
+
+enum cause {
+	C_IO_READ,
+	C_IO_WRITE,
+	C_NET,
+	C_LOADER_IO,
+	C_LOADER_CPU,
+	C_COMM,
+	C_CUDA_MEMCPY,
+	C_CUDA_ALLOC,
+	C_CPU,
+	C_CPU_CONTENTION,
+	C_SLEEP,
+};
+
+static const struct {
+	const char *name;
+	enum cause c;
+} cause_names[] = {
+	{"io.read", C_IO_READ},
+	{"io.write", C_IO_WRITE},
+	{"net", C_NET},
+	{"loader.wait", C_LOADER_IO},
+	{"loader.wait.io", C_LOADER_IO},
+	{"loader.wait.cpu", C_LOADER_CPU},
+	{"comm", C_COMM},
+	{"cuda.memcpy", C_CUDA_MEMCPY},
+	{"cuda.alloc", C_CUDA_ALLOC},
+	{"cpu", C_CPU},
+	{"cpu.contention", C_CPU_CONTENTION},
+	{"sleep", C_SLEEP},
+};
+
+struct stall {
+	char name[32]; /* as given on the command line */
+	enum cause c;
+	long every;
+	long ms;
+};
+
+enum launch_api { L_KERNEL, L_EX, L_COOP, L_GRAPH, L_PTSZ, L_MIX };
+static const char *launch_api_names[] = {"kernel", "ex", "cooperative", "graph", "ptsz", "mix"};
+
+static struct {
+	long steps;
+	long kernels;
+	long kernel_us;
+	long gap_us;
+	long streams;
+	long collectives;
+	long device;
+	long rank;
+	long nranks;
+	long workers;
+	long batch_bytes;
+	long bucket_bytes;
+	int ctx_sync;
+	int quiet;
+	enum launch_api api;
+	const char *truth;
+	const char *server;
+	const char *data_dir;
+	const char *dump_timeline;
+	struct stall stalls[MAX_STALLS];
+	int nstalls;
+} opt = {
+	.steps = -1,
+	.kernels = 8,
+	.kernel_us = 200,
+	.gap_us = 20,
+	.streams = 1,
+	.rank = 0,
+	.nranks = 2,
+	.workers = 2,
+	.batch_bytes = 1 << 20,
+	.bucket_bytes = 25 << 20,
+};
+
+static volatile sig_atomic_t stop_requested;
+
+/* ------------------------------------------------------------------ */
+/* Small helpers                                                       */
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t realtime_minus_monotonic(void)
+{
+	struct timespec r, m1, m2;
+	clock_gettime(CLOCK_MONOTONIC, &m1);
+	clock_gettime(CLOCK_REALTIME, &r);
+	clock_gettime(CLOCK_MONOTONIC, &m2);
+	uint64_t rt = (uint64_t)r.tv_sec * 1000000000ull + (uint64_t)r.tv_nsec;
+	uint64_t mt = ((uint64_t)m1.tv_sec * 1000000000ull + (uint64_t)m1.tv_nsec +
+		       (uint64_t)m2.tv_sec * 1000000000ull + (uint64_t)m2.tv_nsec) / 2;
+	return rt - mt;
+}
+
+static void spin_until(uint64_t t)
+{
+	while (now_ns() < t)
+		;
+}
+
+static void sleep_until(uint64_t t)
+{
+	struct timespec ts = {.tv_sec = (time_t)(t / 1000000000ull),
+			      .tv_nsec = (long)(t % 1000000000ull)};
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("simtrain: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	exit(1);
+}
+
+static void usage_error(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("simtrain: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputs("\nrun 'simtrain --help' for usage\n", stderr);
+	va_end(ap);
+	exit(2);
+}
+
+static void check_cu(CUresult r, const char *what)
+{
+	if (r != CUDA_SUCCESS) {
+		const char *s = NULL;
+		cuGetErrorString(r, &s);
+		die("%s: %s (%d)", what, s ? s : "unknown error", r);
+	}
+}
+
+static int gettid_(void)
+{
+	return (int)gettid();
+}
+
+static double env_gbps(const char *name, double def)
+{
+	const char *s = getenv(name);
+	if (s == NULL || *s == '\0')
+		return def;
+	double v = strtod(s, NULL);
+	return v > 0 ? v : def;
+}
+
+/* ------------------------------------------------------------------ */
+/* Ground truth                                                        */
+
+struct sbuf {
+	char *p;
+	size_t len, cap;
+};
+
+static struct sbuf truth_buf;
+static FILE *truth_f;
+
+static void bprintf(struct sbuf *b, const char *fmt, ...)
+{
+	for (;;) {
+		va_list ap;
+		va_start(ap, fmt);
+		size_t room = b->cap - b->len;
+		int n = vsnprintf(b->p ? b->p + b->len : NULL, room, fmt, ap);
+		va_end(ap);
+		if (n < 0)
+			die("format truth record");
+		if ((size_t)n < room) {
+			b->len += (size_t)n;
+			return;
+		}
+		size_t ncap = b->cap ? b->cap * 2 : 1 << 16;
+		while (ncap - b->len <= (size_t)n)
+			ncap *= 2;
+		char *np = realloc(b->p, ncap);
+		if (np == NULL)
+			die("out of memory");
+		b->p = np;
+		b->cap = ncap;
+	}
+}
+
+/* Busy intervals reported by the driver, merged per kind at flush time. */
+struct busy {
+	uint64_t s, e;
+	uint32_t kind;
+};
+static struct busy *busy_v;
+static size_t busy_n, busy_cap;
+static uint64_t comm_capture_start; /* GPU start of the delayed collective */
+static int comm_capture;
+
+static void on_busy(void *arg, int dev, uint64_t s, uint64_t e, uint32_t kind, uint32_t stream)
+{
+	if (comm_capture && kind == SIMGPU_KIND_COLLECTIVE) {
+		comm_capture_start = s;
+		comm_capture = 0;
+	}
+	if (truth_f == NULL)
+		return;
+	if (busy_n == busy_cap) {
+		size_t nc = busy_cap ? busy_cap * 2 : 4096;
+		struct busy *nv = realloc(busy_v, nc * sizeof(*nv));
+		if (nv == NULL)
+			die("out of memory");
+		busy_v = nv;
+		busy_cap = nc;
+	}
+	busy_v[busy_n++] = (struct busy){s, e, kind};
+}
+
+static int busy_cmp(const void *a, const void *b)
+{
+	const struct busy *x = a, *y = b;
+	if (x->kind != y->kind)
+		return x->kind < y->kind ? -1 : 1;
+	return x->s < y->s ? -1 : x->s > y->s;
+}
+
+static const char *kind_name(uint32_t k)
+{
+	switch (k) {
+	case SIMGPU_KIND_KERNEL: return "kernel";
+	case SIMGPU_KIND_COLLECTIVE: return "collective";
+	case SIMGPU_KIND_COPY: return "copy";
+	case SIMGPU_KIND_MEMSET: return "memset";
+	default: return "unknown";
+	}
+}
+
+/*
+ * Called only between steps, after the final sync, when no simulated work
+ * is pending: no busy interval can straddle a flush, so merging the pending
+ * ones is exact.
+ */
+static void truth_flush(void)
+{
+	if (truth_f == NULL)
+		return;
+	qsort(busy_v, busy_n, sizeof(*busy_v), busy_cmp);
+	for (size_t i = 0; i < busy_n;) {
+		struct busy cur = busy_v[i++];
+		while (i < busy_n && busy_v[i].kind == cur.kind && busy_v[i].s <= cur.e) {
+			if (busy_v[i].e > cur.e)
+				cur.e = busy_v[i].e;
+			i++;
+		}
+		bprintf(&truth_buf, "{\"type\":\"busy\",\"start\":%llu,\"end\":%llu,\"kind\":\"%s\"}\n",
+			(unsigned long long)cur.s, (unsigned long long)cur.e, kind_name(cur.kind));
+	}
+	busy_n = 0;
+	if (truth_buf.len > 0 && fwrite(truth_buf.p, 1, truth_buf.len, truth_f) != truth_buf.len)
+		die("write truth file %s: %s", opt.truth, strerror(errno));
+	if (fflush(truth_f) != 0)
+		die("write truth file %s: %s", opt.truth, strerror(errno));
+	truth_buf.len = 0;
+}
+
+static void truth_call(const char *what, const char *api, long step, uint64_t s, uint64_t e,
+		       CUstream stream, unsigned long long bytes)
+{
+	if (truth_f == NULL)
+		return;
+	bprintf(&truth_buf,
+		"{\"type\":\"call\",\"what\":\"%s\",\"api\":\"%s\",\"step\":%ld,\"start\":%llu,"
+		"\"end\":%llu,\"tid\":%d,\"stream\":%llu,\"bytes\":%llu}\n",
+		what, api, step, (unsigned long long)s, (unsigned long long)e, gettid_(),
+		(unsigned long long)(uintptr_t)stream, bytes);
+}
+
+/* ------------------------------------------------------------------ */
+/* Option parsing                                                      */
+
+static long parse_long(const char *flag, const char *s, long min, long max)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno != 0 || end == s || *end != '\0' || v < min || v > max)
+		usage_error("invalid value %s for %s (want an integer in [%ld, %ld])", s, flag, min,
+			    max);
+	return v;
+}
+
+static void parse_stall(const char *arg)
+{
+	if (opt.nstalls == MAX_STALLS)
+		usage_error("too many --stall flags (at most %d)", MAX_STALLS);
+	char buf[256];
+	snprintf(buf, sizeof(buf), "%s", arg);
+	char *save = NULL;
+	char *name = strtok_r(buf, ":", &save);
+	if (name == NULL)
+		usage_error("invalid --stall %s (want CAUSE:every=E:ms=M)", arg);
+	struct stall *st = &opt.stalls[opt.nstalls];
+	int found = 0;
+	for (size_t i = 0; i < sizeof(cause_names) / sizeof(cause_names[0]); i++)
+		if (strcmp(name, cause_names[i].name) == 0) {
+			st->c = cause_names[i].c;
+			found = 1;
+		}
+	if (!found) {
+		fprintf(stderr, "simtrain: unknown stall cause \"%s\"; known causes:", name);
+		for (size_t i = 0; i < sizeof(cause_names) / sizeof(cause_names[0]); i++)
+			fprintf(stderr, " %s", cause_names[i].name);
+		fputc('\n', stderr);
+		exit(2);
+	}
+	snprintf(st->name, sizeof(st->name), "%s", name);
+	st->every = -1;
+	st->ms = -1;
+	for (char *kv; (kv = strtok_r(NULL, ":", &save)) != NULL;) {
+		if (strncmp(kv, "every=", 6) == 0)
+			st->every = parse_long("--stall every", kv + 6, 1, 1L << 40);
+		else if (strncmp(kv, "ms=", 3) == 0)
+			st->ms = parse_long("--stall ms", kv + 3, 1, 3600 * 1000);
+		else
+			usage_error("invalid --stall field %s in %s (want every=E or ms=M)", kv, arg);
+	}
+	if (st->every < 0 || st->ms < 0)
+		usage_error("invalid --stall %s: both every=E and ms=M are required", arg);
+	opt.nstalls++;
+}
+
+static void usage(FILE *f)
+{
+	fputs("usage: simtrain --steps N [--kernels-per-step K] [--kernel-us U] [--launch-gap-us G]\n"
+	      "                [--streams S] [--truth FILE] [--stall CAUSE:every=E:ms=M]...\n"
+	      "                [--device D] [--rank R] [--nranks N] [--collectives C] [--server ADDR]\n"
+	      "                [--workers W] [--data-dir DIR] [--batch-bytes B] [--bucket-bytes B]\n"
+	      "                [--launch-api kernel|ex|cooperative|graph|ptsz|mix] [--ctx-sync] [--quiet]\n"
+	      "       simtrain --dump-timeline FROM,TO[,MASK] [--device D]\n"
+	      "causes: io.read io.write net loader.wait loader.wait.io loader.wait.cpu comm\n"
+	      "        cuda.memcpy cuda.alloc cpu cpu.contention sleep\n",
+	      f);
+}
+
+static void parse_args(int argc, char **argv)
+{
+	enum {
+		O_STEPS = 256, O_KERNELS, O_KUS, O_GAP, O_STREAMS, O_TRUTH, O_STALL, O_DEVICE,
+		O_RANK, O_NRANKS, O_COLL, O_SERVER, O_WORKERS, O_DATADIR, O_QUIET, O_BATCH,
+		O_BUCKET, O_API, O_CTXSYNC, O_DUMP, O_HELP,
+	};
+	static const struct option lo[] = {
+		{"steps", required_argument, 0, O_STEPS},
+		{"kernels-per-step", required_argument, 0, O_KERNELS},
+		{"kernel-us", required_argument, 0, O_KUS},
+		{"launch-gap-us", required_argument, 0, O_GAP},
+		{"streams", required_argument, 0, O_STREAMS},
+		{"truth", required_argument, 0, O_TRUTH},
+		{"stall", required_argument, 0, O_STALL},
+		{"device", required_argument, 0, O_DEVICE},
+		{"rank", required_argument, 0, O_RANK},
+		{"nranks", required_argument, 0, O_NRANKS},
+		{"collectives", required_argument, 0, O_COLL},
+		{"server", required_argument, 0, O_SERVER},
+		{"workers", required_argument, 0, O_WORKERS},
+		{"data-dir", required_argument, 0, O_DATADIR},
+		{"batch-bytes", required_argument, 0, O_BATCH},
+		{"bucket-bytes", required_argument, 0, O_BUCKET},
+		{"launch-api", required_argument, 0, O_API},
+		{"ctx-sync", no_argument, 0, O_CTXSYNC},
+		{"dump-timeline", required_argument, 0, O_DUMP},
+		{"quiet", no_argument, 0, O_QUIET},
+		{"help", no_argument, 0, O_HELP},
+		{0, 0, 0, 0},
+	};
+	int c;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (c) {
+		case O_STEPS: opt.steps = parse_long("--steps", optarg, 1, 1L << 40); break;
+		case O_KERNELS: opt.kernels = parse_long("--kernels-per-step", optarg, 1, 1 << 20); break;
+		case O_KUS: opt.kernel_us = parse_long("--kernel-us", optarg, 1, 10 * 1000 * 1000); break;
+		case O_GAP: opt.gap_us = parse_long("--launch-gap-us", optarg, 0, 10 * 1000 * 1000); break;
+		case O_STREAMS: opt.streams = parse_long("--streams", optarg, 1, MAX_STREAMS); break;
+		case O_TRUTH: opt.truth = optarg; break;
+		case O_STALL: parse_stall(optarg); break;
+		case O_DEVICE: opt.device = parse_long("--device", optarg, 0, 63); break;
+		case O_RANK: opt.rank = parse_long("--rank", optarg, 0, 1 << 20); break;
+		case O_NRANKS: opt.nranks = parse_long("--nranks", optarg, 1, 1 << 20); break;
+		case O_COLL: opt.collectives = parse_long("--collectives", optarg, 0, 1024); break;
+		case O_SERVER: opt.server = optarg; break;
+		case O_WORKERS: opt.workers = parse_long("--workers", optarg, 0, MAX_WORKERS); break;
+		case O_DATADIR: opt.data_dir = optarg; break;
+		case O_BATCH: opt.batch_bytes = parse_long("--batch-bytes", optarg, 1, 1L << 40); break;
+		case O_BUCKET: opt.bucket_bytes = parse_long("--bucket-bytes", optarg, 4, 1L << 40); break;
+		case O_API: {
+			int ok = 0;
+			for (int i = 0; i <= L_MIX; i++)
+				if (strcmp(optarg, launch_api_names[i]) == 0) {
+					opt.api = (enum launch_api)i;
+					ok = 1;
+				}
+			if (!ok)
+				usage_error("invalid --launch-api %s", optarg);
+			break;
+		}
+		case O_CTXSYNC: opt.ctx_sync = 1; break;
+		case O_DUMP: opt.dump_timeline = optarg; break;
+		case O_QUIET: opt.quiet = 1; break;
+		case O_HELP: usage(stdout); exit(0);
+		default:
+			usage_error("unknown or incomplete option %s", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		usage_error("unexpected argument %s", argv[optind]);
+	if (opt.dump_timeline == NULL && opt.steps < 0)
+		usage_error("--steps is required");
+	if (opt.rank >= opt.nranks)
+		usage_error("--rank %ld must be below --nranks %ld", opt.rank, opt.nranks);
+	for (int i = 0; i < opt.nstalls; i++) {
+		enum cause c = opt.stalls[i].c;
+		if ((c == C_LOADER_IO || c == C_LOADER_CPU) && opt.workers == 0)
+			usage_error("--stall %s needs --workers > 0", opt.stalls[i].name);
+	}
+}
+
+static int has_cause(enum cause c)
+{
+	for (int i = 0; i < opt.nstalls; i++)
+		if (opt.stalls[i].c == c)
+			return 1;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Files for the I/O stalls                                            */
+
+static char data_dir[4096];
+static int data_dir_is_temp;
+static char data_path[4200];
+static char ckpt_path[4200];
+
+static void create_data_file(void)
+{
+	struct stat st;
+	if (stat(data_path, &st) == 0 && (uint64_t)st.st_size >= DATA_FILE_BYTES)
+		return;
+	int fd = open(data_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		die("create %s: %s", data_path, strerror(errno));
+	char *buf = malloc(IO_CHUNK);
+	if (buf == NULL)
+		die("out of memory");
+	for (size_t i = 0; i < IO_CHUNK; i++)
+		buf[i] = (char)(i * 2654435761u >> 13); /* incompressible-ish */
+	for (uint64_t off = 0; off < DATA_FILE_BYTES; off += IO_CHUNK)
+		if (write(fd, buf, IO_CHUNK) != (ssize_t)IO_CHUNK)
+			die("write %s: %s", data_path, strerror(errno));
+	/* Written back so that POSIX_FADV_DONTNEED can really evict it. */
+	if (fsync(fd) != 0)
+		die("fsync %s: %s", data_path, strerror(errno));
+	close(fd);
+	free(buf);
+}
+
+/*
+ * Read the data file, cold, until ms elapsed. Each pread goes to the device:
+ * O_DIRECT where the filesystem supports it, else the range is evicted from
+ * the page cache first. Returns bytes read.
+ */
+struct reader {
+	int fd;
+	int direct;
+	char *buf;
+	uint64_t off;
+};
+
+static void reader_open(struct reader *r)
+{
+	r->off = 0;
+	r->direct = 1;
+	r->fd = open(data_path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (r->fd < 0) {
+		r->direct = 0;
+		r->fd = open(data_path, O_RDONLY | O_CLOEXEC);
+	}
+	if (r->fd < 0)
+		die("open %s: %s", data_path, strerror(errno));
+	if (posix_memalign((void **)&r->buf, 4096, IO_CHUNK) != 0)
+		die("out of memory");
+}
+
+static uint64_t read_cold_until(struct reader *r, uint64_t deadline)
+{
+	uint64_t total = 0;
+	while (now_ns() < deadline) {
+		if (r->off + IO_CHUNK > DATA_FILE_BYTES)
+			r->off = 0;
+		if (!r->direct)
+			posix_fadvise(r->fd, (off_t)r->off, IO_CHUNK, POSIX_FADV_DONTNEED);
+		ssize_t n = pread(r->fd, r->buf, IO_CHUNK, (off_t)r->off);
+		if (n < 0 && errno == EINVAL && r->direct) {
+			/* O_DIRECT accepted at open but not for reads here. */
+			close(r->fd);
+			r->fd = open(data_path, O_RDONLY | O_CLOEXEC);
+			r->direct = 0;
+			if (r->fd < 0)
+				die("open %s: %s", data_path, strerror(errno));
+			continue;
+		}
+		if (n < 0)
+			die("read %s: %s", data_path, strerror(errno));
+		if (n == 0) {
+			r->off = 0;
+			continue;
+		}
+		r->off += (uint64_t)n;
+		total += (uint64_t)n;
+	}
+	return total;
+}
+
+/* ------------------------------------------------------------------ */
+/* Child processes: data-loader workers, log server, contention helper */
+
+struct worker {
+	pid_t pid;
+	int req_w;   /* trainer -> worker */
+	int reply_r; /* worker -> trainer */
+};
+static struct worker workers[MAX_WORKERS];
+static int nworkers, next_worker;
+
+struct loader_req {
+	uint32_t kind; /* 1 = read files, 2 = compute */
+	uint32_t ms;
+};
+
+static void child_setup(const char *name)
+{
+	prctl(PR_SET_NAME, name, 0, 0, 0);
+	/* Never outlive the trainer, even if it is killed. */
+	prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);
+	signal(SIGINT, SIG_IGN);
+	signal(SIGTERM, SIG_DFL);
+}
+
+static void worker_main(int req_r, int reply_w)
+{
+	child_setup("simtrain-worker");
+	if (getppid() == 1)
+		_exit(0);
+	struct reader r;
+	int opened = 0;
+	struct loader_req q;
+	for (;;) {
+		ssize_t n = read(req_r, &q, sizeof(q));
+		if (n == 0)
+			_exit(0);
+		if (n != (ssize_t)sizeof(q)) {
+			if (n < 0 && errno == EINTR)
+				continue;
+			_exit(1);
+		}
+		uint64_t deadline = now_ns() + (uint64_t)q.ms * 1000000ull;
+		uint64_t done = 0;
+		if (q.kind == 1) {
+			if (!opened) {
+				reader_open(&r);
+				opened = 1;
+			}
+			done = read_cold_until(&r, deadline);
+		} else {
+			spin_until(deadline);
+		}
+		if (write(reply_w, &done, sizeof(done)) != (ssize_t)sizeof(done))
+			_exit(1);
+	}
+}
+
+static void start_workers(void)
+{
+	for (int i = 0; i < opt.workers; i++) {
+		int req[2], rep[2];
+		if (pipe2(req, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0)
+			die("pipe: %s", strerror(errno));
+		fflush(NULL);
+		pid_t pid = fork();
+		if (pid < 0)
+			die("fork worker: %s", strerror(errno));
+		if (pid == 0) {
+			close(req[1]);
+			close(rep[0]);
+			for (int j = 0; j < nworkers; j++) {
+				close(workers[j].req_w);
+				close(workers[j].reply_r);
+			}
+			worker_main(req[0], rep[1]);
+		}
+		close(req[0]);
+		close(rep[1]);
+		workers[nworkers++] = (struct worker){pid, req[1], rep[0]};
+	}
+}
+
+static pid_t logsrv_pid;
+static char server_addr[128];
+
+static void logsrv_main(int lfd)
+{
+	child_setup("simtrain-logsrv");
+	char req[8192];
+	for (;;) {
+		int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (c < 0) {
+			if (errno == EINTR)
+				continue;
+			_exit(1);
+		}
+		size_t len = 0;
+		long body = -1;
+		char *hdr_end = NULL;
+		/* Read headers, then Content-Length bytes of body. */
+		for (;;) {
+			ssize_t n = recv(c, req + len, sizeof(req) - 1 - len, 0);
+			if (n <= 0)
+				break;
+			len += (size_t)n;
+			req[len] = '\0';
+			if (hdr_end == NULL && (hdr_end = strstr(req, "\r\n\r\n")) != NULL) {
+				char *cl = strcasestr(req, "content-length:");
+				body = cl != NULL && cl < hdr_end ? strtol(cl + 15, NULL, 10) : 0;
+			}
+			if (hdr_end != NULL && (long)(len - (size_t)(hdr_end + 4 - req)) >= body)
+				break;
+			if (len == sizeof(req) - 1)
+				break;
+		}
+		long ms = 0;
+		char *d = strstr(req, "delay_ms=");
+		if (d != NULL)
+			ms = strtol(d + 9, NULL, 10);
+		if (ms > 0)
+			sleep_until(now_ns() + (uint64_t)ms * 1000000ull);
+		const char *resp = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+				   "Content-Length: 12\r\nConnection: close\r\n\r\n{\"ok\":true}\n";
+		ssize_t w = send(c, resp, strlen(resp), MSG_NOSIGNAL);
+		(void)w;
+		close(c);
+	}
+}
+
+static void start_logsrv(void)
+{
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (lfd < 0)
+		die("socket: %s", strerror(errno));
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t alen = sizeof(a);
+	if (bind(lfd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(lfd, 16) != 0 ||
+	    getsockname(lfd, (struct sockaddr *)&a, &alen) != 0)
+		die("listen on 127.0.0.1: %s", strerror(errno));
+	snprintf(server_addr, sizeof(server_addr), "127.0.0.1:%d", ntohs(a.sin_port));
+	fflush(NULL);
+	logsrv_pid = fork();
+	if (logsrv_pid < 0)
+		die("fork log server: %s", strerror(errno));
+	if (logsrv_pid == 0)
+		logsrv_main(lfd);
+	close(lfd);
+}
+
+/* cpu.contention: a SCHED_FIFO hog pinned to the trainer's CPU. */
+struct hog_shared {
+	_Atomic uint32_t done;
+};
+static struct hog_shared *hog;
+static pid_t hog_pid;
+static int hog_req_w;
+static int hog_cpu;
+
+static void start_hog(void)
+{
+	hog = mmap(NULL, sizeof(*hog), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (hog == MAP_FAILED)
+		die("mmap: %s", strerror(errno));
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) != 0)
+		die("pipe: %s", strerror(errno));
+	/* Pin to the CPU the trainer runs on now; the trainer pins itself there during the stall. */
+	hog_cpu = sched_getcpu();
+	if (hog_cpu < 0)
+		hog_cpu = 0;
+	fflush(NULL);
+	hog_pid = fork();
+	if (hog_pid < 0)
+		die("fork contention helper: %s", strerror(errno));
+	if (hog_pid == 0) {
+		child_setup("simtrain-hog");
+		close(p[1]);
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		CPU_SET(hog_cpu, &set);
+		if (sched_setaffinity(0, sizeof(set), &set) != 0)
+			_exit(3);
+		struct sched_param sp = {.sched_priority = 1};
+		if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0)
+			_exit(4);
+		uint32_t ms;
+		for (;;) {
+			ssize_t n = read(p[0], &ms, sizeof(ms));
+			if (n == 0)
+				_exit(0);
+			if (n != (ssize_t)sizeof(ms)) {
+				if (n < 0 && errno == EINTR)
+					continue;
+				_exit(1);
+			}
+			spin_until(now_ns() + (uint64_t)ms * 1000000ull);
+			atomic_store(&hog->done, 1);
+		}
+	}
+	close(p[0]);
+	hog_req_w = p[1];
+	/* Fail now, with a clear message, if the helper could not become real-time. */
+	usleep(1000);
+	int status;
+	for (int i = 0; i < 50; i++) {
+		pid_t r = waitpid(hog_pid, &status, WNOHANG);
+		if (r == hog_pid) {
+			if (WIFEXITED(status) && WEXITSTATUS(status) == 4)
+				die("cpu.contention needs SCHED_FIFO (root or CAP_SYS_NICE)");
+			die("contention helper exited early (status %d)", status);
+		}
+		if (r == 0)
+			break;
+	}
+}
+
+static uint64_t thread_run_delay_ns(void)
+{
+	/* schedstat: on-CPU ns, run-queue wait ns, timeslices. */
+	FILE *f = fopen("/proc/thread-self/schedstat", "re");
+	if (f == NULL)
+		return 0;
+	unsigned long long run = 0, wait = 0;
+	if (fscanf(f, "%llu %llu", &run, &wait) != 2)
+		wait = 0;
+	fclose(f);
+	return wait;
+}
+
+static void stop_children(void)
+{
+	pid_t pids[MAX_WORKERS + 2];
+	int n = 0;
+	for (int i = 0; i < nworkers; i++) {
+		close(workers[i].req_w);
+		close(workers[i].reply_r);
+		pids[n++] = workers[i].pid;
+	}
+	if (logsrv_pid > 0)
+		pids[n++] = logsrv_pid;
+	if (hog_pid > 0) {
+		close(hog_req_w);
+		pids[n++] = hog_pid;
+	}
+	for (int i = 0; i < n; i++)
+		kill(pids[i], SIGTERM);
+	for (int i = 0; i < n; i++)
+		waitpid(pids[i], NULL, 0);
+	nworkers = 0;
+	logsrv_pid = hog_pid = 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The simulated device                                                */
+
+static CUstream streams[MAX_STREAMS];
+static CUfunction kfunc;
+static CUgraphExec kgraph;
+static CUdeviceptr dbatch, dgrad;
+static char *hbatch;
+static ncclComm_t comm;
+static double pcie_gbps;
+
+static void setup_device(void)
+{
+	check_cu(cuInit(0), "cuInit");
+	int n;
+	check_cu(cuDeviceGetCount(&n), "cuDeviceGetCount");
+	if (opt.device >= n)
+		usage_error("--device %ld out of range: %d simulated device(s) (SIMGPU_DEVICES)",
+			    opt.device, n);
+	CUdevice dev;
+	check_cu(cuDeviceGet(&dev, (int)opt.device), "cuDeviceGet");
+	CUcontext ctx;
+	check_cu(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+	check_cu(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+	/* Stream 0 of the trainer is the legacy default stream, like PyTorch's. */
+	streams[0] = NULL;
+	for (long i = 1; i < opt.streams; i++)
+		check_cu(cuStreamCreate(&streams[i], CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+	static const char image[] = "simgpu-module";
+	CUmodule mod;
+	check_cu(cuModuleLoadData(&mod, image), "cuModuleLoadData");
+	char name[64];
+	snprintf(name, sizeof(name), "sim_kernel_%ld", opt.kernel_us);
+	check_cu(cuModuleGetFunction(&kfunc, mod, name), "cuModuleGetFunction");
+	CUgraph g;
+	check_cu(cuGraphCreate(&g, 0), "cuGraphCreate");
+	check_cu(cuGraphInstantiateWithFlags(&kgraph, g, 0), "cuGraphInstantiateWithFlags");
+	check_cu(cuMemAlloc_v2(&dbatch, (size_t)opt.batch_bytes), "cuMemAlloc_v2");
+	check_cu(cuMemAlloc_v2(&dgrad, (size_t)opt.bucket_bytes), "cuMemAlloc_v2");
+	hbatch = calloc(1, (size_t)opt.batch_bytes);
+	if (hbatch == NULL)
+		die("out of memory");
+	pcie_gbps = env_gbps("SIMGPU_PCIE_GBPS", 20);
+	if (opt.collectives > 0 || has_cause(C_COMM)) {
+		ncclUniqueId id;
+		if (ncclGetUniqueId(&id) != ncclSuccess ||
+		    ncclCommInitRank(&comm, (int)opt.nranks, id, (int)opt.rank) != ncclSuccess)
+			die("ncclCommInitRank failed");
+	}
+}
+
+/* Launch number i of a step through the configured entry point. */
+static const char *launch_one(long i, CUstream s)
+{
+	enum launch_api api = opt.api == L_MIX ? (enum launch_api)(i % 5) : opt.api;
+	CUlaunchConfig cfg = {.gridDimX = 108, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 256,
+			      .blockDimY = 1, .blockDimZ = 1, .hStream = s};
+	void *params[] = {&dbatch};
+	switch (api) {
+	case L_EX:
+		check_cu(cuLaunchKernelEx(&cfg, kfunc, params, NULL), "cuLaunchKernelEx");
+		return "cuLaunchKernelEx";
+	case L_COOP:
+		check_cu(cuLaunchCooperativeKernel(kfunc, 108, 1, 1, 256, 1, 1, 0, s, params),
+			 "cuLaunchCooperativeKernel");
+		return "cuLaunchCooperativeKernel";
+	case L_GRAPH:
+		check_cu(cuGraphLaunch(kgraph, s), "cuGraphLaunch");
+		return "cuGraphLaunch";
+	case L_PTSZ:
+		check_cu(cuLaunchKernel_ptsz(kfunc, 108, 1, 1, 256, 1, 1, 0, s, params, NULL),
+			 "cuLaunchKernel_ptsz");
+		return "cuLaunchKernel_ptsz";
+	default:
+		check_cu(cuLaunchKernel(kfunc, 108, 1, 1, 256, 1, 1, 0, s, params, NULL),
+			 "cuLaunchKernel");
+		return "cuLaunchKernel";
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* Stalls                                                              */
+
+static struct reader main_reader;
+static int main_reader_open;
+static int ckpt_fd = -1;
+static uint64_t ckpt_off;
+static char *ckpt_buf;
+static uint64_t pending_comm_delay_ns;
+static const char *pending_comm_name;
+
+static void net_request(long ms)
+{
+	char host[128];
+	snprintf(host, sizeof(host), "%s", opt.server ? opt.server : server_addr);
+	char *colon = strrchr(host, ':');
+	if (colon == NULL)
+		die("invalid --server %s (want HOST:PORT)", host);
+	*colon = '\0';
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+	if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+		die("invalid --server address %s (want an IPv4 address)", host);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		die("socket: %s", strerror(errno));
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0)
+		die("connect %s:%s: %s", host, colon + 1, strerror(errno));
+	char body[128], req[512];
+	int bl = snprintf(body, sizeof(body), "{\"pid\":%d,\"metric\":\"loss\",\"value\":0.5}",
+			  (int)getpid());
+	int rl = snprintf(req, sizeof(req),
+			  "POST /log?delay_ms=%ld HTTP/1.1\r\nHost: %s\r\nContent-Type: "
+			  "application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+			  ms, host, bl, body);
+	if (send(fd, req, (size_t)rl, MSG_NOSIGNAL) != rl)
+		die("send to log server: %s", strerror(errno));
+	char resp[1024];
+	ssize_t n;
+	while ((n = recv(fd, resp, sizeof(resp), 0)) > 0)
+		;
+	if (n < 0)
+		die("recv from log server: %s", strerror(errno));
+	close(fd);
+}
+
+/* Runs one stall on the calling (main) thread and records it. */
+static void run_stall(const struct stall *st, long step)
+{
+	uint64_t ms_ns = (uint64_t)st->ms * 1000000ull;
+	char extra[4608] = "";
+	cpu_set_t oldset;
+
+	/* Preparation that must not count as stall time. */
+	if (st->c == C_CPU_CONTENTION) {
+		sched_getaffinity(0, sizeof(oldset), &oldset);
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		CPU_SET(hog_cpu, &set);
+		if (sched_setaffinity(0, sizeof(set), &set) != 0)
+			die("pin to CPU %d: %s", hog_cpu, strerror(errno));
+		atomic_store(&hog->done, 0);
+		/* Migrate before measuring. */
+		sched_yield();
+	}
+	if (st->c == C_COMM) {
+		/* Applied to the step's last collective; the stall is the wait in the final sync. */
+		pending_comm_delay_ns = ms_ns;
+		pending_comm_name = st->name;
+		return;
+	}
+
+	uint64_t rd0 = st->c == C_CPU_CONTENTION ? thread_run_delay_ns() : 0;
+	uint64_t start = now_ns();
+	uint64_t deadline = start + ms_ns;
+	switch (st->c) {
+	case C_IO_READ: {
+		if (!main_reader_open) {
+			reader_open(&main_reader);
+			main_reader_open = 1;
+		}
+		uint64_t b = read_cold_until(&main_reader, deadline);
+		snprintf(extra, sizeof(extra), ",\"path\":\"%s\",\"bytes\":%llu,\"direct\":%s",
+			 data_path, (unsigned long long)b, main_reader.direct ? "true" : "false");
+		break;
+	}
+	case C_IO_WRITE: {
+		if (ckpt_fd < 0) {
+			ckpt_fd = open(ckpt_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+			if (ckpt_fd < 0)
+				die("create %s: %s", ckpt_path, strerror(errno));
+			ckpt_buf = malloc(IO_CHUNK);
+			if (ckpt_buf == NULL)
+				die("out of memory");
+			memset(ckpt_buf, 0x5a, IO_CHUNK);
+		}
+		uint64_t b = 0;
+		while (now_ns() < deadline) {
+			if (ckpt_off >= DATA_FILE_BYTES)
+				ckpt_off = 0;
+			if (pwrite(ckpt_fd, ckpt_buf, IO_CHUNK, (off_t)ckpt_off) != (ssize_t)IO_CHUNK)
+				die("write %s: %s", ckpt_path, strerror(errno));
+			ckpt_off += IO_CHUNK;
+			b += IO_CHUNK;
+			if (fsync(ckpt_fd) != 0)
+				die("fsync %s: %s", ckpt_path, strerror(errno));
+		}
+		snprintf(extra, sizeof(extra), ",\"path\":\"%s\",\"bytes\":%llu", ckpt_path,
+			 (unsigned long long)b);
+		break;
+	}
+	case C_NET:
+		net_request(st->ms);
+		snprintf(extra, sizeof(extra), ",\"peer\":\"%s\",\"server_pid\":%d",
+			 opt.server ? opt.server : server_addr, opt.server ? 0 : (int)logsrv_pid);
+		break;
+	case C_LOADER_IO:
+	case C_LOADER_CPU: {
+		struct worker *w = &workers[next_worker++ % nworkers];
+		struct loader_req q = {st->c == C_LOADER_IO ? 1 : 2, (uint32_t)st->ms};
+		uint64_t got;
+		if (write(w->req_w, &q, sizeof(q)) != (ssize_t)sizeof(q))
+			die("send request to worker %d: %s", (int)w->pid, strerror(errno));
+		ssize_t n;
+		while ((n = read(w->reply_r, &got, sizeof(got))) < 0 && errno == EINTR)
+			;
+		if (n != (ssize_t)sizeof(got))
+			die("worker %d did not reply", (int)w->pid);
+		snprintf(extra, sizeof(extra), ",\"worker\":%d,\"worker_did\":\"%s\"", (int)w->pid,
+			 q.kind == 1 ? "io" : "cpu");
+		break;
+	}
+	case C_CUDA_MEMCPY: {
+		size_t bytes = (size_t)((double)ms_ns * pcie_gbps);
+		uint64_t s = now_ns();
+		check_cu(cuMemcpyHtoD_v2(dbatch, hbatch, bytes), "cuMemcpyHtoD_v2");
+		uint64_t e = now_ns();
+		truth_call("memcpy", "cuMemcpyHtoD_v2", step, s, e, NULL, bytes);
+		start = s;
+		deadline = e;
+		snprintf(extra, sizeof(extra), ",\"bytes\":%zu", bytes);
+		break;
+	}
+	case C_CUDA_ALLOC: {
+		size_t bytes = 64u << 20;
+		CUdeviceptr p;
+		simgpu_set_alloc_delay_ns(ms_ns);
+		uint64_t s = now_ns();
+		CUresult r = cuMemAlloc_v2(&p, bytes);
+		uint64_t m = now_ns();
+		simgpu_set_alloc_delay_ns(0);
+		check_cu(r, "cuMemAlloc_v2");
+		check_cu(cuMemFree_v2(p), "cuMemFree_v2");
+		uint64_t e = now_ns();
+		truth_call("alloc", "cuMemAlloc_v2", step, s, m, NULL, bytes);
+		truth_call("free", "cuMemFree_v2", step, m, e, NULL, bytes);
+		start = s;
+		snprintf(extra, sizeof(extra), ",\"bytes\":%zu", bytes);
+		break;
+	}
+	case C_CPU:
+		spin_until(deadline);
+		break;
+	case C_CPU_CONTENTION: {
+		uint32_t m = (uint32_t)st->ms;
+		if (write(hog_req_w, &m, sizeof(m)) != (ssize_t)sizeof(m))
+			die("wake contention helper: %s", strerror(errno));
+		/* Runnable the whole time; on-CPU only when the helper lets us. */
+		while (!atomic_load(&hog->done))
+			;
+		break;
+	}
+	case C_SLEEP: {
+		struct timespec ts = {.tv_sec = (time_t)(st->ms / 1000),
+				      .tv_nsec = (st->ms % 1000) * 1000000L};
+		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+			;
+		break;
+	}
+	case C_COMM:
+		break;
+	}
+	uint64_t end = now_ns();
+	if (st->c == C_CPU_CONTENTION) {
+		uint64_t rd = thread_run_delay_ns() - rd0;
+		snprintf(extra, sizeof(extra), ",\"run_delay_ns\":%llu,\"cpu\":%d,\"helper_pid\":%d",
+			 (unsigned long long)rd, hog_cpu, (int)hog_pid);
+		sched_setaffinity(0, sizeof(oldset), &oldset);
+	}
+	if (truth_f != NULL)
+		bprintf(&truth_buf,
+			"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"%s\",\"start\":%llu,\"end\":%llu,"
+			"\"tid\":%d,\"ms\":%ld%s}\n",
+			step, st->name, (unsigned long long)start, (unsigned long long)end, gettid_(),
+			st->ms, extra);
+}
+
+/* ------------------------------------------------------------------ */
+/* Main loop                                                           */
+
+static void on_signal(int sig)
+{
+	stop_requested = 1;
+}
+
+static void collective(long step, int last)
+{
+	size_t count = (size_t)opt.bucket_bytes / 4;
+	if (last && pending_comm_delay_ns > 0) {
+		simgpu_nccl_set_delay_ns(pending_comm_delay_ns);
+		comm_capture = 1;
+	}
+	uint64_t s = now_ns();
+	ncclResult_t r = ncclAllReduce((void *)(uintptr_t)dgrad, (void *)(uintptr_t)dgrad, count,
+				       ncclFloat32, ncclSum, comm, streams[0]);
+	uint64_t e = now_ns();
+	if (r != ncclSuccess)
+		die("ncclAllReduce: %s", ncclGetErrorString(r));
+	if (truth_f != NULL)
+		bprintf(&truth_buf,
+			"{\"type\":\"call\",\"what\":\"collective\",\"api\":\"ncclAllReduce\","
+			"\"op\":\"AllReduce\",\"step\":%ld,\"start\":%llu,\"end\":%llu,\"tid\":%d,"
+			"\"stream\":%llu,\"count\":%zu,\"bytes\":%zu,\"datatype\":\"float32\","
+			"\"nranks\":%ld,\"rank\":%ld}\n",
+			step, (unsigned long long)s, (unsigned long long)e, gettid_(),
+			(unsigned long long)(uintptr_t)streams[0], count, count * 4, opt.nranks,
+			opt.rank);
+}
+
+static int dump_timeline(void)
+{
+	unsigned long long from, to;
+	unsigned int mask = SIMGPU_KIND_KERNEL | SIMGPU_KIND_COLLECTIVE;
+	int n = sscanf(opt.dump_timeline, "%llu,%llu,%u", &from, &to, &mask);
+	if (n < 2 || to <= from)
+		usage_error("invalid --dump-timeline %s (want FROM,TO[,MASK] in monotonic ns)",
+			    opt.dump_timeline);
+	struct simgpu_timeline *t = simgpu_timeline_open((int)opt.device, 0);
+	if (t == NULL)
+		die("open timeline of device %ld: %s", opt.device, strerror(errno));
+	uint32_t pids[64];
+	int np = simgpu_timeline_pids(t, pids, 64);
+	printf("{\"busy_ns\":%llu,\"mem_used\":%llu,\"pids\":%d}\n",
+	       (unsigned long long)simgpu_timeline_busy_ns(t, from, to, mask),
+	       (unsigned long long)simgpu_timeline_mem_used(t), np);
+	simgpu_timeline_close(t);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	parse_args(argc, argv);
+	if (opt.dump_timeline != NULL)
+		return dump_timeline();
+
+	struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if (opt.data_dir != NULL) {
+		snprintf(data_dir, sizeof(data_dir), "%s", opt.data_dir);
+		if (mkdir(data_dir, 0755) != 0 && errno != EEXIST)
+			die("create --data-dir %s: %s", data_dir, strerror(errno));
+	} else {
+		const char *tmp = getenv("TMPDIR");
+		snprintf(data_dir, sizeof(data_dir), "%s/simtrain-XXXXXX",
+			 tmp && *tmp ? tmp : "/var/tmp");
+		if (mkdtemp(data_dir) == NULL)
+			die("create temporary data dir: %s", strerror(errno));
+		data_dir_is_temp = 1;
+	}
+	snprintf(data_path, sizeof(data_path), "%s/simtrain-data.bin", data_dir);
+	snprintf(ckpt_path, sizeof(ckpt_path), "%s/simtrain-ckpt.bin", data_dir);
+	if (has_cause(C_IO_READ) || has_cause(C_LOADER_IO))
+		create_data_file();
+
+	if (opt.truth != NULL) {
+		truth_f = fopen(opt.truth, "we");
+		if (truth_f == NULL)
+			die("create truth file %s: %s", opt.truth, strerror(errno));
+	}
+	simgpu_set_busy_callback(on_busy, NULL);
+	setup_device();
+
+	start_workers();
+	if (has_cause(C_NET) && opt.server == NULL)
+		start_logsrv();
+	if (has_cause(C_CPU_CONTENTION))
+		start_hog();
+
+	if (truth_f != NULL) {
+		bprintf(&truth_buf,
+			"{\"type\":\"meta\",\"clock\":\"monotonic\",\"realtime_minus_monotonic_ns\":%llu,"
+			"\"pid\":%d,\"tid\":%d,\"device\":%ld,\"rank\":%ld,\"nranks\":%ld,\"steps\":%ld,"
+			"\"kernels_per_step\":%ld,\"kernel_us\":%ld,\"launch_gap_us\":%ld,"
+			"\"streams\":%ld,\"collectives\":%ld,\"launch_api\":\"%s\",\"sync\":\"%s\","
+			"\"batch_bytes\":%ld,\"bucket_bytes\":%ld,\"pcie_gbps\":%g,\"data_dir\":\"%s\","
+			"\"server\":\"%s\",\"server_pid\":%d,\"workers\":[",
+			(unsigned long long)realtime_minus_monotonic(), (int)getpid(), gettid_(),
+			opt.device, opt.rank, opt.nranks, opt.steps, opt.kernels, opt.kernel_us,
+			opt.gap_us, opt.streams, opt.collectives, launch_api_names[opt.api],
+			opt.ctx_sync ? "cuCtxSynchronize" : "cuStreamSynchronize", opt.batch_bytes,
+			opt.bucket_bytes, pcie_gbps, data_dir,
+			opt.server ? opt.server : server_addr, (int)logsrv_pid);
+		for (int i = 0; i < nworkers; i++)
+			bprintf(&truth_buf, "%s%d", i ? "," : "", (int)workers[i].pid);
+		bprintf(&truth_buf, "],\"stalls\":[");
+		for (int i = 0; i < opt.nstalls; i++)
+			bprintf(&truth_buf, "%s{\"cause\":\"%s\",\"every\":%ld,\"ms\":%ld}",
+				i ? "," : "", opt.stalls[i].name, opt.stalls[i].every,
+				opt.stalls[i].ms);
+		bprintf(&truth_buf, "]}\n");
+		truth_flush();
+	}
+
+	uint64_t t0 = now_ns(), last_print = t0, last_flush = t0;
+	long step;
+	for (step = 1; step <= opt.steps && !stop_requested; step++) {
+		pending_comm_delay_ns = 0;
+		for (int i = 0; i < opt.nstalls; i++)
+			if (step % opt.stalls[i].every == 0)
+				run_stall(&opt.stalls[i], step);
+
+		uint64_t step_start = now_ns();
+		const char *api = NULL;
+		int mixed = 0;
+		for (long i = 0; i < opt.kernels; i++) {
+			if (i > 0 && opt.gap_us > 0)
+				spin_until(now_ns() + (uint64_t)opt.gap_us * 1000ull);
+			const char *a = launch_one(i, streams[i % opt.streams]);
+			if (api != NULL && strcmp(api, a) != 0)
+				mixed = 1;
+			api = a;
+		}
+		uint64_t launches_end = now_ns();
+		check_cu(cuMemcpyHtoDAsync_v2(dbatch, hbatch, (size_t)opt.batch_bytes, streams[0]),
+			 "cuMemcpyHtoDAsync_v2");
+		long ncoll = opt.collectives;
+		if (pending_comm_delay_ns > 0 && ncoll == 0)
+			ncoll = 1; /* a late peer needs a collective to be late for */
+		for (long i = 0; i < ncoll; i++)
+			collective(step, i == ncoll - 1);
+
+		uint64_t comm_sync_start = 0;
+		if (opt.ctx_sync) {
+			uint64_t s = now_ns();
+			check_cu(cuCtxSynchronize(), "cuCtxSynchronize");
+			uint64_t e = now_ns();
+			truth_call("sync", "cuCtxSynchronize", step, s, e, NULL, 0);
+			comm_sync_start = s;
+		} else {
+			for (long i = 0; i < opt.streams; i++) {
+				uint64_t s = now_ns();
+				check_cu(cuStreamSynchronize(streams[i]), "cuStreamSynchronize");
+				uint64_t e = now_ns();
+				truth_call("sync", "cuStreamSynchronize", step, s, e, streams[i], 0);
+				if (i == 0)
+					comm_sync_start = s;
+			}
+		}
+		uint64_t step_end = now_ns();
+
+		if (truth_f != NULL) {
+			if (pending_comm_delay_ns > 0) {
+				/* The feeder waited on the late collective from when it started
+				 * on the GPU (or the sync began) until the sync returned. */
+				uint64_t s = comm_capture_start > comm_sync_start ? comm_capture_start
+										 : comm_sync_start;
+				bprintf(&truth_buf,
+					"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"%s\",\"start\":%llu,"
+					"\"end\":%llu,\"tid\":%d,\"ms\":%llu,\"op\":\"AllReduce\"}\n",
+					step, pending_comm_name, (unsigned long long)s,
+					(unsigned long long)step_end, gettid_(),
+					(unsigned long long)(pending_comm_delay_ns / 1000000ull));
+			}
+			bprintf(&truth_buf,
+				"{\"type\":\"call\",\"what\":\"launch_count\",\"api\":\"%s\",\"step\":%ld,"
+				"\"start\":%llu,\"end\":%llu,\"tid\":%d,\"count\":%ld,\"copies\":1}\n",
+				mixed ? "mix" : api, step, (unsigned long long)step_start,
+				(unsigned long long)launches_end, gettid_(), opt.kernels);
+			bprintf(&truth_buf, "{\"type\":\"step\",\"step\":%ld,\"start\":%llu,\"end\":%llu}\n",
+				step, (unsigned long long)step_start, (unsigned long long)step_end);
+		}
+		comm_capture = 0;
+		comm_capture_start = 0;
+
+		uint64_t now = now_ns();
+		if (now - last_flush >= 1000000000ull) {
+			truth_flush();
+			last_flush = now;
+		}
+		if (!opt.quiet && now - last_print >= 1000000000ull) {
+			printf("simtrain: step %ld/%ld, %.1f steps/s\n", step, opt.steps,
+			       (double)step * 1e9 / (double)(now - t0));
+			fflush(stdout);
+			last_print = now;
+		}
+	}
+	long done = step - 1;
+	uint64_t wall = now_ns() - t0;
+	if (truth_f != NULL) {
+		bprintf(&truth_buf, "{\"type\":\"end\",\"steps\":%ld,\"wall_ns\":%llu,\"interrupted\":%s}\n",
+			done, (unsigned long long)wall, stop_requested ? "true" : "false");
+		truth_flush();
+		if (fclose(truth_f) != 0)
+			die("close truth file %s: %s", opt.truth, strerror(errno));
+		truth_f = NULL;
+	}
+	stop_children();
+	if (data_dir_is_temp) {
+		unlink(data_path);
+		unlink(ckpt_path);
+		rmdir(data_dir);
+	}
+	printf("simtrain: %ld steps in %.3f s (%.1f steps/s)\n", done, (double)wall / 1e9,
+	       (double)done * 1e9 / (double)(wall ? wall : 1));
+	return 0;
+}

@@ -1,0 +1,151 @@
+/* Maps, knobs and helpers shared by every gaptrace BPF object.
+ *
+ * Each C file is compiled into its own object, so each object declares these
+ * maps; user space creates them once and hands the same map to every object
+ * (CollectionOptions.MapReplacements), which is what lets a sync probe in
+ * cuda.c re-arm the launch aggregation that a syscall in syscalls.c ended.
+ * Any change here must keep the declarations identical across objects.
+ */
+#ifndef GAPTRACE_COMMON_H
+#define GAPTRACE_COMMON_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "events.h"
+
+/* Older libbpf headers stop at the fifth argument on x86-64. */
+#ifndef PT_REGS_PARM6
+#define PT_REGS_PARM6(x) (((struct pt_regs *)(x))->r9)
+#endif
+
+char __license[] SEC("license") = "Dual MIT/GPL";
+
+/* Syscalls, runqueue waits and off-CPU periods shorter than this are counted,
+ * not emitted. Set by user space before load. */
+const volatile __u64 threshold_ns = 50000;
+
+/* Per-thread state, keyed by pid_tgid. Entry and return of a probed call are
+ * paired here; sched_process_exit deletes the entry. LRU so that a thread whose
+ * exit we missed (tracer started late) cannot leak an entry forever. */
+struct thread_state {
+	/* syscall in flight (sc_start != 0) */
+	__u64 sc_start;
+	__u64 sc_arg0;
+	__u64 sc_arg1;
+	__u64 waker; /* last waker since the thread last blocked */
+	__s32 sc_nr;
+	__u32 sc_class;
+	/* scheduling */
+	__u64 off_start; /* switched out at (0: running) */
+	__u32 off_runnable;
+	/* probed CUDA/NCCL blocking call in flight (depth > 0) */
+	__u32 call_depth;
+	__u64 call_start;
+	__u64 call_stream;
+	__u64 call_bytes;
+	__u32 call_func;
+	__u32 group_ops; /* collectives issued since ncclGroupStart */
+	__u64 group_start;
+	/* launch aggregation: launches not yet flushed into an event; busy != 0
+	 * once the first launch after a sync/blocking event was emitted */
+	__u64 launches;
+	__u32 busy;
+	__u32 group_depth;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);  /* tgid */
+	__type(value, __u32);
+} traced_tgids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64); /* pid_tgid */
+	__type(value, struct thread_state);
+} threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20); /* replaced by Config.RingBufferBytes */
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} ring_drops SEC(".maps");
+
+struct short_key {
+	__u64 pid_tgid;
+	__u32 class;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct short_key);
+	__type(value, __u64);
+} short_calls SEC(".maps");
+
+/* Force BTF for the event structs so bpf2go -type can generate Go types. */
+const struct event_hdr *unused_event_hdr __attribute__((unused));
+const struct cuda_event *unused_cuda_event __attribute__((unused));
+const struct nccl_event *unused_nccl_event __attribute__((unused));
+const struct syscall_event *unused_syscall_event __attribute__((unused));
+const struct sched_event *unused_sched_event __attribute__((unused));
+const struct proc_event *unused_proc_event __attribute__((unused));
+const struct fd_event *unused_fd_event __attribute__((unused));
+const struct short_key *unused_short_key __attribute__((unused));
+
+static __always_inline bool traced(__u32 tgid)
+{
+	return bpf_map_lookup_elem(&traced_tgids, &tgid) != 0;
+}
+
+static __always_inline struct thread_state *thread_get(__u64 id)
+{
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	if (t)
+		return t;
+	struct thread_state zero = {};
+	bpf_map_update_elem(&threads, &id, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&threads, &id);
+}
+
+/* reserve a ring-buffer record or count the drop: user space reports drops,
+ * it never sees a half-written record. */
+static __always_inline void *reserve(__u64 size)
+{
+	void *p = bpf_ringbuf_reserve(&events, size, 0);
+	if (!p) {
+		__u32 k = 0;
+		__u64 *d = bpf_map_lookup_elem(&ring_drops, &k);
+		if (d)
+			*d += 1;
+	}
+	return p;
+}
+
+static __always_inline void hdr_fill(struct event_hdr *h, __u32 type, __u32 kind, __u64 id, __u64 ktime)
+{
+	h->type = type;
+	h->kind = kind;
+	h->pid_tgid = id;
+	h->ktime_ns = ktime;
+}
+
+/* A thread blocked (long syscall, runqueue wait, blocking CUDA call): its
+ * next launch starts a new burst of GPU work and is emitted. */
+static __always_inline void arm_enqueue(struct thread_state *t)
+{
+	t->busy = 0;
+}
+
+#endif /* GAPTRACE_COMMON_H */

@@ -1,0 +1,258 @@
+//go:build ignore
+
+/* CUDA driver API (libcuda.so.1) uprobes.
+ *
+ * One program per role; the attach cookie says which function (low byte:
+ * event.CUDA) and how to find its stream/size arguments (next byte: layout,
+ * third byte: element size for memsets), so a few programs serve every
+ * versioned/per-thread-stream variant user space finds in the library.
+ *
+ * Launches are aggregated per thread: the first launch after a sync or a
+ * blocking event is emitted as K_ENQUEUE, the others only bump a counter
+ * that the next emitted enqueue or sync carries in its count.
+ */
+#include "common.h"
+
+enum launch_layout {
+	LL_STREAM_ARG9 = 0, /* cuLaunchKernel, cuLaunchCooperativeKernel: hStream is the 9th argument */
+	LL_CONFIG = 1,      /* cuLaunchKernelEx: hStream inside CUlaunchConfig */
+	LL_STREAM_ARG2 = 2, /* cuGraphLaunch */
+};
+
+enum async_layout {
+	AL_BYTES3_STREAM4 = 0, /* cuMemcpy{HtoD,DtoH,DtoD,}Async, cuMemsetD{8,16,32}Async */
+	AL_PEER = 1,           /* cuMemcpyPeerAsync: bytes 5th, stream 6th */
+	AL_2D = 2,             /* cuMemcpy2DAsync: CUDA_MEMCPY2D*, stream */
+	AL_3D = 3,             /* cuMemcpy3DAsync: size not decoded, stream 2nd */
+	AL_MEMSET2D = 4,       /* cuMemsetD2D{8,16,32}Async: width 4th, height 5th, stream 6th */
+};
+
+enum block_layout {
+	BL_NONE = 0,          /* cuCtxSynchronize, cuEventSynchronize, cuMemFree */
+	BL_STREAM1 = 1,       /* cuStreamSynchronize */
+	BL_BYTES3 = 2,        /* synchronous cuMemcpy* */
+	BL_BYTES2 = 3,        /* cuMemAlloc */
+	BL_BYTES2_STREAM3 = 4, /* cuMemAllocAsync */
+	BL_STREAM2 = 5,       /* cuMemFreeAsync */
+};
+
+/* event.CUDA values the return probe needs to tell apart. */
+enum {
+	CU_MEMCPY_HTOD = 7,
+	CU_MEMCPY_DTOH = 8,
+	CU_MEMCPY_OTHER = 9,
+	CU_STREAM_SYNC = 10,
+	CU_CTX_SYNC = 11,
+	CU_EVENT_SYNC = 12,
+	CU_MEM_ALLOC = 13,
+	CU_MEM_FREE = 14,
+};
+
+/* Arguments past the sixth live on the stack: at function entry sp points at
+ * the return address, so argument n (n >= 7) is at sp + 8*(n-6). */
+static __always_inline __u64 stack_arg(struct pt_regs *ctx, int n)
+{
+	__u64 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
+	return v;
+}
+
+SEC("uprobe")
+int cuda_launch(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	struct thread_state *t = thread_get(id);
+	if (!t)
+		return 0;
+	if (t->busy) {
+		t->launches++;
+		return 0;
+	}
+
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u64 stream = 0;
+	switch ((cookie >> 8) & 0xff) {
+	case LL_STREAM_ARG9:
+		stream = stack_arg(ctx, 9);
+		break;
+	case LL_CONFIG: {
+		/* CUlaunchConfig: seven unsigned ints, then CUstream hStream at 32. */
+		void *cfg = (void *)PT_REGS_PARM1(ctx);
+		bpf_probe_read_user(&stream, sizeof(stream), cfg + 32);
+		break;
+	}
+	case LL_STREAM_ARG2:
+		stream = PT_REGS_PARM2(ctx);
+		break;
+	}
+
+	__u64 now = bpf_ktime_get_ns();
+	struct cuda_event *e = reserve(sizeof(*e));
+	if (!e) {
+		/* keep the launch in the count so totals stay right */
+		t->launches++;
+		return 0;
+	}
+	hdr_fill(&e->hdr, EV_CUDA, K_ENQUEUE, id, now);
+	e->start_ns = now;
+	e->stream = stream;
+	e->bytes = 0;
+	e->count = t->launches + 1;
+	e->ret = 0;
+	e->func = cookie & 0xff;
+	bpf_ringbuf_submit(e, 0);
+	t->launches = 0;
+	t->busy = 1;
+	return 0;
+}
+
+SEC("uprobe")
+int cuda_async(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 func = cookie & 0xff;
+	__u64 elt = (cookie >> 16) & 0xff;
+	__u64 bytes = 0, stream = 0;
+	switch ((cookie >> 8) & 0xff) {
+	case AL_BYTES3_STREAM4:
+		bytes = PT_REGS_PARM3(ctx);
+		stream = PT_REGS_PARM4(ctx);
+		break;
+	case AL_PEER:
+		bytes = PT_REGS_PARM5(ctx);
+		stream = PT_REGS_PARM6(ctx);
+		break;
+	case AL_2D: {
+		/* CUDA_MEMCPY2D: WidthInBytes at 112, Height at 120. */
+		void *p = (void *)PT_REGS_PARM1(ctx);
+		__u64 wh[2] = {};
+		bpf_probe_read_user(wh, sizeof(wh), p + 112);
+		bytes = wh[0] * wh[1];
+		stream = PT_REGS_PARM2(ctx);
+		break;
+	}
+	case AL_3D:
+		stream = PT_REGS_PARM2(ctx);
+		break;
+	case AL_MEMSET2D:
+		bytes = PT_REGS_PARM4(ctx) * PT_REGS_PARM5(ctx);
+		stream = PT_REGS_PARM6(ctx);
+		break;
+	}
+	if (elt > 1)
+		bytes *= elt;
+
+	__u64 now = bpf_ktime_get_ns();
+	struct cuda_event *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	/* event.CUDA 6 is cuMemsetAsync; every other async probe is a copy. */
+	hdr_fill(&e->hdr, EV_CUDA, func == 6 ? K_MEMSET : K_MEMCPY_ASYNC, id, now);
+	e->start_ns = now;
+	e->stream = stream;
+	e->bytes = bytes;
+	e->count = 0;
+	e->ret = 0;
+	e->func = func;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("uprobe")
+int cuda_block_enter(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	struct thread_state *t = thread_get(id);
+	if (!t)
+		return 0;
+	/* Only the outermost probed call is timed: the driver may implement one
+	 * entry point with another. */
+	if (t->call_depth++ > 0)
+		return 0;
+
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u64 bytes = 0, stream = 0;
+	switch ((cookie >> 8) & 0xff) {
+	case BL_STREAM1:
+		stream = PT_REGS_PARM1(ctx);
+		break;
+	case BL_BYTES3:
+		bytes = PT_REGS_PARM3(ctx);
+		break;
+	case BL_BYTES2:
+		bytes = PT_REGS_PARM2(ctx);
+		break;
+	case BL_BYTES2_STREAM3:
+		bytes = PT_REGS_PARM2(ctx);
+		stream = PT_REGS_PARM3(ctx);
+		break;
+	case BL_STREAM2:
+		stream = PT_REGS_PARM2(ctx);
+		break;
+	}
+	t->call_func = cookie & 0xff;
+	t->call_stream = stream;
+	t->call_bytes = bytes;
+	t->call_start = bpf_ktime_get_ns();
+	return 0;
+}
+
+SEC("uretprobe")
+int cuda_block_exit(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	if (!t || t->call_depth == 0)
+		return 0;
+	if (--t->call_depth > 0)
+		return 0;
+
+	__u64 now = bpf_ktime_get_ns();
+	__u32 func = t->call_func;
+	__u32 kind;
+	switch (func) {
+	case CU_STREAM_SYNC:
+	case CU_CTX_SYNC:
+	case CU_EVENT_SYNC:
+		kind = K_SYNC;
+		break;
+	case CU_MEM_ALLOC:
+		kind = K_ALLOC;
+		break;
+	case CU_MEM_FREE:
+		kind = K_FREE;
+		break;
+	default:
+		kind = K_MEMCPY;
+	}
+	/* The queue may have drained while the host waited: the next launch
+	 * ends a gap. */
+	arm_enqueue(t);
+
+	struct cuda_event *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	hdr_fill(&e->hdr, EV_CUDA, kind, id, now);
+	e->start_ns = t->call_start;
+	e->stream = t->call_stream;
+	e->bytes = t->call_bytes;
+	e->ret = (__s32)PT_REGS_RC(ctx);
+	e->func = func;
+	e->count = 0;
+	if (kind == K_SYNC) {
+		e->count = t->launches;
+		t->launches = 0;
+	}
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}

@@ -1,0 +1,143 @@
+/* Event records shared by every gaptrace BPF program and decoded by
+ * tracer/decode.go.
+ *
+ * Every record starts with struct event_hdr. User space reads the header,
+ * checks that the record is exactly as long as the struct for hdr.type and
+ * only then reinterprets the bytes, so a type added here must get a size
+ * check there (tracer/layout_test.go compares the sizes bpf2go generated).
+ * Fields are ordered widest first so that no implicit padding differs
+ * between C and Go.
+ */
+#ifndef GAPTRACE_EVENTS_H
+#define GAPTRACE_EVENTS_H
+
+/* hdr.type: which struct follows. */
+enum event_type {
+	EV_CUDA = 1,
+	EV_NCCL = 2,
+	EV_SYSCALL = 3,
+	EV_SCHED = 4,
+	EV_PROC = 5,
+	EV_FD = 6,
+	EV_MMAP = 7, /* an executable file mapping appeared: rescan /proc/PID/maps */
+};
+
+/* hdr.kind: the event.Kind value (event/event.go), kept numerically equal. */
+enum event_kind {
+	K_ENQUEUE = 1,
+	K_MEMCPY_ASYNC = 2,
+	K_MEMSET = 3,
+	K_MEMCPY = 4,
+	K_SYNC = 5,
+	K_ALLOC = 6,
+	K_FREE = 7,
+	K_COLLECTIVE = 8,
+	K_GROUP_END = 9,
+	K_SYSCALL = 10,
+	K_RUNQUEUE = 11,
+	K_OFFCPU = 12,
+	K_FORK = 13,
+	K_EXEC = 14,
+	K_EXIT = 15,
+	K_OPEN = 16,
+	K_CLOSE = 17,
+};
+
+/* Syscall classes: event.SyscallClass values, plus internal ones above
+ * SC_LAST that never reach an event. */
+enum syscall_class {
+	SC_OTHER = 0,
+	SC_READ = 1,
+	SC_WRITE = 2,
+	SC_FSYNC = 3,
+	SC_NET = 4,
+	SC_FUTEX = 5,
+	SC_POLL = 6,
+	SC_SLEEP = 7,
+	SC_OPEN = 8,
+	SC_CLOSE = 9,
+	SC_LAST = 10,
+	SC_MMAP = 32, /* internal: only watched for new executable mappings */
+	SC_UNTRACED = 255,
+};
+
+#define PATH_LEN 256
+#define EXEC_PATH_LEN 128
+#define COMM_LEN 16
+
+struct event_hdr {
+	__u32 type;     /* enum event_type */
+	__u32 kind;     /* enum event_kind */
+	__u64 pid_tgid; /* tgid << 32 | tid of the thread the event is about */
+	__u64 ktime_ns; /* CLOCK_MONOTONIC: end of an interval, or the instant */
+};
+
+/* EV_CUDA: driver API calls (enqueue, async copy/memset, blocking calls). */
+struct cuda_event {
+	struct event_hdr hdr;
+	__u64 start_ns; /* entry time; == hdr.ktime_ns for point events */
+	__u64 stream;
+	__u64 bytes;
+	__u64 count; /* launches since the thread's previous flush (enqueue, sync) */
+	__s32 ret;   /* CUresult of blocking calls */
+	__u32 func;  /* event.CUDA */
+};
+
+/* EV_NCCL: collectives (point events) and ncclGroupEnd (interval). */
+struct nccl_event {
+	struct event_hdr hdr;
+	__u64 start_ns;
+	__u64 count; /* elements (collective) or operations issued in the group (group end) */
+	__u64 bytes;
+	__u64 comm;
+	__u64 stream;
+	__s32 peer; /* send/recv peer, reduce/broadcast root, else -1 */
+	__u32 op;   /* event.NCCLOp */
+	__u32 datatype;
+	__s32 ret;
+};
+
+/* EV_SYSCALL: a traced syscall that lasted at least the threshold. */
+struct syscall_event {
+	struct event_hdr hdr;
+	__u64 start_ns;
+	__s64 ret;
+	__u64 waker; /* pid_tgid of the last thread that woke this one during the call, 0 if none */
+	__s32 nr;
+	__s32 fd; /* -1 when the syscall has no fd argument */
+	__u32 class; /* enum syscall_class */
+	__u32 _pad;
+};
+
+/* EV_SCHED: runqueue wait (preempted) or blocked outside a traced call. */
+struct sched_event {
+	struct event_hdr hdr;
+	__u64 start_ns;
+	__u64 waker;
+};
+
+/* EV_PROC: fork (process or thread), exec, exit. */
+struct proc_event {
+	struct event_hdr hdr;
+	__u32 child_pid; /* K_FORK */
+	__u32 child_tid; /* K_FORK */
+	__u32 flags;     /* PROC_F_* */
+	__u32 _pad;
+	char comm[COMM_LEN];
+	char filename[EXEC_PATH_LEN]; /* K_EXEC */
+};
+
+#define PROC_F_THREAD 1     /* K_FORK: the child is a thread of the parent */
+#define PROC_F_GROUP_DEAD 2 /* K_EXIT: the last thread of the process exited */
+
+/* EV_FD: openat (always) and close (always), for fd cache invalidation. */
+struct fd_event {
+	struct event_hdr hdr;
+	__u64 start_ns;
+	__s64 ret;
+	__s32 fd; /* the opened fd (ret) or the closed one */
+	__u32 _pad;
+	char path[PATH_LEN];
+};
+
+#endif /* GAPTRACE_EVENTS_H */

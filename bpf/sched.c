@@ -1,0 +1,165 @@
+//go:build ignore
+
+/* Scheduler and process-lifecycle hooks (tp_btf).
+ *
+ * sched_switch: a traced thread switched out while still runnable was
+ * preempted; when it runs again after at least threshold_ns that wait is a
+ * K_RUNQUEUE event. A thread that blocked outside any traced syscall or probed
+ * call (page fault on a mapped file, ...) for at least threshold_ns is
+ * K_OFFCPU.
+ * sched_wakeup(_new): the waker is recorded in the wakee's state, so the
+ * syscall or off-CPU event that ends says who ended it (data-loader worker,
+ * logging thread, ...).
+ * sched_process_fork: children of traced processes are traced from their
+ * first instruction (added to traced_tgids here, before user space knows).
+ * sched_process_exit: per-thread state is dropped; the last thread of a
+ * process removes it from traced_tgids.
+ */
+#include "common.h"
+
+#define TASK_RUNNING 0
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u32 ptgid = prev->tgid;
+	if (traced(ptgid)) {
+		__u64 pid = ((__u64)ptgid << 32) | (__u32)prev->pid;
+		struct thread_state *t = thread_get(pid);
+		if (t) {
+			t->off_start = now;
+			t->off_runnable = prev_state == TASK_RUNNING;
+			if (!t->off_runnable && t->sc_start == 0)
+				t->waker = 0;
+		}
+	}
+
+	__u32 ntgid = next->tgid;
+	if (!traced(ntgid))
+		return 0;
+	__u64 nid = ((__u64)ntgid << 32) | (__u32)next->pid;
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &nid);
+	if (!t || t->off_start == 0)
+		return 0;
+	__u64 start = t->off_start;
+	t->off_start = 0;
+	if (now - start < threshold_ns)
+		return 0;
+	__u32 kind;
+	if (t->off_runnable)
+		kind = K_RUNQUEUE;
+	else if (t->sc_start == 0 && t->call_depth == 0)
+		kind = K_OFFCPU;
+	else
+		return 0; /* blocked inside a traced call: that call's event covers it */
+
+	struct sched_event *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	hdr_fill(&e->hdr, EV_SCHED, kind, nid, now);
+	e->start_ns = start;
+	e->waker = kind == K_OFFCPU ? t->waker : 0;
+	bpf_ringbuf_submit(e, 0);
+	arm_enqueue(t);
+	return 0;
+}
+
+static __always_inline void record_waker(struct task_struct *p)
+{
+	__u32 tgid = p->tgid;
+	if (!traced(tgid))
+		return;
+	__u64 id = ((__u64)tgid << 32) | (__u32)p->pid;
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	if (t)
+		t->waker = bpf_get_current_pid_tgid();
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(on_sched_wakeup, struct task_struct *p)
+{
+	record_waker(p);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(on_sched_wakeup_new, struct task_struct *p)
+{
+	record_waker(p);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_sched_process_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = parent->tgid;
+	if (!traced(ptgid))
+		return 0;
+	__u32 ctgid = child->tgid;
+	__u32 ctid = child->pid;
+	bool thread = ctgid == ptgid;
+	if (!thread) {
+		__u32 one = 1;
+		bpf_map_update_elem(&traced_tgids, &ctgid, &one, BPF_ANY);
+	}
+	struct proc_event *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	hdr_fill(&e->hdr, EV_PROC, K_FORK, ((__u64)ptgid << 32) | (__u32)parent->pid, bpf_ktime_get_ns());
+	e->child_pid = ctgid;
+	e->child_tid = ctid;
+	e->flags = thread ? PROC_F_THREAD : 0;
+	e->_pad = 0;
+	BPF_CORE_READ_STR_INTO(&e->comm, child, comm);
+	e->filename[0] = 0;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_sched_process_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	/* exec replaced the address space: calls in flight never return */
+	bpf_map_delete_elem(&threads, &id);
+	struct proc_event *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	hdr_fill(&e->hdr, EV_PROC, K_EXEC, id, bpf_ktime_get_ns());
+	e->child_pid = 0;
+	e->child_tid = 0;
+	e->flags = 0;
+	e->_pad = 0;
+	bpf_get_current_comm(&e->comm, sizeof(e->comm));
+	bpf_probe_read_kernel_str(&e->filename, sizeof(e->filename), BPF_CORE_READ(bprm, filename));
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (!traced(tgid))
+		return 0;
+	bpf_map_delete_elem(&threads, &id);
+	if (group_dead)
+		bpf_map_delete_elem(&traced_tgids, &tgid);
+	struct proc_event *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	hdr_fill(&e->hdr, EV_PROC, K_EXIT, id, bpf_ktime_get_ns());
+	e->child_pid = 0;
+	e->child_tid = 0;
+	e->flags = group_dead ? PROC_F_GROUP_DEAD : 0;
+	e->_pad = 0;
+	bpf_get_current_comm(&e->comm, sizeof(e->comm));
+	e->filename[0] = 0;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}

@@ -1,0 +1,146 @@
+//go:build ignore
+
+/* Syscall tracepoints (syscalls/sys_enter_* and sys_exit_*).
+ *
+ * One enter and one exit program are attached to every traced syscall's
+ * tracepoint; user space fills syscall_classes (syscall number → class) for
+ * the architecture it runs on. Enter and exit pair in the per-thread state.
+ * A call shorter than threshold_ns is only counted (short_calls); openat and
+ * close are always emitted so user space can invalidate its fd cache; an
+ * executable file mapping (mmap with PROT_EXEC and an fd) is reported so that
+ * libraries dlopen'd late get their uprobes.
+ * While a probed CUDA/NCCL call is in flight on the thread, its syscalls are
+ * not traced: the driver's own waiting is explained by the call itself.
+ */
+#include "common.h"
+
+#define PROT_EXEC 0x4
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32);   /* syscall number */
+	__type(value, __u32); /* enum syscall_class; SC_UNTRACED when not traced */
+} syscall_classes SEC(".maps");
+
+SEC("tracepoint/syscalls/sys_enter")
+int sys_enter(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	__u32 nr = (__u32)BPF_CORE_READ(ctx, id);
+	__u32 *cls = bpf_map_lookup_elem(&syscall_classes, &nr);
+	if (!cls || *cls == SC_UNTRACED)
+		return 0;
+	struct thread_state *t = thread_get(id);
+	if (!t || t->call_depth > 0)
+		return 0;
+
+	t->sc_nr = nr;
+	t->sc_class = *cls;
+	if (*cls == SC_MMAP) {
+		t->sc_arg0 = BPF_CORE_READ(ctx, args[2]); /* prot */
+		t->sc_arg1 = BPF_CORE_READ(ctx, args[4]); /* fd */
+	} else {
+		t->sc_arg0 = BPF_CORE_READ(ctx, args[0]);
+		t->sc_arg1 = BPF_CORE_READ(ctx, args[1]);
+	}
+	t->waker = 0;
+	t->sc_start = bpf_ktime_get_ns();
+	return 0;
+}
+
+static __always_inline __s32 fd_of(__u32 cls, __u64 arg0)
+{
+	switch (cls) {
+	case SC_READ:
+	case SC_WRITE:
+	case SC_FSYNC:
+	case SC_NET:
+	case SC_CLOSE:
+		return (__s32)arg0;
+	}
+	return -1;
+}
+
+static __always_inline void emit_fd(struct thread_state *t, __u64 id, __u64 now, __s64 ret)
+{
+	struct fd_event *e = reserve(sizeof(*e));
+	if (!e)
+		return;
+	bool open = t->sc_class == SC_OPEN;
+	hdr_fill(&e->hdr, EV_FD, open ? K_OPEN : K_CLOSE, id, now);
+	e->start_ns = t->sc_start;
+	e->ret = ret;
+	e->_pad = 0;
+	e->path[0] = 0;
+	if (open) {
+		e->fd = (__s32)ret;
+		/* openat(dirfd, pathname, ...): the user buffer is still mapped
+		 * at exit, and reading it here keeps one record per open. */
+		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)t->sc_arg1);
+	} else {
+		e->fd = (__s32)t->sc_arg0;
+	}
+	bpf_ringbuf_submit(e, 0);
+}
+
+SEC("tracepoint/syscalls/sys_exit")
+int sys_exit(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	if (!t || t->sc_start == 0)
+		return 0;
+
+	__u64 now = bpf_ktime_get_ns();
+	__s64 ret = BPF_CORE_READ(ctx, ret);
+	__u32 cls = t->sc_class;
+	__u64 dur = now - t->sc_start;
+
+	if (cls == SC_MMAP) {
+		t->sc_start = 0;
+		if (ret >= 0 && (t->sc_arg0 & PROT_EXEC) && (__s64)t->sc_arg1 >= 0) {
+			struct event_hdr *h = reserve(sizeof(*h));
+			if (h) {
+				hdr_fill(h, EV_MMAP, 0, id, now);
+				bpf_ringbuf_submit(h, 0);
+			}
+		}
+		return 0;
+	}
+	if (cls == SC_OPEN || cls == SC_CLOSE)
+		emit_fd(t, id, now, ret);
+
+	if (dur < threshold_ns) {
+		t->sc_start = 0;
+		struct short_key k = {.pid_tgid = id, .class = cls};
+		__u64 *n = bpf_map_lookup_elem(&short_calls, &k);
+		if (n) {
+			__sync_fetch_and_add(n, 1);
+		} else {
+			__u64 one = 1;
+			bpf_map_update_elem(&short_calls, &k, &one, BPF_NOEXIST);
+		}
+		return 0;
+	}
+
+	struct syscall_event *e = reserve(sizeof(*e));
+	if (e) {
+		hdr_fill(&e->hdr, EV_SYSCALL, K_SYSCALL, id, now);
+		e->start_ns = t->sc_start;
+		e->ret = ret;
+		e->waker = t->waker;
+		e->nr = t->sc_nr;
+		e->fd = fd_of(cls, t->sc_arg0);
+		e->class = cls;
+		e->_pad = 0;
+		bpf_ringbuf_submit(e, 0);
+	}
+	t->sc_start = 0;
+	arm_enqueue(t);
+	return 0;
+}

@@ -1,0 +1,87 @@
+package tracer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// ProbeSet selects how much of the CUDA driver API is probed.
+type ProbeSet string
+
+const (
+	// ProbesFull probes every launch entry point as well: exact gap ends,
+	// at the cost of one uprobe hit per kernel launch.
+	ProbesFull ProbeSet = "full"
+	// ProbesLite leaves out the per-launch probes (cuLaunch*, cuGraphLaunch);
+	// enqueues are seen through copies, memsets, collectives and syncs.
+	ProbesLite ProbeSet = "lite"
+)
+
+// Config configures a Tracer. The zero value is valid: every field has a
+// default (see withDefaults).
+type Config struct {
+	Probes           ProbeSet      // default full
+	SyscallThreshold time.Duration // default 50µs; also the runqueue/off-CPU threshold
+	LibCUDA, LibNCCL string        // explicit library paths; default: found in each traced process's /proc/PID/maps
+	RingBufferBytes  int           // default 8 MiB; rounded up to a power of two of at least one page
+	RescanInterval   time.Duration // /proc/PID/maps rescan fallback, default 1s (mmap events trigger rescans sooner)
+	Logger           *slog.Logger
+}
+
+const (
+	defaultThreshold      = 50 * time.Microsecond
+	defaultRingBufferSize = 8 << 20
+	defaultRescanInterval = time.Second
+)
+
+func (c Config) withDefaults() Config {
+	if c.Probes == "" {
+		c.Probes = ProbesFull
+	}
+	if c.SyscallThreshold == 0 {
+		c.SyscallThreshold = defaultThreshold
+	}
+	if c.RingBufferBytes == 0 {
+		c.RingBufferBytes = defaultRingBufferSize
+	}
+	if c.RescanInterval == 0 {
+		c.RescanInterval = defaultRescanInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.Logger = c.Logger.With("component", "tracer")
+	return c
+}
+
+// Validate returns every problem with the configuration at once.
+func (c Config) Validate() error {
+	var errs []error
+	switch c.Probes {
+	case "", ProbesFull, ProbesLite:
+	default:
+		errs = append(errs, fmt.Errorf("probes: unknown probe set %q (want %q or %q)", c.Probes, ProbesFull, ProbesLite))
+	}
+	if c.SyscallThreshold < 0 {
+		errs = append(errs, fmt.Errorf("syscall threshold: %v is negative", c.SyscallThreshold))
+	}
+	if c.RingBufferBytes < 0 || c.RingBufferBytes > 1<<30 {
+		errs = append(errs, fmt.Errorf("ring buffer: %d bytes out of range (0..1GiB)", c.RingBufferBytes))
+	}
+	if c.RescanInterval < 0 {
+		errs = append(errs, fmt.Errorf("rescan interval: %v is negative", c.RescanInterval))
+	}
+	return errors.Join(errs...)
+}
+
+// ringSize rounds n up to a power of two no smaller than a page, as the
+// kernel requires for BPF_MAP_TYPE_RINGBUF.
+func ringSize(n int) uint32 {
+	size := uint32(4096)
+	for int(size) < n {
+		size <<= 1
+	}
+	return size
+}

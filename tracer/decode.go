@@ -1,0 +1,228 @@
+package tracer
+
+import (
+	"bytes"
+	"fmt"
+	"unsafe"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Record types (struct event_hdr.type in bpf/events.h).
+const (
+	evCUDA    = 1
+	evNCCL    = 2
+	evSyscall = 3
+	evSched   = 4
+	evProc    = 5
+	evFD      = 6
+	evMmap    = 7
+)
+
+// Flags of proc_event.
+const (
+	procFlagThread    = 1
+	procFlagGroupDead = 2
+)
+
+// The generated structs are the single source of the layouts; these names
+// only pick one object's copy of each.
+type (
+	rawHeader  = cudaEventHdr
+	rawCUDA    = cudaCudaEvent
+	rawNCCL    = ncclNcclEvent
+	rawSyscall = syscallsSyscallEvent
+	rawFD      = syscallsFdEvent
+	rawSched   = schedSchedEvent
+	rawProc    = schedProcEvent
+)
+
+var recordSizes = [...]uintptr{
+	evCUDA:    unsafe.Sizeof(rawCUDA{}),
+	evNCCL:    unsafe.Sizeof(rawNCCL{}),
+	evSyscall: unsafe.Sizeof(rawSyscall{}),
+	evSched:   unsafe.Sizeof(rawSched{}),
+	evProc:    unsafe.Sizeof(rawProc{}),
+	evFD:      unsafe.Sizeof(rawFD{}),
+	evMmap:    unsafe.Sizeof(rawHeader{}),
+}
+
+// control tells the tracer what a record means for its own bookkeeping.
+type control uint8
+
+const (
+	ctlNone        control = iota
+	ctlRescan              // an executable mapping appeared in PID: rescan its maps
+	ctlNewProcess          // PID forked ChildPID (a process): it is traced now
+	ctlExec                // PID exec'd: its mappings are new
+	ctlProcessGone         // the last thread of PID exited
+	ctlFDChanged           // PID opened or closed FD: drop cached resolution
+)
+
+// decoded is the result of decoding one record.
+type decoded struct {
+	ev   event.Event
+	emit bool // ev goes to the consumer
+	ctl  control
+}
+
+// decodeError describes a record that could not be decoded; the tracer
+// counts and logs these and goes on with the next record.
+type decodeError struct {
+	typ  uint32
+	size int
+	want uintptr
+}
+
+func (e *decodeError) Error() string {
+	if e.want == 0 {
+		return fmt.Sprintf("decode record: unknown type %d (%d bytes)", e.typ, e.size)
+	}
+	return fmt.Sprintf("decode record type %d: %d bytes, want %d", e.typ, e.size, e.want)
+}
+
+// decodeRecord decodes one ring-buffer record into d. It reads the header,
+// checks that the record has exactly the size of its type's struct and only
+// then reinterprets the bytes; it never panics on malformed input. Times are
+// converted to Unix ns here (MonotonicToUnix); fd paths, peers and comms are
+// filled in later by the enricher.
+func decodeRecord(rec []byte, d *decoded) error {
+	*d = decoded{}
+	if len(rec) < int(unsafe.Sizeof(rawHeader{})) {
+		return &decodeError{size: len(rec), want: unsafe.Sizeof(rawHeader{})}
+	}
+	h := (*rawHeader)(unsafe.Pointer(&rec[0]))
+	if int(h.Type) >= len(recordSizes) || recordSizes[h.Type] == 0 {
+		return &decodeError{typ: h.Type, size: len(rec)}
+	}
+	if want := recordSizes[h.Type]; uintptr(len(rec)) != want {
+		return &decodeError{typ: h.Type, size: len(rec), want: want}
+	}
+	ev := &d.ev
+	ev.PID = uint32(h.PidTgid >> 32)
+	ev.TID = uint32(h.PidTgid)
+	ev.End = MonotonicToUnix(int64(h.KtimeNs))
+	ev.Start = ev.End
+	ev.FD = -1
+	ev.PeerRank = -1
+	ev.Kind = event.Kind(h.Kind)
+
+	switch h.Type {
+	case evCUDA:
+		r := (*rawCUDA)(unsafe.Pointer(&rec[0]))
+		if !validKind(ev.Kind, event.KindEnqueue, event.KindFree) || r.Func >= uint32(event.CUDALast) {
+			return fmt.Errorf("decode cuda record: kind %d func %d out of range", h.Kind, r.Func)
+		}
+		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
+		ev.CUDA = event.CUDA(r.Func)
+		ev.Stream = r.Stream
+		ev.Bytes = r.Bytes
+		ev.Count = r.Count
+		ev.Ret = int64(r.Ret)
+		d.emit = true
+	case evNCCL:
+		r := (*rawNCCL)(unsafe.Pointer(&rec[0]))
+		if !validKind(ev.Kind, event.KindCollective, event.KindGroupEnd) || r.Op >= uint32(event.NCCLLast) {
+			return fmt.Errorf("decode nccl record: kind %d op %d out of range", h.Kind, r.Op)
+		}
+		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
+		ev.Op = event.NCCLOp(r.Op)
+		ev.Count = r.Count
+		ev.Bytes = r.Bytes
+		ev.Comm = r.Comm
+		ev.Stream = r.Stream
+		ev.PeerRank = r.Peer
+		ev.Ret = int64(r.Ret)
+		d.emit = true
+	case evSyscall:
+		r := (*rawSyscall)(unsafe.Pointer(&rec[0]))
+		if ev.Kind != event.KindSyscall || r.Class >= uint32(event.SysLast) {
+			return fmt.Errorf("decode syscall record: kind %d class %d out of range", h.Kind, r.Class)
+		}
+		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
+		ev.Syscall = event.SyscallClass(r.Class)
+		ev.SyscallNr = r.Nr
+		ev.Name = syscallName(int(r.Nr))
+		ev.FD = r.Fd
+		ev.Ret = r.Ret
+		if r.Ret > 0 && (ev.Syscall == event.SysRead || ev.Syscall == event.SysWrite || ev.Syscall == event.SysNet) {
+			ev.Bytes = uint64(r.Ret)
+		}
+		ev.WakerPID, ev.WakerTID = uint32(r.Waker>>32), uint32(r.Waker)
+		d.emit = true
+	case evSched:
+		r := (*rawSched)(unsafe.Pointer(&rec[0]))
+		if ev.Kind != event.KindRunqueue && ev.Kind != event.KindOffCPU {
+			return fmt.Errorf("decode sched record: kind %d out of range", h.Kind)
+		}
+		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
+		ev.WakerPID, ev.WakerTID = uint32(r.Waker>>32), uint32(r.Waker)
+		d.emit = true
+	case evProc:
+		r := (*rawProc)(unsafe.Pointer(&rec[0]))
+		ev.TaskComm = cString(r.Comm[:])
+		switch ev.Kind {
+		case event.KindFork:
+			ev.ChildPID = r.ChildPid
+			ev.IsThread = r.Flags&procFlagThread != 0
+			if !ev.IsThread {
+				d.ctl = ctlNewProcess
+			}
+		case event.KindExec:
+			ev.Path = cString(r.Filename[:])
+			ev.Name = ev.TaskComm
+			d.ctl = ctlExec
+		case event.KindExit:
+			if r.Flags&procFlagGroupDead != 0 {
+				d.ctl = ctlProcessGone
+			}
+		default:
+			return fmt.Errorf("decode proc record: kind %d out of range", h.Kind)
+		}
+		d.emit = true
+	case evFD:
+		r := (*rawFD)(unsafe.Pointer(&rec[0]))
+		switch ev.Kind {
+		case event.KindOpen:
+			ev.Syscall = event.SysOpen
+			ev.Name = "openat"
+			ev.Path = cString(r.Path[:])
+		case event.KindClose:
+			ev.Syscall = event.SysClose
+			ev.Name = "close"
+		default:
+			return fmt.Errorf("decode fd record: kind %d out of range", h.Kind)
+		}
+		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
+		ev.FD = r.Fd
+		ev.Ret = r.Ret
+		if ev.Kind == event.KindOpen && r.Ret < 0 {
+			ev.FD = -1 // failed open: no fd changed
+			break
+		}
+		d.ctl = ctlFDChanged
+		d.emit = true
+	case evMmap:
+		d.ctl = ctlRescan
+	}
+	return nil
+}
+
+func validKind(k, lo, hi event.Kind) bool { return k >= lo && k <= hi }
+
+// startOf converts an interval start; a start after the end (never written
+// by the programs, possible in corrupt input) collapses to a point.
+func startOf(startNs, endNs uint64, end int64) int64 {
+	if startNs == 0 || startNs > endNs {
+		return end
+	}
+	return end - int64(endNs-startNs)
+}
+
+func cString[T ~int8 | ~uint8](b []T) string {
+	buf := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(b))), len(b))
+	if i := bytes.IndexByte(buf, 0); i >= 0 {
+		buf = buf[:i]
+	}
+	return string(buf)
+}

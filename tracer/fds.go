@@ -1,0 +1,316 @@
+package tracer
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/procfs"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// fdInfo is what an fd referred to when it was resolved.
+type fdInfo struct {
+	kind     event.FDKind
+	path     string // file path, "pipe:[ino]", unix socket path or "socket:[ino]"
+	peerAddr string // tcp/udp peer "ip:port"
+	peerPID  uint32 // loopback tcp: the process that owns the other end
+}
+
+type fdKey struct {
+	pid uint32
+	fd  int32
+}
+
+// fdResolver resolves (pid, fd) to a file path or socket peer through /proc.
+// Results are cached until an openat/close event for that fd invalidates
+// them, so a hot read loop costs one readlink per fd, not one per event.
+type fdResolver struct {
+	procRoot string
+
+	mu    sync.Mutex
+	cache map[fdKey]fdInfo
+	// socket inode → owning pid, rebuilt from /proc/*/fd at most once per
+	// inodeTTL when a loopback peer is not found in it.
+	inodes      map[uint64]uint32
+	inodesBuilt time.Time
+}
+
+const inodeTTL = time.Second
+
+func newFDResolver(procRoot string) *fdResolver {
+	return &fdResolver{procRoot: procRoot, cache: make(map[fdKey]fdInfo)}
+}
+
+func (r *fdResolver) invalidate(pid uint32, fd int32) {
+	r.mu.Lock()
+	delete(r.cache, fdKey{pid, fd})
+	r.mu.Unlock()
+}
+
+func (r *fdResolver) forgetProcess(pid uint32) {
+	r.mu.Lock()
+	for k := range r.cache {
+		if k.pid == pid {
+			delete(r.cache, k)
+		}
+	}
+	r.mu.Unlock()
+}
+
+// opened records the path an openat returned fd for. A relative path is
+// left to the lazy /proc lookup, which yields the absolute one.
+func (r *fdResolver) opened(pid uint32, fd int32, path string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := fdKey{pid, fd}
+	if !strings.HasPrefix(path, "/") {
+		delete(r.cache, k)
+		return
+	}
+	kind := event.FDFile
+	if strings.HasPrefix(path, "/dev/") {
+		kind = event.FDOther
+	}
+	r.cache[k] = fdInfo{kind: kind, path: path}
+}
+
+// cached returns the cached resolution without touching /proc (close events
+// report what the fd was before it is forgotten).
+func (r *fdResolver) cached(pid uint32, fd int32) (fdInfo, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	info, ok := r.cache[fdKey{pid, fd}]
+	return info, ok
+}
+
+func (r *fdResolver) resolve(pid uint32, fd int32) fdInfo {
+	if fd < 0 {
+		return fdInfo{}
+	}
+	k := fdKey{pid, fd}
+	r.mu.Lock()
+	if info, ok := r.cache[k]; ok {
+		r.mu.Unlock()
+		return info
+	}
+	r.mu.Unlock()
+
+	info := r.lookup(pid, fd)
+	if info.kind != event.FDUnknown {
+		r.mu.Lock()
+		r.cache[k] = info
+		r.mu.Unlock()
+	}
+	return info
+}
+
+func (r *fdResolver) lookup(pid uint32, fd int32) fdInfo {
+	target, err := os.Readlink(filepath.Join(r.procRoot, strconv.Itoa(int(pid)), "fd", strconv.Itoa(int(fd))))
+	if err != nil {
+		return fdInfo{}
+	}
+	switch {
+	case strings.HasPrefix(target, "socket:["):
+		ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(target, "socket:["), "]"), 10, 64)
+		if err != nil {
+			return fdInfo{kind: event.FDSocket, path: target}
+		}
+		return r.socket(pid, ino, target)
+	case strings.HasPrefix(target, "pipe:["):
+		return fdInfo{kind: event.FDPipe, path: target}
+	case strings.HasPrefix(target, "/"):
+		if strings.HasPrefix(target, "/dev/") {
+			return fdInfo{kind: event.FDOther, path: target}
+		}
+		return fdInfo{kind: event.FDFile, path: target}
+	default: // anon_inode:[eventfd], ...
+		return fdInfo{kind: event.FDOther, path: target}
+	}
+}
+
+// socket finds the socket inode in the process's network namespace tables.
+func (r *fdResolver) socket(pid uint32, ino uint64, target string) fdInfo {
+	info := fdInfo{kind: event.FDSocket, path: target}
+	fs, err := procfs.NewFS(filepath.Join(r.procRoot, strconv.Itoa(int(pid))))
+	if err != nil {
+		return info
+	}
+	type table struct {
+		read func() ([]ipSocket, error)
+		tcp  bool
+	}
+	tables := []table{
+		{func() ([]ipSocket, error) { return fromTCP(fs.NetTCP()) }, true},
+		{func() ([]ipSocket, error) { return fromTCP(fs.NetTCP6()) }, true},
+		{func() ([]ipSocket, error) { return fromUDP(fs.NetUDP()) }, false},
+		{func() ([]ipSocket, error) { return fromUDP(fs.NetUDP6()) }, false},
+	}
+	for _, tb := range tables {
+		rows, err := tb.read()
+		if err != nil {
+			continue
+		}
+		for _, s := range rows {
+			if s.inode != ino {
+				continue
+			}
+			if s.remPort != 0 {
+				info.peerAddr = net.JoinHostPort(s.remIP.String(), strconv.FormatUint(s.remPort, 10))
+			}
+			if tb.tcp && s.remIP.IsLoopback() {
+				info.peerPID = r.loopbackPeer(rows, s)
+			}
+			return info
+		}
+	}
+	if u, err := fs.NetUNIX(); err == nil {
+		for _, row := range u.Rows {
+			if row.Inode == ino {
+				if row.Path != "" {
+					info.path = row.Path
+				}
+				return info
+			}
+		}
+	}
+	return info
+}
+
+type ipSocket struct {
+	localIP, remIP     net.IP
+	localPort, remPort uint64
+	inode              uint64
+}
+
+func fromTCP(t procfs.NetTCP, err error) ([]ipSocket, error) {
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ipSocket, 0, len(t))
+	for _, l := range t {
+		out = append(out, ipSocket{localIP: l.LocalAddr, remIP: l.RemAddr, localPort: l.LocalPort, remPort: l.RemPort, inode: l.Inode})
+	}
+	return out, nil
+}
+
+func fromUDP(t procfs.NetUDP, err error) ([]ipSocket, error) {
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ipSocket, 0, len(t))
+	for _, l := range t {
+		out = append(out, ipSocket{localIP: l.LocalAddr, remIP: l.RemAddr, localPort: l.LocalPort, remPort: l.RemPort, inode: l.Inode})
+	}
+	return out, nil
+}
+
+// loopbackPeer finds the other end of a loopback TCP connection (the socket
+// whose local address is our remote one and vice versa) and the process
+// that holds it.
+func (r *fdResolver) loopbackPeer(rows []ipSocket, s ipSocket) uint32 {
+	for _, o := range rows {
+		if o.inode == 0 || o.inode == s.inode {
+			continue
+		}
+		if o.localPort == s.remPort && o.remPort == s.localPort && o.localIP.Equal(s.remIP) && o.remIP.Equal(s.localIP) {
+			return r.inodeOwner(o.inode)
+		}
+	}
+	return 0
+}
+
+func (r *fdResolver) inodeOwner(ino uint64) uint32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if pid, ok := r.inodes[ino]; ok {
+		return pid
+	}
+	if time.Since(r.inodesBuilt) < inodeTTL && r.inodes != nil {
+		return 0
+	}
+	r.inodes = scanSocketInodes(r.procRoot)
+	r.inodesBuilt = time.Now()
+	return r.inodes[ino]
+}
+
+// scanSocketInodes maps every socket inode on the host to the pid that holds
+// it (the lowest pid when shared, usually the process that created it).
+func scanSocketInodes(procRoot string) map[uint64]uint32 {
+	m := make(map[uint64]uint32)
+	dirs, err := os.ReadDir(procRoot)
+	if err != nil {
+		return m
+	}
+	for _, d := range dirs {
+		pid, err := strconv.ParseUint(d.Name(), 10, 32)
+		if err != nil {
+			continue
+		}
+		fdDir := filepath.Join(procRoot, d.Name(), "fd")
+		fds, err := os.ReadDir(fdDir)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			t, err := os.Readlink(filepath.Join(fdDir, fd.Name()))
+			if err != nil || !strings.HasPrefix(t, "socket:[") {
+				continue
+			}
+			ino, err := strconv.ParseUint(t[len("socket:["):len(t)-1], 10, 64)
+			if err != nil {
+				continue
+			}
+			if old, ok := m[ino]; !ok || uint32(pid) < old {
+				m[ino] = uint32(pid)
+			}
+		}
+	}
+	return m
+}
+
+// taskComms caches thread names (/proc/PID/task/TID/comm).
+type taskComms struct {
+	procRoot string
+	mu       sync.Mutex
+	m        map[uint32]string
+}
+
+func (c *taskComms) get(pid, tid uint32) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.m[tid]; ok {
+		return s
+	}
+	b, err := os.ReadFile(fmt.Sprintf("%s/%d/task/%d/comm", c.procRoot, pid, tid))
+	if err != nil {
+		return ""
+	}
+	s := strings.TrimSpace(string(b))
+	if c.m == nil {
+		c.m = make(map[uint32]string)
+	}
+	c.m[tid] = s
+	return s
+}
+
+func (c *taskComms) set(tid uint32, comm string) {
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = make(map[uint32]string)
+	}
+	c.m[tid] = comm
+	c.mu.Unlock()
+}
+
+func (c *taskComms) forget(tid uint32) {
+	c.mu.Lock()
+	delete(c.m, tid)
+	c.mu.Unlock()
+}

@@ -1,0 +1,204 @@
+package tracer
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Which library a uprobe belongs to.
+type library uint8
+
+const (
+	libCUDA library = iota
+	libNCCL
+)
+
+func (l library) String() string {
+	if l == libNCCL {
+		return "libnccl.so.2"
+	}
+	return "libcuda.so.1"
+}
+
+// Cookie layouts (the second byte of the attach cookie), mirroring the
+// enums in bpf/cuda.c.
+const (
+	llStreamArg9 = 0
+	llConfig     = 1
+	llStreamArg2 = 2
+
+	alBytes3Stream4 = 0
+	alPeer          = 1
+	al2D            = 2
+	al3D            = 3
+	alMemset2D      = 4
+
+	blNone          = 0
+	blStream1       = 1
+	blBytes3        = 2
+	blBytes2        = 3
+	blBytes2Stream3 = 4
+	blStream2       = 5
+)
+
+func cookie(fn uint8, layout uint8, elt uint8) uint64 {
+	return uint64(fn) | uint64(layout)<<8 | uint64(elt)<<16
+}
+
+// probeSpec is one function to probe. symbols are the names it may be
+// exported under (versioned and per-thread-default-stream variants are
+// distinct functions and all get probed; aliases at one address get one
+// probe); it is reported missing only when none exists.
+type probeSpec struct {
+	lib     library
+	name    string   // reported name
+	symbols []string // exported names, canonical first
+	entry   string   // program for the entry probe ("" if none)
+	ret     string   // program for the return probe ("" if none)
+	cookie  uint64
+	launch  bool // a per-launch probe: left out of ProbesLite
+}
+
+func cudaSpec(name string, symbols []string, entry, ret string, ck uint64, launch bool) probeSpec {
+	return probeSpec{lib: libCUDA, name: name, symbols: symbols, entry: entry, ret: ret, cookie: ck, launch: launch}
+}
+
+func launchSpec(name string, fn event.CUDA, layout uint8) probeSpec {
+	return cudaSpec(name, []string{name, name + "_ptsz"}, "cuda_launch", "", cookie(uint8(fn), layout, 0), true)
+}
+
+func asyncSpec(name string, fn event.CUDA, layout, elt uint8) probeSpec {
+	return cudaSpec(name, []string{name, name + "_ptsz"}, "cuda_async", "", cookie(uint8(fn), layout, elt), false)
+}
+
+func blockSpec(name string, alts []string, fn event.CUDA, layout uint8) probeSpec {
+	return cudaSpec(name, append([]string{name}, alts...), "cuda_block_enter", "cuda_block_exit", cookie(uint8(fn), layout, 0), false)
+}
+
+func ncclSpec(name string, op event.NCCLOp) probeSpec {
+	return probeSpec{lib: libNCCL, name: name, symbols: []string{name, "p" + name}, entry: "nccl_coll", cookie: uint64(op)}
+}
+
+// allProbes is the probe table of DESIGN.md. Order matters only for
+// aliases: the first name seen at an address is the one attached.
+var allProbes = []probeSpec{
+	launchSpec("cuLaunchKernel", event.CULaunchKernel, llStreamArg9),
+	launchSpec("cuLaunchKernelEx", event.CULaunchKernelEx, llConfig),
+	launchSpec("cuLaunchCooperativeKernel", event.CULaunchCooperativeKernel, llStreamArg9),
+	launchSpec("cuGraphLaunch", event.CUGraphLaunch, llStreamArg2),
+
+	asyncSpec("cuMemcpyAsync", event.CUMemcpyAsync, alBytes3Stream4, 1),
+	asyncSpec("cuMemcpyHtoDAsync_v2", event.CUMemcpyAsync, alBytes3Stream4, 1),
+	asyncSpec("cuMemcpyDtoHAsync_v2", event.CUMemcpyAsync, alBytes3Stream4, 1),
+	asyncSpec("cuMemcpyDtoDAsync_v2", event.CUMemcpyAsync, alBytes3Stream4, 1),
+	asyncSpec("cuMemcpyPeerAsync", event.CUMemcpyAsync, alPeer, 1),
+	asyncSpec("cuMemcpy2DAsync_v2", event.CUMemcpyAsync, al2D, 1),
+	asyncSpec("cuMemcpy3DAsync_v2", event.CUMemcpyAsync, al3D, 1),
+	asyncSpec("cuMemsetD8Async", event.CUMemsetAsync, alBytes3Stream4, 1),
+	asyncSpec("cuMemsetD16Async", event.CUMemsetAsync, alBytes3Stream4, 2),
+	asyncSpec("cuMemsetD32Async", event.CUMemsetAsync, alBytes3Stream4, 4),
+	asyncSpec("cuMemsetD2D8Async", event.CUMemsetAsync, alMemset2D, 1),
+	asyncSpec("cuMemsetD2D16Async", event.CUMemsetAsync, alMemset2D, 2),
+	asyncSpec("cuMemsetD2D32Async", event.CUMemsetAsync, alMemset2D, 4),
+
+	blockSpec("cuMemcpyHtoD_v2", []string{"cuMemcpyHtoD_v2_ptds"}, event.CUMemcpyHtoD, blBytes3),
+	blockSpec("cuMemcpyDtoH_v2", []string{"cuMemcpyDtoH_v2_ptds"}, event.CUMemcpyDtoH, blBytes3),
+	blockSpec("cuMemcpyDtoD_v2", []string{"cuMemcpyDtoD_v2_ptds"}, event.CUMemcpyOther, blBytes3),
+	blockSpec("cuMemcpy", []string{"cuMemcpy_ptds"}, event.CUMemcpyOther, blBytes3),
+	blockSpec("cuStreamSynchronize", []string{"cuStreamSynchronize_ptsz"}, event.CUStreamSynchronize, blStream1),
+	blockSpec("cuCtxSynchronize", nil, event.CUCtxSynchronize, blNone),
+	blockSpec("cuEventSynchronize", nil, event.CUEventSynchronize, blNone),
+	blockSpec("cuMemAlloc_v2", nil, event.CUMemAlloc, blBytes2),
+	blockSpec("cuMemAllocAsync", []string{"cuMemAllocAsync_ptsz"}, event.CUMemAlloc, blBytes2Stream3),
+	blockSpec("cuMemFree_v2", nil, event.CUMemFree, blNone),
+	blockSpec("cuMemFreeAsync", []string{"cuMemFreeAsync_ptsz"}, event.CUMemFree, blStream2),
+
+	ncclSpec("ncclAllReduce", event.NCCLAllReduce),
+	ncclSpec("ncclAllGather", event.NCCLAllGather),
+	ncclSpec("ncclReduceScatter", event.NCCLReduceScatter),
+	ncclSpec("ncclBroadcast", event.NCCLBroadcast),
+	ncclSpec("ncclReduce", event.NCCLReduce),
+	ncclSpec("ncclSend", event.NCCLSend),
+	ncclSpec("ncclRecv", event.NCCLRecv),
+	{lib: libNCCL, name: "ncclGroupStart", symbols: []string{"ncclGroupStart", "pncclGroupStart"}, entry: "nccl_group_start"},
+	{lib: libNCCL, name: "ncclGroupEnd", symbols: []string{"ncclGroupEnd", "pncclGroupEnd"}, entry: "nccl_group_end_enter", ret: "nccl_group_end_exit"},
+}
+
+// plannedProbe is one uprobe (and maybe uretprobe) to attach at one address.
+type plannedProbe struct {
+	spec   *probeSpec
+	symbol string
+	addr   uint64
+}
+
+// planProbes resolves the probe table against one library file. It returns
+// one probe per distinct function address (so weak aliases such as
+// ncclAllReduce/pncclAllReduce are probed once) and the names of functions
+// that the library does not export at all.
+func planProbes(path string, lib library, set ProbeSet) (planned []plannedProbe, missing []string, err error) {
+	syms, err := elfFunctions(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	seen := make(map[uint64]bool)
+	for i := range allProbes {
+		spec := &allProbes[i]
+		if spec.lib != lib || (set == ProbesLite && spec.launch) {
+			continue
+		}
+		found := false
+		for _, s := range spec.symbols {
+			addr, ok := syms[s]
+			if !ok {
+				continue
+			}
+			found = true
+			if seen[addr] {
+				continue
+			}
+			seen[addr] = true
+			planned = append(planned, plannedProbe{spec: spec, symbol: s, addr: addr})
+		}
+		if !found {
+			missing = append(missing, spec.name)
+		}
+	}
+	return planned, missing, nil
+}
+
+// elfFunctions returns the defined function symbols of a shared library
+// (dynamic symbols first: that is what a stripped driver still has), by
+// name, with versioned names ("cuGetProcAddress@@libcuda.so.1") reduced to
+// the bare name.
+func elfFunctions(path string) (map[string]uint64, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open elf %s: %w", path, err)
+	}
+	defer f.Close()
+	out := make(map[string]uint64)
+	add := func(syms []elf.Symbol) {
+		for _, s := range syms {
+			if elf.ST_TYPE(s.Info) != elf.STT_FUNC && elf.ST_TYPE(s.Info) != elf.STT_GNU_IFUNC {
+				continue
+			}
+			if s.Section == elf.SHN_UNDEF || s.Value == 0 {
+				continue
+			}
+			if _, ok := out[s.Name]; !ok {
+				out[s.Name] = s.Value
+			}
+		}
+	}
+	dyn, derr := f.DynamicSymbols()
+	add(dyn)
+	st, serr := f.Symbols()
+	add(st)
+	if len(out) == 0 {
+		return nil, fmt.Errorf("read symbols of %s: %w", path, errors.Join(derr, serr))
+	}
+	return out, nil
+}

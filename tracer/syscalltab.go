@@ -1,0 +1,69 @@
+package tracer
+
+import (
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// classMmap and classUntraced mirror SC_MMAP and SC_UNTRACED in bpf/events.h:
+// internal classes that never reach an event.
+const (
+	classMmap     = 32
+	classUntraced = 255
+)
+
+// tracedSyscall is one syscall whose tracepoints are attached.
+type tracedSyscall struct {
+	name  string
+	nr    int
+	class uint32
+}
+
+// tracedSyscalls lists what a blocked training thread may be doing, by class.
+// Numbers come from x/sys/unix for the architecture being built.
+var tracedSyscalls = []tracedSyscall{
+	{"read", unix.SYS_READ, uint32(event.SysRead)},
+	{"pread64", unix.SYS_PREAD64, uint32(event.SysRead)},
+	{"readv", unix.SYS_READV, uint32(event.SysRead)},
+	{"preadv", unix.SYS_PREADV, uint32(event.SysRead)},
+	{"write", unix.SYS_WRITE, uint32(event.SysWrite)},
+	{"pwrite64", unix.SYS_PWRITE64, uint32(event.SysWrite)},
+	{"writev", unix.SYS_WRITEV, uint32(event.SysWrite)},
+	{"fsync", unix.SYS_FSYNC, uint32(event.SysFsync)},
+	{"fdatasync", unix.SYS_FDATASYNC, uint32(event.SysFsync)},
+	{"sendto", unix.SYS_SENDTO, uint32(event.SysNet)},
+	{"sendmsg", unix.SYS_SENDMSG, uint32(event.SysNet)},
+	{"recvfrom", unix.SYS_RECVFROM, uint32(event.SysNet)},
+	{"recvmsg", unix.SYS_RECVMSG, uint32(event.SysNet)},
+	{"connect", unix.SYS_CONNECT, uint32(event.SysNet)},
+	{"futex", unix.SYS_FUTEX, uint32(event.SysFutex)},
+	{"poll", unix.SYS_POLL, uint32(event.SysPoll)},
+	{"ppoll", unix.SYS_PPOLL, uint32(event.SysPoll)},
+	{"epoll_wait", unix.SYS_EPOLL_WAIT, uint32(event.SysPoll)},
+	{"epoll_pwait", unix.SYS_EPOLL_PWAIT, uint32(event.SysPoll)},
+	{"select", unix.SYS_SELECT, uint32(event.SysPoll)},
+	{"pselect6", unix.SYS_PSELECT6, uint32(event.SysPoll)},
+	{"nanosleep", unix.SYS_NANOSLEEP, uint32(event.SysSleep)},
+	{"clock_nanosleep", unix.SYS_CLOCK_NANOSLEEP, uint32(event.SysSleep)},
+	{"openat", unix.SYS_OPENAT, uint32(event.SysOpen)},
+	{"close", unix.SYS_CLOSE, uint32(event.SysClose)},
+	{"mmap", unix.SYS_MMAP, classMmap},
+}
+
+var syscallNames = func() map[int]string {
+	m := make(map[int]string, len(tracedSyscalls))
+	for _, s := range tracedSyscalls {
+		m[s.nr] = s.name
+	}
+	return m
+}()
+
+func syscallName(nr int) string {
+	if n, ok := syscallNames[nr]; ok {
+		return n
+	}
+	return "syscall_" + strconv.Itoa(nr)
+}

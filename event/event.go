@@ -249,4 +249,13 @@ type HWContext struct {
 	SMActivity      float64  // mean over the step, -1 unknown
 	OtherProcesses  []uint32 // PIDs on the device other than the traced ones
 	XidErrors       []uint64 // Xid codes seen during the step
+
+	// GPM means over the step (Hopper and later); -1 when unknown.
+	SMOccupancy         float64 // 0..1, active warps vs the theoretical maximum
+	TensorActivity      float64 // 0..1
+	DRAMBandwidth       float64 // 0..1 of the peak DRAM bandwidth
+	PCIeTxBytesPerSec   float64
+	PCIeRxBytesPerSec   float64
+	NVLinkTxBytesPerSec float64
+	NVLinkRxBytesPerSec float64
 }

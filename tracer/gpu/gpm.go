@@ -1,0 +1,280 @@
+package gpu
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// GPM metrics read for every window, in this order.
+var gpmMetricIDs = []nvml.GpmMetricId{
+	nvml.GPM_METRIC_SM_UTIL, nvml.GPM_METRIC_SM_OCCUPANCY, nvml.GPM_METRIC_ANY_TENSOR_UTIL,
+	nvml.GPM_METRIC_DRAM_BW_UTIL, nvml.GPM_METRIC_PCIE_TX_PER_SEC, nvml.GPM_METRIC_PCIE_RX_PER_SEC,
+	nvml.GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, nvml.GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+}
+
+const (
+	// calStep is the sampling period while measuring the refresh: fine
+	// enough to place a refresh within ±1 ms, coarse enough that one
+	// GpmSampleGet (90–190 µs on the H200) stays under 10% of a core.
+	calStep = 2 * time.Millisecond
+	// gpmMargin is how long after an estimated refresh the sampler reads:
+	// it covers the ±calStep/2 uncertainty plus timer jitter.
+	gpmMargin = 5 * time.Millisecond
+	// recalAligned / recalUnaligned: how often the phase is re-measured
+	// (clock drift between host and GPU) and how often alignment is retried
+	// while the GPU was busy but no refresh was seen yet.
+	recalAligned   = 30 * time.Second
+	recalUnaligned = 5 * time.Second
+)
+
+type gpmSampler struct {
+	s *Source
+	d *device
+
+	prev, cur  nvml.GpmSample // steady-state pair
+	calA, calB nvml.GpmSample // calibration pair, so prev stays valid across a calibration
+
+	prevT    int64 // Unix ns of the prev sample (midpoint of the call); 0: none
+	lastEnd  int64 // end of the last window emitted
+	period   time.Duration
+	phase    int64 // Unix ns of one observed refresh; valid when aligned
+	aligned  bool
+	lastCal  time.Time
+	lastBusy bool // the last window showed SM activity
+}
+
+// get snapshots the counters into smp and returns the host time of the
+// snapshot (midpoint of the call, Unix ns).
+func (g *gpmSampler) get(smp nvml.GpmSample) (int64, bool) {
+	t0 := time.Now()
+	ret := smp.Get(g.d.h)
+	t1 := time.Now()
+	cost := t1.Sub(t0).Nanoseconds()
+	g.s.st.gpmSamples.Add(1)
+	g.s.st.gpmCostNS.Add(cost)
+	storeMax(&g.s.st.gpmMaxNS, cost)
+	if ret != nvml.SUCCESS {
+		g.s.countErr(g.d, "nvmlGpmSampleGet", ret)
+		return 0, false
+	}
+	return t0.UnixNano() + cost/2, true
+}
+
+// metrics computes gpmMetricIDs between two samples; an unknown metric is
+// -1. ok is false when the call itself failed.
+func (g *gpmSampler) metrics(a, b nvml.GpmSample) (vals []float64, ok bool) {
+	m := nvml.GpmMetricsGetType{NumMetrics: uint32(len(gpmMetricIDs)), Sample1: a, Sample2: b}
+	for i, id := range gpmMetricIDs {
+		m.Metrics[i].MetricId = uint32(id)
+	}
+	if ret := g.s.lib.GpmMetricsGet(&m); ret != nvml.SUCCESS {
+		g.s.countErr(g.d, "nvmlGpmMetricsGet", ret)
+		return nil, false
+	}
+	vals = make([]float64, len(gpmMetricIDs))
+	for i := range gpmMetricIDs {
+		if m.Metrics[i].NvmlReturn != uint32(nvml.SUCCESS) {
+			vals[i] = -1
+		} else {
+			vals[i] = m.Metrics[i].Value
+		}
+	}
+	return vals, true
+}
+
+// changed reports whether a pair of samples spans a counter refresh: with
+// no refresh between them every counter delta, hence every metric, is 0.
+// An idle GPU looks the same, which is why alignment needs a busy GPU and is
+// retried while unaligned.
+func changed(vals []float64) bool {
+	return slices.ContainsFunc(vals, func(v float64) bool { return v > 0 })
+}
+
+// calibrate samples every calStep until it has seen a few refreshes (or the
+// budget is spent) and sets the phase and period from them.
+func (g *gpmSampler) calibrate(ctx context.Context) {
+	g.lastCal = time.Now()
+	budget := max(4*g.period, 400*time.Millisecond)
+	deadline := time.Now().Add(budget)
+	tA, ok := g.get(g.calA)
+	if !ok {
+		return
+	}
+	var changes []int64
+	tick := time.NewTicker(calStep)
+	defer tick.Stop()
+	for len(changes) < 4 && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		tB, ok := g.get(g.calB)
+		if !ok {
+			return
+		}
+		if vals, ok := g.metrics(g.calA, g.calB); ok && changed(vals) {
+			changes = append(changes, (tA+tB)/2)
+		}
+		g.calA, g.calB = g.calB, g.calA
+		tA = tB
+	}
+	if len(changes) == 0 {
+		g.s.log.Debug("gpm refresh not observed (idle GPU?); sampling unaligned", "device", g.d.info.Index)
+		return
+	}
+	if len(changes) >= 2 {
+		var diffs []time.Duration
+		for i := 1; i < len(changes); i++ {
+			diffs = append(diffs, time.Duration(changes[i]-changes[i-1]))
+		}
+		// An idle refresh in between makes one spacing twice the period:
+		// the smallest spacing is the period.
+		p := slices.Min(diffs)
+		cfg := g.s.cfg.GPMInterval
+		if p >= cfg/2 && p <= 2*cfg {
+			g.period = p
+		} else {
+			g.s.log.Warn("gpm refresh period out of range; keeping the configured one",
+				"device", g.d.info.Index, "measured", p, "configured", cfg)
+		}
+	}
+	wasAligned := g.aligned
+	g.phase = changes[len(changes)-1]
+	g.aligned = true
+	g.d.mu.Lock()
+	g.d.gpmPeriod, g.d.gpmAligned = g.period, true
+	g.d.mu.Unlock()
+	if !wasAligned {
+		g.s.log.Info("gpm sampling aligned to the counter refresh", "device", g.d.info.Index,
+			"period", g.period, "refreshes_seen", len(changes))
+	}
+}
+
+// boundary is the latest estimated refresh at or before t.
+func (g *gpmSampler) boundary(t int64) int64 {
+	p := int64(g.period)
+	k := (t - g.phase) / p
+	if t < g.phase && (t-g.phase)%p != 0 {
+		k--
+	}
+	return g.phase + k*p
+}
+
+// nextSample is when to read next: just after the next refresh when
+// aligned, one period after the last read otherwise.
+func (g *gpmSampler) nextSample(now int64) int64 {
+	if !g.aligned {
+		if g.prevT == 0 {
+			return now
+		}
+		return max(now, g.prevT+int64(g.period))
+	}
+	return g.boundary(now-int64(gpmMargin)) + int64(g.period) + int64(gpmMargin)
+}
+
+func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWindow) bool) {
+	g := &gpmSampler{s: s, d: d, period: s.cfg.GPMInterval}
+	var all []nvml.GpmSample
+	for _, p := range []*nvml.GpmSample{&g.prev, &g.cur, &g.calA, &g.calB} {
+		smp, ret := s.lib.GpmSampleAlloc()
+		if ret != nvml.SUCCESS {
+			s.countErr(d, "nvmlGpmSampleAlloc", ret)
+			for _, a := range all {
+				a.Free()
+			}
+			return
+		}
+		*p = smp
+		all = append(all, smp)
+	}
+	defer func() {
+		for _, a := range all {
+			a.Free()
+		}
+	}()
+	d.mu.Lock()
+	d.gpmPeriod = g.period
+	d.mu.Unlock()
+
+	g.calibrate(ctx)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		now := time.Now().UnixNano()
+		due := (g.aligned && time.Since(g.lastCal) > recalAligned) ||
+			(!g.aligned && g.lastBusy && time.Since(g.lastCal) > recalUnaligned)
+		if due {
+			g.calibrate(ctx)
+			now = time.Now().UnixNano()
+		}
+		timer.Reset(time.Duration(g.nextSample(now) - now))
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		t, ok := g.get(g.cur)
+		if !ok {
+			continue
+		}
+		if g.prevT == 0 {
+			g.prev, g.cur, g.prevT = g.cur, g.prev, t
+			if g.aligned {
+				g.lastEnd = g.boundary(t)
+			} else {
+				g.lastEnd = t
+			}
+			continue
+		}
+		start, end := g.prevT, t
+		if g.aligned {
+			// The counters in a sample are those of the refresh before it.
+			start, end = g.boundary(g.prevT), g.boundary(t)
+		}
+		start = max(start, g.lastEnd)
+		if end <= start {
+			continue // no refresh since prev: keep prev, read again later
+		}
+		vals, ok := g.metrics(g.prev, g.cur)
+		g.prev, g.cur, g.prevT = g.cur, g.prev, t
+		if !ok {
+			g.lastEnd = end
+			continue
+		}
+		w := gpmWindow{start: start, end: end,
+			sm: pct(vals[0]), occupancy: pct(vals[1]), tensor: pct(vals[2]), dram: pct(vals[3]),
+			pcieTx: mibps(vals[4]), pcieRx: mibps(vals[5]), nvlTx: mibps(vals[6]), nvlRx: mibps(vals[7])}
+		d.addGPMWindow(w)
+		g.lastEnd = end
+		g.lastBusy = w.sm > 0.01
+		if w.sm < 0 {
+			continue // SM activity unknown: no idle fraction to report
+		}
+		if !emit(event.GPUWindow{Device: d.info.Index, UUID: d.info.UUID, Start: start, End: end,
+			IdleFraction: 1 - w.sm, Source: event.SourceGPM, SMActivity: w.sm, TensorActivity: w.tensor}) {
+			return
+		}
+	}
+}
+
+// pct converts a GPM percentage to 0..1, keeping -1 (unknown).
+func pct(v float64) float64 {
+	if v < 0 {
+		return -1
+	}
+	return min(v/100, 1)
+}
+
+// mibps converts GPM MiB/s to bytes/s, keeping -1 (unknown).
+func mibps(v float64) float64 {
+	if v < 0 {
+		return -1
+	}
+	return v * (1 << 20)
+}

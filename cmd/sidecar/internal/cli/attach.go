@@ -1,0 +1,270 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/signal"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
+)
+
+// matchPoll is how often /proc is scanned for new matching processes.
+const matchPoll = 500 * time.Millisecond
+
+func attachCmd(ctx context.Context, args []string, deps Deps) int {
+	cfg, _, code, ok := load(config.CmdAttach, args, deps)
+	if !ok {
+		return code
+	}
+	log := newLogger(&cfg, deps.Stderr).With("component", "cli")
+	if err := deps.Privileged(); err != nil {
+		return fail(deps, config.CmdAttach, "cannot trace: %v", err)
+	}
+	ctx, stopSignals := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stopSignals()
+	if cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		defer cancel()
+	}
+	if cfg.PID != 0 {
+		return attachPID(ctx, &cfg, deps, log)
+	}
+	return attachMatch(ctx, &cfg, deps, log)
+}
+
+// attachPID traces one process until it exits, a signal arrives or
+// --duration elapses.
+func attachPID(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Logger) int {
+	cmd, pid := cfg.Command, cfg.PID
+	// A pidfd pins the process: if it exits while probes load, we learn it
+	// instead of tracing whatever reuses the PID.
+	w, err := proc.Open(pid)
+	if err != nil {
+		if errors.Is(err, proc.ErrNoProcess) {
+			return fail(deps, cmd, "no such process: pid %d", pid)
+		}
+		return fail(deps, cmd, "%v", err)
+	}
+	defer w.Close()
+	cmdline, _ := proc.Cmdline(pid)
+	argv := strings.Fields(cmdline)
+
+	s, err := openSession(ctx, cfg, deps, log, pid, argv)
+	if err != nil {
+		return fail(deps, cmd, "%v", err)
+	}
+	if w.Exited() {
+		s.abort()
+		return fail(deps, cmd, "process %d %v", pid, errExitedWhileAttaching)
+	}
+	if err := s.pipe.Trace(pid); err != nil {
+		s.abort()
+		if w.Exited() {
+			return fail(deps, cmd, "process %d %v", pid, errExitedWhileAttaching)
+		}
+		return fail(deps, cmd, "trace pid %d: %v", pid, err)
+	}
+	if w.Exited() {
+		s.abort()
+		return fail(deps, cmd, "process %d %v", pid, errExitedWhileAttaching)
+	}
+	s.title = fmt.Sprintf("pid %d %s", pid, shortCmd(argv))
+	log.Info("tracing", "pid", pid, "cmdline", shortCmd(argv))
+	s.start(ctx)
+
+	exited := make(chan struct{})
+	go func() {
+		if w.Wait(ctx) {
+			close(exited)
+		}
+	}()
+	noCUDA := make(chan error, 1)
+	cudaCtx, cancelCUDA := context.WithCancel(ctx)
+	defer cancelCUDA()
+	go func() { noCUDA <- waitForCUDA(cudaCtx, pid, cfg.CUDAWait, log) }()
+
+	code := ExitOK
+	select {
+	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			log.Info("tracing stopped after --duration", "duration", cfg.Duration)
+		} else {
+			log.Info("detaching", "pid", pid)
+		}
+	case <-exited:
+		log.Info("traced process exited", "pid", pid)
+	case err := <-noCUDA:
+		if err != nil {
+			fmt.Fprintf(deps.Stderr, "gaptrace %s: %v\n", cmd, err)
+			code = ExitFailure
+		}
+	}
+	if err := s.finish(); err != nil {
+		log.Error("tracing did not stop cleanly", "err", err)
+		code = ExitFailure
+	}
+	return code
+}
+
+// cudaLibs reports the libcuda mappings of pid and its descendants.
+func cudaLibs(pid int) []string {
+	var out []string
+	for _, p := range append([]int{pid}, proc.Descendants(pid)...) {
+		libs, err := proc.Libraries(p, "libcuda.so")
+		if err != nil {
+			continue
+		}
+		for _, l := range libs["libcuda.so"] {
+			if !slices.Contains(out, l) {
+				out = append(out, l)
+			}
+		}
+	}
+	return out
+}
+
+// waitForCUDA returns nil once pid (or a descendant) maps libcuda, and an
+// error explaining the situation if none did within wait. PyTorch loads
+// libcuda at the first CUDA call, not at import, so a process may start
+// without it; a process that still has none after a while is most likely
+// not the one the user meant. wait == 0 only warns.
+func waitForCUDA(ctx context.Context, pid int, wait time.Duration, log *slog.Logger) error {
+	if libs := cudaLibs(pid); len(libs) > 0 {
+		log.Info("CUDA driver library mapped by the target", "pid", pid, "lib", libs[0])
+		return nil
+	}
+	if wait <= 0 {
+		log.Warn("no CUDA driver library (libcuda.so) is mapped by the target or its children: GPU calls cannot be traced until it loads one", "pid", pid)
+		<-ctx.Done()
+		return nil
+	}
+	log.Warn("no CUDA driver library (libcuda.so) is mapped by the target yet; waiting for it", "pid", pid, "cuda_wait", wait)
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(matchPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-deadline.C:
+			return fmt.Errorf("no CUDA library in the target: pid %d and its children have not loaded libcuda.so after %v, so there is no GPU activity to trace "+
+				"(is it the training process? a CUDA library under another name needs --cuda-lib; --cuda-wait 0 keeps tracing anyway)", pid, wait)
+		case <-tick.C:
+			if libs := cudaLibs(pid); len(libs) > 0 {
+				log.Info("CUDA driver library loaded by the target", "pid", pid, "lib", libs[0])
+				return nil
+			}
+		}
+	}
+}
+
+// attachMatch traces every process whose command line matches, as it
+// appears, until a signal or --duration. A process that restarts is
+// picked up again: the follow-up is the same scan.
+func attachMatch(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Logger) int {
+	cmd := cfg.Command
+	re := regexp.MustCompile(cfg.Match) // validated by config
+	s, err := openSession(ctx, cfg, deps, log, 0, nil)
+	if err != nil {
+		return fail(deps, cmd, "%v", err)
+	}
+	s.title = fmt.Sprintf("processes matching /%s/", cfg.Match)
+	s.start(ctx)
+	log.Info("waiting for processes matching", "regex", cfg.Match)
+
+	// The per-process watchers end with mctx, also when the scan stops
+	// on an error rather than on a signal.
+	mctx, mcancel := context.WithCancel(ctx)
+	defer mcancel()
+	var mu sync.Mutex
+	traced := map[int]*proc.Watch{}
+	var wg sync.WaitGroup
+	tick := time.NewTicker(matchPoll)
+	defer tick.Stop()
+	code := ExitOK
+scan:
+	for {
+		for _, pid := range proc.FindMatching(re) {
+			mu.Lock()
+			_, known := traced[pid]
+			mu.Unlock()
+			// Descendants of a traced process are followed already.
+			if known || slices.ContainsFunc(proc.Ancestors(pid), func(a int) bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return traced[a] != nil
+			}) {
+				continue
+			}
+			w, err := proc.Open(pid)
+			if err != nil {
+				continue // gone between the scan and now
+			}
+			if err := s.pipe.Trace(pid); err != nil {
+				exited := w.Exited()
+				w.Close()
+				if exited {
+					log.Warn("matching process exited while attaching", "pid", pid)
+					continue
+				}
+				log.Error("trace matching process", "pid", pid, "err", err)
+				code = ExitFailure
+				break scan
+			}
+			cl, _ := proc.Cmdline(pid)
+			log.Info("tracing matching process", "pid", pid, "cmdline", shortCmd(strings.Fields(cl)))
+			if len(cudaLibs(pid)) == 0 {
+				log.Warn("matching process has no libcuda.so mapped yet; GPU calls are traced once it loads one", "pid", pid)
+			}
+			mu.Lock()
+			traced[pid] = w
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if w.Wait(mctx) {
+					log.Info("matching process exited; waiting for the next one", "pid", pid)
+				}
+				mu.Lock()
+				// Keep the key so the PID is not traced twice if the scan
+				// races the exit; a nil watch marks it finished.
+				traced[pid] = nil
+				mu.Unlock()
+				w.Close()
+			}()
+		}
+		select {
+		case <-ctx.Done():
+			break scan
+		case <-tick.C:
+		}
+		// Forget finished PIDs whose number was reused by a new process.
+		mu.Lock()
+		for pid, w := range traced {
+			if w == nil && proc.Exists(pid) {
+				if cl, err := proc.Cmdline(pid); err == nil && re.MatchString(cl) {
+					delete(traced, pid)
+				}
+			}
+		}
+		mu.Unlock()
+	}
+	if err := s.finish(); err != nil {
+		log.Error("tracing did not stop cleanly", "err", err)
+		code = ExitFailure
+	}
+	mcancel()
+	wg.Wait()
+	return code
+}

@@ -1,0 +1,458 @@
+// Package cli is the gaptrace command: subcommands, configuration, the
+// lifecycle of a tracing session, the live view and the final summary.
+//
+// The tracing machinery itself (probes, GPU sampling, correlation, export)
+// sits behind the Pipeline interface and is supplied by package main, so
+// everything here is testable with a fake pipeline and real child
+// processes, without privileges.
+//
+// Session lifecycle, the same for run, attach and demo:
+//
+//	load config (all problems at once, exit 2) → privilege check → open
+//	outputs → NewPipeline → Trace(target) → Run until the target exits,
+//	--duration elapses or a signal arrives → Close (drain, detach, flush)
+//	→ summary JSON + printed summary.
+//
+// Invariant: a session that created a Pipeline always Closes it, on every
+// path, so no probe of ours outlives the session.
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
+	"github.com/gaptrace/gaptrace/correlate"
+)
+
+// Exit codes of gaptrace itself (run passes the command's through).
+const (
+	ExitOK      = 0
+	ExitFailure = 1
+	ExitUsage   = 2
+)
+
+// Pipeline is one tracing session's machinery.
+type Pipeline interface {
+	// Trace starts tracing pid and, from now on, its descendants.
+	Trace(pid int) error
+	// Run feeds results to the session's sink until ctx is done; it
+	// returns nil on a clean stop.
+	Run(ctx context.Context) error
+	// Stats reports attach state and counters for the live view.
+	Stats() live.Stats
+	// Close drains what is buffered, detaches every probe, flushes
+	// exporters and returns the final summary. It is called exactly once,
+	// after Run returned.
+	Close(ctx context.Context) (correlate.Summary, error)
+}
+
+// PipelineConfig is what a Pipeline is built from.
+type PipelineConfig struct {
+	Config *config.Config
+	// Sink receives every gap and step (the live view and --gaps-out);
+	// the pipeline tees its own exporter next to it.
+	Sink correlate.Sink
+	// Snapshot receives the engine's running totals about once a second.
+	Snapshot func(correlate.Summary)
+	// Spans is the spans file in file mode ("" when exporting over OTLP).
+	Spans         string
+	TargetPID     int
+	TargetCmdline []string
+	Logger        *slog.Logger
+}
+
+// Deps is what the command needs from its environment; tests replace it.
+type Deps struct {
+	Version     string
+	NewPipeline func(ctx context.Context, pc PipelineConfig) (Pipeline, error)
+	// GPU inspects NVML for check; nil means no NVML support built in.
+	GPU GPUInspector
+	// Privileged returns an error explaining what is missing when gaptrace
+	// cannot load BPF programs; nil when it can.
+	Privileged func() error
+	Stdout     io.Writer
+	Stderr     io.Writer
+	Getenv     func(string) string
+	Environ    func() []string
+	// Executable is gaptrace's own path, for the exec helper.
+	Executable func() (string, error)
+	// IsTerminal reports whether stdout is a terminal and its width.
+	IsTerminal func() (bool, int)
+}
+
+func (d *Deps) fill() {
+	if d.Stdout == nil {
+		d.Stdout = os.Stdout
+	}
+	if d.Stderr == nil {
+		d.Stderr = os.Stderr
+	}
+	if d.Getenv == nil {
+		d.Getenv = os.Getenv
+	}
+	if d.Environ == nil {
+		d.Environ = os.Environ
+	}
+	if d.Executable == nil {
+		d.Executable = os.Executable
+	}
+	if d.IsTerminal == nil {
+		d.IsTerminal = func() (bool, int) { return false, 100 }
+	}
+	if d.Privileged == nil {
+		d.Privileged = CheckPrivileges
+	}
+}
+
+// CheckPrivileges explains what gaptrace lacks to trace, or returns nil.
+func CheckPrivileges() error {
+	caps, err := proc.EffectiveCaps()
+	if err != nil {
+		return fmt.Errorf("read capabilities: %w", err)
+	}
+	if missing := proc.MissingTracingCaps(caps); len(missing) > 0 {
+		return fmt.Errorf("missing capabilities %s: run as root, or grant them "+
+			"(docker: --cap-add BPF --cap-add PERFMON --cap-add SYS_PTRACE --cap-add SYS_RESOURCE; "+
+			"binary: setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_sys_resource+ep bin/gaptrace)",
+			strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+const usage = `gaptrace — why was the GPU idle?
+
+Usage:
+  gaptrace run [flags] -- CMD ARGS...   start CMD and trace it until it exits (its exit code is passed through)
+  gaptrace attach --pid PID [flags]     trace a running process and its descendants
+  gaptrace attach --match REGEX [flags] trace the process whose command line matches, and the next one after it exits
+  gaptrace check [--pid PID]            say whether tracing can work here, and how to fix what cannot
+  gaptrace demo [--out DIR]             trace the simulated trainer (no GPU needed) and show what gaptrace reports
+  gaptrace version
+
+Run 'gaptrace COMMAND -h' for the flags of a command. Every flag is also an
+environment variable (--min-gap → GAPTRACE_MIN_GAP) and a key of the YAML
+file named by --config or GAPTRACE_CONFIG. Precedence: flags, environment,
+file, defaults.
+`
+
+// Main runs the gaptrace command line (without the program name) and
+// returns the process exit code.
+func Main(ctx context.Context, args []string, deps Deps) int {
+	deps.fill()
+	if len(args) == 0 {
+		fmt.Fprint(deps.Stderr, usage)
+		return ExitUsage
+	}
+	switch args[0] {
+	case proc.ExecHelperArg:
+		return proc.ExecHelper(args[1:])
+	case "version", "--version", "-version":
+		fmt.Fprintf(deps.Stdout, "gaptrace %s\n", deps.Version)
+		return ExitOK
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(deps.Stdout, usage)
+		return ExitOK
+	case "run":
+		return runCmd(ctx, args[1:], deps)
+	case "attach":
+		return attachCmd(ctx, args[1:], deps)
+	case "check":
+		return checkCmd(ctx, args[1:], deps)
+	case "demo":
+		return demoCmd(ctx, args[1:], deps)
+	}
+	fmt.Fprintf(deps.Stderr, "gaptrace: unknown command %q\n\n%s", args[0], usage)
+	return ExitUsage
+}
+
+// load parses the configuration of a command and prints every problem.
+func load(cmd config.Command, args []string, deps Deps) (config.Config, []string, int, bool) {
+	cfg, rest, err := config.Load(cmd, args, deps.Getenv, deps.Stderr)
+	if err == nil {
+		return cfg, rest, 0, true
+	}
+	var ue *config.UsageError
+	if errors.As(err, &ue) {
+		if errors.Is(ue.Err, flagErrHelp) {
+			return cfg, rest, ExitOK, false
+		}
+		// flag already printed the error and the usage.
+		return cfg, rest, ExitUsage, false
+	}
+	var p config.Problems
+	if errors.As(err, &p) {
+		fmt.Fprintf(deps.Stderr, "gaptrace %s: invalid configuration:\n", cmd)
+		for _, msg := range p {
+			fmt.Fprintf(deps.Stderr, "  - %s\n", msg)
+		}
+		return cfg, rest, ExitUsage, false
+	}
+	fmt.Fprintf(deps.Stderr, "gaptrace %s: %v\n", cmd, err)
+	return cfg, rest, ExitUsage, false
+}
+
+func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(cfg.LogLevel)) //nolint:errcheck // validated by config
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
+}
+
+// fail prints one clear message and returns ExitFailure.
+func fail(deps Deps, cmd config.Command, format string, a ...any) int {
+	fmt.Fprintf(deps.Stderr, "gaptrace %s: %s\n", cmd, fmt.Sprintf(format, a...))
+	return ExitFailure
+}
+
+// gapsWriter is the --gaps-out sink: one JSON object per line, written as
+// gaps arrive so a crash loses at most the buffer.
+type gapsWriter struct {
+	mu  sync.Mutex
+	f   *os.File
+	w   *bufio.Writer
+	enc *json.Encoder
+	err error
+}
+
+func newGapsWriter(path string) (*gapsWriter, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("create gaps file: %w", err)
+	}
+	w := bufio.NewWriterSize(f, 64<<10)
+	return &gapsWriter{f: f, w: w, enc: json.NewEncoder(w)}, nil
+}
+
+func (g *gapsWriter) Gap(gap correlate.Gap) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err == nil {
+		g.err = g.enc.Encode(gap)
+	}
+}
+
+func (g *gapsWriter) Step(correlate.Step) {}
+
+func (g *gapsWriter) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	err := errors.Join(g.err, g.w.Flush(), g.f.Close())
+	if err != nil {
+		return fmt.Errorf("write gaps file %s: %w", g.f.Name(), err)
+	}
+	return nil
+}
+
+// tee fans results out to several sinks in order.
+type tee []correlate.Sink
+
+func (t tee) Gap(g correlate.Gap) {
+	for _, s := range t {
+		s.Gap(g)
+	}
+}
+
+func (t tee) Step(s correlate.Step) {
+	for _, k := range t {
+		k.Step(s)
+	}
+}
+
+func writeSummaryJSON(path string, s correlate.Summary) error {
+	if s.ByCause == nil {
+		s.ByCause = map[correlate.Cause]int64{}
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write summary: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write summary: %w", err)
+	}
+	return nil
+}
+
+// session is one tracing session: outputs, pipeline, live view.
+type session struct {
+	cmd    config.Command
+	cfg    *config.Config
+	deps   Deps
+	log    *slog.Logger
+	agg    *live.Aggregator
+	gaps   *gapsWriter
+	pipe   Pipeline
+	spans  string
+	title  string
+	closed bool
+
+	runCancel context.CancelFunc
+	runDone   chan error
+	viewStop  chan struct{}
+	viewDone  chan struct{}
+}
+
+// open prepares outputs and builds the pipeline. On error nothing is left
+// open.
+func openSession(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Logger, targetPID int, argv []string) (*session, error) {
+	s := &session{cmd: cfg.Command, cfg: cfg, deps: deps, log: log, agg: live.NewAggregator(nil)}
+	if !cfg.OTLPConfigured(deps.Getenv) {
+		s.spans = cfg.SpansOut
+		if s.spans == "" {
+			s.spans = config.DefaultSpansFile
+		}
+	} else {
+		s.spans = cfg.SpansOut // both: OTLP and a local copy
+	}
+	sinks := tee{s.agg}
+	if cfg.GapsOut != "" {
+		g, err := newGapsWriter(cfg.GapsOut)
+		if err != nil {
+			return nil, err
+		}
+		s.gaps = g
+		sinks = append(sinks, g)
+	}
+	pipe, err := deps.NewPipeline(ctx, PipelineConfig{
+		Config: cfg, Sink: sinks, Snapshot: s.agg.SetSummary, Spans: s.spans,
+		TargetPID: targetPID, TargetCmdline: argv, Logger: log,
+	})
+	if err != nil {
+		if s.gaps != nil {
+			s.gaps.Close() //nolint:errcheck // reporting the pipeline error instead
+		}
+		return nil, err
+	}
+	s.pipe = pipe
+	return s, nil
+}
+
+// start runs the pipeline and the live view in the background.
+func (s *session) start(ctx context.Context) {
+	rctx, cancel := context.WithCancel(ctx)
+	s.runCancel = cancel
+	s.runDone = make(chan error, 1)
+	go func() { s.runDone <- s.pipe.Run(rctx) }()
+	s.viewStop = make(chan struct{})
+	s.viewDone = make(chan struct{})
+	go s.render()
+}
+
+// render draws the live view until stopped. It never writes after
+// viewDone is closed, so the summary is printed on a clean screen.
+func (s *session) render() {
+	defer close(s.viewDone)
+	isTTY, width := s.deps.IsTerminal()
+	mode := s.cfg.Live
+	if mode == "auto" {
+		mode = map[bool]string{true: "on", false: "log"}[isTTY]
+	}
+	if mode == "off" {
+		<-s.viewStop
+		return
+	}
+	every := time.Second
+	if mode == "log" {
+		every = 5 * time.Second
+	}
+	term := &live.Terminal{W: s.deps.Stdout}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.viewStop:
+			if mode == "on" {
+				term.Clear()
+			}
+			return
+		case <-t.C:
+			s.agg.SetStats(s.pipe.Stats())
+			v := s.agg.View(s.title)
+			if mode == "on" {
+				term.Draw(live.Frame(v, width))
+			} else {
+				fmt.Fprintln(s.deps.Stdout, live.LogLine(v))
+			}
+		}
+	}
+}
+
+// finish stops tracing, closes the pipeline, writes and prints the
+// summary. It is idempotent.
+func (s *session) finish() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	var errs []error
+	if s.runCancel != nil {
+		s.runCancel()
+		if err := <-s.runDone; err != nil && !errors.Is(err, context.Canceled) {
+			errs = append(errs, fmt.Errorf("tracing: %w", err))
+		}
+		close(s.viewStop)
+		<-s.viewDone
+	}
+	stats := s.pipe.Stats()
+	cctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	sum, err := s.pipe.Close(cctx)
+	cancel()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("close pipeline: %w", err))
+	}
+	sum.DroppedEvents = max(sum.DroppedEvents, stats.Drops)
+	stats.Drops = sum.DroppedEvents
+	s.agg.SetStats(stats)
+	s.agg.SetSummary(sum)
+	if s.gaps != nil {
+		if err := s.gaps.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.cfg.SummaryJSON != "" {
+		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	_, width := s.deps.IsTerminal()
+	out := live.Outputs{Gaps: s.cfg.GapsOut, Spans: s.spans, Summary: s.cfg.SummaryJSON, Prometheus: s.cfg.Prometheus}
+	if s.cfg.OTLPConfigured(s.deps.Getenv) {
+		out.OTLP = s.cfg.OTLPEndpoint
+		if out.OTLP == "" {
+			out.OTLP = firstNonEmpty(s.deps.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), s.deps.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"))
+		}
+	}
+	fmt.Fprint(s.deps.Stdout, live.Summary(s.agg.View(s.title), out, width))
+	return errors.Join(errs...)
+}
+
+func firstNonEmpty(ss ...string) string {
+	for _, s := range ss {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+func absOrSame(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}

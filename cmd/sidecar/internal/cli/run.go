@@ -1,0 +1,156 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
+)
+
+var flagErrHelp = flag.ErrHelp
+
+func runCmd(ctx context.Context, args []string, deps Deps) int {
+	cfg, _, code, ok := load(config.CmdRun, args, deps)
+	if !ok {
+		return code
+	}
+	log := newLogger(&cfg, deps.Stderr).With("component", "cli")
+	if err := deps.Privileged(); err != nil {
+		return fail(deps, config.CmdRun, "cannot trace: %v", err)
+	}
+	return runSession(ctx, &cfg, deps, log, cfg.Argv, deps.Environ())
+}
+
+type exitResult struct {
+	code int
+	err  error
+}
+
+// runSession starts argv held at its first instruction, traces it, lets it
+// run and returns its exit code.
+//
+// Signals: the command shares gaptrace's process group, so a Ctrl-C typed
+// on the terminal already reaches it; forwarding SIGINT as well would
+// deliver it twice (a second KeyboardInterrupt inside PyTorch's cleanup).
+// So SIGINT is forwarded only when gaptrace is not the terminal's
+// foreground group (someone ran kill -INT on gaptrace); SIGTERM is always
+// forwarded, since nothing else delivers it to the command. Either way
+// tracing continues until the command exits, so its shutdown is traced
+// too; a second signal stops tracing at once and leaves without waiting.
+func runSession(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Logger, argv, env []string) int {
+	cmd := cfg.Command
+	self, err := deps.Executable()
+	if err != nil {
+		return fail(deps, cmd, "find own executable: %v", err)
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
+	// The pipeline comes first: loading probes takes time and may fail,
+	// and a command must never run untraced because of it.
+	s, err := openSession(ctx, cfg, deps, log, 0, argv)
+	if err != nil {
+		return fail(deps, cmd, "%v", err)
+	}
+	child, err := proc.StartHeld(self, argv, env)
+	if err != nil {
+		s.abort()
+		return fail(deps, cmd, "%v", err)
+	}
+	pid := child.PID()
+	if err := s.pipe.Trace(pid); err != nil {
+		child.Abort()
+		s.abort()
+		return fail(deps, cmd, "trace %s (pid %d): %v", argv[0], pid, err)
+	}
+	s.title = fmt.Sprintf("pid %d %s", pid, shortCmd(argv))
+	s.start(ctx)
+	if err := child.Release(); err != nil {
+		child.Abort()
+		s.finish() //nolint:errcheck // the release error is the one to report
+		return fail(deps, cmd, "%v", err)
+	}
+	log.Debug("command started under tracing", "pid", pid, "argv", argv)
+
+	exited := make(chan exitResult, 1)
+	go func() {
+		code, err := child.Wait()
+		exited <- exitResult{code, err}
+	}()
+	var durC <-chan time.Time
+	if cfg.Duration > 0 {
+		t := time.NewTimer(cfg.Duration)
+		defer t.Stop()
+		durC = t.C
+	}
+	tracing, signals := true, 0
+	stop := func() {
+		if tracing {
+			tracing = false
+			if err := s.finish(); err != nil {
+				log.Warn("tracing did not stop cleanly", "err", err)
+			}
+		}
+	}
+	for {
+		select {
+		case r := <-exited:
+			stop()
+			if r.err != nil {
+				log.Warn("wait for command", "err", r.err)
+			}
+			return r.code
+		case <-durC:
+			log.Info("tracing stopped after --duration; the command keeps running", "duration", cfg.Duration, "pid", pid)
+			stop()
+		case sig := <-sigs:
+			signals++
+			forward := sig != syscall.SIGINT || !proc.ForegroundOfTTY()
+			if forward {
+				child.Cmd.Process.Signal(sig) //nolint:errcheck // it may have exited already
+			}
+			if signals == 1 && tracing {
+				log.Info("waiting for the command to exit (signal again to stop tracing now)", "signal", sig, "forwarded", forward, "pid", pid)
+				continue
+			}
+			stop()
+			return 128 + int(sig.(syscall.Signal))
+		}
+	}
+}
+
+// abort closes a session that never started tracing, without a summary.
+func (s *session) abort() {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.pipe.Close(cctx); err != nil {
+		s.log.Warn("close pipeline", "err", err)
+	}
+	if s.gaps != nil {
+		s.gaps.Close() //nolint:errcheck // nothing was traced
+	}
+}
+
+func shortCmd(argv []string) string {
+	s := strings.Join(argv, " ")
+	if r := []rune(s); len(r) > 60 {
+		s = string(r[:59]) + "…"
+	}
+	return s
+}
+
+var errExitedWhileAttaching = errors.New("exited while attaching")

@@ -1,0 +1,530 @@
+// Package config holds the one Config of the gaptrace command and the way
+// it is assembled: defaults, then an optional YAML file, then GAPTRACE_*
+// environment variables, then flags. Every source goes through the same
+// option table and the same parsers, so a value means the same thing
+// wherever it is written. Parsing never stops at the first bad value:
+// every problem is collected and Validate adds the cross-field ones, so a
+// user fixes all of them in one round.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gopkg.in/yaml.v3"
+)
+
+// Command names the subcommand a Config is for; some options only exist
+// for some commands.
+type Command string
+
+const (
+	CmdRun    Command = "run"
+	CmdAttach Command = "attach"
+	CmdCheck  Command = "check"
+	CmdDemo   Command = "demo"
+)
+
+// EnvPrefix prefixes the environment variable of every option:
+// --min-gap is GAPTRACE_MIN_GAP.
+const EnvPrefix = "GAPTRACE_"
+
+// DefaultSpansFile is where spans go when no OTLP endpoint is configured.
+const DefaultSpansFile = "gaptrace-spans.jsonl"
+
+// Config is everything a gaptrace command needs to know. Zero values are
+// not meaningful; start from Defaults.
+type Config struct {
+	Command Command
+
+	// Tracing.
+	Probes           string        // "full" or "lite"
+	SyscallThreshold time.Duration // syscalls shorter than this are counted, not emitted
+	MinGap           time.Duration // gaps shorter than this are accounted per step, not emitted
+	Duration         time.Duration // stop tracing after this long (0: until the target exits)
+	CUDALib          string        // libcuda path override
+	NCCLLib          string        // libnccl path override
+	NVMLLib          string        // libnvidia-ml path override
+	CUDAWait         time.Duration // attach --pid: fail when no libcuda appears in the target within this (0: never fail)
+
+	// Outputs.
+	GapsOut        string
+	SummaryJSON    string
+	SpansOut       string
+	OTLPEndpoint   string
+	OTLPProtocol   string // "grpc" or "http/protobuf"; "" = OTEL_EXPORTER_OTLP_PROTOCOL, else by port
+	OTLPInsecure   bool
+	OTLPInsecureOK bool // OTLPInsecure was set explicitly
+	ServiceName    string
+	JobID          string
+	Rank           int // -1: unknown
+	Prometheus     string
+
+	// Presentation.
+	Live     string // "auto", "on", "off"
+	LogLevel string // "debug", "info", "warn", "error"
+
+	// Targets.
+	PID     int      // attach --pid, check --pid
+	Match   string   // attach --match
+	Argv    []string // run: the command
+	OutDir  string   // demo: where files go
+	DemoFor time.Duration
+
+	ConfigFile string
+}
+
+// Defaults returns the configuration before any file, environment or flag.
+func Defaults(cmd Command) Config {
+	c := Config{
+		Command:          cmd,
+		Probes:           "full",
+		SyscallThreshold: 50 * time.Microsecond,
+		MinGap:           time.Millisecond,
+		CUDAWait:         30 * time.Second,
+		ServiceName:      "gaptrace",
+		Rank:             -1,
+		Live:             "auto",
+		LogLevel:         "info",
+	}
+	if cmd == CmdDemo {
+		c.OutDir = filepath.Join("out", "demo")
+		c.DemoFor = 25 * time.Second
+	}
+	return c
+}
+
+// option is one setting, written the same way as a flag, an environment
+// variable and a YAML key.
+type option struct {
+	name  string // flag name and YAML key
+	usage string
+	cmds  []Command // nil: every tracing command (run, attach, demo)
+	set   func(c *Config, v string) error
+	bool  bool
+}
+
+var tracing = []Command{CmdRun, CmdAttach, CmdDemo}
+
+func durationSetter(dst func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("not a duration (e.g. 50us, 1ms, 30s): %q", v)
+		}
+		if d < 0 {
+			return fmt.Errorf("must not be negative: %s", v)
+		}
+		*dst(c) = d
+		return nil
+	}
+}
+
+func stringSetter(dst func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error { *dst(c) = v; return nil }
+}
+
+func oneOf(dst func(*Config) *string, allowed ...string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		v = strings.ToLower(strings.TrimSpace(v))
+		if !slices.Contains(allowed, v) {
+			return fmt.Errorf("%q is not one of %s", v, strings.Join(allowed, ", "))
+		}
+		*dst(c) = v
+		return nil
+	}
+}
+
+var options = []option{
+	{name: "probes", usage: "probe set: full (every CUDA launch) or lite (syncs, copies, collectives, syscalls; lower overhead)",
+		set: oneOf(func(c *Config) *string { return &c.Probes }, "full", "lite")},
+	{name: "syscall-threshold", usage: "syscalls shorter than this are counted, not reported",
+		set: durationSetter(func(c *Config) *time.Duration { return &c.SyscallThreshold })},
+	{name: "min-gap", usage: "GPU idle gaps shorter than this are accounted per step instead of reported one by one",
+		set: durationSetter(func(c *Config) *time.Duration { return &c.MinGap })},
+	{name: "duration", usage: "stop tracing after this long (the traced command keeps running); 0 = until it exits",
+		set: durationSetter(func(c *Config) *time.Duration { return &c.Duration })},
+	{name: "gaps-out", usage: "write every gap as a JSON line to `FILE`",
+		set: stringSetter(func(c *Config) *string { return &c.GapsOut })},
+	{name: "summary-json", usage: "write the summary as JSON to `FILE` at exit",
+		set: stringSetter(func(c *Config) *string { return &c.SummaryJSON })},
+	{name: "spans-out", usage: "write spans as JSON lines to `FILE` (default " + DefaultSpansFile + " when no OTLP endpoint is set)",
+		set: stringSetter(func(c *Config) *string { return &c.SpansOut })},
+	{name: "otlp-endpoint", usage: "OTLP collector endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT)",
+		set: stringSetter(func(c *Config) *string { return &c.OTLPEndpoint })},
+	{name: "otlp-protocol", usage: "OTLP protocol: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc on port 4317, else http/protobuf)",
+		set: oneOf(func(c *Config) *string { return &c.OTLPProtocol }, "grpc", "http/protobuf")},
+	{name: "otlp-insecure", usage: "use plaintext to the OTLP endpoint", bool: true,
+		set: func(c *Config, v string) error {
+			b, err := strconv.ParseBool(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("not a boolean: %q", v)
+			}
+			c.OTLPInsecure, c.OTLPInsecureOK = b, true
+			return nil
+		}},
+	{name: "service-name", usage: "OpenTelemetry service.name",
+		set: stringSetter(func(c *Config) *string { return &c.ServiceName })},
+	{name: "job-id", usage: "training job ID attached to every span and metric",
+		set: stringSetter(func(c *Config) *string { return &c.JobID })},
+	{name: "rank", usage: "distributed rank of the traced process (-1: unknown; default RANK from the target when found)",
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("not an integer: %q", v)
+			}
+			if n < -1 {
+				return fmt.Errorf("must be -1 or more: %d", n)
+			}
+			c.Rank = n
+			return nil
+		}},
+	{name: "prometheus", usage: "serve Prometheus metrics on `ADDR` (e.g. :9464)",
+		set: stringSetter(func(c *Config) *string { return &c.Prometheus })},
+	{name: "nvml-lib", usage: "path of libnvidia-ml.so.1 (default: the dynamic loader's)",
+		set: stringSetter(func(c *Config) *string { return &c.NVMLLib })},
+	{name: "cuda-lib", usage: "path of libcuda.so.1 to probe (default: found in the target)",
+		set: stringSetter(func(c *Config) *string { return &c.CUDALib })},
+	{name: "nccl-lib", usage: "path of libnccl.so.2 to probe (default: found in the target)",
+		set: stringSetter(func(c *Config) *string { return &c.NCCLLib })},
+	{name: "live", usage: "live view: auto (when stdout is a terminal), on, off",
+		set: oneOf(func(c *Config) *string { return &c.Live }, "auto", "on", "off")},
+	{name: "log-level", usage: "debug, info, warn or error",
+		cmds: []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
+		set:  oneOf(func(c *Config) *string { return &c.LogLevel }, "debug", "info", "warn", "error")},
+	{name: "pid", usage: "process ID to trace (with its descendants)", cmds: []Command{CmdAttach, CmdCheck},
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n <= 0 {
+				return fmt.Errorf("not a process ID: %q", v)
+			}
+			c.PID = n
+			return nil
+		}},
+	{name: "match", usage: "trace the process whose command line matches `REGEX`, and the next one after it exits", cmds: []Command{CmdAttach},
+		set: stringSetter(func(c *Config) *string { return &c.Match })},
+	{name: "cuda-wait", usage: "attach --pid: fail when the target has not loaded libcuda within this long (0: only warn)", cmds: []Command{CmdAttach},
+		set: durationSetter(func(c *Config) *time.Duration { return &c.CUDAWait })},
+	{name: "out", usage: "directory for the demo's gaps, spans and summary files", cmds: []Command{CmdDemo},
+		set: stringSetter(func(c *Config) *string { return &c.OutDir })},
+	{name: "demo-duration", usage: "how long the demo trainer runs (approximately)", cmds: []Command{CmdDemo},
+		set: durationSetter(func(c *Config) *time.Duration { return &c.DemoFor })},
+}
+
+func (o option) appliesTo(cmd Command) bool {
+	if o.cmds == nil {
+		return slices.Contains(tracing, cmd)
+	}
+	return slices.Contains(o.cmds, cmd)
+}
+
+// EnvName returns the environment variable of a flag name.
+func EnvName(flagName string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// Problems is every problem found while loading and validating a Config.
+type Problems []string
+
+func (p Problems) Error() string {
+	if len(p) == 1 {
+		return p[0]
+	}
+	return fmt.Sprintf("%d problems:\n  - %s", len(p), strings.Join(p, "\n  - "))
+}
+
+// UsageError is returned for a command line that cannot be parsed at all
+// (unknown flag); the caller prints usage and exits 2.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// flagValue routes a flag through the option table and records problems
+// instead of failing, so one bad flag does not hide the next one.
+type flagValue struct {
+	opt      option
+	cfg      *Config
+	problems *Problems
+	isBool   bool
+	cur      string
+}
+
+func (f *flagValue) String() string { return f.cur }
+func (f *flagValue) Set(v string) error {
+	f.cur = v
+	if err := f.opt.set(f.cfg, v); err != nil {
+		*f.problems = append(*f.problems, fmt.Sprintf("--%s: %v", f.opt.name, err))
+	}
+	return nil
+}
+func (f *flagValue) IsBoolFlag() bool { return f.isBool }
+
+// FlagSet returns the flag set of a command bound to cfg. Problems with
+// values land in problems; the returned set fails only on syntax.
+func FlagSet(cmd Command, cfg *Config, problems *Problems, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("gaptrace "+string(cmd), flag.ContinueOnError)
+	fs.SetOutput(out)
+	for _, o := range options {
+		if !o.appliesTo(cmd) {
+			continue
+		}
+		fs.Var(&flagValue{opt: o, cfg: cfg, problems: problems, isBool: o.bool}, o.name, o.usage+" [$"+EnvName(o.name)+"]")
+	}
+	fs.StringVar(&cfg.ConfigFile, "config", cfg.ConfigFile, "YAML `FILE` with options (keys are flag names) [$GAPTRACE_CONFIG]")
+	return fs
+}
+
+// Load builds the Config of cmd from defaults, the YAML file named by
+// --config or GAPTRACE_CONFIG, the environment (getenv) and args. It
+// returns the positional arguments left after the flags. The error is a
+// *UsageError for unparsable command lines and Problems for bad values
+// (including what Validate finds).
+func Load(cmd Command, args []string, getenv func(string) string, usageOut io.Writer) (Config, []string, error) {
+	cfg := Defaults(cmd)
+	var problems Problems
+
+	// The file comes before the environment and the flags but is named by
+	// either, so find its name first with a throwaway pass.
+	cfgFile := getenv(EnvPrefix + "CONFIG")
+	{
+		var scratch Config = Defaults(cmd)
+		var ignored Problems
+		fs := FlagSet(cmd, &scratch, &ignored, io.Discard)
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				FlagSet(cmd, &scratch, &ignored, usageOut).Parse(args) //nolint:errcheck // prints usage
+				return cfg, nil, &UsageError{Err: err}
+			}
+			return cfg, nil, &UsageError{Err: err}
+		}
+		if scratch.ConfigFile != "" {
+			cfgFile = scratch.ConfigFile
+		}
+	}
+	if cfgFile != "" {
+		problems = append(problems, loadFile(cmd, cfgFile, &cfg)...)
+		cfg.ConfigFile = cfgFile
+	}
+
+	for _, o := range options {
+		if !o.appliesTo(cmd) {
+			continue
+		}
+		name := EnvName(o.name)
+		if v, ok := lookup(getenv, name); ok {
+			if err := o.set(&cfg, v); err != nil {
+				problems = append(problems, fmt.Sprintf("$%s: %v", name, err))
+			}
+		}
+	}
+
+	fs := FlagSet(cmd, &cfg, &problems, usageOut)
+	if err := fs.Parse(args); err != nil {
+		return cfg, nil, &UsageError{Err: err}
+	}
+	rest := fs.Args()
+	if cmd == CmdRun {
+		cfg.Argv = rest
+		rest = nil
+	}
+	problems = append(problems, cfg.validate(rest)...)
+	if len(problems) > 0 {
+		return cfg, rest, problems
+	}
+	return cfg, rest, nil
+}
+
+func lookup(getenv func(string) string, name string) (string, bool) {
+	v := getenv(name)
+	return v, v != ""
+}
+
+func loadFile(cmd Command, path string, cfg *Config) Problems {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Problems{fmt.Sprintf("config file: %v", err)}
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(b, &m); err != nil {
+		return Problems{fmt.Sprintf("config file %s: %v", path, err)}
+	}
+	var problems Problems
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		i := slices.IndexFunc(options, func(o option) bool { return o.name == k })
+		if i < 0 {
+			problems = append(problems, fmt.Sprintf("config file %s: unknown key %q", path, k))
+			continue
+		}
+		o := options[i]
+		if !o.appliesTo(cmd) {
+			// A shared file may hold keys for other commands (pid for
+			// attach, out for demo); they do not apply here.
+			continue
+		}
+		var s string
+		switch v := m[k].(type) {
+		case nil:
+			continue
+		case string:
+			s = v
+		case bool, int, int64, uint64, float64:
+			s = fmt.Sprint(v)
+		default:
+			problems = append(problems, fmt.Sprintf("config file %s: %s: want a scalar, got %T", path, k, v))
+			continue
+		}
+		if err := o.set(cfg, s); err != nil {
+			problems = append(problems, fmt.Sprintf("config file %s: %s: %v", path, k, err))
+		}
+	}
+	return problems
+}
+
+// OTLPConfigured reports whether spans go to an OTLP endpoint (flag, file,
+// GAPTRACE_OTLP_ENDPOINT or the standard OTEL_EXPORTER_OTLP_* variables).
+func (c *Config) OTLPConfigured(getenv func(string) string) bool {
+	return c.OTLPEndpoint != "" || getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" ||
+		getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+}
+
+// validate checks what no single value can: combinations, files that
+// cannot be written, a regex that does not compile.
+func (c *Config) validate(rest []string) Problems {
+	var p Problems
+	switch c.Command {
+	case CmdRun:
+		if len(c.Argv) == 0 {
+			p = append(p, "run: no command given (usage: gaptrace run [flags] -- CMD ARGS...)")
+		}
+	case CmdAttach:
+		switch {
+		case c.PID != 0 && c.Match != "":
+			p = append(p, "attach: --pid and --match are mutually exclusive")
+		case c.PID == 0 && c.Match == "":
+			p = append(p, "attach: one of --pid PID or --match REGEX is required")
+		}
+		if c.Match != "" {
+			if _, err := regexp.Compile(c.Match); err != nil {
+				p = append(p, fmt.Sprintf("--match: bad regular expression: %v", err))
+			}
+		}
+	}
+	if c.Command != CmdRun && len(rest) > 0 {
+		p = append(p, fmt.Sprintf("%s: unexpected arguments: %s", c.Command, strings.Join(rest, " ")))
+	}
+	if c.Command == CmdCheck {
+		return p
+	}
+	if c.MinGap <= 0 {
+		p = append(p, "--min-gap: must be positive")
+	}
+	if c.Command == CmdDemo && c.DemoFor < 5*time.Second {
+		p = append(p, "--demo-duration: must be at least 5s")
+	}
+	for _, f := range []struct{ flag, path string }{
+		{"gaps-out", c.GapsOut}, {"summary-json", c.SummaryJSON}, {"spans-out", c.SpansOut},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if err := writableDir(filepath.Dir(f.path)); err != nil {
+			p = append(p, fmt.Sprintf("--%s %s: %v", f.flag, f.path, err))
+		}
+	}
+	if c.Command == CmdDemo {
+		if err := creatableDir(c.OutDir); err != nil {
+			p = append(p, fmt.Sprintf("--out %s: %v", c.OutDir, err))
+		}
+	}
+	if c.Prometheus != "" {
+		if _, port, err := net.SplitHostPort(c.Prometheus); err != nil {
+			p = append(p, fmt.Sprintf("--prometheus %q: want HOST:PORT or :PORT: %v", c.Prometheus, err))
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			p = append(p, fmt.Sprintf("--prometheus %q: bad port", c.Prometheus))
+		}
+	}
+	for _, f := range []struct{ flag, path string }{
+		{"nvml-lib", c.NVMLLib}, {"cuda-lib", c.CUDALib}, {"nccl-lib", c.NCCLLib},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if st, err := os.Stat(f.path); err != nil {
+			p = append(p, fmt.Sprintf("--%s: %v", f.flag, err))
+		} else if st.IsDir() {
+			p = append(p, fmt.Sprintf("--%s %s: is a directory, want the library file", f.flag, f.path))
+		}
+	}
+	if c.OTLPEndpoint != "" && strings.ContainsAny(c.OTLPEndpoint, " \t") {
+		p = append(p, fmt.Sprintf("--otlp-endpoint %q: contains whitespace", c.OTLPEndpoint))
+	}
+	if c.ServiceName == "" {
+		p = append(p, "--service-name: must not be empty")
+	}
+	return p
+}
+
+func writableDir(dir string) error {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("directory %s does not exist", dir)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if err := unix.Access(dir, unix.W_OK); err != nil {
+		return fmt.Errorf("directory %s is not writable: %w", dir, err)
+	}
+	return nil
+}
+
+// creatableDir accepts a directory that exists and is writable or whose
+// nearest existing ancestor is writable.
+func creatableDir(dir string) error {
+	d := filepath.Clean(dir)
+	for {
+		st, err := os.Stat(d)
+		if err == nil {
+			if !st.IsDir() {
+				return fmt.Errorf("%s is not a directory", d)
+			}
+			if err := unix.Access(d, unix.W_OK); err != nil {
+				return fmt.Errorf("directory %s is not writable: %w", d, err)
+			}
+			return nil
+		}
+		parent := filepath.Dir(d)
+		if parent == d {
+			return fmt.Errorf("no existing parent directory")
+		}
+		d = parent
+	}
+}
+
+// Options returns the flag names that apply to cmd, for help and docs.
+func Options(cmd Command) []string {
+	var names []string
+	for _, o := range options {
+		if o.appliesTo(cmd) {
+			names = append(names, o.name)
+		}
+	}
+	return names
+}

@@ -1,0 +1,165 @@
+package config
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestLayering(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "gaptrace.yaml")
+	if err := os.WriteFile(file, []byte("probes: lite\nmin-gap: 3ms\nservice-name: from-file\nrank: 2\nsyscall-threshold: 20us\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	getenv := env(map[string]string{
+		"GAPTRACE_CONFIG":       file,
+		"GAPTRACE_MIN_GAP":      "5ms", // env beats file
+		"GAPTRACE_SERVICE_NAME": "from-env",
+	})
+	cfg, _, err := Load(CmdRun, []string{"--service-name", "from-flag", "--", "python", "train.py", "--lr", "1"}, getenv, io.Discard)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if cfg.Probes != "lite" {
+		t.Errorf("probes = %q, want lite (file)", cfg.Probes)
+	}
+	if cfg.MinGap != 5*time.Millisecond {
+		t.Errorf("min-gap = %v, want 5ms (env over file)", cfg.MinGap)
+	}
+	if cfg.ServiceName != "from-flag" {
+		t.Errorf("service-name = %q, want from-flag (flag over env)", cfg.ServiceName)
+	}
+	if cfg.Rank != 2 || cfg.SyscallThreshold != 20*time.Microsecond {
+		t.Errorf("rank=%d threshold=%v, want 2 and 20us from the file", cfg.Rank, cfg.SyscallThreshold)
+	}
+	if got := strings.Join(cfg.Argv, " "); got != "python train.py --lr 1" {
+		t.Errorf("argv = %q", got)
+	}
+	// Defaults survive where nothing overrides them.
+	if cfg.OTLPProtocol != "" || cfg.Live != "auto" || cfg.Duration != 0 {
+		t.Errorf("defaults lost: %+v", cfg)
+	}
+}
+
+func TestConfigFlagBeatsEnvFile(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.yaml")
+	b := filepath.Join(dir, "b.yaml")
+	os.WriteFile(a, []byte("probes: lite\n"), 0o644)
+	os.WriteFile(b, []byte("probes: full\nmin-gap: 7ms\n"), 0o644)
+	cfg, _, err := Load(CmdRun, []string{"--config", b, "true"}, env(map[string]string{"GAPTRACE_CONFIG": a}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Probes != "full" || cfg.MinGap != 7*time.Millisecond || cfg.ConfigFile != b {
+		t.Errorf("got probes=%s min-gap=%v file=%s, want b.yaml's values", cfg.Probes, cfg.MinGap, cfg.ConfigFile)
+	}
+}
+
+func TestEveryProblemReportedAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(file, []byte("probes: medium\nbogus-key: 1\n"), 0o644)
+	_, _, err := Load(CmdAttach, []string{
+		"--config", file,
+		"--min-gap", "soon",
+		"--duration", "-3s",
+		"--live", "sometimes",
+		"--otlp-protocol", "carrier-pigeon",
+		"--gaps-out", "/nonexistent-dir/gaps.jsonl",
+		"--prometheus", "9464",
+		"--pid", "12", "--match", "train(",
+	}, env(map[string]string{"GAPTRACE_SYSCALL_THRESHOLD": "fast"}), io.Discard)
+	var p Problems
+	if !errors.As(err, &p) {
+		t.Fatalf("want Problems, got %T %v", err, err)
+	}
+	want := []string{
+		"probes", "bogus-key", "--min-gap", "--duration", "--live", "--otlp-protocol",
+		"GAPTRACE_SYSCALL_THRESHOLD", "--gaps-out", "--prometheus", "mutually exclusive", "regular expression",
+	}
+	msg := err.Error()
+	for _, w := range want {
+		if !strings.Contains(msg, w) {
+			t.Errorf("problem about %q missing from:\n%s", w, msg)
+		}
+	}
+	if len(p) != len(want) {
+		t.Errorf("got %d problems, want %d:\n%s", len(p), len(want), msg)
+	}
+}
+
+func TestCommandSpecificValidation(t *testing.T) {
+	cases := []struct {
+		cmd  Command
+		args []string
+		want string // "" = valid
+	}{
+		{CmdRun, nil, "no command given"},
+		{CmdRun, []string{"--", "sleep", "1"}, ""},
+		{CmdAttach, nil, "one of --pid PID or --match REGEX"},
+		{CmdAttach, []string{"--pid", "abc"}, "not a process ID"},
+		{CmdAttach, []string{"--pid", "1", "extra"}, "unexpected arguments"},
+		{CmdAttach, []string{"--match", "python.*train"}, ""},
+		{CmdCheck, []string{"--pid", "1"}, ""},
+		{CmdDemo, []string{"--demo-duration", "1s"}, "at least 5s"},
+		{CmdRun, []string{"--nvml-lib", "/no/such/libnvidia-ml.so.1", "true"}, "--nvml-lib"},
+		{CmdRun, []string{"--min-gap", "0", "true"}, "must be positive"},
+	}
+	for _, tc := range cases {
+		_, _, err := Load(tc.cmd, tc.args, env(nil), io.Discard)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s %v: unexpected error %v", tc.cmd, tc.args, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s %v: error %v, want one mentioning %q", tc.cmd, tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestUnknownFlagIsUsageError(t *testing.T) {
+	_, _, err := Load(CmdRun, []string{"--no-such-flag", "true"}, env(nil), io.Discard)
+	var u *UsageError
+	if !errors.As(err, &u) {
+		t.Fatalf("want *UsageError, got %T %v", err, err)
+	}
+}
+
+func TestFlagOnlyForOtherCommand(t *testing.T) {
+	// --match belongs to attach; run must reject it as a flag, and the
+	// environment variable of a foreign option must be ignored.
+	if _, _, err := Load(CmdRun, []string{"--match", "x", "true"}, env(nil), io.Discard); err == nil {
+		t.Fatal("run accepted --match")
+	}
+	if _, _, err := Load(CmdRun, []string{"true"}, env(map[string]string{"GAPTRACE_MATCH": "x"}), io.Discard); err != nil {
+		t.Fatalf("run failed on attach's env var: %v", err)
+	}
+}
+
+func TestOTLPConfigured(t *testing.T) {
+	c := Defaults(CmdRun)
+	if c.OTLPConfigured(env(nil)) {
+		t.Fatal("no endpoint anywhere, yet configured")
+	}
+	if !c.OTLPConfigured(env(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"})) {
+		t.Fatal("standard OTEL variable ignored")
+	}
+}
+
+func TestEnvNames(t *testing.T) {
+	if got := EnvName("syscall-threshold"); got != "GAPTRACE_SYSCALL_THRESHOLD" {
+		t.Fatal(got)
+	}
+	if got := EnvName("nvml-lib"); got != "GAPTRACE_NVML_LIB" {
+		t.Fatal(got)
+	}
+}

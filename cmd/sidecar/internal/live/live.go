@@ -1,0 +1,485 @@
+// Package live turns the correlation results of a tracing session into
+// what a person watches: a view redrawn about once a second on a terminal,
+// a compact log line every few seconds otherwise, and the summary printed
+// at exit.
+//
+// An Aggregator is a correlate.Sink (tee it next to the exporter) that also
+// takes periodic engine snapshots and pipeline statistics. It is safe for
+// concurrent use: results arrive on the pipeline's goroutine, views are
+// taken on the renderer's. Rendering is a pure function of a View so it can
+// be tested without a terminal.
+package live
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gaptrace/gaptrace/correlate"
+)
+
+// Stats is what the pipeline reports about itself.
+type Stats struct {
+	Targets    []int    // traced PIDs (roots; descendants are implied)
+	Attached   int      // probes attached
+	Missing    []string // probes that could not be attached
+	EventsRead uint64
+	Drops      uint64 // events lost anywhere between the kernel and correlate
+	GPUs       int    // devices NVML reports; 0 without NVML
+}
+
+type fileAgg struct {
+	ops   map[string]bool
+	ns    int64
+	bytes uint64
+	calls int
+}
+
+type peerAgg struct {
+	label string
+	ns    int64
+	bytes uint64
+	calls int
+}
+
+// Aggregator accumulates results for the live view and the summary.
+type Aggregator struct {
+	mu    sync.Mutex
+	start time.Time
+	now   func() time.Time
+
+	snap     correlate.Summary
+	haveSnap bool
+	stats    Stats
+
+	steps     int64
+	stepEnds  []time.Time // wall time each step was received, for the rate
+	stepWall  int64
+	stepIdle  int64
+	stepCause map[correlate.Cause]int64
+
+	gaps     int64
+	gapCause map[correlate.Cause]int64
+	files    map[string]*fileAgg
+	peers    map[string]*peerAgg
+	lastGap  *correlate.Gap
+}
+
+// NewAggregator starts an aggregator whose clock is now (time.Now when nil).
+func NewAggregator(now func() time.Time) *Aggregator {
+	if now == nil {
+		now = time.Now
+	}
+	return &Aggregator{start: now(), now: now, stepCause: map[correlate.Cause]int64{},
+		gapCause: map[correlate.Cause]int64{}, files: map[string]*fileAgg{}, peers: map[string]*peerAgg{}}
+}
+
+// Gap implements correlate.Sink.
+func (a *Aggregator) Gap(g correlate.Gap) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.gaps++
+	if len(g.Breakdown) > 0 {
+		for c, ns := range g.Breakdown {
+			a.gapCause[c] += ns
+		}
+	} else {
+		a.gapCause[g.Cause] += g.Duration
+	}
+	for _, f := range g.Evidence.Files {
+		fa := a.files[f.Path]
+		if fa == nil {
+			fa = &fileAgg{ops: map[string]bool{}}
+			a.files[f.Path] = fa
+		}
+		fa.ops[f.Op] = true
+		fa.ns += f.NS
+		fa.bytes += f.Bytes
+		fa.calls += f.Calls
+	}
+	for _, p := range g.Evidence.Peers {
+		pa := a.peers[p.Address]
+		if pa == nil {
+			pa = &peerAgg{}
+			a.peers[p.Address] = pa
+		}
+		if p.PID != 0 {
+			pa.label = fmt.Sprintf("pid %d %s", p.PID, p.Comm)
+		}
+		pa.ns += p.NS
+		pa.bytes += p.Bytes
+		pa.calls += p.Calls
+	}
+	gc := g
+	a.lastGap = &gc
+}
+
+// Step implements correlate.Sink.
+func (a *Aggregator) Step(s correlate.Step) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.steps++
+	a.stepEnds = append(a.stepEnds, a.now())
+	if len(a.stepEnds) > 4096 {
+		a.stepEnds = slices.Clone(a.stepEnds[len(a.stepEnds)-1024:])
+	}
+	a.stepWall += s.End - s.Start
+	a.stepIdle += s.IdleNS + s.StallNS
+	for c, ns := range s.ByCause {
+		a.stepCause[c] += ns
+	}
+}
+
+// SetSummary records the engine's latest running totals; they win over
+// what the aggregator adds up itself because they include results not yet
+// emitted as steps.
+func (a *Aggregator) SetSummary(s correlate.Summary) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.snap, a.haveSnap = s, true
+}
+
+// SetStats records the pipeline's statistics.
+func (a *Aggregator) SetStats(s Stats) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.stats = s
+}
+
+// CauseTime is one cause's share of the lost GPU time.
+type CauseTime struct {
+	Cause correlate.Cause
+	NS    int64
+	Share float64 // of all lost (idle + stall) time, 0..1
+}
+
+// TopItem is one file or peer in the evidence ranking.
+type TopItem struct {
+	Name  string
+	Note  string // ops for files, owner for peers
+	NS    int64
+	Bytes uint64
+	Calls int
+}
+
+// View is one frame: everything the live view or a log line shows.
+type View struct {
+	Title       string
+	Elapsed     time.Duration
+	Steps       int64
+	StepsPerSec float64
+	Gaps        int64
+	WallNS      int64
+	LostNS      int64 // idle + stall
+	IdleNS      int64
+	StallNS     int64
+	IdlePct     float64 // lost / wall, 0..100; -1 when unknown
+	ByCause     []CauseTime
+	TopFiles    []TopItem
+	TopPeers    []TopItem
+	LastGap     *correlate.Gap
+	Stats       Stats
+}
+
+// View takes a consistent frame. title names what is traced.
+func (a *Aggregator) View(title string) View {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.now()
+	v := View{Title: title, Elapsed: now.Sub(a.start), Steps: a.steps, Gaps: a.gaps, Stats: a.stats, IdlePct: -1}
+	v.Stats.Missing = slices.Clone(a.stats.Missing)
+	v.Stats.Targets = slices.Clone(a.stats.Targets)
+
+	// Step rate over the last ten seconds, which tracks changes (a
+	// checkpoint) better than the mean since start.
+	const rateWindow = 10 * time.Second
+	var recent int
+	for i := len(a.stepEnds) - 1; i >= 0 && now.Sub(a.stepEnds[i]) <= rateWindow; i-- {
+		recent++
+	}
+	if recent > 0 {
+		span := min(rateWindow, v.Elapsed)
+		if span > 0 {
+			v.StepsPerSec = float64(recent) / span.Seconds()
+		}
+	}
+
+	var byCause map[correlate.Cause]int64
+	switch {
+	case a.haveSnap && a.snap.WallNS > 0:
+		v.WallNS, v.IdleNS, v.StallNS = a.snap.WallNS, a.snap.GPUIdleNS, a.snap.GPUStallNS
+		byCause = a.snap.ByCause
+		v.Steps = max(v.Steps, a.snap.Steps)
+		v.Gaps = max(v.Gaps, a.snap.Gaps)
+		v.Stats.Drops = max(v.Stats.Drops, a.snap.DroppedEvents)
+	case a.stepWall > 0:
+		v.WallNS, v.IdleNS = a.stepWall, a.stepIdle
+		byCause = a.stepCause
+	default:
+		byCause = a.gapCause
+	}
+	v.LostNS = v.IdleNS + v.StallNS
+	if v.WallNS > 0 {
+		v.IdlePct = min(100, 100*float64(v.LostNS)/float64(v.WallNS))
+	}
+	v.ByCause = CauseShares(byCause)
+	for path, f := range a.files {
+		ops := slices.Sorted(maps.Keys(f.ops))
+		v.TopFiles = append(v.TopFiles, TopItem{Name: path, Note: strings.Join(ops, "+"), NS: f.ns, Bytes: f.bytes, Calls: f.calls})
+	}
+	for addr, p := range a.peers {
+		v.TopPeers = append(v.TopPeers, TopItem{Name: addr, Note: p.label, NS: p.ns, Bytes: p.bytes, Calls: p.calls})
+	}
+	v.TopFiles = top(v.TopFiles, 5)
+	v.TopPeers = top(v.TopPeers, 3)
+	if a.lastGap != nil {
+		g := *a.lastGap
+		v.LastGap = &g
+	}
+	return v
+}
+
+func top(items []TopItem, n int) []TopItem {
+	slices.SortFunc(items, func(x, y TopItem) int {
+		return cmp.Or(cmp.Compare(y.NS, x.NS), cmp.Compare(x.Name, y.Name))
+	})
+	if len(items) > n {
+		items = items[:n]
+	}
+	return items
+}
+
+// CauseShares orders causes by time (largest first, then the taxonomy
+// order) and computes each one's share; causes with no time are left out.
+func CauseShares(by map[correlate.Cause]int64) []CauseTime {
+	var total int64
+	for _, ns := range by {
+		if ns > 0 {
+			total += ns
+		}
+	}
+	order := func(c correlate.Cause) int {
+		if i := slices.Index(correlate.Causes, c); i >= 0 {
+			return i
+		}
+		return len(correlate.Causes)
+	}
+	var out []CauseTime
+	for c, ns := range by {
+		if ns <= 0 {
+			continue
+		}
+		out = append(out, CauseTime{Cause: c, NS: ns, Share: float64(ns) / float64(total)})
+	}
+	slices.SortFunc(out, func(x, y CauseTime) int {
+		return cmp.Or(cmp.Compare(y.NS, x.NS), cmp.Compare(order(x.Cause), order(y.Cause)), cmp.Compare(x.Cause, y.Cause))
+	})
+	return out
+}
+
+// Bar draws a bar of width cells for a fraction 0..1, with eighth-block
+// resolution so small shares still show.
+func Bar(frac float64, width int) string {
+	frac = max(0, min(1, frac))
+	eighths := int(frac*float64(width*8) + 0.5)
+	full, rem := eighths/8, eighths%8
+	var b strings.Builder
+	b.WriteString(strings.Repeat("█", full))
+	cells := full
+	if rem > 0 {
+		b.WriteRune([]rune("▏▎▍▌▋▊▉")[rem-1])
+		cells++
+	}
+	b.WriteString(strings.Repeat("·", width-cells))
+	return b.String()
+}
+
+// FormatNS prints a duration in the unit a person reads fastest.
+func FormatNS(ns int64) string {
+	d := time.Duration(ns)
+	switch {
+	case d >= 100*time.Second:
+		return fmt.Sprintf("%.0f s", d.Seconds())
+	case d >= 10*time.Second:
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	case d >= time.Second:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.0f ms", float64(d)/1e6)
+	case d >= time.Microsecond:
+		return fmt.Sprintf("%.0f µs", float64(d)/1e3)
+	}
+	return fmt.Sprintf("%d ns", ns)
+}
+
+// FormatBytes prints a byte count in binary units.
+func FormatBytes(b uint64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := uint64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
+
+func formatElapsed(d time.Duration) string {
+	s := int(d.Seconds())
+	return fmt.Sprintf("%02d:%02d:%02d", s/3600, s/60%60, s%60)
+}
+
+func pct(p float64) string {
+	if p < 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f%%", p)
+}
+
+// Frame renders the live view of v, width columns wide. The same text is
+// used for the terminal and (as the body) for the final summary.
+func Frame(v View, width int) string {
+	width = max(60, min(width, 120))
+	var b strings.Builder
+	fmt.Fprintf(&b, "gaptrace · %s · %s\n", v.Title, formatElapsed(v.Elapsed))
+	fmt.Fprintf(&b, "steps %d (%.1f/s)   GPU idle %s   gaps %d   dropped events %d\n",
+		v.Steps, v.StepsPerSec, pct(v.IdlePct), v.Gaps, v.Stats.Drops)
+	writeCauses(&b, v, width)
+	writeEvidence(&b, v, width)
+	if v.LastGap != nil {
+		g := v.LastGap
+		fmt.Fprintf(&b, "last gap: %s %s (pid %d tid %d, step %d)\n", FormatNS(g.Duration), g.Cause, g.PID, g.TID, g.Step)
+	}
+	return b.String()
+}
+
+func writeCauses(b *strings.Builder, v View, width int) {
+	if len(v.ByCause) == 0 {
+		b.WriteString("\nidle by cause: nothing attributed yet\n")
+		return
+	}
+	fmt.Fprintf(b, "\nidle by cause (%s lost of %s)\n", FormatNS(v.LostNS), FormatNS(v.WallNS))
+	barW := width - 16 - 10 - 8 - 4
+	for _, c := range v.ByCause {
+		fmt.Fprintf(b, "  %-15s %s %9s %6.1f%%\n", c.Cause, Bar(c.Share, barW), FormatNS(c.NS), 100*c.Share)
+	}
+}
+
+func trimLeft(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return "…" + string(r[len(r)-n+1:])
+}
+
+func writeEvidence(b *strings.Builder, v View, width int) {
+	nameW := width - 36
+	if len(v.TopFiles) > 0 {
+		fmt.Fprintf(b, "\ntop files%s %9s %10s\n", strings.Repeat(" ", max(0, nameW+10-9)), "blocked", "bytes")
+		for _, f := range v.TopFiles {
+			fmt.Fprintf(b, "  %-*s %-6s %9s %10s\n", nameW, trimLeft(f.Name, nameW), f.Note, FormatNS(f.NS), FormatBytes(f.Bytes))
+		}
+	}
+	if len(v.TopPeers) > 0 {
+		fmt.Fprintf(b, "\ntop peers%s %9s %10s\n", strings.Repeat(" ", max(0, nameW+10-9)), "blocked", "bytes")
+		for _, p := range v.TopPeers {
+			fmt.Fprintf(b, "  %-*s %-6s %9s %10s\n", nameW, trimLeft(p.Name+" "+p.Note, nameW), "", FormatNS(p.NS), FormatBytes(p.Bytes))
+		}
+	}
+}
+
+// LogLine renders v as one line for logs (stdout not a terminal).
+func LogLine(v View) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "gaptrace elapsed=%s steps=%d rate=%.1f/s gpu_idle=%s gaps=%d drops=%d",
+		v.Elapsed.Round(time.Second), v.Steps, v.StepsPerSec, pct(v.IdlePct), v.Gaps, v.Stats.Drops)
+	if len(v.ByCause) > 0 {
+		b.WriteString(" causes=")
+		for i, c := range v.ByCause {
+			if i == 4 {
+				break
+			}
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "%s:%.0f%%", c.Cause, 100*c.Share)
+		}
+	}
+	if len(v.TopFiles) > 0 {
+		fmt.Fprintf(&b, " top_file=%s", v.TopFiles[0].Name)
+	}
+	if len(v.TopPeers) > 0 {
+		fmt.Fprintf(&b, " top_peer=%s", v.TopPeers[0].Name)
+	}
+	return b.String()
+}
+
+// Outputs names the files a session wrote, for the summary.
+type Outputs struct {
+	Gaps, Spans, Summary, OTLP, Prometheus string
+}
+
+// Summary renders the final summary of a session.
+func Summary(v View, out Outputs, width int) string {
+	var b strings.Builder
+	rule := strings.Repeat("─", max(60, min(width, 120)))
+	b.WriteString(rule + "\n")
+	b.WriteString("summary\n")
+	b.WriteString(Frame(v, width))
+	if len(v.Stats.Missing) > 0 {
+		fmt.Fprintf(&b, "\nprobes not attached: %s\n", strings.Join(v.Stats.Missing, ", "))
+	}
+	if v.Steps == 0 && v.Gaps == 0 {
+		b.WriteString("\nno GPU activity was attributed: the target made no CUDA calls gaptrace could see\n" +
+			"(is libcuda.so loaded by it? run `gaptrace check --pid PID`)\n")
+	}
+	var files []string
+	for _, f := range []struct{ what, path string }{
+		{"gaps", out.Gaps}, {"spans", out.Spans}, {"summary", out.Summary}, {"OTLP", out.OTLP}, {"metrics", out.Prometheus},
+	} {
+		if f.path != "" {
+			files = append(files, fmt.Sprintf("  %-8s %s", f.what, f.path))
+		}
+	}
+	if len(files) > 0 {
+		b.WriteString("\noutputs\n" + strings.Join(files, "\n") + "\n")
+	}
+	b.WriteString(rule + "\n")
+	return b.String()
+}
+
+// Terminal redraws a frame in place with ANSI escapes: it moves the cursor
+// up over the previous frame and clears to the end of the screen, so the
+// view stays at the bottom of the terminal's scrollback.
+type Terminal struct {
+	W     io.Writer
+	lines int
+}
+
+// Draw replaces the previous frame with frame.
+func (t *Terminal) Draw(frame string) {
+	var b strings.Builder
+	if t.lines > 0 {
+		fmt.Fprintf(&b, "\x1b[%dF", t.lines)
+	}
+	b.WriteString("\x1b[J")
+	b.WriteString(frame)
+	t.lines = strings.Count(frame, "\n")
+	io.WriteString(t.W, b.String()) //nolint:errcheck // a closed terminal is not worth failing the trace for
+}
+
+// Clear erases the last frame (before the summary replaces it).
+func (t *Terminal) Clear() {
+	if t.lines > 0 {
+		fmt.Fprintf(t.W, "\x1b[%dF\x1b[J", t.lines)
+		t.lines = 0
+	}
+}

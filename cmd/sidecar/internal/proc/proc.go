@@ -1,0 +1,419 @@
+// Package proc is what gaptrace knows about processes: starting a command
+// held at its first instruction until the tracer is attached, waiting for a
+// process to exit, finding processes by command line, the libraries a
+// process has mapped, and the capabilities of gaptrace itself. It reads
+// /proc directly and keeps no state between calls.
+package proc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ExecHelperArg is the hidden argument under which gaptrace re-executes
+// itself to start a traced command. The helper blocks on a pipe until the
+// parent has registered its PID with the tracer, then execve's the command,
+// so the command runs under tracing from its first instruction with the
+// same PID.
+const ExecHelperArg = "__exec"
+
+// releaseFD is the pipe's read end in the helper (ExtraFiles[0]).
+const releaseFD = 3
+
+// ExecHelper is the body of "gaptrace __exec -- CMD ARGS...". It never
+// returns on success. If the parent dies before releasing the helper, the
+// pipe reads EOF and the helper exits 125 without running the command:
+// a command that would run untraced is not what the user asked for.
+func ExecHelper(args []string) int {
+	if len(args) > 0 && args[0] == "--" {
+		args = args[1:]
+	}
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, "gaptrace: internal exec helper started without a command")
+		return 125
+	}
+	f := os.NewFile(releaseFD, "release")
+	var b [1]byte
+	n, _ := f.Read(b[:])
+	f.Close()
+	if n != 1 {
+		return 125
+	}
+	path, err := exec.LookPath(args[0])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gaptrace: %v\n", err)
+		return 127
+	}
+	err = syscall.Exec(path, args, os.Environ())
+	fmt.Fprintf(os.Stderr, "gaptrace: exec %s: %v\n", path, err)
+	return 126
+}
+
+// Child is a command started by StartHeld.
+type Child struct {
+	Cmd     *exec.Cmd
+	release *os.File
+}
+
+// PID returns the child's process ID (also the command's after release).
+func (c *Child) PID() int { return c.Cmd.Process.Pid }
+
+// StartHeld starts argv through the exec helper of the binary self and
+// returns once the helper runs and waits to be released. The child shares
+// gaptrace's stdio and process group, so a terminal's Ctrl-C reaches it
+// directly, exactly as if gaptrace were not there.
+func StartHeld(self string, argv []string, env []string) (*Child, error) {
+	if len(argv) == 0 {
+		return nil, errors.New("no command")
+	}
+	if _, err := exec.LookPath(argv[0]); err != nil {
+		return nil, fmt.Errorf("command %q: %w", argv[0], err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("release pipe: %w", err)
+	}
+	cmd := exec.Command(self, append([]string{ExecHelperArg, "--"}, argv...)...)
+	cmd.Args[0] = argv[0]
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = env
+	cmd.ExtraFiles = []*os.File{r}
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return nil, fmt.Errorf("start %s: %w", argv[0], err)
+	}
+	r.Close()
+	return &Child{Cmd: cmd, release: w}, nil
+}
+
+// Release lets the held command exec.
+func (c *Child) Release() error {
+	defer c.release.Close()
+	if _, err := c.release.Write([]byte{1}); err != nil {
+		return fmt.Errorf("release command: %w", err)
+	}
+	return nil
+}
+
+// Abort closes the pipe without releasing: the helper exits 125 without
+// running the command.
+func (c *Child) Abort() {
+	c.release.Close()
+	c.Cmd.Wait() //nolint:errcheck // exit status of an aborted helper is meaningless
+}
+
+// Wait waits for the command and returns its exit code the way a shell
+// reports it: the exit status, or 128+signal when it was killed.
+func (c *Child) Wait() (int, error) {
+	err := c.Cmd.Wait()
+	return ExitCode(c.Cmd.ProcessState, err)
+}
+
+// ExitCode maps a finished process to a shell-style exit code.
+func ExitCode(ps *os.ProcessState, err error) (int, error) {
+	if ps == nil {
+		return 1, err
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal()), nil
+	}
+	return ps.ExitCode(), nil
+}
+
+// ErrNoProcess says a PID names no process.
+var ErrNoProcess = errors.New("no such process")
+
+// Exists reports whether pid names a live (non-zombie) process.
+func Exists(pid int) bool {
+	st, err := State(pid)
+	return err == nil && st != 'Z' && st != 'X'
+}
+
+// State returns the one-letter state of pid from /proc/PID/stat.
+func State(pid int) (byte, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+		}
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	return b[i+2], nil
+}
+
+// PPID returns the parent of pid.
+func PPID(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	return strconv.Atoi(f[1])
+}
+
+// Cmdline returns the command line of pid, arguments joined by spaces.
+func Cmdline(pid int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(bytes.ReplaceAll(b, []byte{0}, []byte{' '}))), nil
+}
+
+// PIDs lists every process ID in /proc.
+func PIDs() []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		if n, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, n)
+		}
+	}
+	return pids
+}
+
+// Descendants returns pid's descendants (not pid itself).
+func Descendants(pid int) []int {
+	children := map[int][]int{}
+	for _, p := range PIDs() {
+		if pp, err := PPID(p); err == nil {
+			children[pp] = append(children[pp], p)
+		}
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// Ancestors returns pid's ancestors up to init.
+func Ancestors(pid int) []int {
+	var out []int
+	for p := pid; p > 1; {
+		pp, err := PPID(p)
+		if err != nil || pp <= 0 {
+			break
+		}
+		out = append(out, pp)
+		p = pp
+	}
+	return out
+}
+
+// FindMatching returns the processes whose command line matches re, oldest
+// PID order, leaving out gaptrace itself, its ancestors (a shell whose
+// command line holds the regex) and kernel threads (empty cmdline).
+func FindMatching(re *regexp.Regexp) []int {
+	self := os.Getpid()
+	skip := append(Ancestors(self), self)
+	var out []int
+	for _, p := range PIDs() {
+		if slices.Contains(skip, p) {
+			continue
+		}
+		cl, err := Cmdline(p)
+		if err != nil || cl == "" || !re.MatchString(cl) {
+			continue
+		}
+		if !Exists(p) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// Watch is a handle on one process that survives PID reuse: it is backed
+// by a pidfd, so Exited never confuses a new process with the old one.
+type Watch struct {
+	pid int
+	fd  int
+}
+
+// Open returns a Watch on pid, or an error wrapping ErrNoProcess.
+func Open(pid int) (*Watch, error) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+		}
+		return nil, fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	if !Exists(pid) {
+		unix.Close(fd)
+		return nil, fmt.Errorf("pid %d: %w (zombie)", pid, ErrNoProcess)
+	}
+	return &Watch{pid: pid, fd: fd}, nil
+}
+
+// PID returns the watched process ID.
+func (w *Watch) PID() int { return w.pid }
+
+// Exited reports whether the process has exited (a pidfd becomes readable
+// on exit). A zombie counts as exited.
+func (w *Watch) Exited() bool {
+	fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0
+}
+
+// Wait blocks until the process exits or ctx ends; it reports whether the
+// process exited.
+func (w *Watch) Wait(ctx context.Context) bool {
+	for {
+		fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 200)
+		if err == nil && n > 0 {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			// A pidfd that cannot be polled is a bug elsewhere; fall back
+			// to /proc so the caller still learns about the exit.
+			if !Exists(w.pid) {
+				return true
+			}
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// Close releases the pidfd.
+func (w *Watch) Close() error { return unix.Close(w.fd) }
+
+// Libraries returns the paths of mapped files of pid whose base name
+// starts with one of prefixes (e.g. "libcuda.so", "libnccl.so").
+func Libraries(pid int, prefixes ...string) (map[string][]string, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+		}
+		return nil, err
+	}
+	defer f.Close()
+	found := map[string][]string{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 6 {
+			continue
+		}
+		path := strings.Join(fields[5:], " ")
+		base := filepath.Base(path)
+		for _, p := range prefixes {
+			if strings.HasPrefix(base, p) && !slices.Contains(found[p], path) {
+				found[p] = append(found[p], path)
+			}
+		}
+	}
+	return found, sc.Err()
+}
+
+// Linux capability numbers gaptrace cares about.
+const (
+	CapSysAdmin    = 21
+	CapSysPtrace   = 19
+	CapSysResource = 24
+	CapPerfmon     = 38
+	CapBPF         = 39
+)
+
+// CapNames names the capabilities above for messages.
+var CapNames = map[int]string{CapSysAdmin: "CAP_SYS_ADMIN", CapSysPtrace: "CAP_SYS_PTRACE",
+	CapSysResource: "CAP_SYS_RESOURCE", CapPerfmon: "CAP_PERFMON", CapBPF: "CAP_BPF"}
+
+// Caps is a capability set.
+type Caps uint64
+
+// Has reports whether c holds capability n.
+func (c Caps) Has(n int) bool { return c&(1<<uint(n)) != 0 }
+
+// EffectiveCaps reads the effective capability set of this process.
+func EffectiveCaps() (Caps, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	return parseCapEff(b)
+}
+
+func parseCapEff(status []byte) (Caps, error) {
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				return 0, fmt.Errorf("parse CapEff %q: %w", v, err)
+			}
+			return Caps(n), nil
+		}
+	}
+	return 0, errors.New("no CapEff line in /proc/self/status")
+}
+
+// MissingTracingCaps returns the capabilities gaptrace lacks to load BPF
+// programs and attach probes (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN
+// which implies both), plus CAP_SYS_PTRACE, which reading /proc/PID/maps
+// and fds of another user's process requires.
+func MissingTracingCaps(c Caps) []string {
+	var missing []string
+	if !c.Has(CapSysAdmin) {
+		for _, n := range []int{CapBPF, CapPerfmon} {
+			if !c.Has(n) {
+				missing = append(missing, CapNames[n])
+			}
+		}
+	}
+	if !c.Has(CapSysPtrace) {
+		missing = append(missing, CapNames[CapSysPtrace])
+	}
+	return missing
+}
+
+// ForegroundOfTTY reports whether this process's group is the foreground
+// group of the terminal on stdin — then a Ctrl-C typed there reaches every
+// member of the group, the traced command included.
+func ForegroundOfTTY() bool {
+	pgrp, err := unix.IoctlGetInt(0, unix.TIOCGPGRP)
+	if err != nil {
+		return false
+	}
+	return pgrp == unix.Getpgrp()
+}

@@ -1,0 +1,43 @@
+// Command gaptrace traces a GPU training process and explains, continuously
+// and at low cost, why its GPU sat idle: every idle gap is attributed to a
+// cause (input I/O, data-loader waits, checkpoint writes, synchronous
+// logging, collectives, copies, allocation, CPU, contention, sleep) with
+// the evidence, and exported as OpenTelemetry spans, metrics and files.
+//
+// The command line, configuration and session lifecycle live in
+// internal/cli; this package wires the tracing machinery (tracer, GPU
+// sampler, correlation engine, exporter) into it, see pipeline.go.
+package main
+
+import (
+	"context"
+	"os"
+
+	"golang.org/x/term"
+
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/cli"
+)
+
+// version is set at build time: -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(cli.Main(context.Background(), os.Args[1:], cli.Deps{
+		Version:     version,
+		NewPipeline: newPipeline,
+		GPU:         inspectGPU,
+		IsTerminal:  stdoutTerminal,
+	}))
+}
+
+func stdoutTerminal() (bool, int) {
+	fd := int(os.Stdout.Fd())
+	if !term.IsTerminal(fd) {
+		return false, 100
+	}
+	w, _, err := term.GetSize(fd)
+	if err != nil || w <= 0 {
+		w = 100
+	}
+	return true, w
+}

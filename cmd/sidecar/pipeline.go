@@ -1,0 +1,339 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/cli"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
+	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/otel"
+	"github.com/gaptrace/gaptrace/tracer"
+	"github.com/gaptrace/gaptrace/tracer/gpu"
+)
+
+// Timing of the feed loop. Advance lets the engine finalise gaps whose
+// late events can no longer arrive; the snapshot feeds the live view; the
+// device scan maps newly started processes (DDP ranks, restarts) to GPUs.
+const (
+	advanceEvery  = 100 * time.Millisecond
+	snapshotEvery = time.Second
+	deviceEvery   = 2 * time.Second
+	eventQueue    = 8192
+	windowQueue   = 256
+)
+
+// pipeline wires tracer → correlate ← tracer/gpu and correlate → otel +
+// the session's sink. One goroutine (Run's) owns the engine: every
+// Event/Window/Advance and therefore every Sink call happens there, which
+// is what correlate and otel require.
+type pipeline struct {
+	cfg      *cli.PipelineConfig
+	log      *slog.Logger
+	tr       *tracer.Tracer
+	gpu      *gpu.Source // nil without NVML
+	eng      *correlate.Engine
+	exp      *otel.Exporter
+	events   chan event.Event
+	windows  chan event.GPUWindow
+	devices  map[uint32]int
+	mu       sync.Mutex
+	targets  []int
+	closeErr error
+}
+
+func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, error) {
+	cfg := pc.Config
+	log := pc.Logger.With("component", "pipeline")
+	p := &pipeline{cfg: &pc, log: log, devices: map[uint32]int{},
+		events: make(chan event.Event, eventQueue), windows: make(chan event.GPUWindow, windowQueue)}
+
+	src, err := gpu.Open(gpu.Config{LibPath: cfg.NVMLLib, Logger: pc.Logger})
+	if err != nil {
+		f := gpu.Unavailable(err)
+		log.Warn(f.Detail, "fix", f.Fix)
+	} else {
+		p.gpu = src
+		for _, d := range src.Devices() {
+			log.Info("GPU", "index", d.Index, "name", d.Name, "uuid", d.UUID, "gpm", d.GPMSupported)
+		}
+		for _, f := range src.Health() {
+			if f.Level != gpu.OK {
+				log.Warn("GPU health: "+f.Detail, "device", f.Device, "check", f.Check, "fix", f.Fix)
+			}
+		}
+	}
+
+	tr, err := tracer.New(tracer.Config{
+		Probes:           tracer.ProbeSet(cfg.Probes),
+		SyscallThreshold: cfg.SyscallThreshold,
+		LibCUDA:          cfg.CUDALib,
+		LibNCCL:          cfg.NCCLLib,
+		Logger:           pc.Logger,
+	})
+	if err != nil {
+		p.closeGPU()
+		return nil, fmt.Errorf("load probes: %w", err)
+	}
+	p.tr = tr
+
+	res := otel.ResourceInfo{TargetPID: pc.TargetPID, TargetCmdline: pc.TargetCmdline}
+	if p.gpu != nil {
+		if ds := p.gpu.Devices(); len(ds) > 0 {
+			res.GPUName, res.GPUUUID = ds[0].Name, ds[0].UUID
+		}
+	}
+	ocfg := otel.Config{
+		ServiceName:    cfg.ServiceName,
+		Endpoint:       cfg.OTLPEndpoint,
+		Protocol:       cfg.OTLPProtocol,
+		SpansFile:      pc.Spans,
+		PrometheusAddr: cfg.Prometheus,
+		JobID:          cfg.JobID,
+		Rank:           cfg.Rank,
+		Resource:       res,
+		Logger:         pc.Logger,
+	}
+	if cfg.OTLPInsecureOK {
+		ocfg.Insecure = &cfg.OTLPInsecure
+	}
+	exp, err := otel.New(ctx, ocfg)
+	if err != nil {
+		p.tr.Close() //nolint:errcheck // reporting the exporter error
+		p.closeGPU()
+		return nil, fmt.Errorf("exporter: %w", err)
+	}
+	p.exp = exp
+
+	ccfg := correlate.Config{Probes: cfg.Probes, MinGap: cfg.MinGap, Logger: pc.Logger}
+	if p.gpu != nil {
+		ccfg.HW = p.gpu.HWContext
+	}
+	p.eng = correlate.New(ccfg, sinks{exp, pc.Sink})
+
+	var attached []string
+	for _, a := range tr.Stats().Attached {
+		attached = append(attached, a.Symbol)
+	}
+	log.Debug("probes attached", "count", len(attached))
+	return p, nil
+}
+
+// sinks fans results out: the exporter first, then the session (live view,
+// gaps file).
+type sinks []correlate.Sink
+
+func (s sinks) Gap(g correlate.Gap) {
+	for _, k := range s {
+		k.Gap(g)
+	}
+}
+
+func (s sinks) Step(st correlate.Step) {
+	for _, k := range s {
+		k.Step(st)
+	}
+}
+
+func (p *pipeline) closeGPU() {
+	if p.gpu != nil {
+		if err := p.gpu.Close(); err != nil {
+			p.log.Warn("close NVML", "err", err)
+		}
+		p.gpu = nil
+	}
+}
+
+func (p *pipeline) Trace(pid int) error {
+	if err := p.tr.Trace(pid); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.targets = append(p.targets, pid)
+	p.mu.Unlock()
+	return nil
+}
+
+// processes returns the traced roots and their live descendants.
+func (p *pipeline) processes() []int {
+	p.mu.Lock()
+	roots := slices.Clone(p.targets)
+	p.mu.Unlock()
+	var all []int
+	for _, r := range roots {
+		if !proc.Exists(r) {
+			continue
+		}
+		all = append(all, r)
+		all = append(all, proc.Descendants(r)...)
+	}
+	return all
+}
+
+// mapDevices tells the engine which GPU each traced process uses, as NVML
+// reports the contexts processes hold.
+func (p *pipeline) mapDevices() {
+	if p.gpu == nil {
+		return
+	}
+	pids := p.processes()
+	p.gpu.SetTraced(pids)
+	for _, pid := range pids {
+		devs := p.gpu.DevicesForPID(pid)
+		if len(devs) == 0 {
+			continue
+		}
+		if d, ok := p.devices[uint32(pid)]; ok && d == devs[0] {
+			continue
+		}
+		p.devices[uint32(pid)] = devs[0]
+		p.eng.SetDevice(uint32(pid), devs[0])
+		p.log.Debug("process uses GPU", "pid", pid, "device", devs[0])
+	}
+}
+
+func (p *pipeline) Run(ctx context.Context) error {
+	trDone := make(chan error, 1)
+	go func() { trDone <- p.tr.Run(ctx, p.events) }()
+	var gpuDone chan error
+	var changes <-chan gpu.Finding
+	if p.gpu != nil {
+		gpuDone = make(chan error, 1)
+		go func() { gpuDone <- p.gpu.Run(ctx, p.windows) }()
+		changes = p.gpu.Changes()
+	}
+	advance := time.NewTicker(advanceEvery)
+	defer advance.Stop()
+	lastSnap, lastDev := time.Time{}, time.Time{}
+	p.mapDevices()
+
+	var runErr error
+	for trDone != nil || gpuDone != nil {
+		select {
+		case ev := <-p.events:
+			p.eng.Event(ev)
+		case w := <-p.windows:
+			p.eng.Window(w)
+		case f, ok := <-changes:
+			if !ok {
+				changes = nil
+				continue
+			}
+			lvl := slog.LevelInfo
+			if f.Level != gpu.OK {
+				lvl = slog.LevelWarn
+			}
+			p.log.Log(ctx, lvl, "GPU health changed: "+f.Detail, "device", f.Device, "check", f.Check, "fix", f.Fix)
+		case now := <-advance.C:
+			p.eng.Advance(now.UnixNano())
+			if now.Sub(lastDev) >= deviceEvery {
+				lastDev = now
+				p.mapDevices()
+			}
+			if now.Sub(lastSnap) >= snapshotEvery {
+				lastSnap = now
+				st := p.tr.Stats()
+				p.exp.DroppedEvents(st.RingDrops)
+				if p.cfg.Snapshot != nil {
+					sum := p.eng.Snapshot()
+					sum.DroppedEvents = st.RingDrops
+					p.cfg.Snapshot(sum)
+				}
+			}
+		case err := <-trDone:
+			trDone = nil
+			if err != nil {
+				p.log.Error("tracer stopped", "err", err)
+				runErr = errors.Join(runErr, err)
+			}
+		case err := <-gpuDone:
+			gpuDone = nil
+			if err != nil && ctx.Err() == nil {
+				// The GPU view is an accuracy aid, not a requirement:
+				// keep tracing with host evidence.
+				p.log.Warn("GPU sampling stopped; continuing with host evidence only", "err", err)
+			}
+		}
+	}
+	// Both producers have returned: what they queued is all there is.
+	for {
+		select {
+		case ev := <-p.events:
+			p.eng.Event(ev)
+		case w := <-p.windows:
+			p.eng.Window(w)
+		default:
+			return runErr
+		}
+	}
+}
+
+func (p *pipeline) Stats() live.Stats {
+	st := p.tr.Stats()
+	p.mu.Lock()
+	targets := slices.Clone(p.targets)
+	p.mu.Unlock()
+	s := live.Stats{Targets: targets, Attached: len(st.Attached), Missing: st.Missing,
+		EventsRead: st.EventsRead, Drops: st.RingDrops}
+	if p.gpu != nil {
+		s.GPUs = len(p.gpu.Devices())
+	}
+	return s
+}
+
+// Close detaches the probes first, so nothing of ours stays in the kernel
+// even if flushing the exporter then takes its whole deadline.
+func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
+	st := p.tr.Stats()
+	var errs []error
+	if err := p.tr.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("detach probes: %w", err))
+	}
+	sum := p.eng.Close(time.Now().UnixNano())
+	sum.DroppedEvents = max(sum.DroppedEvents, st.RingDrops)
+	p.exp.Summary(sum, sum.DroppedEvents)
+	if err := p.exp.Shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("flush exporter: %w", err))
+	}
+	if es := p.exp.Stats(); es.SpansDropped > 0 || es.GapsDropped > 0 {
+		p.log.Warn("exporter dropped data", "spans_dropped", es.SpansDropped, "gaps_dropped", es.GapsDropped, "export_errors", es.ExportErrors)
+	}
+	p.closeGPU()
+	return sum, errors.Join(errs...)
+}
+
+// inspectGPU is check's view of NVML.
+func inspectGPU(_ context.Context, libPath string) cli.GPUReport {
+	src, err := gpu.Open(gpu.Config{LibPath: libPath, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		f := gpu.Unavailable(err)
+		return cli.GPUReport{Err: err, Fix: f.Fix}
+	}
+	defer src.Close()
+	r := cli.GPUReport{Lib: libPath}
+	for _, d := range src.Devices() {
+		r.Devices = append(r.Devices, cli.GPUDevice{Index: d.Index, Name: d.Name, UUID: d.UUID})
+	}
+	for _, f := range src.Health() {
+		lvl := cli.OK
+		switch f.Level {
+		case gpu.WARN:
+			lvl = cli.Warn
+		case gpu.FAIL:
+			lvl = cli.Fail
+		}
+		name := "gpu " + f.Check
+		if f.Device >= 0 {
+			name = fmt.Sprintf("gpu%d %s", f.Device, f.Check)
+		}
+		r.Findings = append(r.Findings, cli.Finding{Level: lvl, Name: name, Detail: f.Detail, Fix: f.Fix})
+	}
+	return r
+}

@@ -1,0 +1,106 @@
+package otel
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// stuckExporter blocks every export until its context ends, like an OTLP
+// exporter retrying against a collector that never answers.
+type stuckExporter struct {
+	calls atomic.Int32
+}
+
+func (s *stuckExporter) ExportSpans(ctx context.Context, _ []sdktrace.ReadOnlySpan) error {
+	s.calls.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+func (s *stuckExporter) Shutdown(context.Context) error { return nil }
+
+type failingExporter struct{}
+
+func (failingExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error {
+	return errors.New("connection refused")
+}
+func (failingExporter) Shutdown(context.Context) error { return nil }
+
+func spansThrough(b sdktrace.SpanProcessor) func(n int) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(b))
+	tr := tp.Tracer("test")
+	return func(n int) {
+		for range n {
+			_, sp := tr.Start(context.Background(), "s")
+			sp.End()
+		}
+	}
+}
+
+func TestBatcherFullQueueDropsWithoutBlocking(t *testing.T) {
+	exp := &stuckExporter{}
+	b := newBatcher(exp, 16, 4, time.Hour, slog.Default())
+	emit := spansThrough(b)
+
+	// The first batch goes to the stuck exporter; wait for it so the
+	// accounting below is exact.
+	emit(4)
+	deadline := time.Now().Add(5 * time.Second)
+	for exp.calls.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("batcher never exported a full batch")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	emit(1000)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("ending 1000 spans against a stuck exporter took %s; OnEnd must not block", d)
+	}
+	if q := len(b.queue); q != 16 {
+		t.Errorf("queue holds %d spans, want its capacity 16", q)
+	}
+	if d := b.dropped.Load(); d != 1000-16 {
+		t.Errorf("dropped %d, want %d", d, 1000-16)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	err := b.Shutdown(ctx)
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Shutdown against a stuck exporter: err %v, want deadline exceeded", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Shutdown took %s past a 200ms deadline", d)
+	}
+	// Every span is accounted for: nothing exported, all dropped.
+	if got := b.dropped.Load() + b.exported.Load(); got != 1004 {
+		t.Errorf("exported+dropped = %d, want 1004", got)
+	}
+	emit(3)
+	if got := b.dropped.Load(); got != 1007 {
+		t.Errorf("spans after Shutdown: dropped %d, want 1007", got)
+	}
+}
+
+func TestBatcherCountsFailedExports(t *testing.T) {
+	b := newBatcher(failingExporter{}, 64, 8, time.Hour, slog.Default())
+	emit := spansThrough(b)
+	emit(20)
+	if err := b.ForceFlush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if b.exported.Load() != 0 || b.dropped.Load() != 20 || b.errors.Load() != 3 {
+		t.Errorf("exported %d dropped %d errors %d; want 0, 20, 3 (batches of 8,8,4)",
+			b.exported.Load(), b.dropped.Load(), b.errors.Load())
+	}
+	if err := b.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,383 @@
+package otel
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultServiceName is the service.name used when neither the flag nor
+// OTEL_SERVICE_NAME sets one.
+const DefaultServiceName = "gaptrace"
+
+// Protocols accepted in Config.Protocol and OTEL_EXPORTER_OTLP_PROTOCOL.
+const (
+	ProtocolGRPC         = "grpc"
+	ProtocolHTTPProtobuf = "http/protobuf"
+)
+
+// Defaults for the bounded parts of the pipeline.
+const (
+	DefaultQueueSize    = 4096
+	DefaultBatchSize    = 512
+	DefaultBatchTimeout = 2 * time.Second
+	// DefaultGapBuffer bounds the gaps held while their step is still open,
+	// summed over every (process, device).
+	DefaultGapBuffer = 8192
+	// MaxOpsPerGap bounds host-operation spans under one gpu.idle span; the
+	// rest are counted in gpu.gap.ops.omitted.
+	MaxOpsPerGap = 32
+)
+
+// Environment variables read to find a job ID when Config.JobID is empty, in
+// order. K8S_JOB_NAME is meant to be filled through the downward API from
+// the pod label batch.kubernetes.io/job-name.
+var jobIDEnv = []string{"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME"}
+
+// Environment variables read for Kubernetes resource attributes; the
+// deployment manifests set them through the downward API. The first set
+// variable of each list wins.
+var k8sEnv = []struct {
+	key  string
+	vars []string
+}{
+	{"k8s.pod.name", []string{"K8S_POD_NAME", "POD_NAME"}},
+	{"k8s.pod.uid", []string{"K8S_POD_UID", "POD_UID"}},
+	{"k8s.namespace.name", []string{"K8S_NAMESPACE_NAME", "K8S_NAMESPACE", "POD_NAMESPACE"}},
+	{"k8s.node.name", []string{"K8S_NODE_NAME", "NODE_NAME"}},
+	{"k8s.container.name", []string{"K8S_CONTAINER_NAME", "CONTAINER_NAME"}},
+	{"k8s.job.name", []string{"K8S_JOB_NAME"}},
+}
+
+// ResourceInfo describes the traced target; it becomes resource attributes.
+type ResourceInfo struct {
+	TargetPID     int
+	TargetCmdline []string
+	GPUName       string
+	GPUUUID       string
+	Host          string // "" → os.Hostname
+}
+
+// Config configures an Exporter. Zero values mean "default or environment".
+type Config struct {
+	// ServiceName: default "gaptrace"; OTEL_SERVICE_NAME wins over the
+	// default, a non-empty value here wins over the environment.
+	ServiceName string
+	// Endpoint is the OTLP endpoint, a URL ("http://collector:4318",
+	// "https://…") or host:port. "" and no OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT
+	// selects file mode.
+	Endpoint string
+	// Protocol is "grpc" or "http/protobuf"; "" → OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL,
+	// else grpc for an endpoint on port 4317, else http/protobuf.
+	Protocol string
+	// Headers are merged over OTEL_EXPORTER_OTLP_(TRACES_)HEADERS (these win per key).
+	Headers map[string]string
+	// Insecure: nil → the endpoint's scheme, OTEL_EXPORTER_OTLP_(TRACES_)INSECURE,
+	// or plaintext for a loopback host:port.
+	Insecure *bool
+	// TLS files; "" → the exporters read OTEL_EXPORTER_OTLP_CERTIFICATE,
+	// _CLIENT_CERTIFICATE and _CLIENT_KEY themselves.
+	CAFile, CertFile, KeyFile string
+	// SpansFile is the JSON-lines spans file in file mode; "" writes no spans.
+	SpansFile string
+	// PrometheusAddr: "" off; ":9464" → 127.0.0.1:9464.
+	PrometheusAddr string
+	// JobID: "" → TORCHELASTIC_RUN_ID, SLURM_JOB_ID, K8S_JOB_NAME; still ""
+	// → random trace IDs, one trace per step per process.
+	JobID string
+	// Rank of this process in the job; -1 unknown.
+	Rank int
+	// QueueSize bounds the finished spans waiting for export (default 4096).
+	QueueSize int
+	// BatchSize and BatchTimeout shape exports (defaults 512, 2s).
+	BatchSize    int
+	BatchTimeout time.Duration
+	// GapBuffer bounds the gaps held until their step arrives (default 8192).
+	GapBuffer int
+	// MetricsInterval is the OTLP metrics push period (default
+	// OTEL_METRIC_EXPORT_INTERVAL or 60s).
+	MetricsInterval time.Duration
+	Resource        ResourceInfo
+	Logger          *slog.Logger
+}
+
+// resolved is Config after defaults and the environment were applied.
+type resolved struct {
+	Config
+	mode        string // "otlp" or "file"
+	protocol    string
+	endpointURL *url.URL // nil: let the exporters read the environment
+	headers     map[string]string
+	insecure    *bool
+	tlsConfig   *tls.Config
+	otlpMetrics bool
+}
+
+func envFirst(names ...string) string {
+	for _, n := range names {
+		if v := strings.TrimSpace(os.Getenv(n)); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// resolveJobID returns the job ID from the config or the environment.
+func resolveJobID(cfg string) string {
+	if cfg != "" {
+		return cfg
+	}
+	return envFirst(jobIDEnv...)
+}
+
+// resolve applies defaults and the environment and validates, returning
+// every problem at once.
+func resolve(cfg Config) (*resolved, error) {
+	r := &resolved{Config: cfg}
+	var errs []error
+	if r.Logger == nil {
+		r.Logger = slog.Default()
+	}
+	r.Logger = r.Logger.With("component", "otel")
+	if r.QueueSize == 0 {
+		r.QueueSize = DefaultQueueSize
+	}
+	if r.BatchSize == 0 {
+		r.BatchSize = DefaultBatchSize
+	}
+	if r.BatchSize > r.QueueSize {
+		r.BatchSize = r.QueueSize
+	}
+	if r.BatchTimeout == 0 {
+		r.BatchTimeout = DefaultBatchTimeout
+	}
+	if r.GapBuffer == 0 {
+		r.GapBuffer = DefaultGapBuffer
+	}
+	if r.QueueSize < 0 || r.BatchSize < 0 || r.GapBuffer < 0 || r.BatchTimeout < 0 {
+		errs = append(errs, errors.New("queue size, batch size, gap buffer and batch timeout must not be negative"))
+	}
+	if r.Rank < -1 {
+		errs = append(errs, fmt.Errorf("rank %d: must be -1 (unknown) or a rank", r.Rank))
+	}
+	r.JobID = resolveJobID(r.JobID)
+
+	if r.PrometheusAddr != "" {
+		addr, err := promAddr(r.PrometheusAddr)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		r.PrometheusAddr = addr
+	}
+
+	envEndpoint := envFirst("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+	if r.Endpoint == "" && envEndpoint == "" {
+		r.mode = "file"
+		return r, errors.Join(errs...)
+	}
+	r.mode = "otlp"
+
+	r.protocol = r.Protocol
+	if r.protocol == "" {
+		r.protocol = envFirst("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	ep := r.Endpoint
+	if ep == "" {
+		ep = envEndpoint
+	}
+	u, err := parseEndpoint(ep)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if r.protocol == "" {
+		// The specification's default is http/protobuf, but an endpoint on
+		// the well-known gRPC port is almost always meant as gRPC.
+		r.protocol = ProtocolHTTPProtobuf
+		if u != nil && u.Port() == "4317" {
+			r.protocol = ProtocolGRPC
+		}
+	}
+	switch r.protocol {
+	case ProtocolGRPC, ProtocolHTTPProtobuf:
+	case "http/json":
+		errs = append(errs, errors.New("otlp protocol http/json is not supported, use grpc or http/protobuf"))
+	default:
+		errs = append(errs, fmt.Errorf("otlp protocol %q: want grpc or http/protobuf", r.protocol))
+	}
+	if r.Endpoint != "" {
+		r.endpointURL = u
+	}
+
+	// Passing headers to the exporter replaces the environment's, so merge.
+	r.headers = map[string]string{}
+	for _, v := range []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"} {
+		h, err := parseHeaders(os.Getenv(v))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", v, err))
+		}
+		for k, val := range h {
+			r.headers[k] = val
+		}
+	}
+	for k, v := range r.Headers {
+		r.headers[k] = v
+	}
+
+	r.insecure = r.Insecure
+	if r.insecure == nil && r.endpointURL != nil {
+		// A flag endpoint: a URL's scheme decides; a bare loopback host:port
+		// is plaintext (TLS to loopback is rare), other bare hosts honour
+		// the environment and default to TLS.
+		if u.Scheme == "http" {
+			r.insecure = ptr(true)
+		} else if u.Scheme == "https" {
+			r.insecure = ptr(false)
+		} else if v := envFirst("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE"); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("OTEL_EXPORTER_OTLP_INSECURE=%q: %w", v, err))
+			}
+			r.insecure = ptr(b)
+		} else {
+			r.insecure = ptr(isLoopbackHost(u.Hostname()))
+		}
+	}
+	if r.CAFile != "" || r.CertFile != "" || r.KeyFile != "" {
+		tc, err := loadTLS(r.CAFile, r.CertFile, r.KeyFile)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		r.tlsConfig = tc
+		if r.insecure != nil && *r.insecure && tc != nil {
+			errs = append(errs, errors.New("tls files given for an insecure (plaintext) otlp endpoint"))
+		}
+	}
+
+	// Metrics follow the traces' endpoint unless OTEL_METRICS_EXPORTER says
+	// otherwise; a traces-only endpoint variable does not imply a metrics
+	// endpoint (the exporter would fall back to localhost).
+	me := strings.ToLower(envFirst("OTEL_METRICS_EXPORTER"))
+	r.otlpMetrics = (me == "" || strings.Contains(me, "otlp")) &&
+		(r.Endpoint != "" || envFirst("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") != "")
+	return r, errors.Join(errs...)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// parseEndpoint accepts a URL or a bare host:port and returns a URL whose
+// Scheme is "" for the bare form.
+func parseEndpoint(ep string) (*url.URL, error) {
+	if strings.Contains(ep, "://") {
+		u, err := url.Parse(ep)
+		if err != nil {
+			return nil, fmt.Errorf("otlp endpoint %q: %w", ep, err)
+		}
+		if u.Scheme != "http" && u.Scheme != "https" {
+			return nil, fmt.Errorf("otlp endpoint %q: scheme must be http or https", ep)
+		}
+		if u.Host == "" {
+			return nil, fmt.Errorf("otlp endpoint %q: no host", ep)
+		}
+		return u, nil
+	}
+	host, port, err := net.SplitHostPort(ep)
+	if err != nil {
+		return nil, fmt.Errorf("otlp endpoint %q: want a URL or host:port: %w", ep, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return nil, fmt.Errorf("otlp endpoint %q: bad port: %w", ep, err)
+	}
+	return &url.URL{Host: net.JoinHostPort(host, port)}, nil
+}
+
+func isLoopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+// signalURLPath returns the HTTP path for one signal under a base endpoint
+// path, as the specification does for OTEL_EXPORTER_OTLP_ENDPOINT.
+func signalURLPath(base, signal string) string {
+	return strings.TrimRight(base, "/") + "/v1/" + signal
+}
+
+// parseHeaders parses the W3C-baggage-like "k1=v1,k2=v2" form of
+// OTEL_EXPORTER_OTLP_HEADERS; values are URL-decoded.
+func parseHeaders(s string) (map[string]string, error) {
+	out := map[string]string{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	var errs []error
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			errs = append(errs, fmt.Errorf("header %q: want key=value", strings.TrimSpace(kv)))
+			continue
+		}
+		dv, err := url.PathUnescape(strings.TrimSpace(v))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("header %q: %w", k, err))
+			continue
+		}
+		out[k] = dv
+	}
+	return out, errors.Join(errs...)
+}
+
+// promAddr puts a bare ":port" on loopback: metrics are not exposed to the
+// network unless the user names an interface.
+func promAddr(a string) (string, error) {
+	if !strings.Contains(a, ":") {
+		a = ":" + a
+	}
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return "", fmt.Errorf("prometheus address %q: %w", a, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return "", fmt.Errorf("prometheus address %q: bad port", a)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+func loadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("read otlp ca file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("otlp ca file %s: no certificates", caFile)
+		}
+		tc.RootCAs = pool
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("otlp client certificate and key must be given together")
+	}
+	if certFile != "" {
+		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("load otlp client certificate: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{c}
+	}
+	return tc, nil
+}

@@ -1,0 +1,173 @@
+package otel
+
+import (
+	"strings"
+	"testing"
+)
+
+// clearOTelEnv makes a test independent of the developer's environment.
+func clearOTelEnv(t *testing.T) {
+	t.Helper()
+	for _, v := range []string{"OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_EXPORTER_OTLP_ENDPOINT",
+		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
+		"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+		"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_METRICS_EXPORTER",
+		"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME"} {
+		t.Setenv(v, "")
+	}
+}
+
+func TestResolve(t *testing.T) {
+	tests := []struct {
+		name  string
+		env   map[string]string
+		cfg   Config
+		check func(t *testing.T, r *resolved)
+		err   string
+	}{
+		{name: "no endpoint is file mode", check: func(t *testing.T, r *resolved) {
+			if r.mode != "file" || r.QueueSize != DefaultQueueSize || r.JobID != "" {
+				t.Errorf("mode %q queue %d job %q", r.mode, r.QueueSize, r.JobID)
+			}
+		}},
+		{name: "env endpoint alone turns export on", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"},
+			check: func(t *testing.T, r *resolved) {
+				if r.mode != "otlp" || r.protocol != ProtocolHTTPProtobuf || r.endpointURL != nil || !r.otlpMetrics {
+					t.Errorf("mode %q protocol %q url %v metrics %v", r.mode, r.protocol, r.endpointURL, r.otlpMetrics)
+				}
+			}},
+		{name: "traces endpoint with grpc protocol", env: map[string]string{
+			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+			check: func(t *testing.T, r *resolved) {
+				if r.mode != "otlp" || r.protocol != ProtocolGRPC || r.otlpMetrics {
+					t.Errorf("mode %q protocol %q metrics %v (a traces-only endpoint must not imply metrics)", r.mode, r.protocol, r.otlpMetrics)
+				}
+			}},
+		{name: "flag protocol wins over env", env: map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+			cfg: Config{Endpoint: "http://c:4318", Protocol: ProtocolHTTPProtobuf},
+			check: func(t *testing.T, r *resolved) {
+				if r.protocol != ProtocolHTTPProtobuf || r.endpointURL.Host != "c:4318" || !*r.insecure {
+					t.Errorf("protocol %q url %v insecure %v", r.protocol, r.endpointURL, *r.insecure)
+				}
+			}},
+		{name: "port 4317 without protocol is grpc", cfg: Config{Endpoint: "127.0.0.1:4317"},
+			check: func(t *testing.T, r *resolved) {
+				if r.protocol != ProtocolGRPC || !*r.insecure {
+					t.Errorf("protocol %q insecure %v: loopback host:port should be plaintext grpc", r.protocol, *r.insecure)
+				}
+			}},
+		{name: "remote host:port defaults to tls", cfg: Config{Endpoint: "collector.example:4318"},
+			check: func(t *testing.T, r *resolved) {
+				if *r.insecure {
+					t.Error("remote bare endpoint must default to TLS")
+				}
+			}},
+		{name: "env insecure for bare host", env: map[string]string{"OTEL_EXPORTER_OTLP_INSECURE": "true"},
+			cfg: Config{Endpoint: "collector.example:4317"},
+			check: func(t *testing.T, r *resolved) {
+				if !*r.insecure {
+					t.Error("OTEL_EXPORTER_OTLP_INSECURE=true ignored")
+				}
+			}},
+		{name: "headers merge, flag wins per key", env: map[string]string{
+			"OTEL_EXPORTER_OTLP_HEADERS": "a=1,b=x%20y", "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "b=2"},
+			cfg: Config{Endpoint: "http://c:4318", Headers: map[string]string{"c": "3", "a": "flag"}},
+			check: func(t *testing.T, r *resolved) {
+				if r.headers["a"] != "flag" || r.headers["b"] != "2" || r.headers["c"] != "3" || len(r.headers) != 3 {
+					t.Errorf("headers %v", r.headers)
+				}
+			}},
+		{name: "job id from torchelastic before slurm", env: map[string]string{"TORCHELASTIC_RUN_ID": "te-1", "SLURM_JOB_ID": "77"},
+			check: func(t *testing.T, r *resolved) {
+				if r.JobID != "te-1" {
+					t.Errorf("job %q", r.JobID)
+				}
+			}},
+		{name: "flag job id wins", env: map[string]string{"SLURM_JOB_ID": "77"}, cfg: Config{JobID: "mine"},
+			check: func(t *testing.T, r *resolved) {
+				if r.JobID != "mine" {
+					t.Errorf("job %q", r.JobID)
+				}
+			}},
+		{name: "k8s job name", env: map[string]string{"K8S_JOB_NAME": "train-llm"},
+			check: func(t *testing.T, r *resolved) {
+				if r.JobID != "train-llm" {
+					t.Errorf("job %q", r.JobID)
+				}
+			}},
+		{name: "prometheus port only is loopback", cfg: Config{PrometheusAddr: ":9464"},
+			check: func(t *testing.T, r *resolved) {
+				if r.PrometheusAddr != "127.0.0.1:9464" {
+					t.Errorf("addr %q", r.PrometheusAddr)
+				}
+			}},
+		{name: "prometheus bare port", cfg: Config{PrometheusAddr: "9464"},
+			check: func(t *testing.T, r *resolved) {
+				if r.PrometheusAddr != "127.0.0.1:9464" {
+					t.Errorf("addr %q", r.PrometheusAddr)
+				}
+			}},
+		{name: "metrics exporter none", env: map[string]string{"OTEL_METRICS_EXPORTER": "none"}, cfg: Config{Endpoint: "http://c:4318"},
+			check: func(t *testing.T, r *resolved) {
+				if r.otlpMetrics {
+					t.Error("OTEL_METRICS_EXPORTER=none ignored")
+				}
+			}},
+		{name: "every problem at once", cfg: Config{Endpoint: "ftp://x", Protocol: "carrier-pigeon", Rank: -3, PrometheusAddr: "a:b:c"},
+			err: "scheme"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clearOTelEnv(t)
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			r, err := resolve(tc.cfg)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want %q", err, tc.err)
+				}
+				// Validation reports every problem, not the first.
+				for _, want := range []string{"carrier-pigeon", "rank -3", "prometheus"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("error %q does not mention %q", err, want)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, r)
+		})
+	}
+}
+
+func TestSignalURLPath(t *testing.T) {
+	for base, want := range map[string]string{"": "/v1/traces", "/": "/v1/traces", "/otlp": "/otlp/v1/traces", "/otlp/": "/otlp/v1/traces"} {
+		if got := signalURLPath(base, "traces"); got != want {
+			t.Errorf("signalURLPath(%q) = %q, want %q", base, got, want)
+		}
+	}
+}
+
+func TestDerivedIDs(t *testing.T) {
+	a, b := StepTraceID("job-a", 7), StepTraceID("job-a", 7)
+	if a != b || !a.IsValid() {
+		t.Fatalf("trace IDs not deterministic: %s %s", a, b)
+	}
+	if StepTraceID("job-a", 8) == a || StepTraceID("job-b", 7) == a {
+		t.Error("trace IDs collide across steps or jobs")
+	}
+	root := StepRootSpanID("job-a", 7)
+	seen := map[string]bool{root.String(): true}
+	for rank := range 4 {
+		for dev := range 2 {
+			id := rankSpanID("job-a", 7, rank, dev).String()
+			if seen[id] {
+				t.Fatalf("span ID %s repeats", id)
+			}
+			seen[id] = true
+		}
+	}
+}

@@ -1,0 +1,36 @@
+// Package otel turns gaptrace's results (correlate.Step, correlate.Gap,
+// correlate.Summary) into OpenTelemetry spans and metrics and ships them:
+// OTLP over gRPC or HTTP when an endpoint is configured (flag or the
+// standard OTEL_EXPORTER_OTLP_* variables), otherwise a local JSON-lines
+// spans file; metrics over OTLP and, on request, a Prometheus endpoint.
+//
+// # Span model
+//
+// One trace per training step (or per fixed window when no step period was
+// found):
+//
+//	train.step                      root; step number, duration, idle ratio, idle by cause, hw context
+//	└── rank <N>                    only with a job ID: one per rank, all ranks share the trace
+//	    └── gpu.idle                one per gap; gpu.gap.cause, breakdown, evidence
+//	        └── read / write / ...  one per host operation that explains the gap
+//
+// Without a job ID the trace and span IDs are random and gpu.idle spans hang
+// directly under train.step. With a job ID the trace ID and the root's span
+// ID are derived from (job ID, step), so every rank's sidecar computes the
+// same IDs without talking to the others; only rank 0 (or a process of
+// unknown rank) emits the root span itself, every rank emits its own
+// "rank <N>" span with the derived root as its remote parent.
+//
+// # Lifecycle and invariants
+//
+// New resolves the configuration (defaults → environment → Config fields),
+// builds the resource, the exporters and the metric readers. Gap and Step are
+// called by the correlation goroutine: the gaps of step n arrive before
+// Step(n), so Gap only buffers (bounded, per process/device/step; overflow
+// is counted) and Step emits the whole trace. Neither ever blocks on the
+// network or the disk: finished spans go to a bounded queue that a single
+// goroutine batches to the exporter; a full queue drops spans and counts
+// them (Stats.SpansDropped). The OTLP exporters retry with exponential
+// backoff inside their per-export timeout. Shutdown flushes what is queued
+// within its context's deadline and counts what it could not send.
+package otel

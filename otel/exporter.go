@@ -1,0 +1,346 @@
+package otel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/gaptrace/gaptrace/correlate"
+)
+
+const instrumentationName = "github.com/gaptrace/gaptrace/otel"
+
+// Stats are the exporter's counters since New.
+type Stats struct {
+	SpansExported uint64
+	// SpansDropped: queue full, export failed after retries, or left
+	// queued when Shutdown's deadline passed.
+	SpansDropped uint64
+	ExportErrors uint64 // failed export calls (each drops one batch)
+	QueueLen     int
+	// GapsDropped: gaps that never became spans because the gap buffer was
+	// full or their step never arrived.
+	GapsDropped uint64
+}
+
+// Exporter maps correlate results to spans and metrics. It implements
+// correlate.Sink. Gap and Step must be called from one goroutine; Stats,
+// Summary and Shutdown are safe from any.
+type Exporter struct {
+	cfg     *resolved
+	log     *slog.Logger
+	tp      *sdktrace.TracerProvider
+	tracer  trace.Tracer
+	batcher *batcher
+	metrics *metrics
+	res     *resource.Resource
+
+	mu         sync.Mutex
+	pending    map[stepKey][]correlate.Gap
+	pendingN   int
+	gapDropped atomic.Uint64
+	closed     atomic.Bool
+}
+
+type stepKey struct {
+	pid    uint32
+	device int
+	step   int64
+}
+
+// New builds the exporter. It fails on an invalid configuration or when an
+// output cannot be opened; it never waits for a collector to be reachable.
+func New(ctx context.Context, cfg Config) (*Exporter, error) {
+	r, err := resolve(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("otel config: %w", err)
+	}
+	res, err := buildResource(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	x := &Exporter{cfg: r, log: r.Logger, res: res, pending: map[stepKey][]correlate.Gap{}}
+
+	var exp sdktrace.SpanExporter
+	switch {
+	case r.mode == "otlp":
+		exp, err = newOTLPTraceExporter(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+	case r.SpansFile != "":
+		exp, err = newFileExporter(r.SpansFile, serviceName(res))
+		if err != nil {
+			return nil, err
+		}
+	default:
+		exp = discardExporter{}
+	}
+	x.batcher = newBatcher(exp, r.QueueSize, r.BatchSize, r.BatchTimeout, r.Logger)
+	x.tp = sdktrace.NewTracerProvider(
+		sdktrace.WithResource(res),
+		sdktrace.WithSpanProcessor(x.batcher),
+		sdktrace.WithIDGenerator(idGenerator{}),
+		sdktrace.WithSampler(sdktrace.AlwaysSample()),
+	)
+	x.tracer = x.tp.Tracer(instrumentationName)
+
+	x.metrics, err = newMetrics(ctx, r, res, x.Stats)
+	if err != nil {
+		_ = x.tp.Shutdown(ctx)
+		return nil, err
+	}
+	attrs := []any{"mode", r.mode, "service", serviceName(res), "queue", r.QueueSize}
+	if r.mode == "otlp" {
+		ep := "from environment"
+		if r.endpointURL != nil {
+			ep = r.endpointURL.String()
+		}
+		attrs = append(attrs, "protocol", r.protocol, "endpoint", ep, "otlp_metrics", r.otlpMetrics)
+	} else {
+		attrs = append(attrs, "spans_file", r.SpansFile)
+	}
+	if r.JobID != "" {
+		attrs = append(attrs, "job_id", r.JobID, "rank", r.Rank)
+	}
+	r.Logger.Info("span export configured", attrs...)
+	return x, nil
+}
+
+func serviceName(res *resource.Resource) string {
+	if v, ok := res.Set().Value(semconv.ServiceNameKey); ok {
+		return v.AsString()
+	}
+	return DefaultServiceName
+}
+
+// PrometheusAddr is the address the Prometheus endpoint listens on ("" when
+// off); with port 0 in the config it tells the chosen port.
+func (x *Exporter) PrometheusAddr() string { return x.metrics.promAddrActual() }
+
+// JobID is the job ID in use ("" → random trace IDs).
+func (x *Exporter) JobID() string { return x.cfg.JobID }
+
+func buildResource(ctx context.Context, r *resolved) (*resource.Resource, error) {
+	host := r.Resource.Host
+	if host == "" {
+		host, _ = os.Hostname()
+	}
+	attrs := []attribute.KeyValue{semconv.ServiceName(DefaultServiceName)}
+	if host != "" {
+		attrs = append(attrs, semconv.HostName(host))
+	}
+	if r.Resource.TargetPID > 0 {
+		attrs = append(attrs, semconv.ProcessPID(r.Resource.TargetPID))
+	}
+	if len(r.Resource.TargetCmdline) > 0 {
+		attrs = append(attrs, semconv.ProcessCommandLine(strings.Join(r.Resource.TargetCmdline, " ")),
+			semconv.ProcessExecutableName(baseName(r.Resource.TargetCmdline[0])))
+	}
+	if r.Resource.GPUName != "" {
+		attrs = append(attrs, attribute.String("gpu.name", r.Resource.GPUName))
+	}
+	if r.Resource.GPUUUID != "" {
+		attrs = append(attrs, attribute.String("gpu.uuid", r.Resource.GPUUUID))
+	}
+	for _, k := range k8sEnv {
+		if v := envFirst(k.vars...); v != "" {
+			attrs = append(attrs, attribute.String(k.key, v))
+		}
+	}
+	if r.JobID != "" {
+		attrs = append(attrs, attribute.String("gaptrace.job.id", r.JobID))
+	}
+	if r.Rank >= 0 {
+		attrs = append(attrs, attribute.Int("gaptrace.rank", r.Rank))
+	}
+	// Later sources win: detected attributes, then OTEL_RESOURCE_ATTRIBUTES
+	// and OTEL_SERVICE_NAME, then an explicit service name.
+	opts := []resource.Option{
+		resource.WithSchemaURL(semconv.SchemaURL),
+		resource.WithTelemetrySDK(),
+		resource.WithAttributes(attrs...),
+		resource.WithFromEnv(),
+	}
+	// "gaptrace" is what a CLI flag default looks like: it must not beat
+	// OTEL_SERVICE_NAME.
+	if r.ServiceName != "" && r.ServiceName != DefaultServiceName {
+		opts = append(opts, resource.WithAttributes(semconv.ServiceName(r.ServiceName)))
+	}
+	res, err := resource.New(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("build otel resource: %w", err)
+	}
+	return res, nil
+}
+
+func baseName(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[i+1:]
+	}
+	return p
+}
+
+func credentialsFromTLS(tc *tls.Config) credentials.TransportCredentials {
+	return credentials.NewTLS(tc)
+}
+
+func newOTLPTraceExporter(ctx context.Context, r *resolved) (sdktrace.SpanExporter, error) {
+	// Retries with exponential backoff stay on (the exporters' default);
+	// each export call, retries included, is bounded by the exporter's
+	// timeout (OTEL_EXPORTER_OTLP_TIMEOUT, default 10 s), so a dead
+	// collector costs queue space, never a blocked tracer.
+	switch r.protocol {
+	case ProtocolGRPC:
+		var o []otlptracegrpc.Option
+		if r.endpointURL != nil {
+			o = append(o, otlptracegrpc.WithEndpoint(r.endpointURL.Host))
+		}
+		if r.insecure != nil && *r.insecure {
+			o = append(o, otlptracegrpc.WithInsecure())
+		}
+		if r.tlsConfig != nil {
+			o = append(o, otlptracegrpc.WithTLSCredentials(credentialsFromTLS(r.tlsConfig)))
+		}
+		if len(r.headers) > 0 {
+			o = append(o, otlptracegrpc.WithHeaders(r.headers))
+		}
+		exp, err := otlptracegrpc.New(ctx, o...)
+		if err != nil {
+			return nil, fmt.Errorf("create otlp grpc span exporter: %w", err)
+		}
+		return exp, nil
+	default:
+		var o []otlptracehttp.Option
+		if r.endpointURL != nil {
+			o = append(o, otlptracehttp.WithEndpoint(r.endpointURL.Host),
+				otlptracehttp.WithURLPath(signalURLPath(r.endpointURL.Path, "traces")))
+		}
+		if r.insecure != nil && *r.insecure {
+			o = append(o, otlptracehttp.WithInsecure())
+		}
+		if r.tlsConfig != nil {
+			o = append(o, otlptracehttp.WithTLSClientConfig(r.tlsConfig))
+		}
+		if len(r.headers) > 0 {
+			o = append(o, otlptracehttp.WithHeaders(r.headers))
+		}
+		exp, err := otlptracehttp.New(ctx, o...)
+		if err != nil {
+			return nil, fmt.Errorf("create otlp http span exporter: %w", err)
+		}
+		return exp, nil
+	}
+}
+
+// Gap buffers a gap until its step arrives. Never blocks.
+func (x *Exporter) Gap(g correlate.Gap) {
+	if x.closed.Load() {
+		x.gapDropped.Add(1)
+		return
+	}
+	x.metrics.gap(context.Background(), g)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.pendingN >= x.cfg.GapBuffer {
+		if x.gapDropped.Add(1) == 1 {
+			x.log.Warn("gap buffer full; gaps are counted but not exported until steps arrive",
+				"cap", x.cfg.GapBuffer)
+		}
+		return
+	}
+	k := stepKey{g.PID, g.Device, g.Step}
+	x.pending[k] = append(x.pending[k], g)
+	x.pendingN++
+}
+
+// Step emits the step's trace with the gaps buffered for it. Gaps of
+// earlier steps of the same process and device whose Step never came are
+// dropped (and counted): the correlator emits steps in order, so they are
+// orphans.
+func (x *Exporter) Step(s correlate.Step) {
+	if x.closed.Load() {
+		return
+	}
+	ctx := context.Background()
+	x.metrics.step(ctx, s)
+	x.mu.Lock()
+	k := stepKey{s.PID, s.Device, s.Number}
+	gaps := x.pending[k]
+	delete(x.pending, k)
+	x.pendingN -= len(gaps)
+	for ok, og := range x.pending {
+		if ok.pid == s.PID && ok.device == s.Device && ok.step < s.Number {
+			x.gapDropped.Add(uint64(len(og)))
+			x.pendingN -= len(og)
+			delete(x.pending, ok)
+		}
+	}
+	x.mu.Unlock()
+	x.emitStep(ctx, s, gaps)
+}
+
+// Summary updates the metrics with the run's final totals; dropped is the
+// tracer's cumulative count of lost host events.
+func (x *Exporter) Summary(s correlate.Summary, dropped uint64) {
+	x.metrics.summary(context.Background(), s, dropped)
+}
+
+// DroppedEvents updates the cumulative count of host events the tracer
+// lost, for the live metric; Summary sets the final value.
+func (x *Exporter) DroppedEvents(total uint64) { x.metrics.setDropped(total) }
+
+// Stats returns the counters; cheap, safe from any goroutine.
+func (x *Exporter) Stats() Stats {
+	return Stats{
+		SpansExported: x.batcher.exported.Load(),
+		SpansDropped:  x.batcher.dropped.Load(),
+		ExportErrors:  x.batcher.errors.Load(),
+		QueueLen:      len(x.batcher.queue),
+		GapsDropped:   x.gapDropped.Load(),
+	}
+}
+
+// Shutdown flushes spans and metrics within ctx's deadline. Gaps still
+// waiting for a step are counted as dropped. Later Gap/Step calls are
+// ignored.
+func (x *Exporter) Shutdown(ctx context.Context) error {
+	if !x.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	x.mu.Lock()
+	if x.pendingN > 0 {
+		x.gapDropped.Add(uint64(x.pendingN))
+		x.pending = map[stepKey][]correlate.Gap{}
+		x.pendingN = 0
+	}
+	x.mu.Unlock()
+	var errs []error
+	if err := x.tp.Shutdown(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := x.metrics.shutdown(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	st := x.Stats()
+	if st.SpansDropped > 0 || st.GapsDropped > 0 {
+		x.log.Warn("spans were lost", "spans_exported", st.SpansExported, "spans_dropped", st.SpansDropped,
+			"export_errors", st.ExportErrors, "gaps_dropped", st.GapsDropped)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,311 @@
+package otel_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/otel"
+)
+
+func clearEnv(t *testing.T) {
+	t.Helper()
+	for _, v := range []string{"OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_EXPORTER_OTLP_ENDPOINT",
+		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
+		"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+		"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_METRICS_EXPORTER",
+		"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME"} {
+		t.Setenv(v, "")
+	}
+}
+
+func readSpansFile(t *testing.T, path string) []otel.FileSpan {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []otel.FileSpan
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var s otel.FileSpan
+		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
+			t.Fatalf("spans file line %q: %v", sc.Text(), err)
+		}
+		out = append(out, s)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestFileModeSpanModel(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("OTEL_SERVICE_NAME", "from-env")
+	path := filepath.Join(t.TempDir(), "spans.jsonl")
+	x, err := otel.New(context.Background(), otel.Config{SpansFile: path, Rank: -1,
+		Resource: otel.ResourceInfo{TargetPID: 4242, TargetCmdline: []string{"/usr/bin/python3", "train.py"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sy := synth{pid: 4242, t0: time.Now().Add(-time.Minute).UnixNano()}
+	const steps = 8
+	for n := range int64(steps) {
+		st, gaps := sy.step(n)
+		for _, g := range gaps {
+			x.Gap(g)
+		}
+		x.Step(st)
+	}
+	if err := x.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := readSpansFile(t, path)
+	st := x.Stats()
+	if st.SpansDropped != 0 || st.GapsDropped != 0 || int(st.SpansExported) != len(spans) {
+		t.Errorf("stats %+v for %d spans in the file", st, len(spans))
+	}
+
+	byID := map[string]otel.FileSpan{}
+	traces := map[string][]otel.FileSpan{}
+	for _, s := range spans {
+		byID[s.SpanID] = s
+		traces[s.TraceID] = append(traces[s.TraceID], s)
+		if s.Service != "from-env" {
+			t.Errorf("span %s service %q, want OTEL_SERVICE_NAME's from-env", s.Name, s.Service)
+		}
+	}
+	if len(traces) != steps {
+		t.Fatalf("%d traces, want one per step (%d)", len(traces), steps)
+	}
+	for tid, ss := range traces {
+		var root *otel.FileSpan
+		for i := range ss {
+			if ss[i].ParentSpanID == "" {
+				if root != nil {
+					t.Fatalf("trace %s has two roots", tid)
+				}
+				root = &ss[i]
+			}
+		}
+		if root == nil || root.Name != otel.SpanStep {
+			t.Fatalf("trace %s: root %+v, want %s", tid, root, otel.SpanStep)
+		}
+		n := int64(root.Attributes["gpu.step.number"].(float64))
+		wantCause := rotation[int(n)%len(rotation)]
+		var gapSpan *otel.FileSpan
+		ops := 0
+		for i := range ss {
+			s := &ss[i]
+			if s.ParentSpanID != "" && byID[s.ParentSpanID].TraceID != tid {
+				t.Errorf("span %s has a parent outside its trace", s.Name)
+			}
+			switch {
+			case s.Name == otel.SpanGap:
+				gapSpan = s
+				if s.ParentSpanID != root.SpanID {
+					t.Errorf("gpu.idle parent %s, want root %s", s.ParentSpanID, root.SpanID)
+				}
+				if s.StartUnixNano < root.StartUnixNano || s.EndUnixNano > root.EndUnixNano {
+					t.Errorf("gpu.idle [%d,%d] outside step [%d,%d]", s.StartUnixNano, s.EndUnixNano, root.StartUnixNano, root.EndUnixNano)
+				}
+			case s.ParentSpanID != "" && byID[s.ParentSpanID].Name == otel.SpanGap:
+				ops++
+			}
+		}
+		if gapSpan == nil {
+			t.Fatalf("step %d: no gpu.idle span", n)
+		}
+		if c := gapSpan.Attributes["gpu.gap.cause"]; c != string(wantCause) {
+			t.Errorf("step %d: cause %v, want %s", n, c, wantCause)
+		}
+		if ops == 0 {
+			t.Errorf("step %d: no host-operation spans under gpu.idle", n)
+		}
+		if _, ok := root.Attributes["gpu.step.idle."+string(wantCause)]; !ok {
+			t.Errorf("step %d: root lacks gpu.step.idle.%s: %v", n, wantCause, root.Attributes)
+		}
+		switch wantCause {
+		case correlate.CauseIORead:
+			if p, _ := gapSpan.Attributes["file.path"].(string); !strings.HasPrefix(p, "/data/shard-") {
+				t.Errorf("io.read gap file.path %q", p)
+			}
+		case correlate.CauseNet:
+			if gapSpan.Attributes["network.peer.address"] != "10.1.2.3:443" {
+				t.Errorf("net gap peer %v", gapSpan.Attributes["network.peer.address"])
+			}
+		case correlate.CauseComm:
+			if gapSpan.Attributes["gpu.gap.kind"] != "stall" || gapSpan.Attributes["gpu.collective.op"] != "AllReduce" {
+				t.Errorf("comm gap attrs %v", gapSpan.Attributes)
+			}
+		}
+		if len(gapSpan.Events) != 2 {
+			t.Errorf("gpu.idle events %v, want drained and enqueued", gapSpan.Events)
+		}
+	}
+}
+
+func TestGapBufferBoundedAndOrphansCounted(t *testing.T) {
+	clearEnv(t)
+	x, err := otel.New(context.Background(), otel.Config{GapBuffer: 3, Rank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Shutdown(context.Background())
+	sy := synth{pid: 1, t0: time.Now().UnixNano()}
+	for n := range int64(5) {
+		_, gaps := sy.step(n)
+		x.Gap(gaps[0])
+	}
+	if d := x.Stats().GapsDropped; d != 2 {
+		t.Fatalf("buffer of 3 took 5 gaps: dropped %d, want 2", d)
+	}
+	// Step 2 arrives: its gap is emitted, steps 0 and 1 never will be.
+	st, _ := sy.step(2)
+	x.Step(st)
+	if d := x.Stats().GapsDropped; d != 4 {
+		t.Errorf("after step 2: dropped %d, want 4 (2 overflow + 2 orphans)", d)
+	}
+	// Room again: a new gap is buffered, not dropped.
+	_, gaps := sy.step(3)
+	x.Gap(gaps[0])
+	if d := x.Stats().GapsDropped; d != 4 {
+		t.Errorf("gap after room was made: dropped %d, want 4", d)
+	}
+}
+
+func TestPrometheusEndpoint(t *testing.T) {
+	clearEnv(t)
+	x, err := otel.New(context.Background(), otel.Config{PrometheusAddr: "127.0.0.1:0", Rank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Shutdown(context.Background())
+	addr := x.PrometheusAddr()
+	if host, _, _ := net.SplitHostPort(addr); host != "127.0.0.1" {
+		t.Fatalf("prometheus listens on %q", addr)
+	}
+	sy := synth{pid: 1, t0: time.Now().UnixNano()}
+	for n := range int64(4) {
+		st, gaps := sy.step(n)
+		x.Gap(gaps[0])
+		x.Step(st)
+	}
+	x.Summary(correlate.Summary{Steps: 4, ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 28e6 + 1e9}}, 17)
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for series, want := range map[string]float64{
+		`gaptrace_gpu_idle_seconds_total{cause="io.read"}`:  1.028, // 28 ms from step 0, topped up by Summary
+		`gaptrace_gpu_idle_seconds_total{cause="net"}`:      0.028,
+		`gaptrace_gpu_idle_seconds_total{cause="cpu"}`:      0.028,
+		`gaptrace_steps_total`:                              4,
+		`gaptrace_step_duration_seconds_count`:              4,
+		`gaptrace_gap_duration_seconds_count{cause="comm"}`: 1,
+		`gaptrace_gpu_idle_ratio`:                           0.35,
+		`gaptrace_events_dropped_total`:                     17,
+		`gaptrace_spans_dropped_total`:                      0,
+	} {
+		got, ok := metricValue(text, series)
+		if !ok {
+			t.Errorf("metrics lack %s", series)
+		} else if math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("metrics:\n%s", text)
+	}
+}
+
+// A collector that accepts connections and never answers: Step must stay
+// fast, the queue bounded, Shutdown on time, and the loss counted.
+func TestSilentCollectorNeverBlocks(t *testing.T) {
+	clearEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // hold it open, say nothing
+		}
+	}()
+	t.Setenv("OTEL_METRICS_EXPORTER", "none")
+	const queue = 64
+	x, err := otel.New(context.Background(), otel.Config{Endpoint: "http://" + ln.Addr().String(),
+		Protocol: otel.ProtocolHTTPProtobuf, QueueSize: queue, BatchSize: 16, BatchTimeout: 10 * time.Millisecond, Rank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sy := synth{pid: 1, t0: time.Now().UnixNano()}
+	var worst time.Duration
+	for n := range int64(500) {
+		st, gaps := sy.step(n)
+		start := time.Now()
+		x.Gap(gaps[0])
+		x.Step(st)
+		worst = max(worst, time.Since(start))
+		if q := x.Stats().QueueLen; q > queue {
+			t.Fatalf("queue %d over its bound %d", q, queue)
+		}
+	}
+	if worst > 100*time.Millisecond {
+		t.Errorf("slowest Gap+Step took %s with a silent collector", worst)
+	}
+	if d := x.Stats().SpansDropped; d == 0 {
+		t.Error("no spans counted as dropped although the collector never answered")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	x.Shutdown(ctx)
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("Shutdown took %s with a 500ms deadline", d)
+	}
+	st := x.Stats()
+	if st.SpansExported != 0 || st.SpansDropped == 0 {
+		t.Errorf("stats %+v: nothing can have been exported, everything dropped", st)
+	}
+	// Every span of the 500 steps is accounted for: root, gpu.idle and
+	// 1 (io.read) or 2 (net, io.write, comm) host operations.
+	if want := uint64(125 * (3 + 4 + 4 + 4)); st.SpansDropped != want {
+		t.Errorf("dropped %d spans, want all %d counted", st.SpansDropped, want)
+	}
+}
+
+// metricValue finds one series in Prometheus text exposition.
+func metricValue(text, series string) (float64, bool) {
+	for _, line := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(line, series+" ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.Fields(rest)[0], 64)
+		return v, err == nil
+	}
+	return 0, false
+}

@@ -1,0 +1,125 @@
+package otel
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// FileSpan is one line of the JSON-lines spans file written in file mode.
+// It carries the same information an OTLP backend would get, flattened so
+// that jq and a few lines of Python can read it.
+type FileSpan struct {
+	TraceID       string         `json:"trace_id"`
+	SpanID        string         `json:"span_id"`
+	ParentSpanID  string         `json:"parent_span_id,omitempty"`
+	Name          string         `json:"name"`
+	StartUnixNano int64          `json:"start_unix_nano"`
+	EndUnixNano   int64          `json:"end_unix_nano"`
+	Attributes    map[string]any `json:"attributes,omitempty"`
+	Events        []FileEvent    `json:"events,omitempty"`
+	Service       string         `json:"service"`
+}
+
+// FileEvent is a span event in FileSpan.
+type FileEvent struct {
+	Name         string         `json:"name"`
+	TimeUnixNano int64          `json:"time_unix_nano"`
+	Attributes   map[string]any `json:"attributes,omitempty"`
+}
+
+// fileExporter writes spans as JSON lines. It is only called from the
+// batcher's goroutine, the mutex guards against Shutdown racing an export.
+type fileExporter struct {
+	mu      sync.Mutex
+	f       *os.File
+	w       *bufio.Writer
+	service string
+}
+
+func newFileExporter(path, service string) (*fileExporter, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open spans file: %w", err)
+	}
+	return &fileExporter{f: f, w: bufio.NewWriterSize(f, 64<<10), service: service}, nil
+}
+
+func attrMap(kvs []attribute.KeyValue) map[string]any {
+	if len(kvs) == 0 {
+		return nil
+	}
+	m := make(map[string]any, len(kvs))
+	for _, kv := range kvs {
+		m[string(kv.Key)] = kv.Value.AsInterface()
+	}
+	return m
+}
+
+func toFileSpan(s sdktrace.ReadOnlySpan, service string) FileSpan {
+	fs := FileSpan{
+		TraceID:       s.SpanContext().TraceID().String(),
+		SpanID:        s.SpanContext().SpanID().String(),
+		Name:          s.Name(),
+		StartUnixNano: s.StartTime().UnixNano(),
+		EndUnixNano:   s.EndTime().UnixNano(),
+		Attributes:    attrMap(s.Attributes()),
+		Service:       service,
+	}
+	if p := s.Parent(); p.IsValid() {
+		fs.ParentSpanID = p.SpanID().String()
+	}
+	for _, e := range s.Events() {
+		fs.Events = append(fs.Events, FileEvent{Name: e.Name, TimeUnixNano: e.Time.UnixNano(), Attributes: attrMap(e.Attributes)})
+	}
+	return fs
+}
+
+func (x *fileExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.f == nil {
+		return fmt.Errorf("spans file closed")
+	}
+	enc := json.NewEncoder(x.w)
+	for _, s := range spans {
+		if err := enc.Encode(toFileSpan(s, x.service)); err != nil {
+			return fmt.Errorf("write spans file: %w", err)
+		}
+	}
+	// Flush per batch so that a reader (or a crash) sees whole steps.
+	if err := x.w.Flush(); err != nil {
+		return fmt.Errorf("write spans file: %w", err)
+	}
+	return nil
+}
+
+func (x *fileExporter) Shutdown(context.Context) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.f == nil {
+		return nil
+	}
+	err := x.w.Flush()
+	if cerr := x.f.Close(); err == nil {
+		err = cerr
+	}
+	x.f = nil
+	if err != nil {
+		return fmt.Errorf("close spans file: %w", err)
+	}
+	return nil
+}
+
+// discardExporter counts nothing and writes nothing: file mode without a
+// spans file still keeps metrics and stats.
+type discardExporter struct{}
+
+func (discardExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardExporter) Shutdown(context.Context) error                             { return nil }

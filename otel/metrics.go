@@ -1,0 +1,272 @@
+package otel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	promclient "github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
+	promexp "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+
+	"github.com/gaptrace/gaptrace/correlate"
+)
+
+// Metric names are chosen so that the Prometheus translation (unit suffix,
+// _total for counters) yields the documented names:
+//
+//	gaptrace_gpu_idle_seconds_total{cause}  idle (and stalled) GPU time by cause
+//	gaptrace_steps_total                    steps (or windows) seen
+//	gaptrace_step_duration_seconds          step time histogram
+//	gaptrace_gap_duration_seconds{cause}    gap duration histogram
+//	gaptrace_gpu_idle_ratio                 idle ratio of the last step
+//	gaptrace_events_dropped_total           host events lost before correlation
+//	gaptrace_spans_dropped_total            spans lost (queue full, export failed)
+//	gaptrace_spans_exported_total
+//	gaptrace_gaps_dropped_total             gaps lost (buffer full, step never came)
+var (
+	stepBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+	gapBuckets  = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+)
+
+type metrics struct {
+	mp       *sdkmetric.MeterProvider
+	promSrv  *http.Server
+	promLn   net.Listener
+	idle     metric.Float64Counter
+	steps    metric.Int64Counter
+	stepDur  metric.Float64Histogram
+	gapDur   metric.Float64Histogram
+	ratio    metric.Float64Gauge
+	causeSet map[correlate.Cause]attribute.Set
+
+	// What the counters hold so far, so that Summary can top them up to
+	// the run's final totals without double counting.
+	mu          sync.Mutex
+	countedIdle map[correlate.Cause]int64
+	countedStep int64
+
+	droppedEvents atomic.Uint64
+}
+
+func (m *metrics) causeAttrs(c correlate.Cause) metric.MeasurementOption {
+	s, ok := m.causeSet[c]
+	if !ok {
+		s = attribute.NewSet(attribute.String("cause", string(c)))
+	}
+	return metric.WithAttributeSet(s)
+}
+
+func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats func() Stats) (*metrics, error) {
+	m := &metrics{causeSet: map[correlate.Cause]attribute.Set{}, countedIdle: map[correlate.Cause]int64{}}
+	for _, c := range correlate.Causes {
+		m.causeSet[c] = attribute.NewSet(attribute.String("cause", string(c)))
+	}
+	opts := []sdkmetric.Option{sdkmetric.WithResource(res)}
+	if r.mode == "otlp" && r.otlpMetrics {
+		exp, err := newOTLPMetricExporter(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		var ropts []sdkmetric.PeriodicReaderOption
+		if r.MetricsInterval > 0 {
+			ropts = append(ropts, sdkmetric.WithInterval(r.MetricsInterval))
+		}
+		opts = append(opts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp, ropts...)))
+	}
+	if r.PrometheusAddr != "" {
+		reg := promclient.NewRegistry()
+		pe, err := promexp.New(promexp.WithRegisterer(reg), promexp.WithoutScopeInfo())
+		if err != nil {
+			return nil, fmt.Errorf("create prometheus exporter: %w", err)
+		}
+		opts = append(opts, sdkmetric.WithReader(pe))
+		ln, err := net.Listen("tcp", r.PrometheusAddr)
+		if err != nil {
+			return nil, fmt.Errorf("listen for prometheus on %s: %w", r.PrometheusAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		m.promLn = ln
+		m.promSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := m.promSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				r.Logger.Error("prometheus endpoint stopped", "addr", ln.Addr().String(), "err", err)
+			}
+		}()
+		r.Logger.Info("prometheus metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	}
+	m.mp = sdkmetric.NewMeterProvider(opts...)
+	meter := m.mp.Meter(instrumentationName)
+
+	var err error
+	var errs []error
+	m.idle, err = meter.Float64Counter("gaptrace.gpu.idle", metric.WithUnit("s"),
+		metric.WithDescription("GPU idle or stalled time by cause"))
+	errs = append(errs, err)
+	m.steps, err = meter.Int64Counter("gaptrace.steps", metric.WithUnit("{step}"),
+		metric.WithDescription("Training steps (or fixed windows) seen"))
+	errs = append(errs, err)
+	m.stepDur, err = meter.Float64Histogram("gaptrace.step.duration", metric.WithUnit("s"),
+		metric.WithDescription("Training step time"), metric.WithExplicitBucketBoundaries(stepBuckets...))
+	errs = append(errs, err)
+	m.gapDur, err = meter.Float64Histogram("gaptrace.gap.duration", metric.WithUnit("s"),
+		metric.WithDescription("GPU idle gap duration by cause"), metric.WithExplicitBucketBoundaries(gapBuckets...))
+	errs = append(errs, err)
+	m.ratio, err = meter.Float64Gauge("gaptrace.gpu.idle_ratio", metric.WithUnit("1"),
+		metric.WithDescription("GPU idle ratio of the last step"))
+	errs = append(errs, err)
+	droppedEvents, err := meter.Int64ObservableCounter("gaptrace.events.dropped", metric.WithUnit("{event}"),
+		metric.WithDescription("Host events lost before correlation (ring buffer full)"))
+	errs = append(errs, err)
+	spansDropped, err := meter.Int64ObservableCounter("gaptrace.spans.dropped", metric.WithUnit("{span}"),
+		metric.WithDescription("Spans lost: export queue full or export failed"))
+	errs = append(errs, err)
+	spansExported, err := meter.Int64ObservableCounter("gaptrace.spans.exported", metric.WithUnit("{span}"),
+		metric.WithDescription("Spans exported"))
+	errs = append(errs, err)
+	gapsDropped, err := meter.Int64ObservableCounter("gaptrace.gaps.dropped", metric.WithUnit("{gap}"),
+		metric.WithDescription("Gaps not turned into spans: buffer full or their step never arrived"))
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("create instruments: %w", err)
+	}
+	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st := stats()
+		o.ObserveInt64(droppedEvents, int64(m.droppedEvents.Load()))
+		o.ObserveInt64(spansDropped, int64(st.SpansDropped))
+		o.ObserveInt64(spansExported, int64(st.SpansExported))
+		o.ObserveInt64(gapsDropped, int64(st.GapsDropped))
+		return nil
+	}, droppedEvents, spansDropped, spansExported, gapsDropped)
+	if err != nil {
+		return nil, fmt.Errorf("register metric callback: %w", err)
+	}
+	return m, nil
+}
+
+func newOTLPMetricExporter(ctx context.Context, r *resolved) (sdkmetric.Exporter, error) {
+	switch r.protocol {
+	case ProtocolGRPC:
+		var o []otlpmetricgrpc.Option
+		if r.endpointURL != nil {
+			o = append(o, otlpmetricgrpc.WithEndpoint(r.endpointURL.Host))
+		}
+		if r.insecure != nil && *r.insecure {
+			o = append(o, otlpmetricgrpc.WithInsecure())
+		}
+		if r.tlsConfig != nil {
+			o = append(o, otlpmetricgrpc.WithTLSCredentials(credentialsFromTLS(r.tlsConfig)))
+		}
+		if len(r.headers) > 0 {
+			o = append(o, otlpmetricgrpc.WithHeaders(r.headers))
+		}
+		exp, err := otlpmetricgrpc.New(ctx, o...)
+		if err != nil {
+			return nil, fmt.Errorf("create otlp grpc metric exporter: %w", err)
+		}
+		return exp, nil
+	default:
+		var o []otlpmetrichttp.Option
+		if r.endpointURL != nil {
+			o = append(o, otlpmetrichttp.WithEndpoint(r.endpointURL.Host),
+				otlpmetrichttp.WithURLPath(signalURLPath(r.endpointURL.Path, "metrics")))
+		}
+		if r.insecure != nil && *r.insecure {
+			o = append(o, otlpmetrichttp.WithInsecure())
+		}
+		if r.tlsConfig != nil {
+			o = append(o, otlpmetrichttp.WithTLSClientConfig(r.tlsConfig))
+		}
+		if len(r.headers) > 0 {
+			o = append(o, otlpmetrichttp.WithHeaders(r.headers))
+		}
+		exp, err := otlpmetrichttp.New(ctx, o...)
+		if err != nil {
+			return nil, fmt.Errorf("create otlp http metric exporter: %w", err)
+		}
+		return exp, nil
+	}
+}
+
+func (m *metrics) gap(ctx context.Context, g correlate.Gap) {
+	m.gapDur.Record(ctx, float64(gapDuration(&g))/1e9, m.causeAttrs(g.Cause))
+}
+
+func (m *metrics) step(ctx context.Context, s correlate.Step) {
+	m.steps.Add(ctx, 1)
+	m.stepDur.Record(ctx, float64(s.End-s.Start)/1e9)
+	m.ratio.Record(ctx, s.IdleRatio)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.countedStep++
+	for c, ns := range s.ByCause {
+		if ns > 0 {
+			m.idle.Add(ctx, float64(ns)/1e9, m.causeAttrs(c))
+			m.countedIdle[c] += ns
+		}
+	}
+}
+
+// summary tops the counters up to the run's final totals: time the
+// correlator attributed outside any emitted step (a last partial step, gaps
+// whose step never closed) is counted once, here.
+func (m *metrics) summary(ctx context.Context, s correlate.Summary, dropped uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for c, ns := range s.ByCause {
+		if d := ns - m.countedIdle[c]; d > 0 {
+			m.idle.Add(ctx, float64(d)/1e9, m.causeAttrs(c))
+			m.countedIdle[c] += d
+		}
+	}
+	if d := s.Steps - m.countedStep; d > 0 {
+		m.steps.Add(ctx, d)
+		m.countedStep += d
+	}
+	m.setDropped(dropped)
+}
+
+// setDropped records a cumulative drop total; totals never go backwards.
+func (m *metrics) setDropped(total uint64) {
+	for {
+		cur := m.droppedEvents.Load()
+		if total <= cur || m.droppedEvents.CompareAndSwap(cur, total) {
+			return
+		}
+	}
+}
+
+func (m *metrics) shutdown(ctx context.Context) error {
+	var errs []error
+	if m.promSrv != nil {
+		// Keep serving until the final collection below was possible; a
+		// scraper racing the exit gets the last values or a closed socket.
+		if err := m.promSrv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stop prometheus endpoint: %w", err))
+		}
+	}
+	if err := m.mp.Shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("shut down meter provider: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// promAddrActual is the bound Prometheus address (useful with port 0).
+func (m *metrics) promAddrActual() string {
+	if m.promLn == nil {
+		return ""
+	}
+	return m.promLn.Addr().String()
+}

@@ -1,0 +1,328 @@
+package otel
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Span names.
+const (
+	SpanStep = "train.step"
+	SpanGap  = "gpu.idle"
+)
+
+func ms(ns int64) float64 { return float64(ns) / 1e6 }
+
+func unix(ns int64) time.Time { return time.Unix(0, ns) }
+
+// emitStep creates and ends every span of one step. Children are started
+// from contexts built on a clean base so that fixed IDs meant for one span
+// never leak to its children (see withFixedIDs).
+func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []correlate.Gap) {
+	stepAttrs := stepAttributes(s)
+	var parent trace.Span
+	var root trace.Span
+	job, rank := x.cfg.JobID, x.cfg.Rank
+	if job == "" {
+		_, root = x.tracer.Start(base, SpanStep, trace.WithNewRoot(), trace.WithTimestamp(unix(s.Start)),
+			trace.WithAttributes(stepAttrs...))
+		parent = root
+	} else {
+		tid, rootID := StepTraceID(job, s.Number), StepRootSpanID(job, s.Number)
+		jobAttr := attribute.String("gaptrace.job.id", job)
+		if rank <= 0 {
+			// Rank 0, or a lone process of unknown rank, owns the root.
+			_, root = x.tracer.Start(withFixedIDs(base, tid, rootID), SpanStep, trace.WithNewRoot(),
+				trace.WithTimestamp(unix(s.Start)), trace.WithAttributes(stepAttrs...),
+				trace.WithAttributes(jobAttr))
+			parent = root
+		}
+		if rank >= 0 {
+			remote := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: rootID,
+				TraceFlags: trace.FlagsSampled, Remote: true})
+			pctx := withFixedIDs(trace.ContextWithRemoteSpanContext(base, remote), tid,
+				rankSpanID(job, s.Number, rank, s.Device))
+			_, parent = x.tracer.Start(pctx, "rank "+strconv.Itoa(rank), trace.WithTimestamp(unix(s.Start)),
+				trace.WithAttributes(stepAttrs...),
+				trace.WithAttributes(jobAttr, attribute.Int("gaptrace.rank", rank)))
+		}
+	}
+	addStepEvents(parent, s)
+	for i := range gaps {
+		x.emitGap(base, parent, &gaps[i])
+	}
+	if root != nil && root != parent {
+		root.End(trace.WithTimestamp(unix(s.End)))
+	}
+	parent.End(trace.WithTimestamp(unix(s.End)))
+}
+
+func (x *Exporter) emitGap(base context.Context, parent trace.Span, g *correlate.Gap) {
+	_, sp := x.tracer.Start(trace.ContextWithSpan(base, parent), SpanGap, trace.WithTimestamp(unix(g.Start)),
+		trace.WithAttributes(gapAttributes(g)...))
+	sp.AddEvent("gpu.queue.drained", trace.WithTimestamp(unix(g.Start)),
+		trace.WithAttributes(attribute.String("gpu.gap.source", g.Evidence.Source)))
+	endAttrs := []attribute.KeyValue{}
+	if g.Evidence.CUDACall != "" {
+		endAttrs = append(endAttrs, attribute.String("gpu.cuda.call", g.Evidence.CUDACall))
+	}
+	sp.AddEvent("gpu.work.enqueued", trace.WithTimestamp(unix(g.End)), trace.WithAttributes(endAttrs...))
+	ops := g.Ops
+	if len(ops) > MaxOpsPerGap {
+		// Keep the longest: they explain the most of the gap.
+		ops = append([]correlate.HostOp(nil), ops...)
+		sort.SliceStable(ops, func(i, j int) bool { return ops[i].End-ops[i].Start > ops[j].End-ops[j].Start })
+		sp.SetAttributes(attribute.Int("gpu.gap.ops.omitted", len(ops)-MaxOpsPerGap))
+		ops = ops[:MaxOpsPerGap]
+	}
+	opCtx := trace.ContextWithSpan(base, sp)
+	for i := range ops {
+		op := &ops[i]
+		attrs := make([]attribute.KeyValue, 0, 1+len(op.Attrs))
+		if op.TID != 0 {
+			attrs = append(attrs, semconv.ThreadID(int(op.TID)))
+		}
+		for _, k := range sortedKeys(op.Attrs) {
+			attrs = append(attrs, attribute.String(k, op.Attrs[k]))
+		}
+		name := op.Name
+		if name == "" {
+			name = "host.op"
+		}
+		_, osp := x.tracer.Start(opCtx, name, trace.WithTimestamp(unix(op.Start)), trace.WithAttributes(attrs...))
+		osp.End(trace.WithTimestamp(unix(op.End)))
+	}
+	sp.End(trace.WithTimestamp(unix(g.End)))
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func stepAttributes(s correlate.Step) []attribute.KeyValue {
+	a := []attribute.KeyValue{
+		attribute.Int64("gpu.step.number", s.Number),
+		attribute.Float64("gpu.step.duration_ms", ms(s.End-s.Start)),
+		attribute.Float64("gpu.step.idle_ms", ms(s.IdleNS)),
+		attribute.Float64("gpu.step.bounded_idle_ms", ms(s.BoundedIdleNS)),
+		attribute.Float64("gpu.step.micro_idle_ms", ms(s.MicroIdleNS)),
+		attribute.Float64("gpu.step.stall_ms", ms(s.StallNS)),
+		attribute.Float64("gpu.step.idle_ratio", s.IdleRatio),
+		attribute.Int("gpu.step.gaps", s.Gaps),
+		attribute.Int64("gpu.step.launches", int64(s.Launches)),
+		attribute.Int("gpu.device", s.Device),
+		semconv.ProcessPID(int(s.PID)),
+	}
+	if s.Window {
+		a = append(a, attribute.Bool("gpu.step.window", true))
+	}
+	for _, c := range correlate.Causes {
+		if ns := s.ByCause[c]; ns > 0 {
+			a = append(a, attribute.Float64("gpu.step.idle."+string(c), ms(ns)))
+		}
+	}
+	if hw := s.HW; hw != nil {
+		a = append(a, hwAttributes(hw)...)
+	}
+	return a
+}
+
+func hwAttributes(hw *event.HWContext) []attribute.KeyValue {
+	a := make([]attribute.KeyValue, 0, 16)
+	if hw.Name != "" {
+		a = append(a, attribute.String("gpu.name", hw.Name))
+	}
+	if hw.UUID != "" {
+		a = append(a, attribute.String("gpu.uuid", hw.UUID))
+	}
+	if hw.SMClockMHz > 0 {
+		a = append(a, attribute.Int64("gpu.clock.sm_mhz", int64(hw.SMClockMHz)),
+			attribute.Int64("gpu.clock.sm_max_mhz", int64(hw.MaxSMClockMHz)))
+	}
+	if len(hw.ThrottleReasons) > 0 {
+		a = append(a, attribute.StringSlice("gpu.throttle_reasons", hw.ThrottleReasons))
+	}
+	if hw.TemperatureC > 0 {
+		a = append(a, attribute.Int64("gpu.temperature_c", int64(hw.TemperatureC)))
+		if hw.SlowdownTempC > 0 {
+			a = append(a, attribute.Int64("gpu.temperature.slowdown_c", int64(hw.SlowdownTempC)))
+		}
+	}
+	if hw.PCIeGen > 0 {
+		a = append(a, attribute.Int64("gpu.pcie.gen", int64(hw.PCIeGen)), attribute.Int64("gpu.pcie.max_gen", int64(hw.PCIeMaxGen)),
+			attribute.Int64("gpu.pcie.width", int64(hw.PCIeWidth)), attribute.Int64("gpu.pcie.max_width", int64(hw.PCIeMaxWidth)))
+	}
+	if hw.MemTotalBytes > 0 {
+		a = append(a, attribute.Int64("gpu.memory.used_bytes", int64(hw.MemUsedBytes)),
+			attribute.Int64("gpu.memory.total_bytes", int64(hw.MemTotalBytes)))
+	}
+	if hw.SMActivity >= 0 {
+		a = append(a, attribute.Float64("gpu.sm_activity", hw.SMActivity))
+	}
+	if len(hw.OtherProcesses) > 0 {
+		a = append(a, attribute.Int64Slice("gpu.other_processes", u32s(hw.OtherProcesses)))
+	}
+	if len(hw.XidErrors) > 0 {
+		x := make([]int64, len(hw.XidErrors))
+		for i, v := range hw.XidErrors {
+			x[i] = int64(v)
+		}
+		a = append(a, attribute.Int64Slice("gpu.xid_errors", x))
+	}
+	return a
+}
+
+// addStepEvents marks what a user should not miss in a step: hardware
+// conditions that slow busy time rather than create gaps.
+func addStepEvents(sp trace.Span, s correlate.Step) {
+	hw := s.HW
+	if hw == nil {
+		return
+	}
+	at := trace.WithTimestamp(unix(s.Start))
+	for _, xid := range hw.XidErrors {
+		sp.AddEvent("gpu.xid", at, trace.WithAttributes(attribute.Int64("gpu.xid", int64(xid))))
+	}
+	if len(hw.ThrottleReasons) > 0 {
+		sp.AddEvent("gpu.throttled", at, trace.WithAttributes(attribute.StringSlice("gpu.throttle_reasons", hw.ThrottleReasons)))
+	}
+	if hw.PCIeMaxWidth > 0 && (hw.PCIeWidth < hw.PCIeMaxWidth || hw.PCIeGen < hw.PCIeMaxGen) {
+		sp.AddEvent("gpu.pcie.degraded", at, trace.WithAttributes(
+			attribute.String("gpu.pcie.link", fmt.Sprintf("gen%d x%d of gen%d x%d", hw.PCIeGen, hw.PCIeWidth, hw.PCIeMaxGen, hw.PCIeMaxWidth))))
+	}
+	if len(hw.OtherProcesses) > 0 {
+		sp.AddEvent("gpu.shared", at, trace.WithAttributes(attribute.Int64Slice("gpu.other_processes", u32s(hw.OtherProcesses))))
+	}
+}
+
+func u32s(v []uint32) []int64 {
+	out := make([]int64, len(v))
+	for i, x := range v {
+		out[i] = int64(x)
+	}
+	return out
+}
+
+// gapAttributes names evidence with OTel semantic conventions where one
+// exists (file.path, network.peer.address, process.pid, thread.id); the
+// single-valued attributes carry the heaviest item, the gpu.gap.* slices all
+// of them.
+func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
+	a := []attribute.KeyValue{
+		attribute.String("gpu.gap.cause", string(g.Cause)),
+		attribute.String("gpu.gap.kind", string(orKind(g.Kind))),
+		attribute.Float64("gpu.gap.duration_ms", ms(gapDuration(g))),
+		attribute.Int64("gpu.step.number", g.Step),
+		attribute.Int("gpu.device", g.Device),
+		semconv.ProcessPID(int(g.PID)),
+	}
+	if g.Evidence.Source != "" {
+		a = append(a, attribute.String("gpu.gap.source", g.Evidence.Source))
+	}
+	if g.TID != 0 {
+		a = append(a, semconv.ThreadID(int(g.TID)))
+	}
+	for _, c := range correlate.Causes {
+		if ns := g.Breakdown[c]; ns > 0 {
+			a = append(a, attribute.Float64("gpu.gap.breakdown."+string(c), ms(ns)))
+		}
+	}
+	ev := &g.Evidence
+	if len(ev.Files) > 0 {
+		top := 0
+		paths := make([]string, len(ev.Files))
+		var bytes uint64
+		for i, f := range ev.Files {
+			paths[i] = f.Path
+			bytes += f.Bytes
+			if f.NS > ev.Files[top].NS {
+				top = i
+			}
+		}
+		a = append(a, semconv.FilePath(ev.Files[top].Path),
+			attribute.String("gpu.gap.file.op", ev.Files[top].Op),
+			attribute.StringSlice("gpu.gap.files", paths),
+			attribute.Int64("gpu.gap.io.bytes", int64(bytes)))
+	}
+	if len(ev.Peers) > 0 {
+		top := 0
+		peers := make([]string, len(ev.Peers))
+		for i, p := range ev.Peers {
+			peers[i] = p.Address
+			if p.NS > ev.Peers[top].NS {
+				top = i
+			}
+		}
+		p := ev.Peers[top]
+		a = append(a, attribute.String("network.peer.address", p.Address),
+			attribute.StringSlice("gpu.gap.peers", peers),
+			attribute.Int64("gpu.gap.net.bytes", int64(p.Bytes)))
+		if p.PID != 0 {
+			a = append(a, attribute.Int64("gpu.gap.peer.process.pid", int64(p.PID)))
+		}
+		if p.Comm != "" {
+			a = append(a, attribute.String("gpu.gap.peer.process.name", p.Comm))
+		}
+	}
+	if len(ev.Workers) > 0 {
+		pids := make([]int64, len(ev.Workers))
+		acts := make([]string, len(ev.Workers))
+		for i, w := range ev.Workers {
+			pids[i] = int64(w.PID)
+			acts[i] = w.Activity
+		}
+		a = append(a, attribute.Int64Slice("gpu.gap.worker.pids", pids),
+			attribute.StringSlice("gpu.gap.worker.activity", acts))
+	}
+	if c := ev.Collective; c != nil {
+		a = append(a, attribute.String("gpu.collective.op", c.Op), attribute.Int64("gpu.collective.bytes", int64(c.Bytes)))
+		if c.Comm != "" {
+			a = append(a, attribute.String("gpu.collective.comm", c.Comm))
+		}
+		if c.PeerRank != 0 {
+			a = append(a, attribute.Int64("gpu.collective.peer_rank", int64(c.PeerRank)))
+		}
+		if c.Stream != "" {
+			a = append(a, attribute.String("gpu.collective.stream", c.Stream))
+		}
+	}
+	if ev.CUDACall != "" {
+		a = append(a, attribute.String("gpu.cuda.call", ev.CUDACall))
+	}
+	for _, k := range sortedKeys(ev.Syscalls) {
+		a = append(a, attribute.Int("gpu.gap.syscalls."+k, ev.Syscalls[k]))
+	}
+	if len(ev.Threads) > 0 {
+		a = append(a, attribute.Int64Slice("gpu.gap.threads", u32s(ev.Threads)))
+	}
+	return a
+}
+
+func orKind(k correlate.GapKind) correlate.GapKind {
+	if k == "" {
+		return correlate.GapIdle
+	}
+	return k
+}
+
+func gapDuration(g *correlate.Gap) int64 {
+	if g.Duration > 0 {
+		return g.Duration
+	}
+	return g.End - g.Start
+}

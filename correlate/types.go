@@ -77,6 +77,13 @@ type Evidence struct {
 	CUDACall   string              `json:"cuda_call,omitempty"`
 	Syscalls   map[string]int      `json:"syscalls,omitempty"` // name -> calls
 	Threads    []uint32            `json:"threads,omitempty"`  // feeder threads considered
+	// SMActivity is the mean GPM SM activity (0..1) over a comm stall,
+	// present only when GPM windows covered it: low activity while the
+	// sync waited confirms the GPU was spinning on a peer, not computing.
+	SMActivity *float64 `json:"sm_activity,omitempty"`
+	// BaselineNS is, for a comm stall, the wait this sync showed in steps
+	// without the stall (the compute the host legitimately waited for).
+	BaselineNS int64 `json:"baseline_ns,omitempty"`
 	// Source says how the boundaries were found: "host" (a sync that
 	// waited and the next enqueue), "host+gpu" (host bounds, GPU-window
 	// duration), "gpu" (window idle the host could not bound).

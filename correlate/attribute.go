@@ -1,0 +1,385 @@
+package correlate
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Evidence caps keep one gap's record small however busy the host was.
+const (
+	maxFiles    = 8
+	maxPeers    = 8
+	maxWorkers  = 4
+	maxOps      = 16
+	maxSyscalls = 16
+	maxWFiles   = 4
+)
+
+type fileKey struct{ path, op string }
+
+type opAcc struct {
+	ev  *event.Event
+	tid uint32
+	ns  int64
+}
+
+type workerAcc struct {
+	pid     uint32
+	waitNS  int64
+	ioNS    int64
+	files   map[string]int64
+	calls   int
+	visited map[*event.Event]bool
+}
+
+// attribution accumulates the breakdown and evidence of one interval.
+type attribution struct {
+	e        *Engine
+	byCause  map[Cause]int64
+	files    map[fileKey]*FileEvidence
+	peers    map[string]*PeerEvidence
+	workers  map[uint32]*workerAcc
+	syscalls map[string]int
+	cudaNS   map[string]int64
+	ops      map[*event.Event]*opAcc
+	total    int64
+	// skipSync ignores time blocked in a sync: while a feeder waits for
+	// the GPU to finish, it explains no idle (micro attribution).
+	skipSync bool
+}
+
+func (e *Engine) newAttribution() *attribution {
+	return &attribution{
+		e:        e,
+		byCause:  map[Cause]int64{},
+		files:    map[fileKey]*FileEvidence{},
+		peers:    map[string]*PeerEvidence{},
+		workers:  map[uint32]*workerAcc{},
+		syscalls: map[string]int{},
+		cudaNS:   map[string]int64{},
+		ops:      map[*event.Event]*opAcc{},
+	}
+}
+
+// thread adds what th did over [a,b) outside mask.
+func (at *attribution) thread(th *thread, a, b int64, mask []span) {
+	for _, s := range th.segments(a, b, mask) {
+		at.segment(th, s, 0)
+	}
+}
+
+func (at *attribution) segment(th *thread, s segment, depth int) {
+	ns := s.b - s.a
+	if ns <= 0 {
+		return
+	}
+	if depth == 0 {
+		at.total += ns
+	}
+	ev := s.ev
+	if ev != nil && at.skipSync && ev.Kind == event.KindSync {
+		return
+	}
+	if ev == nil {
+		at.byCause[CauseCPU] += ns
+		return
+	}
+	e := at.e
+	if isWait(ev) {
+		w := ev.WakerPID
+		if w != 0 && w != th.pid && e.traced(w) && !e.ancestor(w, th.pid) {
+			at.byCause[CauseLoaderWait] += ns
+			at.note(th, ev, ns)
+			at.worker(w, ev, s.a, s.b)
+			return
+		}
+		if depth == 0 && w == th.pid && ev.WakerTID != 0 && ev.WakerTID != th.tid {
+			if sib := e.threads[ev.WakerTID]; sib != nil && sib.pid == th.pid {
+				// Waiting on a sibling thread: charge what the sibling did
+				// while it was waited on (it held the lock, fed the queue...).
+				at.note(th, ev, ns)
+				for _, ss := range sib.segments(s.a, s.b, nil) {
+					at.segment(sib, ss, depth+1)
+				}
+				return
+			}
+		}
+	}
+	c := baseCause(ev)
+	at.byCause[c] += ns
+	at.note(th, ev, ns)
+	switch c {
+	case CauseIORead, CauseIOWrite:
+		op := "read"
+		switch {
+		case ev.Kind == event.KindOffCPU:
+			op = "fault"
+		case ev.Syscall == event.SysWrite:
+			op = "write"
+		case ev.Syscall == event.SysFsync:
+			op = "fsync"
+		}
+		k := fileKey{ev.Path, op}
+		f := at.files[k]
+		if f == nil {
+			f = &FileEvidence{Path: ev.Path, Op: op}
+			at.files[k] = f
+		}
+		f.NS += ns
+	case CauseNet:
+		addr := ev.PeerAddr
+		if addr == "" {
+			addr = ev.Path
+		}
+		p := at.peers[addr]
+		if p == nil {
+			p = &PeerEvidence{Address: addr, PID: ev.PeerPID}
+			if pp := e.procs[ev.PeerPID]; pp != nil && ev.PeerPID != 0 {
+				p.Comm = pp.comm
+			}
+			at.peers[addr] = p
+		}
+		p.NS += ns
+	case CauseCUDAMemcpy, CauseCUDAAlloc, CauseComm:
+		at.cudaNS[opName(ev)] += ns
+	}
+}
+
+// note counts a blocking interval once (calls, bytes) and its share of time.
+func (at *attribution) note(th *thread, ev *event.Event, ns int64) {
+	o := at.ops[ev]
+	first := o == nil
+	if first {
+		o = &opAcc{ev: ev, tid: th.tid}
+		at.ops[ev] = o
+	}
+	o.ns += ns
+	if !first {
+		return
+	}
+	if ev.Kind == event.KindSyscall {
+		at.syscalls[syscallName(ev)]++
+	}
+	var bytes uint64
+	if ev.Kind == event.KindSyscall && ev.Ret > 0 {
+		bytes = uint64(ev.Ret)
+	} else {
+		bytes = ev.Bytes
+	}
+	switch c := baseCause(ev); c {
+	case CauseIORead, CauseIOWrite:
+		op := "read"
+		switch {
+		case ev.Kind == event.KindOffCPU:
+			op = "fault"
+		case ev.Syscall == event.SysWrite:
+			op = "write"
+		case ev.Syscall == event.SysFsync:
+			op = "fsync"
+		}
+		k := fileKey{ev.Path, op}
+		f := at.files[k]
+		if f == nil {
+			f = &FileEvidence{Path: ev.Path, Op: op}
+			at.files[k] = f
+		}
+		f.Calls++
+		f.Bytes += bytes
+	case CauseNet:
+		addr := ev.PeerAddr
+		if addr == "" {
+			addr = ev.Path
+		}
+		p := at.peers[addr]
+		if p == nil {
+			p = &PeerEvidence{Address: addr, PID: ev.PeerPID}
+			if pp := at.e.procs[ev.PeerPID]; pp != nil && ev.PeerPID != 0 {
+				p.Comm = pp.comm
+			}
+			at.peers[addr] = p
+		}
+		p.Calls++
+		p.Bytes += bytes
+	}
+}
+
+// worker records what loader worker process pid did over [a,b): time in
+// file I/O decides whether it was reading or computing.
+func (at *attribution) worker(pid uint32, wait *event.Event, a, b int64) {
+	w := at.workers[pid]
+	if w == nil {
+		w = &workerAcc{pid: pid, files: map[string]int64{}, visited: map[*event.Event]bool{}}
+		at.workers[pid] = w
+	}
+	w.waitNS += b - a
+	p := at.e.procs[pid]
+	if p == nil {
+		return
+	}
+	for tid := range p.tids {
+		th := at.e.threads[tid]
+		if th == nil || th.pid != pid {
+			continue
+		}
+		for _, s := range th.segments(a, b, nil) {
+			if s.ev == nil {
+				continue
+			}
+			if c := baseCause(s.ev); c == CauseIORead || c == CauseIOWrite {
+				w.ioNS += s.b - s.a
+				w.files[s.ev.Path] += s.b - s.a
+				if !w.visited[s.ev] {
+					w.visited[s.ev] = true
+					w.calls++
+				}
+			}
+		}
+	}
+}
+
+// result turns the accumulators into a dominant cause, a breakdown and
+// capped evidence.
+func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
+	dom, best := CauseCPU, int64(-1)
+	bd := make(map[Cause]int64, len(at.byCause))
+	for _, c := range Causes {
+		if ns := at.byCause[c]; ns > 0 {
+			bd[c] = ns
+			if ns > best {
+				dom, best = c, ns
+			}
+		}
+	}
+	var ev Evidence
+	for _, f := range at.files {
+		ev.Files = append(ev.Files, *f)
+	}
+	sort.Slice(ev.Files, func(i, j int) bool {
+		if ev.Files[i].NS != ev.Files[j].NS {
+			return ev.Files[i].NS > ev.Files[j].NS
+		}
+		return ev.Files[i].Path < ev.Files[j].Path
+	})
+	if len(ev.Files) > maxFiles {
+		ev.Files = ev.Files[:maxFiles]
+	}
+	for _, p := range at.peers {
+		ev.Peers = append(ev.Peers, *p)
+	}
+	sort.Slice(ev.Peers, func(i, j int) bool {
+		if ev.Peers[i].NS != ev.Peers[j].NS {
+			return ev.Peers[i].NS > ev.Peers[j].NS
+		}
+		return ev.Peers[i].Address < ev.Peers[j].Address
+	})
+	if len(ev.Peers) > maxPeers {
+		ev.Peers = ev.Peers[:maxPeers]
+	}
+	for _, w := range at.workers {
+		we := WorkerEvidence{PID: w.pid, Activity: "cpu", IONS: w.ioNS}
+		if w.waitNS > 0 && 2*w.ioNS >= w.waitNS {
+			we.Activity = "io"
+		}
+		type fns struct {
+			p  string
+			ns int64
+		}
+		var fs []fns
+		for p, ns := range w.files {
+			fs = append(fs, fns{p, ns})
+		}
+		sort.Slice(fs, func(i, j int) bool {
+			if fs[i].ns != fs[j].ns {
+				return fs[i].ns > fs[j].ns
+			}
+			return fs[i].p < fs[j].p
+		})
+		for i := 0; i < len(fs) && i < maxWFiles; i++ {
+			if fs[i].p != "" {
+				we.Files = append(we.Files, fs[i].p)
+			}
+		}
+		ev.Workers = append(ev.Workers, we)
+	}
+	sort.Slice(ev.Workers, func(i, j int) bool { return ev.Workers[i].PID < ev.Workers[j].PID })
+	if len(ev.Workers) > maxWorkers {
+		ev.Workers = ev.Workers[:maxWorkers]
+	}
+	var cbest int64
+	for name, ns := range at.cudaNS {
+		if ns > cbest || (ns == cbest && name < ev.CUDACall) {
+			ev.CUDACall, cbest = name, ns
+		}
+	}
+	if len(at.syscalls) > 0 {
+		ev.Syscalls = make(map[string]int, len(at.syscalls))
+		type nc struct {
+			n string
+			c int
+		}
+		var l []nc
+		for n, c := range at.syscalls {
+			l = append(l, nc{n, c})
+		}
+		sort.Slice(l, func(i, j int) bool {
+			if l[i].c != l[j].c {
+				return l[i].c > l[j].c
+			}
+			return l[i].n < l[j].n
+		})
+		for i := 0; i < len(l) && i < maxSyscalls; i++ {
+			ev.Syscalls[l[i].n] = l[i].c
+		}
+	}
+	ops := make([]*opAcc, 0, len(at.ops))
+	for _, o := range at.ops {
+		ops = append(ops, o)
+	}
+	sort.Slice(ops, func(i, j int) bool {
+		if ops[i].ns != ops[j].ns {
+			return ops[i].ns > ops[j].ns
+		}
+		return ops[i].ev.Start < ops[j].ev.Start
+	})
+	if len(ops) > maxOps {
+		ops = ops[:maxOps]
+	}
+	var hops []HostOp
+	for _, o := range ops {
+		hops = append(hops, hostOp(o.ev, o.tid))
+	}
+	sort.Slice(hops, func(i, j int) bool { return hops[i].Start < hops[j].Start })
+	return dom, bd, ev, hops
+}
+
+func hostOp(ev *event.Event, tid uint32) HostOp {
+	op := HostOp{Name: opName(ev), TID: tid, Start: ev.Start, End: ev.End}
+	attrs := map[string]string{}
+	if ev.Path != "" {
+		attrs["file.path"] = ev.Path
+	}
+	if ev.PeerAddr != "" {
+		attrs["network.peer.address"] = ev.PeerAddr
+	}
+	if ev.PeerPID != 0 {
+		attrs["network.peer.pid"] = strconv.FormatUint(uint64(ev.PeerPID), 10)
+	}
+	if ev.WakerPID != 0 {
+		attrs["waker.pid"] = strconv.FormatUint(uint64(ev.WakerPID), 10)
+	}
+	if ev.Kind == event.KindSyscall && ev.Ret > 0 {
+		attrs["bytes"] = strconv.FormatInt(ev.Ret, 10)
+	} else if ev.Bytes > 0 {
+		attrs["bytes"] = strconv.FormatUint(ev.Bytes, 10)
+	}
+	if ev.Stream != 0 {
+		attrs["cuda.stream"] = fmt.Sprintf("0x%x", ev.Stream)
+	}
+	if len(attrs) > 0 {
+		op.Attrs = attrs
+	}
+	return op
+}

@@ -1,0 +1,80 @@
+// Package correlate is gaptrace's attribution engine: it joins the host
+// events recorded by tracer/ with the GPU's own idle windows (NVML/GPM) and
+// says, for every GPU idle gap, why the GPU had nothing to do.
+//
+// # Lifecycle
+//
+// One Engine serves one traced process tree. The caller (one goroutine)
+// feeds it with Event and Window as they arrive, calls Advance with the wall
+// clock regularly (every 50–100 ms is right), and Close once at exit. Results
+// leave through the Sink as soon as they are final: a Gap at the latest
+// about EmitDelay + the Advance period after its end (well inside 1 s with
+// the defaults), a Step once the GPU windows that cover it have arrived.
+//
+// # Pipeline
+//
+// Events may arrive out of order across threads by up to EmitDelay. They
+// are buffered in a heap and processed in order of their end time once the
+// watermark (now - EmitDelay) passes them; a gap is therefore decided with
+// every host event that ended before it already seen. Events older than the
+// watermark are late: they still enter thread timelines (evidence), but no
+// longer move the GPU queue model.
+//
+// Per process (one device each, SetDevice) the engine keeps a GPU queue
+// model: per stream, whether work was enqueued since the stream was last
+// known drained. A synchronisation (cu*Synchronize, a synchronous copy or
+// free while work was pending) drains the streams it covers; when every
+// stream is drained a gap opens at the sync's return and closes at the next
+// enqueue of the process (launch, async copy, memset, collective). Gaps at
+// least MinGap long are attributed and emitted (Evidence.Source "host");
+// shorter ones are micro-gaps and only count through the GPU windows.
+//
+// Per thread it keeps an activity timeline (syscalls, runqueue waits,
+// off-CPU time, CUDA calls). A gap's breakdown is the time-share of what the
+// thread that ended the gap did during it; where that thread waited on a
+// sibling thread (futex/poll/pipe woken by it) the sibling's activity over
+// the wait is charged instead, one hop deep; where it waited on another
+// traced process that is not an ancestor (a data-loader worker) the time is
+// loader.wait and the worker's own events decide whether it was doing I/O or
+// computing. Time the timeline does not cover is cpu: syscalls shorter than
+// the tracer's threshold never arrive, so they count as on-CPU time.
+//
+// Idle the host cannot bound comes from the GPU windows:
+//   - CPU ahead without a sync: a feeder blocked for at least MinGap while
+//     its queue still held work. The host bounds [blocking start, next
+//     enqueue or non-waiting sync]; the windows give how much of it was idle,
+//     placed at the end of the interval because the queue drains first
+//     (Evidence.Source "host+gpu"). The windows' idle outside the interval is
+//     discounted at the device's recent micro-idle density.
+//   - Micro-gaps: per step, window idle minus the gaps already bounded, with
+//     each window's unbounded idle spread evenly over its non-gap time, and
+//     attributed in proportion to what the feeder threads did outside the
+//     gaps (usually cpu: launch-bound). Never one record per micro-gap.
+//     Without windows MicroIdleNS is 0: the engine does not invent idle.
+//
+// Comm stalls: a sync that waited on streams whose pending work holds a
+// collective, longer than the minimum wait the same sync showed over recent
+// steps, is a stall of kind "stall", cause comm, for the excess. When GPM SM
+// activity covers it, activity above 0.5 rejects it (the GPU was computing).
+//
+// # Steps
+//
+// Steps are found from the recurrence of synchronisations: each sync (and
+// each synchronous device-to-host copy that drained work) gets a signature
+// (CUDA call, stream, launches, async copies and collectives since the
+// previous one). The smallest period P whose signatures repeat (80% of
+// recent comparisons) is the number of syncs per step; the phase is the
+// sync with the longest median wait. Counting syncs rather than time makes
+// steps robust to stalls. Until a period is found the engine holds gaps for
+// at most holdMax; past that, or after warmupMax without a period, it falls
+// back to fixed windows of StepWindow (Step.Window true) and keeps looking;
+// numbering always increases. A lost pattern (half the recent syncs stop
+// matching) returns to fixed windows.
+//
+// # Memory
+//
+// Everything is trimmed once final: thread timelines to the oldest step not
+// yet emitted (at most maxIntervals per thread), windows and gap spans to
+// what pending steps still need, sync history to a ring, evidence lists to
+// the top entries by time. Exited processes and threads are forgotten.
+package correlate

@@ -1,0 +1,483 @@
+package correlate
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Probe sets understood by Config.Probes.
+const (
+	ProbesFull = "full"
+	ProbesLite = "lite"
+)
+
+// Config tunes the Engine. Zero values take the defaults below.
+type Config struct {
+	// Probes is "full" or "lite". In lite there are no KindEnqueue events:
+	// a gap's end is inferred as the end of the last blocking host activity
+	// of the thread that next issued a copy, collective or sync. That misses
+	// the on-CPU time between that activity and the first launch (the gap is
+	// shorter than the truth by it) and cannot see gaps that no blocking
+	// activity explains (they stay micro idle).
+	Probes string
+	// MinGap: shorter gaps are micro-gaps, accounted per step, not emitted.
+	MinGap time.Duration
+	// SyncWaited: a sync longer than this waited for the GPU, so the queue
+	// drained exactly at its return.
+	SyncWaited time.Duration
+	// EmitDelay: how long to wait for late events before deciding.
+	EmitDelay time.Duration
+	// StepWindow: fixed window length when no step period is found.
+	StepWindow time.Duration
+	// HW, when set, is called once per finished step.
+	HW func(dev int, start, end int64) *event.HWContext
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults.
+const (
+	DefaultMinGap     = time.Millisecond
+	DefaultSyncWaited = 50 * time.Microsecond
+	DefaultEmitDelay  = 500 * time.Millisecond
+	DefaultStepWindow = time.Second
+)
+
+// Internal tunables; see the package comment for why each exists.
+const (
+	// holdMax bounds how long a finished gap may wait for a decision that
+	// needs GPU windows or a step period: EmitDelay + Advance period +
+	// holdMax must stay under the 1 s emission promise, so it is measured
+	// from the gap's end and stays well below 1 s.
+	holdMax = int64(850 * time.Millisecond)
+	// warmupMax: no period after this long → fixed windows.
+	warmupMax = int64(3 * time.Second)
+	// windowWait: how long a step waits for GPU windows covering its end.
+	windowWait = int64(1500 * time.Millisecond)
+	// retain: how long timelines of non-feeder threads are kept.
+	retain = int64(3 * time.Second)
+	// maxIntervals caps one thread's timeline.
+	maxIntervals = 4096
+	// maxPendingSteps caps steps waiting for a decision per process.
+	maxPendingSteps = 1024
+	// smStallMax: GPM SM activity above this during a suspected comm stall
+	// means the GPU was computing, not spinning on a peer.
+	smStallMax = 0.5
+)
+
+// Validate reports every problem with c at once.
+func (c Config) Validate() error {
+	var errs []error
+	switch c.Probes {
+	case "", ProbesFull, ProbesLite:
+	default:
+		errs = append(errs, fmt.Errorf("probes %q: want %q or %q", c.Probes, ProbesFull, ProbesLite))
+	}
+	if c.MinGap < 0 {
+		errs = append(errs, fmt.Errorf("min gap %v is negative", c.MinGap))
+	}
+	if c.SyncWaited < 0 {
+		errs = append(errs, fmt.Errorf("sync waited %v is negative", c.SyncWaited))
+	}
+	if c.EmitDelay < 0 {
+		errs = append(errs, fmt.Errorf("emit delay %v is negative", c.EmitDelay))
+	}
+	if c.EmitDelay > 900*time.Millisecond {
+		errs = append(errs, fmt.Errorf("emit delay %v would break the 1s emission bound", c.EmitDelay))
+	}
+	if c.StepWindow < 0 {
+		errs = append(errs, fmt.Errorf("step window %v is negative", c.StepWindow))
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) withDefaults() Config {
+	if c.Probes == "" {
+		c.Probes = ProbesFull
+	}
+	if c.MinGap <= 0 {
+		c.MinGap = DefaultMinGap
+	}
+	if c.SyncWaited <= 0 {
+		c.SyncWaited = DefaultSyncWaited
+	}
+	if c.EmitDelay <= 0 {
+		c.EmitDelay = DefaultEmitDelay
+	}
+	if c.StepWindow <= 0 {
+		c.StepWindow = DefaultStepWindow
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Engine turns host events and GPU windows into attributed gaps and steps.
+// It is not safe for concurrent use: one goroutine feeds it.
+type Engine struct {
+	cfg    Config
+	sink   Sink
+	log    *slog.Logger
+	lite   bool
+	minGap int64
+
+	buf     evHeap
+	seq     uint64
+	wm      int64 // watermark: every event ending at or before it is processed
+	now     int64
+	first   int64
+	last    int64
+	devOf   map[uint32]int
+	procs   map[uint32]*proc
+	threads map[uint32]*thread
+	devs    map[int]*device
+
+	totals   Summary
+	late     uint64
+	rejected uint64
+}
+
+// New returns an Engine that reports to sink. An invalid cfg is logged and
+// its invalid fields replaced by defaults; call cfg.Validate first to fail.
+func New(cfg Config, sink Sink) *Engine {
+	if err := cfg.Validate(); err != nil {
+		if cfg.Logger == nil {
+			cfg.Logger = slog.Default()
+		}
+		cfg.Logger.Warn("invalid correlate config, using defaults where invalid", "component", "correlate", "err", err)
+		if cfg.Probes != ProbesLite {
+			cfg.Probes = ProbesFull
+		}
+		if cfg.EmitDelay > 900*time.Millisecond {
+			cfg.EmitDelay = DefaultEmitDelay
+		}
+	}
+	cfg = cfg.withDefaults()
+	return &Engine{
+		cfg:     cfg,
+		sink:    sink,
+		log:     cfg.Logger.With("component", "correlate"),
+		lite:    cfg.Probes == ProbesLite,
+		minGap:  int64(cfg.MinGap),
+		devOf:   map[uint32]int{},
+		procs:   map[uint32]*proc{},
+		threads: map[uint32]*thread{},
+		devs:    map[int]*device{},
+		totals:  Summary{ByCause: map[Cause]int64{}},
+	}
+}
+
+// SetDevice says which device a process uses (default 0). Call it before
+// the process's first event.
+func (e *Engine) SetDevice(pid uint32, dev int) {
+	e.devOf[pid] = dev
+	if p := e.procs[pid]; p != nil {
+		p.dev = dev
+	}
+}
+
+// Event buffers one host event; it is processed once the watermark passes
+// its end.
+func (e *Engine) Event(ev event.Event) {
+	if ev.End < ev.Start {
+		ev.End = ev.Start
+	}
+	if ev.End > e.last {
+		e.last = ev.End
+	}
+	if e.first == 0 || ev.Start < e.first {
+		e.first = ev.Start
+	}
+	if ev.End <= e.wm && e.wm != 0 {
+		e.late++
+		e.processLate(ev)
+		return
+	}
+	e.seq++
+	heap.Push(&e.buf, queued{ev: ev, seq: e.seq})
+}
+
+// Window records one GPU sampling window.
+func (e *Engine) Window(w event.GPUWindow) {
+	if w.End <= w.Start {
+		return
+	}
+	e.device(w.Device).addWindow(w)
+}
+
+// Advance processes everything that ended before now-EmitDelay and emits
+// what became final.
+func (e *Engine) Advance(now int64) {
+	if now > e.now {
+		e.now = now
+	}
+	wm := now - int64(e.cfg.EmitDelay)
+	e.drain(wm)
+	e.finalize(false)
+}
+
+// Close flushes everything and returns the totals. DroppedEvents is left
+// for the caller.
+func (e *Engine) Close(now int64) Summary {
+	if now > e.now {
+		e.now = now
+	}
+	end := e.now
+	if e.last > end {
+		end = e.last
+	}
+	e.drain(end)
+	e.now = end + windowWait + holdMax // everything is past its deadline
+	e.finalize(true)
+	if e.late > 0 {
+		e.log.Info("events arrived after the watermark", "late", e.late)
+	}
+	return e.Snapshot()
+}
+
+// Snapshot returns the running totals.
+func (e *Engine) Snapshot() Summary {
+	s := e.totals
+	s.ByCause = make(map[Cause]int64, len(e.totals.ByCause))
+	for k, v := range e.totals.ByCause {
+		s.ByCause[k] = v
+	}
+	if e.last > e.first && e.first > 0 {
+		s.WallNS = e.last - e.first
+	}
+	return s
+}
+
+// drain processes buffered events up to wm in end order.
+func (e *Engine) drain(wm int64) {
+	for e.buf.Len() > 0 && e.buf[0].ev.End <= wm {
+		q := heap.Pop(&e.buf).(queued)
+		e.process(&q.ev)
+	}
+	if wm > e.wm {
+		e.wm = wm
+	}
+}
+
+func (e *Engine) device(id int) *device {
+	d := e.devs[id]
+	if d == nil {
+		d = &device{id: id, bg: -1}
+		e.devs[id] = d
+	}
+	return d
+}
+
+func (e *Engine) proc(pid uint32, t int64) *proc {
+	p := e.procs[pid]
+	if p == nil {
+		p = newProc(e, pid, e.devOf[pid], t)
+		e.procs[pid] = p
+	}
+	return p
+}
+
+func (e *Engine) thread(ev *event.Event) *thread {
+	th := e.threads[ev.TID]
+	if th == nil || th.pid != ev.PID {
+		th = &thread{tid: ev.TID, pid: ev.PID}
+		e.threads[ev.TID] = th
+		e.proc(ev.PID, ev.Start).tids[ev.TID] = struct{}{}
+	}
+	if ev.TaskComm != "" {
+		th.comm = ev.TaskComm
+	}
+	return th
+}
+
+// process applies one event in watermark order.
+func (e *Engine) process(ev *event.Event) {
+	p := e.proc(ev.PID, ev.Start)
+	if ev.End > p.last {
+		p.last = ev.End
+	}
+	if ev.TaskComm != "" && ev.PID == ev.TID && p.comm == "" {
+		p.comm = ev.TaskComm
+	}
+	switch ev.Kind {
+	case event.KindFork:
+		if ev.IsThread {
+			th := &thread{tid: ev.ChildPID, pid: ev.PID}
+			e.threads[ev.ChildPID] = th
+			p.tids[ev.ChildPID] = struct{}{}
+			return
+		}
+		c := e.proc(ev.ChildPID, ev.Start)
+		c.parent = ev.PID
+		c.comm = p.comm
+		return
+	case event.KindExec:
+		p.comm = ev.TaskComm
+		if p.comm == "" {
+			p.comm = ev.Name
+		}
+		return
+	case event.KindExit:
+		e.exit(p, ev)
+		return
+	case event.KindOpen, event.KindClose, event.KindInvalid:
+		return
+	}
+	th := e.thread(ev)
+	switch ev.Kind {
+	case event.KindEnqueue, event.KindMemcpyAsync, event.KindMemset, event.KindCollective:
+		p.onEnqueue(th, ev)
+	case event.KindSync:
+		th.add(ev)
+		p.onSync(th, ev)
+	case event.KindMemcpy, event.KindFree:
+		th.add(ev)
+		p.onSyncCopy(th, ev)
+	case event.KindAlloc, event.KindGroupEnd, event.KindSyscall, event.KindRunqueue, event.KindOffCPU:
+		th.add(ev)
+		p.onBlocking(th, ev)
+	}
+	e.trimThread(th, p)
+}
+
+// processLate keeps late host activity as evidence; it can no longer move
+// the queue model, whose decisions up to the watermark are already made.
+func (e *Engine) processLate(ev event.Event) {
+	switch ev.Kind {
+	case event.KindAlloc, event.KindGroupEnd, event.KindSyscall, event.KindRunqueue, event.KindOffCPU,
+		event.KindMemcpy, event.KindFree, event.KindSync:
+		e.proc(ev.PID, ev.Start)
+		th := e.thread(&ev)
+		th.insert(&ev)
+	case event.KindFork, event.KindExec, event.KindExit:
+		e.process(&ev)
+	}
+}
+
+func (e *Engine) exit(p *proc, ev *event.Event) {
+	if ev.TID != ev.PID {
+		if th := e.threads[ev.TID]; th != nil && th.pid == ev.PID && !p.feeders.has(ev.TID) {
+			delete(e.threads, ev.TID)
+			delete(p.tids, ev.TID)
+		}
+		return
+	}
+	// The process is gone: close what it had open and forget it.
+	p.closeAll(ev.End)
+	p.finalizeSteps(true)
+	for tid := range p.tids {
+		if th := e.threads[tid]; th != nil && th.pid == p.pid {
+			delete(e.threads, tid)
+		}
+	}
+	delete(e.procs, p.pid)
+}
+
+// finalize resolves pending decisions and emits what became final.
+func (e *Engine) finalize(force bool) {
+	for _, p := range e.procs {
+		p.resolvePending(force)
+		if force {
+			// The trace ends with the process's last event, not with the
+			// sidecar's exit: a tail window would only count idle the
+			// training loop never saw.
+			p.closeAll(p.last)
+		}
+		p.tickSteps()
+		p.finalizeSteps(force)
+	}
+	for _, d := range e.devs {
+		keep := e.wm - retain
+		for _, p := range e.procs {
+			if p.dev == d.id {
+				if k := p.keepFrom(); k < keep {
+					keep = k
+				}
+			}
+		}
+		d.trim(keep)
+	}
+}
+
+// trimThread bounds a timeline: feeders keep what their process's pending
+// steps still need; everyone else keeps retain.
+func (e *Engine) trimThread(th *thread, p *proc) {
+	keep := e.wm - retain
+	if p.feeders.has(th.tid) {
+		if k := p.keepFrom(); k < keep {
+			keep = k
+		}
+	}
+	th.trim(keep)
+}
+
+func (e *Engine) addTotals(g *Gap) {
+	e.totals.Gaps++
+	if g.Kind == GapStall {
+		e.totals.GPUStallNS += g.Duration
+	} else {
+		e.totals.GPUIdleNS += g.Duration
+	}
+	for c, ns := range g.Breakdown {
+		e.totals.ByCause[c] += ns
+	}
+}
+
+// traced reports whether pid belongs to the traced tree.
+func (e *Engine) traced(pid uint32) bool {
+	_, ok := e.procs[pid]
+	return ok
+}
+
+// ancestor reports whether a is an ancestor of pid.
+func (e *Engine) ancestor(a, pid uint32) bool {
+	for i := 0; i < 64; i++ {
+		p := e.procs[pid]
+		if p == nil || p.parent == 0 {
+			return false
+		}
+		if p.parent == a {
+			return true
+		}
+		pid = p.parent
+	}
+	return false
+}
+
+// queued is one buffered event; seq keeps arrival order among equal keys.
+type queued struct {
+	ev  event.Event
+	seq uint64
+}
+
+type evHeap []queued
+
+func (h evHeap) Len() int { return len(h) }
+func (h evHeap) Less(i, j int) bool {
+	a, b := &h[i].ev, &h[j].ev
+	if a.End != b.End {
+		return a.End < b.End
+	}
+	// Intervals that end at t come before point events at t, so a gap
+	// closed by an enqueue at t sees the blocking call that returned at t.
+	if a.Start != b.Start {
+		return a.Start < b.Start
+	}
+	return h[i].seq < h[j].seq
+}
+func (h evHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *evHeap) Push(x any)   { *h = append(*h, x.(queued)) }
+func (h *evHeap) Pop() any {
+	old := *h
+	n := len(old)
+	x := old[n-1]
+	old[n-1] = queued{}
+	*h = old[:n-1]
+	return x
+}

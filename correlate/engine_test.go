@@ -1,0 +1,646 @@
+package correlate
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"math/rand"
+	"testing"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func newEngine(c *collect, mod func(*Config)) *Engine {
+	cfg := Config{Logger: quiet()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	return New(cfg, c)
+}
+
+const (
+	workerPID = 200
+	stallNS   = 40 * ms
+)
+
+// stallCase injects one stall between a sync's return and the next step's
+// first launch, as the simulated trainer does.
+type stallCase struct {
+	name   string
+	cause  Cause
+	inject func(s *gpuSim)
+	check  func(t *testing.T, g Gap)
+}
+
+func stallCases() []stallCase {
+	return []stallCase{
+		{"io.read", CauseIORead, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "pread64", FDKind: event.FDFile,
+				Path: "/data/shard-0007.bin", Ret: 4 << 20}, stallNS)
+		}, func(t *testing.T, g Gap) {
+			if len(g.Evidence.Files) != 1 || g.Evidence.Files[0].Path != "/data/shard-0007.bin" ||
+				g.Evidence.Files[0].Bytes != 4<<20 || g.Evidence.Files[0].Op != "read" {
+				t.Errorf("files evidence = %+v", g.Evidence.Files)
+			}
+			if g.Evidence.Syscalls["pread64"] != 1 {
+				t.Errorf("syscalls = %v", g.Evidence.Syscalls)
+			}
+		}},
+		{"io.write", CauseIOWrite, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysWrite, Name: "write", FDKind: event.FDFile,
+				Path: "/ckpt/step_1200.pt", Ret: 64 << 20}, stallNS/2)
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFsync, Name: "fsync", FDKind: event.FDFile,
+				Path: "/ckpt/step_1200.pt"}, stallNS/2)
+		}, func(t *testing.T, g Gap) {
+			if len(g.Evidence.Files) != 2 {
+				t.Errorf("files evidence = %+v", g.Evidence.Files)
+			}
+		}},
+		{"net", CauseNet, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysNet, Name: "sendto", FDKind: event.FDSocket,
+				PeerAddr: "127.0.0.1:8080", PeerPID: 300, Ret: 1200}, stallNS)
+		}, func(t *testing.T, g Gap) {
+			if len(g.Evidence.Peers) != 1 || g.Evidence.Peers[0].Address != "127.0.0.1:8080" || g.Evidence.Peers[0].PID != 300 {
+				t.Errorf("peers = %+v", g.Evidence.Peers)
+			}
+		}},
+		{"loader.wait", CauseLoaderWait, func(s *gpuSim) {
+			a := s.t
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "read", FDKind: event.FDPipe,
+				Path: "pipe:[991]", WakerPID: workerPID, WakerTID: workerPID}, stallNS)
+			s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: workerPID, TID: workerPID, Start: a + ms,
+				End: a + 35*ms, Syscall: event.SysRead, Name: "pread64", FDKind: event.FDFile, Path: "/data/img-17.jpg"})
+		}, func(t *testing.T, g Gap) {
+			if len(g.Evidence.Workers) != 1 || g.Evidence.Workers[0].PID != workerPID || g.Evidence.Workers[0].Activity != "io" ||
+				len(g.Evidence.Workers[0].Files) != 1 {
+				t.Errorf("workers = %+v", g.Evidence.Workers)
+			}
+		}},
+		{"cuda.memcpy", CauseCUDAMemcpy, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindMemcpy, CUDA: event.CUMemcpyHtoD, Bytes: 512 << 20}, stallNS)
+		}, func(t *testing.T, g Gap) {
+			if g.Evidence.CUDACall != "cuMemcpyHtoD" {
+				t.Errorf("cuda call = %q", g.Evidence.CUDACall)
+			}
+		}},
+		{"cuda.alloc", CauseCUDAAlloc, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindAlloc, CUDA: event.CUMemAlloc, Bytes: 1 << 30}, stallNS)
+		}, func(t *testing.T, g Gap) {
+			if g.Evidence.CUDACall != "cuMemAlloc" {
+				t.Errorf("cuda call = %q", g.Evidence.CUDACall)
+			}
+		}},
+		{"cpu", CauseCPU, func(s *gpuSim) { s.t += stallNS }, nil},
+		{"cpu.contention", CauseCPUContention, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindRunqueue}, stallNS)
+		}, nil},
+		{"sleep", CauseSleep, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysSleep, Name: "clock_nanosleep"}, stallNS)
+		}, nil},
+		{"other", CauseOther, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysOther, Name: "ioctl", FD: 9}, stallNS)
+		}, func(t *testing.T, g Gap) {
+			if g.Evidence.Syscalls["ioctl"] != 1 {
+				t.Errorf("syscalls = %v", g.Evidence.Syscalls)
+			}
+		}},
+	}
+}
+
+// trainer builds warm steps, the injected stall, then more steps.
+func trainer(inject func(*gpuSim)) (*gpuSim, int64) {
+	s := newSim()
+	s.evs = append(s.evs, event.Event{Kind: event.KindFork, PID: s.pid, TID: s.pid, Start: s.t, End: s.t, ChildPID: workerPID})
+	s.t += ms
+	for i := 0; i < 12; i++ {
+		s.step(20, 2*ms, 100*us)
+	}
+	at := s.t
+	inject(s)
+	for i := 0; i < 12; i++ {
+		s.step(20, 2*ms, 100*us)
+	}
+	return s, at
+}
+
+func TestStallCauses(t *testing.T) {
+	for _, tc := range stallCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			s, at := trainer(tc.inject)
+			c := &collect{}
+			e := newEngine(c, nil)
+			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+			sum := feed(e, c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+			big := bigGaps(c.gaps)
+			if len(big) != 1 {
+				t.Fatalf("want 1 gap ≥1ms, got %d: %+v", len(big), big)
+			}
+			g := big[0]
+			if g.Cause != tc.cause {
+				t.Errorf("cause = %s, want %s (breakdown %v)", g.Cause, tc.cause, g.Breakdown)
+			}
+			if g.Kind != GapIdle || g.Evidence.Source != "host" {
+				t.Errorf("kind %s source %s", g.Kind, g.Evidence.Source)
+			}
+			if !near(g.Start, at, 50*us) || !near(g.Duration, stallNS, 100*us) {
+				t.Errorf("gap [%d,+%d], want [%d,+%d]", g.Start-t0, g.Duration, at-t0, stallNS)
+			}
+			var bsum int64
+			for _, ns := range g.Breakdown {
+				bsum += ns
+			}
+			if bsum != g.Duration {
+				t.Errorf("breakdown sums to %d, duration %d", bsum, g.Duration)
+			}
+			if g.Breakdown[tc.cause] < stallNS*9/10 {
+				t.Errorf("breakdown[%s] = %d", tc.cause, g.Breakdown[tc.cause])
+			}
+			if tc.check != nil {
+				tc.check(t, g)
+			}
+			if g.Step < 1 {
+				t.Errorf("step = %d", g.Step)
+			}
+			checkTotals(t, c, sum)
+		})
+	}
+}
+
+// checkTotals: the summary is the sum of what was emitted.
+func checkTotals(t *testing.T, c *collect, sum Summary) {
+	t.Helper()
+	var idle, stall, micro int64
+	for _, g := range c.gaps {
+		if g.Kind == GapStall {
+			stall += g.Duration
+		} else {
+			idle += g.Duration
+		}
+	}
+	byCause := map[Cause]int64{}
+	for _, st := range c.steps {
+		micro += st.MicroIdleNS
+		if st.IdleNS != st.BoundedIdleNS+st.MicroIdleNS {
+			t.Errorf("step %d: idle %d != bounded %d + micro %d", st.Number, st.IdleNS, st.BoundedIdleNS, st.MicroIdleNS)
+		}
+		var sc int64
+		for k, v := range st.ByCause {
+			sc += v
+			byCause[k] += v
+		}
+		if sc != st.IdleNS+st.StallNS {
+			t.Errorf("step %d: by cause %d != idle %d + stall %d", st.Number, sc, st.IdleNS, st.StallNS)
+		}
+	}
+	if sum.GPUIdleNS != idle+micro {
+		t.Errorf("summary idle %d != gaps %d + micro %d", sum.GPUIdleNS, idle, micro)
+	}
+	if sum.GPUStallNS != stall {
+		t.Errorf("summary stall %d != %d", sum.GPUStallNS, stall)
+	}
+	var bc int64
+	for k, v := range sum.ByCause {
+		bc += v
+		if byCause[k] != v {
+			t.Errorf("summary by cause %s = %d, steps say %d", k, v, byCause[k])
+		}
+	}
+	if bc != sum.GPUIdleNS+sum.GPUStallNS {
+		t.Errorf("summary by cause sums to %d, want %d", bc, sum.GPUIdleNS+sum.GPUStallNS)
+	}
+	if sum.Gaps != int64(len(c.gaps)) || sum.Steps != int64(len(c.steps)) {
+		t.Errorf("summary gaps %d steps %d, emitted %d %d", sum.Gaps, sum.Steps, len(c.gaps), len(c.steps))
+	}
+}
+
+func TestTwoCausesInOneGap(t *testing.T) {
+	s, _ := trainer(func(s *gpuSim) {
+		s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "read", FDKind: event.FDFile, Path: "/data/a"}, 25*ms)
+		s.t += 3 * ms
+		s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysWrite, Name: "write", FDKind: event.FDFile, Path: "/logs/x"}, 12*ms)
+	})
+	c := &collect{}
+	e := newEngine(c, nil)
+	feed(e, c, s.evs, nil, s.t+2e9, 20*ms, 0)
+	big := bigGaps(c.gaps)
+	if len(big) != 1 {
+		t.Fatalf("gaps: %+v", big)
+	}
+	g := big[0]
+	if g.Cause != CauseIORead || !near(g.Breakdown[CauseIORead], 25*ms, 10*us) || !near(g.Breakdown[CauseIOWrite], 12*ms, 10*us) ||
+		!near(g.Breakdown[CauseCPU], 3*ms, 50*us) {
+		t.Errorf("cause %s breakdown %v", g.Cause, g.Breakdown)
+	}
+	if len(g.Ops) != 2 || g.Ops[0].Name != "read" || g.Ops[0].Attrs["file.path"] != "/data/a" {
+		t.Errorf("ops %+v", g.Ops)
+	}
+}
+
+func TestCommStall(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		sm      float64
+		want    bool
+		wantSrc string
+	}{
+		{"no gpm", -1, true, "host"},
+		{"gpm low sm confirms", 0.25, true, "host+gpu"},
+		{"gpm high sm rejects", 0.9, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim()
+			commStep := func(late int64) {
+				s.launches(20, 2*ms, 100*us)
+				s.collective(event.NCCLAllReduce, 3*ms+late)
+				s.sync()
+			}
+			for i := 0; i < 12; i++ {
+				commStep(0)
+			}
+			lateAt := s.t
+			commStep(30 * ms)
+			lateEnd := s.t
+			for i := 0; i < 6; i++ {
+				commStep(0)
+			}
+			var wins []event.GPUWindow
+			if tc.sm >= 0 {
+				wins = s.windows(t0, s.t+200*ms, 100*ms, event.SourceGPM, func(a, b int64) float64 {
+					if a < lateEnd && b > lateAt {
+						return tc.sm
+					}
+					return 0.8
+				})
+			}
+			c := &collect{}
+			e := newEngine(c, nil)
+			sum := feed(e, c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+			var stalls []Gap
+			for _, g := range c.gaps {
+				if g.Kind == GapStall {
+					stalls = append(stalls, g)
+				}
+			}
+			if !tc.want {
+				if len(stalls) != 0 {
+					t.Fatalf("stall reported despite high SM activity: %+v", stalls)
+				}
+				return
+			}
+			if len(stalls) != 1 {
+				t.Fatalf("stalls = %+v", stalls)
+			}
+			g := stalls[0]
+			if g.Cause != CauseComm || !near(g.Duration, 30*ms, 200*us) || !near(g.End, lateEnd, 10*us) {
+				t.Errorf("stall %s %d end %d want end %d", g.Cause, g.Duration, g.End-t0, lateEnd-t0)
+			}
+			if g.Evidence.Collective == nil || g.Evidence.Collective.Op != "AllReduce" || g.Evidence.Collective.Bytes != 64<<20 {
+				t.Errorf("collective %+v", g.Evidence.Collective)
+			}
+			if g.Evidence.Source != tc.wantSrc {
+				t.Errorf("source %q", g.Evidence.Source)
+			}
+			if tc.sm >= 0 && (g.Evidence.SMActivity == nil || *g.Evidence.SMActivity > 0.5) {
+				t.Errorf("sm activity %v", g.Evidence.SMActivity)
+			}
+			if sum.GPUStallNS != g.Duration || sum.ByCause[CauseComm] < g.Duration {
+				t.Errorf("summary %+v", sum)
+			}
+			checkTotals(t, c, sum)
+		})
+	}
+}
+
+func TestLoaderWorkerActivity(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		ioNS   int64
+		wantAc string
+	}{{"io", 30 * ms, "io"}, {"cpu", 2 * ms, "cpu"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := trainer(func(s *gpuSim) {
+				a := s.t
+				s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysPoll, Name: "poll", WakerPID: workerPID, WakerTID: workerPID + 1}, stallNS)
+				s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: workerPID, TID: workerPID + 1, Start: a + 2*ms,
+					End: a + 2*ms + tc.ioNS, Syscall: event.SysRead, Name: "read", FDKind: event.FDFile, Path: "/data/x.tfrecord"})
+			})
+			c := &collect{}
+			e := newEngine(c, nil)
+			feed(e, c, s.evs, nil, s.t+2e9, 20*ms, 0)
+			big := bigGaps(c.gaps)
+			if len(big) != 1 || big[0].Cause != CauseLoaderWait {
+				t.Fatalf("gaps %+v", big)
+			}
+			w := big[0].Evidence.Workers
+			if len(w) != 1 || w[0].Activity != tc.wantAc || !near(w[0].IONS, tc.ioNS, 10*us) {
+				t.Errorf("workers %+v", w)
+			}
+		})
+	}
+}
+
+func TestFutexOnSiblingThread(t *testing.T) {
+	// The feeder waits on a futex; the pin-memory thread that wakes it was
+	// itself waiting on a worker: one hop makes it loader.wait.
+	s, _ := trainer(func(s *gpuSim) {
+		a := s.t
+		s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: 100, WakerTID: 101}, stallNS)
+		s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: 100, TID: 101, Start: a - ms, End: a + stallNS - 50*us,
+			Syscall: event.SysRead, Name: "read", FDKind: event.FDPipe, WakerPID: workerPID, WakerTID: workerPID})
+	})
+	c := &collect{}
+	e := newEngine(c, nil)
+	feed(e, c, s.evs, nil, s.t+2e9, 20*ms, 0)
+	big := bigGaps(c.gaps)
+	if len(big) != 1 || big[0].Cause != CauseLoaderWait {
+		t.Fatalf("gaps %+v", big)
+	}
+	if big[0].Evidence.Syscalls["futex"] != 1 || big[0].Evidence.Syscalls["read"] != 1 {
+		t.Errorf("syscalls %v", big[0].Evidence.Syscalls)
+	}
+}
+
+func TestNestedSyscallBelongsToCUDACall(t *testing.T) {
+	s, _ := trainer(func(s *gpuSim) {
+		a := s.t
+		s.block(event.Event{Kind: event.KindAlloc, CUDA: event.CUMemAlloc}, stallNS)
+		s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: s.pid, TID: s.tid, Start: a + ms, End: a + 30*ms,
+			Syscall: event.SysSleep, Name: "clock_nanosleep"})
+	})
+	c := &collect{}
+	feed(newEngine(c, nil), c, s.evs, nil, s.t+2e9, 20*ms, 0)
+	big := bigGaps(c.gaps)
+	if len(big) != 1 || big[0].Cause != CauseCUDAAlloc || big[0].Breakdown[CauseSleep] != 0 {
+		t.Fatalf("gaps %+v", big)
+	}
+}
+
+func TestCPUAheadWithoutSync(t *testing.T) {
+	// The host enqueues 30 ms of work, then blocks 60 ms in write() while
+	// the queue drains: ~30 ms idle at the end of the write.
+	s := newSim()
+	for i := 0; i < 10; i++ {
+		s.step(20, 2*ms, 100*us)
+	}
+	for i := 0; i < 6; i++ {
+		s.launches(10, 3*ms, 50*us)
+		s.sync()
+	}
+	s.launches(10, 3*ms, 50*us)
+	wAt := s.t
+	s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysWrite, Name: "write", FDKind: event.FDFile, Path: "/ckpt/a.pt"}, 60*ms)
+	wEnd := s.t
+	s.launches(10, 3*ms, 50*us)
+	s.sync()
+	for i := 0; i < 8; i++ {
+		s.step(20, 2*ms, 100*us)
+	}
+	truth := s.idle(wAt, wEnd+5*us)
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	e := newEngine(c, nil)
+	sum := feed(e, c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	var got []Gap
+	for _, g := range c.gaps {
+		if g.Evidence.Source == "host+gpu" {
+			got = append(got, g)
+		}
+	}
+	if len(got) != 1 {
+		t.Fatalf("host+gpu gaps = %+v (all %d)", got, len(c.gaps))
+	}
+	g := got[0]
+	if !near(g.Duration, truth, truth/10) || !near(g.End, wEnd+5*us, 10*us) || g.Cause != CauseIOWrite {
+		t.Errorf("gap %s %d..%d (%d), truth %d ending %d", g.Cause, g.Start-t0, g.End-t0, g.Duration, truth, wEnd-t0)
+	}
+	checkTotals(t, c, sum)
+}
+
+func TestSeveralStreams(t *testing.T) {
+	t.Run("side stream work before the main stream's last work is consumed", func(t *testing.T) {
+		s, at := trainer(func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "read", FDKind: event.FDFile, Path: "/d"}, stallNS)
+			s.copyAsync(ms, 7) // the batch copy on a side stream opens the next step
+		})
+		c := &collect{}
+		feed(newEngine(c, nil), c, s.evs, nil, s.t+2e9, 20*ms, 0)
+		big := bigGaps(c.gaps)
+		if len(big) != 1 || !near(big[0].Start, at, 50*us) || big[0].Cause != CauseIORead {
+			t.Fatalf("gaps %+v", big)
+		}
+	})
+	t.Run("side stream still busy after the sync", func(t *testing.T) {
+		s := newSim()
+		for i := 0; i < 10; i++ {
+			s.step(20, 2*ms, 100*us)
+		}
+		s.launches(5, 2*ms, 100*us)
+		s.copyAsync(50*ms, 7) // enqueued after the main stream's last launch: not covered
+		s.sync()
+		s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "read", FDKind: event.FDFile, Path: "/d"}, stallNS)
+		for i := 0; i < 4; i++ {
+			s.step(20, 2*ms, 100*us)
+		}
+		c := &collect{}
+		feed(newEngine(c, nil), c, s.evs, nil, s.t+2e9, 20*ms, 0)
+		if big := bigGaps(c.gaps); len(big) != 0 {
+			t.Fatalf("a gap while stream 7 held work: %+v", big)
+		}
+	})
+}
+
+func TestTwoFeederThreads(t *testing.T) {
+	s := newSim()
+	for i := 0; i < 10; i++ {
+		s.step(20, 2*ms, 100*us)
+	}
+	// Thread 101 reads a shard, then launches the next step; thread 100
+	// (which synced) sleeps meanwhile and launches later.
+	at := s.t
+	s.tid = 101
+	s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "read", FDKind: event.FDFile, Path: "/data/b"}, 30*ms)
+	s.kernel(2 * ms)
+	end := s.t
+	s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: 100, TID: 100, Start: at, End: at + 35*ms,
+		Syscall: event.SysSleep, Name: "clock_nanosleep"})
+	s.tid = 100
+	s.t = at + 35*ms
+	for i := 0; i < 6; i++ {
+		s.step(20, 2*ms, 100*us)
+	}
+	c := &collect{}
+	feed(newEngine(c, nil), c, s.evs, nil, s.t+2e9, 20*ms, 0)
+	big := bigGaps(c.gaps)
+	if len(big) != 1 {
+		t.Fatalf("gaps %+v", big)
+	}
+	g := big[0]
+	if g.TID != 101 || g.Cause != CauseIORead || !near(g.End, end, 10*us) {
+		t.Errorf("gap tid %d cause %s end %d", g.TID, g.Cause, g.End-t0)
+	}
+	if len(g.Evidence.Threads) != 2 {
+		t.Errorf("threads %v", g.Evidence.Threads)
+	}
+}
+
+func TestLiteProbes(t *testing.T) {
+	s := newSim()
+	s.lite = true
+	for i := 0; i < 10; i++ {
+		s.launches(20, 2*ms, 100*us)
+		s.copyAsync(ms, 1)
+		s.sync()
+	}
+	at := s.t
+	s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "read", FDKind: event.FDFile, Path: "/d"}, stallNS)
+	stallEnd := s.t
+	s.t += 2 * ms // Python between the read and the first launch: invisible in lite
+	for i := 0; i < 6; i++ {
+		s.launches(20, 2*ms, 100*us)
+		s.copyAsync(ms, 1)
+		s.sync()
+	}
+	for _, ev := range s.evs {
+		if ev.Kind == event.KindEnqueue {
+			t.Fatal("lite stream has enqueue events")
+		}
+	}
+	c := &collect{}
+	sum := feed(newEngine(c, func(cfg *Config) { cfg.Probes = ProbesLite }), c, s.evs, nil, s.t+2e9, 20*ms, 0)
+	big := bigGaps(c.gaps)
+	if len(big) != 1 {
+		t.Fatalf("gaps %+v", big)
+	}
+	g := big[0]
+	// The documented lite error: the gap ends at the read's end, not at
+	// the first launch 2 ms later.
+	if !near(g.Start, at, 50*us) || g.End != stallEnd || g.Cause != CauseIORead {
+		t.Errorf("gap %d..%d %s, want %d..%d", g.Start-t0, g.End-t0, g.Cause, at-t0, stallEnd-t0)
+	}
+	if sum.Steps == 0 {
+		t.Error("no steps in lite")
+	}
+}
+
+func TestOutOfOrderEvents(t *testing.T) {
+	base, _ := trainer(stallCases()[0].inject)
+	ref := &collect{}
+	feed(newEngine(ref, nil), ref, base.evs, nil, base.t+2e9, 20*ms, 0)
+
+	// Deliver events up to 300 ms late, threads interleaved at random.
+	r := rand.New(rand.NewSource(1))
+	evs := append([]event.Event(nil), base.evs...)
+	delay := make([]int64, len(evs))
+	for i := range delay {
+		delay[i] = r.Int63n(300 * ms)
+	}
+	type dl struct {
+		ev event.Event
+		at int64
+	}
+	var q []dl
+	for i, ev := range evs {
+		q = append(q, dl{ev, ev.End + delay[i]})
+	}
+	c := &collect{}
+	e := newEngine(c, nil)
+	for now := t0; now <= base.t+2e9; now += 20 * ms {
+		c.now = now
+		k := 0
+		for _, d := range q {
+			if d.at <= now {
+				e.Event(d.ev)
+				continue
+			}
+			q[k] = d
+			k++
+		}
+		q = q[:k]
+		e.Advance(now)
+	}
+	e.Close(base.t + 2e9)
+	a, b := bigGaps(ref.gaps), bigGaps(c.gaps)
+	if len(a) != len(b) || len(a) != 1 {
+		t.Fatalf("in order %d gaps, out of order %d", len(a), len(b))
+	}
+	ja, _ := json.Marshal(a[0])
+	jb, _ := json.Marshal(b[0])
+	if !bytes.Equal(ja, jb) {
+		t.Errorf("out-of-order result differs:\n%s\n%s", ja, jb)
+	}
+	if len(ref.steps) != len(c.steps) {
+		t.Errorf("steps %d vs %d", len(ref.steps), len(c.steps))
+	}
+}
+
+func TestEmissionLatency(t *testing.T) {
+	s := newSim()
+	r := rand.New(rand.NewSource(7))
+	cases := stallCases()
+	for i := 0; i < 200; i++ {
+		s.step(20, 2*ms, 100*us)
+		if i%5 == 4 {
+			cases[r.Intn(len(cases))].inject(s)
+		}
+	}
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	feed(newEngine(c, nil), c, s.evs, wins, s.t+3e9, 50*ms, 300*ms)
+	if len(bigGaps(c.gaps)) < 35 {
+		t.Fatalf("only %d gaps", len(bigGaps(c.gaps)))
+	}
+	var worst int64
+	for i, g := range c.gaps {
+		if d := c.gapAt[i] - g.End; d > worst {
+			worst = d
+		}
+	}
+	if worst > 1e9 {
+		t.Errorf("worst emission latency %v > 1s", worst)
+	}
+	t.Logf("worst emission latency %.0f ms over %d gaps (Advance every 50 ms)", float64(worst)/1e6, len(c.gaps))
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := (Config{}).Validate(); err != nil {
+		t.Errorf("zero config: %v", err)
+	}
+	err := Config{Probes: "most", MinGap: -1, EmitDelay: 2e9}.Validate()
+	if err == nil {
+		t.Fatal("invalid config accepted")
+	}
+	for _, want := range []string{"probes", "min gap", "emit delay"} {
+		if !bytes.Contains([]byte(err.Error()), []byte(want)) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}
+
+func TestGapsJSONL(t *testing.T) {
+	var buf bytes.Buffer
+	w := WriteGapsJSONL(&buf)
+	g := Gap{PID: 1, TID: 2, Step: 3, Kind: GapIdle, Start: 10, End: 20, Duration: 10, Cause: CauseIORead,
+		Breakdown: map[Cause]int64{CauseIORead: 10}, Evidence: Evidence{Source: "host"}}
+	w.Gap(g)
+	w.Gap(g)
+	w.Step(Step{})
+	lines := bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n"))
+	if len(lines) != 2 || w.Err() != nil || w.Written() != 2 {
+		t.Fatalf("%d lines, err %v", len(lines), w.Err())
+	}
+	var m map[string]any
+	if err := json.Unmarshal(lines[0], &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"pid", "tid", "device", "step", "start_unix_nano", "end_unix_nano", "duration_ns", "cause", "breakdown", "evidence"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("missing %q in %s", k, lines[0])
+		}
+	}
+	if m["breakdown"].(map[string]any)["io.read"].(float64) != 10 {
+		t.Errorf("breakdown %v", m["breakdown"])
+	}
+}

@@ -1,0 +1,542 @@
+package correlate
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// stream is the queue model of one CUDA stream of a process.
+type stream struct {
+	pending int64 // first enqueue since the stream was last drained; 0 when drained
+	lastEnq int64
+	coll    *CollectiveEvidence // last collective enqueued since the drain
+}
+
+// openGap is a drained queue waiting for its next enqueue.
+type openGap struct {
+	start int64
+	tid   uint32 // thread whose sync drained the queue
+	exact bool   // the sync waited, so start is the drain to the µs
+}
+
+// aheadCand is an interval where a feeder blocked while its queue still
+// held work; the GPU windows decide how much of it was idle.
+type aheadCand struct {
+	tid    uint32
+	lo, hi int64
+}
+
+// stallCand is a comm stall waiting for GPM windows to confirm it.
+type stallCand struct{ gap Gap }
+
+type tcount struct {
+	t int64
+	n uint64
+}
+
+type baseKey struct {
+	cuda   event.CUDA
+	stream uint64
+	coll   bool
+	slot   int
+}
+
+// waitRing holds the recent waits of one sync slot.
+type waitRing struct {
+	v [32]int64
+	n int
+}
+
+func (r *waitRing) push(x int64) { r.v[r.n%len(r.v)] = x; r.n++ }
+func (r *waitRing) min() int64 {
+	k := r.n
+	if k > len(r.v) {
+		k = len(r.v)
+	}
+	m := r.v[0]
+	for i := 1; i < k; i++ {
+		if r.v[i] < m {
+			m = r.v[i]
+		}
+	}
+	return m
+}
+
+// tidSet is a small ordered set of thread ids (feeders are few).
+type tidSet []uint32
+
+func (s tidSet) has(t uint32) bool {
+	for _, x := range s {
+		if x == t {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *tidSet) add(t uint32) {
+	if !s.has(t) {
+		*s = append(*s, t)
+		sort.Slice(*s, func(i, j int) bool { return (*s)[i] < (*s)[j] })
+	}
+}
+
+// proc is one traced process: its place in the tree and, once it feeds a
+// GPU, its queue model, pending decisions and step clock.
+type proc struct {
+	e       *Engine
+	pid     uint32
+	parent  uint32
+	comm    string
+	dev     int
+	first   int64
+	last    int64
+	tids    map[uint32]struct{}
+	feeders tidSet
+
+	streams map[uint64]*stream
+	everEnq bool
+	gap     *openGap
+	lastEnq int64
+
+	aheadStart int64
+	aheadTID   uint32
+	cands      []aheadCand
+	stalls     []stallCand
+	held       []Gap
+
+	launches, copies, colls uint64
+	launchRec               []tcount
+	base                    map[baseKey]*waitRing
+
+	st stepper
+}
+
+func newProc(e *Engine, pid uint32, dev int, t int64) *proc {
+	return &proc{
+		e:       e,
+		pid:     pid,
+		dev:     dev,
+		first:   t,
+		tids:    map[uint32]struct{}{},
+		streams: map[uint64]*stream{},
+		base:    map[baseKey]*waitRing{},
+		st:      stepper{next: 1},
+	}
+}
+
+func (p *proc) device() *device { return p.e.device(p.dev) }
+
+func (p *proc) stream(id uint64) *stream {
+	s := p.streams[id]
+	if s == nil {
+		s = &stream{}
+		p.streams[id] = s
+	}
+	return s
+}
+
+func (p *proc) allDrained() bool {
+	for _, s := range p.streams {
+		if s.pending != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *proc) startGPU(t int64) {
+	if !p.everEnq {
+		p.everEnq = true
+		p.st.origin = t
+	}
+}
+
+func (p *proc) onEnqueue(th *thread, ev *event.Event) {
+	p.feeders.add(th.tid)
+	t := ev.Start
+	switch ev.Kind {
+	case event.KindEnqueue:
+		p.launches += ev.Count
+		p.launchRec = append(p.launchRec, tcount{t, ev.Count})
+	case event.KindMemcpyAsync:
+		p.copies++
+	case event.KindCollective:
+		p.colls++
+	}
+	if p.gap != nil {
+		p.closeGap(th, t)
+	}
+	if p.aheadStart != 0 {
+		if t > p.aheadStart {
+			p.cands = append(p.cands, aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: t})
+		}
+		p.aheadStart = 0
+	}
+	s := p.stream(ev.Stream)
+	if s.pending == 0 {
+		s.pending = t
+	}
+	s.lastEnq = t
+	if ev.Kind == event.KindCollective {
+		s.coll = collEvidence(ev)
+	}
+	if t > p.lastEnq {
+		p.lastEnq = t
+	}
+	p.startGPU(t)
+}
+
+// drainStreams marks the streams a sync covers as drained and returns the
+// collective their pending work held, if any. Work enqueued after the sync
+// began is not covered. A stream sync also covers other streams whose last
+// work predates the synced stream's last work: training loops hand side
+// streams' results (batch copies) to the main stream through events, which
+// are not traced, so that work is done when the main stream is.
+func (p *proc) drainStreams(ev *event.Event) *CollectiveEvidence {
+	all := ev.CUDA == event.CUCtxSynchronize || ev.Stream == 0 || ev.Kind == event.KindMemcpy || ev.Kind == event.KindFree
+	var ref int64
+	if !all {
+		if s := p.streams[ev.Stream]; s != nil {
+			ref = s.lastEnq
+		}
+	}
+	var coll *CollectiveEvidence
+	for id, s := range p.streams {
+		if s.pending == 0 || s.lastEnq > ev.Start {
+			continue
+		}
+		if all || id == ev.Stream || s.lastEnq <= ref {
+			if s.coll != nil {
+				coll = s.coll
+			}
+			s.pending, s.coll = 0, nil
+		}
+	}
+	return coll
+}
+
+func (p *proc) onSync(th *thread, ev *event.Event) {
+	p.feeders.add(th.tid)
+	if ev.Count > 0 {
+		p.launches += ev.Count
+		p.launchRec = append(p.launchRec, tcount{ev.Start, ev.Count})
+	}
+	if !p.everEnq {
+		return
+	}
+	waited := ev.Duration() > int64(p.e.cfg.SyncWaited)
+	if p.gap != nil {
+		switch {
+		case p.e.lite:
+			// Launches are invisible in lite: the sync says work resumed.
+			p.closeGap(th, ev.Start)
+		case waited:
+			// The GPU had work the tracer did not show (lost events): the
+			// open gap is not trustworthy.
+			p.e.rejected++
+			p.gap = nil
+		}
+	}
+	pendingBefore := !p.allDrained()
+	coll := p.drainStreams(ev)
+	if waited && pendingBefore {
+		p.checkStall(th, ev, coll)
+	}
+	if p.aheadStart != 0 {
+		// A sync that returned at once found the queue empty: the GPU idled
+		// somewhere in [blocking start, sync start]. One that waited proves
+		// the GPU was busy all along.
+		if !waited && p.aheadStart < ev.Start {
+			p.cands = append(p.cands, aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: ev.Start})
+		}
+		p.aheadStart = 0
+	}
+	p.patternSync(ev)
+	if p.gap == nil && p.allDrained() {
+		p.gap = &openGap{start: ev.End, tid: th.tid, exact: waited}
+	}
+}
+
+// onSyncCopy handles a synchronous copy or a free. While work is pending it
+// completes after that work, so it drains the queue like a sync; inside a
+// gap it is host activity (cuda.memcpy / cuda.alloc) on the timeline.
+func (p *proc) onSyncCopy(th *thread, ev *event.Event) {
+	if !p.everEnq || p.allDrained() {
+		p.onBlocking(th, ev)
+		return
+	}
+	if p.gap != nil && p.e.lite {
+		p.closeGap(th, ev.Start)
+	}
+	p.drainStreams(ev)
+	if p.aheadStart != 0 {
+		if p.aheadStart < ev.Start {
+			p.cands = append(p.cands, aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: ev.End})
+		}
+		p.aheadStart = 0
+	}
+	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
+		p.patternSync(ev)
+	}
+	if p.gap == nil && p.allDrained() {
+		p.gap = &openGap{start: ev.End, tid: th.tid, exact: true}
+	}
+}
+
+// onBlocking notes a feeder that blocked while its queue held work: the
+// start of a possible CPU-ahead stall.
+func (p *proc) onBlocking(th *thread, ev *event.Event) {
+	if p.e.lite || !p.everEnq || !p.feeders.has(th.tid) {
+		return
+	}
+	if p.gap != nil || p.allDrained() || ev.Duration() < p.e.minGap || ev.Start < p.lastEnq {
+		return
+	}
+	if p.aheadStart == 0 || ev.Start < p.aheadStart {
+		p.aheadStart, p.aheadTID = ev.Start, th.tid
+	}
+}
+
+// inferEnd (lite) is where the gap most likely ended: the end of th's last
+// blocking activity inside the gap before t.
+func (p *proc) inferEnd(th *thread, start, t int64) int64 {
+	var end int64
+	for i := len(th.tl) - 1; i >= 0; i-- {
+		ev := &th.tl[i]
+		if ev.End <= start {
+			break
+		}
+		if ev.Kind == event.KindSync || ev.End > t || ev.Start < start {
+			continue
+		}
+		if ev.End > end {
+			end = ev.End
+		}
+	}
+	return end
+}
+
+func (p *proc) closeGap(th *thread, t int64) {
+	g := p.gap
+	p.gap = nil
+	end := t
+	if p.e.lite {
+		end = p.inferEnd(th, g.start, t)
+	}
+	if end-g.start < p.e.minGap {
+		return
+	}
+	gap := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapIdle, Start: g.start, End: end, Duration: end - g.start}
+	at := p.e.newAttribution()
+	at.thread(th, g.start, end, nil)
+	gap.Cause, gap.Breakdown, gap.Evidence, gap.Ops = at.result()
+	gap.Evidence.Source = "host"
+	gap.Evidence.Threads = append([]uint32(nil), p.feeders...)
+	p.emit(gap)
+}
+
+func (p *proc) checkStall(th *thread, ev *event.Event, coll *CollectiveEvidence) {
+	k := baseKey{cuda: ev.CUDA, stream: ev.Stream, coll: coll != nil, slot: p.st.slot()}
+	r := p.base[k]
+	if r == nil {
+		if len(p.base) > 256 {
+			clear(p.base)
+		}
+		r = &waitRing{}
+		p.base[k] = r
+	}
+	wait := ev.Duration()
+	if coll != nil && r.n >= 4 {
+		baseline := r.min()
+		if excess := wait - baseline; excess >= p.e.minGap {
+			g := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapStall, Start: ev.End - excess, End: ev.End,
+				Duration: excess, Cause: CauseComm, Breakdown: map[Cause]int64{CauseComm: excess}}
+			c := *coll
+			g.Evidence = Evidence{Collective: &c, CUDACall: ev.CUDA.String(), BaselineNS: baseline,
+				Threads: append([]uint32(nil), p.feeders...), Source: "host"}
+			g.Ops = []HostOp{hostOp(ev, th.tid)}
+			p.stalls = append(p.stalls, stallCand{gap: g})
+		}
+	}
+	r.push(wait)
+}
+
+func collEvidence(ev *event.Event) *CollectiveEvidence {
+	c := &CollectiveEvidence{Op: ev.Op.String(), Bytes: ev.Bytes, Comm: fmt.Sprintf("0x%x", ev.Comm)}
+	if ev.PeerRank >= 0 {
+		c.PeerRank = ev.PeerRank
+	}
+	if ev.Stream != 0 {
+		c.Stream = fmt.Sprintf("0x%x", ev.Stream)
+	}
+	return c
+}
+
+// emit records a gap on the device and delivers it once its step is known.
+func (p *proc) emit(g Gap) {
+	d := p.device()
+	if g.Kind == GapStall {
+		d.stalls = addSpan(d.stalls, span{g.Start, g.End})
+	} else {
+		d.gaps = addSpan(d.gaps, span{g.Start, g.End})
+	}
+	if p.st.mode == modeUnknown {
+		p.held = append(p.held, g)
+		return
+	}
+	p.deliver(g)
+}
+
+func (p *proc) deliver(g Gap) {
+	st := p.st.lookup(p, g.Start)
+	if st != nil {
+		g.Step = st.Number
+		st.Gaps++
+		if g.Kind == GapStall {
+			st.StallNS += g.Duration
+		} else {
+			st.BoundedIdleNS += g.Duration
+		}
+		for c, ns := range g.Breakdown {
+			st.ByCause[c] += ns
+		}
+	} else {
+		g.Step = p.st.doneNum
+		p.e.log.Debug("gap belongs to a step already emitted", "pid", p.pid, "start", g.Start, "step", g.Step)
+	}
+	p.e.addTotals(&g)
+	if p.e.sink != nil {
+		p.e.sink.Gap(g)
+	}
+}
+
+// resolvePending settles what waited for GPU windows or a step period.
+func (p *proc) resolvePending(force bool) {
+	e := p.e
+	d := p.device()
+	if len(p.cands) > 0 {
+		k := 0
+		for _, c := range p.cands {
+			if force || d.maxEnd >= c.hi || e.now >= c.hi+holdMax {
+				p.resolveCand(c)
+				continue
+			}
+			p.cands[k] = c
+			k++
+		}
+		p.cands = p.cands[:k]
+	}
+	if len(p.stalls) > 0 {
+		k := 0
+		for _, s := range p.stalls {
+			if force || d.gpmEnd >= s.gap.End || e.now >= s.gap.End+holdMax {
+				if sm := d.smActivity(s.gap.Start, s.gap.End); sm >= 0 {
+					if sm > smStallMax {
+						e.rejected++
+						continue
+					}
+					s.gap.Evidence.SMActivity = &sm
+					s.gap.Evidence.Source = "host+gpu"
+				}
+				p.emit(s.gap)
+				continue
+			}
+			p.stalls[k] = s
+			k++
+		}
+		p.stalls = p.stalls[:k]
+	}
+	if p.st.mode == modeUnknown && p.everEnq {
+		due := force || e.wm-p.st.origin > warmupMax
+		for i := range p.held {
+			if e.now >= p.held[i].End+holdMax {
+				due = true
+			}
+		}
+		if due {
+			p.st.toWindows(p, p.st.origin)
+		}
+	}
+	if p.st.mode != modeUnknown && len(p.held) > 0 {
+		held := p.held
+		p.held = nil
+		sort.SliceStable(held, func(i, j int) bool { return held[i].Start < held[j].Start })
+		for _, g := range held {
+			p.deliver(g)
+		}
+	}
+}
+
+func (p *proc) resolveCand(c aheadCand) {
+	d := p.device()
+	idle := d.idleWithin(c.lo, c.hi)
+	if idle < p.e.minGap {
+		return
+	}
+	th := p.e.threads[c.tid]
+	if th == nil {
+		return
+	}
+	a := c.hi - idle
+	g := Gap{PID: p.pid, TID: c.tid, Device: p.dev, Kind: GapIdle, Start: a, End: c.hi, Duration: idle}
+	at := p.e.newAttribution()
+	at.thread(th, a, c.hi, nil)
+	g.Cause, g.Breakdown, g.Evidence, g.Ops = at.result()
+	g.Evidence.Source = "host+gpu"
+	g.Evidence.Threads = append([]uint32(nil), p.feeders...)
+	p.emit(g)
+}
+
+// keepFrom is the oldest time this process's pending work may still read.
+func (p *proc) keepFrom() int64 {
+	k := p.e.wm - retain
+	lower := func(t int64) {
+		if t < k {
+			k = t
+		}
+	}
+	if p.st.mode == modeUnknown && p.everEnq {
+		lower(p.st.origin)
+	}
+	if len(p.st.steps) > 0 {
+		lower(p.st.steps[0].Start)
+	}
+	if p.gap != nil {
+		lower(p.gap.start)
+	}
+	for _, c := range p.cands {
+		lower(c.lo)
+	}
+	for _, s := range p.stalls {
+		lower(s.gap.Start)
+	}
+	for _, g := range p.held {
+		lower(g.Start)
+	}
+	return k
+}
+
+// closeAll ends what the process had open at t (exit or Close). An open gap
+// has no end: the GPU was still idle when tracing stopped, which says
+// nothing about the training loop, so it is dropped.
+func (p *proc) closeAll(t int64) {
+	p.gap = nil
+	p.aheadStart = 0
+	if !p.everEnq {
+		return
+	}
+	if p.st.mode == modeUnknown {
+		p.st.toWindows(p, p.st.origin)
+	}
+	p.st.tick(p, t)
+	p.st.closeOpen(t)
+}
+
+func (p *proc) tickSteps() {
+	if p.everEnq {
+		p.st.tick(p, p.e.wm)
+	}
+}

@@ -1,0 +1,444 @@
+package correlate
+
+import (
+	"sort"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+type stepMode uint8
+
+const (
+	modeUnknown stepMode = iota // no period yet; gaps are held
+	modeWindow                  // fixed windows of StepWindow
+	modePeriod                  // steps bounded by every P-th sync
+)
+
+const (
+	histMax   = 64 // syncs remembered for period detection
+	maxPeriod = 16 // most syncs per step considered
+	matchMin  = 0.8
+	lossRing  = 16 // recent period checks; half failing loses the lock
+)
+
+// syncSig is what one synchronisation looked like; steps are where the
+// sequence of signatures repeats.
+type syncSig struct {
+	cuda     event.CUDA
+	stream   uint64
+	launches uint64
+	copies   uint64
+	colls    uint64
+	end      int64
+	wait     int64
+	idx      int64
+}
+
+func sigEq(a, b *syncSig) bool {
+	if a.cuda != b.cuda || a.stream != b.stream || a.copies != b.copies || a.colls != b.colls {
+		return false
+	}
+	x, y := a.launches, b.launches
+	if x < y {
+		x, y = y, x
+	}
+	// Launch counts jitter slightly with data-dependent control flow.
+	return x-y <= 2 || float64(x-y) <= 0.05*float64(x)
+}
+
+// stepAcc is a step being accumulated; closed once its end is known.
+type stepAcc struct {
+	Step
+	closed bool
+}
+
+// stepper is a process's step clock.
+type stepper struct {
+	mode    stepMode
+	origin  int64
+	hist    []syncSig
+	n       int64
+	period  int
+	phase   int
+	checks  [lossRing]bool
+	nchecks int
+	steps   []*stepAcc
+	next    int64
+	doneNum int64
+	typical int64
+}
+
+// slot is the position of the next sync within a step, -1 when unknown.
+func (s *stepper) slot() int {
+	if s.mode != modePeriod || s.period == 0 {
+		return -1
+	}
+	return int(s.n % int64(s.period))
+}
+
+// patternSync feeds one synchronisation to step detection.
+func (p *proc) patternSync(ev *event.Event) {
+	sig := syncSig{cuda: ev.CUDA, stream: ev.Stream, launches: p.launches, copies: p.copies, colls: p.colls,
+		end: ev.End, wait: ev.Duration()}
+	p.launches, p.copies, p.colls = 0, 0, 0
+	p.st.onSync(p, sig)
+}
+
+func (s *stepper) onSync(p *proc, sig syncSig) {
+	sig.idx = s.n
+	s.n++
+	s.hist = append(s.hist, sig)
+	if len(s.hist) > histMax {
+		copy(s.hist, s.hist[len(s.hist)-histMax:])
+		s.hist = s.hist[:histMax]
+	}
+	switch s.mode {
+	case modePeriod:
+		P := s.period
+		h := len(s.hist)
+		if h > P {
+			s.checks[s.nchecks%lossRing] = sigEq(&s.hist[h-1], &s.hist[h-1-P])
+			s.nchecks++
+			if s.nchecks >= lossRing/2 {
+				k, bad := min(s.nchecks, lossRing), 0
+				for i := 0; i < k; i++ {
+					if !s.checks[i] {
+						bad++
+					}
+				}
+				if 2*bad > k {
+					p.e.log.Info("step pattern lost, falling back to fixed windows", "pid", p.pid)
+					s.toWindows(p, sig.end)
+					return
+				}
+			}
+		}
+		if int(sig.idx%int64(P)) == s.phase {
+			s.boundary(sig.end, false)
+		}
+	case modeUnknown, modeWindow:
+		if s.period == 0 {
+			if P, ph, ok := detect(s.hist); ok {
+				s.period, s.phase = P, ph
+				p.e.log.Debug("step period found", "pid", p.pid, "syncs_per_step", P)
+				if s.mode == modeUnknown {
+					s.retro()
+					return
+				}
+			}
+		}
+		if s.mode == modeWindow && s.period > 0 && int(sig.idx%int64(s.period)) == s.phase {
+			s.tick(p, sig.end)
+			s.boundary(sig.end, false)
+			s.mode = modePeriod
+			s.nchecks = 0
+		}
+	}
+}
+
+// detect finds the smallest P for which recent signatures repeat, and the
+// phase whose sync waits longest (the end of the step's work).
+func detect(hist []syncSig) (period, phase int, ok bool) {
+	for P := 1; P <= maxPeriod; P++ {
+		need := max(2*P, 4)
+		if len(hist) < P+need {
+			break
+		}
+		lo := max(P, len(hist)-max(4*P, 12))
+		cmp, match := 0, 0
+		for i := lo; i < len(hist); i++ {
+			cmp++
+			if sigEq(&hist[i], &hist[i-P]) {
+				match++
+			}
+		}
+		if cmp < need || float64(match) < matchMin*float64(cmp) {
+			continue
+		}
+		best, bestWait := 0, int64(-1)
+		for r := 0; r < P; r++ {
+			var waits []int64
+			for i := lo - P; i < len(hist); i++ {
+				if int(hist[i].idx%int64(P)) == r {
+					waits = append(waits, hist[i].wait)
+				}
+			}
+			sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
+			if m := waits[len(waits)/2]; m > bestWait {
+				best, bestWait = r, m
+			}
+		}
+		return P, best, true
+	}
+	return 0, 0, false
+}
+
+// retro lays steps over the history once a period is found while gaps were
+// held: a prologue window up to the first boundary, then one step per
+// period.
+func (s *stepper) retro() {
+	first := true
+	for i := range s.hist {
+		h := &s.hist[i]
+		if int(h.idx%int64(s.period)) != s.phase {
+			continue
+		}
+		if first {
+			first = false
+			if h.end > s.origin {
+				s.open(s.origin, true)
+			}
+		}
+		s.boundary(h.end, false)
+	}
+	s.mode = modePeriod
+	s.nchecks = 0
+}
+
+func (s *stepper) open(t int64, window bool) {
+	st := &stepAcc{}
+	st.Number = s.next
+	s.next++
+	st.Start = t
+	st.Window = window
+	st.ByCause = map[Cause]int64{}
+	s.steps = append(s.steps, st)
+}
+
+// boundary closes the open step at t and opens the next one.
+func (s *stepper) boundary(t int64, window bool) {
+	if n := len(s.steps); n > 0 && !s.steps[n-1].closed {
+		o := s.steps[n-1]
+		if t <= o.Start {
+			o.Window = window
+			return
+		}
+		o.End, o.closed = t, true
+		if !o.Window {
+			d := t - o.Start
+			if s.typical == 0 {
+				s.typical = d
+			} else {
+				s.typical += (d - s.typical) / 8
+			}
+		}
+	}
+	s.open(t, window)
+}
+
+func (s *stepper) closeOpen(t int64) {
+	if n := len(s.steps); n > 0 && !s.steps[n-1].closed {
+		o := s.steps[n-1]
+		if t <= o.Start {
+			s.steps = s.steps[:n-1]
+			s.next--
+			return
+		}
+		o.End, o.closed = t, true
+	}
+}
+
+// toWindows switches to fixed windows starting at t.
+func (s *stepper) toWindows(p *proc, t int64) {
+	s.mode = modeWindow
+	s.period, s.phase = 0, 0
+	s.hist = s.hist[:0]
+	s.boundary(t, true)
+}
+
+// tick advances fixed windows up to t, and gives up on a period whose step
+// has not ended for far longer than steps usually take (an eval phase, a
+// training loop that stopped syncing).
+func (s *stepper) tick(p *proc, t int64) {
+	n := len(s.steps)
+	if n == 0 || s.steps[n-1].closed {
+		return
+	}
+	o := s.steps[n-1]
+	switch s.mode {
+	case modeWindow:
+		w := int64(p.e.cfg.StepWindow)
+		for o.Start+w <= t {
+			s.boundary(o.Start+w, true)
+			o = s.steps[len(s.steps)-1]
+		}
+	case modePeriod:
+		if s.typical > 0 && t-o.Start > max(10*s.typical, warmupMax) {
+			p.e.log.Info("no step boundary for long, falling back to fixed windows", "pid", p.pid)
+			s.toWindows(p, t)
+		}
+	}
+}
+
+// lookup returns the pending step containing t.
+func (s *stepper) lookup(p *proc, t int64) *stepAcc {
+	if s.mode == modeWindow {
+		s.tick(p, t)
+	}
+	for i := len(s.steps) - 1; i >= 0; i-- {
+		if s.steps[i].Start <= t {
+			return s.steps[i]
+		}
+	}
+	return nil
+}
+
+// ready says whether every input of step st is final.
+func (p *proc) ready(st *stepAcc) bool {
+	e := p.e
+	if e.wm < st.End || len(p.held) > 0 {
+		return false
+	}
+	if p.gap != nil && p.gap.start < st.End {
+		return false
+	}
+	for _, c := range p.cands {
+		if c.lo < st.End {
+			return false
+		}
+	}
+	for _, s := range p.stalls {
+		if s.gap.Start < st.End {
+			return false
+		}
+	}
+	if p.aheadStart != 0 && p.aheadStart < st.End {
+		return false
+	}
+	if wEnd := p.device().coverEnd(st.End); wEnd > 0 && e.wm >= wEnd {
+		return true
+	}
+	return e.now-st.End >= windowWait
+}
+
+// finalizeSteps emits closed steps whose inputs are final, in order.
+func (p *proc) finalizeSteps(force bool) {
+	s := &p.st
+	k := 0
+	for k < len(s.steps) {
+		st := s.steps[k]
+		if !st.closed {
+			break
+		}
+		if !force && !p.ready(st) {
+			if len(s.steps)-k <= maxPendingSteps {
+				break
+			}
+			p.e.log.Warn("step waited too long for its inputs, emitting it incomplete", "pid", p.pid, "step", st.Number)
+		}
+		p.finishStep(st)
+		s.doneNum = st.Number
+		k++
+	}
+	if k > 0 {
+		copy(s.steps, s.steps[k:])
+		for i := len(s.steps) - k; i < len(s.steps); i++ {
+			s.steps[i] = nil
+		}
+		s.steps = s.steps[:len(s.steps)-k]
+		keep := p.keepFrom()
+		j := 0
+		for j < len(p.launchRec) && p.launchRec[j].t < keep {
+			j++
+		}
+		p.launchRec = append(p.launchRec[:0], p.launchRec[j:]...)
+	}
+}
+
+// finishStep computes the step's micro idle and emits it.
+func (p *proc) finishStep(st *stepAcc) {
+	e := p.e
+	d := p.device()
+	var open []span
+	if p.gap != nil && p.gap.start < e.wm {
+		open = append(open, span{p.gap.start, e.wm})
+	}
+	micro, nonGap := d.micro(st.Start, st.End, open)
+	if micro > 0 {
+		mask := d.gapsIn(st.Start, st.End, open)
+		at := e.newAttribution()
+		at.skipSync = true
+		for _, tid := range p.feeders {
+			if th := e.threads[tid]; th != nil {
+				at.thread(th, st.Start, st.End, mask)
+			}
+		}
+		for _, c := range spread(micro, at.byCause) {
+			st.ByCause[c.c] += c.ns
+			e.totals.ByCause[c.c] += c.ns
+		}
+		if nonGap > 0 {
+			d.noteDensity(float64(micro) / float64(nonGap))
+		}
+	} else if nonGap > 0 {
+		d.noteDensity(0)
+	}
+	st.MicroIdleNS = micro
+	st.IdleNS = st.BoundedIdleNS + micro
+	if dur := st.End - st.Start; dur > 0 {
+		st.IdleRatio = float64(st.IdleNS) / float64(dur)
+	}
+	st.PID, st.Device = p.pid, p.dev
+	for _, r := range p.launchRec {
+		if r.t >= st.Start && r.t < st.End {
+			st.Launches += r.n
+		}
+	}
+	if e.cfg.HW != nil {
+		st.HW = e.cfg.HW(p.dev, st.Start, st.End)
+	}
+	e.totals.GPUIdleNS += micro
+	e.totals.Steps++
+	if e.sink != nil {
+		e.sink.Step(st.Step)
+	}
+}
+
+type causeNS struct {
+	c  Cause
+	ns int64
+}
+
+// spread splits total across causes in proportion to weights, exactly
+// (largest remainder), in Causes order; with no weight it is all cpu.
+func spread(total int64, weights map[Cause]int64) []causeNS {
+	var sum int64
+	for _, w := range weights {
+		sum += w
+	}
+	if sum <= 0 {
+		return []causeNS{{CauseCPU, total}}
+	}
+	var out []causeNS
+	type rem struct {
+		i int
+		r int64
+	}
+	var rems []rem
+	var given int64
+	for _, c := range Causes {
+		w := weights[c]
+		if w <= 0 {
+			continue
+		}
+		// total*w can overflow int64 for day-long steps: use float for the
+		// share and fix the sum exactly below.
+		share := int64(float64(total) * float64(w) / float64(sum))
+		out = append(out, causeNS{c, share})
+		rems = append(rems, rem{len(out) - 1, int64(float64(total)*float64(w)/float64(sum)*1000) - share*1000})
+		given += share
+	}
+	sort.SliceStable(rems, func(i, j int) bool { return rems[i].r > rems[j].r })
+	for i := 0; given < total && len(rems) > 0; i = (i + 1) % len(rems) {
+		out[rems[i].i].ns++
+		given++
+	}
+	k := 0
+	for _, c := range out {
+		if c.ns > 0 {
+			out[k] = c
+			k++
+		}
+	}
+	return out[:k]
+}

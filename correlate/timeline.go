@@ -1,0 +1,252 @@
+package correlate
+
+import (
+	"sort"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// thread is one traced thread and its recent activity timeline: blocking
+// intervals (syscalls, runqueue waits, off-CPU, CUDA calls), kept sorted by
+// end time. Time not covered by any interval is on-CPU.
+type thread struct {
+	tid, pid uint32
+	comm     string
+	tl       []event.Event
+}
+
+func (t *thread) add(ev *event.Event) {
+	n := len(t.tl)
+	if n > 0 && t.tl[n-1].End > ev.End {
+		t.insert(ev)
+		return
+	}
+	t.tl = append(t.tl, *ev)
+	if len(t.tl) > maxIntervals {
+		t.dropFront(len(t.tl) - maxIntervals)
+	}
+}
+
+func (t *thread) insert(ev *event.Event) {
+	i := sort.Search(len(t.tl), func(i int) bool { return t.tl[i].End > ev.End })
+	t.tl = append(t.tl, event.Event{})
+	copy(t.tl[i+1:], t.tl[i:])
+	t.tl[i] = *ev
+	if len(t.tl) > maxIntervals {
+		t.dropFront(len(t.tl) - maxIntervals)
+	}
+}
+
+func (t *thread) dropFront(k int) {
+	copy(t.tl, t.tl[k:])
+	for i := len(t.tl) - k; i < len(t.tl); i++ {
+		t.tl[i] = event.Event{}
+	}
+	t.tl = t.tl[:len(t.tl)-k]
+}
+
+// trim forgets intervals that ended before keep.
+func (t *thread) trim(keep int64) {
+	k := 0
+	for k < len(t.tl) && t.tl[k].End < keep {
+		k++
+	}
+	if k > 0 {
+		t.dropFront(k)
+	}
+	if cap(t.tl) > 64 && len(t.tl) < cap(t.tl)/4 {
+		t.tl = append(make([]event.Event, 0, 2*len(t.tl)+8), t.tl...)
+	}
+}
+
+// overlapping returns the indexes of intervals that overlap [a,b).
+func (t *thread) overlapping(a, b int64) []int {
+	i := sort.Search(len(t.tl), func(i int) bool { return t.tl[i].End > a })
+	var out []int
+	for ; i < len(t.tl); i++ {
+		if t.tl[i].Start < b && t.tl[i].End > t.tl[i].Start {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// priority orders overlapping intervals: a CUDA call owns the syscalls
+// nested in it (a sync blocks in futex/ioctl/clock_nanosleep), runnable
+// time inside a syscall is contention, off-CPU time is the weakest fact.
+func priority(ev *event.Event) int {
+	switch ev.Kind {
+	case event.KindSync, event.KindMemcpy, event.KindAlloc, event.KindFree, event.KindGroupEnd:
+		return 4
+	case event.KindRunqueue:
+		return 3
+	case event.KindSyscall:
+		return 2
+	case event.KindOffCPU:
+		return 1
+	}
+	return 0
+}
+
+// segment is a piece of a thread's time: ev is nil for on-CPU time.
+type segment struct {
+	a, b int64
+	ev   *event.Event
+}
+
+// segments splits [a,b) of t's time by the dominant interval, skipping the
+// spans in mask (sorted, non-overlapping).
+func (t *thread) segments(a, b int64, mask []span) []segment {
+	if b <= a {
+		return nil
+	}
+	idx := t.overlapping(a, b)
+	pts := make([]int64, 0, 2*len(idx)+2)
+	pts = append(pts, a, b)
+	for _, i := range idx {
+		if s := t.tl[i].Start; s > a {
+			pts = append(pts, s)
+		}
+		if e := t.tl[i].End; e < b {
+			pts = append(pts, e)
+		}
+	}
+	for _, m := range mask {
+		if m.a > a && m.a < b {
+			pts = append(pts, m.a)
+		}
+		if m.b > a && m.b < b {
+			pts = append(pts, m.b)
+		}
+	}
+	sort.Slice(pts, func(i, j int) bool { return pts[i] < pts[j] })
+	var out []segment
+	mi := 0
+	for k := 0; k+1 < len(pts); k++ {
+		x, y := pts[k], pts[k+1]
+		if y <= x {
+			continue
+		}
+		for mi < len(mask) && mask[mi].b <= x {
+			mi++
+		}
+		if mi < len(mask) && mask[mi].a <= x && mask[mi].b >= y {
+			continue
+		}
+		var best *event.Event
+		bp := 0
+		for _, i := range idx {
+			ev := &t.tl[i]
+			if ev.Start <= x && ev.End >= y {
+				if p := priority(ev); p > bp {
+					best, bp = ev, p
+				}
+			}
+		}
+		if n := len(out); n > 0 && out[n-1].ev == best && out[n-1].b == x {
+			out[n-1].b = y
+			continue
+		}
+		out = append(out, segment{a: x, b: y, ev: best})
+	}
+	return out
+}
+
+// baseCause maps one blocking interval to a cause, before following wakers.
+func baseCause(ev *event.Event) Cause {
+	switch ev.Kind {
+	case event.KindMemcpy:
+		return CauseCUDAMemcpy
+	case event.KindAlloc, event.KindFree:
+		return CauseCUDAAlloc
+	case event.KindGroupEnd:
+		return CauseComm
+	case event.KindSync:
+		return CauseOther
+	case event.KindRunqueue:
+		return CauseCPUContention
+	case event.KindOffCPU:
+		if ev.Path != "" {
+			return CauseIORead // fault on a mapped file
+		}
+		return CauseOther
+	case event.KindSyscall:
+		switch ev.Syscall {
+		case event.SysRead:
+			switch {
+			case isFile(ev):
+				return CauseIORead
+			case ev.FDKind == event.FDSocket:
+				return CauseNet
+			}
+			return CauseOther
+		case event.SysWrite:
+			switch {
+			case isFile(ev):
+				return CauseIOWrite
+			case ev.FDKind == event.FDSocket:
+				return CauseNet
+			}
+			return CauseOther
+		case event.SysFsync:
+			return CauseIOWrite
+		case event.SysNet:
+			return CauseNet
+		case event.SysSleep:
+			return CauseSleep
+		}
+		return CauseOther
+	}
+	return CauseCPU
+}
+
+func isFile(ev *event.Event) bool {
+	return ev.FDKind == event.FDFile || (ev.FDKind == event.FDUnknown && len(ev.Path) > 0 && ev.Path[0] == '/')
+}
+
+// isWait reports whether ev is a wait on another task (a channel, a lock,
+// a readiness poll) rather than on a device or the network.
+func isWait(ev *event.Event) bool {
+	if ev.Kind != event.KindSyscall {
+		return false
+	}
+	switch ev.Syscall {
+	case event.SysFutex, event.SysPoll:
+		return true
+	case event.SysRead, event.SysNet:
+		switch ev.FDKind {
+		case event.FDPipe, event.FDOther:
+			return true
+		case event.FDSocket:
+			// A unix socket (no ip:port peer) is a local channel; a TCP/UDP
+			// peer is the network even when it is a traced process.
+			return ev.PeerAddr == ""
+		}
+	}
+	return false
+}
+
+func syscallName(ev *event.Event) string {
+	if ev.Name != "" {
+		return ev.Name
+	}
+	return ev.Syscall.String()
+}
+
+// opName names a blocking interval for HostOp and evidence.
+func opName(ev *event.Event) string {
+	switch ev.Kind {
+	case event.KindSyscall:
+		return syscallName(ev)
+	case event.KindRunqueue:
+		return "runqueue"
+	case event.KindOffCPU:
+		return "offcpu"
+	case event.KindGroupEnd:
+		return "ncclGroupEnd"
+	}
+	if ev.CUDA != event.CUDANone {
+		return ev.CUDA.String()
+	}
+	return ev.Kind.String()
+}

@@ -1,0 +1,244 @@
+package correlate
+
+import (
+	"sort"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// span is a half-open interval [a,b) of Unix ns.
+type span struct{ a, b int64 }
+
+// addSpan inserts s into the sorted, disjoint list l, merging overlaps.
+func addSpan(l []span, s span) []span {
+	if s.b <= s.a {
+		return l
+	}
+	i := sort.Search(len(l), func(i int) bool { return l[i].b >= s.a })
+	j := i
+	for j < len(l) && l[j].a <= s.b {
+		s.a = min(s.a, l[j].a)
+		s.b = max(s.b, l[j].b)
+		j++
+	}
+	if j == i {
+		l = append(l, span{})
+		copy(l[i+1:], l[i:])
+		l[i] = s
+		return l
+	}
+	l[i] = s
+	return append(l[:i+1], l[j:]...)
+}
+
+// overlapLen is how much of [a,b) the sorted disjoint list l covers.
+func overlapLen(l []span, a, b int64) int64 {
+	var n int64
+	i := sort.Search(len(l), func(i int) bool { return l[i].b > a })
+	for ; i < len(l) && l[i].a < b; i++ {
+		n += min(b, l[i].b) - max(a, l[i].a)
+	}
+	return n
+}
+
+// device is one GPU: its sampling windows and the gaps already bounded on
+// it, which the windows' idle totals are reconciled against.
+type device struct {
+	id int
+	// wins are the windows that give idle totals, sorted by start: NVML
+	// utilization samples when there are any (they measure "no kernel
+	// running", the definition of idle), else GPM.
+	wins   []event.GPUWindow
+	nvml   bool
+	maxEnd int64
+	// gpm are windows with SM activity, for confirming comm stalls.
+	gpm    []event.GPUWindow
+	gpmEnd int64
+	gaps   []span // emitted idle gaps
+	stalls []span // emitted comm stalls
+	// bg is the recent micro-idle density (idle per ns of non-gap time),
+	// -1 until a step measured it.
+	bg float64
+}
+
+func insertWindow(l []event.GPUWindow, w event.GPUWindow) []event.GPUWindow {
+	i := sort.Search(len(l), func(i int) bool { return l[i].Start >= w.Start })
+	if i < len(l) && l[i].Start == w.Start {
+		l[i] = w // a resent sample replaces the first
+		return l
+	}
+	l = append(l, event.GPUWindow{})
+	copy(l[i+1:], l[i:])
+	l[i] = w
+	return l
+}
+
+func (d *device) addWindow(w event.GPUWindow) {
+	if w.Source == event.SourceGPM && w.SMActivity >= 0 {
+		d.gpm = insertWindow(d.gpm, w)
+		d.gpmEnd = max(d.gpmEnd, w.End)
+	}
+	if w.Source == event.SourceGPM && d.nvml {
+		return
+	}
+	if w.Source != event.SourceGPM && !d.nvml {
+		d.nvml = true
+		d.wins, d.maxEnd = d.wins[:0], 0
+	}
+	d.wins = insertWindow(d.wins, w)
+	d.maxEnd = max(d.maxEnd, w.End)
+}
+
+// hidden returns the spans the idle windows must not count as unbounded
+// idle: the gaps, and for GPM (SM idle) also the comm stalls.
+func (d *device) hidden(extra []span) []span {
+	if len(extra) == 0 && d.nvml {
+		return d.gaps
+	}
+	l := append([]span(nil), d.gaps...)
+	if !d.nvml {
+		for _, s := range d.stalls {
+			l = addSpan(l, s)
+		}
+	}
+	for _, s := range extra {
+		l = addSpan(l, s)
+	}
+	return l
+}
+
+func (d *device) overlapping(a, b int64) []event.GPUWindow {
+	i := sort.Search(len(d.wins), func(i int) bool { return d.wins[i].End > a })
+	j := i
+	for j < len(d.wins) && d.wins[j].Start < b {
+		j++
+	}
+	return d.wins[i:j]
+}
+
+// micro is the unbounded idle of [s,e): each window's idle minus the gaps
+// in it, spread evenly over the window's non-gap time. nonGap is the
+// window-covered non-gap time of [s,e).
+func (d *device) micro(s, e int64, extra []span) (micro, nonGap int64) {
+	hid := d.hidden(extra)
+	var m float64
+	for _, w := range d.overlapping(s, e) {
+		wl := w.End - w.Start
+		g := overlapLen(hid, w.Start, w.End)
+		ng := wl - g
+		if ng <= 0 {
+			continue
+		}
+		u := w.IdleFraction*float64(wl) - float64(g)
+		if u <= 0 {
+			u = 0
+		}
+		a, b := max(s, w.Start), min(e, w.End)
+		in := (b - a) - overlapLen(hid, a, b)
+		m += u * float64(in) / float64(ng)
+		nonGap += in
+	}
+	return int64(m + 0.5), nonGap
+}
+
+// gapsIn returns the hidden spans clipped to [s,e).
+func (d *device) gapsIn(s, e int64, extra []span) []span {
+	var out []span
+	for _, h := range d.hidden(extra) {
+		if h.b <= s || h.a >= e {
+			continue
+		}
+		out = append(out, span{max(h.a, s), min(h.b, e)})
+	}
+	return out
+}
+
+// idleWithin estimates how much of [lo,hi) the GPU was idle: the windows'
+// idle, less the gaps already bounded, less the usual micro-idle density
+// over the rest of each window.
+func (d *device) idleWithin(lo, hi int64) int64 {
+	bg := max(d.bg, 0)
+	hid := d.hidden(nil)
+	var idle float64
+	for _, w := range d.overlapping(lo, hi) {
+		a, b := max(lo, w.Start), min(hi, w.End)
+		o := b - a
+		wl := w.End - w.Start
+		gAll := overlapLen(hid, w.Start, w.End)
+		gIn := overlapLen(hid, a, b)
+		gOut := gAll - gIn
+		out := max(wl-o-gOut, 0)
+		in := w.IdleFraction*float64(wl) - float64(gAll) - bg*float64(out)
+		in = min(max(in, 0), float64(o-gIn))
+		idle += in
+	}
+	return int64(idle + 0.5)
+}
+
+// coverEnd is the end of the first idle window that reaches t, 0 if none.
+func (d *device) coverEnd(t int64) int64 {
+	i := sort.Search(len(d.wins), func(i int) bool { return d.wins[i].End >= t })
+	if i < len(d.wins) {
+		return d.wins[i].End
+	}
+	return 0
+}
+
+// smActivity is the mean GPM SM activity over [a,b), -1 when unknown.
+func (d *device) smActivity(a, b int64) float64 {
+	var sum, n float64
+	i := sort.Search(len(d.gpm), func(i int) bool { return d.gpm[i].End > a })
+	for ; i < len(d.gpm) && d.gpm[i].Start < b; i++ {
+		w := d.gpm[i]
+		o := float64(min(b, w.End) - max(a, w.Start))
+		sum += w.SMActivity * o
+		n += o
+	}
+	if n == 0 {
+		return -1
+	}
+	return sum / n
+}
+
+func (d *device) noteDensity(x float64) {
+	if d.bg < 0 {
+		d.bg = x
+		return
+	}
+	d.bg += (x - d.bg) / 5
+}
+
+// trim forgets windows and spans that ended before keep.
+func (d *device) trim(keep int64) {
+	d.wins = trimWins(d.wins, keep)
+	d.gpm = trimWins(d.gpm, keep)
+	d.gaps = trimSpans(d.gaps, keep)
+	d.stalls = trimSpans(d.stalls, keep)
+}
+
+func trimWins(l []event.GPUWindow, keep int64) []event.GPUWindow {
+	k := 0
+	for k < len(l) && l[k].End < keep {
+		k++
+	}
+	if k == 0 {
+		return l
+	}
+	n := copy(l, l[k:])
+	for i := n; i < len(l); i++ {
+		l[i] = event.GPUWindow{}
+	}
+	return l[:n]
+}
+
+func trimSpans(l []span, keep int64) []span {
+	k := 0
+	for k < len(l) && l[k].b < keep {
+		k++
+	}
+	if k == 0 {
+		return l
+	}
+	n := copy(l, l[k:])
+	return l[:n]
+}

@@ -1,3 +1,5 @@
+//go:build ignore
+
 /*
  * cuda.c - the simulated CUDA driver (libcuda.so.1).
  *

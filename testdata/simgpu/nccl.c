@@ -1,3 +1,5 @@
+//go:build ignore
+
 /*
  * nccl.c - the simulated NCCL (libnccl.so.2).
  *

@@ -1,3 +1,5 @@
+//go:build ignore
+
 /*
  * simtrain - a simulated training process for the simulated GPU.
  *
@@ -39,8 +41,8 @@
 #define MAX_STALLS  32
 #define MAX_STREAMS 64
 #define MAX_WORKERS 64
-#define IO_CHUNK    (1u << 20)
-#define DATA_FILE_BYTES (256ull << 20)
+#define IO_CHUNK    (256u << 10)
+#define DATA_FILE_BYTES (64ull << 20)
 
 enum cause {
 	C_IO_READ,
@@ -542,10 +544,32 @@ static void reader_open(struct reader *r)
 		die("out of memory");
 }
 
+/*
+ * Paces a loop of blocking I/O calls to end as close to a deadline as it
+ * can: it stops early when the next call, at the recent average duration,
+ * would overshoot by more than stopping now undershoots. Disk latency on
+ * shared machines has outliers that one call can still carry past it.
+ */
+struct pacer {
+	uint64_t last, avg;
+};
+
+static int pacer_more(struct pacer *p, uint64_t deadline)
+{
+	uint64_t now = now_ns();
+	if (p->last != 0) {
+		uint64_t d = now - p->last;
+		p->avg = p->avg == 0 ? d : (p->avg * 3 + d) / 4;
+	}
+	p->last = now;
+	return now < deadline && now + p->avg / 2 < deadline;
+}
+
 static uint64_t read_cold_until(struct reader *r, uint64_t deadline)
 {
 	uint64_t total = 0;
-	while (now_ns() < deadline) {
+	struct pacer pc = {0, 0};
+	while (pacer_more(&pc, deadline)) {
 		if (r->off + IO_CHUNK > DATA_FILE_BYTES)
 			r->off = 0;
 		if (!r->direct)
@@ -584,8 +608,9 @@ static struct worker workers[MAX_WORKERS];
 static int nworkers, next_worker;
 
 struct loader_req {
-	uint32_t kind; /* 1 = read files, 2 = compute */
+	uint32_t kind;     /* 1 = read files, 2 = compute */
 	uint32_t ms;
+	uint64_t deadline; /* CLOCK_MONOTONIC: the reply is due then, however late the worker woke */
 };
 
 static void child_setup(const char *name)
@@ -597,11 +622,23 @@ static void child_setup(const char *name)
 	signal(SIGTERM, SIG_DFL);
 }
 
+struct loader_reply {
+	uint64_t bytes;
+	uint64_t run_delay_ns; /* the worker's own run-queue wait while serving */
+};
+
+static uint64_t thread_run_delay_ns(void);
+static int schedstat_fd;
+
 static void worker_main(int req_r, int reply_w)
 {
 	child_setup("simtrain-worker");
 	if (getppid() == 1)
 		_exit(0);
+	/* The inherited descriptor describes the trainer's main thread. */
+	if (schedstat_fd >= 0)
+		close(schedstat_fd);
+	schedstat_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
 	struct reader r;
 	int opened = 0;
 	struct loader_req q;
@@ -614,8 +651,8 @@ static void worker_main(int req_r, int reply_w)
 				continue;
 			_exit(1);
 		}
-		uint64_t deadline = now_ns() + (uint64_t)q.ms * 1000000ull;
-		uint64_t done = 0;
+		uint64_t deadline = q.deadline;
+		uint64_t done = 0, rd0 = thread_run_delay_ns();
 		if (q.kind == 1) {
 			if (!opened) {
 				reader_open(&r);
@@ -625,7 +662,8 @@ static void worker_main(int req_r, int reply_w)
 		} else {
 			spin_until(deadline);
 		}
-		if (write(reply_w, &done, sizeof(done)) != (ssize_t)sizeof(done))
+		struct loader_reply rep = {done, thread_run_delay_ns() - rd0};
+		if (write(reply_w, &rep, sizeof(rep)) != (ssize_t)sizeof(rep))
 			_exit(1);
 	}
 }
@@ -758,17 +796,17 @@ static void start_hog(void)
 		struct sched_param sp = {.sched_priority = 1};
 		if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0)
 			_exit(4);
-		uint32_t ms;
+		uint64_t deadline;
 		for (;;) {
-			ssize_t n = read(p[0], &ms, sizeof(ms));
+			ssize_t n = read(p[0], &deadline, sizeof(deadline));
 			if (n == 0)
 				_exit(0);
-			if (n != (ssize_t)sizeof(ms)) {
+			if (n != (ssize_t)sizeof(deadline)) {
 				if (n < 0 && errno == EINTR)
 					continue;
 				_exit(1);
 			}
-			spin_until(now_ns() + (uint64_t)ms * 1000000ull);
+			spin_until(deadline);
 			atomic_store(&hog->done, 1);
 		}
 	}
@@ -789,16 +827,27 @@ static void start_hog(void)
 	}
 }
 
+/*
+ * Run-queue wait of the main thread so far, from the kernel's schedstat
+ * ("on-CPU ns, run-queue wait ns, timeslices"). The file stays open so a
+ * sample costs one pread; it is recorded for every stall so that a scorer
+ * can tell time the machine's own load added (the thread was runnable but
+ * not running) from the injected cause.
+ */
+static int schedstat_fd = -1;
+
 static uint64_t thread_run_delay_ns(void)
 {
-	/* schedstat: on-CPU ns, run-queue wait ns, timeslices. */
-	FILE *f = fopen("/proc/thread-self/schedstat", "re");
-	if (f == NULL)
+	if (schedstat_fd < 0)
 		return 0;
+	char buf[128];
+	ssize_t n = pread(schedstat_fd, buf, sizeof(buf) - 1, 0);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
 	unsigned long long run = 0, wait = 0;
-	if (fscanf(f, "%llu %llu", &run, &wait) != 2)
-		wait = 0;
-	fclose(f);
+	if (sscanf(buf, "%llu %llu", &run, &wait) != 2)
+		return 0;
 	return wait;
 }
 
@@ -976,7 +1025,7 @@ static void run_stall(const struct stall *st, long step)
 		return;
 	}
 
-	uint64_t rd0 = st->c == C_CPU_CONTENTION ? thread_run_delay_ns() : 0;
+	uint64_t rd0 = thread_run_delay_ns();
 	uint64_t start = now_ns();
 	uint64_t deadline = start + ms_ns;
 	switch (st->c) {
@@ -1001,7 +1050,8 @@ static void run_stall(const struct stall *st, long step)
 			memset(ckpt_buf, 0x5a, IO_CHUNK);
 		}
 		uint64_t b = 0;
-		while (now_ns() < deadline) {
+		struct pacer pc = {0, 0};
+		while (pacer_more(&pc, deadline)) {
 			if (ckpt_off >= DATA_FILE_BYTES)
 				ckpt_off = 0;
 			if (pwrite(ckpt_fd, ckpt_buf, IO_CHUNK, (off_t)ckpt_off) != (ssize_t)IO_CHUNK)
@@ -1023,8 +1073,8 @@ static void run_stall(const struct stall *st, long step)
 	case C_LOADER_IO:
 	case C_LOADER_CPU: {
 		struct worker *w = &workers[next_worker++ % nworkers];
-		struct loader_req q = {st->c == C_LOADER_IO ? 1 : 2, (uint32_t)st->ms};
-		uint64_t got;
+		struct loader_req q = {st->c == C_LOADER_IO ? 1 : 2, (uint32_t)st->ms, deadline};
+		struct loader_reply got;
 		if (write(w->req_w, &q, sizeof(q)) != (ssize_t)sizeof(q))
 			die("send request to worker %d: %s", (int)w->pid, strerror(errno));
 		ssize_t n;
@@ -1032,8 +1082,11 @@ static void run_stall(const struct stall *st, long step)
 			;
 		if (n != (ssize_t)sizeof(got))
 			die("worker %d did not reply", (int)w->pid);
-		snprintf(extra, sizeof(extra), ",\"worker\":%d,\"worker_did\":\"%s\"", (int)w->pid,
-			 q.kind == 1 ? "io" : "cpu");
+		snprintf(extra, sizeof(extra),
+			 ",\"worker\":%d,\"worker_did\":\"%s\",\"bytes\":%llu,"
+			 "\"worker_run_delay_ns\":%llu",
+			 (int)w->pid, q.kind == 1 ? "io" : "cpu", (unsigned long long)got.bytes,
+			 (unsigned long long)got.run_delay_ns);
 		break;
 	}
 	case C_CUDA_MEMCPY: {
@@ -1068,8 +1121,7 @@ static void run_stall(const struct stall *st, long step)
 		spin_until(deadline);
 		break;
 	case C_CPU_CONTENTION: {
-		uint32_t m = (uint32_t)st->ms;
-		if (write(hog_req_w, &m, sizeof(m)) != (ssize_t)sizeof(m))
+		if (write(hog_req_w, &deadline, sizeof(deadline)) != (ssize_t)sizeof(deadline))
 			die("wake contention helper: %s", strerror(errno));
 		/* Runnable the whole time; on-CPU only when the helper lets us. */
 		while (!atomic_load(&hog->done))
@@ -1087,18 +1139,18 @@ static void run_stall(const struct stall *st, long step)
 		break;
 	}
 	uint64_t end = now_ns();
+	uint64_t rd = thread_run_delay_ns() - rd0;
 	if (st->c == C_CPU_CONTENTION) {
-		uint64_t rd = thread_run_delay_ns() - rd0;
-		snprintf(extra, sizeof(extra), ",\"run_delay_ns\":%llu,\"cpu\":%d,\"helper_pid\":%d",
-			 (unsigned long long)rd, hog_cpu, (int)hog_pid);
+		snprintf(extra, sizeof(extra), ",\"cpu\":%d,\"helper_pid\":%d", hog_cpu,
+			 (int)hog_pid);
 		sched_setaffinity(0, sizeof(oldset), &oldset);
 	}
 	if (truth_f != NULL)
 		bprintf(&truth_buf,
 			"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"%s\",\"start\":%llu,\"end\":%llu,"
-			"\"tid\":%d,\"ms\":%ld%s}\n",
+			"\"tid\":%d,\"ms\":%ld,\"run_delay_ns\":%llu%s}\n",
 			step, st->name, (unsigned long long)start, (unsigned long long)end, gettid_(),
-			st->ms, extra);
+			st->ms, (unsigned long long)rd, extra);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1186,6 +1238,7 @@ int main(int argc, char **argv)
 		if (truth_f == NULL)
 			die("create truth file %s: %s", opt.truth, strerror(errno));
 	}
+	schedstat_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
 	simgpu_set_busy_callback(on_busy, NULL);
 	setup_device();
 
@@ -1249,6 +1302,7 @@ int main(int argc, char **argv)
 			collective(step, i == ncoll - 1);
 
 		uint64_t comm_sync_start = 0;
+		uint64_t comm_rd0 = pending_comm_delay_ns > 0 ? thread_run_delay_ns() : 0;
 		if (opt.ctx_sync) {
 			uint64_t s = now_ns();
 			check_cu(cuCtxSynchronize(), "cuCtxSynchronize");
@@ -1275,10 +1329,12 @@ int main(int argc, char **argv)
 										 : comm_sync_start;
 				bprintf(&truth_buf,
 					"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"%s\",\"start\":%llu,"
-					"\"end\":%llu,\"tid\":%d,\"ms\":%llu,\"op\":\"AllReduce\"}\n",
+					"\"end\":%llu,\"tid\":%d,\"ms\":%llu,\"run_delay_ns\":%llu,"
+					"\"op\":\"AllReduce\"}\n",
 					step, pending_comm_name, (unsigned long long)s,
 					(unsigned long long)step_end, gettid_(),
-					(unsigned long long)(pending_comm_delay_ns / 1000000ull));
+					(unsigned long long)(pending_comm_delay_ns / 1000000ull),
+					(unsigned long long)(thread_run_delay_ns() - comm_rd0));
 			}
 			bprintf(&truth_buf,
 				"{\"type\":\"call\",\"what\":\"launch_count\",\"api\":\"%s\",\"step\":%ld,"

@@ -1,3 +1,5 @@
+//go:build ignore
+
 /*
  * timeline.c - shared virtual GPU timeline (see timeline.h).
  *

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"context"
+	"math"
 	"slices"
 	"time"
 
@@ -24,13 +25,26 @@ const (
 	calStep = 2 * time.Millisecond
 	// gpmMargin is how long after an estimated refresh the sampler reads:
 	// it covers the ±calStep/2 uncertainty plus timer jitter.
-	gpmMargin = 5 * time.Millisecond
-	// recalAligned / recalUnaligned: how often the phase is re-measured
-	// (clock drift between host and GPU) and how often alignment is retried
-	// while the GPU was busy but no refresh was seen yet.
-	recalAligned   = 30 * time.Second
+	gpmMargin = 10 * time.Millisecond
+	// recalUnaligned: how often alignment is retried while the GPU was busy
+	// but no refresh was seen yet.
 	recalUnaligned = 5 * time.Second
 )
+
+// recalAfter is how long after the n-th calibration (from 1) the phase is
+// measured again. Each calibration lengthens the span the period is
+// measured over, so the intervals can grow: the first period estimate
+// (a few %) drifts less than half a period within 1 s, the second within
+// 5 s, and from then on 30 s keeps the prediction within a few ms.
+func recalAfter(n int) time.Duration {
+	switch n {
+	case 0, 1:
+		return time.Second
+	case 2:
+		return 5 * time.Second
+	}
+	return 30 * time.Second
+}
 
 type gpmSampler struct {
 	s *Source
@@ -39,13 +53,15 @@ type gpmSampler struct {
 	prev, cur  nvml.GpmSample // steady-state pair
 	calA, calB nvml.GpmSample // calibration pair, so prev stays valid across a calibration
 
-	prevT    int64 // Unix ns of the prev sample (midpoint of the call); 0: none
-	lastEnd  int64 // end of the last window emitted
-	period   time.Duration
-	phase    int64 // Unix ns of one observed refresh; valid when aligned
-	aligned  bool
-	lastCal  time.Time
-	lastBusy bool // the last window showed SM activity
+	prevT        int64 // Unix ns of the prev sample (midpoint of the call); 0: none
+	lastEnd      int64 // end of the last window emitted
+	period       time.Duration
+	phase        int64 // Unix ns of one observed refresh; valid when aligned
+	anchor       int64 // Unix ns of the first refresh observed; 0 none
+	calibrations int
+	aligned      bool
+	lastCal      time.Time
+	lastBusy     bool // the last window showed SM activity
 }
 
 // get snapshots the counters into smp and returns the host time of the
@@ -105,7 +121,8 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 	if !ok {
 		return
 	}
-	var changes []int64
+	var changes []int64  // midpoints of the pairs that spanned a refresh
+	var spans [][2]int64 // the pairs themselves: the refresh lies inside
 	tick := time.NewTicker(calStep)
 	defer tick.Stop()
 	for len(changes) < 4 && time.Now().Before(deadline) {
@@ -120,6 +137,7 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 		}
 		if vals, ok := g.metrics(g.calA, g.calB); ok && changed(vals) {
 			changes = append(changes, (tA+tB)/2)
+			spans = append(spans, [2]int64{tA, tB})
 		}
 		g.calA, g.calB = g.calB, g.calA
 		tA = tB
@@ -128,24 +146,48 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 		g.s.log.Debug("gpm refresh not observed (idle GPU?); sampling unaligned", "device", g.d.info.Index)
 		return
 	}
+	// The period: spacings are whole multiples of it (a refresh of an idle
+	// GPU shows no change), so count periods against a first guess and
+	// divide the whole span by the count. Against the first refresh ever
+	// seen the span grows with every calibration, so the estimate converges
+	// and the predicted refreshes stop drifting from the real ones.
+	last := changes[len(changes)-1]
+	p := g.period
 	if len(changes) >= 2 {
 		var diffs []time.Duration
 		for i := 1; i < len(changes); i++ {
 			diffs = append(diffs, time.Duration(changes[i]-changes[i-1]))
 		}
-		// An idle refresh in between makes one spacing twice the period:
-		// the smallest spacing is the period.
-		p := slices.Min(diffs)
-		cfg := g.s.cfg.GPMInterval
-		if p >= cfg/2 && p <= 2*cfg {
-			g.period = p
-		} else {
-			g.s.log.Warn("gpm refresh period out of range; keeping the configured one",
-				"device", g.d.info.Index, "measured", p, "configured", cfg)
+		// The first time, the smallest spacing is the guess (any spacing is
+		// one or more periods, plus noise); later, the period measured so far.
+		guess := g.period
+		if g.anchor == 0 {
+			guess = slices.Min(diffs)
 		}
+		var n int64
+		for _, d := range diffs {
+			n += max(1, int64(math.Round(float64(d)/float64(guess))))
+		}
+		p = time.Duration((last - changes[0]) / n)
 	}
+	if g.anchor != 0 {
+		if n := math.Round(float64(last-g.anchor) / float64(g.period)); n >= 1 {
+			p = time.Duration(float64(last-g.anchor) / n)
+		}
+	} else {
+		g.anchor = changes[0]
+	}
+	cfg := g.s.cfg.GPMInterval
+	if p >= cfg/2 && p <= 2*cfg {
+		g.period = p
+	} else {
+		g.s.log.Warn("gpm refresh period out of range; keeping the configured one",
+			"device", g.d.info.Index, "measured", p, "configured", cfg)
+		g.anchor = 0
+	}
+	g.calibrations++
 	wasAligned := g.aligned
-	g.phase = changes[len(changes)-1]
+	g.phase = refreshPhase(spans, g.period)
 	g.aligned = true
 	g.d.mu.Lock()
 	g.d.gpmPeriod, g.d.gpmAligned = g.period, true
@@ -154,6 +196,26 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 		g.s.log.Info("gpm sampling aligned to the counter refresh", "device", g.d.info.Index,
 			"period", g.period, "refreshes_seen", len(changes))
 	}
+}
+
+// refreshPhase places the last refresh of spans as tightly as the spans
+// allow: each span (a pair of reads with a refresh between them), shifted by
+// whole periods, bounds the same instant; their intersection is narrower
+// than any single span. When the spans disagree (the period is off), the
+// last span's midpoint is used.
+func refreshPhase(spans [][2]int64, period time.Duration) int64 {
+	last := spans[len(spans)-1]
+	lo, hi := last[0], last[1]
+	p := float64(period)
+	for _, sp := range spans[:len(spans)-1] {
+		k := int64(math.Round(float64((last[0]+last[1])/2-(sp[0]+sp[1])/2)/p)) * int64(period)
+		nlo, nhi := max(lo, sp[0]+k), min(hi, sp[1]+k)
+		if nlo > nhi {
+			return (last[0] + last[1]) / 2
+		}
+		lo, hi = nlo, nhi
+	}
+	return (lo + hi) / 2
 }
 
 // boundary is the latest estimated refresh at or before t.
@@ -207,7 +269,7 @@ func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWind
 	defer timer.Stop()
 	for {
 		now := time.Now().UnixNano()
-		due := (g.aligned && time.Since(g.lastCal) > recalAligned) ||
+		due := (g.aligned && time.Since(g.lastCal) > recalAfter(g.calibrations)) ||
 			(!g.aligned && g.lastBusy && time.Since(g.lastCal) > recalUnaligned)
 		if due {
 			g.calibrate(ctx)
@@ -232,12 +294,12 @@ func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWind
 			}
 			continue
 		}
-		start, end := g.prevT, t
+		// Windows chain end to start; the counters in a sample are those of
+		// the refresh before it.
+		start, end := g.lastEnd, t
 		if g.aligned {
-			// The counters in a sample are those of the refresh before it.
-			start, end = g.boundary(g.prevT), g.boundary(t)
+			end = g.boundary(t)
 		}
-		start = max(start, g.lastEnd)
 		if end <= start {
 			continue // no refresh since prev: keep prev, read again later
 		}

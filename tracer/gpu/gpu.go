@@ -190,6 +190,7 @@ type Source struct {
 
 	changes chan Finding
 	ran     atomic.Bool
+	running atomic.Bool
 	closed  atomic.Bool
 
 	tracedMu sync.Mutex
@@ -370,6 +371,8 @@ func (s *Source) Run(ctx context.Context, windows chan<- event.GPUWindow) error 
 			return false
 		}
 	}
+	s.running.Store(true)
+	defer s.running.Store(false)
 	var wg sync.WaitGroup
 	for _, d := range s.devs {
 		wg.Go(func() { s.utilLoop(ctx, d, emit) })

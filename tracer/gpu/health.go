@@ -382,12 +382,13 @@ func (s *Source) sendChange(f Finding) {
 }
 
 // Health returns the hardware layer of every device: the findings of the
-// latest state read during Run, or of a fresh read when Run is not running.
+// latest state read while Run runs, or of a fresh read otherwise.
 func (s *Source) Health() []Finding {
 	var out []Finding
 	for _, d := range s.devs {
 		d.mu.Lock()
-		fresh := len(d.snaps) > 0 && time.Since(time.Unix(0, d.snaps[len(d.snaps)-1].t)) < 2*s.cfg.HWInterval
+		fresh := s.running.Load() && len(d.snaps) > 0 &&
+			time.Since(time.Unix(0, d.snaps[len(d.snaps)-1].t)) < 2*s.cfg.HWInterval
 		var fs []Finding
 		for _, f := range d.findings {
 			fs = append(fs, f)

@@ -109,7 +109,10 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 	if r.mode == "otlp" {
 		ep := "from environment"
 		if r.endpointURL != nil {
-			ep = r.endpointURL.String()
+			ep = r.endpointURL.Host
+			if r.endpointURL.Scheme != "" {
+				ep = r.endpointURL.String()
+			}
 		}
 		attrs = append(attrs, "protocol", r.protocol, "endpoint", ep, "otlp_metrics", r.otlpMetrics)
 	} else {

@@ -273,7 +273,9 @@ func TestSilentCollectorNeverBlocks(t *testing.T) {
 			t.Fatalf("queue %d over its bound %d", q, queue)
 		}
 	}
-	if worst > 100*time.Millisecond {
+	// Blocking on the collector would cost the export timeout (10 s); less
+	// than that is scheduling noise on a loaded machine.
+	if worst > 2*time.Second {
 		t.Errorf("slowest Gap+Step took %s with a silent collector", worst)
 	}
 	if d := x.Stats().SpansDropped; d == 0 {

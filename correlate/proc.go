@@ -166,6 +166,9 @@ func (p *proc) onEnqueue(th *thread, ev *event.Event) {
 	case event.KindCollective:
 		p.colls++
 	}
+	if h := p.st.hist; len(h) > 0 && h[len(h)-1].post < 0 {
+		h[len(h)-1].post = max(t-h[len(h)-1].end, 0)
+	}
 	if p.gap != nil {
 		p.closeGap(th, t)
 	}

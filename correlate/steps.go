@@ -32,6 +32,10 @@ type syncSig struct {
 	end      int64
 	wait     int64
 	idx      int64
+	// post is the host time from the sync's return to the next enqueue,
+	// -1 until known: fetching the next batch makes it longest after the
+	// step's last sync.
+	post int64
 }
 
 func sigEq(a, b *syncSig) bool {
@@ -79,7 +83,7 @@ func (s *stepper) slot() int {
 // patternSync feeds one synchronisation to step detection.
 func (p *proc) patternSync(ev *event.Event) {
 	sig := syncSig{cuda: ev.CUDA, stream: ev.Stream, launches: p.launches, copies: p.copies, colls: p.colls,
-		end: ev.End, wait: ev.Duration()}
+		end: ev.End, wait: ev.Duration(), post: -1}
 	p.launches, p.copies, p.colls = 0, 0, 0
 	p.st.onSync(p, sig)
 }
@@ -155,20 +159,7 @@ func detect(hist []syncSig) (period, phase int, ok bool) {
 		if cmp < need || float64(match) < matchMin*float64(cmp) {
 			continue
 		}
-		best, bestWait := 0, int64(-1)
-		for r := 0; r < P; r++ {
-			var waits []int64
-			for i := lo - P; i < len(hist); i++ {
-				if int(hist[i].idx%int64(P)) == r {
-					waits = append(waits, hist[i].wait)
-				}
-			}
-			sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
-			if m := waits[len(waits)/2]; m > bestWait {
-				best, bestWait = r, m
-			}
-		}
-		return P, best, true
+		return P, phaseOf(hist[lo-P:], P), true
 	}
 	return 0, 0, false
 }
@@ -441,4 +432,47 @@ func spread(total int64, weights map[Cause]int64) []causeNS {
 		}
 	}
 	return out[:k]
+}
+
+// phaseOf picks which sync of a period ends the step: the one after which
+// the host takes clearly longest to enqueue again (it fetches the next
+// batch), else the one that waits longest (the end of the step's work).
+func phaseOf(h []syncSig, P int) int {
+	if P == 1 {
+		return 0
+	}
+	median := func(r int, f func(*syncSig) int64) int64 {
+		var v []int64
+		for i := range h {
+			if int(h[i].idx%int64(P)) == r {
+				if x := f(&h[i]); x >= 0 {
+					v = append(v, x)
+				}
+			}
+		}
+		if len(v) == 0 {
+			return -1
+		}
+		sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+		return v[len(v)/2]
+	}
+	best, first, second := 0, int64(-1), int64(-1)
+	for r := 0; r < P; r++ {
+		m := median(r, func(s *syncSig) int64 { return s.post })
+		if m > first {
+			best, first, second = r, m, first
+		} else if m > second {
+			second = m
+		}
+	}
+	if first >= 200*int64(1000) && first >= 2*max(second, 0) {
+		return best
+	}
+	best, first = 0, -1
+	for r := 0; r < P; r++ {
+		if m := median(r, func(s *syncSig) int64 { return s.wait }); m > first {
+			best, first = r, m
+		}
+	}
+	return best
 }

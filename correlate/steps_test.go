@@ -1,0 +1,208 @@
+package correlate
+
+import (
+	"testing"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+func readStall(s *gpuSim, d int64) {
+	s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "read", FDKind: event.FDFile, Path: "/d"}, d)
+}
+
+func TestStepDetection(t *testing.T) {
+	type stepFn func(s *gpuSim, i int)
+	oneSync := func(s *gpuSim, i int) { s.step(20, 2*ms, 100*us) }
+	// forward (loss.item() sync), then backward + optimizer + batch copy
+	// and the step's final sync: two syncs per step.
+	twoSyncs := func(s *gpuSim, i int) {
+		s.copyAsync(ms, 1)
+		s.launches(10, 2*ms, 100*us)
+		s.sync()
+		s.launches(25, 2*ms, 100*us)
+		s.sync()
+	}
+	threeSyncs := func(s *gpuSim, i int) {
+		s.t += 800 * us // collate the next batch: a micro-gap (on-CPU, no syscall)
+		s.launches(4, ms, 100*us)
+		s.sync()
+		s.launches(12, 2*ms, 100*us)
+		s.sync()
+		s.launches(6, ms, 50*us)
+		s.collective(event.NCCLAllReduce, 2*ms)
+		s.sync()
+	}
+	for _, tc := range []struct {
+		name   string
+		step   stepFn
+		steps  int
+		stalls map[int]int64 // step index -> stall before it
+	}{
+		{"one sync per step", oneSync, 40, nil},
+		{"one sync per step with stalls", oneSync, 40, map[int]int64{9: 40 * ms, 17: 120 * ms, 18: 5 * ms, 30: 300 * ms}},
+		{"two syncs per step with stalls", twoSyncs, 40, map[int]int64{11: 60 * ms, 25: 30 * ms}},
+		{"three syncs per step", threeSyncs, 30, map[int]int64{14: 50 * ms}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim()
+			starts := make([]int64, 0, tc.steps)
+			stallAt := map[int64]int{}
+			for i := 0; i < tc.steps; i++ {
+				starts = append(starts, s.t)
+				if d, ok := tc.stalls[i]; ok {
+					stallAt[s.t] = i
+					readStall(s, d)
+				}
+				tc.step(s, i)
+			}
+			end := s.t
+			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+			c := &collect{}
+			sum := feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+			// Every true step boundary but the ones in the detection warm-up
+			// is a step boundary, and no other boundary exists.
+			var periodic []Step
+			for _, st := range c.steps {
+				if !st.Window {
+					periodic = append(periodic, st)
+				}
+			}
+			if len(periodic) < tc.steps-8 {
+				t.Fatalf("%d periodic steps for %d true steps", len(periodic), tc.steps)
+			}
+			truth := map[int64]bool{}
+			for _, a := range starts[1:] {
+				truth[a] = true
+			}
+			truth[end] = true
+			for _, st := range periodic {
+				if !truthNear(truth, st.Start) || !truthNear(truth, st.End) {
+					t.Errorf("step %d [%d,%d] is not on true boundaries", st.Number, st.Start-t0, st.End-t0)
+				}
+			}
+			for i := 1; i < len(c.steps); i++ {
+				if c.steps[i].Number != c.steps[i-1].Number+1 || c.steps[i].Start != c.steps[i-1].End {
+					t.Errorf("steps %d and %d do not tile", c.steps[i-1].Number, c.steps[i].Number)
+				}
+			}
+			// Each stall's gap is in the step that starts at it.
+			nstall := 0
+			for _, g := range bigGaps(c.gaps) {
+				i, ok := stallAt[g.Start]
+				if !ok {
+					for a, j := range stallAt {
+						if near(g.Start, a, 20*us) {
+							i, ok = j, true
+						}
+					}
+				}
+				if !ok {
+					t.Errorf("unexpected gap %+v", g)
+					continue
+				}
+				nstall++
+				var st *Step
+				for k := range c.steps {
+					if c.steps[k].Number == g.Step {
+						st = &c.steps[k]
+					}
+				}
+				if st == nil || !near(st.Start, starts[i], 20*us) {
+					t.Errorf("stall before true step %d landed in step %+v", i, st)
+				}
+			}
+			if nstall != len(tc.stalls) {
+				t.Errorf("found %d of %d stalls", nstall, len(tc.stalls))
+			}
+			checkTotals(t, c, sum)
+		})
+	}
+}
+
+func truthNear(truth map[int64]bool, t int64) bool {
+	for a := range truth {
+		if near(a, t, 20*us) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestFixedWindowsFallback(t *testing.T) {
+	// A loop that never synchronises: launches only, with host stalls.
+	s := newSim()
+	for s.t < t0+5_500*ms {
+		s.launches(50, 200*us, 300*us)
+	}
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	sum := feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	if len(c.steps) < 5 {
+		t.Fatalf("%d windows", len(c.steps))
+	}
+	for i, st := range c.steps {
+		if !st.Window {
+			t.Errorf("step %d is not a window", st.Number)
+		}
+		if i < len(c.steps)-1 && st.End-st.Start != int64(DefaultStepWindow) {
+			t.Errorf("window %d lasts %d", st.Number, st.End-st.Start)
+		}
+		if i < len(c.steps)-1 {
+			truth := s.idle(st.Start, st.End)
+			if !near(st.IdleNS, truth, truth/20) {
+				t.Errorf("window %d idle %d, truth %d", st.Number, st.IdleNS, truth)
+			}
+			if st.ByCause[CauseCPU] != st.MicroIdleNS {
+				t.Errorf("window %d micro not attributed to cpu: %v", st.Number, st.ByCause)
+			}
+		}
+	}
+	checkTotals(t, c, sum)
+}
+
+// TestLaunchBoundStepIdle is the accuracy target in miniature: in a
+// launch-bound loop most idle is micro-gaps; per-step total idle (bounded
+// + micro) must be within 5% of the truth.
+func TestLaunchBoundStepIdle(t *testing.T) {
+	s := newSim()
+	var starts []int64
+	for i := 0; i < 60; i++ {
+		starts = append(starts, s.t)
+		if i%10 == 9 {
+			readStall(s, 25*ms)
+		}
+		s.launches(150, 60*us, 140*us) // GPU ~30% busy: launch-bound
+		s.sync()
+	}
+	starts = append(starts, s.t)
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	sum := feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	checked := 0
+	var totalErr, totalTruth int64
+	for _, st := range c.steps {
+		if st.Window {
+			continue
+		}
+		truth := s.idle(st.Start, st.End)
+		checked++
+		d := st.IdleNS - truth
+		if d < 0 {
+			d = -d
+		}
+		totalErr += d
+		totalTruth += truth
+		if float64(d) > 0.05*float64(truth) {
+			t.Errorf("step %d idle %.2f ms, truth %.2f ms (micro %.2f, bounded %.2f)", st.Number,
+				float64(st.IdleNS)/1e6, float64(truth)/1e6, float64(st.MicroIdleNS)/1e6, float64(st.BoundedIdleNS)/1e6)
+		}
+		if st.MicroIdleNS == 0 || st.ByCause[CauseCPU] < st.MicroIdleNS*9/10 {
+			t.Errorf("step %d micro %d by cause %v", st.Number, st.MicroIdleNS, st.ByCause)
+		}
+	}
+	if checked < 50 {
+		t.Fatalf("only %d steps checked", checked)
+	}
+	t.Logf("%d steps, mean per-step |error| %.2f%% of idle", checked, 100*float64(totalErr)/float64(totalTruth))
+	checkTotals(t, c, sum)
+}

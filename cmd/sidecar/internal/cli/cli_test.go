@@ -1,0 +1,518 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
+	"github.com/gaptrace/gaptrace/correlate"
+)
+
+// The test binary doubles as gaptrace's exec helper, as the real binary
+// does, so run sessions start real commands the real way.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == proc.ExecHelperArg {
+		os.Exit(proc.ExecHelper(os.Args[2:]))
+	}
+	os.Exit(m.Run())
+}
+
+// fakePipe stands in for the tracing machinery.
+type fakePipe struct {
+	mu       sync.Mutex
+	pc       PipelineConfig
+	traced   []int
+	cmdlines []string // of each pid at Trace time
+	onTrace  func(pid int) error
+	gaps     []correlate.Gap
+	runs     int
+	closes   int
+	closedAt time.Time
+}
+
+func (f *fakePipe) Trace(pid int) error {
+	cl, _ := proc.Cmdline(pid)
+	f.mu.Lock()
+	f.traced = append(f.traced, pid)
+	f.cmdlines = append(f.cmdlines, cl)
+	hook := f.onTrace
+	f.mu.Unlock()
+	if hook != nil {
+		return hook(pid)
+	}
+	return nil
+}
+
+func (f *fakePipe) Run(ctx context.Context) error {
+	f.mu.Lock()
+	f.runs++
+	f.mu.Unlock()
+	for _, g := range f.gaps {
+		f.pc.Sink.Gap(g)
+	}
+	f.pc.Sink.Step(correlate.Step{PID: 1, Number: 1, Start: 0, End: int64(100 * time.Millisecond), IdleNS: int64(40 * time.Millisecond),
+		ByCause: map[correlate.Cause]int64{correlate.CauseIORead: int64(40 * time.Millisecond)}})
+	<-ctx.Done()
+	return nil
+}
+
+func (f *fakePipe) Stats() live.Stats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return live.Stats{Targets: append([]int(nil), f.traced...), Drops: 2}
+}
+
+func (f *fakePipe) Close(context.Context) (correlate.Summary, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closes++
+	f.closedAt = time.Now()
+	return correlate.Summary{WallNS: int64(time.Second), GPUIdleNS: int64(400 * time.Millisecond), Steps: 10, Gaps: int64(len(f.gaps)),
+		ByCause: map[correlate.Cause]int64{correlate.CauseIORead: int64(400 * time.Millisecond)}}, nil
+}
+
+func (f *fakePipe) tracedPIDs() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int(nil), f.traced...)
+}
+
+type harness struct {
+	pipe           *fakePipe
+	stdout, stderr *syncBuffer
+	deps           Deps
+	env            map[string]string
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	h := &harness{pipe: &fakePipe{}, stdout: &syncBuffer{}, stderr: &syncBuffer{}, env: map[string]string{}}
+	t.Chdir(t.TempDir()) // default spans file lands here
+	h.deps = Deps{
+		Version: "test",
+		NewPipeline: func(_ context.Context, pc PipelineConfig) (Pipeline, error) {
+			h.pipe.pc = pc
+			return h.pipe, nil
+		},
+		Privileged: func() error { return nil },
+		Stdout:     h.stdout,
+		Stderr:     h.stderr,
+		Getenv:     func(k string) string { return h.env[k] },
+	}
+	return h
+}
+
+func (h *harness) main(ctx context.Context, args ...string) int {
+	return Main(ctx, args, h.deps)
+}
+
+func TestRunPassesExitCodeThrough(t *testing.T) {
+	for _, tc := range []struct {
+		script string
+		want   int
+	}{{"exit 0", 0}, {"exit 7", 7}, {"kill -TERM $$", 128 + 15}, {"kill -KILL $$", 128 + 9}} {
+		h := newHarness(t)
+		if got := h.main(context.Background(), "run", "--live", "off", "--", "sh", "-c", tc.script); got != tc.want {
+			t.Errorf("run sh -c %q: exit %d, want %d; stderr:\n%s", tc.script, got, tc.want, h.stderr)
+		}
+		if h.pipe.closes != 1 {
+			t.Errorf("%q: pipeline closed %d times, want once", tc.script, h.pipe.closes)
+		}
+	}
+}
+
+func TestRunTracesBeforeTheCommandStarts(t *testing.T) {
+	h := newHarness(t)
+	if code := h.main(context.Background(), "run", "--live", "off", "--", "sh", "-c", "exit 0"); code != 0 {
+		t.Fatalf("exit %d: %s", code, h.stderr)
+	}
+	if len(h.pipe.traced) != 1 {
+		t.Fatalf("traced %v, want one pid", h.pipe.traced)
+	}
+	// At Trace time the child must still be the held exec helper, not the
+	// command: nothing of the command ran untraced.
+	if cl := h.pipe.cmdlines[0]; !strings.Contains(cl, proc.ExecHelperArg) {
+		t.Errorf("cmdline at Trace time %q: the command was already running", cl)
+	}
+}
+
+func TestRunCommandNotFound(t *testing.T) {
+	h := newHarness(t)
+	code := h.main(context.Background(), "run", "--", "no-such-command-gaptrace")
+	if code != ExitFailure {
+		t.Errorf("exit %d, want %d", code, ExitFailure)
+	}
+	if !strings.Contains(h.stderr.String(), `command "no-such-command-gaptrace"`) {
+		t.Errorf("stderr: %s", h.stderr)
+	}
+	if h.pipe.closes != 1 {
+		t.Errorf("pipeline closed %d times, want once (nothing left attached)", h.pipe.closes)
+	}
+}
+
+func TestRunTraceFailureDoesNotRunCommand(t *testing.T) {
+	h := newHarness(t)
+	marker := filepath.Join(t.TempDir(), "ran")
+	h.pipe.onTrace = func(int) error { return errors.New("attach uprobe cuLaunchKernel: permission denied") }
+	code := h.main(context.Background(), "run", "--", "touch", marker)
+	if code != ExitFailure {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("the command ran although tracing failed")
+	}
+	if !strings.Contains(h.stderr.String(), "permission denied") {
+		t.Errorf("stderr: %s", h.stderr)
+	}
+}
+
+func TestRunWritesOutputsAndSummary(t *testing.T) {
+	h := newHarness(t)
+	dir := t.TempDir()
+	gaps, sum := filepath.Join(dir, "gaps.jsonl"), filepath.Join(dir, "summary.json")
+	h.pipe.gaps = []correlate.Gap{
+		{PID: 1, TID: 2, Duration: 5e6, Cause: correlate.CauseIORead, Breakdown: map[correlate.Cause]int64{correlate.CauseIORead: 5e6}},
+		{PID: 1, TID: 2, Duration: 7e6, Cause: correlate.CauseNet},
+	}
+	code := h.main(context.Background(), "run", "--live", "off", "--gaps-out", gaps, "--summary-json", sum, "--", "sh", "-c", "sleep 0.2")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, h.stderr)
+	}
+	b, err := os.ReadFile(gaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("gaps file has %d lines, want 2:\n%s", len(lines), b)
+	}
+	var g map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &g); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"pid", "tid", "device", "step", "start_unix_nano", "end_unix_nano", "duration_ns", "cause", "breakdown", "evidence"} {
+		if _, ok := g[k]; !ok {
+			t.Errorf("gap line lacks %q: %s", k, lines[0])
+		}
+	}
+	b, err = os.ReadFile(sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s map[string]any
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"wall_ns", "gpu_idle_ns", "by_cause", "steps", "gaps", "dropped_events"} {
+		if _, ok := s[k]; !ok {
+			t.Errorf("summary lacks %q: %s", k, b)
+		}
+	}
+	if s["dropped_events"].(float64) != 2 {
+		t.Errorf("dropped_events %v, want the pipeline's 2", s["dropped_events"])
+	}
+	out := h.stdout.String()
+	for _, want := range []string{"summary", "GPU idle 40.0%", "io.read", "gaps     " + gaps, "spans    gaptrace-spans.jsonl"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out)
+		}
+	}
+	if h.pipe.pc.Spans != "gaptrace-spans.jsonl" {
+		t.Errorf("spans file %q, want the default in file mode", h.pipe.pc.Spans)
+	}
+}
+
+func TestRunOTLPModeHasNoDefaultSpansFile(t *testing.T) {
+	h := newHarness(t)
+	h.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://collector:4318"
+	if code := h.main(context.Background(), "run", "--live", "off", "--", "true"); code != 0 {
+		t.Fatalf("exit %d: %s", code, h.stderr)
+	}
+	if h.pipe.pc.Spans != "" {
+		t.Errorf("spans file %q with an OTLP endpoint, want none", h.pipe.pc.Spans)
+	}
+	if !strings.Contains(h.stdout.String(), "OTLP     http://collector:4318") {
+		t.Errorf("summary does not say where spans went:\n%s", h.stdout)
+	}
+}
+
+func TestRunDurationStopsTracingNotTheCommand(t *testing.T) {
+	h := newHarness(t)
+	start := time.Now()
+	code := h.main(context.Background(), "run", "--live", "off", "--duration", "200ms", "--", "sh", "-c", "sleep 1; exit 3")
+	if code != 3 {
+		t.Fatalf("exit %d, want the command's 3: %s", code, h.stderr)
+	}
+	if d := h.pipe.closedAt.Sub(start); d > 900*time.Millisecond {
+		t.Errorf("tracing stopped after %v, want about 200ms", d)
+	}
+	if time.Since(start) < time.Second {
+		t.Error("returned before the command exited")
+	}
+}
+
+func TestLogLinesWhenNotATerminal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a 5 s log period")
+	}
+	h := newHarness(t)
+	if code := h.main(context.Background(), "run", "--", "sleep", "5.5"); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if n := strings.Count(h.stdout.String(), "gaptrace elapsed="); n != 1 {
+		t.Errorf("%d log lines in 5.5 s, want 1:\n%s", n, h.stdout)
+	}
+	if strings.Contains(h.stdout.String(), "\x1b[") {
+		t.Error("escape sequences written to a non-terminal")
+	}
+}
+
+func TestLiveViewOnTerminal(t *testing.T) {
+	h := newHarness(t)
+	h.deps.IsTerminal = func() (bool, int) { return true, 90 }
+	if code := h.main(context.Background(), "run", "--", "sleep", "1.3"); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	out := h.stdout.String()
+	if !strings.Contains(out, "\x1b[J") || !strings.Contains(out, "idle by cause") {
+		t.Errorf("no live frame drawn:\n%q", out)
+	}
+	// The summary comes after the last frame was cleared.
+	if i, j := strings.LastIndex(out, "\x1b[J"), strings.Index(out, "summary\n"); j < i {
+		t.Errorf("summary printed before the last frame was cleared")
+	}
+}
+
+func TestBadFlagsReportEverything(t *testing.T) {
+	h := newHarness(t)
+	code := h.main(context.Background(), "run", "--probes", "some", "--min-gap", "x", "--gaps-out", "/nonexistent/g.jsonl", "--", "true")
+	if code != ExitUsage {
+		t.Errorf("exit %d, want 2", code)
+	}
+	e := h.stderr.String()
+	for _, want := range []string{"invalid configuration", "--probes", "--min-gap", "--gaps-out"} {
+		if !strings.Contains(e, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, e)
+		}
+	}
+	if h.pipe.runs != 0 || len(h.pipe.traced) != 0 {
+		t.Error("pipeline used despite bad configuration")
+	}
+}
+
+func TestNotPrivileged(t *testing.T) {
+	h := newHarness(t)
+	h.deps.Privileged = func() error { return errors.New("missing capabilities CAP_BPF, CAP_PERFMON") }
+	for _, args := range [][]string{{"run", "--", "true"}, {"attach", "--pid", "1"}, {"demo"}} {
+		h.stderr.b.Reset()
+		if code := h.main(context.Background(), args...); code != ExitFailure {
+			t.Errorf("%v: exit %d, want 1", args, code)
+		}
+		if got := h.stderr.String(); !strings.Contains(got, "cannot trace: missing capabilities CAP_BPF") || strings.Count(got, "\n") != 1 {
+			t.Errorf("%v: want one clear line, got:\n%s", args, got)
+		}
+	}
+}
+
+func TestAttachNoSuchPID(t *testing.T) {
+	h := newHarness(t)
+	pid := unusedPID(t)
+	if code := h.main(context.Background(), "attach", "--pid", fmt.Sprint(pid)); code != ExitFailure {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if got, want := h.stderr.String(), fmt.Sprintf("gaptrace attach: no such process: pid %d\n", pid); got != want {
+		t.Errorf("stderr %q, want %q", got, want)
+	}
+}
+
+func unusedPID(t *testing.T) int {
+	for pid := 4_000_000; pid > 3_000_000; pid -= 7919 {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+			return pid
+		}
+	}
+	t.Fatal("no unused pid")
+	return 0
+}
+
+func startSleep(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", args...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return cmd
+}
+
+func TestAttachProcessExitsWhileAttaching(t *testing.T) {
+	h := newHarness(t)
+	cmd := startSleep(t, "30")
+	inner := h.deps.NewPipeline
+	h.deps.NewPipeline = func(ctx context.Context, pc PipelineConfig) (Pipeline, error) {
+		// The target dies while probes load.
+		cmd.Process.Kill()
+		cmd.Wait()
+		return inner(ctx, pc)
+	}
+	code := h.main(context.Background(), "attach", "--pid", fmt.Sprint(cmd.Process.Pid))
+	if code != ExitFailure {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if got, want := h.stderr.String(), fmt.Sprintf("gaptrace attach: process %d exited while attaching\n", cmd.Process.Pid); got != want {
+		t.Errorf("stderr %q, want %q", got, want)
+	}
+	if h.pipe.closes != 1 {
+		t.Errorf("pipeline closed %d times, want 1", h.pipe.closes)
+	}
+}
+
+func TestAttachNoCUDALibrary(t *testing.T) {
+	h := newHarness(t)
+	cmd := startSleep(t, "30")
+	code := h.main(context.Background(), "attach", "--live", "off", "--cuda-wait", "300ms", "--pid", fmt.Sprint(cmd.Process.Pid))
+	if code != ExitFailure {
+		t.Errorf("exit %d, want 1", code)
+	}
+	e := h.stderr.String()
+	if !strings.Contains(e, "no CUDA library in the target") || !strings.Contains(e, "libcuda.so") {
+		t.Errorf("stderr:\n%s", e)
+	}
+	if h.pipe.closes != 1 {
+		t.Error("pipeline not closed")
+	}
+	if !strings.Contains(h.stdout.String(), "summary") {
+		t.Error("no summary printed")
+	}
+}
+
+func TestAttachUntilTargetExits(t *testing.T) {
+	h := newHarness(t)
+	cmd := startSleep(t, "0.5")
+	code := h.main(context.Background(), "attach", "--live", "off", "--cuda-wait", "0", "--pid", fmt.Sprint(cmd.Process.Pid))
+	if code != 0 {
+		t.Errorf("exit %d: %s", code, h.stderr)
+	}
+	if got := h.pipe.tracedPIDs(); len(got) != 1 || got[0] != cmd.Process.Pid {
+		t.Errorf("traced %v", got)
+	}
+}
+
+func TestAttachMatchFollowsRestarts(t *testing.T) {
+	h := newHarness(t)
+	// A duration nobody else on the machine sleeps for.
+	arg := fmt.Sprintf("%d.%d", 100+os.Getpid()%800, time.Now().UnixNano()%1000)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- h.main(ctx, "attach", "--live", "off", "--match", `^sleep `+strings.ReplaceAll(arg, ".", `\.`)+`$`)
+	}()
+	waitTraced := func(pid int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			for _, p := range h.pipe.tracedPIDs() {
+				if p == pid {
+					return
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Fatalf("pid %d never traced (traced %v); stderr:\n%s", pid, h.pipe.tracedPIDs(), h.stderr)
+	}
+	first := startSleep(t, arg)
+	waitTraced(first.Process.Pid)
+	first.Process.Kill()
+	first.Wait()
+	second := startSleep(t, arg)
+	waitTraced(second.Process.Pid)
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("exit %d: %s", code, h.stderr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("attach --match did not stop on cancel")
+	}
+	if got := h.pipe.tracedPIDs(); len(got) != 2 {
+		t.Errorf("traced %v, want exactly the two processes", got)
+	}
+	if h.pipe.closes != 1 {
+		t.Error("pipeline not closed")
+	}
+}
+
+func TestUsageAndVersion(t *testing.T) {
+	h := newHarness(t)
+	if code := h.main(context.Background(), "version"); code != 0 || h.stdout.String() != "gaptrace test\n" {
+		t.Errorf("version: %d %q", code, h.stdout)
+	}
+	if code := h.main(context.Background(), "frobnicate"); code != ExitUsage || !strings.Contains(h.stderr.String(), `unknown command "frobnicate"`) {
+		t.Errorf("unknown command: %d %q", code, h.stderr)
+	}
+	if code := h.main(context.Background()); code != ExitUsage {
+		t.Errorf("no args: %d", code)
+	}
+	if code := h.main(context.Background(), "run", "-h"); code != ExitOK || !strings.Contains(h.stderr.String(), "-min-gap") {
+		t.Errorf("run -h: %d %q", code, h.stderr)
+	}
+}
+
+func TestDemoArgs(t *testing.T) {
+	args := demoArgs("/x/simtrain", "/tmp/d", 25*time.Second)
+	joined := strings.Join(args, " ")
+	for _, s := range demoMix {
+		if !strings.Contains(joined, fmt.Sprintf("--stall %s:every=%d:ms=%d", s.cause, s.every, s.ms)) {
+			t.Errorf("missing stall %s in %s", s.cause, joined)
+		}
+	}
+	// About 25 s of steps at the mix's mean step time.
+	var steps int
+	fmt.Sscan(args[2], &steps)
+	if steps < 450 || steps > 800 {
+		t.Errorf("%d steps for 25 s", steps)
+	}
+}
+
+func TestDemoWithoutSimGPU(t *testing.T) {
+	h := newHarness(t)
+	h.env["GAPTRACE_SIMGPU"] = t.TempDir()
+	if code := h.main(context.Background(), "demo"); code != ExitFailure {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if !strings.Contains(h.stderr.String(), "make simgpu") {
+		t.Errorf("stderr: %s", h.stderr)
+	}
+}

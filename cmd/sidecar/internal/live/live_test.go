@@ -1,0 +1,202 @@
+package live
+
+import (
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gaptrace/gaptrace/correlate"
+)
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func ms(n int64) int64 { return n * int64(time.Millisecond) }
+
+func feed(a *Aggregator, c *clock) {
+	base := time.Unix(1_700_000_000, 0).UnixNano()
+	for i := range int64(20) {
+		c.t = c.t.Add(100 * time.Millisecond)
+		a.Step(correlate.Step{PID: 42, Number: i + 1, Start: base + i*ms(100), End: base + (i+1)*ms(100),
+			IdleNS: ms(40), ByCause: map[correlate.Cause]int64{correlate.CauseIORead: ms(30), correlate.CauseCPU: ms(10)}})
+	}
+	a.Gap(correlate.Gap{PID: 42, TID: 43, Step: 7, Duration: ms(38), Cause: correlate.CauseIORead,
+		Breakdown: map[correlate.Cause]int64{correlate.CauseIORead: ms(38)},
+		Evidence: correlate.Evidence{Files: []correlate.FileEvidence{
+			{Path: "/data/shard-0003.bin", Op: "read", Bytes: 4 << 20, Calls: 4, NS: ms(37)},
+			{Path: "/data/shard-0004.bin", Op: "read", Bytes: 1 << 20, Calls: 1, NS: ms(5)},
+		}}})
+	a.Gap(correlate.Gap{PID: 42, TID: 43, Step: 9, Duration: ms(12), Cause: correlate.CauseNet,
+		Breakdown: map[correlate.Cause]int64{correlate.CauseNet: ms(12)},
+		Evidence: correlate.Evidence{Peers: []correlate.PeerEvidence{
+			{Address: "127.0.0.1:7777", PID: 99, Comm: "logsrv", Bytes: 512, Calls: 2, NS: ms(12)},
+		}}})
+}
+
+func TestViewFromSteps(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	a := NewAggregator(c.now)
+	feed(a, c)
+	a.SetStats(Stats{Drops: 3, Targets: []int{42}})
+	v := a.View("pid 42 python train.py")
+
+	if v.Steps != 20 || v.Gaps != 2 {
+		t.Fatalf("steps=%d gaps=%d, want 20 and 2", v.Steps, v.Gaps)
+	}
+	// 20 steps in 2 s of elapsed time.
+	if v.StepsPerSec < 9.9 || v.StepsPerSec > 10.1 {
+		t.Errorf("rate %.2f/s, want 10/s", v.StepsPerSec)
+	}
+	if v.IdlePct < 39.9 || v.IdlePct > 40.1 {
+		t.Errorf("idle %.2f%%, want 40%% (40 of every 100 ms)", v.IdlePct)
+	}
+	if len(v.ByCause) != 2 || v.ByCause[0].Cause != correlate.CauseIORead || v.ByCause[0].Share != 0.75 {
+		t.Errorf("by cause %+v, want io.read 75%% first", v.ByCause)
+	}
+	if v.TopFiles[0].Name != "/data/shard-0003.bin" || v.TopFiles[0].Bytes != 4<<20 {
+		t.Errorf("top file %+v", v.TopFiles[0])
+	}
+	if v.TopPeers[0].Note != "pid 99 logsrv" {
+		t.Errorf("top peer %+v", v.TopPeers[0])
+	}
+	if v.Stats.Drops != 3 {
+		t.Errorf("drops %d", v.Stats.Drops)
+	}
+}
+
+func TestSnapshotWins(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	a := NewAggregator(c.now)
+	feed(a, c)
+	a.SetSummary(correlate.Summary{WallNS: ms(10_000), GPUIdleNS: ms(2_000), GPUStallNS: ms(500), Steps: 25, Gaps: 9,
+		DroppedEvents: 11, ByCause: map[correlate.Cause]int64{correlate.CauseComm: ms(500), correlate.CauseLoaderWait: ms(2000)}})
+	v := a.View("x")
+	if v.IdlePct != 25 {
+		t.Errorf("idle %.2f%%, want 25%% from the snapshot (idle+stall over wall)", v.IdlePct)
+	}
+	if v.Steps != 25 || v.Gaps != 9 || v.Stats.Drops != 11 {
+		t.Errorf("steps=%d gaps=%d drops=%d, want the snapshot's 25/9/11", v.Steps, v.Gaps, v.Stats.Drops)
+	}
+	if v.ByCause[0].Cause != correlate.CauseLoaderWait || v.ByCause[1].Cause != correlate.CauseComm {
+		t.Errorf("order %+v", v.ByCause)
+	}
+}
+
+func TestFrame(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	a := NewAggregator(c.now)
+	feed(a, c)
+	f := Frame(a.View("pid 42 python train.py"), 80)
+	for _, want := range []string{
+		"gaptrace · pid 42 python train.py · 00:00:02",
+		"steps 20 (10.0/s)   GPU idle 40.0%   gaps 2   dropped events 0",
+		"idle by cause (800 ms lost of 2.00 s)",
+		"/data/shard-0003.bin",
+		"127.0.0.1:7777 pid 99 logsrv",
+		"last gap: 12 ms net",
+	} {
+		if !strings.Contains(f, want) {
+			t.Errorf("frame lacks %q:\n%s", want, f)
+		}
+	}
+	lines := strings.Split(f, "\n")
+	var ioLine, cpuLine string
+	for _, l := range lines {
+		if utf8.RuneCountInString(l) > 80 {
+			t.Errorf("line wider than 80 columns: %q", l)
+		}
+		if strings.HasPrefix(l, "  io.read") {
+			ioLine = l
+		}
+		if strings.HasPrefix(l, "  cpu ") {
+			cpuLine = l
+		}
+	}
+	if !strings.Contains(ioLine, "600 ms") || !strings.Contains(ioLine, "75.0%") {
+		t.Errorf("io.read line %q", ioLine)
+	}
+	// Bars are proportional: io.read has three times cpu's share.
+	if n, m := strings.Count(ioLine, "█"), strings.Count(cpuLine, "█"); n < 3*m-1 || n > 3*m+3 || m == 0 {
+		t.Errorf("bar lengths io.read=%d cpu=%d, want about 3:1", n, m)
+	}
+	// Causes are listed largest first.
+	if strings.Index(f, "  io.read") > strings.Index(f, "  cpu ") {
+		t.Error("io.read (75%) listed after cpu (25%)")
+	}
+}
+
+func TestEmptyFrameAndSummary(t *testing.T) {
+	a := NewAggregator(nil)
+	v := a.View("pid 1 sleep 30")
+	if v.IdlePct != -1 {
+		t.Errorf("idle %.1f with no data, want unknown", v.IdlePct)
+	}
+	s := Summary(v, Outputs{Gaps: "/tmp/g.jsonl", Summary: "/tmp/s.json"}, 80)
+	for _, want := range []string{"GPU idle n/a", "nothing attributed yet", "no GPU activity was attributed", "gaps     /tmp/g.jsonl", "summary  /tmp/s.json"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("summary lacks %q:\n%s", want, s)
+		}
+	}
+}
+
+func TestLogLine(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	a := NewAggregator(c.now)
+	feed(a, c)
+	l := LogLine(a.View("x"))
+	want := "gaptrace elapsed=2s steps=20 rate=10.0/s gpu_idle=40.0% gaps=2 drops=0 causes=io.read:75%,cpu:25% top_file=/data/shard-0003.bin top_peer=127.0.0.1:7777"
+	if l != want {
+		t.Errorf("log line\n got %s\nwant %s", l, want)
+	}
+	if strings.Contains(l, "\n") {
+		t.Error("log line spans lines")
+	}
+}
+
+func TestBar(t *testing.T) {
+	for _, tc := range []struct {
+		frac  float64
+		width int
+		full  int
+	}{{0, 10, 0}, {1, 10, 10}, {0.5, 10, 5}, {2, 10, 10}, {-1, 10, 0}} {
+		b := Bar(tc.frac, tc.width)
+		if utf8.RuneCountInString(b) != tc.width {
+			t.Errorf("Bar(%v,%d) = %q: %d cells", tc.frac, tc.width, b, utf8.RuneCountInString(b))
+		}
+		if n := strings.Count(b, "█"); n != tc.full {
+			t.Errorf("Bar(%v,%d) = %q: %d full cells, want %d", tc.frac, tc.width, b, n, tc.full)
+		}
+	}
+	// A share too small for a full cell still shows.
+	if b := Bar(0.01, 10); strings.Count(b, "·") != 9 {
+		t.Errorf("Bar(0.01) = %q, want a partial cell", b)
+	}
+}
+
+func TestFormat(t *testing.T) {
+	for ns, want := range map[int64]string{500: "500 ns", 1500: "2 µs", ms(38): "38 ms", ms(1500): "1.50 s", ms(12_345): "12.3 s", ms(123_456): "123 s"} {
+		if got := FormatNS(ns); got != want {
+			t.Errorf("FormatNS(%d) = %q, want %q", ns, got, want)
+		}
+	}
+	for b, want := range map[uint64]string{512: "512 B", 4 << 20: "4.0 MiB", 3 << 30: "3.0 GiB"} {
+		if got := FormatBytes(b); got != want {
+			t.Errorf("FormatBytes(%d) = %q, want %q", b, got, want)
+		}
+	}
+}
+
+func TestTerminalRedrawsInPlace(t *testing.T) {
+	var b strings.Builder
+	term := &Terminal{W: &b}
+	term.Draw("a\nb\n")
+	term.Draw("c\nd\ne\n")
+	term.Clear()
+	got := b.String()
+	want := "\x1b[Ja\nb\n" + "\x1b[2F\x1b[Jc\nd\ne\n" + "\x1b[3F\x1b[J"
+	if got != want {
+		t.Errorf("escape sequence %q, want %q", got, want)
+	}
+}

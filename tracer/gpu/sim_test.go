@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -638,4 +639,34 @@ func BenchmarkSample(b *testing.B) {
 			g.get(smp)
 		}
 	})
+}
+
+// The simulated NVML must export every entry point the source may call
+// (go-nvml binds lazily: a missing one kills the process on first call).
+func TestSimExportsEverything(t *testing.T) {
+	s := openSim(t, Config{})
+	v := reflect.ValueOf(s.have)
+	for i := range v.NumField() {
+		if !v.Field(i).Bool() {
+			t.Errorf("simulated NVML lacks the entry points of feature %q", v.Type().Field(i).Name)
+		}
+	}
+}
+
+// nvml.c is checked against the official prototypes and layouts: built
+// with go-nvml's nvml.h instead of its own declarations, any signature that
+// differs fails to compile.
+func TestSimNVMLMatchesHeader(t *testing.T) {
+	needSim(t)
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/go-nvml").Output()
+	if err != nil {
+		t.Fatalf("locate go-nvml: %v", err)
+	}
+	inc := filepath.Join(strings.TrimSpace(string(out)), "pkg", "nvml")
+	src, _ := filepath.Abs("../../testdata/simgpu")
+	cmd := exec.Command("gcc", "-std=gnu11", "-Wall", "-Werror", "-Wno-deprecated-declarations", "-fsyntax-only",
+		"-DSIMGPU_CHECK_NVML_H", "-DNVML_NO_UNVERSIONED_FUNC_DEFS", "-I"+inc, "-I"+src, filepath.Join(src, "nvml.c"))
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nvml.c against %s/nvml.h: %v\n%s", inc, err, b)
+	}
 }

@@ -128,6 +128,8 @@ type Engine struct {
 	minGap int64
 
 	buf     evHeap
+	slab    []event.Event // buffered events; buf orders their slots
+	free    []int32
 	seq     uint64
 	wm      int64 // watermark: every event ending at or before it is processed
 	now     int64
@@ -200,7 +202,16 @@ func (e *Engine) Event(ev event.Event) {
 		return
 	}
 	e.seq++
-	heap.Push(&e.buf, queued{ev: ev, seq: e.seq})
+	var slot int32
+	if n := len(e.free); n > 0 {
+		slot = e.free[n-1]
+		e.free = e.free[:n-1]
+		e.slab[slot] = ev
+	} else {
+		slot = int32(len(e.slab))
+		e.slab = append(e.slab, ev)
+	}
+	heap.Push(&e.buf, queued{end: ev.End, start: ev.Start, seq: e.seq, slot: slot})
 }
 
 // Window records one GPU sampling window.
@@ -256,9 +267,16 @@ func (e *Engine) Snapshot() Summary {
 
 // drain processes buffered events up to wm in end order.
 func (e *Engine) drain(wm int64) {
-	for e.buf.Len() > 0 && e.buf[0].ev.End <= wm {
+	for e.buf.Len() > 0 && e.buf[0].end <= wm {
 		q := heap.Pop(&e.buf).(queued)
-		e.process(&q.ev)
+		ev := e.slab[q.slot]
+		e.slab[q.slot] = event.Event{}
+		e.free = append(e.free, q.slot)
+		e.process(&ev)
+	}
+	if e.buf.Len() == 0 && cap(e.slab) > 4096 {
+		// A burst is over: give its memory back.
+		e.slab, e.free = nil, nil
 	}
 	if wm > e.wm {
 		e.wm = wm
@@ -450,26 +468,28 @@ func (e *Engine) ancestor(a, pid uint32) bool {
 	return false
 }
 
-// queued is one buffered event; seq keeps arrival order among equal keys.
+// queued orders one buffered event (kept in Engine.slab, so the heap moves
+// small pointer-free keys); seq keeps arrival order among equal keys.
 type queued struct {
-	ev  event.Event
-	seq uint64
+	end, start int64
+	seq        uint64
+	slot       int32
 }
 
 type evHeap []queued
 
 func (h evHeap) Len() int { return len(h) }
 func (h evHeap) Less(i, j int) bool {
-	a, b := &h[i].ev, &h[j].ev
-	if a.End != b.End {
-		return a.End < b.End
+	a, b := &h[i], &h[j]
+	if a.end != b.end {
+		return a.end < b.end
 	}
 	// Intervals that end at t come before point events at t, so a gap
 	// closed by an enqueue at t sees the blocking call that returned at t.
-	if a.Start != b.Start {
-		return a.Start < b.Start
+	if a.start != b.start {
+		return a.start < b.start
 	}
-	return h[i].seq < h[j].seq
+	return a.seq < b.seq
 }
 func (h evHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
 func (h *evHeap) Push(x any)   { *h = append(*h, x.(queued)) }
@@ -477,7 +497,6 @@ func (h *evHeap) Pop() any {
 	old := *h
 	n := len(old)
 	x := old[n-1]
-	old[n-1] = queued{}
 	*h = old[:n-1]
 	return x
 }

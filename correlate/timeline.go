@@ -51,7 +51,9 @@ func (t *thread) trim(keep int64) {
 	for k < len(t.tl) && t.tl[k].End < keep {
 		k++
 	}
-	if k > 0 {
+	// Drop in batches: a stale head costs nothing (lookups binary-search
+	// by end) while moving the timeline on every event would.
+	if k > 0 && (4*k >= len(t.tl) || k >= 64) {
 		t.dropFront(k)
 	}
 	if cap(t.tl) > 64 && len(t.tl) < cap(t.tl)/4 {

@@ -36,10 +36,13 @@ type tcount struct {
 	n uint64
 }
 
+// baseKey names a sync's place in the step. Whether the pending work
+// held a collective is deliberately not part of it: a trainer may issue a
+// collective only in some steps, and those must be compared with the
+// steps without it.
 type baseKey struct {
 	cuda   event.CUDA
 	stream uint64
-	coll   bool
 	slot   int
 }
 
@@ -342,7 +345,13 @@ func (p *proc) closeGap(th *thread, t int64) {
 }
 
 func (p *proc) checkStall(th *thread, ev *event.Event, coll *CollectiveEvidence) {
-	k := baseKey{cuda: ev.CUDA, stream: ev.Stream, coll: coll != nil, slot: p.st.slot()}
+	slot := p.st.slot()
+	if slot < 0 {
+		// Without a period, waits of different syncs of a step cannot be
+		// compared: no baseline, no stall.
+		return
+	}
+	k := baseKey{cuda: ev.CUDA, stream: ev.Stream, slot: slot}
 	r := p.base[k]
 	if r == nil {
 		if len(p.base) > 256 {

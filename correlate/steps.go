@@ -177,7 +177,10 @@ func (s *stepper) retro() {
 		if first {
 			first = false
 			if h.end > s.origin {
-				s.open(s.origin, true)
+				// The prologue is a real first step when the history
+				// reaches back to the first sync and this is the first
+				// boundary; otherwise it is warm-up of unknown shape.
+				s.open(s.origin, !(s.hist[0].idx == 0 && h.idx < int64(s.period)))
 			}
 		}
 		s.boundary(h.end, false)
@@ -456,8 +459,26 @@ func phaseOf(h []syncSig, P int) int {
 		sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
 		return v[len(v)/2]
 	}
-	best, first, second := 0, int64(-1), int64(-1)
+	// A sync followed at once by another sync (one per stream, say) does
+	// not end the step: only syncs after which work is enqueued qualify.
+	ok := make([]bool, P)
+	any := false
+	for i := range h {
+		r := int((h[i].idx + int64(P) - 1) % int64(P))
+		if h[i].launches+h[i].copies+h[i].colls > 0 && !ok[r] {
+			ok[r], any = true, true
+		}
+	}
+	if !any {
+		for r := range ok {
+			ok[r] = true
+		}
+	}
+	best, first, second := -1, int64(-1), int64(-1)
 	for r := 0; r < P; r++ {
+		if !ok[r] {
+			continue
+		}
 		m := median(r, func(s *syncSig) int64 { return s.post })
 		if m > first {
 			best, first, second = r, m, first
@@ -465,11 +486,14 @@ func phaseOf(h []syncSig, P int) int {
 			second = m
 		}
 	}
-	if first >= 200*int64(1000) && first >= 2*max(second, 0) {
+	if best >= 0 && first >= 200*int64(1000) && first >= 2*max(second, 0) {
 		return best
 	}
 	best, first = 0, -1
 	for r := 0; r < P; r++ {
+		if !ok[r] {
+			continue
+		}
 		if m := median(r, func(s *syncSig) int64 { return s.wait }); m > first {
 			best, first = r, m
 		}

@@ -216,6 +216,11 @@ func isWait(ev *event.Event) bool {
 	case event.SysFutex, event.SysPoll:
 		return true
 	case event.SysRead, event.SysNet:
+		if ev.PeerPID != 0 || ev.Name == "connect" {
+			// A conversation with a known peer process (a loopback service)
+			// or a connection attempt is the network.
+			return false
+		}
 		switch ev.FDKind {
 		case event.FDPipe, event.FDOther:
 			return true

@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -289,31 +290,126 @@ static const char *kind_name(uint32_t k)
 }
 
 /*
- * Called only between steps, after the final sync, when no simulated work
- * is pending: no busy interval can straddle a flush, so merging the pending
- * ones is exact.
+ * Truth is handed to a writer thread in batches so that the feeder thread
+ * never writes (or sorts) between steps: its only syscalls are the ones the
+ * trainer model means it to make. A batch is cut only between steps, after
+ * the final sync, when no simulated work is pending, so no busy interval
+ * straddles two batches and merging within a batch is exact.
  */
+struct batch {
+	struct sbuf text;
+	struct busy *busy;
+	size_t nbusy;
+	struct batch *next;
+};
+
+static pthread_mutex_t wmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wcv = PTHREAD_COND_INITIALIZER;
+static struct batch *whead, **wtail = &whead;
+static int wdone, wstarted;
+static pthread_t wthread;
+
+static void write_out(const struct sbuf *t)
+{
+	if (t->len > 0 && fwrite(t->p, 1, t->len, truth_f) != t->len)
+		die("write truth file %s: %s", opt.truth, strerror(errno));
+}
+
+/* Busy records first, so that the end record stays the file's last line. */
+static void write_batch(struct batch *b)
+{
+	struct sbuf busy = {NULL, 0, 0};
+	qsort(b->busy, b->nbusy, sizeof(*b->busy), busy_cmp);
+	for (size_t i = 0; i < b->nbusy;) {
+		struct busy cur = b->busy[i++];
+		while (i < b->nbusy && b->busy[i].kind == cur.kind && b->busy[i].s <= cur.e) {
+			if (b->busy[i].e > cur.e)
+				cur.e = b->busy[i].e;
+			i++;
+		}
+		bprintf(&busy, "{\"type\":\"busy\",\"start\":%llu,\"end\":%llu,\"kind\":\"%s\"}\n",
+			(unsigned long long)cur.s, (unsigned long long)cur.e, kind_name(cur.kind));
+	}
+	write_out(&busy);
+	write_out(&b->text);
+	if (fflush(truth_f) != 0)
+		die("write truth file %s: %s", opt.truth, strerror(errno));
+	free(busy.p);
+	free(b->text.p);
+	free(b->busy);
+	free(b);
+}
+
+static void *writer_main(void *arg)
+{
+	pthread_setname_np(pthread_self(), "simtrain-truth");
+	for (;;) {
+		pthread_mutex_lock(&wmu);
+		while (whead == NULL && !wdone)
+			pthread_cond_wait(&wcv, &wmu);
+		struct batch *b = whead;
+		if (b != NULL) {
+			whead = b->next;
+			if (whead == NULL)
+				wtail = &whead;
+		}
+		pthread_mutex_unlock(&wmu);
+		if (b == NULL)
+			return NULL;
+		write_batch(b);
+	}
+}
+
 static void truth_flush(void)
 {
 	if (truth_f == NULL)
 		return;
-	qsort(busy_v, busy_n, sizeof(*busy_v), busy_cmp);
-	for (size_t i = 0; i < busy_n;) {
-		struct busy cur = busy_v[i++];
-		while (i < busy_n && busy_v[i].kind == cur.kind && busy_v[i].s <= cur.e) {
-			if (busy_v[i].e > cur.e)
-				cur.e = busy_v[i].e;
-			i++;
-		}
-		bprintf(&truth_buf, "{\"type\":\"busy\",\"start\":%llu,\"end\":%llu,\"kind\":\"%s\"}\n",
-			(unsigned long long)cur.s, (unsigned long long)cur.e, kind_name(cur.kind));
+	struct batch *b = calloc(1, sizeof(*b));
+	if (b == NULL)
+		die("out of memory");
+	b->text = truth_buf;
+	b->busy = busy_v;
+	b->nbusy = busy_n;
+	truth_buf = (struct sbuf){NULL, 0, 0};
+	busy_v = NULL;
+	busy_n = busy_cap = 0;
+	if (!wstarted) {
+		write_batch(b);
+		return;
 	}
-	busy_n = 0;
-	if (truth_buf.len > 0 && fwrite(truth_buf.p, 1, truth_buf.len, truth_f) != truth_buf.len)
-		die("write truth file %s: %s", opt.truth, strerror(errno));
-	if (fflush(truth_f) != 0)
-		die("write truth file %s: %s", opt.truth, strerror(errno));
-	truth_buf.len = 0;
+	pthread_mutex_lock(&wmu);
+	*wtail = b;
+	wtail = &b->next;
+	pthread_cond_signal(&wcv);
+	pthread_mutex_unlock(&wmu);
+}
+
+static void truth_start_writer(void)
+{
+	if (truth_f == NULL)
+		return;
+	int rc = pthread_create(&wthread, NULL, writer_main, NULL);
+	if (rc != 0)
+		die("start truth writer: %s", strerror(rc));
+	wstarted = 1;
+}
+
+static void truth_close(void)
+{
+	if (truth_f == NULL)
+		return;
+	truth_flush();
+	if (wstarted) {
+		pthread_mutex_lock(&wmu);
+		wdone = 1;
+		pthread_cond_signal(&wcv);
+		pthread_mutex_unlock(&wmu);
+		pthread_join(wthread, NULL);
+		wstarted = 0;
+	}
+	if (fclose(truth_f) != 0)
+		die("close truth file %s: %s", opt.truth, strerror(errno));
+	truth_f = NULL;
 }
 
 static void truth_call(const char *what, const char *api, long step, uint64_t s, uint64_t e,
@@ -1028,6 +1124,7 @@ static void run_stall(const struct stall *st, long step)
 	uint64_t rd0 = thread_run_delay_ns();
 	uint64_t start = now_ns();
 	uint64_t deadline = start + ms_ns;
+	uint64_t fixed_end = 0; /* set where the stall ended before its records were made */
 	switch (st->c) {
 	case C_IO_READ: {
 		if (!main_reader_open) {
@@ -1096,7 +1193,7 @@ static void run_stall(const struct stall *st, long step)
 		uint64_t e = now_ns();
 		truth_call("memcpy", "cuMemcpyHtoD_v2", step, s, e, NULL, bytes);
 		start = s;
-		deadline = e;
+		fixed_end = e;
 		snprintf(extra, sizeof(extra), ",\"bytes\":%zu", bytes);
 		break;
 	}
@@ -1114,6 +1211,7 @@ static void run_stall(const struct stall *st, long step)
 		truth_call("alloc", "cuMemAlloc_v2", step, s, m, NULL, bytes);
 		truth_call("free", "cuMemFree_v2", step, m, e, NULL, bytes);
 		start = s;
+		fixed_end = e;
 		snprintf(extra, sizeof(extra), ",\"bytes\":%zu", bytes);
 		break;
 	}
@@ -1138,7 +1236,7 @@ static void run_stall(const struct stall *st, long step)
 	case C_COMM:
 		break;
 	}
-	uint64_t end = now_ns();
+	uint64_t end = fixed_end ? fixed_end : now_ns();
 	uint64_t rd = thread_run_delay_ns() - rd0;
 	if (st->c == C_CPU_CONTENTION) {
 		snprintf(extra, sizeof(extra), ",\"cpu\":%d,\"helper_pid\":%d", hog_cpu,
@@ -1271,6 +1369,7 @@ int main(int argc, char **argv)
 				opt.stalls[i].ms);
 		bprintf(&truth_buf, "]}\n");
 		truth_flush();
+		truth_start_writer();
 	}
 
 	uint64_t t0 = now_ns(), last_print = t0, last_flush = t0;
@@ -1364,10 +1463,7 @@ int main(int argc, char **argv)
 	if (truth_f != NULL) {
 		bprintf(&truth_buf, "{\"type\":\"end\",\"steps\":%ld,\"wall_ns\":%llu,\"interrupted\":%s}\n",
 			done, (unsigned long long)wall, stop_requested ? "true" : "false");
-		truth_flush();
-		if (fclose(truth_f) != 0)
-			die("close truth file %s: %s", opt.truth, strerror(errno));
-		truth_f = NULL;
+		truth_close();
 	}
 	stop_children();
 	if (data_dir_is_temp) {

@@ -402,8 +402,11 @@ func (p *proc) emit(g Gap) {
 	p.deliver(g)
 }
 
+// deliver assigns a gap to the step holding most of it (its midpoint): a
+// gap opened by one per-stream sync can start a few µs before the step's
+// last sync returns.
 func (p *proc) deliver(g Gap) {
-	st := p.st.lookup(p, g.Start)
+	st := p.st.lookup(p, g.Start+g.Duration/2)
 	if st != nil {
 		g.Step = st.Number
 		st.Gaps++

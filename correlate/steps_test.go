@@ -206,3 +206,87 @@ func TestLaunchBoundStepIdle(t *testing.T) {
 	t.Logf("%d steps, mean per-step |error| %.2f%% of idle", checked, 100*float64(totalErr)/float64(totalTruth))
 	checkTotals(t, c, sum)
 }
+
+// TestSimtrainShape mirrors the simulated trainer: K launches round-robin
+// on two streams, the batch copy on the legacy stream, one sync per
+// stream, an io.read stall every 10 steps and a late collective (issued
+// only in those steps) every 7.
+func TestSimtrainShape(t *testing.T) {
+	s := newSim()
+	const streamB = 0x5a00
+	var stallSteps, commSteps []int64
+	var ends []int64
+	for n := int64(1); n <= 60; n++ {
+		if n%10 == 0 {
+			stallSteps = append(stallSteps, n)
+			readStall(s, 40*ms)
+		}
+		for i := 0; i < 8; i++ {
+			if i%2 == 0 {
+				s.stream = 0
+			} else {
+				s.stream = streamB
+			}
+			s.kernel(200 * us)
+			s.t += 20 * us
+		}
+		s.stream = 0
+		s.copyAsync(50*us, 0)
+		if n%7 == 0 {
+			commSteps = append(commSteps, n)
+			s.collective(event.NCCLAllReduce, 30*ms)
+		}
+		s.sync()
+		s.stream = streamB
+		s.sync()
+		s.stream = 0
+		ends = append(ends, s.t)
+		s.t += 100 * us // next batch
+	}
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	sum := feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	stepOf := map[int64]Step{}
+	for _, st := range c.steps {
+		stepOf[st.Number] = st
+	}
+	var reads, comms []Gap
+	for _, g := range bigGaps(c.gaps) {
+		switch g.Cause {
+		case CauseIORead:
+			reads = append(reads, g)
+		case CauseComm:
+			comms = append(comms, g)
+		default:
+			t.Errorf("unexpected gap %+v", g)
+		}
+	}
+	if len(reads) != len(stallSteps) {
+		t.Errorf("%d io.read gaps for %d stalls", len(reads), len(stallSteps))
+	}
+	for i, g := range reads {
+		if i < len(stallSteps) && g.Step != stallSteps[i] {
+			t.Errorf("io.read stall before step %d reported in step %d", stallSteps[i], g.Step)
+		}
+	}
+	// Comm stalls need a locked period and four baseline steps first.
+	if len(comms) < len(commSteps)-1 {
+		t.Errorf("%d comm stalls for %d late collectives: %+v", len(comms), len(commSteps), comms)
+	}
+	for _, g := range comms {
+		if g.Kind != GapStall || !near(g.Duration, 30*ms, 300*us) || g.Step%7 != 0 {
+			t.Errorf("comm stall %+v", g)
+		}
+	}
+	for n := int64(2); n <= 60; n++ {
+		st, ok := stepOf[n]
+		if !ok {
+			t.Errorf("no step %d", n)
+			continue
+		}
+		if !near(st.End, ends[n-1], 20*us) || st.Launches != 8 {
+			t.Errorf("step %d ends %d (want %d), %d launches", n, st.End-t0, ends[n-1]-t0, st.Launches)
+		}
+	}
+	checkTotals(t, c, sum)
+}

@@ -163,6 +163,9 @@ func parseTruth(t *testing.T, path string) truth {
 		default:
 			t.Fatalf("truth line %d: unknown type %q", line, r.Type)
 		}
+		if tr.end != nil {
+			t.Fatalf("truth line %d follows the end record", line)
+		}
 		if r.Type != "meta" && r.Type != "end" && r.End < r.Start {
 			t.Fatalf("truth line %d ends before it starts: %s", line, sc.Text())
 		}

@@ -39,6 +39,7 @@ type batcher struct {
 	stopping  chan struct{}
 	done      chan struct{}
 	closed    atomic.Bool
+	failing   atomic.Bool // the last export failed
 	stopOnce  sync.Once
 }
 
@@ -131,11 +132,15 @@ func (b *batcher) drain(batch *[]sdktrace.ReadOnlySpan) {
 }
 
 func (b *batcher) export(batch []sdktrace.ReadOnlySpan) {
-	if b.runCtx.Err() != nil {
+	// Once stopping, a collector that just failed is not retried for every
+	// remaining batch: each attempt could take the whole export timeout
+	// and the process is waiting to exit. The batches are counted instead.
+	if b.runCtx.Err() != nil || (b.closed.Load() && b.failing.Load()) {
 		b.dropped.Add(uint64(len(batch)))
 		return
 	}
 	if err := b.exp.ExportSpans(b.runCtx, batch); err != nil {
+		b.failing.Store(true)
 		b.errors.Add(1)
 		b.dropped.Add(uint64(len(batch)))
 		// A dead collector fails every batch; one line per 30 s is enough.
@@ -146,6 +151,7 @@ func (b *batcher) export(batch []sdktrace.ReadOnlySpan) {
 		}
 		return
 	}
+	b.failing.Store(false)
 	b.exported.Add(uint64(len(batch)))
 }
 

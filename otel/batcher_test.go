@@ -104,3 +104,34 @@ func TestBatcherCountsFailedExports(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// slowFailingExporter fails each export after a delay, like a retry loop
+// that gives up.
+type slowFailingExporter struct{ calls atomic.Int32 }
+
+func (s *slowFailingExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error {
+	s.calls.Add(1)
+	time.Sleep(50 * time.Millisecond)
+	return errors.New("connection refused")
+}
+func (s *slowFailingExporter) Shutdown(context.Context) error { return nil }
+
+func TestBatcherShutdownGivesUpOnFailingCollector(t *testing.T) {
+	exp := &slowFailingExporter{}
+	b := newBatcher(exp, 1024, 8, time.Hour, slog.Default())
+	emit := spansThrough(b)
+	emit(800) // 100 batches; trying each would take 5 s
+	start := time.Now()
+	if err := b.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Shutdown took %s retrying a failing collector batch after batch", d)
+	}
+	if b.dropped.Load() != 800 || b.exported.Load() != 0 {
+		t.Errorf("dropped %d exported %d, want 800 and 0", b.dropped.Load(), b.exported.Load())
+	}
+	if c := exp.calls.Load(); c >= 100 {
+		t.Errorf("%d export attempts for 100 batches after the collector failed", c)
+	}
+}

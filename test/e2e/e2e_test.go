@@ -1,0 +1,561 @@
+// Package e2e runs the gaptrace binary against the simulated trainer and a
+// real Jaeger and checks, through Jaeger's HTTP API, what a user would see.
+//
+// Inputs (set by `make test`): GAPTRACE_BIN (bin/gaptrace),
+// GAPTRACE_SIMGPU (build/simgpu: simtrain and the simulated libcuda, libnccl,
+// libnvidia-ml), GAPTRACE_JAEGER (build/jaeger). Without them the tests
+// look in the repository's bin/ and build/. The tests attach eBPF probes,
+// so they need root; they skip, saying so, when not root.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/test/e2e/jaegertest"
+)
+
+type setup struct {
+	bin, sim string
+}
+
+func need(t *testing.T) setup {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("end-to-end tests attach eBPF probes and need root")
+	}
+	root, err := jaegertest.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := setup{bin: os.Getenv("GAPTRACE_BIN"), sim: os.Getenv("GAPTRACE_SIMGPU")}
+	if s.bin == "" {
+		s.bin = filepath.Join(root, "bin", "gaptrace")
+	}
+	if s.sim == "" {
+		s.sim = filepath.Join(root, "build", "simgpu")
+	}
+	if _, err := os.Stat(s.bin); err != nil {
+		t.Fatalf("gaptrace binary: %v (run `make build` or set GAPTRACE_BIN)", err)
+	}
+	for _, f := range []string{"simtrain", "libcuda.so.1", "libnccl.so.2", "libnvidia-ml.so.1"} {
+		if _, err := os.Stat(filepath.Join(s.sim, f)); err != nil {
+			t.Fatalf("simulated GPU: %v (run `make simgpu` or set GAPTRACE_SIMGPU)", err)
+		}
+	}
+	return s
+}
+
+// run is one `gaptrace run` of simtrain in its own directory.
+type run struct {
+	dir       string
+	cmd       *exec.Cmd
+	out       *syncBuffer
+	done      chan struct{}
+	err       error
+	maxRSSKiB int64
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start runs gaptrace with flags, tracing simtrain with simArgs. The
+// simulated GPU's timeline lives in the run's own SIMGPU_DIR so that runs
+// (ranks) do not share a device.
+func (s setup) start(t *testing.T, name string, flags, simArgs, env []string) *run {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), name)
+	if err := os.MkdirAll(filepath.Join(dir, "simgpu"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"run",
+		"--nvml-lib", filepath.Join(s.sim, "libnvidia-ml.so.1"),
+		"--cuda-lib", filepath.Join(s.sim, "libcuda.so.1"),
+		"--nccl-lib", filepath.Join(s.sim, "libnccl.so.2"),
+		"--gaps-out", filepath.Join(dir, "gaps.jsonl"),
+		"--summary-json", filepath.Join(dir, "summary.json"),
+	}
+	args = append(args, flags...)
+	args = append(args, "--", filepath.Join(s.sim, "simtrain"),
+		"--data-dir", filepath.Join(dir, "data"), "--truth", filepath.Join(dir, "truth.jsonl"), "--quiet")
+	args = append(args, simArgs...)
+	r := &run{dir: dir, out: &syncBuffer{}, done: make(chan struct{})}
+	r.cmd = exec.Command(s.bin, args...)
+	r.cmd.Dir = dir
+	r.cmd.Env = append(cleanEnv(), "SIMGPU_DIR="+filepath.Join(dir, "simgpu"))
+	r.cmd.Env = append(r.cmd.Env, env...)
+	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	t.Logf("%s: %s %s", name, s.bin, strings.Join(args, " "))
+	if err := r.cmd.Start(); err != nil {
+		t.Fatalf("start gaptrace: %v", err)
+	}
+	go func() {
+		// Track the sidecar's resident memory while it runs.
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		waited := make(chan error, 1)
+		go func() { waited <- r.cmd.Wait() }()
+		for {
+			select {
+			case err := <-waited:
+				r.err = err
+				close(r.done)
+				return
+			case <-tick.C:
+				if kib := rssKiB(r.cmd.Process.Pid); kib > r.maxRSSKiB {
+					r.maxRSSKiB = kib
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-r.done:
+		default:
+			r.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-r.done:
+			case <-time.After(20 * time.Second):
+				r.cmd.Process.Kill()
+				<-r.done
+			}
+		}
+	})
+	return r
+}
+
+// cleanEnv drops the developer's OTEL_* settings: each test says exactly
+// where spans go.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OTEL_") && !strings.HasPrefix(kv, "TORCHELASTIC_") &&
+			!strings.HasPrefix(kv, "SLURM_") && !strings.HasPrefix(kv, "K8S_JOB_NAME=") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func rssKiB(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+func (r *run) wait(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-r.done:
+	case <-time.After(timeout):
+		t.Fatalf("gaptrace still running after %s\n%s", timeout, r.out.String())
+	}
+	if r.err != nil {
+		t.Fatalf("gaptrace: %v\n%s", r.err, r.out.String())
+	}
+}
+
+func (r *run) summary(t *testing.T) correlate.Summary {
+	t.Helper()
+	var s correlate.Summary
+	b, err := os.ReadFile(filepath.Join(r.dir, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatalf("summary.json: %v", err)
+	}
+	return s
+}
+
+func (r *run) gaps(t *testing.T) []correlate.Gap {
+	t.Helper()
+	var out []correlate.Gap
+	readLines(t, filepath.Join(r.dir, "gaps.jsonl"), func(b []byte) {
+		var g correlate.Gap
+		if err := json.Unmarshal(b, &g); err != nil {
+			t.Fatalf("gaps.jsonl: %v", err)
+		}
+		out = append(out, g)
+	})
+	return out
+}
+
+// truth is what simtrain says it did, in Unix nanoseconds.
+type truth struct {
+	pid    int
+	server string
+	steps  map[int64][2]int64
+	stalls []stall
+}
+
+type stall struct {
+	step       int64
+	cause      string
+	start, end int64
+	path, peer string
+}
+
+func (r *run) truth(t *testing.T) truth {
+	t.Helper()
+	tr := truth{steps: map[int64][2]int64{}}
+	var off int64
+	readLines(t, filepath.Join(r.dir, "truth.jsonl"), func(b []byte) {
+		var l struct {
+			Type   string `json:"type"`
+			Off    int64  `json:"realtime_minus_monotonic_ns"`
+			PID    int    `json:"pid"`
+			Server string `json:"server"`
+			Step   int64  `json:"step"`
+			Cause  string `json:"cause"`
+			Start  int64  `json:"start"`
+			End    int64  `json:"end"`
+			Path   string `json:"path"`
+			Peer   string `json:"peer"`
+		}
+		if err := json.Unmarshal(b, &l); err != nil {
+			t.Fatalf("truth.jsonl: %v", err)
+		}
+		switch l.Type {
+		case "meta":
+			off, tr.pid, tr.server = l.Off, l.PID, l.Server
+		case "step":
+			tr.steps[l.Step] = [2]int64{l.Start + off, l.End + off}
+		case "stall":
+			tr.stalls = append(tr.stalls, stall{l.Step, l.Cause, l.Start + off, l.End + off, l.Path, l.Peer})
+		}
+	})
+	if off == 0 {
+		t.Fatal("truth.jsonl has no meta line with the clock offset")
+	}
+	return tr
+}
+
+func readLines(t *testing.T, path string, fn func([]byte)) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 4<<20), 4<<20)
+	for sc.Scan() {
+		if len(bytes.TrimSpace(sc.Bytes())) > 0 {
+			fn(sc.Bytes())
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var stallArgs = []string{"--kernels-per-step", "20", "--kernel-us", "2000", "--launch-gap-us", "20",
+	"--stall", "io.read:every=5:ms=30", "--stall", "net:every=7:ms=40", "--stall", "io.write:every=11:ms=50"}
+
+func spanTotal(ts []jaegertest.Trace) int {
+	n := 0
+	for i := range ts {
+		n += len(ts[i].Spans)
+	}
+	return n
+}
+
+func stepNumber(s *jaegertest.Span) int64 {
+	n, _ := strconv.ParseInt(s.TagString("gpu.step.number"), 10, 64)
+	return n
+}
+
+// TestJaegerStallCauses: one gaptrace, one simtrain with io, net and
+// checkpoint stalls, spans over OTLP/gRPC (flag) into Jaeger.
+func TestJaegerStallCauses(t *testing.T) {
+	s := need(t)
+	j := jaegertest.Start(t)
+	const service, steps = "e2e-causes", 40
+	r := s.start(t, "causes", []string{"--otlp-endpoint", j.OTLPGRPCEndpoint(), "--otlp-protocol", "grpc",
+		"--otlp-insecure", "--service-name", service},
+		append([]string{"--steps", strconv.Itoa(steps)}, stallArgs...), nil)
+	r.wait(t, 3*time.Minute)
+	sum, gaps, tru := r.summary(t), r.gaps(t), r.truth(t)
+	if sum.Steps < steps {
+		t.Fatalf("summary: %d steps, simtrain ran %d", sum.Steps, steps)
+	}
+
+	// Every step and every gap the sidecar found is in Jaeger.
+	traces, err := j.WaitTraces(service, 1000, 30*time.Second, func(ts []jaegertest.Trace) bool {
+		return len(ts) == int(sum.Steps) && countGaps(ts) == len(gaps)
+	})
+	if err != nil {
+		t.Fatalf("%v: %d traces (summary says %d steps), %d gpu.idle spans (gaps file has %d)\n%s",
+			err, len(traces), sum.Steps, countGaps(traces), len(gaps), r.out.String())
+	}
+
+	byStep := map[int64]*jaegertest.Trace{}
+	for i := range traces {
+		tr := &traces[i]
+		roots := tr.ByName("train.step")
+		if len(roots) != 1 || roots[0].ParentID() != "" {
+			t.Errorf("trace %s: %d train.step spans, want one root", tr.TraceID, len(roots))
+			continue
+		}
+		root := roots[0]
+		n := stepNumber(root)
+		if byStep[n] != nil {
+			t.Errorf("step %d has two traces", n)
+		}
+		byStep[n] = tr
+		if pid := root.TagString("process.pid"); pid != strconv.Itoa(tru.pid) {
+			t.Errorf("step %d: process.pid %q, want simtrain's %d", n, pid, tru.pid)
+		}
+		for k := range tr.Spans {
+			sp := &tr.Spans[k]
+			switch {
+			case sp == root:
+			case sp.OperationName == "gpu.idle":
+				if sp.ParentID() != root.SpanID {
+					t.Errorf("step %d: gpu.idle parent %s, want train.step", n, sp.ParentID())
+				}
+				if sp.StartTime < root.StartTime || sp.EndTime() > root.EndTime() {
+					t.Errorf("step %d: gpu.idle [%d,%d]µs outside the step [%d,%d]µs", n, sp.StartTime, sp.EndTime(), root.StartTime, root.EndTime())
+				}
+			default:
+				if p := tr.Span(sp.ParentID()); p == nil || p.OperationName != "gpu.idle" {
+					t.Errorf("step %d: %s is not under a gpu.idle span", n, sp.OperationName)
+				}
+			}
+		}
+	}
+	// One trace per simulated step, covering it.
+	for n, se := range tru.steps {
+		tr := byStep[n]
+		if tr == nil {
+			t.Errorf("simtrain step %d has no trace", n)
+			continue
+		}
+		// The sidecar's step also holds the stall that preceded the
+		// simulated step's work, so only require the two to overlap.
+		root := tr.ByName("train.step")[0]
+		ov := min(root.EndTime(), se[1]/1000) - max(root.StartTime, se[0]/1000)
+		if ov < (se[1]-se[0])/2000 {
+			t.Errorf("step %d: train.step [%d,%d]µs barely overlaps the simulated step [%d,%d]µs",
+				n, root.StartTime, root.EndTime(), se[0]/1000, se[1]/1000)
+		}
+	}
+
+	// Injected stalls appear as gpu.idle spans with the right cause and
+	// evidence. The correlator may miss one at a boundary; it may not
+	// mislabel one.
+	type idle struct {
+		tr *jaegertest.Trace
+		sp *jaegertest.Span
+	}
+	var idles []idle
+	for _, tr := range byStep {
+		for _, g := range tr.ByName("gpu.idle") {
+			idles = append(idles, idle{tr, g})
+		}
+	}
+	found := map[string]int{}
+	injected := map[string]int{}
+	for _, st := range tru.stalls {
+		injected[st.cause]++
+		for _, id := range idles {
+			g := id.sp
+			ov := min(g.EndTime(), st.end/1000) - max(g.StartTime, st.start/1000)
+			if ov < (st.end-st.start)/2000 {
+				continue // overlaps less than half the stall
+			}
+			// Back-to-back stalls (steps that are multiples of two
+			// periods) form one gap: its cause is the dominant one and
+			// the breakdown carries the other.
+			c := g.TagString("gpu.gap.cause")
+			bd, _ := strconv.ParseFloat(g.TagString("gpu.gap.breakdown."+st.cause), 64)
+			if c != st.cause && bd < 0.8*float64(st.end-st.start)/1e6 {
+				t.Errorf("step %d: %s stall (%d ms) shows as gpu.gap.cause %q with %.1f ms of %s in its breakdown",
+					st.step, st.cause, (st.end-st.start)/1e6, c, bd, st.cause)
+				break
+			}
+			found[st.cause]++
+			switch {
+			case c != st.cause:
+				// Evidence attributes name the dominant cause's items.
+			case st.cause == "io.read" || st.cause == "io.write":
+				if p := g.TagString("file.path"); p != st.path {
+					t.Errorf("step %d: %s file.path %q, want %q", st.step, st.cause, p, st.path)
+				}
+			case st.cause == "net":
+				if p := g.TagString("network.peer.address"); p != st.peer {
+					t.Errorf("step %d: net network.peer.address %q, want %q", st.step, p, st.peer)
+				}
+			}
+			ops := 0
+			for k := range id.tr.Spans {
+				if id.tr.Spans[k].ParentID() == g.SpanID {
+					ops++
+				}
+			}
+			if ops == 0 {
+				t.Errorf("step %d: the %s gap has no host-operation spans", st.step, st.cause)
+			}
+			break
+		}
+	}
+	for c, n := range injected {
+		if found[c] < n-1 || found[c] == 0 {
+			t.Errorf("cause %s: %d of %d injected stalls found in jaeger", c, found[c], n)
+		}
+	}
+	t.Logf("%d traces, %d spans; stalls found %v of %v", len(traces), spanTotal(traces), found, injected)
+}
+
+func countGaps(ts []jaegertest.Trace) int { return jaegertest.CountSpans(ts, "gpu.idle") }
+
+// TestJaegerRanksOneTrace: two sidecars of one job (ID from the flag),
+// endpoint and service name only from the standard OTEL_* variables.
+func TestJaegerRanksOneTrace(t *testing.T) {
+	s := need(t)
+	j := jaegertest.Start(t)
+	const service, job, steps = "e2e-ranks", "e2e-job-1", 30
+	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + j.OTLPHTTPURL(), "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+		"OTEL_SERVICE_NAME=" + service}
+	var runs []*run
+	for rank := range 2 {
+		runs = append(runs, s.start(t, fmt.Sprintf("rank%d", rank),
+			[]string{"--job-id", job, "--rank", strconv.Itoa(rank)},
+			append([]string{"--steps", strconv.Itoa(steps), "--rank", strconv.Itoa(rank), "--nranks", "2"}, stallArgs...), env))
+	}
+	for _, r := range runs {
+		r.wait(t, 3*time.Minute)
+	}
+	var full int
+	traces, err := j.WaitTraces(service, 1000, 30*time.Second, func(ts []jaegertest.Trace) bool {
+		full = 0
+		for i := range ts {
+			if len(ts[i].ByName("train.step")) == 1 && len(ts[i].ByNamePrefix("rank ")) == 2 {
+				full++
+			}
+		}
+		return full >= steps
+	})
+	if err != nil {
+		t.Fatalf("%v: %d traces, %d with a root and both ranks (want %d)\n%s\n%s", err, len(traces), full, steps,
+			runs[0].out.String(), runs[1].out.String())
+	}
+	for i := range traces {
+		tr := &traces[i]
+		roots, ranks := tr.ByName("train.step"), tr.ByNamePrefix("rank ")
+		if len(roots) > 1 {
+			t.Errorf("trace %s: %d train.step roots", tr.TraceID, len(roots))
+		}
+		names := map[string]int{}
+		for _, rk := range ranks {
+			names[rk.OperationName]++
+			if len(roots) == 1 && rk.ParentID() != roots[0].SpanID {
+				t.Errorf("trace %s: %s is not under train.step", tr.TraceID, rk.OperationName)
+			}
+		}
+		for nm, c := range names {
+			if c > 1 {
+				t.Errorf("trace %s: %d spans named %s", tr.TraceID, c, nm)
+			}
+		}
+		// Rank 0 emits the root: where its rank span is, the root is.
+		if names["rank 0"] == 1 && len(roots) != 1 {
+			t.Errorf("trace %s: rank 0 present without the train.step root", tr.TraceID)
+		}
+		for k := range tr.Spans {
+			sp := &tr.Spans[k]
+			if sp.OperationName == "gpu.idle" {
+				if p := tr.Span(sp.ParentID()); p == nil || !strings.HasPrefix(p.OperationName, "rank ") {
+					t.Errorf("trace %s: gpu.idle not under a rank span", tr.TraceID)
+				}
+			}
+		}
+	}
+	t.Logf("%d traces, %d with a root and both ranks", len(traces), full)
+}
+
+var droppedRE = regexp.MustCompile(`spans_dropped=(\d+)`)
+
+// TestJaegerStoppedMidRun: Jaeger dies while the trainer runs. gaptrace
+// keeps tracing to the end (the gaps file covers the whole run), its memory
+// stays bounded, it exits on its own, and it reports the spans it dropped.
+func TestJaegerStoppedMidRun(t *testing.T) {
+	s := need(t)
+	j := jaegertest.Start(t)
+	const service, steps = "e2e-outage", 300
+	r := s.start(t, "outage", []string{"--otlp-endpoint", j.OTLPHTTPURL(), "--service-name", service},
+		append([]string{"--steps", strconv.Itoa(steps)}, stallArgs...), nil)
+	if _, err := j.WaitTraces(service, 1000, 60*time.Second, func(ts []jaegertest.Trace) bool { return len(ts) >= 5 }); err != nil {
+		t.Fatalf("no traces before the outage: %v\n%s", err, r.out.String())
+	}
+	j.Stop()
+	stoppedAt := time.Now().UnixNano()
+	select {
+	case <-r.done:
+		t.Fatalf("the run ended before Jaeger was stopped; make it longer\n%s", r.out.String())
+	default:
+	}
+	r.wait(t, 4*time.Minute)
+
+	sum, gaps := r.summary(t), r.gaps(t)
+	if sum.Steps < steps {
+		t.Errorf("summary: %d steps, simtrain ran %d: tracing stopped with the collector", sum.Steps, steps)
+	}
+	after := 0
+	for _, g := range gaps {
+		if g.Start > stoppedAt {
+			after++
+		}
+	}
+	if after == 0 {
+		t.Errorf("no gaps after Jaeger stopped (of %d): tracing was blocked", len(gaps))
+	}
+	m := droppedRE.FindStringSubmatch(r.out.String())
+	if m == nil || m[1] == "0" {
+		t.Errorf("gaptrace did not report dropped spans\n%s", r.out.String())
+	}
+	// The queue holds at most a few thousand spans; the sidecar's whole
+	// footprint (Go runtime, BPF maps' user-space side, NVML) stays small.
+	if r.maxRSSKiB > 512<<10 {
+		t.Errorf("gaptrace peaked at %d MiB resident during the outage", r.maxRSSKiB>>10)
+	}
+	t.Logf("outage: %d steps, %d gaps (%d after the stop), spans dropped %s, peak RSS %d MiB",
+		sum.Steps, len(gaps), after, m, r.maxRSSKiB>>10)
+}

@@ -144,6 +144,9 @@ func parseTruth(t *testing.T, path string) truth {
 		if line == 1 && r.Type != "meta" {
 			t.Fatalf("truth line 1 has type %q, want meta", r.Type)
 		}
+		if tr.end != nil {
+			t.Fatalf("truth line %d follows the end record", line)
+		}
 		switch r.Type {
 		case "meta":
 			if line != 1 {
@@ -162,9 +165,6 @@ func parseTruth(t *testing.T, path string) truth {
 			tr.end = &r
 		default:
 			t.Fatalf("truth line %d: unknown type %q", line, r.Type)
-		}
-		if tr.end != nil {
-			t.Fatalf("truth line %d follows the end record", line)
 		}
 		if r.Type != "meta" && r.Type != "end" && r.End < r.Start {
 			t.Fatalf("truth line %d ends before it starts: %s", line, sc.Text())

@@ -90,7 +90,7 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 	e := at.e
 	if isWait(ev) {
 		w := ev.WakerPID
-		if w != 0 && w != th.pid && e.traced(w) && !e.ancestor(w, th.pid) {
+		if w != 0 && w != th.pid && e.isWorker(w, th.pid) {
 			at.byCause[CauseLoaderWait] += ns
 			at.note(th, ev, ns)
 			at.worker(w, ev, s.a, s.b)

@@ -65,6 +65,11 @@ const (
 	maxIntervals = 4096
 	// maxPendingSteps caps steps waiting for a decision per process.
 	maxPendingSteps = 1024
+	// sweepEvery / forgetAfter: how often silent processes and threads
+	// are looked for, and how long silence makes them forgotten.
+	sweepEvery  = int64(10 * time.Second)
+	forgetAfter = int64(10 * time.Minute)
+	sweepProcs  = 256
 	// smStallMax: GPM SM activity above this during a suspected comm stall
 	// means the GPU was computing, not spinning on a peer.
 	smStallMax = 0.5
@@ -140,6 +145,7 @@ type Engine struct {
 	threads map[uint32]*thread
 	devs    map[int]*device
 
+	swept    int64
 	totals   Summary
 	late     uint64
 	rejected uint64
@@ -333,6 +339,7 @@ func (e *Engine) process(ev *event.Event) {
 		}
 		c := e.proc(ev.ChildPID, ev.Start)
 		c.parent = ev.PID
+		c.last = max(c.last, ev.End)
 		c.comm = p.comm
 		return
 	case event.KindExec:
@@ -348,6 +355,16 @@ func (e *Engine) process(ev *event.Event) {
 		return
 	}
 	th := e.thread(ev)
+	if ev.End > th.last {
+		th.last = ev.End
+	}
+	if ev.WakerPID != 0 && ev.WakerPID != ev.PID {
+		// A worker that only computes emits nothing; waking a feeder
+		// proves it is alive.
+		if w := e.procs[ev.WakerPID]; w != nil && ev.End > w.last {
+			w.last = ev.End
+		}
+	}
 	switch ev.Kind {
 	case event.KindEnqueue, event.KindMemcpyAsync, event.KindMemset, event.KindCollective:
 		p.onEnqueue(th, ev)
@@ -410,6 +427,9 @@ func (e *Engine) finalize(force bool) {
 		p.tickSteps()
 		p.finalizeSteps(force)
 	}
+	if e.wm-e.swept > sweepEvery && len(e.procs) > sweepProcs {
+		e.sweep()
+	}
 	for _, d := range e.devs {
 		keep := e.wm - retain
 		for _, p := range e.procs {
@@ -420,6 +440,36 @@ func (e *Engine) finalize(force bool) {
 			}
 		}
 		d.trim(keep)
+	}
+}
+
+// sweep forgets processes and threads that were never seen to exit but
+// have been silent for forgetAfter (lost exit events, a tracer restarted
+// mid-run): without it a day of data-loader respawns would pile up.
+func (e *Engine) sweep() {
+	e.swept = e.wm
+	cut := e.wm - forgetAfter
+	for pid, p := range e.procs {
+		if p.everEnq || p.last >= cut {
+			continue
+		}
+		for tid := range p.tids {
+			if th := e.threads[tid]; th != nil && th.pid == pid {
+				delete(e.threads, tid)
+			}
+		}
+		delete(e.procs, pid)
+	}
+	for tid, th := range e.threads {
+		if th.last < cut && len(th.tl) == 0 {
+			if p := e.procs[th.pid]; p != nil && p.feeders.has(tid) {
+				continue
+			}
+			delete(e.threads, tid)
+			if p := e.procs[th.pid]; p != nil {
+				delete(p.tids, tid)
+			}
+		}
 	}
 }
 
@@ -447,10 +497,12 @@ func (e *Engine) addTotals(g *Gap) {
 	}
 }
 
-// traced reports whether pid belongs to the traced tree.
-func (e *Engine) traced(pid uint32) bool {
-	_, ok := e.procs[pid]
-	return ok
+// isWorker reports whether process w can be a data-loader worker of
+// feeder process pid: traced (part of the tree), not one of its ancestors
+// (a launcher), and not itself feeding a GPU (a sibling DDP rank).
+func (e *Engine) isWorker(w, pid uint32) bool {
+	p, ok := e.procs[w]
+	return ok && !p.everEnq && !e.ancestor(w, pid)
 }
 
 // ancestor reports whether a is an ancestor of pid.

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand"
+	"time"
 	"testing"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -642,5 +643,100 @@ func TestGapsJSONL(t *testing.T) {
 	}
 	if m["breakdown"].(map[string]any)["io.read"].(float64) != 10 {
 		t.Errorf("breakdown %v", m["breakdown"])
+	}
+}
+
+func TestTwoRanks(t *testing.T) {
+	// Two DDP ranks (siblings under a launcher), each on its own device.
+	// Rank 1 stalls in a futex woken by rank 0: a sibling rank is not a
+	// data-loader worker.
+	var evs []event.Event
+	var wins []event.GPUWindow
+	launcher := uint32(50)
+	end := int64(0)
+	for r, pid := range []uint32{100, 101} {
+		s := newSim()
+		s.pid, s.tid = pid, pid
+		s.evs = append(s.evs, event.Event{Kind: event.KindFork, PID: launcher, TID: launcher, Start: t0 - ms, End: t0 - ms, ChildPID: pid})
+		for i := 0; i < 30; i++ {
+			if i == 15 {
+				if r == 0 {
+					readStall(s, 30*ms)
+				} else {
+					s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: 100, WakerTID: 100}, 30*ms)
+				}
+			}
+			s.step(20, 2*ms, 100*us)
+		}
+		evs = append(evs, s.evs...)
+		for _, w := range s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil) {
+			w.Device = r
+			wins = append(wins, w)
+		}
+		end = max(end, s.t)
+	}
+	c := &collect{}
+	e := newEngine(c, nil)
+	e.SetDevice(100, 0)
+	e.SetDevice(101, 1)
+	sum := feed(e, c, evs, wins, end+2e9, 20*ms, 250*ms)
+	big := bigGaps(c.gaps)
+	if len(big) != 2 {
+		t.Fatalf("gaps %+v", big)
+	}
+	for _, g := range big {
+		switch g.PID {
+		case 100:
+			if g.Device != 0 || g.Cause != CauseIORead {
+				t.Errorf("rank 0 gap %+v", g)
+			}
+		case 101:
+			if g.Device != 1 || g.Cause != CauseOther || g.Evidence.Syscalls["futex"] != 1 {
+				t.Errorf("rank 1 gap %+v", g)
+			}
+		}
+		if g.Step != big[0].Step {
+			t.Errorf("ranks disagree on the step: %d vs %d", g.Step, big[0].Step)
+		}
+	}
+	per := map[uint32]int{}
+	for _, st := range c.steps {
+		per[st.PID]++
+		if int(st.PID-100) != st.Device {
+			t.Errorf("step of pid %d on device %d", st.PID, st.Device)
+		}
+	}
+	if per[100] < 25 || per[101] < 25 {
+		t.Errorf("steps per rank %v", per)
+	}
+	checkTotals(t, c, sum)
+}
+
+func TestForgetSilentProcesses(t *testing.T) {
+	c := &collect{}
+	e := newEngine(c, nil)
+	now := t0
+	for i := 0; i < 2*sweepProcs; i++ {
+		pid := uint32(1000 + i)
+		e.Event(event.Event{Kind: event.KindFork, PID: 100, TID: 100, Start: now, End: now, ChildPID: pid})
+		e.Event(event.Event{Kind: event.KindSyscall, PID: pid, TID: pid, Start: now, End: now + ms, Syscall: event.SysRead, FDKind: event.FDFile, Path: "/x"})
+		now += ms
+	}
+	e.Advance(now + 2e9)
+	if len(e.procs) < 2*sweepProcs {
+		t.Fatalf("processes forgotten too early: %d", len(e.procs))
+	}
+	// One worker stays alive by waking the parent now and then.
+	for k := int64(0); k < 12; k++ {
+		now += int64(time.Minute)
+		e.Event(event.Event{Kind: event.KindSyscall, PID: 100, TID: 100, Start: now, End: now + ms, Syscall: event.SysRead,
+			FDKind: event.FDPipe, WakerPID: 1000, WakerTID: 1000})
+		e.Advance(now + 2e9)
+	}
+	if len(e.procs) > 3 || e.procs[1000] == nil || e.procs[100] == nil {
+		t.Errorf("%d processes left (worker kept: %v)", len(e.procs), e.procs[1000] != nil)
+	}
+	if len(e.threads) > 3 {
+		t.Errorf("%d threads left", len(e.threads))
 	}
 }

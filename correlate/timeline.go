@@ -12,6 +12,7 @@ import (
 type thread struct {
 	tid, pid uint32
 	comm     string
+	last     int64 // end of its latest event
 	tl       []event.Event
 }
 

@@ -6,8 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"math/rand"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )

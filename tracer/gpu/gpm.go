@@ -94,7 +94,10 @@ func (g *gpmSampler) metrics(a, b nvml.GpmSample) (vals []float64, ok bool) {
 	}
 	vals = make([]float64, len(gpmMetricIDs))
 	for i := range gpmMetricIDs {
-		if m.Metrics[i].NvmlReturn != uint32(nvml.SUCCESS) {
+		v := m.Metrics[i].Value
+		// Measured on the H200: between two reads of one refresh, DRAM
+		// bandwidth comes back NaN with SUCCESS (a zero-time division).
+		if m.Metrics[i].NvmlReturn != uint32(nvml.SUCCESS) || math.IsNaN(v) || math.IsInf(v, 0) {
 			vals[i] = -1
 		} else {
 			vals[i] = m.Metrics[i].Value
@@ -151,7 +154,14 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 	// divide the whole span by the count. Against the first refresh ever
 	// seen the span grows with every calibration, so the estimate converges
 	// and the predicted refreshes stop drifting from the real ones.
-	last := changes[len(changes)-1]
+	// Each estimate uses the narrowest spans: a read delayed by the
+	// scheduler widens its span and blurs where the refresh was.
+	mid := func(sp [2]int64) int64 { return (sp[0] + sp[1]) / 2 }
+	narrowest := func(sps [][2]int64) [2]int64 {
+		return slices.MinFunc(sps, func(a, b [2]int64) int {
+			return int((a[1] - a[0]) - (b[1] - b[0]))
+		})
+	}
 	p := g.period
 	if len(changes) >= 2 {
 		var diffs []time.Duration
@@ -164,18 +174,19 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 		if g.anchor == 0 {
 			guess = slices.Min(diffs)
 		}
-		var n int64
-		for _, d := range diffs {
-			n += max(1, int64(math.Round(float64(d)/float64(guess))))
+		h := len(spans) / 2
+		a, b := mid(narrowest(spans[:h])), mid(narrowest(spans[h:]))
+		if n := math.Round(float64(b-a) / float64(guess)); n >= 1 {
+			p = time.Duration(float64(b-a) / n)
 		}
-		p = time.Duration((last - changes[0]) / n)
 	}
+	best := mid(narrowest(spans))
 	if g.anchor != 0 {
-		if n := math.Round(float64(last-g.anchor) / float64(g.period)); n >= 1 {
-			p = time.Duration(float64(last-g.anchor) / n)
+		if n := math.Round(float64(best-g.anchor) / float64(g.period)); n >= 1 {
+			p = time.Duration(float64(best-g.anchor) / n)
 		}
 	} else {
-		g.anchor = changes[0]
+		g.anchor = best
 	}
 	cfg := g.s.cfg.GPMInterval
 	if p >= cfg/2 && p <= 2*cfg {
@@ -304,6 +315,19 @@ func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWind
 			continue // no refresh since prev: keep prev, read again later
 		}
 		vals, ok := g.metrics(g.prev, g.cur)
+		if ok && g.aligned && g.lastBusy && !changed(vals) {
+			// The counters did not move although the GPU was just busy: the
+			// read most likely came before the refresh (the phase drifted).
+			// Keep prev so the next read spans the refresh, and re-measure
+			// the phase soon. If the GPU really went idle, the next pair
+			// shows no change either and is reported (lastBusy is now false).
+			g.lastBusy = false
+			g.s.st.gpmMisses.Add(1)
+			if time.Since(g.lastCal) > recalUnaligned {
+				g.calibrations = min(g.calibrations, 1) // re-measure within a second
+			}
+			continue
+		}
 		g.prev, g.cur, g.prevT = g.cur, g.prev, t
 		if !ok {
 			g.lastEnd = end

@@ -182,7 +182,7 @@ func (s *Source) evaluate(d *device, sn hwSnapshot, busy float64) []Finding {
 		var fixes []string
 		if sn.throttle&(nvml.ClocksEventReasonSwPowerCap) != 0 {
 			lvl = max(lvl, WARN)
-			fixes = append(fixes, "power cap: check `nvidia-smi -q -d POWER` (power limit, PSU, -pl settings)")
+			fixes = append(fixes, "power cap: compare the enforced limit with the default in `nvidia-smi -q -d POWER` and restore it if lowered (`nvidia-smi -pl`); at the default limit this is the card's ceiling for this workload")
 		}
 		if sn.throttle&nvml.ClocksEventReasonSwThermalSlowdown != 0 {
 			lvl = max(lvl, WARN)

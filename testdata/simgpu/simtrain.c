@@ -590,6 +590,18 @@ static int data_dir_is_temp;
 static char data_path[4200];
 static char ckpt_path[4200];
 
+static pid_t main_pid;
+
+/* Runs at any exit of the trainer (die() included), never in a child. */
+static void remove_temp_data_dir(void)
+{
+	if (!data_dir_is_temp || getpid() != main_pid)
+		return;
+	unlink(data_path);
+	unlink(ckpt_path);
+	rmdir(data_dir);
+}
+
 static void create_data_file(void)
 {
 	struct stat st;
@@ -870,8 +882,8 @@ static void start_hog(void)
 	hog = mmap(NULL, sizeof(*hog), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (hog == MAP_FAILED)
 		die("mmap: %s", strerror(errno));
-	int p[2];
-	if (pipe2(p, O_CLOEXEC) != 0)
+	int p[2], ready[2];
+	if (pipe2(p, O_CLOEXEC) != 0 || pipe2(ready, O_CLOEXEC) != 0)
 		die("pipe: %s", strerror(errno));
 	/* Pin to the CPU the trainer runs on now; the trainer pins itself there during the stall. */
 	hog_cpu = sched_getcpu();
@@ -884,14 +896,19 @@ static void start_hog(void)
 	if (hog_pid == 0) {
 		child_setup("simtrain-hog");
 		close(p[1]);
+		close(ready[0]);
 		cpu_set_t set;
 		CPU_ZERO(&set);
 		CPU_SET(hog_cpu, &set);
-		if (sched_setaffinity(0, sizeof(set), &set) != 0)
-			_exit(3);
 		struct sched_param sp = {.sched_priority = 1};
-		if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0)
-			_exit(4);
+		int err = 0;
+		if (sched_setaffinity(0, sizeof(set), &set) != 0 ||
+		    sched_setscheduler(0, SCHED_FIFO, &sp) != 0)
+			err = errno;
+		/* Tell the trainer whether the helper can preempt it at all. */
+		if (write(ready[1], &err, sizeof(err)) != (ssize_t)sizeof(err) || err != 0)
+			_exit(1);
+		close(ready[1]);
 		uint64_t deadline;
 		for (;;) {
 			ssize_t n = read(p[0], &deadline, sizeof(deadline));
@@ -907,20 +924,20 @@ static void start_hog(void)
 		}
 	}
 	close(p[0]);
+	close(ready[1]);
 	hog_req_w = p[1];
 	/* Fail now, with a clear message, if the helper could not become real-time. */
-	usleep(1000);
-	int status;
-	for (int i = 0; i < 50; i++) {
-		pid_t r = waitpid(hog_pid, &status, WNOHANG);
-		if (r == hog_pid) {
-			if (WIFEXITED(status) && WEXITSTATUS(status) == 4)
-				die("cpu.contention needs SCHED_FIFO (root or CAP_SYS_NICE)");
-			die("contention helper exited early (status %d)", status);
-		}
-		if (r == 0)
-			break;
-	}
+	int err;
+	ssize_t n;
+	while ((n = read(ready[0], &err, sizeof(err))) < 0 && errno == EINTR)
+		;
+	close(ready[0]);
+	if (n != (ssize_t)sizeof(err))
+		die("contention helper exited during setup");
+	if (err != 0)
+		die("cpu.contention needs a SCHED_FIFO helper pinned to CPU %d (root or "
+		    "CAP_SYS_NICE): %s",
+		    hog_cpu, strerror(err));
 }
 
 /*
@@ -1325,6 +1342,8 @@ int main(int argc, char **argv)
 		if (mkdtemp(data_dir) == NULL)
 			die("create temporary data dir: %s", strerror(errno));
 		data_dir_is_temp = 1;
+		main_pid = getpid();
+		atexit(remove_temp_data_dir);
 	}
 	snprintf(data_path, sizeof(data_path), "%s/simtrain-data.bin", data_dir);
 	snprintf(ckpt_path, sizeof(ckpt_path), "%s/simtrain-ckpt.bin", data_dir);
@@ -1466,11 +1485,6 @@ int main(int argc, char **argv)
 		truth_close();
 	}
 	stop_children();
-	if (data_dir_is_temp) {
-		unlink(data_path);
-		unlink(ckpt_path);
-		rmdir(data_dir);
-	}
 	printf("simtrain: %ld steps in %.3f s (%.1f steps/s)\n", done, (double)wall / 1e9,
 	       (double)done * 1e9 / (double)(wall ? wall : 1));
 	return 0;

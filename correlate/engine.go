@@ -22,8 +22,11 @@ type Config struct {
 	// a gap's end is inferred as the end of the last blocking host activity
 	// of the thread that next issued a copy, collective or sync. That misses
 	// the on-CPU time between that activity and the first launch (the gap is
-	// shorter than the truth by it) and cannot see gaps that no blocking
-	// activity explains (they stay micro idle).
+	// shorter than the truth by it), cannot see gaps that no blocking
+	// activity explains (they stay micro idle), and overstates a gap when
+	// the blocking activity came after launches resumed (launches are
+	// invisible). CPU-ahead stalls are not looked for in lite: without
+	// enqueues the host cannot bound them.
 	Probes string
 	// MinGap: shorter gaps are micro-gaps, accounted per step, not emitted.
 	MinGap time.Duration
@@ -57,6 +60,10 @@ const (
 	holdMax = int64(850 * time.Millisecond)
 	// warmupMax: no period after this long → fixed windows.
 	warmupMax = int64(3 * time.Second)
+	// periodLost: a step open this long (and 10× the usual step) means the
+	// loop stopped syncing (evaluation, a hang): back to fixed windows. Long
+	// enough that a checkpoint stall stays inside its step.
+	periodLost = int64(30 * time.Second)
 	// windowWait: how long a step waits for GPU windows covering its end.
 	windowWait = int64(1500 * time.Millisecond)
 	// retain: how long timelines of non-feeder threads are kept.
@@ -271,6 +278,27 @@ func (e *Engine) Snapshot() Summary {
 	return s
 }
 
+// Stats are the engine's own counters, for logs and self-metrics.
+type Stats struct {
+	// LateEvents arrived after the watermark had passed their end: they
+	// only served as evidence. Many mean EmitDelay is too short for the
+	// tracer's batching.
+	LateEvents uint64
+	// Rejected counts gaps and stalls discarded as untrustworthy: a gap
+	// contradicted by a sync that waited (lost events), a comm stall
+	// contradicted by high SM activity.
+	Rejected uint64
+	// Buffered is the number of events waiting for the watermark.
+	Buffered int
+	// Processes and Threads are the live state sizes.
+	Processes, Threads int
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	return Stats{LateEvents: e.late, Rejected: e.rejected, Buffered: e.buf.Len(), Processes: len(e.procs), Threads: len(e.threads)}
+}
+
 // drain processes buffered events up to wm in end order.
 func (e *Engine) drain(wm int64) {
 	for e.buf.Len() > 0 && e.buf[0].end <= wm {
@@ -403,7 +431,9 @@ func (e *Engine) exit(p *proc, ev *event.Event) {
 		}
 		return
 	}
-	// The process is gone: close what it had open and forget it.
+	// The process is gone: settle what waited for windows or a period
+	// (nothing more will come), close what it had open and forget it.
+	p.resolvePending(true)
 	p.closeAll(ev.End)
 	p.finalizeSteps(true)
 	for tid := range p.tids {

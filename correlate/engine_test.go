@@ -740,3 +740,29 @@ func TestForgetSilentProcesses(t *testing.T) {
 		t.Errorf("%d threads left", len(e.threads))
 	}
 }
+
+func TestHWContextPerStepAndStats(t *testing.T) {
+	s, _ := trainer(stallCases()[0].inject)
+	calls := map[[2]int64]int{}
+	c := &collect{}
+	e := newEngine(c, func(cfg *Config) {
+		cfg.HW = func(dev int, a, b int64) *event.HWContext {
+			calls[[2]int64{a, b}]++
+			return &event.HWContext{Device: dev, SMClockMHz: 1980, SMActivity: -1}
+		}
+	})
+	feed(e, c, s.evs, nil, s.t+2e9, 20*ms, 0)
+	if len(c.steps) < 20 {
+		t.Fatalf("%d steps", len(c.steps))
+	}
+	for _, st := range c.steps {
+		if st.HW == nil || st.HW.SMClockMHz != 1980 || calls[[2]int64{st.Start, st.End}] != 1 {
+			t.Errorf("step %d hw %+v calls %d", st.Number, st.HW, calls[[2]int64{st.Start, st.End}])
+		}
+	}
+	// An event older than the watermark is late: evidence only.
+	e.Event(event.Event{Kind: event.KindSyscall, PID: 100, TID: 100, Start: t0, End: t0 + ms, Syscall: event.SysRead})
+	if st := e.Stats(); st.LateEvents != 1 || st.Buffered != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}

@@ -257,7 +257,7 @@ func (s *stepper) tick(p *proc, t int64) {
 			o = s.steps[len(s.steps)-1]
 		}
 	case modePeriod:
-		if s.typical > 0 && t-o.Start > max(10*s.typical, warmupMax) {
+		if s.typical > 0 && t-o.Start > max(10*s.typical, periodLost) {
 			p.e.log.Info("no step boundary for long, falling back to fixed windows", "pid", p.pid)
 			s.toWindows(p, t)
 		}

@@ -290,3 +290,78 @@ func TestSimtrainShape(t *testing.T) {
 	}
 	checkTotals(t, c, sum)
 }
+
+func TestCheckpointStallStaysInItsStep(t *testing.T) {
+	s := newSim()
+	for i := 0; i < 30; i++ {
+		if i == 20 {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysWrite, Name: "write", FDKind: event.FDFile,
+				Path: "/ckpt/step_20.pt"}, 8_000*ms)
+		}
+		s.step(20, 2*ms, 100*us)
+	}
+	c := &collect{}
+	feed(newEngine(c, nil), c, s.evs, nil, s.t+2e9, 20*ms, 0)
+	big := bigGaps(c.gaps)
+	if len(big) != 1 || big[0].Cause != CauseIOWrite {
+		t.Fatalf("gaps %+v", big)
+	}
+	for _, st := range c.steps {
+		if st.Window && st.Number > 1 {
+			t.Errorf("step %d became a window", st.Number)
+		}
+		if st.Number == big[0].Step && (st.Gaps != 1 || st.BoundedIdleNS != big[0].Duration || st.End-st.Start < 8_000*ms) {
+			t.Errorf("stall step %+v", st)
+		}
+	}
+}
+
+func TestEvalPhaseFallsBackToWindowsAndBack(t *testing.T) {
+	s := newSim()
+	for i := 0; i < 20; i++ {
+		s.step(20, 2*ms, 100*us)
+	}
+	// 40 s of evaluation: launches, no syncs.
+	evalStart := s.t
+	for s.t < evalStart+40_000*ms {
+		s.launches(50, 200*us, 100*us)
+	}
+	s.sync()
+	for i := 0; i < 20; i++ {
+		s.step(20, 2*ms, 100*us)
+	}
+	c := &collect{}
+	feed(newEngine(c, nil), c, s.evs, nil, s.t+2e9, 100*ms, 0)
+	var windows, after int
+	for i, st := range c.steps {
+		if i > 0 && st.Number != c.steps[i-1].Number+1 {
+			t.Errorf("numbering jumps from %d to %d", c.steps[i-1].Number, st.Number)
+		}
+		if st.Window && st.Start >= evalStart {
+			windows++
+		}
+		if !st.Window && st.Start > evalStart+40_000*ms {
+			after++
+		}
+	}
+	if windows < 5 || after < 10 {
+		t.Errorf("%d windows in the eval phase, %d steps after it", windows, after)
+	}
+}
+
+func TestProcessExitFlushes(t *testing.T) {
+	s, _ := trainer(stallCases()[0].inject)
+	s.evs = append(s.evs, event.Event{Kind: event.KindExit, PID: s.pid, TID: s.pid, Start: s.t + ms, End: s.t + ms})
+	c := &collect{}
+	e := newEngine(c, nil)
+	for _, ev := range s.evs {
+		e.Event(ev)
+	}
+	e.Advance(s.t + 10*ms + int64(DefaultEmitDelay))
+	if len(bigGaps(c.gaps)) != 1 || len(c.steps) < 20 {
+		t.Fatalf("after exit: %d gaps, %d steps", len(bigGaps(c.gaps)), len(c.steps))
+	}
+	if len(e.procs) != 1 || len(e.threads) != 0 { // the worker remains
+		t.Errorf("state left: %d procs, %d threads", len(e.procs), len(e.threads))
+	}
+}

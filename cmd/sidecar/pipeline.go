@@ -288,14 +288,13 @@ func (p *pipeline) Stats() live.Stats {
 	return s
 }
 
-// Close detaches the probes first, so nothing of ours stays in the kernel
-// even if flushing the exporter then takes its whole deadline.
+// Close finishes correlation and flushes the exporter within ctx, then
+// detaches every probe. Detaching has no deadline: it must complete, or
+// probes of ours would outlive the session.
 func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 	st := p.tr.Stats()
 	var errs []error
-	if err := p.tr.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("detach probes: %w", err))
-	}
+	t0 := time.Now()
 	sum := p.eng.Close(time.Now().UnixNano())
 	sum.DroppedEvents = max(sum.DroppedEvents, st.RingDrops)
 	p.exp.Summary(sum, sum.DroppedEvents)
@@ -305,7 +304,14 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 	if es := p.exp.Stats(); es.SpansDropped > 0 || es.GapsDropped > 0 {
 		p.log.Warn("exporter dropped data", "spans_dropped", es.SpansDropped, "gaps_dropped", es.GapsDropped, "export_errors", es.ExportErrors)
 	}
+	t1 := time.Now()
+	p.log.Info("detaching probes")
+	if err := p.tr.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("detach probes: %w", err))
+	}
+	t2 := time.Now()
 	p.closeGPU()
+	p.log.Debug("pipeline closed", "flush", t1.Sub(t0), "detach", t2.Sub(t1))
 	return sum, errors.Join(errs...)
 }
 

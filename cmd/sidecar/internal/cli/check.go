@@ -180,8 +180,11 @@ func RunChecks(ctx context.Context, h Host, cfg *config.Config, gpu GPUInspector
 			if caps.Has(proc.CapSysAdmin) {
 				detail = "CAP_SYS_ADMIN (root)"
 			}
-			if !caps.Has(proc.CapSysResource) {
-				add(Warn, "privileges", detail+"; CAP_SYS_RESOURCE missing", "grant CAP_SYS_RESOURCE if map creation fails with EPERM on kernels before 5.11 (memlock limit)")
+			// Before 5.11 BPF memory counts against RLIMIT_MEMLOCK, which
+			// only CAP_SYS_RESOURCE may raise; later kernels charge the
+			// memory cgroup instead.
+			if major, minor, ok := parseRelease(rel); !caps.Has(proc.CapSysResource) && ok && (major < 5 || major == 5 && minor < 11) {
+				add(Warn, "privileges", detail+"; CAP_SYS_RESOURCE missing", "grant CAP_SYS_RESOURCE: before Linux 5.11 BPF maps need a raised memlock limit")
 			} else {
 				add(OK, "privileges", detail, "")
 			}

@@ -204,6 +204,8 @@ func load(cmd config.Command, args []string, deps Deps) (config.Config, []string
 	return cfg, rest, ExitUsage, false
 }
 
+// newLogger returns the base logger; each component adds its own
+// "component" attribute.
 func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
 	var lvl slog.Level
 	lvl.UnmarshalText([]byte(cfg.LogLevel)) //nolint:errcheck // validated by config
@@ -310,6 +312,7 @@ type session struct {
 // open prepares outputs and builds the pipeline. On error nothing is left
 // open.
 func openSession(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Logger, targetPID int, argv []string) (*session, error) {
+	base := newLogger(cfg, deps.Stderr)
 	s := &session{cmd: cfg.Command, cfg: cfg, deps: deps, log: log, agg: live.NewAggregator(nil)}
 	if !cfg.OTLPConfigured(deps.Getenv) {
 		s.spans = cfg.SpansOut
@@ -330,7 +333,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, log *slog.L
 	}
 	pipe, err := deps.NewPipeline(ctx, PipelineConfig{
 		Config: cfg, Sink: sinks, Snapshot: s.agg.SetSummary, Spans: s.spans,
-		TargetPID: targetPID, TargetCmdline: argv, Logger: log,
+		TargetPID: targetPID, TargetCmdline: argv, Logger: base,
 	})
 	if err != nil {
 		if s.gaps != nil {
@@ -408,6 +411,7 @@ func (s *session) finish() error {
 		close(s.viewStop)
 		<-s.viewDone
 	}
+	s.agg.Stop()
 	stats := s.pipe.Stats()
 	cctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	sum, err := s.pipe.Close(cctx)

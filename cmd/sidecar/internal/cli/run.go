@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -145,7 +146,12 @@ func (s *session) abort() {
 	}
 }
 
+// shortCmd is a command line for titles: the program's base name and as
+// many arguments as fit.
 func shortCmd(argv []string) string {
+	if len(argv) > 0 {
+		argv = append([]string{filepath.Base(argv[0])}, argv[1:]...)
+	}
 	s := strings.Join(argv, " ")
 	if r := []rune(s); len(r) > 60 {
 		s = string(r[:59]) + "…"

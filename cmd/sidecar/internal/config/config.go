@@ -8,7 +8,6 @@
 package config
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -192,7 +191,7 @@ var options = []option{
 		}},
 	{name: "prometheus", usage: "serve Prometheus metrics on `ADDR` (e.g. :9464)",
 		set: stringSetter(func(c *Config) *string { return &c.Prometheus })},
-	{name: "nvml-lib", usage: "path of libnvidia-ml.so.1 (default: the dynamic loader's)",
+	{name: "nvml-lib", usage: "path of libnvidia-ml.so.1 (default: the dynamic loader's)", cmds: []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
 		set: stringSetter(func(c *Config) *string { return &c.NVMLLib })},
 	{name: "cuda-lib", usage: "path of libcuda.so.1 to probe (default: found in the target)",
 		set: stringSetter(func(c *Config) *string { return &c.CUDALib })},
@@ -303,10 +302,10 @@ func Load(cmd Command, args []string, getenv func(string) string, usageOut io.Wr
 		var ignored Problems
 		fs := FlagSet(cmd, &scratch, &ignored, io.Discard)
 		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				FlagSet(cmd, &scratch, &ignored, usageOut).Parse(args) //nolint:errcheck // prints usage
-				return cfg, nil, &UsageError{Err: err}
-			}
+			// Parse again where the user sees it: flag prints the error
+			// (or the help) and the usage.
+			var again Config = Defaults(cmd)
+			FlagSet(cmd, &again, &ignored, usageOut).Parse(args) //nolint:errcheck // same error as err
 			return cfg, nil, &UsageError{Err: err}
 		}
 		if scratch.ConfigFile != "" {
@@ -430,6 +429,11 @@ func (c *Config) validate(rest []string) Problems {
 		p = append(p, fmt.Sprintf("%s: unexpected arguments: %s", c.Command, strings.Join(rest, " ")))
 	}
 	if c.Command == CmdCheck {
+		if c.NVMLLib != "" {
+			if _, err := os.Stat(c.NVMLLib); err != nil {
+				p = append(p, fmt.Sprintf("--nvml-lib: %v", err))
+			}
+		}
 		return p
 	}
 	if c.MinGap <= 0 {

@@ -49,9 +49,10 @@ type peerAgg struct {
 
 // Aggregator accumulates results for the live view and the summary.
 type Aggregator struct {
-	mu    sync.Mutex
-	start time.Time
-	now   func() time.Time
+	mu      sync.Mutex
+	start   time.Time
+	now     func() time.Time
+	stopped time.Time // when tracing stopped; zero while it runs
 
 	snap     correlate.Summary
 	haveSnap bool
@@ -77,6 +78,16 @@ func NewAggregator(now func() time.Time) *Aggregator {
 	}
 	return &Aggregator{start: now(), now: now, stepCause: map[correlate.Cause]int64{},
 		gapCause: map[correlate.Cause]int64{}, files: map[string]*fileAgg{}, peers: map[string]*peerAgg{}}
+}
+
+// Stop freezes the clock: tracing has ended, and the summary's elapsed
+// time and step rate cover the traced period only, not the shutdown.
+func (a *Aggregator) Stop() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stopped.IsZero() {
+		a.stopped = a.now()
+	}
 }
 
 // Gap implements correlate.Sink.
@@ -191,6 +202,9 @@ func (a *Aggregator) View(title string) View {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.now()
+	if !a.stopped.IsZero() {
+		now = a.stopped
+	}
 	v := View{Title: title, Elapsed: now.Sub(a.start), Steps: a.steps, Gaps: a.gaps, Stats: a.stats, IdlePct: -1}
 	v.Stats.Missing = slices.Clone(a.stats.Missing)
 	v.Stats.Targets = slices.Clone(a.stats.Targets)
@@ -202,7 +216,10 @@ func (a *Aggregator) View(title string) View {
 	for i := len(a.stepEnds) - 1; i >= 0 && now.Sub(a.stepEnds[i]) <= rateWindow; i-- {
 		recent++
 	}
-	if recent > 0 {
+	switch {
+	case !a.stopped.IsZero() && v.Elapsed > 0:
+		v.StepsPerSec = float64(a.steps) / v.Elapsed.Seconds()
+	case recent > 0:
 		span := min(rateWindow, v.Elapsed)
 		if span > 0 {
 			v.StepsPerSec = float64(recent) / span.Seconds()
@@ -381,17 +398,17 @@ func trimLeft(s string, n int) string {
 }
 
 func writeEvidence(b *strings.Builder, v View, width int) {
-	nameW := width - 36
+	nameW := width - 41
 	if len(v.TopFiles) > 0 {
-		fmt.Fprintf(b, "\ntop files%s %9s %10s\n", strings.Repeat(" ", max(0, nameW+10-9)), "blocked", "bytes")
+		fmt.Fprintf(b, "\ntop files%s %9s %10s\n", strings.Repeat(" ", max(0, nameW+15-9)), "blocked", "bytes")
 		for _, f := range v.TopFiles {
-			fmt.Fprintf(b, "  %-*s %-6s %9s %10s\n", nameW, trimLeft(f.Name, nameW), f.Note, FormatNS(f.NS), FormatBytes(f.Bytes))
+			fmt.Fprintf(b, "  %-*s %-11s %9s %10s\n", nameW, trimLeft(f.Name, nameW), f.Note, FormatNS(f.NS), FormatBytes(f.Bytes))
 		}
 	}
 	if len(v.TopPeers) > 0 {
-		fmt.Fprintf(b, "\ntop peers%s %9s %10s\n", strings.Repeat(" ", max(0, nameW+10-9)), "blocked", "bytes")
+		fmt.Fprintf(b, "\ntop peers%s %9s %10s\n", strings.Repeat(" ", max(0, nameW+15-9)), "blocked", "bytes")
 		for _, p := range v.TopPeers {
-			fmt.Fprintf(b, "  %-*s %-6s %9s %10s\n", nameW, trimLeft(p.Name+" "+p.Note, nameW), "", FormatNS(p.NS), FormatBytes(p.Bytes))
+			fmt.Fprintf(b, "  %-*s %-11s %9s %10s\n", nameW, trimLeft(p.Name+" "+p.Note, nameW), "", FormatNS(p.NS), FormatBytes(p.Bytes))
 		}
 	}
 }
@@ -435,7 +452,7 @@ func Summary(v View, out Outputs, width int) string {
 	b.WriteString("summary\n")
 	b.WriteString(Frame(v, width))
 	if len(v.Stats.Missing) > 0 {
-		fmt.Fprintf(&b, "\nprobes not attached: %s\n", strings.Join(v.Stats.Missing, ", "))
+		fmt.Fprintf(&b, "\nprobes not attached (%d): %s\n", len(v.Stats.Missing), missingList(v.Stats.Missing, 6))
 	}
 	if v.Steps == 0 && v.Gaps == 0 {
 		b.WriteString("\nno GPU activity was attributed: the target made no CUDA calls gaptrace could see\n" +
@@ -454,6 +471,24 @@ func Summary(v View, out Outputs, width int) string {
 	}
 	b.WriteString(rule + "\n")
 	return b.String()
+}
+
+// missingList shortens the tracer's "library path: symbol NAME" warnings
+// to distinct names, at most n of them.
+func missingList(missing []string, n int) string {
+	var names []string
+	for _, m := range missing {
+		if i := strings.LastIndex(m, "symbol "); i >= 0 {
+			m = m[i+len("symbol "):]
+		}
+		if !slices.Contains(names, m) {
+			names = append(names, m)
+		}
+	}
+	if len(names) > n {
+		return strings.Join(names[:n], ", ") + fmt.Sprintf(", … (%d more)", len(names)-n)
+	}
+	return strings.Join(names, ", ")
 }
 
 // Terminal redraws a frame in place with ANSI escapes: it moves the cursor

@@ -55,9 +55,16 @@ func TestWatchAndLibraries(t *testing.T) {
 	if w.Exited() {
 		t.Fatal("exited too early")
 	}
-	libs, err := Libraries(cmd.Process.Pid, "libc.so", "libcuda.so")
-	if err != nil {
-		t.Fatal(err)
+	// The dynamic loader maps libc shortly after exec: poll for it.
+	var libs map[string][]string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		libs, err = Libraries(cmd.Process.Pid, "libc.so", "libcuda.so")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(libs["libc.so"]) > 0 {
+			break
+		}
 	}
 	if len(libs["libc.so"]) == 0 || len(libs["libcuda.so"]) != 0 {
 		t.Errorf("libraries of sleep: %v", libs)

@@ -26,6 +26,12 @@ char __license[] SEC("license") = "Dual MIT/GPL";
  * not emitted. Set by user space before load. */
 const volatile __u64 threshold_ns = 50000;
 
+/* Records are committed without waking the reader until this much data is
+ * pending; the reader polls on a short timer otherwise. Waking it per record
+ * costs the traced thread a context switch on every emitted event (the woken
+ * reader preempts it on small machines). Set by user space. */
+const volatile __u64 wakeup_bytes = 1 << 20;
+
 /* Per-thread state, keyed by pid_tgid. Entry and return of a probed call are
  * paired here; sched_process_exit deletes the entry. LRU so that a thread whose
  * exit we missed (tracer started late) cannot leak an entry forever. */
@@ -131,6 +137,12 @@ static __always_inline void *reserve(__u64 size)
 			*d += 1;
 	}
 	return p;
+}
+
+static __always_inline void submit(void *rec)
+{
+	__u64 pending = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	bpf_ringbuf_submit(rec, pending >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
 static __always_inline void hdr_fill(struct event_hdr *h, __u32 type, __u32 kind, __u64 id, __u64 ktime)

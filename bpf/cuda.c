@@ -102,7 +102,7 @@ int cuda_launch(struct pt_regs *ctx)
 	e->count = t->launches + 1;
 	e->ret = 0;
 	e->func = cookie & 0xff;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	t->launches = 0;
 	t->busy = 1;
 	return 0;
@@ -160,7 +160,7 @@ int cuda_async(struct pt_regs *ctx)
 	e->count = 0;
 	e->ret = 0;
 	e->func = func;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -253,6 +253,6 @@ int cuda_block_exit(struct pt_regs *ctx)
 		e->count = t->launches;
 		t->launches = 0;
 	}
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }

@@ -121,7 +121,7 @@ int nccl_coll(struct pt_regs *ctx)
 	e->op = op;
 	e->datatype = dt;
 	e->ret = 0;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -187,7 +187,7 @@ int nccl_group_end_exit(struct pt_regs *ctx)
 	e->op = 0;
 	e->datatype = 0;
 	e->ret = (__s32)PT_REGS_RC(ctx);
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	t->group_ops = 0;
 	return 0;
 }

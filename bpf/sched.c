@@ -7,7 +7,7 @@
  * K_RUNQUEUE event. A thread that blocked outside any traced syscall or probed
  * call (page fault on a mapped file, ...) for at least threshold_ns is
  * K_OFFCPU.
- * sched_wakeup(_new): the waker is recorded in the wakee's state, so the
+ * sched_waking, sched_wakeup_new: the waker is recorded in the wakee's state, so the
  * syscall or off-CPU event that ends says who ended it (data-loader worker,
  * logging thread, ...).
  * sched_process_fork: children of traced processes are traced from their
@@ -61,7 +61,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	hdr_fill(&e->hdr, EV_SCHED, kind, nid, now);
 	e->start_ns = start;
 	e->waker = kind == K_OFFCPU ? t->waker : 0;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	arm_enqueue(t);
 	return 0;
 }
@@ -77,8 +77,12 @@ static __always_inline void record_waker(struct task_struct *p)
 		t->waker = bpf_get_current_pid_tgid();
 }
 
-SEC("tp_btf/sched_wakeup")
-int BPF_PROG(on_sched_wakeup, struct task_struct *p)
+/* sched_waking, not sched_wakeup: a wakeup completed through the remote
+ * CPU's wake list fires sched_wakeup in that CPU's interrupt context, where
+ * current is whatever ran there (often idle). sched_waking always runs in
+ * the waker's context. */
+SEC("tp_btf/sched_waking")
+int BPF_PROG(on_sched_waking, struct task_struct *p)
 {
 	record_waker(p);
 	return 0;
@@ -114,7 +118,7 @@ int BPF_PROG(on_sched_process_fork, struct task_struct *parent, struct task_stru
 	e->_pad = 0;
 	BPF_CORE_READ_STR_INTO(&e->comm, child, comm);
 	e->filename[0] = 0;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -136,7 +140,7 @@ int BPF_PROG(on_sched_process_exec, struct task_struct *p, pid_t old_pid, struct
 	e->_pad = 0;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
 	bpf_probe_read_kernel_str(&e->filename, sizeof(e->filename), BPF_CORE_READ(bprm, filename));
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -160,6 +164,6 @@ int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 	e->_pad = 0;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
 	e->filename[0] = 0;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }

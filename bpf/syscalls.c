@@ -83,7 +83,7 @@ static __always_inline void emit_fd(struct thread_state *t, __u64 id, __u64 now,
 	} else {
 		e->fd = (__s32)t->sc_arg0;
 	}
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 }
 
 SEC("tracepoint/syscalls/sys_exit")
@@ -107,7 +107,7 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 			struct event_hdr *h = reserve(sizeof(*h));
 			if (h) {
 				hdr_fill(h, EV_MMAP, 0, id, now);
-				bpf_ringbuf_submit(h, 0);
+				submit(h);
 			}
 		}
 		return 0;
@@ -138,7 +138,7 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		e->fd = fd_of(cls, t->sc_arg0);
 		e->class = cls;
 		e->_pad = 0;
-		bpf_ringbuf_submit(e, 0);
+		submit(e);
 	}
 	t->sc_start = 0;
 	arm_enqueue(t);

@@ -32,20 +32,6 @@ type cudaEventHdr struct {
 	KtimeNs uint64
 }
 
-type cudaNcclEvent struct {
-	_        structs.HostLayout
-	Hdr      cudaEventHdr
-	StartNs  uint64
-	Count    uint64
-	Bytes    uint64
-	Comm     uint64
-	Stream   uint64
-	Peer     int32
-	Op       uint32
-	Datatype uint32
-	Ret      int32
-}
-
 type cudaShortKey struct {
 	_       structs.HostLayout
 	PidTgid uint64
@@ -97,6 +83,7 @@ const (
 	cudaVarUnusedSchedEvent   = "unused_sched_event"
 	cudaVarUnusedShortKey     = "unused_short_key"
 	cudaVarUnusedSyscallEvent = "unused_syscall_event"
+	cudaVarWakeupBytes        = "wakeup_bytes"
 )
 
 // loadCuda returns the embedded CollectionSpec for cuda.
@@ -171,6 +158,7 @@ type cudaVariableSpecs struct {
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
 	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
+	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // cudaObjects contains all objects after they have been loaded into the kernel.
@@ -223,6 +211,7 @@ type cudaVariables struct {
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
 	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
+	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // cudaPrograms contains all programs after they have been loaded into the kernel.

@@ -42,7 +42,8 @@ type fdResolver struct {
 	inodesBuilt time.Time
 }
 
-const inodeTTL = time.Second
+// inodeRescan rate-limits rescans of every /proc/PID/fd after a miss.
+const inodeTTL = 20 * time.Millisecond
 
 func newFDResolver(procRoot string) *fdResolver {
 	return &fdResolver{procRoot: procRoot, cache: make(map[fdKey]fdInfo)}
@@ -103,7 +104,8 @@ func (r *fdResolver) resolve(pid uint32, fd int32) fdInfo {
 	r.mu.Unlock()
 
 	info := r.lookup(pid, fd)
-	if info.kind != event.FDUnknown {
+	// An unconnected socket may connect later: only cache what is final.
+	if info.kind != event.FDUnknown && (info.kind != event.FDSocket || info.peerAddr != "" || !strings.HasPrefix(info.path, "socket:")) {
 		r.mu.Lock()
 		r.cache[k] = info
 		r.mu.Unlock()
@@ -187,6 +189,7 @@ type ipSocket struct {
 	localIP, remIP     net.IP
 	localPort, remPort uint64
 	inode              uint64
+	state              uint64
 }
 
 func fromTCP(t procfs.NetTCP, err error) ([]ipSocket, error) {
@@ -195,7 +198,7 @@ func fromTCP(t procfs.NetTCP, err error) ([]ipSocket, error) {
 	}
 	out := make([]ipSocket, 0, len(t))
 	for _, l := range t {
-		out = append(out, ipSocket{localIP: l.LocalAddr, remIP: l.RemAddr, localPort: l.LocalPort, remPort: l.RemPort, inode: l.Inode})
+		out = append(out, ipSocket{localIP: l.LocalAddr, remIP: l.RemAddr, localPort: l.LocalPort, remPort: l.RemPort, inode: l.Inode, state: l.St})
 	}
 	return out, nil
 }
@@ -206,7 +209,7 @@ func fromUDP(t procfs.NetUDP, err error) ([]ipSocket, error) {
 	}
 	out := make([]ipSocket, 0, len(t))
 	for _, l := range t {
-		out = append(out, ipSocket{localIP: l.LocalAddr, remIP: l.RemAddr, localPort: l.LocalPort, remPort: l.RemPort, inode: l.Inode})
+		out = append(out, ipSocket{localIP: l.LocalAddr, remIP: l.RemAddr, localPort: l.LocalPort, remPort: l.RemPort, inode: l.Inode, state: l.St})
 	}
 	return out, nil
 }
@@ -220,11 +223,23 @@ func (r *fdResolver) loopbackPeer(rows []ipSocket, s ipSocket) uint32 {
 			continue
 		}
 		if o.localPort == s.remPort && o.remPort == s.localPort && o.localIP.Equal(s.remIP) && o.remIP.Equal(s.localIP) {
+			if pid := r.inodeOwner(o.inode); pid != 0 {
+				return pid
+			}
+			break
+		}
+	}
+	// Not accepted yet (an unaccepted socket has no inode) or its holder
+	// not found: the server is whoever holds the listening socket.
+	for _, o := range rows {
+		if o.state == tcpListen && o.inode != 0 && o.localPort == s.remPort && (o.localIP.Equal(s.remIP) || o.localIP.IsUnspecified()) {
 			return r.inodeOwner(o.inode)
 		}
 	}
 	return 0
 }
+
+const tcpListen = 0x0a
 
 func (r *fdResolver) inodeOwner(ino uint64) uint32 {
 	r.mu.Lock()

@@ -84,6 +84,7 @@ const (
 	ncclVarUnusedSchedEvent   = "unused_sched_event"
 	ncclVarUnusedShortKey     = "unused_short_key"
 	ncclVarUnusedSyscallEvent = "unused_syscall_event"
+	ncclVarWakeupBytes        = "wakeup_bytes"
 )
 
 // loadNccl returns the embedded CollectionSpec for nccl.
@@ -158,6 +159,7 @@ type ncclVariableSpecs struct {
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
 	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
+	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // ncclObjects contains all objects after they have been loaded into the kernel.
@@ -210,6 +212,7 @@ type ncclVariables struct {
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
 	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
+	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // ncclPrograms contains all programs after they have been loaded into the kernel.

@@ -85,8 +85,8 @@ const (
 	schedProgOnSchedProcessExit = "on_sched_process_exit"
 	schedProgOnSchedProcessFork = "on_sched_process_fork"
 	schedProgOnSchedSwitch      = "on_sched_switch"
-	schedProgOnSchedWakeup      = "on_sched_wakeup"
 	schedProgOnSchedWakeupNew   = "on_sched_wakeup_new"
+	schedProgOnSchedWaking      = "on_sched_waking"
 	schedVarThresholdNs         = "threshold_ns"
 	schedVarUnusedCudaEvent     = "unused_cuda_event"
 	schedVarUnusedEventHdr      = "unused_event_hdr"
@@ -96,6 +96,7 @@ const (
 	schedVarUnusedSchedEvent    = "unused_sched_event"
 	schedVarUnusedShortKey      = "unused_short_key"
 	schedVarUnusedSyscallEvent  = "unused_syscall_event"
+	schedVarWakeupBytes         = "wakeup_bytes"
 )
 
 // loadSched returns the embedded CollectionSpec for sched.
@@ -144,8 +145,8 @@ type schedProgramSpecs struct {
 	OnSchedProcessExit *ebpf.ProgramSpec `ebpf:"on_sched_process_exit"`
 	OnSchedProcessFork *ebpf.ProgramSpec `ebpf:"on_sched_process_fork"`
 	OnSchedSwitch      *ebpf.ProgramSpec `ebpf:"on_sched_switch"`
-	OnSchedWakeup      *ebpf.ProgramSpec `ebpf:"on_sched_wakeup"`
 	OnSchedWakeupNew   *ebpf.ProgramSpec `ebpf:"on_sched_wakeup_new"`
+	OnSchedWaking      *ebpf.ProgramSpec `ebpf:"on_sched_waking"`
 }
 
 // schedMapSpecs contains maps before they are loaded into the kernel.
@@ -172,6 +173,7 @@ type schedVariableSpecs struct {
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
 	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
+	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // schedObjects contains all objects after they have been loaded into the kernel.
@@ -224,6 +226,7 @@ type schedVariables struct {
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
 	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
+	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // schedPrograms contains all programs after they have been loaded into the kernel.
@@ -234,8 +237,8 @@ type schedPrograms struct {
 	OnSchedProcessExit *ebpf.Program `ebpf:"on_sched_process_exit"`
 	OnSchedProcessFork *ebpf.Program `ebpf:"on_sched_process_fork"`
 	OnSchedSwitch      *ebpf.Program `ebpf:"on_sched_switch"`
-	OnSchedWakeup      *ebpf.Program `ebpf:"on_sched_wakeup"`
 	OnSchedWakeupNew   *ebpf.Program `ebpf:"on_sched_wakeup_new"`
+	OnSchedWaking      *ebpf.Program `ebpf:"on_sched_waking"`
 }
 
 func (p *schedPrograms) Close() error {
@@ -244,8 +247,8 @@ func (p *schedPrograms) Close() error {
 		p.OnSchedProcessExit,
 		p.OnSchedProcessFork,
 		p.OnSchedSwitch,
-		p.OnSchedWakeup,
 		p.OnSchedWakeupNew,
+		p.OnSchedWaking,
 	)
 }
 

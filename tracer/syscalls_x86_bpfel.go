@@ -97,6 +97,7 @@ const (
 	syscallsVarUnusedSchedEvent   = "unused_sched_event"
 	syscallsVarUnusedShortKey     = "unused_short_key"
 	syscallsVarUnusedSyscallEvent = "unused_syscall_event"
+	syscallsVarWakeupBytes        = "wakeup_bytes"
 )
 
 // loadSyscalls returns the embedded CollectionSpec for syscalls.
@@ -170,6 +171,7 @@ type syscallsVariableSpecs struct {
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
 	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
+	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // syscallsObjects contains all objects after they have been loaded into the kernel.
@@ -224,6 +226,7 @@ type syscallsVariables struct {
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
 	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
+	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // syscallsPrograms contains all programs after they have been loaded into the kernel.

@@ -77,11 +77,22 @@ type ringReader struct {
 	rec ringbuf.Record
 }
 
+// ringPoll bounds how long a record waits in the ring buffer: the programs
+// wake the reader only when a quarter of the ring is pending (see
+// wakeup_bytes in bpf/common.h), so the reader looks on its own this often.
+const ringPoll = 5 * time.Millisecond
+
 func (r *ringReader) Read() ([]byte, error) {
-	if err := r.rd.ReadInto(&r.rec); err != nil {
-		return nil, err
+	for {
+		r.rd.SetDeadline(time.Now().Add(ringPoll))
+		err := r.rd.ReadInto(&r.rec)
+		if err == nil {
+			return r.rec.RawSample, nil
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, err
+		}
 	}
-	return r.rec.RawSample, nil
 }
 
 func (r *ringReader) Close() error { return r.rd.Close() }
@@ -115,6 +126,7 @@ type Tracer struct {
 	rescan    chan uint32
 	done      chan struct{}
 	wg        sync.WaitGroup
+	detaching sync.WaitGroup // uprobes of exited processes being closed
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -243,6 +255,9 @@ func (t *Tracer) load() error {
 		if err := v.Set(uint64(t.cfg.SyscallThreshold.Nanoseconds())); err != nil {
 			return fmt.Errorf("%s object: set threshold_ns: %w", s.name, err)
 		}
+		if err := spec.Variables["wakeup_bytes"].Set(uint64(ringSize(t.cfg.RingBufferBytes) / 4)); err != nil {
+			return fmt.Errorf("%s object: set wakeup_bytes: %w", s.name, err)
+		}
 		if len(t.shared) == 0 {
 			for _, name := range sharedMaps {
 				m, err := ebpf.NewMap(spec.Maps[name])
@@ -307,7 +322,7 @@ func (t *Tracer) attachTracepoints() error {
 		prog *ebpf.Program
 	}{
 		{"sched_switch", t.sched.OnSchedSwitch},
-		{"sched_wakeup", t.sched.OnSchedWakeup},
+		{"sched_waking", t.sched.OnSchedWaking},
 		{"sched_wakeup_new", t.sched.OnSchedWakeupNew},
 		{"sched_process_fork", t.sched.OnSchedProcessFork},
 		{"sched_process_exec", t.sched.OnSchedProcessExec},
@@ -548,26 +563,28 @@ func closeLinks(ls []link.Link) error {
 	return errors.Join(errs...)
 }
 
-// dropProcess detaches a process's uprobes and forgets its state (it exited
-// or exec'd; after exec its mappings are new and get rescanned).
-func (t *Tracer) dropProcess(pid uint32, keep bool) {
+// dropProcess detaches a process's uprobes and forgets its state (it exited).
+func (t *Tracer) dropProcess(pid uint32) {
 	t.mu.Lock()
 	ps, ok := t.procs[pid]
 	if ok {
-		if keep {
-			t.procs[pid] = &procState{libs: make(map[string]*libAttach)}
-		} else {
-			delete(t.procs, pid)
-		}
+		delete(t.procs, pid)
+	}
+	if ok && len(ps.libs) > 0 {
+		// Unregistering a uprobe waits for an RCU grace period (tens of
+		// ms each here): never on the decode path, or the ring buffer
+		// fills while a process with many probes exits.
+		t.detaching.Add(1)
+		go func() {
+			defer t.detaching.Done()
+			for _, la := range ps.libs {
+				if err := closeLinks(la.links); err != nil {
+					t.log.Debug("detach uprobes", "pid", pid, "error", err)
+				}
+			}
+		}()
 	}
 	t.mu.Unlock()
-	if ok {
-		for _, la := range ps.libs {
-			if err := closeLinks(la.links); err != nil {
-				t.log.Debug("detach uprobes", "pid", pid, "error", err)
-			}
-		}
-	}
 	t.fds.forgetProcess(pid)
 }
 
@@ -617,7 +634,7 @@ func (t *Tracer) rescanLoop() {
 			t.mu.Unlock()
 			for _, pid := range pids {
 				if _, err := os.Stat(fmt.Sprintf("%s/%d", procRoot, pid)); err != nil {
-					t.dropProcess(pid, false)
+					t.dropProcess(pid)
 					continue
 				}
 				t.scanProcess(pid)
@@ -679,11 +696,14 @@ func (t *Tracer) handle(d *decoded) {
 			t.requestRescan(ev.ChildPID)
 		}
 	case ctlExec:
-		t.dropProcess(ev.PID, true)
+		// Uprobes stay: they are bound to the task and the library inode,
+		// so they hold across exec for a library the new image maps again.
+		// Libraries it maps for the first time are picked up by the rescan.
+		t.fds.forgetProcess(ev.PID)
 		t.comms.set(ev.TID, ev.TaskComm)
 		t.requestRescan(ev.PID)
 	case ctlProcessGone:
-		t.dropProcess(ev.PID, false)
+		t.dropProcess(ev.PID)
 	case ctlFDChanged:
 		if ev.Kind == event.KindClose {
 			if info, ok := t.fds.cached(ev.PID, ev.FD); ok {
@@ -698,6 +718,9 @@ func (t *Tracer) handle(d *decoded) {
 		}
 	}
 	if ev.Kind == event.KindSyscall && ev.FD >= 0 {
+		if ev.Name == "connect" {
+			t.fds.invalidate(ev.PID, ev.FD) // the peer changed
+		}
 		applyFD(ev, t.fds.resolve(ev.PID, ev.FD))
 	}
 	if ev.TaskComm == "" {
@@ -762,6 +785,7 @@ func (t *Tracer) Close() error {
 		t.mu.Unlock()
 		close(t.done)
 		t.wg.Wait()
+		t.detaching.Wait()
 
 		var errs []error
 		for _, ps := range procs {

@@ -1,0 +1,132 @@
+package tracer
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// fdOf returns the fd number behind a net.Conn / net.Listener / *os.File.
+func fdOf(t *testing.T, c interface {
+	File() (*os.File, error)
+}) (int32, func()) {
+	t.Helper()
+	// File() dups the fd; the dup refers to the same socket inode, which is
+	// what resolution is about.
+	f, err := c.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(f.Fd()), func() { f.Close() }
+}
+
+func TestFDResolveFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "data.bin")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := newFDResolver("/proc")
+	pid := uint32(os.Getpid())
+	info := r.resolve(pid, int32(f.Fd()))
+	if info.kind != event.FDFile || info.path != path {
+		t.Fatalf("file: got %+v, want %s", info, path)
+	}
+	// cached until invalidated
+	if _, ok := r.cached(pid, int32(f.Fd())); !ok {
+		t.Fatal("resolution not cached")
+	}
+	r.invalidate(pid, int32(f.Fd()))
+	if _, ok := r.cached(pid, int32(f.Fd())); ok {
+		t.Fatal("invalidate kept the entry")
+	}
+	if info := r.resolve(pid, 1<<20); info.kind != event.FDUnknown {
+		t.Fatalf("closed fd resolved to %+v", info)
+	}
+}
+
+func TestFDResolvePipe(t *testing.T) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	info := newFDResolver("/proc").resolve(uint32(os.Getpid()), int32(pr.Fd()))
+	if info.kind != event.FDPipe || len(info.path) < 6 || info.path[:6] != "pipe:[" {
+		t.Fatalf("pipe: got %+v", info)
+	}
+}
+
+func TestFDResolveTCPLoopback(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pid := uint32(os.Getpid())
+	r := newFDResolver("/proc")
+
+	// Not accepted yet: the peer is whoever listens.
+	fd, done := fdOf(t, c.(*net.TCPConn))
+	info := r.resolve(pid, fd)
+	done()
+	if info.kind != event.FDSocket || info.peerAddr != ln.Addr().String() || info.peerPID != pid {
+		t.Fatalf("before accept: got %+v, want peer %s pid %d", info, ln.Addr(), pid)
+	}
+
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fd, done = fdOf(t, c.(*net.TCPConn))
+	defer done()
+	r2 := newFDResolver("/proc")
+	info = r2.resolve(pid, fd)
+	if info.peerAddr != ln.Addr().String() || info.peerPID != pid {
+		t.Fatalf("after accept: got %+v, want peer %s pid %d", info, ln.Addr(), pid)
+	}
+}
+
+func TestFDResolveUnixSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fd, done := fdOf(t, ln.(*net.UnixListener))
+	defer done()
+	info := newFDResolver("/proc").resolve(uint32(os.Getpid()), fd)
+	if info.kind != event.FDSocket || info.path != path {
+		t.Fatalf("unix listener: got %+v, want path %s", info, path)
+	}
+}
+
+func TestFDOpenedCache(t *testing.T) {
+	r := newFDResolver("/proc")
+	r.opened(7, 3, "/data/shard-1")
+	if info, ok := r.cached(7, 3); !ok || info.path != "/data/shard-1" || info.kind != event.FDFile {
+		t.Fatalf("opened: %+v %v", info, ok)
+	}
+	r.opened(7, 4, "relative/path")
+	if _, ok := r.cached(7, 4); ok {
+		t.Fatal("relative path cached")
+	}
+	r.forgetProcess(7)
+	if _, ok := r.cached(7, 3); ok {
+		t.Fatal("forgetProcess kept an entry")
+	}
+	_ = strconv.Itoa
+}

@@ -1,0 +1,595 @@
+package tracer
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Privileged tests: real probes on the simulated GPU libraries
+// (testdata/simgpu), driven by simtrain and checked against its ground truth.
+
+// newTestTracer creates a tracer or skips when the kernel or the privileges
+// cannot support one; any other failure is a failure.
+func newTestTracer(t testing.TB, cfg Config) *Tracer {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to load BPF programs")
+	}
+	tr, err := New(cfg)
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		t.Skipf("kernel lacks a required feature: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := tr.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return tr
+}
+
+var (
+	simgpuOnce sync.Once
+	simgpuDir  string
+	simgpuErr  error
+)
+
+// simgpu returns a directory with simtrain and the simulated libraries:
+// GAPTRACE_SIMGPU when set, else a fresh build.
+func simgpu(t testing.TB) string {
+	t.Helper()
+	simgpuOnce.Do(func() {
+		if d := os.Getenv("GAPTRACE_SIMGPU"); d != "" {
+			simgpuDir = d
+			return
+		}
+		dir, err := os.MkdirTemp("", "gaptrace-simgpu-")
+		if err != nil {
+			simgpuErr = err
+			return
+		}
+		out, err := exec.Command("make", "-s", "-C", "../testdata/simgpu", "OUT="+dir).CombinedOutput()
+		if err != nil {
+			simgpuErr = fmt.Errorf("build simgpu: %v\n%s", err, out)
+			return
+		}
+		simgpuDir = dir
+	})
+	if simgpuErr != nil {
+		t.Fatal(simgpuErr)
+	}
+	return simgpuDir
+}
+
+// truthRec is one line of simtrain's --truth file (CLOCK_MONOTONIC ns).
+type truthRec struct {
+	Type      string  `json:"type"`
+	What      string  `json:"what"`
+	API       string  `json:"api"`
+	Cause     string  `json:"cause"`
+	Step      int     `json:"step"`
+	Start     int64   `json:"start"`
+	End       int64   `json:"end"`
+	TID       uint32  `json:"tid"`
+	Stream    uint64  `json:"stream"`
+	Bytes     uint64  `json:"bytes"`
+	Count     uint64  `json:"count"`
+	Op        string  `json:"op"`
+	Path      string  `json:"path"`
+	Worker    uint32  `json:"worker"`
+	ServerPID uint32  `json:"server_pid"`
+	PID       uint32  `json:"pid"`
+	Workers   []int   `json:"workers"`
+	Steps     int     `json:"steps"`
+	HelperPID uint32  `json:"helper_pid"`
+	PCIe      float64 `json:"pcie_gbps"`
+}
+
+func readTruth(t testing.TB, path string) []truthRec {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("open truth: %v", err)
+	}
+	defer f.Close()
+	var out []truthRec
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var r truthRec
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("truth line %q: %v", sc.Text(), err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+type simRun struct {
+	events []event.Event
+	truth  []truthRec
+	meta     truthRec
+	stats    Stats
+	attached []ProbeInfo // right after Trace
+	shell    uint32      // the traced pid (it execs simtrain)
+}
+
+// runSimtrain runs simtrain under a tracer from its first instruction: a
+// shell traced first waits for a line on stdin and then execs simtrain, so
+// the uprobes (on the explicitly configured libraries) and the in-kernel
+// fork following are in place before simtrain runs.
+func runSimtrain(t *testing.T, set ProbeSet, args ...string) simRun {
+	t.Helper()
+	dir := simgpu(t)
+	tr := newTestTracer(t, Config{
+		Probes: set,
+		// Low enough that every checkpoint pwrite/fsync on a fast disk
+		// is emitted rather than only counted.
+		SyscallThreshold: 10 * time.Microsecond,
+		LibCUDA:          filepath.Join(dir, "libcuda.so.1"),
+		LibNCCL:          filepath.Join(dir, "libnccl.so.2"),
+	})
+	truthPath := filepath.Join(t.TempDir(), "truth.jsonl")
+	args = append([]string{"-c", `read _ && exec "$0" "$@"`, filepath.Join(dir, "simtrain"), "--quiet", "--truth", truthPath}, args...)
+	cmd := exec.Command("/bin/sh", args...)
+	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Trace(cmd.Process.Pid); err != nil {
+		_ = cmd.Process.Kill()
+		t.Fatalf("Trace: %v", err)
+	}
+	// Uprobes are detached when the process exits: look at them now.
+	attached := tr.Stats().Attached
+
+	ctx, cancel := context.WithCancel(context.Background())
+	evc := make(chan event.Event, 4096)
+	runErr := make(chan error, 1)
+	go func() { runErr <- tr.Run(ctx, evc) }()
+	var events []event.Event
+	collected := make(chan struct{})
+	mainExited := make(chan struct{})
+	pid := uint32(cmd.Process.Pid)
+	go func() {
+		defer close(collected)
+		for ev := range evc {
+			events = append(events, ev)
+			if ev.Kind == event.KindExit && ev.PID == pid && ev.TID == pid {
+				close(mainExited)
+			}
+		}
+	}()
+
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("simtrain: %v\n%s", err, out.String())
+	}
+	// simtrain reaps its children before it exits, so the exit of its
+	// main thread is the last record of the run: once it was read,
+	// everything before it was too.
+	select {
+	case <-mainExited:
+	case <-time.After(10 * time.Second):
+		cancel()
+		<-runErr
+		close(evc)
+		<-collected
+		for _, ev := range events[max(0, len(events)-8):] {
+			t.Logf("%+v", ev)
+		}
+		t.Fatalf("exit of simtrain (pid %d) not seen within 10s", pid)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for tr.Stats().Processes != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	st := tr.Stats()
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	close(evc)
+	<-collected
+	if st.Processes != 0 {
+		t.Fatalf("%d processes still traced after simtrain exited (pid %d)", st.Processes, pid)
+	}
+	r := simRun{events: events, truth: readTruth(t, truthPath), stats: st, attached: attached, shell: pid}
+	for _, rec := range r.truth {
+		if rec.Type == "meta" {
+			r.meta = rec
+		}
+	}
+	if r.meta.PID != pid {
+		t.Fatalf("truth meta pid %d, traced %d", r.meta.PID, pid)
+	}
+	if st.RingDrops != 0 {
+		t.Fatalf("%d ring-buffer drops", st.RingDrops)
+	}
+	return r
+}
+
+const tolerance = int64(100 * time.Microsecond)
+
+func (r simRun) probed(symbol, kind string) bool {
+	for _, p := range r.attached {
+		if p.Symbol == symbol && p.Kind == kind && p.PID == int(r.shell) {
+			return true
+		}
+	}
+	return false
+}
+
+func (r simRun) calls(what string) []truthRec {
+	var out []truthRec
+	for _, rec := range r.truth {
+		if rec.Type == "call" && rec.What == what {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+func (r simRun) kind(k event.Kind, tid uint32) []event.Event {
+	var out []event.Event
+	for _, ev := range r.events {
+		if ev.Kind == k && (tid == 0 || ev.TID == tid) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func mono(ns int64) int64 { return MonotonicToUnix(ns) }
+
+// descheduled sums the runqueue and off-CPU time of tid inside [a,b].
+func (r simRun) descheduled(tid uint32, a, b int64) int64 {
+	var sum int64
+	for _, ev := range r.events {
+		if ev.TID != tid || (ev.Kind != event.KindRunqueue && ev.Kind != event.KindOffCPU) {
+			continue
+		}
+		lo, hi := max(a, ev.Start), min(b, ev.End)
+		if hi > lo {
+			sum += hi - lo
+		}
+	}
+	return sum
+}
+
+// matchIntervals checks that events and truth records pair up one to one,
+// in order, each event inside its truth interval to within tolerance.
+func (r simRun) matchIntervals(t *testing.T, what string, evs []event.Event, truth []truthRec, check func(event.Event, truthRec)) {
+	t.Helper()
+	if len(evs) != len(truth) {
+		t.Errorf("%s: %d events, truth has %d", what, len(evs), len(truth))
+		return
+	}
+	outliers := 0
+	for i, tr := range truth {
+		ev := evs[i]
+		s, e := mono(tr.Start), mono(tr.End)
+		// Time the thread spent preempted between simtrain's clock read
+		// and the probe (a loaded machine) is not a timestamp error.
+		startErr := ev.Start - s - r.descheduled(tr.TID, s, ev.Start)
+		endErr := e - ev.End - r.descheduled(tr.TID, ev.End, e)
+		if ev.Start < s-tolerance || ev.End > e+tolerance || startErr > tolerance || endErr > tolerance {
+			outliers++
+			t.Logf("%s %d: event [%d,%d] vs truth [%d,%d] (start %+dns, end %+dns)", what, i, ev.Start, ev.End, s, e, ev.Start-s, ev.End-e)
+		}
+		if ev.TID != tr.TID {
+			t.Errorf("%s %d: tid %d, truth %d", what, i, ev.TID, tr.TID)
+		}
+		if check != nil {
+			check(ev, tr)
+		}
+	}
+	// A vCPU stolen by the hypervisor between simtrain's clock read and the
+	// probe is invisible to the guest scheduler; allow it for one interval
+	// in fifty, never more.
+	if outliers > max(1, len(truth)/50) {
+		t.Errorf("%s: %d of %d intervals off by more than %v", what, outliers, len(truth), time.Duration(tolerance))
+	}
+}
+
+// stallArgs injects one stall of every host cause at least twice in 30 steps.
+var stallArgs = []string{
+	"--steps", "30", "--kernels-per-step", "20", "--kernel-us", "50", "--streams", "2",
+	"--collectives", "2", "--workers", "2", "--launch-api", "mix",
+	"--stall", "io.read:every=10:ms=15",
+	"--stall", "io.write:every=10:ms=15",
+	"--stall", "net:every=15:ms=15",
+	"--stall", "loader.wait.io:every=10:ms=15",
+	"--stall", "loader.wait.cpu:every=15:ms=15",
+	"--stall", "cuda.memcpy:every=10:ms=10",
+	"--stall", "cuda.alloc:every=15:ms=10",
+	"--stall", "sleep:every=10:ms=10",
+	"--stall", "cpu.contention:every=15:ms=15",
+}
+
+func TestSimtrainFull(t *testing.T) { testSimtrain(t, ProbesFull) }
+func TestSimtrainLite(t *testing.T) { testSimtrain(t, ProbesLite) }
+
+func testSimtrain(t *testing.T, set ProbeSet) {
+	r := runSimtrain(t, set, stallArgs...)
+	main := r.meta.PID
+	t.Logf("%s: %d events, %d probes attached, stats: drops %d read %d short %v", set, len(r.events), len(r.stats.Attached), r.stats.RingDrops, r.stats.EventsRead, r.stats.ShortSyscalls)
+
+	// Syncs: exact count, stream, timing; in full mode the launch counts
+	// carried by enqueues and syncs add up to the launches made.
+	syncs := r.kind(event.KindSync, main)
+	r.matchIntervals(t, "sync", syncs, r.calls("sync"), func(ev event.Event, tr truthRec) {
+		if ev.Stream != tr.Stream || ev.CUDA != event.CUStreamSynchronize {
+			t.Errorf("sync: stream %#x %v, truth %#x %s", ev.Stream, ev.CUDA, tr.Stream, tr.API)
+		}
+	})
+	var launches, truthLaunches uint64
+	for _, rec := range r.calls("launch_count") {
+		truthLaunches += rec.Count
+	}
+	enq := r.kind(event.KindEnqueue, main)
+	for _, ev := range append(enq, syncs...) {
+		launches += ev.Count
+	}
+	if set == ProbesFull {
+		if launches != truthLaunches {
+			t.Errorf("launch counts sum to %d, simtrain launched %d", launches, truthLaunches)
+		}
+		// one burst per step at least (after each sync and each stall)
+		if len(enq) < r.meta.Steps {
+			t.Errorf("%d enqueue events for %d steps", len(enq), r.meta.Steps)
+		}
+		// --launch-api mix spreads the launches over every entry point
+		// (and _ptsz), so the exact sum above proves each one is probed.
+		for _, sym := range []string{"cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch"} {
+			if !r.probed(sym, "uprobe") {
+				t.Errorf("%s not probed", sym)
+			}
+		}
+	} else {
+		if len(enq) != 0 || launches != 0 {
+			t.Errorf("lite: %d enqueue events, %d launches counted; want none", len(enq), launches)
+		}
+		for _, p := range r.attached {
+			if strings.HasPrefix(p.Symbol, "cuLaunch") || strings.HasPrefix(p.Symbol, "cuGraphLaunch") {
+				t.Errorf("lite: %s probed", p.Symbol)
+			}
+		}
+	}
+	for _, sym := range []string{"cuStreamSynchronize", "cuMemcpyHtoD_v2", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoDAsync_v2", "ncclGroupEnd"} {
+		if !r.probed(sym, "uretprobe") && !r.probed(sym, "uprobe") {
+			t.Errorf("%s not probed", sym)
+		}
+	}
+	// Weak aliases: one probe per NCCL function, under its canonical name.
+	if len(r.attached) == 0 {
+		t.Error("no probes attached")
+	}
+	for _, p := range r.attached {
+		if strings.HasPrefix(p.Symbol, "pnccl") {
+			t.Errorf("alias %s probed besides its canonical name", p.Symbol)
+		}
+	}
+
+	// Async copies: one per step.
+	copies := r.kind(event.KindMemcpyAsync, main)
+	if len(copies) != r.meta.Steps {
+		t.Errorf("%d async copies, want %d", len(copies), r.meta.Steps)
+	}
+	for _, ev := range copies {
+		if ev.Bytes == 0 || ev.Stream != 0 {
+			t.Errorf("async copy: bytes %d stream %#x", ev.Bytes, ev.Stream)
+			break
+		}
+	}
+
+	// Synchronous copies, allocations and frees.
+	bytesMatch := func(what string) func(event.Event, truthRec) {
+		return func(ev event.Event, tr truthRec) {
+			if ev.Bytes != tr.Bytes && !(what == "free" && ev.Bytes == 0) {
+				t.Errorf("%s: bytes %d, truth %d", what, ev.Bytes, tr.Bytes)
+			}
+		}
+	}
+	r.matchIntervals(t, "memcpy", r.kind(event.KindMemcpy, main), r.calls("memcpy"), bytesMatch("memcpy"))
+	r.matchIntervals(t, "alloc", filterAfter(r.kind(event.KindAlloc, main), r.calls("alloc")), r.calls("alloc"), bytesMatch("alloc"))
+	r.matchIntervals(t, "free", r.kind(event.KindFree, main), r.calls("free"), bytesMatch("free"))
+
+	// Collectives: exactly one event per call (weak aliases probed once).
+	colls := r.kind(event.KindCollective, main)
+	truthColl := r.calls("collective")
+	if len(colls) != len(truthColl) {
+		t.Errorf("%d collective events, truth %d", len(colls), len(truthColl))
+	} else {
+		for i, tr := range truthColl {
+			ev := colls[i]
+			if ev.Op.String() != tr.Op || ev.Count != tr.Count || ev.Bytes != tr.Bytes || ev.Stream != tr.Stream || ev.Comm == 0 {
+				t.Errorf("collective %d: op %v count %d bytes %d stream %#x comm %#x; truth %s %d %d %#x", i, ev.Op, ev.Count, ev.Bytes, ev.Stream, ev.Comm, tr.Op, tr.Count, tr.Bytes, tr.Stream)
+			}
+			if ev.Start < mono(tr.Start)-tolerance || ev.Start > mono(tr.End)+tolerance {
+				t.Errorf("collective %d at %d outside truth [%d,%d]", i, ev.Start, mono(tr.Start), mono(tr.End))
+			}
+		}
+	}
+
+	// Stalls: each shows up as the right evidence on the right thread.
+	nstalls := 0
+	for _, st := range r.truth {
+		if st.Type != "stall" {
+			continue
+		}
+		nstalls++
+		checkStall(t, r, st)
+	}
+	if nstalls == 0 {
+		t.Fatal("truth has no stalls")
+	}
+
+	// Descendants: workers and the log server were followed.
+	forks := map[uint32]bool{}
+	for _, ev := range r.kind(event.KindFork, main) {
+		if !ev.IsThread {
+			forks[ev.ChildPID] = true
+		}
+	}
+	for _, w := range r.meta.Workers {
+		if !forks[uint32(w)] {
+			t.Errorf("fork of worker %d not seen", w)
+		}
+	}
+	exits := map[uint32]bool{}
+	for _, ev := range r.kind(event.KindExit, 0) {
+		exits[ev.PID] = true
+	}
+	for _, w := range r.meta.Workers {
+		if !exits[uint32(w)] {
+			t.Errorf("exit of worker %d not seen", w)
+		}
+	}
+}
+
+// filterAfter drops allocations made before the first truth record
+// (simtrain's setup allocates its buffers untimed).
+func filterAfter(evs []event.Event, truth []truthRec) []event.Event {
+	if len(truth) == 0 {
+		return nil
+	}
+	first := mono(truth[0].Start) - tolerance
+	var out []event.Event
+	for _, ev := range evs {
+		if ev.Start >= first {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// within returns the events of tid (any process when pid == 0) overlapping
+// [start,end] of a truth record.
+func (r simRun) within(st truthRec, pid, tid uint32, pred func(event.Event) bool) []event.Event {
+	s, e := mono(st.Start)-tolerance, mono(st.End)+tolerance
+	var out []event.Event
+	for _, ev := range r.events {
+		if (pid != 0 && ev.PID != pid) || (tid != 0 && ev.TID != tid) {
+			continue
+		}
+		if ev.End < s || ev.Start > e {
+			continue
+		}
+		if pred(ev) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func onPath(pred func(event.Event) bool, path string, kind event.FDKind) func(event.Event) bool {
+	return func(ev event.Event) bool { return pred(ev) && ev.Path == path && ev.FDKind == kind }
+}
+
+func checkStall(t *testing.T, r simRun, st truthRec) {
+	t.Helper()
+	sys := func(classes ...event.SyscallClass) func(event.Event) bool {
+		return func(ev event.Event) bool {
+			if ev.Kind != event.KindSyscall {
+				return false
+			}
+			for _, c := range classes {
+				if ev.Syscall == c {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	fail := func(format string, args ...any) {
+		t.Errorf("stall %s step %d [%d..%d] tid %d: %s", st.Cause, st.Step, st.Start, st.End, st.TID, fmt.Sprintf(format, args...))
+	}
+	switch st.Cause {
+	case "io.read":
+		if len(r.within(st, 0, st.TID, onPath(sys(event.SysRead), st.Path, event.FDFile))) == 0 {
+			fail("no read syscall on %s", st.Path)
+		}
+	case "io.write":
+		if len(r.within(st, 0, st.TID, onPath(sys(event.SysWrite, event.SysFsync), st.Path, event.FDFile))) == 0 {
+			fail("no write/fsync syscall on %s", st.Path)
+		}
+	case "net":
+		evs := r.within(st, 0, st.TID, sys(event.SysNet))
+		if len(evs) == 0 {
+			fail("no socket syscall")
+			return
+		}
+		found := false
+		for _, ev := range evs {
+			if ev.FDKind == event.FDSocket && ev.PeerPID == st.ServerPID && ev.PeerAddr != "" {
+				found = true
+			}
+		}
+		if !found {
+			fail("no socket event with peer pid %d: %+v", st.ServerPID, evs[0])
+		}
+	case "loader.wait.io", "loader.wait.cpu", "loader.wait":
+		evs := r.within(st, 0, st.TID, sys(event.SysRead))
+		found := false
+		for _, ev := range evs {
+			if ev.FDKind == event.FDPipe && ev.WakerPID == st.Worker {
+				found = true
+			}
+		}
+		if !found {
+			fail("no pipe read woken by worker %d in %d reads", st.Worker, len(evs))
+		}
+		if st.Cause == "loader.wait.io" && len(r.within(st, st.Worker, 0, sys(event.SysRead))) == 0 {
+			fail("worker %d: no read syscall seen", st.Worker)
+		}
+	case "cuda.memcpy":
+		if len(r.within(st, 0, st.TID, func(ev event.Event) bool { return ev.Kind == event.KindMemcpy })) != 1 {
+			fail("no synchronous memcpy")
+		}
+	case "cuda.alloc":
+		if len(r.within(st, 0, st.TID, func(ev event.Event) bool { return ev.Kind == event.KindAlloc })) != 1 {
+			fail("no allocation")
+		}
+	case "sleep":
+		evs := r.within(st, 0, st.TID, sys(event.SysSleep))
+		if len(evs) != 1 || evs[0].Duration() < (st.End-st.Start)*9/10 {
+			fail("sleep events %+v", evs)
+		}
+	case "cpu.contention":
+		var waited int64
+		for _, ev := range r.within(st, 0, st.TID, func(ev event.Event) bool { return ev.Kind == event.KindRunqueue }) {
+			waited += ev.Duration()
+		}
+		if waited < (st.End-st.Start)/2 {
+			fail("runqueue wait %v of a %v stall", time.Duration(waited), time.Duration(st.End-st.Start))
+		}
+	default:
+		fail("cause not checked by this test")
+	}
+}

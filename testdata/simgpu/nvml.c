@@ -1,3 +1,5 @@
+//go:build ignore
+
 /*
  * nvml.c - the simulated NVML (libnvidia-ml.so.1).
  *

@@ -28,7 +28,7 @@ $(JAEGER): tools/jaeger/go.mod
 
 test: build simgpu jaeger ## Run every test (as root for the eBPF tiers)
 	GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) GAPTRACE_JAEGER=$(abspath $(JAEGER)) \
-		$(GO) test -count=1 -timeout 40m ./...
+		$(GO) test -count=1 -timeout 40m ./... ./testdata/simgpu/
 
 accuracy: build simgpu ## Print the attribution accuracy table on simtrain scenarios
 	GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) \

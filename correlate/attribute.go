@@ -46,9 +46,11 @@ type attribution struct {
 	cudaNS   map[string]int64
 	ops      map[*event.Event]*opAcc
 	total    int64
-	// skipSync ignores time blocked in a sync: while a feeder waits for
-	// the GPU to finish, it explains no idle (micro attribution).
-	skipSync bool
+	// micro weighs feeders for micro-gap attribution: time blocked in a
+	// sync (the GPU was busy) and idle waits on nobody in particular (an
+	// autograd worker parked on its queue while the main thread launches)
+	// explain no idle and are left out.
+	micro bool
 }
 
 func (e *Engine) newAttribution() *attribution {
@@ -80,7 +82,7 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		at.total += ns
 	}
 	ev := s.ev
-	if ev != nil && at.skipSync && ev.Kind == event.KindSync {
+	if ev != nil && at.micro && ev.Kind == event.KindSync {
 		return
 	}
 	if ev == nil {
@@ -106,6 +108,9 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 				}
 				return
 			}
+		}
+		if at.micro {
+			return
 		}
 	}
 	c := baseCause(ev)

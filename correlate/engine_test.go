@@ -578,20 +578,50 @@ func TestOutOfOrderEvents(t *testing.T) {
 }
 
 func TestEmissionLatency(t *testing.T) {
+	// Host-bounded gaps, CPU-ahead gaps (waiting for NVML windows) and
+	// comm stalls (waiting for GPM windows), windows 200 ms long arriving
+	// 300 ms late, Advance every 100 ms.
 	s := newSim()
 	r := rand.New(rand.NewSource(7))
 	cases := stallCases()
-	for i := 0; i < 200; i++ {
-		s.step(20, 2*ms, 100*us)
+	kinds := map[string]int{}
+	for i := 0; i < 300; i++ {
+		s.launches(20, 2*ms, 100*us)
+		s.collective(event.NCCLAllReduce, 2*ms)
+		switch {
+		case i > 20 && i%9 == 0:
+			s.gpuFree += 25 * ms // a late peer
+			s.addBusy(s.gpuFree-25*ms, s.gpuFree)
+			kinds["comm"]++
+		case i > 20 && i%13 == 0:
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysWrite, Name: "write", FDKind: event.FDFile, Path: "/l"}, 70*ms)
+			kinds["ahead"]++
+		}
+		s.sync()
 		if i%5 == 4 {
 			cases[r.Intn(len(cases))].inject(s)
+			kinds["bounded"]++
 		}
 	}
-	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	wins := s.windows(t0, s.t+200*ms, 200*ms, event.SourceNVML, nil)
+	wins = append(wins, s.windows(t0, s.t+200*ms, 100*ms, event.SourceGPM, func(a, b int64) float64 { return 0.3 })...)
 	c := &collect{}
-	feed(newEngine(c, nil), c, s.evs, wins, s.t+3e9, 50*ms, 300*ms)
-	if len(bigGaps(c.gaps)) < 35 {
-		t.Fatalf("only %d gaps", len(bigGaps(c.gaps)))
+	feed(newEngine(c, nil), c, s.evs, wins, s.t+3e9, 100*ms, 300*ms)
+	got := map[string]int{}
+	for _, g := range bigGaps(c.gaps) {
+		switch {
+		case g.Kind == GapStall:
+			got["comm"]++
+		case g.Evidence.Source == "host+gpu":
+			got["ahead"]++
+		default:
+			got["bounded"]++
+		}
+	}
+	for k, n := range kinds {
+		if got[k] < n*8/10 {
+			t.Errorf("%s: %d of %d found", k, got[k], n)
+		}
 	}
 	var worst int64
 	for i, g := range c.gaps {
@@ -602,7 +632,7 @@ func TestEmissionLatency(t *testing.T) {
 	if worst > 1e9 {
 		t.Errorf("worst emission latency %v > 1s", worst)
 	}
-	t.Logf("worst emission latency %.0f ms over %d gaps (Advance every 50 ms)", float64(worst)/1e6, len(c.gaps))
+	t.Logf("worst emission latency %.0f ms over %d gaps %v (Advance every 100 ms)", float64(worst)/1e6, len(c.gaps), got)
 }
 
 func TestConfigValidate(t *testing.T) {

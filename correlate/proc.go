@@ -435,7 +435,8 @@ func (p *proc) resolvePending(force bool) {
 	if len(p.cands) > 0 {
 		k := 0
 		for _, c := range p.cands {
-			if force || d.maxEnd >= c.hi || e.now >= c.hi+holdMax {
+			// A device that never sent windows will not start now: no wait.
+			if force || d.maxEnd == 0 || d.maxEnd >= c.hi || e.now >= c.hi+holdMax {
 				p.resolveCand(c)
 				continue
 			}
@@ -447,7 +448,7 @@ func (p *proc) resolvePending(force bool) {
 	if len(p.stalls) > 0 {
 		k := 0
 		for _, s := range p.stalls {
-			if force || d.gpmEnd >= s.gap.End || e.now >= s.gap.End+holdMax {
+			if force || d.gpmEnd == 0 || d.gpmEnd >= s.gap.End || e.now >= s.gap.End+holdMax {
 				if sm := d.smActivity(s.gap.Start, s.gap.End); sm >= 0 {
 					if sm > smStallMax {
 						e.rejected++

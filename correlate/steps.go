@@ -351,7 +351,7 @@ func (p *proc) finishStep(st *stepAcc) {
 	if micro > 0 {
 		mask := d.gapsIn(st.Start, st.End, open)
 		at := e.newAttribution()
-		at.skipSync = true
+		at.micro = true
 		for _, tid := range p.feeders {
 			if th := e.threads[tid]; th != nil {
 				at.thread(th, st.Start, st.End, mask)

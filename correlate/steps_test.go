@@ -365,3 +365,38 @@ func TestProcessExitFlushes(t *testing.T) {
 		t.Errorf("state left: %d procs, %d threads", len(e.procs), len(e.threads))
 	}
 }
+
+func TestMicroIgnoresParkedFeeder(t *testing.T) {
+	// Thread 101 launched once (an autograd worker) and then parks in
+	// futex waits while thread 100 runs a launch-bound loop with some
+	// run-queue waits: micro idle is cpu and cpu.contention, never other.
+	s := newSim()
+	s.tid = 101
+	s.kernel(100 * us)
+	s.tid = 100
+	for i := 0; i < 40; i++ {
+		a := s.t
+		for k := 0; k < 100; k++ {
+			s.kernel(60 * us)
+			if k%10 == 0 {
+				s.block(event.Event{Kind: event.KindRunqueue}, 150*us)
+			} else {
+				s.t += 140 * us
+			}
+		}
+		s.sync()
+		s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: 100, TID: 101, Start: a, End: s.t - 50*us,
+			Syscall: event.SysFutex, Name: "futex"})
+	}
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	sum := feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	if sum.ByCause[CauseOther] != 0 || sum.ByCause[CauseCPU] == 0 || sum.ByCause[CauseCPUContention] == 0 {
+		t.Errorf("by cause %v", sum.ByCause)
+	}
+	share := float64(sum.ByCause[CauseCPUContention]) / float64(sum.GPUIdleNS)
+	if share < 0.05 || share > 0.15 {
+		t.Errorf("cpu.contention share %.2f, want ~0.08 (its share of the feeder's time)", share)
+	}
+	checkTotals(t, c, sum)
+}

@@ -92,7 +92,11 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 	e := at.e
 	if isWait(ev) {
 		w := ev.WakerPID
-		if w != 0 && w != th.pid && e.isWorker(w, th.pid) {
+		// A pipe writer not seen yet is taken for a worker too: when
+		// attaching to a running trainer, workers forked before the attach
+		// are known only once they emit something, and a worker that only
+		// computes emits nothing.
+		if w != 0 && w != th.pid && (e.isWorker(w, th.pid) || (ev.FDKind == event.FDPipe && e.procs[w] == nil)) {
 			at.byCause[CauseLoaderWait] += ns
 			at.note(th, ev, ns)
 			at.worker(w, ev, s.a, s.b)

@@ -796,3 +796,28 @@ func TestHWContextPerStepAndStats(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+func TestUnseenWaker(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ev   event.Event
+		want Cause
+	}{
+		{"pipe from an unseen process is a worker", event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "read",
+			FDKind: event.FDPipe, WakerPID: 555, WakerTID: 555}, CauseLoaderWait},
+		{"futex from an unseen process is not", event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex",
+			WakerPID: 555, WakerTID: 555}, CauseOther},
+		{"loopback service peer is the network", event.Event{Kind: event.KindSyscall, Syscall: event.SysNet, Name: "recvfrom",
+			FDKind: event.FDSocket, Path: "socket:[77]", PeerPID: workerPID, WakerPID: workerPID, WakerTID: workerPID}, CauseNet},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := trainer(func(s *gpuSim) { s.block(tc.ev, stallNS) })
+			c := &collect{}
+			feed(newEngine(c, nil), c, s.evs, nil, s.t+2e9, 20*ms, 0)
+			big := bigGaps(c.gaps)
+			if len(big) != 1 || big[0].Cause != tc.want {
+				t.Fatalf("gaps %+v", big)
+			}
+		})
+	}
+}

@@ -202,7 +202,10 @@ func (p *proc) onEnqueue(th *thread, ev *event.Event) {
 // streams' results (batch copies) to the main stream through events, which
 // are not traced, so that work is done when the main stream is.
 func (p *proc) drainStreams(ev *event.Event) *CollectiveEvidence {
-	all := ev.CUDA == event.CUCtxSynchronize || ev.Stream == 0 || ev.Kind == event.KindMemcpy || ev.Kind == event.KindFree
+	// The legacy default stream (0) is not special here: frameworks create
+	// their side streams non-blocking, so syncing stream 0 does not wait
+	// for them; the rule below covers their earlier work.
+	all := ev.CUDA == event.CUCtxSynchronize || ev.Kind == event.KindFree
 	var ref int64
 	if !all {
 		if s := p.streams[ev.Stream]; s != nil {

@@ -149,7 +149,8 @@ func TestFileModeSpanModel(t *testing.T) {
 				t.Errorf("net gap peer %v", gapSpan.Attributes["network.peer.address"])
 			}
 		case correlate.CauseComm:
-			if gapSpan.Attributes["gpu.gap.kind"] != "stall" || gapSpan.Attributes["gpu.collective.op"] != "AllReduce" {
+			if gapSpan.Attributes["gpu.gap.kind"] != "stall" || gapSpan.Attributes["gpu.collective.op"] != "AllReduce" ||
+				gapSpan.Attributes["gpu.gap.sm_activity"] != 0.25 || gapSpan.Attributes["gpu.gap.baseline_ms"] != 5.0 {
 				t.Errorf("comm gap attrs %v", gapSpan.Attributes)
 			}
 		}

@@ -288,6 +288,13 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		}
 		a = append(a, attribute.Int64Slice("gpu.gap.worker.pids", pids),
 			attribute.StringSlice("gpu.gap.worker.activity", acts))
+		var files []string
+		for _, w := range ev.Workers {
+			files = append(files, w.Files...)
+		}
+		if len(files) > 0 {
+			a = append(a, attribute.StringSlice("gpu.gap.worker.files", files))
+		}
 	}
 	if c := ev.Collective; c != nil {
 		a = append(a, attribute.String("gpu.collective.op", c.Op), attribute.Int64("gpu.collective.bytes", int64(c.Bytes)))
@@ -300,6 +307,12 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		if c.Stream != "" {
 			a = append(a, attribute.String("gpu.collective.stream", c.Stream))
 		}
+	}
+	if ev.SMActivity != nil {
+		a = append(a, attribute.Float64("gpu.gap.sm_activity", *ev.SMActivity))
+	}
+	if ev.BaselineNS > 0 {
+		a = append(a, attribute.Float64("gpu.gap.baseline_ms", ms(ev.BaselineNS)))
 	}
 	if ev.CUDACall != "" {
 		a = append(a, attribute.String("gpu.cuda.call", ev.CUDACall))

@@ -60,6 +60,8 @@ func (s synth) step(n int64) (correlate.Step, []correlate.Gap) {
 		g.Kind = correlate.GapStall
 		g.Evidence.Collective = &correlate.CollectiveEvidence{Op: "AllReduce", Bytes: 25 << 20, Comm: "0x7f00aa", PeerRank: 1}
 		g.Evidence.CUDACall = "cuStreamSynchronize"
+		sm := 0.25
+		g.Evidence.SMActivity, g.Evidence.BaselineNS = &sm, 5e6
 		g.Ops = []correlate.HostOp{
 			op("ncclAllReduce", 0, 1, map[string]string{"gpu.collective.op": "AllReduce"}),
 			op("cuStreamSynchronize", 1, 29, nil),

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -47,6 +48,7 @@ type Exporter struct {
 	tp      *sdktrace.TracerProvider
 	tracer  trace.Tracer
 	batcher *batcher
+	copy    *batcher // spans file beside OTLP; nil when there is none
 	metrics *metrics
 	res     *resource.Resource
 
@@ -76,6 +78,9 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 	}
 	x := &Exporter{cfg: r, log: r.Logger, res: res, pending: map[stepKey][]correlate.Gap{}}
 
+	// The primary output is OTLP when configured, else the spans file. A
+	// spans file next to OTLP is a local copy with its own queue, so a
+	// slow collector never costs the copy and the reverse.
 	var exp sdktrace.SpanExporter
 	switch {
 	case r.mode == "otlp":
@@ -92,12 +97,22 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 		exp = discardExporter{}
 	}
 	x.batcher = newBatcher(exp, r.QueueSize, r.BatchSize, r.BatchTimeout, r.Logger)
-	x.tp = sdktrace.NewTracerProvider(
+	opts := []sdktrace.TracerProviderOption{
 		sdktrace.WithResource(res),
 		sdktrace.WithSpanProcessor(x.batcher),
 		sdktrace.WithIDGenerator(idGenerator{}),
 		sdktrace.WithSampler(sdktrace.AlwaysSample()),
-	)
+	}
+	if r.mode == "otlp" && r.SpansFile != "" {
+		fe, err := newFileExporter(r.SpansFile, serviceName(res))
+		if err != nil {
+			_ = x.batcher.Shutdown(ctx)
+			return nil, err
+		}
+		x.copy = newBatcher(fe, r.QueueSize, r.BatchSize, r.BatchTimeout, r.Logger)
+		opts = append(opts, sdktrace.WithSpanProcessor(x.copy))
+	}
+	x.tp = sdktrace.NewTracerProvider(opts...)
 	x.tracer = x.tp.Tracer(instrumentationName)
 
 	x.metrics, err = newMetrics(ctx, r, res, x.Stats)
@@ -115,6 +130,9 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 			}
 		}
 		attrs = append(attrs, "protocol", r.protocol, "endpoint", ep, "otlp_metrics", r.otlpMetrics)
+		if r.SpansFile != "" {
+			attrs = append(attrs, "spans_file", r.SpansFile)
+		}
 	} else {
 		attrs = append(attrs, "spans_file", r.SpansFile)
 	}
@@ -203,6 +221,17 @@ func credentialsFromTLS(tc *tls.Config) credentials.TransportCredentials {
 	return credentials.NewTLS(tc)
 }
 
+// retryConfig: exponential backoff from 500 ms, capped at 5 s between
+// attempts. The exporters' default starts at 5 s, which against a 10 s export
+// timeout leaves a single retry; a collector restart usually takes less.
+// Every export, retries included, still ends at the export timeout.
+var retryConfig = struct {
+	Enabled         bool
+	InitialInterval time.Duration
+	MaxInterval     time.Duration
+	MaxElapsedTime  time.Duration
+}{true, 500 * time.Millisecond, 5 * time.Second, 30 * time.Second}
+
 func newOTLPTraceExporter(ctx context.Context, r *resolved) (sdktrace.SpanExporter, error) {
 	// Retries with exponential backoff stay on (the exporters' default);
 	// each export call, retries included, is bounded by the exporter's
@@ -223,6 +252,7 @@ func newOTLPTraceExporter(ctx context.Context, r *resolved) (sdktrace.SpanExport
 		if len(r.headers) > 0 {
 			o = append(o, otlptracegrpc.WithHeaders(r.headers))
 		}
+		o = append(o, otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig(retryConfig)))
 		exp, err := otlptracegrpc.New(ctx, o...)
 		if err != nil {
 			return nil, fmt.Errorf("create otlp grpc span exporter: %w", err)
@@ -243,6 +273,7 @@ func newOTLPTraceExporter(ctx context.Context, r *resolved) (sdktrace.SpanExport
 		if len(r.headers) > 0 {
 			o = append(o, otlptracehttp.WithHeaders(r.headers))
 		}
+		o = append(o, otlptracehttp.WithRetry(otlptracehttp.RetryConfig(retryConfig)))
 		exp, err := otlptracehttp.New(ctx, o...)
 		if err != nil {
 			return nil, fmt.Errorf("create otlp http span exporter: %w", err)
@@ -308,15 +339,23 @@ func (x *Exporter) Summary(s correlate.Summary, dropped uint64) {
 // lost, for the live metric; Summary sets the final value.
 func (x *Exporter) DroppedEvents(total uint64) { x.metrics.setDropped(total) }
 
-// Stats returns the counters; cheap, safe from any goroutine.
+// Stats returns the counters; cheap, safe from any goroutine. Exported
+// counts the primary output (OTLP, else the file); drops and errors of a
+// spans-file copy beside OTLP are included in SpansDropped and ExportErrors.
 func (x *Exporter) Stats() Stats {
-	return Stats{
+	st := Stats{
 		SpansExported: x.batcher.exported.Load(),
 		SpansDropped:  x.batcher.dropped.Load(),
 		ExportErrors:  x.batcher.errors.Load(),
 		QueueLen:      len(x.batcher.queue),
 		GapsDropped:   x.gapDropped.Load(),
 	}
+	if c := x.copy; c != nil {
+		st.SpansDropped += c.dropped.Load()
+		st.ExportErrors += c.errors.Load()
+		st.QueueLen = max(st.QueueLen, len(c.queue))
+	}
+	return st
 }
 
 // Shutdown flushes spans and metrics within ctx's deadline. Gaps still

@@ -172,6 +172,7 @@ func newOTLPMetricExporter(ctx context.Context, r *resolved) (sdkmetric.Exporter
 		if len(r.headers) > 0 {
 			o = append(o, otlpmetricgrpc.WithHeaders(r.headers))
 		}
+		o = append(o, otlpmetricgrpc.WithRetry(otlpmetricgrpc.RetryConfig(retryConfig)))
 		exp, err := otlpmetricgrpc.New(ctx, o...)
 		if err != nil {
 			return nil, fmt.Errorf("create otlp grpc metric exporter: %w", err)
@@ -192,6 +193,7 @@ func newOTLPMetricExporter(ctx context.Context, r *resolved) (sdkmetric.Exporter
 		if len(r.headers) > 0 {
 			o = append(o, otlpmetrichttp.WithHeaders(r.headers))
 		}
+		o = append(o, otlpmetrichttp.WithRetry(otlpmetrichttp.RetryConfig(retryConfig)))
 		exp, err := otlpmetrichttp.New(ctx, o...)
 		if err != nil {
 			return nil, fmt.Errorf("create otlp http metric exporter: %w", err)

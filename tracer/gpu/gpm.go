@@ -118,7 +118,13 @@ func changed(vals []float64) bool {
 // budget is spent) and sets the phase and period from them.
 func (g *gpmSampler) calibrate(ctx context.Context) {
 	g.lastCal = time.Now()
-	budget := max(4*g.period, 400*time.Millisecond)
+	// The first calibration needs a few refreshes to measure the period;
+	// later ones measure it against the first refresh ever seen, so two
+	// refreshes suffice and the steady sampling pauses for ~2 periods only.
+	want, budget := 4, max(4*g.period, 400*time.Millisecond)
+	if g.anchor != 0 {
+		want, budget = 2, 3*g.period
+	}
 	deadline := time.Now().Add(budget)
 	tA, ok := g.get(g.calA)
 	if !ok {
@@ -128,7 +134,7 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 	var spans [][2]int64 // the pairs themselves: the refresh lies inside
 	tick := time.NewTicker(calStep)
 	defer tick.Stop()
-	for len(changes) < 4 && time.Now().Before(deadline) {
+	for len(changes) < want && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return
@@ -180,6 +186,14 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 			p = time.Duration(float64(b-a) / n)
 		}
 	}
+	cfg := g.s.cfg.GPMInterval
+	if g.anchor == 0 && math.Abs(float64(p-cfg)) <= 0.03*float64(cfg) {
+		// A few refreshes measured by a sampler the scheduler delays give
+		// the period within a few %; the configured period (the hardware's
+		// own, 100 ms on Hopper) is better unless clearly contradicted. The
+		// span to the first refresh then refines it.
+		p = cfg
+	}
 	best := mid(narrowest(spans))
 	if g.anchor != 0 {
 		if n := math.Round(float64(best-g.anchor) / float64(g.period)); n >= 1 {
@@ -188,7 +202,6 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 	} else {
 		g.anchor = best
 	}
-	cfg := g.s.cfg.GPMInterval
 	if p >= cfg/2 && p <= 2*cfg {
 		g.period = p
 	} else {

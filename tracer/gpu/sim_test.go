@@ -674,3 +674,26 @@ func TestSimNVMLMatchesHeader(t *testing.T) {
 		t.Fatalf("nvml.c against %s/nvml.h: %v\n%s", inc, err, b)
 	}
 }
+
+// A GPU whose counters refresh at another period than configured: the
+// measured period wins and windows follow it.
+func TestSimGPMOtherRefreshPeriod(t *testing.T) {
+	w := startWriter(t)
+	t.Setenv("SIMGPU_GPM_REFRESH_MS", "120")
+	start := monoNow()
+	w.add(start, start+int64(4*time.Second), kindKernel)
+	off := realMinusMono()
+	s := openSim(t, Config{GPMInterval: 100 * time.Millisecond})
+	ws := collect(t, s, 8*time.Second, func(ws []event.GPUWindow) bool { return len(bySource(ws, event.SourceGPM)) >= 20 })
+	st := s.Stats()
+	if !st.GPMAligned || st.GPMRefresh < 117*time.Millisecond || st.GPMRefresh > 123*time.Millisecond {
+		t.Fatalf("refresh %v aligned %v, want 120 ms", st.GPMRefresh, st.GPMAligned)
+	}
+	R, phase := int64(120*time.Millisecond), int64(simGPMPhase)
+	for i, win := range bySource(ws, event.SourceGPM)[1:] {
+		e := win.End - off
+		if d := abs(e - ((e-phase+R/2)/R*R + phase)); d > int64(gpmMargin-2*time.Millisecond) {
+			t.Errorf("gpm window %d ends %v off the 120 ms refresh grid", i+1, time.Duration(d))
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -66,11 +67,44 @@ func (e *Engine) newAttribution() *attribution {
 	}
 }
 
+// absorbNS: on-CPU slivers this short between two blocking calls of the
+// same cause belong to that cause. A thread in a read loop spends a few µs
+// between calls, and calls shorter than the tracer's threshold (50 µs)
+// never arrive, so its loop shows holes that are not computation.
+const absorbNS = int64(100 * time.Microsecond)
+
 // thread adds what th did over [a,b) outside mask.
 func (at *attribution) thread(th *thread, a, b int64, mask []span) {
-	for _, s := range th.segments(a, b, mask) {
+	segs := th.segments(a, b, mask)
+	for i, s := range segs {
+		if s.ev == nil && s.b-s.a <= absorbNS && i > 0 && i+1 < len(segs) &&
+			segs[i-1].ev != nil && segs[i+1].ev != nil && segs[i-1].b == s.a && segs[i+1].a == s.b {
+			if c := at.quickCause(th, segs[i-1].ev); c != "" && c == at.quickCause(th, segs[i+1].ev) {
+				if !at.micro || c != CauseOther {
+					at.byCause[c] += s.b - s.a
+					at.total += s.b - s.a
+				}
+				continue
+			}
+		}
 		at.segment(th, s, 0)
 	}
+}
+
+// quickCause is the cause segment() gives ev without recording evidence;
+// "" when it depends on another thread.
+func (at *attribution) quickCause(th *thread, ev *event.Event) Cause {
+	if ev.Kind == event.KindSync {
+		return ""
+	}
+	if isWait(ev) {
+		w := ev.WakerPID
+		if w != 0 && w != th.pid && at.e.loaderWaker(ev, th.pid) {
+			return CauseLoaderWait
+		}
+		return ""
+	}
+	return baseCause(ev)
 }
 
 func (at *attribution) segment(th *thread, s segment, depth int) {
@@ -92,11 +126,7 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 	e := at.e
 	if isWait(ev) {
 		w := ev.WakerPID
-		// A pipe writer not seen yet is taken for a worker too: when
-		// attaching to a running trainer, workers forked before the attach
-		// are known only once they emit something, and a worker that only
-		// computes emits nothing.
-		if w != 0 && w != th.pid && (e.isWorker(w, th.pid) || (ev.FDKind == event.FDPipe && e.procs[w] == nil)) {
+		if w != 0 && w != th.pid && e.loaderWaker(ev, th.pid) {
 			at.byCause[CauseLoaderWait] += ns
 			at.note(th, ev, ns)
 			at.worker(w, ev, s.a, s.b)
@@ -391,4 +421,14 @@ func hostOp(ev *event.Event, tid uint32) HostOp {
 		op.Attrs = attrs
 	}
 	return op
+}
+
+// loaderWaker reports whether the wait ev of a thread of process pid ended
+// because a data-loader worker woke it. A pipe writer not seen yet counts
+// too: when attaching to a running trainer, workers forked before the
+// attach are known only once they emit something, and a worker that only
+// computes emits nothing.
+func (e *Engine) loaderWaker(ev *event.Event, pid uint32) bool {
+	w := ev.WakerPID
+	return e.isWorker(w, pid) || (ev.FDKind == event.FDPipe && e.procs[w] == nil)
 }

@@ -821,3 +821,28 @@ func TestUnseenWaker(t *testing.T) {
 		})
 	}
 }
+
+func TestReadLoopHolesAreRead(t *testing.T) {
+	// 200 µs preads 30 µs apart (loop overhead, calls under the threshold),
+	// then 2 ms of real computation: the holes are io.read, the 2 ms cpu.
+	s, _ := trainer(func(s *gpuSim) {
+		for i := 0; i < 100; i++ {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "pread64", FDKind: event.FDFile, Path: "/d"}, 200*us)
+			s.t += 30 * us
+		}
+		s.t += 2 * ms
+	})
+	c := &collect{}
+	feed(newEngine(c, nil), c, s.evs, nil, s.t+2e9, 20*ms, 0)
+	big := bigGaps(c.gaps)
+	if len(big) != 1 {
+		t.Fatalf("gaps %+v", big)
+	}
+	bd := big[0].Breakdown
+	if !near(bd[CauseIORead], 100*230*us-30*us, 10*us) || !near(bd[CauseCPU], 2*ms+30*us, 20*us) {
+		t.Errorf("breakdown %v", bd)
+	}
+	if big[0].Evidence.Files[0].Calls != 100 {
+		t.Errorf("files %+v", big[0].Evidence.Files)
+	}
+}

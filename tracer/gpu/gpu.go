@@ -25,6 +25,14 @@
 //   - Without NVML (no library, no device, no permission) Open returns an
 //     error wrapping ErrNoNVML, ErrNoDevice or ErrPermission with one clear
 //     message; callers trace on host evidence alone and report Unavailable.
+//
+// Measured on an H200 (driver 580.159.04, TestHardwareGPU under a bf16
+// matmul load): one utilization sample per 200 ms; a GetSamples call costs
+// ~2 ms whatever it returns; GPM counters refresh every 100.1 ms (median of
+// 30 spacings, 99.3–100.6 ms); a GpmSampleGet costs ~85 µs; between two
+// reads of one refresh every GPM metric is 0 except DRAM bandwidth, which is
+// NaN with NVML_SUCCESS (treated as unknown); at idle the PCIe metrics still
+// move, so a refresh is visible even on an idle GPU.
 package gpu
 
 import (

@@ -13,8 +13,8 @@
  * What the GPU reports is computed from the shared virtual timeline
  * (timeline.h) that the simulated libcuda in the trainer writes:
  *   - utilization samples (nvmlDeviceGetSamples, GPU_UTILIZATION_SAMPLES):
- *     one sample per SIMGPU_SAMPLE_MS (default 167 ms, like the real one's
- *     ~1/6 s period), at period boundaries of CLOCK_MONOTONIC, value = the
+ *     one sample per SIMGPU_SAMPLE_MS (default 200 ms, as measured on the
+ *     H200), at period boundaries of CLOCK_MONOTONIC, value = the
  *     percentage of the period during which a KERNEL or COLLECTIVE ran,
  *     timestamp = the boundary in CLOCK_REALTIME microseconds (the offset
  *     between the clocks is taken once at the first init so a sample's
@@ -280,8 +280,8 @@ static const char *sim_dir(void)
 
 static uint64_t sample_period_ns(void)
 {
-	long ms = env_long("SIMGPU_SAMPLE_MS", 167);
-	return (uint64_t)(ms > 0 ? ms : 167) * 1000000ull;
+	long ms = env_long("SIMGPU_SAMPLE_MS", 200);
+	return (uint64_t)(ms > 0 ? ms : 200) * 1000000ull;
 }
 
 static uint64_t gpm_refresh_ns(void)

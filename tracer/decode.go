@@ -47,6 +47,10 @@ var recordSizes = [...]uintptr{
 	evMmap:    unsafe.Sizeof(rawHeader{}),
 }
 
+// maxKtime bounds CLOCK_MONOTONIC values (about 146 years of uptime) so
+// that conversions cannot overflow on corrupt input.
+const maxKtime = 1 << 62
+
 // control tells the tracer what a record means for its own bookkeeping.
 type control uint8
 
@@ -97,6 +101,9 @@ func decodeRecord(rec []byte, d *decoded) error {
 	}
 	if want := recordSizes[h.Type]; uintptr(len(rec)) != want {
 		return &decodeError{typ: h.Type, size: len(rec), want: want}
+	}
+	if h.KtimeNs > maxKtime {
+		return fmt.Errorf("decode record type %d: timestamp %d out of range", h.Type, h.KtimeNs)
 	}
 	ev := &d.ev
 	ev.PID = uint32(h.PidTgid >> 32)

@@ -123,8 +123,8 @@ func readTruth(t testing.TB, path string) []truthRec {
 }
 
 type simRun struct {
-	events []event.Event
-	truth  []truthRec
+	events   []event.Event
+	truth    []truthRec
 	meta     truthRec
 	stats    Stats
 	attached []ProbeInfo // right after Trace

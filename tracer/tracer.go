@@ -365,7 +365,7 @@ func (t *Tracer) Trace(pid int) error {
 	}
 	pids := append([]uint32{uint32(pid)}, descendants(uint32(pid))...)
 	for _, p := range pids {
-		if err := t.addProcess(p); err != nil {
+		if err := t.addProcess(p, false); err != nil {
 			return fmt.Errorf("trace pid %d: %w", p, err)
 		}
 	}
@@ -375,14 +375,18 @@ func (t *Tracer) Trace(pid int) error {
 	return nil
 }
 
-func (t *Tracer) addProcess(pid uint32) error {
+// addProcess tracks pid in user space and, unless the kernel already did
+// (forked children are added by the fork program), in traced_tgids.
+func (t *Tracer) addProcess(pid uint32, inKernel bool) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return errors.New("tracer closed")
 	}
-	if err := t.shared["traced_tgids"].Put(pid, uint32(1)); err != nil {
-		return fmt.Errorf("add to traced_tgids: %w", err)
+	if !inKernel {
+		if err := t.shared["traced_tgids"].Put(pid, uint32(1)); err != nil {
+			return fmt.Errorf("add to traced_tgids: %w", err)
+		}
 	}
 	if _, ok := t.procs[pid]; !ok {
 		t.procs[pid] = &procState{libs: make(map[string]*libAttach)}
@@ -692,7 +696,7 @@ func (t *Tracer) handle(d *decoded) {
 	case ctlRescan:
 		t.requestRescan(ev.PID)
 	case ctlNewProcess:
-		if err := t.addProcess(ev.ChildPID); err == nil {
+		if err := t.addProcess(ev.ChildPID, true); err == nil {
 			t.requestRescan(ev.ChildPID)
 		}
 	case ctlExec:
@@ -759,17 +763,21 @@ func (t *Tracer) Stats() Stats {
 	if closed {
 		return s
 	}
-	var perCPU []uint64
-	if err := t.shared["ring_drops"].Lookup(uint32(0), &perCPU); err == nil {
-		for _, v := range perCPU {
-			s.RingDrops += v
+	if m := t.shared["ring_drops"]; m != nil {
+		var perCPU []uint64
+		if err := m.Lookup(uint32(0), &perCPU); err == nil {
+			for _, v := range perCPU {
+				s.RingDrops += v
+			}
 		}
 	}
-	var k cudaShortKey
-	var n uint64
-	it := t.shared["short_calls"].Iterate()
-	for it.Next(&k, &n) {
-		s.ShortSyscalls[event.SyscallClass(k.Class)] += n
+	if m := t.shared["short_calls"]; m != nil {
+		var k cudaShortKey
+		var n uint64
+		it := m.Iterate()
+		for it.Next(&k, &n) {
+			s.ShortSyscalls[event.SyscallClass(k.Class)] += n
+		}
 	}
 	return s
 }

@@ -472,3 +472,36 @@ func TestDemo(t *testing.T) {
 		}
 	}
 }
+
+func TestAttachGPUProcs(t *testing.T) {
+	need(t)
+	environ := env(t)
+	sim := exec.Command(filepath.Join(simgpuDir, "simtrain"), "--steps", "100000", "--quiet")
+	sim.Env = environ
+	if err := sim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sim.Process.Kill(); sim.Wait() }()
+	// A process without libcuda whose command line also matches must be
+	// left alone.
+	decoy := exec.Command("sleep", "300")
+	if err := decoy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { decoy.Process.Kill(); decoy.Wait() }()
+	sum := filepath.Join(t.TempDir(), "summary.json")
+	code, _, stderr := runGaptrace(t, environ, "attach", "--gpu-procs", "--match", `simtrain|sleep 300`, "--duration", "3s", "--live", "off",
+		"--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"), "--summary-json", sum)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	if !strings.Contains(stderr, fmt.Sprintf("tracing matching process\" component=cli pid=%d", sim.Process.Pid)) {
+		t.Errorf("simtrain (pid %d) not traced:\n%s", sim.Process.Pid, stderr)
+	}
+	if strings.Contains(stderr, fmt.Sprintf("pid=%d", decoy.Process.Pid)) {
+		t.Errorf("process without libcuda (pid %d) traced", decoy.Process.Pid)
+	}
+	if _, err := os.Stat(sum); err != nil {
+		t.Errorf("no summary written: %v", err)
+	}
+}

@@ -169,19 +169,42 @@ func waitForCUDA(ctx context.Context, pid int, wait time.Duration, log *slog.Log
 	}
 }
 
-// attachMatch traces every process whose command line matches, as it
-// appears, until a signal or --duration. A process that restarts is
-// picked up again: the follow-up is the same scan.
+// attachMatch traces every process whose command line matches (and, with
+// --gpu-procs, that mapped libcuda), as it appears, until a signal or
+// --duration. A process that restarts is picked up again: the follow-up is
+// the same scan. Descendants of a traced process are traced with it.
 func attachMatch(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Logger) int {
 	cmd := cfg.Command
-	re := regexp.MustCompile(cfg.Match) // validated by config
+	re := regexp.MustCompile(cfg.Match) // validated by config; "" matches all
 	s, err := openSession(ctx, cfg, deps, log, 0, nil)
 	if err != nil {
 		return fail(deps, cmd, "%v", err)
 	}
-	s.title = fmt.Sprintf("processes matching /%s/", cfg.Match)
+	switch {
+	case cfg.GPUProcs && cfg.Match != "":
+		s.title = fmt.Sprintf("GPU processes matching /%s/", cfg.Match)
+	case cfg.GPUProcs:
+		s.title = "GPU processes"
+	default:
+		s.title = fmt.Sprintf("processes matching /%s/", cfg.Match)
+	}
 	s.start(ctx)
-	log.Info("waiting for processes matching", "regex", cfg.Match)
+	log.Info("waiting for processes", "match", cfg.Match, "gpu_procs", cfg.GPUProcs)
+	candidates := func() []int {
+		pids := proc.FindMatching(re)
+		if !cfg.GPUProcs {
+			return pids
+		}
+		// Only processes that loaded the CUDA driver: a GPU process is
+		// one that can launch work, whatever its command line says.
+		var gpuPIDs []int
+		for _, p := range pids {
+			if libs, err := proc.Libraries(p, "libcuda.so"); err == nil && len(libs["libcuda.so"]) > 0 {
+				gpuPIDs = append(gpuPIDs, p)
+			}
+		}
+		return gpuPIDs
+	}
 
 	// The per-process watchers end with mctx, also when the scan stops
 	// on an error rather than on a signal.
@@ -195,7 +218,7 @@ func attachMatch(ctx context.Context, cfg *config.Config, deps Deps, log *slog.L
 	code := ExitOK
 scan:
 	for {
-		for _, pid := range proc.FindMatching(re) {
+		for _, pid := range candidates() {
 			mu.Lock()
 			_, known := traced[pid]
 			mu.Unlock()
@@ -224,7 +247,7 @@ scan:
 			}
 			cl, _ := proc.Cmdline(pid)
 			log.Info("tracing matching process", "pid", pid, "cmdline", shortCmd(strings.Fields(cl)))
-			if len(cudaLibs(pid)) == 0 {
+			if !cfg.GPUProcs && len(cudaLibs(pid)) == 0 {
 				log.Warn("matching process has no libcuda.so mapped yet; GPU calls are traced once it loads one", "pid", pid)
 			}
 			mu.Lock()

@@ -75,11 +75,12 @@ type Config struct {
 	LogLevel string // "debug", "info", "warn", "error"
 
 	// Targets.
-	PID     int      // attach --pid, check --pid
-	Match   string   // attach --match
-	Argv    []string // run: the command
-	OutDir  string   // demo: where files go
-	DemoFor time.Duration
+	PID      int      // attach --pid, check --pid
+	Match    string   // attach --match
+	GPUProcs bool     // attach --gpu-procs: every process with libcuda mapped
+	Argv     []string // run: the command
+	OutDir   string   // demo: where files go
+	DemoFor  time.Duration
 
 	ConfigFile string
 }
@@ -213,6 +214,15 @@ var options = []option{
 		}},
 	{name: "match", usage: "trace the process whose command line matches `REGEX`, and the next one after it exits", cmds: []Command{CmdAttach},
 		set: stringSetter(func(c *Config) *string { return &c.Match })},
+	{name: "gpu-procs", usage: "trace every process that has the CUDA driver library mapped (with --match: that also matches), as they appear", cmds: []Command{CmdAttach}, bool: true,
+		set: func(c *Config, v string) error {
+			b, err := strconv.ParseBool(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("not a boolean: %q", v)
+			}
+			c.GPUProcs = b
+			return nil
+		}},
 	{name: "cuda-wait", usage: "attach --pid: fail when the target has not loaded libcuda within this long (0: only warn)", cmds: []Command{CmdAttach},
 		set: durationSetter(func(c *Config) *time.Duration { return &c.CUDAWait })},
 	{name: "out", usage: "directory for the demo's gaps, spans and summary files", cmds: []Command{CmdDemo},
@@ -414,10 +424,10 @@ func (c *Config) validate(rest []string) Problems {
 		}
 	case CmdAttach:
 		switch {
-		case c.PID != 0 && c.Match != "":
-			p = append(p, "attach: --pid and --match are mutually exclusive")
-		case c.PID == 0 && c.Match == "":
-			p = append(p, "attach: one of --pid PID or --match REGEX is required")
+		case c.PID != 0 && (c.Match != "" || c.GPUProcs):
+			p = append(p, "attach: --pid excludes --match and --gpu-procs")
+		case c.PID == 0 && c.Match == "" && !c.GPUProcs:
+			p = append(p, "attach: one of --pid PID, --match REGEX or --gpu-procs is required")
 		}
 		if c.Match != "" {
 			if _, err := regexp.Compile(c.Match); err != nil {

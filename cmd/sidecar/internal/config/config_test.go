@@ -85,7 +85,7 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 	}
 	want := []string{
 		"probes", "bogus-key", "--min-gap", "--duration", "--live", "--otlp-protocol",
-		"GAPTRACE_SYSCALL_THRESHOLD", "--gaps-out", "--prometheus", "mutually exclusive", "regular expression",
+		"GAPTRACE_SYSCALL_THRESHOLD", "--gaps-out", "--prometheus", "--pid excludes", "regular expression",
 	}
 	msg := err.Error()
 	for _, w := range want {
@@ -106,10 +106,12 @@ func TestCommandSpecificValidation(t *testing.T) {
 	}{
 		{CmdRun, nil, "no command given"},
 		{CmdRun, []string{"--", "sleep", "1"}, ""},
-		{CmdAttach, nil, "one of --pid PID or --match REGEX"},
+		{CmdAttach, nil, "one of --pid PID, --match REGEX or --gpu-procs"},
 		{CmdAttach, []string{"--pid", "abc"}, "not a process ID"},
 		{CmdAttach, []string{"--pid", "1", "extra"}, "unexpected arguments"},
 		{CmdAttach, []string{"--match", "python.*train"}, ""},
+		{CmdAttach, []string{"--gpu-procs"}, ""},
+		{CmdAttach, []string{"--gpu-procs", "--pid", "3"}, "--pid excludes"},
 		{CmdCheck, []string{"--pid", "1"}, ""},
 		{CmdDemo, []string{"--demo-duration", "1s"}, "at least 5s"},
 		{CmdRun, []string{"--nvml-lib", "/no/such/libnvidia-ml.so.1", "true"}, "--nvml-lib"},

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Validate gaptrace on a real GPU machine. Builds nothing: bin/gaptrace is built beforehand on an
+# x86-64 machine (make build) and shipped with the repository.
+#
+#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info accuracy ddp overhead (default: all)
+#
+# Large intermediate files (profiler traces, gaps) stay in $WORK (default /tmp/gaptrace-gpu);
+# OUTDIR receives the tables (results.txt) and a few small JSON files.
+set -uo pipefail
+OUTDIR=${1:?usage: test/gpu/run.sh OUTDIR [info accuracy ddp overhead]}
+shift
+PHASES=${*:-info accuracy ddp overhead}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+G=${GAPTRACE:-$ROOT/bin/gaptrace}
+PY=${PYTHON:-python3}
+WORK=${WORK:-/tmp/gaptrace-gpu}
+STEPS=${STEPS:-100}
+mkdir -p "$OUTDIR" "$WORK"
+RES=$OUTDIR/results.txt
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+[ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+
+say() { echo "$*" | tee -a "$RES"; }
+phase() { say ""; say "=== $1 ($(date -u +%FT%TZ))"; }
+
+for p in $PHASES; do
+  case $p in
+  info)
+    phase info
+    { uname -r; nvidia-smi --query-gpu=index,name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
+      "$PY" -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count())'
+      "$G" version; } 2>&1 | tee -a "$RES"
+    "$G" check 2>&1 | tee -a "$RES"
+    ;;
+  accuracy)
+    for probes in full lite; do
+      phase "accuracy probes=$probes"
+      pre=$WORK/acc-$probes
+      "$G" run --probes "$probes" --live off --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
+        --spans-out "$pre-spans.jsonl" ${WINDOWS_FLAG:+--windows-out "$pre-windows.jsonl"} -- \
+        "$PY" "$HERE/trainer.py" --steps "$STEPS" --warmup 15 --truth "$pre-truth.jsonl" --profile "$pre-kineto.json" \
+        --data-dir "$WORK" --stall io.read:every=10:ms=40 --stall net:every=12:ms=30 \
+        --stall io.write:every=15:ms=40 --stall cpu:every=9:ms=25 --stall loader.wait:every=7:ms=60 \
+        --stall launch:every=20:ms=30 >"$pre-run.log" 2>&1
+      say "gaptrace rc=$? ($(tail -c 300 "$pre-run.log" | tr '\n' ' ' | tail -c 200))"
+      "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
+        ${WINDOWS_FLAG:+--windows "$pre-windows.jsonl"} --json "$OUTDIR/accuracy-$probes.json" 2>&1 | tee -a "$RES"
+      grep -E '"(gpu_idle_ns|wall_ns|steps|gaps|dropped_events)"' "$pre-summary.json" | tr -d ' \n' | tee -a "$RES"; say ""
+    done
+    head -c 60000 "$WORK/acc-full-gaps.jsonl" >"$OUTDIR/sample-gaps-full.jsonl"
+    ;;
+  ddp)
+    phase "ddp two ranks, rank 1 slow by 60 ms/step"
+    n=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+    if [ "$n" -lt 2 ]; then say "skipped: $n GPU(s)"; continue; fi
+    job=ddp-$(date +%s)
+    port=$((29500 + RANDOM % 400))
+    for r in 0 1; do
+      slow=0; [ $r = 1 ] && slow=60
+      "$G" run --job-id "$job" --rank $r --live off --gaps-out "$WORK/ddp$r-gaps.jsonl" \
+        --spans-out "$WORK/ddp$r-spans.jsonl" --summary-json "$WORK/ddp$r-summary.json" -- \
+        "$PY" "$HERE/ddp.py" --rank $r --port $port --slow-ms $slow --truth "$WORK/ddp$r-truth.jsonl" \
+        >"$WORK/ddp$r.log" 2>&1 &
+    done
+    wait
+    tail -n 3 "$WORK"/ddp0.log "$WORK"/ddp1.log | tee -a "$RES"
+    "$PY" "$HERE/ddp_eval.py" --gaps0 "$WORK/ddp0-gaps.jsonl" --truth1 "$WORK/ddp1-truth.jsonl" \
+      --spans0 "$WORK/ddp0-spans.jsonl" --spans1 "$WORK/ddp1-spans.jsonl" --json "$OUTDIR/ddp.json" 2>&1 | tee -a "$RES"
+    grep -m3 '"comm"' "$WORK/ddp0-gaps.jsonl" | head -c 3000 >"$OUTDIR/sample-ddp-comm-gaps.jsonl"
+    ;;
+  overhead)
+    phase overhead
+    "$PY" "$HERE/overhead.py" --gaptrace "$G" --out "$WORK/overhead" --reps "${REPS:-3}" --steps "${OVH_STEPS:-500}" \
+      --configs "${CONFIGS:-untraced,lite,full,null,profiler}" 2>&1 | tee -a "$RES"
+    cp "$WORK/overhead/overhead.json" "$OUTDIR/overhead.json" 2>/dev/null
+    ;;
+  *) echo "unknown phase $p" >&2; exit 2 ;;
+  esac
+done
+say ""
+say "done $(date -u +%FT%TZ)"

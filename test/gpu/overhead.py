@@ -26,7 +26,7 @@ def run(cfg, rep, a):
     trainer = [sys.executable, os.path.join(HERE, "trainer.py"), "--steps", str(a.steps), "--warmup",
                str(a.warmup), "--result", res]
     if cfg == "profiler":
-        trainer += ["--profile", os.path.join(a.out, f"ovh-prof-{rep}.json")]
+        trainer += ["--profile", os.path.join(a.out, f"ovh-prof-{rep}.json"), "--profile-activities", "cpu,cuda"]
     if cfg in ("untraced", "profiler"):
         cmd = trainer
     else:

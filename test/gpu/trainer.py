@@ -138,6 +138,7 @@ def main():
     ap.add_argument("--stall", action="append", default=[])
     ap.add_argument("--truth")
     ap.add_argument("--profile")
+    ap.add_argument("--profile-activities", default="cuda", help="cuda or cpu,cuda")
     ap.add_argument("--result")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
@@ -183,9 +184,11 @@ def main():
 
     prof = None
     if args.profile:
-        # CUDA activity only: the GPU timeline is the truth we need, and host-side op recording
-        # would slow the very loop being measured.
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        # CUDA activity only by default: the GPU timeline is the truth we need, and host-side op
+        # recording would slow the very loop being measured. The overhead harness asks for both, as
+        # an always-on profiler would run.
+        acts = {"cpu": torch.profiler.ProfilerActivity.CPU, "cuda": torch.profiler.ProfilerActivity.CUDA}
+        prof = torch.profiler.profile(activities=[acts[x] for x in args.profile_activities.split(",")])
     t_measure = None
     for step in range(1, total + 1):
         if step == args.warmup + 1:

@@ -111,7 +111,8 @@ type proc struct {
 	held       []Gap
 
 	launches, copies, colls uint64
-	launchRec               []tcount
+	launchRec               []tcount // flushed launch counts, by time
+	recFrom                 int64    // start of the interval of launchRec[0]
 	base                    map[baseKey]*waitRing
 
 	st stepper
@@ -163,7 +164,7 @@ func (p *proc) onEnqueue(th *thread, ev *event.Event) {
 	switch ev.Kind {
 	case event.KindEnqueue:
 		p.launches += ev.Count
-		p.launchRec = append(p.launchRec, tcount{t, ev.Count})
+		p.recLaunches(t, ev.Count)
 	case event.KindMemcpyAsync:
 		p.copies++
 	case event.KindCollective:
@@ -231,7 +232,7 @@ func (p *proc) onSync(th *thread, ev *event.Event) {
 	p.feeders.add(th.tid)
 	if ev.Count > 0 {
 		p.launches += ev.Count
-		p.launchRec = append(p.launchRec, tcount{ev.Start, ev.Count})
+		p.recLaunches(ev.Start, ev.Count)
 	}
 	if !p.everEnq {
 		return
@@ -253,6 +254,8 @@ func (p *proc) onSync(th *thread, ev *event.Event) {
 	coll := p.drainStreams(ev)
 	if waited && pendingBefore {
 		p.checkStall(th, ev, coll)
+		d := p.device()
+		d.busy = addSpan(d.busy, span{ev.Start, ev.End})
 	}
 	if p.aheadStart != 0 {
 		// A sync that returned at once found the queue empty: the GPU idled
@@ -558,4 +561,51 @@ func (p *proc) tickSteps() {
 	if p.everEnq {
 		p.st.tick(p, p.e.wm)
 	}
+}
+
+// recLaunches records n launches flushed at t (made since the thread's
+// previous flushed event), keeping the records sorted by time.
+func (p *proc) recLaunches(t int64, n uint64) {
+	if p.recFrom == 0 {
+		p.recFrom = t
+	}
+	i := len(p.launchRec)
+	for i > 0 && p.launchRec[i-1].t > t {
+		i--
+	}
+	p.launchRec = append(p.launchRec, tcount{})
+	copy(p.launchRec[i+1:], p.launchRec[i:])
+	p.launchRec[i] = tcount{t, n}
+}
+
+// launchWeight is how many launches were made in [a,b) outside the spans
+// hid: each record's launches are spread over the non-hidden time since the
+// previous record (no launch happens inside a gap); past the last record
+// (launches not flushed yet) the average density of the records continues.
+// It is what the GPU's busy time is split by.
+func (p *proc) launchWeight(a, b int64, hid []span) float64 {
+	nonGap := func(x, y int64) int64 { return (y - x) - overlapLen(hid, x, y) }
+	prev := p.recFrom
+	var w float64
+	var n uint64
+	for _, r := range p.launchRec {
+		n += r.n
+		if r.t > prev {
+			if r.t > a && prev < b {
+				if ng := nonGap(prev, r.t); ng > 0 {
+					w += float64(r.n) * float64(nonGap(max(prev, a), min(r.t, b))) / float64(ng)
+				}
+			}
+			prev = r.t
+		}
+		if prev >= b {
+			return w
+		}
+	}
+	if b > prev && n > 0 {
+		if ng := nonGap(p.recFrom, prev); ng > 0 {
+			w += float64(n) / float64(ng) * float64(nonGap(max(prev, a), b))
+		}
+	}
+	return w
 }

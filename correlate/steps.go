@@ -332,10 +332,14 @@ func (p *proc) finalizeSteps(force bool) {
 		s.steps = s.steps[:len(s.steps)-k]
 		keep := p.keepFrom()
 		j := 0
-		for j < len(p.launchRec) && p.launchRec[j].t < keep {
+		// Windows reach back before the oldest pending step: keep a margin.
+		for j < len(p.launchRec) && p.launchRec[j].t < keep-retain {
 			j++
 		}
-		p.launchRec = append(p.launchRec[:0], p.launchRec[j:]...)
+		if j > 0 {
+			p.recFrom = p.launchRec[j-1].t
+			p.launchRec = append(p.launchRec[:0], p.launchRec[j:]...)
+		}
 	}
 }
 
@@ -347,7 +351,7 @@ func (p *proc) finishStep(st *stepAcc) {
 	if p.gap != nil && p.gap.start < e.wm {
 		open = append(open, span{p.gap.start, e.wm})
 	}
-	micro, nonGap := d.micro(st.Start, st.End, open)
+	micro, nonGap := d.micro(st.Start, st.End, open, p.launchWeight)
 	if micro > 0 {
 		mask := d.gapsIn(st.Start, st.End, open)
 		at := e.newAttribution()

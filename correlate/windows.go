@@ -56,6 +56,9 @@ type device struct {
 	gpmEnd int64
 	gaps   []span // emitted idle gaps
 	stalls []span // emitted comm stalls
+	// busy are waits in syncs that found work queued: the host was
+	// blocked, the queue only drained, so the GPU was busy throughout.
+	busy []span
 	// bg is the recent micro-idle density (idle per ns of non-gap time),
 	// -1 until a step measured it.
 	bg float64
@@ -116,29 +119,53 @@ func (d *device) overlapping(a, b int64) []event.GPUWindow {
 	return d.wins[i:j]
 }
 
-// micro is the unbounded idle of [s,e): each window's idle minus the gaps
-// in it, spread evenly over the window's non-gap time. nonGap is the
+// micro is the unbounded idle of [s,e), window by window. The window's
+// busy time, less the comm stalls in it (busy for utilization), is split
+// across its non-gap time in proportion to the launches made there (weight):
+// a training loop does the same GPU work every step, so busy time follows
+// launches far better than idle time follows the clock when steps of one
+// window differ in length. Without launch counts (lite), the window's idle
+// minus its gaps is spread evenly over its non-gap time. nonGap is the
 // window-covered non-gap time of [s,e).
-func (d *device) micro(s, e int64, extra []span) (micro, nonGap int64) {
+func (d *device) micro(s, e int64, extra []span, weight func(a, b int64, hid []span) float64) (micro, free int64) {
 	hid := d.hidden(extra)
+	// known: time whose state the host already knows (gaps idle; sync
+	// waits, and for NVML comm stalls, busy).
+	known := append([]span(nil), hid...)
+	for _, b := range d.busy {
+		known = addSpan(known, b)
+	}
+	if d.nvml {
+		for _, st := range d.stalls {
+			known = addSpan(known, st)
+		}
+	}
 	var m float64
 	for _, w := range d.overlapping(s, e) {
 		wl := w.End - w.Start
+		a, b := max(s, w.Start), min(e, w.End)
 		g := overlapLen(hid, w.Start, w.End)
-		ng := wl - g
-		if ng <= 0 {
+		k := overlapLen(known, w.Start, w.End) - g // known busy
+		wfree := wl - g - k
+		in := (b - a) - overlapLen(known, a, b)
+		if wfree <= 0 || in <= 0 {
 			continue
 		}
-		u := w.IdleFraction*float64(wl) - float64(g)
-		if u <= 0 {
-			u = 0
+		free += in
+		if weight != nil {
+			if all := weight(w.Start, w.End, known); all > 0 {
+				busy := max((1-w.IdleFraction)*float64(wl)-float64(k), 0)
+				share := busy * weight(a, b, known) / all
+				if x := float64(in) - share; x > 0 {
+					m += x
+				}
+				continue
+			}
 		}
-		a, b := max(s, w.Start), min(e, w.End)
-		in := (b - a) - overlapLen(hid, a, b)
-		m += u * float64(in) / float64(ng)
-		nonGap += in
+		u := max(w.IdleFraction*float64(wl)-float64(g), 0)
+		m += u * float64(in) / float64(wfree)
 	}
-	return int64(m + 0.5), nonGap
+	return int64(m + 0.5), free
 }
 
 // gapsIn returns the hidden spans clipped to [s,e).
@@ -167,7 +194,10 @@ func (d *device) idleWithin(lo, hi int64) int64 {
 		gAll := overlapLen(hid, w.Start, w.End)
 		gIn := overlapLen(hid, a, b)
 		gOut := gAll - gIn
-		out := max(wl-o-gOut, 0)
+		// Outside the interval, sync waits were busy: only the rest can
+		// hold background micro-gaps.
+		kOut := overlapLen(d.busy, w.Start, w.End) - overlapLen(d.busy, a, b)
+		out := max(wl-o-gOut-kOut, 0)
 		in := w.IdleFraction*float64(wl) - float64(gAll) - bg*float64(out)
 		in = min(max(in, 0), float64(o-gIn))
 		idle += in
@@ -214,6 +244,7 @@ func (d *device) trim(keep int64) {
 	d.gpm = trimWins(d.gpm, keep)
 	d.gaps = trimSpans(d.gaps, keep)
 	d.stalls = trimSpans(d.stalls, keep)
+	d.busy = trimSpans(d.busy, keep)
 }
 
 func trimWins(l []event.GPUWindow, keep int64) []event.GPUWindow {

@@ -1,6 +1,7 @@
 package correlate
 
 import (
+	"math/rand"
 	"testing"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -397,6 +398,53 @@ func TestMicroIgnoresParkedFeeder(t *testing.T) {
 	share := float64(sum.ByCause[CauseCPUContention]) / float64(sum.GPUIdleNS)
 	if share < 0.05 || share > 0.15 {
 		t.Errorf("cpu.contention share %.2f, want ~0.08 (its share of the feeder's time)", share)
+	}
+	checkTotals(t, c, sum)
+}
+
+// TestLaunchBoundJitteryStepIdle: launch-bound steps of uneven length
+// (random preemptions, launch jitter, read stalls), 200 ms NVML windows
+// spanning ~15 steps each: per-step total idle within 5% of the truth.
+func TestLaunchBoundJitteryStepIdle(t *testing.T) {
+	r := rand.New(rand.NewSource(3))
+	s := newSim()
+	for i := 0; i < 300; i++ {
+		if i%10 == 9 {
+			readStall(s, 30*ms)
+		}
+		for k := 0; k < 40; k++ {
+			s.kernel(100 * us)
+			if r.Intn(20) == 0 {
+				s.block(event.Event{Kind: event.KindRunqueue}, int64(r.Intn(4000))*us+200*us)
+			} else {
+				s.t += 250*us + int64(r.Intn(100))*us
+			}
+		}
+		s.sync()
+	}
+	wins := s.windows(t0, s.t+200*ms, 200*ms, event.SourceNVML, nil)
+	c := &collect{}
+	sum := feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	var errNS, truthNS int64
+	within := 0
+	steps := c.steps[1 : len(c.steps)-1]
+	for _, st := range steps {
+		truth := s.idle(st.Start, st.End)
+		d := st.IdleNS - truth
+		if d < 0 {
+			d = -d
+		}
+		errNS += d
+		truthNS += truth
+		if float64(d) <= 0.05*float64(truth) {
+			within++
+		}
+	}
+	frac := float64(within) / float64(len(steps))
+	t.Logf("%d steps: %.1f%% within 5%% of the true idle, time-weighted error %.2f%%", len(steps), 100*frac,
+		100*float64(errNS)/float64(truthNS))
+	if frac < 0.95 || float64(errNS) > 0.02*float64(truthNS) {
+		t.Errorf("per-step idle accuracy too low")
 	}
 	checkTotals(t, c, sum)
 }

@@ -252,6 +252,13 @@ func (s *stepper) tick(p *proc, t int64) {
 	switch s.mode {
 	case modeWindow:
 		w := int64(p.e.cfg.StepWindow)
+		if k := (t - o.Start) / w; k > maxPendingSteps {
+			// A clock jump or a long silence: skip the empty windows
+			// rather than materialise them.
+			s.boundary(o.Start+w, true)
+			s.steps[len(s.steps)-1].Start = o.Start + k*w
+			o = s.steps[len(s.steps)-1]
+		}
 		for o.Start+w <= t {
 			s.boundary(o.Start+w, true)
 			o = s.steps[len(s.steps)-1]

@@ -3,6 +3,7 @@ package correlate
 import (
 	"math/rand"
 	"testing"
+	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -447,4 +448,33 @@ func TestLaunchBoundJitteryStepIdle(t *testing.T) {
 		t.Errorf("per-step idle accuracy too low")
 	}
 	checkTotals(t, c, sum)
+}
+
+func TestWindowsSkipClockJump(t *testing.T) {
+	s := newSim()
+	for s.t < t0+4_000*ms {
+		s.launches(50, 200*us, 300*us)
+	}
+	before := len(s.evs)
+	s.t += int64(30 * 24 * time.Hour) // the wall clock jumps a month
+	s.launches(50, 200*us, 300*us)
+	c := &collect{}
+	e := newEngine(c, nil)
+	for _, ev := range s.evs[:before] {
+		e.Event(ev)
+	}
+	e.Advance(t0 + 5_000*ms)
+	for _, ev := range s.evs[before:] {
+		e.Event(ev)
+	}
+	e.Advance(s.t + 2e9)
+	e.Close(s.t + 2e9)
+	if len(c.steps) > 20 {
+		t.Fatalf("%d windows emitted", len(c.steps))
+	}
+	for i := 1; i < len(c.steps); i++ {
+		if c.steps[i].Number != c.steps[i-1].Number+1 {
+			t.Errorf("numbering %d after %d", c.steps[i].Number, c.steps[i-1].Number)
+		}
+	}
 }

@@ -23,11 +23,19 @@
 // Per process (one device each, SetDevice) the engine keeps a GPU queue
 // model: per stream, whether work was enqueued since the stream was last
 // known drained. A synchronisation (cu*Synchronize, a synchronous copy or
-// free while work was pending) drains the streams it covers; when every
-// stream is drained a gap opens at the sync's return and closes at the next
-// enqueue of the process (launch, async copy, memset, collective). Gaps at
-// least MinGap long are attributed and emitted (Evidence.Source "host");
-// shorter ones are micro-gaps and only count through the GPU windows.
+// free while work was pending) drains the streams it covers: a context
+// sync or a free all of them, a stream sync its stream plus the work other
+// streams enqueued before the synced stream's last work (side-stream batch
+// copies are consumed by the main stream through untraced events). When
+// every stream is drained a gap opens at the sync's return and closes at
+// the next enqueue of the process, by any thread (launch, async copy,
+// memset, collective). A synchronous copy or an allocation issued while the
+// queue is already drained is not an enqueue: it is host activity inside the
+// gap (cuda.memcpy, cuda.alloc), because the GPU computes nothing during it.
+// A later sync that still waits proves the open gap wrong (lost events,
+// another stream still busy): it is dropped and reopened at that sync.
+// Gaps at least MinGap long are attributed and emitted (Evidence.Source
+// "host"); shorter ones are micro-gaps and only count through the windows.
 //
 // Per thread it keeps an activity timeline (syscalls, runqueue waits,
 // off-CPU time, CUDA calls). A gap's breakdown is the time-share of what the
@@ -36,8 +44,19 @@
 // the wait is charged instead, one hop deep; where it waited on another
 // traced process that is not an ancestor (a data-loader worker) the time is
 // loader.wait and the worker's own events decide whether it was doing I/O or
-// computing. Time the timeline does not cover is cpu: syscalls shorter than
-// the tracer's threshold never arrive, so they count as on-CPU time.
+// computing (a pipe writer not seen yet counts as a worker too: after an
+// attach, workers are known only once they emit something). Time the
+// timeline does not cover is cpu: syscalls shorter than the tracer's
+// threshold never arrive, so they count as on-CPU time, except holes of at
+// most 100 µs between two blocking calls of the same cause (a read loop),
+// which keep that cause. Overlaps resolve as: a CUDA call owns the syscalls
+// nested in it, runnable time beats the syscall around it (the I/O was done;
+// the CPU was not free), off-CPU time is the weakest fact.
+//
+// Two feeder threads: the gap ends at the first enqueue of either, its TID
+// and breakdown are those of the thread that ended it (with waits on the
+// other resolved through the wake-up as above), and Evidence.Threads lists
+// every feeder considered.
 //
 // Idle the host cannot bound comes from the GPU windows:
 //   - CPU ahead without a sync: a feeder blocked for at least MinGap while
@@ -45,17 +64,27 @@
 //     enqueue or non-waiting sync]; the windows give how much of it was idle,
 //     placed at the end of the interval because the queue drains first
 //     (Evidence.Source "host+gpu"). The windows' idle outside the interval is
-//     discounted at the device's recent micro-idle density.
-//   - Micro-gaps: per step, window idle minus the gaps already bounded, with
-//     each window's unbounded idle spread evenly over its non-gap time, and
-//     attributed in proportion to what the feeder threads did outside the
-//     gaps (usually cpu: launch-bound). Never one record per micro-gap.
-//     Without windows MicroIdleNS is 0: the engine does not invent idle.
+//     discounted at the device's recent micro-idle density. Not in lite,
+//     where launches are invisible.
+//   - Micro-gaps: per step, window idle minus the gaps already bounded.
+//     Within a window, the busy time not already known (sync waits are
+//     busy) is split over the remaining time in proportion to the launches
+//     made there, since a training loop does the same GPU work every step;
+//     without launch counts (lite) the window's unbounded idle is spread
+//     evenly. Micro idle is attributed in proportion to what the feeder
+//     threads did outside the gaps, leaving out time blocked in syncs and
+//     idle waits on nobody (usually cpu: launch-bound). Never one record per
+//     micro-gap. Without windows MicroIdleNS is 0: the engine does not
+//     invent idle. NVML windows are preferred to GPM ones for idle totals
+//     (utilization is "a kernel ran", the definition of idle).
 //
 // Comm stalls: a sync that waited on streams whose pending work holds a
-// collective, longer than the minimum wait the same sync showed over recent
-// steps, is a stall of kind "stall", cause comm, for the excess. When GPM SM
-// activity covers it, activity above 0.5 rejects it (the GPU was computing).
+// collective, longer than the minimum wait the same sync of the step (same
+// call, stream and position in the step) showed over the last 32 steps, is
+// a stall of kind "stall", cause comm, for the excess, placed at the end of
+// the wait. It needs a step period and four earlier steps. When GPM SM
+// activity covers it, activity above 0.5 rejects it (the GPU was
+// computing); otherwise Evidence.SMActivity confirms it.
 //
 // # Steps
 //
@@ -63,11 +92,15 @@
 // each synchronous device-to-host copy that drained work) gets a signature
 // (CUDA call, stream, launches, async copies and collectives since the
 // previous one). The smallest period P whose signatures repeat (80% of
-// recent comparisons) is the number of syncs per step; the phase is the
-// sync with the longest median wait. Counting syncs rather than time makes
-// steps robust to stalls. Until a period is found the engine holds gaps for
-// at most holdMax; past that, or after warmupMax without a period, it falls
-// back to fixed windows of StepWindow (Step.Window true) and keeps looking;
+// recent comparisons) is the number of syncs per step. The step ends at the
+// sync after which the host clearly takes longest to enqueue again
+// (fetching the next batch), else at the one with the longest median wait,
+// never at a sync followed at once by another sync. Counting syncs rather
+// than time makes steps robust to stalls; a step open for 30 s (and 10× the
+// usual step) means the loop stopped syncing. A gap belongs to the step
+// holding its midpoint. Until a period is found the engine holds gaps for
+// at most 850 ms after their end; past that, or 3 s after the first GPU
+// work without a period, it falls back to fixed windows of StepWindow (Step.Window true) and keeps looking;
 // numbering always increases. A lost pattern (half the recent syncs stop
 // matching) returns to fixed windows.
 //
@@ -76,5 +109,7 @@
 // Everything is trimmed once final: thread timelines to the oldest step not
 // yet emitted (at most maxIntervals per thread), windows and gap spans to
 // what pending steps still need, sync history to a ring, evidence lists to
-// the top entries by time. Exited processes and threads are forgotten.
+// the top entries by time. Exited processes and threads are forgotten, and
+// so are non-feeding processes silent for 10 minutes once more than 256 are
+// known (lost exit events). Fixed windows skip ahead over a clock jump.
 package correlate

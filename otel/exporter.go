@@ -57,6 +57,10 @@ type Exporter struct {
 	pendingN   int
 	gapDropped atomic.Uint64
 	closed     atomic.Bool
+
+	rootMu    sync.Mutex
+	roots     map[int64]struct{} // steps whose root this process emitted (job mode)
+	rootOrder []int64
 }
 
 type stepKey struct {

@@ -312,3 +312,56 @@ func metricValue(text, series string) (float64, bool) {
 	}
 	return 0, false
 }
+
+// One process driving two GPUs in a job: one root per step, distinct child
+// spans per device, no duplicate span IDs.
+func TestJobModeSeveralDevices(t *testing.T) {
+	for _, rank := range []int{0, -1} {
+		t.Run(strconv.Itoa(rank), func(t *testing.T) {
+			clearEnv(t)
+			path := filepath.Join(t.TempDir(), "spans.jsonl")
+			x, err := otel.New(context.Background(), otel.Config{SpansFile: path, JobID: "job-d", Rank: rank})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t0 := time.Now().UnixNano()
+			for dev := range 2 {
+				emit(x, synth{pid: 5, device: dev, t0: t0}, 0, 3)
+			}
+			if err := x.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			ids := map[string]bool{}
+			roots := map[string]int{}
+			children := map[string]int{}
+			for _, s := range readSpansFile(t, path) {
+				if ids[s.SpanID] {
+					t.Errorf("span ID %s (%s) emitted twice", s.SpanID, s.Name)
+				}
+				ids[s.SpanID] = true
+				switch {
+				case s.Name == otel.SpanStep:
+					roots[s.TraceID]++
+					n := int64(s.Attributes["gpu.step.number"].(float64))
+					if s.TraceID != otel.StepTraceID("job-d", n).String() || s.SpanID != otel.StepRootSpanID("job-d", n).String() {
+						t.Errorf("step %d root not at the derived IDs", n)
+					}
+				case strings.HasPrefix(s.Name, "rank ") || strings.HasPrefix(s.Name, "device "):
+					children[s.TraceID]++
+				}
+			}
+			if len(roots) != 3 {
+				t.Errorf("%d traces with a root, want 3", len(roots))
+			}
+			for tid, n := range roots {
+				want := 2 // rank 0: a rank span per device
+				if rank == -1 {
+					want = 1 // the second device's span; the first hangs under the root
+				}
+				if n != 1 || children[tid] != want {
+					t.Errorf("trace %s: %d roots, %d per-device spans; want 1, %d", tid, n, children[tid], want)
+				}
+			}
+		})
+	}
+}

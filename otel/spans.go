@@ -40,8 +40,9 @@ func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []corre
 	} else {
 		tid, rootID := StepTraceID(job, s.Number), StepRootSpanID(job, s.Number)
 		jobAttr := attribute.String("gaptrace.job.id", job)
-		if rank <= 0 {
-			// Rank 0, or a lone process of unknown rank, owns the root.
+		if rank <= 0 && x.claimRoot(s.Number) {
+			// Rank 0, or a lone process of unknown rank, owns the root;
+			// once per step even when the process drives several GPUs.
 			_, root = x.tracer.Start(withFixedIDs(base, tid, rootID), SpanStep, trace.WithNewRoot(),
 				trace.WithTimestamp(unix(s.Start)), trace.WithAttributes(stepAttrs...),
 				trace.WithAttributes(jobAttr))
@@ -56,6 +57,14 @@ func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []corre
 				trace.WithAttributes(stepAttrs...),
 				trace.WithAttributes(jobAttr, attribute.Int("gaptrace.rank", rank)))
 		}
+	}
+	if parent == nil {
+		// Rank -1 with a job ID on a second device: hang under the root
+		// the first device emitted.
+		remote := trace.NewSpanContext(trace.SpanContextConfig{TraceID: StepTraceID(job, s.Number),
+			SpanID: StepRootSpanID(job, s.Number), TraceFlags: trace.FlagsSampled, Remote: true})
+		_, parent = x.tracer.Start(trace.ContextWithRemoteSpanContext(base, remote), "device "+strconv.Itoa(s.Device),
+			trace.WithTimestamp(unix(s.Start)), trace.WithAttributes(stepAttrs...))
 	}
 	addStepEvents(parent, s)
 	for i := range gaps {
@@ -339,3 +348,26 @@ func gapDuration(g *correlate.Gap) int64 {
 	}
 	return g.End - g.Start
 }
+
+// claimRoot reports whether this exporter should emit step n's train.step
+// root (job mode): true the first time n is seen. Steps arrive roughly in
+// order per device, so remembering the last rootMemory numbers suffices.
+func (x *Exporter) claimRoot(n int64) bool {
+	x.rootMu.Lock()
+	defer x.rootMu.Unlock()
+	if _, ok := x.roots[n]; ok {
+		return false
+	}
+	if x.roots == nil {
+		x.roots = make(map[int64]struct{}, rootMemory)
+	}
+	x.roots[n] = struct{}{}
+	x.rootOrder = append(x.rootOrder, n)
+	if len(x.rootOrder) > rootMemory {
+		delete(x.roots, x.rootOrder[0])
+		x.rootOrder = x.rootOrder[1:]
+	}
+	return true
+}
+
+const rootMemory = 4096

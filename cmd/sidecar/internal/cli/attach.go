@@ -17,8 +17,12 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 )
 
-// matchPoll is how often /proc is scanned for new matching processes.
-const matchPoll = 500 * time.Millisecond
+// How often /proc is scanned for new processes to trace: by command line,
+// and by mapped libcuda (--gpu-procs).
+const (
+	matchPoll    = 500 * time.Millisecond
+	gpuProcsPoll = 2 * time.Second
+)
 
 func attachCmd(ctx context.Context, args []string, deps Deps) int {
 	cfg, _, code, ok := load(config.CmdAttach, args, deps)
@@ -213,7 +217,13 @@ func attachMatch(ctx context.Context, cfg *config.Config, deps Deps, log *slog.L
 	var mu sync.Mutex
 	traced := map[int]*proc.Watch{}
 	var wg sync.WaitGroup
-	tick := time.NewTicker(matchPoll)
+	// Reading every process's maps costs far more than reading command
+	// lines; on a node with hundreds of processes scan less often.
+	every := matchPoll
+	if cfg.GPUProcs {
+		every = gpuProcsPoll
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	code := ExitOK
 scan:

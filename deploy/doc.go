@@ -1,0 +1,8 @@
+// Package deploy holds gaptrace's deployment files — the container image
+// (Dockerfile), Kubernetes manifests (kubernetes/), compose files with
+// Jaeger (compose.yaml) and Tempo (tempo/) — and the tests that keep them
+// honest without a cluster or a Docker engine: manifests are decoded
+// strictly into the typed Kubernetes API objects, compose files into the
+// subset of the compose schema they use, and the Dockerfile's build stage
+// is checked against the commands CI runs.
+package deploy

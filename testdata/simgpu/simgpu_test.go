@@ -87,6 +87,7 @@ type record struct {
 	Worker           int              `json:"worker"`
 	ServerPid        int              `json:"server_pid"`
 	RunDelayNs       uint64           `json:"run_delay_ns"`
+	At               string           `json:"at"`
 	WorkerRunDelayNs uint64           `json:"worker_run_delay_ns"`
 	KernelUs         int64            `json:"kernel_us"`
 	Stalls           []map[string]any `json:"stalls"`
@@ -360,6 +361,71 @@ func TestCombinedStalls(t *testing.T) {
 	}
 }
 
+// TestStallAhead checks at=ahead: the stall runs inside its step, after
+// every launch and before the sync, while the GPU drains the queue and then
+// idles with no sync to tell the host.
+func TestStallAhead(t *testing.T) {
+	const kernels, kernelUS, ms = 4, 2000, 20
+	tr := runSimtrain(t, "--steps", "10", "--kernels-per-step", fmt.Sprint(kernels),
+		"--kernel-us", fmt.Sprint(kernelUS), "--launch-gap-us", "0",
+		"--stall", fmt.Sprintf("sleep:every=5:ms=%d:at=ahead", ms), "--stall", "cpu:every=4:ms=5")
+	if len(tr.meta.Stalls) != 2 || tr.meta.Stalls[0]["at"] != "ahead" || tr.meta.Stalls[1]["at"] != nil {
+		t.Errorf("meta stalls %v: want at=ahead on the first only", tr.meta.Stalls)
+	}
+	var ahead []record
+	for _, s := range tr.stalls {
+		switch s.Cause {
+		case "sleep":
+			if s.At != "ahead" {
+				t.Errorf("sleep stall without at=ahead: %+v", s)
+			}
+			ahead = append(ahead, s)
+		case "cpu":
+			if s.At != "" {
+				t.Errorf("before-step stall carries at=%q", s.At)
+			}
+		}
+	}
+	if len(ahead) != 2 || ahead[0].Step != 5 || ahead[1].Step != 10 {
+		t.Fatalf("ahead stalls %+v, want steps 5 and 10", ahead)
+	}
+	stepOf := map[int]record{}
+	for _, st := range tr.steps {
+		stepOf[st.Step] = st
+	}
+	launchEnd, syncStart := map[int]uint64{}, map[int]uint64{}
+	for _, c := range tr.calls {
+		switch c.What {
+		case "launch_count":
+			launchEnd[c.Step] = c.End
+		case "sync":
+			syncStart[c.Step] = c.Start
+		}
+	}
+	for _, s := range ahead {
+		st := stepOf[s.Step]
+		if s.Start < launchEnd[s.Step] || s.End > syncStart[s.Step] || s.Start < st.Start || s.End > st.End {
+			t.Errorf("ahead stall [%d,%d] not between the launches (end %d) and the sync (start %d) of step [%d,%d]",
+				s.Start, s.End, launchEnd[s.Step], syncStart[s.Step], st.Start, st.End)
+		}
+		// The queue holds ~8 ms of kernels when the stall begins: the GPU
+		// stays busy into the stall, then idles until it ends.
+		var busyEnd uint64
+		for _, b := range tr.busy {
+			if b.Kind == "kernel" && b.Start < s.End && b.End > s.Start && b.End > busyEnd {
+				busyEnd = b.End
+			}
+		}
+		queued := uint64(kernels * kernelUS * 1000)
+		if busyEnd <= s.Start || busyEnd > s.Start+queued {
+			t.Errorf("stall [%d,%d]: kernels run until %d, want within %d ns of its start", s.Start, s.End, busyEnd, queued)
+		}
+		if idle := float64(s.End-busyEnd) / 1e6; idle < float64(ms)-float64(queued)/1e6-2 {
+			t.Errorf("stall [%d,%d]: GPU idle only %.1f ms of it", s.Start, s.End, idle)
+		}
+	}
+}
+
 type dump struct {
 	BusyNs  uint64 `json:"busy_ns"`
 	MemUsed uint64 `json:"mem_used"`
@@ -465,6 +531,9 @@ func TestBadArguments(t *testing.T) {
 		{"--steps", "1", "--stall", "disk:every=1:ms=1"},
 		{"--steps", "1", "--stall", "sleep:every=0:ms=1"},
 		{"--steps", "1", "--stall", "sleep:ms=1"},
+		{"--steps", "1", "--stall", "sleep:every=1:ms=1:at=after"},
+		{"--steps", "1", "--stall", "comm:every=1:ms=1:at=ahead"},
+		{"--steps", "1", "--stall", "cuda.memcpy:every=1:ms=1:at=ahead"},
 		{"--steps", "x"},
 		{"--bogus"},
 		{},

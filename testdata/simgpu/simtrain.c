@@ -11,8 +11,10 @@
  * which the tracer's integration and accuracy tests compare against.
  *
  * Steps are numbered from 1; a stall with every=E runs before every step n
- * with n % E == 0, in the order the --stall flags were given. See README.md
- * for the full contract.
+ * with n % E == 0, in the order the --stall flags were given; with at=ahead
+ * it runs inside step n instead, after its launches and before its sync, so
+ * the host is blocked while the GPU drains its queue and then sits idle
+ * without any sync telling the host so. See README.md for the full contract.
  */
 #define _GNU_SOURCE
 #include "simgpu.h"
@@ -82,6 +84,7 @@ struct stall {
 	enum cause c;
 	long every;
 	long ms;
+	int ahead; /* at=ahead: after the step's launches, before its sync */
 };
 
 enum launch_api { L_KERNEL, L_EX, L_COOP, L_GRAPH, L_PTSZ, L_MIX };
@@ -470,18 +473,34 @@ static void parse_stall(const char *arg)
 			st->every = parse_long("--stall every", kv + 6, 1, 1L << 40);
 		else if (strncmp(kv, "ms=", 3) == 0)
 			st->ms = parse_long("--stall ms", kv + 3, 1, 3600 * 1000);
+		else if (strcmp(kv, "at=before") == 0)
+			st->ahead = 0;
+		else if (strcmp(kv, "at=ahead") == 0)
+			st->ahead = 1;
 		else
-			usage_error("invalid --stall field %s in %s (want every=E or ms=M)", kv, arg);
+			usage_error("invalid --stall field %s in %s (want every=E, ms=M or "
+				    "at=before|ahead)",
+				    kv, arg);
 	}
 	if (st->every < 0 || st->ms < 0)
 		usage_error("invalid --stall %s: both every=E and ms=M are required", arg);
+	/*
+	 * Running ahead means the host is busy elsewhere while the queue drains.
+	 * A late collective is already a wait in the sync, and the synchronous
+	 * driver calls would first wait for the queued kernels, so the truth
+	 * interval would not be the cause's own time.
+	 */
+	if (st->ahead && (st->c == C_COMM || st->c == C_CUDA_MEMCPY || st->c == C_CUDA_ALLOC))
+		usage_error("invalid --stall %s: at=ahead needs a cause that does not synchronize "
+			    "with the device (not comm, cuda.memcpy or cuda.alloc)",
+			    arg);
 	opt.nstalls++;
 }
 
 static void usage(FILE *f)
 {
 	fputs("usage: simtrain --steps N [--kernels-per-step K] [--kernel-us U] [--launch-gap-us G]\n"
-	      "                [--streams S] [--truth FILE] [--stall CAUSE:every=E:ms=M]...\n"
+	      "                [--streams S] [--truth FILE] [--stall CAUSE:every=E:ms=M[:at=before|ahead]]...\n"
 	      "                [--device D] [--rank R] [--nranks N] [--collectives C] [--server ADDR]\n"
 	      "                [--workers W] [--data-dir DIR] [--batch-bytes B] [--bucket-bytes B]\n"
 	      "                [--launch-api kernel|ex|cooperative|graph|ptsz|mix] [--ctx-sync] [--quiet]\n"
@@ -1263,9 +1282,9 @@ static void run_stall(const struct stall *st, long step)
 	if (truth_f != NULL)
 		bprintf(&truth_buf,
 			"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"%s\",\"start\":%llu,\"end\":%llu,"
-			"\"tid\":%d,\"ms\":%ld,\"run_delay_ns\":%llu%s}\n",
+			"\"tid\":%d,\"ms\":%ld,\"run_delay_ns\":%llu%s%s}\n",
 			step, st->name, (unsigned long long)start, (unsigned long long)end, gettid_(),
-			st->ms, (unsigned long long)rd, extra);
+			st->ms, (unsigned long long)rd, st->ahead ? ",\"at\":\"ahead\"" : "", extra);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1383,9 +1402,9 @@ int main(int argc, char **argv)
 			bprintf(&truth_buf, "%s%d", i ? "," : "", (int)workers[i].pid);
 		bprintf(&truth_buf, "],\"stalls\":[");
 		for (int i = 0; i < opt.nstalls; i++)
-			bprintf(&truth_buf, "%s{\"cause\":\"%s\",\"every\":%ld,\"ms\":%ld}",
+			bprintf(&truth_buf, "%s{\"cause\":\"%s\",\"every\":%ld,\"ms\":%ld%s}",
 				i ? "," : "", opt.stalls[i].name, opt.stalls[i].every,
-				opt.stalls[i].ms);
+				opt.stalls[i].ms, opt.stalls[i].ahead ? ",\"at\":\"ahead\"" : "");
 		bprintf(&truth_buf, "]}\n");
 		truth_flush();
 		truth_start_writer();
@@ -1396,7 +1415,7 @@ int main(int argc, char **argv)
 	for (step = 1; step <= opt.steps && !stop_requested; step++) {
 		pending_comm_delay_ns = 0;
 		for (int i = 0; i < opt.nstalls; i++)
-			if (step % opt.stalls[i].every == 0)
+			if (!opt.stalls[i].ahead && step % opt.stalls[i].every == 0)
 				run_stall(&opt.stalls[i], step);
 
 		uint64_t step_start = now_ns();
@@ -1418,6 +1437,10 @@ int main(int argc, char **argv)
 			ncoll = 1; /* a late peer needs a collective to be late for */
 		for (long i = 0; i < ncoll; i++)
 			collective(step, i == ncoll - 1);
+		/* The CPU runs ahead: everything is enqueued, nothing waits for it yet. */
+		for (int i = 0; i < opt.nstalls; i++)
+			if (opt.stalls[i].ahead && step % opt.stalls[i].every == 0)
+				run_stall(&opt.stalls[i], step);
 
 		uint64_t comm_sync_start = 0;
 		uint64_t comm_rd0 = pending_comm_delay_ns > 0 ? thread_run_delay_ns() : 0;

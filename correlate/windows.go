@@ -98,14 +98,12 @@ func (d *device) hidden(extra []span) []span {
 	if len(extra) == 0 && d.nvml {
 		return d.gaps
 	}
-	l := append([]span(nil), d.gaps...)
+	l := d.gaps
 	if !d.nvml {
-		for _, s := range d.stalls {
-			l = addSpan(l, s)
-		}
+		l = mergeSpans(l, d.stalls)
 	}
-	for _, s := range extra {
-		l = addSpan(l, s)
+	if len(extra) > 0 {
+		l = mergeSpans(l, extra)
 	}
 	return l
 }
@@ -128,20 +126,20 @@ func (d *device) overlapping(a, b int64) []event.GPUWindow {
 // minus its gaps is spread evenly over its non-gap time. nonGap is the
 // window-covered non-gap time of [s,e).
 func (d *device) micro(s, e int64, extra []span, weight func(a, b int64, hid []span) float64) (micro, free int64) {
-	hid := d.hidden(extra)
+	wins := d.overlapping(s, e)
+	if len(wins) == 0 {
+		return 0, 0
+	}
+	lo, hi := wins[0].Start, wins[len(wins)-1].End
+	hid := clip(d.hidden(extra), lo, hi)
 	// known: time whose state the host already knows (gaps idle; sync
 	// waits, and for NVML comm stalls, busy).
-	known := append([]span(nil), hid...)
-	for _, b := range d.busy {
-		known = addSpan(known, b)
-	}
+	known := mergeSpans(hid, clip(d.busy, lo, hi))
 	if d.nvml {
-		for _, st := range d.stalls {
-			known = addSpan(known, st)
-		}
+		known = mergeSpans(known, clip(d.stalls, lo, hi))
 	}
 	var m float64
-	for _, w := range d.overlapping(s, e) {
+	for _, w := range wins {
 		wl := w.End - w.Start
 		a, b := max(s, w.Start), min(e, w.End)
 		g := overlapLen(hid, w.Start, w.End)
@@ -272,4 +270,37 @@ func trimSpans(l []span, keep int64) []span {
 	}
 	n := copy(l, l[k:])
 	return l[:n]
+}
+
+// clip returns the part of the sorted list l that overlaps [a,b) (spans
+// are not cut: overlapLen clips them anyway).
+func clip(l []span, a, b int64) []span {
+	i := sort.Search(len(l), func(i int) bool { return l[i].b > a })
+	j := i
+	for j < len(l) && l[j].a < b {
+		j++
+	}
+	return l[i:j]
+}
+
+// mergeSpans unions two sorted disjoint lists into a new one.
+func mergeSpans(x, y []span) []span {
+	out := make([]span, 0, len(x)+len(y))
+	i, j := 0, 0
+	for i < len(x) || j < len(y) {
+		var s span
+		if j >= len(y) || (i < len(x) && x[i].a <= y[j].a) {
+			s = x[i]
+			i++
+		} else {
+			s = y[j]
+			j++
+		}
+		if n := len(out); n > 0 && s.a <= out[n-1].b {
+			out[n-1].b = max(out[n-1].b, s.b)
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
 }

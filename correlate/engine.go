@@ -431,11 +431,17 @@ func (e *Engine) exit(p *proc, ev *event.Event) {
 		}
 		return
 	}
-	// The process is gone: settle what waited for windows or a period
-	// (nothing more will come), close what it had open and forget it.
-	p.resolvePending(true)
+	// The process is gone: close what it had open. Its last steps still
+	// wait for the GPU windows that cover them (they arrive late); finalize
+	// forgets it once they are out.
 	p.closeAll(ev.End)
-	p.finalizeSteps(true)
+	p.exitedAt = ev.End
+	if !p.everEnq {
+		e.forget(p)
+	}
+}
+
+func (e *Engine) forget(p *proc) {
 	for tid := range p.tids {
 		if th := e.threads[tid]; th != nil && th.pid == p.pid {
 			delete(e.threads, tid)
@@ -447,15 +453,21 @@ func (e *Engine) exit(p *proc, ev *event.Event) {
 // finalize resolves pending decisions and emits what became final.
 func (e *Engine) finalize(force bool) {
 	for _, p := range e.procs {
-		p.resolvePending(force)
-		if force {
+		done := force || (p.exitedAt != 0 && e.now >= p.exitedAt+windowWait+holdMax)
+		p.resolvePending(done)
+		if force && p.exitedAt == 0 {
 			// The trace ends with the process's last event, not with the
 			// sidecar's exit: a tail window would only count idle the
 			// training loop never saw.
 			p.closeAll(p.last)
 		}
-		p.tickSteps()
-		p.finalizeSteps(force)
+		if p.exitedAt == 0 {
+			p.tickSteps()
+		}
+		p.finalizeSteps(done)
+		if p.exitedAt != 0 && (done || p.settled()) {
+			e.forget(p)
+		}
 	}
 	if e.wm-e.swept > sweepEvery && len(e.procs) > sweepProcs {
 		e.sweep()

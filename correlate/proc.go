@@ -116,6 +116,13 @@ type proc struct {
 	base                    map[baseKey]*waitRing
 
 	st stepper
+
+	exitedAt int64 // when the process exited; 0 while it runs
+}
+
+// settled reports whether nothing of the process waits to be emitted.
+func (p *proc) settled() bool {
+	return len(p.st.steps) == 0 && len(p.cands) == 0 && len(p.stalls) == 0 && len(p.held) == 0
 }
 
 func newProc(e *Engine, pid uint32, dev int, t int64) *proc {

@@ -352,16 +352,34 @@ func TestEvalPhaseFallsBackToWindowsAndBack(t *testing.T) {
 }
 
 func TestProcessExitFlushes(t *testing.T) {
+	// The trainer exits; the windows covering its last steps arrive 300 ms
+	// later. Its steps wait for them, then the process is forgotten.
 	s, _ := trainer(stallCases()[0].inject)
-	s.evs = append(s.evs, event.Event{Kind: event.KindExit, PID: s.pid, TID: s.pid, Start: s.t + ms, End: s.t + ms})
+	exit := s.t + ms
+	s.evs = append(s.evs, event.Event{Kind: event.KindExit, PID: s.pid, TID: s.pid, Start: exit, End: exit})
+	wins := s.windows(t0, s.t+100*ms, 100*ms, event.SourceNVML, nil)
 	c := &collect{}
 	e := newEngine(c, nil)
 	for _, ev := range s.evs {
 		e.Event(ev)
 	}
-	e.Advance(s.t + 10*ms + int64(DefaultEmitDelay))
+	j := 0
+	for now := t0; now < exit+3e9; now += 50 * ms {
+		for j < len(wins) && wins[j].End+300*ms <= now {
+			e.Window(wins[j])
+			j++
+		}
+		e.Advance(now)
+	}
 	if len(bigGaps(c.gaps)) != 1 || len(c.steps) < 20 {
 		t.Fatalf("after exit: %d gaps, %d steps", len(bigGaps(c.gaps)), len(c.steps))
+	}
+	last := c.steps[len(c.steps)-1]
+	if last.End != exit && last.End != s.t {
+		t.Errorf("last step ends %d, exit at %d", last.End-t0, exit-t0)
+	}
+	if last.MicroIdleNS == 0 {
+		t.Errorf("last step emitted before its windows: %+v", last)
 	}
 	if len(e.procs) != 1 || len(e.threads) != 0 { // the worker remains
 		t.Errorf("state left: %d procs, %d threads", len(e.procs), len(e.threads))

@@ -27,6 +27,9 @@ func main() {
 		NewPipeline: newPipeline,
 		GPU:         inspectGPU,
 		IsTerminal:  stdoutTerminal,
+		StderrTerminal: func() bool {
+			return term.IsTerminal(int(os.Stderr.Fd()))
+		},
 	}))
 }
 

@@ -29,7 +29,7 @@ func attachCmd(ctx context.Context, args []string, deps Deps) int {
 	if !ok {
 		return code
 	}
-	log := newLogger(&cfg, deps.Stderr).With("component", "cli")
+	out := newOutput(&cfg, deps)
 	if err := deps.Privileged(); err != nil {
 		return fail(deps, config.CmdAttach, "cannot trace: %v", err)
 	}
@@ -41,14 +41,15 @@ func attachCmd(ctx context.Context, args []string, deps Deps) int {
 		defer cancel()
 	}
 	if cfg.PID != 0 {
-		return attachPID(ctx, &cfg, deps, log)
+		return attachPID(ctx, &cfg, deps, out)
 	}
-	return attachMatch(ctx, &cfg, deps, log)
+	return attachMatch(ctx, &cfg, deps, out)
 }
 
 // attachPID traces one process until it exits, a signal arrives or
 // --duration elapses.
-func attachPID(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Logger) int {
+func attachPID(ctx context.Context, cfg *config.Config, deps Deps, out output) int {
+	log := out.log.With("component", "cli")
 	cmd, pid := cfg.Command, cfg.PID
 	// A pidfd pins the process: if it exits while probes load, we learn it
 	// instead of tracing whatever reuses the PID.
@@ -63,7 +64,7 @@ func attachPID(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Log
 	cmdline, _ := proc.Cmdline(pid)
 	argv := strings.Fields(cmdline)
 
-	s, err := openSession(ctx, cfg, deps, log, pid, argv)
+	s, err := openSession(ctx, cfg, deps, out, pid, argv)
 	if err != nil {
 		return fail(deps, cmd, "%v", err)
 	}
@@ -177,10 +178,11 @@ func waitForCUDA(ctx context.Context, pid int, wait time.Duration, log *slog.Log
 // --gpu-procs, that mapped libcuda), as it appears, until a signal or
 // --duration. A process that restarts is picked up again: the follow-up is
 // the same scan. Descendants of a traced process are traced with it.
-func attachMatch(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Logger) int {
+func attachMatch(ctx context.Context, cfg *config.Config, deps Deps, out output) int {
+	log := out.log.With("component", "cli")
 	cmd := cfg.Command
 	re := regexp.MustCompile(cfg.Match) // validated by config; "" matches all
-	s, err := openSession(ctx, cfg, deps, log, 0, nil)
+	s, err := openSession(ctx, cfg, deps, out, 0, nil)
 	if err != nil {
 		return fail(deps, cmd, "%v", err)
 	}

@@ -91,6 +91,8 @@ type Deps struct {
 	Executable func() (string, error)
 	// IsTerminal reports whether stdout is a terminal and its width.
 	IsTerminal func() (bool, int)
+	// StderrTerminal reports whether stderr is a terminal (nil: no).
+	StderrTerminal func() bool
 }
 
 func (d *Deps) fill() {
@@ -204,12 +206,43 @@ func load(cmd config.Command, args []string, deps Deps) (config.Config, []string
 	return cfg, rest, ExitUsage, false
 }
 
-// newLogger returns the base logger; each component adds its own
-// "component" attribute.
-func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
+// output is where a tracing command writes: the live view's terminal (nil
+// unless the view is redrawn in place) and the base logger. Each
+// component adds its own "component" attribute to the logger.
+type output struct {
+	mode string         // "on" (redrawn frame), "log" (periodic lines), "off"
+	term *live.Terminal // when mode is "on"
+	log  *slog.Logger
+}
+
+// newOutput resolves --live and builds the logger. When the view is
+// redrawn on the terminal that stderr also goes to, log lines are written
+// through it, above the frame, instead of across it.
+func newOutput(cfg *config.Config, deps Deps) output {
+	isTTY, _ := deps.IsTerminal()
+	o := output{mode: cfg.Live}
+	if o.mode == "auto" {
+		o.mode = map[bool]string{true: "on", false: "log"}[isTTY]
+	}
+	var w io.Writer = deps.Stderr
+	if o.mode == "on" {
+		o.term = &live.Terminal{W: deps.Stdout}
+		if deps.StderrTerminal != nil && deps.StderrTerminal() {
+			w = termWriter{o.term}
+		}
+	}
 	var lvl slog.Level
 	lvl.UnmarshalText([]byte(cfg.LogLevel)) //nolint:errcheck // validated by config
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
+	o.log = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
+	return o
+}
+
+// termWriter writes log lines above the live view.
+type termWriter struct{ t *live.Terminal }
+
+func (w termWriter) Write(p []byte) (int, error) {
+	w.t.Output(p)
+	return len(p), nil
 }
 
 // fail prints one clear message and returns ExitFailure.
@@ -303,6 +336,9 @@ type session struct {
 	title  string
 	closed bool
 
+	mode string         // live view: "on" (redrawn frame), "log" (periodic lines), "off"
+	term *live.Terminal // when mode is "on"
+
 	runCancel context.CancelFunc
 	runDone   chan error
 	viewStop  chan struct{}
@@ -311,9 +347,10 @@ type session struct {
 
 // open prepares outputs and builds the pipeline. On error nothing is left
 // open.
-func openSession(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Logger, targetPID int, argv []string) (*session, error) {
-	base := newLogger(cfg, deps.Stderr)
-	s := &session{cmd: cfg.Command, cfg: cfg, deps: deps, log: log, agg: live.NewAggregator(nil)}
+func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output, targetPID int, argv []string) (*session, error) {
+	base := out.log
+	s := &session{cmd: cfg.Command, cfg: cfg, deps: deps, log: base.With("component", "cli"), agg: live.NewAggregator(nil),
+		mode: out.mode, term: out.term}
 	if !cfg.OTLPConfigured(deps.Getenv) {
 		s.spans = cfg.SpansOut
 		if s.spans == "" {
@@ -360,34 +397,29 @@ func (s *session) start(ctx context.Context) {
 // viewDone is closed, so the summary is printed on a clean screen.
 func (s *session) render() {
 	defer close(s.viewDone)
-	isTTY, width := s.deps.IsTerminal()
-	mode := s.cfg.Live
-	if mode == "auto" {
-		mode = map[bool]string{true: "on", false: "log"}[isTTY]
-	}
-	if mode == "off" {
+	_, width := s.deps.IsTerminal()
+	if s.mode == "off" {
 		<-s.viewStop
 		return
 	}
 	every := time.Second
-	if mode == "log" {
+	if s.mode == "log" {
 		every = 5 * time.Second
 	}
-	term := &live.Terminal{W: s.deps.Stdout}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.viewStop:
-			if mode == "on" {
-				term.Clear()
+			if s.term != nil {
+				s.term.Clear()
 			}
 			return
 		case <-t.C:
 			s.agg.SetStats(s.pipe.Stats())
 			v := s.agg.View(s.title)
-			if mode == "on" {
-				term.Draw(live.Frame(v, width))
+			if s.term != nil {
+				s.term.Draw(live.Frame(v, width))
 			} else {
 				fmt.Fprintln(s.deps.Stdout, live.LogLine(v))
 			}

@@ -298,10 +298,20 @@ func TestLogLinesWhenNotATerminal(t *testing.T) {
 func TestLiveViewOnTerminal(t *testing.T) {
 	h := newHarness(t)
 	h.deps.IsTerminal = func() (bool, int) { return true, 90 }
-	if code := h.main(context.Background(), "run", "--", "sleep", "1.3"); code != 0 {
+	if code := h.main(context.Background(), "run", "--", "sh", "-c", "echo hello-from-child; test -t 1 && echo stdout-is-a-tty; sleep 1.3; echo bye"); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	out := h.stdout.String()
+	// The command's output went through a pty (so it still sees a
+	// terminal) and came out before the summary.
+	for _, want := range []string{"hello-from-child\r\n", "stdout-is-a-tty", "bye"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("command output %q missing:\n%q", want, out)
+		}
+	}
+	if strings.Index(out, "bye") > strings.Index(out, "summary\n") {
+		t.Error("the command's last line came after the summary")
+	}
 	if !strings.Contains(out, "\x1b[J") || !strings.Contains(out, "idle by cause") {
 		t.Errorf("no live frame drawn:\n%q", out)
 	}

@@ -118,7 +118,8 @@ func demoCmd(ctx context.Context, args []string, deps Deps) int {
 	if !ok {
 		return code
 	}
-	log := newLogger(&cfg, deps.Stderr).With("component", "cli")
+	out := newOutput(&cfg, deps)
+	log := out.log.With("component", "cli")
 	if err := deps.Privileged(); err != nil {
 		return fail(deps, config.CmdDemo, "cannot trace: %v", err)
 	}
@@ -130,15 +131,15 @@ func demoCmd(ctx context.Context, args []string, deps Deps) int {
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return fail(deps, config.CmdDemo, "create output directory: %v", err)
 	}
-	out := absOrSame(cfg.OutDir)
+	outDir := absOrSame(cfg.OutDir)
 	setDefault := func(p *string, v string) {
 		if *p == "" {
 			*p = v
 		}
 	}
-	setDefault(&cfg.GapsOut, filepath.Join(out, "gaptrace-gaps.jsonl"))
-	setDefault(&cfg.SummaryJSON, filepath.Join(out, "gaptrace-summary.json"))
-	setDefault(&cfg.SpansOut, filepath.Join(out, config.DefaultSpansFile))
+	setDefault(&cfg.GapsOut, filepath.Join(outDir, "gaptrace-gaps.jsonl"))
+	setDefault(&cfg.SummaryJSON, filepath.Join(outDir, "gaptrace-summary.json"))
+	setDefault(&cfg.SpansOut, filepath.Join(outDir, config.DefaultSpansFile))
 	setDefault(&cfg.NVMLLib, filepath.Join(sim, "libnvidia-ml.so.1"))
 	setDefault(&cfg.CUDALib, filepath.Join(sim, "libcuda.so.1"))
 	setDefault(&cfg.NCCLLib, filepath.Join(sim, "libnccl.so.2"))
@@ -162,8 +163,8 @@ func demoCmd(ctx context.Context, args []string, deps Deps) int {
 	for _, s := range demoMix {
 		fmt.Fprintf(deps.Stdout, " %s", s.cause)
 	}
-	fmt.Fprintf(deps.Stdout, "\n  outputs: %s\n\n", out)
-	code = runSession(ctx, &cfg, deps, log, argv, env)
+	fmt.Fprintf(deps.Stdout, "\n  outputs: %s\n\n", outDir)
+	code = runSession(ctx, &cfg, deps, out, argv, env)
 	if code == ExitOK {
 		fmt.Fprintf(deps.Stdout, "\nopen %s for one JSON line per gap, or load %s into Jaeger/Tempo (see README)\n",
 			cfg.GapsOut, cfg.SpansOut)

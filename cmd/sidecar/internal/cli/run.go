@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -24,11 +23,11 @@ func runCmd(ctx context.Context, args []string, deps Deps) int {
 	if !ok {
 		return code
 	}
-	log := newLogger(&cfg, deps.Stderr).With("component", "cli")
+	out := newOutput(&cfg, deps)
 	if err := deps.Privileged(); err != nil {
 		return fail(deps, config.CmdRun, "cannot trace: %v", err)
 	}
-	return runSession(ctx, &cfg, deps, log, cfg.Argv, deps.Environ())
+	return runSession(ctx, &cfg, deps, out, cfg.Argv, deps.Environ())
 }
 
 type exitResult struct {
@@ -47,8 +46,9 @@ type exitResult struct {
 // forwarded, since nothing else delivers it to the command. Either way
 // tracing continues until the command exits, so its shutdown is traced
 // too; a second signal stops tracing at once and leaves without waiting.
-func runSession(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Logger, argv, env []string) int {
+func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, argv, env []string) int {
 	cmd := cfg.Command
+	log := out.log.With("component", "cli")
 	self, err := deps.Executable()
 	if err != nil {
 		return fail(deps, cmd, "find own executable: %v", err)
@@ -59,14 +59,48 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Lo
 
 	// The pipeline comes first: loading probes takes time and may fail,
 	// and a command must never run untraced because of it.
-	s, err := openSession(ctx, cfg, deps, log, 0, argv)
+	s, err := openSession(ctx, cfg, deps, out, 0, argv)
 	if err != nil {
 		return fail(deps, cmd, "%v", err)
 	}
-	child, err := proc.StartHeld(self, argv, env)
+	// With the live view on, the command writes to a pty that gaptrace
+	// copies above the view, so its output and the view do not overwrite
+	// each other; to the command it is still a terminal.
+	var ptyMaster, ptySlave *os.File
+	copyDone := make(chan struct{})
+	if s.term != nil {
+		if ptyMaster, ptySlave, err = proc.OpenPTY(1); err != nil {
+			log.Debug("no pty for the command's output; it writes to the terminal directly", "err", err)
+		}
+	}
+	child, err := proc.StartHeld(self, argv, env, ptySlave)
+	if ptySlave != nil {
+		ptySlave.Close()
+	}
 	if err != nil {
+		if ptyMaster != nil {
+			ptyMaster.Close()
+		}
 		s.abort()
 		return fail(deps, cmd, "%v", err)
+	}
+	if ptyMaster != nil {
+		go func() {
+			defer close(copyDone)
+			defer ptyMaster.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := ptyMaster.Read(buf)
+				if n > 0 {
+					s.term.Output(buf[:n])
+				}
+				if err != nil {
+					return // EIO once every writer closed the slave
+				}
+			}
+		}()
+	} else {
+		close(copyDone)
 	}
 	pid := child.PID()
 	if err := s.pipe.Trace(pid); err != nil {
@@ -106,6 +140,12 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, log *slog.Lo
 	for {
 		select {
 		case r := <-exited:
+			// Show the command's last words before the summary; children
+			// that outlive it may hold the pty open, so do not wait long.
+			select {
+			case <-copyDone:
+			case <-time.After(2 * time.Second):
+			}
 			stop()
 			if r.err != nil {
 				log.Warn("wait for command", "err", r.err)

@@ -493,28 +493,86 @@ func missingList(missing []string, n int) string {
 
 // Terminal redraws a frame in place with ANSI escapes: it moves the cursor
 // up over the previous frame and clears to the end of the screen, so the
-// view stays at the bottom of the terminal's scrollback.
+// view stays at the bottom of the terminal. The traced command's output,
+// passed through Output, is written above the frame. Safe for concurrent
+// use.
 type Terminal struct {
-	W     io.Writer
-	lines int
+	W io.Writer
+
+	mu      sync.Mutex
+	lines   int    // lines of the frame on screen
+	frame   string // last frame, redrawn after output
+	midLine bool   // the last output did not end with a newline
+	stopped bool
+}
+
+func (t *Terminal) clearLocked(b *strings.Builder) {
+	if t.lines > 0 {
+		fmt.Fprintf(b, "\x1b[%dF\x1b[J", t.lines)
+		t.lines = 0
+	}
+}
+
+// drawLocked writes the frame at the cursor; cleared says the screen
+// below the cursor was just cleared.
+func (t *Terminal) drawLocked(b *strings.Builder, cleared bool) {
+	if t.midLine {
+		// A partial line (a progress bar redrawn with \r) ends here so
+		// the frame starts on a line of its own.
+		b.WriteString("\r\n")
+		t.midLine = false
+	}
+	if !cleared {
+		b.WriteString("\x1b[J")
+	}
+	b.WriteString(t.frame)
+	t.lines = strings.Count(t.frame, "\n")
 }
 
 // Draw replaces the previous frame with frame.
 func (t *Terminal) Draw(frame string) {
-	var b strings.Builder
-	if t.lines > 0 {
-		fmt.Fprintf(&b, "\x1b[%dF", t.lines)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped {
+		return
 	}
-	b.WriteString("\x1b[J")
-	b.WriteString(frame)
-	t.lines = strings.Count(frame, "\n")
+	var b strings.Builder
+	cleared := t.lines > 0
+	t.clearLocked(&b)
+	t.frame = frame
+	t.drawLocked(&b, cleared && !t.midLine)
 	io.WriteString(t.W, b.String()) //nolint:errcheck // a closed terminal is not worth failing the trace for
 }
 
-// Clear erases the last frame (before the summary replaces it).
-func (t *Terminal) Clear() {
-	if t.lines > 0 {
-		fmt.Fprintf(t.W, "\x1b[%dF\x1b[J", t.lines)
-		t.lines = 0
+// Output writes the traced command's output above the frame. A chunk that
+// ends mid-line leaves the frame off until the next Draw, so the command's
+// partial line is not split by it.
+func (t *Terminal) Output(p []byte) {
+	if len(p) == 0 {
+		return
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var b strings.Builder
+	t.clearLocked(&b)
+	b.Write(p)
+	t.midLine = p[len(p)-1] != '\n'
+	if !t.stopped && !t.midLine && t.frame != "" {
+		t.drawLocked(&b, false)
+	}
+	io.WriteString(t.W, b.String()) //nolint:errcheck // see Draw
+}
+
+// Clear erases the frame for good: later output passes straight through.
+func (t *Terminal) Clear() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var b strings.Builder
+	t.clearLocked(&b)
+	if t.midLine {
+		b.WriteString("\r\n")
+		t.midLine = false
+	}
+	t.stopped = true
+	io.WriteString(t.W, b.String()) //nolint:errcheck // see Draw
 }

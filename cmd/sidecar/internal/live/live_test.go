@@ -200,3 +200,34 @@ func TestTerminalRedrawsInPlace(t *testing.T) {
 		t.Errorf("escape sequence %q, want %q", got, want)
 	}
 }
+
+func TestTerminalOutputAboveFrame(t *testing.T) {
+	var b strings.Builder
+	term := &Terminal{W: &b}
+	term.Draw("F1\nF2\n")
+	b.Reset()
+	// A whole line: frame cleared, line written, frame redrawn below it.
+	term.Output([]byte("epoch 1 loss 0.3\n"))
+	if got, want := b.String(), "\x1b[2F\x1b[Jepoch 1 loss 0.3\n\x1b[JF1\nF2\n"; got != want {
+		t.Errorf("whole line: %q, want %q", got, want)
+	}
+	b.Reset()
+	// A partial line (progress bar): no frame until the next Draw, which
+	// first ends the line.
+	term.Output([]byte("\r 45%|####"))
+	if got, want := b.String(), "\x1b[2F\x1b[J\r 45%|####"; got != want {
+		t.Errorf("partial line: %q, want %q", got, want)
+	}
+	b.Reset()
+	term.Draw("G\n")
+	if got, want := b.String(), "\r\n\x1b[JG\n"; got != want {
+		t.Errorf("draw after partial line: %q, want %q", got, want)
+	}
+	b.Reset()
+	term.Clear()
+	term.Output([]byte("after\n"))
+	term.Draw("H\n")
+	if got, want := b.String(), "\x1b[1F\x1b[Jafter\n"; got != want {
+		t.Errorf("after Clear: %q, want %q (output passes through, no more frames)", got, want)
+	}
+}

@@ -76,7 +76,10 @@ func (c *Child) PID() int { return c.Cmd.Process.Pid }
 // returns once the helper runs and waits to be released. The child shares
 // gaptrace's stdio and process group, so a terminal's Ctrl-C reaches it
 // directly, exactly as if gaptrace were not there.
-func StartHeld(self string, argv []string, env []string) (*Child, error) {
+//
+// output, when not nil, replaces the child's stdout and stderr (a pty that
+// gaptrace copies to the terminal above its live view).
+func StartHeld(self string, argv []string, env []string, output *os.File) (*Child, error) {
 	if len(argv) == 0 {
 		return nil, errors.New("no command")
 	}
@@ -90,6 +93,9 @@ func StartHeld(self string, argv []string, env []string) (*Child, error) {
 	cmd := exec.Command(self, append([]string{ExecHelperArg, "--"}, argv...)...)
 	cmd.Args[0] = argv[0]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if output != nil {
+		cmd.Stdout, cmd.Stderr = output, output
+	}
 	cmd.Env = env
 	cmd.ExtraFiles = []*os.File{r}
 	if err := cmd.Start(); err != nil {
@@ -405,6 +411,36 @@ func MissingTracingCaps(c Caps) []string {
 		missing = append(missing, CapNames[CapSysPtrace])
 	}
 	return missing
+}
+
+// OpenPTY opens a pseudo-terminal pair whose size is that of the terminal
+// on fd sizeFrom (when it is one). The command writes to the slave as to
+// a terminal (line buffering, colours, progress bars stay as they were);
+// gaptrace reads the master.
+func OpenPTY(sizeFrom int) (master, slave *os.File, err error) {
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open pty: %w", err)
+	}
+	fail := func(what string, err error) (*os.File, *os.File, error) {
+		m.Close()
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		return fail("unlock pty", err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		return fail("pty number", err)
+	}
+	sl, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		return fail("open pty slave", err)
+	}
+	if ws, err := unix.IoctlGetWinsize(sizeFrom, unix.TIOCGWINSZ); err == nil {
+		unix.IoctlSetWinsize(int(sl.Fd()), unix.TIOCSWINSZ, ws) //nolint:errcheck // a default size is fine
+	}
+	return m, sl, nil
 }
 
 // ForegroundOfTTY reports whether this process's group is the foreground

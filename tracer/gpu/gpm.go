@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -17,6 +18,13 @@ var gpmMetricIDs = []nvml.GpmMetricId{
 	nvml.GPM_METRIC_DRAM_BW_UTIL, nvml.GPM_METRIC_PCIE_TX_PER_SEC, nvml.GPM_METRIC_PCIE_RX_PER_SEC,
 	nvml.GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, nvml.GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
 }
+
+// gpmMu serializes GPM calls across devices. Measured on two H200s (driver
+// 580.159.04): nvmlGpmMetricsGet called from two goroutines at once, one
+// per device, crashed the process with SIGSEGV inside libnvidia-ml within
+// seconds; one call at a time never did. Each call takes 0.1–0.5 ms, so
+// serializing costs nothing at 10 samples/s per device.
+var gpmMu sync.Mutex
 
 const (
 	// calStep is the sampling period while measuring the refresh: fine
@@ -67,9 +75,11 @@ type gpmSampler struct {
 // get snapshots the counters into smp and returns the host time of the
 // snapshot (midpoint of the call, Unix ns).
 func (g *gpmSampler) get(smp nvml.GpmSample) (int64, bool) {
+	gpmMu.Lock()
 	t0 := time.Now()
 	ret := smp.Get(g.d.h)
 	t1 := time.Now()
+	gpmMu.Unlock()
 	cost := t1.Sub(t0).Nanoseconds()
 	g.s.st.gpmSamples.Add(1)
 	g.s.st.gpmCostNS.Add(cost)
@@ -88,7 +98,10 @@ func (g *gpmSampler) metrics(a, b nvml.GpmSample) (vals []float64, ok bool) {
 	for i, id := range gpmMetricIDs {
 		m.Metrics[i].MetricId = uint32(id)
 	}
-	if ret := g.s.lib.GpmMetricsGet(&m); ret != nvml.SUCCESS {
+	gpmMu.Lock()
+	ret := g.s.lib.GpmMetricsGet(&m)
+	gpmMu.Unlock()
+	if ret != nvml.SUCCESS {
 		g.s.countErr(g.d, "nvmlGpmMetricsGet", ret)
 		return nil, false
 	}

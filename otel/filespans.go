@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
@@ -25,6 +26,9 @@ type FileSpan struct {
 	Attributes    map[string]any `json:"attributes,omitempty"`
 	Events        []FileEvent    `json:"events,omitempty"`
 	Service       string         `json:"service"`
+	// Resource holds the resource attributes other than service.name
+	// (host, target process, GPU, k8s.*), so Replay can restore them.
+	Resource map[string]any `json:"resource,omitempty"`
 }
 
 // FileEvent is a span event in FileSpan.
@@ -41,6 +45,24 @@ type fileExporter struct {
 	f       *os.File
 	w       *bufio.Writer
 	service string
+
+	// The provider has one resource; its map is built once.
+	lastRes  *resource.Resource
+	resAttrs map[string]any
+}
+
+func (x *fileExporter) resourceAttrs(r *resource.Resource) map[string]any {
+	if r == x.lastRes {
+		return x.resAttrs
+	}
+	var kvs []attribute.KeyValue
+	for _, kv := range r.Attributes() {
+		if kv.Key != "service.name" {
+			kvs = append(kvs, kv)
+		}
+	}
+	x.lastRes, x.resAttrs = r, attrMap(kvs)
+	return x.resAttrs
 }
 
 func newFileExporter(path, service string) (*fileExporter, error) {
@@ -89,7 +111,9 @@ func (x *fileExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlyS
 	}
 	enc := json.NewEncoder(x.w)
 	for _, s := range spans {
-		if err := enc.Encode(toFileSpan(s, x.service)); err != nil {
+		fs := toFileSpan(s, x.service)
+		fs.Resource = x.resourceAttrs(s.Resource())
+		if err := enc.Encode(fs); err != nil {
 			return fmt.Errorf("write spans file: %w", err)
 		}
 	}

@@ -358,3 +358,33 @@ func emitCount(from, to int64) int {
 	}
 	return n
 }
+
+// A run recorded in file mode, replayed into Jaeger later, looks the same
+// as one exported live.
+func TestJaegerReplayFile(t *testing.T) {
+	clearEnv(t)
+	j := jaegertest.Start(t)
+	const service, steps = "gaptrace-replay", 8
+	path := t.TempDir() + "/spans.jsonl"
+	x, err := otel.New(context.Background(), otel.Config{ServiceName: service, SpansFile: path, Rank: -1,
+		Resource: otel.ResourceInfo{TargetPID: 4242, GPUName: "NVIDIA H200"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := emit(x, synth{pid: 4242, t0: time.Now().Add(-time.Minute).UnixNano()}, 0, steps)
+	if err := x.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("OTEL_METRICS_EXPORTER", "none")
+	n, err := otel.Replay(context.Background(), path, otel.Config{Endpoint: j.OTLPHTTPURL()})
+	if err != nil || n != total {
+		t.Fatalf("replayed %d of %d spans: %v", n, total, err)
+	}
+	traces, err := j.WaitTraces(service, 100, 20*time.Second, func(ts []jaegertest.Trace) bool {
+		return len(ts) == steps && spanTotal(ts) == total
+	})
+	if err != nil {
+		t.Fatalf("%v: %d traces, %d spans", err, len(traces), spanTotal(traces))
+	}
+	checkStepTraces(t, traces)
+}

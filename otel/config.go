@@ -119,6 +119,7 @@ type resolved struct {
 	insecure    *bool
 	tlsConfig   *tls.Config
 	otlpMetrics bool
+	sampleRatio float64 // fraction of steps (traces) kept, from OTEL_TRACES_SAMPLER
 }
 
 func envFirst(names ...string) string {
@@ -169,6 +170,11 @@ func resolve(cfg Config) (*resolved, error) {
 		errs = append(errs, fmt.Errorf("rank %d: must be -1 (unknown) or a rank", r.Rank))
 	}
 	r.JobID = resolveJobID(r.JobID)
+	ratio, err := sampleRatio(os.Getenv("OTEL_TRACES_SAMPLER"), os.Getenv("OTEL_TRACES_SAMPLER_ARG"))
+	if err != nil {
+		errs = append(errs, err)
+	}
+	r.sampleRatio = ratio
 
 	if r.PrometheusAddr != "" {
 		addr, err := promAddr(r.PrometheusAddr)
@@ -380,4 +386,29 @@ func loadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 		tc.Certificates = []tls.Certificate{c}
 	}
 	return tc, nil
+}
+
+// sampleRatio maps the standard sampler variables onto the one sampling
+// gaptrace can do consistently: by trace ID. Every span of a step shares
+// the step's trace ID (across ranks too, in job mode), so a trace-ID
+// decision keeps or drops whole steps on every rank alike; parent-based
+// variants therefore mean the same here. Metrics are never sampled.
+func sampleRatio(sampler, arg string) (float64, error) {
+	switch strings.ToLower(strings.TrimSpace(sampler)) {
+	case "", "always_on", "parentbased_always_on":
+		return 1, nil
+	case "always_off", "parentbased_always_off":
+		return 0, nil
+	case "traceidratio", "parentbased_traceidratio":
+		if strings.TrimSpace(arg) == "" {
+			return 1, nil
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(arg), 64)
+		if err != nil || f < 0 || f > 1 {
+			return 1, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG=%q: want a ratio in [0, 1]", arg)
+		}
+		return f, nil
+	default:
+		return 1, fmt.Errorf("OTEL_TRACES_SAMPLER=%q: gaptrace supports always_on, always_off and (parentbased_)traceidratio", sampler)
+	}
 }

@@ -12,7 +12,7 @@ func clearOTelEnv(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
 		"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
 		"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_METRICS_EXPORTER",
-		"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME"} {
+		"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"} {
 		t.Setenv(v, "")
 	}
 }
@@ -113,6 +113,17 @@ func TestResolve(t *testing.T) {
 					t.Error("OTEL_METRICS_EXPORTER=none ignored")
 				}
 			}},
+		{name: "trace id ratio sampling", env: map[string]string{"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"},
+			check: func(t *testing.T, r *resolved) {
+				if r.sampleRatio != 0.25 {
+					t.Errorf("ratio %v", r.sampleRatio)
+				}
+			}},
+		{name: "default samples everything", check: func(t *testing.T, r *resolved) {
+			if r.sampleRatio != 1 {
+				t.Errorf("ratio %v", r.sampleRatio)
+			}
+		}},
 		{name: "every problem at once", cfg: Config{Endpoint: "ftp://x", Protocol: "carrier-pigeon", Rank: -3, PrometheusAddr: "a:b:c"},
 			err: "scheme"},
 	}

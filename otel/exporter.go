@@ -105,7 +105,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 		sdktrace.WithResource(res),
 		sdktrace.WithSpanProcessor(x.batcher),
 		sdktrace.WithIDGenerator(idGenerator{}),
-		sdktrace.WithSampler(sdktrace.AlwaysSample()),
+		sdktrace.WithSampler(sampler(r.sampleRatio)),
 	}
 	if r.mode == "otlp" && r.SpansFile != "" {
 		fe, err := newFileExporter(r.SpansFile, serviceName(res))
@@ -223,6 +223,19 @@ func baseName(p string) string {
 
 func credentialsFromTLS(tc *tls.Config) credentials.TransportCredentials {
 	return credentials.NewTLS(tc)
+}
+
+func sampler(ratio float64) sdktrace.Sampler {
+	switch {
+	case ratio >= 1:
+		return sdktrace.AlwaysSample()
+	case ratio <= 0:
+		return sdktrace.NeverSample()
+	default:
+		// Not parent-based: rank spans have a remote parent flagged
+		// sampled, yet must follow the same trace-ID decision as the root.
+		return sdktrace.TraceIDRatioBased(ratio)
+	}
 }
 
 // retryConfig: exponential backoff from 500 ms, capped at 5 s between

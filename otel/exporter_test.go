@@ -25,7 +25,7 @@ func clearEnv(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
 		"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
 		"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_METRICS_EXPORTER",
-		"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME"} {
+		"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"} {
 		t.Setenv(v, "")
 	}
 }
@@ -363,5 +363,47 @@ func TestJobModeSeveralDevices(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Sampling keeps or drops whole steps, and two ranks of a job decide alike.
+func TestTraceIDRatioSamplingKeepsWholeStepsOnEveryRank(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+	t.Setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+	dir := t.TempDir()
+	const steps = 200
+	kept := map[int]map[string]map[string]int{} // rank → trace → span name → count
+	for _, rank := range []int{0, 1} {
+		path := filepath.Join(dir, strconv.Itoa(rank)+".jsonl")
+		x, err := otel.New(context.Background(), otel.Config{SpansFile: path, JobID: "job-s", Rank: rank})
+		if err != nil {
+			t.Fatal(err)
+		}
+		emit(x, synth{pid: uint32(10 + rank), t0: time.Now().UnixNano()}, 0, steps)
+		if err := x.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		kept[rank] = map[string]map[string]int{}
+		for _, s := range readSpansFile(t, path) {
+			if kept[rank][s.TraceID] == nil {
+				kept[rank][s.TraceID] = map[string]int{}
+			}
+			kept[rank][s.TraceID][s.Name]++
+		}
+	}
+	if n := len(kept[0]); n < steps/4 || n > steps*3/4 {
+		t.Errorf("ratio 0.5 kept %d of %d steps", n, steps)
+	}
+	if len(kept[0]) != len(kept[1]) {
+		t.Errorf("rank 0 kept %d steps, rank 1 %d", len(kept[0]), len(kept[1]))
+	}
+	for tid, names := range kept[0] {
+		if kept[1][tid] == nil {
+			t.Errorf("trace %s kept by rank 0 only", tid)
+		}
+		if names[otel.SpanStep] != 1 || names["rank 0"] != 1 || names[otel.SpanGap] != 1 {
+			t.Errorf("trace %s kept partially: %v", tid, names)
+		}
 	}
 }

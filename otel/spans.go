@@ -31,7 +31,10 @@ func unix(ns int64) time.Time { return time.Unix(0, ns) }
 func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []correlate.Gap) {
 	stepAttrs := stepAttributes(s)
 	var parent trace.Span
+	// Spans are not compared with ==: some implementations (the
+	// non-recording span of an unsampled trace) are not comparable.
 	var root trace.Span
+	separateRoot := false
 	job, rank := x.cfg.JobID, x.cfg.Rank
 	if job == "" {
 		_, root = x.tracer.Start(base, SpanStep, trace.WithNewRoot(), trace.WithTimestamp(unix(s.Start)),
@@ -49,6 +52,7 @@ func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []corre
 			parent = root
 		}
 		if rank >= 0 {
+			separateRoot = root != nil
 			remote := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: rootID,
 				TraceFlags: trace.FlagsSampled, Remote: true})
 			pctx := withFixedIDs(trace.ContextWithRemoteSpanContext(base, remote), tid,
@@ -70,7 +74,7 @@ func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []corre
 	for i := range gaps {
 		x.emitGap(base, parent, &gaps[i])
 	}
-	if root != nil && root != parent {
+	if separateRoot {
 		root.End(trace.WithTimestamp(unix(s.End)))
 	}
 	parent.End(trace.WithTimestamp(unix(s.End)))

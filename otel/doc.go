@@ -21,6 +21,22 @@
 // unknown rank) emits the root span itself, every rank emits its own
 // "rank <N>" span with the derived root as its remote parent.
 //
+// A process that drives several GPUs emits one step per device: the root
+// once per step, then one "rank <N>" (or, rank unknown, "device <D>") span
+// per device. Sampling (OTEL_TRACES_SAMPLER=traceidratio) decides by trace
+// ID, so it keeps or drops whole steps, identically on every rank; metrics
+// always count everything.
+//
+// # Outputs
+//
+// OTLP when an endpoint is set (Config.Endpoint or the environment); a
+// spans file given as well is written as a local copy through its own
+// queue. Without an endpoint the spans file (FileSpan per line) is the
+// output, and Replay can send it to a collector later. Metrics: OTLP push
+// beside traces (unless OTEL_METRICS_EXPORTER excludes otlp) and a
+// Prometheus endpoint when Config.PrometheusAddr is set (a bare port binds
+// loopback only).
+//
 // # Lifecycle and invariants
 //
 // New resolves the configuration (defaults → environment → Config fields),

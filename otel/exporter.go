@@ -56,6 +56,7 @@ type Exporter struct {
 	pending    map[stepKey][]correlate.Gap
 	pendingN   int
 	gapDropped atomic.Uint64
+	warnedFull atomic.Bool
 	closed     atomic.Bool
 
 	rootMu    sync.Mutex
@@ -309,8 +310,9 @@ func (x *Exporter) Gap(g correlate.Gap) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.pendingN >= x.cfg.GapBuffer {
-		if x.gapDropped.Add(1) == 1 {
-			x.log.Warn("gap buffer full; gaps are counted but not exported until steps arrive",
+		x.gapDropped.Add(1)
+		if x.warnedFull.CompareAndSwap(false, true) {
+			x.log.Warn("gap buffer full: gaps waiting for their step are dropped from the spans (metrics still count them)",
 				"cap", x.cfg.GapBuffer)
 		}
 		return

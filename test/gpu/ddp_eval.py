@@ -25,7 +25,7 @@ def span_traces(path):
         attrs = s.get("attributes") or s.get("Attributes") or {}
         if isinstance(attrs, list):  # [{"Key":..,"Value":{"Value":..}}]
             attrs = {x.get("Key"): (x.get("Value") or {}).get("Value") for x in attrs}
-        step = attrs.get("gpu.step") or attrs.get("train.step") or attrs.get("step")
+        step = attrs.get("gpu.step.number")
         tid = s.get("trace_id") or s.get("TraceID") or (s.get("SpanContext") or {}).get("TraceID")
         if step is not None and tid:
             out[int(step)].add(tid)

@@ -104,6 +104,7 @@ def main():
     ap.add_argument("--truth", required=True)
     ap.add_argument("--kineto", required=True)
     ap.add_argument("--windows")
+    ap.add_argument("--spans", help="gaptrace --spans-out file: compare per-step idle")
     ap.add_argument("--min-gap-ms", type=float, default=1.0)
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -140,23 +141,57 @@ def main():
             starts.append(abs(best["start_unix_nano"] - s) / 1e6)
             ends.append(abs(best["end_unix_nano"] - e) / 1e6)
 
-    # Attribution per injected cause.
+    # Attribution per injected cause. A gap can hold several stalls back to back (two stalls
+    # injected before one step): its breakdown says how much of it each cause took, so the time
+    # credited to the right cause within one stall is at most that cause's share of the gap.
     per = {}
     for st in stalls:
+        if st["cause"] == "launch":
+            continue  # micro-gaps: accounted per step, scored below
         s, e = st["start"] + off, st["end"] + off
         want = EXPECTED.get(st["cause"], st["cause"])
         d = per.setdefault(st["cause"], {"stalls": 0, "idle_ns": 0, "reported_ns": 0, "correct_ns": 0, "got": {}})
         d["stalls"] += 1
         d["idle_ns"] += true_idle.overlap(s, e)
         for g in gaps:
-            o = max(0, min(e, g["end_unix_nano"]) - max(s, g["start_unix_nano"]))
+            a0, a1 = max(s, g["start_unix_nano"]), min(e, g["end_unix_nano"])
+            if a1 <= a0:
+                continue
+            o = true_idle.overlap(a0, a1) if g.get("kind", "idle") == "idle" else a1 - a0
             if o <= 0:
                 continue
-            o = min(o, true_idle.overlap(max(s, g["start_unix_nano"]), min(e, g["end_unix_nano"])) or o)
+            bd = g.get("breakdown") or {g["cause"]: g["duration_ns"]}
             d["reported_ns"] += o
-            d["got"][g["cause"]] = d["got"].get(g["cause"], 0) + o
-            if g["cause"] == want:
-                d["correct_ns"] += o
+            right = min(o, bd.get(want, 0))
+            d["correct_ns"] += right
+            d["got"][want] = d["got"].get(want, 0) + right
+            # the rest of the overlap goes to the gap's other causes, largest first
+            rest = o - right
+            for c, ns in sorted(bd.items(), key=lambda kv: -kv[1]):
+                if c == want or rest <= 0:
+                    continue
+                take = min(rest, ns)
+                d["got"][c] = d["got"].get(c, 0) + take
+                rest -= take
+
+    # Per-step idle (bounded gaps + micro-gaps) against the profiler's idle inside each step:
+    # what a launch-bound phase loses in sub-millisecond gaps must show up here.
+    step_cmp = None
+    if a.spans:
+        rows = []
+        for sp in read_jsonl(a.spans):
+            if sp.get("name") != "train.step":
+                continue
+            at = sp.get("attributes", {})
+            s, e = int(sp["start_unix_nano"]), int(sp["end_unix_nano"])
+            if s < lo or e > hi:
+                continue
+            rows.append((true_idle.overlap(s, e) / 1e6, float(at.get("gpu.step.idle_ms", 0)),
+                         float(at.get("gpu.step.micro_idle_ms", 0))))
+        if rows:
+            ti, gi, mi = (sum(r[i] for r in rows) for i in range(3))
+            step_cmp = {"steps": len(rows), "true_idle_ms": ti, "gaptrace_idle_ms": gi, "gaptrace_micro_ms": mi,
+                        "rel_err": (gi - ti) / ti if ti else float("nan")}
 
     res = {"true_idle_ms": true_idle.total() / 1e6, "true_idle_ge_min_ms": big_total / 1e6,
            "true_gaps_ge_min": len(true_big), "reported_gaps": len(idle), "recall": recall, "precision": prec,
@@ -176,6 +211,11 @@ def main():
         res["causes"][c] = {"stalls": d["stalls"], "idle_ms": d["idle_ns"] / 1e6, "coverage": cov, "accuracy": acc,
                             "got_ms": {k: v / 1e6 for k, v in d["got"].items()}}
 
+    if step_cmp:
+        res["steps"] = step_cmp
+        print(f"per-step idle over {step_cmp['steps']} steps: profiler {step_cmp['true_idle_ms']:.1f} ms, "
+              f"gaptrace {step_cmp['gaptrace_idle_ms']:.1f} ms (of which micro {step_cmp['gaptrace_micro_ms']:.1f} ms), "
+              f"error {step_cmp['rel_err'] * 100:+.1f}%")
     if a.windows:
         errs = []
         for w in read_jsonl(a.windows):

@@ -45,7 +45,7 @@ for p in $PHASES; do
         --stall launch:every=20:ms=30 >"$pre-run.log" 2>&1
       say "gaptrace rc=$? ($(tail -c 300 "$pre-run.log" | tr '\n' ' ' | tail -c 200))"
       "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
-        ${WINDOWS_FLAG:+--windows "$pre-windows.jsonl"} --json "$OUTDIR/accuracy-$probes.json" 2>&1 | tee -a "$RES"
+        --spans "$pre-spans.jsonl" ${WINDOWS_FLAG:+--windows "$pre-windows.jsonl"} --json "$OUTDIR/accuracy-$probes.json" 2>&1 | tee -a "$RES"
       grep -E '"(gpu_idle_ns|wall_ns|steps|gaps|dropped_events)"' "$pre-summary.json" | tr -d ' \n' | tee -a "$RES"; say ""
     done
     head -c 60000 "$WORK/acc-full-gaps.jsonl" >"$OUTDIR/sample-gaps-full.jsonl"

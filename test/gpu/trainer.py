@@ -26,6 +26,7 @@ truth of GPU idle time. --result writes {"steps_per_s":..} over the measured ste
 """
 import argparse
 import http.server
+import io
 import json
 import os
 import socket
@@ -200,16 +201,22 @@ def main():
         for cause, every, ms in stalls:
             if n <= 0 or n % every != 0:
                 continue
+            if cause == "io.write":
+                buf = io.BytesIO()
+                torch.save({k: v.detach().cpu() for k, v in list(model.state_dict().items())[:8]}, buf)
+                ckpt_bytes = buf.getvalue()
             t0 = MONO()
             if cause == "io.read":
                 read_cold(data, ms)
             elif cause == "net":
                 http_post(port, ms)
             elif cause == "io.write":
+                # checkpoint bytes serialized before the stall's clock started (pickling is CPU
+                # work, not I/O); the stall itself is writing and fsyncing them
                 deadline = t0 + int(ms * 1e6)
                 while MONO() < deadline:
                     with open(ckpt, "wb") as f:
-                        torch.save({k: v.detach().cpu()[:256] for k, v in list(model.state_dict().items())[:8]}, f)
+                        f.write(ckpt_bytes)
                         f.flush()
                         os.fsync(f.fileno())
             elif cause == "cpu":
@@ -228,8 +235,9 @@ def main():
         t0 = MONO()
         batch = next(loader)
         t1 = MONO()
-        if le and n > 0 and t1 - t0 > 1e6:
-            # the worker was still reading cold data for this batch
+        if le and n > 0 and t1 - t0 > lm * 1e6 / 4:
+            # the worker was still reading cold data for this batch (an ordinary next() costs
+            # ~1 ms of unpickling on this thread: that is CPU work, not a wait)
             truth.append({"type": "stall", "step": n, "cause": "loader.wait", "start": t0, "end": t1, "tid": tid})
         s0 = MONO()
         x = batch.to(dev, non_blocking=True)

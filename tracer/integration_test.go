@@ -537,6 +537,9 @@ func checkStall(t *testing.T, r simRun, st truthRec) {
 		}
 	case "io.write":
 		if len(r.within(st, 0, st.TID, onPath(sys(event.SysWrite, event.SysFsync), st.Path, event.FDFile))) == 0 {
+			for _, ev := range r.within(st, 0, st.TID, func(event.Event) bool { return true }) {
+				t.Logf("in window: %v %s fd %d %q kind %d dur %d", ev.Kind, ev.Name, ev.FD, ev.Path, ev.FDKind, ev.Duration())
+			}
 			fail("no write/fsync syscall on %s", st.Path)
 		}
 	case "net":

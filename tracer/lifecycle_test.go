@@ -1,0 +1,261 @@
+package tracer
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// ourObjects lists the IDs of every program and link the tracer holds.
+func (t *Tracer) ourObjects() (progs []ebpf.ProgramID, links []link.ID) {
+	for _, p := range []*ebpf.Program{
+		t.cuda.CudaLaunch, t.cuda.CudaAsync, t.cuda.CudaBlockEnter, t.cuda.CudaBlockExit,
+		t.nccl.NcclColl, t.nccl.NcclGroupStart, t.nccl.NcclGroupEndEnter, t.nccl.NcclGroupEndExit,
+		t.sys.SysEnter, t.sys.SysExit,
+		t.sched.OnSchedSwitch, t.sched.OnSchedWaking, t.sched.OnSchedWakeupNew,
+		t.sched.OnSchedProcessFork, t.sched.OnSchedProcessExec, t.sched.OnSchedProcessExit,
+	} {
+		if info, err := p.Info(); err == nil {
+			if id, ok := info.ID(); ok {
+				progs = append(progs, id)
+			}
+		}
+	}
+	for _, l := range t.tps {
+		if info, err := l.Info(); err == nil {
+			links = append(links, info.ID)
+		}
+	}
+	return progs, links
+}
+
+// waitGone waits until none of the programs and links exist any more in the
+// kernel (they are freed after an RCU grace period, not synchronously).
+func waitGone(t *testing.T, progs []ebpf.ProgramID, links []link.ID) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var alive []string
+		for _, id := range progs {
+			if p, err := ebpf.NewProgramFromID(id); err == nil {
+				p.Close()
+				alive = append(alive, fmt.Sprintf("prog %d", id))
+			}
+		}
+		for _, id := range links {
+			if l, err := link.NewFromID(id); err == nil {
+				l.Close()
+				alive = append(alive, fmt.Sprintf("link %d", id))
+			}
+		}
+		if len(alive) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still loaded 10s after the tracer went away: %v", alive)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// uprobeEventsMention reports whether tracefs still lists a uprobe on path
+// (uprobes created through tracefs rather than the perf PMU show up there).
+func uprobeEventsMention(path string) bool {
+	for _, f := range []string{"/sys/kernel/tracing/uprobe_events", "/sys/kernel/debug/tracing/uprobe_events"} {
+		if b, err := os.ReadFile(f); err == nil && strings.Contains(string(b), path) {
+			return true
+		}
+	}
+	return false
+}
+
+// startSimtrain starts a long simtrain run and returns it (killed at cleanup).
+func startSimtrain(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	dir := simgpu(t)
+	cmd := exec.Command(filepath.Join(dir, "simtrain"), append([]string{"--quiet"}, args...)...)
+	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd
+}
+
+func TestCloseLeavesNothing(t *testing.T) {
+	tr := newTestTracer(t, Config{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	cmd := startSimtrain(t, "--steps", "1000000", "--kernels-per-step", "4", "--kernel-us", "100", "--collectives", "1")
+	if err := tr.Trace(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	// Libraries are discovered from /proc/PID/maps (no explicit paths).
+	traceStart := time.Now()
+	waitFor(t, 10*time.Second, "uprobes on the mapped libcuda and libnccl", func() bool {
+		cuda, nccl := false, false
+		for _, p := range tr.Stats().Attached {
+			cuda = cuda || p.Kind == "uprobe" && p.Symbol == "cuLaunchKernel"
+			nccl = nccl || p.Kind == "uprobe" && p.Symbol == "ncclAllReduce"
+		}
+		return cuda && nccl
+	})
+	t.Logf("uprobes attached %v after Trace", time.Since(traceStart))
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make(chan event.Event, 1024)
+	done := make(chan error, 1)
+	go func() { done <- tr.Run(ctx, out) }()
+	waitFor(t, 10*time.Second, "a collective and a sync from the running process", func() bool {
+		return drainUntil(out, event.KindCollective) && drainUntil(out, event.KindSync)
+	})
+	progs, links := tr.ourObjects()
+	if len(progs) != 16 || len(links) == 0 {
+		t.Fatalf("%d programs, %d links before Close", len(progs), len(links))
+	}
+	closeStart := time.Now()
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Close took %v", time.Since(closeStart))
+	if err := <-done; err != nil {
+		t.Fatalf("Run after Close: %v", err)
+	}
+	cancel()
+	goneStart := time.Now()
+	waitGone(t, progs, links)
+	t.Logf("programs and links gone %v after Close", time.Since(goneStart))
+	if uprobeEventsMention(simgpu(t)) {
+		t.Error("uprobe_events still lists a probe on the simulated libraries")
+	}
+}
+
+// TestKilledTracerLeavesNothing runs a tracer in a child process, kills it
+// with SIGKILL and checks that the kernel dropped every program, link and
+// uprobe with its file descriptors (nothing is pinned).
+func TestKilledTracerLeavesNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to load BPF programs")
+	}
+	target := startSimtrain(t, "--steps", "1000000", "--kernels-per-step", "4", "--kernel-us", "100")
+	helper := exec.Command(os.Args[0], "-test.run=^TestTracerHelperProcess$")
+	helper.Env = append(os.Environ(), "GAPTRACE_TRACER_HELPER_PID="+fmt.Sprint(target.Process.Pid))
+	stdout, err := helper.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	helper.Stderr = os.Stderr
+	if err := helper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer helper.Process.Kill()
+	var objs struct {
+		Progs   []ebpf.ProgramID
+		Links   []link.ID
+		Uprobes int
+		Err     string
+	}
+	sc := bufio.NewScanner(stdout)
+	found := false
+	for sc.Scan() {
+		if line, ok := strings.CutPrefix(sc.Text(), "OBJECTS "); ok {
+			if err := json.Unmarshal([]byte(line), &objs); err != nil {
+				t.Fatal(err)
+			}
+			found = true
+			break
+		}
+	}
+	if !found {
+		t.Fatal("helper did not report its objects")
+	}
+	if objs.Err != "" {
+		if strings.Contains(objs.Err, ebpf.ErrNotSupported.Error()) {
+			t.Skipf("kernel lacks a required feature: %s", objs.Err)
+		}
+		t.Fatal(objs.Err)
+	}
+	if objs.Uprobes == 0 || len(objs.Progs) != 16 {
+		t.Fatalf("helper attached %d uprobes, %d programs", objs.Uprobes, len(objs.Progs))
+	}
+	if err := helper.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = helper.Wait()
+	waitGone(t, objs.Progs, objs.Links)
+	if uprobeEventsMention(simgpu(t)) {
+		t.Error("uprobe_events still lists a probe on the simulated libraries")
+	}
+}
+
+// TestTracerHelperProcess is the tracer that TestKilledTracerLeavesNothing
+// kills; it does nothing unless started by that test.
+func TestTracerHelperProcess(t *testing.T) {
+	pidStr := os.Getenv("GAPTRACE_TRACER_HELPER_PID")
+	if pidStr == "" {
+		t.Skip("helper process for TestKilledTracerLeavesNothing")
+	}
+	report := func(v any) { b, _ := json.Marshal(v); fmt.Printf("OBJECTS %s\n", b) }
+	tr, err := New(Config{})
+	if err != nil {
+		report(map[string]string{"Err": err.Error()})
+		return
+	}
+	var pid int
+	fmt.Sscan(pidStr, &pid)
+	if err := tr.Trace(pid); err != nil {
+		report(map[string]string{"Err": err.Error()})
+		return
+	}
+	uprobes := 0
+	for _, p := range tr.Stats().Attached {
+		if strings.HasPrefix(p.Kind, "uprobe") || strings.HasPrefix(p.Kind, "uretprobe") {
+			uprobes++
+		}
+	}
+	progs, links := tr.ourObjects()
+	report(map[string]any{"Progs": progs, "Links": links, "Uprobes": uprobes})
+	time.Sleep(time.Minute) // killed long before
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+var seenKinds = map[event.Kind]bool{}
+
+// drainUntil consumes what is pending in out and reports whether an event
+// of kind k was seen so far.
+func drainUntil(out <-chan event.Event, k event.Kind) bool {
+	for {
+		select {
+		case ev := <-out:
+			seenKinds[ev.Kind] = true
+		default:
+			return seenKinds[k]
+		}
+	}
+}
+
+var _ = errors.Is

@@ -1,0 +1,681 @@
+package accuracy
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Targets. They are the promise made to users; a miss fails the test.
+const (
+	minRecall       = 0.95 // time-weighted, true gaps ≥ minGapNS
+	minPrecision    = 0.95 // time-weighted, reported idle gaps
+	minAccuracy     = 0.95 // time-weighted attribution, every cause
+	maxStepIdleErr  = 0.05 // launch-bound: per-step idle vs truth (median and total)
+	minGapNS        = int64(time.Millisecond)
+	runDeadline     = 3 * time.Minute // one gaptrace run, start to exit
+	detachSignal    = "detaching probes"
+	accuracyOutRoot = "out/accuracy"
+)
+
+// scenario is one simtrain configuration traced under both probe sets.
+type scenario struct {
+	name string
+	// The trainer: kernels per step of kernelUS each, launched every
+	// gapUS (plus the launch's own cost) round-robin on streams.
+	kernels, kernelUS, gapUS, streams, collectives int
+	stalls                                         []stall
+	// steps is how many steps are scored: the trainer runs that many after
+	// gaptrace has attached its probes (plus one, see Truth.TracedFrom).
+	steps int
+	// launchBound scenarios are also scored on per-step idle.
+	launchBound bool
+}
+
+type stall struct {
+	cause     string
+	every, ms int
+	ahead     bool
+}
+
+func (sc scenario) args() []string {
+	// The trainer runs until the harness has seen enough steps after the
+	// probes attached, then gets SIGINT (it stops after the current step).
+	v := []string{"--steps", "1000000",
+		"--kernels-per-step", fmt.Sprint(sc.kernels), "--kernel-us", fmt.Sprint(sc.kernelUS),
+		"--launch-gap-us", fmt.Sprint(sc.gapUS), "--streams", fmt.Sprint(max(1, sc.streams)),
+		"--collectives", fmt.Sprint(sc.collectives), "--workers", "0"}
+	// Data-loader workers only where a stall needs them: each is one more
+	// process to attach probes to and, slower still, to detach them from.
+	for _, st := range sc.stalls {
+		if strings.HasPrefix(st.cause, "loader.wait") {
+			v[len(v)-1] = "2"
+			break
+		}
+	}
+	for _, st := range sc.stalls {
+		a := fmt.Sprintf("%s:every=%d:ms=%d", st.cause, st.every, st.ms)
+		if st.ahead {
+			a += ":at=ahead"
+		}
+		v = append(v, "--stall", a)
+	}
+	return v
+}
+
+// Every injectable cause alone, a mix, CPU-ahead stalls, several streams
+// and a launch-bound run. Stalls of 25–40 ms. "other" is not injectable: simtrain has no stall that blocks in a
+// syscall outside the taxonomy, so it is not scored.
+func scenarios() []scenario {
+	single := func(cause string, ms int) scenario {
+		return scenario{name: cause, kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 40,
+			stalls: []stall{{cause: cause, every: 4, ms: ms}}}
+	}
+	// A late peer delays one of the all-reduces every step has (DDP issues
+	// several per step); without them simtrain would run a collective only
+	// in the late steps, which no trainer does.
+	comm := single("comm", 30)
+	comm.collectives = 2
+	return []scenario{
+		single("io.read", 30),
+		single("io.write", 30),
+		single("net", 30),
+		single("loader.wait.io", 30),
+		single("loader.wait.cpu", 30),
+		comm,
+		single("cuda.memcpy", 30),
+		single("cuda.alloc", 30),
+		single("cpu", 30),
+		single("cpu.contention", 25),
+		single("sleep", 30),
+		// Every value is a prime whose products exceed any run's steps, so
+		// no two pre-step stalls share a gap; the comm stall ends its step
+		// and never shares a gap with them.
+		{name: "mix", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, collectives: 2, steps: 120,
+			stalls: []stall{
+				{cause: "io.read", every: 31, ms: 30},
+				{cause: "sleep", every: 37, ms: 25},
+				{cause: "loader.wait.cpu", every: 41, ms: 30},
+				{cause: "net", every: 43, ms: 25},
+				{cause: "io.write", every: 47, ms: 30},
+				{cause: "comm", every: 7, ms: 25},
+			}},
+		// The CPU runs ahead: 16 ms of kernels queued, then a 40 ms stall
+		// before the sync: ~24 ms of idle that no sync bounds.
+		{name: "ahead-io.read", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 36,
+			stalls: []stall{{cause: "io.read", every: 4, ms: 40, ahead: true}}},
+		{name: "ahead-sleep", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 36,
+			stalls: []stall{{cause: "sleep", every: 4, ms: 40, ahead: true}}},
+		// Three streams, kernels round-robin: the queue drains only when
+		// every stream has.
+		{name: "streams", kernels: 9, kernelUS: 2000, gapUS: 20, streams: 3, steps: 40,
+			stalls: []stall{{cause: "io.read", every: 4, ms: 30}}},
+		// Launch-bound: 100 µs kernels launched every ~250 µs, no stall:
+		// the idle is all micro-gaps, ~60% of every step.
+		{name: "launch-bound", kernels: 60, kernelUS: 100, gapUS: 250, streams: 1, steps: 50, launchBound: true},
+	}
+}
+
+var probeSets = []string{"full", "lite"}
+
+type setup struct{ bin, sim, root string }
+
+func need(t *testing.T) setup {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the accuracy suite traces with eBPF and needs root")
+	}
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := setup{bin: os.Getenv("GAPTRACE_BIN"), sim: os.Getenv("GAPTRACE_SIMGPU"), root: root}
+	if s.bin == "" {
+		s.bin = filepath.Join(root, "bin", "gaptrace")
+	}
+	if s.sim == "" {
+		s.sim = filepath.Join(root, "build", "simgpu")
+	}
+	if _, err := os.Stat(s.bin); err != nil {
+		t.Fatalf("gaptrace binary: %v (run `make build` or set GAPTRACE_BIN)", err)
+	}
+	for _, f := range simFiles {
+		if _, err := os.Stat(filepath.Join(s.sim, f)); err != nil {
+			t.Fatalf("simulated GPU: %v (run `make simgpu` or set GAPTRACE_SIMGPU)", err)
+		}
+	}
+	return s
+}
+
+var simFiles = []string{"simtrain", "libcuda.so.1", "libnccl.so.2", "libnvidia-ml.so.1"}
+
+func repoRoot() (string, error) {
+	d, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d, nil
+		}
+		p := filepath.Dir(d)
+		if p == d {
+			return "", errors.New("repository root (go.mod) not found above the working directory")
+		}
+		d = p
+	}
+}
+
+// job is one gaptrace run of one scenario under one probe set.
+type job struct {
+	sc     scenario
+	probes string
+	dir    string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	err    error
+	wall   time.Duration
+
+	mu    sync.Mutex
+	lines []string // gaptrace's log so far
+}
+
+func (j *job) id() string { return j.sc.name + "/" + j.probes }
+
+func (j *job) logLines() []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.lines)
+}
+
+// start launches gaptrace. The simulated GPU is copied into the run's
+// directory first: uprobes are per file, so an earlier run whose probes are
+// still being detached never fires in this run's trainer, and each run has
+// its own device timeline (SIMGPU_DIR). The returned channel is closed when
+// gaptrace says it is detaching (the trainer has exited) or has exited.
+func (s setup) start(j *job, dataDir string) (<-chan struct{}, error) {
+	sim := filepath.Join(j.dir, "simgpu")
+	tl := filepath.Join(j.dir, "timeline")
+	for _, d := range []string{sim, tl} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range simFiles {
+		if err := copyFile(filepath.Join(s.sim, f), filepath.Join(sim, f)); err != nil {
+			return nil, fmt.Errorf("copy simulated GPU: %w", err)
+		}
+	}
+	args := []string{"run", "--probes", j.probes, "--live", "off", "--log-level", "debug",
+		"--gaps-out", filepath.Join(j.dir, "gaps.jsonl"),
+		"--summary-json", filepath.Join(j.dir, "summary.json"),
+		"--spans-out", filepath.Join(j.dir, "spans.jsonl"),
+		"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1"),
+		"--", filepath.Join(sim, "simtrain"), "--truth", filepath.Join(j.dir, "truth.jsonl"),
+		"--data-dir", dataDir, "--quiet"}
+	args = append(args, j.sc.args()...)
+	if err := os.WriteFile(filepath.Join(j.dir, "command"), []byte(s.bin+" "+strings.Join(args, " ")+"\n"), 0o644); err != nil {
+		return nil, err
+	}
+	j.cmd = exec.Command(s.bin, args...)
+	j.cmd.Dir = j.dir
+	j.cmd.Env = append(cleanEnv(), "SIMGPU_DIR="+tl)
+	j.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	pr, pw := io.Pipe()
+	j.cmd.Stdout, j.cmd.Stderr = pw, pw
+	j.done = make(chan struct{})
+	detached := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(detached) }) }
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+		for sc.Scan() {
+			j.mu.Lock()
+			j.lines = append(j.lines, sc.Text())
+			j.mu.Unlock()
+			if strings.Contains(sc.Text(), detachSignal) {
+				release()
+			}
+		}
+		io.Copy(io.Discard, pr)
+	}()
+	t0 := time.Now()
+	if err := j.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start gaptrace: %w", err)
+	}
+	go func() {
+		j.err = j.cmd.Wait()
+		j.wall = time.Since(t0)
+		pw.Close()
+		release()
+		close(j.done)
+	}()
+	return detached, nil
+}
+
+// driveTrainer waits until the trainer has run the scenario's steps after
+// gaptrace attached its probes to it, then stops it with SIGINT (simtrain
+// finishes the current step, writes its truth and exits 0). `gaptrace run`
+// attaches the CUDA probes once the trainer has mapped libcuda, without
+// holding it, which took 0.2–4 s on this machine (longer while earlier runs
+// are still detaching): a fixed step count would score untraced steps.
+func (j *job) driveTrainer(deadline time.Time) error {
+	truthPath := filepath.Join(j.dir, "truth.jsonl")
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var tr *Truth
+	attached := int64(0)
+	for {
+		select {
+		case <-j.done:
+			return fmt.Errorf("gaptrace exited before the trainer ran %d traced steps", j.sc.steps+1)
+		case <-tick.C:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("trainer did not run %d traced steps within %v", j.sc.steps+1, runDeadline)
+		}
+		var err error
+		if tr, err = ReadTruth(truthPath); err != nil {
+			continue // not written yet
+		}
+		if attached == 0 {
+			at, libs := attachTime(j.logLines(), tr.PID)
+			if libs < 2 { // libcuda and libnccl
+				continue
+			}
+			attached = at
+		}
+		n := 0
+		for _, st := range tr.Steps {
+			if st.Start >= attached {
+				n++
+			}
+		}
+		if n > j.sc.steps {
+			return syscall.Kill(tr.PID, syscall.SIGINT)
+		}
+	}
+}
+
+// wait waits for the job to exit, killing it at the deadline, and saves its
+// log beside its outputs.
+func (j *job) wait(deadline time.Time) error {
+	select {
+	case <-j.done:
+	case <-time.After(time.Until(deadline)):
+		j.cmd.Process.Kill()
+		<-j.done
+		j.err = fmt.Errorf("killed at the suite's deadline: %w", j.err)
+	}
+	return os.WriteFile(filepath.Join(j.dir, "gaptrace.log"), []byte(strings.Join(j.logLines(), "\n")+"\n"), 0o644)
+}
+
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o755)
+}
+
+// cleanEnv drops settings that would send spans elsewhere or change what
+// gaptrace reads about the job.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "OTEL_") || strings.HasPrefix(kv, "GAPTRACE_") ||
+			strings.HasPrefix(kv, "SIMGPU_") || strings.HasPrefix(kv, "TORCHELASTIC_") ||
+			strings.HasPrefix(kv, "SLURM_") || strings.HasPrefix(kv, "RANK=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// row is one line of the accuracy table.
+type row struct {
+	Scenario string  `json:"scenario"`
+	Probes   string  `json:"probes"`
+	Dir      string  `json:"dir"`
+	WallS    float64 `json:"wall_s"`
+	// ScoredSteps ran after gaptrace had attached its probes; the
+	// WarmupSteps before (and the first after) are not scored.
+	ScoredSteps int             `json:"scored_steps"`
+	WarmupSteps int             `json:"warmup_steps"`
+	Result      *Result         `json:"result"`
+	StepIdle    *StepIdleResult `json:"step_idle,omitempty"`
+	Misses      []string        `json:"misses,omitempty"`
+}
+
+// TestAccuracy runs every scenario under both probe sets with the real
+// tracer, scores each run against simtrain's truth, prints the table,
+// writes it to out/accuracy/accuracy.json and fails on every missed target.
+//
+// Runs overlap only where it cannot matter: the next run starts once the
+// previous trainer has exited and gaptrace is detaching its probes (5–20 s
+// on this kernel, mostly waiting), so only one trainer is ever running.
+// GAPTRACE_ACCURACY_ONLY (a regular expression on "scenario/probes")
+// selects runs while investigating.
+func TestAccuracy(t *testing.T) {
+	s := need(t)
+	var only *regexp.Regexp
+	if expr := os.Getenv("GAPTRACE_ACCURACY_ONLY"); expr != "" {
+		var err error
+		if only, err = regexp.Compile(expr); err != nil {
+			t.Fatalf("GAPTRACE_ACCURACY_ONLY: %v", err)
+		}
+	}
+	outDir := filepath.Join(s.root, accuracyOutRoot)
+	runsDir := filepath.Join(outDir, "runs")
+	if err := os.RemoveAll(runsDir); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := filepath.Join(t.TempDir(), "data") // shared: the 64 MiB data file is written once
+
+	var jobs []*job
+	for _, sc := range scenarios() {
+		for _, p := range probeSets {
+			j := &job{sc: sc, probes: p, dir: filepath.Join(runsDir, sc.name+"-"+p)}
+			if only != nil && !only.MatchString(j.id()) {
+				continue
+			}
+			jobs = append(jobs, j)
+		}
+	}
+	if len(jobs) == 0 {
+		t.Fatalf("GAPTRACE_ACCURACY_ONLY=%s selects no run", only)
+	}
+	t.Cleanup(func() {
+		for _, j := range jobs {
+			if j.cmd != nil && j.cmd.Process != nil && j.done != nil {
+				select {
+				case <-j.done:
+				default:
+					j.cmd.Process.Kill()
+					<-j.done
+				}
+			}
+		}
+	})
+
+	t0 := time.Now()
+	for _, j := range jobs {
+		detached, err := s.start(j, dataDir)
+		if err != nil {
+			t.Fatalf("%s: %v", j.id(), err)
+		}
+		if err := j.driveTrainer(time.Now().Add(runDeadline)); err != nil {
+			j.err = err
+			j.cmd.Process.Kill()
+		}
+		select {
+		case <-detached:
+		case <-time.After(runDeadline):
+			t.Errorf("%s: trainer still running %v after it was told to stop", j.id(), runDeadline)
+		}
+	}
+	for _, j := range jobs {
+		if err := j.wait(time.Now().Add(runDeadline)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d runs in %v", len(jobs), time.Since(t0).Round(time.Second))
+
+	var rows []*row
+	for _, j := range jobs {
+		rows = append(rows, score(t, j))
+	}
+	table := formatTable(rows)
+	fmt.Print(table)
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.MarshalIndent(struct {
+		Targets map[string]float64 `json:"targets"`
+		Rows    []*row             `json:"rows"`
+	}{map[string]float64{"recall": minRecall, "precision": minPrecision, "accuracy": minAccuracy,
+		"step_idle_rel_err": maxStepIdleErr, "min_gap_ms": float64(minGapNS) / 1e6}, rows}, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(outDir, "accuracy.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(outDir, "accuracy.txt"), []byte(table), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		for _, m := range r.Misses {
+			t.Errorf("%s/%s: %s (outputs in %s)", r.Scenario, r.Probes, m, r.Dir)
+		}
+	}
+}
+
+// score reads one run's outputs and checks the targets.
+func score(t *testing.T, j *job) *row {
+	r := &row{Scenario: j.sc.name, Probes: j.probes, Dir: j.dir, WallS: j.wall.Seconds()}
+	miss := func(format string, a ...any) { r.Misses = append(r.Misses, fmt.Sprintf(format, a...)) }
+	if j.err != nil {
+		miss("gaptrace: %v (log: %s)", j.err, filepath.Join(j.dir, "gaptrace.log"))
+		return r
+	}
+	tr, err := ReadTruth(filepath.Join(j.dir, "truth.jsonl"))
+	if err != nil {
+		miss("%v", err)
+		return r
+	}
+	if !tr.Ended || len(tr.Steps) == 0 {
+		miss("truth is incomplete (%d steps, end record %v)", len(tr.Steps), tr.Ended)
+		return r
+	}
+	attached, libs := attachTime(j.logLines(), tr.PID)
+	if libs == 0 {
+		miss("gaptrace never attached uprobes to the trainer (pid %d)", tr.PID)
+		return r
+	}
+	ran := len(tr.Steps)
+	tr.TracedFrom(attached)
+	r.ScoredSteps, r.WarmupSteps = len(tr.Steps), ran-len(tr.Steps)
+	if len(tr.Steps) < j.sc.steps {
+		miss("only %d of %d steps ran after the probes attached, want %d", len(tr.Steps), ran, j.sc.steps)
+		if len(tr.Steps) == 0 {
+			return r
+		}
+	}
+	gaps, err := ReadGaps(filepath.Join(j.dir, "gaps.jsonl"))
+	if err != nil {
+		miss("%v", err)
+		return r
+	}
+	res := Evaluate(tr, gaps, minGapNS)
+	r.Result = res
+	if res.Recall.Defined() && res.Recall.Value() < minRecall {
+		miss("detection recall %s < %.2f: %.1f of %.1f ms of true gaps ≥ 1 ms reported; %d gaps less than half covered, first %s",
+			res.Recall, minRecall, ms(res.Recall.Num), ms(res.Recall.Den), len(res.Missed), firstMissed(res, tr))
+	}
+	if res.Precision.Defined() && res.Precision.Value() < minPrecision {
+		miss("detection precision %s < %.2f: %.1f of %.1f ms reported idle truly idle",
+			res.Precision, minPrecision, ms(res.Precision.Num), ms(res.Precision.Den))
+	}
+	if res.StallRecall.Defined() && res.StallRecall.Value() < minRecall {
+		miss("comm stall recall %s < %.2f: %.1f of %.1f ms reported as stall",
+			res.StallRecall, minRecall, ms(res.StallRecall.Num), ms(res.StallRecall.Den))
+	}
+	if res.StallPrecision.Defined() && res.StallPrecision.Value() < minPrecision {
+		miss("comm stall precision %s < %.2f: %.1f of %.1f ms of stall gaps inside truth comm stalls",
+			res.StallPrecision, minPrecision, ms(res.StallPrecision.Num), ms(res.StallPrecision.Den))
+	}
+	for _, c := range sortedCauses(res.Causes) {
+		cr := res.Causes[c]
+		if cr.TruthNS == 0 {
+			miss("cause %s: its %d stalls left no true idle to explain", c, cr.Stalls)
+			continue
+		}
+		if !cr.Accuracy.Defined() {
+			miss("cause %s: no reported gap covers any of its %.1f ms", c, ms(cr.TruthNS))
+			continue
+		}
+		if cr.Accuracy.Value() < minAccuracy {
+			miss("cause %s: attribution accuracy %s < %.2f (coverage %s), reported as %s",
+				c, cr.Accuracy, minAccuracy, cr.Coverage, confusion(cr))
+		}
+	}
+	if j.sc.launchBound {
+		spans, err := ReadStepSpans(filepath.Join(j.dir, "spans.jsonl"))
+		if err != nil {
+			miss("%v", err)
+			return r
+		}
+		si := StepIdle(tr, spans, tr.PID)
+		r.StepIdle = si
+		switch {
+		case si.Matched < len(tr.Steps)/2:
+			miss("per-step idle: only %d of %d truth steps matched by %d gaptrace steps", si.Matched, len(tr.Steps), si.Steps)
+		default:
+			if si.MedianRelErr > maxStepIdleErr {
+				miss("per-step idle: median relative error %.1f%% > %.0f%% (p90 %.1f%%)", 100*si.MedianRelErr, 100*maxStepIdleErr, 100*si.P90RelErr)
+			}
+			if si.TotalRelErr > maxStepIdleErr {
+				miss("per-step idle: total %.1f ms reported vs %.1f ms true (%.1f%% > %.0f%%)",
+					ms(si.ReportedNS), ms(si.TrueNS), 100*si.TotalRelErr, 100*maxStepIdleErr)
+			}
+		}
+	}
+	return r
+}
+
+// attachRE matches the tracer's log line for attached uprobes.
+var attachRE = regexp.MustCompile(`^time=(\S+) .*msg="uprobes attached" .*library=(\S+) pid=(\d+) `)
+
+// attachTime is when the last uprobes for pid were attached, from
+// gaptrace's log (millisecond timestamps, so rounded up), and for how many
+// libraries.
+func attachTime(lines []string, pid int) (int64, int) {
+	var last time.Time
+	libs := map[string]bool{}
+	for _, line := range lines {
+		m := attachRE.FindStringSubmatch(line)
+		if m == nil || m[3] != fmt.Sprint(pid) {
+			continue
+		}
+		ts, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			continue
+		}
+		libs[m[2]] = true
+		if ts.After(last) {
+			last = ts
+		}
+	}
+	if last.IsZero() {
+		return 0, 0
+	}
+	return last.Add(time.Millisecond).UnixNano(), len(libs)
+}
+
+func firstMissed(res *Result, tr *Truth) string {
+	if len(res.Missed) == 0 {
+		return "none"
+	}
+	m := res.Missed[0]
+	return fmt.Sprintf("[%d, %d] (%.2f ms, %.1f ms after the first step)", m.Start, m.End, ms(m.Len()), ms(m.Start-tr.Range().Start))
+}
+
+func ms(ns int64) float64 { return float64(ns) / 1e6 }
+
+func sortedCauses(m map[string]*CauseResult) []string {
+	var v []string
+	for c := range m {
+		v = append(v, c)
+	}
+	slices.Sort(v)
+	return v
+}
+
+func confusion(cr *CauseResult) string {
+	type kv struct {
+		c  string
+		ns int64
+	}
+	var v []kv
+	for c, ns := range cr.Confusion {
+		v = append(v, kv{c, ns})
+	}
+	slices.SortFunc(v, func(a, b kv) int { return int(b.ns - a.ns) })
+	var parts []string
+	for _, x := range v {
+		parts = append(parts, fmt.Sprintf("%s %.1f ms", x.c, ms(x.ns)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func pct(r Ratio) string {
+	if !r.Defined() {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", r.Value())
+}
+
+// formatTable renders the rows as the table `make accuracy` prints.
+func formatTable(rows []*row) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\ngaptrace accuracy on simtrain (targets: recall/precision ≥ %.2f for gaps ≥ 1 ms, attribution ≥ %.2f per cause, launch-bound per-step idle within %.0f%%)\n",
+		minRecall, minAccuracy, 100*maxStepIdleErr)
+	fmt.Fprintf(&b, "%-15s %-5s %5s %9s %9s %7s %7s %6s %6s %13s  %s\n",
+		"scenario", "probe", "steps", "idle ms", "gap≥1ms", "recall", "prec", "stallR", "stallP", "bound p50/p90", "cause accuracy (coverage); per-step idle error")
+	for _, r := range rows {
+		if r.Result == nil {
+			fmt.Fprintf(&b, "%-15s %-5s  FAILED: %s\n", r.Scenario, r.Probes, strings.Join(r.Misses, "; "))
+			continue
+		}
+		res := r.Result
+		var causes []string
+		for _, c := range sortedCauses(res.Causes) {
+			cr := res.Causes[c]
+			causes = append(causes, fmt.Sprintf("%s %s (%s)", c, pct(cr.Accuracy), pct(cr.Coverage)))
+		}
+		if r.StepIdle != nil {
+			si := r.StepIdle
+			causes = append(causes, fmt.Sprintf("step idle p50 %.1f%% p90 %.1f%% total %.1f%% (%d/%d steps, %.0f vs %.0f ms)",
+				100*si.MedianRelErr, 100*si.P90RelErr, 100*si.TotalRelErr, si.Matched, si.Steps, ms(si.ReportedNS), ms(si.TrueNS)))
+		}
+		mark := ""
+		if len(r.Misses) > 0 {
+			mark = "  MISS"
+		}
+		fmt.Fprintf(&b, "%-15s %-5s %5d %9.1f %9.1f %7s %7s %6s %6s %6.2f/%-6.2f  %s%s\n",
+			r.Scenario, r.Probes, r.ScoredSteps, ms(res.TrueIdleNS), ms(res.TrueGapNS), pct(res.Recall), pct(res.Precision),
+			pct(res.StallRecall), pct(res.StallPrecision), ms(res.BoundaryP50NS), ms(res.BoundaryP90NS),
+			strings.Join(causes, ", "), mark)
+	}
+	fmt.Fprintf(&b, "(steps: scored, those that started after the probes attached less one; idle ms: true GPU idle over them; gap≥1ms: of it in gaps ≥ 1 ms; stallR/P: comm stalls vs gaps of kind stall; bound: gap boundary error, ms; 'other' is not injectable)\n")
+	misses := 0
+	for _, r := range rows {
+		misses += len(r.Misses)
+	}
+	if misses > 0 {
+		fmt.Fprintf(&b, "%d targets missed:\n", misses)
+		for _, r := range rows {
+			for _, m := range r.Misses {
+				fmt.Fprintf(&b, "  %s/%s: %s\n", r.Scenario, r.Probes, m)
+			}
+		}
+	} else {
+		fmt.Fprintf(&b, "every target met\n")
+	}
+	return b.String()
+}

@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -317,26 +320,54 @@ func (r simRun) matchIntervals(t *testing.T, what string, evs []event.Event, tru
 	}
 }
 
-// stallArgs injects one stall of every host cause at least twice in 30 steps.
-var stallArgs = []string{
-	"--steps", "30", "--kernels-per-step", "20", "--kernel-us", "50", "--streams", "2",
-	"--collectives", "2", "--workers", "2", "--launch-api", "mix",
-	"--stall", "io.read:every=10:ms=15",
-	"--stall", "io.write:every=10:ms=15",
-	"--stall", "net:every=15:ms=15",
-	"--stall", "loader.wait.io:every=10:ms=15",
-	"--stall", "loader.wait.cpu:every=15:ms=15",
-	"--stall", "cuda.memcpy:every=10:ms=10",
-	"--stall", "cuda.alloc:every=15:ms=10",
-	"--stall", "sleep:every=10:ms=10",
-	"--stall", "cpu.contention:every=15:ms=15",
-}
+// The workload: one stall of every host cause at least twice in 30 steps.
+var (
+	simArgs = []string{
+		"--steps", "30", "--kernels-per-step", "20", "--kernel-us", "50", "--streams", "2",
+		"--collectives", "2", "--workers", "2", "--launch-api", "mix",
+	}
+	stalls = []string{
+		"io.read:every=10:ms=15",
+		"io.write:every=10:ms=15",
+		"net:every=15:ms=15",
+		"loader.wait.io:every=10:ms=15",
+		"loader.wait.cpu:every=15:ms=15",
+		"cuda.memcpy:every=10:ms=10",
+		"cuda.alloc:every=15:ms=10",
+		"sleep:every=10:ms=10",
+		"cpu.contention:every=15:ms=15",
+	}
+)
 
 func TestSimtrainFull(t *testing.T) { testSimtrain(t, ProbesFull) }
 func TestSimtrainLite(t *testing.T) { testSimtrain(t, ProbesLite) }
 
+// canRealtime reports whether this process may create SCHED_FIFO threads
+// (simtrain's cpu.contention helper needs it; some containers deny it even
+// to root).
+func canRealtime() bool {
+	ok := make(chan bool)
+	go func() {
+		// The thread keeps the policy: it is never unlocked, so it exits
+		// with this goroutine instead of returning to the pool.
+		runtime.LockOSThread()
+		ok <- unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: 1 /* SCHED_FIFO */, Priority: 1}, 0) == nil
+	}()
+	return <-ok
+}
+
 func testSimtrain(t *testing.T, set ProbeSet) {
-	r := runSimtrain(t, set, stallArgs...)
+	args := slices.Clone(simArgs)
+	realtime := canRealtime()
+	if !realtime {
+		t.Log("SCHED_FIFO not permitted here: running without the cpu.contention stall")
+	}
+	for _, st := range stalls {
+		if realtime || !strings.HasPrefix(st, "cpu.contention") {
+			args = append(args, "--stall", st)
+		}
+	}
+	r := runSimtrain(t, set, args...)
 	main := r.meta.PID
 	t.Logf("%s: %d events, %d probes attached, stats: drops %d read %d short %v", set, len(r.events), len(r.stats.Attached), r.stats.RingDrops, r.stats.EventsRead, r.stats.ShortSyscalls)
 

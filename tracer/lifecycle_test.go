@@ -259,3 +259,38 @@ func drainUntil(out <-chan event.Event, k event.Kind) bool {
 }
 
 var _ = errors.Is
+
+// TestMissingLibraryAndSymbols: a process without libcuda and a "driver"
+// without the driver's symbols produce warnings that name what is missing;
+// tracing goes on.
+func TestMissingLibraryAndSymbols(t *testing.T) {
+	dir := simgpu(t)
+	notDriver := filepath.Join(dir, "libnvidia-ml.so.1")
+	tr := newTestTracer(t, Config{LibNCCL: notDriver})
+	sleeper := exec.Command("sleep", "30")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() })
+	if err := tr.Trace(sleeper.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	st := tr.Stats()
+	want := []string{
+		fmt.Sprintf("libcuda.so.1: not mapped by pid %d", sleeper.Process.Pid),
+		"libnccl.so.2 " + notDriver + ": symbol ncclAllReduce",
+		"libnccl.so.2 " + notDriver + ": symbol ncclGroupEnd",
+	}
+	for _, w := range want {
+		found := false
+		for _, m := range st.Missing {
+			found = found || strings.Contains(m, w)
+		}
+		if !found {
+			t.Errorf("no warning containing %q in %q", w, st.Missing)
+		}
+	}
+	if st.Processes != 1 {
+		t.Errorf("%d processes traced, want 1", st.Processes)
+	}
+}

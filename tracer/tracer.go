@@ -124,6 +124,8 @@ type Tracer struct {
 	tpInfo      []ProbeInfo
 	missing     []string
 	missingSeen map[string]bool
+	roots       map[uint32]bool   // pids passed to Trace
+	unmapped    map[uint32]string // root pid → warning while it maps no libcuda
 	closed      bool
 
 	eventsRead   atomic.Uint64
@@ -171,6 +173,8 @@ func New(cfg Config) (*Tracer, error) {
 		comms:       &taskComms{procRoot: procRoot},
 		procs:       make(map[uint32]*procState),
 		missingSeen: make(map[string]bool),
+		roots:       make(map[uint32]bool),
+		unmapped:    make(map[uint32]string),
 		rescan:      make(chan uint32, 1024),
 		done:        make(chan struct{}),
 	}
@@ -379,6 +383,9 @@ func (t *Tracer) Trace(pid int) error {
 	if _, err := os.Stat(filepath.Join(procRoot, strconv.Itoa(pid))); err != nil {
 		return fmt.Errorf("trace pid %d: %w", pid, err)
 	}
+	t.mu.Lock()
+	t.roots[uint32(pid)] = true
+	t.mu.Unlock()
 	pids := append([]uint32{uint32(pid)}, descendants(uint32(pid))...)
 	for _, p := range pids {
 		if err := t.addProcess(p, false); err != nil {
@@ -477,6 +484,7 @@ func (t *Tracer) scanProcess(pid uint32) {
 			}
 		}
 	}
+	t.noteUnmapped(pid, libs)
 	paths := make([]string, 0, len(libs))
 	for p := range libs {
 		paths = append(paths, p)
@@ -498,6 +506,30 @@ func (t *Tracer) scanProcess(pid uint32) {
 		}
 		ps.libs[p] = la
 		t.mu.Unlock()
+	}
+}
+
+// noteUnmapped keeps a warning in Stats.Missing while a traced root process
+// maps no CUDA driver (not loaded yet, or not a CUDA process at all); it
+// goes away once the library shows up and its probes attach.
+func (t *Tracer) noteUnmapped(pid uint32, libs map[string]library) {
+	hasCUDA := false
+	for _, lib := range libs {
+		hasCUDA = hasCUDA || lib == libCUDA
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.roots[pid] {
+		return
+	}
+	if hasCUDA {
+		delete(t.unmapped, pid)
+		return
+	}
+	if _, ok := t.unmapped[pid]; !ok {
+		msg := fmt.Sprintf("libcuda.so.1: not mapped by pid %d (yet); CUDA probes attach when it is", pid)
+		t.unmapped[pid] = msg
+		t.log.Warn("CUDA driver library not mapped by the traced process (yet)", "pid", pid)
 	}
 }
 
@@ -661,6 +693,8 @@ func (t *Tracer) dropProcess(pid uint32) {
 	if ok {
 		delete(t.procs, pid)
 	}
+	delete(t.roots, pid)
+	delete(t.unmapped, pid)
 	if ok && len(ps.libs) > 0 {
 		// Unregistering a uprobe waits for an RCU grace period (tens of
 		// ms each here): never on the decode path, or the ring buffer
@@ -840,6 +874,9 @@ func (t *Tracer) Stats() Stats {
 		Attached:  append([]ProbeInfo(nil), t.tpInfo...),
 		Missing:   append([]string(nil), t.missing...),
 		Processes: len(t.procs),
+	}
+	for _, msg := range t.unmapped {
+		s.Missing = append(s.Missing, msg)
 	}
 	for _, ps := range t.procs {
 		for _, la := range ps.libs {

@@ -407,3 +407,41 @@ func TestTraceIDRatioSamplingKeepsWholeStepsOnEveryRank(t *testing.T) {
 		}
 	}
 }
+
+// Evidence the correlator could not resolve ("" path or address) must not
+// become an empty file.path or network.peer.address.
+func TestUnresolvedEvidenceLeftOut(t *testing.T) {
+	clearEnv(t)
+	path := filepath.Join(t.TempDir(), "spans.jsonl")
+	x, err := otel.New(context.Background(), otel.Config{SpansFile: path, Rank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sy := synth{pid: 3, t0: time.Now().UnixNano()}
+	st, gaps := sy.step(1) // net
+	gaps[0].Evidence.Peers = []correlate.PeerEvidence{{Address: "", Bytes: 100, NS: 9e6}, {Address: "10.0.0.9:80", Bytes: 2, NS: 1e6}}
+	x.Gap(gaps[0])
+	x.Step(st)
+	st, gaps = sy.step(0) // io.read
+	gaps[0].Evidence.Files = []correlate.FileEvidence{{Path: "", Op: "read", Bytes: 7, NS: 9e6}}
+	x.Gap(gaps[0])
+	x.Step(st)
+	if err := x.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range readSpansFile(t, path) {
+		if s.Name != otel.SpanGap {
+			continue
+		}
+		switch s.Attributes["gpu.gap.cause"] {
+		case "net":
+			if s.Attributes["network.peer.address"] != "10.0.0.9:80" || s.Attributes["gpu.gap.net.bytes"] != 102.0 {
+				t.Errorf("net gap: %v", s.Attributes)
+			}
+		case "io.read":
+			if _, ok := s.Attributes["file.path"]; ok || s.Attributes["gpu.gap.io.bytes"] != 7.0 {
+				t.Errorf("io.read gap with only an unresolved file: %v", s.Attributes)
+			}
+		}
+	}
+}

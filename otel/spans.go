@@ -256,41 +256,55 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		}
 	}
 	ev := &g.Evidence
-	if len(ev.Files) > 0 {
-		top := 0
-		paths := make([]string, len(ev.Files))
-		var bytes uint64
-		for i, f := range ev.Files {
-			paths[i] = f.Path
-			bytes += f.Bytes
-			if f.NS > ev.Files[top].NS {
-				top = i
-			}
+	// Items whose path or address could not be resolved carry "" and are
+	// left out: an empty file.path is worse than none.
+	top := -1
+	var paths []string
+	var bytes uint64
+	for i, f := range ev.Files {
+		bytes += f.Bytes
+		if f.Path == "" {
+			continue
 		}
+		paths = append(paths, f.Path)
+		if top < 0 || f.NS > ev.Files[top].NS {
+			top = i
+		}
+	}
+	if top >= 0 {
 		a = append(a, semconv.FilePath(ev.Files[top].Path),
 			attribute.String("gpu.gap.file.op", ev.Files[top].Op),
-			attribute.StringSlice("gpu.gap.files", paths),
-			attribute.Int64("gpu.gap.io.bytes", int64(bytes)))
+			attribute.StringSlice("gpu.gap.files", paths))
 	}
-	if len(ev.Peers) > 0 {
-		top := 0
-		peers := make([]string, len(ev.Peers))
-		for i, p := range ev.Peers {
-			peers[i] = p.Address
-			if p.NS > ev.Peers[top].NS {
-				top = i
-			}
+	if len(ev.Files) > 0 {
+		a = append(a, attribute.Int64("gpu.gap.io.bytes", int64(bytes)))
+	}
+	top = -1
+	var peers []string
+	var netBytes uint64
+	for i, p := range ev.Peers {
+		netBytes += p.Bytes
+		if p.Address == "" {
+			continue
 		}
+		peers = append(peers, p.Address)
+		if top < 0 || p.NS > ev.Peers[top].NS {
+			top = i
+		}
+	}
+	if top >= 0 {
 		p := ev.Peers[top]
 		a = append(a, attribute.String("network.peer.address", p.Address),
-			attribute.StringSlice("gpu.gap.peers", peers),
-			attribute.Int64("gpu.gap.net.bytes", int64(p.Bytes)))
+			attribute.StringSlice("gpu.gap.peers", peers))
 		if p.PID != 0 {
 			a = append(a, attribute.Int64("gpu.gap.peer.process.pid", int64(p.PID)))
 		}
 		if p.Comm != "" {
 			a = append(a, attribute.String("gpu.gap.peer.process.name", p.Comm))
 		}
+	}
+	if len(ev.Peers) > 0 {
+		a = append(a, attribute.Int64("gpu.gap.net.bytes", int64(netBytes)))
 	}
 	if len(ev.Workers) > 0 {
 		pids := make([]int64, len(ev.Workers))

@@ -229,6 +229,7 @@ type stall struct {
 	step       int64
 	cause      string
 	start, end int64
+	ms         int64 // requested length
 	path, peer string
 }
 
@@ -248,6 +249,7 @@ func (r *run) truth(t *testing.T) truth {
 			End    int64  `json:"end"`
 			Path   string `json:"path"`
 			Peer   string `json:"peer"`
+			MS     int64  `json:"ms"`
 		}
 		if err := json.Unmarshal(b, &l); err != nil {
 			t.Fatalf("truth.jsonl: %v", err)
@@ -258,7 +260,7 @@ func (r *run) truth(t *testing.T) truth {
 		case "step":
 			tr.steps[l.Step] = [2]int64{l.Start + off, l.End + off}
 		case "stall":
-			tr.stalls = append(tr.stalls, stall{l.Step, l.Cause, l.Start + off, l.End + off, l.Path, l.Peer})
+			tr.stalls = append(tr.stalls, stall{l.Step, l.Cause, l.Start + off, l.End + off, l.MS, l.Path, l.Peer})
 		}
 	})
 	if off == 0 {
@@ -393,6 +395,7 @@ func TestJaegerStallCauses(t *testing.T) {
 	}
 	found := map[string]int{}
 	injected := map[string]int{}
+	evidenceMiss := map[string]int{}
 	for _, st := range tru.stalls {
 		injected[st.cause]++
 		for _, id := range idles {
@@ -406,9 +409,12 @@ func TestJaegerStallCauses(t *testing.T) {
 			// the breakdown carries the other.
 			c := g.TagString("gpu.gap.cause")
 			bd, _ := strconv.ParseFloat(g.TagString("gpu.gap.breakdown."+st.cause), 64)
-			if c != st.cause && bd < 0.8*float64(st.end-st.start)/1e6 {
-				t.Errorf("step %d: %s stall (%d ms) shows as gpu.gap.cause %q with %.1f ms of %s in its breakdown",
-					st.step, st.cause, (st.end-st.start)/1e6, c, bd, st.cause)
+			// The requested length, not the measured one: on a loaded
+			// machine the stall's window also holds run-queue time that is
+			// rightly attributed to cpu.contention.
+			if c != st.cause && bd < 0.5*float64(st.ms) {
+				t.Errorf("step %d: %s stall (%d ms asked, %d ms taken) shows as gpu.gap.cause %q with %.1f ms of %s in its breakdown",
+					st.step, st.cause, st.ms, (st.end-st.start)/1e6, c, bd, st.cause)
 				break
 			}
 			found[st.cause]++
@@ -417,11 +423,13 @@ func TestJaegerStallCauses(t *testing.T) {
 				// Evidence attributes name the dominant cause's items.
 			case st.cause == "io.read" || st.cause == "io.write":
 				if p := g.TagString("file.path"); p != st.path {
-					t.Errorf("step %d: %s file.path %q, want %q", st.step, st.cause, p, st.path)
+					evidenceMiss[st.cause]++
+					t.Logf("step %d: %s file.path %q, want %q; gap tags %v", st.step, st.cause, p, st.path, g.Tags)
 				}
 			case st.cause == "net":
 				if p := g.TagString("network.peer.address"); p != st.peer {
-					t.Errorf("step %d: net network.peer.address %q, want %q", st.step, p, st.peer)
+					evidenceMiss[st.cause]++
+					t.Logf("step %d: net network.peer.address %q, want %q; gap tags %v", st.step, p, st.peer, g.Tags)
 				}
 			}
 			ops := 0
@@ -440,8 +448,14 @@ func TestJaegerStallCauses(t *testing.T) {
 		if found[c] < n-1 || found[c] == 0 {
 			t.Errorf("cause %s: %d of %d injected stalls found in jaeger", c, found[c], n)
 		}
+		// The evidence must name the file or peer; like detection, one
+		// miss per cause is tolerated (a socket whose peer could not be
+		// resolved in time on a loaded machine), a pattern is not.
+		if evidenceMiss[c] > 1 {
+			t.Errorf("cause %s: %d gaps lack the right file.path / network.peer.address", c, evidenceMiss[c])
+		}
 	}
-	t.Logf("%d traces, %d spans; stalls found %v of %v", len(traces), spanTotal(traces), found, injected)
+	t.Logf("%d traces, %d spans; stalls found %v of %v, evidence missing %v", len(traces), spanTotal(traces), found, injected, evidenceMiss)
 }
 
 func countGaps(ts []jaegertest.Trace) int { return jaegertest.CountSpans(ts, "gpu.idle") }
@@ -553,7 +567,7 @@ func TestJaegerStoppedMidRun(t *testing.T) {
 	}
 	// The queue holds at most a few thousand spans; the sidecar's whole
 	// footprint (Go runtime, BPF maps' user-space side, NVML) stays small.
-	if r.maxRSSKiB > 512<<10 {
+	if r.maxRSSKiB > 256<<10 {
 		t.Errorf("gaptrace peaked at %d MiB resident during the outage", r.maxRSSKiB>>10)
 	}
 	t.Logf("outage: %d steps, %d gaps (%d after the stop), spans dropped %s, peak RSS %d MiB",

@@ -4,7 +4,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -128,5 +127,4 @@ func TestFDOpenedCache(t *testing.T) {
 	if _, ok := r.cached(7, 3); ok {
 		t.Fatal("forgetProcess kept an entry")
 	}
-	_ = strconv.Itoa
 }

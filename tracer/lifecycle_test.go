@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -258,7 +258,6 @@ func drainUntil(out <-chan event.Event, k event.Kind) bool {
 	}
 }
 
-var _ = errors.Is
 
 // TestMissingLibraryAndSymbols: a process without libcuda and a "driver"
 // without the driver's symbols produce warnings that name what is missing;
@@ -292,5 +291,52 @@ func TestMissingLibraryAndSymbols(t *testing.T) {
 	}
 	if st.Processes != 1 {
 		t.Errorf("%d processes traced, want 1", st.Processes)
+	}
+}
+
+// TestLateDlopen: a library mapped after Trace (dlopen) is found through
+// the executable-mapping event, not the periodic rescan (set to an hour).
+func TestLateDlopen(t *testing.T) {
+	dir := simgpu(t)
+	bin := filepath.Join(t.TempDir(), "dlopen")
+	if out, err := exec.Command("cc", "-O2", "-o", bin, "testdata/dlopen.c", "-ldl").CombinedOutput(); err != nil {
+		t.Fatalf("build fixture: %v\n%s", err, out)
+	}
+	tr := newTestTracer(t, Config{RescanInterval: time.Hour})
+	cmd := exec.Command(bin, filepath.Join(dir, "libcuda.so.1"))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if err := tr.Trace(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := make(chan event.Event, 1024)
+	go func() { _ = tr.Run(ctx, out) }()
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "a cuCtxSynchronize event after dlopen", func() bool {
+		for {
+			select {
+			case ev := <-out:
+				if ev.Kind == event.KindSync && ev.CUDA == event.CUCtxSynchronize && ev.PID == uint32(cmd.Process.Pid) {
+					return true
+				}
+			default:
+				return false
+			}
+		}
+	})
+	for _, m := range tr.Stats().Missing {
+		if strings.Contains(m, "not mapped") {
+			t.Errorf("warning kept after the library was mapped: %s", m)
+		}
 	}
 }

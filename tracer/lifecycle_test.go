@@ -258,7 +258,6 @@ func drainUntil(out <-chan event.Event, k event.Kind) bool {
 	}
 }
 
-
 // TestMissingLibraryAndSymbols: a process without libcuda and a "driver"
 // without the driver's symbols produce warnings that name what is missing;
 // tracing goes on.

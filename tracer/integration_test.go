@@ -342,6 +342,14 @@ var (
 func TestSimtrainFull(t *testing.T) { testSimtrain(t, ProbesFull) }
 func TestSimtrainLite(t *testing.T) { testSimtrain(t, ProbesLite) }
 
+// TestSimtrainFullSingleUprobes runs the full set through the attach path
+// of kernels without uprobe_multi.
+func TestSimtrainFullSingleUprobes(t *testing.T) {
+	disableUprobeMulti = true
+	defer func() { disableUprobeMulti = false }()
+	testSimtrain(t, ProbesFull)
+}
+
 // canRealtime reports whether this process may create SCHED_FIFO threads
 // (simtrain's cpu.contention helper needs it; some containers deny it even
 // to root).

@@ -152,6 +152,10 @@ type libAttach struct {
 
 const procRoot = "/proc"
 
+// disableUprobeMulti forces one perf-event uprobe per function, the path
+// taken on kernels without uprobe_multi (tests exercise it here).
+var disableUprobeMulti bool
+
 // New loads the BPF objects and attaches the tracepoints. It fails with a
 // clear error when not privileged, when the kernel has no BTF or when tracefs
 // is unavailable.
@@ -196,8 +200,12 @@ func New(cfg Config) (*Tracer, error) {
 	t.reader = &ringReader{rd: rd}
 	t.wg.Add(1)
 	go t.rescanLoop()
+	uprobeMode := "uprobe_multi links"
+	if !t.multi {
+		uprobeMode = "one perf-event uprobe per function (no uprobe_multi)"
+	}
 	t.log.Info("tracer loaded", "probes", string(cfg.Probes), "syscall_threshold", cfg.SyscallThreshold,
-		"ring_buffer_bytes", ringSize(cfg.RingBufferBytes), "tracepoints", len(t.tpInfo))
+		"ring_buffer_bytes", ringSize(cfg.RingBufferBytes), "tracepoints", len(t.tpInfo), "uprobes", uprobeMode)
 	return t, nil
 }
 
@@ -254,7 +262,7 @@ func (t *Tracer) load() error {
 		{"sched", loadSched, &t.sched},
 	}
 	t.shared = make(map[string]*ebpf.Map)
-	t.multi = features.HaveBPFLinkUprobeMulti() == nil
+	t.multi = !disableUprobeMulti && features.HaveBPFLinkUprobeMulti() == nil
 	for _, s := range specs {
 		spec, err := s.load()
 		if err != nil {

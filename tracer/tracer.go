@@ -388,8 +388,13 @@ func (t *Tracer) Trace(pid int) error {
 	if pid <= 0 {
 		return fmt.Errorf("trace pid %d: invalid pid", pid)
 	}
-	if _, err := os.Stat(filepath.Join(procRoot, strconv.Itoa(pid))); err != nil {
+	tgid, err := threadGroup(pid)
+	if err != nil {
 		return fmt.Errorf("trace pid %d: %w", pid, err)
+	}
+	if tgid != pid {
+		t.log.Info("tracing the process of the given thread", "tid", pid, "pid", tgid)
+		pid = tgid
 	}
 	t.mu.Lock()
 	t.roots[uint32(pid)] = true
@@ -423,6 +428,21 @@ func (t *Tracer) addProcess(pid uint32, inKernel bool) error {
 		t.procs[pid] = &procState{libs: make(map[string]*libAttach)}
 	}
 	return nil
+}
+
+// threadGroup returns the process (thread group) id of pid, which may name
+// any thread: traced_tgids holds thread group ids.
+func threadGroup(pid int) (int, error) {
+	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("no Tgid in /proc/%d/status", pid)
 }
 
 // descendants lists the living descendants of pid (all threads' children).
@@ -853,6 +873,10 @@ func (t *Tracer) handle(d *decoded) {
 			t.fds.opened(ev.PID, ev.FD, ev.Path)
 			ev.FDKind = event.FDFile
 		}
+	}
+	if ev.Kind == event.KindSyscall && ev.Syscall == event.SysOpen && ev.Ret >= 0 {
+		// A slow open: say what was opened (its fd record came first).
+		ev.FD = int32(ev.Ret)
 	}
 	if ev.Kind == event.KindSyscall && ev.FD >= 0 {
 		if ev.Name == "connect" {

@@ -339,3 +339,47 @@ func TestLateDlopen(t *testing.T) {
 		}
 	}
 }
+
+// TestRingDropsCounted fills a one-page ring buffer that nobody reads and
+// checks that what did not fit is counted, and that reading resumes after.
+func TestRingDropsCounted(t *testing.T) {
+	tr := newTestTracer(t, Config{RingBufferBytes: 4096})
+	cmd := exec.Command("/bin/sh", "-c", `read _; for i in 1 2 3 4 5 6 7 8 9 10; do cat /dev/null; done; read _`)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if err := tr.Trace(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Each cat opens and closes a dozen files: far more than one page of
+	// records, and nothing reads them yet.
+	waitFor(t, 10*time.Second, "ring-buffer drops", func() bool { return tr.Stats().RingDrops > 0 })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := make(chan event.Event, 1024)
+	go func() { _ = tr.Run(ctx, out) }()
+	if _, err := io.WriteString(stdin, "done\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the shell's exit after the overflow", func() bool {
+		for {
+			select {
+			case ev := <-out:
+				if ev.Kind == event.KindExit && ev.PID == uint32(cmd.Process.Pid) {
+					return true
+				}
+			default:
+				return false
+			}
+		}
+	})
+}

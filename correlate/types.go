@@ -149,6 +149,16 @@ type Summary struct {
 	Steps         int64           `json:"steps"`
 	Gaps          int64           `json:"gaps"`
 	DroppedEvents uint64          `json:"dropped_events"`
+	// Sidecar is gaptrace's own cost, filled by the command at exit.
+	Sidecar *SidecarCost `json:"sidecar,omitempty"`
+}
+
+// SidecarCost is what tracing cost the machine: gaptrace's own CPU time
+// and peak resident memory (the kernel-side probe cost is paid by the
+// traced threads and shows in their step rate instead).
+type SidecarCost struct {
+	CPUNS       int64 `json:"cpu_ns"`
+	MaxRSSBytes int64 `json:"max_rss_bytes"`
 }
 
 // Sink receives results as soon as they are final. Calls come from the

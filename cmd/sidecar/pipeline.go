@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -28,6 +31,11 @@ const (
 	deviceEvery   = 2 * time.Second
 	eventQueue    = 8192
 	windowQueue   = 256
+	// windowDrain is how long GPU sampling goes on after tracing is told
+	// to stop: NVML utilization samples arrive up to ~0.7 s after the
+	// window they describe (sample period plus poll interval), and the
+	// last steps' micro-gap idle comes from those windows.
+	windowDrain = time.Second
 )
 
 // pipeline wires tracer → correlate ← tracer/gpu and correlate → otel +
@@ -47,6 +55,49 @@ type pipeline struct {
 	mu       sync.Mutex
 	targets  []int
 	closeErr error
+	winOut   *windowsWriter // --windows-out, nil when off
+}
+
+// windowsWriter writes --windows-out: one JSON object per GPU window.
+type windowsWriter struct {
+	f   *os.File
+	w   *bufio.Writer
+	enc *json.Encoder
+	err error
+}
+
+type windowJSON struct {
+	Device         int     `json:"device"`
+	UUID           string  `json:"uuid,omitempty"`
+	Source         string  `json:"source"`
+	Start          int64   `json:"start_unix_nano"`
+	End            int64   `json:"end_unix_nano"`
+	IdleFraction   float64 `json:"idle_fraction"`
+	SMActivity     float64 `json:"sm_activity"`
+	TensorActivity float64 `json:"tensor_activity"`
+}
+
+func newWindowsWriter(path string) (*windowsWriter, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("windows file: %w", err)
+	}
+	w := bufio.NewWriterSize(f, 64<<10)
+	return &windowsWriter{f: f, w: w, enc: json.NewEncoder(w)}, nil
+}
+
+func (ww *windowsWriter) write(w event.GPUWindow) {
+	if ww.err == nil {
+		ww.err = ww.enc.Encode(windowJSON{Device: w.Device, UUID: w.UUID, Source: w.Source.String(), Start: w.Start,
+			End: w.End, IdleFraction: w.IdleFraction, SMActivity: w.SMActivity, TensorActivity: w.TensorActivity})
+	}
+}
+
+func (ww *windowsWriter) close() error {
+	if err := errors.Join(ww.err, ww.w.Flush(), ww.f.Close()); err != nil {
+		return fmt.Errorf("write windows file %s: %w", ww.f.Name(), err)
+	}
+	return nil
 }
 
 func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, error) {
@@ -55,6 +106,13 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	p := &pipeline{cfg: &pc, log: log, devices: map[uint32]int{},
 		events: make(chan event.Event, eventQueue), windows: make(chan event.GPUWindow, windowQueue)}
 
+	if cfg.WindowsOut != "" {
+		ww, err := newWindowsWriter(cfg.WindowsOut)
+		if err != nil {
+			return nil, err
+		}
+		p.winOut = ww
+	}
 	src, err := gpu.Open(gpu.Config{LibPath: cfg.NVMLLib, Logger: pc.Logger})
 	if err != nil {
 		f := gpu.Unavailable(err)
@@ -204,10 +262,17 @@ func (p *pipeline) Run(ctx context.Context) error {
 	go func() { trDone <- p.tr.Run(ctx, p.events) }()
 	var gpuDone chan error
 	var changes <-chan gpu.Finding
+	// GPU sampling outlives ctx by windowDrain, so that the windows
+	// covering the last steps still reach the engine.
+	gctx, gcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer gcancel()
+	stopping, drained := ctx.Done(), (<-chan time.Time)(nil)
 	if p.gpu != nil {
 		gpuDone = make(chan error, 1)
-		go func() { gpuDone <- p.gpu.Run(ctx, p.windows) }()
+		go func() { gpuDone <- p.gpu.Run(gctx, p.windows) }()
 		changes = p.gpu.Changes()
+	} else {
+		gcancel()
 	}
 	advance := time.NewTicker(advanceEvery)
 	defer advance.Stop()
@@ -220,7 +285,12 @@ func (p *pipeline) Run(ctx context.Context) error {
 		case ev := <-p.events:
 			p.eng.Event(ev)
 		case w := <-p.windows:
-			p.eng.Window(w)
+			p.window(w)
+		case <-stopping:
+			stopping, drained = nil, time.After(windowDrain)
+		case <-drained:
+			drained = nil
+			gcancel()
 		case f, ok := <-changes:
 			if !ok {
 				changes = nil
@@ -268,10 +338,17 @@ func (p *pipeline) Run(ctx context.Context) error {
 		case ev := <-p.events:
 			p.eng.Event(ev)
 		case w := <-p.windows:
-			p.eng.Window(w)
+			p.window(w)
 		default:
 			return runErr
 		}
+	}
+}
+
+func (p *pipeline) window(w event.GPUWindow) {
+	p.eng.Window(w)
+	if p.winOut != nil {
+		p.winOut.write(w)
 	}
 }
 
@@ -311,6 +388,11 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 	}
 	t2 := time.Now()
 	p.closeGPU()
+	if p.winOut != nil {
+		if err := p.winOut.close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	p.log.Debug("pipeline closed", "flush", t1.Sub(t0), "detach", t2.Sub(t1))
 	return sum, errors.Join(errs...)
 }

@@ -29,6 +29,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
@@ -308,6 +309,13 @@ func (t tee) Step(s correlate.Step) {
 func writeSummaryJSON(path string, s correlate.Summary) error {
 	if s.ByCause == nil {
 		s.ByCause = map[correlate.Cause]int64{}
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		s.Sidecar = &correlate.SidecarCost{
+			CPUNS:       ru.Utime.Nano() + ru.Stime.Nano(),
+			MaxRSSBytes: ru.Maxrss << 10, // Linux reports KiB
+		}
 	}
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {

@@ -526,3 +526,24 @@ func TestDemoWithoutSimGPU(t *testing.T) {
 		t.Errorf("stderr: %s", h.stderr)
 	}
 }
+
+func TestSummaryJSONCarriesSidecarCost(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "summary.json")
+	if err := writeSummaryJSON(path, correlate.Summary{Steps: 3}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s correlate.Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Sidecar == nil || s.Sidecar.CPUNS <= 0 || s.Sidecar.MaxRSSBytes < 1<<20 {
+		t.Fatalf("sidecar cost missing or implausible: %+v", s.Sidecar)
+	}
+	if s.Steps != 3 || s.ByCause == nil {
+		t.Fatalf("summary fields lost: %+v", s)
+	}
+}

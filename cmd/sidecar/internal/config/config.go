@@ -61,6 +61,7 @@ type Config struct {
 	GapsOut        string
 	SummaryJSON    string
 	SpansOut       string
+	WindowsOut     string
 	OTLPEndpoint   string
 	OTLPProtocol   string // "grpc" or "http/protobuf"; "" = OTEL_EXPORTER_OTLP_PROTOCOL, else by port
 	OTLPInsecure   bool
@@ -161,6 +162,8 @@ var options = []option{
 		set: stringSetter(func(c *Config) *string { return &c.SummaryJSON })},
 	{name: "spans-out", usage: "write spans as JSON lines to `FILE` (default " + DefaultSpansFile + " when no OTLP endpoint is set)",
 		set: stringSetter(func(c *Config) *string { return &c.SpansOut })},
+	{name: "windows-out", usage: "write the GPU's own idle windows (NVML/GPM samples) as JSON lines to `FILE`",
+		set: stringSetter(func(c *Config) *string { return &c.WindowsOut })},
 	{name: "otlp-endpoint", usage: "OTLP collector endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT)",
 		set: stringSetter(func(c *Config) *string { return &c.OTLPEndpoint })},
 	{name: "otlp-protocol", usage: "OTLP protocol: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc on port 4317, else http/protobuf)",
@@ -454,6 +457,7 @@ func (c *Config) validate(rest []string) Problems {
 	}
 	for _, f := range []struct{ flag, path string }{
 		{"gaps-out", c.GapsOut}, {"summary-json", c.SummaryJSON}, {"spans-out", c.SpansOut},
+		{"windows-out", c.WindowsOut},
 	} {
 		if f.path == "" {
 			continue

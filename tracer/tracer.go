@@ -119,6 +119,7 @@ type Tracer struct {
 	// period to detach (~0.3s each measured here), multi links one each.
 	multi bool
 
+	scanMu      sync.Mutex // serializes scanProcess
 	mu          sync.Mutex
 	procs       map[uint32]*procState
 	tpInfo      []ProbeInfo
@@ -484,6 +485,11 @@ func (t *Tracer) libraryOf(path string) (library, bool) {
 // scanProcess reads /proc/PID/maps and attaches uprobes to probed libraries
 // the process maps and that are not attached for it yet.
 func (t *Tracer) scanProcess(pid uint32) {
+	// One scan at a time: Trace and the rescanner may look at the same
+	// process at once, and attaching a library twice would count every
+	// call twice.
+	t.scanMu.Lock()
+	defer t.scanMu.Unlock()
 	t.mu.Lock()
 	ps, ok := t.procs[pid]
 	closed := t.closed

@@ -80,6 +80,9 @@ const (
 	// smStallMax: GPM SM activity above this during a suspected comm stall
 	// means the GPU was computing, not spinning on a peer.
 	smStallMax = 0.5
+	// smComputeRef: the SM activity taken for pure compute when a wait's
+	// compute share must be estimated from GPM alone.
+	smComputeRef = 0.8
 )
 
 // Validate reports every problem with c at once.

@@ -872,3 +872,59 @@ func TestSpanHelpers(t *testing.T) {
 		t.Errorf("clip = %v", c)
 	}
 }
+
+// A peer late in every step from the very first one leaves no baseline
+// to compare waits with: GPM alone shows the wait was spent spinning.
+func TestCommStallLateFromFirstStep(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sm   float64
+		want bool
+	}{
+		{"gpm low sm", 0.1, true},
+		{"gpm high sm is compute", 0.9, false},
+		{"no gpm, no verdict", -1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim()
+			var late int64
+			for i := 0; i < 20; i++ {
+				s.launches(20, 50*us, 100*us)
+				s.collective(event.NCCLAllReduce, 3*ms+30*ms)
+				s.sync()
+				late += 30 * ms
+			}
+			var wins []event.GPUWindow
+			if tc.sm >= 0 {
+				wins = s.windows(t0, s.t+200*ms, 100*ms, event.SourceGPM, func(a, b int64) float64 { return tc.sm })
+			}
+			c := &collect{}
+			e := newEngine(c, nil)
+			feed(e, c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+			var comm int64
+			n := 0
+			for _, g := range c.gaps {
+				if g.Kind != GapStall {
+					continue
+				}
+				if g.Cause != CauseComm || g.Evidence.Collective == nil || g.Evidence.SMActivity == nil {
+					t.Fatalf("stall without comm evidence: %+v", g)
+				}
+				if len(g.Ops) != 1 || g.Duration > g.Ops[0].End-g.Ops[0].Start {
+					t.Errorf("stall of %d ns is longer than the sync's wait %+v", g.Duration, g.Ops)
+				}
+				comm += g.Duration
+				n++
+			}
+			if !tc.want {
+				if n != 0 {
+					t.Fatalf("%d comm stalls reported (%d ns) where GPM does not show spinning", n, comm)
+				}
+				return
+			}
+			if n < 18 || float64(comm) < 0.85*float64(late) || float64(comm) > 1.1*float64(late) {
+				t.Fatalf("%d stalls, %d ns of comm; the peer was late %d ns over 20 steps", n, comm, late)
+			}
+		})
+	}
+}

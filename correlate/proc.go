@@ -29,7 +29,13 @@ type aheadCand struct {
 }
 
 // stallCand is a comm stall waiting for GPM windows to confirm it.
-type stallCand struct{ gap Gap }
+// gpmOnly: no baseline set the wait apart from compute (a peer that is
+// late in every step from the first one), so the GPU alone decides
+// whether, and how much of, the wait was spent spinning on the peer.
+type stallCand struct {
+	gap     Gap
+	gpmOnly bool
+}
 
 type tcount struct {
 	t int64
@@ -358,10 +364,23 @@ func (p *proc) closeGap(th *thread, t int64) {
 }
 
 func (p *proc) checkStall(th *thread, ev *event.Event, coll *CollectiveEvidence) {
+	wait := ev.Duration()
+	stall := func(excess, baseline int64, gpmOnly bool) {
+		g := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapStall, Start: ev.End - excess, End: ev.End,
+			Duration: excess, Cause: CauseComm, Breakdown: map[Cause]int64{CauseComm: excess}}
+		c := *coll
+		g.Evidence = Evidence{Collective: &c, CUDACall: ev.CUDA.String(), BaselineNS: baseline,
+			Threads: append([]uint32(nil), p.feeders...), Source: "host"}
+		g.Ops = []HostOp{hostOp(ev, th.tid)}
+		p.stalls = append(p.stalls, stallCand{gap: g, gpmOnly: gpmOnly})
+	}
 	slot := p.st.slot()
 	if slot < 0 {
 		// Without a period, waits of different syncs of a step cannot be
-		// compared: no baseline, no stall.
+		// compared: no baseline. Only GPM can still show a spinning peer.
+		if coll != nil && wait >= p.e.minGap {
+			stall(wait, 0, true)
+		}
 		return
 	}
 	k := baseKey{cuda: ev.CUDA, stream: ev.Stream, slot: slot}
@@ -373,18 +392,14 @@ func (p *proc) checkStall(th *thread, ev *event.Event, coll *CollectiveEvidence)
 		r = &waitRing{}
 		p.base[k] = r
 	}
-	wait := ev.Duration()
-	if coll != nil && r.n >= 4 {
-		baseline := r.min()
-		if excess := wait - baseline; excess >= p.e.minGap {
-			g := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapStall, Start: ev.End - excess, End: ev.End,
-				Duration: excess, Cause: CauseComm, Breakdown: map[Cause]int64{CauseComm: excess}}
-			c := *coll
-			g.Evidence = Evidence{Collective: &c, CUDACall: ev.CUDA.String(), BaselineNS: baseline,
-				Threads: append([]uint32(nil), p.feeders...), Source: "host"}
-			g.Ops = []HostOp{hostOp(ev, th.tid)}
-			p.stalls = append(p.stalls, stallCand{gap: g})
-		}
+	switch {
+	case coll == nil || wait < p.e.minGap:
+	case r.n >= 4 && wait-r.min() >= p.e.minGap:
+		stall(wait-r.min(), r.min(), false)
+	case r.n < 4 || r.min() >= p.e.minGap:
+		// Every wait so far was long: either the step's compute is long or
+		// the peer has been late since the first step. GPM tells which.
+		stall(wait, 0, true)
 	}
 	r.push(wait)
 }
@@ -462,13 +477,32 @@ func (p *proc) resolvePending(force bool) {
 		k := 0
 		for _, s := range p.stalls {
 			if force || d.gpmEnd == 0 || d.gpmEnd >= s.gap.End || e.now >= s.gap.End+holdMax {
-				if sm := d.smActivity(s.gap.Start, s.gap.End); sm >= 0 {
-					if sm > smStallMax {
+				sm := d.smActivity(s.gap.Start, s.gap.End)
+				if sm > smStallMax || (s.gpmOnly && sm < 0) {
+					e.rejected++
+					continue
+				}
+				if s.gpmOnly {
+					// The wait held compute and spinning: SM activity relative to
+					// the device's recent compute peak is the compute share.
+					// Compute kernels keep GPM SM activity at 0.7-0.95 on an H200;
+					// 0.8 stands in until the device shows a higher peak.
+					ref := max(d.smPeak, 2*sm, smComputeRef)
+					excess := int64(float64(s.gap.Duration) * (1 - sm/ref))
+					if excess < e.minGap {
 						e.rejected++
 						continue
 					}
+					s.gap.Start = s.gap.End - excess
+					s.gap.Duration = excess
+					s.gap.Breakdown = map[Cause]int64{CauseComm: excess}
+				}
+				if sm >= 0 {
 					s.gap.Evidence.SMActivity = &sm
 					s.gap.Evidence.Source = "host+gpu"
+					if s.gpmOnly {
+						s.gap.Evidence.Source = "gpu"
+					}
 				}
 				p.emit(s.gap)
 				continue

@@ -59,6 +59,9 @@ type device struct {
 	// busy are waits in syncs that found work queued: the host was
 	// blocked, the queue only drained, so the GPU was busy throughout.
 	busy []span
+	// smPeak is the recent peak of GPM SM activity, the reference for
+	// how busy this job's compute keeps the SMs.
+	smPeak float64
 	// bg is the recent micro-idle density (idle per ns of non-gap time),
 	// -1 until a step measured it.
 	bg float64
@@ -80,6 +83,9 @@ func (d *device) addWindow(w event.GPUWindow) {
 	if w.Source == event.SourceGPM && w.SMActivity >= 0 {
 		d.gpm = insertWindow(d.gpm, w)
 		d.gpmEnd = max(d.gpmEnd, w.End)
+		// A slowly decaying peak: what this job's compute looks like to
+		// GPM (halves in ~70 windows, ~7 s at the H200's 100 ms refresh).
+		d.smPeak = max(w.SMActivity, d.smPeak*0.99)
 	}
 	if w.Source == event.SourceGPM && d.nvml {
 		return

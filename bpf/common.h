@@ -26,6 +26,11 @@ char __license[] SEC("license") = "Dual MIT/GPL";
  * not emitted. Set by user space before load. */
 const volatile __u64 threshold_ns = 50000;
 
+/* Every program returns at once: the probes stay attached at the same places
+ * with the same traps, so the traced job pays their raw cost and nothing else.
+ * The baseline against which the cost of the real programs is measured. */
+const volatile bool null_probes = false;
+
 /* Records are committed without waking the reader until this much data is
  * pending; the reader polls on a short timer otherwise. Waking it per record
  * costs the traced thread a context switch on every emitted event (the woken

@@ -60,6 +60,8 @@ static __always_inline __u64 stack_arg(struct pt_regs *ctx, int n)
 SEC("uprobe")
 int cuda_launch(struct pt_regs *ctx)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
 		return 0;
@@ -111,6 +113,8 @@ int cuda_launch(struct pt_regs *ctx)
 SEC("uprobe")
 int cuda_async(struct pt_regs *ctx)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
 		return 0;
@@ -167,6 +171,8 @@ int cuda_async(struct pt_regs *ctx)
 SEC("uprobe")
 int cuda_block_enter(struct pt_regs *ctx)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
 		return 0;
@@ -208,6 +214,8 @@ int cuda_block_enter(struct pt_regs *ctx)
 SEC("uretprobe")
 int cuda_block_exit(struct pt_regs *ctx)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
 		return 0;

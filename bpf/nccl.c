@@ -55,6 +55,8 @@ static __always_inline __u64 dtype_size(__u32 dt)
 SEC("uprobe")
 int nccl_coll(struct pt_regs *ctx)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
 		return 0;
@@ -128,6 +130,8 @@ int nccl_coll(struct pt_regs *ctx)
 SEC("uprobe")
 int nccl_group_start(struct pt_regs *ctx)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
 		return 0;
@@ -142,6 +146,8 @@ int nccl_group_start(struct pt_regs *ctx)
 SEC("uprobe")
 int nccl_group_end_enter(struct pt_regs *ctx)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
 		return 0;
@@ -157,6 +163,8 @@ int nccl_group_end_enter(struct pt_regs *ctx)
 SEC("uretprobe")
 int nccl_group_end_exit(struct pt_regs *ctx)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
 		return 0;

@@ -23,6 +23,8 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
+	if (null_probes)
+		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	__u32 ptgid = prev->tgid;
 	if (traced(ptgid)) {
@@ -84,6 +86,8 @@ static __always_inline void record_waker(struct task_struct *p)
 SEC("tp_btf/sched_waking")
 int BPF_PROG(on_sched_waking, struct task_struct *p)
 {
+	if (null_probes)
+		return 0;
 	record_waker(p);
 	return 0;
 }
@@ -91,6 +95,8 @@ int BPF_PROG(on_sched_waking, struct task_struct *p)
 SEC("tp_btf/sched_wakeup_new")
 int BPF_PROG(on_sched_wakeup_new, struct task_struct *p)
 {
+	if (null_probes)
+		return 0;
 	record_waker(p);
 	return 0;
 }
@@ -98,6 +104,8 @@ int BPF_PROG(on_sched_wakeup_new, struct task_struct *p)
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(on_sched_process_fork, struct task_struct *parent, struct task_struct *child)
 {
+	if (null_probes)
+		return 0;
 	__u32 ptgid = parent->tgid;
 	if (!traced(ptgid))
 		return 0;
@@ -125,6 +133,8 @@ int BPF_PROG(on_sched_process_fork, struct task_struct *parent, struct task_stru
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_sched_process_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
 		return 0;
@@ -147,6 +157,8 @@ int BPF_PROG(on_sched_process_exec, struct task_struct *p, pid_t old_pid, struct
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
 	if (!traced(tgid))

@@ -26,6 +26,8 @@ struct {
 SEC("tracepoint/syscalls/sys_enter")
 int sys_enter(struct trace_event_raw_sys_enter *ctx)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
 		return 0;
@@ -89,6 +91,8 @@ static __always_inline void emit_fd(struct thread_state *t, __u64 id, __u64 now,
 SEC("tracepoint/syscalls/sys_exit")
 int sys_exit(struct trace_event_raw_sys_exit *ctx)
 {
+	if (null_probes)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!traced(id >> 32))
 		return 0;

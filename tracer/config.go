@@ -17,6 +17,10 @@ const (
 	// ProbesLite leaves out the per-launch probes (cuLaunch*, cuGraphLaunch);
 	// enqueues are seen through copies, memsets, collectives and syncs.
 	ProbesLite ProbeSet = "lite"
+	// ProbesNull attaches exactly what ProbesFull attaches, to programs
+	// that return at once. It records nothing: it measures the raw cost of
+	// the probes themselves (the traps), the floor under ProbesFull's cost.
+	ProbesNull ProbeSet = "null"
 )
 
 // Config configures a Tracer. The zero value is valid: every field has a
@@ -60,9 +64,9 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	var errs []error
 	switch c.Probes {
-	case "", ProbesFull, ProbesLite:
+	case "", ProbesFull, ProbesLite, ProbesNull:
 	default:
-		errs = append(errs, fmt.Errorf("probes: unknown probe set %q (want %q or %q)", c.Probes, ProbesFull, ProbesLite))
+		errs = append(errs, fmt.Errorf("probes: unknown probe set %q (want %q, %q or %q)", c.Probes, ProbesFull, ProbesLite, ProbesNull))
 	}
 	if c.SyscallThreshold < 0 {
 		errs = append(errs, fmt.Errorf("syscall threshold: %v is negative", c.SyscallThreshold))

@@ -74,6 +74,7 @@ const (
 	cudaProgCudaBlockEnter    = "cuda_block_enter"
 	cudaProgCudaBlockExit     = "cuda_block_exit"
 	cudaProgCudaLaunch        = "cuda_launch"
+	cudaVarNullProbes         = "null_probes"
 	cudaVarThresholdNs        = "threshold_ns"
 	cudaVarUnusedCudaEvent    = "unused_cuda_event"
 	cudaVarUnusedEventHdr     = "unused_event_hdr"
@@ -149,6 +150,7 @@ type cudaMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaVariableSpecs struct {
+	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
@@ -202,6 +204,7 @@ func (m *cudaMaps) Close() error {
 //
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaVariables struct {
+	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`

@@ -75,6 +75,7 @@ const (
 	ncclProgNcclGroupEndEnter = "nccl_group_end_enter"
 	ncclProgNcclGroupEndExit  = "nccl_group_end_exit"
 	ncclProgNcclGroupStart    = "nccl_group_start"
+	ncclVarNullProbes         = "null_probes"
 	ncclVarThresholdNs        = "threshold_ns"
 	ncclVarUnusedCudaEvent    = "unused_cuda_event"
 	ncclVarUnusedEventHdr     = "unused_event_hdr"
@@ -150,6 +151,7 @@ type ncclMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ncclVariableSpecs struct {
+	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
@@ -203,6 +205,7 @@ func (m *ncclMaps) Close() error {
 //
 // It can be passed to loadNcclObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ncclVariables struct {
+	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`

@@ -87,6 +87,7 @@ const (
 	schedProgOnSchedSwitch      = "on_sched_switch"
 	schedProgOnSchedWakeupNew   = "on_sched_wakeup_new"
 	schedProgOnSchedWaking      = "on_sched_waking"
+	schedVarNullProbes          = "null_probes"
 	schedVarThresholdNs         = "threshold_ns"
 	schedVarUnusedCudaEvent     = "unused_cuda_event"
 	schedVarUnusedEventHdr      = "unused_event_hdr"
@@ -164,6 +165,7 @@ type schedMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type schedVariableSpecs struct {
+	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
@@ -217,6 +219,7 @@ func (m *schedMaps) Close() error {
 //
 // It can be passed to loadSchedObjects or ebpf.CollectionSpec.LoadAndAssign.
 type schedVariables struct {
+	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`

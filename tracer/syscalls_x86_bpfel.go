@@ -88,6 +88,7 @@ const (
 	syscallsMapTracedTgids        = "traced_tgids"
 	syscallsProgSysEnter          = "sys_enter"
 	syscallsProgSysExit           = "sys_exit"
+	syscallsVarNullProbes         = "null_probes"
 	syscallsVarThresholdNs        = "threshold_ns"
 	syscallsVarUnusedCudaEvent    = "unused_cuda_event"
 	syscallsVarUnusedEventHdr     = "unused_event_hdr"
@@ -162,6 +163,7 @@ type syscallsMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type syscallsVariableSpecs struct {
+	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
@@ -217,6 +219,7 @@ func (m *syscallsMaps) Close() error {
 //
 // It can be passed to loadSyscallsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type syscallsVariables struct {
+	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`

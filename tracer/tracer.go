@@ -287,6 +287,9 @@ func (t *Tracer) load() error {
 		if err := spec.Variables["wakeup_bytes"].Set(uint64(ringSize(t.cfg.RingBufferBytes) / 4)); err != nil {
 			return fmt.Errorf("%s object: set wakeup_bytes: %w", s.name, err)
 		}
+		if err := spec.Variables["null_probes"].Set(t.cfg.Probes == ProbesNull); err != nil {
+			return fmt.Errorf("%s object: set null_probes: %w", s.name, err)
+		}
 		if len(t.shared) == 0 {
 			for _, name := range sharedMaps {
 				m, err := ebpf.NewMap(spec.Maps[name])

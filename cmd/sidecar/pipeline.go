@@ -170,7 +170,11 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	}
 	p.exp = exp
 
-	ccfg := correlate.Config{Probes: cfg.Probes, MinGap: cfg.MinGap, Logger: pc.Logger}
+	probes := cfg.Probes
+	if probes == string(tracer.ProbesNull) {
+		probes = string(tracer.ProbesFull) // no events arrive: nothing to correlate
+	}
+	ccfg := correlate.Config{Probes: probes, MinGap: cfg.MinGap, Logger: pc.Logger}
 	if p.gpu != nil {
 		ccfg.HW = p.gpu.HWContext
 	}

@@ -148,8 +148,8 @@ func oneOf(dst func(*Config) *string, allowed ...string) func(*Config, string) e
 }
 
 var options = []option{
-	{name: "probes", usage: "probe set: full (every CUDA launch) or lite (syncs, copies, collectives, syscalls; lower overhead)",
-		set: oneOf(func(c *Config) *string { return &c.Probes }, "full", "lite")},
+	{name: "probes", usage: "probe set: full (every CUDA launch) or lite (syncs, copies, collectives, syscalls; lower overhead); null attaches full's probes to programs that do nothing, to measure their raw cost",
+		set: oneOf(func(c *Config) *string { return &c.Probes }, "full", "lite", "null")},
 	{name: "syscall-threshold", usage: "syscalls shorter than this are counted, not reported",
 		set: durationSetter(func(c *Config) *time.Duration { return &c.SyscallThreshold })},
 	{name: "min-gap", usage: "GPU idle gaps shorter than this are accounted per step instead of reported one by one",

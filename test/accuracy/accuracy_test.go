@@ -190,6 +190,10 @@ type job struct {
 
 	mu    sync.Mutex
 	lines []string // gaptrace's log so far
+
+	// scoredUntil (Unix ns) ends the scored steps: the end of the last of
+	// them, set by driveTrainer.
+	scoredUntil int64
 }
 
 func (j *job) id() string { return j.sc.name + "/" + j.probes }
@@ -232,7 +236,9 @@ func (s setup) start(j *job, dataDir string) (<-chan struct{}, error) {
 	j.cmd = exec.Command(s.bin, args...)
 	j.cmd.Dir = j.dir
 	j.cmd.Env = append(cleanEnv(), "SIMGPU_DIR="+tl)
-	j.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Its own process group, so that the priority below reaches the trainer
+	// and every child gaptrace starts.
+	j.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	pr, pw := io.Pipe()
 	j.cmd.Stdout, j.cmd.Stderr = pw, pw
 	j.done = make(chan struct{})
@@ -255,6 +261,13 @@ func (s setup) start(j *job, dataDir string) (<-chan struct{}, error) {
 	t0 := time.Now()
 	if err := j.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start gaptrace: %w", err)
+	}
+	// gaptrace loads its BPF objects (hundreds of ms) before it starts the
+	// trainer, so the trainer inherits this; driveTrainer repeats it for
+	// the process group once the trainer runs, in case it did not.
+	if err := raisePriority(j.cmd.Process.Pid); err != nil {
+		j.cmd.Process.Kill()
+		return nil, err
 	}
 	go func() {
 		j.err = j.cmd.Wait()
@@ -297,18 +310,32 @@ func (j *job) driveTrainer(deadline time.Time) error {
 				continue
 			}
 			attached = at
-		}
-		n := 0
-		for _, st := range tr.Steps {
-			if st.Start >= attached {
-				n++
+			if err := raisePriority(j.cmd.Process.Pid); err != nil {
+				return err
 			}
 		}
-		if n > j.sc.steps {
+		if j.scoredUntil == 0 {
+			n := 0
+			for _, st := range tr.Steps {
+				if st.Start >= attached {
+					if n++; n > j.sc.steps {
+						j.scoredUntil = st.End
+						break
+					}
+				}
+			}
+		}
+		if j.scoredUntil != 0 && time.Now().UnixNano() >= j.scoredUntil+int64(coolDown) {
 			return syscall.Kill(tr.PID, syscall.SIGINT)
 		}
 	}
 }
+
+// coolDown is how long the trainer keeps running after the scored steps:
+// the GPU windows that cover the last scored steps must not reach past the
+// trainer's exit, when the device idles for good (a job's last window is
+// a separate finding, not the steady state this suite measures).
+const coolDown = 700 * time.Millisecond
 
 // wait waits for the job to exit, killing it at the deadline, and saves its
 // log beside its outputs.
@@ -321,6 +348,25 @@ func (j *job) wait(deadline time.Time) error {
 		j.err = fmt.Errorf("killed at the suite's deadline: %w", j.err)
 	}
 	return os.WriteFile(filepath.Join(j.dir, "gaptrace.log"), []byte(strings.Join(j.logLines(), "\n")+"\n"), 0o644)
+}
+
+// runNice is the niceness of the traced trainer and of gaptrace. The suite
+// measures attribution, not how a shared machine schedules: CI machines run
+// other jobs (and `nice go test` lowers everything it starts), and on two
+// loaded cores a trainer at the same priority as everything else wakes from
+// its sync tens of ms after the GPU drained. A training job owns its cores;
+// this approximates that. What the scheduler still adds is real idle and is
+// scored (the host cannot see a wake-up's run-queue wait; see the package
+// comment).
+const runNice = -10
+
+// raisePriority sets the niceness of the process group pgid (gaptrace, the
+// trainer and its children).
+func raisePriority(pgid int) error {
+	if err := syscall.Setpriority(syscall.PRIO_PGRP, pgid, runNice); err != nil {
+		return fmt.Errorf("set niceness %d of process group %d: %w", runNice, pgid, err)
+	}
+	return nil
 }
 
 func copyFile(src, dst string) error {
@@ -353,7 +399,8 @@ type row struct {
 	Dir      string  `json:"dir"`
 	WallS    float64 `json:"wall_s"`
 	// ScoredSteps ran after gaptrace had attached its probes; the
-	// WarmupSteps before (and the first after) are not scored.
+	// WarmupSteps before (and the first after), and those of the final
+	// cool-down, are not scored.
 	ScoredSteps int             `json:"scored_steps"`
 	WarmupSteps int             `json:"warmup_steps"`
 	Result      *Result         `json:"result"`
@@ -381,9 +428,6 @@ func TestAccuracy(t *testing.T) {
 	}
 	outDir := filepath.Join(s.root, accuracyOutRoot)
 	runsDir := filepath.Join(outDir, "runs")
-	if err := os.RemoveAll(runsDir); err != nil {
-		t.Fatal(err)
-	}
 	dataDir := filepath.Join(t.TempDir(), "data") // shared: the 64 MiB data file is written once
 
 	var jobs []*job
@@ -414,6 +458,9 @@ func TestAccuracy(t *testing.T) {
 
 	t0 := time.Now()
 	for _, j := range jobs {
+		if err := os.RemoveAll(j.dir); err != nil {
+			t.Fatal(err)
+		}
 		detached, err := s.start(j, dataDir)
 		if err != nil {
 			t.Fatalf("%s: %v", j.id(), err)
@@ -489,9 +536,14 @@ func score(t *testing.T, j *job) *row {
 	}
 	ran := len(tr.Steps)
 	tr.TracedFrom(attached)
-	r.ScoredSteps, r.WarmupSteps = len(tr.Steps), ran-len(tr.Steps)
+	tr.Until(j.scoredUntil)
+	r.ScoredSteps = len(tr.Steps)
+	if len(tr.Steps) > 0 {
+		r.WarmupSteps = int(tr.Steps[0].Number) - 1
+	}
 	if len(tr.Steps) < j.sc.steps {
-		miss("only %d of %d steps ran after the probes attached, want %d", len(tr.Steps), ran, j.sc.steps)
+		miss("only %d of the trainer's %d steps are scored (after the probes attached, before the cool-down), want %d",
+			len(tr.Steps), ran, j.sc.steps)
 		if len(tr.Steps) == 0 {
 			return r
 		}

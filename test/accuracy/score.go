@@ -28,7 +28,9 @@
 //   - Attribution accuracy of a cause: over the truth stalls of that cause,
 //     the time of stall ∩ true idle covered by reported gaps whose dominant
 //     cause is right, over the same time covered by any reported gap;
-//     coverage is the covered time over stall ∩ true idle. A comm stall is
+//     coverage is the covered time over stall ∩ true idle. Where the truth
+//     says the trainer spent at least 45% of a stall in the run queue (the
+//     machine's own load), cpu.contention is right too. A comm stall is
 //     busy-but-waiting (the collective spins on a late peer), so it is
 //     scored on its whole interval against gaps of kind stall.
 //   - Per-step idle: gaptrace's train.step idle (bounded + micro) against
@@ -203,6 +205,28 @@ type TruthStall struct {
 	Ahead bool
 	// WorkerDid is "io" or "cpu" for loader stalls.
 	WorkerDid string
+	// RunDelayNS is the main thread's run-queue wait during the stall (the
+	// machine's own CPU contention), from schedstat.
+	RunDelayNS int64
+}
+
+// contentionShare: a stall whose run-queue wait was at least this share of
+// it was, by the truth's own measurement, as much cpu.contention as its
+// injected cause (on a loaded machine a 30 ms busy loop can spend half its
+// time preempted). Either cause is then right. Slightly under one half:
+// schedstat is sampled around the stall, the tracer counts waits from its
+// threshold up.
+const contentionShare = 0.45
+
+// Accepts reports whether a gap's dominant cause (refined by worker
+// evidence) is a right explanation of stall s.
+func (s TruthStall) Accepts(g correlate.Gap) bool {
+	want, worker := ExpectedCause(s.Cause)
+	if g.Cause == want && (worker == "" || ReportedCause(g) == "loader.wait."+worker) {
+		return true
+	}
+	return g.Cause == correlate.CauseCPUContention && s.Len() > 0 &&
+		float64(s.RunDelayNS) >= contentionShare*float64(s.Len())
 }
 
 // TracedFrom restricts the truth to what a tracer that attached at from
@@ -216,6 +240,19 @@ func (t *Truth) TracedFrom(from int64) {
 		return
 	}
 	t.Steps = t.Steps[min(i+1, len(t.Steps)):]
+	rng := t.Range()
+	t.Stalls = slices.DeleteFunc(t.Stalls, func(s TruthStall) bool {
+		return s.Start < rng.Start || s.End > rng.End
+	})
+}
+
+// Until restricts the truth to the steps that ended by until (Unix ns; 0
+// keeps everything) and the stalls inside them.
+func (t *Truth) Until(until int64) {
+	if until == 0 {
+		return
+	}
+	t.Steps = slices.DeleteFunc(t.Steps, func(s TruthStep) bool { return s.End > until })
 	rng := t.Range()
 	t.Stalls = slices.DeleteFunc(t.Stalls, func(s TruthStall) bool {
 		return s.Start < rng.Start || s.End > rng.End
@@ -250,6 +287,7 @@ func ReadTruth(path string) (*Truth, error) {
 			Kind      string `json:"kind"`
 			At        string `json:"at"`
 			WorkerDid string `json:"worker_did"`
+			RunDelay  int64  `json:"run_delay_ns"`
 		}
 		if err := json.Unmarshal(line, &r); err != nil {
 			return err
@@ -266,7 +304,7 @@ func ReadTruth(path string) (*Truth, error) {
 			t.Steps = append(t.Steps, TruthStep{r.Step, iv})
 		case "stall":
 			t.Stalls = append(t.Stalls, TruthStall{Step: r.Step, Cause: r.Cause, Interval: iv,
-				Ahead: r.At == "ahead", WorkerDid: r.WorkerDid})
+				Ahead: r.At == "ahead", WorkerDid: r.WorkerDid, RunDelayNS: r.RunDelay})
 		case "busy":
 			if r.Kind == "kernel" || r.Kind == "collective" {
 				busy = append(busy, iv)
@@ -543,7 +581,6 @@ func Evaluate(tr *Truth, gaps []correlate.Gap, minGap int64) *Result {
 			region = Intersect(region, idle)
 		}
 		cr.TruthNS += region.Total()
-		want, worker := ExpectedCause(s.Cause)
 		remaining := region
 		for _, g := range gaps {
 			if s.Cause == "comm" && g.Kind != correlate.GapStall {
@@ -558,7 +595,7 @@ func Evaluate(tr *Truth, gaps []correlate.Gap, minGap int64) *Result {
 			rc := ReportedCause(g)
 			cr.Confusion[rc] += ns
 			cr.Coverage.Num += ns
-			if g.Cause == want && (worker == "" || rc == "loader.wait."+worker) {
+			if s.Accepts(g) {
 				cr.Accuracy.Num += ns
 			}
 		}

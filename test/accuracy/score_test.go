@@ -338,3 +338,31 @@ func TestAttachTime(t *testing.T) {
 		t.Errorf("pid 7 never attached, got %d libraries", libs)
 	}
 }
+
+func TestAcceptsContention(t *testing.T) {
+	s := TruthStall{Cause: "cpu", Interval: iv(0, 30), RunDelayNS: 12 * msNS}
+	g := gap(correlate.GapIdle, correlate.CauseCPUContention, 0, 30)
+	if s.Accepts(g) {
+		t.Error("40% run-queue wait: cpu.contention is not the dominant cause")
+	}
+	s.RunDelayNS = 15 * msNS
+	if !s.Accepts(g) || !s.Accepts(gap(correlate.GapIdle, correlate.CauseCPU, 0, 30)) {
+		t.Error("50% run-queue wait: cpu and cpu.contention are both right")
+	}
+	if s.Accepts(gap(correlate.GapIdle, correlate.CauseSleep, 0, 30)) {
+		t.Error("sleep is never right for a cpu stall")
+	}
+}
+
+func TestUntil(t *testing.T) {
+	tr := handMade()
+	tr.Until(110 * msNS)
+	if len(tr.Steps) != 2 || tr.Steps[1].Number != 2 || len(tr.Stalls) != 1 {
+		t.Errorf("until 110 ms: steps %v stalls %v, want steps 1-2 and the io.read stall (the loader stall precedes step 3)", tr.Steps, tr.Stalls)
+	}
+	tr = handMade()
+	tr.Until(0)
+	if len(tr.Steps) != 3 {
+		t.Error("Until(0) must keep everything")
+	}
+}

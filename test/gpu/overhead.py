@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--configs", default="untraced,lite,full,null,profiler")
+    ap.add_argument("--raw", help="rewrite every run's result here as it comes (survives a cut-short run)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     cfgs = a.configs.split(",")
@@ -71,6 +72,9 @@ def main():
                 sps[c].append(v)
             if s:
                 side[c].append(s)
+            if a.raw:
+                with open(a.raw, "w") as f:
+                    json.dump({"steps_per_s": sps, "sidecar": {k: [x.get("sidecar") for x in v] for k, v in side.items()}}, f)
     base = statistics.median(sps["untraced"]) if sps.get("untraced") else None
     out = {}
     print(f"\n{'config':<10} {'n':>2} {'median':>8} {'min':>8} {'max':>8} {'vs untraced':>12} {'cpu s':>7} {'rss MB':>7}")

@@ -38,14 +38,14 @@ for p in $PHASES; do
       phase "accuracy probes=$probes"
       pre=$WORK/acc-$probes
       "$G" run --probes "$probes" --live off --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
-        --spans-out "$pre-spans.jsonl" ${WINDOWS_FLAG:+--windows-out "$pre-windows.jsonl"} -- \
+        --spans-out "$pre-spans.jsonl" --windows-out "$pre-windows.jsonl" -- \
         "$PY" "$HERE/trainer.py" --steps "$STEPS" --warmup 15 --truth "$pre-truth.jsonl" --profile "$pre-kineto.json" \
         --data-dir "$WORK" --stall io.read:every=10:ms=40 --stall net:every=12:ms=30 \
         --stall io.write:every=15:ms=40 --stall cpu:every=9:ms=25 --stall loader.wait:every=7:ms=60 \
         --stall launch:every=20:ms=30 >"$pre-run.log" 2>&1
       say "gaptrace rc=$? ($(tail -c 300 "$pre-run.log" | tr '\n' ' ' | tail -c 200))"
       "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
-        --spans "$pre-spans.jsonl" ${WINDOWS_FLAG:+--windows "$pre-windows.jsonl"} --json "$OUTDIR/accuracy-$probes.json" 2>&1 | tee -a "$RES"
+        --spans "$pre-spans.jsonl" --windows "$pre-windows.jsonl" --json "$OUTDIR/accuracy-$probes.json" 2>&1 | tee -a "$RES"
       grep -E '"(gpu_idle_ns|wall_ns|steps|gaps|dropped_events)"' "$pre-summary.json" | tr -d ' \n' | tee -a "$RES"; say ""
     done
     head -c 60000 "$WORK/acc-full-gaps.jsonl" >"$OUTDIR/sample-gaps-full.jsonl"
@@ -72,8 +72,8 @@ for p in $PHASES; do
   overhead)
     phase overhead
     "$PY" "$HERE/overhead.py" --gaptrace "$G" --out "$WORK/overhead" --reps "${REPS:-3}" --steps "${OVH_STEPS:-500}" \
-      --configs "${CONFIGS:-untraced,lite,full,null,profiler}" 2>&1 | tee -a "$RES"
-    cp "$WORK/overhead/overhead.json" "$OUTDIR/overhead.json" 2>/dev/null
+      --configs "${CONFIGS:-untraced,lite,full,null,profiler}" --raw "$OUTDIR/overhead-raw.json" 2>&1 | tee -a "$RES"
+    cp "$WORK/overhead/overhead.json" "$OUTDIR/overhead.json" 2>/dev/null && rm -f "$OUTDIR/overhead-raw.json"
     ;;
   *) echo "unknown phase $p" >&2; exit 2 ;;
   esac

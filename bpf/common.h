@@ -64,6 +64,10 @@ struct thread_state {
 	__u64 launches;
 	__u32 busy;
 	__u32 group_depth;
+	/* ncclCommInitRank* in flight: where the new communicator is stored */
+	__u64 init_commp;
+	__u32 init_nranks;
+	__s32 init_rank;
 };
 
 struct {

@@ -41,6 +41,7 @@ enum event_kind {
 	K_EXIT = 15,
 	K_OPEN = 16,
 	K_CLOSE = 17,
+	K_COMM_INIT = 18,
 };
 
 /* Syscall classes: event.SyscallClass values, plus internal ones above

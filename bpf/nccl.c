@@ -127,6 +127,61 @@ int nccl_coll(struct pt_regs *ctx)
 	return 0;
 }
 
+/* ncclCommInitRank(comm*, nranks, ncclUniqueId id, rank),
+ * ncclCommInitRankConfig(comm*, nranks, id, rank, config) and
+ * ncclCommInitRankScalable(comm*, nranks, rank, nId, ids*, config): the
+ * 128-byte ncclUniqueId goes on the stack (System V: a MEMORY-class argument
+ * takes no register), so the rank is in the third register for all three.
+ * Once per communicator: it tells a comm stall's evidence who the peers are. */
+SEC("uprobe")
+int nccl_comm_init_enter(struct pt_regs *ctx)
+{
+	if (null_probes)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	struct thread_state *t = thread_get(id);
+	if (!t)
+		return 0;
+	t->init_commp = PT_REGS_PARM1(ctx);
+	t->init_nranks = PT_REGS_PARM2(ctx);
+	t->init_rank = PT_REGS_PARM3(ctx);
+	return 0;
+}
+
+SEC("uretprobe")
+int nccl_comm_init_exit(struct pt_regs *ctx)
+{
+	if (null_probes)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!traced(id >> 32))
+		return 0;
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	if (!t || t->init_commp == 0)
+		return 0;
+	__u64 comm = 0;
+	bpf_probe_read_user(&comm, sizeof(comm), (void *)t->init_commp);
+	t->init_commp = 0;
+	__u64 now = bpf_ktime_get_ns();
+	struct nccl_event *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	hdr_fill(&e->hdr, EV_NCCL, K_COMM_INIT, id, now);
+	e->start_ns = now;
+	e->count = t->init_nranks;
+	e->bytes = 0;
+	e->comm = comm;
+	e->stream = 0;
+	e->peer = t->init_rank;
+	e->op = 0;
+	e->datatype = 0;
+	e->ret = (__s32)PT_REGS_RC(ctx);
+	submit(e);
+	return 0;
+}
+
 SEC("uprobe")
 int nccl_group_start(struct pt_regs *ctx)
 {

@@ -136,9 +136,12 @@ func (c Config) withDefaults() Config {
 // Engine turns host events and GPU windows into attributed gaps and steps.
 // It is not safe for concurrent use: one goroutine feeds it.
 type Engine struct {
-	cfg    Config
-	sink   Sink
-	log    *slog.Logger
+	cfg  Config
+	sink Sink
+	log  *slog.Logger
+	// comms: what each NCCL communicator is (ranks, this process's
+	// rank), from its creation; bounded by maxComms.
+	comms  map[uint64]commInfo
 	lite   bool
 	minGap int64
 
@@ -203,6 +206,15 @@ func (e *Engine) SetDevice(pid uint32, dev int) {
 // Event buffers one host event; it is processed once the watermark passes
 // its end.
 func (e *Engine) Event(ev event.Event) {
+	if ev.Kind == event.KindCommInit {
+		// Order does not matter: a communicator is created long before
+		// anything waits on it.
+		if e.comms == nil || len(e.comms) >= maxComms {
+			e.comms = map[uint64]commInfo{}
+		}
+		e.comms[ev.Comm] = commInfo{ranks: int32(ev.Count), rank: ev.PeerRank}
+		return
+	}
 	if ev.End < ev.Start {
 		ev.End = ev.Start
 	}
@@ -229,6 +241,12 @@ func (e *Engine) Event(ev event.Event) {
 	}
 	heap.Push(&e.buf, queued{end: ev.End, start: ev.Start, seq: e.seq, slot: slot})
 }
+
+// commInfo describes one NCCL communicator.
+type commInfo struct{ ranks, rank int32 }
+
+// maxComms bounds the communicator table (a job creates a handful).
+const maxComms = 4096
 
 // Window records one GPU sampling window.
 func (e *Engine) Window(w event.GPUWindow) {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand"
+	"slices"
 	"testing"
 	"time"
 
@@ -887,6 +888,8 @@ func TestCommStallLateFromFirstStep(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSim()
+			s.evs = append(s.evs, event.Event{Kind: event.KindCommInit, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
+				Comm: 0xc0ffee, Count: 2, PeerRank: 1})
 			var late int64
 			for i := 0; i < 20; i++ {
 				s.launches(20, 50*us, 100*us)
@@ -909,6 +912,9 @@ func TestCommStallLateFromFirstStep(t *testing.T) {
 				}
 				if g.Cause != CauseComm || g.Evidence.Collective == nil || g.Evidence.SMActivity == nil {
 					t.Fatalf("stall without comm evidence: %+v", g)
+				}
+				if c := g.Evidence.Collective; c.Ranks != 2 || c.Rank == nil || *c.Rank != 1 || !slices.Equal(c.WaitingOn, []int32{0}) {
+					t.Errorf("communicator evidence: ranks %d rank %v waiting on %v, want 2, 1, [0]", c.Ranks, c.Rank, c.WaitingOn)
 				}
 				if len(g.Ops) != 1 || g.Duration > g.Ops[0].End-g.Ops[0].Start {
 					t.Errorf("stall of %d ns is longer than the sync's wait %+v", g.Duration, g.Ops)

@@ -201,7 +201,7 @@ func (p *proc) onEnqueue(th *thread, ev *event.Event) {
 	}
 	s.lastEnq = t
 	if ev.Kind == event.KindCollective {
-		s.coll = collEvidence(ev)
+		s.coll = p.e.collEvidence(ev)
 	}
 	if t > p.lastEnq {
 		p.lastEnq = t
@@ -404,8 +404,22 @@ func (p *proc) checkStall(th *thread, ev *event.Event, coll *CollectiveEvidence)
 	r.push(wait)
 }
 
-func collEvidence(ev *event.Event) *CollectiveEvidence {
+func (e *Engine) collEvidence(ev *event.Event) *CollectiveEvidence {
 	c := &CollectiveEvidence{Op: ev.Op.String(), Bytes: ev.Bytes, Comm: fmt.Sprintf("0x%x", ev.Comm)}
+	if ci, ok := e.comms[ev.Comm]; ok && ci.ranks > 0 {
+		rank := ci.rank
+		c.Ranks, c.Rank = ci.ranks, &rank
+		// Whom a collective waits on: every other rank. With two ranks
+		// that is the late peer itself; with more, the late one is the
+		// rank whose own span in the job's shared trace shows no wait.
+		if ci.ranks <= 8 {
+			for r := int32(0); r < ci.ranks; r++ {
+				if r != ci.rank {
+					c.WaitingOn = append(c.WaitingOn, r)
+				}
+			}
+		}
+	}
 	if ev.PeerRank >= 0 {
 		c.PeerRank = ev.PeerRank
 	}

@@ -65,7 +65,13 @@ type CollectiveEvidence struct {
 	Bytes    uint64 `json:"bytes"`
 	Comm     string `json:"comm"` // communicator, hex
 	PeerRank int32  `json:"peer_rank,omitempty"`
-	Stream   string `json:"stream,omitempty"`
+	// Ranks and Rank describe the communicator (from its creation; Ranks
+	// is 0 when it was created before tracing began). WaitingOn lists the
+	// other ranks (up to 8): with two ranks, the peer a stall waited on.
+	Ranks     int32   `json:"ranks,omitempty"`
+	Rank      *int32  `json:"rank,omitempty"`
+	WaitingOn []int32 `json:"waiting_on_ranks,omitempty"`
+	Stream    string  `json:"stream,omitempty"`
 }
 
 // Evidence is what a user can check to believe a gap's cause.

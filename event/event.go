@@ -50,10 +50,14 @@ const (
 	// KindOpen / KindClose: fd lifecycle (Path holds the opened file).
 	KindOpen
 	KindClose
+	// KindCommInit: an NCCL communicator was created (ncclCommInitRank*).
+	// Comm is the new ncclComm_t, Count the number of ranks, PeerRank this
+	// process's rank in it.
+	KindCommInit
 )
 
 var kindNames = [...]string{"invalid", "enqueue", "memcpy_async", "memset", "memcpy", "sync", "alloc", "free",
-	"collective", "group_end", "syscall", "runqueue", "offcpu", "fork", "exec", "exit", "open", "close"}
+	"collective", "group_end", "syscall", "runqueue", "offcpu", "fork", "exec", "exit", "open", "close", "comm_init"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -150,7 +151,9 @@ func TestFileModeSpanModel(t *testing.T) {
 			}
 		case correlate.CauseComm:
 			if gapSpan.Attributes["gpu.gap.kind"] != "stall" || gapSpan.Attributes["gpu.collective.op"] != "AllReduce" ||
-				gapSpan.Attributes["gpu.gap.sm_activity"] != 0.25 || gapSpan.Attributes["gpu.gap.baseline_ms"] != 5.0 {
+				gapSpan.Attributes["gpu.gap.sm_activity"] != 0.25 || gapSpan.Attributes["gpu.gap.baseline_ms"] != 5.0 ||
+				fmt.Sprint(gapSpan.Attributes["gpu.collective.ranks"]) != "2" ||
+				fmt.Sprint(gapSpan.Attributes["gpu.collective.waiting_on_ranks"]) != "[1]" {
 				t.Errorf("comm gap attrs %v", gapSpan.Attributes)
 			}
 		}

@@ -334,6 +334,16 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		if c.Stream != "" {
 			a = append(a, attribute.String("gpu.collective.stream", c.Stream))
 		}
+		if c.Ranks > 0 && c.Rank != nil {
+			a = append(a, attribute.Int64("gpu.collective.ranks", int64(c.Ranks)), attribute.Int64("gpu.collective.rank", int64(*c.Rank)))
+		}
+		if len(c.WaitingOn) > 0 {
+			w := make([]int64, len(c.WaitingOn))
+			for i, r := range c.WaitingOn {
+				w[i] = int64(r)
+			}
+			a = append(a, attribute.Int64Slice("gpu.collective.waiting_on_ranks", w))
+		}
 	}
 	if ev.SMActivity != nil {
 		a = append(a, attribute.Float64("gpu.gap.sm_activity", *ev.SMActivity))

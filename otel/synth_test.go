@@ -58,7 +58,9 @@ func (s synth) step(n int64) (correlate.Step, []correlate.Gap) {
 		}
 	case correlate.CauseComm:
 		g.Kind = correlate.GapStall
-		g.Evidence.Collective = &correlate.CollectiveEvidence{Op: "AllReduce", Bytes: 25 << 20, Comm: "0x7f00aa", PeerRank: 1}
+		rank := int32(0)
+		g.Evidence.Collective = &correlate.CollectiveEvidence{Op: "AllReduce", Bytes: 25 << 20, Comm: "0x7f00aa", PeerRank: 1,
+			Ranks: 2, Rank: &rank, WaitingOn: []int32{1}}
 		g.Evidence.CUDACall = "cuStreamSynchronize"
 		sm := 0.25
 		g.Evidence.SMActivity, g.Evidence.BaselineNS = &sm, 5e6

@@ -59,6 +59,9 @@ type cudaThreadState struct {
 	Launches    uint64
 	Busy        uint32
 	GroupDepth  uint32
+	InitCommp   uint64
+	InitNranks  uint32
+	InitRank    int32
 }
 
 // Names of all BPF objects in the ELF.

@@ -510,6 +510,18 @@ func testSimtrain(t *testing.T, set ProbeSet) {
 			t.Errorf("exit of worker %d not seen", w)
 		}
 	}
+
+	// The communicator: created once (simtrain: rank 0 of 2 by default),
+	// the same handle the collectives carry.
+	inits := r.kind(event.KindCommInit, 0)
+	if len(inits) != 1 || inits[0].Count != 2 || inits[0].PeerRank != 0 || inits[0].Comm == 0 || inits[0].PID != main {
+		t.Fatalf("communicator creation: %+v", inits)
+	}
+	for _, ev := range r.kind(event.KindCollective, 0) {
+		if ev.Comm != inits[0].Comm {
+			t.Fatalf("collective on comm %#x, created %#x", ev.Comm, inits[0].Comm)
+		}
+	}
 }
 
 // filterAfter drops allocations made before the first truth record

@@ -25,6 +25,7 @@ func (t *Tracer) ourObjects() (progs []ebpf.ProgramID, links []link.ID) {
 	for _, p := range []*ebpf.Program{
 		t.cuda.CudaLaunch, t.cuda.CudaAsync, t.cuda.CudaBlockEnter, t.cuda.CudaBlockExit,
 		t.nccl.NcclColl, t.nccl.NcclGroupStart, t.nccl.NcclGroupEndEnter, t.nccl.NcclGroupEndExit,
+		t.nccl.NcclCommInitEnter, t.nccl.NcclCommInitExit,
 		t.sys.SysEnter, t.sys.SysExit,
 		t.sched.OnSchedSwitch, t.sched.OnSchedWaking, t.sched.OnSchedWakeupNew,
 		t.sched.OnSchedProcessFork, t.sched.OnSchedProcessExec, t.sched.OnSchedProcessExit,
@@ -124,7 +125,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 		return drainUntil(out, event.KindCollective) && drainUntil(out, event.KindSync)
 	})
 	progs, links := tr.ourObjects()
-	if len(progs) != 16 || len(links) == 0 {
+	if len(progs) != 18 || len(links) == 0 {
 		t.Fatalf("%d programs, %d links before Close", len(progs), len(links))
 	}
 	closeStart := time.Now()
@@ -189,7 +190,7 @@ func TestKilledTracerLeavesNothing(t *testing.T) {
 		}
 		t.Fatal(objs.Err)
 	}
-	if objs.Uprobes == 0 || len(objs.Progs) != 16 {
+	if objs.Uprobes == 0 || len(objs.Progs) != 18 {
 		t.Fatalf("helper attached %d uprobes, %d programs", objs.Uprobes, len(objs.Progs))
 	}
 	if err := helper.Process.Kill(); err != nil {

@@ -60,6 +60,9 @@ type ncclThreadState struct {
 	Launches    uint64
 	Busy        uint32
 	GroupDepth  uint32
+	InitCommp   uint64
+	InitNranks  uint32
+	InitRank    int32
 }
 
 // Names of all BPF objects in the ELF.
@@ -72,6 +75,8 @@ const (
 	ncclMapThreads            = "threads"
 	ncclMapTracedTgids        = "traced_tgids"
 	ncclProgNcclColl          = "nccl_coll"
+	ncclProgNcclCommInitEnter = "nccl_comm_init_enter"
+	ncclProgNcclCommInitExit  = "nccl_comm_init_exit"
 	ncclProgNcclGroupEndEnter = "nccl_group_end_enter"
 	ncclProgNcclGroupEndExit  = "nccl_group_end_exit"
 	ncclProgNcclGroupStart    = "nccl_group_start"
@@ -131,6 +136,8 @@ type ncclSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ncclProgramSpecs struct {
 	NcclColl          *ebpf.ProgramSpec `ebpf:"nccl_coll"`
+	NcclCommInitEnter *ebpf.ProgramSpec `ebpf:"nccl_comm_init_enter"`
+	NcclCommInitExit  *ebpf.ProgramSpec `ebpf:"nccl_comm_init_exit"`
 	NcclGroupEndEnter *ebpf.ProgramSpec `ebpf:"nccl_group_end_enter"`
 	NcclGroupEndExit  *ebpf.ProgramSpec `ebpf:"nccl_group_end_exit"`
 	NcclGroupStart    *ebpf.ProgramSpec `ebpf:"nccl_group_start"`
@@ -223,6 +230,8 @@ type ncclVariables struct {
 // It can be passed to loadNcclObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ncclPrograms struct {
 	NcclColl          *ebpf.Program `ebpf:"nccl_coll"`
+	NcclCommInitEnter *ebpf.Program `ebpf:"nccl_comm_init_enter"`
+	NcclCommInitExit  *ebpf.Program `ebpf:"nccl_comm_init_exit"`
 	NcclGroupEndEnter *ebpf.Program `ebpf:"nccl_group_end_enter"`
 	NcclGroupEndExit  *ebpf.Program `ebpf:"nccl_group_end_exit"`
 	NcclGroupStart    *ebpf.Program `ebpf:"nccl_group_start"`
@@ -231,6 +240,8 @@ type ncclPrograms struct {
 func (p *ncclPrograms) Close() error {
 	return _NcclClose(
 		p.NcclColl,
+		p.NcclCommInitEnter,
+		p.NcclCommInitExit,
 		p.NcclGroupEndEnter,
 		p.NcclGroupEndExit,
 		p.NcclGroupStart,

@@ -62,6 +62,10 @@ type probeSpec struct {
 	launch  bool // a per-launch probe: left out of ProbesLite
 }
 
+func commInitSpec(name string) probeSpec {
+	return probeSpec{lib: libNCCL, name: name, symbols: []string{name, "p" + name}, entry: "nccl_comm_init_enter", ret: "nccl_comm_init_exit"}
+}
+
 func cudaSpec(name string, symbols []string, entry, ret string, ck uint64, launch bool) probeSpec {
 	return probeSpec{lib: libCUDA, name: name, symbols: symbols, entry: entry, ret: ret, cookie: ck, launch: launch}
 }
@@ -123,6 +127,9 @@ var allProbes = []probeSpec{
 	ncclSpec("ncclReduce", event.NCCLReduce),
 	ncclSpec("ncclSend", event.NCCLSend),
 	ncclSpec("ncclRecv", event.NCCLRecv),
+	commInitSpec("ncclCommInitRank"),
+	commInitSpec("ncclCommInitRankConfig"),
+	commInitSpec("ncclCommInitRankScalable"),
 	{lib: libNCCL, name: "ncclGroupStart", symbols: []string{"ncclGroupStart", "pncclGroupStart"}, entry: "nccl_group_start"},
 	{lib: libNCCL, name: "ncclGroupEnd", symbols: []string{"ncclGroupEnd", "pncclGroupEnd"}, entry: "nccl_group_end_enter", ret: "nccl_group_end_exit"},
 }

@@ -70,6 +70,9 @@ type schedThreadState struct {
 	Launches    uint64
 	Busy        uint32
 	GroupDepth  uint32
+	InitCommp   uint64
+	InitNranks  uint32
+	InitRank    int32
 }
 
 // Names of all BPF objects in the ELF.

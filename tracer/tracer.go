@@ -693,6 +693,10 @@ func (t *Tracer) program(name string) *ebpf.Program {
 		return t.nccl.NcclGroupEndEnter
 	case "nccl_group_end_exit":
 		return t.nccl.NcclGroupEndExit
+	case "nccl_comm_init_enter":
+		return t.nccl.NcclCommInitEnter
+	case "nccl_comm_init_exit":
+		return t.nccl.NcclCommInitExit
 	}
 	panic("tracer: unknown program " + name)
 }

@@ -178,6 +178,45 @@ API ncclResult_t pncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId co
 }
 ALIAS(ncclCommInitRank);
 
+/* The config variants PyTorch uses; the configuration itself (blocking,
+ * CTAs, ...) means nothing to the simulation. Separate bodies, not calls,
+ * so that one API call hits one probe. */
+API ncclResult_t pncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+					 ncclConfig_t *config)
+{
+	(void)config;
+	if (comm == NULL || nranks < 1 || rank < 0 || rank >= nranks)
+		return ncclInvalidArgument;
+	struct ncclComm *c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return ncclSystemError;
+	c->magic = COMM_MAGIC;
+	c->nranks = nranks;
+	c->rank = rank;
+	c->id = commId;
+	*comm = c;
+	return ncclSuccess;
+}
+ALIAS(ncclCommInitRankConfig);
+
+API ncclResult_t pncclCommInitRankScalable(ncclComm_t *comm, int nranks, int rank, int nId, ncclUniqueId *commIds,
+					   ncclConfig_t *config)
+{
+	(void)config;
+	if (comm == NULL || nranks < 1 || rank < 0 || rank >= nranks || nId < 1 || commIds == NULL)
+		return ncclInvalidArgument;
+	struct ncclComm *c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return ncclSystemError;
+	c->magic = COMM_MAGIC;
+	c->nranks = nranks;
+	c->rank = rank;
+	c->id = commIds[0];
+	*comm = c;
+	return ncclSuccess;
+}
+ALIAS(ncclCommInitRankScalable);
+
 API ncclResult_t pncclCommDestroy(ncclComm_t comm)
 {
 	if (comm == NULL || comm->magic != COMM_MAGIC)

@@ -58,7 +58,7 @@ def main():
         if g["cause"] == "comm":
             n_comm += 1
             col = (g.get("evidence") or {}).get("collective") or {}
-            if col.get("late_rank") is not None or col.get("peer_rank") not in (None, -1) or col.get("peers"):
+            if col.get("waiting_on_ranks"):
                 with_peer += 1
     tot = sum(covered.values())
     res = {"slow_ms": slow_ns / 1e6, "reported_ms": tot / 1e6,

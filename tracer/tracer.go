@@ -370,6 +370,18 @@ func (t *Tracer) attachTracepoints() error {
 	return nil
 }
 
+// noteMissing records what in Stats.Missing; false when already known.
+func (t *Tracer) noteMissing(what string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.missingSeen[what] {
+		return false
+	}
+	t.missingSeen[what] = true
+	t.missing = append(t.missing, what)
+	return true
+}
+
 func (t *Tracer) warnMissing(what string, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -585,8 +597,16 @@ func (t *Tracer) attachLibrary(pid uint32, path string, lib library) *libAttach 
 		t.warnMissing(fmt.Sprintf("%s %s", lib, path), err)
 		return la
 	}
+	// Optional entry points come and go between driver versions: one
+	// line per library, not one warning per symbol.
+	var fresh []string
 	for _, m := range missing {
-		t.warnMissing(fmt.Sprintf("%s %s: symbol %s", lib, path, m), nil)
+		if t.noteMissing(fmt.Sprintf("%s %s: symbol %s", lib, path, m)) {
+			fresh = append(fresh, m)
+		}
+	}
+	if len(fresh) > 0 {
+		t.log.Info("symbols absent from the library, not probed", "library", path, "count", len(fresh), "symbols", strings.Join(fresh, ","))
 	}
 	ex, err := link.OpenExecutable(file)
 	if err != nil {

@@ -191,9 +191,11 @@ type job struct {
 	mu    sync.Mutex
 	lines []string // gaptrace's log so far
 
-	// scoredUntil (Unix ns) ends the scored steps: the end of the last of
-	// them, set by driveTrainer.
-	scoredUntil int64
+	// The scored steps start after scoredFrom (Unix ns): when gaptrace had
+	// attached its probes (attached) and found the trainer's step period.
+	// scoredUntil is the end of the last of them. Set by driveTrainer.
+	attached, scoredFrom, scoredUntil int64
+	noPeriod                          bool
 }
 
 func (j *job) id() string { return j.sc.name + "/" + j.probes }
@@ -314,10 +316,23 @@ func (j *job) driveTrainer(deadline time.Time) error {
 				return err
 			}
 		}
+		if j.scoredFrom == 0 {
+			found, ok := periodTime(j.logLines(), tr.PID)
+			switch {
+			case ok:
+				j.attached, j.scoredFrom = attached, max(attached, found)
+			case time.Now().UnixNano() > attached+int64(periodWait):
+				// No step structure: gaptrace falls back to fixed windows,
+				// and that is scored from the attach on.
+				j.attached, j.scoredFrom, j.noPeriod = attached, attached, true
+			default:
+				continue
+			}
+		}
 		if j.scoredUntil == 0 {
 			n := 0
 			for _, st := range tr.Steps {
-				if st.Start >= attached {
+				if st.Start >= j.scoredFrom {
 					if n++; n > j.sc.steps {
 						j.scoredUntil = st.End
 						break
@@ -330,6 +345,9 @@ func (j *job) driveTrainer(deadline time.Time) error {
 		}
 	}
 }
+
+// periodWait bounds the wait for gaptrace's step period after the attach.
+const periodWait = 3 * time.Second
 
 // coolDown is how long the trainer keeps running after the scored steps:
 // the GPU windows that cover the last scored steps must not reach past the
@@ -398,14 +416,17 @@ type row struct {
 	Probes   string  `json:"probes"`
 	Dir      string  `json:"dir"`
 	WallS    float64 `json:"wall_s"`
-	// ScoredSteps ran after gaptrace had attached its probes; the
-	// WarmupSteps before (and the first after), and those of the final
-	// cool-down, are not scored.
-	ScoredSteps int             `json:"scored_steps"`
-	WarmupSteps int             `json:"warmup_steps"`
-	Result      *Result         `json:"result"`
-	StepIdle    *StepIdleResult `json:"step_idle,omitempty"`
-	Misses      []string        `json:"misses,omitempty"`
+	// ScoredSteps ran after gaptrace had attached its probes and found the
+	// step period (WarmupMS after the attach); the SkippedSteps before
+	// (and the first after), and those of the final cool-down, are not
+	// scored.
+	ScoredSteps  int             `json:"scored_steps"`
+	SkippedSteps int             `json:"skipped_steps"`
+	WarmupMS     float64         `json:"warmup_ms"`
+	Notes        []string        `json:"notes,omitempty"`
+	Result       *Result         `json:"result"`
+	StepIdle     *StepIdleResult `json:"step_idle,omitempty"`
+	Misses       []string        `json:"misses,omitempty"`
 }
 
 // TestAccuracy runs every scenario under both probe sets with the real
@@ -529,17 +550,20 @@ func score(t *testing.T, j *job) *row {
 		miss("truth is incomplete (%d steps, end record %v)", len(tr.Steps), tr.Ended)
 		return r
 	}
-	attached, libs := attachTime(j.logLines(), tr.PID)
-	if libs == 0 {
+	if j.scoredFrom == 0 {
 		miss("gaptrace never attached uprobes to the trainer (pid %d)", tr.PID)
 		return r
 	}
+	r.WarmupMS = ms(j.scoredFrom - j.attached)
+	if j.noPeriod {
+		r.Notes = append(r.Notes, fmt.Sprintf("no step period within %v of the attach: scored from the attach", periodWait))
+	}
 	ran := len(tr.Steps)
-	tr.TracedFrom(attached)
+	tr.TracedFrom(j.scoredFrom)
 	tr.Until(j.scoredUntil)
 	r.ScoredSteps = len(tr.Steps)
 	if len(tr.Steps) > 0 {
-		r.WarmupSteps = int(tr.Steps[0].Number) - 1
+		r.SkippedSteps = int(tr.Steps[0].Number) - 1
 	}
 	if len(tr.Steps) < j.sc.steps {
 		miss("only %d of the trainer's %d steps are scored (after the probes attached, before the cool-down), want %d",
@@ -612,6 +636,25 @@ func score(t *testing.T, j *job) *row {
 
 // attachRE matches the tracer's log line for attached uprobes.
 var attachRE = regexp.MustCompile(`^time=(\S+) .*msg="uprobes attached" .*library=(\S+) pid=(\d+) `)
+
+// periodRE matches the engine's log line for a trainer's step period.
+var periodRE = regexp.MustCompile(`^time=(\S+) .*msg="step period found" .*pid=(\d+) `)
+
+// periodTime is when gaptrace logged the step period of pid, if it did.
+// The log is written after the engine's emission delay, so this is a little
+// later than the steps that revealed the period.
+func periodTime(lines []string, pid int) (int64, bool) {
+	for _, line := range lines {
+		m := periodRE.FindStringSubmatch(line)
+		if m == nil || m[2] != fmt.Sprint(pid) {
+			continue
+		}
+		if ts, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+			return ts.Add(time.Millisecond).UnixNano(), true
+		}
+	}
+	return 0, false
+}
 
 // attachTime is when the last uprobes for pid were attached, from
 // gaptrace's log (millisecond timestamps, so rounded up), and for how many
@@ -687,8 +730,8 @@ func formatTable(rows []*row) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\ngaptrace accuracy on simtrain (targets: recall/precision ≥ %.2f for gaps ≥ 1 ms, attribution ≥ %.2f per cause, launch-bound per-step idle within %.0f%%)\n",
 		minRecall, minAccuracy, 100*maxStepIdleErr)
-	fmt.Fprintf(&b, "%-15s %-5s %5s %9s %9s %7s %7s %6s %6s %13s  %s\n",
-		"scenario", "probe", "steps", "idle ms", "gap≥1ms", "recall", "prec", "stallR", "stallP", "bound p50/p90", "cause accuracy (coverage); per-step idle error")
+	fmt.Fprintf(&b, "%-15s %-5s %5s %6s %9s %9s %7s %7s %6s %6s %13s  %s\n",
+		"scenario", "probe", "steps", "warmup", "idle ms", "gap≥1ms", "recall", "prec", "stallR", "stallP", "bound p50/p90", "cause accuracy (coverage); per-step idle error")
 	for _, r := range rows {
 		if r.Result == nil {
 			fmt.Fprintf(&b, "%-15s %-5s  FAILED: %s\n", r.Scenario, r.Probes, strings.Join(r.Misses, "; "))
@@ -709,15 +752,18 @@ func formatTable(rows []*row) string {
 		if len(r.Misses) > 0 {
 			mark = "  MISS"
 		}
-		fmt.Fprintf(&b, "%-15s %-5s %5d %9.1f %9.1f %7s %7s %6s %6s %6.2f/%-6.2f  %s%s\n",
-			r.Scenario, r.Probes, r.ScoredSteps, ms(res.TrueIdleNS), ms(res.TrueGapNS), pct(res.Recall), pct(res.Precision),
+		fmt.Fprintf(&b, "%-15s %-5s %5d %6.0f %9.1f %9.1f %7s %7s %6s %6s %6.2f/%-6.2f  %s%s\n",
+			r.Scenario, r.Probes, r.ScoredSteps, r.WarmupMS, ms(res.TrueIdleNS), ms(res.TrueGapNS), pct(res.Recall), pct(res.Precision),
 			pct(res.StallRecall), pct(res.StallPrecision), ms(res.BoundaryP50NS), ms(res.BoundaryP90NS),
 			strings.Join(causes, ", "), mark)
 	}
-	fmt.Fprintf(&b, "(steps: scored, those that started after the probes attached less one; idle ms: true GPU idle over them; gap≥1ms: of it in gaps ≥ 1 ms; stallR/P: comm stalls vs gaps of kind stall; bound: gap boundary error, ms; 'other' is not injectable)\n")
+	fmt.Fprintf(&b, "(steps: scored, those that started once the probes were attached and gaptrace had found the step period (warmup: ms between the two), less one; idle ms: true GPU idle over them; gap≥1ms: of it in gaps ≥ 1 ms; stallR/P: comm stalls vs gaps of kind stall; bound: gap boundary error, ms; 'other' is not injectable)\n")
 	misses := 0
 	for _, r := range rows {
 		misses += len(r.Misses)
+		for _, n := range r.Notes {
+			fmt.Fprintf(&b, "note %s/%s: %s\n", r.Scenario, r.Probes, n)
+		}
 	}
 	if misses > 0 {
 		fmt.Fprintf(&b, "%d targets missed:\n", misses)

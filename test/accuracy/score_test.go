@@ -366,3 +366,16 @@ func TestUntil(t *testing.T) {
 		t.Error("Until(0) must keep everything")
 	}
 }
+
+func TestPeriodTime(t *testing.T) {
+	lines := []string{
+		`time=2026-11-30T12:00:00.500Z level=DEBUG msg="step period found" component=correlate pid=43 syncs_per_step=1`,
+		`time=2026-11-30T12:00:00.700Z level=DEBUG msg="step period found" component=correlate pid=42 syncs_per_step=3`,
+	}
+	if at, ok := periodTime(lines, 42); !ok || at != 1796040000701000000 {
+		t.Errorf("period of pid 42 at %d (%v), want 12:00:00.701", at, ok)
+	}
+	if _, ok := periodTime(lines, 7); ok {
+		t.Error("pid 7 has no period")
+	}
+}

@@ -83,6 +83,10 @@ const (
 	// smComputeRef: the SM activity taken for pure compute when a wait's
 	// compute share must be estimated from GPM alone.
 	smComputeRef = 0.8
+	// spinMin: the share of a window that must be busy without SM activity
+	// before a wait with no baseline is called a comm stall: most of the
+	// time, so that neighbouring stalls and idle cannot add up to one.
+	spinMin = 0.5
 )
 
 // Validate reports every problem with c at once.

@@ -497,12 +497,20 @@ func (p *proc) resolvePending(force bool) {
 					continue
 				}
 				if s.gpmOnly {
-					// The wait held compute and spinning: SM activity relative to
-					// the device's recent compute peak is the compute share.
-					// Compute kernels keep GPM SM activity at 0.7-0.95 on an H200;
-					// 0.8 stands in until the device shows a higher peak.
+					// Utilization counts a spinning collective as busy, GPM SM
+					// activity barely does; an idle GPU lowers both. So over
+					// the wait's windows, busy − compute is the spin, and its
+					// share of the busy time is the share of the wait spent on
+					// the peer. Compute kernels keep SM activity at 0.7-0.95 on
+					// an H200: 0.8 stands in until the device shows a higher peak.
+					busy := d.busyFraction(s.gap.Start, s.gap.End)
 					ref := max(d.smPeak, 2*sm, smComputeRef)
-					excess := int64(float64(s.gap.Duration) * (1 - sm/ref))
+					spin := busy - sm/ref
+					if busy <= 0 || spin < spinMin {
+						e.rejected++
+						continue
+					}
+					excess := int64(float64(s.gap.Duration) * min(1, spin/busy))
 					if excess < e.minGap {
 						e.rejected++
 						continue

@@ -218,6 +218,25 @@ func (d *device) coverEnd(t int64) int64 {
 	return 0
 }
 
+// busyFraction is the overlap-weighted mean NVML utilization (kernel
+// running, spinning collectives included) over [a,b), -1 when the device
+// sends no NVML samples.
+func (d *device) busyFraction(a, b int64) float64 {
+	if !d.nvml {
+		return -1
+	}
+	var sum, n float64
+	for _, w := range d.overlapping(a, b) {
+		o := float64(min(b, w.End) - max(a, w.Start))
+		sum += (1 - w.IdleFraction) * o
+		n += o
+	}
+	if n == 0 {
+		return -1
+	}
+	return sum / n
+}
+
 // smActivity is the mean GPM SM activity over [a,b), -1 when unknown.
 func (d *device) smActivity(a, b int64) float64 {
 	var sum, n float64

@@ -25,8 +25,10 @@ type Config struct {
 	// shorter than the truth by it), cannot see gaps that no blocking
 	// activity explains (they stay micro idle), and overstates a gap when
 	// the blocking activity came after launches resumed (launches are
-	// invisible). CPU-ahead stalls are not looked for in lite: without
-	// enqueues the host cannot bound them.
+	// invisible). CPU-ahead stalls are found in lite only where a copy or a
+	// collective was seen before the blocking activity (launches after the
+	// last sync are invisible, so otherwise the queue looks empty) and the
+	// next sync returned at once.
 	Probes string
 	// MinGap: shorter gaps are micro-gaps, accounted per step, not emitted.
 	MinGap time.Duration

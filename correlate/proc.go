@@ -314,7 +314,7 @@ func (p *proc) onSyncCopy(th *thread, ev *event.Event) {
 // onBlocking notes a feeder that blocked while its queue held work: the
 // start of a possible CPU-ahead stall.
 func (p *proc) onBlocking(th *thread, ev *event.Event) {
-	if p.e.lite || !p.everEnq || !p.feeders.has(th.tid) {
+	if !p.everEnq || !p.feeders.has(th.tid) {
 		return
 	}
 	if p.gap != nil || p.allDrained() || ev.Duration() < p.e.minGap || ev.Start < p.lastEnq {

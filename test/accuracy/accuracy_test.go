@@ -387,6 +387,42 @@ func raisePriority(pgid int) error {
 	return nil
 }
 
+// lockWait bounds the wait for another suite of the same checkout.
+const lockWait = 15 * time.Minute
+
+// lockSuite takes an exclusive flock on path, polling until wait has passed.
+func lockSuite(t *testing.T, path string, wait time.Duration) (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(wait)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for logged := false; ; {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if !logged {
+			t.Logf("another accuracy suite runs in this checkout; waiting for %s", path)
+			logged = true
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: another accuracy suite held it for %v", path, wait)
+		}
+		<-tick.C
+	}
+}
+
 func copyFile(src, dst string) error {
 	b, err := os.ReadFile(src)
 	if err != nil {
@@ -449,6 +485,13 @@ func TestAccuracy(t *testing.T) {
 	}
 	outDir := filepath.Join(s.root, accuracyOutRoot)
 	runsDir := filepath.Join(outDir, "runs")
+	// One suite at a time per checkout: runs share out/accuracy, and two
+	// suites at once would also measure each other's load.
+	unlock, err := lockSuite(t, filepath.Join(outDir, ".lock"), lockWait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
 	dataDir := filepath.Join(t.TempDir(), "data") // shared: the 64 MiB data file is written once
 
 	var jobs []*job

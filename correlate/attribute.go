@@ -52,6 +52,9 @@ type attribution struct {
 	// autograd worker parked on its queue while the main thread launches)
 	// explain no idle and are left out.
 	micro bool
+	// written: file paths the thread wrote or synced in the interval
+	// (a slow open of one of them is part of writing it).
+	written map[string]bool
 }
 
 func (e *Engine) newAttribution() *attribution {
@@ -76,6 +79,15 @@ const absorbNS = int64(100 * time.Microsecond)
 // thread adds what th did over [a,b) outside mask.
 func (at *attribution) thread(th *thread, a, b int64, mask []span) {
 	segs := th.segments(a, b, mask)
+	for _, s := range segs {
+		if ev := s.ev; ev != nil && ev.Kind == event.KindSyscall && ev.Path != "" &&
+			(ev.Syscall == event.SysWrite || ev.Syscall == event.SysFsync) {
+			if at.written == nil {
+				at.written = map[string]bool{}
+			}
+			at.written[ev.Path] = true
+		}
+	}
 	for i, s := range segs {
 		if s.ev == nil && s.b-s.a <= absorbNS && i > 0 && i+1 < len(segs) &&
 			segs[i-1].ev != nil && segs[i+1].ev != nil && segs[i-1].b == s.a && segs[i+1].a == s.b {
@@ -148,6 +160,14 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		}
 	}
 	c := baseCause(ev)
+	if c == CauseOther && ev.Kind == event.KindSyscall && ev.Syscall == event.SysOpen && isFile(ev) {
+		// A slow open is part of the file work that follows it: truncating
+		// a checkpoint before rewriting it, a cold lookup before a read.
+		c = CauseIORead
+		if at.written[ev.Path] {
+			c = CauseIOWrite
+		}
+	}
 	at.byCause[c] += ns
 	at.note(th, ev, ns)
 	switch c {
@@ -160,6 +180,8 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 			op = "write"
 		case ev.Syscall == event.SysFsync:
 			op = "fsync"
+		case ev.Syscall == event.SysOpen:
+			op = "open"
 		}
 		k := fileKey{ev.Path, op}
 		f := at.files[k]
@@ -218,6 +240,8 @@ func (at *attribution) note(th *thread, ev *event.Event, ns int64) {
 			op = "write"
 		case ev.Syscall == event.SysFsync:
 			op = "fsync"
+		case ev.Syscall == event.SysOpen:
+			op = "open"
 		}
 		k := fileKey{ev.Path, op}
 		f := at.files[k]

@@ -61,6 +61,28 @@ func stallCases() []stallCase {
 				t.Errorf("files evidence = %+v", g.Evidence.Files)
 			}
 		}},
+		{"io.write with a slow truncating open", CauseIOWrite, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysOpen, Name: "openat", FDKind: event.FDFile,
+				Path: "/ckpt/last.pt"}, stallNS/4)
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysWrite, Name: "write", FDKind: event.FDFile,
+				Path: "/ckpt/last.pt", Ret: 64 << 20}, stallNS/4)
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFsync, Name: "fsync", FDKind: event.FDFile,
+				Path: "/ckpt/last.pt"}, stallNS/2)
+		}, func(t *testing.T, g Gap) {
+			if g.Breakdown[CauseOther] != 0 || g.Breakdown[CauseIOWrite] < stallNS*9/10 {
+				t.Errorf("breakdown = %v: the open belongs to the checkpoint write", g.Breakdown)
+			}
+		}},
+		{"io.read after a slow open", CauseIORead, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysOpen, Name: "openat", FDKind: event.FDFile,
+				Path: "/data/shard-0008.bin"}, stallNS/2)
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "read", FDKind: event.FDFile,
+				Path: "/data/shard-0008.bin", Ret: 1 << 20}, stallNS/2)
+		}, func(t *testing.T, g Gap) {
+			if g.Breakdown[CauseOther] != 0 || g.Breakdown[CauseIORead] < stallNS*9/10 {
+				t.Errorf("breakdown = %v: the open belongs to the read", g.Breakdown)
+			}
+		}},
 		{"net", CauseNet, func(s *gpuSim) {
 			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysNet, Name: "sendto", FDKind: event.FDSocket,
 				PeerAddr: "127.0.0.1:8080", PeerPID: 300, Ret: 1200}, stallNS)

@@ -64,6 +64,10 @@ func TestMain(m *testing.M) {
 				setupErr = fmt.Errorf("build simulated GPU: %v\n%s", err, out)
 			}
 		}
+		// Absolute: the binary runs in a scratch directory so that its
+		// default outputs (gaptrace-spans.jsonl) never land in the tree.
+		gaptraceBin, _ = filepath.Abs(gaptraceBin)
+		simgpuDir, _ = filepath.Abs(simgpuDir)
 		return m.Run()
 	}()
 	os.Exit(code)
@@ -205,6 +209,7 @@ func start(t *testing.T, environ []string, args ...string) *gtProc {
 	t.Helper()
 	p := &gtProc{stdout: &lockedBuf{}, stderr: &lockedBuf{}, done: make(chan struct{})}
 	p.cmd = exec.Command(gaptraceBin, args...)
+	p.cmd.Dir = t.TempDir()
 	p.cmd.Env = environ
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	// Its own process group, like a job started by a shell, so signals
@@ -549,6 +554,7 @@ func TestTerminalCtrlC(t *testing.T) {
 	defer master.Close()
 	cmd := exec.Command(gaptraceBin, append([]string{"run", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"), "--"},
 		simtrain("--steps", "100000", "--quiet")...)...)
+	cmd.Dir = t.TempDir()
 	cmd.Env = env(t)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	// A new session with the pty as its controlling terminal: gaptrace's

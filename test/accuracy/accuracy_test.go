@@ -200,6 +200,14 @@ type job struct {
 
 func (j *job) id() string { return j.sc.name + "/" + j.probes }
 
+// kill ends the run's process group (gaptrace, the trainer and its
+// children), which start made for it.
+func (j *job) kill() {
+	if j.cmd != nil && j.cmd.Process != nil {
+		syscall.Kill(-j.cmd.Process.Pid, syscall.SIGKILL)
+	}
+}
+
 func (j *job) logLines() []string {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -268,7 +276,7 @@ func (s setup) start(j *job, dataDir string) (<-chan struct{}, error) {
 	// trainer, so the trainer inherits this; driveTrainer repeats it for
 	// the process group once the trainer runs, in case it did not.
 	if err := raisePriority(j.cmd.Process.Pid); err != nil {
-		j.cmd.Process.Kill()
+		j.kill()
 		return nil, err
 	}
 	go func() {
@@ -361,7 +369,7 @@ func (j *job) wait(deadline time.Time) error {
 	select {
 	case <-j.done:
 	case <-time.After(time.Until(deadline)):
-		j.cmd.Process.Kill()
+		j.kill()
 		<-j.done
 		j.err = fmt.Errorf("killed at the suite's deadline: %w", j.err)
 	}
@@ -513,7 +521,7 @@ func TestAccuracy(t *testing.T) {
 				select {
 				case <-j.done:
 				default:
-					j.cmd.Process.Kill()
+					j.kill()
 					<-j.done
 				}
 			}
@@ -531,7 +539,7 @@ func TestAccuracy(t *testing.T) {
 		}
 		if err := j.driveTrainer(time.Now().Add(runDeadline)); err != nil {
 			j.err = err
-			j.cmd.Process.Kill()
+			j.kill()
 		}
 		select {
 		case <-detached:

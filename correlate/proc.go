@@ -492,7 +492,14 @@ func (p *proc) resolvePending(force bool) {
 		for _, s := range p.stalls {
 			if force || d.gpmEnd == 0 || d.gpmEnd >= s.gap.End || e.now >= s.gap.End+holdMax {
 				sm := d.smActivity(s.gap.Start, s.gap.End)
-				if sm > smStallMax || (s.gpmOnly && sm < 0) {
+				// With a baseline, the wait's excess is already set apart from
+				// the compute: reject it only when the GPU must have computed
+				// during it, whatever the window's compute around it.
+				reject := sm > smStallMax
+				if !s.gpmOnly {
+					reject = d.smActivityMin(s.gap.Start, s.gap.End) > smStallMax
+				}
+				if reject || (s.gpmOnly && sm < 0) {
 					e.rejected++
 					continue
 				}

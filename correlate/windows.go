@@ -237,6 +237,31 @@ func (d *device) busyFraction(a, b int64) float64 {
 	return sum / n
 }
 
+// smActivityMin is the least mean GPM SM activity [a,b) can have had, -1
+// when unknown: each window's SM-busy time is placed outside [a,b) as far
+// as the rest of the window can hold it. A GPM window (~100 ms) is longer
+// than most waits, so its mean mixes the wait with the compute around it:
+// a 30 ms late-peer wait in a window with 65 ms of kernels reads 0.66 on
+// average although the GPU computed nothing during the wait.
+func (d *device) smActivityMin(a, b int64) float64 {
+	var sum, n float64
+	i := sort.Search(len(d.gpm), func(i int) bool { return d.gpm[i].End > a })
+	for ; i < len(d.gpm) && d.gpm[i].Start < b; i++ {
+		w := d.gpm[i]
+		wl := float64(w.End - w.Start)
+		o := float64(min(b, w.End) - max(a, w.Start))
+		if wl <= 0 || o <= 0 {
+			continue
+		}
+		sum += max(w.SMActivity*wl-(wl-o), 0)
+		n += o
+	}
+	if n == 0 {
+		return -1
+	}
+	return sum / n
+}
+
 // smActivity is the mean GPM SM activity over [a,b), -1 when unknown.
 func (d *device) smActivity(a, b int64) float64 {
 	var sum, n float64

@@ -59,13 +59,16 @@
 // every feeder considered.
 //
 // Idle the host cannot bound comes from the GPU windows:
-//   - CPU ahead without a sync: a feeder blocked for at least MinGap while
-//     its queue still held work. The host bounds [blocking start, next
-//     enqueue or non-waiting sync]; the windows give how much of it was idle,
-//     placed at the end of the interval because the queue drains first
-//     (Evidence.Source "host+gpu"). The windows' idle outside the interval is
-//     discounted at the device's recent micro-idle density. Not in lite,
-//     where launches are invisible.
+//   - CPU ahead without a sync: a feeder blocked for at least MinGap in all
+//     (a read loop's calls each take less) while its queue still held work.
+//     The host bounds [blocking start, next enqueue or a sync that found the
+//     queue empty or waited less than MinGap]. Where recent syncs waited,
+//     the queue ran dry the usual drain time (sync return - last enqueue)
+//     after the last enqueue, and the idle is from there on, capped by the
+//     windows' idle; otherwise the windows give how much of it was idle,
+//     placed at the end of the interval because the queue drains first, and
+//     their idle outside the interval is discounted at the device's recent
+//     micro-idle density (Evidence.Source "host+gpu").
 //   - Micro-gaps: per step, window idle minus the gaps already bounded.
 //     Within a window, the busy time not already known (sync waits are
 //     busy) is split over the remaining time in proportion to the launches

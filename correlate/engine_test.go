@@ -506,6 +506,67 @@ func TestCPUAheadWithoutSync(t *testing.T) {
 	checkTotals(t, c, sum)
 }
 
+// TestCPUAheadReadLoop: after enqueueing 30 ms of work the feeder reads a
+// file in 0.45 ms calls for 60 ms. No call reaches MinGap; their blocking
+// adds up. The queue drains as long after the last enqueue as in the steps
+// before, which places the idle to the host's precision, not a window's.
+// What ends it: the next launch, a sync that finds the queue empty, or one
+// that takes a few hundred µs on a loaded host although the queue is empty.
+func TestCPUAheadReadLoop(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		end   func(s *gpuSim)
+		endAt int64 // after the reads
+	}{
+		{"next launch", func(s *gpuSim) {}, 5 * us},
+		{"sync finds the queue empty", func(s *gpuSim) { s.sync() }, 0},
+		{"slow sync finds the queue empty", func(s *gpuSim) {
+			s.sync()
+			s.evs[len(s.evs)-1].End += 290 * us
+			s.t += 290 * us
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim()
+			for i := 0; i < 16; i++ {
+				s.launches(10, 3*ms, 50*us)
+				s.sync()
+			}
+			s.launches(10, 3*ms, 50*us)
+			rAt := s.t
+			for i := 0; i < 120; i++ {
+				s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "pread64", FDKind: event.FDFile, Path: "/data/shard-0"}, 450*us)
+				s.t += 50 * us
+			}
+			rEnd := s.t
+			tc.end(s)
+			for i := 0; i < 9; i++ {
+				s.launches(10, 3*ms, 50*us)
+				s.sync()
+			}
+			truth := s.idle(rAt, rEnd+tc.endAt)
+			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+			c := &collect{}
+			e := newEngine(c, nil)
+			sum := feed(e, c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+			var got []Gap
+			for _, g := range c.gaps {
+				if g.Evidence.Source == "host+gpu" {
+					got = append(got, g)
+				}
+			}
+			if len(got) != 1 {
+				t.Fatalf("host+gpu gaps = %+v (all %d)", got, len(c.gaps))
+			}
+			g := got[0]
+			if !near(g.Duration, truth, 300*us) || !near(g.End, rEnd+tc.endAt, 10*us) || g.Cause != CauseIORead {
+				t.Errorf("gap %s %d..%d (%d), truth %d ending %d", g.Cause, g.Start-t0, g.End-t0, g.Duration, truth, rEnd+tc.endAt-t0)
+			}
+			checkTotals(t, c, sum)
+		})
+	}
+}
+
 func TestSeveralStreams(t *testing.T) {
 	t.Run("side stream work before the main stream's last work is consumed", func(t *testing.T) {
 		s, at := trainer(func(s *gpuSim) {

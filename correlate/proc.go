@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -26,6 +27,10 @@ type openGap struct {
 type aheadCand struct {
 	tid    uint32
 	lo, hi int64
+	// drain is when the queue most likely ran dry: the last enqueue plus
+	// the usual time a waiting sync took to see the queue drain after the
+	// last enqueue. 0 when too few syncs waited yet.
+	drain int64
 }
 
 // stallCand is a comm stall waiting for GPM windows to confirm it.
@@ -59,6 +64,18 @@ type waitRing struct {
 }
 
 func (r *waitRing) push(x int64) { r.v[r.n%len(r.v)] = x; r.n++ }
+
+// recentMedian is the median of the last k values pushed (fewer when fewer
+// were): the latest steps say best what this step's work looks like.
+func (r *waitRing) recentMedian(k int) int64 {
+	k = min(k, r.n, len(r.v))
+	v := make([]int64, 0, k)
+	for i := 1; i <= k; i++ {
+		v = append(v, r.v[(r.n-i)%len(r.v)])
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
+}
 func (r *waitRing) min() int64 {
 	k := r.n
 	if k > len(r.v) {
@@ -112,9 +129,14 @@ type proc struct {
 
 	aheadStart int64
 	aheadTID   uint32
-	cands      []aheadCand
-	stalls     []stallCand
-	held       []Gap
+	// aheadBlocked is how long the feeder was blocked since aheadStart.
+	aheadBlocked int64
+	// drains holds, for recent syncs that waited, the time from the last
+	// enqueue to the drain: how long the queued work of a step runs.
+	drains waitRing
+	cands  []aheadCand
+	stalls []stallCand
+	held   []Gap
 
 	launches, copies, colls uint64
 	launchRec               []tcount // flushed launch counts, by time
@@ -189,12 +211,7 @@ func (p *proc) onEnqueue(th *thread, ev *event.Event) {
 	if p.gap != nil {
 		p.closeGap(th, t)
 	}
-	if p.aheadStart != 0 {
-		if t > p.aheadStart {
-			p.cands = append(p.cands, aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: t})
-		}
-		p.aheadStart = 0
-	}
+	p.endAhead(t, true, false)
 	s := p.stream(ev.Stream)
 	if s.pending == 0 {
 		s.pending = t
@@ -269,15 +286,22 @@ func (p *proc) onSync(th *thread, ev *event.Event) {
 		p.checkStall(th, ev, coll)
 		d := p.device()
 		d.busy = addSpan(d.busy, span{ev.Start, ev.End})
-	}
-	if p.aheadStart != 0 {
-		// A sync that returned at once found the queue empty: the GPU idled
-		// somewhere in [blocking start, sync start]. One that waited proves
-		// the GPU was busy all along.
-		if !waited && p.aheadStart < ev.Start {
-			p.cands = append(p.cands, aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: ev.Start})
+		if p.lastEnq > 0 && p.lastEnq <= ev.Start {
+			p.drains.push(ev.End - p.lastEnq)
 		}
-		p.aheadStart = 0
+	}
+	// A sync that returned at once found the queue empty: the GPU idled
+	// somewhere in [blocking start, sync start]. One that waited long proves
+	// the GPU was busy all along; a short wait can be the call's own cost on
+	// a loaded host, and the usual drain time then says where the queue ran
+	// dry.
+	switch {
+	case !waited:
+		p.endAhead(ev.Start, true, false)
+	case ev.Duration() < p.e.minGap:
+		p.endAhead(ev.Start, true, true)
+	default:
+		p.endAhead(ev.Start, false, false)
 	}
 	p.patternSync(ev)
 	if p.gap == nil && p.allDrained() {
@@ -297,12 +321,7 @@ func (p *proc) onSyncCopy(th *thread, ev *event.Event) {
 		p.closeGap(th, ev.Start)
 	}
 	p.drainStreams(ev)
-	if p.aheadStart != 0 {
-		if p.aheadStart < ev.Start {
-			p.cands = append(p.cands, aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: ev.End})
-		}
-		p.aheadStart = 0
-	}
+	p.endAhead(ev.End, p.aheadStart < ev.Start, false)
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
 		p.patternSync(ev)
 	}
@@ -312,17 +331,36 @@ func (p *proc) onSyncCopy(th *thread, ev *event.Event) {
 }
 
 // onBlocking notes a feeder that blocked while its queue held work: the
-// start of a possible CPU-ahead stall.
+// start of a possible CPU-ahead stall. The blocking counts in total, not
+// per call: a data read is a loop of calls of a fraction of a millisecond
+// each (256 KiB O_DIRECT reads: 0.3–1 ms), no one of which reaches MinGap.
 func (p *proc) onBlocking(th *thread, ev *event.Event) {
 	if !p.everEnq || !p.feeders.has(th.tid) {
 		return
 	}
-	if p.gap != nil || p.allDrained() || ev.Duration() < p.e.minGap || ev.Start < p.lastEnq {
+	if p.gap != nil || p.allDrained() || ev.Start < p.lastEnq {
 		return
 	}
 	if p.aheadStart == 0 || ev.Start < p.aheadStart {
 		p.aheadStart, p.aheadTID = ev.Start, th.tid
 	}
+	p.aheadBlocked += ev.Duration()
+}
+
+// endAhead ends a possible CPU-ahead interval at hi: it is a candidate when
+// ok and the feeder was blocked for at least MinGap in all since it began;
+// when needDrain, only if the usual drain time is known.
+func (p *proc) endAhead(hi int64, ok, needDrain bool) {
+	if p.aheadStart != 0 && ok && hi > p.aheadStart && p.aheadBlocked >= p.e.minGap {
+		c := aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: hi}
+		if p.drains.n >= 4 && p.lastEnq > 0 {
+			c.drain = p.lastEnq + p.drains.recentMedian(5)
+		}
+		if c.drain > 0 || !needDrain {
+			p.cands = append(p.cands, c)
+		}
+	}
+	p.aheadStart, p.aheadBlocked = 0, 0
 }
 
 // inferEnd (lite) is where the gap most likely ended: the end of th's last
@@ -565,6 +603,14 @@ func (p *proc) resolvePending(force bool) {
 func (p *proc) resolveCand(c aheadCand) {
 	d := p.device()
 	idle := d.idleWithin(c.lo, c.hi)
+	if c.drain > 0 {
+		// A window (100–200 ms) is much longer than a stall: its idle says
+		// how much but not where, and the micro-idle it also holds shifts
+		// the estimate by many ms. The host knows better where the queue
+		// ran dry when the step's queued work runs as long as usual; the
+		// windows still cap what the GPU can have idled.
+		idle = min(max(c.hi-max(c.lo, c.drain), 0), d.idleAtMost(c.lo, c.hi))
+	}
 	if idle < p.e.minGap {
 		return
 	}
@@ -616,7 +662,7 @@ func (p *proc) keepFrom() int64 {
 // nothing about the training loop, so it is dropped.
 func (p *proc) closeAll(t int64) {
 	p.gap = nil
-	p.aheadStart = 0
+	p.aheadStart, p.aheadBlocked = 0, 0
 	if !p.everEnq {
 		return
 	}

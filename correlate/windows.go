@@ -209,6 +209,22 @@ func (d *device) idleWithin(lo, hi int64) int64 {
 	return int64(idle + 0.5)
 }
 
+// idleAtMost bounds from above the idle in [lo,hi) that no bounded gap
+// holds: per window, its idle less every bounded gap in it, and never more
+// than the unbounded part of the overlap.
+func (d *device) idleAtMost(lo, hi int64) int64 {
+	hid := d.hidden(nil)
+	var idle float64
+	for _, w := range d.overlapping(lo, hi) {
+		a, b := max(lo, w.Start), min(hi, w.End)
+		wl := w.End - w.Start
+		gAll := overlapLen(hid, w.Start, w.End)
+		gIn := overlapLen(hid, a, b)
+		idle += min(max(w.IdleFraction*float64(wl)-float64(gAll), 0), float64(b-a-gIn))
+	}
+	return int64(idle + 0.5)
+}
+
 // coverEnd is the end of the first idle window that reaches t, 0 if none.
 func (d *device) coverEnd(t int64) int64 {
 	i := sort.Search(len(d.wins), func(i int) bool { return d.wins[i].End >= t })

@@ -401,6 +401,48 @@ func TestCommStallGPMWindowMixesCompute(t *testing.T) {
 	}
 }
 
+// TestCommBaselineHostDelay: one step where the host reaches its sync 3 ms
+// after its last enqueue waits 3 ms less. That must neither be a stall nor
+// lower the baseline so that the ordinary steps after it look 3 ms late;
+// a peer 30 ms late later on is one stall of 30 ms.
+func TestCommBaselineHostDelay(t *testing.T) {
+	s := newSim()
+	commStep := func(late, hostDelay int64) {
+		s.launches(20, 2*ms, 100*us)
+		s.collective(event.NCCLAllReduce, 3*ms+late)
+		s.t += hostDelay
+		s.sync()
+	}
+	for i := 0; i < 8; i++ {
+		commStep(0, 0)
+	}
+	commStep(0, 3*ms)
+	for i := 0; i < 8; i++ {
+		commStep(0, 0)
+	}
+	commStep(30*ms, 0)
+	lateEnd := s.t
+	for i := 0; i < 4; i++ {
+		commStep(0, 0)
+	}
+	c := &collect{}
+	e := newEngine(c, nil)
+	sum := feed(e, c, s.evs, nil, s.t+2e9, 20*ms, 250*ms)
+	var stalls []Gap
+	for _, g := range c.gaps {
+		if g.Kind == GapStall {
+			stalls = append(stalls, g)
+		}
+	}
+	if len(stalls) != 1 || !near(stalls[0].Duration, 30*ms, 200*us) || !near(stalls[0].End, lateEnd, 10*us) {
+		for _, g := range stalls {
+			t.Logf("stall %d..%d (%d)", g.Start-t0, g.End-t0, g.Duration)
+		}
+		t.Fatalf("%d stalls, want one of 30 ms ending at %d", len(stalls), lateEnd-t0)
+	}
+	checkTotals(t, c, sum)
+}
+
 func TestLoaderWorkerActivity(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

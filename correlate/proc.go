@@ -430,16 +430,26 @@ func (p *proc) checkStall(th *thread, ev *event.Event, coll *CollectiveEvidence)
 		r = &waitRing{}
 		p.base[k] = r
 	}
+	// The baseline compares how long the queue ran after the last enqueue,
+	// which a late peer lengthens, rather than the sync's own wait, which
+	// also shrinks by any host delay between the last enqueue and the sync:
+	// one such step would lower the baseline and make every ordinary step
+	// after it look late by that delay.
+	run := wait
+	if p.lastEnq > 0 && p.lastEnq <= ev.Start {
+		run = ev.End - p.lastEnq
+	}
 	switch {
 	case coll == nil || wait < p.e.minGap:
-	case r.n >= 4 && wait-r.min() >= p.e.minGap:
-		stall(wait-r.min(), r.min(), false)
+	case r.n >= 4 && run-r.min() >= p.e.minGap:
+		excess := min(run-r.min(), wait)
+		stall(excess, wait-excess, false)
 	case r.n < 4 || r.min() >= p.e.minGap:
 		// Every wait so far was long: either the step's compute is long or
 		// the peer has been late since the first step. GPM tells which.
 		stall(wait, 0, true)
 	}
-	r.push(wait)
+	r.push(run)
 }
 
 func (e *Engine) collEvidence(ev *event.Event) *CollectiveEvidence {

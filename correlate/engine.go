@@ -22,10 +22,12 @@ type Config struct {
 	// a gap's end is inferred as the end of the last blocking host activity
 	// of the thread that next issued a copy, collective or sync. That misses
 	// the on-CPU time between that activity and the first launch (the gap is
-	// shorter than the truth by it), cannot see gaps that no blocking
-	// activity explains (they stay micro idle), and overstates a gap when
-	// the blocking activity came after launches resumed (launches are
-	// invisible). CPU-ahead stalls are found in lite only where a copy or a
+	// shorter than the truth by it) and overstates a gap when the blocking
+	// activity came after launches resumed (launches are invisible). A gap
+	// that no blocking activity explains (preemptions do not count: they
+	// land in launch loops as often as in stalls) ends the usual lead before
+	// the next seen work, the lead from a drained sync's return to the next
+	// seen work in recent steps, capped by the GPU windows. CPU-ahead stalls are found in lite only where a copy or a
 	// collective was seen before the blocking activity (launches after the
 	// last sync are invisible, so otherwise the queue looks empty) and the
 	// next sync returned at once.

@@ -715,6 +715,58 @@ func TestLiteProbes(t *testing.T) {
 	}
 }
 
+// TestLitePureCPUStall: in lite, a gap no blocking call explains (the
+// feeder computed for 30 ms before launching) was dropped, or ended at a
+// preemption inside it. The usual lead from a sync's return to the first
+// work the probes see places the resumption; the windows cap the idle.
+func TestLitePureCPUStall(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		preempt bool
+	}{{"computes", false}, {"computes, preempted once", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim()
+			s.lite = true
+			step := func() {
+				s.launches(20, 2*ms, 100*us)
+				s.copyAsync(ms, 1)
+				s.sync()
+			}
+			for i := 0; i < 10; i++ {
+				step()
+			}
+			at := s.t
+			if tc.preempt {
+				s.t += 10 * ms
+				s.block(event.Event{Kind: event.KindRunqueue}, 2*ms)
+				s.t += 18 * ms
+			} else {
+				s.t += 30 * ms
+			}
+			resume := s.t
+			for i := 0; i < 8; i++ {
+				step()
+			}
+			truth := s.idle(at, resume+5*us)
+			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+			c := &collect{}
+			sum := feed(newEngine(c, func(cfg *Config) { cfg.Probes = ProbesLite }), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+			big := bigGaps(c.gaps)
+			if len(big) != 1 {
+				t.Fatalf("gaps %+v", big)
+			}
+			g := big[0]
+			if !near(g.Start, at, 50*us) || !near(g.Duration, truth, 500*us) || g.Evidence.Source != "host+gpu" {
+				t.Errorf("gap %d..%d (%d) from %s, want %d..+%d", g.Start-t0, g.End-t0, g.Duration, g.Evidence.Source, at-t0, truth)
+			}
+			if g.Cause != CauseCPU {
+				t.Errorf("cause %s %v", g.Cause, g.Breakdown)
+			}
+			checkTotals(t, c, sum)
+		})
+	}
+}
+
 func TestOutOfOrderEvents(t *testing.T) {
 	base, _ := trainer(stallCases()[0].inject)
 	ref := &collect{}

@@ -31,6 +31,10 @@ type aheadCand struct {
 	// the usual time a waiting sync took to see the queue drain after the
 	// last enqueue. 0 when too few syncs waited yet.
 	drain int64
+	// lead (lite) is the usual time from a drained sync's return to the
+	// next work the probes see: the launches before it are invisible, so
+	// the GPU idled from lo to about hi - lead (placed at the start).
+	lead int64
 }
 
 // stallCand is a comm stall waiting for GPM windows to confirm it.
@@ -134,6 +138,9 @@ type proc struct {
 	// drains holds, for recent syncs that waited, the time from the last
 	// enqueue to the drain: how long the queued work of a step runs.
 	drains waitRing
+	// leads (lite) holds the recent times from a drained sync's return to
+	// the next work the probes saw.
+	leads  waitRing
 	cands  []aheadCand
 	stalls []stallCand
 	held   []Gap
@@ -372,7 +379,9 @@ func (p *proc) inferEnd(th *thread, start, t int64) int64 {
 		if ev.End <= start {
 			break
 		}
-		if ev.Kind == event.KindSync || ev.End > t || ev.Start < start {
+		// A preemption says nothing about when launches resumed: it lands
+		// as often in the launch loop as in a stall.
+		if ev.Kind == event.KindSync || ev.Kind == event.KindRunqueue || ev.End > t || ev.Start < start {
 			continue
 		}
 		if ev.End > end {
@@ -388,6 +397,13 @@ func (p *proc) closeGap(th *thread, t int64) {
 	end := t
 	if p.e.lite {
 		end = p.inferEnd(th, g.start, t)
+		if end-g.start < p.e.minGap && t-g.start >= p.e.minGap && p.leads.n >= 4 {
+			// No blocking explains the gap (the feeder computed): the
+			// usual lead says where the invisible launches began, the
+			// windows how much of it the GPU idled.
+			p.cands = append(p.cands, aheadCand{tid: th.tid, lo: g.start, hi: t, lead: p.leads.recentMedian(9)})
+		}
+		p.leads.push(t - g.start)
 	}
 	if end-g.start < p.e.minGap {
 		return
@@ -621,6 +637,11 @@ func (p *proc) resolveCand(c aheadCand) {
 		// windows still cap what the GPU can have idled.
 		idle = min(max(c.hi-max(c.lo, c.drain), 0), d.idleAtMost(c.lo, c.hi))
 	}
+	a, b := c.hi-idle, c.hi
+	if c.lead > 0 {
+		idle = min(max(c.hi-c.lead-c.lo, 0), d.idleAtMost(c.lo, c.hi))
+		a, b = c.lo, c.lo+idle
+	}
 	if idle < p.e.minGap {
 		return
 	}
@@ -628,10 +649,9 @@ func (p *proc) resolveCand(c aheadCand) {
 	if th == nil {
 		return
 	}
-	a := c.hi - idle
-	g := Gap{PID: p.pid, TID: c.tid, Device: p.dev, Kind: GapIdle, Start: a, End: c.hi, Duration: idle}
+	g := Gap{PID: p.pid, TID: c.tid, Device: p.dev, Kind: GapIdle, Start: a, End: b, Duration: idle}
 	at := p.e.newAttribution()
-	at.thread(th, a, c.hi, nil)
+	at.thread(th, a, b, nil)
 	g.Cause, g.Breakdown, g.Evidence, g.Ops = at.result()
 	g.Evidence.Source = "host+gpu"
 	g.Evidence.Threads = append([]uint32(nil), p.feeders...)

@@ -25,6 +25,12 @@ const (
 	minAccuracy     = 0.95 // time-weighted attribution, every cause
 	maxStepIdleErr  = 0.05 // launch-bound: per-step idle vs truth (median and total)
 	minGapNS        = int64(time.Millisecond)
+	// minScoredNS: detection recall and precision are asserted over at
+	// least this much time. Below it the ratio is decided by one or two
+	// chance events (the launch-bound trainer has no injected stall; its
+	// only gaps ≥ 1 ms are the feeder being preempted by other load), so it
+	// is printed, not judged. Every injected-stall scenario has 200+ ms.
+	minScoredNS = int64(20 * time.Millisecond)
 	runDeadline     = 3 * time.Minute // one gaptrace run, start to exit
 	detachSignal    = "detaching probes"
 	accuracyOutRoot = "out/accuracy"
@@ -630,11 +636,11 @@ func score(t *testing.T, j *job) *row {
 	}
 	res := Evaluate(tr, gaps, minGapNS)
 	r.Result = res
-	if res.Recall.Defined() && res.Recall.Value() < minRecall {
+	if res.Recall.Defined() && res.Recall.Den >= minScoredNS && res.Recall.Value() < minRecall {
 		miss("detection recall %s < %.2f: %.1f of %.1f ms of true gaps ≥ 1 ms reported; %d gaps less than half covered, first %s",
 			res.Recall, minRecall, ms(res.Recall.Num), ms(res.Recall.Den), len(res.Missed), firstMissed(res, tr))
 	}
-	if res.Precision.Defined() && res.Precision.Value() < minPrecision {
+	if res.Precision.Defined() && res.Precision.Den >= minScoredNS && res.Precision.Value() < minPrecision {
 		miss("detection precision %s < %.2f: %.1f of %.1f ms reported idle truly idle",
 			res.Precision, minPrecision, ms(res.Precision.Num), ms(res.Precision.Den))
 	}
@@ -808,7 +814,7 @@ func formatTable(rows []*row) string {
 			pct(res.StallRecall), pct(res.StallPrecision), ms(res.BoundaryP50NS), ms(res.BoundaryP90NS),
 			strings.Join(causes, ", "), mark)
 	}
-	fmt.Fprintf(&b, "(steps: scored, those that started once the probes were attached and gaptrace had found the step period (warmup: ms between the two), less one; idle ms: true GPU idle over them; gap≥1ms: of it in gaps ≥ 1 ms; stallR/P: comm stalls vs gaps of kind stall; bound: gap boundary error, ms; 'other' is not injectable)\n")
+	fmt.Fprintf(&b, "(steps: scored, those that started once the probes were attached and gaptrace had found the step period (warmup: ms between the two), less one; idle ms: true GPU idle over them; gap≥1ms: of it in gaps ≥ 1 ms; stallR/P: comm stalls vs gaps of kind stall; bound: gap boundary error, ms; 'other' is not injectable; recall and precision are judged only over ≥ 20 ms)\n")
 	misses := 0
 	for _, r := range rows {
 		misses += len(r.Misses)

@@ -20,17 +20,17 @@ import (
 
 // Targets. They are the promise made to users; a miss fails the test.
 const (
-	minRecall       = 0.95 // time-weighted, true gaps ≥ minGapNS
-	minPrecision    = 0.95 // time-weighted, reported idle gaps
-	minAccuracy     = 0.95 // time-weighted attribution, every cause
-	maxStepIdleErr  = 0.05 // launch-bound: per-step idle vs truth (median and total)
-	minGapNS        = int64(time.Millisecond)
+	minRecall      = 0.95 // time-weighted, true gaps ≥ minGapNS
+	minPrecision   = 0.95 // time-weighted, reported idle gaps
+	minAccuracy    = 0.95 // time-weighted attribution, every cause
+	maxStepIdleErr = 0.05 // launch-bound: per-step idle vs truth (median and total)
+	minGapNS       = int64(time.Millisecond)
 	// minScoredNS: detection recall and precision are asserted over at
 	// least this much time. Below it the ratio is decided by one or two
 	// chance events (the launch-bound trainer has no injected stall; its
 	// only gaps ≥ 1 ms are the feeder being preempted by other load), so it
 	// is printed, not judged. Every injected-stall scenario has 200+ ms.
-	minScoredNS = int64(20 * time.Millisecond)
+	minScoredNS     = int64(20 * time.Millisecond)
 	runDeadline     = 3 * time.Minute // one gaptrace run, start to exit
 	detachSignal    = "detaching probes"
 	accuracyOutRoot = "out/accuracy"

@@ -159,51 +159,14 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 			return
 		}
 	}
-	c := baseCause(ev)
-	if c == CauseOther && ev.Kind == event.KindSyscall && ev.Syscall == event.SysOpen && isFile(ev) {
-		// A slow open is part of the file work that follows it: truncating
-		// a checkpoint before rewriting it, a cold lookup before a read.
-		c = CauseIORead
-		if at.written[ev.Path] {
-			c = CauseIOWrite
-		}
-	}
+	c := at.cause(ev)
 	at.byCause[c] += ns
 	at.note(th, ev, ns)
 	switch c {
 	case CauseIORead, CauseIOWrite:
-		op := "read"
-		switch {
-		case ev.Kind == event.KindOffCPU:
-			op = "fault"
-		case ev.Syscall == event.SysWrite:
-			op = "write"
-		case ev.Syscall == event.SysFsync:
-			op = "fsync"
-		case ev.Syscall == event.SysOpen:
-			op = "open"
-		}
-		k := fileKey{ev.Path, op}
-		f := at.files[k]
-		if f == nil {
-			f = &FileEvidence{Path: ev.Path, Op: op}
-			at.files[k] = f
-		}
-		f.NS += ns
+		at.file(ev).NS += ns
 	case CauseNet:
-		addr := ev.PeerAddr
-		if addr == "" {
-			addr = ev.Path
-		}
-		p := at.peers[addr]
-		if p == nil {
-			p = &PeerEvidence{Address: addr, PID: ev.PeerPID}
-			if pp := e.procs[ev.PeerPID]; pp != nil && ev.PeerPID != 0 {
-				p.Comm = pp.comm
-			}
-			at.peers[addr] = p
-		}
-		p.NS += ns
+		at.peer(ev).NS += ns
 	case CauseCUDAMemcpy, CauseCUDAAlloc, CauseComm:
 		at.cudaNS[opName(ev)] += ns
 	}
@@ -230,43 +193,69 @@ func (at *attribution) note(th *thread, ev *event.Event, ns int64) {
 	} else {
 		bytes = ev.Bytes
 	}
-	switch c := baseCause(ev); c {
+	switch at.cause(ev) {
 	case CauseIORead, CauseIOWrite:
-		op := "read"
-		switch {
-		case ev.Kind == event.KindOffCPU:
-			op = "fault"
-		case ev.Syscall == event.SysWrite:
-			op = "write"
-		case ev.Syscall == event.SysFsync:
-			op = "fsync"
-		case ev.Syscall == event.SysOpen:
-			op = "open"
-		}
-		k := fileKey{ev.Path, op}
-		f := at.files[k]
-		if f == nil {
-			f = &FileEvidence{Path: ev.Path, Op: op}
-			at.files[k] = f
-		}
+		f := at.file(ev)
 		f.Calls++
 		f.Bytes += bytes
 	case CauseNet:
-		addr := ev.PeerAddr
-		if addr == "" {
-			addr = ev.Path
-		}
-		p := at.peers[addr]
-		if p == nil {
-			p = &PeerEvidence{Address: addr, PID: ev.PeerPID}
-			if pp := at.e.procs[ev.PeerPID]; pp != nil && ev.PeerPID != 0 {
-				p.Comm = pp.comm
-			}
-			at.peers[addr] = p
-		}
+		p := at.peer(ev)
 		p.Calls++
 		p.Bytes += bytes
 	}
+}
+
+// cause is baseCause with what the interval's other calls tell: a slow
+// open is part of the file work that follows it (truncating a checkpoint
+// before rewriting it, a cold lookup before a read).
+func (at *attribution) cause(ev *event.Event) Cause {
+	c := baseCause(ev)
+	if c == CauseOther && ev.Kind == event.KindSyscall && ev.Syscall == event.SysOpen && isFile(ev) {
+		if at.written[ev.Path] {
+			return CauseIOWrite
+		}
+		return CauseIORead
+	}
+	return c
+}
+
+// file is the evidence entry of ev's file and operation.
+func (at *attribution) file(ev *event.Event) *FileEvidence {
+	op := "read"
+	switch {
+	case ev.Kind == event.KindOffCPU:
+		op = "fault"
+	case ev.Syscall == event.SysWrite:
+		op = "write"
+	case ev.Syscall == event.SysFsync:
+		op = "fsync"
+	case ev.Syscall == event.SysOpen:
+		op = "open"
+	}
+	k := fileKey{ev.Path, op}
+	f := at.files[k]
+	if f == nil {
+		f = &FileEvidence{Path: ev.Path, Op: op}
+		at.files[k] = f
+	}
+	return f
+}
+
+// peer is the evidence entry of ev's socket peer.
+func (at *attribution) peer(ev *event.Event) *PeerEvidence {
+	addr := ev.PeerAddr
+	if addr == "" {
+		addr = ev.Path
+	}
+	p := at.peers[addr]
+	if p == nil {
+		p = &PeerEvidence{Address: addr, PID: ev.PeerPID}
+		if pp := at.e.procs[ev.PeerPID]; pp != nil && ev.PeerPID != 0 {
+			p.Comm = pp.comm
+		}
+		at.peers[addr] = p
+	}
+	return p
 }
 
 // worker records what loader worker process pid did over [a,b): time in

@@ -161,8 +161,10 @@ API const char *pncclGetErrorString(ncclResult_t result)
 }
 ALIAS(ncclGetErrorString);
 
-/* No rendezvous: every rank of the simulated communicator is local. */
-API ncclResult_t pncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
+/* No rendezvous: every rank of the simulated communicator is local. The
+ * entry points share this body; it is static, so one API call still hits
+ * exactly one probed symbol. */
+static ncclResult_t comm_create(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
 {
 	if (comm == NULL || nranks < 1 || rank < 0 || rank >= nranks)
 		return ncclInvalidArgument;
@@ -172,30 +174,24 @@ API ncclResult_t pncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId co
 	c->magic = COMM_MAGIC;
 	c->nranks = nranks;
 	c->rank = rank;
-	c->id = commId;
+	c->id = id;
 	*comm = c;
 	return ncclSuccess;
+}
+
+API ncclResult_t pncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
+{
+	return comm_create(comm, nranks, commId, rank);
 }
 ALIAS(ncclCommInitRank);
 
 /* The config variants PyTorch uses; the configuration itself (blocking,
- * CTAs, ...) means nothing to the simulation. Separate bodies, not calls,
- * so that one API call hits one probe. */
+ * CTAs, ...) means nothing to the simulation. */
 API ncclResult_t pncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
 					 ncclConfig_t *config)
 {
 	(void)config;
-	if (comm == NULL || nranks < 1 || rank < 0 || rank >= nranks)
-		return ncclInvalidArgument;
-	struct ncclComm *c = calloc(1, sizeof(*c));
-	if (c == NULL)
-		return ncclSystemError;
-	c->magic = COMM_MAGIC;
-	c->nranks = nranks;
-	c->rank = rank;
-	c->id = commId;
-	*comm = c;
-	return ncclSuccess;
+	return comm_create(comm, nranks, commId, rank);
 }
 ALIAS(ncclCommInitRankConfig);
 
@@ -203,17 +199,9 @@ API ncclResult_t pncclCommInitRankScalable(ncclComm_t *comm, int nranks, int ran
 					   ncclConfig_t *config)
 {
 	(void)config;
-	if (comm == NULL || nranks < 1 || rank < 0 || rank >= nranks || nId < 1 || commIds == NULL)
+	if (nId < 1 || commIds == NULL)
 		return ncclInvalidArgument;
-	struct ncclComm *c = calloc(1, sizeof(*c));
-	if (c == NULL)
-		return ncclSystemError;
-	c->magic = COMM_MAGIC;
-	c->nranks = nranks;
-	c->rank = rank;
-	c->id = commIds[0];
-	*comm = c;
-	return ncclSuccess;
+	return comm_create(comm, nranks, commIds[0], rank);
 }
 ALIAS(ncclCommInitRankScalable);
 

@@ -80,18 +80,16 @@ func (r *waitRing) recentMedian(k int) int64 {
 	slices.Sort(v)
 	return v[len(v)/2]
 }
-func (r *waitRing) min() int64 {
-	k := r.n
-	if k > len(r.v) {
-		k = len(r.v)
-	}
-	m := r.v[0]
-	for i := 1; i < k; i++ {
-		if r.v[i] < m {
-			m = r.v[i]
-		}
-	}
-	return m
+
+// low is the lower quartile of the values held: what an ordinary step
+// takes. Not the minimum: one step that reached its sync unusually (a
+// host delay in lite, an outlier) would lower the baseline for the whole
+// ring and turn every ordinary step after it into a false stall.
+func (r *waitRing) low() int64 {
+	k := min(r.n, len(r.v))
+	v := slices.Clone(r.v[:k])
+	slices.Sort(v)
+	return v[(k-1)/4]
 }
 
 // tidSet is a small ordered set of thread ids (feeders are few).
@@ -457,10 +455,10 @@ func (p *proc) checkStall(th *thread, ev *event.Event, coll *CollectiveEvidence)
 	}
 	switch {
 	case coll == nil || wait < p.e.minGap:
-	case r.n >= 4 && run-r.min() >= p.e.minGap:
-		excess := min(run-r.min(), wait)
+	case r.n >= 4 && run-r.low() >= p.e.minGap:
+		excess := min(run-r.low(), wait)
 		stall(excess, wait-excess, false)
-	case r.n < 4 || r.min() >= p.e.minGap:
+	case r.n < 4 || r.low() >= p.e.minGap:
 		// Every wait so far was long: either the step's compute is long or
 		// the peer has been late since the first step. GPM tells which.
 		stall(wait, 0, true)

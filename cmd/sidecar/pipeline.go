@@ -178,7 +178,8 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	if p.gpu != nil {
 		ccfg.HW = p.gpu.HWContext
 	}
-	p.eng = correlate.New(ccfg, sinks{exp, pc.Sink})
+	// The exporter first, then the session (live view, gaps file).
+	p.eng = correlate.New(ccfg, correlate.Tee{exp, pc.Sink})
 
 	var attached []string
 	for _, a := range tr.Stats().Attached {
@@ -186,22 +187,6 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	}
 	log.Debug("probes attached", "count", len(attached))
 	return p, nil
-}
-
-// sinks fans results out: the exporter first, then the session (live view,
-// gaps file).
-type sinks []correlate.Sink
-
-func (s sinks) Gap(g correlate.Gap) {
-	for _, k := range s {
-		k.Gap(g)
-	}
-}
-
-func (s sinks) Step(st correlate.Step) {
-	for _, k := range s {
-		k.Step(st)
-	}
 }
 
 func (p *pipeline) closeGPU() {

@@ -252,14 +252,14 @@ func fail(deps Deps, cmd config.Command, format string, a ...any) int {
 	return ExitFailure
 }
 
-// gapsWriter is the --gaps-out sink: one JSON object per line, written as
-// gaps arrive so a crash loses at most the buffer.
+// gapsWriter is the --gaps-out sink: correlate's JSON-lines encoding into
+// a buffered file, written as gaps arrive so a crash loses at most the
+// buffer.
 type gapsWriter struct {
-	mu  sync.Mutex
-	f   *os.File
-	w   *bufio.Writer
-	enc *json.Encoder
-	err error
+	mu   sync.Mutex
+	f    *os.File
+	w    *bufio.Writer
+	gaps *correlate.GapsJSONL
 }
 
 func newGapsWriter(path string) (*gapsWriter, error) {
@@ -268,15 +268,13 @@ func newGapsWriter(path string) (*gapsWriter, error) {
 		return nil, fmt.Errorf("create gaps file: %w", err)
 	}
 	w := bufio.NewWriterSize(f, 64<<10)
-	return &gapsWriter{f: f, w: w, enc: json.NewEncoder(w)}, nil
+	return &gapsWriter{f: f, w: w, gaps: correlate.WriteGapsJSONL(w)}, nil
 }
 
 func (g *gapsWriter) Gap(gap correlate.Gap) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.err == nil {
-		g.err = g.enc.Encode(gap)
-	}
+	g.gaps.Gap(gap)
 }
 
 func (g *gapsWriter) Step(correlate.Step) {}
@@ -284,26 +282,11 @@ func (g *gapsWriter) Step(correlate.Step) {}
 func (g *gapsWriter) Close() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	err := errors.Join(g.err, g.w.Flush(), g.f.Close())
+	err := errors.Join(g.gaps.Err(), g.w.Flush(), g.f.Close())
 	if err != nil {
 		return fmt.Errorf("write gaps file %s: %w", g.f.Name(), err)
 	}
 	return nil
-}
-
-// tee fans results out to several sinks in order.
-type tee []correlate.Sink
-
-func (t tee) Gap(g correlate.Gap) {
-	for _, s := range t {
-		s.Gap(g)
-	}
-}
-
-func (t tee) Step(s correlate.Step) {
-	for _, k := range t {
-		k.Step(s)
-	}
 }
 
 func writeSummaryJSON(path string, s correlate.Summary) error {
@@ -367,7 +350,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	} else {
 		s.spans = cfg.SpansOut // both: OTLP and a local copy
 	}
-	sinks := tee{s.agg}
+	sinks := correlate.Tee{s.agg}
 	if cfg.GapsOut != "" {
 		g, err := newGapsWriter(cfg.GapsOut)
 		if err != nil {

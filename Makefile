@@ -26,9 +26,12 @@ $(JAEGER): tools/jaeger/go.mod
 	@mkdir -p build
 	cd tools/jaeger && $(GO) build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
 
+# -p 1: one test binary at a time. The accuracy and end-to-end tiers time
+# real traced runs; sharing two cores with another package's tests turns
+# scheduling noise into measurement noise.
 test: build simgpu jaeger ## Run every test (as root for the eBPF tiers)
 	GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) GAPTRACE_JAEGER=$(abspath $(JAEGER)) \
-		$(GO) test -count=1 -timeout 40m ./... ./testdata/simgpu/
+		$(GO) test -p 1 -count=1 -timeout 40m ./... ./testdata/simgpu/
 
 accuracy: build simgpu ## Print the attribution accuracy table on simtrain scenarios
 	GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) \

@@ -121,7 +121,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 	out := make(chan event.Event, 1024)
 	done := make(chan error, 1)
 	go func() { done <- tr.Run(ctx, out) }()
-	waitFor(t, 10*time.Second, "a collective and a sync from the running process", func() bool {
+	waitFor(t, 30*time.Second, "a collective and a sync from the running process", func() bool {
 		return drainUntil(out, event.KindCollective) && drainUntil(out, event.KindSync)
 	})
 	progs, links := tr.ourObjects()

@@ -42,7 +42,16 @@ type fakePipe struct {
 }
 
 func (f *fakePipe) Trace(pid int) error {
-	cl, _ := proc.Cmdline(pid)
+	// A process reads with an empty command line only for an instant (its
+	// exec in progress, on a loaded machine): wait that out, with a deadline.
+	cl, err := proc.Cmdline(pid)
+	for deadline := time.Now().Add(2 * time.Second); cl == "" && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+		cl, err = proc.Cmdline(pid)
+	}
+	if cl == "" {
+		cl = fmt.Sprintf("(unreadable: %v)", err)
+	}
 	f.mu.Lock()
 	f.traced = append(f.traced, pid)
 	f.cmdlines = append(f.cmdlines, cl)

@@ -10,12 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	promclient "github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
-	promexp "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -23,8 +20,8 @@ import (
 	"github.com/gaptrace/gaptrace/correlate"
 )
 
-// Metric names are chosen so that the Prometheus translation (unit suffix,
-// _total for counters) yields the documented names:
+// Metric names are chosen so that the Prometheus translation (prom.go: unit
+// suffix, _total for counters) yields the documented names:
 //
 //	gaptrace_gpu_idle_seconds_total{cause}  idle (and stalled) GPU time by cause
 //	gaptrace_steps_total                    steps (or windows) seen
@@ -86,18 +83,14 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 		opts = append(opts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp, ropts...)))
 	}
 	if r.PrometheusAddr != "" {
-		reg := promclient.NewRegistry()
-		pe, err := promexp.New(promexp.WithRegisterer(reg), promexp.WithoutScopeInfo())
-		if err != nil {
-			return nil, fmt.Errorf("create prometheus exporter: %w", err)
-		}
-		opts = append(opts, sdkmetric.WithReader(pe))
+		reader := sdkmetric.NewManualReader()
+		opts = append(opts, sdkmetric.WithReader(reader))
 		ln, err := net.Listen("tcp", r.PrometheusAddr)
 		if err != nil {
 			return nil, fmt.Errorf("listen for prometheus on %s: %w", r.PrometheusAddr, err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/metrics", promHandler{reader: reader})
 		m.promLn = ln
 		m.promSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() {

@@ -34,7 +34,7 @@ type Stats struct {
 }
 
 type fileAgg struct {
-	ops   map[string]bool
+	ops   map[string]int64 // blocked ns per operation
 	ns    int64
 	bytes uint64
 	calls int
@@ -105,10 +105,10 @@ func (a *Aggregator) Gap(g correlate.Gap) {
 	for _, f := range g.Evidence.Files {
 		fa := a.files[f.Path]
 		if fa == nil {
-			fa = &fileAgg{ops: map[string]bool{}}
+			fa = &fileAgg{ops: map[string]int64{}}
 			a.files[f.Path] = fa
 		}
-		fa.ops[f.Op] = true
+		fa.ops[f.Op] += f.NS
 		fa.ns += f.NS
 		fa.bytes += f.Bytes
 		fa.calls += f.Calls
@@ -167,6 +167,33 @@ type CauseTime struct {
 	Cause correlate.Cause
 	NS    int64
 	Share float64 // of all lost (idle + stall) time, 0..1
+}
+
+// opsNoteWidth is the width of the operations column of the top files.
+const opsNoteWidth = 11
+
+// opsNote names a file's operations, the most blocking first, as many as
+// fit the column: "write+fsync", not every call made on it.
+func opsNote(ops map[string]int64) string {
+	names := slices.Collect(maps.Keys(ops))
+	slices.SortFunc(names, func(a, b string) int {
+		if c := cmp.Compare(ops[b], ops[a]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	note := ""
+	for i, n := range names {
+		next := n
+		if i > 0 {
+			next = note + "+" + n
+		}
+		if i > 0 && len(next) > opsNoteWidth {
+			break
+		}
+		note = next
+	}
+	return note
 }
 
 // TopItem is one file or peer in the evidence ranking.
@@ -246,8 +273,7 @@ func (a *Aggregator) View(title string) View {
 	}
 	v.ByCause = CauseShares(byCause)
 	for path, f := range a.files {
-		ops := slices.Sorted(maps.Keys(f.ops))
-		v.TopFiles = append(v.TopFiles, TopItem{Name: path, Note: strings.Join(ops, "+"), NS: f.ns, Bytes: f.bytes, Calls: f.calls})
+		v.TopFiles = append(v.TopFiles, TopItem{Name: path, Note: opsNote(f.ops), NS: f.ns, Bytes: f.bytes, Calls: f.calls})
 	}
 	for addr, p := range a.peers {
 		v.TopPeers = append(v.TopPeers, TopItem{Name: addr, Note: p.label, NS: p.ns, Bytes: p.bytes, Calls: p.calls})
@@ -402,7 +428,7 @@ func writeEvidence(b *strings.Builder, v View, width int) {
 	if len(v.TopFiles) > 0 {
 		fmt.Fprintf(b, "\ntop files%s %9s %10s\n", strings.Repeat(" ", max(0, nameW+15-9)), "blocked", "bytes")
 		for _, f := range v.TopFiles {
-			fmt.Fprintf(b, "  %-*s %-11s %9s %10s\n", nameW, trimLeft(f.Name, nameW), f.Note, FormatNS(f.NS), FormatBytes(f.Bytes))
+			fmt.Fprintf(b, "  %-*s %-*s %9s %10s\n", nameW, trimLeft(f.Name, nameW), opsNoteWidth, f.Note, FormatNS(f.NS), FormatBytes(f.Bytes))
 		}
 	}
 	if len(v.TopPeers) > 0 {

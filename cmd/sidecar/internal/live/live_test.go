@@ -231,3 +231,23 @@ func TestTerminalOutputAboveFrame(t *testing.T) {
 		t.Errorf("after Clear: %q, want %q (output passes through, no more frames)", got, want)
 	}
 }
+
+// A checkpoint file's column names what blocked most, within its width.
+func TestOpsNote(t *testing.T) {
+	for _, c := range []struct {
+		ops  map[string]int64
+		want string
+	}{
+		{map[string]int64{"read": 5}, "read"},
+		{map[string]int64{"fsync": 970, "write": 300, "open": 40}, "fsync+write"},
+		{map[string]int64{"open": 40, "write": 900, "fsync": 30}, "write+open"},
+		{map[string]int64{"pwrite64": 9, "fdatasync": 10}, "fdatasync"},
+	} {
+		if got := opsNote(c.ops); got != c.want {
+			t.Errorf("opsNote(%v) = %q, want %q", c.ops, got, c.want)
+		}
+		if len(opsNote(c.ops)) > opsNoteWidth && len(c.ops) > 1 {
+			t.Errorf("opsNote(%v) wider than its column", c.ops)
+		}
+	}
+}

@@ -101,7 +101,7 @@ func Defaults(cmd Command) Config {
 	}
 	if cmd == CmdDemo {
 		c.OutDir = filepath.Join("out", "demo")
-		c.DemoFor = 25 * time.Second
+		c.DemoFor = 15 * time.Second
 	}
 	return c
 }

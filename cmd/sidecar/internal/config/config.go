@@ -113,7 +113,20 @@ type option struct {
 	usage string
 	cmds  []Command // nil: every tracing command (run, attach, demo)
 	set   func(c *Config, v string) error
+	get   func(c *Config) string // the value --help shows as the default ("" shows none)
 	bool  bool
+}
+
+// show renders an option's current value for --help; a zero value shows
+// nothing, since the usage text says what happens then.
+func show[T comparable](p func(*Config) *T) func(*Config) string {
+	return func(c *Config) string {
+		var zero T
+		if v := *p(c); v != zero {
+			return fmt.Sprint(v)
+		}
+		return ""
+	}
 }
 
 var tracing = []Command{CmdRun, CmdAttach, CmdDemo}
@@ -149,24 +162,34 @@ func oneOf(dst func(*Config) *string, allowed ...string) func(*Config, string) e
 
 var options = []option{
 	{name: "probes", usage: "probe set: full (every CUDA launch) or lite (syncs, copies, collectives, syscalls; lower overhead); null attaches full's probes to programs that do nothing, to measure their raw cost",
+		get: show(func(c *Config) *string { return &c.Probes }),
 		set: oneOf(func(c *Config) *string { return &c.Probes }, "full", "lite", "null")},
 	{name: "syscall-threshold", usage: "syscalls shorter than this are counted, not reported",
+		get: show(func(c *Config) *time.Duration { return &c.SyscallThreshold }),
 		set: durationSetter(func(c *Config) *time.Duration { return &c.SyscallThreshold })},
 	{name: "min-gap", usage: "GPU idle gaps shorter than this are accounted per step instead of reported one by one",
+		get: show(func(c *Config) *time.Duration { return &c.MinGap }),
 		set: durationSetter(func(c *Config) *time.Duration { return &c.MinGap })},
 	{name: "duration", usage: "stop tracing after this long (the traced command keeps running); 0 = until it exits",
+		get: show(func(c *Config) *time.Duration { return &c.Duration }),
 		set: durationSetter(func(c *Config) *time.Duration { return &c.Duration })},
 	{name: "gaps-out", usage: "write every gap as a JSON line to `FILE`",
+		get: show(func(c *Config) *string { return &c.GapsOut }),
 		set: stringSetter(func(c *Config) *string { return &c.GapsOut })},
 	{name: "summary-json", usage: "write the summary as JSON to `FILE` at exit",
+		get: show(func(c *Config) *string { return &c.SummaryJSON }),
 		set: stringSetter(func(c *Config) *string { return &c.SummaryJSON })},
 	{name: "spans-out", usage: "write spans as JSON lines to `FILE` (default " + DefaultSpansFile + " when no OTLP endpoint is set)",
+		get: show(func(c *Config) *string { return &c.SpansOut }),
 		set: stringSetter(func(c *Config) *string { return &c.SpansOut })},
 	{name: "windows-out", usage: "write the GPU's own idle windows (NVML/GPM samples) as JSON lines to `FILE`",
+		get: show(func(c *Config) *string { return &c.WindowsOut }),
 		set: stringSetter(func(c *Config) *string { return &c.WindowsOut })},
 	{name: "otlp-endpoint", usage: "OTLP collector endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT)",
+		get: show(func(c *Config) *string { return &c.OTLPEndpoint }),
 		set: stringSetter(func(c *Config) *string { return &c.OTLPEndpoint })},
 	{name: "otlp-protocol", usage: "OTLP protocol: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc on port 4317, else http/protobuf)",
+		get: show(func(c *Config) *string { return &c.OTLPProtocol }),
 		set: oneOf(func(c *Config) *string { return &c.OTLPProtocol }, "grpc", "http/protobuf")},
 	{name: "otlp-insecure", usage: "use plaintext to the OTLP endpoint", bool: true,
 		set: func(c *Config, v string) error {
@@ -178,10 +201,13 @@ var options = []option{
 			return nil
 		}},
 	{name: "service-name", usage: "OpenTelemetry service.name",
+		get: show(func(c *Config) *string { return &c.ServiceName }),
 		set: stringSetter(func(c *Config) *string { return &c.ServiceName })},
 	{name: "job-id", usage: "training job ID attached to every span and metric",
+		get: show(func(c *Config) *string { return &c.JobID }),
 		set: stringSetter(func(c *Config) *string { return &c.JobID })},
 	{name: "rank", usage: "distributed rank of the traced process (-1: unknown; default RANK from the target when found)",
+		get: func(c *Config) string { return strconv.Itoa(c.Rank) },
 		set: func(c *Config, v string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
 			if err != nil {
@@ -194,17 +220,23 @@ var options = []option{
 			return nil
 		}},
 	{name: "prometheus", usage: "serve Prometheus metrics on `ADDR` (e.g. :9464)",
+		get: show(func(c *Config) *string { return &c.Prometheus }),
 		set: stringSetter(func(c *Config) *string { return &c.Prometheus })},
 	{name: "nvml-lib", usage: "path of libnvidia-ml.so.1 (default: the dynamic loader's)", cmds: []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
+		get: show(func(c *Config) *string { return &c.NVMLLib }),
 		set: stringSetter(func(c *Config) *string { return &c.NVMLLib })},
 	{name: "cuda-lib", usage: "path of libcuda.so.1 to probe (default: found in the target)",
+		get: show(func(c *Config) *string { return &c.CUDALib }),
 		set: stringSetter(func(c *Config) *string { return &c.CUDALib })},
 	{name: "nccl-lib", usage: "path of libnccl.so.2 to probe (default: found in the target)",
+		get: show(func(c *Config) *string { return &c.NCCLLib }),
 		set: stringSetter(func(c *Config) *string { return &c.NCCLLib })},
 	{name: "live", usage: "live view: auto (when stdout is a terminal), on, off",
+		get: show(func(c *Config) *string { return &c.Live }),
 		set: oneOf(func(c *Config) *string { return &c.Live }, "auto", "on", "off")},
 	{name: "log-level", usage: "debug, info, warn or error",
 		cmds: []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
+		get:  show(func(c *Config) *string { return &c.LogLevel }),
 		set:  oneOf(func(c *Config) *string { return &c.LogLevel }, "debug", "info", "warn", "error")},
 	{name: "pid", usage: "process ID to trace (with its descendants)", cmds: []Command{CmdAttach, CmdCheck},
 		set: func(c *Config, v string) error {
@@ -216,6 +248,7 @@ var options = []option{
 			return nil
 		}},
 	{name: "match", usage: "trace the process whose command line matches `REGEX`, and the next one after it exits", cmds: []Command{CmdAttach},
+		get: show(func(c *Config) *string { return &c.Match }),
 		set: stringSetter(func(c *Config) *string { return &c.Match })},
 	{name: "gpu-procs", usage: "trace every process that has the CUDA driver library mapped (with --match: that also matches), as they appear", cmds: []Command{CmdAttach}, bool: true,
 		set: func(c *Config, v string) error {
@@ -227,10 +260,13 @@ var options = []option{
 			return nil
 		}},
 	{name: "cuda-wait", usage: "attach --pid: fail when the target has not loaded libcuda within this long (0: only warn)", cmds: []Command{CmdAttach},
+		get: show(func(c *Config) *time.Duration { return &c.CUDAWait }),
 		set: durationSetter(func(c *Config) *time.Duration { return &c.CUDAWait })},
 	{name: "out", usage: "directory for the demo's gaps, spans and summary files", cmds: []Command{CmdDemo},
+		get: show(func(c *Config) *string { return &c.OutDir }),
 		set: stringSetter(func(c *Config) *string { return &c.OutDir })},
 	{name: "demo-duration", usage: "how long the demo trainer runs (approximately)", cmds: []Command{CmdDemo},
+		get: show(func(c *Config) *time.Duration { return &c.DemoFor }),
 		set: durationSetter(func(c *Config) *time.Duration { return &c.DemoFor })},
 }
 
@@ -292,7 +328,11 @@ func FlagSet(cmd Command, cfg *Config, problems *Problems, out io.Writer) *flag.
 		if !o.appliesTo(cmd) {
 			continue
 		}
-		fs.Var(&flagValue{opt: o, cfg: cfg, problems: problems, isBool: o.bool}, o.name, o.usage+" [$"+EnvName(o.name)+"]")
+		fv := &flagValue{opt: o, cfg: cfg, problems: problems, isBool: o.bool}
+		if o.get != nil {
+			fv.cur = o.get(cfg)
+		}
+		fs.Var(fv, o.name, o.usage+" [$"+EnvName(o.name)+"]")
 	}
 	fs.StringVar(&cfg.ConfigFile, "config", cfg.ConfigFile, "YAML `FILE` with options (keys are flag names) [$GAPTRACE_CONFIG]")
 	return fs

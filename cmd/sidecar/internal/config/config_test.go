@@ -165,3 +165,27 @@ func TestEnvNames(t *testing.T) {
 		t.Fatal(got)
 	}
 }
+
+// --help shows each option's default where there is one, and none for
+// flags whose zero value the usage text already explains.
+func TestHelpShowsDefaults(t *testing.T) {
+	var out strings.Builder
+	cfg := Defaults(CmdDemo)
+	var problems Problems
+	FlagSet(CmdDemo, &cfg, &problems, &out).PrintDefaults()
+	help := out.String()
+	for _, want := range []string{"[$GAPTRACE_DEMO_DURATION] (default 15s)", "[$GAPTRACE_PROBES] (default full)",
+		"[$GAPTRACE_MIN_GAP] (default 1ms)", "[$GAPTRACE_RANK] (default -1)", "[$GAPTRACE_OUT] (default out/demo)"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("help lacks %q", want)
+		}
+	}
+	for _, bad := range []string{"(default false)", "(default 0s)", `(default "")`} {
+		if strings.Contains(help, bad) {
+			t.Errorf("help shows %q", bad)
+		}
+	}
+	if t.Failed() {
+		t.Log(help)
+	}
+}

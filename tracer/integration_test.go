@@ -524,6 +524,127 @@ func testSimtrain(t *testing.T, set ProbeSet) {
 	}
 }
 
+// copyAPIs are simtrain's --copy-api entry points in the order --copy-api
+// all takes them, one per step.
+var copyAPIs = []string{
+	"cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyAsync", "cuMemcpyDtoDAsync_v2",
+	"cuMemcpyPeerAsync", "cuMemcpy2DAsync_v2", "cuMemcpy3DAsync_v2", "cuMemsetD8Async",
+	"cuMemsetD16Async", "cuMemsetD32Async", "cuMemsetD2D8Async", "cuMemsetD2D16Async",
+	"cuMemsetD2D32Async",
+}
+
+// TestSimtrainCopyAPIs drives every asynchronous copy and memset entry
+// point (simtrain --copy-api all: one per step, steps alternating between
+// the legacy default stream and a created one) and checks each decoded
+// size and stream against the truth.
+func TestSimtrainCopyAPIs(t *testing.T) { testCopyAPIs(t) }
+
+// TestSimtrainCopyAPIsSingleUprobes does the same through the attach path
+// of kernels without uprobe_multi (cookies per link, not per array slot).
+func TestSimtrainCopyAPIsSingleUprobes(t *testing.T) {
+	disableUprobeMulti = true
+	defer func() { disableUprobeMulti = false }()
+	testCopyAPIs(t)
+}
+
+func testCopyAPIs(t *testing.T) {
+	// Two rounds: with two streams each entry point runs once on each.
+	steps := 2 * len(copyAPIs)
+	r := runSimtrain(t, ProbesFull, "--steps", fmt.Sprint(steps), "--kernels-per-step", "2",
+		"--kernel-us", "300", "--streams", "2", "--workers", "0", "--copy-api", "all")
+	main := r.meta.PID
+
+	// Every probed async entry point and its per-thread-stream variant is
+	// attached, and no driver symbol of the probe table is reported absent.
+	for _, api := range copyAPIs {
+		for _, sym := range []string{api, api + "_ptsz"} {
+			if !r.probed(sym, "uprobe") {
+				t.Errorf("%s not probed", sym)
+			}
+		}
+	}
+	for _, m := range r.stats.Missing {
+		if strings.HasPrefix(m, libCUDA.String()) {
+			t.Errorf("the simulated driver lacks a probed symbol: %s", m)
+		}
+	}
+
+	truth := r.calls("copy")
+	onDefault, onCreated := map[string]int{}, map[string]int{}
+	for i, tr := range truth {
+		if want := copyAPIs[i%len(copyAPIs)]; tr.API != want || tr.Step != i+1 {
+			t.Fatalf("truth copy %d: %s at step %d, want %s at step %d", i, tr.API, tr.Step, want, i+1)
+		}
+		if tr.Stream == 0 {
+			onDefault[tr.API]++
+		} else {
+			onCreated[tr.API]++
+		}
+	}
+	if len(truth) != steps {
+		t.Fatalf("truth has %d copies for %d steps", len(truth), steps)
+	}
+	for _, api := range copyAPIs {
+		if onDefault[api] == 0 || onCreated[api] == 0 {
+			t.Errorf("%s called %d times on the default stream and %d on a created one, want both", api, onDefault[api], onCreated[api])
+		}
+	}
+
+	var evs []event.Event
+	for _, ev := range r.events {
+		if ev.TID == main && (ev.Kind == event.KindMemcpyAsync || ev.Kind == event.KindMemset) {
+			evs = append(evs, ev)
+		}
+	}
+	// Paired in order; each event inside its step (the call itself lasts
+	// microseconds, too short to hold a timestamp on a loaded machine).
+	stepOf := map[int]truthRec{}
+	for _, rec := range r.truth {
+		if rec.Type == "step" {
+			stepOf[rec.Step] = rec
+		}
+	}
+	inStep := func(ev event.Event, step int) bool {
+		st, ok := stepOf[step]
+		return ok && ev.Start >= mono(st.Start)-tolerance && ev.Start <= mono(st.End)+tolerance
+	}
+	if len(evs) != len(truth) {
+		// Name the calls that left no event (or more than one).
+		for _, tr := range truth {
+			n := 0
+			for _, ev := range evs {
+				if inStep(ev, tr.Step) {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Errorf("%s (step %d, stream %#x): %d events", tr.API, tr.Step, tr.Stream, n)
+			}
+		}
+		t.Fatalf("%d async copy/memset events, truth has %d", len(evs), len(truth))
+	}
+	for i, tr := range truth {
+		ev := evs[i]
+		kind, fn := event.KindMemcpyAsync, event.CUMemcpyAsync
+		if strings.HasPrefix(tr.API, "cuMemset") {
+			kind, fn = event.KindMemset, event.CUMemsetAsync
+		}
+		if ev.Kind != kind || ev.CUDA != fn {
+			t.Errorf("%s (step %d): event %v %v, want %v %v", tr.API, tr.Step, ev.Kind, ev.CUDA, kind, fn)
+		}
+		if ev.Bytes != tr.Bytes {
+			t.Errorf("%s (step %d): decoded %d bytes, truth %d", tr.API, tr.Step, ev.Bytes, tr.Bytes)
+		}
+		if ev.Stream != tr.Stream {
+			t.Errorf("%s (step %d): decoded stream %#x, truth %#x", tr.API, tr.Step, ev.Stream, tr.Stream)
+		}
+		if !inStep(ev, tr.Step) || ev.TID != tr.TID {
+			st := stepOf[tr.Step]
+			t.Errorf("%s (step %d): event at %d on tid %d, step [%d,%d] on tid %d", tr.API, tr.Step, ev.Start, ev.TID, mono(st.Start), mono(st.End), tr.TID)
+		}
+	}
+}
+
 // filterAfter drops allocations made before the first truth record
 // (simtrain's setup allocates its buffers untimed).
 func filterAfter(evs []event.Event, truth []truthRec) []event.Event {

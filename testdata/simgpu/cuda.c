@@ -309,6 +309,45 @@ static CUresult graph_launch(CUgraphExec g, CUstream h, int ptsz)
 	return enqueue(h, ptsz, g->dur_ns, SIMGPU_KIND_KERNEL);
 }
 
+/* The tracer reads these two fields of cuMemcpy2DAsync's argument at fixed
+ * offsets (bpf/cuda.c, AL_2D). */
+_Static_assert(offsetof(CUDA_MEMCPY2D, WidthInBytes) == 112, "CUDA_MEMCPY2D.WidthInBytes at 112");
+_Static_assert(offsetof(CUDA_MEMCPY2D, Height) == 120, "CUDA_MEMCPY2D.Height at 120");
+_Static_assert(sizeof(CUDA_MEMCPY2D) == 128, "CUDA_MEMCPY2D is 128 bytes");
+_Static_assert(offsetof(CUDA_MEMCPY3D, WidthInBytes) == 176, "CUDA_MEMCPY3D.WidthInBytes at 176");
+_Static_assert(sizeof(CUDA_MEMCPY3D) == 200, "CUDA_MEMCPY3D is 200 bytes");
+
+/* Copies that touch host memory go over PCIe, the others stay on the device. */
+static double copy_gbps(CUmemorytype src, CUmemorytype dst)
+{
+	return src == CU_MEMORYTYPE_HOST || dst == CU_MEMORYTYPE_HOST ? cfg_pcie_gbps
+								       : cfg_device_gbps;
+}
+
+static CUresult copy_2d(const CUDA_MEMCPY2D *p, CUstream h, int ptsz)
+{
+	if (p == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	size_t bytes = p->WidthInBytes * p->Height;
+	return enqueue(h, ptsz, copy_ns(bytes, copy_gbps(p->srcMemoryType, p->dstMemoryType)),
+		       SIMGPU_KIND_COPY);
+}
+
+static CUresult copy_3d(const CUDA_MEMCPY3D *p, CUstream h, int ptsz)
+{
+	if (p == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	size_t bytes = p->WidthInBytes * p->Height * p->Depth;
+	return enqueue(h, ptsz, copy_ns(bytes, copy_gbps(p->srcMemoryType, p->dstMemoryType)),
+		       SIMGPU_KIND_COPY);
+}
+
+/* A memset of n elements of elt bytes each. */
+static CUresult memset_async(size_t n, size_t elt, CUstream h, int ptsz)
+{
+	return enqueue(h, ptsz, copy_ns(n * elt, cfg_device_gbps), SIMGPU_KIND_MEMSET);
+}
+
 /* Synchronous copy: ordered on the legacy default stream, host blocks. */
 static CUresult sync_copy(size_t bytes, double gbps)
 {
@@ -946,6 +985,96 @@ API CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstre
 API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int ui, size_t n, CUstream hStream)
 {
 	return enqueue(hStream, 1, copy_ns(n * 4, cfg_device_gbps), SIMGPU_KIND_MEMSET);
+}
+
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream hStream)
+{
+	return enqueue(hStream, 0, copy_ns(bytes, cfg_device_gbps), SIMGPU_KIND_COPY);
+}
+
+API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+				       CUstream hStream)
+{
+	return enqueue(hStream, 1, copy_ns(bytes, cfg_device_gbps), SIMGPU_KIND_COPY);
+}
+
+API CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+			       CUcontext srcContext, size_t bytes, CUstream hStream)
+{
+	return enqueue(hStream, 0, copy_ns(bytes, cfg_device_gbps), SIMGPU_KIND_COPY);
+}
+
+API CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext,
+				    CUdeviceptr srcDevice, CUcontext srcContext, size_t bytes,
+				    CUstream hStream)
+{
+	return enqueue(hStream, 1, copy_ns(bytes, cfg_device_gbps), SIMGPU_KIND_COPY);
+}
+
+API CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+	return copy_2d(pCopy, hStream, 0);
+}
+
+API CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+	return copy_2d(pCopy, hStream, 1);
+}
+
+API CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *pCopy, CUstream hStream)
+{
+	return copy_3d(pCopy, hStream, 0);
+}
+
+API CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D *pCopy, CUstream hStream)
+{
+	return copy_3d(pCopy, hStream, 1);
+}
+
+API CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short us, size_t n, CUstream hStream)
+{
+	return memset_async(n, 2, hStream, 0);
+}
+
+API CUresult cuMemsetD16Async_ptsz(CUdeviceptr dst, unsigned short us, size_t n, CUstream hStream)
+{
+	return memset_async(n, 2, hStream, 1);
+}
+
+API CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t dstPitch, unsigned char uc, size_t width,
+			       size_t height, CUstream hStream)
+{
+	return memset_async(width * height, 1, hStream, 0);
+}
+
+API CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dst, size_t dstPitch, unsigned char uc,
+				    size_t width, size_t height, CUstream hStream)
+{
+	return memset_async(width * height, 1, hStream, 1);
+}
+
+API CUresult cuMemsetD2D16Async(CUdeviceptr dst, size_t dstPitch, unsigned short us, size_t width,
+				size_t height, CUstream hStream)
+{
+	return memset_async(width * height, 2, hStream, 0);
+}
+
+API CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dst, size_t dstPitch, unsigned short us,
+				     size_t width, size_t height, CUstream hStream)
+{
+	return memset_async(width * height, 2, hStream, 1);
+}
+
+API CUresult cuMemsetD2D32Async(CUdeviceptr dst, size_t dstPitch, unsigned int ui, size_t width,
+				size_t height, CUstream hStream)
+{
+	return memset_async(width * height, 4, hStream, 0);
+}
+
+API CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dst, size_t dstPitch, unsigned int ui,
+				     size_t width, size_t height, CUstream hStream)
+{
+	return memset_async(width * height, 4, hStream, 1);
 }
 
 API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes)

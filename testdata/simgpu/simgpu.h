@@ -42,12 +42,76 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUarray_st *CUarray;
 typedef CUstream cudaStream_t;
 
 #define CU_STREAM_LEGACY      ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD  ((CUstream)0x2)
 #define CU_STREAM_DEFAULT      0x0
 #define CU_STREAM_NON_BLOCKING 0x1
+
+typedef enum CUmemorytype_enum {
+	CU_MEMORYTYPE_HOST = 0x01,
+	CU_MEMORYTYPE_DEVICE = 0x02,
+	CU_MEMORYTYPE_ARRAY = 0x03,
+	CU_MEMORYTYPE_UNIFIED = 0x04,
+} CUmemorytype;
+
+/* 2D copy parameters. The tracer reads WidthInBytes and Height at fixed
+ * offsets (bpf/cuda.c, AL_2D); cuda.c asserts them. */
+typedef struct CUDA_MEMCPY2D_st {
+	size_t srcXInBytes;
+	size_t srcY;
+	CUmemorytype srcMemoryType;
+	const void *srcHost;
+	CUdeviceptr srcDevice;
+	CUarray srcArray;
+	size_t srcPitch;
+
+	size_t dstXInBytes;
+	size_t dstY;
+	CUmemorytype dstMemoryType;
+	void *dstHost;
+	CUdeviceptr dstDevice;
+	CUarray dstArray;
+	size_t dstPitch;
+
+	size_t WidthInBytes;
+	size_t Height;
+} CUDA_MEMCPY2D_v2;
+typedef CUDA_MEMCPY2D_v2 CUDA_MEMCPY2D;
+
+/* 3D copy parameters (the tracer does not decode them). */
+typedef struct CUDA_MEMCPY3D_st {
+	size_t srcXInBytes;
+	size_t srcY;
+	size_t srcZ;
+	size_t srcLOD;
+	CUmemorytype srcMemoryType;
+	const void *srcHost;
+	CUdeviceptr srcDevice;
+	CUarray srcArray;
+	void *reserved0;
+	size_t srcPitch;
+	size_t srcHeight;
+
+	size_t dstXInBytes;
+	size_t dstY;
+	size_t dstZ;
+	size_t dstLOD;
+	CUmemorytype dstMemoryType;
+	void *dstHost;
+	CUdeviceptr dstDevice;
+	CUarray dstArray;
+	void *reserved1;
+	size_t dstPitch;
+	size_t dstHeight;
+
+	size_t WidthInBytes;
+	size_t Height;
+	size_t Depth;
+} CUDA_MEMCPY3D_v2;
+typedef CUDA_MEMCPY3D_v2 CUDA_MEMCPY3D;
 
 typedef struct CUlaunchAttribute_st {
 	int id;
@@ -121,6 +185,19 @@ CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t bytes, CUs
 CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream hStream);
 CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char uc, size_t n, CUstream hStream);
 CUresult cuMemsetD32Async_ptsz(CUdeviceptr dst, unsigned int ui, size_t n, CUstream hStream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+				   CUstream hStream);
+CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+				CUcontext srcContext, size_t bytes, CUstream hStream);
+CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hStream);
+CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D *pCopy, CUstream hStream);
+CUresult cuMemsetD16Async_ptsz(CUdeviceptr dst, unsigned short us, size_t n, CUstream hStream);
+CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dst, size_t dstPitch, unsigned char uc, size_t width,
+				size_t height, CUstream hStream);
+CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dst, size_t dstPitch, unsigned short us,
+				 size_t width, size_t height, CUstream hStream);
+CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dst, size_t dstPitch, unsigned int ui, size_t width,
+				 size_t height, CUstream hStream);
 CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
 CUresult cuGraphDestroy(CUgraph hGraph);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
@@ -132,6 +209,19 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream hStream);
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream hStream);
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int ui, size_t n, CUstream hStream);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream hStream);
+CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+			   CUcontext srcContext, size_t bytes, CUstream hStream);
+CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream);
+CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *pCopy, CUstream hStream);
+CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short us, size_t n, CUstream hStream);
+/* The 2D memsets count width in elements; dstPitch is in bytes. */
+CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t dstPitch, unsigned char uc, size_t width,
+			   size_t height, CUstream hStream);
+CUresult cuMemsetD2D16Async(CUdeviceptr dst, size_t dstPitch, unsigned short us, size_t width,
+			    size_t height, CUstream hStream);
+CUresult cuMemsetD2D32Async(CUdeviceptr dst, size_t dstPitch, unsigned int ui, size_t width,
+			    size_t height, CUstream hStream);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes);
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes);
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes);

@@ -90,6 +90,7 @@ type record struct {
 	At               string           `json:"at"`
 	WorkerRunDelayNs uint64           `json:"worker_run_delay_ns"`
 	KernelUs         int64            `json:"kernel_us"`
+	CopyAPI          string           `json:"copy_api"`
 	Stalls           []map[string]any `json:"stalls"`
 	RealMinus        *uint64          `json:"realtime_minus_monotonic_ns"`
 }
@@ -197,7 +198,8 @@ func TestTruthWellFormed(t *testing.T) {
 		"--collectives", strconv.Itoa(coll))
 
 	m := tr.meta
-	if m.Clock != "monotonic" || m.Pid == 0 || m.Tid != m.Pid || m.RealMinus == nil || m.KernelUs != 100 {
+	if m.Clock != "monotonic" || m.Pid == 0 || m.Tid != m.Pid || m.RealMinus == nil || m.KernelUs != 100 ||
+		m.CopyAPI != "cuMemcpyHtoDAsync_v2" {
 		t.Errorf("bad meta record: %+v", m)
 	}
 	if len(tr.steps) != steps || tr.end.Steps != steps {
@@ -244,6 +246,57 @@ func TestTruthWellFormed(t *testing.T) {
 	}
 	if len(tr.stalls) != 0 {
 		t.Errorf("got %d stalls without --stall", len(tr.stalls))
+	}
+	// Without --copy-api the batch copy is not recorded as a call.
+	if n := len(tr.callsOf("copy")); n != 0 {
+		t.Errorf("got %d copy calls without --copy-api", n)
+	}
+}
+
+// TestCopyAPIs checks --copy-api: all takes every asynchronous copy and
+// memset entry point in turn, one per step, steps alternate between the
+// streams, and each record carries the bytes a tracer should decode.
+func TestCopyAPIs(t *testing.T) {
+	apis := []string{
+		"cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyAsync", "cuMemcpyDtoDAsync_v2",
+		"cuMemcpyPeerAsync", "cuMemcpy2DAsync_v2", "cuMemcpy3DAsync_v2", "cuMemsetD8Async",
+		"cuMemsetD16Async", "cuMemsetD32Async", "cuMemsetD2D8Async", "cuMemsetD2D16Async",
+		"cuMemsetD2D32Async",
+	}
+	// 1 MiB: 64 rows of 16 KiB; the 2D calls cover half of each row.
+	const b = 1 << 20
+	want := map[string]int64{
+		"cuMemcpy2DAsync_v2": b / 2, "cuMemcpy3DAsync_v2": 0,
+		"cuMemsetD2D8Async": b / 2, "cuMemsetD2D16Async": b / 2, "cuMemsetD2D32Async": b / 2,
+	}
+	steps := len(apis) + 2
+	tr := runSimtrain(t, "--steps", strconv.Itoa(steps), "--kernels-per-step", "1", "--kernel-us", "20",
+		"--streams", "2", "--batch-bytes", strconv.Itoa(b), "--copy-api", "all")
+	if tr.meta.CopyAPI != "all" {
+		t.Errorf("meta copy_api %q, want all", tr.meta.CopyAPI)
+	}
+	cs := tr.callsOf("copy")
+	if len(cs) != steps {
+		t.Fatalf("got %d copy calls, want %d", len(cs), steps)
+	}
+	for i, c := range cs {
+		api := apis[i%len(apis)]
+		bytes, ok := want[api]
+		if !ok {
+			bytes = b
+		}
+		if c.API != api || c.Step != i+1 || c.Bytes != bytes || (c.Stream == 0) != (i%2 == 0) || c.Tid != tr.meta.Tid {
+			t.Errorf("copy call %d: %+v; want %s at step %d, %d bytes, stream %d of 2", i, c, api, i+1, bytes, i%2)
+		}
+	}
+
+	// One entry point: every step, the same size; odd sizes round down to
+	// whole elements (at least one).
+	tr = runSimtrain(t, "--steps", "2", "--kernels-per-step", "1", "--kernel-us", "20",
+		"--batch-bytes", "7", "--copy-api", "cuMemsetD32Async")
+	cs = tr.callsOf("copy")
+	if tr.meta.CopyAPI != "cuMemsetD32Async" || len(cs) != 2 || cs[0].API != "cuMemsetD32Async" || cs[0].Bytes != 4 || cs[1].Bytes != 4 {
+		t.Errorf("--copy-api cuMemsetD32Async --batch-bytes 7: meta %q, calls %+v", tr.meta.CopyAPI, cs)
 	}
 }
 
@@ -535,6 +588,7 @@ func TestBadArguments(t *testing.T) {
 		{"--steps", "1", "--stall", "comm:every=1:ms=1:at=ahead"},
 		{"--steps", "1", "--stall", "cuda.memcpy:every=1:ms=1:at=ahead"},
 		{"--steps", "x"},
+		{"--steps", "1", "--copy-api", "cuMemcpy2D_v2"},
 		{"--bogus"},
 		{},
 	} {
@@ -592,7 +646,14 @@ func TestCUDAExports(t *testing.T) {
 		"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch",
 		"cuLaunchKernel_ptsz", "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel_ptsz",
 		"cuGraphLaunch_ptsz", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyAsync",
-		"cuMemsetD8Async", "cuMemsetD32Async", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2",
+		"cuMemsetD8Async", "cuMemsetD32Async", "cuMemcpyHtoDAsync_v2_ptsz",
+		"cuMemcpyDtoHAsync_v2_ptsz", "cuMemcpyAsync_ptsz", "cuMemsetD8Async_ptsz",
+		"cuMemsetD32Async_ptsz", "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync_v2_ptsz",
+		"cuMemcpyPeerAsync", "cuMemcpyPeerAsync_ptsz", "cuMemcpy2DAsync_v2",
+		"cuMemcpy2DAsync_v2_ptsz", "cuMemcpy3DAsync_v2", "cuMemcpy3DAsync_v2_ptsz",
+		"cuMemsetD16Async", "cuMemsetD16Async_ptsz", "cuMemsetD2D8Async",
+		"cuMemsetD2D8Async_ptsz", "cuMemsetD2D16Async", "cuMemsetD2D16Async_ptsz",
+		"cuMemsetD2D32Async", "cuMemsetD2D32Async_ptsz", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2",
 		"cuMemcpyDtoD_v2", "cuMemcpy", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventRecord",
 		"cuEventSynchronize", "cuEventCreate", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocAsync",
 		"cuMemFreeAsync", "cuGetErrorString", "cuDriverGetVersion",

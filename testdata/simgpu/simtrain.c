@@ -90,6 +90,19 @@ struct stall {
 enum launch_api { L_KERNEL, L_EX, L_COOP, L_GRAPH, L_PTSZ, L_MIX };
 static const char *launch_api_names[] = {"kernel", "ex", "cooperative", "graph", "ptsz", "mix"};
 
+/* Entry points of the per-step batch copy (--copy-api); CP_ALL cycles
+ * through the others, one per step. */
+enum copy_api {
+	CP_HTOD, CP_DTOH, CP_ASYNC, CP_DTOD, CP_PEER, CP_2D, CP_3D, CP_D8, CP_D16, CP_D32,
+	CP_D2D8, CP_D2D16, CP_D2D32, CP_ALL,
+};
+static const char *copy_api_names[] = {
+	"cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyAsync", "cuMemcpyDtoDAsync_v2",
+	"cuMemcpyPeerAsync", "cuMemcpy2DAsync_v2", "cuMemcpy3DAsync_v2", "cuMemsetD8Async",
+	"cuMemsetD16Async", "cuMemsetD32Async", "cuMemsetD2D8Async", "cuMemsetD2D16Async",
+	"cuMemsetD2D32Async", "all",
+};
+
 static struct {
 	long steps;
 	long kernels;
@@ -106,6 +119,8 @@ static struct {
 	int ctx_sync;
 	int quiet;
 	enum launch_api api;
+	enum copy_api copy_api;
+	int copy_api_set; /* --copy-api given: copy truth records, streams rotate */
 	const char *truth;
 	const char *server;
 	const char *data_dir;
@@ -503,10 +518,17 @@ static void usage(FILE *f)
 	      "                [--streams S] [--truth FILE] [--stall CAUSE:every=E:ms=M[:at=before|ahead]]...\n"
 	      "                [--device D] [--rank R] [--nranks N] [--collectives C] [--server ADDR]\n"
 	      "                [--workers W] [--data-dir DIR] [--batch-bytes B] [--bucket-bytes B]\n"
-	      "                [--launch-api kernel|ex|cooperative|graph|ptsz|mix] [--ctx-sync] [--quiet]\n"
+	      "                [--launch-api kernel|ex|cooperative|graph|ptsz|mix] [--copy-api API|all]\n"
+	      "                [--ctx-sync] [--quiet]\n"
 	      "       simtrain --dump-timeline FROM,TO[,MASK] [--device D]\n"
 	      "causes: io.read io.write net loader.wait loader.wait.io loader.wait.cpu comm\n"
-	      "        cuda.memcpy cuda.alloc cpu cpu.contention sleep\n",
+	      "        cuda.memcpy cuda.alloc cpu cpu.contention sleep\n"
+	      "copy APIs (default cuMemcpyHtoDAsync_v2 on stream 0; with --copy-api step N copies\n"
+	      "on stream (N-1) mod S, and all takes them in this order, one per step):\n"
+	      "        cuMemcpyHtoDAsync_v2 cuMemcpyDtoHAsync_v2 cuMemcpyAsync cuMemcpyDtoDAsync_v2\n"
+	      "        cuMemcpyPeerAsync cuMemcpy2DAsync_v2 cuMemcpy3DAsync_v2 cuMemsetD8Async\n"
+	      "        cuMemsetD16Async cuMemsetD32Async cuMemsetD2D8Async cuMemsetD2D16Async\n"
+	      "        cuMemsetD2D32Async\n",
 	      f);
 }
 
@@ -515,7 +537,7 @@ static void parse_args(int argc, char **argv)
 	enum {
 		O_STEPS = 256, O_KERNELS, O_KUS, O_GAP, O_STREAMS, O_TRUTH, O_STALL, O_DEVICE,
 		O_RANK, O_NRANKS, O_COLL, O_SERVER, O_WORKERS, O_DATADIR, O_QUIET, O_BATCH,
-		O_BUCKET, O_API, O_CTXSYNC, O_DUMP, O_HELP,
+		O_BUCKET, O_API, O_COPYAPI, O_CTXSYNC, O_DUMP, O_HELP,
 	};
 	static const struct option lo[] = {
 		{"steps", required_argument, 0, O_STEPS},
@@ -535,6 +557,7 @@ static void parse_args(int argc, char **argv)
 		{"batch-bytes", required_argument, 0, O_BATCH},
 		{"bucket-bytes", required_argument, 0, O_BUCKET},
 		{"launch-api", required_argument, 0, O_API},
+		{"copy-api", required_argument, 0, O_COPYAPI},
 		{"ctx-sync", no_argument, 0, O_CTXSYNC},
 		{"dump-timeline", required_argument, 0, O_DUMP},
 		{"quiet", no_argument, 0, O_QUIET},
@@ -570,6 +593,18 @@ static void parse_args(int argc, char **argv)
 				}
 			if (!ok)
 				usage_error("invalid --launch-api %s", optarg);
+			break;
+		}
+		case O_COPYAPI: {
+			int ok = 0;
+			for (int i = 0; i <= CP_ALL; i++)
+				if (strcmp(optarg, copy_api_names[i]) == 0) {
+					opt.copy_api = (enum copy_api)i;
+					ok = 1;
+				}
+			if (!ok)
+				usage_error("invalid --copy-api %s", optarg);
+			opt.copy_api_set = 1;
 			break;
 		}
 		case O_CTXSYNC: opt.ctx_sync = 1; break;
@@ -1012,8 +1047,9 @@ static void stop_children(void)
 static CUstream streams[MAX_STREAMS];
 static CUfunction kfunc;
 static CUgraphExec kgraph;
-static CUdeviceptr dbatch, dgrad;
+static CUdeviceptr dbatch, dgrad, dcopy;
 static char *hbatch;
+static CUcontext cu_ctx;
 static ncclComm_t comm;
 static double pcie_gbps;
 
@@ -1030,6 +1066,7 @@ static void setup_device(void)
 	CUcontext ctx;
 	check_cu(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
 	check_cu(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+	cu_ctx = ctx;
 	/* Stream 0 of the trainer is the legacy default stream, like PyTorch's. */
 	streams[0] = NULL;
 	for (long i = 1; i < opt.streams; i++)
@@ -1048,6 +1085,9 @@ static void setup_device(void)
 	hbatch = calloc(1, (size_t)opt.batch_bytes);
 	if (hbatch == NULL)
 		die("out of memory");
+	/* Device-to-device copies go from the batch to a buffer of its size. */
+	if (opt.copy_api_set)
+		check_cu(cuMemAlloc_v2(&dcopy, (size_t)opt.batch_bytes), "cuMemAlloc_v2");
 	pcie_gbps = env_gbps("SIMGPU_PCIE_GBPS", 20);
 	if (opt.collectives > 0 || has_cause(C_COMM)) {
 		ncclUniqueId id;
@@ -1084,6 +1124,108 @@ static const char *launch_one(long i, CUstream s)
 			 "cuLaunchKernel");
 		return "cuLaunchKernel";
 	}
+}
+
+/* Rows of the 2D and 3D copies and memsets: the largest power of two up to 64
+ * that divides total. */
+static size_t rows_of(size_t total)
+{
+	size_t h = 64;
+	while (h > 1 && total % h != 0)
+		h /= 2;
+	return h;
+}
+
+/*
+ * The step's batch copy through the --copy-api entry point on stream s. Sizes
+ * derive from --batch-bytes B: the 1D copies move B bytes; the memsets set
+ * max(1, B/E) elements of E bytes; the 2D copy and memsets view the batch as
+ * H rows (H = rows_of(B), pitch B/H bytes) and cover the left half of each
+ * row, so that width, pitch and height all differ; the 3D copy moves B bytes
+ * as a box of H/2 rows of pitch bytes, 2 deep (1 x 1 when H is 1). *bytes is
+ * what a tracer should report: bytes moved or set, and 0 for
+ * cuMemcpy3DAsync_v2 whose size is not decoded.
+ */
+static const char *copy_one(long step, CUstream s, unsigned long long *bytes)
+{
+	enum copy_api api = opt.copy_api == CP_ALL ? (enum copy_api)((step - 1) % CP_ALL)
+						  : opt.copy_api;
+	size_t b = (size_t)opt.batch_bytes;
+	size_t h = rows_of(b), pitch = b / h;
+	size_t n, w, elt = 1;
+	switch (api) {
+	case CP_DTOH:
+		check_cu(cuMemcpyDtoHAsync_v2(hbatch, dbatch, b, s), "cuMemcpyDtoHAsync_v2");
+		*bytes = b;
+		break;
+	case CP_ASYNC:
+		check_cu(cuMemcpyAsync(dcopy, dbatch, b, s), "cuMemcpyAsync");
+		*bytes = b;
+		break;
+	case CP_DTOD:
+		check_cu(cuMemcpyDtoDAsync_v2(dcopy, dbatch, b, s), "cuMemcpyDtoDAsync_v2");
+		*bytes = b;
+		break;
+	case CP_PEER:
+		check_cu(cuMemcpyPeerAsync(dcopy, cu_ctx, dbatch, cu_ctx, b, s), "cuMemcpyPeerAsync");
+		*bytes = b;
+		break;
+	case CP_2D: {
+		w = pitch / 2 > 0 ? pitch / 2 : 1;
+		CUDA_MEMCPY2D p = {
+			.srcMemoryType = CU_MEMORYTYPE_HOST, .srcHost = hbatch, .srcPitch = pitch,
+			.dstMemoryType = CU_MEMORYTYPE_DEVICE, .dstDevice = dbatch, .dstPitch = pitch,
+			.WidthInBytes = w, .Height = h,
+		};
+		check_cu(cuMemcpy2DAsync_v2(&p, s), "cuMemcpy2DAsync_v2");
+		*bytes = w * h;
+		break;
+	}
+	case CP_3D: {
+		size_t d = h > 1 ? 2 : 1;
+		CUDA_MEMCPY3D p = {
+			.srcMemoryType = CU_MEMORYTYPE_DEVICE, .srcDevice = dbatch, .srcPitch = pitch,
+			.srcHeight = h / d,
+			.dstMemoryType = CU_MEMORYTYPE_DEVICE, .dstDevice = dcopy, .dstPitch = pitch,
+			.dstHeight = h / d,
+			.WidthInBytes = pitch, .Height = h / d, .Depth = d,
+		};
+		check_cu(cuMemcpy3DAsync_v2(&p, s), "cuMemcpy3DAsync_v2");
+		*bytes = 0;
+		break;
+	}
+	case CP_D8:
+	case CP_D16:
+	case CP_D32:
+		elt = api == CP_D8 ? 1 : api == CP_D16 ? 2 : 4;
+		n = b / elt > 0 ? b / elt : 1;
+		if (api == CP_D8)
+			check_cu(cuMemsetD8Async(dbatch, 0, n, s), "cuMemsetD8Async");
+		else if (api == CP_D16)
+			check_cu(cuMemsetD16Async(dbatch, 0, n, s), "cuMemsetD16Async");
+		else
+			check_cu(cuMemsetD32Async(dbatch, 0, n, s), "cuMemsetD32Async");
+		*bytes = n * elt;
+		break;
+	case CP_D2D8:
+	case CP_D2D16:
+	case CP_D2D32:
+		elt = api == CP_D2D8 ? 1 : api == CP_D2D16 ? 2 : 4;
+		w = pitch / elt / 2 > 0 ? pitch / elt / 2 : 1;
+		if (api == CP_D2D8)
+			check_cu(cuMemsetD2D8Async(dbatch, pitch, 0, w, h, s), "cuMemsetD2D8Async");
+		else if (api == CP_D2D16)
+			check_cu(cuMemsetD2D16Async(dbatch, pitch, 0, w, h, s), "cuMemsetD2D16Async");
+		else
+			check_cu(cuMemsetD2D32Async(dbatch, pitch, 0, w, h, s), "cuMemsetD2D32Async");
+		*bytes = w * h * elt;
+		break;
+	default:
+		check_cu(cuMemcpyHtoDAsync_v2(dbatch, hbatch, b, s), "cuMemcpyHtoDAsync_v2");
+		*bytes = b;
+		break;
+	}
+	return copy_api_names[api];
 }
 
 /* ------------------------------------------------------------------ */
@@ -1389,13 +1531,14 @@ int main(int argc, char **argv)
 			"{\"type\":\"meta\",\"clock\":\"monotonic\",\"realtime_minus_monotonic_ns\":%llu,"
 			"\"pid\":%d,\"tid\":%d,\"device\":%ld,\"rank\":%ld,\"nranks\":%ld,\"steps\":%ld,"
 			"\"kernels_per_step\":%ld,\"kernel_us\":%ld,\"launch_gap_us\":%ld,"
-			"\"streams\":%ld,\"collectives\":%ld,\"launch_api\":\"%s\",\"sync\":\"%s\","
+			"\"streams\":%ld,\"collectives\":%ld,\"launch_api\":\"%s\",\"copy_api\":\"%s\","
+			"\"sync\":\"%s\","
 			"\"batch_bytes\":%ld,\"bucket_bytes\":%ld,\"pcie_gbps\":%g,\"data_dir\":\"%s\","
 			"\"server\":\"%s\",\"server_pid\":%d,\"workers\":[",
 			(unsigned long long)realtime_minus_monotonic(), (int)getpid(), gettid_(),
 			opt.device, opt.rank, opt.nranks, opt.steps, opt.kernels, opt.kernel_us,
 			opt.gap_us, opt.streams, opt.collectives, launch_api_names[opt.api],
-			opt.ctx_sync ? "cuCtxSynchronize" : "cuStreamSynchronize", opt.batch_bytes,
+			copy_api_names[opt.copy_api], opt.ctx_sync ? "cuCtxSynchronize" : "cuStreamSynchronize", opt.batch_bytes,
 			opt.bucket_bytes, pcie_gbps, data_dir,
 			opt.server ? opt.server : server_addr, (int)logsrv_pid);
 		for (int i = 0; i < nworkers; i++)
@@ -1430,8 +1573,16 @@ int main(int argc, char **argv)
 			api = a;
 		}
 		uint64_t launches_end = now_ns();
-		check_cu(cuMemcpyHtoDAsync_v2(dbatch, hbatch, (size_t)opt.batch_bytes, streams[0]),
-			 "cuMemcpyHtoDAsync_v2");
+		if (opt.copy_api_set) {
+			CUstream cs = streams[(step - 1) % opt.streams];
+			unsigned long long cb;
+			uint64_t s = now_ns();
+			const char *ca = copy_one(step, cs, &cb);
+			truth_call("copy", ca, step, s, now_ns(), cs, cb);
+		} else {
+			check_cu(cuMemcpyHtoDAsync_v2(dbatch, hbatch, (size_t)opt.batch_bytes, streams[0]),
+				 "cuMemcpyHtoDAsync_v2");
+		}
 		long ncoll = opt.collectives;
 		if (pending_comm_delay_ns > 0 && ncoll == 0)
 			ncoll = 1; /* a late peer needs a collective to be late for */

@@ -50,6 +50,7 @@ struct thread_state {
 	__u32 sc_class;
 	/* scheduling */
 	__u64 off_start; /* switched out at (0: running) */
+	__u64 wake_ns;   /* woken at, while switched out blocked (0: not yet) */
 	__u32 off_runnable;
 	/* probed CUDA/NCCL blocking call in flight (depth > 0) */
 	__u32 call_depth;

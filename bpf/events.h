@@ -115,6 +115,16 @@ struct sched_event {
 	struct event_hdr hdr;
 	__u64 start_ns;
 	__u64 waker;
+	__u32 flags; /* SCHED_F_* */
+	__u32 _pad;
+};
+
+/* sched_event.flags */
+enum {
+	/* K_RUNQUEUE only: the thread was blocked inside a probed CUDA/NCCL call
+	 * (a sync sleeping until the GPU is done) and start_ns is when it was
+	 * woken: the call's wait ended there, the rest was waiting for a CPU. */
+	SCHED_F_WOKEN = 1,
 };
 
 /* EV_PROC: fork (process or thread), exec, exit. */

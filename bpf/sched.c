@@ -9,7 +9,10 @@
  * K_OFFCPU.
  * sched_waking, sched_wakeup_new: the waker is recorded in the wakee's state, so the
  * syscall or off-CPU event that ends says who ended it (data-loader worker,
- * logging thread, ...).
+ * logging thread, ...). A thread blocked inside a probed CUDA/NCCL call
+ * that waits for a CPU after its wakeup for at least threshold_ns gets a
+ * K_RUNQUEUE event from the wakeup (SCHED_F_WOKEN): a sync's wait for the
+ * GPU ended there, not at its return.
  * sched_process_fork: children of traced processes are traced from their
  * first instruction (added to traced_tgids here, before user space knows).
  * sched_process_exit: per-thread state is dropped; the last thread of a
@@ -46,16 +49,26 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	if (!t || t->off_start == 0)
 		return 0;
 	__u64 start = t->off_start;
+	__u64 woke = t->wake_ns;
 	t->off_start = 0;
+	t->wake_ns = 0;
+	__u32 kind, flags = 0;
+	if (t->off_runnable) {
+		kind = K_RUNQUEUE;
+	} else if (t->sc_start == 0 && t->call_depth == 0) {
+		kind = K_OFFCPU;
+	} else if (t->call_depth > 0 && woke > start) {
+		/* Blocked inside a probed call (a sync sleeping until the GPU is
+		 * done): the call's own event covers the block, but not that the
+		 * wait ended at the wakeup and the thread then waited for a CPU. */
+		kind = K_RUNQUEUE;
+		flags = SCHED_F_WOKEN;
+		start = woke;
+	} else {
+		return 0; /* blocked inside a traced syscall: its event covers it */
+	}
 	if (now - start < threshold_ns)
 		return 0;
-	__u32 kind;
-	if (t->off_runnable)
-		kind = K_RUNQUEUE;
-	else if (t->sc_start == 0 && t->call_depth == 0)
-		kind = K_OFFCPU;
-	else
-		return 0; /* blocked inside a traced call: that call's event covers it */
 
 	struct sched_event *e = reserve(sizeof(*e));
 	if (!e)
@@ -63,6 +76,8 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	hdr_fill(&e->hdr, EV_SCHED, kind, nid, now);
 	e->start_ns = start;
 	e->waker = kind == K_OFFCPU ? t->waker : 0;
+	e->flags = flags;
+	e->_pad = 0;
 	submit(e);
 	arm_enqueue(t);
 	return 0;
@@ -75,8 +90,11 @@ static __always_inline void record_waker(struct task_struct *p)
 		return;
 	__u64 id = ((__u64)tgid << 32) | (__u32)p->pid;
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
-	if (t)
-		t->waker = bpf_get_current_pid_tgid();
+	if (!t)
+		return;
+	t->waker = bpf_get_current_pid_tgid();
+	if (t->off_start != 0 && !t->off_runnable)
+		t->wake_ns = bpf_ktime_get_ns();
 }
 
 /* sched_waking, not sched_wakeup: a wakeup completed through the remote

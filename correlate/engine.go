@@ -426,6 +426,7 @@ func (e *Engine) process(ev *event.Event) {
 	case event.KindEnqueue, event.KindMemcpyAsync, event.KindMemset, event.KindCollective:
 		p.onEnqueue(th, ev)
 	case event.KindSync:
+		th.wokenSync(ev)
 		th.add(ev)
 		p.onSync(th, ev)
 	case event.KindMemcpy, event.KindFree:

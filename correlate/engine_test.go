@@ -1177,3 +1177,52 @@ func TestCommStallLateFromFirstStep(t *testing.T) {
 		})
 	}
 }
+
+// A sync that slept until the GPU was done and then waited for a CPU (a
+// loaded host): the GPU idled from the wakeup, and that wait is
+// cpu.contention, not time the GPU spent busy.
+func TestSyncWokenThenWaitedForCPU(t *testing.T) {
+	const late = 20 * ms
+	var wake int64
+	s, _ := trainer(func(s *gpuSim) {
+		s.launches(20, 2*ms, 100*us)
+		start := s.t
+		wake = s.gpuFree
+		run := wake + late
+		end := run + 5*us
+		s.evs = append(s.evs,
+			event.Event{Kind: event.KindRunqueue, PID: s.pid, TID: s.tid, Start: wake, End: run, Woken: true},
+			event.Event{Kind: event.KindSync, PID: s.pid, TID: s.tid, Start: start, End: end,
+				CUDA: event.CUStreamSynchronize, Stream: s.stream, Count: s.pending[s.tid]})
+		s.pending[s.tid] = 0
+		s.flushed[s.tid] = false
+		s.t = end
+	})
+	c := &collect{}
+	e := newEngine(c, nil)
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	sum := feed(e, c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	big := bigGaps(c.gaps)
+	if len(big) != 1 {
+		t.Fatalf("want 1 gap ≥1ms, got %d: %+v", len(big), big)
+	}
+	g := big[0]
+	if !near(g.Start, wake, 50*us) || !near(g.Duration, late, 100*us) {
+		t.Errorf("gap [%d,+%d], want [%d,+%d]: it starts at the wakeup", g.Start-t0, g.Duration, wake-t0, late)
+	}
+	if g.Cause != CauseCPUContention || g.Breakdown[CauseCPUContention] < late*9/10 {
+		t.Errorf("cause %s breakdown %v, want cpu.contention", g.Cause, g.Breakdown)
+	}
+	checkTotals(t, c, sum)
+
+	// The same run-queue wait without Woken (a preemption while spinning in
+	// the sync) says nothing about when the GPU finished: no gap.
+	for i := range s.evs {
+		s.evs[i].Woken = false
+	}
+	c = &collect{}
+	feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	if big := bigGaps(c.gaps); len(big) != 0 {
+		t.Errorf("a preemption inside a sync opened a gap: %+v", big)
+	}
+}

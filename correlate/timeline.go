@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"sort"
+	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -59,6 +60,30 @@ func (t *thread) trim(keep int64) {
 	}
 	if cap(t.tl) > 64 && len(t.tl) < cap(t.tl)/4 {
 		t.tl = append(make([]event.Event, 0, 2*len(t.tl)+8), t.tl...)
+	}
+}
+
+// wokenReturn bounds the time from the end of a post-wakeup run-queue wait
+// to the sync's return for the wakeup to be the one that ended the wait:
+// the driver returns a few µs after it runs again.
+const wokenReturn = int64(500 * time.Microsecond)
+
+// wokenSync ends a sync at its wakeup when the thread slept in it, was
+// woken, and then waited for a CPU (a run-queue event marked Woken, which
+// ends before the sync and so is already on the timeline): the GPU's work
+// was done at the wakeup, and the wait for a CPU after it is contention
+// inside the gap that follows, not time the GPU was busy.
+func (t *thread) wokenSync(sync *event.Event) {
+	for i := len(t.tl) - 1; i >= 0; i-- {
+		r := &t.tl[i]
+		if r.End <= sync.Start {
+			return
+		}
+		if r.Kind == event.KindRunqueue && r.Woken && r.Start > sync.Start && r.End <= sync.End &&
+			sync.End-r.End <= wokenReturn {
+			sync.End = r.Start
+			return
+		}
 	}
 }
 

@@ -193,7 +193,12 @@ type Event struct {
 	WakerTID  uint32
 	ChildPID  uint32 // KindFork
 	IsThread  bool   // KindFork: the child is a thread of PID
-	TaskComm  string // task comm of TID when known
+	// Woken (KindRunqueue): the thread was blocked inside a probed CUDA/NCCL
+	// call and Start is when it was woken; it then waited for a CPU until
+	// End. For a sync that slept until the GPU was done, the wait for the
+	// GPU ended at Start, not at the call's return.
+	Woken    bool
+	TaskComm string // task comm of TID when known
 }
 
 // Duration returns End-Start in ns.

@@ -19,6 +19,9 @@ const (
 	evMmap    = 7
 )
 
+// Flags of sched_event (SCHED_F_* in bpf/events.h).
+const schedFlagWoken = 1
+
 // Flags of proc_event.
 const (
 	procFlagThread    = 1
@@ -164,6 +167,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 		}
 		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
 		ev.WakerPID, ev.WakerTID = uint32(r.Waker>>32), uint32(r.Waker)
+		ev.Woken = ev.Kind == event.KindRunqueue && r.Flags&schedFlagWoken != 0
 		d.emit = true
 	case evProc:
 		r := (*rawProc)(unsafe.Pointer(&rec[0]))

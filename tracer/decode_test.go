@@ -46,6 +46,7 @@ func recordedRecords() map[string][]byte {
 	coll := rawNCCL{Hdr: hdr(evNCCL, uint32(event.KindCollective), 100, 101, tEnd), StartNs: tEnd, Count: 1 << 20, Bytes: 4 << 20, Comm: 0xc0, Stream: 0x7f00, Peer: -1, Op: uint32(event.NCCLAllReduce), Datatype: 7}
 	sys := rawSyscall{Hdr: hdr(evSyscall, uint32(event.KindSyscall), 100, 101, tEnd), StartNs: tStart, Ret: 4096, Waker: uint64(200)<<32 | 201, Nr: 17, Fd: 5, Class: uint32(event.SysRead)}
 	rq := rawSched{Hdr: hdr(evSched, uint32(event.KindRunqueue), 100, 101, tEnd), StartNs: tStart}
+	woken := rawSched{Hdr: hdr(evSched, uint32(event.KindRunqueue), 100, 101, tEnd), StartNs: tStart, Flags: schedFlagWoken}
 	fork := rawProc{Hdr: hdr(evProc, uint32(event.KindFork), 100, 101, tEnd), ChildPid: 300, ChildTid: 300}
 	putStr(fork.Comm[:], "worker")
 	exec := rawProc{Hdr: hdr(evProc, uint32(event.KindExec), 300, 300, tEnd)}
@@ -57,7 +58,7 @@ func recordedRecords() map[string][]byte {
 	mmap := hdr(evMmap, 0, 100, 101, tEnd)
 	return map[string][]byte{
 		"sync": asBytes(&sync), "enqueue": asBytes(&enq), "collective": asBytes(&coll), "syscall": asBytes(&sys),
-		"runqueue": asBytes(&rq), "fork": asBytes(&fork), "exec": asBytes(&exec), "exit": asBytes(&exit),
+		"runqueue": asBytes(&rq), "woken": asBytes(&woken), "fork": asBytes(&fork), "exec": asBytes(&exec), "exit": asBytes(&exit),
 		"open": asBytes(&open), "mmap": asBytes(&mmap),
 	}
 }
@@ -77,6 +78,7 @@ func TestDecodeRecords(t *testing.T) {
 		{"collective", event.Event{Kind: event.KindCollective, PID: 100, TID: 101, Start: end, End: end, Op: event.NCCLAllReduce, Count: 1 << 20, Bytes: 4 << 20, Comm: 0xc0, Stream: 0x7f00, FD: -1, PeerRank: -1}, ctlNone, true},
 		{"syscall", event.Event{Kind: event.KindSyscall, PID: 100, TID: 101, Start: start, End: end, Syscall: event.SysRead, SyscallNr: 17, Name: syscallName(17), FD: 5, Ret: 4096, Bytes: 4096, WakerPID: 200, WakerTID: 201, PeerRank: -1}, ctlNone, true},
 		{"runqueue", event.Event{Kind: event.KindRunqueue, PID: 100, TID: 101, Start: start, End: end, FD: -1, PeerRank: -1}, ctlNone, true},
+		{"woken", event.Event{Kind: event.KindRunqueue, PID: 100, TID: 101, Start: start, End: end, FD: -1, PeerRank: -1, Woken: true}, ctlNone, true},
 		{"fork", event.Event{Kind: event.KindFork, PID: 100, TID: 101, Start: end, End: end, ChildPID: 300, TaskComm: "worker", FD: -1, PeerRank: -1}, ctlNewProcess, true},
 		{"exec", event.Event{Kind: event.KindExec, PID: 300, TID: 300, Start: end, End: end, Name: "python3", TaskComm: "python3", Path: "/usr/bin/python3", FD: -1, PeerRank: -1}, ctlExec, true},
 		{"exit", event.Event{Kind: event.KindExit, PID: 300, TID: 300, Start: end, End: end, FD: -1, PeerRank: -1}, ctlProcessGone, true},

@@ -140,6 +140,13 @@ type simRun struct {
 // fork following are in place before simtrain runs.
 func runSimtrain(t *testing.T, set ProbeSet, args ...string) simRun {
 	t.Helper()
+	return runSimtrainHook(t, set, nil, args...)
+}
+
+// runSimtrainHook is runSimtrain with hook called on the traced shell's pid
+// before simtrain is released (to set its CPU affinity, start a load, ...).
+func runSimtrainHook(t *testing.T, set ProbeSet, hook func(pid int), args ...string) simRun {
+	t.Helper()
 	dir := simgpu(t)
 	tr := newTestTracer(t, Config{
 		Probes: set,
@@ -168,6 +175,9 @@ func runSimtrain(t *testing.T, set ProbeSet, args ...string) simRun {
 	}
 	// Uprobes are detached when the process exits: look at them now.
 	attached := tr.Stats().Attached
+	if hook != nil {
+		hook(cmd.Process.Pid)
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	evc := make(chan event.Event, 4096)
@@ -767,4 +777,99 @@ func checkStall(t *testing.T, r simRun, st truthRec) {
 	default:
 		fail("cause not checked by this test")
 	}
+}
+
+// A sync that sleeps until the GPU is done and then waits for a CPU: the
+// tracer reports the wait from the wakeup (Woken), inside the sync, and the
+// wakeup is when the simulated GPU finished. simtrain runs pinned to CPU 0
+// while a SCHED_FIFO thread of this test spins there half the time.
+func TestSyncWakeupThenRunqueue(t *testing.T) {
+	if !canRealtime() {
+		t.Skip("needs SCHED_FIFO (root or CAP_SYS_NICE)")
+	}
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs a second CPU for the tracer while CPU 0 is hogged")
+	}
+	var cpu0 unix.CPUSet
+	cpu0.Set(0)
+	hogDone, stopHog := make(chan struct{}), make(chan struct{})
+	r := runSimtrainHook(t, ProbesFull, func(pid int) {
+		if err := unix.SchedSetaffinity(pid, &cpu0); err != nil {
+			t.Fatalf("pin simtrain to CPU 0: %v", err)
+		}
+		go func() {
+			defer close(hogDone)
+			// The thread keeps the policy and the affinity: it is never
+			// unlocked, so it exits with this goroutine.
+			runtime.LockOSThread()
+			if err := unix.SchedSetaffinity(0, &cpu0); err != nil {
+				return
+			}
+			if unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: 1 /* SCHED_FIFO */, Priority: 1}, 0) != nil {
+				return
+			}
+			// Spin 15 ms, sleep 15 ms, until simtrain is done: whenever its
+			// steps run, some of their syncs end while CPU 0 is taken.
+			for {
+				for end := time.Now().Add(15 * time.Millisecond); time.Now().Before(end); {
+				}
+				select {
+				case <-stopHog:
+					return
+				case <-time.After(15 * time.Millisecond):
+				}
+			}
+		}()
+	}, "--steps", "60", "--kernels-per-step", "2", "--kernel-us", "4000", "--workers", "0")
+	close(stopHog)
+	<-hogDone
+	main := r.meta.TID
+	var busyEnds []int64
+	for _, rec := range r.truth {
+		if rec.Type == "busy" {
+			busyEnds = append(busyEnds, mono(rec.End))
+		}
+	}
+	slices.Sort(busyEnds)
+	syncs := r.kind(event.KindSync, main)
+	var woken int
+	var longest int64
+	for _, ev := range r.kind(event.KindRunqueue, main) {
+		if !ev.Woken {
+			continue
+		}
+		woken++
+		longest = max(longest, ev.End-ev.Start)
+		var in *event.Event
+		for i := range syncs {
+			if syncs[i].Start < ev.Start && ev.End <= syncs[i].End {
+				in = &syncs[i]
+			}
+		}
+		if in == nil {
+			t.Errorf("woken run-queue wait [%d,+%d] is inside no sync", ev.Start, ev.End-ev.Start)
+			continue
+		}
+		// The simulated sync sleeps until the GPU's end: the wakeup is
+		// the end of a busy interval, give or take timer slack.
+		i, _ := slices.BinarySearch(busyEnds, ev.Start)
+		best := int64(1 << 62)
+		for _, j := range []int{i - 1, i} {
+			if j >= 0 && j < len(busyEnds) {
+				best = min(best, max(busyEnds[j]-ev.Start, ev.Start-busyEnds[j]))
+			}
+		}
+		if best > 500*int64(time.Microsecond) {
+			t.Errorf("woken at %d, %d µs from the nearest end of GPU work", ev.Start, best/1000)
+		}
+	}
+	if woken == 0 {
+		t.Fatalf("no woken run-queue wait seen in %d syncs of tid %d while CPU 0 was hogged", len(syncs), main)
+	}
+	// The hog held CPU 0 half the time: some wakeup waited far longer than
+	// the machine's usual wakeup latency.
+	if longest < int64(time.Millisecond) {
+		t.Errorf("longest woken run-queue wait %d µs while CPU 0 was hogged half the time", longest/1000)
+	}
+	t.Logf("%d woken run-queue waits inside %d syncs, longest %.1f ms", woken, len(syncs), float64(longest)/1e6)
 }

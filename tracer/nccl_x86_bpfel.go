@@ -49,6 +49,7 @@ type ncclThreadState struct {
 	ScNr        int32
 	ScClass     uint32
 	OffStart    uint64
+	WakeNs      uint64
 	OffRunnable uint32
 	CallDepth   uint32
 	CallStart   uint64

@@ -41,6 +41,8 @@ type schedSchedEvent struct {
 	}
 	StartNs uint64
 	Waker   uint64
+	Flags   uint32
+	Pad     uint32
 }
 
 type schedShortKey struct {
@@ -59,6 +61,7 @@ type schedThreadState struct {
 	ScNr        int32
 	ScClass     uint32
 	OffStart    uint64
+	WakeNs      uint64
 	OffRunnable uint32
 	CallDepth   uint32
 	CallStart   uint64

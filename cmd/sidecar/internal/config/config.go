@@ -112,162 +112,152 @@ type option struct {
 	name  string // flag name and YAML key
 	usage string
 	cmds  []Command // nil: every tracing command (run, attach, demo)
-	set   func(c *Config, v string) error
-	get   func(c *Config) string // the value --help shows as the default ("" shows none)
-	bool  bool
+	binding
+	bool bool
 }
 
-// show renders an option's current value for --help; a zero value shows
-// nothing, since the usage text says what happens then.
-func show[T comparable](p func(*Config) *T) func(*Config) string {
-	return func(c *Config) string {
-		var zero T
-		if v := *p(c); v != zero {
-			return fmt.Sprint(v)
-		}
-		return ""
-	}
+// binding reads a value into a Config and shows the current one for --help.
+type binding struct {
+	set func(c *Config, v string) error
+	get func(c *Config) string // "" shows no default; nil: none to show
 }
 
 var tracing = []Command{CmdRun, CmdAttach, CmdDemo}
 
-func durationSetter(dst func(*Config) *time.Duration) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		d, err := time.ParseDuration(strings.TrimSpace(v))
-		if err != nil {
-			return fmt.Errorf("not a duration (e.g. 50us, 1ms, 30s): %q", v)
-		}
-		if d < 0 {
-			return fmt.Errorf("must not be negative: %s", v)
-		}
-		*dst(c) = d
-		return nil
+// show renders a value for --help; a zero value shows nothing, since the
+// usage text says what happens then.
+func show[T comparable](v T) string {
+	var zero T
+	if v == zero {
+		return ""
+	}
+	return fmt.Sprint(v)
+}
+
+func durationVar(dst func(*Config) *time.Duration) binding {
+	return binding{
+		set: func(c *Config, v string) error {
+			d, err := time.ParseDuration(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("not a duration (e.g. 50us, 1ms, 30s): %q", v)
+			}
+			if d < 0 {
+				return fmt.Errorf("must not be negative: %s", v)
+			}
+			*dst(c) = d
+			return nil
+		},
+		get: func(c *Config) string { return show(*dst(c)) },
 	}
 }
 
-func stringSetter(dst func(*Config) *string) func(*Config, string) error {
-	return func(c *Config, v string) error { *dst(c) = v; return nil }
+func stringVar(dst func(*Config) *string) binding {
+	return binding{
+		set: func(c *Config, v string) error { *dst(c) = v; return nil },
+		get: func(c *Config) string { return *dst(c) },
+	}
 }
 
-func oneOf(dst func(*Config) *string, allowed ...string) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		v = strings.ToLower(strings.TrimSpace(v))
-		if !slices.Contains(allowed, v) {
-			return fmt.Errorf("%q is not one of %s", v, strings.Join(allowed, ", "))
-		}
-		*dst(c) = v
-		return nil
+func oneOfVar(dst func(*Config) *string, allowed ...string) binding {
+	return binding{
+		set: func(c *Config, v string) error {
+			v = strings.ToLower(strings.TrimSpace(v))
+			if !slices.Contains(allowed, v) {
+				return fmt.Errorf("%q is not one of %s", v, strings.Join(allowed, ", "))
+			}
+			*dst(c) = v
+			return nil
+		},
+		get: func(c *Config) string { return *dst(c) },
 	}
 }
 
 var options = []option{
 	{name: "probes", usage: "probe set: full (every CUDA launch) or lite (syncs, copies, collectives, syscalls; lower overhead); null attaches full's probes to programs that do nothing, to measure their raw cost",
-		get: show(func(c *Config) *string { return &c.Probes }),
-		set: oneOf(func(c *Config) *string { return &c.Probes }, "full", "lite", "null")},
+		binding: oneOfVar(func(c *Config) *string { return &c.Probes }, "full", "lite", "null")},
 	{name: "syscall-threshold", usage: "syscalls shorter than this are counted, not reported",
-		get: show(func(c *Config) *time.Duration { return &c.SyscallThreshold }),
-		set: durationSetter(func(c *Config) *time.Duration { return &c.SyscallThreshold })},
+		binding: durationVar(func(c *Config) *time.Duration { return &c.SyscallThreshold })},
 	{name: "min-gap", usage: "GPU idle gaps shorter than this are accounted per step instead of reported one by one",
-		get: show(func(c *Config) *time.Duration { return &c.MinGap }),
-		set: durationSetter(func(c *Config) *time.Duration { return &c.MinGap })},
+		binding: durationVar(func(c *Config) *time.Duration { return &c.MinGap })},
 	{name: "duration", usage: "stop tracing after this long (the traced command keeps running); 0 = until it exits",
-		get: show(func(c *Config) *time.Duration { return &c.Duration }),
-		set: durationSetter(func(c *Config) *time.Duration { return &c.Duration })},
+		binding: durationVar(func(c *Config) *time.Duration { return &c.Duration })},
 	{name: "gaps-out", usage: "write every gap as a JSON line to `FILE`",
-		get: show(func(c *Config) *string { return &c.GapsOut }),
-		set: stringSetter(func(c *Config) *string { return &c.GapsOut })},
+		binding: stringVar(func(c *Config) *string { return &c.GapsOut })},
 	{name: "summary-json", usage: "write the summary as JSON to `FILE` at exit",
-		get: show(func(c *Config) *string { return &c.SummaryJSON }),
-		set: stringSetter(func(c *Config) *string { return &c.SummaryJSON })},
+		binding: stringVar(func(c *Config) *string { return &c.SummaryJSON })},
 	{name: "spans-out", usage: "write spans as JSON lines to `FILE` (default " + DefaultSpansFile + " when no OTLP endpoint is set)",
-		get: show(func(c *Config) *string { return &c.SpansOut }),
-		set: stringSetter(func(c *Config) *string { return &c.SpansOut })},
+		binding: stringVar(func(c *Config) *string { return &c.SpansOut })},
 	{name: "windows-out", usage: "write the GPU's own idle windows (NVML/GPM samples) as JSON lines to `FILE`",
-		get: show(func(c *Config) *string { return &c.WindowsOut }),
-		set: stringSetter(func(c *Config) *string { return &c.WindowsOut })},
+		binding: stringVar(func(c *Config) *string { return &c.WindowsOut })},
 	{name: "otlp-endpoint", usage: "OTLP collector endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT)",
-		get: show(func(c *Config) *string { return &c.OTLPEndpoint }),
-		set: stringSetter(func(c *Config) *string { return &c.OTLPEndpoint })},
+		binding: stringVar(func(c *Config) *string { return &c.OTLPEndpoint })},
 	{name: "otlp-protocol", usage: "OTLP protocol: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc on port 4317, else http/protobuf)",
-		get: show(func(c *Config) *string { return &c.OTLPProtocol }),
-		set: oneOf(func(c *Config) *string { return &c.OTLPProtocol }, "grpc", "http/protobuf")},
+		binding: oneOfVar(func(c *Config) *string { return &c.OTLPProtocol }, "grpc", "http/protobuf")},
 	{name: "otlp-insecure", usage: "use plaintext to the OTLP endpoint", bool: true,
-		set: func(c *Config, v string) error {
+		binding: binding{set: func(c *Config, v string) error {
 			b, err := strconv.ParseBool(strings.TrimSpace(v))
 			if err != nil {
 				return fmt.Errorf("not a boolean: %q", v)
 			}
 			c.OTLPInsecure, c.OTLPInsecureOK = b, true
 			return nil
-		}},
+		}}},
 	{name: "service-name", usage: "OpenTelemetry service.name",
-		get: show(func(c *Config) *string { return &c.ServiceName }),
-		set: stringSetter(func(c *Config) *string { return &c.ServiceName })},
+		binding: stringVar(func(c *Config) *string { return &c.ServiceName })},
 	{name: "job-id", usage: "training job ID attached to every span and metric",
-		get: show(func(c *Config) *string { return &c.JobID }),
-		set: stringSetter(func(c *Config) *string { return &c.JobID })},
+		binding: stringVar(func(c *Config) *string { return &c.JobID })},
 	{name: "rank", usage: "distributed rank of the traced process (-1: unknown; default RANK from the target when found)",
-		get: func(c *Config) string { return strconv.Itoa(c.Rank) },
-		set: func(c *Config, v string) error {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return fmt.Errorf("not an integer: %q", v)
-			}
-			if n < -1 {
-				return fmt.Errorf("must be -1 or more: %d", n)
-			}
-			c.Rank = n
-			return nil
-		}},
+		binding: binding{get: func(c *Config) string { return strconv.Itoa(c.Rank) },
+			set: func(c *Config, v string) error {
+				n, err := strconv.Atoi(strings.TrimSpace(v))
+				if err != nil {
+					return fmt.Errorf("not an integer: %q", v)
+				}
+				if n < -1 {
+					return fmt.Errorf("must be -1 or more: %d", n)
+				}
+				c.Rank = n
+				return nil
+			}}},
 	{name: "prometheus", usage: "serve Prometheus metrics on `ADDR` (e.g. :9464)",
-		get: show(func(c *Config) *string { return &c.Prometheus }),
-		set: stringSetter(func(c *Config) *string { return &c.Prometheus })},
+		binding: stringVar(func(c *Config) *string { return &c.Prometheus })},
 	{name: "nvml-lib", usage: "path of libnvidia-ml.so.1 (default: the dynamic loader's)", cmds: []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
-		get: show(func(c *Config) *string { return &c.NVMLLib }),
-		set: stringSetter(func(c *Config) *string { return &c.NVMLLib })},
+		binding: stringVar(func(c *Config) *string { return &c.NVMLLib })},
 	{name: "cuda-lib", usage: "path of libcuda.so.1 to probe (default: found in the target)",
-		get: show(func(c *Config) *string { return &c.CUDALib }),
-		set: stringSetter(func(c *Config) *string { return &c.CUDALib })},
+		binding: stringVar(func(c *Config) *string { return &c.CUDALib })},
 	{name: "nccl-lib", usage: "path of libnccl.so.2 to probe (default: found in the target)",
-		get: show(func(c *Config) *string { return &c.NCCLLib }),
-		set: stringSetter(func(c *Config) *string { return &c.NCCLLib })},
+		binding: stringVar(func(c *Config) *string { return &c.NCCLLib })},
 	{name: "live", usage: "live view: auto (when stdout is a terminal), on, off",
-		get: show(func(c *Config) *string { return &c.Live }),
-		set: oneOf(func(c *Config) *string { return &c.Live }, "auto", "on", "off")},
+		binding: oneOfVar(func(c *Config) *string { return &c.Live }, "auto", "on", "off")},
 	{name: "log-level", usage: "debug, info, warn or error",
-		cmds: []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
-		get:  show(func(c *Config) *string { return &c.LogLevel }),
-		set:  oneOf(func(c *Config) *string { return &c.LogLevel }, "debug", "info", "warn", "error")},
+		cmds:    []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
+		binding: oneOfVar(func(c *Config) *string { return &c.LogLevel }, "debug", "info", "warn", "error")},
 	{name: "pid", usage: "process ID to trace (with its descendants)", cmds: []Command{CmdAttach, CmdCheck},
-		set: func(c *Config, v string) error {
+		binding: binding{set: func(c *Config, v string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(v))
 			if err != nil || n <= 0 {
 				return fmt.Errorf("not a process ID: %q", v)
 			}
 			c.PID = n
 			return nil
-		}},
+		}}},
 	{name: "match", usage: "trace the process whose command line matches `REGEX`, and the next one after it exits", cmds: []Command{CmdAttach},
-		get: show(func(c *Config) *string { return &c.Match }),
-		set: stringSetter(func(c *Config) *string { return &c.Match })},
+		binding: stringVar(func(c *Config) *string { return &c.Match })},
 	{name: "gpu-procs", usage: "trace every process that has the CUDA driver library mapped (with --match: that also matches), as they appear", cmds: []Command{CmdAttach}, bool: true,
-		set: func(c *Config, v string) error {
+		binding: binding{set: func(c *Config, v string) error {
 			b, err := strconv.ParseBool(strings.TrimSpace(v))
 			if err != nil {
 				return fmt.Errorf("not a boolean: %q", v)
 			}
 			c.GPUProcs = b
 			return nil
-		}},
+		}}},
 	{name: "cuda-wait", usage: "attach --pid: fail when the target has not loaded libcuda within this long (0: only warn)", cmds: []Command{CmdAttach},
-		get: show(func(c *Config) *time.Duration { return &c.CUDAWait }),
-		set: durationSetter(func(c *Config) *time.Duration { return &c.CUDAWait })},
+		binding: durationVar(func(c *Config) *time.Duration { return &c.CUDAWait })},
 	{name: "out", usage: "directory for the demo's gaps, spans and summary files", cmds: []Command{CmdDemo},
-		get: show(func(c *Config) *string { return &c.OutDir }),
-		set: stringSetter(func(c *Config) *string { return &c.OutDir })},
+		binding: stringVar(func(c *Config) *string { return &c.OutDir })},
 	{name: "demo-duration", usage: "how long the demo trainer runs (approximately)", cmds: []Command{CmdDemo},
-		get: show(func(c *Config) *time.Duration { return &c.DemoFor }),
-		set: durationSetter(func(c *Config) *time.Duration { return &c.DemoFor })},
+		binding: durationVar(func(c *Config) *time.Duration { return &c.DemoFor })},
 }
 
 func (o option) appliesTo(cmd Command) bool {

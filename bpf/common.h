@@ -31,6 +31,16 @@ const volatile __u64 threshold_ns = 50000;
  * The baseline against which the cost of the real programs is measured. */
 const volatile bool null_probes = false;
 
+/* The inode of the PID namespace that gaptrace's /proc shows (the pid
+ * namespace of /proc/1). Every pid that leaves or enters the kernel side
+ * (events, traced_tgids keys, thread_state keys, wakers) is a pid of that
+ * namespace, so user space can look it up in /proc, attach uprobes to it and
+ * print it as the user sees it. The host's namespace has a fixed inode; there
+ * the kernel's own ids are already right and cost nothing to read. Set by user
+ * space before load. */
+#define PIDNS_HOST_INUM 0xEFFFFFFCU
+const volatile __u32 pidns_inum = PIDNS_HOST_INUM;
+
 /* Records are committed without waking the reader until this much data is
  * pending; the reader polls on a short timer otherwise. Waking it per record
  * costs the traced thread a context switch on every emitted event (the woken
@@ -119,6 +129,81 @@ const struct sched_event *unused_sched_event __attribute__((unused));
 const struct proc_event *unused_proc_event __attribute__((unused));
 const struct fd_event *unused_fd_event __attribute__((unused));
 const struct short_key *unused_short_key __attribute__((unused));
+
+/* Levels of pid namespaces looked at (the kernel allows 32; containers in
+ * containers rarely pass 3). */
+#define PIDNS_MAX_LEVELS 8
+
+/* Level of namespace pidns_inum plus one, once a task in it was seen (0:
+ * not yet). With it, a task of a shallower namespace is refused after two
+ * reads: sched_switch sees every task of the machine. Races between CPUs
+ * write the same value. */
+__u32 pidns_level_seen = 0;
+
+/* The number of struct pid p in the namespace pidns_inum; 0 when p is not
+ * visible there (a task of an enclosing or sibling namespace). p->numbers
+ * holds one entry per level, outermost first. */
+static __always_inline __u32 pid_nr_in_ns(struct pid *p)
+{
+	if (!p)
+		return 0;
+	__u32 level = BPF_CORE_READ(p, level);
+	void *numbers = __builtin_preserve_access_index(&p->numbers);
+	__u32 upid_size = bpf_core_type_size(struct upid);
+	struct upid up = {};
+	__u32 seen = pidns_level_seen;
+	if (seen) {
+		__u32 l = seen - 1;
+		if (level < l || l >= PIDNS_MAX_LEVELS)
+			return 0;
+		if (bpf_probe_read_kernel(&up, sizeof(up), numbers + l * upid_size))
+			return 0;
+		return BPF_CORE_READ(up.ns, ns.inum) == pidns_inum ? (__u32)up.nr : 0;
+	}
+	/* Not found yet: walk from the deepest level, where gaptrace sharing
+	 * the job's namespace finds it at once. */
+	for (int k = 0; k < PIDNS_MAX_LEVELS; k++) {
+		if (k > (int)level)
+			break;
+		__u32 l = level - k;
+		if (bpf_probe_read_kernel(&up, sizeof(up), numbers + l * upid_size))
+			return 0;
+		if (BPF_CORE_READ(up.ns, ns.inum) == pidns_inum) {
+			pidns_level_seen = l + 1;
+			return (__u32)up.nr;
+		}
+	}
+	return 0;
+}
+
+/* task's tgid << 32 | tid as gaptrace's namespace numbers them; 0 when the
+ * task is not visible there. */
+static __always_inline __u64 task_id(struct task_struct *task)
+{
+	if (pidns_inum == PIDNS_HOST_INUM)
+		return ((__u64)BPF_CORE_READ(task, tgid) << 32) | (__u32)BPF_CORE_READ(task, pid);
+	__u32 tid = pid_nr_in_ns(BPF_CORE_READ(task, thread_pid));
+	if (!tid)
+		return 0;
+	__u32 tgid = pid_nr_in_ns(BPF_CORE_READ(task, group_leader, thread_pid));
+	if (!tgid)
+		return 0;
+	return ((__u64)tgid << 32) | tid;
+}
+
+/* The same for a task handed to a tp_btf program: its fields load directly
+ * on the host, without the helper calls of a probe read. */
+#define btf_task_id(task)                                                                          \
+	(pidns_inum == PIDNS_HOST_INUM ? (((__u64)(task)->tgid << 32) | (__u32)(task)->pid)         \
+				       : task_id(task))
+
+/* The current thread's id in gaptrace's namespace (see task_id). */
+static __always_inline __u64 current_id(void)
+{
+	if (pidns_inum == PIDNS_HOST_INUM)
+		return bpf_get_current_pid_tgid();
+	return task_id((struct task_struct *)bpf_get_current_task());
+}
 
 static __always_inline bool traced(__u32 tgid)
 {

@@ -62,7 +62,7 @@ int cuda_launch(struct pt_regs *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 	struct thread_state *t = thread_get(id);
@@ -115,7 +115,7 @@ int cuda_async(struct pt_regs *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 
@@ -173,7 +173,7 @@ int cuda_block_enter(struct pt_regs *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 	struct thread_state *t = thread_get(id);
@@ -216,7 +216,7 @@ int cuda_block_exit(struct pt_regs *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);

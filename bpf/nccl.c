@@ -57,7 +57,7 @@ int nccl_coll(struct pt_regs *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 
@@ -138,7 +138,7 @@ int nccl_comm_init_enter(struct pt_regs *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 	struct thread_state *t = thread_get(id);
@@ -155,7 +155,7 @@ int nccl_comm_init_exit(struct pt_regs *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
@@ -187,7 +187,7 @@ int nccl_group_start(struct pt_regs *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 	struct thread_state *t = thread_get(id);
@@ -203,7 +203,7 @@ int nccl_group_end_enter(struct pt_regs *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 	struct thread_state *t = thread_get(id);
@@ -220,7 +220,7 @@ int nccl_group_end_exit(struct pt_regs *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);

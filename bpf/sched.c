@@ -29,9 +29,8 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	if (null_probes)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
-	__u32 ptgid = prev->tgid;
-	if (traced(ptgid)) {
-		__u64 pid = ((__u64)ptgid << 32) | (__u32)prev->pid;
+	__u64 pid = btf_task_id(prev);
+	if (traced(pid >> 32)) {
 		struct thread_state *t = thread_get(pid);
 		if (t) {
 			t->off_start = now;
@@ -41,10 +40,9 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 		}
 	}
 
-	__u32 ntgid = next->tgid;
-	if (!traced(ntgid))
+	__u64 nid = btf_task_id(next);
+	if (!traced(nid >> 32))
 		return 0;
-	__u64 nid = ((__u64)ntgid << 32) | (__u32)next->pid;
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &nid);
 	if (!t || t->off_start == 0)
 		return 0;
@@ -85,14 +83,13 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 
 static __always_inline void record_waker(struct task_struct *p)
 {
-	__u32 tgid = p->tgid;
-	if (!traced(tgid))
+	__u64 id = btf_task_id(p);
+	if (!traced(id >> 32))
 		return;
-	__u64 id = ((__u64)tgid << 32) | (__u32)p->pid;
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
 	if (!t)
 		return;
-	t->waker = bpf_get_current_pid_tgid();
+	t->waker = current_id();
 	if (t->off_start != 0 && !t->off_runnable)
 		t->wake_ns = bpf_ktime_get_ns();
 }
@@ -124,11 +121,15 @@ int BPF_PROG(on_sched_process_fork, struct task_struct *parent, struct task_stru
 {
 	if (null_probes)
 		return 0;
-	__u32 ptgid = parent->tgid;
+	__u64 pid = btf_task_id(parent);
+	__u32 ptgid = pid >> 32;
 	if (!traced(ptgid))
 		return 0;
-	__u32 ctgid = child->tgid;
-	__u32 ctid = child->pid;
+	__u64 cid = btf_task_id(child);
+	__u32 ctgid = cid >> 32;
+	__u32 ctid = (__u32)cid;
+	if (!cid)
+		return 0; /* cloned into a namespace gaptrace does not see */
 	bool thread = ctgid == ptgid;
 	if (!thread) {
 		__u32 one = 1;
@@ -137,7 +138,7 @@ int BPF_PROG(on_sched_process_fork, struct task_struct *parent, struct task_stru
 	struct proc_event *e = reserve(sizeof(*e));
 	if (!e)
 		return 0;
-	hdr_fill(&e->hdr, EV_PROC, K_FORK, ((__u64)ptgid << 32) | (__u32)parent->pid, bpf_ktime_get_ns());
+	hdr_fill(&e->hdr, EV_PROC, K_FORK, pid, bpf_ktime_get_ns());
 	e->child_pid = ctgid;
 	e->child_tid = ctid;
 	e->flags = thread ? PROC_F_THREAD : 0;
@@ -153,7 +154,7 @@ int BPF_PROG(on_sched_process_exec, struct task_struct *p, pid_t old_pid, struct
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 	/* exec replaced the address space: calls in flight never return */
@@ -177,7 +178,7 @@ int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	__u32 tgid = id >> 32;
 	if (!traced(tgid))
 		return 0;

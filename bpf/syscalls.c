@@ -28,7 +28,7 @@ int sys_enter(struct trace_event_raw_sys_enter *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 	__u32 nr = (__u32)BPF_CORE_READ(ctx, id);
@@ -93,7 +93,7 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 {
 	if (null_probes)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_id();
 	if (!traced(id >> 32))
 		return 0;
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);

@@ -92,11 +92,33 @@ struct trace_event_raw_sys_exit {
 	long ret;
 } __attribute__((preserve_access_index));
 
+struct ns_common {
+	unsigned int inum;
+} __attribute__((preserve_access_index));
+
+struct pid_namespace {
+	unsigned int level;
+	struct ns_common ns;
+} __attribute__((preserve_access_index));
+
+struct upid {
+	int nr;
+	struct pid_namespace *ns;
+} __attribute__((preserve_access_index));
+
+/* numbers[] is a flexible array of level + 1 entries, outermost first. */
+struct pid {
+	unsigned int level;
+	struct upid numbers[1];
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	unsigned int __state;
 	pid_t pid;
 	pid_t tgid;
 	char comm[16];
+	struct pid *thread_pid;
+	struct task_struct *group_leader;
 } __attribute__((preserve_access_index));
 
 struct linux_binprm {

@@ -79,6 +79,8 @@ const (
 	cudaProgCudaBlockExit     = "cuda_block_exit"
 	cudaProgCudaLaunch        = "cuda_launch"
 	cudaVarNullProbes         = "null_probes"
+	cudaVarPidnsInum          = "pidns_inum"
+	cudaVarPidnsLevelSeen     = "pidns_level_seen"
 	cudaVarThresholdNs        = "threshold_ns"
 	cudaVarUnusedCudaEvent    = "unused_cuda_event"
 	cudaVarUnusedEventHdr     = "unused_event_hdr"
@@ -155,6 +157,8 @@ type cudaMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaVariableSpecs struct {
 	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
+	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
+	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
@@ -209,6 +213,8 @@ func (m *cudaMaps) Close() error {
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaVariables struct {
 	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
+	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
+	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`

@@ -82,6 +82,8 @@ const (
 	ncclProgNcclGroupEndExit  = "nccl_group_end_exit"
 	ncclProgNcclGroupStart    = "nccl_group_start"
 	ncclVarNullProbes         = "null_probes"
+	ncclVarPidnsInum          = "pidns_inum"
+	ncclVarPidnsLevelSeen     = "pidns_level_seen"
 	ncclVarThresholdNs        = "threshold_ns"
 	ncclVarUnusedCudaEvent    = "unused_cuda_event"
 	ncclVarUnusedEventHdr     = "unused_event_hdr"
@@ -160,6 +162,8 @@ type ncclMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ncclVariableSpecs struct {
 	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
+	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
+	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
@@ -214,6 +218,8 @@ func (m *ncclMaps) Close() error {
 // It can be passed to loadNcclObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ncclVariables struct {
 	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
+	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
+	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`

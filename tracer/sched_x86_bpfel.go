@@ -94,6 +94,8 @@ const (
 	schedProgOnSchedWakeupNew   = "on_sched_wakeup_new"
 	schedProgOnSchedWaking      = "on_sched_waking"
 	schedVarNullProbes          = "null_probes"
+	schedVarPidnsInum           = "pidns_inum"
+	schedVarPidnsLevelSeen      = "pidns_level_seen"
 	schedVarThresholdNs         = "threshold_ns"
 	schedVarUnusedCudaEvent     = "unused_cuda_event"
 	schedVarUnusedEventHdr      = "unused_event_hdr"
@@ -172,6 +174,8 @@ type schedMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type schedVariableSpecs struct {
 	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
+	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
+	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
@@ -226,6 +230,8 @@ func (m *schedMaps) Close() error {
 // It can be passed to loadSchedObjects or ebpf.CollectionSpec.LoadAndAssign.
 type schedVariables struct {
 	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
+	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
+	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`

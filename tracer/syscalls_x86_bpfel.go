@@ -93,6 +93,8 @@ const (
 	syscallsProgSysEnter          = "sys_enter"
 	syscallsProgSysExit           = "sys_exit"
 	syscallsVarNullProbes         = "null_probes"
+	syscallsVarPidnsInum          = "pidns_inum"
+	syscallsVarPidnsLevelSeen     = "pidns_level_seen"
 	syscallsVarThresholdNs        = "threshold_ns"
 	syscallsVarUnusedCudaEvent    = "unused_cuda_event"
 	syscallsVarUnusedEventHdr     = "unused_event_hdr"
@@ -168,6 +170,8 @@ type syscallsMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type syscallsVariableSpecs struct {
 	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
+	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
+	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
@@ -224,6 +228,8 @@ func (m *syscallsMaps) Close() error {
 // It can be passed to loadSyscallsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type syscallsVariables struct {
 	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
+	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
+	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`

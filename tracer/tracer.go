@@ -118,6 +118,9 @@ type Tracer struct {
 	// load; it matters because every single uprobe costs an RCU grace
 	// period to detach (~0.3s each measured here), multi links one each.
 	multi bool
+	// pidns is the inode of the PID namespace whose pids /proc shows; the
+	// BPF programs number every process in it (see bpf/common.h).
+	pidns uint32
 
 	scanMu      sync.Mutex // serializes scanProcess
 	mu          sync.Mutex
@@ -206,7 +209,8 @@ func New(cfg Config) (*Tracer, error) {
 		uprobeMode = "one perf-event uprobe per function (no uprobe_multi)"
 	}
 	t.log.Info("tracer loaded", "probes", string(cfg.Probes), "syscall_threshold", cfg.SyscallThreshold,
-		"ring_buffer_bytes", ringSize(cfg.RingBufferBytes), "tracepoints", len(t.tpInfo), "uprobes", uprobeMode)
+		"ring_buffer_bytes", ringSize(cfg.RingBufferBytes), "tracepoints", len(t.tpInfo), "uprobes", uprobeMode,
+		"pid_namespace", pidnsName(t.pidns))
 	return t, nil
 }
 
@@ -262,6 +266,11 @@ func (t *Tracer) load() error {
 		{"syscalls", loadSyscalls, &t.sys},
 		{"sched", loadSched, &t.sched},
 	}
+	pidns, err := pidNamespace(procRoot)
+	if err != nil {
+		return err
+	}
+	t.pidns = pidns
 	t.shared = make(map[string]*ebpf.Map)
 	t.multi = !disableUprobeMulti && features.HaveBPFLinkUprobeMulti() == nil
 	for _, s := range specs {
@@ -289,6 +298,9 @@ func (t *Tracer) load() error {
 		}
 		if err := spec.Variables["null_probes"].Set(t.cfg.Probes == ProbesNull); err != nil {
 			return fmt.Errorf("%s object: set null_probes: %w", s.name, err)
+		}
+		if err := spec.Variables["pidns_inum"].Set(pidns); err != nil {
+			return fmt.Errorf("%s object: set pidns_inum: %w", s.name, err)
 		}
 		if len(t.shared) == 0 {
 			for _, name := range sharedMaps {

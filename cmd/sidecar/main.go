@@ -33,8 +33,12 @@ func main() {
 		NewPipeline: newPipeline,
 		GPU:         inspectGPU,
 		IsTerminal:  stdoutTerminal,
-		StderrTerminal: func() bool {
-			return term.IsTerminal(int(os.Stderr.Fd()))
+		TerminalRows: func() int {
+			_, h, err := term.GetSize(int(os.Stdout.Fd()))
+			if err != nil {
+				return 0
+			}
+			return h
 		},
 	}))
 }

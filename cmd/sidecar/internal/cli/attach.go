@@ -98,20 +98,52 @@ func attachPID(ctx context.Context, cfg *config.Config, deps Deps, out output) i
 	defer cancelCUDA()
 	go func() { noCUDA <- waitForCUDA(cudaCtx, pid, cfg.CUDAWait, log) }()
 
+	// The target's descendants (DDP workers, data loaders, a launcher's
+	// trainer) are traced with it. They are reparented when it exits, so
+	// they are pinned while it lives and followed to their own end.
+	kids := newFollowed(pid)
+	defer kids.close()
+	tick := time.NewTicker(matchPoll)
+	defer tick.Stop()
+	var allGone <-chan struct{}
+
 	code := ExitOK
-	select {
-	case <-ctx.Done():
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			log.Info("tracing stopped after --duration", "duration", cfg.Duration)
-		} else {
-			log.Info("detaching", "pid", pid)
-		}
-	case <-exited:
-		log.Info("traced process exited", "pid", pid)
-	case err := <-noCUDA:
-		if err != nil {
-			fmt.Fprintf(deps.Stderr, "gaptrace %s: %v\n", cmd, err)
-			code = ExitFailure
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				log.Info("tracing stopped after --duration", "duration", cfg.Duration)
+			} else {
+				log.Info("detaching", "pid", pid)
+			}
+			break wait
+		case <-exited:
+			exited = nil
+			kids.refresh()
+			if n := kids.alive(); n > 0 {
+				log.Info("traced process exited; following its descendants", "pid", pid, "descendants", n)
+				allGone = kids.waitAll(ctx, matchPoll)
+				continue
+			}
+			log.Info("traced process exited", "pid", pid)
+			break wait
+		case <-allGone:
+			log.Info("traced process and its descendants exited", "pid", pid)
+			break wait
+		case err := <-noCUDA:
+			// nil: libcuda is mapped (or waiting was not asked for);
+			// tracing goes on until one of the other ends.
+			noCUDA = nil
+			if err != nil {
+				fmt.Fprintf(deps.Stderr, "gaptrace %s: %v\n", cmd, err)
+				code = ExitFailure
+				break wait
+			}
+		case <-tick.C:
+			if exited != nil {
+				kids.refresh()
+			}
 		}
 	}
 	if err := s.finish(); err != nil {
@@ -119,6 +151,96 @@ func attachPID(ctx context.Context, cfg *config.Config, deps Deps, out output) i
 		code = ExitFailure
 	}
 	return code
+}
+
+// followed pins the descendants of a traced process with pidfds, so that
+// once it exits gaptrace still knows which processes were its own.
+type followed struct {
+	root    int
+	watches map[int]*proc.Watch
+}
+
+func newFollowed(root int) *followed {
+	f := &followed{root: root, watches: map[int]*proc.Watch{}}
+	f.refresh()
+	return f
+}
+
+// refresh adds the root's current descendants and drops those that exited.
+func (f *followed) refresh() {
+	for _, p := range proc.Descendants(f.root) {
+		if _, ok := f.watches[p]; ok {
+			continue
+		}
+		if w, err := proc.Open(p); err == nil {
+			f.watches[p] = w
+		}
+	}
+	for p, w := range f.watches {
+		if w.Exited() {
+			w.Close()
+			delete(f.watches, p)
+		}
+	}
+}
+
+func (f *followed) alive() int {
+	n := 0
+	for _, w := range f.watches {
+		if !w.Exited() {
+			n++
+		}
+	}
+	return n
+}
+
+// waitAll returns a channel closed once every followed process exited.
+// Processes they start meanwhile are followed too (the kernel side traces
+// them already). The watches move to the waiting goroutine.
+func (f *followed) waitAll(ctx context.Context, every time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	watches := f.watches
+	f.watches = map[int]*proc.Watch{}
+	go func() {
+		defer close(done)
+		defer func() {
+			for _, w := range watches {
+				w.Close()
+			}
+		}()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			for p, w := range watches {
+				for _, d := range proc.Descendants(p) {
+					if _, ok := watches[d]; !ok {
+						if dw, err := proc.Open(d); err == nil {
+							watches[d] = dw
+						}
+					}
+				}
+				if w.Exited() {
+					w.Close()
+					delete(watches, p)
+				}
+			}
+			if len(watches) == 0 {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return done
+}
+
+func (f *followed) close() {
+	for _, w := range f.watches {
+		w.Close()
+	}
 }
 
 // cudaLibs reports the libcuda mappings of pid and its descendants.

@@ -92,8 +92,9 @@ type Deps struct {
 	Executable func() (string, error)
 	// IsTerminal reports whether stdout is a terminal and its width.
 	IsTerminal func() (bool, int)
-	// StderrTerminal reports whether stderr is a terminal (nil: no).
-	StderrTerminal func() bool
+	// TerminalRows reports the height of the terminal on stdout (nil or 0:
+	// unknown, and the live view draws nothing).
+	TerminalRows func() int
 }
 
 func (d *Deps) fill() {
@@ -225,25 +226,16 @@ func newOutput(cfg *config.Config, deps Deps) output {
 	if o.mode == "auto" {
 		o.mode = map[bool]string{true: "on", false: "log"}[isTTY]
 	}
+	// Log lines go straight to stderr: on the terminal they scroll in the
+	// region above the view, like the traced command's output.
 	var w io.Writer = deps.Stderr
 	if o.mode == "on" {
-		o.term = &live.Terminal{W: deps.Stdout}
-		if deps.StderrTerminal != nil && deps.StderrTerminal() {
-			w = termWriter{o.term}
-		}
+		o.term = &live.Terminal{W: deps.Stdout, Rows: deps.TerminalRows}
 	}
 	var lvl slog.Level
 	lvl.UnmarshalText([]byte(cfg.LogLevel)) //nolint:errcheck // validated by config
 	o.log = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
 	return o
-}
-
-// termWriter writes log lines above the live view.
-type termWriter struct{ t *live.Terminal }
-
-func (w termWriter) Write(p []byte) (int, error) {
-	w.t.Output(p)
-	return len(p), nil
 }
 
 // fail prints one clear message and returns ExitFailure.

@@ -63,44 +63,14 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, 
 	if err != nil {
 		return fail(deps, cmd, "%v", err)
 	}
-	// With the live view on, the command writes to a pty that gaptrace
-	// copies above the view, so its output and the view do not overwrite
-	// each other; to the command it is still a terminal.
-	var ptyMaster, ptySlave *os.File
-	copyDone := make(chan struct{})
-	if s.term != nil {
-		if ptyMaster, ptySlave, err = proc.OpenPTY(1); err != nil {
-			log.Debug("no pty for the command's output; it writes to the terminal directly", "err", err)
-		}
-	}
-	child, err := proc.StartHeld(self, argv, env, ptySlave)
-	if ptySlave != nil {
-		ptySlave.Close()
-	}
+	// The command writes to gaptrace's own stdout and stderr, the
+	// terminal itself when there is one: nothing of gaptrace sits between
+	// them, so the command's output survives gaptrace's death. The live
+	// view keeps to the rows it fenced off (live.Terminal).
+	child, err := proc.StartHeld(self, argv, env)
 	if err != nil {
-		if ptyMaster != nil {
-			ptyMaster.Close()
-		}
 		s.abort()
 		return fail(deps, cmd, "%v", err)
-	}
-	if ptyMaster != nil {
-		go func() {
-			defer close(copyDone)
-			defer ptyMaster.Close()
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := ptyMaster.Read(buf)
-				if n > 0 {
-					s.term.Output(buf[:n])
-				}
-				if err != nil {
-					return // EIO once every writer closed the slave
-				}
-			}
-		}()
-	} else {
-		close(copyDone)
 	}
 	pid := child.PID()
 	if err := s.pipe.Trace(pid); err != nil {
@@ -140,12 +110,6 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, 
 	for {
 		select {
 		case r := <-exited:
-			// Show the command's last words before the summary; children
-			// that outlive it may hold the pty open, so do not wait long.
-			select {
-			case <-copyDone:
-			case <-time.After(2 * time.Second):
-			}
 			stop()
 			if r.err != nil {
 				log.Warn("wait for command", "err", r.err)

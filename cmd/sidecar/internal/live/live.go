@@ -517,88 +517,96 @@ func missingList(missing []string, n int) string {
 	return strings.Join(names, ", ")
 }
 
-// Terminal redraws a frame in place with ANSI escapes: it moves the cursor
-// up over the previous frame and clears to the end of the screen, so the
-// view stays at the bottom of the terminal. The traced command's output,
-// passed through Output, is written above the frame. Safe for concurrent
+// Terminal keeps the frame in the bottom rows of the terminal and leaves
+// the rows above to everyone else: it sets the terminal's scroll region
+// (DECSTBM) to the rows above the frame, so the traced command, which writes
+// to the same terminal directly, scrolls there and never across the frame.
+// gaptrace interposes nothing between the command and the terminal: if
+// gaptrace dies (kill -9), the command's output keeps flowing; only the last
+// frame stays on screen until `reset` (or `tput csr`).
+//
+// Each update is one write, saving and restoring the cursor around it, so it
+// cannot interleave with the command's writes (the tty serializes write
+// calls) and leaves the command's cursor where it was. Safe for concurrent
 // use.
 type Terminal struct {
 	W io.Writer
+	// Rows reports the terminal's height; nil or 0 (unknown) draws nothing.
+	Rows func() int
 
-	mu      sync.Mutex
-	lines   int    // lines of the frame on screen
-	frame   string // last frame, redrawn after output
-	midLine bool   // the last output did not end with a newline
-	stopped bool
+	mu       sync.Mutex
+	reserved int // rows held for the frame at the bottom (0: none)
+	height   int // terminal height the scroll region was set for
+	stopped  bool
 }
 
-func (t *Terminal) clearLocked(b *strings.Builder) {
-	if t.lines > 0 {
-		fmt.Fprintf(b, "\x1b[%dF\x1b[J", t.lines)
-		t.lines = 0
-	}
-}
+// minOutputRows are kept for the command's output however tall the frame.
+const minOutputRows = 4
 
-// drawLocked writes the frame at the cursor; cleared says the screen
-// below the cursor was just cleared.
-func (t *Terminal) drawLocked(b *strings.Builder, cleared bool) {
-	if t.midLine {
-		// A partial line (a progress bar redrawn with \r) ends here so
-		// the frame starts on a line of its own.
-		b.WriteString("\r\n")
-		t.midLine = false
-	}
-	if !cleared {
-		b.WriteString("\x1b[J")
-	}
-	b.WriteString(t.frame)
-	t.lines = strings.Count(t.frame, "\n")
-}
+const (
+	saveCursor    = "\x1b7"
+	restoreCursor = "\x1b8"
+)
 
-// Draw replaces the previous frame with frame.
+// Draw replaces the previous frame with frame. The area grows with the
+// frame and never shrinks while tracing, so the command's text above does
+// not jump up and down; a frame taller than the terminal allows is cut.
 func (t *Terminal) Draw(frame string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped || t.Rows == nil {
+		return
+	}
+	h := t.Rows()
+	if h < minOutputRows+1 {
+		return
+	}
+	lines := strings.Split(strings.TrimSuffix(frame, "\n"), "\n")
+	need := max(len(lines), t.reserved)
+	need = min(need, h-minOutputRows)
+	var b strings.Builder
+	switch {
+	case t.reserved == 0:
+		// Make room below the cursor (scrolling what is on screen up if
+		// needed), go back to the line the command writes next, and
+		// fence the rows below it off.
+		b.WriteString(strings.Repeat("\n", need))
+		fmt.Fprintf(&b, "\x1b[%dA", need)
+		fmt.Fprintf(&b, "%s\x1b[1;%dr%s", saveCursor, h-need, restoreCursor)
+	case need > t.reserved || h != t.height:
+		if grow := need - t.reserved; grow > 0 && h == t.height {
+			// Scroll the command's region up by grow rows, then follow
+			// its cursor up before the region shrinks.
+			fmt.Fprintf(&b, "%s\x1b[%d;1H%s%s\x1b[%dA", saveCursor, h-t.reserved, strings.Repeat("\n", grow), restoreCursor, grow)
+		}
+		fmt.Fprintf(&b, "%s\x1b[1;%dr%s", saveCursor, h-need, restoreCursor)
+	}
+	t.reserved, t.height = need, h
+	b.WriteString(saveCursor)
+	for i := range need {
+		fmt.Fprintf(&b, "\x1b[%d;1H\x1b[2K", h-need+1+i)
+		if i < len(lines) {
+			b.WriteString(lines[i])
+		}
+	}
+	b.WriteString(restoreCursor)
+	io.WriteString(t.W, b.String()) //nolint:errcheck // a closed terminal is not worth failing the trace for
+}
+
+// Clear erases the frame for good and gives the whole terminal back:
+// later output (the summary) goes where the command's cursor is.
+func (t *Terminal) Clear() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.stopped {
 		return
 	}
-	var b strings.Builder
-	cleared := t.lines > 0
-	t.clearLocked(&b)
-	t.frame = frame
-	t.drawLocked(&b, cleared && !t.midLine)
-	io.WriteString(t.W, b.String()) //nolint:errcheck // a closed terminal is not worth failing the trace for
-}
-
-// Output writes the traced command's output above the frame. A chunk that
-// ends mid-line leaves the frame off until the next Draw, so the command's
-// partial line is not split by it.
-func (t *Terminal) Output(p []byte) {
-	if len(p) == 0 {
+	t.stopped = true
+	if t.reserved == 0 {
 		return
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	var b strings.Builder
-	t.clearLocked(&b)
-	b.Write(p)
-	t.midLine = p[len(p)-1] != '\n'
-	if !t.stopped && !t.midLine && t.frame != "" {
-		t.drawLocked(&b, false)
-	}
-	io.WriteString(t.W, b.String()) //nolint:errcheck // see Draw
-}
-
-// Clear erases the frame for good: later output passes straight through.
-func (t *Terminal) Clear() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var b strings.Builder
-	t.clearLocked(&b)
-	if t.midLine {
-		b.WriteString("\r\n")
-		t.midLine = false
-	}
-	t.stopped = true
+	fmt.Fprintf(&b, "%s\x1b[r\x1b[%d;1H\x1b[J%s", saveCursor, t.height-t.reserved+1, restoreCursor)
+	t.reserved = 0
 	io.WriteString(t.W, b.String()) //nolint:errcheck // see Draw
 }

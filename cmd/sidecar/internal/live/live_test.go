@@ -188,47 +188,60 @@ func TestFormat(t *testing.T) {
 	}
 }
 
-func TestTerminalRedrawsInPlace(t *testing.T) {
+func TestTerminalFencesTheFrameOff(t *testing.T) {
 	var b strings.Builder
-	term := &Terminal{W: &b}
+	rows := 24
+	term := &Terminal{W: &b, Rows: func() int { return rows }}
 	term.Draw("a\nb\n")
-	term.Draw("c\nd\ne\n")
+	// Room made below the cursor, the scroll region set above the frame,
+	// the frame drawn in the bottom two rows, the cursor left where it was.
+	want := "\n\n\x1b[2A" + "\x1b7\x1b[1;22r\x1b8" +
+		"\x1b7\x1b[23;1H\x1b[2Ka\x1b[24;1H\x1b[2Kb\x1b8"
+	if got := b.String(); got != want {
+		t.Errorf("first frame %q, want %q", got, want)
+	}
+	b.Reset()
+	term.Draw("c\n")
+	// A shorter frame keeps the area: no region change, a blank row.
+	if got, want := b.String(), "\x1b7\x1b[23;1H\x1b[2Kc\x1b[24;1H\x1b[2K\x1b8"; got != want {
+		t.Errorf("shorter frame %q, want %q", got, want)
+	}
+	b.Reset()
+	term.Draw("x\ny\nz\n")
+	// A taller one scrolls the command's region up by one row, follows its
+	// cursor, and moves the fence.
+	want = "\x1b7\x1b[22;1H\n\x1b8\x1b[1A" + "\x1b7\x1b[1;21r\x1b8" +
+		"\x1b7\x1b[22;1H\x1b[2Kx\x1b[23;1H\x1b[2Ky\x1b[24;1H\x1b[2Kz\x1b8"
+	if got := b.String(); got != want {
+		t.Errorf("taller frame %q, want %q", got, want)
+	}
+	b.Reset()
+	rows = 10
+	term.Draw(strings.Repeat("l\n", 9))
+	// The terminal shrank: the frame is cut to leave the command 4 rows.
+	if got := b.String(); !strings.HasPrefix(got, "\x1b7\x1b[1;4r\x1b8") || strings.Count(got, "\x1b[2K") != 6 {
+		t.Errorf("after a resize %q: want the region 1-4 and 6 frame rows", got)
+	}
+	b.Reset()
 	term.Clear()
-	got := b.String()
-	want := "\x1b[Ja\nb\n" + "\x1b[2F\x1b[Jc\nd\ne\n" + "\x1b[3F\x1b[J"
-	if got != want {
-		t.Errorf("escape sequence %q, want %q", got, want)
+	if got, want := b.String(), "\x1b7\x1b[r\x1b[5;1H\x1b[J\x1b8"; got != want {
+		t.Errorf("clear %q, want %q (region reset, frame rows erased)", got, want)
+	}
+	b.Reset()
+	term.Draw("H\n")
+	term.Clear()
+	if b.Len() != 0 {
+		t.Errorf("after Clear: %q, want nothing (no more frames)", b.String())
 	}
 }
 
-func TestTerminalOutputAboveFrame(t *testing.T) {
+func TestTerminalUnknownHeightDrawsNothing(t *testing.T) {
 	var b strings.Builder
 	term := &Terminal{W: &b}
-	term.Draw("F1\nF2\n")
-	b.Reset()
-	// A whole line: frame cleared, line written, frame redrawn below it.
-	term.Output([]byte("epoch 1 loss 0.3\n"))
-	if got, want := b.String(), "\x1b[2F\x1b[Jepoch 1 loss 0.3\n\x1b[JF1\nF2\n"; got != want {
-		t.Errorf("whole line: %q, want %q", got, want)
-	}
-	b.Reset()
-	// A partial line (progress bar): no frame until the next Draw, which
-	// first ends the line.
-	term.Output([]byte("\r 45%|####"))
-	if got, want := b.String(), "\x1b[2F\x1b[J\r 45%|####"; got != want {
-		t.Errorf("partial line: %q, want %q", got, want)
-	}
-	b.Reset()
-	term.Draw("G\n")
-	if got, want := b.String(), "\r\n\x1b[JG\n"; got != want {
-		t.Errorf("draw after partial line: %q, want %q", got, want)
-	}
-	b.Reset()
+	term.Draw("a\n")
 	term.Clear()
-	term.Output([]byte("after\n"))
-	term.Draw("H\n")
-	if got, want := b.String(), "\x1b[1F\x1b[Jafter\n"; got != want {
-		t.Errorf("after Clear: %q, want %q (output passes through, no more frames)", got, want)
+	if b.Len() != 0 {
+		t.Errorf("wrote %q without knowing the terminal's height", b.String())
 	}
 }
 

@@ -76,10 +76,9 @@ func (c *Child) PID() int { return c.Cmd.Process.Pid }
 // returns once the helper runs and waits to be released. The child shares
 // gaptrace's stdio and process group, so a terminal's Ctrl-C reaches it
 // directly, exactly as if gaptrace were not there.
-//
-// output, when not nil, replaces the child's stdout and stderr (a pty that
-// gaptrace copies to the terminal above its live view).
-func StartHeld(self string, argv []string, env []string, output *os.File) (*Child, error) {
+// Nothing of gaptrace sits between the child and the terminal, so the child
+// outlives gaptrace with its output intact.
+func StartHeld(self string, argv []string, env []string) (*Child, error) {
 	if len(argv) == 0 {
 		return nil, errors.New("no command")
 	}
@@ -93,9 +92,6 @@ func StartHeld(self string, argv []string, env []string, output *os.File) (*Chil
 	cmd := exec.Command(self, append([]string{ExecHelperArg, "--"}, argv...)...)
 	cmd.Args[0] = argv[0]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	if output != nil {
-		cmd.Stdout, cmd.Stderr = output, output
-	}
 	cmd.Env = env
 	cmd.ExtraFiles = []*os.File{r}
 	if err := cmd.Start(); err != nil {
@@ -414,9 +410,8 @@ func MissingTracingCaps(c Caps) []string {
 }
 
 // OpenPTY opens a pseudo-terminal pair whose size is that of the terminal
-// on fd sizeFrom (when it is one). The command writes to the slave as to
-// a terminal (line buffering, colours, progress bars stay as they were);
-// gaptrace reads the master.
+// on fd sizeFrom (when it is one). Tests use it to run gaptrace on a
+// terminal, as a user does.
 func OpenPTY(sizeFrom int) (master, slave *os.File, err error) {
 	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -106,6 +106,22 @@ type HostOp struct {
 	Attrs map[string]string `json:"attrs,omitempty"` // file.path, network.peer.address, ...
 }
 
+// Workload says where a traced process runs. The engine leaves it nil; the
+// sidecar fills it from /proc before gaps and steps reach their sinks.
+type Workload struct {
+	// NSPID is the pid in the process's own PID namespace, when it differs
+	// from the pid gaptrace reports (the job runs in a container whose
+	// namespace gaptrace does not share).
+	NSPID uint32 `json:"ns_pid,omitempty"`
+	// Rank is the distributed rank from the process's RANK variable.
+	Rank          *int   `json:"rank,omitempty"`
+	ContainerID   string `json:"container_id,omitempty"`
+	PodUID        string `json:"k8s_pod_uid,omitempty"`
+	PodName       string `json:"k8s_pod_name,omitempty"`
+	PodNamespace  string `json:"k8s_namespace_name,omitempty"`
+	ContainerName string `json:"k8s_container_name,omitempty"`
+}
+
 // Gap is one attributed GPU idle (or stalled) interval. The JSON form is
 // the --gaps-out contract.
 type Gap struct {
@@ -121,6 +137,7 @@ type Gap struct {
 	Breakdown map[Cause]int64 `json:"breakdown"`
 	Evidence  Evidence        `json:"evidence"`
 	Ops       []HostOp        `json:"ops,omitempty"`
+	Workload  *Workload       `json:"workload,omitempty"`
 }
 
 // Step is one training step (or a fixed window when no period is found).
@@ -144,6 +161,7 @@ type Step struct {
 	Gaps          int              `json:"gaps"`
 	Launches      uint64           `json:"launches"`
 	HW            *event.HWContext `json:"hw,omitempty"`
+	Workload      *Workload        `json:"workload,omitempty"`
 }
 
 // Summary is the --summary-json contract, written at exit.

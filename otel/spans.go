@@ -36,6 +36,11 @@ func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []corre
 	var root trace.Span
 	separateRoot := false
 	job, rank := x.cfg.JobID, x.cfg.Rank
+	if rank < 0 && s.Workload != nil && s.Workload.Rank != nil {
+		// One sidecar tracing several ranks (torchrun's workers, a
+		// DaemonSet): each step hangs under its own process's rank.
+		rank = *s.Workload.Rank
+	}
 	if job == "" {
 		_, root = x.tracer.Start(base, SpanStep, trace.WithNewRoot(), trace.WithTimestamp(unix(s.Start)),
 			trace.WithAttributes(stepAttrs...))
@@ -127,6 +132,34 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
+// workloadAttributes names the process's container and pod with the OTel
+// semantic conventions (container.id, k8s.*); a DaemonSet traces many pods,
+// so they go on each span, not only on the resource.
+func workloadAttributes(w *correlate.Workload) []attribute.KeyValue {
+	if w == nil {
+		return nil
+	}
+	var a []attribute.KeyValue
+	if w.NSPID != 0 {
+		a = append(a, attribute.Int64("gaptrace.process.ns_pid", int64(w.NSPID)))
+	}
+	if w.Rank != nil {
+		a = append(a, attribute.Int("gaptrace.rank", *w.Rank))
+	}
+	for _, kv := range []struct{ k, v string }{
+		{"container.id", w.ContainerID},
+		{"k8s.pod.uid", w.PodUID},
+		{"k8s.pod.name", w.PodName},
+		{"k8s.namespace.name", w.PodNamespace},
+		{"k8s.container.name", w.ContainerName},
+	} {
+		if kv.v != "" {
+			a = append(a, attribute.String(kv.k, kv.v))
+		}
+	}
+	return a
+}
+
 func stepAttributes(s correlate.Step) []attribute.KeyValue {
 	a := []attribute.KeyValue{
 		attribute.Int64("gpu.step.number", s.Number),
@@ -141,6 +174,7 @@ func stepAttributes(s correlate.Step) []attribute.KeyValue {
 		attribute.Int("gpu.device", s.Device),
 		semconv.ProcessPID(int(s.PID)),
 	}
+	a = append(a, workloadAttributes(s.Workload)...)
 	if s.Window {
 		a = append(a, attribute.Bool("gpu.step.window", true))
 	}
@@ -244,6 +278,7 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		attribute.Int("gpu.device", g.Device),
 		semconv.ProcessPID(int(g.PID)),
 	}
+	a = append(a, workloadAttributes(g.Workload)...)
 	if g.Evidence.Source != "" {
 		a = append(a, attribute.String("gpu.gap.source", g.Evidence.Source))
 	}

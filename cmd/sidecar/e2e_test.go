@@ -207,8 +207,14 @@ func env(t *testing.T) []string {
 
 func start(t *testing.T, environ []string, args ...string) *gtProc {
 	t.Helper()
+	return startArgv(t, environ, append([]string{gaptraceBin}, args...)...)
+}
+
+// startArgv starts any command line (gaptrace behind unshare or nsenter).
+func startArgv(t *testing.T, environ []string, argv ...string) *gtProc {
+	t.Helper()
 	p := &gtProc{stdout: &lockedBuf{}, stderr: &lockedBuf{}, done: make(chan struct{})}
-	p.cmd = exec.Command(gaptraceBin, args...)
+	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Dir = t.TempDir()
 	p.cmd.Env = environ
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr

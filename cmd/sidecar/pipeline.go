@@ -15,6 +15,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/cli"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/workload"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/event"
 	"github.com/gaptrace/gaptrace/otel"
@@ -56,6 +57,24 @@ type pipeline struct {
 	targets  []int
 	closeErr error
 	winOut   *windowsWriter // --windows-out, nil when off
+	work     *workload.Resolver
+}
+
+// withWorkload names the container, pod and rank of each gap's and step's
+// process before the sinks see them.
+type withWorkload struct {
+	next correlate.Sink
+	work *workload.Resolver
+}
+
+func (w withWorkload) Gap(g correlate.Gap) {
+	g.Workload = w.work.Of(g.PID)
+	w.next.Gap(g)
+}
+
+func (w withWorkload) Step(s correlate.Step) {
+	s.Workload = w.work.Of(s.PID)
+	w.next.Step(s)
 }
 
 // windowsWriter writes --windows-out: one JSON object per GPU window.
@@ -103,7 +122,7 @@ func (ww *windowsWriter) close() error {
 func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, error) {
 	cfg := pc.Config
 	log := pc.Logger.With("component", "pipeline")
-	p := &pipeline{cfg: &pc, log: log, devices: map[uint32]int{},
+	p := &pipeline{cfg: &pc, log: log, devices: map[uint32]int{}, work: workload.New("/proc", workload.PodFromEnv(os.Getenv)),
 		events: make(chan event.Event, eventQueue), windows: make(chan event.GPUWindow, windowQueue)}
 
 	if cfg.WindowsOut != "" {
@@ -179,7 +198,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		ccfg.HW = p.gpu.HWContext
 	}
 	// The exporter first, then the session (live view, gaps file).
-	p.eng = correlate.New(ccfg, correlate.Tee{exp, pc.Sink})
+	p.eng = correlate.New(ccfg, withWorkload{correlate.Tee{exp, pc.Sink}, p.work})
 
 	var attached []string
 	for _, a := range tr.Stats().Attached {
@@ -201,6 +220,9 @@ func (p *pipeline) closeGPU() {
 func (p *pipeline) Trace(pid int) error {
 	if err := p.tr.Trace(pid); err != nil {
 		return err
+	}
+	for _, q := range append([]int{pid}, proc.Descendants(pid)...) {
+		p.work.Of(uint32(q))
 	}
 	p.mu.Lock()
 	p.targets = append(p.targets, pid)
@@ -272,6 +294,15 @@ func (p *pipeline) Run(ctx context.Context) error {
 	for trDone != nil || gpuDone != nil {
 		select {
 		case ev := <-p.events:
+			switch {
+			case ev.Kind == event.KindFork && !ev.IsThread:
+				// Read while the process lives: its last gaps are
+				// emitted after it exited.
+				p.work.Of(ev.ChildPID)
+			case ev.Kind == event.KindExec:
+				p.work.Forget(ev.PID)
+				p.work.Of(ev.PID)
+			}
 			p.eng.Event(ev)
 		case w := <-p.windows:
 			p.window(w)
@@ -325,6 +356,15 @@ func (p *pipeline) Run(ctx context.Context) error {
 	for {
 		select {
 		case ev := <-p.events:
+			switch {
+			case ev.Kind == event.KindFork && !ev.IsThread:
+				// Read while the process lives: its last gaps are
+				// emitted after it exited.
+				p.work.Of(ev.ChildPID)
+			case ev.Kind == event.KindExec:
+				p.work.Forget(ev.PID)
+				p.work.Of(ev.PID)
+			}
 			p.eng.Event(ev)
 		case w := <-p.windows:
 			p.window(w)

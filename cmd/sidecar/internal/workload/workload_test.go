@@ -1,0 +1,101 @@
+package workload
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+)
+
+const id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func TestFromCgroup(t *testing.T) {
+	for _, c := range []struct {
+		name, cgroup, id, pod string
+	}{
+		{"containerd under systemd (k8s)", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c3d4e_0000_4111_8222_123456789abc.slice/cri-containerd-" + id + ".scope\n", id, "1b2c3d4e-0000-4111-8222-123456789abc"},
+		{"CRI-O", "0::/kubepods.slice/kubepods-pod1b2c3d4e_0000_4111_8222_123456789abc.slice/crio-" + id + ".scope", id, "1b2c3d4e-0000-4111-8222-123456789abc"},
+		{"cgroupfs k8s", "0::/kubepods/burstable/pod1b2c3d4e-0000-4111-8222-123456789abc/" + id, id, "1b2c3d4e-0000-4111-8222-123456789abc"},
+		{"docker cgroupfs", "0::/docker/" + id, id, ""},
+		{"docker systemd", "0::/system.slice/docker-" + id + ".scope", id, ""},
+		{"podman", "0::/machine.slice/libpod-" + id + ".scope/container", id, ""},
+		{"podman monitor is not the container", "0::/machine.slice/libpod-conmon-" + id + ".scope", "", ""},
+		{"cgroup v1 lines after v2", "12:cpuset:/docker/" + id + "\n0::/\n", id, ""},
+		{"host session", "0::/user.slice/user-0.slice/session-1.scope", "", ""},
+		{"sibling in a cgroup namespace", "0::/../cri-containerd-" + id + ".scope", id, ""},
+		{"garbage", "not a cgroup file", "", ""},
+	} {
+		gotID, gotPod := FromCgroup(c.cgroup)
+		if gotID != c.id || gotPod != c.pod {
+			t.Errorf("%s: FromCgroup = %q, %q; want %q, %q", c.name, gotID, gotPod, c.id, c.pod)
+		}
+	}
+}
+
+func TestBesideUs(t *testing.T) {
+	for cg, want := range map[string]bool{
+		"0::/":                      true,
+		"0::/../cri-containerd-x":   true,
+		"0::/../../kubepods/pod1/x": false,
+		"0::/system.slice/x":        false,
+		"12:cpu:/\n":                false,
+	} {
+		if got := besideUs(cg); got != want {
+			t.Errorf("besideUs(%q) = %v, want %v", cg, got, want)
+		}
+	}
+}
+
+func TestPodOnlyOnKubernetes(t *testing.T) {
+	env := map[string]string{"POD_NAME": "p", "CONTAINER_NAME": "c", "POD_UID": "u"}
+	if p := PodFromEnv(func(k string) string { return env[k] }); p != (Pod{}) {
+		t.Errorf("off Kubernetes: %+v, want nothing", p)
+	}
+	env["KUBERNETES_SERVICE_HOST"] = "10.0.0.1"
+	env["K8S_CONTAINER_NAME"] = "trainer"
+	p := PodFromEnv(func(k string) string { return env[k] })
+	if p.Name != "p" || p.UID != "u" || p.Container != "trainer" {
+		t.Errorf("on Kubernetes: %+v", p)
+	}
+}
+
+// fakeProc writes /proc/<pid>/{status,cgroup,environ} under a temp root.
+func fakeProc(t *testing.T, pid int, status, cgroup, environ string) string {
+	root := t.TempDir()
+	dir := filepath.Join(root, strconv.Itoa(pid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{"status": status, "cgroup": cgroup, "environ": environ} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+func TestResolver(t *testing.T) {
+	uid := "1b2c3d4e-0000-4111-8222-123456789abc"
+	cg := "0::/kubepods.slice/kubepods-pod1b2c3d4e_0000_4111_8222_123456789abc.slice/cri-containerd-" + id + ".scope\n"
+	root := fakeProc(t, 4242, "Name:\tpython\nNSpid:\t4242\t7\n", cg, "PATH=/bin\x00RANK=3\x00")
+	pod := Pod{Name: "train-0", Namespace: "ml", UID: uid, Container: "trainer"}
+	w := New(root, pod).Of(4242)
+	if w == nil || w.NSPID != 7 || w.Rank == nil || *w.Rank != 3 || w.ContainerID != id ||
+		w.PodUID != uid || w.PodName != "train-0" || w.PodNamespace != "ml" || w.ContainerName != "trainer" {
+		t.Fatalf("workload %+v", w)
+	}
+	// Another pod's process (a DaemonSet's view): its UID, none of our names.
+	other := New(root, Pod{Name: "gaptrace-node", Namespace: "kube-system", UID: "ffffffff-0000-4111-8222-123456789abc"}).Of(4242)
+	if other.PodUID != uid || other.PodName != "" {
+		t.Errorf("another pod's process got %+v", other)
+	}
+	// A host process: nothing to say.
+	root = fakeProc(t, 10, "NSpid:\t10\n", "0::/user.slice/session-1.scope\n", "HOME=/root\x00")
+	if w := New(root, Pod{}).Of(10); w != nil {
+		t.Errorf("host process: %+v, want nil", w)
+	}
+	// A gone process: nothing, no panic.
+	if w := New(t.TempDir(), Pod{}).Of(99); w != nil {
+		t.Errorf("gone process: %+v", w)
+	}
+}

@@ -1,0 +1,472 @@
+package main_test
+
+// Where gaptrace runs relative to the job: the PID-namespace layouts of
+// deploy/ (host, DaemonSet with hostPID, Kubernetes sidecar with a shared
+// process namespace, compose's pid: service:trainer) built with unshare and
+// nsenter, plus attach to a job that already runs CUDA and kill -9 of
+// gaptrace while its live view is on a terminal.
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
+	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/test/accuracy"
+)
+
+// The same job in every layout: two host stalls of known cause, a truth
+// file written by the job itself.
+func layoutJob(truth string, steps int) []string {
+	return simtrain("--steps", strconv.Itoa(steps), "--kernel-us", "2000",
+		"--stall", "io.read:every=4:ms=25", "--stall", "sleep:every=5:ms=20", "--truth", truth, "--quiet")
+}
+
+// startTrainerInChildNS starts the job as pid 1 of a new PID namespace and
+// returns the unshare process and the job's pid as this test sees it.
+func startTrainerInChildNS(t *testing.T, environ, job []string) (*gtProc, int) {
+	t.Helper()
+	u := startArgv(t, environ, append([]string{"unshare", "--pid", "--fork", "--mount-proc"}, job...)...)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, d := range proc.Descendants(u.cmd.Process.Pid) {
+			if libs, err := proc.Libraries(d, "libcuda.so"); err == nil && len(libs["libcuda.so"]) > 0 {
+				return u, d
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("the job in a child namespace never mapped libcuda\n%s", u.stderr)
+	return nil, 0
+}
+
+// nsPids is the NSpid line of pid: its number in every namespace from the
+// test's down to its own.
+func nsPids(t *testing.T, pid int) []int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "NSpid:"); ok {
+			var out []int
+			for _, f := range strings.Fields(rest) {
+				n, _ := strconv.Atoi(f)
+				out = append(out, n)
+			}
+			return out
+		}
+	}
+	t.Fatalf("no NSpid in /proc/%d/status", pid)
+	return nil
+}
+
+type layoutResult struct {
+	name   string
+	right  map[string]float64 // per injected cause: right-cause share of its idle
+	pidOK  string             // "" when every gap named the job as expected
+	steps  int64
+	scored int
+}
+
+func TestNamespaceLayouts(t *testing.T) {
+	need(t)
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("unshare (util-linux) not installed")
+	}
+	nvml := filepath.Join(simgpuDir, "libnvidia-ml.so.1")
+	outFlags := func(dir string) []string {
+		return []string{"--live", "off", "--nvml-lib", nvml, "--gaps-out", filepath.Join(dir, "gaps.jsonl"),
+			"--summary-json", filepath.Join(dir, "summary.json"), "--spans-out", filepath.Join(dir, "spans.jsonl")}
+	}
+	type layout struct {
+		name string
+		// run starts the job and gaptrace; it returns gaptrace and the
+		// pids expected in the gaps: as gaptrace's namespace numbers the
+		// job, and as the job's own does (0: the same).
+		run func(t *testing.T, environ []string, dir, truth string) (gt *gtProc, pid func() (int, int))
+	}
+	const steps = 120
+	layouts := []layout{
+		{"host-run", func(t *testing.T, environ []string, dir, truth string) (*gtProc, func() (int, int)) {
+			gt := start(t, environ, append(append([]string{"run"}, outFlags(dir)...), append([]string{"--"}, layoutJob(truth, steps)...)...)...)
+			return gt, nil
+		}},
+		{"daemonset-hostpid-job-in-child-ns", func(t *testing.T, environ []string, dir, truth string) (*gtProc, func() (int, int)) {
+			_, pid := startTrainerInChildNS(t, environ, layoutJob(truth, steps))
+			gt := start(t, environ, append([]string{"attach", "--pid", strconv.Itoa(pid)}, outFlags(dir)...)...)
+			return gt, func() (int, int) { return pid, 1 }
+		}},
+		{"sidecar-shared-ns", func(t *testing.T, environ []string, dir, truth string) (*gtProc, func() (int, int)) {
+			// sh stands for the pod's pause process (pid 1); the job and
+			// gaptrace are its children.
+			script := `"$@" & job=$!; echo $job > ` + filepath.Join(dir, "jobpid") + `; ` + gaptraceBin + ` attach --pid $job ` +
+				strings.Join(outFlags(dir), " ") + `; wait`
+			gt := startArgv(t, environ, append([]string{"unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script, "sh"},
+				layoutJob(truth, steps)...)...)
+			return gt, func() (int, int) {
+				b, _ := os.ReadFile(filepath.Join(dir, "jobpid"))
+				n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+				return n, 0
+			}
+		}},
+		{"compose-joins-ns-job-is-pid1", func(t *testing.T, environ []string, dir, truth string) (*gtProc, func() (int, int)) {
+			// The namespace ends with its pid 1, and everything in it
+			// with it: gaptrace stops first (--duration), as a compose
+			// user's would be stopped before the trainer.
+			_, pid := startTrainerInChildNS(t, environ, layoutJob(truth, 3*steps))
+			gt := startArgv(t, environ, append([]string{"nsenter", "--target", strconv.Itoa(pid), "--pid", "--mount", "--",
+				gaptraceBin, "attach", "--pid", "1", "--duration", "4s"}, outFlags(dir)...)...)
+			return gt, func() (int, int) { return 1, 0 }
+		}},
+		{"nested-own-ns-job-in-child-ns", func(t *testing.T, environ []string, dir, truth string) (*gtProc, func() (int, int)) {
+			argv := append([]string{"unshare", "--pid", "--fork", "--mount-proc", gaptraceBin, "run"}, outFlags(dir)...)
+			argv = append(argv, "--", "unshare", "--pid", "--fork", "--mount-proc")
+			gt := startArgv(t, environ, append(argv, layoutJob(truth, steps)...)...)
+			return gt, nil // checked below from the gaps: one process, ns pid 1
+		}},
+	}
+
+	var results []layoutResult
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) {
+			dir := t.TempDir()
+			truth := filepath.Join(dir, "truth.jsonl")
+			gt, pids := l.run(t, env(t), dir, truth)
+			if code := gt.wait(t, 3*time.Minute); code != 0 {
+				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, gt.stdout, gt.stderr)
+			}
+			// The trainer may outlive gaptrace (compose): its truth is
+			// complete once it exits.
+			deadline := time.Now().Add(time.Minute)
+			var tr *accuracy.Truth
+			for {
+				var err error
+				tr, err = accuracy.ReadTruth(truth)
+				if err == nil && tr.Ended {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("truth never completed: %v", err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			gaps, err := accuracy.ReadGaps(filepath.Join(dir, "gaps.jsonl"))
+			if err != nil || len(gaps) == 0 {
+				t.Fatalf("no gaps (%v)\nstderr:\n%s", err, gt.stderr)
+			}
+			res := layoutResult{name: l.name, right: map[string]float64{}}
+			res.pidOK = checkGapPids(gaps, tr.PID, pids)
+			if res.pidOK != "" {
+				t.Error(res.pidOK)
+			}
+			// Score what was traced: from a second after the first gap
+			// (probes attached, step pattern found) to the last gap.
+			first, last := gaps[0].Start, gaps[0].End
+			for _, g := range gaps {
+				first, last = min(first, g.Start), max(last, g.End)
+			}
+			tr.TracedFrom(first + int64(time.Second))
+			tr.Until(last)
+			res.scored = len(tr.Steps)
+			if res.scored < 40 {
+				t.Fatalf("only %d steps scored", res.scored)
+			}
+			ev := accuracy.Evaluate(tr, gaps, int64(time.Millisecond))
+			for _, c := range []string{"io.read", "sleep"} {
+				cr := ev.Causes[c]
+				if cr == nil || cr.TruthNS == 0 {
+					t.Errorf("%s: no injected stalls scored", c)
+					continue
+				}
+				res.right[c] = rightShare(tr, gaps, c)
+				if res.right[c] < 0.85 {
+					t.Errorf("%s: %.3f of its stalls' time labelled %s (confusion %v)", c, res.right[c], c, cr.Confusion)
+				}
+			}
+			var sum struct {
+				Steps int64 `json:"steps"`
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, "summary.json")); err == nil {
+				json.Unmarshal(b, &sum) //nolint:errcheck // checked below
+			}
+			res.steps = sum.Steps
+			if sum.Steps == 0 {
+				t.Errorf("summary counts no steps")
+			}
+			results = append(results, res)
+		})
+	}
+	if len(results) != len(layouts) {
+		return
+	}
+	t.Logf("%-70s %8s %8s %6s", "layout", "io.read", "sleep", "steps")
+	for _, r := range results {
+		t.Logf("%-70s %8.3f %8.3f %6d", r.name, r.right["io.read"], r.right["sleep"], r.scored)
+	}
+	for _, r := range results[1:] {
+		for c, v := range r.right {
+			if d := math.Abs(v - results[0].right[c]); d > 0.05 {
+				t.Errorf("%s: %s %.3f differs from the host's %.3f by more than 0.05", r.name, c, v, results[0].right[c])
+			}
+		}
+	}
+}
+
+// rightShare is the share of cause's injected stall time that the gaps
+// covering it attribute to it, through each gap's breakdown: a stall that
+// runs right after another one shares its gap, whose breakdown gives each
+// its time. On
+// a loaded machine, a stall whose run-queue wait (the job's own schedstat)
+// was nearly half of it is cpu.contention as much as its cause; either
+// counts.
+func rightShare(tr *accuracy.Truth, gaps []correlate.Gap, cause string) float64 {
+	var right, total float64
+	for _, s := range tr.Stalls {
+		if s.Cause != cause {
+			continue
+		}
+		total += float64(s.Len())
+		contended := float64(s.RunDelayNS) >= 0.45*float64(s.Len())
+		for _, g := range gaps {
+			ov := min(s.End, g.End) - max(s.Start, g.Start)
+			if ov <= 0 {
+				continue
+			}
+			var ok int64
+			for c, ns := range g.Breakdown {
+				if string(c) == cause || contended && c == correlate.CauseCPUContention {
+					ok += ns
+				}
+			}
+			right += float64(min(ov, ok))
+		}
+	}
+	if total == 0 {
+		return 0
+	}
+	return min(1, right/total)
+}
+
+// checkGapPids returns "" when every gap names the job as expected: by the
+// pid gaptrace's namespace gives it and, when the job's own namespace
+// numbers it differently, that number as workload.ns_pid.
+func checkGapPids(gaps []correlate.Gap, truthPID int, pids func() (int, int)) string {
+	wantPID, wantNS := truthPID, 0
+	if pids != nil {
+		wantPID, wantNS = pids()
+	}
+	for _, g := range gaps {
+		ns := 0
+		if g.Workload != nil {
+			ns = int(g.Workload.NSPID)
+		}
+		if pids == nil && wantPID != truthPID {
+			continue
+		}
+		if pids == nil && ns != 0 {
+			// run: the job may sit in a namespace below gaptrace's
+			// (nested); its own pid is then the truth's.
+			if ns != truthPID {
+				return fmt.Sprintf("gap of pid %d: ns_pid %d, want the job's own %d", g.PID, ns, truthPID)
+			}
+			continue
+		}
+		if pids == nil {
+			if int(g.PID) != truthPID {
+				return fmt.Sprintf("gap of pid %d, want the job's %d", g.PID, truthPID)
+			}
+			continue
+		}
+		if int(g.PID) != wantPID || ns != wantNS {
+			return fmt.Sprintf("gap names pid %d (ns_pid %d), want pid %d (ns_pid %d)", g.PID, ns, wantPID, wantNS)
+		}
+	}
+	return ""
+}
+
+var stepsRe = regexp.MustCompile(`steps (\d+)`)
+
+// TestAttachToRunningCUDAJob attaches to a trainer that mapped libcuda
+// before gaptrace started, as a user does to a job already training.
+func TestAttachToRunningCUDAJob(t *testing.T) {
+	need(t)
+	nvml := filepath.Join(simgpuDir, "libnvidia-ml.so.1")
+	startJob := func(t *testing.T, steps int) (*exec.Cmd, string) {
+		truth := filepath.Join(t.TempDir(), "truth.jsonl")
+		argv := simtrain("--steps", strconv.Itoa(steps), "--kernel-us", "2000", "--stall", "io.read:every=4:ms=20", "--truth", truth, "--quiet")
+		job := exec.Command(argv[0], argv[1:]...)
+		job.Env = env(t)
+		if err := job.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { job.Process.Kill(); job.Wait() }) //nolint:errcheck // may have exited
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if libs, err := proc.Libraries(job.Process.Pid, "libcuda.so"); err == nil && len(libs["libcuda.so"]) > 0 {
+				return job, truth
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("simtrain never mapped libcuda")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	t.Run("until the job exits", func(t *testing.T) {
+		job, truth := startJob(t, 150)
+		sum := filepath.Join(t.TempDir(), "summary.json")
+		gt := start(t, env(t), "attach", "--pid", strconv.Itoa(job.Process.Pid), "--live", "off", "--nvml-lib", nvml, "--summary-json", sum)
+		code := gt.wait(t, 3*time.Minute)
+		if code != 0 {
+			t.Fatalf("exit %d\n%s", code, gt.stderr)
+		}
+		// gaptrace ended because the job did, not before.
+		if err := job.Process.Signal(syscall.Signal(0)); err == nil {
+			if st, _ := proc.State(job.Process.Pid); st != 'Z' {
+				t.Fatalf("gaptrace exited while the job still runs\n%s", gt.stderr)
+			}
+		}
+		job.Wait() //nolint:errcheck // exit status is the truth's business
+		tr, err := accuracy.ReadTruth(truth)
+		if err != nil || !tr.Ended {
+			t.Fatalf("truth: %v", err)
+		}
+		var s struct {
+			Steps   int64            `json:"steps"`
+			ByCause map[string]int64 `json:"by_cause"`
+		}
+		b, err := os.ReadFile(sum)
+		if err != nil {
+			t.Fatal(err)
+		}
+		json.Unmarshal(b, &s) //nolint:errcheck // checked below
+		// The job ran 150 steps; it had started before gaptrace, so some
+		// of the first ones are not seen, but most of them are.
+		if s.Steps < 75 || s.ByCause["io.read"] == 0 {
+			t.Errorf("summary after attaching to a running job: %s\nstderr:\n%s", b, gt.stderr)
+		}
+		if !strings.Contains(gt.stderr.String(), "traced process exited") {
+			t.Errorf("no word of the job's exit:\n%s", gt.stderr)
+		}
+	})
+	t.Run("with --duration", func(t *testing.T) {
+		job, _ := startJob(t, 100000)
+		began := time.Now()
+		gt := start(t, env(t), "attach", "--pid", strconv.Itoa(job.Process.Pid), "--duration", "4s", "--live", "off", "--nvml-lib", nvml)
+		code := gt.wait(t, 2*time.Minute)
+		if code != 0 {
+			t.Fatalf("exit %d\n%s", code, gt.stderr)
+		}
+		if el := time.Since(began); el < 4*time.Second {
+			t.Errorf("stopped after %v, before --duration 4s", el)
+		}
+		if m := stepsRe.FindStringSubmatch(gt.stdout.String()); m == nil || m[1] == "0" {
+			t.Errorf("no steps traced in 4 s:\n%s", gt.stdout)
+		}
+		if st, err := proc.State(job.Process.Pid); err != nil || st == 'Z' {
+			t.Errorf("the job did not survive gaptrace's --duration (state %c, %v)", st, err)
+		}
+	})
+}
+
+// TestKill9WithLiveView kills gaptrace while its live view is drawn on a
+// terminal: the job keeps writing to that terminal and finishes.
+func TestKill9WithLiveView(t *testing.T) {
+	need(t)
+	master, slave, err := proc.OpenPTY(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	// 40 rows: room for the frame and the job's lines.
+	if err := unix.IoctlSetWinsize(int(slave.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 40, Col: 120}); err != nil {
+		t.Fatal(err)
+	}
+	status := filepath.Join(t.TempDir(), "status")
+	// The job prints a line per step, slowly, long after gaptrace dies.
+	job := fmt.Sprintf(`%s --steps 300 --kernel-us 2000 --quiet & pid=$!; i=0; while kill -0 $pid 2>/dev/null; do i=$((i+1)); echo "job line $i"; sleep 0.1; done; wait $pid; st=$?; echo "job exit $st"; echo $st > %s`,
+		strings.Join(simtrain(), " "), status)
+	// A shell leads the terminal's session, as for a user: gaptrace is
+	// its foreground job, not the session leader whose death hangs up the
+	// terminal.
+	cmd := exec.Command("sh", "-c", `"$@"; echo gaptrace-gone; sleep 300`, "sh",
+		gaptraceBin, "run", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"), "--", "sh", "-c", job)
+	cmd.Dir = t.TempDir()
+	cmd.Env = env(t)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	out := &lockedBuf{}
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := master.Read(buf)
+			out.Write(buf[:n])
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }) //nolint:errcheck // cleanup
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(out.String(), "idle by cause") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no live view drawn:\n%q", out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(out.String(), "\x1b[1;") {
+		t.Errorf("the live view set no scroll region:\n%q", out.String())
+	}
+	gt := 0
+	for _, d := range proc.Descendants(cmd.Process.Pid) {
+		if cl, _ := proc.Cmdline(d); strings.HasPrefix(cl, gaptraceBin+" run") {
+			gt = d
+			break
+		}
+	}
+	if gt == 0 {
+		t.Fatal("gaptrace not found under the shell")
+	}
+	killedAt := len(out.String())
+	if err := syscall.Kill(gt, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for !strings.Contains(out.String(), "gaptrace-gone") {
+		if time.Now().After(deadline) {
+			t.Fatalf("gaptrace did not die:\n%q", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	deadline = time.Now().Add(2 * time.Minute)
+	var b []byte
+	for time.Now().Before(deadline) {
+		if b, err = os.ReadFile(status); err == nil && len(b) > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := strings.TrimSpace(string(b)); got != "0" {
+		t.Fatalf("job status %q after gaptrace was killed, want 0\n%q", got, out.String())
+	}
+	after := out.String()[killedAt:]
+	if !strings.Contains(after, "job line") || !strings.Contains(after, "job exit 0") {
+		t.Errorf("the job's output stopped reaching the terminal after gaptrace died:\n%q", after)
+	}
+}

@@ -36,6 +36,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/perfetto"
 )
 
 // Exit codes of gaptrace itself (run passes the command's through).
@@ -143,6 +144,8 @@ Usage:
   gaptrace attach --match REGEX [flags] trace the process whose command line matches, and the next one after it exits
   gaptrace check [--pid PID]            say whether tracing can work here, and how to fix what cannot
   gaptrace demo [--out DIR]             trace the simulated trainer (no GPU needed) and show what gaptrace reports
+  gaptrace convert --from FILE --perfetto-out FILE
+                                        turn a saved gaps or spans file into a trace for ui.perfetto.dev
   gaptrace version
 
 Run 'gaptrace COMMAND -h' for the flags of a command. Every flag is also an
@@ -176,6 +179,8 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 		return checkCmd(ctx, args[1:], deps)
 	case "demo":
 		return demoCmd(ctx, args[1:], deps)
+	case "convert":
+		return convertCmd(args[1:], deps)
 	}
 	fmt.Fprintf(deps.Stderr, "gaptrace: unknown command %q\n\n%s", args[0], usage)
 	return ExitUsage
@@ -322,6 +327,7 @@ type session struct {
 	log    *slog.Logger
 	agg    *live.Aggregator
 	gaps   *gapsWriter
+	trace  *perfetto.Writer // --perfetto-out, nil when off
 	pipe   Pipeline
 	spans  string
 	title  string
@@ -359,6 +365,17 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 		s.gaps = g
 		sinks = append(sinks, g)
 	}
+	if cfg.PerfettoOut != "" {
+		t, err := perfetto.Create(cfg.PerfettoOut, perfetto.Options{ProcessName: procComm, ThreadName: threadComm})
+		if err != nil {
+			if s.gaps != nil {
+				s.gaps.Close() //nolint:errcheck // reporting the trace file error instead
+			}
+			return nil, err
+		}
+		s.trace = t
+		sinks = append(sinks, t)
+	}
 	pipe, err := deps.NewPipeline(ctx, PipelineConfig{
 		Config: cfg, Sink: sinks, Snapshot: s.agg.SetSummary, Spans: s.spans,
 		TargetPID: targetPID, TargetCmdline: argv, Logger: base,
@@ -366,6 +383,9 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	if err != nil {
 		if s.gaps != nil {
 			s.gaps.Close() //nolint:errcheck // reporting the pipeline error instead
+		}
+		if s.trace != nil {
+			s.trace.Close() //nolint:errcheck // reporting the pipeline error instead
 		}
 		return nil, err
 	}
@@ -451,13 +471,19 @@ func (s *session) finish() error {
 			errs = append(errs, err)
 		}
 	}
+	if s.trace != nil {
+		if err := s.trace.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if s.cfg.SummaryJSON != "" {
 		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	_, width := s.deps.IsTerminal()
-	out := live.Outputs{Gaps: s.cfg.GapsOut, Spans: s.spans, Summary: s.cfg.SummaryJSON, Prometheus: s.cfg.Prometheus}
+	out := live.Outputs{Gaps: s.cfg.GapsOut, Spans: s.spans, Summary: s.cfg.SummaryJSON, Prometheus: s.cfg.Prometheus,
+		Trace: s.cfg.PerfettoOut}
 	if s.cfg.OTLPConfigured(s.deps.Getenv) {
 		out.OTLP = s.cfg.OTLPEndpoint
 		if out.OTLP == "" {

@@ -330,8 +330,10 @@ func TestGrafanaProvisioning(t *testing.T) {
 	if i < 0 || i+1 >= len(gt.Command) || !strings.HasSuffix(gt.Command[i+1], ":9464") {
 		t.Errorf("gaptrace command %v does not serve Prometheus on :9464", gt.Command)
 	}
-	if gt.Environment["OTEL_METRICS_EXPORTER"] != "none" {
-		t.Error("gaptrace would push OTLP metrics to Tempo, which takes traces only: set OTEL_METRICS_EXPORTER=none")
+	for file, svc := range map[string]composeService{"tempo/compose.yaml": gt, "compose.yaml": loadCompose(t, "compose.yaml").Services["gaptrace"]} {
+		if svc.Environment["OTEL_METRICS_EXPORTER"] != "none" {
+			t.Errorf("%s: gaptrace would push OTLP metrics to a traces-only backend: set OTEL_METRICS_EXPORTER=none", file)
+		}
 	}
 	f, err := os.Open("tempo/prometheus.yaml")
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/perfetto"
@@ -51,11 +52,17 @@ func readGapsFile(t *testing.T, path string) []traceGap {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 4<<20)
 	var out []traceGap
+	var last int64
 	for sc.Scan() {
 		var g correlate.Gap
 		if err := json.Unmarshal(sc.Bytes(), &g); err != nil {
 			t.Fatal(err)
 		}
+		if g.Start < last {
+			t.Errorf("%s: gap %d starts %v before the previous one: the file is not in start order", path, len(out)+1,
+				time.Duration(last-g.Start))
+		}
+		last = g.Start
 		out = append(out, traceGap{string(g.Cause), g.Duration})
 	}
 	slices.SortFunc(out, func(a, b traceGap) int { return strings.Compare(a.cause, b.cause)*2 + int(min(max(a.ns-b.ns, -1), 1)) })

@@ -258,13 +258,15 @@ func fail(deps Deps, cmd config.Command, format string, a ...any) int {
 }
 
 // gapsWriter is the --gaps-out sink: correlate's JSON-lines encoding into
-// a buffered file, written as gaps arrive so a crash loses at most the
-// buffer.
+// a buffered file, in start order, written as gaps leave the reorder
+// window so a crash loses at most that window and the buffer.
 type gapsWriter struct {
 	mu   sync.Mutex
 	f    *os.File
 	w    *bufio.Writer
 	gaps *correlate.GapsJSONL
+	// order holds gaps briefly so the file is in start order.
+	order startOrder
 }
 
 func newGapsWriter(path string) (*gapsWriter, error) {
@@ -273,13 +275,15 @@ func newGapsWriter(path string) (*gapsWriter, error) {
 		return nil, fmt.Errorf("create gaps file: %w", err)
 	}
 	w := bufio.NewWriterSize(f, 64<<10)
-	return &gapsWriter{f: f, w: w, gaps: correlate.WriteGapsJSONL(w)}, nil
+	gw := &gapsWriter{f: f, w: w, gaps: correlate.WriteGapsJSONL(w)}
+	gw.order.out = gw.gaps.Gap
+	return gw, nil
 }
 
 func (g *gapsWriter) Gap(gap correlate.Gap) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.gaps.Gap(gap)
+	g.order.add(gap)
 }
 
 func (g *gapsWriter) Step(correlate.Step) {}
@@ -287,6 +291,7 @@ func (g *gapsWriter) Step(correlate.Step) {}
 func (g *gapsWriter) Close() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.order.flush()
 	err := errors.Join(g.gaps.Err(), g.w.Flush(), g.f.Close())
 	if err != nil {
 		return fmt.Errorf("write gaps file %s: %w", g.f.Name(), err)

@@ -4,6 +4,7 @@ GO ?= go
 BIN := bin/gaptrace
 SIMGPU_DIR := build/simgpu
 JAEGER := build/jaeger
+HELM := build/helm
 export CGO_ENABLED := 1
 # go-nvml binds every NVML entry point, deprecated ones too; gcc's
 # deprecation warnings about them are not ours to fix.
@@ -43,11 +44,16 @@ $(JAEGER): tools/jaeger/go.mod
 	@mkdir -p build
 	cd tools/jaeger && $(GO) build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
 
+helm: $(HELM) ## Build Helm v3.22 from its own module file, to render deploy/helm in tests
+$(HELM): tools/helm/go.mod
+	@mkdir -p build
+	cd tools/helm && $(GO) build -o $(abspath $(HELM)) helm.sh/helm/v3/cmd/helm
+
 # -p 1: one test binary at a time. The accuracy and end-to-end tiers time
 # real traced runs; sharing two cores with another package's tests turns
 # scheduling noise into measurement noise.
-test: build simgpu jaeger ## Run every test (as root for the eBPF tiers)
-	GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) GAPTRACE_JAEGER=$(abspath $(JAEGER)) \
+test: build simgpu jaeger helm ## Run every test (as root for the eBPF tiers)
+	GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) GAPTRACE_JAEGER=$(abspath $(JAEGER)) GAPTRACE_HELM=$(abspath $(HELM)) \
 		$(GO) test -p 1 -count=1 -timeout 40m ./... ./testdata/simgpu/
 
 accuracy: build simgpu ## Print the attribution accuracy table on simtrain scenarios
@@ -64,4 +70,4 @@ lint: ## gofmt + go vet
 clean: ## Remove build outputs
 	rm -rf bin build
 
-.PHONY: help build generate simgpu jaeger test accuracy demo lint clean
+.PHONY: help build generate simgpu jaeger helm test accuracy demo lint clean

@@ -119,6 +119,7 @@ type resolved struct {
 	insecure    *bool
 	tlsConfig   *tls.Config
 	otlpMetrics bool
+	otlpTraces  bool    // false: OTEL_TRACES_EXPORTER names no otlp (none), spans go only to the spans file
 	sampleRatio float64 // fraction of steps (traces) kept, from OTEL_TRACES_SAMPLER
 }
 
@@ -270,9 +271,14 @@ func resolve(cfg Config) (*resolved, error) {
 	// Metrics follow the traces' endpoint unless OTEL_METRICS_EXPORTER says
 	// otherwise; a traces-only endpoint variable does not imply a metrics
 	// endpoint (the exporter would fall back to localhost).
+	// OTEL_TRACES_EXPORTER=none likewise keeps spans off OTLP, so one
+	// endpoint can take metrics only, as a traces-only backend (Jaeger,
+	// Tempo) takes spans only with OTEL_METRICS_EXPORTER=none.
 	me := strings.ToLower(envFirst("OTEL_METRICS_EXPORTER"))
 	r.otlpMetrics = (me == "" || strings.Contains(me, "otlp")) &&
 		(r.Endpoint != "" || envFirst("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") != "")
+	te := strings.ToLower(envFirst("OTEL_TRACES_EXPORTER"))
+	r.otlpTraces = te == "" || strings.Contains(te, "otlp")
 	return r, errors.Join(errs...)
 }
 

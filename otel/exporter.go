@@ -88,7 +88,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 	// slow collector never costs the copy and the reverse.
 	var exp sdktrace.SpanExporter
 	switch {
-	case r.mode == "otlp":
+	case r.mode == "otlp" && r.otlpTraces:
 		exp, err = newOTLPTraceExporter(ctx, r)
 		if err != nil {
 			return nil, err
@@ -108,7 +108,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 		sdktrace.WithIDGenerator(idGenerator{}),
 		sdktrace.WithSampler(sampler(r.sampleRatio)),
 	}
-	if r.mode == "otlp" && r.SpansFile != "" {
+	if r.mode == "otlp" && r.otlpTraces && r.SpansFile != "" {
 		fe, err := newFileExporter(r.SpansFile, serviceName(res))
 		if err != nil {
 			_ = x.batcher.Shutdown(ctx)
@@ -134,7 +134,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 				ep = r.endpointURL.String()
 			}
 		}
-		attrs = append(attrs, "protocol", r.protocol, "endpoint", ep, "otlp_metrics", r.otlpMetrics)
+		attrs = append(attrs, "protocol", r.protocol, "endpoint", ep, "otlp_metrics", r.otlpMetrics, "otlp_traces", r.otlpTraces)
 		if r.SpansFile != "" {
 			attrs = append(attrs, "spans_file", r.SpansFile)
 		}

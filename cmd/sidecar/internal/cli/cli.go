@@ -36,6 +36,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/perfetto"
 )
 
 // Exit codes of gaptrace itself (run passes the command's through).
@@ -144,6 +145,8 @@ Usage:
   gaptrace attach --match REGEX [flags] trace the process whose command line matches, and the next one after it exits
   gaptrace check [--pid PID]            say whether tracing can work here, and how to fix what cannot
   gaptrace demo [--out DIR]             trace the simulated trainer (no GPU needed) and show what gaptrace reports
+  gaptrace convert --from FILE --perfetto-out FILE
+                                        turn a saved gaps or spans file into a trace for ui.perfetto.dev
   gaptrace version
 
 Run 'gaptrace COMMAND -h' for the flags of a command. Every flag is also an
@@ -177,6 +180,8 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 		return checkCmd(ctx, args[1:], deps)
 	case "demo":
 		return demoCmd(ctx, args[1:], deps)
+	case "convert":
+		return convertCmd(args[1:], deps)
 	}
 	fmt.Fprintf(deps.Stderr, "gaptrace: unknown command %q\n\n%s", args[0], usage)
 	return ExitUsage
@@ -245,13 +250,15 @@ func fail(deps Deps, cmd config.Command, format string, a ...any) int {
 }
 
 // gapsWriter is the --gaps-out sink: correlate's JSON-lines encoding into
-// a buffered file, written as gaps arrive so a crash loses at most the
-// buffer.
+// a buffered file, in start order, written as gaps leave the reorder
+// window so a crash loses at most that window and the buffer.
 type gapsWriter struct {
 	mu   sync.Mutex
 	f    *os.File
 	w    *bufio.Writer
 	gaps *correlate.GapsJSONL
+	// order holds gaps briefly so the file is in start order.
+	order startOrder
 }
 
 func newGapsWriter(path string) (*gapsWriter, error) {
@@ -260,13 +267,15 @@ func newGapsWriter(path string) (*gapsWriter, error) {
 		return nil, fmt.Errorf("create gaps file: %w", err)
 	}
 	w := bufio.NewWriterSize(f, 64<<10)
-	return &gapsWriter{f: f, w: w, gaps: correlate.WriteGapsJSONL(w)}, nil
+	gw := &gapsWriter{f: f, w: w, gaps: correlate.WriteGapsJSONL(w)}
+	gw.order.out = gw.gaps.Gap
+	return gw, nil
 }
 
 func (g *gapsWriter) Gap(gap correlate.Gap) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.gaps.Gap(gap)
+	g.order.add(gap)
 }
 
 func (g *gapsWriter) Step(correlate.Step) {}
@@ -274,6 +283,7 @@ func (g *gapsWriter) Step(correlate.Step) {}
 func (g *gapsWriter) Close() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.order.flush()
 	err := errors.Join(g.gaps.Err(), g.w.Flush(), g.f.Close())
 	if err != nil {
 		return fmt.Errorf("write gaps file %s: %w", g.f.Name(), err)
@@ -314,6 +324,7 @@ type session struct {
 	log    *slog.Logger
 	agg    *live.Aggregator
 	gaps   *gapsWriter
+	trace  *perfetto.Writer // --perfetto-out, nil when off
 	pipe   Pipeline
 	spans  string
 	title  string
@@ -351,6 +362,17 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 		s.gaps = g
 		sinks = append(sinks, g)
 	}
+	if cfg.PerfettoOut != "" {
+		t, err := perfetto.Create(cfg.PerfettoOut, perfetto.Options{ProcessName: procComm, ThreadName: threadComm})
+		if err != nil {
+			if s.gaps != nil {
+				s.gaps.Close() //nolint:errcheck // reporting the trace file error instead
+			}
+			return nil, err
+		}
+		s.trace = t
+		sinks = append(sinks, t)
+	}
 	pipe, err := deps.NewPipeline(ctx, PipelineConfig{
 		Config: cfg, Sink: sinks, Snapshot: s.agg.SetSummary, Spans: s.spans,
 		TargetPID: targetPID, TargetCmdline: argv, Logger: base,
@@ -358,6 +380,9 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	if err != nil {
 		if s.gaps != nil {
 			s.gaps.Close() //nolint:errcheck // reporting the pipeline error instead
+		}
+		if s.trace != nil {
+			s.trace.Close() //nolint:errcheck // reporting the pipeline error instead
 		}
 		return nil, err
 	}
@@ -443,13 +468,19 @@ func (s *session) finish() error {
 			errs = append(errs, err)
 		}
 	}
+	if s.trace != nil {
+		if err := s.trace.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if s.cfg.SummaryJSON != "" {
 		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	_, width := s.deps.IsTerminal()
-	out := live.Outputs{Gaps: s.cfg.GapsOut, Spans: s.spans, Summary: s.cfg.SummaryJSON, Prometheus: s.cfg.Prometheus}
+	out := live.Outputs{Gaps: s.cfg.GapsOut, Spans: s.spans, Summary: s.cfg.SummaryJSON, Prometheus: s.cfg.Prometheus,
+		Trace: s.cfg.PerfettoOut}
 	if s.cfg.OTLPConfigured(s.deps.Getenv) {
 		out.OTLP = s.cfg.OTLPEndpoint
 		if out.OTLP == "" {

@@ -140,6 +140,7 @@ func demoCmd(ctx context.Context, args []string, deps Deps) int {
 	setDefault(&cfg.GapsOut, filepath.Join(outDir, "gaptrace-gaps.jsonl"))
 	setDefault(&cfg.SummaryJSON, filepath.Join(outDir, "gaptrace-summary.json"))
 	setDefault(&cfg.SpansOut, filepath.Join(outDir, config.DefaultSpansFile))
+	setDefault(&cfg.PerfettoOut, filepath.Join(outDir, "gaptrace-trace.json"))
 	setDefault(&cfg.NVMLLib, filepath.Join(sim, "libnvidia-ml.so.1"))
 	setDefault(&cfg.CUDALib, filepath.Join(sim, "libcuda.so.1"))
 	setDefault(&cfg.NCCLLib, filepath.Join(sim, "libnccl.so.2"))
@@ -166,8 +167,8 @@ func demoCmd(ctx context.Context, args []string, deps Deps) int {
 	fmt.Fprintf(deps.Stdout, "\n  outputs: %s\n\n", outDir)
 	code = runSession(ctx, &cfg, deps, out, argv, env)
 	if code == ExitOK {
-		fmt.Fprintf(deps.Stdout, "\nopen %s for one JSON line per gap, or load %s into Jaeger/Tempo (see README)\n",
-			cfg.GapsOut, cfg.SpansOut)
+		fmt.Fprintf(deps.Stdout, "\nopen %s for one JSON line per gap, load %s into Jaeger/Tempo (see README),\n"+
+			"or open %s in ui.perfetto.dev\n", cfg.GapsOut, cfg.SpansOut, cfg.PerfettoOut)
 	}
 	return code
 }

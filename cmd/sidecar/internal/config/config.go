@@ -62,6 +62,7 @@ type Config struct {
 	SummaryJSON    string
 	SpansOut       string
 	WindowsOut     string
+	PerfettoOut    string
 	OTLPEndpoint   string
 	OTLPProtocol   string // "grpc" or "http/protobuf"; "" = OTEL_EXPORTER_OTLP_PROTOCOL, else by port
 	OTLPInsecure   bool
@@ -189,6 +190,8 @@ var options = []option{
 		binding: stringVar(func(c *Config) *string { return &c.SpansOut })},
 	{name: "windows-out", usage: "write the GPU's own idle windows (NVML/GPM samples) as JSON lines to `FILE`",
 		binding: stringVar(func(c *Config) *string { return &c.WindowsOut })},
+	{name: "perfetto-out", usage: "write a Chrome trace-event JSON `FILE` that ui.perfetto.dev and chrome://tracing open: GPU busy/idle, steps and host threads per rank",
+		binding: stringVar(func(c *Config) *string { return &c.PerfettoOut })},
 	{name: "otlp-endpoint", usage: "OTLP collector endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT)",
 		binding: stringVar(func(c *Config) *string { return &c.OTLPEndpoint })},
 	{name: "otlp-protocol", usage: "OTLP protocol: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc on port 4317, else http/protobuf)",
@@ -487,7 +490,7 @@ func (c *Config) validate(rest []string) Problems {
 	}
 	for _, f := range []struct{ flag, path string }{
 		{"gaps-out", c.GapsOut}, {"summary-json", c.SummaryJSON}, {"spans-out", c.SpansOut},
-		{"windows-out", c.WindowsOut},
+		{"windows-out", c.WindowsOut}, {"perfetto-out", c.PerfettoOut},
 	} {
 		if f.path == "" {
 			continue

@@ -468,6 +468,7 @@ func LogLine(v View) string {
 // Outputs names the files a session wrote, for the summary.
 type Outputs struct {
 	Gaps, Spans, Summary, OTLP, Prometheus string
+	Trace                                  string // --perfetto-out
 }
 
 // Summary renders the final summary of a session.
@@ -487,6 +488,7 @@ func Summary(v View, out Outputs, width int) string {
 	var files []string
 	for _, f := range []struct{ what, path string }{
 		{"gaps", out.Gaps}, {"spans", out.Spans}, {"summary", out.Summary}, {"OTLP", out.OTLP}, {"metrics", out.Prometheus},
+		{"trace", out.Trace},
 	} {
 		if f.path != "" {
 			files = append(files, fmt.Sprintf("  %-8s %s", f.what, f.path))

@@ -1,0 +1,215 @@
+package perfetto
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/otel"
+)
+
+// Input formats Convert recognises.
+const (
+	FormatGaps  = "gaps"  // --gaps-out: one correlate.Gap per line
+	FormatSpans = "spans" // --spans-out: one otel.FileSpan per line
+)
+
+// Convert reads a saved gaps or spans file (told apart by its first line)
+// and feeds what it holds to w. It returns the format found. A gaps file
+// has no steps, so its trace has GPU idle and host tracks but no step or
+// busy slices; a spans file has both.
+func Convert(r io.Reader, w *Writer) (string, error) {
+	br := bufio.NewReaderSize(r, 1<<20)
+	sc := bufio.NewScanner(br)
+	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	var format string
+	var spans []otel.FileSpan
+	line := 0
+	for sc.Scan() {
+		line++
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		if format == "" {
+			var probe map[string]json.RawMessage
+			if err := json.Unmarshal(b, &probe); err != nil {
+				return "", fmt.Errorf("line %d: not a JSON object (want a gaptrace gaps or spans file): %w", line, err)
+			}
+			switch {
+			case probe["trace_id"] != nil && probe["span_id"] != nil:
+				format = FormatSpans
+			case probe["cause"] != nil && probe["start_unix_nano"] != nil:
+				format = FormatGaps
+			default:
+				return "", fmt.Errorf("line %d: neither a gap (cause, start_unix_nano) nor a span (trace_id, span_id): want a file written by --gaps-out or --spans-out", line)
+			}
+		}
+		switch format {
+		case FormatGaps:
+			var g correlate.Gap
+			if err := json.Unmarshal(b, &g); err != nil {
+				return format, fmt.Errorf("line %d: bad gap: %w", line, err)
+			}
+			w.Gap(g)
+		case FormatSpans:
+			var s otel.FileSpan
+			if err := json.Unmarshal(b, &s); err != nil {
+				return format, fmt.Errorf("line %d: bad span: %w", line, err)
+			}
+			spans = append(spans, s)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return format, fmt.Errorf("read line %d: %w", line+1, err)
+	}
+	if format == "" {
+		return "", errors.New("empty file: no gaps or spans in it")
+	}
+	if format == FormatSpans {
+		fromSpans(spans, w)
+	}
+	return format, nil
+}
+
+func num(m map[string]any, k string) (float64, bool) {
+	v, ok := m[k].(float64)
+	return v, ok
+}
+
+func integer(m map[string]any, k string) int64 {
+	v, _ := num(m, k)
+	return int64(v)
+}
+
+func str(m map[string]any, k string) string {
+	s, _ := m[k].(string)
+	return s
+}
+
+func msToNS(ms float64) int64 { return int64(math.Round(ms * 1e6)) }
+
+// fromSpans rebuilds gaps (with their host operations, the gpu.idle span's
+// children) and steps from the spans' attributes, then writes them in time
+// order. Evidence comes back as far as the span attributes carry it.
+func fromSpans(spans []otel.FileSpan, w *Writer) {
+	children := map[string][]*otel.FileSpan{}
+	for i := range spans {
+		if p := spans[i].ParentSpanID; p != "" {
+			children[p] = append(children[p], &spans[i])
+		}
+	}
+	type stepKey struct {
+		pid    uint32
+		device int
+		n      int64
+	}
+	seenStep := map[stepKey]bool{}
+	var gaps []correlate.Gap
+	var steps []correlate.Step
+	for i := range spans {
+		s := &spans[i]
+		a := s.Attributes
+		if a == nil {
+			continue
+		}
+		pid := uint32(integer(a, "process.pid"))
+		if r, ok := num(a, "gaptrace.rank"); ok && pid != 0 {
+			w.SetRank(pid, int32(r))
+		}
+		switch {
+		case s.Name == otel.SpanGap:
+			g := correlate.Gap{PID: pid, TID: uint32(integer(a, "thread.id")), Device: int(integer(a, "gpu.device")),
+				Step: integer(a, "gpu.step.number"), Kind: correlate.GapKind(str(a, "gpu.gap.kind")),
+				Start: s.StartUnixNano, End: s.EndUnixNano, Cause: correlate.Cause(str(a, "gpu.gap.cause")),
+				Breakdown: map[correlate.Cause]int64{}}
+			if d, ok := num(a, "gpu.gap.duration_ms"); ok {
+				g.Duration = msToNS(d)
+			}
+			for k, v := range a {
+				if c, ok := strings.CutPrefix(k, "gpu.gap.breakdown."); ok {
+					if f, ok := v.(float64); ok {
+						g.Breakdown[correlate.Cause(c)] = msToNS(f)
+					}
+				}
+			}
+			g.Evidence = correlate.Evidence{Source: str(a, "gpu.gap.source"), CUDACall: str(a, "gpu.cuda.call")}
+			if p := str(a, "file.path"); p != "" {
+				g.Evidence.Files = []correlate.FileEvidence{{Path: p, Op: str(a, "gpu.gap.file.op"), Bytes: uint64(integer(a, "gpu.gap.io.bytes"))}}
+			}
+			if p := str(a, "network.peer.address"); p != "" {
+				g.Evidence.Peers = []correlate.PeerEvidence{{Address: p, Bytes: uint64(integer(a, "gpu.gap.net.bytes")),
+					PID: uint32(integer(a, "gpu.gap.peer.process.pid")), Comm: str(a, "gpu.gap.peer.process.name")}}
+			}
+			if op := str(a, "gpu.collective.op"); op != "" {
+				c := &correlate.CollectiveEvidence{Op: op, Bytes: uint64(integer(a, "gpu.collective.bytes")),
+					Comm: str(a, "gpu.collective.comm"), Ranks: int32(integer(a, "gpu.collective.ranks"))}
+				if r, ok := num(a, "gpu.collective.rank"); ok {
+					rank := int32(r)
+					c.Rank = &rank
+				}
+				g.Evidence.Collective = c
+			}
+			for _, c := range children[s.SpanID] {
+				op := correlate.HostOp{Name: c.Name, TID: uint32(integer(c.Attributes, "thread.id")),
+					Start: c.StartUnixNano, End: c.EndUnixNano, Attrs: map[string]string{}}
+				for k, v := range c.Attributes {
+					if k != "thread.id" {
+						op.Attrs[k] = fmt.Sprint(v)
+					}
+				}
+				g.Ops = append(g.Ops, op)
+			}
+			gaps = append(gaps, g)
+		case a["gpu.step.number"] != nil && a["gpu.step.duration_ms"] != nil:
+			// In job mode the root train.step and the rank's span carry
+			// the same step; write it once.
+			st := correlate.Step{PID: pid, Device: int(integer(a, "gpu.device")), Number: integer(a, "gpu.step.number"),
+				Start: s.StartUnixNano, End: s.EndUnixNano, Window: a["gpu.step.window"] == true,
+				ByCause: map[correlate.Cause]int64{}, Gaps: int(integer(a, "gpu.step.gaps")),
+				Launches: uint64(integer(a, "gpu.step.launches"))}
+			k := stepKey{st.PID, st.Device, st.Number}
+			if seenStep[k] {
+				continue
+			}
+			seenStep[k] = true
+			st.IdleRatio, _ = num(a, "gpu.step.idle_ratio")
+			for key, dst := range map[string]*int64{"gpu.step.idle_ms": &st.IdleNS, "gpu.step.bounded_idle_ms": &st.BoundedIdleNS,
+				"gpu.step.micro_idle_ms": &st.MicroIdleNS, "gpu.step.stall_ms": &st.StallNS} {
+				if v, ok := num(a, key); ok {
+					*dst = msToNS(v)
+				}
+			}
+			for k, v := range a {
+				if c, ok := strings.CutPrefix(k, "gpu.step.idle."); ok {
+					if f, ok := v.(float64); ok {
+						st.ByCause[correlate.Cause(c)] = msToNS(f)
+					}
+				}
+			}
+			steps = append(steps, st)
+		}
+	}
+	// A live session sees a step's gaps before the step; replay in that
+	// order so busy slices are computed as they would have been.
+	slices.SortStableFunc(gaps, func(x, y correlate.Gap) int { return int(min(max(x.Start-y.Start, -1), 1)) })
+	slices.SortStableFunc(steps, func(x, y correlate.Step) int { return int(min(max(x.End-y.End, -1), 1)) })
+	gi := 0
+	for _, st := range steps {
+		for gi < len(gaps) && gaps[gi].Start < st.End {
+			w.Gap(gaps[gi])
+			gi++
+		}
+		w.Step(st)
+	}
+	for ; gi < len(gaps); gi++ {
+		w.Gap(gaps[gi])
+	}
+}

@@ -313,7 +313,10 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 		if ev.Files[i].NS != ev.Files[j].NS {
 			return ev.Files[i].NS > ev.Files[j].NS
 		}
-		return ev.Files[i].Path < ev.Files[j].Path
+		if ev.Files[i].Path != ev.Files[j].Path {
+			return ev.Files[i].Path < ev.Files[j].Path
+		}
+		return ev.Files[i].Op < ev.Files[j].Op
 	})
 	if len(ev.Files) > maxFiles {
 		ev.Files = ev.Files[:maxFiles]
@@ -394,7 +397,14 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 		if ops[i].ns != ops[j].ns {
 			return ops[i].ns > ops[j].ns
 		}
-		return ops[i].ev.Start < ops[j].ev.Start
+		a, b := ops[i], ops[j]
+		if a.ev.Start != b.ev.Start {
+			return a.ev.Start < b.ev.Start
+		}
+		if a.ev.End != b.ev.End {
+			return a.ev.End < b.ev.End
+		}
+		return a.tid < b.tid
 	})
 	if len(ops) > maxOps {
 		ops = ops[:maxOps]
@@ -403,7 +413,7 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 	for _, o := range ops {
 		hops = append(hops, hostOp(o.ev, o.tid))
 	}
-	sort.Slice(hops, func(i, j int) bool { return hops[i].Start < hops[j].Start })
+	sort.SliceStable(hops, func(i, j int) bool { return hops[i].Start < hops[j].Start })
 	return dom, bd, ev, hops
 }
 

@@ -141,17 +141,52 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// settings is the Config an Engine runs with, resolved once (defaults in,
+// durations as ns). It is passed down by value: no model can change it.
+type settings struct {
+	lite       bool
+	minGap     int64
+	syncWaited int64
+	emitDelay  int64
+	stepWindow int64
+	hw         func(dev int, start, end int64) *event.HWContext
+	log        *slog.Logger
+}
+
+func newSettings(c Config) settings {
+	return settings{
+		lite:       c.Probes == ProbesLite,
+		minGap:     int64(c.MinGap),
+		syncWaited: int64(c.SyncWaited),
+		emitDelay:  int64(c.EmitDelay),
+		stepWindow: int64(c.StepWindow),
+		hw:         c.HW,
+		log:        c.Logger.With("component", "correlate"),
+	}
+}
+
+// clock is the engine's time as the models see it: now is the latest wall
+// clock from Advance, wm the watermark (every event ending at or before it
+// is processed).
+type clock struct{ now, wm int64 }
+
+// env is what one call into a process's models may read: the settings, the
+// world around the process, its device and the clock. Nothing in it leads
+// to the Sink or the totals: models leave decisions in their outbox.
+type env struct {
+	set settings
+	w   *world
+	d   *device
+	clk clock
+}
+
 // Engine turns host events and GPU windows into attributed gaps and steps.
 // It is not safe for concurrent use: one goroutine feeds it.
 type Engine struct {
-	cfg  Config
+	set  settings
 	sink Sink
 	log  *slog.Logger
-	// comms: what each NCCL communicator is (ranks, this process's
-	// rank), from its creation; bounded by maxComms.
-	comms  map[uint64]commInfo
-	lite   bool
-	minGap int64
+	world
 
 	buf     evHeap
 	slab    []event.Event // buffered events; buf orders their slots
@@ -161,10 +196,6 @@ type Engine struct {
 	now     int64
 	first   int64
 	last    int64
-	devOf   map[uint32]int
-	procs   map[uint32]*proc
-	threads map[uint32]*thread
-	devs    map[int]*device
 
 	swept    int64
 	totals   Summary
@@ -188,17 +219,13 @@ func New(cfg Config, sink Sink) *Engine {
 		}
 	}
 	cfg = cfg.withDefaults()
+	set := newSettings(cfg)
 	return &Engine{
-		cfg:     cfg,
-		sink:    sink,
-		log:     cfg.Logger.With("component", "correlate"),
-		lite:    cfg.Probes == ProbesLite,
-		minGap:  int64(cfg.MinGap),
-		devOf:   map[uint32]int{},
-		procs:   map[uint32]*proc{},
-		threads: map[uint32]*thread{},
-		devs:    map[int]*device{},
-		totals:  Summary{ByCause: map[Cause]int64{}},
+		set:    set,
+		sink:   sink,
+		log:    set.log,
+		world:  newWorld(),
+		totals: Summary{ByCause: map[Cause]int64{}},
 	}
 }
 
@@ -217,10 +244,7 @@ func (e *Engine) Event(ev event.Event) {
 	if ev.Kind == event.KindCommInit {
 		// Order does not matter: a communicator is created long before
 		// anything waits on it.
-		if e.comms == nil || len(e.comms) >= maxComms {
-			e.comms = map[uint64]commInfo{}
-		}
-		e.comms[ev.Comm] = commInfo{ranks: int32(ev.Count), rank: ev.PeerRank}
+		e.addComm(&ev)
 		return
 	}
 	if ev.End < ev.Start {
@@ -250,12 +274,6 @@ func (e *Engine) Event(ev event.Event) {
 	heap.Push(&e.buf, queued{end: ev.End, start: ev.Start, seq: e.seq, slot: slot})
 }
 
-// commInfo describes one NCCL communicator.
-type commInfo struct{ ranks, rank int32 }
-
-// maxComms bounds the communicator table (a job creates a handful).
-const maxComms = 4096
-
 // Window records one GPU sampling window.
 func (e *Engine) Window(w event.GPUWindow) {
 	if w.End <= w.Start {
@@ -270,7 +288,7 @@ func (e *Engine) Advance(now int64) {
 	if now > e.now {
 		e.now = now
 	}
-	wm := now - int64(e.cfg.EmitDelay)
+	wm := now - e.set.emitDelay
 	e.drain(wm)
 	e.finalize(false)
 }
@@ -346,37 +364,6 @@ func (e *Engine) drain(wm int64) {
 	}
 }
 
-func (e *Engine) device(id int) *device {
-	d := e.devs[id]
-	if d == nil {
-		d = &device{id: id, bg: -1}
-		e.devs[id] = d
-	}
-	return d
-}
-
-func (e *Engine) proc(pid uint32, t int64) *proc {
-	p := e.procs[pid]
-	if p == nil {
-		p = newProc(e, pid, e.devOf[pid], t)
-		e.procs[pid] = p
-	}
-	return p
-}
-
-func (e *Engine) thread(ev *event.Event) *thread {
-	th := e.threads[ev.TID]
-	if th == nil || th.pid != ev.PID {
-		th = &thread{tid: ev.TID, pid: ev.PID}
-		e.threads[ev.TID] = th
-		e.proc(ev.PID, ev.Start).tids[ev.TID] = struct{}{}
-	}
-	if ev.TaskComm != "" {
-		th.comm = ev.TaskComm
-	}
-	return th
-}
-
 // process applies one event in watermark order.
 func (e *Engine) process(ev *event.Event) {
 	p := e.proc(ev.PID, ev.Start)
@@ -424,18 +411,23 @@ func (e *Engine) process(ev *event.Event) {
 	}
 	switch ev.Kind {
 	case event.KindEnqueue, event.KindMemcpyAsync, event.KindMemset, event.KindCollective:
-		p.onEnqueue(th, ev)
+		var coll *CollectiveEvidence
+		if ev.Kind == event.KindCollective {
+			coll = e.collEvidence(ev)
+		}
+		p.onEnqueue(e.env(p), th, ev, coll)
 	case event.KindSync:
 		th.wokenSync(ev)
 		th.add(ev)
-		p.onSync(th, ev)
+		p.onSync(e.env(p), th, ev)
 	case event.KindMemcpy, event.KindFree:
 		th.add(ev)
-		p.onSyncCopy(th, ev)
+		p.onSyncCopy(e.env(p), th, ev)
 	case event.KindAlloc, event.KindGroupEnd, event.KindSyscall, event.KindRunqueue, event.KindOffCPU:
 		th.add(ev)
 		p.onBlocking(th, ev)
 	}
+	e.apply(p)
 	e.trimThread(th, p)
 }
 
@@ -464,37 +456,30 @@ func (e *Engine) exit(p *proc, ev *event.Event) {
 	// The process is gone: close what it had open. Its last steps still
 	// wait for the GPU windows that cover them (they arrive late); finalize
 	// forgets it once they are out.
-	p.closeAll(ev.End)
+	p.closeAll(e.set, ev.End)
 	p.exitedAt = ev.End
 	if !p.everEnq {
 		e.forget(p)
 	}
 }
 
-func (e *Engine) forget(p *proc) {
-	for tid := range p.tids {
-		if th := e.threads[tid]; th != nil && th.pid == p.pid {
-			delete(e.threads, tid)
-		}
-	}
-	delete(e.procs, p.pid)
-}
-
 // finalize resolves pending decisions and emits what became final.
 func (e *Engine) finalize(force bool) {
 	for _, p := range e.procs {
+		x := e.env(p)
 		done := force || (p.exitedAt != 0 && e.now >= p.exitedAt+windowWait+holdMax)
-		p.resolvePending(done)
+		p.resolvePending(x, done)
 		if force && p.exitedAt == 0 {
 			// The trace ends with the process's last event, not with the
 			// sidecar's exit: a tail window would only count idle the
 			// training loop never saw.
-			p.closeAll(p.last)
+			p.closeAll(x.set, p.last)
 		}
 		if p.exitedAt == 0 {
-			p.tickSteps()
+			p.tickSteps(x.set, e.wm)
 		}
-		p.finalizeSteps(done)
+		p.finalizeSteps(x, done)
+		e.apply(p)
 		if p.exitedAt != 0 && (done || p.settled()) {
 			e.forget(p)
 		}
@@ -506,7 +491,7 @@ func (e *Engine) finalize(force bool) {
 		keep := e.wm - retain
 		for _, p := range e.procs {
 			if p.dev == d.id {
-				if k := p.keepFrom(); k < keep {
+				if k := p.keepFrom(e.wm); k < keep {
 					keep = k
 				}
 			}
@@ -550,46 +535,52 @@ func (e *Engine) sweep() {
 func (e *Engine) trimThread(th *thread, p *proc) {
 	keep := e.wm - retain
 	if p.feeders.has(th.tid) {
-		if k := p.keepFrom(); k < keep {
+		if k := p.keepFrom(e.wm); k < keep {
 			keep = k
 		}
 	}
 	th.trim(keep)
 }
 
-func (e *Engine) addTotals(g *Gap) {
-	e.totals.Gaps++
-	if g.Kind == GapStall {
-		e.totals.GPUStallNS += g.Duration
-	} else {
-		e.totals.GPUIdleNS += g.Duration
-	}
-	for c, ns := range g.Breakdown {
-		e.totals.ByCause[c] += ns
-	}
+// env is what a call into p's models may read: the settings, the world,
+// p's device and the clock.
+func (e *Engine) env(p *proc) env {
+	return env{set: e.set, w: &e.world, d: e.device(p.dev), clk: clock{now: e.now, wm: e.wm}}
 }
 
-// isWorker reports whether process w can be a data-loader worker of
-// feeder process pid: traced (part of the tree), not one of its ancestors
-// (a launcher), and not itself feeding a GPU (a sibling DDP rank).
-func (e *Engine) isWorker(w, pid uint32) bool {
-	p, ok := e.procs[w]
-	return ok && !p.everEnq && !e.ancestor(w, pid)
-}
-
-// ancestor reports whether a is an ancestor of pid.
-func (e *Engine) ancestor(a, pid uint32) bool {
-	for i := 0; i < 64; i++ {
-		p := e.procs[pid]
-		if p == nil || p.parent == 0 {
-			return false
+// apply turns what p's models decided into totals and sink calls, in the
+// order they were decided. It is the only place results leave the engine.
+func (e *Engine) apply(p *proc) {
+	e.rejected += p.out.rejected
+	for i := range p.out.ds {
+		d := &p.out.ds[i]
+		switch {
+		case d.gap != nil:
+			g := d.gap
+			e.totals.Gaps++
+			if g.Kind == GapStall {
+				e.totals.GPUStallNS += g.Duration
+			} else {
+				e.totals.GPUIdleNS += g.Duration
+			}
+			for c, ns := range g.Breakdown {
+				e.totals.ByCause[c] += ns
+			}
+			if e.sink != nil {
+				e.sink.Gap(*g)
+			}
+		case d.step != nil:
+			for _, c := range d.micro {
+				e.totals.ByCause[c.c] += c.ns
+			}
+			e.totals.GPUIdleNS += d.step.MicroIdleNS
+			e.totals.Steps++
+			if e.sink != nil {
+				e.sink.Step(*d.step)
+			}
 		}
-		if p.parent == a {
-			return true
-		}
-		pid = p.parent
 	}
-	return false
+	p.out.reset()
 }
 
 // queued orders one buffered event (kept in Engine.slab, so the heap moves

@@ -1,7 +1,6 @@
 package correlate
 
 import (
-	"fmt"
 	"slices"
 	"sort"
 
@@ -114,7 +113,6 @@ func (s *tidSet) add(t uint32) {
 // proc is one traced process: its place in the tree and, once it feeds a
 // GPU, its queue model, pending decisions and step clock.
 type proc struct {
-	e       *Engine
 	pid     uint32
 	parent  uint32
 	comm    string
@@ -151,6 +149,37 @@ type proc struct {
 	st stepper
 
 	exitedAt int64 // when the process exited; 0 while it runs
+
+	// out holds what the models decided and the engine has not applied yet.
+	out outbox
+}
+
+// outbox is what a process's models decided during one call into them:
+// final gaps (their step assigned) and finished steps, in decision order,
+// and how many candidates they rejected. Only the engine turns them into
+// sink calls and totals.
+type outbox struct {
+	ds       []decision
+	rejected uint64
+}
+
+// decision is one result: a gap, or a step with the cause split of its
+// micro idle (the part of its ByCause no gap delivered).
+type decision struct {
+	gap   *Gap
+	step  *Step
+	micro []causeNS
+}
+
+func (o *outbox) gap(g Gap) { o.ds = append(o.ds, decision{gap: &g}) }
+
+func (o *outbox) step(st Step, micro []causeNS) {
+	o.ds = append(o.ds, decision{step: &st, micro: micro})
+}
+
+func (o *outbox) reset() {
+	clear(o.ds)
+	o.ds, o.rejected = o.ds[:0], 0
 }
 
 // settled reports whether nothing of the process waits to be emitted.
@@ -158,20 +187,17 @@ func (p *proc) settled() bool {
 	return len(p.st.steps) == 0 && len(p.cands) == 0 && len(p.stalls) == 0 && len(p.held) == 0
 }
 
-func newProc(e *Engine, pid uint32, dev int, t int64) *proc {
+func newProc(pid uint32, dev int, t int64) *proc {
 	return &proc{
-		e:       e,
 		pid:     pid,
 		dev:     dev,
 		first:   t,
 		tids:    map[uint32]struct{}{},
 		streams: map[uint64]*stream{},
 		base:    map[baseKey]*waitRing{},
-		st:      stepper{next: 1},
+		st:      stepper{pid: pid, next: 1},
 	}
 }
-
-func (p *proc) device() *device { return p.e.device(p.dev) }
 
 func (p *proc) stream(id uint64) *stream {
 	s := p.streams[id]
@@ -198,7 +224,7 @@ func (p *proc) startGPU(t int64) {
 	}
 }
 
-func (p *proc) onEnqueue(th *thread, ev *event.Event) {
+func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvidence) {
 	p.feeders.add(th.tid)
 	t := ev.Start
 	switch ev.Kind {
@@ -214,16 +240,16 @@ func (p *proc) onEnqueue(th *thread, ev *event.Event) {
 		h[len(h)-1].post = max(t-h[len(h)-1].end, 0)
 	}
 	if p.gap != nil {
-		p.closeGap(th, t)
+		p.closeGap(x, th, t)
 	}
-	p.endAhead(t, true, false)
+	p.endAhead(x.set, t, true, false)
 	s := p.stream(ev.Stream)
 	if s.pending == 0 {
 		s.pending = t
 	}
 	s.lastEnq = t
 	if ev.Kind == event.KindCollective {
-		s.coll = p.e.collEvidence(ev)
+		s.coll = coll
 	}
 	if t > p.lastEnq {
 		p.lastEnq = t
@@ -263,7 +289,7 @@ func (p *proc) drainStreams(ev *event.Event) *CollectiveEvidence {
 	return coll
 }
 
-func (p *proc) onSync(th *thread, ev *event.Event) {
+func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	p.feeders.add(th.tid)
 	if ev.Count > 0 {
 		p.launches += ev.Count
@@ -272,24 +298,24 @@ func (p *proc) onSync(th *thread, ev *event.Event) {
 	if !p.everEnq {
 		return
 	}
-	waited := ev.Duration() > int64(p.e.cfg.SyncWaited)
+	waited := ev.Duration() > x.set.syncWaited
 	if p.gap != nil {
 		switch {
-		case p.e.lite:
+		case x.set.lite:
 			// Launches are invisible in lite: the sync says work resumed.
-			p.closeGap(th, ev.Start)
+			p.closeGap(x, th, ev.Start)
 		case waited:
 			// The GPU had work the tracer did not show (lost events): the
 			// open gap is not trustworthy.
-			p.e.rejected++
+			p.out.rejected++
 			p.gap = nil
 		}
 	}
 	pendingBefore := !p.allDrained()
 	coll := p.drainStreams(ev)
 	if waited && pendingBefore {
-		p.checkStall(th, ev, coll)
-		d := p.device()
+		p.checkStall(x.set, th, ev, coll)
+		d := x.d
 		d.busy = addSpan(d.busy, span{ev.Start, ev.End})
 		if p.lastEnq > 0 && p.lastEnq <= ev.Start {
 			p.drains.push(ev.End - p.lastEnq)
@@ -302,13 +328,13 @@ func (p *proc) onSync(th *thread, ev *event.Event) {
 	// dry.
 	switch {
 	case !waited:
-		p.endAhead(ev.Start, true, false)
-	case ev.Duration() < p.e.minGap:
-		p.endAhead(ev.Start, true, true)
+		p.endAhead(x.set, ev.Start, true, false)
+	case ev.Duration() < x.set.minGap:
+		p.endAhead(x.set, ev.Start, true, true)
 	default:
-		p.endAhead(ev.Start, false, false)
+		p.endAhead(x.set, ev.Start, false, false)
 	}
-	p.patternSync(ev)
+	p.patternSync(x.set, ev)
 	if p.gap == nil && p.allDrained() {
 		p.gap = &openGap{start: ev.End, tid: th.tid, exact: waited}
 	}
@@ -317,18 +343,18 @@ func (p *proc) onSync(th *thread, ev *event.Event) {
 // onSyncCopy handles a synchronous copy or a free. While work is pending it
 // completes after that work, so it drains the queue like a sync; inside a
 // gap it is host activity (cuda.memcpy / cuda.alloc) on the timeline.
-func (p *proc) onSyncCopy(th *thread, ev *event.Event) {
+func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 	if !p.everEnq || p.allDrained() {
 		p.onBlocking(th, ev)
 		return
 	}
-	if p.gap != nil && p.e.lite {
-		p.closeGap(th, ev.Start)
+	if p.gap != nil && x.set.lite {
+		p.closeGap(x, th, ev.Start)
 	}
 	p.drainStreams(ev)
-	p.endAhead(ev.End, p.aheadStart < ev.Start, false)
+	p.endAhead(x.set, ev.End, p.aheadStart < ev.Start, false)
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
-		p.patternSync(ev)
+		p.patternSync(x.set, ev)
 	}
 	if p.gap == nil && p.allDrained() {
 		p.gap = &openGap{start: ev.End, tid: th.tid, exact: true}
@@ -355,8 +381,8 @@ func (p *proc) onBlocking(th *thread, ev *event.Event) {
 // endAhead ends a possible CPU-ahead interval at hi: it is a candidate when
 // ok and the feeder was blocked for at least MinGap in all since it began;
 // when needDrain, only if the usual drain time is known.
-func (p *proc) endAhead(hi int64, ok, needDrain bool) {
-	if p.aheadStart != 0 && ok && hi > p.aheadStart && p.aheadBlocked >= p.e.minGap {
+func (p *proc) endAhead(set settings, hi int64, ok, needDrain bool) {
+	if p.aheadStart != 0 && ok && hi > p.aheadStart && p.aheadBlocked >= set.minGap {
 		c := aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: hi}
 		if p.drains.n >= 4 && p.lastEnq > 0 {
 			c.drain = p.lastEnq + p.drains.recentMedian(5)
@@ -389,13 +415,13 @@ func (p *proc) inferEnd(th *thread, start, t int64) int64 {
 	return end
 }
 
-func (p *proc) closeGap(th *thread, t int64) {
+func (p *proc) closeGap(x env, th *thread, t int64) {
 	g := p.gap
 	p.gap = nil
 	end := t
-	if p.e.lite {
+	if x.set.lite {
 		end = p.inferEnd(th, g.start, t)
-		if end-g.start < p.e.minGap && t-g.start >= p.e.minGap && p.leads.n >= 4 {
+		if end-g.start < x.set.minGap && t-g.start >= x.set.minGap && p.leads.n >= 4 {
 			// No blocking explains the gap (the feeder computed): the
 			// usual lead says where the invisible launches began, the
 			// windows how much of it the GPU idled.
@@ -403,19 +429,19 @@ func (p *proc) closeGap(th *thread, t int64) {
 		}
 		p.leads.push(t - g.start)
 	}
-	if end-g.start < p.e.minGap {
+	if end-g.start < x.set.minGap {
 		return
 	}
 	gap := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapIdle, Start: g.start, End: end, Duration: end - g.start}
-	at := p.e.newAttribution()
+	at := newAttribution(x.w)
 	at.thread(th, g.start, end, nil)
 	gap.Cause, gap.Breakdown, gap.Evidence, gap.Ops = at.result()
 	gap.Evidence.Source = "host"
 	gap.Evidence.Threads = append([]uint32(nil), p.feeders...)
-	p.emit(gap)
+	p.emit(x, gap)
 }
 
-func (p *proc) checkStall(th *thread, ev *event.Event, coll *CollectiveEvidence) {
+func (p *proc) checkStall(set settings, th *thread, ev *event.Event, coll *CollectiveEvidence) {
 	wait := ev.Duration()
 	stall := func(excess, baseline int64, gpmOnly bool) {
 		g := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapStall, Start: ev.End - excess, End: ev.End,
@@ -430,7 +456,7 @@ func (p *proc) checkStall(th *thread, ev *event.Event, coll *CollectiveEvidence)
 	if slot < 0 {
 		// Without a period, waits of different syncs of a step cannot be
 		// compared: no baseline. Only GPM can still show a spinning peer.
-		if coll != nil && wait >= p.e.minGap {
+		if coll != nil && wait >= set.minGap {
 			stall(wait, 0, true)
 		}
 		return
@@ -454,11 +480,11 @@ func (p *proc) checkStall(th *thread, ev *event.Event, coll *CollectiveEvidence)
 		run = ev.End - p.lastEnq
 	}
 	switch {
-	case coll == nil || wait < p.e.minGap:
-	case r.n >= 4 && run-r.low() >= p.e.minGap:
+	case coll == nil || wait < set.minGap:
+	case r.n >= 4 && run-r.low() >= set.minGap:
 		excess := min(run-r.low(), wait)
 		stall(excess, wait-excess, false)
-	case r.n < 4 || r.low() >= p.e.minGap:
+	case r.n < 4 || r.low() >= set.minGap:
 		// Every wait so far was long: either the step's compute is long or
 		// the peer has been late since the first step. GPM tells which.
 		stall(wait, 0, true)
@@ -466,34 +492,9 @@ func (p *proc) checkStall(th *thread, ev *event.Event, coll *CollectiveEvidence)
 	r.push(run)
 }
 
-func (e *Engine) collEvidence(ev *event.Event) *CollectiveEvidence {
-	c := &CollectiveEvidence{Op: ev.Op.String(), Bytes: ev.Bytes, Comm: fmt.Sprintf("0x%x", ev.Comm)}
-	if ci, ok := e.comms[ev.Comm]; ok && ci.ranks > 0 {
-		rank := ci.rank
-		c.Ranks, c.Rank = ci.ranks, &rank
-		// Whom a collective waits on: every other rank. With two ranks
-		// that is the late peer itself; with more, the late one is the
-		// rank whose own span in the job's shared trace shows no wait.
-		if ci.ranks <= 8 {
-			for r := int32(0); r < ci.ranks; r++ {
-				if r != ci.rank {
-					c.WaitingOn = append(c.WaitingOn, r)
-				}
-			}
-		}
-	}
-	if ev.PeerRank >= 0 {
-		c.PeerRank = ev.PeerRank
-	}
-	if ev.Stream != 0 {
-		c.Stream = fmt.Sprintf("0x%x", ev.Stream)
-	}
-	return c
-}
-
 // emit records a gap on the device and delivers it once its step is known.
-func (p *proc) emit(g Gap) {
-	d := p.device()
+func (p *proc) emit(x env, g Gap) {
+	d := x.d
 	if g.Kind == GapStall {
 		d.stalls = addSpan(d.stalls, span{g.Start, g.End})
 	} else {
@@ -503,14 +504,14 @@ func (p *proc) emit(g Gap) {
 		p.held = append(p.held, g)
 		return
 	}
-	p.deliver(g)
+	p.deliver(x.set, g)
 }
 
 // deliver assigns a gap to the step holding most of it (its midpoint): a
 // gap opened by one per-stream sync can start a few µs before the step's
 // last sync returns.
-func (p *proc) deliver(g Gap) {
-	st := p.st.lookup(p, g.Start+g.Duration/2)
+func (p *proc) deliver(set settings, g Gap) {
+	st := p.st.lookup(set, g.Start+g.Duration/2)
 	if st != nil {
 		g.Step = st.Number
 		st.Gaps++
@@ -524,24 +525,20 @@ func (p *proc) deliver(g Gap) {
 		}
 	} else {
 		g.Step = p.st.doneNum
-		p.e.log.Debug("gap belongs to a step already emitted", "pid", p.pid, "start", g.Start, "step", g.Step)
+		set.log.Debug("gap belongs to a step already emitted", "pid", p.pid, "start", g.Start, "step", g.Step)
 	}
-	p.e.addTotals(&g)
-	if p.e.sink != nil {
-		p.e.sink.Gap(g)
-	}
+	p.out.gap(g)
 }
 
 // resolvePending settles what waited for GPU windows or a step period.
-func (p *proc) resolvePending(force bool) {
-	e := p.e
-	d := p.device()
+func (p *proc) resolvePending(x env, force bool) {
+	d := x.d
 	if len(p.cands) > 0 {
 		k := 0
 		for _, c := range p.cands {
 			// A device that never sent windows will not start now: no wait.
-			if force || d.maxEnd == 0 || d.maxEnd >= c.hi || e.now >= c.hi+holdMax {
-				p.resolveCand(c)
+			if force || d.maxEnd == 0 || d.maxEnd >= c.hi || x.clk.now >= c.hi+holdMax {
+				p.resolveCand(x, c)
 				continue
 			}
 			p.cands[k] = c
@@ -552,7 +549,7 @@ func (p *proc) resolvePending(force bool) {
 	if len(p.stalls) > 0 {
 		k := 0
 		for _, s := range p.stalls {
-			if force || d.gpmEnd == 0 || d.gpmEnd >= s.gap.End || e.now >= s.gap.End+holdMax {
+			if force || d.gpmEnd == 0 || d.gpmEnd >= s.gap.End || x.clk.now >= s.gap.End+holdMax {
 				sm := d.smActivity(s.gap.Start, s.gap.End)
 				// With a baseline, the wait's excess is already set apart from
 				// the compute: reject it only when the GPU must have computed
@@ -562,7 +559,7 @@ func (p *proc) resolvePending(force bool) {
 					reject = d.smActivityMin(s.gap.Start, s.gap.End) > smStallMax
 				}
 				if reject || (s.gpmOnly && sm < 0) {
-					e.rejected++
+					p.out.rejected++
 					continue
 				}
 				if s.gpmOnly {
@@ -576,12 +573,12 @@ func (p *proc) resolvePending(force bool) {
 					ref := max(d.smPeak, 2*sm, smComputeRef)
 					spin := busy - sm/ref
 					if busy <= 0 || spin < spinMin {
-						e.rejected++
+						p.out.rejected++
 						continue
 					}
 					excess := int64(float64(s.gap.Duration) * min(1, spin/busy))
-					if excess < e.minGap {
-						e.rejected++
+					if excess < x.set.minGap {
+						p.out.rejected++
 						continue
 					}
 					s.gap.Start = s.gap.End - excess
@@ -595,7 +592,7 @@ func (p *proc) resolvePending(force bool) {
 						s.gap.Evidence.Source = "gpu"
 					}
 				}
-				p.emit(s.gap)
+				p.emit(x, s.gap)
 				continue
 			}
 			p.stalls[k] = s
@@ -604,14 +601,14 @@ func (p *proc) resolvePending(force bool) {
 		p.stalls = p.stalls[:k]
 	}
 	if p.st.mode == modeUnknown && p.everEnq {
-		due := force || e.wm-p.st.origin > warmupMax
+		due := force || x.clk.wm-p.st.origin > warmupMax
 		for i := range p.held {
-			if e.now >= p.held[i].End+holdMax {
+			if x.clk.now >= p.held[i].End+holdMax {
 				due = true
 			}
 		}
 		if due {
-			p.st.toWindows(p, p.st.origin)
+			p.st.toWindows(p.st.origin)
 		}
 	}
 	if p.st.mode != modeUnknown && len(p.held) > 0 {
@@ -619,13 +616,13 @@ func (p *proc) resolvePending(force bool) {
 		p.held = nil
 		sort.SliceStable(held, func(i, j int) bool { return held[i].Start < held[j].Start })
 		for _, g := range held {
-			p.deliver(g)
+			p.deliver(x.set, g)
 		}
 	}
 }
 
-func (p *proc) resolveCand(c aheadCand) {
-	d := p.device()
+func (p *proc) resolveCand(x env, c aheadCand) {
+	d := x.d
 	idle := d.idleWithin(c.lo, c.hi)
 	if c.drain > 0 {
 		// A window (100–200 ms) is much longer than a stall: its idle says
@@ -640,25 +637,25 @@ func (p *proc) resolveCand(c aheadCand) {
 		idle = min(max(c.hi-c.lead-c.lo, 0), d.idleAtMost(c.lo, c.hi))
 		a, b = c.lo, c.lo+idle
 	}
-	if idle < p.e.minGap {
+	if idle < x.set.minGap {
 		return
 	}
-	th := p.e.threads[c.tid]
+	th := x.w.threads[c.tid]
 	if th == nil {
 		return
 	}
 	g := Gap{PID: p.pid, TID: c.tid, Device: p.dev, Kind: GapIdle, Start: a, End: b, Duration: idle}
-	at := p.e.newAttribution()
+	at := newAttribution(x.w)
 	at.thread(th, a, b, nil)
 	g.Cause, g.Breakdown, g.Evidence, g.Ops = at.result()
 	g.Evidence.Source = "host+gpu"
 	g.Evidence.Threads = append([]uint32(nil), p.feeders...)
-	p.emit(g)
+	p.emit(x, g)
 }
 
 // keepFrom is the oldest time this process's pending work may still read.
-func (p *proc) keepFrom() int64 {
-	k := p.e.wm - retain
+func (p *proc) keepFrom(wm int64) int64 {
+	k := wm - retain
 	lower := func(t int64) {
 		if t < k {
 			k = t
@@ -688,22 +685,22 @@ func (p *proc) keepFrom() int64 {
 // closeAll ends what the process had open at t (exit or Close). An open gap
 // has no end: the GPU was still idle when tracing stopped, which says
 // nothing about the training loop, so it is dropped.
-func (p *proc) closeAll(t int64) {
+func (p *proc) closeAll(set settings, t int64) {
 	p.gap = nil
 	p.aheadStart, p.aheadBlocked = 0, 0
 	if !p.everEnq {
 		return
 	}
 	if p.st.mode == modeUnknown {
-		p.st.toWindows(p, p.st.origin)
+		p.st.toWindows(p.st.origin)
 	}
-	p.st.tick(p, t)
+	p.st.tick(set, t)
 	p.st.closeOpen(t)
 }
 
-func (p *proc) tickSteps() {
+func (p *proc) tickSteps(set settings, wm int64) {
 	if p.everEnq {
-		p.st.tick(p, p.e.wm)
+		p.st.tick(set, wm)
 	}
 }
 

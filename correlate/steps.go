@@ -58,6 +58,7 @@ type stepAcc struct {
 
 // stepper is a process's step clock.
 type stepper struct {
+	pid     uint32 // for logs
 	mode    stepMode
 	origin  int64
 	hist    []syncSig
@@ -81,14 +82,14 @@ func (s *stepper) slot() int {
 }
 
 // patternSync feeds one synchronisation to step detection.
-func (p *proc) patternSync(ev *event.Event) {
+func (p *proc) patternSync(set settings, ev *event.Event) {
 	sig := syncSig{cuda: ev.CUDA, stream: ev.Stream, launches: p.launches, copies: p.copies, colls: p.colls,
 		end: ev.End, wait: ev.Duration(), post: -1}
 	p.launches, p.copies, p.colls = 0, 0, 0
-	p.st.onSync(p, sig)
+	p.st.onSync(set, sig)
 }
 
-func (s *stepper) onSync(p *proc, sig syncSig) {
+func (s *stepper) onSync(set settings, sig syncSig) {
 	sig.idx = s.n
 	s.n++
 	s.hist = append(s.hist, sig)
@@ -111,8 +112,8 @@ func (s *stepper) onSync(p *proc, sig syncSig) {
 					}
 				}
 				if 2*bad > k {
-					p.e.log.Info("step pattern lost, falling back to fixed windows", "pid", p.pid)
-					s.toWindows(p, sig.end)
+					set.log.Info("step pattern lost, falling back to fixed windows", "pid", s.pid)
+					s.toWindows(sig.end)
 					return
 				}
 			}
@@ -124,7 +125,7 @@ func (s *stepper) onSync(p *proc, sig syncSig) {
 		if s.period == 0 {
 			if P, ph, ok := detect(s.hist); ok {
 				s.period, s.phase = P, ph
-				p.e.log.Debug("step period found", "pid", p.pid, "syncs_per_step", P)
+				set.log.Debug("step period found", "pid", s.pid, "syncs_per_step", P)
 				if s.mode == modeUnknown {
 					s.retro()
 					return
@@ -132,7 +133,7 @@ func (s *stepper) onSync(p *proc, sig syncSig) {
 			}
 		}
 		if s.mode == modeWindow && s.period > 0 && int(sig.idx%int64(s.period)) == s.phase {
-			s.tick(p, sig.end)
+			s.tick(set, sig.end)
 			s.boundary(sig.end, false)
 			s.mode = modePeriod
 			s.nchecks = 0
@@ -233,7 +234,7 @@ func (s *stepper) closeOpen(t int64) {
 }
 
 // toWindows switches to fixed windows starting at t.
-func (s *stepper) toWindows(p *proc, t int64) {
+func (s *stepper) toWindows(t int64) {
 	s.mode = modeWindow
 	s.period, s.phase = 0, 0
 	s.hist = s.hist[:0]
@@ -243,7 +244,7 @@ func (s *stepper) toWindows(p *proc, t int64) {
 // tick advances fixed windows up to t, and gives up on a period whose step
 // has not ended for far longer than steps usually take (an eval phase, a
 // training loop that stopped syncing).
-func (s *stepper) tick(p *proc, t int64) {
+func (s *stepper) tick(set settings, t int64) {
 	n := len(s.steps)
 	if n == 0 || s.steps[n-1].closed {
 		return
@@ -251,7 +252,7 @@ func (s *stepper) tick(p *proc, t int64) {
 	o := s.steps[n-1]
 	switch s.mode {
 	case modeWindow:
-		w := int64(p.e.cfg.StepWindow)
+		w := set.stepWindow
 		if k := (t - o.Start) / w; k > maxPendingSteps {
 			// A clock jump or a long silence: skip the empty windows
 			// rather than materialise them.
@@ -265,16 +266,16 @@ func (s *stepper) tick(p *proc, t int64) {
 		}
 	case modePeriod:
 		if s.typical > 0 && t-o.Start > max(10*s.typical, periodLost) {
-			p.e.log.Info("no step boundary for long, falling back to fixed windows", "pid", p.pid)
-			s.toWindows(p, t)
+			set.log.Info("no step boundary for long, falling back to fixed windows", "pid", s.pid)
+			s.toWindows(t)
 		}
 	}
 }
 
 // lookup returns the pending step containing t.
-func (s *stepper) lookup(p *proc, t int64) *stepAcc {
+func (s *stepper) lookup(set settings, t int64) *stepAcc {
 	if s.mode == modeWindow {
-		s.tick(p, t)
+		s.tick(set, t)
 	}
 	for i := len(s.steps) - 1; i >= 0; i-- {
 		if s.steps[i].Start <= t {
@@ -285,9 +286,8 @@ func (s *stepper) lookup(p *proc, t int64) *stepAcc {
 }
 
 // ready says whether every input of step st is final.
-func (p *proc) ready(st *stepAcc) bool {
-	e := p.e
-	if e.wm < st.End || len(p.held) > 0 {
+func (p *proc) ready(x env, st *stepAcc) bool {
+	if x.clk.wm < st.End || len(p.held) > 0 {
 		return false
 	}
 	if p.gap != nil && p.gap.start < st.End {
@@ -306,14 +306,14 @@ func (p *proc) ready(st *stepAcc) bool {
 	if p.aheadStart != 0 && p.aheadStart < st.End {
 		return false
 	}
-	if wEnd := p.device().coverEnd(st.End); wEnd > 0 && e.wm >= wEnd {
+	if wEnd := x.d.coverEnd(st.End); wEnd > 0 && x.clk.wm >= wEnd {
 		return true
 	}
-	return e.now-st.End >= windowWait
+	return x.clk.now-st.End >= windowWait
 }
 
 // finalizeSteps emits closed steps whose inputs are final, in order.
-func (p *proc) finalizeSteps(force bool) {
+func (p *proc) finalizeSteps(x env, force bool) {
 	s := &p.st
 	k := 0
 	for k < len(s.steps) {
@@ -321,13 +321,13 @@ func (p *proc) finalizeSteps(force bool) {
 		if !st.closed {
 			break
 		}
-		if !force && !p.ready(st) {
+		if !force && !p.ready(x, st) {
 			if len(s.steps)-k <= maxPendingSteps {
 				break
 			}
-			p.e.log.Warn("step waited too long for its inputs, emitting it incomplete", "pid", p.pid, "step", st.Number)
+			x.set.log.Warn("step waited too long for its inputs, emitting it incomplete", "pid", p.pid, "step", st.Number)
 		}
-		p.finishStep(st)
+		p.finishStep(x, st)
 		s.doneNum = st.Number
 		k++
 	}
@@ -337,7 +337,7 @@ func (p *proc) finalizeSteps(force bool) {
 			s.steps[i] = nil
 		}
 		s.steps = s.steps[:len(s.steps)-k]
-		keep := p.keepFrom()
+		keep := p.keepFrom(x.clk.wm)
 		j := 0
 		// Windows reach back before the oldest pending step: keep a margin.
 		for j < len(p.launchRec) && p.launchRec[j].t < keep-retain {
@@ -351,26 +351,26 @@ func (p *proc) finalizeSteps(force bool) {
 }
 
 // finishStep computes the step's micro idle and emits it.
-func (p *proc) finishStep(st *stepAcc) {
-	e := p.e
-	d := p.device()
+func (p *proc) finishStep(x env, st *stepAcc) {
+	d := x.d
 	var open []span
-	if p.gap != nil && p.gap.start < e.wm {
-		open = append(open, span{p.gap.start, e.wm})
+	if p.gap != nil && p.gap.start < x.clk.wm {
+		open = append(open, span{p.gap.start, x.clk.wm})
 	}
 	micro, nonGap := d.micro(st.Start, st.End, open, p.launchWeight)
+	var split []causeNS
 	if micro > 0 {
 		mask := d.gapsIn(st.Start, st.End, open)
-		at := e.newAttribution()
+		at := newAttribution(x.w)
 		at.micro = true
 		for _, tid := range p.feeders {
-			if th := e.threads[tid]; th != nil {
+			if th := x.w.threads[tid]; th != nil {
 				at.thread(th, st.Start, st.End, mask)
 			}
 		}
-		for _, c := range spread(micro, at.byCause) {
+		split = spread(micro, at.byCause)
+		for _, c := range split {
 			st.ByCause[c.c] += c.ns
-			e.totals.ByCause[c.c] += c.ns
 		}
 		if nonGap > 0 {
 			d.noteDensity(float64(micro) / float64(nonGap))
@@ -389,14 +389,10 @@ func (p *proc) finishStep(st *stepAcc) {
 			st.Launches += r.n
 		}
 	}
-	if e.cfg.HW != nil {
-		st.HW = e.cfg.HW(p.dev, st.Start, st.End)
+	if x.set.hw != nil {
+		st.HW = x.set.hw(p.dev, st.Start, st.End)
 	}
-	e.totals.GPUIdleNS += micro
-	e.totals.Steps++
-	if e.sink != nil {
-		e.sink.Step(st.Step)
-	}
+	p.out.step(st.Step, split)
 }
 
 type causeNS struct {

@@ -188,14 +188,14 @@ type Engine struct {
 	log  *slog.Logger
 	world
 
-	buf     evHeap
-	slab    []event.Event // buffered events; buf orders their slots
-	free    []int32
-	seq     uint64
-	wm      int64 // watermark: every event ending at or before it is processed
-	now     int64
-	first   int64
-	last    int64
+	buf   evHeap
+	slab  []event.Event // buffered events; buf orders their slots
+	free  []int32
+	seq   uint64
+	wm    int64 // watermark: every event ending at or before it is processed
+	now   int64
+	first int64
+	last  int64
 
 	swept    int64
 	totals   Summary

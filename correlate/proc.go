@@ -532,74 +532,95 @@ func (p *proc) deliver(set settings, g Gap) {
 
 // resolvePending settles what waited for GPU windows or a step period.
 func (p *proc) resolvePending(x env, force bool) {
+	p.resolveAhead(x, force)
+	p.resolveStalls(x, force)
+	p.resolveHeld(x, force)
+}
+
+// resolveAhead decides the CPU-ahead candidates whose windows arrived
+// (or that waited long enough).
+func (p *proc) resolveAhead(x env, force bool) {
+	if len(p.cands) == 0 {
+		return
+	}
 	d := x.d
-	if len(p.cands) > 0 {
-		k := 0
-		for _, c := range p.cands {
-			// A device that never sent windows will not start now: no wait.
-			if force || d.maxEnd == 0 || d.maxEnd >= c.hi || x.clk.now >= c.hi+holdMax {
-				p.resolveCand(x, c)
+	k := 0
+	for _, c := range p.cands {
+		// A device that never sent windows will not start now: no wait.
+		if force || d.maxEnd == 0 || d.maxEnd >= c.hi || x.clk.now >= c.hi+holdMax {
+			p.resolveCand(x, c)
+			continue
+		}
+		p.cands[k] = c
+		k++
+	}
+	p.cands = p.cands[:k]
+}
+
+// resolveStalls confirms or rejects the comm stalls whose GPM windows
+// arrived (or that waited long enough).
+func (p *proc) resolveStalls(x env, force bool) {
+	if len(p.stalls) == 0 {
+		return
+	}
+	d := x.d
+	k := 0
+	for _, s := range p.stalls {
+		if force || d.gpmEnd == 0 || d.gpmEnd >= s.gap.End || x.clk.now >= s.gap.End+holdMax {
+			sm := d.smActivity(s.gap.Start, s.gap.End)
+			// With a baseline, the wait's excess is already set apart from
+			// the compute: reject it only when the GPU must have computed
+			// during it, whatever the window's compute around it.
+			reject := sm > smStallMax
+			if !s.gpmOnly {
+				reject = d.smActivityMin(s.gap.Start, s.gap.End) > smStallMax
+			}
+			if reject || (s.gpmOnly && sm < 0) {
+				p.out.rejected++
 				continue
 			}
-			p.cands[k] = c
-			k++
-		}
-		p.cands = p.cands[:k]
-	}
-	if len(p.stalls) > 0 {
-		k := 0
-		for _, s := range p.stalls {
-			if force || d.gpmEnd == 0 || d.gpmEnd >= s.gap.End || x.clk.now >= s.gap.End+holdMax {
-				sm := d.smActivity(s.gap.Start, s.gap.End)
-				// With a baseline, the wait's excess is already set apart from
-				// the compute: reject it only when the GPU must have computed
-				// during it, whatever the window's compute around it.
-				reject := sm > smStallMax
-				if !s.gpmOnly {
-					reject = d.smActivityMin(s.gap.Start, s.gap.End) > smStallMax
-				}
-				if reject || (s.gpmOnly && sm < 0) {
+			if s.gpmOnly {
+				// Utilization counts a spinning collective as busy, GPM SM
+				// activity barely does; an idle GPU lowers both. So over
+				// the wait's windows, busy − compute is the spin, and its
+				// share of the busy time is the share of the wait spent on
+				// the peer. Compute kernels keep SM activity at 0.7-0.95 on
+				// an H200: 0.8 stands in until the device shows a higher peak.
+				busy := d.busyFraction(s.gap.Start, s.gap.End)
+				ref := max(d.smPeak, 2*sm, smComputeRef)
+				spin := busy - sm/ref
+				if busy <= 0 || spin < spinMin {
 					p.out.rejected++
 					continue
 				}
-				if s.gpmOnly {
-					// Utilization counts a spinning collective as busy, GPM SM
-					// activity barely does; an idle GPU lowers both. So over
-					// the wait's windows, busy − compute is the spin, and its
-					// share of the busy time is the share of the wait spent on
-					// the peer. Compute kernels keep SM activity at 0.7-0.95 on
-					// an H200: 0.8 stands in until the device shows a higher peak.
-					busy := d.busyFraction(s.gap.Start, s.gap.End)
-					ref := max(d.smPeak, 2*sm, smComputeRef)
-					spin := busy - sm/ref
-					if busy <= 0 || spin < spinMin {
-						p.out.rejected++
-						continue
-					}
-					excess := int64(float64(s.gap.Duration) * min(1, spin/busy))
-					if excess < x.set.minGap {
-						p.out.rejected++
-						continue
-					}
-					s.gap.Start = s.gap.End - excess
-					s.gap.Duration = excess
-					s.gap.Breakdown = map[Cause]int64{CauseComm: excess}
+				excess := int64(float64(s.gap.Duration) * min(1, spin/busy))
+				if excess < x.set.minGap {
+					p.out.rejected++
+					continue
 				}
-				if sm >= 0 {
-					s.gap.Evidence.SMActivity = &sm
-					s.gap.Evidence.Source = "host+gpu"
-					if s.gpmOnly {
-						s.gap.Evidence.Source = "gpu"
-					}
-				}
-				p.emit(x, s.gap)
-				continue
+				s.gap.Start = s.gap.End - excess
+				s.gap.Duration = excess
+				s.gap.Breakdown = map[Cause]int64{CauseComm: excess}
 			}
-			p.stalls[k] = s
-			k++
+			if sm >= 0 {
+				s.gap.Evidence.SMActivity = &sm
+				s.gap.Evidence.Source = "host+gpu"
+				if s.gpmOnly {
+					s.gap.Evidence.Source = "gpu"
+				}
+			}
+			p.emit(x, s.gap)
+			continue
 		}
-		p.stalls = p.stalls[:k]
+		p.stalls[k] = s
+		k++
 	}
+	p.stalls = p.stalls[:k]
+}
+
+// resolveHeld delivers the gaps held until the step clock ran: it falls
+// back to fixed windows once a held gap or the warm-up waited too long.
+func (p *proc) resolveHeld(x env, force bool) {
 	if p.st.mode == modeUnknown && p.everEnq {
 		due := force || x.clk.wm-p.st.origin > warmupMax
 		for i := range p.held {

@@ -1,7 +1,6 @@
 package correlate
 
 import (
-	"container/heap"
 	"log/slog"
 	"time"
 
@@ -31,10 +30,7 @@ type Engine struct {
 	log  *slog.Logger
 	world
 
-	buf   evHeap
-	slab  []event.Event // buffered events; buf orders their slots
-	free  []int32
-	seq   uint64
+	queue eventQueue
 	wm    int64 // watermark: every event ending at or before it is processed
 	now   int64
 	first int64
@@ -104,17 +100,7 @@ func (e *Engine) Event(ev event.Event) {
 		e.processLate(ev)
 		return
 	}
-	e.seq++
-	var slot int32
-	if n := len(e.free); n > 0 {
-		slot = e.free[n-1]
-		e.free = e.free[:n-1]
-		e.slab[slot] = ev
-	} else {
-		slot = int32(len(e.slab))
-		e.slab = append(e.slab, ev)
-	}
-	heap.Push(&e.buf, queued{end: ev.End, start: ev.Start, seq: e.seq, slot: slot})
+	e.queue.push(ev)
 }
 
 // Window records one GPU sampling window.
@@ -186,21 +172,17 @@ type Stats struct {
 
 // Stats returns the engine's counters.
 func (e *Engine) Stats() Stats {
-	return Stats{LateEvents: e.late, Rejected: e.rejected, Buffered: e.buf.Len(), Processes: len(e.procs), Threads: len(e.threads)}
+	return Stats{LateEvents: e.late, Rejected: e.rejected, Buffered: e.queue.len(), Processes: len(e.procs), Threads: len(e.threads)}
 }
 
 // drain processes buffered events up to wm in end order.
 func (e *Engine) drain(wm int64) {
-	for e.buf.Len() > 0 && e.buf[0].end <= wm {
-		q := heap.Pop(&e.buf).(queued)
-		ev := e.slab[q.slot]
-		e.slab[q.slot] = event.Event{}
-		e.free = append(e.free, q.slot)
+	for {
+		ev, ok := e.queue.pop(wm)
+		if !ok {
+			break
+		}
 		e.process(&ev)
-	}
-	if e.buf.Len() == 0 && cap(e.slab) > 4096 {
-		// A burst is over: give its memory back.
-		e.slab, e.free = nil, nil
 	}
 	if wm > e.wm {
 		e.wm = wm

@@ -40,8 +40,8 @@ func (p *proc) onBlocking(th *thread, ev *event.Event) {
 func (p *proc) endAhead(set settings, hi int64, ok, needDrain bool) {
 	if p.aheadStart != 0 && ok && hi > p.aheadStart && p.aheadBlocked >= set.minGap {
 		c := aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: hi}
-		if p.drains.n >= 4 && p.lastEnq > 0 {
-			c.drain = p.lastEnq + p.drains.recentMedian(5)
+		if p.drains.n >= minHistory && p.lastEnq > 0 {
+			c.drain = p.lastEnq + p.drains.recentMedian(drainRecent)
 		}
 		if c.drain > 0 || !needDrain {
 			p.cands = append(p.cands, c)

@@ -21,6 +21,10 @@ type baseKey struct {
 	slot   int
 }
 
+// maxBaseSlots bounds the baseline table: more distinct sync slots than
+// this means the step shape keeps changing, and old baselines are stale.
+const maxBaseSlots = 256
+
 func (p *proc) checkStall(set settings, th *thread, ev *event.Event, coll *CollectiveEvidence) {
 	wait := ev.Duration()
 	stall := func(excess, baseline int64, gpmOnly bool) {
@@ -44,7 +48,7 @@ func (p *proc) checkStall(set settings, th *thread, ev *event.Event, coll *Colle
 	k := baseKey{cuda: ev.CUDA, stream: ev.Stream, slot: slot}
 	r := p.base[k]
 	if r == nil {
-		if len(p.base) > 256 {
+		if len(p.base) > maxBaseSlots {
 			clear(p.base)
 		}
 		r = &waitRing{}
@@ -61,10 +65,10 @@ func (p *proc) checkStall(set settings, th *thread, ev *event.Event, coll *Colle
 	}
 	switch {
 	case coll == nil || wait < set.minGap:
-	case r.n >= 4 && run-r.low() >= set.minGap:
+	case r.n >= minHistory && run-r.low() >= set.minGap:
 		excess := min(run-r.low(), wait)
 		stall(excess, wait-excess, false)
-	case r.n < 4 || r.low() >= set.minGap:
+	case r.n < minHistory || r.low() >= set.minGap:
 		// Every wait so far was long: either the step's compute is long or
 		// the peer has been late since the first step. GPM tells which.
 		stall(wait, 0, true)

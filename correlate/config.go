@@ -56,6 +56,9 @@ const (
 
 // Internal tunables; see the package comment for why each exists.
 const (
+	// maxEmitDelay keeps EmitDelay + an Advance period + holdMax within
+	// the promise that a gap leaves the engine within about 1 s.
+	maxEmitDelay = 900 * time.Millisecond
 	// holdMax bounds how long a finished gap may wait for a decision that
 	// needs GPU windows or a step period: EmitDelay + Advance period +
 	// holdMax must stay under the 1 s emission promise, so it is measured
@@ -109,7 +112,7 @@ func (c Config) Validate() error {
 	if c.EmitDelay < 0 {
 		errs = append(errs, fmt.Errorf("emit delay %v is negative", c.EmitDelay))
 	}
-	if c.EmitDelay > 900*time.Millisecond {
+	if c.EmitDelay > maxEmitDelay {
 		errs = append(errs, fmt.Errorf("emit delay %v would break the 1s emission bound", c.EmitDelay))
 	}
 	if c.StepWindow < 0 {

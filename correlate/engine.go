@@ -2,7 +2,6 @@ package correlate
 
 import (
 	"log/slog"
-	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -53,7 +52,7 @@ func New(cfg Config, sink Sink) *Engine {
 		if cfg.Probes != ProbesLite {
 			cfg.Probes = ProbesFull
 		}
-		if cfg.EmitDelay > 900*time.Millisecond {
+		if cfg.EmitDelay > maxEmitDelay {
 			cfg.EmitDelay = DefaultEmitDelay
 		}
 	}

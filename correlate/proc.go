@@ -5,6 +5,16 @@ import (
 	"sort"
 )
 
+// Ring statistics: a ring needs minHistory samples before it stands for
+// what the process usually does (drain time, lite lead, comm baseline);
+// the drain and the lead are the medians of the last drainRecent and
+// leadRecent samples, the latest steps saying best what this one is like.
+const (
+	minHistory  = 4
+	drainRecent = 5
+	leadRecent  = 9
+)
+
 // waitRing holds the recent waits of one sync slot.
 type waitRing struct {
 	v [32]int64

@@ -205,11 +205,11 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 	end := t
 	if x.set.lite {
 		end = p.inferEnd(th, g.start, t)
-		if end-g.start < x.set.minGap && t-g.start >= x.set.minGap && p.leads.n >= 4 {
+		if end-g.start < x.set.minGap && t-g.start >= x.set.minGap && p.leads.n >= minHistory {
 			// No blocking explains the gap (the feeder computed): the
 			// usual lead says where the invisible launches began, the
 			// windows how much of it the GPU idled.
-			p.cands = append(p.cands, aheadCand{tid: th.tid, lo: g.start, hi: t, lead: p.leads.recentMedian(9)})
+			p.cands = append(p.cands, aheadCand{tid: th.tid, lo: g.start, hi: t, lead: p.leads.recentMedian(leadRecent)})
 		}
 		p.leads.push(t - g.start)
 	}

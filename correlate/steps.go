@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"sort"
+	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -19,6 +20,20 @@ const (
 	maxPeriod = 16 // most syncs per step considered
 	matchMin  = 0.8
 	lossRing  = 16 // recent period checks; half failing loses the lock
+	// launchJitter, launchJitterRel: launch counts of two syncs this close
+	// are the same step shape (data-dependent control flow adds a few).
+	launchJitter    = 2
+	launchJitterRel = 0.05
+	// detectMin syncs at least are compared, over the last detectPeriods
+	// periods or detectWindow syncs, whichever is more.
+	detectMin     = 4
+	detectPeriods = 4
+	detectWindow  = 12
+	// typicalGain: the typical step length is an EWMA of weight 1/typicalGain.
+	typicalGain = 8
+	// batchFetchMin: the host time after a sync that marks fetching the
+	// next batch, when it is also twice any other sync's.
+	batchFetchMin = int64(200 * time.Microsecond)
 )
 
 // syncSig is what one synchronisation looked like; steps are where the
@@ -47,7 +62,7 @@ func sigEq(a, b *syncSig) bool {
 		x, y = y, x
 	}
 	// Launch counts jitter slightly with data-dependent control flow.
-	return x-y <= 2 || float64(x-y) <= 0.05*float64(x)
+	return x-y <= launchJitter || float64(x-y) <= launchJitterRel*float64(x)
 }
 
 // stepAcc is a step being accumulated; closed once its end is known.
@@ -145,11 +160,11 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 // phase whose sync waits longest (the end of the step's work).
 func detect(hist []syncSig) (period, phase int, ok bool) {
 	for P := 1; P <= maxPeriod; P++ {
-		need := max(2*P, 4)
+		need := max(2*P, detectMin)
 		if len(hist) < P+need {
 			break
 		}
-		lo := max(P, len(hist)-max(4*P, 12))
+		lo := max(P, len(hist)-max(detectPeriods*P, detectWindow))
 		cmp, match := 0, 0
 		for i := lo; i < len(hist); i++ {
 			cmp++
@@ -214,7 +229,7 @@ func (s *stepper) boundary(t int64, window bool) {
 			if s.typical == 0 {
 				s.typical = d
 			} else {
-				s.typical += (d - s.typical) / 8
+				s.typical += (d - s.typical) / typicalGain
 			}
 		}
 	}
@@ -399,7 +414,7 @@ func phaseOf(h []syncSig, P int) int {
 			second = m
 		}
 	}
-	if best >= 0 && first >= 200*int64(1000) && first >= 2*max(second, 0) {
+	if best >= 0 && first >= batchFetchMin && first >= 2*max(second, 0) {
 		return best
 	}
 	best, first = 0, -1

@@ -50,7 +50,7 @@ func (d *device) addWindow(w event.GPUWindow) {
 		d.gpmEnd = max(d.gpmEnd, w.End)
 		// A slowly decaying peak: what this job's compute looks like to
 		// GPM (halves in ~70 windows, ~7 s at the H200's 100 ms refresh).
-		d.smPeak = max(w.SMActivity, d.smPeak*0.99)
+		d.smPeak = max(w.SMActivity, d.smPeak*smPeakDecay)
 	}
 	if w.Source == event.SourceGPM && d.nvml {
 		return
@@ -259,12 +259,19 @@ func (d *device) smActivity(a, b int64) float64 {
 	return sum / n
 }
 
+// densityGain: the micro-idle density is an EWMA of weight 1/densityGain
+// per step, so one odd step moves it only a little.
+const densityGain = 5
+
+// smPeakDecay: per GPM window, how much of the SM-activity peak is kept.
+const smPeakDecay = 0.99
+
 func (d *device) noteDensity(x float64) {
 	if d.bg < 0 {
 		d.bg = x
 		return
 	}
-	d.bg += (x - d.bg) / 5
+	d.bg += (x - d.bg) / densityGain
 }
 
 // trim forgets windows and spans that ended before keep.

@@ -140,7 +140,7 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		if w != 0 && w != th.pid && at.w.loaderWaker(ev, th.pid) {
 			at.byCause[CauseLoaderWait] += ns
 			at.note(th, ev, ns)
-			at.worker(w, ev, s.a, s.b)
+			at.worker(w, s.a, s.b)
 			return
 		}
 		if depth == 0 && w == th.pid && ev.WakerTID != 0 && ev.WakerTID != th.tid {
@@ -259,7 +259,7 @@ func (at *attribution) peer(ev *event.Event) *PeerEvidence {
 
 // worker records what loader worker process pid did over [a,b): time in
 // file I/O decides whether it was reading or computing.
-func (at *attribution) worker(pid uint32, wait *event.Event, a, b int64) {
+func (at *attribution) worker(pid uint32, a, b int64) {
 	w := at.workers[pid]
 	if w == nil {
 		w = &workerAcc{pid: pid, files: map[string]int64{}, visited: map[*event.Event]bool{}}

@@ -196,7 +196,8 @@ func (s *stepper) retro() {
 				// The prologue is a real first step when the history
 				// reaches back to the first sync and this is the first
 				// boundary; otherwise it is warm-up of unknown shape.
-				s.open(s.origin, !(s.hist[0].idx == 0 && h.idx < int64(s.period)))
+				firstStep := s.hist[0].idx == 0 && h.idx < int64(s.period)
+				s.open(s.origin, !firstStep)
 			}
 		}
 		s.boundary(h.end, false)

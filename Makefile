@@ -63,9 +63,18 @@ accuracy: build simgpu ## Print the attribution accuracy table on simtrain scena
 demo: simgpu build ## Trace the simulated trainer with a mix of stalls (no GPU needed)
 	GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) $(BIN) demo
 
-lint: ## gofmt + go vet
+# golangci-lint (v2, .golangci.yml) from its own module file, like Jaeger:
+# its dependencies stay out of go.mod. LINT_PKGS narrows a run.
+GOLANGCI := build/golangci-lint
+LINT_PKGS ?= ./...
+$(GOLANGCI): tools/golangci/go.mod
+	@mkdir -p build
+	cd tools/golangci && $(GO) build -o $(abspath $(GOLANGCI)) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+
+lint: $(GOLANGCI) ## gofmt + go vet + golangci-lint (first build ~2 min)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
+	$(GOLANGCI) run $(LINT_PKGS)
 
 clean: ## Remove build outputs
 	rm -rf bin build

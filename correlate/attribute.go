@@ -38,7 +38,7 @@ type workerAcc struct {
 
 // attribution accumulates the breakdown and evidence of one interval.
 type attribution struct {
-	e        *Engine
+	w        *world
 	byCause  map[Cause]int64
 	files    map[fileKey]*FileEvidence
 	peers    map[string]*PeerEvidence
@@ -57,9 +57,9 @@ type attribution struct {
 	written map[string]bool
 }
 
-func (e *Engine) newAttribution() *attribution {
+func newAttribution(w *world) *attribution {
 	return &attribution{
-		e:        e,
+		w:        w,
 		byCause:  map[Cause]int64{},
 		files:    map[fileKey]*FileEvidence{},
 		peers:    map[string]*PeerEvidence{},
@@ -111,7 +111,7 @@ func (at *attribution) quickCause(th *thread, ev *event.Event) Cause {
 	}
 	if isWait(ev) {
 		w := ev.WakerPID
-		if w != 0 && w != th.pid && at.e.loaderWaker(ev, th.pid) {
+		if w != 0 && w != th.pid && at.w.loaderWaker(ev, th.pid) {
 			return CauseLoaderWait
 		}
 		return ""
@@ -135,17 +135,16 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		at.byCause[CauseCPU] += ns
 		return
 	}
-	e := at.e
 	if isWait(ev) {
 		w := ev.WakerPID
-		if w != 0 && w != th.pid && e.loaderWaker(ev, th.pid) {
+		if w != 0 && w != th.pid && at.w.loaderWaker(ev, th.pid) {
 			at.byCause[CauseLoaderWait] += ns
 			at.note(th, ev, ns)
-			at.worker(w, ev, s.a, s.b)
+			at.worker(w, s.a, s.b)
 			return
 		}
 		if depth == 0 && w == th.pid && ev.WakerTID != 0 && ev.WakerTID != th.tid {
-			if sib := e.threads[ev.WakerTID]; sib != nil && sib.pid == th.pid {
+			if sib := at.w.threads[ev.WakerTID]; sib != nil && sib.pid == th.pid {
 				// Waiting on a sibling thread: charge what the sibling did
 				// while it was waited on (it held the lock, fed the queue...).
 				at.note(th, ev, ns)
@@ -250,7 +249,7 @@ func (at *attribution) peer(ev *event.Event) *PeerEvidence {
 	p := at.peers[addr]
 	if p == nil {
 		p = &PeerEvidence{Address: addr, PID: ev.PeerPID}
-		if pp := at.e.procs[ev.PeerPID]; pp != nil && ev.PeerPID != 0 {
+		if pp := at.w.procs[ev.PeerPID]; pp != nil && ev.PeerPID != 0 {
 			p.Comm = pp.comm
 		}
 		at.peers[addr] = p
@@ -260,19 +259,19 @@ func (at *attribution) peer(ev *event.Event) *PeerEvidence {
 
 // worker records what loader worker process pid did over [a,b): time in
 // file I/O decides whether it was reading or computing.
-func (at *attribution) worker(pid uint32, wait *event.Event, a, b int64) {
+func (at *attribution) worker(pid uint32, a, b int64) {
 	w := at.workers[pid]
 	if w == nil {
 		w = &workerAcc{pid: pid, files: map[string]int64{}, visited: map[*event.Event]bool{}}
 		at.workers[pid] = w
 	}
 	w.waitNS += b - a
-	p := at.e.procs[pid]
+	p := at.w.procs[pid]
 	if p == nil {
 		return
 	}
 	for tid := range p.tids {
-		th := at.e.threads[tid]
+		th := at.w.threads[tid]
 		if th == nil || th.pid != pid {
 			continue
 		}
@@ -313,7 +312,10 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 		if ev.Files[i].NS != ev.Files[j].NS {
 			return ev.Files[i].NS > ev.Files[j].NS
 		}
-		return ev.Files[i].Path < ev.Files[j].Path
+		if ev.Files[i].Path != ev.Files[j].Path {
+			return ev.Files[i].Path < ev.Files[j].Path
+		}
+		return ev.Files[i].Op < ev.Files[j].Op
 	})
 	if len(ev.Files) > maxFiles {
 		ev.Files = ev.Files[:maxFiles]
@@ -394,7 +396,14 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 		if ops[i].ns != ops[j].ns {
 			return ops[i].ns > ops[j].ns
 		}
-		return ops[i].ev.Start < ops[j].ev.Start
+		a, b := ops[i], ops[j]
+		if a.ev.Start != b.ev.Start {
+			return a.ev.Start < b.ev.Start
+		}
+		if a.ev.End != b.ev.End {
+			return a.ev.End < b.ev.End
+		}
+		return a.tid < b.tid
 	})
 	if len(ops) > maxOps {
 		ops = ops[:maxOps]
@@ -403,7 +412,7 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 	for _, o := range ops {
 		hops = append(hops, hostOp(o.ev, o.tid))
 	}
-	sort.Slice(hops, func(i, j int) bool { return hops[i].Start < hops[j].Start })
+	sort.SliceStable(hops, func(i, j int) bool { return hops[i].Start < hops[j].Start })
 	return dom, bd, ev, hops
 }
 
@@ -434,14 +443,4 @@ func hostOp(ev *event.Event, tid uint32) HostOp {
 		op.Attrs = attrs
 	}
 	return op
-}
-
-// loaderWaker reports whether the wait ev of a thread of process pid ended
-// because a data-loader worker woke it. A pipe writer not seen yet counts
-// too: when attaching to a running trainer, workers forked before the
-// attach are known only once they emit something, and a worker that only
-// computes emits nothing.
-func (e *Engine) loaderWaker(ev *event.Event, pid uint32) bool {
-	w := ev.WakerPID
-	return e.isWorker(w, pid) || (ev.FDKind == event.FDPipe && e.procs[w] == nil)
 }

@@ -107,6 +107,46 @@
 // numbering always increases. A lost pattern (half the recent syncs stop
 // matching) returns to fixed windows.
 //
+// # Layout
+//
+// Data flows down, decisions flow up, and only engine.go calls the Sink.
+// The Engine owns everything; it hands each call into a process's models
+// an env: the settings (an immutable value resolved once from Config), the
+// clock (now and the watermark), the process's device and the world, which
+// models read but never change. Models leave the gaps and steps they
+// decide, and the candidates they reject, in the process's outbox; the
+// engine applies it after every call, so totals and sink calls happen in
+// decision order and in one place. No model holds the Engine.
+//
+//	engine.go     Engine: the public API, event dispatch, finalize, apply
+//	              (outbox → totals and Sink), sweeping silent processes
+//	config.go     Config, its validation, settings, the internal tunables
+//	order.go      eventQueue: events held until the watermark, end order
+//	world.go      world: processes, threads, devices, communicators; who
+//	              is a loader worker; collective evidence
+//	proc.go       proc: one process's state, its outbox, what it must keep,
+//	              closing at exit; waitRing statistics
+//	queue.go      per-stream queue model: enqueues, syncs and synchronous
+//	              copies drain streams, open and close host-bounded gaps
+//	              (lite: where the gap most likely ended)
+//	ahead.go      CPU ahead: a feeder blocked while its queue held work;
+//	              windows decide how much was idle
+//	comm.go       comm stalls: per-slot wait baselines, GPM confirmation
+//	emit.go       holding gaps until a step clock runs, delivering them to
+//	              their step
+//	steps.go      the step clock: sync signatures, period detection, fixed
+//	              windows, when a step is final
+//	micro.go      micro idle of a finished step and its cause split; launch
+//	              records that weigh the windows' busy time
+//	windows.go    device: GPU windows, idle and SM activity over intervals
+//	span.go       sorted disjoint interval lists
+//	timeline.go   thread: its activity timeline and what dominates when
+//	causes.go     what cause one host interval is, and its name
+//	attribute.go  attribution: breakdown and evidence of one interval,
+//	              following wakers to siblings and loader workers
+//	types.go      the results (Gap, Step, Summary) and Sink
+//	jsonl.go      the --gaps-out writer and Tee
+//
 // # Memory
 //
 // Everything is trimmed once final: thread timelines to the oldest step not

@@ -1,170 +1,39 @@
 package correlate
 
 import (
-	"container/heap"
-	"errors"
-	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
 
-// Probe sets understood by Config.Probes.
-const (
-	ProbesFull = "full"
-	ProbesLite = "lite"
-)
+// clock is the engine's time as the models see it: now is the latest wall
+// clock from Advance, wm the watermark (every event ending at or before it
+// is processed).
+type clock struct{ now, wm int64 }
 
-// Config tunes the Engine. Zero values take the defaults below.
-type Config struct {
-	// Probes is "full" or "lite". In lite there are no KindEnqueue events:
-	// a gap's end is inferred as the end of the last blocking host activity
-	// of the thread that next issued a copy, collective or sync. That misses
-	// the on-CPU time between that activity and the first launch (the gap is
-	// shorter than the truth by it) and overstates a gap when the blocking
-	// activity came after launches resumed (launches are invisible). A gap
-	// that no blocking activity explains (preemptions do not count: they
-	// land in launch loops as often as in stalls) ends the usual lead before
-	// the next seen work, the lead from a drained sync's return to the next
-	// seen work in recent steps, capped by the GPU windows. CPU-ahead stalls are found in lite only where a copy or a
-	// collective was seen before the blocking activity (launches after the
-	// last sync are invisible, so otherwise the queue looks empty) and the
-	// next sync returned at once.
-	Probes string
-	// MinGap: shorter gaps are micro-gaps, accounted per step, not emitted.
-	MinGap time.Duration
-	// SyncWaited: a sync longer than this waited for the GPU, so the queue
-	// drained exactly at its return.
-	SyncWaited time.Duration
-	// EmitDelay: how long to wait for late events before deciding.
-	EmitDelay time.Duration
-	// StepWindow: fixed window length when no step period is found.
-	StepWindow time.Duration
-	// HW, when set, is called once per finished step.
-	HW func(dev int, start, end int64) *event.HWContext
-	// Logger defaults to slog.Default().
-	Logger *slog.Logger
-}
-
-// Defaults.
-const (
-	DefaultMinGap     = time.Millisecond
-	DefaultSyncWaited = 50 * time.Microsecond
-	DefaultEmitDelay  = 500 * time.Millisecond
-	DefaultStepWindow = time.Second
-)
-
-// Internal tunables; see the package comment for why each exists.
-const (
-	// holdMax bounds how long a finished gap may wait for a decision that
-	// needs GPU windows or a step period: EmitDelay + Advance period +
-	// holdMax must stay under the 1 s emission promise, so it is measured
-	// from the gap's end and stays well below 1 s.
-	holdMax = int64(850 * time.Millisecond)
-	// warmupMax: no period after this long → fixed windows.
-	warmupMax = int64(3 * time.Second)
-	// periodLost: a step open this long (and 10× the usual step) means the
-	// loop stopped syncing (evaluation, a hang): back to fixed windows. Long
-	// enough that a checkpoint stall stays inside its step.
-	periodLost = int64(30 * time.Second)
-	// windowWait: how long a step waits for GPU windows covering its end.
-	windowWait = int64(1500 * time.Millisecond)
-	// retain: how long timelines of non-feeder threads are kept.
-	retain = int64(3 * time.Second)
-	// maxIntervals caps one thread's timeline.
-	maxIntervals = 4096
-	// maxPendingSteps caps steps waiting for a decision per process.
-	maxPendingSteps = 1024
-	// sweepEvery / forgetAfter: how often silent processes and threads
-	// are looked for, and how long silence makes them forgotten.
-	sweepEvery  = int64(10 * time.Second)
-	forgetAfter = int64(10 * time.Minute)
-	sweepProcs  = 256
-	// smStallMax: GPM SM activity above this during a suspected comm stall
-	// means the GPU was computing, not spinning on a peer.
-	smStallMax = 0.5
-	// smComputeRef: the SM activity taken for pure compute when a wait's
-	// compute share must be estimated from GPM alone.
-	smComputeRef = 0.8
-	// spinMin: the share of a window that must be busy without SM activity
-	// before a wait with no baseline is called a comm stall: most of the
-	// time, so that neighbouring stalls and idle cannot add up to one.
-	spinMin = 0.5
-)
-
-// Validate reports every problem with c at once.
-func (c Config) Validate() error {
-	var errs []error
-	switch c.Probes {
-	case "", ProbesFull, ProbesLite:
-	default:
-		errs = append(errs, fmt.Errorf("probes %q: want %q or %q", c.Probes, ProbesFull, ProbesLite))
-	}
-	if c.MinGap < 0 {
-		errs = append(errs, fmt.Errorf("min gap %v is negative", c.MinGap))
-	}
-	if c.SyncWaited < 0 {
-		errs = append(errs, fmt.Errorf("sync waited %v is negative", c.SyncWaited))
-	}
-	if c.EmitDelay < 0 {
-		errs = append(errs, fmt.Errorf("emit delay %v is negative", c.EmitDelay))
-	}
-	if c.EmitDelay > 900*time.Millisecond {
-		errs = append(errs, fmt.Errorf("emit delay %v would break the 1s emission bound", c.EmitDelay))
-	}
-	if c.StepWindow < 0 {
-		errs = append(errs, fmt.Errorf("step window %v is negative", c.StepWindow))
-	}
-	return errors.Join(errs...)
-}
-
-func (c Config) withDefaults() Config {
-	if c.Probes == "" {
-		c.Probes = ProbesFull
-	}
-	if c.MinGap <= 0 {
-		c.MinGap = DefaultMinGap
-	}
-	if c.SyncWaited <= 0 {
-		c.SyncWaited = DefaultSyncWaited
-	}
-	if c.EmitDelay <= 0 {
-		c.EmitDelay = DefaultEmitDelay
-	}
-	if c.StepWindow <= 0 {
-		c.StepWindow = DefaultStepWindow
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return c
+// env is what one call into a process's models may read: the settings, the
+// world around the process, its device and the clock. Nothing in it leads
+// to the Sink or the totals: models leave decisions in their outbox.
+type env struct {
+	set settings
+	w   *world
+	d   *device
+	clk clock
 }
 
 // Engine turns host events and GPU windows into attributed gaps and steps.
 // It is not safe for concurrent use: one goroutine feeds it.
 type Engine struct {
-	cfg  Config
+	set  settings
 	sink Sink
 	log  *slog.Logger
-	// comms: what each NCCL communicator is (ranks, this process's
-	// rank), from its creation; bounded by maxComms.
-	comms  map[uint64]commInfo
-	lite   bool
-	minGap int64
+	world
 
-	buf     evHeap
-	slab    []event.Event // buffered events; buf orders their slots
-	free    []int32
-	seq     uint64
-	wm      int64 // watermark: every event ending at or before it is processed
-	now     int64
-	first   int64
-	last    int64
-	devOf   map[uint32]int
-	procs   map[uint32]*proc
-	threads map[uint32]*thread
-	devs    map[int]*device
+	queue eventQueue
+	wm    int64 // watermark: every event ending at or before it is processed
+	now   int64
+	first int64
+	last  int64
 
 	swept    int64
 	totals   Summary
@@ -183,22 +52,18 @@ func New(cfg Config, sink Sink) *Engine {
 		if cfg.Probes != ProbesLite {
 			cfg.Probes = ProbesFull
 		}
-		if cfg.EmitDelay > 900*time.Millisecond {
+		if cfg.EmitDelay > maxEmitDelay {
 			cfg.EmitDelay = DefaultEmitDelay
 		}
 	}
 	cfg = cfg.withDefaults()
+	set := newSettings(cfg)
 	return &Engine{
-		cfg:     cfg,
-		sink:    sink,
-		log:     cfg.Logger.With("component", "correlate"),
-		lite:    cfg.Probes == ProbesLite,
-		minGap:  int64(cfg.MinGap),
-		devOf:   map[uint32]int{},
-		procs:   map[uint32]*proc{},
-		threads: map[uint32]*thread{},
-		devs:    map[int]*device{},
-		totals:  Summary{ByCause: map[Cause]int64{}},
+		set:    set,
+		sink:   sink,
+		log:    set.log,
+		world:  newWorld(),
+		totals: Summary{ByCause: map[Cause]int64{}},
 	}
 }
 
@@ -217,10 +82,7 @@ func (e *Engine) Event(ev event.Event) {
 	if ev.Kind == event.KindCommInit {
 		// Order does not matter: a communicator is created long before
 		// anything waits on it.
-		if e.comms == nil || len(e.comms) >= maxComms {
-			e.comms = map[uint64]commInfo{}
-		}
-		e.comms[ev.Comm] = commInfo{ranks: int32(ev.Count), rank: ev.PeerRank}
+		e.addComm(&ev)
 		return
 	}
 	if ev.End < ev.Start {
@@ -237,24 +99,8 @@ func (e *Engine) Event(ev event.Event) {
 		e.processLate(ev)
 		return
 	}
-	e.seq++
-	var slot int32
-	if n := len(e.free); n > 0 {
-		slot = e.free[n-1]
-		e.free = e.free[:n-1]
-		e.slab[slot] = ev
-	} else {
-		slot = int32(len(e.slab))
-		e.slab = append(e.slab, ev)
-	}
-	heap.Push(&e.buf, queued{end: ev.End, start: ev.Start, seq: e.seq, slot: slot})
+	e.queue.push(ev)
 }
-
-// commInfo describes one NCCL communicator.
-type commInfo struct{ ranks, rank int32 }
-
-// maxComms bounds the communicator table (a job creates a handful).
-const maxComms = 4096
 
 // Window records one GPU sampling window.
 func (e *Engine) Window(w event.GPUWindow) {
@@ -270,7 +116,7 @@ func (e *Engine) Advance(now int64) {
 	if now > e.now {
 		e.now = now
 	}
-	wm := now - int64(e.cfg.EmitDelay)
+	wm := now - e.set.emitDelay
 	e.drain(wm)
 	e.finalize(false)
 }
@@ -325,56 +171,21 @@ type Stats struct {
 
 // Stats returns the engine's counters.
 func (e *Engine) Stats() Stats {
-	return Stats{LateEvents: e.late, Rejected: e.rejected, Buffered: e.buf.Len(), Processes: len(e.procs), Threads: len(e.threads)}
+	return Stats{LateEvents: e.late, Rejected: e.rejected, Buffered: e.queue.len(), Processes: len(e.procs), Threads: len(e.threads)}
 }
 
 // drain processes buffered events up to wm in end order.
 func (e *Engine) drain(wm int64) {
-	for e.buf.Len() > 0 && e.buf[0].end <= wm {
-		q := heap.Pop(&e.buf).(queued)
-		ev := e.slab[q.slot]
-		e.slab[q.slot] = event.Event{}
-		e.free = append(e.free, q.slot)
+	for {
+		ev, ok := e.queue.pop(wm)
+		if !ok {
+			break
+		}
 		e.process(&ev)
-	}
-	if e.buf.Len() == 0 && cap(e.slab) > 4096 {
-		// A burst is over: give its memory back.
-		e.slab, e.free = nil, nil
 	}
 	if wm > e.wm {
 		e.wm = wm
 	}
-}
-
-func (e *Engine) device(id int) *device {
-	d := e.devs[id]
-	if d == nil {
-		d = &device{id: id, bg: -1}
-		e.devs[id] = d
-	}
-	return d
-}
-
-func (e *Engine) proc(pid uint32, t int64) *proc {
-	p := e.procs[pid]
-	if p == nil {
-		p = newProc(e, pid, e.devOf[pid], t)
-		e.procs[pid] = p
-	}
-	return p
-}
-
-func (e *Engine) thread(ev *event.Event) *thread {
-	th := e.threads[ev.TID]
-	if th == nil || th.pid != ev.PID {
-		th = &thread{tid: ev.TID, pid: ev.PID}
-		e.threads[ev.TID] = th
-		e.proc(ev.PID, ev.Start).tids[ev.TID] = struct{}{}
-	}
-	if ev.TaskComm != "" {
-		th.comm = ev.TaskComm
-	}
-	return th
 }
 
 // process applies one event in watermark order.
@@ -424,18 +235,23 @@ func (e *Engine) process(ev *event.Event) {
 	}
 	switch ev.Kind {
 	case event.KindEnqueue, event.KindMemcpyAsync, event.KindMemset, event.KindCollective:
-		p.onEnqueue(th, ev)
+		var coll *CollectiveEvidence
+		if ev.Kind == event.KindCollective {
+			coll = e.collEvidence(ev)
+		}
+		p.onEnqueue(e.env(p), th, ev, coll)
 	case event.KindSync:
 		th.wokenSync(ev)
 		th.add(ev)
-		p.onSync(th, ev)
+		p.onSync(e.env(p), th, ev)
 	case event.KindMemcpy, event.KindFree:
 		th.add(ev)
-		p.onSyncCopy(th, ev)
+		p.onSyncCopy(e.env(p), th, ev)
 	case event.KindAlloc, event.KindGroupEnd, event.KindSyscall, event.KindRunqueue, event.KindOffCPU:
 		th.add(ev)
 		p.onBlocking(th, ev)
 	}
+	e.apply(p)
 	e.trimThread(th, p)
 }
 
@@ -464,37 +280,30 @@ func (e *Engine) exit(p *proc, ev *event.Event) {
 	// The process is gone: close what it had open. Its last steps still
 	// wait for the GPU windows that cover them (they arrive late); finalize
 	// forgets it once they are out.
-	p.closeAll(ev.End)
+	p.closeAll(e.set, ev.End)
 	p.exitedAt = ev.End
 	if !p.everEnq {
 		e.forget(p)
 	}
 }
 
-func (e *Engine) forget(p *proc) {
-	for tid := range p.tids {
-		if th := e.threads[tid]; th != nil && th.pid == p.pid {
-			delete(e.threads, tid)
-		}
-	}
-	delete(e.procs, p.pid)
-}
-
 // finalize resolves pending decisions and emits what became final.
 func (e *Engine) finalize(force bool) {
 	for _, p := range e.procs {
+		x := e.env(p)
 		done := force || (p.exitedAt != 0 && e.now >= p.exitedAt+windowWait+holdMax)
-		p.resolvePending(done)
+		p.resolvePending(x, done)
 		if force && p.exitedAt == 0 {
 			// The trace ends with the process's last event, not with the
 			// sidecar's exit: a tail window would only count idle the
 			// training loop never saw.
-			p.closeAll(p.last)
+			p.closeAll(x.set, p.last)
 		}
 		if p.exitedAt == 0 {
-			p.tickSteps()
+			p.tickSteps(x.set, e.wm)
 		}
-		p.finalizeSteps(done)
+		p.finalizeSteps(x, done)
+		e.apply(p)
 		if p.exitedAt != 0 && (done || p.settled()) {
 			e.forget(p)
 		}
@@ -506,7 +315,7 @@ func (e *Engine) finalize(force bool) {
 		keep := e.wm - retain
 		for _, p := range e.procs {
 			if p.dev == d.id {
-				if k := p.keepFrom(); k < keep {
+				if k := p.keepFrom(e.wm); k < keep {
 					keep = k
 				}
 			}
@@ -550,77 +359,50 @@ func (e *Engine) sweep() {
 func (e *Engine) trimThread(th *thread, p *proc) {
 	keep := e.wm - retain
 	if p.feeders.has(th.tid) {
-		if k := p.keepFrom(); k < keep {
+		if k := p.keepFrom(e.wm); k < keep {
 			keep = k
 		}
 	}
 	th.trim(keep)
 }
 
-func (e *Engine) addTotals(g *Gap) {
-	e.totals.Gaps++
-	if g.Kind == GapStall {
-		e.totals.GPUStallNS += g.Duration
-	} else {
-		e.totals.GPUIdleNS += g.Duration
-	}
-	for c, ns := range g.Breakdown {
-		e.totals.ByCause[c] += ns
-	}
+// env is what a call into p's models may read: the settings, the world,
+// p's device and the clock.
+func (e *Engine) env(p *proc) env {
+	return env{set: e.set, w: &e.world, d: e.device(p.dev), clk: clock{now: e.now, wm: e.wm}}
 }
 
-// isWorker reports whether process w can be a data-loader worker of
-// feeder process pid: traced (part of the tree), not one of its ancestors
-// (a launcher), and not itself feeding a GPU (a sibling DDP rank).
-func (e *Engine) isWorker(w, pid uint32) bool {
-	p, ok := e.procs[w]
-	return ok && !p.everEnq && !e.ancestor(w, pid)
-}
-
-// ancestor reports whether a is an ancestor of pid.
-func (e *Engine) ancestor(a, pid uint32) bool {
-	for i := 0; i < 64; i++ {
-		p := e.procs[pid]
-		if p == nil || p.parent == 0 {
-			return false
+// apply turns what p's models decided into totals and sink calls, in the
+// order they were decided. It is the only place results leave the engine.
+func (e *Engine) apply(p *proc) {
+	e.rejected += p.out.rejected
+	for i := range p.out.ds {
+		d := &p.out.ds[i]
+		switch {
+		case d.gap != nil:
+			g := d.gap
+			e.totals.Gaps++
+			if g.Kind == GapStall {
+				e.totals.GPUStallNS += g.Duration
+			} else {
+				e.totals.GPUIdleNS += g.Duration
+			}
+			for c, ns := range g.Breakdown {
+				e.totals.ByCause[c] += ns
+			}
+			if e.sink != nil {
+				e.sink.Gap(*g)
+			}
+		case d.step != nil:
+			for _, c := range d.micro {
+				e.totals.ByCause[c.c] += c.ns
+			}
+			e.totals.GPUIdleNS += d.step.MicroIdleNS
+			e.totals.Steps++
+			if e.sink != nil {
+				e.sink.Step(*d.step)
+			}
 		}
-		if p.parent == a {
-			return true
-		}
-		pid = p.parent
 	}
-	return false
-}
-
-// queued orders one buffered event (kept in Engine.slab, so the heap moves
-// small pointer-free keys); seq keeps arrival order among equal keys.
-type queued struct {
-	end, start int64
-	seq        uint64
-	slot       int32
-}
-
-type evHeap []queued
-
-func (h evHeap) Len() int { return len(h) }
-func (h evHeap) Less(i, j int) bool {
-	a, b := &h[i], &h[j]
-	if a.end != b.end {
-		return a.end < b.end
-	}
-	// Intervals that end at t come before point events at t, so a gap
-	// closed by an enqueue at t sees the blocking call that returned at t.
-	if a.start != b.start {
-		return a.start < b.start
-	}
-	return a.seq < b.seq
-}
-func (h evHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *evHeap) Push(x any)   { *h = append(*h, x.(queued)) }
-func (h *evHeap) Pop() any {
-	old := *h
-	n := len(old)
-	x := old[n-1]
-	*h = old[:n-1]
-	return x
+	p.out.reset()
 }

@@ -136,11 +136,10 @@ func (s *gpuSim) windows(from, to, p int64, src event.WindowSource, sm func(a, b
 
 // collect is a Sink that also records when each result was emitted.
 type collect struct {
-	gaps   []Gap
-	steps  []Step
-	gapAt  []int64
-	now    int64
-	byStep map[int64]int
+	gaps  []Gap
+	steps []Step
+	gapAt []int64
+	now   int64
 }
 
 func (c *collect) Gap(g Gap) {

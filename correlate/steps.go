@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"sort"
+	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -19,6 +20,20 @@ const (
 	maxPeriod = 16 // most syncs per step considered
 	matchMin  = 0.8
 	lossRing  = 16 // recent period checks; half failing loses the lock
+	// launchJitter, launchJitterRel: launch counts of two syncs this close
+	// are the same step shape (data-dependent control flow adds a few).
+	launchJitter    = 2
+	launchJitterRel = 0.05
+	// detectMin syncs at least are compared, over the last detectPeriods
+	// periods or detectWindow syncs, whichever is more.
+	detectMin     = 4
+	detectPeriods = 4
+	detectWindow  = 12
+	// typicalGain: the typical step length is an EWMA of weight 1/typicalGain.
+	typicalGain = 8
+	// batchFetchMin: the host time after a sync that marks fetching the
+	// next batch, when it is also twice any other sync's.
+	batchFetchMin = int64(200 * time.Microsecond)
 )
 
 // syncSig is what one synchronisation looked like; steps are where the
@@ -47,7 +62,7 @@ func sigEq(a, b *syncSig) bool {
 		x, y = y, x
 	}
 	// Launch counts jitter slightly with data-dependent control flow.
-	return x-y <= 2 || float64(x-y) <= 0.05*float64(x)
+	return x-y <= launchJitter || float64(x-y) <= launchJitterRel*float64(x)
 }
 
 // stepAcc is a step being accumulated; closed once its end is known.
@@ -58,6 +73,7 @@ type stepAcc struct {
 
 // stepper is a process's step clock.
 type stepper struct {
+	pid     uint32 // for logs
 	mode    stepMode
 	origin  int64
 	hist    []syncSig
@@ -81,14 +97,14 @@ func (s *stepper) slot() int {
 }
 
 // patternSync feeds one synchronisation to step detection.
-func (p *proc) patternSync(ev *event.Event) {
+func (p *proc) patternSync(set settings, ev *event.Event) {
 	sig := syncSig{cuda: ev.CUDA, stream: ev.Stream, launches: p.launches, copies: p.copies, colls: p.colls,
 		end: ev.End, wait: ev.Duration(), post: -1}
 	p.launches, p.copies, p.colls = 0, 0, 0
-	p.st.onSync(p, sig)
+	p.st.onSync(set, sig)
 }
 
-func (s *stepper) onSync(p *proc, sig syncSig) {
+func (s *stepper) onSync(set settings, sig syncSig) {
 	sig.idx = s.n
 	s.n++
 	s.hist = append(s.hist, sig)
@@ -111,8 +127,8 @@ func (s *stepper) onSync(p *proc, sig syncSig) {
 					}
 				}
 				if 2*bad > k {
-					p.e.log.Info("step pattern lost, falling back to fixed windows", "pid", p.pid)
-					s.toWindows(p, sig.end)
+					set.log.Info("step pattern lost, falling back to fixed windows", "pid", s.pid)
+					s.toWindows(sig.end)
 					return
 				}
 			}
@@ -124,7 +140,7 @@ func (s *stepper) onSync(p *proc, sig syncSig) {
 		if s.period == 0 {
 			if P, ph, ok := detect(s.hist); ok {
 				s.period, s.phase = P, ph
-				p.e.log.Debug("step period found", "pid", p.pid, "syncs_per_step", P)
+				set.log.Debug("step period found", "pid", s.pid, "syncs_per_step", P)
 				if s.mode == modeUnknown {
 					s.retro()
 					return
@@ -132,7 +148,7 @@ func (s *stepper) onSync(p *proc, sig syncSig) {
 			}
 		}
 		if s.mode == modeWindow && s.period > 0 && int(sig.idx%int64(s.period)) == s.phase {
-			s.tick(p, sig.end)
+			s.tick(set, sig.end)
 			s.boundary(sig.end, false)
 			s.mode = modePeriod
 			s.nchecks = 0
@@ -144,11 +160,11 @@ func (s *stepper) onSync(p *proc, sig syncSig) {
 // phase whose sync waits longest (the end of the step's work).
 func detect(hist []syncSig) (period, phase int, ok bool) {
 	for P := 1; P <= maxPeriod; P++ {
-		need := max(2*P, 4)
+		need := max(2*P, detectMin)
 		if len(hist) < P+need {
 			break
 		}
-		lo := max(P, len(hist)-max(4*P, 12))
+		lo := max(P, len(hist)-max(detectPeriods*P, detectWindow))
 		cmp, match := 0, 0
 		for i := lo; i < len(hist); i++ {
 			cmp++
@@ -180,7 +196,8 @@ func (s *stepper) retro() {
 				// The prologue is a real first step when the history
 				// reaches back to the first sync and this is the first
 				// boundary; otherwise it is warm-up of unknown shape.
-				s.open(s.origin, !(s.hist[0].idx == 0 && h.idx < int64(s.period)))
+				firstStep := s.hist[0].idx == 0 && h.idx < int64(s.period)
+				s.open(s.origin, !firstStep)
 			}
 		}
 		s.boundary(h.end, false)
@@ -213,7 +230,7 @@ func (s *stepper) boundary(t int64, window bool) {
 			if s.typical == 0 {
 				s.typical = d
 			} else {
-				s.typical += (d - s.typical) / 8
+				s.typical += (d - s.typical) / typicalGain
 			}
 		}
 	}
@@ -233,7 +250,7 @@ func (s *stepper) closeOpen(t int64) {
 }
 
 // toWindows switches to fixed windows starting at t.
-func (s *stepper) toWindows(p *proc, t int64) {
+func (s *stepper) toWindows(t int64) {
 	s.mode = modeWindow
 	s.period, s.phase = 0, 0
 	s.hist = s.hist[:0]
@@ -243,7 +260,7 @@ func (s *stepper) toWindows(p *proc, t int64) {
 // tick advances fixed windows up to t, and gives up on a period whose step
 // has not ended for far longer than steps usually take (an eval phase, a
 // training loop that stopped syncing).
-func (s *stepper) tick(p *proc, t int64) {
+func (s *stepper) tick(set settings, t int64) {
 	n := len(s.steps)
 	if n == 0 || s.steps[n-1].closed {
 		return
@@ -251,7 +268,7 @@ func (s *stepper) tick(p *proc, t int64) {
 	o := s.steps[n-1]
 	switch s.mode {
 	case modeWindow:
-		w := int64(p.e.cfg.StepWindow)
+		w := set.stepWindow
 		if k := (t - o.Start) / w; k > maxPendingSteps {
 			// A clock jump or a long silence: skip the empty windows
 			// rather than materialise them.
@@ -265,16 +282,16 @@ func (s *stepper) tick(p *proc, t int64) {
 		}
 	case modePeriod:
 		if s.typical > 0 && t-o.Start > max(10*s.typical, periodLost) {
-			p.e.log.Info("no step boundary for long, falling back to fixed windows", "pid", p.pid)
-			s.toWindows(p, t)
+			set.log.Info("no step boundary for long, falling back to fixed windows", "pid", s.pid)
+			s.toWindows(t)
 		}
 	}
 }
 
 // lookup returns the pending step containing t.
-func (s *stepper) lookup(p *proc, t int64) *stepAcc {
+func (s *stepper) lookup(set settings, t int64) *stepAcc {
 	if s.mode == modeWindow {
-		s.tick(p, t)
+		s.tick(set, t)
 	}
 	for i := len(s.steps) - 1; i >= 0; i-- {
 		if s.steps[i].Start <= t {
@@ -285,9 +302,8 @@ func (s *stepper) lookup(p *proc, t int64) *stepAcc {
 }
 
 // ready says whether every input of step st is final.
-func (p *proc) ready(st *stepAcc) bool {
-	e := p.e
-	if e.wm < st.End || len(p.held) > 0 {
+func (p *proc) ready(x env, st *stepAcc) bool {
+	if x.clk.wm < st.End || len(p.held) > 0 {
 		return false
 	}
 	if p.gap != nil && p.gap.start < st.End {
@@ -306,14 +322,14 @@ func (p *proc) ready(st *stepAcc) bool {
 	if p.aheadStart != 0 && p.aheadStart < st.End {
 		return false
 	}
-	if wEnd := p.device().coverEnd(st.End); wEnd > 0 && e.wm >= wEnd {
+	if wEnd := x.d.coverEnd(st.End); wEnd > 0 && x.clk.wm >= wEnd {
 		return true
 	}
-	return e.now-st.End >= windowWait
+	return x.clk.now-st.End >= windowWait
 }
 
 // finalizeSteps emits closed steps whose inputs are final, in order.
-func (p *proc) finalizeSteps(force bool) {
+func (p *proc) finalizeSteps(x env, force bool) {
 	s := &p.st
 	k := 0
 	for k < len(s.steps) {
@@ -321,13 +337,13 @@ func (p *proc) finalizeSteps(force bool) {
 		if !st.closed {
 			break
 		}
-		if !force && !p.ready(st) {
+		if !force && !p.ready(x, st) {
 			if len(s.steps)-k <= maxPendingSteps {
 				break
 			}
-			p.e.log.Warn("step waited too long for its inputs, emitting it incomplete", "pid", p.pid, "step", st.Number)
+			x.set.log.Warn("step waited too long for its inputs, emitting it incomplete", "pid", p.pid, "step", st.Number)
 		}
-		p.finishStep(st)
+		p.finishStep(x, st)
 		s.doneNum = st.Number
 		k++
 	}
@@ -337,7 +353,7 @@ func (p *proc) finalizeSteps(force bool) {
 			s.steps[i] = nil
 		}
 		s.steps = s.steps[:len(s.steps)-k]
-		keep := p.keepFrom()
+		keep := p.keepFrom(x.clk.wm)
 		j := 0
 		// Windows reach back before the oldest pending step: keep a margin.
 		for j < len(p.launchRec) && p.launchRec[j].t < keep-retain {
@@ -348,104 +364,6 @@ func (p *proc) finalizeSteps(force bool) {
 			p.launchRec = append(p.launchRec[:0], p.launchRec[j:]...)
 		}
 	}
-}
-
-// finishStep computes the step's micro idle and emits it.
-func (p *proc) finishStep(st *stepAcc) {
-	e := p.e
-	d := p.device()
-	var open []span
-	if p.gap != nil && p.gap.start < e.wm {
-		open = append(open, span{p.gap.start, e.wm})
-	}
-	micro, nonGap := d.micro(st.Start, st.End, open, p.launchWeight)
-	if micro > 0 {
-		mask := d.gapsIn(st.Start, st.End, open)
-		at := e.newAttribution()
-		at.micro = true
-		for _, tid := range p.feeders {
-			if th := e.threads[tid]; th != nil {
-				at.thread(th, st.Start, st.End, mask)
-			}
-		}
-		for _, c := range spread(micro, at.byCause) {
-			st.ByCause[c.c] += c.ns
-			e.totals.ByCause[c.c] += c.ns
-		}
-		if nonGap > 0 {
-			d.noteDensity(float64(micro) / float64(nonGap))
-		}
-	} else if nonGap > 0 {
-		d.noteDensity(0)
-	}
-	st.MicroIdleNS = micro
-	st.IdleNS = st.BoundedIdleNS + micro
-	if dur := st.End - st.Start; dur > 0 {
-		st.IdleRatio = float64(st.IdleNS) / float64(dur)
-	}
-	st.PID, st.Device = p.pid, p.dev
-	for _, r := range p.launchRec {
-		if r.t >= st.Start && r.t < st.End {
-			st.Launches += r.n
-		}
-	}
-	if e.cfg.HW != nil {
-		st.HW = e.cfg.HW(p.dev, st.Start, st.End)
-	}
-	e.totals.GPUIdleNS += micro
-	e.totals.Steps++
-	if e.sink != nil {
-		e.sink.Step(st.Step)
-	}
-}
-
-type causeNS struct {
-	c  Cause
-	ns int64
-}
-
-// spread splits total across causes in proportion to weights, exactly
-// (largest remainder), in Causes order; with no weight it is all cpu.
-func spread(total int64, weights map[Cause]int64) []causeNS {
-	var sum int64
-	for _, w := range weights {
-		sum += w
-	}
-	if sum <= 0 {
-		return []causeNS{{CauseCPU, total}}
-	}
-	var out []causeNS
-	type rem struct {
-		i int
-		r int64
-	}
-	var rems []rem
-	var given int64
-	for _, c := range Causes {
-		w := weights[c]
-		if w <= 0 {
-			continue
-		}
-		// total*w can overflow int64 for day-long steps: use float for the
-		// share and fix the sum exactly below.
-		share := int64(float64(total) * float64(w) / float64(sum))
-		out = append(out, causeNS{c, share})
-		rems = append(rems, rem{len(out) - 1, int64(float64(total)*float64(w)/float64(sum)*1000) - share*1000})
-		given += share
-	}
-	sort.SliceStable(rems, func(i, j int) bool { return rems[i].r > rems[j].r })
-	for i := 0; given < total && len(rems) > 0; i = (i + 1) % len(rems) {
-		out[rems[i].i].ns++
-		given++
-	}
-	k := 0
-	for _, c := range out {
-		if c.ns > 0 {
-			out[k] = c
-			k++
-		}
-	}
-	return out[:k]
 }
 
 // phaseOf picks which sync of a period ends the step: the one after which
@@ -497,7 +415,7 @@ func phaseOf(h []syncSig, P int) int {
 			second = m
 		}
 	}
-	if best >= 0 && first >= 200*int64(1000) && first >= 2*max(second, 0) {
+	if best >= 0 && first >= batchFetchMin && first >= 2*max(second, 0) {
 		return best
 	}
 	best, first = 0, -1

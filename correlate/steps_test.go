@@ -180,11 +180,20 @@ func TestLaunchBoundStepIdle(t *testing.T) {
 	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
 	c := &collect{}
 	sum := feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	// Every step the engine reports must be one of the loop's: it starts
+	// and ends where the loop's steps do (at a sync's return).
+	isStart := map[int64]bool{}
+	for _, a := range starts {
+		isStart[a] = true
+	}
 	checked := 0
 	var totalErr, totalTruth int64
 	for _, st := range c.steps {
 		if st.Window {
 			continue
+		}
+		if !truthNear(isStart, st.Start) || !truthNear(isStart, st.End) {
+			t.Errorf("step %d [%d, %d] is not a step of the loop", st.Number, st.Start-t0, st.End-t0)
 		}
 		truth := s.idle(st.Start, st.End)
 		checked++

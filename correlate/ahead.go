@@ -1,0 +1,103 @@
+package correlate
+
+import "github.com/gaptrace/gaptrace/event"
+
+// aheadCand is an interval where a feeder blocked while its queue still
+// held work; the GPU windows decide how much of it was idle.
+type aheadCand struct {
+	tid    uint32
+	lo, hi int64
+	// drain is when the queue most likely ran dry: the last enqueue plus
+	// the usual time a waiting sync took to see the queue drain after the
+	// last enqueue. 0 when too few syncs waited yet.
+	drain int64
+	// lead (lite) is the usual time from a drained sync's return to the
+	// next work the probes see: the launches before it are invisible, so
+	// the GPU idled from lo to about hi - lead (placed at the start).
+	lead int64
+}
+
+// onBlocking notes a feeder that blocked while its queue held work: the
+// start of a possible CPU-ahead stall. The blocking counts in total, not
+// per call: a data read is a loop of calls of a fraction of a millisecond
+// each (256 KiB O_DIRECT reads: 0.3–1 ms), no one of which reaches MinGap.
+func (p *proc) onBlocking(th *thread, ev *event.Event) {
+	if !p.everEnq || !p.feeders.has(th.tid) {
+		return
+	}
+	if p.gap != nil || p.allDrained() || ev.Start < p.lastEnq {
+		return
+	}
+	if p.aheadStart == 0 || ev.Start < p.aheadStart {
+		p.aheadStart, p.aheadTID = ev.Start, th.tid
+	}
+	p.aheadBlocked += ev.Duration()
+}
+
+// endAhead ends a possible CPU-ahead interval at hi: it is a candidate when
+// ok and the feeder was blocked for at least MinGap in all since it began;
+// when needDrain, only if the usual drain time is known.
+func (p *proc) endAhead(set settings, hi int64, ok, needDrain bool) {
+	if p.aheadStart != 0 && ok && hi > p.aheadStart && p.aheadBlocked >= set.minGap {
+		c := aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: hi}
+		if p.drains.n >= minHistory && p.lastEnq > 0 {
+			c.drain = p.lastEnq + p.drains.recentMedian(drainRecent)
+		}
+		if c.drain > 0 || !needDrain {
+			p.cands = append(p.cands, c)
+		}
+	}
+	p.aheadStart, p.aheadBlocked = 0, 0
+}
+
+// resolveAhead decides the CPU-ahead candidates whose windows arrived
+// (or that waited long enough).
+func (p *proc) resolveAhead(x env, force bool) {
+	if len(p.cands) == 0 {
+		return
+	}
+	d := x.d
+	k := 0
+	for _, c := range p.cands {
+		// A device that never sent windows will not start now: no wait.
+		if force || d.maxEnd == 0 || d.maxEnd >= c.hi || x.clk.now >= c.hi+holdMax {
+			p.resolveCand(x, c)
+			continue
+		}
+		p.cands[k] = c
+		k++
+	}
+	p.cands = p.cands[:k]
+}
+
+func (p *proc) resolveCand(x env, c aheadCand) {
+	d := x.d
+	idle := d.idleWithin(c.lo, c.hi)
+	if c.drain > 0 {
+		// A window (100–200 ms) is much longer than a stall: its idle says
+		// how much but not where, and the micro-idle it also holds shifts
+		// the estimate by many ms. The host knows better where the queue
+		// ran dry when the step's queued work runs as long as usual; the
+		// windows still cap what the GPU can have idled.
+		idle = min(max(c.hi-max(c.lo, c.drain), 0), d.idleAtMost(c.lo, c.hi))
+	}
+	a, b := c.hi-idle, c.hi
+	if c.lead > 0 {
+		idle = min(max(c.hi-c.lead-c.lo, 0), d.idleAtMost(c.lo, c.hi))
+		a, b = c.lo, c.lo+idle
+	}
+	if idle < x.set.minGap {
+		return
+	}
+	th := x.w.threads[c.tid]
+	if th == nil {
+		return
+	}
+	g := Gap{PID: p.pid, TID: c.tid, Device: p.dev, Kind: GapIdle, Start: a, End: b, Duration: idle}
+	at := newAttribution(x.w)
+	at.thread(th, a, b, nil)
+	g.Cause, g.Breakdown, g.Evidence, g.Ops = at.result()
+	g.Evidence.Source = "host+gpu"
+	g.Evidence.Threads = append([]uint32(nil), p.feeders...)
+	p.emit(x, g)
+}

@@ -1,0 +1,107 @@
+package correlate
+
+import "github.com/gaptrace/gaptrace/event"
+
+// baseCause maps one blocking interval to a cause, before following wakers.
+func baseCause(ev *event.Event) Cause {
+	switch ev.Kind {
+	case event.KindMemcpy:
+		return CauseCUDAMemcpy
+	case event.KindAlloc, event.KindFree:
+		return CauseCUDAAlloc
+	case event.KindGroupEnd:
+		return CauseComm
+	case event.KindSync:
+		return CauseOther
+	case event.KindRunqueue:
+		return CauseCPUContention
+	case event.KindOffCPU:
+		if ev.Path != "" {
+			return CauseIORead // fault on a mapped file
+		}
+		return CauseOther
+	case event.KindSyscall:
+		switch ev.Syscall {
+		case event.SysRead:
+			switch {
+			case isFile(ev):
+				return CauseIORead
+			case ev.FDKind == event.FDSocket:
+				return CauseNet
+			}
+			return CauseOther
+		case event.SysWrite:
+			switch {
+			case isFile(ev):
+				return CauseIOWrite
+			case ev.FDKind == event.FDSocket:
+				return CauseNet
+			}
+			return CauseOther
+		case event.SysFsync:
+			return CauseIOWrite
+		case event.SysNet:
+			return CauseNet
+		case event.SysSleep:
+			return CauseSleep
+		}
+		return CauseOther
+	}
+	return CauseCPU
+}
+
+func isFile(ev *event.Event) bool {
+	return ev.FDKind == event.FDFile || (ev.FDKind == event.FDUnknown && len(ev.Path) > 0 && ev.Path[0] == '/')
+}
+
+// isWait reports whether ev is a wait on another task (a channel, a lock,
+// a readiness poll) rather than on a device or the network.
+func isWait(ev *event.Event) bool {
+	if ev.Kind != event.KindSyscall {
+		return false
+	}
+	switch ev.Syscall {
+	case event.SysFutex, event.SysPoll:
+		return true
+	case event.SysRead, event.SysNet:
+		if ev.PeerPID != 0 || ev.Name == "connect" {
+			// A conversation with a known peer process (a loopback service)
+			// or a connection attempt is the network.
+			return false
+		}
+		switch ev.FDKind {
+		case event.FDPipe, event.FDOther:
+			return true
+		case event.FDSocket:
+			// A unix socket (no ip:port peer) is a local channel; a TCP/UDP
+			// peer is the network even when it is a traced process.
+			return ev.PeerAddr == ""
+		}
+	}
+	return false
+}
+
+func syscallName(ev *event.Event) string {
+	if ev.Name != "" {
+		return ev.Name
+	}
+	return ev.Syscall.String()
+}
+
+// opName names a blocking interval for HostOp and evidence.
+func opName(ev *event.Event) string {
+	switch ev.Kind {
+	case event.KindSyscall:
+		return syscallName(ev)
+	case event.KindRunqueue:
+		return "runqueue"
+	case event.KindOffCPU:
+		return "offcpu"
+	case event.KindGroupEnd:
+		return "ncclGroupEnd"
+	}
+	if ev.CUDA != event.CUDANone {
+		return ev.CUDA.String()
+	}
+	return ev.Kind.String()
+}

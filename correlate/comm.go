@@ -1,0 +1,138 @@
+package correlate
+
+import "github.com/gaptrace/gaptrace/event"
+
+// stallCand is a comm stall waiting for GPM windows to confirm it.
+// gpmOnly: no baseline set the wait apart from compute (a peer that is
+// late in every step from the first one), so the GPU alone decides
+// whether, and how much of, the wait was spent spinning on the peer.
+type stallCand struct {
+	gap     Gap
+	gpmOnly bool
+}
+
+// baseKey names a sync's place in the step. Whether the pending work
+// held a collective is deliberately not part of it: a trainer may issue a
+// collective only in some steps, and those must be compared with the
+// steps without it.
+type baseKey struct {
+	cuda   event.CUDA
+	stream uint64
+	slot   int
+}
+
+// maxBaseSlots bounds the baseline table: more distinct sync slots than
+// this means the step shape keeps changing, and old baselines are stale.
+const maxBaseSlots = 256
+
+func (p *proc) checkStall(set settings, th *thread, ev *event.Event, coll *CollectiveEvidence) {
+	wait := ev.Duration()
+	stall := func(excess, baseline int64, gpmOnly bool) {
+		g := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapStall, Start: ev.End - excess, End: ev.End,
+			Duration: excess, Cause: CauseComm, Breakdown: map[Cause]int64{CauseComm: excess}}
+		c := *coll
+		g.Evidence = Evidence{Collective: &c, CUDACall: ev.CUDA.String(), BaselineNS: baseline,
+			Threads: append([]uint32(nil), p.feeders...), Source: "host"}
+		g.Ops = []HostOp{hostOp(ev, th.tid)}
+		p.stalls = append(p.stalls, stallCand{gap: g, gpmOnly: gpmOnly})
+	}
+	slot := p.st.slot()
+	if slot < 0 {
+		// Without a period, waits of different syncs of a step cannot be
+		// compared: no baseline. Only GPM can still show a spinning peer.
+		if coll != nil && wait >= set.minGap {
+			stall(wait, 0, true)
+		}
+		return
+	}
+	k := baseKey{cuda: ev.CUDA, stream: ev.Stream, slot: slot}
+	r := p.base[k]
+	if r == nil {
+		if len(p.base) > maxBaseSlots {
+			clear(p.base)
+		}
+		r = &waitRing{}
+		p.base[k] = r
+	}
+	// The baseline compares how long the queue ran after the last enqueue,
+	// which a late peer lengthens, rather than the sync's own wait, which
+	// also shrinks by any host delay between the last enqueue and the sync:
+	// one such step would lower the baseline and make every ordinary step
+	// after it look late by that delay.
+	run := wait
+	if p.lastEnq > 0 && p.lastEnq <= ev.Start {
+		run = ev.End - p.lastEnq
+	}
+	switch {
+	case coll == nil || wait < set.minGap:
+	case r.n >= minHistory && run-r.low() >= set.minGap:
+		excess := min(run-r.low(), wait)
+		stall(excess, wait-excess, false)
+	case r.n < minHistory || r.low() >= set.minGap:
+		// Every wait so far was long: either the step's compute is long or
+		// the peer has been late since the first step. GPM tells which.
+		stall(wait, 0, true)
+	}
+	r.push(run)
+}
+
+// resolveStalls confirms or rejects the comm stalls whose GPM windows
+// arrived (or that waited long enough).
+func (p *proc) resolveStalls(x env, force bool) {
+	if len(p.stalls) == 0 {
+		return
+	}
+	d := x.d
+	k := 0
+	for _, s := range p.stalls {
+		if force || d.gpmEnd == 0 || d.gpmEnd >= s.gap.End || x.clk.now >= s.gap.End+holdMax {
+			sm := d.smActivity(s.gap.Start, s.gap.End)
+			// With a baseline, the wait's excess is already set apart from
+			// the compute: reject it only when the GPU must have computed
+			// during it, whatever the window's compute around it.
+			reject := sm > smStallMax
+			if !s.gpmOnly {
+				reject = d.smActivityMin(s.gap.Start, s.gap.End) > smStallMax
+			}
+			if reject || (s.gpmOnly && sm < 0) {
+				p.out.rejected++
+				continue
+			}
+			if s.gpmOnly {
+				// Utilization counts a spinning collective as busy, GPM SM
+				// activity barely does; an idle GPU lowers both. So over
+				// the wait's windows, busy − compute is the spin, and its
+				// share of the busy time is the share of the wait spent on
+				// the peer. Compute kernels keep SM activity at 0.7-0.95 on
+				// an H200: 0.8 stands in until the device shows a higher peak.
+				busy := d.busyFraction(s.gap.Start, s.gap.End)
+				ref := max(d.smPeak, 2*sm, smComputeRef)
+				spin := busy - sm/ref
+				if busy <= 0 || spin < spinMin {
+					p.out.rejected++
+					continue
+				}
+				excess := int64(float64(s.gap.Duration) * min(1, spin/busy))
+				if excess < x.set.minGap {
+					p.out.rejected++
+					continue
+				}
+				s.gap.Start = s.gap.End - excess
+				s.gap.Duration = excess
+				s.gap.Breakdown = map[Cause]int64{CauseComm: excess}
+			}
+			if sm >= 0 {
+				s.gap.Evidence.SMActivity = &sm
+				s.gap.Evidence.Source = "host+gpu"
+				if s.gpmOnly {
+					s.gap.Evidence.Source = "gpu"
+				}
+			}
+			p.emit(x, s.gap)
+			continue
+		}
+		p.stalls[k] = s
+		k++
+	}
+	p.stalls = p.stalls[:k]
+}

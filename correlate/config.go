@@ -1,0 +1,168 @@
+package correlate
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Probe sets understood by Config.Probes.
+const (
+	ProbesFull = "full"
+	ProbesLite = "lite"
+)
+
+// Config tunes the Engine. Zero values take the defaults below.
+type Config struct {
+	// Probes is "full" or "lite". In lite there are no KindEnqueue events:
+	// a gap's end is inferred as the end of the last blocking host activity
+	// of the thread that next issued a copy, collective or sync. That misses
+	// the on-CPU time between that activity and the first launch (the gap is
+	// shorter than the truth by it) and overstates a gap when the blocking
+	// activity came after launches resumed (launches are invisible). A gap
+	// that no blocking activity explains (preemptions do not count: they
+	// land in launch loops as often as in stalls) ends the usual lead before
+	// the next seen work, the lead from a drained sync's return to the next
+	// seen work in recent steps, capped by the GPU windows. CPU-ahead stalls are found in lite only where a copy or a
+	// collective was seen before the blocking activity (launches after the
+	// last sync are invisible, so otherwise the queue looks empty) and the
+	// next sync returned at once.
+	Probes string
+	// MinGap: shorter gaps are micro-gaps, accounted per step, not emitted.
+	MinGap time.Duration
+	// SyncWaited: a sync longer than this waited for the GPU, so the queue
+	// drained exactly at its return.
+	SyncWaited time.Duration
+	// EmitDelay: how long to wait for late events before deciding.
+	EmitDelay time.Duration
+	// StepWindow: fixed window length when no step period is found.
+	StepWindow time.Duration
+	// HW, when set, is called once per finished step.
+	HW func(dev int, start, end int64) *event.HWContext
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults.
+const (
+	DefaultMinGap     = time.Millisecond
+	DefaultSyncWaited = 50 * time.Microsecond
+	DefaultEmitDelay  = 500 * time.Millisecond
+	DefaultStepWindow = time.Second
+)
+
+// Internal tunables; see the package comment for why each exists.
+const (
+	// maxEmitDelay keeps EmitDelay + an Advance period + holdMax within
+	// the promise that a gap leaves the engine within about 1 s.
+	maxEmitDelay = 900 * time.Millisecond
+	// holdMax bounds how long a finished gap may wait for a decision that
+	// needs GPU windows or a step period: EmitDelay + Advance period +
+	// holdMax must stay under the 1 s emission promise, so it is measured
+	// from the gap's end and stays well below 1 s.
+	holdMax = int64(850 * time.Millisecond)
+	// warmupMax: no period after this long → fixed windows.
+	warmupMax = int64(3 * time.Second)
+	// periodLost: a step open this long (and 10× the usual step) means the
+	// loop stopped syncing (evaluation, a hang): back to fixed windows. Long
+	// enough that a checkpoint stall stays inside its step.
+	periodLost = int64(30 * time.Second)
+	// windowWait: how long a step waits for GPU windows covering its end.
+	windowWait = int64(1500 * time.Millisecond)
+	// retain: how long timelines of non-feeder threads are kept.
+	retain = int64(3 * time.Second)
+	// maxIntervals caps one thread's timeline.
+	maxIntervals = 4096
+	// maxPendingSteps caps steps waiting for a decision per process.
+	maxPendingSteps = 1024
+	// sweepEvery / forgetAfter: how often silent processes and threads
+	// are looked for, and how long silence makes them forgotten.
+	sweepEvery  = int64(10 * time.Second)
+	forgetAfter = int64(10 * time.Minute)
+	sweepProcs  = 256
+	// smStallMax: GPM SM activity above this during a suspected comm stall
+	// means the GPU was computing, not spinning on a peer.
+	smStallMax = 0.5
+	// smComputeRef: the SM activity taken for pure compute when a wait's
+	// compute share must be estimated from GPM alone.
+	smComputeRef = 0.8
+	// spinMin: the share of a window that must be busy without SM activity
+	// before a wait with no baseline is called a comm stall: most of the
+	// time, so that neighbouring stalls and idle cannot add up to one.
+	spinMin = 0.5
+)
+
+// Validate reports every problem with c at once.
+func (c Config) Validate() error {
+	var errs []error
+	switch c.Probes {
+	case "", ProbesFull, ProbesLite:
+	default:
+		errs = append(errs, fmt.Errorf("probes %q: want %q or %q", c.Probes, ProbesFull, ProbesLite))
+	}
+	if c.MinGap < 0 {
+		errs = append(errs, fmt.Errorf("min gap %v is negative", c.MinGap))
+	}
+	if c.SyncWaited < 0 {
+		errs = append(errs, fmt.Errorf("sync waited %v is negative", c.SyncWaited))
+	}
+	if c.EmitDelay < 0 {
+		errs = append(errs, fmt.Errorf("emit delay %v is negative", c.EmitDelay))
+	}
+	if c.EmitDelay > maxEmitDelay {
+		errs = append(errs, fmt.Errorf("emit delay %v would break the 1s emission bound", c.EmitDelay))
+	}
+	if c.StepWindow < 0 {
+		errs = append(errs, fmt.Errorf("step window %v is negative", c.StepWindow))
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) withDefaults() Config {
+	if c.Probes == "" {
+		c.Probes = ProbesFull
+	}
+	if c.MinGap <= 0 {
+		c.MinGap = DefaultMinGap
+	}
+	if c.SyncWaited <= 0 {
+		c.SyncWaited = DefaultSyncWaited
+	}
+	if c.EmitDelay <= 0 {
+		c.EmitDelay = DefaultEmitDelay
+	}
+	if c.StepWindow <= 0 {
+		c.StepWindow = DefaultStepWindow
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// settings is the Config an Engine runs with, resolved once (defaults in,
+// durations as ns). It is passed down by value: no model can change it.
+type settings struct {
+	lite       bool
+	minGap     int64
+	syncWaited int64
+	emitDelay  int64
+	stepWindow int64
+	hw         func(dev int, start, end int64) *event.HWContext
+	log        *slog.Logger
+}
+
+func newSettings(c Config) settings {
+	return settings{
+		lite:       c.Probes == ProbesLite,
+		minGap:     int64(c.MinGap),
+		syncWaited: int64(c.SyncWaited),
+		emitDelay:  int64(c.EmitDelay),
+		stepWindow: int64(c.StepWindow),
+		hw:         c.HW,
+		log:        c.Logger.With("component", "correlate"),
+	}
+}

@@ -1,0 +1,39 @@
+package correlate
+
+// emit records a gap on the device and delivers it once its step is known.
+func (p *proc) emit(x env, g Gap) {
+	d := x.d
+	if g.Kind == GapStall {
+		d.stalls = addSpan(d.stalls, span{g.Start, g.End})
+	} else {
+		d.gaps = addSpan(d.gaps, span{g.Start, g.End})
+	}
+	if p.st.mode == modeUnknown {
+		p.held = append(p.held, g)
+		return
+	}
+	p.deliver(x.set, g)
+}
+
+// deliver assigns a gap to the step holding most of it (its midpoint): a
+// gap opened by one per-stream sync can start a few µs before the step's
+// last sync returns.
+func (p *proc) deliver(set settings, g Gap) {
+	st := p.st.lookup(set, g.Start+g.Duration/2)
+	if st != nil {
+		g.Step = st.Number
+		st.Gaps++
+		if g.Kind == GapStall {
+			st.StallNS += g.Duration
+		} else {
+			st.BoundedIdleNS += g.Duration
+		}
+		for c, ns := range g.Breakdown {
+			st.ByCause[c] += ns
+		}
+	} else {
+		g.Step = p.st.doneNum
+		set.log.Debug("gap belongs to a step already emitted", "pid", p.pid, "start", g.Start, "step", g.Step)
+	}
+	p.out.gap(g)
+}

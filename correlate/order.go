@@ -1,0 +1,86 @@
+package correlate
+
+import (
+	"container/heap"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// eventQueue holds events until the watermark passes their end, and
+// gives them back in end order: a gap is decided with every host event
+// that ended before it already seen.
+type eventQueue struct {
+	h    evHeap
+	slab []event.Event // buffered events; h orders their slots
+	free []int32
+	seq  uint64
+}
+
+// slabKeep: a slab grown past this many events by a burst is given back
+// once the queue is empty.
+const slabKeep = 4096
+
+func (q *eventQueue) push(ev event.Event) {
+	q.seq++
+	var slot int32
+	if n := len(q.free); n > 0 {
+		slot = q.free[n-1]
+		q.free = q.free[:n-1]
+		q.slab[slot] = ev
+	} else {
+		slot = int32(len(q.slab))
+		q.slab = append(q.slab, ev)
+	}
+	heap.Push(&q.h, queued{end: ev.End, start: ev.Start, seq: q.seq, slot: slot})
+}
+
+// pop returns the next event ending at or before wm.
+func (q *eventQueue) pop(wm int64) (event.Event, bool) {
+	if q.h.Len() == 0 || q.h[0].end > wm {
+		if q.h.Len() == 0 && cap(q.slab) > slabKeep {
+			// A burst is over: give its memory back.
+			q.slab, q.free = nil, nil
+		}
+		return event.Event{}, false
+	}
+	k := heap.Pop(&q.h).(queued)
+	ev := q.slab[k.slot]
+	q.slab[k.slot] = event.Event{}
+	q.free = append(q.free, k.slot)
+	return ev, true
+}
+
+func (q *eventQueue) len() int { return q.h.Len() }
+
+// queued orders one buffered event (kept in eventQueue.slab, so the heap
+// moves small pointer-free keys); seq keeps arrival order among equal keys.
+type queued struct {
+	end, start int64
+	seq        uint64
+	slot       int32
+}
+
+type evHeap []queued
+
+func (h evHeap) Len() int { return len(h) }
+func (h evHeap) Less(i, j int) bool {
+	a, b := &h[i], &h[j]
+	if a.end != b.end {
+		return a.end < b.end
+	}
+	// Intervals that end at t come before point events at t, so a gap
+	// closed by an enqueue at t sees the blocking call that returned at t.
+	if a.start != b.start {
+		return a.start < b.start
+	}
+	return a.seq < b.seq
+}
+func (h evHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *evHeap) Push(x any)   { *h = append(*h, x.(queued)) }
+func (h *evHeap) Pop() any {
+	old := *h
+	n := len(old)
+	x := old[n-1]
+	*h = old[:n-1]
+	return x
+}

@@ -1,0 +1,226 @@
+package correlate
+
+import "github.com/gaptrace/gaptrace/event"
+
+// stream is the queue model of one CUDA stream of a process.
+type stream struct {
+	pending int64 // first enqueue since the stream was last drained; 0 when drained
+	lastEnq int64
+	coll    *CollectiveEvidence // last collective enqueued since the drain
+}
+
+// openGap is a drained queue waiting for its next enqueue.
+type openGap struct {
+	start int64
+	tid   uint32 // thread whose sync drained the queue
+	exact bool   // the sync waited, so start is the drain to the µs
+}
+
+func (p *proc) stream(id uint64) *stream {
+	s := p.streams[id]
+	if s == nil {
+		s = &stream{}
+		p.streams[id] = s
+	}
+	return s
+}
+
+func (p *proc) allDrained() bool {
+	for _, s := range p.streams {
+		if s.pending != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *proc) startGPU(t int64) {
+	if !p.everEnq {
+		p.everEnq = true
+		p.st.origin = t
+	}
+}
+
+func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvidence) {
+	p.feeders.add(th.tid)
+	t := ev.Start
+	switch ev.Kind {
+	case event.KindEnqueue:
+		p.launches += ev.Count
+		p.recLaunches(t, ev.Count)
+	case event.KindMemcpyAsync:
+		p.copies++
+	case event.KindCollective:
+		p.colls++
+	}
+	if h := p.st.hist; len(h) > 0 && h[len(h)-1].post < 0 {
+		h[len(h)-1].post = max(t-h[len(h)-1].end, 0)
+	}
+	if p.gap != nil {
+		p.closeGap(x, th, t)
+	}
+	p.endAhead(x.set, t, true, false)
+	s := p.stream(ev.Stream)
+	if s.pending == 0 {
+		s.pending = t
+	}
+	s.lastEnq = t
+	if ev.Kind == event.KindCollective {
+		s.coll = coll
+	}
+	if t > p.lastEnq {
+		p.lastEnq = t
+	}
+	p.startGPU(t)
+}
+
+// drainStreams marks the streams a sync covers as drained and returns the
+// collective their pending work held, if any. Work enqueued after the sync
+// began is not covered. A stream sync also covers other streams whose last
+// work predates the synced stream's last work: training loops hand side
+// streams' results (batch copies) to the main stream through events, which
+// are not traced, so that work is done when the main stream is.
+func (p *proc) drainStreams(ev *event.Event) *CollectiveEvidence {
+	// The legacy default stream (0) is not special here: frameworks create
+	// their side streams non-blocking, so syncing stream 0 does not wait
+	// for them; the rule below covers their earlier work.
+	all := ev.CUDA == event.CUCtxSynchronize || ev.Kind == event.KindFree
+	var ref int64
+	if !all {
+		if s := p.streams[ev.Stream]; s != nil {
+			ref = s.lastEnq
+		}
+	}
+	var coll *CollectiveEvidence
+	for id, s := range p.streams {
+		if s.pending == 0 || s.lastEnq > ev.Start {
+			continue
+		}
+		if all || id == ev.Stream || s.lastEnq <= ref {
+			if s.coll != nil {
+				coll = s.coll
+			}
+			s.pending, s.coll = 0, nil
+		}
+	}
+	return coll
+}
+
+func (p *proc) onSync(x env, th *thread, ev *event.Event) {
+	p.feeders.add(th.tid)
+	if ev.Count > 0 {
+		p.launches += ev.Count
+		p.recLaunches(ev.Start, ev.Count)
+	}
+	if !p.everEnq {
+		return
+	}
+	waited := ev.Duration() > x.set.syncWaited
+	if p.gap != nil {
+		switch {
+		case x.set.lite:
+			// Launches are invisible in lite: the sync says work resumed.
+			p.closeGap(x, th, ev.Start)
+		case waited:
+			// The GPU had work the tracer did not show (lost events): the
+			// open gap is not trustworthy.
+			p.out.rejected++
+			p.gap = nil
+		}
+	}
+	pendingBefore := !p.allDrained()
+	coll := p.drainStreams(ev)
+	if waited && pendingBefore {
+		p.checkStall(x.set, th, ev, coll)
+		d := x.d
+		d.busy = addSpan(d.busy, span{ev.Start, ev.End})
+		if p.lastEnq > 0 && p.lastEnq <= ev.Start {
+			p.drains.push(ev.End - p.lastEnq)
+		}
+	}
+	// A sync that returned at once found the queue empty: the GPU idled
+	// somewhere in [blocking start, sync start]. One that waited long proves
+	// the GPU was busy all along; a short wait can be the call's own cost on
+	// a loaded host, and the usual drain time then says where the queue ran
+	// dry.
+	switch {
+	case !waited:
+		p.endAhead(x.set, ev.Start, true, false)
+	case ev.Duration() < x.set.minGap:
+		p.endAhead(x.set, ev.Start, true, true)
+	default:
+		p.endAhead(x.set, ev.Start, false, false)
+	}
+	p.patternSync(x.set, ev)
+	if p.gap == nil && p.allDrained() {
+		p.gap = &openGap{start: ev.End, tid: th.tid, exact: waited}
+	}
+}
+
+// onSyncCopy handles a synchronous copy or a free. While work is pending it
+// completes after that work, so it drains the queue like a sync; inside a
+// gap it is host activity (cuda.memcpy / cuda.alloc) on the timeline.
+func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
+	if !p.everEnq || p.allDrained() {
+		p.onBlocking(th, ev)
+		return
+	}
+	if p.gap != nil && x.set.lite {
+		p.closeGap(x, th, ev.Start)
+	}
+	p.drainStreams(ev)
+	p.endAhead(x.set, ev.End, p.aheadStart < ev.Start, false)
+	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
+		p.patternSync(x.set, ev)
+	}
+	if p.gap == nil && p.allDrained() {
+		p.gap = &openGap{start: ev.End, tid: th.tid, exact: true}
+	}
+}
+
+// inferEnd (lite) is where the gap most likely ended: the end of th's last
+// blocking activity inside the gap before t.
+func (p *proc) inferEnd(th *thread, start, t int64) int64 {
+	var end int64
+	for i := len(th.tl) - 1; i >= 0; i-- {
+		ev := &th.tl[i]
+		if ev.End <= start {
+			break
+		}
+		// A preemption says nothing about when launches resumed: it lands
+		// as often in the launch loop as in a stall.
+		if ev.Kind == event.KindSync || ev.Kind == event.KindRunqueue || ev.End > t || ev.Start < start {
+			continue
+		}
+		if ev.End > end {
+			end = ev.End
+		}
+	}
+	return end
+}
+
+func (p *proc) closeGap(x env, th *thread, t int64) {
+	g := p.gap
+	p.gap = nil
+	end := t
+	if x.set.lite {
+		end = p.inferEnd(th, g.start, t)
+		if end-g.start < x.set.minGap && t-g.start >= x.set.minGap && p.leads.n >= minHistory {
+			// No blocking explains the gap (the feeder computed): the
+			// usual lead says where the invisible launches began, the
+			// windows how much of it the GPU idled.
+			p.cands = append(p.cands, aheadCand{tid: th.tid, lo: g.start, hi: t, lead: p.leads.recentMedian(leadRecent)})
+		}
+		p.leads.push(t - g.start)
+	}
+	if end-g.start < x.set.minGap {
+		return
+	}
+	gap := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapIdle, Start: g.start, End: end, Duration: end - g.start}
+	at := newAttribution(x.w)
+	at.thread(th, g.start, end, nil)
+	gap.Cause, gap.Breakdown, gap.Evidence, gap.Ops = at.result()
+	gap.Evidence.Source = "host"
+	gap.Evidence.Threads = append([]uint32(nil), p.feeders...)
+	p.emit(x, gap)
+}

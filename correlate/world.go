@@ -1,0 +1,151 @@
+package correlate
+
+import (
+	"fmt"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// world is everything the engine knows exists: processes, threads,
+// devices and NCCL communicators. Models read it (attribution follows a
+// wait to the thread or worker that ended it); only the engine adds to it
+// and forgets from it.
+type world struct {
+	devOf   map[uint32]int
+	procs   map[uint32]*proc
+	threads map[uint32]*thread
+	devs    map[int]*device
+	// comms: what each NCCL communicator is (ranks, this process's
+	// rank), from its creation; bounded by maxComms.
+	comms map[uint64]commInfo
+}
+
+// commInfo describes one NCCL communicator.
+type commInfo struct{ ranks, rank int32 }
+
+// maxComms bounds the communicator table (a job creates a handful).
+const maxComms = 4096
+
+func newWorld() world {
+	return world{
+		devOf:   map[uint32]int{},
+		procs:   map[uint32]*proc{},
+		threads: map[uint32]*thread{},
+		devs:    map[int]*device{},
+	}
+}
+
+func (w *world) device(id int) *device {
+	d := w.devs[id]
+	if d == nil {
+		d = &device{id: id, bg: -1}
+		w.devs[id] = d
+	}
+	return d
+}
+
+func (w *world) proc(pid uint32, t int64) *proc {
+	p := w.procs[pid]
+	if p == nil {
+		p = newProc(pid, w.devOf[pid], t)
+		w.procs[pid] = p
+	}
+	return p
+}
+
+func (w *world) thread(ev *event.Event) *thread {
+	th := w.threads[ev.TID]
+	if th == nil || th.pid != ev.PID {
+		th = &thread{tid: ev.TID, pid: ev.PID}
+		w.threads[ev.TID] = th
+		w.proc(ev.PID, ev.Start).tids[ev.TID] = struct{}{}
+	}
+	if ev.TaskComm != "" {
+		th.comm = ev.TaskComm
+	}
+	return th
+}
+
+func (w *world) forget(p *proc) {
+	for tid := range p.tids {
+		if th := w.threads[tid]; th != nil && th.pid == p.pid {
+			delete(w.threads, tid)
+		}
+	}
+	delete(w.procs, p.pid)
+}
+
+// isWorker reports whether process wp can be a data-loader worker of
+// feeder process pid: traced (part of the tree), not one of its ancestors
+// (a launcher), and not itself feeding a GPU (a sibling DDP rank).
+func (w *world) isWorker(wp, pid uint32) bool {
+	p, ok := w.procs[wp]
+	return ok && !p.everEnq && !w.ancestor(wp, pid)
+}
+
+// ancestor reports whether a is an ancestor of pid.
+func (w *world) ancestor(a, pid uint32) bool {
+	for i := 0; i < maxAncestry; i++ {
+		p := w.procs[pid]
+		if p == nil || p.parent == 0 {
+			return false
+		}
+		if p.parent == a {
+			return true
+		}
+		pid = p.parent
+	}
+	return false
+}
+
+// maxAncestry bounds the walk up the process tree (a cycle from reused
+// pids must not hang the engine).
+const maxAncestry = 64
+
+// loaderWaker reports whether the wait ev of a thread of process pid ended
+// because a data-loader worker woke it. A pipe writer not seen yet counts
+// too: when attaching to a running trainer, workers forked before the
+// attach are known only once they emit something, and a worker that only
+// computes emits nothing.
+func (w *world) loaderWaker(ev *event.Event, pid uint32) bool {
+	wp := ev.WakerPID
+	return w.isWorker(wp, pid) || (ev.FDKind == event.FDPipe && w.procs[wp] == nil)
+}
+
+// addComm records a communicator's creation.
+func (w *world) addComm(ev *event.Event) {
+	if w.comms == nil || len(w.comms) >= maxComms {
+		w.comms = map[uint64]commInfo{}
+	}
+	w.comms[ev.Comm] = commInfo{ranks: int32(ev.Count), rank: ev.PeerRank}
+}
+
+// collEvidence describes the collective ev enqueued.
+func (w *world) collEvidence(ev *event.Event) *CollectiveEvidence {
+	c := &CollectiveEvidence{Op: ev.Op.String(), Bytes: ev.Bytes, Comm: fmt.Sprintf("0x%x", ev.Comm)}
+	if ci, ok := w.comms[ev.Comm]; ok && ci.ranks > 0 {
+		rank := ci.rank
+		c.Ranks, c.Rank = ci.ranks, &rank
+		// Whom a collective waits on: every other rank. With two ranks
+		// that is the late peer itself; with more, the late one is the
+		// rank whose own span in the job's shared trace shows no wait.
+		if ci.ranks <= maxWaitingOn {
+			for r := int32(0); r < ci.ranks; r++ {
+				if r != ci.rank {
+					c.WaitingOn = append(c.WaitingOn, r)
+				}
+			}
+		}
+	}
+	if ev.PeerRank >= 0 {
+		c.PeerRank = ev.PeerRank
+	}
+	if ev.Stream != 0 {
+		c.Stream = fmt.Sprintf("0x%x", ev.Stream)
+	}
+	return c
+}
+
+// maxWaitingOn: communicators up to this size list the ranks a collective
+// waited on (CollectiveEvidence.WaitingOn).
+const maxWaitingOn = 8

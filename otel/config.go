@@ -53,7 +53,7 @@ var k8sEnv = []struct {
 	{"k8s.pod.uid", []string{"K8S_POD_UID", "POD_UID"}},
 	{"k8s.namespace.name", []string{"K8S_NAMESPACE_NAME", "K8S_NAMESPACE", "POD_NAMESPACE"}},
 	{"k8s.node.name", []string{"K8S_NODE_NAME", "NODE_NAME"}},
-	{"k8s.container.name", []string{"K8S_CONTAINER_NAME", "CONTAINER_NAME"}},
+	{"k8s.container.name", []string{"K8S_CONTAINER_NAME"}},
 	{"k8s.job.name", []string{"K8S_JOB_NAME"}},
 }
 
@@ -105,7 +105,10 @@ type Config struct {
 	// MetricsInterval is the OTLP metrics push period (default
 	// OTEL_METRIC_EXPORT_INTERVAL or 60s).
 	MetricsInterval time.Duration
-	Resource        ResourceInfo
+	// DeviceUUID names GPU index i for the gpu_uuid metric label; nil or
+	// "" leaves the label off.
+	DeviceUUID func(i int) string
+	Resource   ResourceInfo
 	Logger          *slog.Logger
 }
 

@@ -218,21 +218,68 @@ func TestPrometheusEndpoint(t *testing.T) {
 	resp.Body.Close()
 	text := string(body)
 	for series, want := range map[string]float64{
-		`gaptrace_gpu_idle_seconds_total{cause="io.read"}`:  1.028, // 28 ms from step 0, topped up by Summary
-		`gaptrace_gpu_idle_seconds_total{cause="net"}`:      0.028,
-		`gaptrace_gpu_idle_seconds_total{cause="cpu"}`:      0.028,
-		`gaptrace_steps_total`:                              4,
-		`gaptrace_step_duration_seconds_count`:              4,
-		`gaptrace_gap_duration_seconds_count{cause="comm"}`: 1,
-		`gaptrace_gpu_idle_ratio`:                           0.35,
-		`gaptrace_events_dropped_total`:                     17,
-		`gaptrace_spans_dropped_total`:                      0,
+		`gaptrace_gpu_idle_seconds_total{cause="io.read",gpu="0",pid="1"}`:  1.028, // 28 ms from step 0, topped up by Summary
+		`gaptrace_gpu_idle_seconds_total{cause="net",gpu="0",pid="1"}`:      0.028,
+		`gaptrace_gpu_idle_seconds_total{cause="cpu",gpu="0",pid="1"}`:      0.028,
+		`gaptrace_steps_total{gpu="0",pid="1"}`:                             4,
+		`gaptrace_step_duration_seconds_count{gpu="0",pid="1"}`:             4,
+		`gaptrace_gap_duration_seconds_count{cause="comm",gpu="0",pid="1"}`: 1,
+		`gaptrace_gpu_idle_ratio{gpu="0",pid="1"}`:                          0.35,
+		`gaptrace_events_dropped_total`:                                     17,
+		`gaptrace_spans_dropped_total`:                                      0,
 	} {
 		got, ok := metricValue(text, series)
 		if !ok {
 			t.Errorf("metrics lack %s", series)
 		} else if math.Abs(got-want) > 1e-9 {
 			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("metrics:\n%s", text)
+	}
+}
+
+// One sidecar, several GPUs and processes (a DaemonSet on an 8-GPU node):
+// every series says whose it is.
+func TestPrometheusLabelsPerGPUAndProcess(t *testing.T) {
+	clearEnv(t)
+	x, err := otel.New(context.Background(), otel.Config{PrometheusAddr: "127.0.0.1:0", Rank: -1, JobID: "job-7",
+		DeviceUUID: func(i int) string { return fmt.Sprintf("GPU-%d", i) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Shutdown(context.Background())
+	rank := 3
+	for i, w := range []*correlate.Workload{
+		{Rank: &rank, ContainerID: "c0ffee", PodName: "train-0", PodNamespace: "ml"},
+		nil,
+	} {
+		sy := synth{pid: uint32(100 + i), t0: time.Now().UnixNano()}
+		st, gaps := sy.step(0)
+		st.Device, st.Workload = i, w
+		for _, g := range gaps {
+			g.Device, g.Workload = i, w
+			x.Gap(g)
+		}
+		x.Step(st)
+	}
+	x.Summary(correlate.Summary{Steps: 2}, 0)
+	resp, err := http.Get("http://" + x.PrometheusAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for _, series := range []string{
+		`gaptrace_steps_total{container_id="c0ffee",gpu="0",gpu_uuid="GPU-0",job="job-7",k8s_namespace_name="ml",k8s_pod_name="train-0",pid="100",rank="3"}`,
+		`gaptrace_steps_total{gpu="1",gpu_uuid="GPU-1",job="job-7",pid="101"}`,
+		`gaptrace_gpu_idle_seconds_total{cause="io.read",container_id="c0ffee",gpu="0",gpu_uuid="GPU-0",job="job-7",k8s_namespace_name="ml",k8s_pod_name="train-0",pid="100",rank="3"}`,
+		`gaptrace_gpu_idle_seconds_total{cause="io.read",gpu="1",gpu_uuid="GPU-1",job="job-7",pid="101"}`,
+	} {
+		if v, ok := metricValue(text, series); !ok || v <= 0 {
+			t.Errorf("metrics lack %s (%v)", series, v)
 		}
 	}
 	if t.Failed() {

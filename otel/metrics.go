@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,30 +48,76 @@ type metrics struct {
 	stepDur  metric.Float64Histogram
 	gapDur   metric.Float64Histogram
 	ratio    metric.Float64Gauge
-	causeSet map[correlate.Cause]attribute.Set
+	job      string
+	rank     int
+	uuid     func(int) string
 
 	// What the counters hold so far, so that Summary can top them up to
 	// the run's final totals without double counting.
 	mu          sync.Mutex
 	countedIdle map[correlate.Cause]int64
 	countedStep int64
+	// The labels of the series with the most steps: the remainder the
+	// summary adds (a last partial step) is that process's.
+	mainLabels []attribute.KeyValue
+	mainSteps  int64
+	stepsBy    map[seriesKey]int64
 
 	droppedEvents atomic.Uint64
 }
 
-func (m *metrics) causeAttrs(c correlate.Cause) metric.MeasurementOption {
-	s, ok := m.causeSet[c]
-	if !ok {
-		s = attribute.NewSet(attribute.String("cause", string(c)))
+// seriesKey identifies a process on a device.
+type seriesKey struct {
+	device int
+	pid    uint32
+}
+
+// labels says whose time a measurement is, so that one sidecar on an
+// 8-GPU node (a DaemonSet) can be split per GPU, process, rank and pod:
+// gpu, gpu_uuid, pid, rank, job, container_id, k8s_pod_name,
+// k8s_namespace_name.
+func (m *metrics) labels(device int, pid uint32, w *correlate.Workload) []attribute.KeyValue {
+	a := make([]attribute.KeyValue, 0, 8)
+	if device >= 0 {
+		a = append(a, attribute.String("gpu", strconv.Itoa(device)))
+		if m.uuid != nil {
+			if u := m.uuid(device); u != "" {
+				a = append(a, attribute.String("gpu_uuid", u))
+			}
+		}
 	}
-	return metric.WithAttributeSet(s)
+	if pid != 0 {
+		a = append(a, attribute.String("pid", strconv.FormatUint(uint64(pid), 10)))
+	}
+	rank := m.rank
+	if w != nil && w.Rank != nil {
+		rank = *w.Rank
+	}
+	if rank >= 0 {
+		a = append(a, attribute.String("rank", strconv.Itoa(rank)))
+	}
+	if m.job != "" {
+		a = append(a, attribute.String("job", m.job))
+	}
+	if w != nil {
+		for _, kv := range []struct{ k, v string }{
+			{"container_id", w.ContainerID}, {"k8s_pod_name", w.PodName}, {"k8s_namespace_name", w.PodNamespace},
+		} {
+			if kv.v != "" {
+				a = append(a, attribute.String(kv.k, kv.v))
+			}
+		}
+	}
+	return a
+}
+
+func withCause(labels []attribute.KeyValue, c correlate.Cause) metric.MeasurementOption {
+	return metric.WithAttributeSet(attribute.NewSet(append(slices.Clone(labels), attribute.String("cause", string(c)))...))
 }
 
 func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats func() Stats) (*metrics, error) {
-	m := &metrics{causeSet: map[correlate.Cause]attribute.Set{}, countedIdle: map[correlate.Cause]int64{}}
-	for _, c := range correlate.Causes {
-		m.causeSet[c] = attribute.NewSet(attribute.String("cause", string(c)))
-	}
+	m := &metrics{countedIdle: map[correlate.Cause]int64{},
+		job: r.JobID, rank: r.Rank, uuid: r.DeviceUUID, stepsBy: map[seriesKey]int64{}}
 	opts := []sdkmetric.Option{sdkmetric.WithResource(res)}
 	if r.mode == "otlp" && r.otlpMetrics {
 		exp, err := newOTLPMetricExporter(ctx, r)
@@ -196,19 +244,26 @@ func newOTLPMetricExporter(ctx context.Context, r *resolved) (sdkmetric.Exporter
 }
 
 func (m *metrics) gap(ctx context.Context, g correlate.Gap) {
-	m.gapDur.Record(ctx, float64(gapDuration(&g))/1e9, m.causeAttrs(g.Cause))
+	m.gapDur.Record(ctx, float64(gapDuration(&g))/1e9, withCause(m.labels(g.Device, g.PID, g.Workload), g.Cause))
 }
 
 func (m *metrics) step(ctx context.Context, s correlate.Step) {
-	m.steps.Add(ctx, 1)
-	m.stepDur.Record(ctx, float64(s.End-s.Start)/1e9)
-	m.ratio.Record(ctx, s.IdleRatio)
+	labels := m.labels(s.Device, s.PID, s.Workload)
+	set := metric.WithAttributeSet(attribute.NewSet(labels...))
+	m.steps.Add(ctx, 1, set)
+	m.stepDur.Record(ctx, float64(s.End-s.Start)/1e9, set)
+	m.ratio.Record(ctx, s.IdleRatio, set)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.countedStep++
+	k := seriesKey{s.Device, s.PID}
+	m.stepsBy[k]++
+	if m.stepsBy[k] > m.mainSteps || m.mainLabels == nil {
+		m.mainSteps, m.mainLabels = m.stepsBy[k], labels
+	}
 	for c, ns := range s.ByCause {
 		if ns > 0 {
-			m.idle.Add(ctx, float64(ns)/1e9, m.causeAttrs(c))
+			m.idle.Add(ctx, float64(ns)/1e9, withCause(labels, c))
 			m.countedIdle[c] += ns
 		}
 	}
@@ -216,18 +271,23 @@ func (m *metrics) step(ctx context.Context, s correlate.Step) {
 
 // summary tops the counters up to the run's final totals: time the
 // correlator attributed outside any emitted step (a last partial step, gaps
-// whose step never closed) is counted once, here.
+// whose step never closed) is counted once, here, as the main process's
+// (the one with the most steps; no process labels when none had a step).
 func (m *metrics) summary(ctx context.Context, s correlate.Summary, dropped uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	labels := m.mainLabels
+	if labels == nil {
+		labels = m.labels(-1, 0, nil)
+	}
 	for c, ns := range s.ByCause {
 		if d := ns - m.countedIdle[c]; d > 0 {
-			m.idle.Add(ctx, float64(d)/1e9, m.causeAttrs(c))
+			m.idle.Add(ctx, float64(d)/1e9, withCause(labels, c))
 			m.countedIdle[c] += d
 		}
 	}
 	if d := s.Steps - m.countedStep; d > 0 {
-		m.steps.Add(ctx, d)
+		m.steps.Add(ctx, d, metric.WithAttributeSet(attribute.NewSet(labels...)))
 		m.countedStep += d
 	}
 	m.setDropped(dropped)

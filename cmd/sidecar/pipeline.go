@@ -178,6 +178,13 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		Resource:       res,
 		Logger:         pc.Logger,
 	}
+	if p.gpu != nil {
+		uuids := map[int]string{}
+		for _, d := range p.gpu.Devices() {
+			uuids[d.Index] = d.UUID
+		}
+		ocfg.DeviceUUID = func(i int) string { return uuids[i] }
+	}
 	if cfg.OTLPInsecureOK {
 		ocfg.Insecure = &cfg.OTLPInsecure
 	}

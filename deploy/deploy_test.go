@@ -187,6 +187,12 @@ func TestSidecarJob(t *testing.T) {
 	if len(spec.Containers) != 1 || spec.Containers[0].Name != "trainer" {
 		t.Fatalf("containers %v: want the trainer", spec.Containers)
 	}
+	// Pod identity on every gap: the pod's UID to match the trainer's
+	// cgroup, the traced container's own name.
+	checkFieldRef(t, gt.Env, "POD_UID", "metadata.uid")
+	if e := envVar(gt.Env, "K8S_CONTAINER_NAME"); e == nil || e.Value != spec.Containers[0].Name {
+		t.Errorf("K8S_CONTAINER_NAME %v, want the traced container's name %q", e, spec.Containers[0].Name)
+	}
 	if _, ok := spec.Containers[0].Resources.Limits["nvidia.com/gpu"]; !ok {
 		t.Error("trainer requests no GPU")
 	}

@@ -29,11 +29,23 @@ func helmBin(t *testing.T) string {
 	return p
 }
 
+// An install that names no image fails and says how to get one.
+func TestHelmNeedsAnImage(t *testing.T) {
+	var errb bytes.Buffer
+	cmd := exec.Command(helmBin(t), "template", "gt", "helm/gaptrace")
+	cmd.Stderr = &errb
+	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+	if err := cmd.Run(); err == nil || !strings.Contains(errb.String(), "build deploy/Dockerfile, push it") {
+		t.Errorf("helm template without image.repository: %v, %q", err, errb.String())
+	}
+}
+
 // render runs helm template on the chart with --set values and returns
 // stdout, stderr and whether it succeeded.
 func render(t *testing.T, sets ...string) (string, string, bool) {
 	t.Helper()
-	args := []string{"template", "gt", "helm/gaptrace", "--namespace", "gaptrace"}
+	// No image is published: every install names the one it pushed.
+	args := []string{"template", "gt", "helm/gaptrace", "--namespace", "gaptrace", "--set", "image.repository=registry.example/ml/gaptrace"}
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}

@@ -17,7 +17,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* The gaptrace container: the same for both modes but for its targets. */}}
 {{- define "gaptrace.container" -}}
 name: gaptrace
-image: {{ printf "%s:%s" .Values.image.repository .Values.image.tag | quote }}
+image: {{ printf "%s:%s" (required "image.repository: no gaptrace image is published; build deploy/Dockerfile, push it, and set image.repository to it (see the README)" .Values.image.repository) .Values.image.tag | quote }}
 imagePullPolicy: {{ .Values.image.pullPolicy }}
 args:
   - attach

@@ -2,7 +2,7 @@
 # Validate gaptrace on a real GPU machine. Builds nothing: bin/gaptrace is built beforehand on an
 # x86-64 machine (make build) and shipped with the repository.
 #
-#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info accuracy ddp overhead (default: all)
+#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info accuracy ddp overhead layouts (default: all)
 #
 # Large intermediate files (profiler traces, gaps) stay in $WORK (default /tmp/gaptrace-gpu);
 # OUTDIR receives the tables (results.txt) and a few small JSON files.
@@ -74,6 +74,51 @@ for p in $PHASES; do
     "$PY" "$HERE/overhead.py" --gaptrace "$G" --out "$WORK/overhead" --reps "${REPS:-3}" --steps "${OVH_STEPS:-500}" \
       --configs "${CONFIGS:-untraced,lite,full,null,profiler}" --raw "$OUTDIR/overhead-raw.json" 2>&1 | tee -a "$RES"
     cp "$WORK/overhead/overhead.json" "$OUTDIR/overhead.json" 2>/dev/null && rm -f "$OUTDIR/overhead-raw.json"
+    ;;
+  layouts)
+    # attach --pid to a job that already runs CUDA, and the PID-namespace
+    # layouts: the job in a child namespace with gaptrace on the host
+    # (DaemonSet, hostPID), and gaptrace inside the job's namespace (sidecar).
+    stalls="--stall io.read:every=10:ms=40 --stall net:every=12:ms=30 --stall io.write:every=15:ms=40 --stall loader.wait:every=7:ms=60"
+    gflags() { echo --live off --gaps-out "$1-gaps.jsonl" --summary-json "$1-summary.json" --spans-out "$1-spans.jsonl"; }
+    job() { echo "$PY" "$HERE/trainer.py" --steps "$STEPS" --warmup 15 --truth "$1-truth.jsonl" --profile "$1-kineto.json" --data-dir "$WORK" $stalls; }
+    cudapid() { # first process under $1 (itself included) that maps libcuda
+      for _ in $(seq 600); do
+        for p in $1 $(pgrep -P "$1"; for c in $(pgrep -P "$1"); do pgrep -P "$c"; done); do
+          grep -q libcuda "/proc/$p/maps" 2>/dev/null && { echo "$p"; return 0; }
+        done; sleep 0.1
+      done; return 1; }
+    report() { # $1 prefix, $2 label
+      say "$2: $(grep -E '"(steps|gaps|dropped_events)"' "$1-summary.json" | tr -d ' \n')"
+      "$PY" "$HERE/evaluate.py" --gaps "$1-gaps.jsonl" --truth "$1-truth.jsonl" --kineto "$1-kineto.json" \
+        --spans "$1-spans.jsonl" --json "$OUTDIR/$(basename "$1").json" 2>&1 | tee -a "$RES"
+      say "pids in gaps: $("$PY" -c 'import json,sys,collections; c=collections.Counter((g["pid"], (g.get("workload") or {}).get("ns_pid")) for g in map(json.loads, open(sys.argv[1]))); print(dict(c))' "$1-gaps.jsonl")"
+    }
+    phase "layouts: attach --pid to a running CUDA job"
+    pre=$WORK/lay-attach
+    $(job "$pre") >"$pre-job.log" 2>&1 & jp=$!
+    p=$(cudapid $jp) || { say "job never mapped libcuda"; continue; }
+    t0=$(date +%s.%N)
+    "$G" attach --pid "$p" $(gflags "$pre") >"$pre-run.log" 2>&1; rc=$?
+    t1=$(date +%s.%N)
+    if kill -0 "$jp" 2>/dev/null; then alive=yes; else alive=no; fi
+    wait $jp; jrc=$?
+    say "attach rc=$rc after $(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") s; job still running when gaptrace exited: $alive; job rc=$jrc"
+    report "$pre" "attach"
+    phase "layouts: job in a child PID namespace, gaptrace on the host (DaemonSet hostPID)"
+    pre=$WORK/lay-daemonset
+    unshare --pid --fork --mount-proc $(job "$pre") >"$pre-job.log" 2>&1 & up=$!
+    p=$(cudapid $up) || { say "job never mapped libcuda"; continue; }
+    "$G" attach --pid "$p" $(gflags "$pre") >"$pre-run.log" 2>&1; say "attach rc=$? (host pid $p)"
+    wait $up
+    report "$pre" "daemonset"
+    phase "layouts: gaptrace inside the job's PID namespace (sidecar, shareProcessNamespace)"
+    pre=$WORK/lay-sidecar
+    unshare --pid --fork --mount-proc sh -c "$(job "$pre") >$pre-job.log 2>&1 & jp=\$!; \
+      for i in \$(seq 600); do grep -q libcuda /proc/\$jp/maps 2>/dev/null && break; sleep 0.1; done; \
+      $G attach --pid \$jp $(gflags "$pre") >$pre-run.log 2>&1; echo attach rc=\$? pid \$jp; wait"  2>&1 | tee -a "$RES"
+    report "$pre" "sidecar"
+    tail -n 5 "$WORK"/lay-*-run.log >"$OUTDIR/layouts-logs.txt" 2>&1
     ;;
   *) echo "unknown phase $p" >&2; exit 2 ;;
   esac

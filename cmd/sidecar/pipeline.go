@@ -1,13 +1,12 @@
 package main
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/safefile"
 	"github.com/gaptrace/gaptrace/otel"
 	"github.com/gaptrace/gaptrace/tracer"
 	"github.com/gaptrace/gaptrace/tracer/gpu"
@@ -60,8 +60,8 @@ type pipeline struct {
 
 // windowsWriter writes --windows-out: one JSON object per GPU window.
 type windowsWriter struct {
-	f   *os.File
-	w   *bufio.Writer
+	f   *safefile.Writer
+	buf bytes.Buffer
 	enc *json.Encoder
 	err error
 }
@@ -78,12 +78,13 @@ type windowJSON struct {
 }
 
 func newWindowsWriter(path string) (*windowsWriter, error) {
-	f, err := os.Create(path)
+	f, err := safefile.NewWriter(path)
 	if err != nil {
 		return nil, fmt.Errorf("windows file: %w", err)
 	}
-	w := bufio.NewWriterSize(f, 64<<10)
-	return &windowsWriter{f: f, w: w, enc: json.NewEncoder(w)}, nil
+	ww := &windowsWriter{f: f}
+	ww.enc = json.NewEncoder(&ww.buf)
+	return ww, nil
 }
 
 func (ww *windowsWriter) write(w event.GPUWindow) {
@@ -91,11 +92,21 @@ func (ww *windowsWriter) write(w event.GPUWindow) {
 		ww.err = ww.enc.Encode(windowJSON{Device: w.Device, UUID: w.UUID, Source: w.Source.String(), Start: w.Start,
 			End: w.End, IdleFraction: w.IdleFraction, SMActivity: w.SMActivity, TensorActivity: w.TensorActivity})
 	}
+	if ww.buf.Len() >= 64<<10 {
+		ww.flush()
+	}
+}
+
+// flush writes whole lines only; a write error is sticky in f.
+func (ww *windowsWriter) flush() {
+	ww.f.WriteRecords(ww.buf.Bytes()) //nolint:errcheck // returned by close
+	ww.buf.Reset()
 }
 
 func (ww *windowsWriter) close() error {
-	if err := errors.Join(ww.err, ww.w.Flush(), ww.f.Close()); err != nil {
-		return fmt.Errorf("write windows file %s: %w", ww.f.Name(), err)
+	ww.flush()
+	if err := errors.Join(ww.err, ww.f.Close()); err != nil {
+		return fmt.Errorf("windows file %s: %w", ww.f.Name(), err)
 	}
 	return nil
 }

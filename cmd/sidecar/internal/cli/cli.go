@@ -18,7 +18,7 @@
 package cli
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,6 +36,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/internal/safefile"
 )
 
 // Exit codes of gaptrace itself (run passes the command's through).
@@ -185,6 +186,9 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 func load(cmd config.Command, args []string, deps Deps) (config.Config, []string, int, bool) {
 	cfg, rest, err := config.Load(cmd, args, deps.Getenv, deps.Stderr)
 	if err == nil {
+		err = checkOutputs(&cfg, deps)
+	}
+	if err == nil {
 		return cfg, rest, 0, true
 	}
 	var ue *config.UsageError
@@ -205,6 +209,20 @@ func load(cmd config.Command, args []string, deps Deps) (config.Config, []string
 	}
 	fmt.Fprintf(deps.Stderr, "gaptrace %s: %v\n", cmd, err)
 	return cfg, rest, ExitUsage, false
+}
+
+// checkOutputs finds what config cannot: problems of the spans file that
+// is written by default in the current directory.
+func checkOutputs(cfg *config.Config, deps Deps) error {
+	if cfg.Command != config.CmdRun && cfg.Command != config.CmdAttach {
+		return nil
+	}
+	if cfg.SpansOut == "" && !cfg.OTLPConfigured(deps.Getenv) {
+		if err := safefile.Check(config.DefaultSpansFile); err != nil {
+			return config.Problems{fmt.Sprintf("default spans file ./%s: %v (or set --spans-out)", config.DefaultSpansFile, err)}
+		}
+	}
+	return nil
 }
 
 // output is where a tracing command writes: the live view's terminal (nil
@@ -252,29 +270,44 @@ func fail(deps Deps, cmd config.Command, format string, a ...any) int {
 	return ExitFailure
 }
 
-// gapsWriter is the --gaps-out sink: correlate's JSON-lines encoding into
-// a buffered file, written as gaps arrive so a crash loses at most the
-// buffer.
+// gapsWriter is the --gaps-out sink: correlate's JSON-lines encoding,
+// buffered and written in whole lines as gaps arrive, so a crash loses at
+// most the buffer and a full disk never leaves half a line.
 type gapsWriter struct {
 	mu   sync.Mutex
-	f    *os.File
-	w    *bufio.Writer
+	f    *safefile.Writer
+	buf  bytes.Buffer
 	gaps *correlate.GapsJSONL
 }
 
+const gapsFlushAt = 64 << 10
+
 func newGapsWriter(path string) (*gapsWriter, error) {
-	f, err := os.Create(path)
+	f, err := safefile.NewWriter(path)
 	if err != nil {
 		return nil, fmt.Errorf("create gaps file: %w", err)
 	}
-	w := bufio.NewWriterSize(f, 64<<10)
-	return &gapsWriter{f: f, w: w, gaps: correlate.WriteGapsJSONL(w)}, nil
+	g := &gapsWriter{f: f}
+	g.gaps = correlate.WriteGapsJSONL(&g.buf)
+	return g, nil
 }
 
 func (g *gapsWriter) Gap(gap correlate.Gap) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.gaps.Gap(gap)
+	if g.buf.Len() >= gapsFlushAt {
+		g.flushLocked()
+	}
+}
+
+// flushLocked writes the buffered whole lines; a failed write is kept in
+// the writer and reported at Close.
+func (g *gapsWriter) flushLocked() {
+	if g.buf.Len() > 0 {
+		g.f.WriteRecords(g.buf.Bytes()) //nolint:errcheck // sticky, returned by Close
+		g.buf.Reset()
+	}
 }
 
 func (g *gapsWriter) Step(correlate.Step) {}
@@ -282,9 +315,10 @@ func (g *gapsWriter) Step(correlate.Step) {}
 func (g *gapsWriter) Close() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	err := errors.Join(g.gaps.Err(), g.w.Flush(), g.f.Close())
+	g.flushLocked()
+	err := errors.Join(g.gaps.Err(), g.f.Close())
 	if err != nil {
-		return fmt.Errorf("write gaps file %s: %w", g.f.Name(), err)
+		return fmt.Errorf("gaps file %s: %w", g.f.Name(), err)
 	}
 	return nil
 }
@@ -304,12 +338,8 @@ func writeSummaryJSON(path string, s correlate.Summary) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("write summary: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write summary: %w", err)
+	if err := safefile.WriteAtomic(path, append(b, '\n')); err != nil {
+		return fmt.Errorf("write summary %s: %w", path, err)
 	}
 	return nil
 }

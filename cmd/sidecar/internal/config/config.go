@@ -22,6 +22,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
+
+	"github.com/gaptrace/gaptrace/internal/safefile"
 )
 
 // Command names the subcommand a Config is for; some options only exist
@@ -494,6 +496,10 @@ func (c *Config) validate(rest []string) Problems {
 		}
 		if err := writableDir(filepath.Dir(f.path)); err != nil {
 			p = append(p, fmt.Sprintf("--%s %s: %v", f.flag, f.path, err))
+		} else if err := safefile.Check(f.path); err != nil && !(f.flag == "summary-json" && isSymlink(f.path)) {
+			// The summary replaces its file by rename, so a link there is
+			// replaced, not written through; the streamed files are not.
+			p = append(p, fmt.Sprintf("--%s: %v", f.flag, err))
 		}
 	}
 	if c.Command == CmdDemo {
@@ -527,6 +533,11 @@ func (c *Config) validate(rest []string) Problems {
 		p = append(p, "--service-name: must not be empty")
 	}
 	return p
+}
+
+func isSymlink(path string) bool {
+	st, err := os.Lstat(path)
+	return err == nil && st.Mode()&os.ModeSymlink != 0
 }
 
 func writableDir(dir string) error {

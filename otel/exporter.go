@@ -101,6 +101,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 	default:
 		exp = discardExporter{}
 	}
+	exp = utf8Exporter{exp}
 	x.batcher = newBatcher(exp, r.QueueSize, r.BatchSize, r.BatchTimeout, r.Logger)
 	opts := []sdktrace.TracerProviderOption{
 		sdktrace.WithResource(res),
@@ -114,7 +115,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 			_ = x.batcher.Shutdown(ctx)
 			return nil, err
 		}
-		x.copy = newBatcher(fe, r.QueueSize, r.BatchSize, r.BatchTimeout, r.Logger)
+		x.copy = newBatcher(utf8Exporter{fe}, r.QueueSize, r.BatchSize, r.BatchTimeout, r.Logger)
 		opts = append(opts, sdktrace.WithSpanProcessor(x.copy))
 	}
 	x.tp = sdktrace.NewTracerProvider(opts...)
@@ -212,7 +213,7 @@ func buildResource(ctx context.Context, r *resolved) (*resource.Resource, error)
 	if err != nil {
 		return nil, fmt.Errorf("build otel resource: %w", err)
 	}
-	return res, nil
+	return validResource(res), nil
 }
 
 func baseName(p string) string {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 )
 
@@ -112,7 +113,8 @@ func Verdict(fs []Finding) bool {
 // PrintFindings writes one line per finding: level, name, detail, fix.
 func PrintFindings(w io.Writer, fs []Finding) {
 	for _, f := range fs {
-		line := fmt.Sprintf("%-4s  %-20s %s", f.Level, f.Name, f.Detail)
+		// Details quote the target's command line and library paths.
+		line := fmt.Sprintf("%-4s  %-20s %s", f.Level, f.Name, live.Escape(f.Detail))
 		if f.Fix != "" && f.Level != OK {
 			line += " — fix: " + f.Fix
 		}

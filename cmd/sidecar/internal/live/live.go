@@ -391,7 +391,7 @@ func pct(p float64) string {
 func Frame(v View, width int) string {
 	width = max(60, min(width, 120))
 	var b strings.Builder
-	fmt.Fprintf(&b, "gaptrace · %s · %s\n", v.Title, formatElapsed(v.Elapsed))
+	fmt.Fprintf(&b, "gaptrace · %s · %s\n", Escape(v.Title), formatElapsed(v.Elapsed))
 	fmt.Fprintf(&b, "steps %d (%.1f/s)   GPU idle %s   gaps %d   dropped events %d\n",
 		v.Steps, v.StepsPerSec, pct(v.IdlePct), v.Gaps, v.Stats.Drops)
 	writeCauses(&b, v, width)
@@ -428,13 +428,13 @@ func writeEvidence(b *strings.Builder, v View, width int) {
 	if len(v.TopFiles) > 0 {
 		fmt.Fprintf(b, "\ntop files%s %9s %10s\n", strings.Repeat(" ", max(0, nameW+15-9)), "blocked", "bytes")
 		for _, f := range v.TopFiles {
-			fmt.Fprintf(b, "  %-*s %-*s %9s %10s\n", nameW, trimLeft(f.Name, nameW), opsNoteWidth, f.Note, FormatNS(f.NS), FormatBytes(f.Bytes))
+			fmt.Fprintf(b, "  %-*s %-*s %9s %10s\n", nameW, trimLeft(Escape(f.Name), nameW), opsNoteWidth, Escape(f.Note), FormatNS(f.NS), FormatBytes(f.Bytes))
 		}
 	}
 	if len(v.TopPeers) > 0 {
 		fmt.Fprintf(b, "\ntop peers%s %9s %10s\n", strings.Repeat(" ", max(0, nameW+15-9)), "blocked", "bytes")
 		for _, p := range v.TopPeers {
-			fmt.Fprintf(b, "  %-*s %-11s %9s %10s\n", nameW, trimLeft(p.Name+" "+p.Note, nameW), "", FormatNS(p.NS), FormatBytes(p.Bytes))
+			fmt.Fprintf(b, "  %-*s %-11s %9s %10s\n", nameW, trimLeft(Escape(p.Name+" "+p.Note), nameW), "", FormatNS(p.NS), FormatBytes(p.Bytes))
 		}
 	}
 }
@@ -457,10 +457,10 @@ func LogLine(v View) string {
 		}
 	}
 	if len(v.TopFiles) > 0 {
-		fmt.Fprintf(&b, " top_file=%s", v.TopFiles[0].Name)
+		fmt.Fprintf(&b, " top_file=%s", logValue(v.TopFiles[0].Name))
 	}
 	if len(v.TopPeers) > 0 {
-		fmt.Fprintf(&b, " top_peer=%s", v.TopPeers[0].Name)
+		fmt.Fprintf(&b, " top_peer=%s", logValue(v.TopPeers[0].Name))
 	}
 	return b.String()
 }
@@ -478,7 +478,7 @@ func Summary(v View, out Outputs, width int) string {
 	b.WriteString("summary\n")
 	b.WriteString(Frame(v, width))
 	if len(v.Stats.Missing) > 0 {
-		fmt.Fprintf(&b, "\nprobes not attached (%d): %s\n", len(v.Stats.Missing), missingList(v.Stats.Missing, 6))
+		fmt.Fprintf(&b, "\nprobes not attached (%d): %s\n", len(v.Stats.Missing), Escape(missingList(v.Stats.Missing, 6)))
 	}
 	if v.Steps == 0 && v.Gaps == 0 {
 		b.WriteString("\nno GPU activity was attributed: the target made no CUDA calls gaptrace could see\n" +
@@ -489,7 +489,7 @@ func Summary(v View, out Outputs, width int) string {
 		{"gaps", out.Gaps}, {"spans", out.Spans}, {"summary", out.Summary}, {"OTLP", out.OTLP}, {"metrics", out.Prometheus},
 	} {
 		if f.path != "" {
-			files = append(files, fmt.Sprintf("  %-8s %s", f.what, f.path))
+			files = append(files, fmt.Sprintf("  %-8s %s", f.what, Escape(f.path)))
 		}
 	}
 	if len(files) > 0 {

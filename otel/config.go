@@ -281,25 +281,26 @@ func ptr[T any](v T) *T { return &v }
 // parseEndpoint accepts a URL or a bare host:port and returns a URL whose
 // Scheme is "" for the bare form.
 func parseEndpoint(ep string) (*url.URL, error) {
+	shown := RedactURL(ep) // errors are printed: no credentials in them
 	if strings.Contains(ep, "://") {
 		u, err := url.Parse(ep)
 		if err != nil {
-			return nil, fmt.Errorf("otlp endpoint %q: %w", ep, err)
+			return nil, fmt.Errorf("otlp endpoint %q: not a valid URL", shown)
 		}
 		if u.Scheme != "http" && u.Scheme != "https" {
-			return nil, fmt.Errorf("otlp endpoint %q: scheme must be http or https", ep)
+			return nil, fmt.Errorf("otlp endpoint %q: scheme must be http or https", shown)
 		}
 		if u.Host == "" {
-			return nil, fmt.Errorf("otlp endpoint %q: no host", ep)
+			return nil, fmt.Errorf("otlp endpoint %q: no host", shown)
 		}
 		return u, nil
 	}
 	host, port, err := net.SplitHostPort(ep)
 	if err != nil {
-		return nil, fmt.Errorf("otlp endpoint %q: want a URL or host:port: %w", ep, err)
+		return nil, fmt.Errorf("otlp endpoint %q: want a URL or host:port", shown)
 	}
 	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-		return nil, fmt.Errorf("otlp endpoint %q: bad port: %w", ep, err)
+		return nil, fmt.Errorf("otlp endpoint %q: bad port", shown)
 	}
 	return &url.URL{Host: net.JoinHostPort(host, port)}, nil
 }

@@ -132,7 +132,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 		if r.endpointURL != nil {
 			ep = r.endpointURL.Host
 			if r.endpointURL.Scheme != "" {
-				ep = r.endpointURL.String()
+				ep = RedactURL(r.endpointURL.String())
 			}
 		}
 		attrs = append(attrs, "protocol", r.protocol, "endpoint", ep, "otlp_metrics", r.otlpMetrics)

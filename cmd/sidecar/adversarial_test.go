@@ -8,13 +8,24 @@ package main_test
 
 import (
 	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // runIn runs gaptrace in dir and returns its exit code and output.
@@ -97,4 +108,171 @@ func TestPlantedSymlinksNeverWrittenThrough(t *testing.T) {
 			t.Errorf("%s: %v %v, want a regular file not readable by others", p, st.Mode(), err)
 		}
 	}
+}
+
+// otlpCollector is an OTLP/HTTP collector that decodes what it receives,
+// as a real one does: an undecodable request is a lost batch.
+type otlpCollector struct {
+	mu    sync.Mutex
+	reqs  []*coltrace.ExportTraceServiceRequest
+	bad   int
+	calls int
+}
+
+func (c *otlpCollector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.URL.Path == "/v1/traces" {
+		c.calls++
+		var req coltrace.ExportTraceServiceRequest
+		if err := proto.Unmarshal(b, &req); err != nil {
+			c.bad++
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		c.reqs = append(c.reqs, &req)
+	}
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.WriteHeader(http.StatusOK)
+}
+
+// attrs returns every attribute as "key=value" and the span count.
+func (c *otlpCollector) attrs() ([]string, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	n := 0
+	add := func(kvs []*commonpb.KeyValue) {
+		for _, kv := range kvs {
+			out = append(out, kv.Key+"="+kv.GetValue().GetStringValue())
+		}
+	}
+	for _, r := range c.reqs {
+		for _, rs := range r.ResourceSpans {
+			add(rs.GetResource().GetAttributes())
+			for _, ss := range rs.ScopeSpans {
+				for _, s := range ss.Spans {
+					n++
+					add(s.Attributes)
+				}
+			}
+		}
+	}
+	return out, n
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// A hostile trainer: its data directory's name is terminal escapes (title,
+// OSC 52 clipboard, clear screen), a forged log line and bytes that are
+// not UTF-8; its command line carries secrets; the environment carries
+// the collector's credentials. Every span must still arrive, with valid
+// UTF-8 and no secret; the terminal must get no escape sequence; the
+// trainer must not see gaptrace's OTLP headers.
+func TestHostileTrainer(t *testing.T) {
+	need(t)
+	col := &otlpCollector{}
+	srv := httptest.NewServer(col)
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	endpoint := "http://alice:pw-in-url@" + u.Host
+
+	dir := t.TempDir()
+	hostile := filepath.Join(dir, "d\x1b]0;owned\x07\x1b]52;c;aGk=\x07\x1b[2J\nlevel=ERROR msg=forged\xff")
+	envFile := filepath.Join(dir, "env.txt")
+	prom := freePort(t)
+	script := `env > "$2"; exec "$0" --steps 200 --kernel-us 3000 --stall io.read:every=2:ms=20 --quiet --data-dir "$1"`
+	// --live auto on a pipe: the log-line mode, every 5 s.
+	args := []string{"run", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+		"--otlp-endpoint", endpoint, "--otlp-protocol", "http/protobuf", "--prometheus", prom,
+		"--summary-json", filepath.Join(dir, "summary.json"),
+		"--", "sh", "-c", script, filepath.Join(simgpuDir, "simtrain"), hostile, envFile,
+		"--api-key=hunter2-secret", "--token", "tok-secret"}
+	environ := append(env(t), "OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20hdr-secret", "OTEL_METRICS_EXPORTER=none")
+	p := start(t, environ, args...)
+
+	// target_info while the job runs.
+	var targetInfo string
+	for deadline := time.Now().Add(60 * time.Second); targetInfo == "" && time.Now().Before(deadline); {
+		if resp, err := http.Get("http://" + prom + "/metrics"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(l, "target_info{") {
+					targetInfo = l
+				}
+			}
+		}
+		select {
+		case <-p.done:
+			deadline = time.Time{}
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	code := p.wait(t, 3*time.Minute)
+	stdout, stderr := p.stdout.String(), p.stderr.String()
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+
+	attrs, spans := col.attrs()
+	if spans == 0 || col.bad != 0 {
+		t.Fatalf("collector decoded %d spans in %d requests, %d undecodable", spans, col.calls, col.bad)
+	}
+	all := strings.Join(attrs, "\n")
+	for _, a := range attrs {
+		if !utf8.ValidString(a) {
+			t.Errorf("invalid UTF-8 reached the collector: %q", a)
+		}
+	}
+	if !strings.Contains(all, `simtrain-data.bin`) || !strings.Contains(all, `forged\xff`) {
+		t.Errorf("no span names the hostile data file (escaped); attributes:\n%s", truncate(all, 3000))
+	}
+	if !strings.Contains(all, "--api-key=*** --token ***") {
+		t.Errorf("command line not redacted in the resource:\n%s", truncate(all, 3000))
+	}
+	if targetInfo == "" {
+		t.Error("no target_info served on --prometheus while the job ran")
+	}
+	outputs := map[string]string{"collector": all, "target_info": targetInfo, "stdout": stdout, "stderr": stderr}
+	for what, s := range outputs {
+		for _, secret := range []string{"hunter2-secret", "tok-secret", "pw-in-url", "hdr-secret"} {
+			if strings.Contains(s, secret) {
+				t.Errorf("%s carries the secret %q", what, secret)
+			}
+		}
+	}
+	for what, s := range map[string]string{"stdout": stdout, "stderr": stderr} {
+		for _, bad := range []string{"\x1b", "\x07", "\nlevel=ERROR msg=forged", "\xff"} {
+			if strings.Contains(s, bad) {
+				t.Errorf("%s carries %q from the target's file name", what, bad)
+			}
+		}
+	}
+	if !strings.Contains(stdout, `msg=forged\xff/simtrain-data.bin`) || !strings.Contains(stdout, `top_file="`) {
+		t.Errorf("the hostile file name is not shown escaped on stdout:\n%s", stdout)
+	}
+	envs, err := os.ReadFile(envFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(envs), "hdr-secret") || strings.Contains(string(envs), "OTEL_EXPORTER_OTLP_") {
+		t.Errorf("gaptrace's OTLP settings reached the trainer's environment")
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
 }

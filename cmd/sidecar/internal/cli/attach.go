@@ -83,8 +83,8 @@ func attachPID(ctx context.Context, cfg *config.Config, deps Deps, out output) i
 		s.abort()
 		return fail(deps, cmd, "process %d %v", pid, errExitedWhileAttaching)
 	}
-	s.title = fmt.Sprintf("pid %d %s", pid, shortCmd(argv))
-	log.Info("tracing", "pid", pid, "cmdline", shortCmd(argv))
+	s.title = fmt.Sprintf("pid %d %s", pid, shortCmd(s.cmdline))
+	log.Info("tracing", "pid", pid, "cmdline", shortCmd(s.cmdline))
 	s.start(ctx)
 
 	exited := make(chan struct{})
@@ -258,7 +258,7 @@ scan:
 				break scan
 			}
 			cl, _ := proc.Cmdline(pid)
-			log.Info("tracing matching process", "pid", pid, "cmdline", shortCmd(strings.Fields(cl)))
+			log.Info("tracing matching process", "pid", pid, "cmdline", shortCmd(redactCmdline(cfg, strings.Fields(cl))))
 			if !cfg.GPUProcs && len(cudaLibs(pid)) == 0 {
 				log.Warn("matching process has no libcuda.so mapped yet; GPU calls are traced once it loads one", "pid", pid)
 			}

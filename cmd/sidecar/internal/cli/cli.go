@@ -37,6 +37,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/internal/safefile"
+	"github.com/gaptrace/gaptrace/otel"
 )
 
 // Exit codes of gaptrace itself (run passes the command's through).
@@ -354,6 +355,9 @@ type session struct {
 	gaps   *gapsWriter
 	pipe   Pipeline
 	spans  string
+	// cmdline is the target's command line as --command-line and
+	// --redact allow it to be shown.
+	cmdline []string
 	title  string
 	closed bool
 
@@ -371,7 +375,7 @@ type session struct {
 func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output, targetPID int, argv []string) (*session, error) {
 	base := out.log
 	s := &session{cmd: cfg.Command, cfg: cfg, deps: deps, log: base.With("component", "cli"), agg: live.NewAggregator(nil),
-		mode: out.mode, term: out.term}
+		mode: out.mode, term: out.term, cmdline: redactCmdline(cfg, argv)}
 	if !cfg.OTLPConfigured(deps.Getenv) {
 		s.spans = cfg.SpansOut
 		if s.spans == "" {
@@ -391,7 +395,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	}
 	pipe, err := deps.NewPipeline(ctx, PipelineConfig{
 		Config: cfg, Sink: sinks, Snapshot: s.agg.SetSummary, Spans: s.spans,
-		TargetPID: targetPID, TargetCmdline: argv, Logger: base,
+		TargetPID: targetPID, TargetCmdline: s.cmdline, Logger: base,
 	})
 	if err != nil {
 		if s.gaps != nil {
@@ -493,6 +497,7 @@ func (s *session) finish() error {
 		if out.OTLP == "" {
 			out.OTLP = firstNonEmpty(s.deps.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), s.deps.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"))
 		}
+		out.OTLP = otel.RedactURL(out.OTLP)
 	}
 	fmt.Fprint(s.deps.Stdout, live.Summary(s.agg.View(s.title), out, width))
 	return errors.Join(errs...)

@@ -27,7 +27,7 @@ func runCmd(ctx context.Context, args []string, deps Deps) int {
 	if err := deps.Privileged(); err != nil {
 		return fail(deps, config.CmdRun, "cannot trace: %v", err)
 	}
-	return runSession(ctx, &cfg, deps, out, cfg.Argv, deps.Environ())
+	return runSession(ctx, &cfg, deps, out, cfg.Argv, childEnv(deps.Environ()))
 }
 
 type exitResult struct {
@@ -108,14 +108,14 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, 
 		s.abort()
 		return fail(deps, cmd, "trace %s (pid %d): %v", argv[0], pid, err)
 	}
-	s.title = fmt.Sprintf("pid %d %s", pid, shortCmd(argv))
+	s.title = fmt.Sprintf("pid %d %s", pid, shortCmd(s.cmdline))
 	s.start(ctx)
 	if err := child.Release(); err != nil {
 		child.Abort()
 		s.finish() //nolint:errcheck // the release error is the one to report
 		return fail(deps, cmd, "%v", err)
 	}
-	log.Debug("command started under tracing", "pid", pid, "argv", argv)
+	log.Debug("command started under tracing", "pid", pid, "argv", s.cmdline)
 
 	exited := make(chan exitResult, 1)
 	go func() {

@@ -74,6 +74,9 @@ type Config struct {
 	Prometheus     string
 
 	// Presentation.
+	CommandLine string // target command line in telemetry: "redacted", "none", "name", "full"
+	Redact      string // extra regex whose matches are hidden in the command line
+
 	Live     string // "auto", "on", "off"
 	LogLevel string // "debug", "info", "warn", "error"
 
@@ -100,6 +103,7 @@ func Defaults(cmd Command) Config {
 		Rank:             -1,
 		Live:             "auto",
 		LogLevel:         "info",
+		CommandLine:      "redacted",
 	}
 	if cmd == CmdDemo {
 		c.OutDir = filepath.Join("out", "demo")
@@ -221,6 +225,10 @@ var options = []option{
 				c.Rank = n
 				return nil
 			}}},
+	{name: "command-line", usage: "the target's command line in spans, metrics and the view: redacted (values of key/token/secret/password options and URL credentials hidden), none, name (program name only), full",
+		binding: oneOfVar(func(c *Config) *string { return &c.CommandLine }, "redacted", "none", "name", "full")},
+	{name: "redact", usage: "also hide what `REGEX` matches in the target's command line",
+		binding: stringVar(func(c *Config) *string { return &c.Redact })},
 	{name: "prometheus", usage: "serve Prometheus metrics on `ADDR` (e.g. :9464)",
 		binding: stringVar(func(c *Config) *string { return &c.Prometheus })},
 	{name: "nvml-lib", usage: "path of libnvidia-ml.so.1 (default: the dynamic loader's)", cmds: []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
@@ -470,6 +478,11 @@ func (c *Config) validate(rest []string) Problems {
 			}
 		}
 	}
+	if c.Redact != "" {
+		if _, err := regexp.Compile(c.Redact); err != nil {
+			p = append(p, fmt.Sprintf("--redact: bad regular expression: %v", err))
+		}
+	}
 	if c.Command != CmdRun && len(rest) > 0 {
 		p = append(p, fmt.Sprintf("%s: unexpected arguments: %s", c.Command, strings.Join(rest, " ")))
 	}
@@ -527,7 +540,7 @@ func (c *Config) validate(rest []string) Problems {
 		}
 	}
 	if c.OTLPEndpoint != "" && strings.ContainsAny(c.OTLPEndpoint, " \t") {
-		p = append(p, fmt.Sprintf("--otlp-endpoint %q: contains whitespace", c.OTLPEndpoint))
+		p = append(p, "--otlp-endpoint: contains whitespace")
 	}
 	if c.ServiceName == "" {
 		p = append(p, "--service-name: must not be empty")

@@ -168,9 +168,9 @@ func TestValidUTF8(t *testing.T) {
 func TestRedactURL(t *testing.T) {
 	for in, want := range map[string]string{
 		"https://user:s3cret@collector:4318/otlp?api_key=k": "https://collector:4318/otlp",
-		"http://collector:4317":                            "http://collector:4317",
-		"collector:4317":                                   "collector:4317",
-		"user:pw@collector:4317":                           "collector:4317",
+		"http://collector:4317":                             "http://collector:4317",
+		"collector:4317":                                    "collector:4317",
+		"user:pw@collector:4317":                            "collector:4317",
 	} {
 		if got := otel.RedactURL(in); got != want {
 			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)

@@ -347,19 +347,19 @@ func writeSummaryJSON(path string, s correlate.Summary) error {
 
 // session is one tracing session: outputs, pipeline, live view.
 type session struct {
-	cmd    config.Command
-	cfg    *config.Config
-	deps   Deps
-	log    *slog.Logger
-	agg    *live.Aggregator
-	gaps   *gapsWriter
-	pipe   Pipeline
-	spans  string
+	cmd   config.Command
+	cfg   *config.Config
+	deps  Deps
+	log   *slog.Logger
+	agg   *live.Aggregator
+	gaps  *gapsWriter
+	pipe  Pipeline
+	spans string
 	// cmdline is the target's command line as --command-line and
 	// --redact allow it to be shown.
 	cmdline []string
-	title  string
-	closed bool
+	title   string
+	closed  bool
 
 	mode string         // live view: "on" (redrawn frame), "log" (periodic lines), "off"
 	term *live.Terminal // when mode is "on"

@@ -276,3 +276,27 @@ func truncate(s string, n int) string {
 	}
 	return s
 }
+
+// A Prometheus port that is already taken must not keep the job from
+// running: gaptrace warns and traces without the endpoint.
+func TestPrometheusPortTakenNeverBlocksTheJob(t *testing.T) {
+	need(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	code, _, stderr := runIn(t, dir, env(t), "run", "--live", "off", "--prometheus", ln.Addr().String(),
+		"--spans-out", filepath.Join(dir, "spans.jsonl"), "--", "sh", "-c", "touch "+marker+"; exit 5")
+	if code != 5 {
+		t.Errorf("exit %d, want the command's 5\n%s", code, stderr)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Error("the command never ran")
+	}
+	if !strings.Contains(stderr, "prometheus endpoint not served") {
+		t.Errorf("no warning about the taken port:\n%s", stderr)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -298,5 +299,33 @@ func TestPrometheusPortTakenNeverBlocksTheJob(t *testing.T) {
 	}
 	if !strings.Contains(stderr, "prometheus endpoint not served") {
 		t.Errorf("no warning about the taken port:\n%s", stderr)
+	}
+}
+
+// attach --match must not pick another gaptrace whose own command line
+// holds the same pattern, and bad settings fail with exit 2 at once.
+func TestAttachMatchSkipsGaptraceAndBadSettingsFailFast(t *testing.T) {
+	need(t)
+	pattern := "zz-decoy-" + strconv.Itoa(os.Getpid())
+	a := start(t, env(t), "attach", "--live", "off", "--match", pattern, "--duration", "8s", "--spans-out", filepath.Join(t.TempDir(), "a.jsonl"))
+	b := start(t, env(t), "attach", "--live", "off", "--match", pattern, "--duration", "8s", "--spans-out", filepath.Join(t.TempDir(), "b.jsonl"))
+	a.wait(t, 2*time.Minute)
+	b.wait(t, 2*time.Minute)
+	for _, p := range []*gtProc{a, b} {
+		if strings.Contains(p.stderr.String(), "tracing matching process") {
+			t.Errorf("attach --match traced another gaptrace:\n%s", p.stderr)
+		}
+	}
+
+	for _, args := range [][]string{
+		{"attach", "--pid", "1"},
+		{"run", "--config", "/dev/zero", "--", "true"},
+		{"run", "--otlp-endpoint", "ftp://collector:4317", "--", "true"},
+	} {
+		t0 := time.Now()
+		code, _, stderr := runIn(t, t.TempDir(), env(t), args...)
+		if code != 2 || time.Since(t0) > 10*time.Second || strings.Contains(stderr, "probes") {
+			t.Errorf("%v: exit %d after %v, want 2 before anything loads\n%s", args, code, time.Since(t0), stderr)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/signal"
 	"regexp"
 	"slices"
@@ -28,6 +29,12 @@ func attachCmd(ctx context.Context, args []string, deps Deps) int {
 	cfg, _, code, ok := load(config.CmdAttach, args, deps)
 	if !ok {
 		return code
+	}
+	if cfg.PID != 0 && !cfg.Force {
+		if err := wholeHost(cfg.PID); err != nil {
+			fmt.Fprintf(deps.Stderr, "gaptrace attach: %v (add --force to trace it anyway)\n", err)
+			return ExitUsage
+		}
 	}
 	out := newOutput(&cfg, deps)
 	if err := deps.Privileged(); err != nil {
@@ -197,7 +204,9 @@ func attachMatch(ctx context.Context, cfg *config.Config, deps Deps, out output)
 	s.start(ctx)
 	log.Info("waiting for processes", "match", cfg.Match, "gpu_procs", cfg.GPUProcs)
 	candidates := func() []int {
-		pids := proc.FindMatching(re)
+		// Another gaptrace's command line holds the same --match
+		// pattern; tracing a tracer is never what was asked.
+		pids := slices.DeleteFunc(proc.FindMatching(re), isGaptrace)
 		if !cfg.GPUProcs {
 			return pids
 		}
@@ -302,4 +311,32 @@ scan:
 	mcancel()
 	wg.Wait()
 	return code
+}
+
+// wholeHost explains why tracing pid and its descendants would trace far
+// more than a job: init (every process of the host or container), or
+// gaptrace itself or one of its ancestors (gaptrace would trace itself).
+func wholeHost(pid int) error {
+	self := os.Getpid()
+	switch {
+	case pid == 1:
+		return errors.New("pid 1 is init: its descendants are every process here, not a training job")
+	case pid == self:
+		return errors.New("that is gaptrace itself")
+	case slices.Contains(proc.Ancestors(self), pid):
+		return fmt.Errorf("pid %d is an ancestor of gaptrace: tracing it traces gaptrace and everything beside it", pid)
+	}
+	return nil
+}
+
+// isGaptrace reports whether pid runs gaptrace (this binary, or one named
+// gaptrace).
+func isGaptrace(pid int) bool {
+	self, err1 := os.Stat("/proc/self/exe")
+	other, err2 := os.Stat(fmt.Sprintf("/proc/%d/exe", pid))
+	if err1 == nil && err2 == nil && os.SameFile(self, other) {
+		return true
+	}
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	return err == nil && strings.TrimSpace(string(comm)) == "gaptrace"
 }

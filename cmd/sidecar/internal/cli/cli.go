@@ -215,13 +215,26 @@ func load(cmd config.Command, args []string, deps Deps) (config.Config, []string
 // checkOutputs finds what config cannot: problems of the spans file that
 // is written by default in the current directory.
 func checkOutputs(cfg *config.Config, deps Deps) error {
-	if cfg.Command != config.CmdRun && cfg.Command != config.CmdAttach {
+	if cfg.Command == config.CmdCheck {
 		return nil
 	}
-	if cfg.SpansOut == "" && !cfg.OTLPConfigured(deps.Getenv) {
+	var p config.Problems
+	tracesHere := cfg.Command == config.CmdRun || cfg.Command == config.CmdAttach // demo writes under --out
+	if tracesHere && cfg.SpansOut == "" && !cfg.OTLPConfigured(deps.Getenv) {
 		if err := safefile.Check(config.DefaultSpansFile); err != nil {
-			return config.Problems{fmt.Sprintf("default spans file ./%s: %v (or set --spans-out)", config.DefaultSpansFile, err)}
+			p = append(p, fmt.Sprintf("default spans file ./%s: %v (or set --spans-out)", config.DefaultSpansFile, err))
 		}
+	}
+	// The exporter's settings, checked now rather than after the probes
+	// loaded and the job started.
+	if err := otel.Validate(otel.Config{Endpoint: cfg.OTLPEndpoint, Protocol: cfg.OTLPProtocol,
+		PrometheusAddr: cfg.Prometheus, JobID: cfg.JobID, Rank: cfg.Rank}); err != nil {
+		for _, line := range strings.Split(strings.TrimPrefix(err.Error(), "otel config: "), "\n") {
+			p = append(p, line)
+		}
+	}
+	if len(p) > 0 {
+		return p
 	}
 	return nil
 }

@@ -350,7 +350,7 @@ func TestBadFlagsReportEverything(t *testing.T) {
 func TestNotPrivileged(t *testing.T) {
 	h := newHarness(t)
 	h.deps.Privileged = func() error { return errors.New("missing capabilities CAP_BPF, CAP_PERFMON") }
-	for _, args := range [][]string{{"run", "--", "true"}, {"attach", "--pid", "1"}, {"demo"}} {
+	for _, args := range [][]string{{"run", "--", "true"}, {"attach", "--pid", "1", "--force"}, {"demo"}} {
 		h.stderr.b.Reset()
 		if code := h.main(context.Background(), args...); code != ExitFailure {
 			t.Errorf("%v: exit %d, want 1", args, code)

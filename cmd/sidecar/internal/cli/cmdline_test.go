@@ -1,7 +1,11 @@
 package cli
 
 import (
+	"context"
+	"os"
+	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -44,5 +48,52 @@ func TestChildEnvDropsGaptraceSettings(t *testing.T) {
 	want := []string{"PATH=/bin", "OTEL_SERVICE_NAME=trainer", "RANK=0"}
 	if !slices.Equal(got, want) || strings.Contains(strings.Join(got, " "), "Bearer") {
 		t.Errorf("child env %q, want %q", got, want)
+	}
+}
+
+func TestAttachRefusesWholeHostTargets(t *testing.T) {
+	h := newHarness(t)
+	for _, pid := range []int{1, os.Getpid(), os.Getppid()} {
+		h.stderr.b.Reset()
+		code := h.main(context.Background(), "attach", "--pid", strconv.Itoa(pid))
+		if code != ExitUsage || !strings.Contains(h.stderr.String(), "--force") {
+			t.Errorf("attach --pid %d: exit %d, want 2 asking for --force\n%s", pid, code, h.stderr.String())
+		}
+	}
+	if h.pipe.runs != 0 || len(h.pipe.traced) != 0 {
+		t.Error("pipeline used for a refused target")
+	}
+	if !isGaptrace(os.Getpid()) {
+		t.Error("isGaptrace does not recognise a process running this binary")
+	}
+	sleep := exec.Command("sleep", "30")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sleep.Process.Kill()
+	if isGaptrace(sleep.Process.Pid) {
+		t.Error("isGaptrace claims sleep")
+	}
+}
+
+// A bad exporter setting is a configuration error, found before any
+// probe loads.
+func TestBadOTLPSettingsRefusedBeforeLoading(t *testing.T) {
+	for _, args := range [][]string{
+		{"run", "--otlp-endpoint", "ftp://user:pw@collector:4317", "--", "true"},
+		{"run", "--otlp-endpoint", "collector", "--", "true"},
+		{"run", "--prometheus", "127.0.0.1:99999", "--", "true"},
+	} {
+		h := newHarness(t)
+		code := h.main(context.Background(), args...)
+		if code != ExitUsage || !strings.Contains(h.stderr.String(), "invalid configuration") {
+			t.Errorf("%v: exit %d, want 2\n%s", args, code, h.stderr.String())
+		}
+		if strings.Contains(h.stderr.String(), "pw") {
+			t.Errorf("%v: the endpoint's password is printed:\n%s", args, h.stderr.String())
+		}
+		if h.pipe != nil && h.pipe.runs != 0 {
+			t.Errorf("%v: pipeline built", args)
+		}
 	}
 }

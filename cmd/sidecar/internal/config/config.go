@@ -84,6 +84,7 @@ type Config struct {
 	PID      int      // attach --pid, check --pid
 	Match    string   // attach --match
 	GPUProcs bool     // attach --gpu-procs: every process with libcuda mapped
+	Force    bool     // attach --pid: also init, gaptrace or its ancestors
 	Argv     []string // run: the command
 	OutDir   string   // demo: where files go
 	DemoFor  time.Duration
@@ -262,6 +263,15 @@ var options = []option{
 			c.GPUProcs = b
 			return nil
 		}}},
+	{name: "force", usage: "attach --pid: trace even pid 1 or an ancestor of gaptrace (their descendants are the whole host or gaptrace itself)", cmds: []Command{CmdAttach}, bool: true,
+		binding: binding{set: func(c *Config, v string) error {
+			b, err := strconv.ParseBool(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("not a boolean: %q", v)
+			}
+			c.Force = b
+			return nil
+		}}},
 	{name: "cuda-wait", usage: "attach --pid: fail when the target has not loaded libcuda within this long (0: only warn)", cmds: []Command{CmdAttach},
 		binding: durationVar(func(c *Config) *time.Duration { return &c.CUDAWait })},
 	{name: "out", usage: "directory for the demo's gaps, spans and summary files", cmds: []Command{CmdDemo},
@@ -403,8 +413,12 @@ func lookup(getenv func(string) string, name string) (string, bool) {
 	return v, v != ""
 }
 
+// MaxConfigFile bounds the configuration file: it is read whole, and a
+// path such as /dev/zero must not exhaust memory.
+const MaxConfigFile = 1 << 20
+
 func loadFile(cmd Command, path string, cfg *Config) Problems {
-	b, err := os.ReadFile(path)
+	b, err := readConfigFile(path)
 	if err != nil {
 		return Problems{fmt.Sprintf("config file: %v", err)}
 	}
@@ -433,8 +447,14 @@ func loadFile(cmd Command, path string, cfg *Config) Problems {
 		var s string
 		switch v := m[k].(type) {
 		case nil:
+			// "probes: null" reads as YAML's null, not the probe set.
+			problems = append(problems, fmt.Sprintf("config file %s: %s: no value (YAML null); quote it (%s: \"null\") or remove the key for the default", path, k, k))
 			continue
 		case string:
+			if strings.TrimSpace(v) == "" {
+				problems = append(problems, fmt.Sprintf("config file %s: %s: empty value; remove the key for the default", path, k))
+				continue
+			}
 			s = v
 		case bool, int, int64, uint64, float64:
 			s = fmt.Sprint(v)
@@ -447,6 +467,29 @@ func loadFile(cmd Command, path string, cfg *Config) Problems {
 		}
 	}
 	return problems
+}
+
+func readConfigFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, MaxConfigFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxConfigFile {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, MaxConfigFile)
+	}
+	return b, nil
 }
 
 // OTLPConfigured reports whether spans go to an OTLP endpoint (flag, file,

@@ -176,14 +176,18 @@ func TestRunTracesBeforeTheCommandStarts(t *testing.T) {
 func TestRunCommandNotFound(t *testing.T) {
 	h := newHarness(t)
 	code := h.main(context.Background(), "run", "--", "no-such-command-gaptrace")
-	if code != ExitFailure {
-		t.Errorf("exit %d, want %d", code, ExitFailure)
+	if code != ExitNotFound {
+		t.Errorf("exit %d, want %d", code, ExitNotFound)
 	}
-	if !strings.Contains(h.stderr.String(), `command "no-such-command-gaptrace"`) {
+	if !strings.Contains(h.stderr.String(), `command "no-such-command-gaptrace": not found`) {
 		t.Errorf("stderr: %s", h.stderr)
 	}
-	if h.pipe.closes != 1 {
-		t.Errorf("pipeline closed %d times, want once (nothing left attached)", h.pipe.closes)
+	if h.pipe.pc.Config != nil || h.pipe.closes != 0 {
+		t.Error("pipeline built for a command that cannot start: probes load before the failure")
+	}
+	code = h.main(context.Background(), "run", "--", t.TempDir())
+	if code != ExitNotExecutable {
+		t.Errorf("run -- DIR: exit %d, want %d\n%s", code, ExitNotExecutable, h.stderr)
 	}
 }
 

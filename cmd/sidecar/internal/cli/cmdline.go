@@ -1,6 +1,10 @@
 package cli
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -72,4 +76,24 @@ func childEnv(env []string) []string {
 	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
 		return strings.HasPrefix(kv, config.EnvPrefix) || strings.HasPrefix(kv, "OTEL_EXPORTER_OTLP_")
 	})
+}
+
+// Exit codes of run for a command that cannot start, as a shell gives
+// them: 127 not found, 126 found but not executable.
+const (
+	ExitNotExecutable = 126
+	ExitNotFound      = 127
+)
+
+// findCommand resolves the command of run the way exec will.
+func findCommand(name string) (int, error) {
+	_, err := exec.LookPath(name)
+	switch {
+	case err == nil:
+		return 0, nil
+	case errors.Is(err, exec.ErrNotFound), errors.Is(err, fs.ErrNotExist):
+		return ExitNotFound, fmt.Errorf("command %q: not found", name)
+	default:
+		return ExitNotExecutable, fmt.Errorf("command %q: %w", name, err)
+	}
 }

@@ -23,6 +23,12 @@ func runCmd(ctx context.Context, args []string, deps Deps) int {
 	if !ok {
 		return code
 	}
+	if code, err := findCommand(cfg.Argv[0]); err != nil {
+		// Before anything loads: probes for a command that cannot start
+		// are seconds wasted.
+		fmt.Fprintf(deps.Stderr, "gaptrace run: %v\n", err)
+		return code
+	}
 	out := newOutput(&cfg, deps)
 	if err := deps.Privileged(); err != nil {
 		return fail(deps, config.CmdRun, "cannot trace: %v", err)

@@ -8,6 +8,7 @@ package main_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -327,5 +328,53 @@ func TestAttachMatchSkipsGaptraceAndBadSettingsFailFast(t *testing.T) {
 		if code != 2 || time.Since(t0) > 10*time.Second || strings.Contains(stderr, "probes") {
 			t.Errorf("%v: exit %d after %v, want 2 before anything loads\n%s", args, code, time.Since(t0), stderr)
 		}
+	}
+}
+
+// A full disk: every output keeps only whole lines, no temporary file is
+// left, nothing that failed is listed as written, the failure is logged
+// when it happens, and run exits 1 although the command succeeded.
+func TestFullDisk(t *testing.T) {
+	need(t)
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
+	}
+	defer exec.Command("umount", dir).Run()
+	gaps, spans, sum := filepath.Join(dir, "gaps.jsonl"), filepath.Join(dir, "spans.jsonl"), filepath.Join(dir, "summary.json")
+	code, stdout, stderr := runIn(t, t.TempDir(), env(t), "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+		"--gaps-out", gaps, "--spans-out", spans, "--summary-json", sum, "--",
+		filepath.Join(simgpuDir, "simtrain"), "--steps", "400", "--kernel-us", "500", "--stall", "io.read:every=2:ms=2", "--quiet")
+	if code != 1 {
+		t.Errorf("exit %d, want 1: the command succeeded but outputs were lost\n%s", code, stderr)
+	}
+	if !strings.Contains(stderr, "no space left on device") {
+		t.Errorf("the full disk is not reported:\n%s", stderr)
+	}
+	for _, p := range []string{gaps, spans} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) > 0 && b[len(b)-1] != '\n' {
+			t.Errorf("%s ends in half a line", p)
+		}
+		for i, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+			if line != "" && !json.Valid([]byte(line)) {
+				t.Errorf("%s line %d is not whole JSON: %.80q", p, i+1, line)
+			}
+		}
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, ".*tmp*"))
+	if len(left) > 0 {
+		t.Errorf("temporary files left on the full disk: %v", left)
+	}
+	if b, err := os.ReadFile(sum); err == nil && !json.Valid(b) {
+		t.Errorf("partial summary.json: %q", b)
+	} else if err != nil && !strings.Contains(stdout, "NOT written") {
+		t.Errorf("summary.json missing but the summary does not say so:\n%s", stdout)
+	}
+	if !strings.Contains(stdout, "INCOMPLETE") {
+		t.Errorf("no output is marked incomplete:\n%s", stdout)
 	}
 }

@@ -113,6 +113,11 @@ func WriteAtomic(path string, data []byte) (err error) {
 	if err := Check(path); err != nil && !isSymlinkErr(path) {
 		return err
 	}
+	defer func() {
+		if err != nil {
+			err = &WriteError{Path: path, Err: err}
+		}
+	}()
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
@@ -194,11 +199,53 @@ func (w *Writer) WriteRecords(p []byte) error {
 		} else {
 			w.f.Seek(w.good, io.SeekStart) //nolint:errcheck // the writer fails from now on anyway
 		}
-		w.err = fmt.Errorf("write %s: %w (the file holds the records written before)", w.f.Name(), err)
+		w.err = &WriteError{Path: w.f.Name(), Err: err}
 		return w.err
 	}
 	w.good += int64(n)
 	return nil
+}
+
+// WriteError is an output that could not be written whole: a full disk,
+// a quota, an I/O error. The file holds the records written before it.
+type WriteError struct {
+	Path string
+	Err  error
+}
+
+func (e *WriteError) Error() string {
+	err := e.Err
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err // the path is said once
+	}
+	return fmt.Sprintf("write %s: %v (the file holds only what was written before)", e.Path, err)
+}
+
+func (e *WriteError) Unwrap() error { return e.Err }
+
+// FailedPaths lists the outputs err says could not be written whole,
+// however deeply it wraps or joins their WriteErrors.
+func FailedPaths(err error) []string {
+	var out []string
+	var walk func(error)
+	walk = func(e error) {
+		switch x := e.(type) {
+		case nil:
+			return
+		case *WriteError:
+			out = append(out, x.Path)
+			return
+		case interface{ Unwrap() []error }:
+			for _, c := range x.Unwrap() {
+				walk(c)
+			}
+		case interface{ Unwrap() error }:
+			walk(x.Unwrap())
+		}
+	}
+	walk(err)
+	return out
 }
 
 // Close closes the file; it returns the first write error, if any.
@@ -208,7 +255,7 @@ func (w *Writer) Close() error {
 		return w.err
 	}
 	if err != nil {
-		return fmt.Errorf("close %s: %w", w.f.Name(), err)
+		return &WriteError{Path: w.f.Name(), Err: err}
 	}
 	return nil
 }

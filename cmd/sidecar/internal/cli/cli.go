@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -289,6 +290,7 @@ func fail(deps Deps, cmd config.Command, format string, a ...any) int {
 // most the buffer and a full disk never leaves half a line.
 type gapsWriter struct {
 	mu   sync.Mutex
+	log  *slog.Logger
 	f    *safefile.Writer
 	buf  bytes.Buffer
 	gaps *correlate.GapsJSONL
@@ -296,12 +298,12 @@ type gapsWriter struct {
 
 const gapsFlushAt = 64 << 10
 
-func newGapsWriter(path string) (*gapsWriter, error) {
+func newGapsWriter(path string, log *slog.Logger) (*gapsWriter, error) {
 	f, err := safefile.NewWriter(path)
 	if err != nil {
 		return nil, fmt.Errorf("create gaps file: %w", err)
 	}
-	g := &gapsWriter{f: f}
+	g := &gapsWriter{f: f, log: log}
 	g.gaps = correlate.WriteGapsJSONL(&g.buf)
 	return g, nil
 }
@@ -319,7 +321,11 @@ func (g *gapsWriter) Gap(gap correlate.Gap) {
 // the writer and reported at Close.
 func (g *gapsWriter) flushLocked() {
 	if g.buf.Len() > 0 {
-		g.f.WriteRecords(g.buf.Bytes()) //nolint:errcheck // sticky, returned by Close
+		failed := g.f.Err() != nil
+		if err := g.f.WriteRecords(g.buf.Bytes()); err != nil && !failed {
+			// Said when it happens, not only in the summary.
+			g.log.Error("gaps file write failed; no more gaps are written to it", "err", err)
+		}
 		g.buf.Reset()
 	}
 }
@@ -399,7 +405,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	}
 	sinks := correlate.Tee{s.agg}
 	if cfg.GapsOut != "" {
-		g, err := newGapsWriter(cfg.GapsOut)
+		g, err := newGapsWriter(cfg.GapsOut, s.log)
 		if err != nil {
 			return nil, err
 		}
@@ -505,6 +511,17 @@ func (s *session) finish() error {
 	}
 	_, width := s.deps.IsTerminal()
 	out := live.Outputs{Gaps: s.cfg.GapsOut, Spans: s.spans, Summary: s.cfg.SummaryJSON, Prometheus: s.cfg.Prometheus}
+	// An output that could not be written whole is not listed as written.
+	failed := safefile.FailedPaths(errors.Join(errs...))
+	for _, p := range []*string{&out.Gaps, &out.Spans, &out.Summary} {
+		if *p != "" && slices.Contains(failed, *p) {
+			if p == &out.Summary {
+				*p += " (NOT written: see the error above)"
+			} else {
+				*p += " (INCOMPLETE: a write failed, see the error above)"
+			}
+		}
+	}
 	if s.cfg.OTLPConfigured(s.deps.Getenv) {
 		out.OTLP = s.cfg.OTLPEndpoint
 		if out.OTLP == "" {

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
+	"github.com/gaptrace/gaptrace/internal/safefile"
 )
 
 // Redacted replaces a secret in a command line.
@@ -96,4 +97,16 @@ func findCommand(name string) (int, error) {
 	default:
 		return ExitNotExecutable, fmt.Errorf("command %q: %w", name, err)
 	}
+}
+
+// runExitCode is the exit policy of run (docs/security.md): the command's
+// code, except that a command that succeeded does not hide an output
+// gaptrace was asked to write and could not (a full disk): then 1. A
+// failing command's own code always wins, and an unreachable collector
+// never changes the code (OTLP export is best effort, counted and logged).
+func runExitCode(code int, finishErr error) int {
+	if code == 0 && len(safefile.FailedPaths(finishErr)) > 0 {
+		return ExitFailure
+	}
+	return code
 }

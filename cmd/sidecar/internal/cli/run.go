@@ -135,11 +135,13 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, 
 		durC = t.C
 	}
 	tracing, signals := true, 0
+	var finishErr error
 	stop := func() {
 		if tracing {
 			tracing = false
 			if err := s.finish(); err != nil {
 				log.Warn("tracing did not stop cleanly", "err", err)
+				finishErr = err
 			}
 		}
 	}
@@ -156,7 +158,7 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, 
 			if r.err != nil {
 				log.Warn("wait for command", "err", r.err)
 			}
-			return r.code
+			return runExitCode(r.code, finishErr)
 		case <-durC:
 			log.Info("tracing stopped after --duration; the command keeps running", "duration", cfg.Duration, "pid", pid)
 			stop()

@@ -392,11 +392,16 @@ func (x *Exporter) Shutdown(ctx context.Context) error {
 		x.pendingN = 0
 	}
 	x.mu.Unlock()
+	// Spans and metrics flush side by side: each gets all of ctx's time,
+	// so a collector that swallows the spans' time still gets the final
+	// metrics (and the reverse).
 	var errs []error
+	merr := make(chan error, 1)
+	go func() { merr <- x.metrics.shutdown(ctx) }()
 	if err := x.tp.Shutdown(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	if err := x.metrics.shutdown(ctx); err != nil {
+	if err := <-merr; err != nil {
 		errs = append(errs, err)
 	}
 	st := x.Stats()

@@ -177,3 +177,51 @@ func TestRedactURL(t *testing.T) {
 		}
 	}
 }
+
+// A collector that refuses connections for a while, then comes back on
+// the same port: spans ended meanwhile arrive after all.
+func TestCollectorDownThenBack(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("OTEL_METRICS_EXPORTER", "none")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // refused from now on
+	x, err := otel.New(context.Background(), otel.Config{Endpoint: "http://" + addr, Protocol: otel.ProtocolHTTPProtobuf,
+		Rank: -1, BatchTimeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sy := synth{pid: 3, t0: time.Now().UnixNano()}
+	total := emit(x, sy, 0, 6)
+	deadline := time.Now().Add(10 * time.Second)
+	for x.Stats().ExportErrors == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if x.Stats().ExportErrors == 0 {
+		t.Fatal("no export failed against a refusing collector")
+	}
+	col := &decodingCollector{}
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("port %s taken meanwhile: %v", addr, err)
+	}
+	srv := &http.Server{Handler: col}
+	go srv.Serve(ln)
+	defer srv.Close()
+	total += emit(x, sy, 6, 4)
+	for time.Now().Before(deadline.Add(30 * time.Second)) {
+		if _, n := col.strings(); n >= total {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	x.Shutdown(ctx)
+	if _, n := col.strings(); n != total || x.Stats().SpansDropped != 0 {
+		t.Errorf("collector got %d of %d spans after coming back; stats %+v", n, total, x.Stats())
+	}
+}

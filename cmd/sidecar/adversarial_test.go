@@ -378,3 +378,54 @@ func TestFullDisk(t *testing.T) {
 		t.Errorf("no output is marked incomplete:\n%s", stdout)
 	}
 }
+
+// A collector that accepts connections and never answers must not hold
+// the job's exit: run returns within 5 s of the command's end.
+func TestSilentCollectorExitWithinFiveSeconds(t *testing.T) {
+	need(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // never read, never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	dir := t.TempDir()
+	endFile := filepath.Join(dir, "end")
+	for _, protocol := range []string{"grpc", "http/protobuf"} {
+		script := `"$0" --steps 150 --kernel-us 1000 --stall io.read:every=2:ms=2 --quiet; date +%s.%N > "$1"`
+		p := start(t, env(t), "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+			"--otlp-endpoint", "http://"+ln.Addr().String(), "--otlp-protocol", protocol,
+			"--", "sh", "-c", script, filepath.Join(simgpuDir, "simtrain"), endFile)
+		code := p.wait(t, 2*time.Minute)
+		exited := time.Now()
+		b, err := os.ReadFile(endFile)
+		if err != nil {
+			t.Fatalf("%s: the command did not finish: %v\n%s", protocol, err, p.stderr)
+		}
+		sec, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		late := exited.Sub(time.Unix(0, int64(sec*1e9)))
+		t.Logf("%s: gaptrace exited %v after the command", protocol, late.Round(time.Millisecond))
+		if code != 0 || late > 5*time.Second {
+			t.Errorf("%s: exit %d, %v after the command ended; want 0 within 5 s\n%s", protocol, code, late, p.stderr)
+		}
+	}
+}

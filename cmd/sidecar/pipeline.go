@@ -375,16 +375,21 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 	sum := p.eng.Close(time.Now().UnixNano())
 	sum.DroppedEvents = max(sum.DroppedEvents, st.RingDrops)
 	p.exp.Summary(sum, sum.DroppedEvents)
-	if err := p.exp.Shutdown(ctx); err != nil {
+	// The engine has emitted everything: flushing the exporter and
+	// detaching the probes (which can take seconds on a busy kernel) run
+	// side by side, so the exit waits for the longer one, not the sum.
+	flushed := make(chan error, 1)
+	go func() { flushed <- p.exp.Shutdown(ctx) }()
+	p.log.Info("detaching probes")
+	if err := p.tr.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("detach probes: %w", err))
+	}
+	t1 := time.Now()
+	if err := <-flushed; err != nil {
 		errs = append(errs, fmt.Errorf("flush exporter: %w", err))
 	}
 	if es := p.exp.Stats(); es.SpansDropped > 0 || es.GapsDropped > 0 {
 		p.log.Warn("exporter dropped data", "spans_dropped", es.SpansDropped, "gaps_dropped", es.GapsDropped, "export_errors", es.ExportErrors)
-	}
-	t1 := time.Now()
-	p.log.Info("detaching probes")
-	if err := p.tr.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("detach probes: %w", err))
 	}
 	t2 := time.Now()
 	p.closeGPU()
@@ -393,7 +398,7 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 			errs = append(errs, err)
 		}
 	}
-	p.log.Debug("pipeline closed", "flush", t1.Sub(t0), "detach", t2.Sub(t1))
+	p.log.Debug("pipeline closed", "detach", t1.Sub(t0), "flush", t2.Sub(t0))
 	return sum, errors.Join(errs...)
 }
 

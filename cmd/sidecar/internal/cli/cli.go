@@ -41,6 +41,11 @@ import (
 	"github.com/gaptrace/gaptrace/otel"
 )
 
+// FlushTimeout bounds how long exporting what is left may take once the
+// traced job is done: with the GPU drain (1 s) and the detach, gaptrace
+// exits within 5 s of the job even when the collector never answers.
+const FlushTimeout = 2 * time.Second
+
 // Exit codes of gaptrace itself (run passes the command's through).
 const (
 	ExitOK      = 0
@@ -489,7 +494,7 @@ func (s *session) finish() error {
 	}
 	s.agg.Stop()
 	stats := s.pipe.Stats()
-	cctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	cctx, cancel := context.WithTimeout(context.Background(), FlushTimeout)
 	sum, err := s.pipe.Close(cctx)
 	cancel()
 	if err != nil {

@@ -1,6 +1,7 @@
 package live
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,5 +57,45 @@ func TestEscape(t *testing.T) {
 		if got := Escape(in); got != want {
 			t.Errorf("Escape(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A job that touches a new file in every gap must not grow the view
+// without bound; the file that blocks most stays named, and the others
+// row keeps the totals whole.
+func TestFileTableBounded(t *testing.T) {
+	a := NewAggregator(nil)
+	heavy := correlate.Gap{Duration: 1e9, Cause: correlate.CauseIORead, Evidence: correlate.Evidence{
+		Files: []correlate.FileEvidence{{Path: "/data/big.bin", Op: "read", NS: 1e9, Bytes: 1 << 30, Calls: 1}}}}
+	a.Gap(heavy)
+	const n = 100000
+	for i := range n {
+		a.Gap(correlate.Gap{Duration: 1000, Cause: correlate.CauseIORead, Evidence: correlate.Evidence{
+			Files: []correlate.FileEvidence{{Path: "/tmp/f" + strconv.Itoa(i), Op: "read", NS: 1000, Bytes: 1, Calls: 1}},
+			Peers: []correlate.PeerEvidence{{Address: "10.0.0.1:" + strconv.Itoa(i), NS: 500, Calls: 1}}}})
+	}
+	if len(a.files) > maxTracked || len(a.peers) > maxTracked {
+		t.Fatalf("tracking %d files and %d peers, bound %d", len(a.files), len(a.peers), maxTracked)
+	}
+	v := a.View("t")
+	if len(v.TopFiles) != 5 || v.TopFiles[0].Name != "/data/big.bin" {
+		t.Fatalf("top files %+v: the heaviest file must stay named", v.TopFiles)
+	}
+	if v.OtherFiles == nil || v.OtherFiles.Name != "(other files)" || v.OtherPeers == nil {
+		t.Fatalf("no others row: %+v %+v", v.OtherFiles, v.OtherPeers)
+	}
+	var ns int64
+	calls := 0
+	for _, f := range v.TopFiles {
+		ns += f.NS
+		calls += f.Calls
+	}
+	ns += v.OtherFiles.NS
+	calls += v.OtherFiles.Calls
+	if ns != 1e9+n*1000 || calls != n+1 {
+		t.Errorf("top + others = %d ns, %d calls; want %d, %d", ns, calls, int64(1e9+n*1000), n+1)
+	}
+	if f := Frame(v, 100); !strings.Contains(f, "(other files)") || !strings.Contains(f, "(other peers)") {
+		t.Errorf("frame lacks the others rows:\n%s", f)
 	}
 }

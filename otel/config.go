@@ -88,6 +88,10 @@ type Config struct {
 	CAFile, CertFile, KeyFile string
 	// SpansFile is the JSON-lines spans file in file mode; "" writes no spans.
 	SpansFile string
+	// SpansMaxSize caps the spans file (0: no cap); beyond it the file is
+	// rotated, keeping SpansKeep older files (path.1, path.2, …).
+	SpansMaxSize int64
+	SpansKeep    int
 	// PrometheusAddr: "" off; ":9464" → 127.0.0.1:9464.
 	PrometheusAddr string
 	// JobID: "" → TORCHELASTIC_RUN_ID, SLURM_JOB_ID, K8S_JOB_NAME; still ""

@@ -94,7 +94,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 			return nil, err
 		}
 	case r.SpansFile != "":
-		exp, err = newFileExporter(r.SpansFile, serviceName(res))
+		exp, err = newFileExporter(r.SpansFile, serviceName(res), r.SpansMaxSize, r.SpansKeep)
 		if err != nil {
 			return nil, err
 		}
@@ -110,7 +110,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 		sdktrace.WithSampler(sampler(r.sampleRatio)),
 	}
 	if r.mode == "otlp" && r.SpansFile != "" {
-		fe, err := newFileExporter(r.SpansFile, serviceName(res))
+		fe, err := newFileExporter(r.SpansFile, serviceName(res), r.SpansMaxSize, r.SpansKeep)
 		if err != nil {
 			_ = x.batcher.Shutdown(ctx)
 			return nil, err

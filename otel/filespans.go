@@ -66,11 +66,12 @@ func (x *fileExporter) resourceAttrs(r *resource.Resource) map[string]any {
 	return x.resAttrs
 }
 
-func newFileExporter(path, service string) (*fileExporter, error) {
+func newFileExporter(path, service string, maxSize int64, keep int) (*fileExporter, error) {
 	f, err := safefile.NewWriter(path)
 	if err != nil {
 		return nil, fmt.Errorf("open spans file: %w", err)
 	}
+	f.MaxSize, f.Keep = maxSize, keep
 	return &fileExporter{f: f, service: service}, nil
 }
 

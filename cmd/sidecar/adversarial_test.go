@@ -429,3 +429,37 @@ func TestSilentCollectorExitWithinFiveSeconds(t *testing.T) {
 		}
 	}
 }
+
+// The spans file is capped and rotated; every kept file holds whole
+// lines and no more files are kept than asked.
+func TestSpansFileRotates(t *testing.T) {
+	need(t)
+	dir := t.TempDir()
+	spans := filepath.Join(dir, "spans.jsonl")
+	code, _, stderr := runIn(t, dir, env(t), "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+		"--spans-out", spans, "--spans-max-size", "64K", "--spans-keep", "2", "--",
+		filepath.Join(simgpuDir, "simtrain"), "--steps", "600", "--kernel-us", "500", "--stall", "io.read:every=2:ms=1", "--quiet")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	for _, p := range []string{spans, spans + ".1", spans + ".2"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatalf("%s: %v (600 steps of spans exceed 3×64 KiB)", p, err)
+		}
+		lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+		for i, l := range lines {
+			if !json.Valid([]byte(l)) {
+				t.Fatalf("%s line %d is not whole JSON", p, i+1)
+			}
+		}
+		// One batch may exceed the cap on its own; two never share a file
+		// past it.
+		if len(b) > 64<<10 && len(lines) > 512 {
+			t.Errorf("%s: %d bytes in %d lines, over the 64 KiB cap", p, len(b), len(lines))
+		}
+	}
+	if _, err := os.Stat(spans + ".3"); err == nil {
+		t.Error("a third rotated file kept with --spans-keep 2")
+	}
+}

@@ -164,6 +164,8 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		Endpoint:       cfg.OTLPEndpoint,
 		Protocol:       cfg.OTLPProtocol,
 		SpansFile:      pc.Spans,
+		SpansMaxSize:   cfg.SpansMaxSize,
+		SpansKeep:      cfg.SpansKeep,
 		PrometheusAddr: cfg.Prometheus,
 		JobID:          cfg.JobID,
 		Rank:           cfg.Rank,

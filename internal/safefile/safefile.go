@@ -161,8 +161,18 @@ func isSymlinkErr(path string) bool {
 // what is in the file is whole, and the error says what was lost.
 type Writer struct {
 	f    *os.File
+	path string
 	good int64 // size after the last whole record
 	err  error
+
+	// MaxSize, when positive, caps the file: a write that would take it
+	// past MaxSize first rotates it to path.1 (path.1 to path.2, … up to
+	// Keep files; the oldest is removed) and starts an empty file, so the
+	// disk holds at most (Keep+1)·MaxSize plus one record.
+	MaxSize int64
+	Keep    int
+	// Rotated counts rotations.
+	Rotated int
 }
 
 // NewWriter creates path with Create.
@@ -171,7 +181,7 @@ func NewWriter(path string) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Writer{f: f}, nil
+	return &Writer{f: f, path: path}, nil
 }
 
 // Name is the file's path.
@@ -188,6 +198,12 @@ func (w *Writer) Err() error { return w.err }
 func (w *Writer) WriteRecords(p []byte) error {
 	if w.err != nil {
 		return w.err
+	}
+	if w.MaxSize > 0 && w.good > 0 && w.good+int64(len(p)) > w.MaxSize {
+		if err := w.rotate(); err != nil {
+			w.err = &WriteError{Path: w.path, Err: fmt.Errorf("rotate: %w", err)}
+			return w.err
+		}
 	}
 	n, err := w.f.Write(p)
 	if err == nil && n < len(p) {
@@ -246,6 +262,38 @@ func FailedPaths(err error) []string {
 	}
 	walk(err)
 	return out
+}
+
+// rotate shifts path.N to path.N+1 (the last one is removed), path to
+// path.1, and opens a new path. Renames move links, never write through
+// them, and the new file is made by Create.
+func (w *Writer) rotate() error {
+	if err := w.f.Close(); err != nil {
+		return err
+	}
+	keep := max(w.Keep, 0)
+	if keep == 0 {
+		if err := os.Remove(w.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	} else {
+		for i := keep - 1; i >= 1; i-- {
+			err := os.Rename(fmt.Sprintf("%s.%d", w.path, i), fmt.Sprintf("%s.%d", w.path, i+1))
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+		if err := os.Rename(w.path, w.path+".1"); err != nil {
+			return err
+		}
+	}
+	f, err := Create(w.path)
+	if err != nil {
+		return err
+	}
+	w.f, w.good = f, 0
+	w.Rotated++
+	return nil
 }
 
 // Close closes the file; it returns the first write error, if any.

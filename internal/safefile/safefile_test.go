@@ -134,3 +134,36 @@ func TestWriterCutsBackToWholeRecords(t *testing.T) {
 		t.Errorf("file holds %q, want the whole first record only", b)
 	}
 }
+
+func TestWriterRotates(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "spans.jsonl")
+	w, err := NewWriter(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.MaxSize, w.Keep = 100, 2
+	rec := []byte(strings.Repeat("x", 39) + "\n") // 40 bytes
+	for range 20 {
+		if err := w.WriteRecords(rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{p, p + ".1", p + ".2"} {
+		st, err := os.Lstat(name)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if st.Size() > 100 || st.Size()%40 != 0 || st.Mode().Perm() != Perm {
+			t.Errorf("%s: %d bytes mode %v, want whole records within the 100-byte cap", name, st.Size(), st.Mode())
+		}
+	}
+	if _, err := os.Lstat(p + ".3"); err == nil {
+		t.Error("more rotated files kept than Keep")
+	}
+	if w.Rotated != 9 {
+		t.Errorf("rotated %d times, want 9 (20 records, 2 per file)", w.Rotated)
+	}
+}

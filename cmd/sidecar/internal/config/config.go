@@ -44,6 +44,11 @@ const EnvPrefix = "GAPTRACE_"
 // DefaultSpansFile is where spans go when no OTLP endpoint is configured.
 const DefaultSpansFile = "gaptrace-spans.jsonl"
 
+// DefaultSpansMaxSize caps the spans file: a busy job writes gigabytes of
+// spans an hour, and the default file is in the current directory. With
+// one rotated file kept, the spans take at most twice this.
+const DefaultSpansMaxSize = 256 << 20
+
 // Config is everything a gaptrace command needs to know. Zero values are
 // not meaningful; start from Defaults.
 type Config struct {
@@ -63,6 +68,8 @@ type Config struct {
 	GapsOut        string
 	SummaryJSON    string
 	SpansOut       string
+	SpansMaxSize   int64 // bytes; 0: no cap
+	SpansKeep      int   // rotated spans files kept
 	WindowsOut     string
 	OTLPEndpoint   string
 	OTLPProtocol   string // "grpc" or "http/protobuf"; "" = OTEL_EXPORTER_OTLP_PROTOCOL, else by port
@@ -105,6 +112,8 @@ func Defaults(cmd Command) Config {
 		Live:             "auto",
 		LogLevel:         "info",
 		CommandLine:      "redacted",
+		SpansMaxSize:     DefaultSpansMaxSize,
+		SpansKeep:        1,
 	}
 	if cmd == CmdDemo {
 		c.OutDir = filepath.Join("out", "demo")
@@ -194,6 +203,26 @@ var options = []option{
 		binding: stringVar(func(c *Config) *string { return &c.SummaryJSON })},
 	{name: "spans-out", usage: "write spans as JSON lines to `FILE` (default " + DefaultSpansFile + " when no OTLP endpoint is set)",
 		binding: stringVar(func(c *Config) *string { return &c.SpansOut })},
+	{name: "spans-max-size", usage: "rotate the spans file when it would grow past `SIZE` (e.g. 256M, 1G; 0: no cap)",
+		binding: binding{get: func(c *Config) string { return formatSize(c.SpansMaxSize) },
+			set: func(c *Config, v string) error {
+				n, err := parseSize(v)
+				if err != nil {
+					return err
+				}
+				c.SpansMaxSize = n
+				return nil
+			}}},
+	{name: "spans-keep", usage: "rotated spans files to keep (FILE.1 … FILE.N); 0 keeps none",
+		binding: binding{get: func(c *Config) string { return strconv.Itoa(c.SpansKeep) },
+			set: func(c *Config, v string) error {
+				n, err := strconv.Atoi(strings.TrimSpace(v))
+				if err != nil || n < 0 || n > 100 {
+					return fmt.Errorf("want 0 to 100: %q", v)
+				}
+				c.SpansKeep = n
+				return nil
+			}}},
 	{name: "windows-out", usage: "write the GPU's own idle windows (NVML/GPM samples) as JSON lines to `FILE`",
 		binding: stringVar(func(c *Config) *string { return &c.WindowsOut })},
 	{name: "otlp-endpoint", usage: "OTLP collector endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT)",
@@ -278,6 +307,46 @@ var options = []option{
 		binding: stringVar(func(c *Config) *string { return &c.OutDir })},
 	{name: "demo-duration", usage: "how long the demo trainer runs (approximately)", cmds: []Command{CmdDemo},
 		binding: durationVar(func(c *Config) *time.Duration { return &c.DemoFor })},
+}
+
+// parseSize reads a byte count: a number with an optional K, M, G or T
+// suffix (powers of 1024; KiB, MB and the like are read the same way).
+func parseSize(v string) (int64, error) {
+	s := strings.ToUpper(strings.TrimSpace(v))
+	s = strings.TrimSuffix(strings.TrimSuffix(s, "B"), "I")
+	mult := int64(1)
+	if s != "" {
+		switch s[len(s)-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		case 'T':
+			mult = 1 << 40
+		}
+		if mult > 1 {
+			s = s[:len(s)-1]
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("not a size (e.g. 256M, 1G, 0 for no cap): %q", v)
+	}
+	return n * mult, nil
+}
+
+func formatSize(n int64) string {
+	for _, u := range []struct {
+		suffix string
+		size   int64
+	}{{"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
+		if n >= u.size && n%u.size == 0 {
+			return strconv.FormatInt(n/u.size, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 func (o option) appliesTo(cmd Command) bool {

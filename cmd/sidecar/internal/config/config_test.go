@@ -237,3 +237,19 @@ func TestConfigFileBounded(t *testing.T) {
 		}
 	}
 }
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "1024": 1024, "16K": 16 << 10, "256M": 256 << 20, "1G": 1 << 30, "2GiB": 2 << 30, "10mb": 10 << 20} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "x", "-1", "1.5G", "99999999999T"} {
+		if _, err := parseSize(bad); err == nil {
+			t.Errorf("parseSize(%q) accepted", bad)
+		}
+	}
+	if c := Defaults(CmdRun); c.SpansMaxSize != DefaultSpansMaxSize || c.SpansKeep != 1 {
+		t.Errorf("defaults %d/%d", c.SpansMaxSize, c.SpansKeep)
+	}
+}

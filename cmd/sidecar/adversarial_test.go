@@ -192,7 +192,7 @@ func TestHostileTrainer(t *testing.T) {
 	hostile := filepath.Join(dir, "d\x1b]0;owned\x07\x1b]52;c;aGk=\x07\x1b[2J\nlevel=ERROR msg=forged\xff")
 	envFile := filepath.Join(dir, "env.txt")
 	prom := freePort(t)
-	script := `env > "$2"; exec "$0" --steps 200 --kernel-us 3000 --stall io.read:every=2:ms=20 --quiet --data-dir "$1"`
+	script := `env > "$2"; exec "$0" --steps 300 --kernel-us 3000 --stall io.read:every=2:ms=20 --quiet --data-dir "$1"`
 	// --live auto on a pipe: the log-line mode, every 5 s.
 	args := []string{"run", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
 		"--otlp-endpoint", endpoint, "--otlp-protocol", "http/protobuf", "--prometheus", prom,
@@ -242,8 +242,8 @@ func TestHostileTrainer(t *testing.T) {
 	if !strings.Contains(all, "--api-key=*** --token ***") {
 		t.Errorf("command line not redacted in the resource:\n%s", truncate(all, 3000))
 	}
-	if targetInfo == "" {
-		t.Error("no target_info served on --prometheus while the job ran")
+	if !strings.Contains(targetInfo, "--api-key=*** --token ***") {
+		t.Errorf("target_info does not carry the redacted command line: %q", targetInfo)
 	}
 	outputs := map[string]string{"collector": all, "target_info": targetInfo, "stdout": stdout, "stderr": stderr}
 	for what, s := range outputs {

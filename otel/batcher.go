@@ -41,7 +41,22 @@ type batcher struct {
 	closed    atomic.Bool
 	failing   atomic.Bool // the last export failed
 	stopOnce  sync.Once
+
+	// Batches a failed export left, oldest first, retried with backoff;
+	// at most retryCap spans, the oldest dropped beyond. Owned by run.
+	retry     [][]sdktrace.ReadOnlySpan
+	retryN    int
+	retryCap  int
+	nextRetry time.Time
+	backoff   time.Duration
 }
+
+// Retry backoff after a failed export: a collector restart or a network
+// blip is ridden out without an export attempt per batch meanwhile.
+const (
+	retryBackoffMin = time.Second
+	retryBackoffMax = 30 * time.Second
+)
 
 func newBatcher(exp sdktrace.SpanExporter, queueSize, batchSize int, batchTimeout time.Duration, log *slog.Logger) *batcher {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -56,6 +71,8 @@ func newBatcher(exp sdktrace.SpanExporter, queueSize, batchSize int, batchTimeou
 		flushReq:     make(chan chan struct{}),
 		stopping:     make(chan struct{}),
 		done:         make(chan struct{}),
+		retryCap:     queueSize,
+		backoff:      retryBackoffMin,
 	}
 	go b.run()
 	return b
@@ -101,6 +118,7 @@ func (b *batcher) run() {
 			}
 		case <-timer.C:
 			export()
+			b.retryDue()
 			timer.Reset(b.batchTimeout)
 		case ack := <-b.flushReq:
 			b.drain(&batch)
@@ -109,6 +127,7 @@ func (b *batcher) run() {
 		case <-b.stopping:
 			b.drain(&batch)
 			export()
+			b.retryAtExit()
 			return
 		}
 	}
@@ -134,25 +153,81 @@ func (b *batcher) drain(batch *[]sdktrace.ReadOnlySpan) {
 func (b *batcher) export(batch []sdktrace.ReadOnlySpan) {
 	// Once stopping, a collector that just failed is not retried for every
 	// remaining batch: each attempt could take the whole export timeout
-	// and the process is waiting to exit. The batches are counted instead.
-	if b.runCtx.Err() != nil || (b.closed.Load() && b.failing.Load()) {
+	// and the process is waiting to exit. The batch waits with the others
+	// for the one attempt at exit.
+	if b.runCtx.Err() != nil {
 		b.dropped.Add(uint64(len(batch)))
 		return
 	}
-	if err := b.exp.ExportSpans(b.runCtx, batch); err != nil {
-		b.failing.Store(true)
-		b.errors.Add(1)
-		b.dropped.Add(uint64(len(batch)))
-		// A dead collector fails every batch; one line per 30 s is enough.
-		now := time.Now().UnixNano()
-		if last := b.lastErrLog.Load(); now-last > int64(30*time.Second) && b.lastErrLog.CompareAndSwap(last, now) {
-			b.log.Warn("span export failed; spans dropped", "spans", len(batch),
-				"dropped_total", b.dropped.Load(), "err", err)
+	if len(b.retry) > 0 || b.closed.Load() && b.failing.Load() {
+		// Order is kept: older batches go first, when the backoff allows.
+		b.stash(batch)
+		b.retryDue()
+		return
+	}
+	if !b.attempt(batch) {
+		b.stash(batch)
+	}
+}
+
+// attempt exports one batch and updates the counters and the backoff.
+func (b *batcher) attempt(batch []sdktrace.ReadOnlySpan) bool {
+	err := b.exp.ExportSpans(b.runCtx, batch)
+	if err == nil {
+		b.failing.Store(false)
+		b.backoff = retryBackoffMin
+		b.exported.Add(uint64(len(batch)))
+		return true
+	}
+	b.failing.Store(true)
+	b.errors.Add(1)
+	b.nextRetry = time.Now().Add(b.backoff)
+	b.backoff = min(2*b.backoff, retryBackoffMax)
+	// A dead collector fails every retry; one line per 30 s is enough.
+	now := time.Now().UnixNano()
+	if last := b.lastErrLog.Load(); now-last > int64(30*time.Second) && b.lastErrLog.CompareAndSwap(last, now) {
+		b.log.Warn("span export failed; spans kept for retry (bounded, oldest dropped first)",
+			"spans", len(batch), "retrying", b.retryN+len(batch), "dropped_total", b.dropped.Load(), "err", err)
+	}
+	return false
+}
+
+// stash keeps a copy of batch for retry (the caller reuses its slice),
+// dropping the oldest kept batches beyond retryCap spans.
+func (b *batcher) stash(batch []sdktrace.ReadOnlySpan) {
+	b.retry = append(b.retry, append([]sdktrace.ReadOnlySpan(nil), batch...))
+	b.retryN += len(batch)
+	for b.retryN > b.retryCap && len(b.retry) > 0 {
+		b.dropped.Add(uint64(len(b.retry[0])))
+		b.retryN -= len(b.retry[0])
+		b.retry[0] = nil
+		b.retry = b.retry[1:]
+	}
+}
+
+// retryDue retries kept batches, oldest first, when the backoff has
+// passed; it stops at the first failure.
+func (b *batcher) retryDue() {
+	for len(b.retry) > 0 && !time.Now().Before(b.nextRetry) && b.runCtx.Err() == nil {
+		if !b.attempt(b.retry[0]) {
+			return
 		}
-		return
+		b.retryN -= len(b.retry[0])
+		b.retry[0] = nil
+		b.retry = b.retry[1:]
 	}
-	b.failing.Store(false)
-	b.exported.Add(uint64(len(batch)))
+}
+
+// retryAtExit gives kept batches one more chance, whatever the backoff,
+// and counts what is still left as dropped: one failed attempt ends it,
+// so a dead collector costs at most one export timeout here.
+func (b *batcher) retryAtExit() {
+	b.nextRetry = time.Time{}
+	b.retryDue()
+	for _, r := range b.retry {
+		b.dropped.Add(uint64(len(r)))
+	}
+	b.retry, b.retryN = nil, 0
 }
 
 // ForceFlush exports everything queued before it returns or ctx ends.

@@ -96,12 +96,88 @@ func TestBatcherCountsFailedExports(t *testing.T) {
 	if err := b.ForceFlush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if b.exported.Load() != 0 || b.dropped.Load() != 20 || b.errors.Load() != 3 {
-		t.Errorf("exported %d dropped %d errors %d; want 0, 20, 3 (batches of 8,8,4)",
+	// The first batch fails; the others wait behind it for the backoff
+	// instead of each costing an attempt.
+	if b.exported.Load() != 0 || b.dropped.Load() != 0 || b.errors.Load() != 1 {
+		t.Errorf("exported %d dropped %d errors %d; want 0, 0 (kept for retry), 1",
 			b.exported.Load(), b.dropped.Load(), b.errors.Load())
 	}
 	if err := b.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	if b.dropped.Load() != 20 || b.errors.Load() != 2 {
+		t.Errorf("after Shutdown: dropped %d errors %d; want 20 (one last attempt failed), 2", b.dropped.Load(), b.errors.Load())
+	}
+}
+
+// recoveringExporter refuses until up is set, like a collector that is
+// restarting.
+type recoveringExporter struct {
+	up       atomic.Bool
+	calls    atomic.Int32
+	exported atomic.Int32
+}
+
+func (r *recoveringExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
+	r.calls.Add(1)
+	if !r.up.Load() {
+		return errors.New("connection refused")
+	}
+	r.exported.Add(int32(len(spans)))
+	return nil
+}
+func (r *recoveringExporter) Shutdown(context.Context) error { return nil }
+
+// Spans ended while the collector is down are delivered once it is back,
+// in a bounded number of attempts.
+func TestBatcherRetriesAfterCollectorRecovers(t *testing.T) {
+	exp := &recoveringExporter{}
+	b := newBatcher(exp, 256, 8, 10*time.Millisecond, slog.Default())
+	emit := spansThrough(b)
+	emit(100)
+	deadline := time.Now().Add(5 * time.Second)
+	for b.errors.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	emit(60)
+	time.Sleep(200 * time.Millisecond) // several batch timeouts while down
+	if c := exp.calls.Load(); c > 2 {
+		t.Errorf("%d export attempts while the collector was down inside the backoff", c)
+	}
+	exp.up.Store(true)
+	for exp.exported.Load() < 160 && time.Now().Before(deadline.Add(5*time.Second)) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := b.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := exp.exported.Load(); got != 160 || b.dropped.Load() != 0 {
+		t.Errorf("delivered %d of 160 after recovery, dropped %d", got, b.dropped.Load())
+	}
+}
+
+// What waits for retry is bounded: beyond the queue size the oldest
+// spans are dropped and counted.
+func TestBatcherRetryBounded(t *testing.T) {
+	b := newBatcher(failingExporter{}, 32, 8, time.Hour, slog.Default())
+	emit := spansThrough(b)
+	for range 10 {
+		emit(30)
+		if err := b.ForceFlush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan struct{})
+	b.flushReq <- done // runs on the batcher's goroutine: read retryN there
+	<-done
+	if b.retryN > 32 {
+		t.Errorf("%d spans held for retry, cap 32", b.retryN)
+	}
+	if err := b.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := b.dropped.Load(); d != 300 {
+		t.Errorf("dropped %d of 300 against a dead collector", d)
 	}
 }
 

@@ -88,6 +88,10 @@ type Config struct {
 	CAFile, CertFile, KeyFile string
 	// SpansFile is the JSON-lines spans file in file mode; "" writes no spans.
 	SpansFile string
+	// SpansMaxSize caps the spans file (0: no cap); beyond it the file is
+	// rotated, keeping SpansKeep older files (path.1, path.2, …).
+	SpansMaxSize int64
+	SpansKeep    int
 	// PrometheusAddr: "" off; ":9464" → 127.0.0.1:9464.
 	PrometheusAddr string
 	// JobID: "" → TORCHELASTIC_RUN_ID, SLURM_JOB_ID, K8S_JOB_NAME; still ""
@@ -109,7 +113,7 @@ type Config struct {
 	// "" leaves the label off.
 	DeviceUUID func(i int) string
 	Resource   ResourceInfo
-	Logger          *slog.Logger
+	Logger     *slog.Logger
 }
 
 // resolved is Config after defaults and the environment were applied.
@@ -290,25 +294,26 @@ func ptr[T any](v T) *T { return &v }
 // parseEndpoint accepts a URL or a bare host:port and returns a URL whose
 // Scheme is "" for the bare form.
 func parseEndpoint(ep string) (*url.URL, error) {
+	shown := RedactURL(ep) // errors are printed: no credentials in them
 	if strings.Contains(ep, "://") {
 		u, err := url.Parse(ep)
 		if err != nil {
-			return nil, fmt.Errorf("otlp endpoint %q: %w", ep, err)
+			return nil, fmt.Errorf("otlp endpoint %q: not a valid URL", shown)
 		}
 		if u.Scheme != "http" && u.Scheme != "https" {
-			return nil, fmt.Errorf("otlp endpoint %q: scheme must be http or https", ep)
+			return nil, fmt.Errorf("otlp endpoint %q: scheme must be http or https", shown)
 		}
 		if u.Host == "" {
-			return nil, fmt.Errorf("otlp endpoint %q: no host", ep)
+			return nil, fmt.Errorf("otlp endpoint %q: no host", shown)
 		}
 		return u, nil
 	}
 	host, port, err := net.SplitHostPort(ep)
 	if err != nil {
-		return nil, fmt.Errorf("otlp endpoint %q: want a URL or host:port: %w", ep, err)
+		return nil, fmt.Errorf("otlp endpoint %q: want a URL or host:port", shown)
 	}
 	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-		return nil, fmt.Errorf("otlp endpoint %q: bad port: %w", ep, err)
+		return nil, fmt.Errorf("otlp endpoint %q: bad port", shown)
 	}
 	return &url.URL{Host: net.JoinHostPort(host, port)}, nil
 }

@@ -94,13 +94,14 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 			return nil, err
 		}
 	case r.SpansFile != "":
-		exp, err = newFileExporter(r.SpansFile, serviceName(res))
+		exp, err = newFileExporter(r.SpansFile, serviceName(res), r.SpansMaxSize, r.SpansKeep)
 		if err != nil {
 			return nil, err
 		}
 	default:
 		exp = discardExporter{}
 	}
+	exp = utf8Exporter{exp}
 	x.batcher = newBatcher(exp, r.QueueSize, r.BatchSize, r.BatchTimeout, r.Logger)
 	opts := []sdktrace.TracerProviderOption{
 		sdktrace.WithResource(res),
@@ -109,12 +110,12 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 		sdktrace.WithSampler(sampler(r.sampleRatio)),
 	}
 	if r.mode == "otlp" && r.otlpTraces && r.SpansFile != "" {
-		fe, err := newFileExporter(r.SpansFile, serviceName(res))
+		fe, err := newFileExporter(r.SpansFile, serviceName(res), r.SpansMaxSize, r.SpansKeep)
 		if err != nil {
 			_ = x.batcher.Shutdown(ctx)
 			return nil, err
 		}
-		x.copy = newBatcher(fe, r.QueueSize, r.BatchSize, r.BatchTimeout, r.Logger)
+		x.copy = newBatcher(utf8Exporter{fe}, r.QueueSize, r.BatchSize, r.BatchTimeout, r.Logger)
 		opts = append(opts, sdktrace.WithSpanProcessor(x.copy))
 	}
 	x.tp = sdktrace.NewTracerProvider(opts...)
@@ -131,7 +132,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 		if r.endpointURL != nil {
 			ep = r.endpointURL.Host
 			if r.endpointURL.Scheme != "" {
-				ep = r.endpointURL.String()
+				ep = RedactURL(r.endpointURL.String())
 			}
 		}
 		attrs = append(attrs, "protocol", r.protocol, "endpoint", ep, "otlp_metrics", r.otlpMetrics, "otlp_traces", r.otlpTraces)
@@ -212,7 +213,7 @@ func buildResource(ctx context.Context, r *resolved) (*resource.Resource, error)
 	if err != nil {
 		return nil, fmt.Errorf("build otel resource: %w", err)
 	}
-	return res, nil
+	return validResource(res), nil
 }
 
 func baseName(p string) string {
@@ -391,11 +392,16 @@ func (x *Exporter) Shutdown(ctx context.Context) error {
 		x.pendingN = 0
 	}
 	x.mu.Unlock()
+	// Spans and metrics flush side by side: each gets all of ctx's time,
+	// so a collector that swallows the spans' time still gets the final
+	// metrics (and the reverse).
 	var errs []error
+	merr := make(chan error, 1)
+	go func() { merr <- x.metrics.shutdown(ctx) }()
 	if err := x.tp.Shutdown(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	if err := x.metrics.shutdown(ctx); err != nil {
+	if err := <-merr; err != nil {
 		errs = append(errs, err)
 	}
 	st := x.Stats()

@@ -1,16 +1,17 @@
 package otel
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/gaptrace/gaptrace/internal/safefile"
 )
 
 // FileSpan is one line of the JSON-lines spans file written in file mode.
@@ -42,8 +43,8 @@ type FileEvent struct {
 // batcher's goroutine, the mutex guards against Shutdown racing an export.
 type fileExporter struct {
 	mu      sync.Mutex
-	f       *os.File
-	w       *bufio.Writer
+	f       *safefile.Writer
+	buf     bytes.Buffer
 	service string
 
 	// The provider has one resource; its map is built once.
@@ -65,12 +66,13 @@ func (x *fileExporter) resourceAttrs(r *resource.Resource) map[string]any {
 	return x.resAttrs
 }
 
-func newFileExporter(path, service string) (*fileExporter, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+func newFileExporter(path, service string, maxSize int64, keep int) (*fileExporter, error) {
+	f, err := safefile.NewWriter(path)
 	if err != nil {
 		return nil, fmt.Errorf("open spans file: %w", err)
 	}
-	return &fileExporter{f: f, w: bufio.NewWriterSize(f, 64<<10), service: service}, nil
+	f.MaxSize, f.Keep = maxSize, keep
+	return &fileExporter{f: f, service: service}, nil
 }
 
 func attrMap(kvs []attribute.KeyValue) map[string]any {
@@ -109,19 +111,18 @@ func (x *fileExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlyS
 	if x.f == nil {
 		return fmt.Errorf("spans file closed")
 	}
-	enc := json.NewEncoder(x.w)
+	x.buf.Reset()
+	enc := json.NewEncoder(&x.buf)
 	for _, s := range spans {
 		fs := toFileSpan(s, x.service)
 		fs.Resource = x.resourceAttrs(s.Resource())
 		if err := enc.Encode(fs); err != nil {
-			return fmt.Errorf("write spans file: %w", err)
+			return fmt.Errorf("encode span: %w", err)
 		}
 	}
-	// Flush per batch so that a reader (or a crash) sees whole steps.
-	if err := x.w.Flush(); err != nil {
-		return fmt.Errorf("write spans file: %w", err)
-	}
-	return nil
+	// One write per batch, so that a reader (or a crash) sees whole steps;
+	// a failed write leaves the file at the last whole line.
+	return x.f.WriteRecords(x.buf.Bytes())
 }
 
 func (x *fileExporter) Shutdown(context.Context) error {
@@ -130,13 +131,10 @@ func (x *fileExporter) Shutdown(context.Context) error {
 	if x.f == nil {
 		return nil
 	}
-	err := x.w.Flush()
-	if cerr := x.f.Close(); err == nil {
-		err = cerr
-	}
+	err := x.f.Close()
 	x.f = nil
 	if err != nil {
-		return fmt.Errorf("close spans file: %w", err)
+		return fmt.Errorf("spans file: %w", err)
 	}
 	return nil
 }

@@ -40,17 +40,17 @@ var (
 )
 
 type metrics struct {
-	mp       *sdkmetric.MeterProvider
-	promSrv  *http.Server
-	promLn   net.Listener
-	idle     metric.Float64Counter
-	steps    metric.Int64Counter
-	stepDur  metric.Float64Histogram
-	gapDur   metric.Float64Histogram
-	ratio    metric.Float64Gauge
-	job      string
-	rank     int
-	uuid     func(int) string
+	mp      *sdkmetric.MeterProvider
+	promSrv *http.Server
+	promLn  net.Listener
+	idle    metric.Float64Counter
+	steps   metric.Int64Counter
+	stepDur metric.Float64Histogram
+	gapDur  metric.Float64Histogram
+	ratio   metric.Float64Gauge
+	job     string
+	rank    int
+	uuid    func(int) string
 
 	// What the counters hold so far, so that Summary can top them up to
 	// the run's final totals without double counting.
@@ -130,13 +130,19 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 		}
 		opts = append(opts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp, ropts...)))
 	}
+	var ln net.Listener
 	if r.PrometheusAddr != "" {
+		var err error
+		if ln, err = net.Listen("tcp", r.PrometheusAddr); err != nil {
+			// Metrics are an aid: a taken port must never keep the job
+			// from running or from being traced.
+			r.Logger.Warn("prometheus endpoint not served; tracing continues without it",
+				"addr", r.PrometheusAddr, "err", err)
+		}
+	}
+	if ln != nil {
 		reader := sdkmetric.NewManualReader()
 		opts = append(opts, sdkmetric.WithReader(reader))
-		ln, err := net.Listen("tcp", r.PrometheusAddr)
-		if err != nil {
-			return nil, fmt.Errorf("listen for prometheus on %s: %w", r.PrometheusAddr, err)
-		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promHandler{reader: reader})
 		m.promLn = ln

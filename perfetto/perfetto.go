@@ -27,12 +27,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
 
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/internal/safefile"
 )
 
 // Synthetic thread IDs of the GPU and step tracks. Linux thread IDs stay
@@ -116,9 +116,9 @@ type Writer struct {
 	steps  int64
 }
 
-// Create writes a trace to path.
+// Create writes a trace to path, never through a link (safefile).
 func Create(path string, opts Options) (*Writer, error) {
-	f, err := os.Create(path)
+	f, err := safefile.Create(path)
 	if err != nil {
 		return nil, fmt.Errorf("create perfetto trace: %w", err)
 	}

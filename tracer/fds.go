@@ -68,6 +68,9 @@ func (r *fdResolver) forgetProcess(pid uint32) {
 // opened records the path an openat returned fd for. A relative path is
 // left to the lazy /proc lookup, which yields the absolute one.
 func (r *fdResolver) opened(pid uint32, fd int32, path string) {
+	if len(path) >= probePathMax {
+		path = r.untruncate(pid, fd, path)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k := fdKey{pid, fd}
@@ -80,6 +83,25 @@ func (r *fdResolver) opened(pid uint32, fd int32, path string) {
 		kind = event.FDOther
 	}
 	r.cache[k] = fdInfo{kind: kind, path: path}
+}
+
+// probePathMax is the longest path the probe copies (PATH_LEN in
+// bpf/events.h, less the NUL); a path this long may have been cut.
+const probePathMax = 255
+
+// TruncatedMark ends a path the probe cut that /proc could not restore.
+const TruncatedMark = "…[truncated]"
+
+// untruncate replaces a path the probe may have cut with the full one
+// from /proc/PID/fd (the fd is normally still open this soon after
+// openat); when /proc cannot confirm it, the path is marked truncated
+// rather than passed off as whole.
+func (r *fdResolver) untruncate(pid uint32, fd int32, path string) string {
+	target, err := os.Readlink(filepath.Join(r.procRoot, strconv.Itoa(int(pid)), "fd", strconv.Itoa(int(fd))))
+	if err == nil && strings.HasPrefix(target, path) {
+		return target
+	}
+	return path + TruncatedMark
 }
 
 // cached returns the cached resolution without touching /proc (close events

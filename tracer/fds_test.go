@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -126,5 +127,33 @@ func TestFDOpenedCache(t *testing.T) {
 	r.forgetProcess(7)
 	if _, ok := r.cached(7, 3); ok {
 		t.Fatal("forgetProcess kept an entry")
+	}
+}
+
+// A path longer than the probe copies is restored from /proc, or marked
+// truncated when it cannot be, never passed off as whole.
+func TestFDOpenedLongPath(t *testing.T) {
+	dir := t.TempDir()
+	for len(dir) < 300 {
+		dir = filepath.Join(dir, strings.Repeat("d", 60))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	full := filepath.Join(dir, "shard.bin")
+	f, err := os.Create(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := newFDResolver("/proc")
+	pid, fd := uint32(os.Getpid()), int32(f.Fd())
+	r.opened(pid, fd, full[:probePathMax])
+	if info, ok := r.cached(pid, fd); !ok || info.path != full {
+		t.Errorf("cut path restored as %q, want %q", info.path, full)
+	}
+	r.opened(pid, 9999, full[:probePathMax]) // no such fd: /proc cannot help
+	if info, _ := r.cached(pid, 9999); info.path != full[:probePathMax]+TruncatedMark {
+		t.Errorf("unrestorable cut path cached as %q, want it marked", info.path)
 	}
 }

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +18,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/workload"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/safefile"
 	"github.com/gaptrace/gaptrace/otel"
 	"github.com/gaptrace/gaptrace/tracer"
 	"github.com/gaptrace/gaptrace/tracer/gpu"
@@ -79,8 +80,8 @@ func (w withWorkload) Step(s correlate.Step) {
 
 // windowsWriter writes --windows-out: one JSON object per GPU window.
 type windowsWriter struct {
-	f   *os.File
-	w   *bufio.Writer
+	f   *safefile.Writer
+	buf bytes.Buffer
 	enc *json.Encoder
 	err error
 }
@@ -97,12 +98,13 @@ type windowJSON struct {
 }
 
 func newWindowsWriter(path string) (*windowsWriter, error) {
-	f, err := os.Create(path)
+	f, err := safefile.NewWriter(path)
 	if err != nil {
 		return nil, fmt.Errorf("windows file: %w", err)
 	}
-	w := bufio.NewWriterSize(f, 64<<10)
-	return &windowsWriter{f: f, w: w, enc: json.NewEncoder(w)}, nil
+	ww := &windowsWriter{f: f}
+	ww.enc = json.NewEncoder(&ww.buf)
+	return ww, nil
 }
 
 func (ww *windowsWriter) write(w event.GPUWindow) {
@@ -110,11 +112,21 @@ func (ww *windowsWriter) write(w event.GPUWindow) {
 		ww.err = ww.enc.Encode(windowJSON{Device: w.Device, UUID: w.UUID, Source: w.Source.String(), Start: w.Start,
 			End: w.End, IdleFraction: w.IdleFraction, SMActivity: w.SMActivity, TensorActivity: w.TensorActivity})
 	}
+	if ww.buf.Len() >= 64<<10 {
+		ww.flush()
+	}
+}
+
+// flush writes whole lines only; a write error is sticky in f.
+func (ww *windowsWriter) flush() {
+	ww.f.WriteRecords(ww.buf.Bytes()) //nolint:errcheck // returned by close
+	ww.buf.Reset()
 }
 
 func (ww *windowsWriter) close() error {
-	if err := errors.Join(ww.err, ww.w.Flush(), ww.f.Close()); err != nil {
-		return fmt.Errorf("write windows file %s: %w", ww.f.Name(), err)
+	ww.flush()
+	if err := errors.Join(ww.err, ww.f.Close()); err != nil {
+		return fmt.Errorf("windows file %s: %w", ww.f.Name(), err)
 	}
 	return nil
 }
@@ -172,6 +184,8 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		Endpoint:       cfg.OTLPEndpoint,
 		Protocol:       cfg.OTLPProtocol,
 		SpansFile:      pc.Spans,
+		SpansMaxSize:   cfg.SpansMaxSize,
+		SpansKeep:      cfg.SpansKeep,
 		PrometheusAddr: cfg.Prometheus,
 		JobID:          cfg.JobID,
 		Rank:           cfg.Rank,
@@ -411,16 +425,21 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 	sum := p.eng.Close(time.Now().UnixNano())
 	sum.DroppedEvents = max(sum.DroppedEvents, st.RingDrops)
 	p.exp.Summary(sum, sum.DroppedEvents)
-	if err := p.exp.Shutdown(ctx); err != nil {
+	// The engine has emitted everything: flushing the exporter and
+	// detaching the probes (which can take seconds on a busy kernel) run
+	// side by side, so the exit waits for the longer one, not the sum.
+	flushed := make(chan error, 1)
+	go func() { flushed <- p.exp.Shutdown(ctx) }()
+	p.log.Info("detaching probes")
+	if err := p.tr.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("detach probes: %w", err))
+	}
+	t1 := time.Now()
+	if err := <-flushed; err != nil {
 		errs = append(errs, fmt.Errorf("flush exporter: %w", err))
 	}
 	if es := p.exp.Stats(); es.SpansDropped > 0 || es.GapsDropped > 0 {
 		p.log.Warn("exporter dropped data", "spans_dropped", es.SpansDropped, "gaps_dropped", es.GapsDropped, "export_errors", es.ExportErrors)
-	}
-	t1 := time.Now()
-	p.log.Info("detaching probes")
-	if err := p.tr.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("detach probes: %w", err))
 	}
 	t2 := time.Now()
 	p.closeGPU()
@@ -429,7 +448,7 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 			errs = append(errs, err)
 		}
 	}
-	p.log.Debug("pipeline closed", "flush", t1.Sub(t0), "detach", t2.Sub(t1))
+	p.log.Debug("pipeline closed", "detach", t1.Sub(t0), "flush", t2.Sub(t0))
 	return sum, errors.Join(errs...)
 }
 

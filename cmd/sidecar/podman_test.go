@@ -80,7 +80,7 @@ func importImage(t *testing.T) string {
 	if out, err := imp.CombinedOutput(); err != nil {
 		t.Fatalf("podman import: %v\n%s", err, out)
 	}
-	tar.Wait() //nolint:errcheck // import read it all
+	tar.Wait()                                           //nolint:errcheck // import read it all
 	t.Cleanup(func() { podman("rmi", "-f", tag).Run() }) //nolint:errcheck // cleanup
 	return tag
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/signal"
 	"regexp"
 	"slices"
@@ -28,6 +29,12 @@ func attachCmd(ctx context.Context, args []string, deps Deps) int {
 	cfg, _, code, ok := load(config.CmdAttach, args, deps)
 	if !ok {
 		return code
+	}
+	if cfg.PID != 0 && !cfg.Force {
+		if err := wholeHost(cfg.PID); err != nil {
+			fmt.Fprintf(deps.Stderr, "gaptrace attach: %v (add --force to trace it anyway)\n", err)
+			return ExitUsage
+		}
 	}
 	out := newOutput(&cfg, deps)
 	if err := deps.Privileged(); err != nil {
@@ -83,8 +90,8 @@ func attachPID(ctx context.Context, cfg *config.Config, deps Deps, out output) i
 		s.abort()
 		return fail(deps, cmd, "process %d %v", pid, errExitedWhileAttaching)
 	}
-	s.title = fmt.Sprintf("pid %d %s", pid, shortCmd(argv))
-	log.Info("tracing", "pid", pid, "cmdline", shortCmd(argv))
+	s.title = fmt.Sprintf("pid %d %s", pid, shortCmd(s.cmdline))
+	log.Info("tracing", "pid", pid, "cmdline", shortCmd(s.cmdline))
 	s.start(ctx)
 
 	exited := make(chan struct{})
@@ -319,7 +326,9 @@ func attachMatch(ctx context.Context, cfg *config.Config, deps Deps, out output)
 	s.start(ctx)
 	log.Info("waiting for processes", "match", cfg.Match, "gpu_procs", cfg.GPUProcs)
 	candidates := func() []int {
-		pids := proc.FindMatching(re)
+		// Another gaptrace's command line holds the same --match
+		// pattern; tracing a tracer is never what was asked.
+		pids := slices.DeleteFunc(proc.FindMatching(re), isGaptrace)
 		if !cfg.GPUProcs {
 			return pids
 		}
@@ -380,7 +389,7 @@ scan:
 				break scan
 			}
 			cl, _ := proc.Cmdline(pid)
-			log.Info("tracing matching process", "pid", pid, "cmdline", shortCmd(strings.Fields(cl)))
+			log.Info("tracing matching process", "pid", pid, "cmdline", shortCmd(redactCmdline(cfg, strings.Fields(cl))))
 			if !cfg.GPUProcs && len(cudaLibs(pid)) == 0 {
 				log.Warn("matching process has no libcuda.so mapped yet; GPU calls are traced once it loads one", "pid", pid)
 			}
@@ -424,4 +433,45 @@ scan:
 	mcancel()
 	wg.Wait()
 	return code
+}
+
+// wholeHost explains why tracing pid and its descendants would trace far
+// more than a job: the host's init (every process of the machine), or
+// gaptrace itself or one of its ancestors (gaptrace would trace itself).
+// Pid 1 of a container's namespace is usually the job itself (compose's
+// pid: service:trainer, docker run --pid container:trainer) and is traced
+// unless gaptrace runs under it.
+func wholeHost(pid int) error {
+	self := os.Getpid()
+	switch {
+	case pid == 1 && hostInit():
+		return errors.New("pid 1 is the host's init: its descendants are every process of the machine, not a training job")
+	case pid == self:
+		return errors.New("that is gaptrace itself")
+	case slices.Contains(proc.Ancestors(self), pid):
+		return fmt.Errorf("pid %d is an ancestor of gaptrace: tracing it traces gaptrace and everything beside it", pid)
+	}
+	return nil
+}
+
+// hostInit reports whether /proc/1 is the host's init: its PID namespace is
+// the initial one, whose inode the kernel fixes (PROC_PID_INIT_INO).
+func hostInit() bool {
+	var st syscall.Stat_t
+	if err := syscall.Stat("/proc/1/ns/pid", &st); err != nil {
+		return true // cannot tell: be careful
+	}
+	return st.Ino == 0xEFFFFFFC
+}
+
+// isGaptrace reports whether pid runs gaptrace (this binary, or one named
+// gaptrace).
+func isGaptrace(pid int) bool {
+	self, err1 := os.Stat("/proc/self/exe")
+	other, err2 := os.Stat(fmt.Sprintf("/proc/%d/exe", pid))
+	if err1 == nil && err2 == nil && os.SameFile(self, other) {
+		return true
+	}
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	return err == nil && strings.TrimSpace(string(comm)) == "gaptrace"
 }

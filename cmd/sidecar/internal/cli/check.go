@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 )
 
@@ -62,16 +63,26 @@ type Host struct {
 	Caps    func() (proc.Caps, error)
 	// Features probes BPF program and map types; nil skips them.
 	Features func() []Finding
-	// MountTracefs tries to mount tracefs at the given path.
-	MountTracefs func(path string) error
+	// MountTracefs tries to mount tracefs at the given path;
+	// UnmountTracefs undoes it, so check leaves the system as found.
+	MountTracefs   func(path string) error
+	UnmountTracefs func(path string) error
+	// Stat replaces os.Stat (tests: a permission error as root).
+	Stat func(path string) (os.FileInfo, error)
 }
 
 func (h Host) path(p string) string { return h.Root + p }
 
-func (h Host) exists(p string) bool {
-	_, err := os.Stat(h.path(p))
-	return err == nil
+func (h Host) stat(p string) error {
+	st := os.Stat
+	if h.Stat != nil {
+		st = h.Stat
+	}
+	_, err := st(h.path(p))
+	return err
 }
+
+func (h Host) exists(p string) bool { return h.stat(p) == nil }
 
 // RealHost is the machine gaptrace runs on.
 func RealHost() Host {
@@ -81,6 +92,7 @@ func RealHost() Host {
 		MountTracefs: func(p string) error {
 			return unix.Mount("tracefs", p, "tracefs", 0, "")
 		},
+		UnmountTracefs: func(p string) error { return unix.Unmount(p, 0) },
 	}
 }
 
@@ -112,7 +124,8 @@ func Verdict(fs []Finding) bool {
 // PrintFindings writes one line per finding: level, name, detail, fix.
 func PrintFindings(w io.Writer, fs []Finding) {
 	for _, f := range fs {
-		line := fmt.Sprintf("%-4s  %-20s %s", f.Level, f.Name, f.Detail)
+		// Details quote the target's command line and library paths.
+		line := fmt.Sprintf("%-4s  %-20s %s", f.Level, f.Name, live.Escape(f.Detail))
 		if f.Fix != "" && f.Level != OK {
 			line += " — fix: " + f.Fix
 		}
@@ -136,8 +149,7 @@ func parseRelease(rel string) (int, int, bool) {
 }
 
 // RunChecks runs every readiness check in a fixed order.
-func RunChecks(ctx context.Context, h Host, cfg *config.Config, gpu GPUInspector) []Finding {
-	var fs []Finding
+func RunChecks(ctx context.Context, h Host, cfg *config.Config, gpu GPUInspector) (fs []Finding) {
 	add := func(l Level, name, detail, fix string) {
 		fs = append(fs, Finding{Level: l, Name: name, Detail: detail, Fix: fix})
 	}
@@ -195,19 +207,40 @@ func RunChecks(ctx context.Context, h Host, cfg *config.Config, gpu GPUInspector
 	}
 
 	tracefs := "/sys/kernel/tracing"
-	if !h.exists(tracefs + "/events") {
-		if h.exists("/sys/kernel/debug/tracing/events") {
+	mountedHere := false
+	var denied error
+	if err := h.stat(tracefs + "/events"); err != nil {
+		switch {
+		case h.exists("/sys/kernel/debug/tracing/events"):
 			tracefs = "/sys/kernel/debug/tracing"
-		} else if h.MountTracefs != nil && h.MountTracefs(h.path(tracefs)) == nil && h.exists(tracefs+"/events") {
-			add(OK, "tracefs", "mounted tracefs at "+tracefs, "")
+		case errors.Is(err, os.ErrPermission):
+			// Mounted, but this user may not look: not the same fix.
+			denied = err
+		case h.MountTracefs != nil && h.MountTracefs(h.path(tracefs)) == nil:
+			// Mounted only to look inside; unmounted again below.
+			mountedHere = true
 		}
 	}
+	if mountedHere {
+		defer func() {
+			if h.UnmountTracefs != nil {
+				if err := h.UnmountTracefs(h.path(tracefs)); err != nil {
+					fs = append(fs, Finding{Level: Warn, Name: "tracefs", Detail: fmt.Sprintf("mounted by check and could not be unmounted: %v", err),
+						Fix: "umount " + tracefs})
+				}
+			}
+		}()
+	}
 	tracefsOK := h.exists(tracefs + "/events")
-	if tracefsOK {
-		if !strings.HasPrefix(lastDetail(fs, "tracefs"), "mounted") {
-			add(OK, "tracefs", tracefs, "")
-		}
-	} else {
+	switch {
+	case denied != nil:
+		add(Fail, "tracefs", fmt.Sprintf("%s is mounted but not readable by this user (%v)", tracefs, denied),
+			"run as root (tracefs is usually mode 0700)")
+	case tracefsOK && mountedHere:
+		add(OK, "tracefs", "not mounted; it can be, and gaptrace mounts it at "+tracefs+" when it traces (check left it unmounted)", "")
+	case tracefsOK:
+		add(OK, "tracefs", tracefs, "")
+	default:
 		add(Fail, "tracefs", "not mounted and could not be mounted", "mount -t tracefs nodev /sys/kernel/tracing (in a container: mount the host's /sys/kernel/tracing)")
 	}
 
@@ -264,15 +297,6 @@ func RunChecks(ctx context.Context, h Host, cfg *config.Config, gpu GPUInspector
 		fs = append(fs, targetChecks(cfg.PID)...)
 	}
 	return fs
-}
-
-func lastDetail(fs []Finding, name string) string {
-	for i := len(fs) - 1; i >= 0; i-- {
-		if fs[i].Name == name {
-			return fs[i].Detail
-		}
-	}
-	return ""
 }
 
 // targetChecks looks at the libraries a target (and its children) mapped.

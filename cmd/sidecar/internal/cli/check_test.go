@@ -112,7 +112,7 @@ func TestCheckBrokenHost(t *testing.T) {
 func TestCheckMountsTracefs(t *testing.T) {
 	tree := []string{"/sys/kernel/btf/vmlinux", "/sys/bus/event_source/devices/uprobe"}
 	root := fakeRoot(t, tree...)
-	mounted := ""
+	mounted, unmounted := "", ""
 	h := Host{Root: root, Release: "6.1.0", Caps: func() (proc.Caps, error) { return rootCaps, nil },
 		MountTracefs: func(p string) error {
 			mounted = p
@@ -120,14 +120,18 @@ func TestCheckMountsTracefs(t *testing.T) {
 				os.MkdirAll(filepath.Join(root, tp), 0o755)
 			}
 			return nil
-		}}
+		},
+		UnmountTracefs: func(p string) error { unmounted = p; return nil }}
 	cfg := config.Defaults(config.CmdCheck)
 	fs := RunChecks(context.Background(), h, &cfg, nil)
 	m := findingsByName(fs)
 	if mounted != root+"/sys/kernel/tracing" {
 		t.Errorf("mounted at %q", mounted)
 	}
-	if m["tracefs"].Level != OK || !strings.HasPrefix(m["tracefs"].Detail, "mounted") || m["tracepoints"].Level != OK {
+	if unmounted != mounted {
+		t.Errorf("check mounted tracefs at %q and unmounted %q: the system must be left as found", mounted, unmounted)
+	}
+	if m["tracefs"].Level != OK || !strings.Contains(m["tracefs"].Detail, "gaptrace mounts it") || m["tracepoints"].Level != OK {
 		t.Errorf("tracefs %+v tracepoints %+v", m["tracefs"], m["tracepoints"])
 	}
 	n := 0
@@ -169,5 +173,24 @@ func TestParseRelease(t *testing.T) {
 	}
 	if _, _, ok := parseRelease("garbage"); ok {
 		t.Error("parsed garbage")
+	}
+}
+
+// A tracefs this user may not read is not "not mounted", and check must
+// not try to mount over it.
+func TestCheckTracefsPermissionDenied(t *testing.T) {
+	root := fakeRoot(t, goodTree...)
+	h := Host{Root: root, Release: "6.1.0", Caps: func() (proc.Caps, error) { return rootCaps, nil },
+		MountTracefs: func(string) error { t.Error("tried to mount over a mounted tracefs"); return nil },
+		Stat: func(p string) (os.FileInfo, error) {
+			if strings.HasPrefix(p, root+"/sys/kernel/tracing/") {
+				return nil, &os.PathError{Op: "stat", Path: p, Err: os.ErrPermission}
+			}
+			return os.Stat(p)
+		}}
+	cfg := config.Defaults(config.CmdCheck)
+	m := findingsByName(RunChecks(context.Background(), h, &cfg, nil))
+	if f := m["tracefs"]; f.Level != Fail || !strings.Contains(f.Detail, "not readable") || strings.Contains(f.Detail, "not mounted") {
+		t.Errorf("tracefs %+v, want a permission failure", f)
 	}
 }

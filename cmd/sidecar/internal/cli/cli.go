@@ -18,7 +18,7 @@
 package cli
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -36,8 +37,15 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/internal/safefile"
+	"github.com/gaptrace/gaptrace/otel"
 	"github.com/gaptrace/gaptrace/perfetto"
 )
+
+// FlushTimeout bounds how long exporting what is left may take once the
+// traced job is done: with the GPU drain (1 s) and the detach, gaptrace
+// exits within 5 s of the job even when the collector never answers.
+const FlushTimeout = 2 * time.Second
 
 // Exit codes of gaptrace itself (run passes the command's through).
 const (
@@ -191,6 +199,9 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 func load(cmd config.Command, args []string, deps Deps) (config.Config, []string, int, bool) {
 	cfg, rest, err := config.Load(cmd, args, deps.Getenv, deps.Stderr)
 	if err == nil {
+		err = checkOutputs(&cfg, deps)
+	}
+	if err == nil {
 		return cfg, rest, 0, true
 	}
 	var ue *config.UsageError
@@ -211,6 +222,33 @@ func load(cmd config.Command, args []string, deps Deps) (config.Config, []string
 	}
 	fmt.Fprintf(deps.Stderr, "gaptrace %s: %v\n", cmd, err)
 	return cfg, rest, ExitUsage, false
+}
+
+// checkOutputs finds what config cannot: problems of the spans file that
+// is written by default in the current directory.
+func checkOutputs(cfg *config.Config, deps Deps) error {
+	if cfg.Command == config.CmdCheck {
+		return nil
+	}
+	var p config.Problems
+	tracesHere := cfg.Command == config.CmdRun || cfg.Command == config.CmdAttach // demo writes under --out
+	if tracesHere && cfg.SpansOut == "" && !cfg.OTLPConfigured(deps.Getenv) {
+		if err := safefile.Check(config.DefaultSpansFile); err != nil {
+			p = append(p, fmt.Sprintf("default spans file ./%s: %v (or set --spans-out)", config.DefaultSpansFile, err))
+		}
+	}
+	// The exporter's settings, checked now rather than after the probes
+	// loaded and the job started.
+	if err := otel.Validate(otel.Config{Endpoint: cfg.OTLPEndpoint, Protocol: cfg.OTLPProtocol,
+		PrometheusAddr: cfg.Prometheus, JobID: cfg.JobID, Rank: cfg.Rank}); err != nil {
+		for _, line := range strings.Split(strings.TrimPrefix(err.Error(), "otel config: "), "\n") {
+			p = append(p, line)
+		}
+	}
+	if len(p) > 0 {
+		return p
+	}
+	return nil
 }
 
 // output is where a tracing command writes: the live view's terminal (nil
@@ -249,27 +287,36 @@ func fail(deps Deps, cmd config.Command, format string, a ...any) int {
 	return ExitFailure
 }
 
-// gapsWriter is the --gaps-out sink: correlate's JSON-lines encoding into
-// a buffered file, in start order, written as gaps leave the reorder
-// window so a crash loses at most that window and the buffer.
+// gapsWriter is the --gaps-out sink: correlate's JSON-lines encoding, in
+// start order (gaps leave a short reorder window), buffered and written in
+// whole lines, so a crash loses at most the window and the buffer and a
+// full disk never leaves half a line.
 type gapsWriter struct {
 	mu   sync.Mutex
-	f    *os.File
-	w    *bufio.Writer
+	log  *slog.Logger
+	f    *safefile.Writer
+	buf  bytes.Buffer
 	gaps *correlate.GapsJSONL
 	// order holds gaps briefly so the file is in start order.
 	order startOrder
 }
 
-func newGapsWriter(path string) (*gapsWriter, error) {
-	f, err := os.Create(path)
+const gapsFlushAt = 64 << 10
+
+func newGapsWriter(path string, log *slog.Logger) (*gapsWriter, error) {
+	f, err := safefile.NewWriter(path)
 	if err != nil {
 		return nil, fmt.Errorf("create gaps file: %w", err)
 	}
-	w := bufio.NewWriterSize(f, 64<<10)
-	gw := &gapsWriter{f: f, w: w, gaps: correlate.WriteGapsJSONL(w)}
-	gw.order.out = gw.gaps.Gap
-	return gw, nil
+	g := &gapsWriter{f: f, log: log}
+	g.gaps = correlate.WriteGapsJSONL(&g.buf)
+	g.order.out = func(gap correlate.Gap) {
+		g.gaps.Gap(gap)
+		if g.buf.Len() >= gapsFlushAt {
+			g.flushLocked()
+		}
+	}
+	return g, nil
 }
 
 func (g *gapsWriter) Gap(gap correlate.Gap) {
@@ -278,15 +325,29 @@ func (g *gapsWriter) Gap(gap correlate.Gap) {
 	g.order.add(gap)
 }
 
+// flushLocked writes the buffered whole lines; a failed write is kept in
+// the writer and reported at Close.
+func (g *gapsWriter) flushLocked() {
+	if g.buf.Len() > 0 {
+		failed := g.f.Err() != nil
+		if err := g.f.WriteRecords(g.buf.Bytes()); err != nil && !failed {
+			// Said when it happens, not only in the summary.
+			g.log.Error("gaps file write failed; no more gaps are written to it", "err", err)
+		}
+		g.buf.Reset()
+	}
+}
+
 func (g *gapsWriter) Step(correlate.Step) {}
 
 func (g *gapsWriter) Close() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.order.flush()
-	err := errors.Join(g.gaps.Err(), g.w.Flush(), g.f.Close())
+	g.flushLocked()
+	err := errors.Join(g.gaps.Err(), g.f.Close())
 	if err != nil {
-		return fmt.Errorf("write gaps file %s: %w", g.f.Name(), err)
+		return fmt.Errorf("gaps file %s: %w", g.f.Name(), err)
 	}
 	return nil
 }
@@ -306,29 +367,28 @@ func writeSummaryJSON(path string, s correlate.Summary) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("write summary: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write summary: %w", err)
+	if err := safefile.WriteAtomic(path, append(b, '\n')); err != nil {
+		return fmt.Errorf("write summary %s: %w", path, err)
 	}
 	return nil
 }
 
 // session is one tracing session: outputs, pipeline, live view.
 type session struct {
-	cmd    config.Command
-	cfg    *config.Config
-	deps   Deps
-	log    *slog.Logger
-	agg    *live.Aggregator
-	gaps   *gapsWriter
-	trace  *perfetto.Writer // --perfetto-out, nil when off
-	pipe   Pipeline
-	spans  string
-	title  string
-	closed bool
+	cmd   config.Command
+	cfg   *config.Config
+	deps  Deps
+	log   *slog.Logger
+	agg   *live.Aggregator
+	gaps  *gapsWriter
+	trace *perfetto.Writer // --perfetto-out, nil when off
+	pipe  Pipeline
+	spans string
+	// cmdline is the target's command line as --command-line and
+	// --redact allow it to be shown.
+	cmdline []string
+	title   string
+	closed  bool
 
 	mode string         // live view: "on" (redrawn frame), "log" (periodic lines), "off"
 	term *live.Terminal // when mode is "on"
@@ -344,7 +404,7 @@ type session struct {
 func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output, targetPID int, argv []string) (*session, error) {
 	base := out.log
 	s := &session{cmd: cfg.Command, cfg: cfg, deps: deps, log: base.With("component", "cli"), agg: live.NewAggregator(nil),
-		mode: out.mode, term: out.term}
+		mode: out.mode, term: out.term, cmdline: redactCmdline(cfg, argv)}
 	if !cfg.OTLPConfigured(deps.Getenv) {
 		s.spans = cfg.SpansOut
 		if s.spans == "" {
@@ -355,7 +415,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	}
 	sinks := correlate.Tee{s.agg}
 	if cfg.GapsOut != "" {
-		g, err := newGapsWriter(cfg.GapsOut)
+		g, err := newGapsWriter(cfg.GapsOut, s.log)
 		if err != nil {
 			return nil, err
 		}
@@ -375,7 +435,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	}
 	pipe, err := deps.NewPipeline(ctx, PipelineConfig{
 		Config: cfg, Sink: sinks, Snapshot: s.agg.SetSummary, Spans: s.spans,
-		TargetPID: targetPID, TargetCmdline: argv, Logger: base,
+		TargetPID: targetPID, TargetCmdline: s.cmdline, Logger: base,
 	})
 	if err != nil {
 		if s.gaps != nil {
@@ -453,7 +513,7 @@ func (s *session) finish() error {
 	}
 	s.agg.Stop()
 	stats := s.pipe.Stats()
-	cctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	cctx, cancel := context.WithTimeout(context.Background(), FlushTimeout)
 	sum, err := s.pipe.Close(cctx)
 	cancel()
 	if err != nil {
@@ -481,11 +541,23 @@ func (s *session) finish() error {
 	_, width := s.deps.IsTerminal()
 	out := live.Outputs{Gaps: s.cfg.GapsOut, Spans: s.spans, Summary: s.cfg.SummaryJSON, Prometheus: s.cfg.Prometheus,
 		Trace: s.cfg.PerfettoOut}
+	// An output that could not be written whole is not listed as written.
+	failed := safefile.FailedPaths(errors.Join(errs...))
+	for _, p := range []*string{&out.Gaps, &out.Spans, &out.Summary} {
+		if *p != "" && slices.Contains(failed, *p) {
+			if p == &out.Summary {
+				*p += " (NOT written: see the error above)"
+			} else {
+				*p += " (INCOMPLETE: a write failed, see the error above)"
+			}
+		}
+	}
 	if s.cfg.OTLPConfigured(s.deps.Getenv) {
 		out.OTLP = s.cfg.OTLPEndpoint
 		if out.OTLP == "" {
 			out.OTLP = firstNonEmpty(s.deps.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), s.deps.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"))
 		}
+		out.OTLP = otel.RedactURL(out.OTLP)
 	}
 	fmt.Fprint(s.deps.Stdout, live.Summary(s.agg.View(s.title), out, width))
 	return errors.Join(errs...)

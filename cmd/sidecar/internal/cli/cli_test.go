@@ -177,14 +177,18 @@ func TestRunTracesBeforeTheCommandStarts(t *testing.T) {
 func TestRunCommandNotFound(t *testing.T) {
 	h := newHarness(t)
 	code := h.main(context.Background(), "run", "--", "no-such-command-gaptrace")
-	if code != ExitFailure {
-		t.Errorf("exit %d, want %d", code, ExitFailure)
+	if code != ExitNotFound {
+		t.Errorf("exit %d, want %d", code, ExitNotFound)
 	}
-	if !strings.Contains(h.stderr.String(), `command "no-such-command-gaptrace"`) {
+	if !strings.Contains(h.stderr.String(), `command "no-such-command-gaptrace": not found`) {
 		t.Errorf("stderr: %s", h.stderr)
 	}
-	if h.pipe.closes != 1 {
-		t.Errorf("pipeline closed %d times, want once (nothing left attached)", h.pipe.closes)
+	if h.pipe.pc.Config != nil || h.pipe.closes != 0 {
+		t.Error("pipeline built for a command that cannot start: probes load before the failure")
+	}
+	code = h.main(context.Background(), "run", "--", t.TempDir())
+	if code != ExitNotExecutable {
+		t.Errorf("run -- DIR: exit %d, want %d\n%s", code, ExitNotExecutable, h.stderr)
 	}
 }
 
@@ -345,7 +349,7 @@ func TestBadFlagsReportEverything(t *testing.T) {
 func TestNotPrivileged(t *testing.T) {
 	h := newHarness(t)
 	h.deps.Privileged = func() error { return errors.New("missing capabilities CAP_BPF, CAP_PERFMON") }
-	for _, args := range [][]string{{"run", "--", "true"}, {"attach", "--pid", "1"}, {"demo"}} {
+	for _, args := range [][]string{{"run", "--", "true"}, {"attach", "--pid", "1", "--force"}, {"demo"}} {
 		h.stderr.b.Reset()
 		if code := h.main(context.Background(), args...); code != ExitFailure {
 			t.Errorf("%v: exit %d, want 1", args, code)

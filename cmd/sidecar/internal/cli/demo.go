@@ -156,7 +156,7 @@ func demoCmd(ctx context.Context, args []string, deps Deps) int {
 	if err := os.Setenv("SIMGPU_DIR", tmp); err != nil {
 		return fail(deps, config.CmdDemo, "set SIMGPU_DIR: %v", err)
 	}
-	env := append(deps.Environ(), "SIMGPU_DIR="+tmp)
+	env := append(childEnv(deps.Environ()), "SIMGPU_DIR="+tmp)
 	argv := demoArgs(filepath.Join(sim, "simtrain"), filepath.Join(tmp, "data"), cfg.DemoFor)
 
 	fmt.Fprintf(deps.Stdout, "gaptrace demo: tracing the simulated trainer for about %v (no GPU needed)\n"+

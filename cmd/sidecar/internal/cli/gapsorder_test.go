@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"encoding/json"
+	"log/slog"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -18,7 +19,7 @@ import (
 // order, and that gaps are written before Close once the horizon passed.
 func TestGapsFileInStartOrder(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "gaps.jsonl")
-	w, err := newGapsWriter(path)
+	w, err := newGapsWriter(path, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,11 +23,17 @@ func runCmd(ctx context.Context, args []string, deps Deps) int {
 	if !ok {
 		return code
 	}
+	if code, err := findCommand(cfg.Argv[0]); err != nil {
+		// Before anything loads: probes for a command that cannot start
+		// are seconds wasted.
+		fmt.Fprintf(deps.Stderr, "gaptrace run: %v\n", err)
+		return code
+	}
 	out := newOutput(&cfg, deps)
 	if err := deps.Privileged(); err != nil {
 		return fail(deps, config.CmdRun, "cannot trace: %v", err)
 	}
-	return runSession(ctx, &cfg, deps, out, cfg.Argv, deps.Environ())
+	return runSession(ctx, &cfg, deps, out, cfg.Argv, childEnv(deps.Environ()))
 }
 
 type exitResult struct {
@@ -78,14 +84,14 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, 
 		s.abort()
 		return fail(deps, cmd, "trace %s (pid %d): %v", argv[0], pid, err)
 	}
-	s.title = fmt.Sprintf("pid %d %s", pid, shortCmd(argv))
+	s.title = fmt.Sprintf("pid %d %s", pid, shortCmd(s.cmdline))
 	s.start(ctx)
 	if err := child.Release(); err != nil {
 		child.Abort()
 		s.finish() //nolint:errcheck // the release error is the one to report
 		return fail(deps, cmd, "%v", err)
 	}
-	log.Debug("command started under tracing", "pid", pid, "argv", argv)
+	log.Debug("command started under tracing", "pid", pid, "argv", s.cmdline)
 
 	exited := make(chan exitResult, 1)
 	go func() {
@@ -99,11 +105,13 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, 
 		durC = t.C
 	}
 	tracing, signals := true, 0
+	var finishErr error
 	stop := func() {
 		if tracing {
 			tracing = false
 			if err := s.finish(); err != nil {
 				log.Warn("tracing did not stop cleanly", "err", err)
+				finishErr = err
 			}
 		}
 	}
@@ -114,7 +122,7 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, 
 			if r.err != nil {
 				log.Warn("wait for command", "err", r.err)
 			}
-			return r.code
+			return runExitCode(r.code, finishErr)
 		case <-durC:
 			log.Info("tracing stopped after --duration; the command keeps running", "duration", cfg.Duration, "pid", pid)
 			stop()

@@ -22,6 +22,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
+
+	"github.com/gaptrace/gaptrace/internal/safefile"
 )
 
 // Command names the subcommand a Config is for; some options only exist
@@ -42,6 +44,11 @@ const EnvPrefix = "GAPTRACE_"
 // DefaultSpansFile is where spans go when no OTLP endpoint is configured.
 const DefaultSpansFile = "gaptrace-spans.jsonl"
 
+// DefaultSpansMaxSize caps the spans file: a busy job writes gigabytes of
+// spans an hour, and the default file is in the current directory. With
+// one rotated file kept, the spans take at most twice this.
+const DefaultSpansMaxSize = 256 << 20
+
 // Config is everything a gaptrace command needs to know. Zero values are
 // not meaningful; start from Defaults.
 type Config struct {
@@ -61,6 +68,8 @@ type Config struct {
 	GapsOut        string
 	SummaryJSON    string
 	SpansOut       string
+	SpansMaxSize   int64 // bytes; 0: no cap
+	SpansKeep      int   // rotated spans files kept
 	WindowsOut     string
 	PerfettoOut    string
 	OTLPEndpoint   string
@@ -73,6 +82,9 @@ type Config struct {
 	Prometheus     string
 
 	// Presentation.
+	CommandLine string // target command line in telemetry: "redacted", "none", "name", "full"
+	Redact      string // extra regex whose matches are hidden in the command line
+
 	Live     string // "auto", "on", "off"
 	LogLevel string // "debug", "info", "warn", "error"
 
@@ -80,6 +92,7 @@ type Config struct {
 	PID      int      // attach --pid, check --pid
 	Match    string   // attach --match
 	GPUProcs bool     // attach --gpu-procs: every process with libcuda mapped
+	Force    bool     // attach --pid: also init, gaptrace or its ancestors
 	Argv     []string // run: the command
 	OutDir   string   // demo: where files go
 	DemoFor  time.Duration
@@ -99,6 +112,9 @@ func Defaults(cmd Command) Config {
 		Rank:             -1,
 		Live:             "auto",
 		LogLevel:         "info",
+		CommandLine:      "redacted",
+		SpansMaxSize:     DefaultSpansMaxSize,
+		SpansKeep:        1,
 	}
 	if cmd == CmdDemo {
 		c.OutDir = filepath.Join("out", "demo")
@@ -188,6 +204,26 @@ var options = []option{
 		binding: stringVar(func(c *Config) *string { return &c.SummaryJSON })},
 	{name: "spans-out", usage: "write spans as JSON lines to `FILE` (default " + DefaultSpansFile + " when no OTLP endpoint is set)",
 		binding: stringVar(func(c *Config) *string { return &c.SpansOut })},
+	{name: "spans-max-size", usage: "rotate the spans file when it would grow past `SIZE` (e.g. 256M, 1G; 0: no cap)",
+		binding: binding{get: func(c *Config) string { return formatSize(c.SpansMaxSize) },
+			set: func(c *Config, v string) error {
+				n, err := parseSize(v)
+				if err != nil {
+					return err
+				}
+				c.SpansMaxSize = n
+				return nil
+			}}},
+	{name: "spans-keep", usage: "rotated spans files to keep (FILE.1 … FILE.N); 0 keeps none",
+		binding: binding{get: func(c *Config) string { return strconv.Itoa(c.SpansKeep) },
+			set: func(c *Config, v string) error {
+				n, err := strconv.Atoi(strings.TrimSpace(v))
+				if err != nil || n < 0 || n > 100 {
+					return fmt.Errorf("want 0 to 100: %q", v)
+				}
+				c.SpansKeep = n
+				return nil
+			}}},
 	{name: "windows-out", usage: "write the GPU's own idle windows (NVML/GPM samples) as JSON lines to `FILE`",
 		binding: stringVar(func(c *Config) *string { return &c.WindowsOut })},
 	{name: "perfetto-out", usage: "write a Chrome trace-event JSON `FILE` that ui.perfetto.dev and chrome://tracing open: GPU busy/idle, steps and host threads per rank",
@@ -222,6 +258,10 @@ var options = []option{
 				c.Rank = n
 				return nil
 			}}},
+	{name: "command-line", usage: "the target's command line in spans, metrics and the view: redacted (values of key/token/secret/password options and URL credentials hidden), none, name (program name only), full",
+		binding: oneOfVar(func(c *Config) *string { return &c.CommandLine }, "redacted", "none", "name", "full")},
+	{name: "redact", usage: "also hide what `REGEX` matches in the target's command line",
+		binding: stringVar(func(c *Config) *string { return &c.Redact })},
 	{name: "prometheus", usage: "serve Prometheus metrics on `ADDR` (e.g. :9464)",
 		binding: stringVar(func(c *Config) *string { return &c.Prometheus })},
 	{name: "nvml-lib", usage: "path of libnvidia-ml.so.1 (default: the dynamic loader's)", cmds: []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
@@ -255,12 +295,61 @@ var options = []option{
 			c.GPUProcs = b
 			return nil
 		}}},
+	{name: "force", usage: "attach --pid: trace even pid 1 or an ancestor of gaptrace (their descendants are the whole host or gaptrace itself)", cmds: []Command{CmdAttach}, bool: true,
+		binding: binding{set: func(c *Config, v string) error {
+			b, err := strconv.ParseBool(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("not a boolean: %q", v)
+			}
+			c.Force = b
+			return nil
+		}}},
 	{name: "cuda-wait", usage: "attach --pid: fail when the target has not loaded libcuda within this long (0: only warn)", cmds: []Command{CmdAttach},
 		binding: durationVar(func(c *Config) *time.Duration { return &c.CUDAWait })},
 	{name: "out", usage: "directory for the demo's gaps, spans and summary files", cmds: []Command{CmdDemo},
 		binding: stringVar(func(c *Config) *string { return &c.OutDir })},
 	{name: "demo-duration", usage: "how long the demo trainer runs (approximately)", cmds: []Command{CmdDemo},
 		binding: durationVar(func(c *Config) *time.Duration { return &c.DemoFor })},
+}
+
+// parseSize reads a byte count: a number with an optional K, M, G or T
+// suffix (powers of 1024; KiB, MB and the like are read the same way).
+func parseSize(v string) (int64, error) {
+	s := strings.ToUpper(strings.TrimSpace(v))
+	s = strings.TrimSuffix(strings.TrimSuffix(s, "B"), "I")
+	mult := int64(1)
+	if s != "" {
+		switch s[len(s)-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		case 'T':
+			mult = 1 << 40
+		}
+		if mult > 1 {
+			s = s[:len(s)-1]
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("not a size (e.g. 256M, 1G, 0 for no cap): %q", v)
+	}
+	return n * mult, nil
+}
+
+func formatSize(n int64) string {
+	for _, u := range []struct {
+		suffix string
+		size   int64
+	}{{"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
+		if n >= u.size && n%u.size == 0 {
+			return strconv.FormatInt(n/u.size, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 func (o option) appliesTo(cmd Command) bool {
@@ -396,8 +485,12 @@ func lookup(getenv func(string) string, name string) (string, bool) {
 	return v, v != ""
 }
 
+// MaxConfigFile bounds the configuration file: it is read whole, and a
+// path such as /dev/zero must not exhaust memory.
+const MaxConfigFile = 1 << 20
+
 func loadFile(cmd Command, path string, cfg *Config) Problems {
-	b, err := os.ReadFile(path)
+	b, err := readConfigFile(path)
 	if err != nil {
 		return Problems{fmt.Sprintf("config file: %v", err)}
 	}
@@ -426,8 +519,14 @@ func loadFile(cmd Command, path string, cfg *Config) Problems {
 		var s string
 		switch v := m[k].(type) {
 		case nil:
+			// "probes: null" reads as YAML's null, not the probe set.
+			problems = append(problems, fmt.Sprintf("config file %s: %s: no value (YAML null); quote it (%s: \"null\") or remove the key for the default", path, k, k))
 			continue
 		case string:
+			if strings.TrimSpace(v) == "" {
+				problems = append(problems, fmt.Sprintf("config file %s: %s: empty value; remove the key for the default", path, k))
+				continue
+			}
 			s = v
 		case bool, int, int64, uint64, float64:
 			s = fmt.Sprint(v)
@@ -440,6 +539,29 @@ func loadFile(cmd Command, path string, cfg *Config) Problems {
 		}
 	}
 	return problems
+}
+
+func readConfigFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, MaxConfigFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxConfigFile {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, MaxConfigFile)
+	}
+	return b, nil
 }
 
 // OTLPConfigured reports whether spans go to an OTLP endpoint (flag, file,
@@ -471,6 +593,11 @@ func (c *Config) validate(rest []string) Problems {
 			}
 		}
 	}
+	if c.Redact != "" {
+		if _, err := regexp.Compile(c.Redact); err != nil {
+			p = append(p, fmt.Sprintf("--redact: bad regular expression: %v", err))
+		}
+	}
 	if c.Command != CmdRun && len(rest) > 0 {
 		p = append(p, fmt.Sprintf("%s: unexpected arguments: %s", c.Command, strings.Join(rest, " ")))
 	}
@@ -497,6 +624,10 @@ func (c *Config) validate(rest []string) Problems {
 		}
 		if err := writableDir(filepath.Dir(f.path)); err != nil {
 			p = append(p, fmt.Sprintf("--%s %s: %v", f.flag, f.path, err))
+		} else if err := safefile.Check(f.path); err != nil && !(f.flag == "summary-json" && isSymlink(f.path)) {
+			// The summary replaces its file by rename, so a link there is
+			// replaced, not written through; the streamed files are not.
+			p = append(p, fmt.Sprintf("--%s: %v", f.flag, err))
 		}
 	}
 	if c.Command == CmdDemo {
@@ -524,12 +655,17 @@ func (c *Config) validate(rest []string) Problems {
 		}
 	}
 	if c.OTLPEndpoint != "" && strings.ContainsAny(c.OTLPEndpoint, " \t") {
-		p = append(p, fmt.Sprintf("--otlp-endpoint %q: contains whitespace", c.OTLPEndpoint))
+		p = append(p, "--otlp-endpoint: contains whitespace")
 	}
 	if c.ServiceName == "" {
 		p = append(p, "--service-name: must not be empty")
 	}
 	return p
+}
+
+func isSymlink(path string) bool {
+	st, err := os.Lstat(path)
+	return err == nil && st.Mode()&os.ModeSymlink != 0
 }
 
 func writableDir(dir string) error {

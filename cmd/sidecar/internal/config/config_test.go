@@ -189,3 +189,67 @@ func TestHelpShowsDefaults(t *testing.T) {
 		t.Log(help)
 	}
 }
+
+func TestConfigFileValuesAreNeverSilentlyIgnored(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ yaml, want string }{
+		{"probes: null\n", `probes: no value (YAML null); quote it (probes: "null")`},
+		{"probes:\n", "probes: no value"},
+		{"gaps-out: \"\"\n", "gaps-out: empty value"},
+		{"job-id: '  '\n", "job-id: empty value"},
+	} {
+		f := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(f, []byte(tc.yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := Load(CmdRun, []string{"--config", f, "--", "true"}, func(string) string { return "" }, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want a problem with %q", tc.yaml, err, tc.want)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "q.yaml"), []byte("probes: \"null\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := Load(CmdRun, []string{"--config", filepath.Join(dir, "q.yaml"), "--", "true"}, func(string) string { return "" }, io.Discard)
+	if err != nil || cfg.Probes != "null" {
+		t.Errorf("quoted null: probes %q, err %v", cfg.Probes, err)
+	}
+}
+
+func TestConfigFileBounded(t *testing.T) {
+	big := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(big, []byte("# "+strings.Repeat("x", MaxConfigFile)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{"/dev/zero": "not a regular file", big: "larger than"} {
+		done := make(chan error, 1)
+		go func() {
+			_, _, err := Load(CmdRun, []string{"--config", path, "--", "true"}, func(string) string { return "" }, io.Discard)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("--config %s: %v, want %q", path, err, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("--config %s is still being read", path)
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "1024": 1024, "16K": 16 << 10, "256M": 256 << 20, "1G": 1 << 30, "2GiB": 2 << 30, "10mb": 10 << 20} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "x", "-1", "1.5G", "99999999999T"} {
+		if _, err := parseSize(bad); err == nil {
+			t.Errorf("parseSize(%q) accepted", bad)
+		}
+	}
+	if c := Defaults(CmdRun); c.SpansMaxSize != DefaultSpansMaxSize || c.SpansKeep != 1 {
+		t.Errorf("defaults %d/%d", c.SpansMaxSize, c.SpansKeep)
+	}
+}

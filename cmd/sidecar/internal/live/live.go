@@ -66,9 +66,48 @@ type Aggregator struct {
 
 	gaps     int64
 	gapCause map[correlate.Cause]int64
-	files    map[string]*fileAgg
-	peers    map[string]*peerAgg
-	lastGap  *correlate.Gap
+	// files and peers hold at most maxTracked names each; beyond, the
+	// name with the least blocked time is folded into the others total,
+	// so a job that touches millions of files costs a bounded table
+	// while the files that matter (the most blocked time) stay named.
+	files      map[string]*fileAgg
+	peers      map[string]*peerAgg
+	otherFiles otherAgg
+	otherPeers otherAgg
+	lastGap    *correlate.Gap
+}
+
+// maxTracked bounds the files and the peers the view keeps by name.
+const maxTracked = 256
+
+// otherAgg is what was folded out of a bounded table.
+type otherAgg struct {
+	names int
+	ns    int64
+	bytes uint64
+	calls int
+}
+
+// evictSmallest folds the entry with the least time out of m.
+func evictSmallest[V any](m map[string]V, ns func(V) (int64, uint64, int), into *otherAgg) {
+	var minK string
+	var minNS int64
+	first := true
+	for k, v := range m {
+		n, _, _ := ns(v)
+		if first || n < minNS || n == minNS && k < minK {
+			minK, minNS, first = k, n, false
+		}
+	}
+	if first {
+		return
+	}
+	n, b, c := ns(m[minK])
+	into.names++
+	into.ns += n
+	into.bytes += b
+	into.calls += c
+	delete(m, minK)
 }
 
 // NewAggregator starts an aggregator whose clock is now (time.Now when nil).
@@ -105,6 +144,9 @@ func (a *Aggregator) Gap(g correlate.Gap) {
 	for _, f := range g.Evidence.Files {
 		fa := a.files[f.Path]
 		if fa == nil {
+			if len(a.files) >= maxTracked {
+				evictSmallest(a.files, func(f *fileAgg) (int64, uint64, int) { return f.ns, f.bytes, f.calls }, &a.otherFiles)
+			}
 			fa = &fileAgg{ops: map[string]int64{}}
 			a.files[f.Path] = fa
 		}
@@ -116,6 +158,9 @@ func (a *Aggregator) Gap(g correlate.Gap) {
 	for _, p := range g.Evidence.Peers {
 		pa := a.peers[p.Address]
 		if pa == nil {
+			if len(a.peers) >= maxTracked {
+				evictSmallest(a.peers, func(p *peerAgg) (int64, uint64, int) { return p.ns, p.bytes, p.calls }, &a.otherPeers)
+			}
 			pa = &peerAgg{}
 			a.peers[p.Address] = pa
 		}
@@ -220,8 +265,12 @@ type View struct {
 	ByCause     []CauseTime
 	TopFiles    []TopItem
 	TopPeers    []TopItem
-	LastGap     *correlate.Gap
-	Stats       Stats
+	// OtherFiles and OtherPeers total what is not in the top rows
+	// (Name says how many); nil when nothing is left out.
+	OtherFiles *TopItem
+	OtherPeers *TopItem
+	LastGap    *correlate.Gap
+	Stats      Stats
 }
 
 // View takes a consistent frame. title names what is traced.
@@ -278,13 +327,40 @@ func (a *Aggregator) View(title string) View {
 	for addr, p := range a.peers {
 		v.TopPeers = append(v.TopPeers, TopItem{Name: addr, Note: p.label, NS: p.ns, Bytes: p.bytes, Calls: p.calls})
 	}
-	v.TopFiles = top(v.TopFiles, 5)
-	v.TopPeers = top(v.TopPeers, 3)
+	v.TopFiles, v.OtherFiles = topAndRest(v.TopFiles, 5, a.otherFiles, "files")
+	v.TopPeers, v.OtherPeers = topAndRest(v.TopPeers, 3, a.otherPeers, "peers")
 	if a.lastGap != nil {
 		g := *a.lastGap
 		v.LastGap = &g
 	}
 	return v
+}
+
+// topAndRest keeps the n items with the most time and sums the rest,
+// with what was already folded out, into one "others" item.
+func topAndRest(items []TopItem, n int, folded otherAgg, what string) ([]TopItem, *TopItem) {
+	items = top(items, len(items))
+	rest := TopItem{NS: folded.ns, Bytes: folded.bytes, Calls: folded.calls}
+	count := folded.names
+	if len(items) > n {
+		for _, it := range items[n:] {
+			rest.NS += it.NS
+			rest.Bytes += it.Bytes
+			rest.Calls += it.Calls
+		}
+		count += len(items) - n
+		items = items[:n]
+	}
+	if count == 0 {
+		return items, nil
+	}
+	rest.Name = fmt.Sprintf("(%d other %s)", count, what)
+	if folded.names > 0 {
+		// Folded names are not remembered, so how many were distinct is
+		// not known: no count rather than a wrong one.
+		rest.Name = fmt.Sprintf("(other %s)", what)
+	}
+	return items, &rest
 }
 
 func top(items []TopItem, n int) []TopItem {
@@ -391,7 +467,7 @@ func pct(p float64) string {
 func Frame(v View, width int) string {
 	width = max(60, min(width, 120))
 	var b strings.Builder
-	fmt.Fprintf(&b, "gaptrace · %s · %s\n", v.Title, formatElapsed(v.Elapsed))
+	fmt.Fprintf(&b, "gaptrace · %s · %s\n", Escape(v.Title), formatElapsed(v.Elapsed))
 	fmt.Fprintf(&b, "steps %d (%.1f/s)   GPU idle %s   gaps %d   dropped events %d\n",
 		v.Steps, v.StepsPerSec, pct(v.IdlePct), v.Gaps, v.Stats.Drops)
 	writeCauses(&b, v, width)
@@ -428,13 +504,19 @@ func writeEvidence(b *strings.Builder, v View, width int) {
 	if len(v.TopFiles) > 0 {
 		fmt.Fprintf(b, "\ntop files%s %9s %10s\n", strings.Repeat(" ", max(0, nameW+15-9)), "blocked", "bytes")
 		for _, f := range v.TopFiles {
-			fmt.Fprintf(b, "  %-*s %-*s %9s %10s\n", nameW, trimLeft(f.Name, nameW), opsNoteWidth, f.Note, FormatNS(f.NS), FormatBytes(f.Bytes))
+			fmt.Fprintf(b, "  %-*s %-*s %9s %10s\n", nameW, trimLeft(Escape(f.Name), nameW), opsNoteWidth, Escape(f.Note), FormatNS(f.NS), FormatBytes(f.Bytes))
+		}
+		if o := v.OtherFiles; o != nil {
+			fmt.Fprintf(b, "  %-*s %-*s %9s %10s\n", nameW, o.Name, opsNoteWidth, "", FormatNS(o.NS), FormatBytes(o.Bytes))
 		}
 	}
 	if len(v.TopPeers) > 0 {
 		fmt.Fprintf(b, "\ntop peers%s %9s %10s\n", strings.Repeat(" ", max(0, nameW+15-9)), "blocked", "bytes")
 		for _, p := range v.TopPeers {
-			fmt.Fprintf(b, "  %-*s %-11s %9s %10s\n", nameW, trimLeft(p.Name+" "+p.Note, nameW), "", FormatNS(p.NS), FormatBytes(p.Bytes))
+			fmt.Fprintf(b, "  %-*s %-11s %9s %10s\n", nameW, trimLeft(Escape(p.Name+" "+p.Note), nameW), "", FormatNS(p.NS), FormatBytes(p.Bytes))
+		}
+		if o := v.OtherPeers; o != nil {
+			fmt.Fprintf(b, "  %-*s %-11s %9s %10s\n", nameW, o.Name, "", FormatNS(o.NS), FormatBytes(o.Bytes))
 		}
 	}
 }
@@ -457,10 +539,10 @@ func LogLine(v View) string {
 		}
 	}
 	if len(v.TopFiles) > 0 {
-		fmt.Fprintf(&b, " top_file=%s", v.TopFiles[0].Name)
+		fmt.Fprintf(&b, " top_file=%s", logValue(v.TopFiles[0].Name))
 	}
 	if len(v.TopPeers) > 0 {
-		fmt.Fprintf(&b, " top_peer=%s", v.TopPeers[0].Name)
+		fmt.Fprintf(&b, " top_peer=%s", logValue(v.TopPeers[0].Name))
 	}
 	return b.String()
 }
@@ -479,7 +561,7 @@ func Summary(v View, out Outputs, width int) string {
 	b.WriteString("summary\n")
 	b.WriteString(Frame(v, width))
 	if len(v.Stats.Missing) > 0 {
-		fmt.Fprintf(&b, "\nprobes not attached (%d): %s\n", len(v.Stats.Missing), missingList(v.Stats.Missing, 6))
+		fmt.Fprintf(&b, "\nprobes not attached (%d): %s\n", len(v.Stats.Missing), Escape(missingList(v.Stats.Missing, 6)))
 	}
 	if v.Steps == 0 && v.Gaps == 0 {
 		b.WriteString("\nno GPU activity was attributed: the target made no CUDA calls gaptrace could see\n" +
@@ -491,7 +573,7 @@ func Summary(v View, out Outputs, width int) string {
 		{"trace", out.Trace},
 	} {
 		if f.path != "" {
-			files = append(files, fmt.Sprintf("  %-8s %s", f.what, f.path))
+			files = append(files, fmt.Sprintf("  %-8s %s", f.what, Escape(f.path)))
 		}
 	}
 	if len(files) > 0 {

@@ -1,0 +1,465 @@
+package main_test
+
+// The adversarial tier: gaptrace runs as root beside code it does not
+// control. Each test plays the hostile side (a planted link, a file name
+// made of terminal escapes, a secret on the command line, a collector that
+// never answers) against the built binary and checks what the operator's
+// system, terminal and telemetry receive.
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// runIn runs gaptrace in dir and returns its exit code and output.
+func runIn(t *testing.T, dir string, environ []string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(gaptraceBin, args...)
+	cmd.Dir, cmd.Env = dir, environ
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Minute):
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		t.Fatalf("gaptrace %v did not exit\n%s\n%s", args, &stdout, &stderr)
+	}
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
+
+func victimFile(t *testing.T) string {
+	t.Helper()
+	v := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(v, []byte("not gaptrace's\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func assertUntouched(t *testing.T, victim string) {
+	t.Helper()
+	if b, err := os.ReadFile(victim); err != nil || string(b) != "not gaptrace's\n" {
+		t.Errorf("a file gaptrace was never told to write changed: %q %v", b, err)
+	}
+}
+
+// A symbolic link planted where an output goes must never be written
+// through; gaptrace refuses before anything loads (exit 2), or, for the
+// summary, replaces the link itself.
+func TestPlantedSymlinksNeverWrittenThrough(t *testing.T) {
+	need(t)
+	victim := victimFile(t)
+	for _, flag := range []string{"--gaps-out", "--spans-out", "--windows-out"} {
+		dir := t.TempDir()
+		link := filepath.Join(dir, "out.jsonl")
+		os.Symlink(victim, link)
+		code, _, stderr := runIn(t, dir, env(t), "run", "--live", "off", flag, link, "--", "true")
+		if code != 2 || !strings.Contains(stderr, "symbolic link") {
+			t.Errorf("%s through a symlink: exit %d, want 2 with a clear refusal\n%s", flag, code, stderr)
+		}
+	}
+	// The default spans file, in the current directory.
+	dir := t.TempDir()
+	os.Symlink(victim, filepath.Join(dir, "gaptrace-spans.jsonl"))
+	code, _, stderr := runIn(t, dir, env(t), "run", "--live", "off", "--", "true")
+	if code != 2 || !strings.Contains(stderr, "symbolic link") || !strings.Contains(stderr, "--spans-out") {
+		t.Errorf("default spans file through a symlink: exit %d, want 2 naming --spans-out\n%s", code, stderr)
+	}
+	assertUntouched(t, victim)
+
+	// The summary: links at its name and at the old fixed temporary name.
+	dir = t.TempDir()
+	sum := filepath.Join(dir, "summary.json")
+	os.Symlink(victim, sum)
+	os.Symlink(victim, sum+".tmp")
+	code, _, stderr = runIn(t, dir, env(t), "run", "--live", "off", "--summary-json", sum,
+		"--spans-out", filepath.Join(dir, "spans.jsonl"), "--", "true")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	assertUntouched(t, victim)
+	for _, p := range []string{sum, filepath.Join(dir, "spans.jsonl")} {
+		st, err := os.Lstat(p)
+		if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o007 != 0 {
+			t.Errorf("%s: %v %v, want a regular file not readable by others", p, st.Mode(), err)
+		}
+	}
+}
+
+// otlpCollector is an OTLP/HTTP collector that decodes what it receives,
+// as a real one does: an undecodable request is a lost batch.
+type otlpCollector struct {
+	mu    sync.Mutex
+	reqs  []*coltrace.ExportTraceServiceRequest
+	bad   int
+	calls int
+}
+
+func (c *otlpCollector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.URL.Path == "/v1/traces" {
+		c.calls++
+		var req coltrace.ExportTraceServiceRequest
+		if err := proto.Unmarshal(b, &req); err != nil {
+			c.bad++
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		c.reqs = append(c.reqs, &req)
+	}
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.WriteHeader(http.StatusOK)
+}
+
+// attrs returns every attribute as "key=value" and the span count.
+func (c *otlpCollector) attrs() ([]string, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	n := 0
+	add := func(kvs []*commonpb.KeyValue) {
+		for _, kv := range kvs {
+			out = append(out, kv.Key+"="+kv.GetValue().GetStringValue())
+		}
+	}
+	for _, r := range c.reqs {
+		for _, rs := range r.ResourceSpans {
+			add(rs.GetResource().GetAttributes())
+			for _, ss := range rs.ScopeSpans {
+				for _, s := range ss.Spans {
+					n++
+					add(s.Attributes)
+				}
+			}
+		}
+	}
+	return out, n
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// A hostile trainer: its data directory's name is terminal escapes (title,
+// OSC 52 clipboard, clear screen), a forged log line and bytes that are
+// not UTF-8; its command line carries secrets; the environment carries
+// the collector's credentials. Every span must still arrive, with valid
+// UTF-8 and no secret; the terminal must get no escape sequence; the
+// trainer must not see gaptrace's OTLP headers.
+func TestHostileTrainer(t *testing.T) {
+	need(t)
+	col := &otlpCollector{}
+	srv := httptest.NewServer(col)
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	endpoint := "http://alice:pw-in-url@" + u.Host
+
+	dir := t.TempDir()
+	hostile := filepath.Join(dir, "d\x1b]0;owned\x07\x1b]52;c;aGk=\x07\x1b[2J\nlevel=ERROR msg=forged\xff")
+	envFile := filepath.Join(dir, "env.txt")
+	prom := freePort(t)
+	script := `env > "$2"; exec "$0" --steps 300 --kernel-us 3000 --stall io.read:every=2:ms=20 --quiet --data-dir "$1"`
+	// --live auto on a pipe: the log-line mode, every 5 s.
+	args := []string{"run", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+		"--otlp-endpoint", endpoint, "--otlp-protocol", "http/protobuf", "--prometheus", prom,
+		"--summary-json", filepath.Join(dir, "summary.json"),
+		"--", "sh", "-c", script, filepath.Join(simgpuDir, "simtrain"), hostile, envFile,
+		"--api-key=hunter2-secret", "--token", "tok-secret"}
+	environ := append(env(t), "OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20hdr-secret", "OTEL_METRICS_EXPORTER=none")
+	p := start(t, environ, args...)
+
+	// target_info while the job runs.
+	var targetInfo string
+	for deadline := time.Now().Add(60 * time.Second); targetInfo == "" && time.Now().Before(deadline); {
+		if resp, err := http.Get("http://" + prom + "/metrics"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(l, "target_info{") {
+					targetInfo = l
+				}
+			}
+		}
+		select {
+		case <-p.done:
+			deadline = time.Time{}
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	code := p.wait(t, 3*time.Minute)
+	stdout, stderr := p.stdout.String(), p.stderr.String()
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+
+	attrs, spans := col.attrs()
+	if spans == 0 || col.bad != 0 {
+		t.Fatalf("collector decoded %d spans in %d requests, %d undecodable", spans, col.calls, col.bad)
+	}
+	all := strings.Join(attrs, "\n")
+	for _, a := range attrs {
+		if !utf8.ValidString(a) {
+			t.Errorf("invalid UTF-8 reached the collector: %q", a)
+		}
+	}
+	if !strings.Contains(all, `simtrain-data.bin`) || !strings.Contains(all, `forged\xff`) {
+		t.Errorf("no span names the hostile data file (escaped); attributes:\n%s", truncate(all, 3000))
+	}
+	if !strings.Contains(all, "--api-key=*** --token ***") {
+		t.Errorf("command line not redacted in the resource:\n%s", truncate(all, 3000))
+	}
+	if !strings.Contains(targetInfo, "--api-key=*** --token ***") {
+		t.Errorf("target_info does not carry the redacted command line: %q", targetInfo)
+	}
+	outputs := map[string]string{"collector": all, "target_info": targetInfo, "stdout": stdout, "stderr": stderr}
+	for what, s := range outputs {
+		for _, secret := range []string{"hunter2-secret", "tok-secret", "pw-in-url", "hdr-secret"} {
+			if strings.Contains(s, secret) {
+				t.Errorf("%s carries the secret %q", what, secret)
+			}
+		}
+	}
+	for what, s := range map[string]string{"stdout": stdout, "stderr": stderr} {
+		for _, bad := range []string{"\x1b", "\x07", "\nlevel=ERROR msg=forged", "\xff"} {
+			if strings.Contains(s, bad) {
+				t.Errorf("%s carries %q from the target's file name", what, bad)
+			}
+		}
+	}
+	if !strings.Contains(stdout, `msg=forged\xff/simtrain-data.bin`) || !strings.Contains(stdout, `top_file="`) {
+		t.Errorf("the hostile file name is not shown escaped on stdout:\n%s", stdout)
+	}
+	envs, err := os.ReadFile(envFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(envs), "hdr-secret") || strings.Contains(string(envs), "OTEL_EXPORTER_OTLP_") {
+		t.Errorf("gaptrace's OTLP settings reached the trainer's environment")
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// A Prometheus port that is already taken must not keep the job from
+// running: gaptrace warns and traces without the endpoint.
+func TestPrometheusPortTakenNeverBlocksTheJob(t *testing.T) {
+	need(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	code, _, stderr := runIn(t, dir, env(t), "run", "--live", "off", "--prometheus", ln.Addr().String(),
+		"--spans-out", filepath.Join(dir, "spans.jsonl"), "--", "sh", "-c", "touch "+marker+"; exit 5")
+	if code != 5 {
+		t.Errorf("exit %d, want the command's 5\n%s", code, stderr)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Error("the command never ran")
+	}
+	if !strings.Contains(stderr, "prometheus endpoint not served") {
+		t.Errorf("no warning about the taken port:\n%s", stderr)
+	}
+}
+
+// attach --match must not pick another gaptrace whose own command line
+// holds the same pattern, and bad settings fail with exit 2 at once.
+func TestAttachMatchSkipsGaptraceAndBadSettingsFailFast(t *testing.T) {
+	need(t)
+	pattern := "zz-decoy-" + strconv.Itoa(os.Getpid())
+	a := start(t, env(t), "attach", "--live", "off", "--match", pattern, "--duration", "8s", "--spans-out", filepath.Join(t.TempDir(), "a.jsonl"))
+	b := start(t, env(t), "attach", "--live", "off", "--match", pattern, "--duration", "8s", "--spans-out", filepath.Join(t.TempDir(), "b.jsonl"))
+	a.wait(t, 2*time.Minute)
+	b.wait(t, 2*time.Minute)
+	for _, p := range []*gtProc{a, b} {
+		if strings.Contains(p.stderr.String(), "tracing matching process") {
+			t.Errorf("attach --match traced another gaptrace:\n%s", p.stderr)
+		}
+	}
+
+	for _, args := range [][]string{
+		{"attach", "--pid", "1"},
+		{"run", "--config", "/dev/zero", "--", "true"},
+		{"run", "--otlp-endpoint", "ftp://collector:4317", "--", "true"},
+	} {
+		t0 := time.Now()
+		code, _, stderr := runIn(t, t.TempDir(), env(t), args...)
+		if code != 2 || time.Since(t0) > 10*time.Second || strings.Contains(stderr, "probes") {
+			t.Errorf("%v: exit %d after %v, want 2 before anything loads\n%s", args, code, time.Since(t0), stderr)
+		}
+	}
+}
+
+// A full disk: every output keeps only whole lines, no temporary file is
+// left, nothing that failed is listed as written, the failure is logged
+// when it happens, and run exits 1 although the command succeeded.
+func TestFullDisk(t *testing.T) {
+	need(t)
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
+	}
+	defer exec.Command("umount", dir).Run()
+	gaps, spans, sum := filepath.Join(dir, "gaps.jsonl"), filepath.Join(dir, "spans.jsonl"), filepath.Join(dir, "summary.json")
+	code, stdout, stderr := runIn(t, t.TempDir(), env(t), "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+		"--gaps-out", gaps, "--spans-out", spans, "--summary-json", sum, "--",
+		filepath.Join(simgpuDir, "simtrain"), "--steps", "400", "--kernel-us", "500", "--stall", "io.read:every=2:ms=2", "--quiet")
+	if code != 1 {
+		t.Errorf("exit %d, want 1: the command succeeded but outputs were lost\n%s", code, stderr)
+	}
+	if !strings.Contains(stderr, "no space left on device") {
+		t.Errorf("the full disk is not reported:\n%s", stderr)
+	}
+	for _, p := range []string{gaps, spans} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) > 0 && b[len(b)-1] != '\n' {
+			t.Errorf("%s ends in half a line", p)
+		}
+		for i, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+			if line != "" && !json.Valid([]byte(line)) {
+				t.Errorf("%s line %d is not whole JSON: %.80q", p, i+1, line)
+			}
+		}
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, ".*tmp*"))
+	if len(left) > 0 {
+		t.Errorf("temporary files left on the full disk: %v", left)
+	}
+	if b, err := os.ReadFile(sum); err == nil && !json.Valid(b) {
+		t.Errorf("partial summary.json: %q", b)
+	} else if err != nil && !strings.Contains(stdout, "NOT written") {
+		t.Errorf("summary.json missing but the summary does not say so:\n%s", stdout)
+	}
+	if !strings.Contains(stdout, "INCOMPLETE") {
+		t.Errorf("no output is marked incomplete:\n%s", stdout)
+	}
+}
+
+// A collector that accepts connections and never answers must not hold
+// the job's exit: run returns within 5 s of the command's end.
+func TestSilentCollectorExitWithinFiveSeconds(t *testing.T) {
+	need(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // never read, never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	dir := t.TempDir()
+	endFile := filepath.Join(dir, "end")
+	for _, protocol := range []string{"grpc", "http/protobuf"} {
+		script := `"$0" --steps 150 --kernel-us 1000 --stall io.read:every=2:ms=2 --quiet; date +%s.%N > "$1"`
+		p := start(t, env(t), "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+			"--otlp-endpoint", "http://"+ln.Addr().String(), "--otlp-protocol", protocol,
+			"--", "sh", "-c", script, filepath.Join(simgpuDir, "simtrain"), endFile)
+		code := p.wait(t, 2*time.Minute)
+		exited := time.Now()
+		b, err := os.ReadFile(endFile)
+		if err != nil {
+			t.Fatalf("%s: the command did not finish: %v\n%s", protocol, err, p.stderr)
+		}
+		sec, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		late := exited.Sub(time.Unix(0, int64(sec*1e9)))
+		t.Logf("%s: gaptrace exited %v after the command", protocol, late.Round(time.Millisecond))
+		if code != 0 || late > 5*time.Second {
+			t.Errorf("%s: exit %d, %v after the command ended; want 0 within 5 s\n%s", protocol, code, late, p.stderr)
+		}
+	}
+}
+
+// The spans file is capped and rotated; every kept file holds whole
+// lines and no more files are kept than asked.
+func TestSpansFileRotates(t *testing.T) {
+	need(t)
+	dir := t.TempDir()
+	spans := filepath.Join(dir, "spans.jsonl")
+	code, _, stderr := runIn(t, dir, env(t), "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+		"--spans-out", spans, "--spans-max-size", "64K", "--spans-keep", "2", "--",
+		filepath.Join(simgpuDir, "simtrain"), "--steps", "600", "--kernel-us", "500", "--stall", "io.read:every=2:ms=1", "--quiet")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	for _, p := range []string{spans, spans + ".1", spans + ".2"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatalf("%s: %v (600 steps of spans exceed 3×64 KiB)", p, err)
+		}
+		lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+		for i, l := range lines {
+			if !json.Valid([]byte(l)) {
+				t.Fatalf("%s line %d is not whole JSON", p, i+1)
+			}
+		}
+		// One batch may exceed the cap on its own; two never share a file
+		// past it.
+		if len(b) > 64<<10 && len(lines) > 512 {
+			t.Errorf("%s: %d bytes in %d lines, over the 64 KiB cap", p, len(b), len(lines))
+		}
+	}
+	if _, err := os.Stat(spans + ".3"); err == nil {
+		t.Error("a third rotated file kept with --spans-keep 2")
+	}
+}

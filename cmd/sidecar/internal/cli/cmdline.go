@@ -1,0 +1,112 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
+	"github.com/gaptrace/gaptrace/internal/safefile"
+)
+
+// Redacted replaces a secret in a command line.
+const Redacted = "***"
+
+// secretName matches option and variable names whose value is a secret:
+// --api-key, --token, --password, DB_PASSWORD=, client_secret=, --auth.
+var secretName = regexp.MustCompile(`(?i)(key|token|secret|passw|pwd|credential|auth|cookie|session)`)
+
+// urlUserinfo matches the user:password@ part of a URL.
+var urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@`)
+
+// redactCmdline applies --command-line and --redact to the target's
+// command line before it goes into any span, metric, title or log line.
+func redactCmdline(cfg *config.Config, argv []string) []string {
+	switch cfg.CommandLine {
+	case "none":
+		return nil
+	case "name":
+		if len(argv) == 0 {
+			return nil
+		}
+		return []string{filepath.Base(argv[0])}
+	}
+	out := slices.Clone(argv)
+	if cfg.CommandLine != "full" {
+		out = redactSecrets(out)
+	}
+	if cfg.Redact != "" {
+		re := regexp.MustCompile(cfg.Redact) // validated by config
+		for i := range out {
+			out[i] = re.ReplaceAllString(out[i], Redacted)
+		}
+	}
+	return out
+}
+
+// redactSecrets hides the values of secret-named options (--name=value,
+// --name value, NAME=value) and URL credentials.
+func redactSecrets(argv []string) []string {
+	for i := 0; i < len(argv); i++ {
+		a := argv[i]
+		if name, _, ok := strings.Cut(a, "="); ok && !strings.Contains(name, "://") && secretName.MatchString(name) {
+			argv[i] = name + "=" + Redacted
+			continue
+		}
+		if strings.HasPrefix(a, "-") && secretName.MatchString(a) && i+1 < len(argv) && !strings.HasPrefix(argv[i+1], "-") {
+			argv[i+1] = Redacted
+			i++
+			continue
+		}
+		argv[i] = urlUserinfo.ReplaceAllString(a, "${1}"+Redacted+"@")
+	}
+	return argv
+}
+
+// childEnv is the environment of the command gaptrace runs: gaptrace's own
+// settings (GAPTRACE_*) and its OTLP exporter's (OTEL_EXPORTER_OTLP_*,
+// which carry collector credentials in their headers) are not the
+// command's business. A command that exports OTLP itself is given its own
+// variables with env: gaptrace run -- env OTEL_EXPORTER_OTLP_ENDPOINT=… CMD.
+func childEnv(env []string) []string {
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		return strings.HasPrefix(kv, config.EnvPrefix) || strings.HasPrefix(kv, "OTEL_EXPORTER_OTLP_")
+	})
+}
+
+// Exit codes of run for a command that cannot start, as a shell gives
+// them: 127 not found, 126 found but not executable.
+const (
+	ExitNotExecutable = 126
+	ExitNotFound      = 127
+)
+
+// findCommand resolves the command of run the way exec will.
+func findCommand(name string) (int, error) {
+	_, err := exec.LookPath(name)
+	switch {
+	case err == nil:
+		return 0, nil
+	case errors.Is(err, exec.ErrNotFound), errors.Is(err, fs.ErrNotExist):
+		return ExitNotFound, fmt.Errorf("command %q: not found", name)
+	default:
+		return ExitNotExecutable, fmt.Errorf("command %q: %w", name, err)
+	}
+}
+
+// runExitCode is the exit policy of run (docs/security.md): the command's
+// code, except that a command that succeeded does not hide an output
+// gaptrace was asked to write and could not (a full disk): then 1. A
+// failing command's own code always wins, and an unreachable collector
+// never changes the code (OTLP export is best effort, counted and logged).
+func runExitCode(code int, finishErr error) int {
+	if code == 0 && len(safefile.FailedPaths(finishErr)) > 0 {
+		return ExitFailure
+	}
+	return code
+}

@@ -1,0 +1,309 @@
+// Package safefile creates gaptrace's output files. gaptrace runs as root
+// next to code it does not control, often in a directory that code can
+// write to; a path it is told to write may already be a symbolic link, a
+// hard link or a FIFO planted there to make root overwrite another file or
+// hang. Every output is therefore created without following a final
+// symbolic link, refused when it is anything but a regular file with a
+// single link, and written with owner-and-group permissions only.
+package safefile
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Perm is the mode of every output file: readable by the operator's group,
+// never by other users (the files name the job's files and hosts).
+const Perm os.FileMode = 0o640
+
+// ErrUnsafe marks a path that is not written because of what it already is.
+var ErrUnsafe = errors.New("unsafe output path")
+
+// Check reports whether path may be created or replaced as an output: it
+// must not exist, or be a regular file with one link. Lstat never follows
+// the final component, so a symbolic link is reported as one.
+func Check(path string) error {
+	st, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return checkMode(path, st)
+}
+
+func checkMode(path string, st os.FileInfo) error {
+	switch {
+	case st.Mode()&os.ModeSymlink != 0:
+		target, _ := os.Readlink(path)
+		return fmt.Errorf("%w: %s is a symbolic link (to %s); refusing to write through it, remove it or name another file",
+			ErrUnsafe, path, target)
+	case !st.Mode().IsRegular():
+		return fmt.Errorf("%w: %s exists and is not a regular file (%s)", ErrUnsafe, path, st.Mode().Type())
+	}
+	if s, ok := st.Sys().(*syscall.Stat_t); ok && s.Nlink > 1 {
+		return fmt.Errorf("%w: %s has %d hard links; refusing to truncate a file shared with another path", ErrUnsafe, path, s.Nlink)
+	}
+	return nil
+}
+
+// Create creates or truncates path for writing. It does not follow a
+// symbolic link, does not block on a FIFO, and checks what it opened
+// (not what a racing Lstat saw) before truncating.
+func Create(path string) (*os.File, error) {
+	// Checked first for a clear message; the checks on the opened file
+	// below are what holds against a path swapped in between.
+	if err := Check(path); err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, uint32(Perm))
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, fmt.Errorf("%w: %s is a symbolic link; refusing to write through it, remove it or name another file", ErrUnsafe, path)
+		}
+		return nil, &os.PathError{Op: "create", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	st, err := f.Stat()
+	if err == nil {
+		err = checkOpened(path, st)
+	}
+	if err == nil {
+		// Regular file: blocking mode back, then truncate what we hold.
+		err = unix.SetNonblock(fd, false)
+	}
+	if err == nil {
+		err = f.Truncate(0)
+	}
+	if err == nil && st.Mode().Perm()&^Perm != 0 {
+		// An existing file keeps its mode on open; outputs must not be
+		// readable by every user.
+		err = f.Chmod(st.Mode().Perm() & Perm)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// checkOpened is checkMode for an open file, which cannot be a link.
+func checkOpened(path string, st os.FileInfo) error {
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%w: %s exists and is not a regular file (%s)", ErrUnsafe, path, st.Mode().Type())
+	}
+	if s, ok := st.Sys().(*syscall.Stat_t); ok && s.Nlink > 1 {
+		return fmt.Errorf("%w: %s has %d hard links; refusing to truncate a file shared with another path", ErrUnsafe, path, s.Nlink)
+	}
+	return nil
+}
+
+// WriteAtomic writes data to path through a new temporary file in the same
+// directory (created exclusively, so never through a planted link), synced
+// and renamed over path. On any error the temporary file is removed and
+// path is left as it was: no partial file is ever under its name.
+func WriteAtomic(path string, data []byte) (err error) {
+	if err := Check(path); err != nil && !isSymlinkErr(path) {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = &WriteError{Path: path, Err: err}
+		}
+	}()
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".*.tmp")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	if err = f.Chmod(Perm); err != nil {
+		return err
+	}
+	if _, err = f.Write(data); err != nil {
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	// rename replaces a symbolic link at path itself, never its target.
+	return os.Rename(f.Name(), path)
+}
+
+// isSymlinkErr: a symbolic link at path is replaced by WriteAtomic's
+// rename, not written through, so it is no reason to refuse.
+func isSymlinkErr(path string) bool {
+	st, err := os.Lstat(path)
+	return err == nil && st.Mode()&os.ModeSymlink != 0
+}
+
+// Writer is an output file written in whole records (JSON lines). After a
+// failed write (a full disk) it cuts the file back to the end of the last
+// whole record, so a reader never finds half a line, and keeps failing:
+// what is in the file is whole, and the error says what was lost.
+type Writer struct {
+	f    *os.File
+	path string
+	good int64 // size after the last whole record
+	err  error
+
+	// MaxSize, when positive, caps the file: a write that would take it
+	// past MaxSize first rotates it to path.1 (path.1 to path.2, … up to
+	// Keep files; the oldest is removed) and starts an empty file, so the
+	// disk holds at most (Keep+1)·MaxSize plus one record.
+	MaxSize int64
+	Keep    int
+	// Rotated counts rotations.
+	Rotated int
+}
+
+// NewWriter creates path with Create.
+func NewWriter(path string) (*Writer, error) {
+	f, err := Create(path)
+	if err != nil {
+		return nil, err
+	}
+	return &Writer{f: f, path: path}, nil
+}
+
+// Name is the file's path.
+func (w *Writer) Name() string { return w.f.Name() }
+
+// Size is the number of bytes of whole records written.
+func (w *Writer) Size() int64 { return w.good }
+
+// Err is the first write error, nil while every record was written.
+func (w *Writer) Err() error { return w.err }
+
+// WriteRecords appends p, which must end at a record boundary. On error
+// the file is truncated back to the previous boundary.
+func (w *Writer) WriteRecords(p []byte) error {
+	if w.err != nil {
+		return w.err
+	}
+	if w.MaxSize > 0 && w.good > 0 && w.good+int64(len(p)) > w.MaxSize {
+		if err := w.rotate(); err != nil {
+			w.err = &WriteError{Path: w.path, Err: fmt.Errorf("rotate: %w", err)}
+			return w.err
+		}
+	}
+	n, err := w.f.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		if terr := w.f.Truncate(w.good); terr != nil {
+			err = errors.Join(err, fmt.Errorf("cut back to the last whole record: %w", terr))
+		} else {
+			w.f.Seek(w.good, io.SeekStart) //nolint:errcheck // the writer fails from now on anyway
+		}
+		w.err = &WriteError{Path: w.f.Name(), Err: err}
+		return w.err
+	}
+	w.good += int64(n)
+	return nil
+}
+
+// WriteError is an output that could not be written whole: a full disk,
+// a quota, an I/O error. The file holds the records written before it.
+type WriteError struct {
+	Path string
+	Err  error
+}
+
+func (e *WriteError) Error() string {
+	err := e.Err
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err // the path is said once
+	}
+	return fmt.Sprintf("write %s: %v (the file holds only what was written before)", e.Path, err)
+}
+
+func (e *WriteError) Unwrap() error { return e.Err }
+
+// FailedPaths lists the outputs err says could not be written whole,
+// however deeply it wraps or joins their WriteErrors.
+func FailedPaths(err error) []string {
+	var out []string
+	var walk func(error)
+	walk = func(e error) {
+		switch x := e.(type) {
+		case nil:
+			return
+		case *WriteError:
+			out = append(out, x.Path)
+			return
+		case interface{ Unwrap() []error }:
+			for _, c := range x.Unwrap() {
+				walk(c)
+			}
+		case interface{ Unwrap() error }:
+			walk(x.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}
+
+// rotate shifts path.N to path.N+1 (the last one is removed), path to
+// path.1, and opens a new path. Renames move links, never write through
+// them, and the new file is made by Create.
+func (w *Writer) rotate() error {
+	if err := w.f.Close(); err != nil {
+		return err
+	}
+	keep := max(w.Keep, 0)
+	if keep == 0 {
+		if err := os.Remove(w.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	} else {
+		for i := keep - 1; i >= 1; i-- {
+			err := os.Rename(fmt.Sprintf("%s.%d", w.path, i), fmt.Sprintf("%s.%d", w.path, i+1))
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+		if err := os.Rename(w.path, w.path+".1"); err != nil {
+			return err
+		}
+	}
+	f, err := Create(w.path)
+	if err != nil {
+		return err
+	}
+	w.f, w.good = f, 0
+	w.Rotated++
+	return nil
+}
+
+// Close closes the file; it returns the first write error, if any.
+func (w *Writer) Close() error {
+	err := w.f.Close()
+	if w.err != nil {
+		return w.err
+	}
+	if err != nil {
+		return &WriteError{Path: w.f.Name(), Err: err}
+	}
+	return nil
+}

@@ -9,31 +9,26 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/features"
 	"golang.org/x/sys/unix"
+
+	"github.com/gaptrace/gaptrace/internal/hostproc"
 )
 
 // checkEnvironment turns the usual setup problems into errors that say what
 // to fix, before the verifier or perf_event_open say it less clearly.
 func checkEnvironment() error {
-	if os.Geteuid() != 0 && !hasTracingCaps() {
-		return errors.New("tracer needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE): not permitted")
+	if os.Geteuid() != 0 {
+		caps, err := hostproc.EffectiveCaps()
+		if err != nil {
+			return fmt.Errorf("tracer needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE): %w", err)
+		}
+		if missing := hostproc.MissingBPFCaps(caps); len(missing) > 0 {
+			return fmt.Errorf("tracer needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE): not permitted, missing %s", strings.Join(missing, ", "))
+		}
 	}
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		return fmt.Errorf("kernel BTF missing (/sys/kernel/btf/vmlinux; needs CONFIG_DEBUG_INFO_BTF=y): %w", err)
 	}
 	return ensureTracefs()
-}
-
-// hasTracingCaps reports whether the effective capabilities allow loading
-// and attaching tracing programs without root.
-func hasTracingCaps() bool {
-	const capSysAdmin, capPerfmon, capBPF = 21, 38, 39
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData // version 3 fills two words
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return false
-	}
-	has := func(c uint) bool { return data[c/32].Effective&(1<<(c%32)) != 0 }
-	return has(capSysAdmin) || (has(capBPF) && has(capPerfmon))
 }
 
 // ensureTracefs mounts tracefs when neither usual mount point has it: uprobes

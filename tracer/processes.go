@@ -6,12 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/cilium/ebpf/link"
 	"github.com/prometheus/procfs"
+
+	"github.com/gaptrace/gaptrace/internal/hostproc"
 )
 
 // Trace starts tracing pid, its existing descendants and, from now on, every
@@ -21,7 +22,7 @@ func (t *Tracer) Trace(pid int) error {
 	if pid <= 0 {
 		return fmt.Errorf("trace pid %d: invalid pid", pid)
 	}
-	tgid, err := threadGroup(pid)
+	tgid, err := hostproc.ThreadGroup(pid)
 	if err != nil {
 		return fmt.Errorf("trace pid %d: %w", pid, err)
 	}
@@ -32,7 +33,10 @@ func (t *Tracer) Trace(pid int) error {
 	t.mu.Lock()
 	t.roots[uint32(pid)] = true
 	t.mu.Unlock()
-	pids := append([]uint32{uint32(pid)}, descendants(uint32(pid))...)
+	pids := []uint32{uint32(pid)}
+	for _, d := range hostproc.Descendants(pid) {
+		pids = append(pids, uint32(d))
+	}
 	for _, p := range pids {
 		if err := t.addProcess(p, false); err != nil {
 			return fmt.Errorf("trace pid %d: %w", p, err)
@@ -61,45 +65,6 @@ func (t *Tracer) addProcess(pid uint32, inKernel bool) error {
 		t.procs[pid] = &procState{libs: make(map[string]*libAttach)}
 	}
 	return nil
-}
-
-// threadGroup returns the process (thread group) id of pid, which may name
-// any thread: traced_tgids holds thread group ids.
-func threadGroup(pid int) (int, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "status"))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
-		}
-	}
-	return 0, fmt.Errorf("no Tgid in /proc/%d/status", pid)
-}
-
-// descendants lists the living descendants of pid (all threads' children).
-func descendants(pid uint32) []uint32 {
-	var out []uint32
-	queue := []uint32{pid}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		tasks, _ := os.ReadDir(fmt.Sprintf("%s/%d/task", procRoot, p))
-		for _, task := range tasks {
-			b, err := os.ReadFile(fmt.Sprintf("%s/%d/task/%s/children", procRoot, p, task.Name()))
-			if err != nil {
-				continue
-			}
-			for _, f := range strings.Fields(string(b)) {
-				if c, err := strconv.ParseUint(f, 10, 32); err == nil {
-					out = append(out, uint32(c))
-					queue = append(queue, uint32(c))
-				}
-			}
-		}
-	}
-	return out
 }
 
 // libraryOf says whether a mapped file is one of the libraries we probe.

@@ -12,20 +12,6 @@ import (
 	"time"
 )
 
-func TestParseCapEff(t *testing.T) {
-	status := []byte("Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n")
-	c, err := parseCapEff(status)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !c.Has(CapBPF) || !c.Has(CapSysAdmin) {
-		t.Errorf("caps %x", uint64(c))
-	}
-	if _, err := parseCapEff([]byte("Name:\tx\n")); err == nil {
-		t.Error("no CapEff accepted")
-	}
-}
-
 func TestMissingTracingCaps(t *testing.T) {
 	var none Caps
 	if got := MissingTracingCaps(none); !slices.Equal(got, []string{"CAP_BPF", "CAP_PERFMON", "CAP_SYS_PTRACE"}) {

@@ -130,7 +130,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 		d.emit = true
 	case evNCCL:
 		r := (*rawNCCL)(unsafe.Pointer(&rec[0]))
-		if !(validKind(ev.Kind, event.KindCollective, event.KindGroupEnd) || ev.Kind == event.KindCommInit) || r.Op >= uint32(event.NCCLLast) {
+		if !validKind(ev.Kind, event.KindCollective, event.KindGroupEnd) && ev.Kind != event.KindCommInit || r.Op >= uint32(event.NCCLLast) {
 			return fmt.Errorf("decode nccl record: kind %d op %d out of range", h.Kind, r.Op)
 		}
 		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)

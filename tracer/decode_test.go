@@ -139,7 +139,7 @@ func (f *fakeReader) Close() error { return nil }
 func newUnloadedTracer() *Tracer {
 	cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}.withDefaults()
 	return &Tracer{
-		cfg: cfg, log: cfg.Logger, fds: newFDResolver("/proc"), comms: &taskComms{procRoot: "/proc"},
+		cfg: cfg, log: cfg.Logger, fds: newFDResolver(), comms: &taskComms{procRoot: "/proc"},
 		procs: make(map[uint32]*procState), missingSeen: make(map[string]bool),
 		roots: make(map[uint32]bool), unmapped: make(map[uint32]string),
 		rescan: make(chan uint32, 16), done: make(chan struct{}),

@@ -117,7 +117,7 @@ func (t *Tracer) load() error {
 		if err := spec.LoadAndAssign(s.objs, opts); err != nil {
 			var verr *ebpf.VerifierError
 			if errors.As(err, &verr) {
-				return fmt.Errorf("load %s programs: %w\n%+v", s.name, err, verr)
+				return fmt.Errorf("load %s programs: %w\n%s", s.name, err, fmt.Sprintf("%+v", verr))
 			}
 			return fmt.Errorf("load %s programs: %w", s.name, explainPerm(err))
 		}

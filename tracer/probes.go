@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+
 	"github.com/gaptrace/gaptrace/event"
 )
 

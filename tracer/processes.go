@@ -132,7 +132,9 @@ func (t *Tracer) scanProcess(pid uint32) {
 		t.mu.Lock()
 		if t.closed || t.procs[pid] != ps {
 			t.mu.Unlock()
-			closeLinks(la.links)
+			if err := closeLinks(la.links); err != nil {
+				t.log.Debug("detach uprobes of a process gone while attaching", "pid", pid, "error", err)
+			}
 			return
 		}
 		ps.libs[p] = la

@@ -22,6 +22,7 @@
 package tracer
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -129,7 +130,7 @@ func New(cfg Config) (*Tracer, error) {
 	t := &Tracer{
 		cfg:         cfg,
 		log:         cfg.Logger,
-		fds:         newFDResolver(procRoot),
+		fds:         newFDResolver(),
 		comms:       &taskComms{procRoot: procRoot},
 		procs:       make(map[uint32]*procState),
 		missingSeen: make(map[string]bool),
@@ -138,20 +139,17 @@ func New(cfg Config) (*Tracer, error) {
 		rescan:      make(chan uint32, 1024),
 		done:        make(chan struct{}),
 	}
+	// On failure, what was set up is released; the failure itself is
+	// what the caller needs to see, so release errors are joined to it.
 	if err := t.load(); err != nil {
-		t.closeObjects()
-		return nil, err
+		return nil, errors.Join(err, t.closeObjects())
 	}
 	if err := t.attachTracepoints(); err != nil {
-		_ = closeLinksParallel(t.tps)
-		t.closeObjects()
-		return nil, err
+		return nil, errors.Join(err, closeLinksParallel(t.tps), t.closeObjects())
 	}
 	rd, err := ringbuf.NewReader(t.shared[cudaMapEvents])
 	if err != nil {
-		_ = closeLinksParallel(t.tps)
-		t.closeObjects()
-		return nil, fmt.Errorf("open ring buffer reader: %w", err)
+		return nil, errors.Join(fmt.Errorf("open ring buffer reader: %w", err), closeLinksParallel(t.tps), t.closeObjects())
 	}
 	t.reader = &ringReader{rd: rd}
 	t.wg.Add(1)

@@ -32,7 +32,7 @@ func TestWatchAndLibraries(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Wait()
+	defer func() { _ = cmd.Wait() }()
 	w, err := Open(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +81,7 @@ func TestFindMatchingSkipsSelfAndAncestors(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	got := FindMatching(regexp.MustCompile(`sleep 7\.654321`))
 	if !slices.Equal(got, []int{cmd.Process.Pid}) {
 		t.Errorf("matches %v, want [%d]", got, cmd.Process.Pid)

@@ -36,6 +36,10 @@ build: ## Build bin/gaptrace (no clang needed: BPF objects are committed)
 generate: ## Regenerate BPF objects with bpf2go (needs clang, llvm, libbpf-dev)
 	$(GO) generate ./tracer/...
 
+BPF_SRC := $(filter-out bpf/vmlinux.h,$(wildcard bpf/*.c bpf/*.h))
+fmt-bpf: ## Format bpf/*.c and bpf/*.h with clang-format (.clang-format)
+	clang-format -i $(BPF_SRC)
+
 simgpu: ## Build the simulated GPU (libcuda, libnccl, libnvidia-ml, simtrain) into build/simgpu
 	$(MAKE) -C testdata/simgpu OUT=$(abspath $(SIMGPU_DIR))
 
@@ -79,4 +83,4 @@ lint: $(GOLANGCI) ## gofmt + go vet + golangci-lint (first build ~2 min)
 clean: ## Remove build outputs
 	rm -rf bin build
 
-.PHONY: help build generate simgpu jaeger helm test accuracy demo lint clean
+.PHONY: help build generate fmt-bpf simgpu jaeger helm test accuracy demo lint clean

@@ -60,7 +60,7 @@ struct thread_state {
 	__u32 sc_class;
 	/* scheduling */
 	__u64 off_start; /* switched out at (0: running) */
-	__u64 wake_ns;   /* woken at, while switched out blocked (0: not yet) */
+	__u64 wake_ns;	 /* woken at, while switched out blocked (0: not yet) */
 	__u32 off_runnable;
 	/* probed CUDA/NCCL blocking call in flight (depth > 0) */
 	__u32 call_depth;
@@ -84,7 +84,7 @@ struct thread_state {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
-	__type(key, __u32);  /* tgid */
+	__type(key, __u32); /* tgid */
 	__type(value, __u32);
 } traced_tgids SEC(".maps");
 
@@ -129,6 +129,13 @@ const struct sched_event *unused_sched_event __attribute__((unused));
 const struct proc_event *unused_proc_event __attribute__((unused));
 const struct fd_event *unused_fd_event __attribute__((unused));
 const struct short_key *unused_short_key __attribute__((unused));
+/* ... and for the enums user space shares, so it uses bpf2go's constants
+ * instead of copies. */
+const enum event_type *unused_event_type __attribute__((unused));
+const enum event_kind *unused_event_kind __attribute__((unused));
+const enum syscall_class *unused_syscall_class __attribute__((unused));
+const enum sched_flags *unused_sched_flags __attribute__((unused));
+const enum proc_flags *unused_proc_flags __attribute__((unused));
 
 /* Levels of pid namespaces looked at (the kernel allows 32; containers in
  * containers rarely pass 3). */
@@ -194,7 +201,7 @@ static __always_inline __u64 task_id(struct task_struct *task)
 /* The same for a task handed to a tp_btf program: its fields load directly
  * on the host, without the helper calls of a probe read. */
 #define btf_task_id(task)                                                                          \
-	(pidns_inum == PIDNS_HOST_INUM ? (((__u64)(task)->tgid << 32) | (__u32)(task)->pid)         \
+	(pidns_inum == PIDNS_HOST_INUM ? (((__u64)(task)->tgid << 32) | (__u32)(task)->pid)        \
 				       : task_id(task))
 
 /* The current thread's id in gaptrace's namespace (see task_id). */
@@ -220,8 +227,39 @@ static __always_inline struct thread_state *thread_get(__u64 id)
 	return bpf_map_lookup_elem(&threads, &id);
 }
 
-/* reserve a ring-buffer record or count the drop: user space reports drops,
- * it never sees a half-written record. */
+/* The opening of every probe that acts for the current thread: nothing at all
+ * under null_probes, nothing for a process that is not traced. *id is the
+ * current thread as gaptrace's namespace numbers it (current_id). */
+static __always_inline bool enter_traced(__u64 *id)
+{
+	if (null_probes)
+		return false;
+	*id = current_id();
+	return traced(*id >> 32);
+}
+
+/* enter_traced, then the thread's state, created on first use. NULL when the
+ * probe has nothing to do (or the LRU map could not hold the thread). */
+static __always_inline struct thread_state *enter(__u64 *id)
+{
+	if (!enter_traced(id))
+		return NULL;
+	return thread_get(*id);
+}
+
+/* The same for a return probe: the state its entry probe left, never a new
+ * one (NULL when there is none). */
+static __always_inline struct thread_state *enter_ret(__u64 *id)
+{
+	if (!enter_traced(id))
+		return NULL;
+	return bpf_map_lookup_elem(&threads, id);
+}
+
+/* reserve a zeroed ring-buffer record or count the drop: user space reports
+ * drops, it never sees a half-written record, and no byte a program leaves
+ * unset (padding, the tail of a string) carries stale ring contents. Always
+ * inlined, so size is a constant and the memset becomes plain stores. */
 static __always_inline void *reserve(__u64 size)
 {
 	void *p = bpf_ringbuf_reserve(&events, size, 0);
@@ -230,7 +268,9 @@ static __always_inline void *reserve(__u64 size)
 		__u64 *d = bpf_map_lookup_elem(&ring_drops, &k);
 		if (d)
 			*d += 1;
+		return NULL;
 	}
+	__builtin_memset(p, 0, size);
 	return p;
 }
 
@@ -240,7 +280,17 @@ static __always_inline void submit(void *rec)
 	bpf_ringbuf_submit(rec, pending >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
-static __always_inline void hdr_fill(struct event_hdr *h, __u32 type, __u32 kind, __u64 id, __u64 ktime)
+/* Arguments past the sixth live on the stack: at function entry sp points at
+ * the return address, so argument n (n >= 7) is at sp + 8*(n-6). */
+static __always_inline __u64 stack_arg(struct pt_regs *ctx, int n)
+{
+	__u64 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
+	return v;
+}
+
+static __always_inline void hdr_fill(struct event_hdr *h, __u32 type, __u32 kind, __u64 id,
+				     __u64 ktime)
 {
 	h->type = type;
 	h->kind = kind;

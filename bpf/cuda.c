@@ -14,30 +14,37 @@
 #include "common.h"
 
 enum launch_layout {
-	LL_STREAM_ARG9 = 0, /* cuLaunchKernel, cuLaunchCooperativeKernel: hStream is the 9th argument */
-	LL_CONFIG = 1,      /* cuLaunchKernelEx: hStream inside CUlaunchConfig */
+	LL_STREAM_ARG9 = 0, /* cuLaunchKernel, cuLaunchCooperativeKernel: hStream 9th */
+	LL_CONFIG = 1,	    /* cuLaunchKernelEx: hStream inside CUlaunchConfig */
 	LL_STREAM_ARG2 = 2, /* cuGraphLaunch */
 };
 
 enum async_layout {
 	AL_BYTES3_STREAM4 = 0, /* cuMemcpy{HtoD,DtoH,DtoD,}Async, cuMemsetD{8,16,32}Async */
-	AL_PEER = 1,           /* cuMemcpyPeerAsync: bytes 5th, stream 6th */
-	AL_2D = 2,             /* cuMemcpy2DAsync: CUDA_MEMCPY2D*, stream */
-	AL_3D = 3,             /* cuMemcpy3DAsync: size not decoded, stream 2nd */
+	AL_PEER = 1,	       /* cuMemcpyPeerAsync: bytes 5th, stream 6th */
+	AL_2D = 2,	       /* cuMemcpy2DAsync: CUDA_MEMCPY2D*, stream */
+	AL_3D = 3,	       /* cuMemcpy3DAsync: size not decoded, stream 2nd */
 	AL_MEMSET2D = 4,       /* cuMemsetD2D{8,16,32}Async: width 4th, height 5th, stream 6th */
 };
 
 enum block_layout {
-	BL_NONE = 0,          /* cuCtxSynchronize, cuEventSynchronize, cuMemFree */
-	BL_STREAM1 = 1,       /* cuStreamSynchronize */
-	BL_BYTES3 = 2,        /* synchronous cuMemcpy* */
-	BL_BYTES2 = 3,        /* cuMemAlloc */
+	BL_NONE = 0,	       /* cuCtxSynchronize, cuEventSynchronize, cuMemFree */
+	BL_STREAM1 = 1,	       /* cuStreamSynchronize */
+	BL_BYTES3 = 2,	       /* synchronous cuMemcpy* */
+	BL_BYTES2 = 3,	       /* cuMemAlloc */
 	BL_BYTES2_STREAM3 = 4, /* cuMemAllocAsync */
-	BL_STREAM2 = 5,       /* cuMemFreeAsync */
+	BL_STREAM2 = 5,	       /* cuMemFreeAsync */
 };
 
-/* event.CUDA values the return probe needs to tell apart. */
-enum {
+/* event.CUDA (event/event.go), kept numerically equal
+ * (tracer/enums_test.go checks). The cookie's low byte. */
+enum cuda_func {
+	CU_LAUNCH_KERNEL = 1,
+	CU_LAUNCH_KERNEL_EX = 2,
+	CU_LAUNCH_COOPERATIVE_KERNEL = 3,
+	CU_GRAPH_LAUNCH = 4,
+	CU_MEMCPY_ASYNC = 5,
+	CU_MEMSET_ASYNC = 6,
 	CU_MEMCPY_HTOD = 7,
 	CU_MEMCPY_DTOH = 8,
 	CU_MEMCPY_OTHER = 9,
@@ -48,24 +55,17 @@ enum {
 	CU_MEM_FREE = 14,
 };
 
-/* Arguments past the sixth live on the stack: at function entry sp points at
- * the return address, so argument n (n >= 7) is at sp + 8*(n-6). */
-static __always_inline __u64 stack_arg(struct pt_regs *ctx, int n)
-{
-	__u64 v = 0;
-	bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
-	return v;
-}
+/* BTF for the enums user space shares (bpf2go -type). */
+const enum launch_layout *unused_launch_layout __attribute__((unused));
+const enum async_layout *unused_async_layout __attribute__((unused));
+const enum block_layout *unused_block_layout __attribute__((unused));
+const enum cuda_func *unused_cuda_func __attribute__((unused));
 
 SEC("uprobe")
 int cuda_launch(struct pt_regs *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
-		return 0;
-	struct thread_state *t = thread_get(id);
+	__u64 id;
+	struct thread_state *t = enter(&id);
 	if (!t)
 		return 0;
 	if (t->busy) {
@@ -100,9 +100,7 @@ int cuda_launch(struct pt_regs *ctx)
 	hdr_fill(&e->hdr, EV_CUDA, K_ENQUEUE, id, now);
 	e->start_ns = now;
 	e->stream = stream;
-	e->bytes = 0;
 	e->count = t->launches + 1;
-	e->ret = 0;
 	e->func = cookie & 0xff;
 	submit(e);
 	t->launches = 0;
@@ -113,10 +111,8 @@ int cuda_launch(struct pt_regs *ctx)
 SEC("uprobe")
 int cuda_async(struct pt_regs *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
+	__u64 id;
+	if (!enter_traced(&id))
 		return 0;
 
 	__u64 cookie = bpf_get_attach_cookie(ctx);
@@ -156,13 +152,11 @@ int cuda_async(struct pt_regs *ctx)
 	struct cuda_event *e = reserve(sizeof(*e));
 	if (!e)
 		return 0;
-	/* event.CUDA 6 is cuMemsetAsync; every other async probe is a copy. */
-	hdr_fill(&e->hdr, EV_CUDA, func == 6 ? K_MEMSET : K_MEMCPY_ASYNC, id, now);
+	/* Every async probe but the memsets is a copy. */
+	hdr_fill(&e->hdr, EV_CUDA, func == CU_MEMSET_ASYNC ? K_MEMSET : K_MEMCPY_ASYNC, id, now);
 	e->start_ns = now;
 	e->stream = stream;
 	e->bytes = bytes;
-	e->count = 0;
-	e->ret = 0;
 	e->func = func;
 	submit(e);
 	return 0;
@@ -171,12 +165,8 @@ int cuda_async(struct pt_regs *ctx)
 SEC("uprobe")
 int cuda_block_enter(struct pt_regs *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
-		return 0;
-	struct thread_state *t = thread_get(id);
+	__u64 id;
+	struct thread_state *t = enter(&id);
 	if (!t)
 		return 0;
 	/* Only the outermost probed call is timed: the driver may implement one
@@ -214,12 +204,8 @@ int cuda_block_enter(struct pt_regs *ctx)
 SEC("uretprobe")
 int cuda_block_exit(struct pt_regs *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
-		return 0;
-	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	__u64 id;
+	struct thread_state *t = enter_ret(&id);
 	if (!t || t->call_depth == 0)
 		return 0;
 	if (--t->call_depth > 0)
@@ -256,7 +242,6 @@ int cuda_block_exit(struct pt_regs *ctx)
 	e->bytes = t->call_bytes;
 	e->ret = (__s32)PT_REGS_RC(ctx);
 	e->func = func;
-	e->count = 0;
 	if (kind == K_SYNC) {
 		e->count = t->launches;
 		t->launches = 0;

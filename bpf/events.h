@@ -22,7 +22,8 @@ enum event_type {
 	EV_MMAP = 7, /* an executable file mapping appeared: rescan /proc/PID/maps */
 };
 
-/* hdr.kind: the event.Kind value (event/event.go), kept numerically equal. */
+/* hdr.kind: the event.Kind value (event/event.go), kept numerically equal
+ * (tracer/enums_test.go checks). */
 enum event_kind {
 	K_ENQUEUE = 1,
 	K_MEMCPY_ASYNC = 2,
@@ -44,8 +45,8 @@ enum event_kind {
 	K_COMM_INIT = 18,
 };
 
-/* Syscall classes: event.SyscallClass values, plus internal ones above
- * SC_LAST that never reach an event. */
+/* Syscall classes: event.SyscallClass values (tracer/enums_test.go checks),
+ * plus internal ones above SC_LAST that never reach an event. */
 enum syscall_class {
 	SC_OTHER = 0,
 	SC_READ = 1,
@@ -62,13 +63,13 @@ enum syscall_class {
 	SC_UNTRACED = 255,
 };
 
-#define PATH_LEN 256
+#define PATH_LEN      256
 #define EXEC_PATH_LEN 128
-#define COMM_LEN 16
+#define COMM_LEN      16
 
 struct event_hdr {
-	__u32 type;     /* enum event_type */
-	__u32 kind;     /* enum event_kind */
+	__u32 type;	/* enum event_type */
+	__u32 kind;	/* enum event_kind */
 	__u64 pid_tgid; /* tgid << 32 | tid of the thread the event is about */
 	__u64 ktime_ns; /* CLOCK_MONOTONIC: end of an interval, or the instant */
 };
@@ -105,7 +106,7 @@ struct syscall_event {
 	__s64 ret;
 	__u64 waker; /* pid_tgid of the last thread that woke this one during the call, 0 if none */
 	__s32 nr;
-	__s32 fd; /* -1 when the syscall has no fd argument */
+	__s32 fd;    /* -1 when the syscall has no fd argument */
 	__u32 class; /* enum syscall_class */
 	__u32 _pad;
 };
@@ -120,7 +121,7 @@ struct sched_event {
 };
 
 /* sched_event.flags */
-enum {
+enum sched_flags {
 	/* K_RUNQUEUE only: the thread was blocked inside a probed CUDA/NCCL call
 	 * (a sync sleeping until the GPU is done) and start_ns is when it was
 	 * woken: the call's wait ended there, the rest was waiting for a CPU. */
@@ -132,14 +133,17 @@ struct proc_event {
 	struct event_hdr hdr;
 	__u32 child_pid; /* K_FORK */
 	__u32 child_tid; /* K_FORK */
-	__u32 flags;     /* PROC_F_* */
+	__u32 flags;	 /* PROC_F_* */
 	__u32 _pad;
 	char comm[COMM_LEN];
 	char filename[EXEC_PATH_LEN]; /* K_EXEC */
 };
 
-#define PROC_F_THREAD 1     /* K_FORK: the child is a thread of the parent */
-#define PROC_F_GROUP_DEAD 2 /* K_EXIT: the last thread of the process exited */
+/* proc_event.flags */
+enum proc_flags {
+	PROC_F_THREAD = 1,     /* K_FORK: the child is a thread of the parent */
+	PROC_F_GROUP_DEAD = 2, /* K_EXIT: the last thread of the process exited */
+};
 
 /* EV_FD: openat (always) and close (always), for fd cache invalidation. */
 struct fd_event {

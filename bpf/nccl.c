@@ -11,7 +11,9 @@
  */
 #include "common.h"
 
-enum {
+/* event.NCCLOp (event/event.go), kept numerically equal
+ * (tracer/enums_test.go checks). */
+enum nccl_op {
 	OP_ALL_REDUCE = 1,
 	OP_ALL_GATHER = 2,
 	OP_REDUCE_SCATTER = 3,
@@ -21,19 +23,15 @@ enum {
 	OP_RECV = 7,
 };
 
-static __always_inline __u64 stack_arg(struct pt_regs *ctx, int n)
-{
-	__u64 v = 0;
-	bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
-	return v;
-}
+/* BTF for bpf2go -type. */
+const enum nccl_op *unused_nccl_op __attribute__((unused));
 
 /* ncclDataType_t → element size. */
 static __always_inline __u64 dtype_size(__u32 dt)
 {
 	switch (dt) {
-	case 0: /* ncclInt8 */
-	case 1: /* ncclUint8 */
+	case 0:	 /* ncclInt8 */
+	case 1:	 /* ncclUint8 */
 	case 10: /* ncclFloat8e4m3 */
 	case 11: /* ncclFloat8e5m2 */
 		return 1;
@@ -55,10 +53,8 @@ static __always_inline __u64 dtype_size(__u32 dt)
 SEC("uprobe")
 int nccl_coll(struct pt_regs *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
+	__u64 id;
+	if (!enter_traced(&id))
 		return 0;
 
 	__u32 op = bpf_get_attach_cookie(ctx) & 0xff;
@@ -66,7 +62,7 @@ int nccl_coll(struct pt_regs *ctx)
 	__u32 dt = 0;
 	__s32 peer = -1;
 	switch (op) {
-	case OP_ALL_REDUCE: /* (send, recv, count, dt, redop, comm, stream) */
+	case OP_ALL_REDUCE:	/* (send, recv, count, dt, redop, comm, stream) */
 	case OP_REDUCE_SCATTER: /* (send, recv, recvcount, dt, redop, comm, stream) */
 		count = PT_REGS_PARM3(ctx);
 		dt = PT_REGS_PARM4(ctx);
@@ -122,7 +118,6 @@ int nccl_coll(struct pt_regs *ctx)
 	e->peer = peer;
 	e->op = op;
 	e->datatype = dt;
-	e->ret = 0;
 	submit(e);
 	return 0;
 }
@@ -136,12 +131,8 @@ int nccl_coll(struct pt_regs *ctx)
 SEC("uprobe")
 int nccl_comm_init_enter(struct pt_regs *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
-		return 0;
-	struct thread_state *t = thread_get(id);
+	__u64 id;
+	struct thread_state *t = enter(&id);
 	if (!t)
 		return 0;
 	t->init_commp = PT_REGS_PARM1(ctx);
@@ -153,12 +144,8 @@ int nccl_comm_init_enter(struct pt_regs *ctx)
 SEC("uretprobe")
 int nccl_comm_init_exit(struct pt_regs *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
-		return 0;
-	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	__u64 id;
+	struct thread_state *t = enter_ret(&id);
 	if (!t || t->init_commp == 0)
 		return 0;
 	__u64 comm = 0;
@@ -171,12 +158,8 @@ int nccl_comm_init_exit(struct pt_regs *ctx)
 	hdr_fill(&e->hdr, EV_NCCL, K_COMM_INIT, id, now);
 	e->start_ns = now;
 	e->count = t->init_nranks;
-	e->bytes = 0;
 	e->comm = comm;
-	e->stream = 0;
 	e->peer = t->init_rank;
-	e->op = 0;
-	e->datatype = 0;
 	e->ret = (__s32)PT_REGS_RC(ctx);
 	submit(e);
 	return 0;
@@ -185,12 +168,8 @@ int nccl_comm_init_exit(struct pt_regs *ctx)
 SEC("uprobe")
 int nccl_group_start(struct pt_regs *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
-		return 0;
-	struct thread_state *t = thread_get(id);
+	__u64 id;
+	struct thread_state *t = enter(&id);
 	if (!t)
 		return 0;
 	if (t->group_depth++ == 0)
@@ -201,12 +180,8 @@ int nccl_group_start(struct pt_regs *ctx)
 SEC("uprobe")
 int nccl_group_end_enter(struct pt_regs *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
-		return 0;
-	struct thread_state *t = thread_get(id);
+	__u64 id;
+	struct thread_state *t = enter(&id);
 	if (!t)
 		return 0;
 	t->group_start = bpf_ktime_get_ns();
@@ -218,12 +193,8 @@ int nccl_group_end_enter(struct pt_regs *ctx)
 SEC("uretprobe")
 int nccl_group_end_exit(struct pt_regs *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
-		return 0;
-	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	__u64 id;
+	struct thread_state *t = enter_ret(&id);
 	if (!t || t->group_start == 0)
 		return 0;
 	if (t->call_depth > 0)
@@ -243,12 +214,7 @@ int nccl_group_end_exit(struct pt_regs *ctx)
 	hdr_fill(&e->hdr, EV_NCCL, K_GROUP_END, id, now);
 	e->start_ns = start;
 	e->count = t->group_ops;
-	e->bytes = 0;
-	e->comm = 0;
-	e->stream = 0;
 	e->peer = -1;
-	e->op = 0;
-	e->datatype = 0;
 	e->ret = (__s32)PT_REGS_RC(ctx);
 	submit(e);
 	t->group_ops = 0;

@@ -75,7 +75,6 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	e->start_ns = start;
 	e->waker = kind == K_OFFCPU ? t->waker : 0;
 	e->flags = flags;
-	e->_pad = 0;
 	submit(e);
 	arm_enqueue(t);
 	return 0;
@@ -142,9 +141,7 @@ int BPF_PROG(on_sched_process_fork, struct task_struct *parent, struct task_stru
 	e->child_pid = ctgid;
 	e->child_tid = ctid;
 	e->flags = thread ? PROC_F_THREAD : 0;
-	e->_pad = 0;
 	BPF_CORE_READ_STR_INTO(&e->comm, child, comm);
-	e->filename[0] = 0;
 	submit(e);
 	return 0;
 }
@@ -152,10 +149,8 @@ int BPF_PROG(on_sched_process_fork, struct task_struct *parent, struct task_stru
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_sched_process_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
+	__u64 id;
+	if (!enter_traced(&id))
 		return 0;
 	/* exec replaced the address space: calls in flight never return */
 	bpf_map_delete_elem(&threads, &id);
@@ -163,10 +158,6 @@ int BPF_PROG(on_sched_process_exec, struct task_struct *p, pid_t old_pid, struct
 	if (!e)
 		return 0;
 	hdr_fill(&e->hdr, EV_PROC, K_EXEC, id, bpf_ktime_get_ns());
-	e->child_pid = 0;
-	e->child_tid = 0;
-	e->flags = 0;
-	e->_pad = 0;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
 	bpf_probe_read_kernel_str(&e->filename, sizeof(e->filename), BPF_CORE_READ(bprm, filename));
 	submit(e);
@@ -176,12 +167,10 @@ int BPF_PROG(on_sched_process_exec, struct task_struct *p, pid_t old_pid, struct
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 {
-	if (null_probes)
+	__u64 id;
+	if (!enter_traced(&id))
 		return 0;
-	__u64 id = current_id();
 	__u32 tgid = id >> 32;
-	if (!traced(tgid))
-		return 0;
 	bpf_map_delete_elem(&threads, &id);
 	if (group_dead)
 		bpf_map_delete_elem(&traced_tgids, &tgid);
@@ -189,12 +178,8 @@ int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 	if (!e)
 		return 0;
 	hdr_fill(&e->hdr, EV_PROC, K_EXIT, id, bpf_ktime_get_ns());
-	e->child_pid = 0;
-	e->child_tid = 0;
 	e->flags = group_dead ? PROC_F_GROUP_DEAD : 0;
-	e->_pad = 0;
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
-	e->filename[0] = 0;
 	submit(e);
 	return 0;
 }

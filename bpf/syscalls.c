@@ -26,10 +26,8 @@ struct {
 SEC("tracepoint/syscalls/sys_enter")
 int sys_enter(struct trace_event_raw_sys_enter *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
+	__u64 id;
+	if (!enter_traced(&id))
 		return 0;
 	__u32 nr = (__u32)BPF_CORE_READ(ctx, id);
 	__u32 *cls = bpf_map_lookup_elem(&syscall_classes, &nr);
@@ -75,8 +73,6 @@ static __always_inline void emit_fd(struct thread_state *t, __u64 id, __u64 now,
 	hdr_fill(&e->hdr, EV_FD, open ? K_OPEN : K_CLOSE, id, now);
 	e->start_ns = t->sc_start;
 	e->ret = ret;
-	e->_pad = 0;
-	e->path[0] = 0;
 	if (open) {
 		e->fd = (__s32)ret;
 		/* openat(dirfd, pathname, ...): the user buffer is still mapped
@@ -91,12 +87,8 @@ static __always_inline void emit_fd(struct thread_state *t, __u64 id, __u64 now,
 SEC("tracepoint/syscalls/sys_exit")
 int sys_exit(struct trace_event_raw_sys_exit *ctx)
 {
-	if (null_probes)
-		return 0;
-	__u64 id = current_id();
-	if (!traced(id >> 32))
-		return 0;
-	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	__u64 id;
+	struct thread_state *t = enter_ret(&id);
 	if (!t || t->sc_start == 0)
 		return 0;
 
@@ -121,7 +113,7 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 
 	if (dur < threshold_ns) {
 		t->sc_start = 0;
-		struct short_key k = {.pid_tgid = id, .class = cls};
+		struct short_key k = { .pid_tgid = id, .class = cls };
 		__u64 *n = bpf_map_lookup_elem(&short_calls, &k);
 		if (n) {
 			__sync_fetch_and_add(n, 1);

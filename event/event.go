@@ -1,6 +1,6 @@
 // Package event holds the plain data types that flow between gaptrace's
 // stages: host events produced by tracer/, GPU windows produced by
-// tracer/gpu, and nothing else. It has no dependencies so that correlate/
+// gpusample, and nothing else. It has no dependencies so that correlate/
 // and its tests never pull in eBPF or NVML.
 //
 // All times are Unix nanoseconds (CLOCK_REALTIME). The tracer converts from

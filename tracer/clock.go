@@ -3,6 +3,7 @@ package tracer
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,3 +55,7 @@ func monotonicNow() int64 {
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return ts.Nano()
 }
+
+// clockRemeasure bounds the drift between CLOCK_MONOTONIC and
+// CLOCK_REALTIME (NTP slews realtime) that conversions can accumulate.
+const clockRemeasure = 10 * time.Second

@@ -13,6 +13,27 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type cudaAsyncLayout uint32
+
+const (
+	cudaAsyncLayoutAL_BYTES3STREAM4 cudaAsyncLayout = 0
+	cudaAsyncLayoutAL_PEER          cudaAsyncLayout = 1
+	cudaAsyncLayoutAL_2D            cudaAsyncLayout = 2
+	cudaAsyncLayoutAL_3D            cudaAsyncLayout = 3
+	cudaAsyncLayoutAL_MEMSET2D      cudaAsyncLayout = 4
+)
+
+type cudaBlockLayout uint32
+
+const (
+	cudaBlockLayoutBL_NONE          cudaBlockLayout = 0
+	cudaBlockLayoutBL_STREAM1       cudaBlockLayout = 1
+	cudaBlockLayoutBL_BYTES3        cudaBlockLayout = 2
+	cudaBlockLayoutBL_BYTES2        cudaBlockLayout = 3
+	cudaBlockLayoutBL_BYTES2STREAM3 cudaBlockLayout = 4
+	cudaBlockLayoutBL_STREAM2       cudaBlockLayout = 5
+)
+
 type cudaCudaEvent struct {
 	_       structs.HostLayout
 	Hdr     cudaEventHdr
@@ -24,6 +45,25 @@ type cudaCudaEvent struct {
 	Func    uint32
 }
 
+type cudaCudaFunc uint32
+
+const (
+	cudaCudaFuncCU_LAUNCH_KERNEL             cudaCudaFunc = 1
+	cudaCudaFuncCU_LAUNCH_KERNEL_EX          cudaCudaFunc = 2
+	cudaCudaFuncCU_LAUNCH_COOPERATIVE_KERNEL cudaCudaFunc = 3
+	cudaCudaFuncCU_GRAPH_LAUNCH              cudaCudaFunc = 4
+	cudaCudaFuncCU_MEMCPY_ASYNC              cudaCudaFunc = 5
+	cudaCudaFuncCU_MEMSET_ASYNC              cudaCudaFunc = 6
+	cudaCudaFuncCU_MEMCPY_HTOD               cudaCudaFunc = 7
+	cudaCudaFuncCU_MEMCPY_DTOH               cudaCudaFunc = 8
+	cudaCudaFuncCU_MEMCPY_OTHER              cudaCudaFunc = 9
+	cudaCudaFuncCU_STREAM_SYNC               cudaCudaFunc = 10
+	cudaCudaFuncCU_CTX_SYNC                  cudaCudaFunc = 11
+	cudaCudaFuncCU_EVENT_SYNC                cudaCudaFunc = 12
+	cudaCudaFuncCU_MEM_ALLOC                 cudaCudaFunc = 13
+	cudaCudaFuncCU_MEM_FREE                  cudaCudaFunc = 14
+)
+
 type cudaEventHdr struct {
 	_       structs.HostLayout
 	Type    uint32
@@ -31,6 +71,49 @@ type cudaEventHdr struct {
 	PidTgid uint64
 	KtimeNs uint64
 }
+
+type cudaEventKind uint32
+
+const (
+	cudaEventKindK_ENQUEUE      cudaEventKind = 1
+	cudaEventKindK_MEMCPY_ASYNC cudaEventKind = 2
+	cudaEventKindK_MEMSET       cudaEventKind = 3
+	cudaEventKindK_MEMCPY       cudaEventKind = 4
+	cudaEventKindK_SYNC         cudaEventKind = 5
+	cudaEventKindK_ALLOC        cudaEventKind = 6
+	cudaEventKindK_FREE         cudaEventKind = 7
+	cudaEventKindK_COLLECTIVE   cudaEventKind = 8
+	cudaEventKindK_GROUP_END    cudaEventKind = 9
+	cudaEventKindK_SYSCALL      cudaEventKind = 10
+	cudaEventKindK_RUNQUEUE     cudaEventKind = 11
+	cudaEventKindK_OFFCPU       cudaEventKind = 12
+	cudaEventKindK_FORK         cudaEventKind = 13
+	cudaEventKindK_EXEC         cudaEventKind = 14
+	cudaEventKindK_EXIT         cudaEventKind = 15
+	cudaEventKindK_OPEN         cudaEventKind = 16
+	cudaEventKindK_CLOSE        cudaEventKind = 17
+	cudaEventKindK_COMM_INIT    cudaEventKind = 18
+)
+
+type cudaEventType uint32
+
+const (
+	cudaEventTypeEV_CUDA    cudaEventType = 1
+	cudaEventTypeEV_NCCL    cudaEventType = 2
+	cudaEventTypeEV_SYSCALL cudaEventType = 3
+	cudaEventTypeEV_SCHED   cudaEventType = 4
+	cudaEventTypeEV_PROC    cudaEventType = 5
+	cudaEventTypeEV_FD      cudaEventType = 6
+	cudaEventTypeEV_MMAP    cudaEventType = 7
+)
+
+type cudaLaunchLayout uint32
+
+const (
+	cudaLaunchLayoutLL_STREAM_ARG9 cudaLaunchLayout = 0
+	cudaLaunchLayoutLL_CONFIG      cudaLaunchLayout = 1
+	cudaLaunchLayoutLL_STREAM_ARG2 cudaLaunchLayout = 2
+)
 
 type cudaShortKey struct {
 	_       structs.HostLayout
@@ -82,13 +165,22 @@ const (
 	cudaVarPidnsInum          = "pidns_inum"
 	cudaVarPidnsLevelSeen     = "pidns_level_seen"
 	cudaVarThresholdNs        = "threshold_ns"
+	cudaVarUnusedAsyncLayout  = "unused_async_layout"
+	cudaVarUnusedBlockLayout  = "unused_block_layout"
 	cudaVarUnusedCudaEvent    = "unused_cuda_event"
+	cudaVarUnusedCudaFunc     = "unused_cuda_func"
 	cudaVarUnusedEventHdr     = "unused_event_hdr"
+	cudaVarUnusedEventKind    = "unused_event_kind"
+	cudaVarUnusedEventType    = "unused_event_type"
 	cudaVarUnusedFdEvent      = "unused_fd_event"
+	cudaVarUnusedLaunchLayout = "unused_launch_layout"
 	cudaVarUnusedNcclEvent    = "unused_nccl_event"
 	cudaVarUnusedProcEvent    = "unused_proc_event"
+	cudaVarUnusedProcFlags    = "unused_proc_flags"
 	cudaVarUnusedSchedEvent   = "unused_sched_event"
+	cudaVarUnusedSchedFlags   = "unused_sched_flags"
 	cudaVarUnusedShortKey     = "unused_short_key"
+	cudaVarUnusedSyscallClass = "unused_syscall_class"
 	cudaVarUnusedSyscallEvent = "unused_syscall_event"
 	cudaVarWakeupBytes        = "wakeup_bytes"
 )
@@ -160,13 +252,22 @@ type cudaVariableSpecs struct {
 	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
 	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
+	UnusedAsyncLayout  *ebpf.VariableSpec `ebpf:"unused_async_layout"`
+	UnusedBlockLayout  *ebpf.VariableSpec `ebpf:"unused_block_layout"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
+	UnusedCudaFunc     *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
+	UnusedEventKind    *ebpf.VariableSpec `ebpf:"unused_event_kind"`
+	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedFdEvent      *ebpf.VariableSpec `ebpf:"unused_fd_event"`
+	UnusedLaunchLayout *ebpf.VariableSpec `ebpf:"unused_launch_layout"`
 	UnusedNcclEvent    *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
 	UnusedProcEvent    *ebpf.VariableSpec `ebpf:"unused_proc_event"`
+	UnusedProcFlags    *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
+	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
+	UnusedSyscallClass *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
 	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
 	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
@@ -216,13 +317,22 @@ type cudaVariables struct {
 	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
 	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
+	UnusedAsyncLayout  *ebpf.Variable `ebpf:"unused_async_layout"`
+	UnusedBlockLayout  *ebpf.Variable `ebpf:"unused_block_layout"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
+	UnusedCudaFunc     *ebpf.Variable `ebpf:"unused_cuda_func"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
+	UnusedEventKind    *ebpf.Variable `ebpf:"unused_event_kind"`
+	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedFdEvent      *ebpf.Variable `ebpf:"unused_fd_event"`
+	UnusedLaunchLayout *ebpf.Variable `ebpf:"unused_launch_layout"`
 	UnusedNcclEvent    *ebpf.Variable `ebpf:"unused_nccl_event"`
 	UnusedProcEvent    *ebpf.Variable `ebpf:"unused_proc_event"`
+	UnusedProcFlags    *ebpf.Variable `ebpf:"unused_proc_flags"`
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
+	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
+	UnusedSyscallClass *ebpf.Variable `ebpf:"unused_syscall_class"`
 	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
 	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
 }

@@ -8,24 +8,22 @@ import (
 	"github.com/gaptrace/gaptrace/event"
 )
 
-// Record types (struct event_hdr.type in bpf/events.h).
+// Record types (enum event_type in bpf/events.h), as bpf2go generated them.
 const (
-	evCUDA    = 1
-	evNCCL    = 2
-	evSyscall = 3
-	evSched   = 4
-	evProc    = 5
-	evFD      = 6
-	evMmap    = 7
+	evCUDA    = uint32(cudaEventTypeEV_CUDA)
+	evNCCL    = uint32(cudaEventTypeEV_NCCL)
+	evSyscall = uint32(cudaEventTypeEV_SYSCALL)
+	evSched   = uint32(cudaEventTypeEV_SCHED)
+	evProc    = uint32(cudaEventTypeEV_PROC)
+	evFD      = uint32(cudaEventTypeEV_FD)
+	evMmap    = uint32(cudaEventTypeEV_MMAP)
 )
 
-// Flags of sched_event (SCHED_F_* in bpf/events.h).
-const schedFlagWoken = 1
-
-// Flags of proc_event.
+// Flags of sched_event and proc_event (enum sched_flags, enum proc_flags).
 const (
-	procFlagThread    = 1
-	procFlagGroupDead = 2
+	schedFlagWoken    = uint32(schedSchedFlagsSCHED_F_WOKEN)
+	procFlagThread    = uint32(schedProcFlagsPROC_F_THREAD)
+	procFlagGroupDead = uint32(schedProcFlagsPROC_F_GROUP_DEAD)
 )
 
 // The generated structs are the single source of the layouts; these names
@@ -132,7 +130,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 		d.emit = true
 	case evNCCL:
 		r := (*rawNCCL)(unsafe.Pointer(&rec[0]))
-		if !(validKind(ev.Kind, event.KindCollective, event.KindGroupEnd) || ev.Kind == event.KindCommInit) || r.Op >= uint32(event.NCCLLast) {
+		if !validKind(ev.Kind, event.KindCollective, event.KindGroupEnd) && ev.Kind != event.KindCommInit || r.Op >= uint32(event.NCCLLast) {
 			return fmt.Errorf("decode nccl record: kind %d op %d out of range", h.Kind, r.Op)
 		}
 		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)

@@ -8,12 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -131,12 +133,13 @@ func (f *fakeReader) Read() ([]byte, error) {
 	return r, nil
 }
 
+func (f *fakeReader) Flush() error { return nil }
 func (f *fakeReader) Close() error { return nil }
 
 func newUnloadedTracer() *Tracer {
 	cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}.withDefaults()
 	return &Tracer{
-		cfg: cfg, log: cfg.Logger, fds: newFDResolver("/proc"), comms: &taskComms{procRoot: "/proc"},
+		cfg: cfg, log: cfg.Logger, fds: newFDResolver(), comms: &taskComms{procRoot: "/proc"},
 		procs: make(map[uint32]*procState), missingSeen: make(map[string]bool),
 		roots: make(map[uint32]bool), unmapped: make(map[uint32]string),
 		rescan: make(chan uint32, 16), done: make(chan struct{}),
@@ -209,6 +212,7 @@ func TestConsumeStopsOnContext(t *testing.T) {
 type endlessReader struct{ rec []byte }
 
 func (e *endlessReader) Read() ([]byte, error) { return e.rec, nil }
+func (e *endlessReader) Flush() error          { return nil }
 func (e *endlessReader) Close() error          { return nil }
 
 func TestReadErrorIsReturned(t *testing.T) {
@@ -223,7 +227,90 @@ func TestReadErrorIsReturned(t *testing.T) {
 type errReader struct{ err error }
 
 func (e errReader) Read() ([]byte, error) { return nil, e.err }
+func (e errReader) Flush() error          { return nil }
 func (e errReader) Close() error          { return nil }
+
+// heldReader is a ring whose records were committed without a wakeup
+// (BPF_RB_NO_WAKEUP): Read blocks until Flush or Close, as the real reader
+// does between polls, and after Flush returns the pending records, then
+// ErrFlushed. Close without Flush loses them, as closing the real reader
+// does.
+type heldReader struct {
+	recs    [][]byte
+	flushed chan struct{}
+	closed  chan struct{}
+	flushes atomic.Int32
+}
+
+func newHeldReader(recs ...[]byte) *heldReader {
+	return &heldReader{recs: recs, flushed: make(chan struct{}), closed: make(chan struct{})}
+}
+
+func (h *heldReader) Read() ([]byte, error) {
+	select {
+	case <-h.closed:
+		return nil, os.ErrClosed
+	case <-h.flushed:
+	}
+	if len(h.recs) == 0 {
+		return nil, ringbuf.ErrFlushed
+	}
+	r := h.recs[0]
+	h.recs = h.recs[1:]
+	return r, nil
+}
+
+func (h *heldReader) Flush() error {
+	if h.flushes.Add(1) == 1 {
+		close(h.flushed)
+	}
+	return nil
+}
+
+func (h *heldReader) Close() error {
+	select {
+	case <-h.closed:
+	default:
+		close(h.closed)
+	}
+	return nil
+}
+
+// TestRunDrainsRingOnCancel: records still in the ring when the context
+// ends (the traced process's exit, typically) reach the consumer before Run
+// returns, and the reader is closed after them.
+func TestRunDrainsRingOnCancel(t *testing.T) {
+	tr := newUnloadedTracer()
+	recs := recordedRecords()
+	rd := newHeldReader(recs["sync"], recs["exit"])
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make(chan event.Event) // unbuffered: each record waits for the reader below
+	done := make(chan error, 1)
+	go func() { done <- tr.run(ctx, rd, out) }()
+	cancel()
+	var got []event.Event
+	for len(got) < 2 {
+		select {
+		case ev := <-out:
+			got = append(got, ev)
+		case err := <-done:
+			t.Fatalf("Run returned %v after %d of 2 pending records", err, len(got))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("pending records not delivered after cancel (got %d)", len(got))
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if got[0].Kind != event.KindSync || got[1].Kind != event.KindExit {
+		t.Errorf("got kinds %v, %v; want sync, exit", got[0].Kind, got[1].Kind)
+	}
+	select {
+	case <-rd.closed:
+	default:
+		t.Error("reader not closed after the drain")
+	}
+}
 
 func FuzzDecode(f *testing.F) {
 	for _, r := range recordedRecords() {

@@ -45,7 +45,8 @@ type fdResolver struct {
 // inodeRescan rate-limits rescans of every /proc/PID/fd after a miss.
 const inodeTTL = 20 * time.Millisecond
 
-func newFDResolver(procRoot string) *fdResolver {
+// newFDResolver resolves fds through gaptrace's /proc (procRoot).
+func newFDResolver() *fdResolver {
 	return &fdResolver{procRoot: procRoot, cache: make(map[fdKey]fdInfo)}
 }
 

@@ -31,7 +31,7 @@ func TestFDResolveFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	r := newFDResolver("/proc")
+	r := newFDResolver()
 	pid := uint32(os.Getpid())
 	info := r.resolve(pid, int32(f.Fd()))
 	if info.kind != event.FDFile || info.path != path {
@@ -57,7 +57,7 @@ func TestFDResolvePipe(t *testing.T) {
 	}
 	defer pr.Close()
 	defer pw.Close()
-	info := newFDResolver("/proc").resolve(uint32(os.Getpid()), int32(pr.Fd()))
+	info := newFDResolver().resolve(uint32(os.Getpid()), int32(pr.Fd()))
 	if info.kind != event.FDPipe || len(info.path) < 6 || info.path[:6] != "pipe:[" {
 		t.Fatalf("pipe: got %+v", info)
 	}
@@ -75,7 +75,7 @@ func TestFDResolveTCPLoopback(t *testing.T) {
 	}
 	defer c.Close()
 	pid := uint32(os.Getpid())
-	r := newFDResolver("/proc")
+	r := newFDResolver()
 
 	// Not accepted yet: the peer is whoever listens.
 	fd, done := fdOf(t, c.(*net.TCPConn))
@@ -92,7 +92,7 @@ func TestFDResolveTCPLoopback(t *testing.T) {
 	defer s.Close()
 	fd, done = fdOf(t, c.(*net.TCPConn))
 	defer done()
-	r2 := newFDResolver("/proc")
+	r2 := newFDResolver()
 	info = r2.resolve(pid, fd)
 	if info.peerAddr != ln.Addr().String() || info.peerPID != pid {
 		t.Fatalf("after accept: got %+v, want peer %s pid %d", info, ln.Addr(), pid)
@@ -108,14 +108,14 @@ func TestFDResolveUnixSocket(t *testing.T) {
 	defer ln.Close()
 	fd, done := fdOf(t, ln.(*net.UnixListener))
 	defer done()
-	info := newFDResolver("/proc").resolve(uint32(os.Getpid()), fd)
+	info := newFDResolver().resolve(uint32(os.Getpid()), fd)
 	if info.kind != event.FDSocket || info.path != path {
 		t.Fatalf("unix listener: got %+v, want path %s", info, path)
 	}
 }
 
 func TestFDOpenedCache(t *testing.T) {
-	r := newFDResolver("/proc")
+	r := newFDResolver()
 	r.opened(7, 3, "/data/shard-1")
 	if info, ok := r.cached(7, 3); !ok || info.path != "/data/shard-1" || info.kind != event.FDFile {
 		t.Fatalf("opened: %+v %v", info, ok)

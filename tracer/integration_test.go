@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"io"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cilium/ebpf"
 
@@ -70,7 +71,7 @@ func simgpu(t testing.TB) string {
 		}
 		out, err := exec.Command("make", "-s", "-C", "../testdata/simgpu", "OUT="+dir).CombinedOutput()
 		if err != nil {
-			simgpuErr = fmt.Errorf("build simgpu: %v\n%s", err, out)
+			simgpuErr = fmt.Errorf("build simgpu: %w\n%s", err, out)
 			return
 		}
 		simgpuDir = dir
@@ -210,7 +211,9 @@ func runSimtrainHook(t *testing.T, set ProbeSet, hook func(pid int), args ...str
 	case <-mainExited:
 	case <-time.After(10 * time.Second):
 		cancel()
-		<-runErr
+		if err := <-runErr; err != nil {
+			t.Logf("Run: %v", err)
+		}
 		close(evc)
 		<-collected
 		for _, ev := range events[max(0, len(events)-8):] {
@@ -460,7 +463,7 @@ func testSimtrain(t *testing.T, set ProbeSet) {
 	// Synchronous copies, allocations and frees.
 	bytesMatch := func(what string) func(event.Event, truthRec) {
 		return func(ev event.Event, tr truthRec) {
-			if ev.Bytes != tr.Bytes && !(what == "free" && ev.Bytes == 0) {
+			if ev.Bytes != tr.Bytes && (what != "free" || ev.Bytes != 0) {
 				t.Errorf("%s: bytes %d, truth %d", what, ev.Bytes, tr.Bytes)
 			}
 		}

@@ -163,7 +163,7 @@ func TestKilledTracerLeavesNothing(t *testing.T) {
 	if err := helper.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer helper.Process.Kill()
+	defer func() { _ = helper.Process.Kill() }()
 	var objs struct {
 		Progs   []ebpf.ProgramID
 		Links   []link.ID
@@ -217,7 +217,10 @@ func TestTracerHelperProcess(t *testing.T) {
 		return
 	}
 	var pid int
-	fmt.Sscan(pidStr, &pid)
+	if _, err := fmt.Sscan(pidStr, &pid); err != nil {
+		report(map[string]string{"Err": "pid " + pidStr + ": " + err.Error()})
+		return
+	}
 	if err := tr.Trace(pid); err != nil {
 		report(map[string]string{"Err": err.Error()})
 		return

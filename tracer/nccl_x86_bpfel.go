@@ -33,6 +33,18 @@ type ncclNcclEvent struct {
 	Ret      int32
 }
 
+type ncclNcclOp uint32
+
+const (
+	ncclNcclOpOP_ALL_REDUCE     ncclNcclOp = 1
+	ncclNcclOpOP_ALL_GATHER     ncclNcclOp = 2
+	ncclNcclOpOP_REDUCE_SCATTER ncclNcclOp = 3
+	ncclNcclOpOP_BROADCAST      ncclNcclOp = 4
+	ncclNcclOpOP_REDUCE         ncclNcclOp = 5
+	ncclNcclOpOP_SEND           ncclNcclOp = 6
+	ncclNcclOpOP_RECV           ncclNcclOp = 7
+)
+
 type ncclShortKey struct {
 	_       structs.HostLayout
 	PidTgid uint64
@@ -87,11 +99,17 @@ const (
 	ncclVarThresholdNs        = "threshold_ns"
 	ncclVarUnusedCudaEvent    = "unused_cuda_event"
 	ncclVarUnusedEventHdr     = "unused_event_hdr"
+	ncclVarUnusedEventKind    = "unused_event_kind"
+	ncclVarUnusedEventType    = "unused_event_type"
 	ncclVarUnusedFdEvent      = "unused_fd_event"
 	ncclVarUnusedNcclEvent    = "unused_nccl_event"
+	ncclVarUnusedNcclOp       = "unused_nccl_op"
 	ncclVarUnusedProcEvent    = "unused_proc_event"
+	ncclVarUnusedProcFlags    = "unused_proc_flags"
 	ncclVarUnusedSchedEvent   = "unused_sched_event"
+	ncclVarUnusedSchedFlags   = "unused_sched_flags"
 	ncclVarUnusedShortKey     = "unused_short_key"
+	ncclVarUnusedSyscallClass = "unused_syscall_class"
 	ncclVarUnusedSyscallEvent = "unused_syscall_event"
 	ncclVarWakeupBytes        = "wakeup_bytes"
 )
@@ -167,11 +185,17 @@ type ncclVariableSpecs struct {
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
+	UnusedEventKind    *ebpf.VariableSpec `ebpf:"unused_event_kind"`
+	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedFdEvent      *ebpf.VariableSpec `ebpf:"unused_fd_event"`
 	UnusedNcclEvent    *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
+	UnusedNcclOp       *ebpf.VariableSpec `ebpf:"unused_nccl_op"`
 	UnusedProcEvent    *ebpf.VariableSpec `ebpf:"unused_proc_event"`
+	UnusedProcFlags    *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
+	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
+	UnusedSyscallClass *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
 	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
 	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
@@ -223,11 +247,17 @@ type ncclVariables struct {
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
+	UnusedEventKind    *ebpf.Variable `ebpf:"unused_event_kind"`
+	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedFdEvent      *ebpf.Variable `ebpf:"unused_fd_event"`
 	UnusedNcclEvent    *ebpf.Variable `ebpf:"unused_nccl_event"`
+	UnusedNcclOp       *ebpf.Variable `ebpf:"unused_nccl_op"`
 	UnusedProcEvent    *ebpf.Variable `ebpf:"unused_proc_event"`
+	UnusedProcFlags    *ebpf.Variable `ebpf:"unused_proc_flags"`
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
+	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
+	UnusedSyscallClass *ebpf.Variable `ebpf:"unused_syscall_class"`
 	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
 	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
 }

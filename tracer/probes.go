@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -23,25 +25,25 @@ func (l library) String() string {
 	return "libcuda.so.1"
 }
 
-// Cookie layouts (the second byte of the attach cookie), mirroring the
-// enums in bpf/cuda.c.
+// Cookie layouts (the second byte of the attach cookie): the enums of
+// bpf/cuda.c as bpf2go generated them.
 const (
-	llStreamArg9 = 0
-	llConfig     = 1
-	llStreamArg2 = 2
+	llStreamArg9 = uint8(cudaLaunchLayoutLL_STREAM_ARG9)
+	llConfig     = uint8(cudaLaunchLayoutLL_CONFIG)
+	llStreamArg2 = uint8(cudaLaunchLayoutLL_STREAM_ARG2)
 
-	alBytes3Stream4 = 0
-	alPeer          = 1
-	al2D            = 2
-	al3D            = 3
-	alMemset2D      = 4
+	alBytes3Stream4 = uint8(cudaAsyncLayoutAL_BYTES3STREAM4)
+	alPeer          = uint8(cudaAsyncLayoutAL_PEER)
+	al2D            = uint8(cudaAsyncLayoutAL_2D)
+	al3D            = uint8(cudaAsyncLayoutAL_3D)
+	alMemset2D      = uint8(cudaAsyncLayoutAL_MEMSET2D)
 
-	blNone          = 0
-	blStream1       = 1
-	blBytes3        = 2
-	blBytes2        = 3
-	blBytes2Stream3 = 4
-	blStream2       = 5
+	blNone          = uint8(cudaBlockLayoutBL_NONE)
+	blStream1       = uint8(cudaBlockLayoutBL_STREAM1)
+	blBytes3        = uint8(cudaBlockLayoutBL_BYTES3)
+	blBytes2        = uint8(cudaBlockLayoutBL_BYTES2)
+	blBytes2Stream3 = uint8(cudaBlockLayoutBL_BYTES2STREAM3)
+	blStream2       = uint8(cudaBlockLayoutBL_STREAM2)
 )
 
 func cookie(fn uint8, layout uint8, elt uint8) uint64 {
@@ -56,34 +58,50 @@ type probeSpec struct {
 	lib     library
 	name    string   // reported name
 	symbols []string // exported names, canonical first
-	entry   string   // program for the entry probe ("" if none)
-	ret     string   // program for the return probe ("" if none)
+	entry   program  // program for the entry probe (nil if none)
+	ret     program  // program for the return probe (nil if none)
 	cookie  uint64
 	launch  bool // a per-launch probe: left out of ProbesLite
 }
 
+// program picks one loaded program out of the tracer: the table below is
+// written before any object is loaded, so it names each program by the
+// field bpf2go generated for it rather than by the program itself.
+type program func(*Tracer) *ebpf.Program
+
+func progCudaLaunch(t *Tracer) *ebpf.Program        { return t.cuda.CudaLaunch }
+func progCudaAsync(t *Tracer) *ebpf.Program         { return t.cuda.CudaAsync }
+func progCudaBlockEnter(t *Tracer) *ebpf.Program    { return t.cuda.CudaBlockEnter }
+func progCudaBlockExit(t *Tracer) *ebpf.Program     { return t.cuda.CudaBlockExit }
+func progNcclColl(t *Tracer) *ebpf.Program          { return t.nccl.NcclColl }
+func progNcclGroupStart(t *Tracer) *ebpf.Program    { return t.nccl.NcclGroupStart }
+func progNcclGroupEndEnter(t *Tracer) *ebpf.Program { return t.nccl.NcclGroupEndEnter }
+func progNcclGroupEndExit(t *Tracer) *ebpf.Program  { return t.nccl.NcclGroupEndExit }
+func progNcclCommInitEnter(t *Tracer) *ebpf.Program { return t.nccl.NcclCommInitEnter }
+func progNcclCommInitExit(t *Tracer) *ebpf.Program  { return t.nccl.NcclCommInitExit }
+
 func commInitSpec(name string) probeSpec {
-	return probeSpec{lib: libNCCL, name: name, symbols: []string{name, "p" + name}, entry: "nccl_comm_init_enter", ret: "nccl_comm_init_exit"}
+	return probeSpec{lib: libNCCL, name: name, symbols: []string{name, "p" + name}, entry: progNcclCommInitEnter, ret: progNcclCommInitExit}
 }
 
-func cudaSpec(name string, symbols []string, entry, ret string, ck uint64, launch bool) probeSpec {
+func cudaSpec(name string, symbols []string, entry, ret program, ck uint64, launch bool) probeSpec {
 	return probeSpec{lib: libCUDA, name: name, symbols: symbols, entry: entry, ret: ret, cookie: ck, launch: launch}
 }
 
 func launchSpec(name string, fn event.CUDA, layout uint8) probeSpec {
-	return cudaSpec(name, []string{name, name + "_ptsz"}, "cuda_launch", "", cookie(uint8(fn), layout, 0), true)
+	return cudaSpec(name, []string{name, name + "_ptsz"}, progCudaLaunch, nil, cookie(uint8(fn), layout, 0), true)
 }
 
 func asyncSpec(name string, fn event.CUDA, layout, elt uint8) probeSpec {
-	return cudaSpec(name, []string{name, name + "_ptsz"}, "cuda_async", "", cookie(uint8(fn), layout, elt), false)
+	return cudaSpec(name, []string{name, name + "_ptsz"}, progCudaAsync, nil, cookie(uint8(fn), layout, elt), false)
 }
 
 func blockSpec(name string, alts []string, fn event.CUDA, layout uint8) probeSpec {
-	return cudaSpec(name, append([]string{name}, alts...), "cuda_block_enter", "cuda_block_exit", cookie(uint8(fn), layout, 0), false)
+	return cudaSpec(name, append([]string{name}, alts...), progCudaBlockEnter, progCudaBlockExit, cookie(uint8(fn), layout, 0), false)
 }
 
 func ncclSpec(name string, op event.NCCLOp) probeSpec {
-	return probeSpec{lib: libNCCL, name: name, symbols: []string{name, "p" + name}, entry: "nccl_coll", cookie: uint64(op)}
+	return probeSpec{lib: libNCCL, name: name, symbols: []string{name, "p" + name}, entry: progNcclColl, cookie: uint64(op)}
 }
 
 // allProbes is the probe table of DESIGN.md. Order matters only for
@@ -130,8 +148,8 @@ var allProbes = []probeSpec{
 	commInitSpec("ncclCommInitRank"),
 	commInitSpec("ncclCommInitRankConfig"),
 	commInitSpec("ncclCommInitRankScalable"),
-	{lib: libNCCL, name: "ncclGroupStart", symbols: []string{"ncclGroupStart", "pncclGroupStart"}, entry: "nccl_group_start"},
-	{lib: libNCCL, name: "ncclGroupEnd", symbols: []string{"ncclGroupEnd", "pncclGroupEnd"}, entry: "nccl_group_end_enter", ret: "nccl_group_end_exit"},
+	{lib: libNCCL, name: "ncclGroupStart", symbols: []string{"ncclGroupStart", "pncclGroupStart"}, entry: progNcclGroupStart},
+	{lib: libNCCL, name: "ncclGroupEnd", symbols: []string{"ncclGroupEnd", "pncclGroupEnd"}, entry: progNcclGroupEndEnter, ret: progNcclGroupEndExit},
 }
 
 // plannedProbe is one uprobe (and maybe uretprobe) to attach at one address.

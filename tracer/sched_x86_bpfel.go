@@ -30,6 +30,13 @@ type schedProcEvent struct {
 	Filename [128]int8
 }
 
+type schedProcFlags uint32
+
+const (
+	schedProcFlagsPROC_F_THREAD     schedProcFlags = 1
+	schedProcFlagsPROC_F_GROUP_DEAD schedProcFlags = 2
+)
+
 type schedSchedEvent struct {
 	_   structs.HostLayout
 	Hdr struct {
@@ -44,6 +51,12 @@ type schedSchedEvent struct {
 	Flags   uint32
 	Pad     uint32
 }
+
+type schedSchedFlags uint32
+
+const (
+	schedSchedFlagsSCHED_F_WOKEN schedSchedFlags = 1
+)
 
 type schedShortKey struct {
 	_       structs.HostLayout
@@ -99,11 +112,16 @@ const (
 	schedVarThresholdNs         = "threshold_ns"
 	schedVarUnusedCudaEvent     = "unused_cuda_event"
 	schedVarUnusedEventHdr      = "unused_event_hdr"
+	schedVarUnusedEventKind     = "unused_event_kind"
+	schedVarUnusedEventType     = "unused_event_type"
 	schedVarUnusedFdEvent       = "unused_fd_event"
 	schedVarUnusedNcclEvent     = "unused_nccl_event"
 	schedVarUnusedProcEvent     = "unused_proc_event"
+	schedVarUnusedProcFlags     = "unused_proc_flags"
 	schedVarUnusedSchedEvent    = "unused_sched_event"
+	schedVarUnusedSchedFlags    = "unused_sched_flags"
 	schedVarUnusedShortKey      = "unused_short_key"
+	schedVarUnusedSyscallClass  = "unused_syscall_class"
 	schedVarUnusedSyscallEvent  = "unused_syscall_event"
 	schedVarWakeupBytes         = "wakeup_bytes"
 )
@@ -179,11 +197,16 @@ type schedVariableSpecs struct {
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
+	UnusedEventKind    *ebpf.VariableSpec `ebpf:"unused_event_kind"`
+	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedFdEvent      *ebpf.VariableSpec `ebpf:"unused_fd_event"`
 	UnusedNcclEvent    *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
 	UnusedProcEvent    *ebpf.VariableSpec `ebpf:"unused_proc_event"`
+	UnusedProcFlags    *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
+	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
+	UnusedSyscallClass *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
 	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
 	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
@@ -235,11 +258,16 @@ type schedVariables struct {
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
+	UnusedEventKind    *ebpf.Variable `ebpf:"unused_event_kind"`
+	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedFdEvent      *ebpf.Variable `ebpf:"unused_fd_event"`
 	UnusedNcclEvent    *ebpf.Variable `ebpf:"unused_nccl_event"`
 	UnusedProcEvent    *ebpf.Variable `ebpf:"unused_proc_event"`
+	UnusedProcFlags    *ebpf.Variable `ebpf:"unused_proc_flags"`
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
+	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
+	UnusedSyscallClass *ebpf.Variable `ebpf:"unused_syscall_class"`
 	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
 	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
 }

@@ -36,6 +36,24 @@ type syscallsShortKey struct {
 	Pad     uint32
 }
 
+type syscallsSyscallClass uint32
+
+const (
+	syscallsSyscallClassSC_OTHER    syscallsSyscallClass = 0
+	syscallsSyscallClassSC_READ     syscallsSyscallClass = 1
+	syscallsSyscallClassSC_WRITE    syscallsSyscallClass = 2
+	syscallsSyscallClassSC_FSYNC    syscallsSyscallClass = 3
+	syscallsSyscallClassSC_NET      syscallsSyscallClass = 4
+	syscallsSyscallClassSC_FUTEX    syscallsSyscallClass = 5
+	syscallsSyscallClassSC_POLL     syscallsSyscallClass = 6
+	syscallsSyscallClassSC_SLEEP    syscallsSyscallClass = 7
+	syscallsSyscallClassSC_OPEN     syscallsSyscallClass = 8
+	syscallsSyscallClassSC_CLOSE    syscallsSyscallClass = 9
+	syscallsSyscallClassSC_LAST     syscallsSyscallClass = 10
+	syscallsSyscallClassSC_MMAP     syscallsSyscallClass = 32
+	syscallsSyscallClassSC_UNTRACED syscallsSyscallClass = 255
+)
+
 type syscallsSyscallEvent struct {
 	_   structs.HostLayout
 	Hdr struct {
@@ -98,11 +116,16 @@ const (
 	syscallsVarThresholdNs        = "threshold_ns"
 	syscallsVarUnusedCudaEvent    = "unused_cuda_event"
 	syscallsVarUnusedEventHdr     = "unused_event_hdr"
+	syscallsVarUnusedEventKind    = "unused_event_kind"
+	syscallsVarUnusedEventType    = "unused_event_type"
 	syscallsVarUnusedFdEvent      = "unused_fd_event"
 	syscallsVarUnusedNcclEvent    = "unused_nccl_event"
 	syscallsVarUnusedProcEvent    = "unused_proc_event"
+	syscallsVarUnusedProcFlags    = "unused_proc_flags"
 	syscallsVarUnusedSchedEvent   = "unused_sched_event"
+	syscallsVarUnusedSchedFlags   = "unused_sched_flags"
 	syscallsVarUnusedShortKey     = "unused_short_key"
+	syscallsVarUnusedSyscallClass = "unused_syscall_class"
 	syscallsVarUnusedSyscallEvent = "unused_syscall_event"
 	syscallsVarWakeupBytes        = "wakeup_bytes"
 )
@@ -175,11 +198,16 @@ type syscallsVariableSpecs struct {
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
+	UnusedEventKind    *ebpf.VariableSpec `ebpf:"unused_event_kind"`
+	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
 	UnusedFdEvent      *ebpf.VariableSpec `ebpf:"unused_fd_event"`
 	UnusedNcclEvent    *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
 	UnusedProcEvent    *ebpf.VariableSpec `ebpf:"unused_proc_event"`
+	UnusedProcFlags    *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
+	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
+	UnusedSyscallClass *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
 	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
 	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
@@ -233,11 +261,16 @@ type syscallsVariables struct {
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
+	UnusedEventKind    *ebpf.Variable `ebpf:"unused_event_kind"`
+	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
 	UnusedFdEvent      *ebpf.Variable `ebpf:"unused_fd_event"`
 	UnusedNcclEvent    *ebpf.Variable `ebpf:"unused_nccl_event"`
 	UnusedProcEvent    *ebpf.Variable `ebpf:"unused_proc_event"`
+	UnusedProcFlags    *ebpf.Variable `ebpf:"unused_proc_flags"`
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
+	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
+	UnusedSyscallClass *ebpf.Variable `ebpf:"unused_syscall_class"`
 	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
 	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
 }

@@ -8,11 +8,11 @@ import (
 	"github.com/gaptrace/gaptrace/event"
 )
 
-// classMmap and classUntraced mirror SC_MMAP and SC_UNTRACED in bpf/events.h:
+// classMmap and classUntraced are SC_MMAP and SC_UNTRACED of bpf/events.h:
 // internal classes that never reach an event.
 const (
-	classMmap     = 32
-	classUntraced = 255
+	classMmap     = uint32(syscallsSyscallClassSC_MMAP)
+	classUntraced = uint32(syscallsSyscallClassSC_UNTRACED)
 )
 
 // tracedSyscall is one syscall whose tracepoints are attached.

@@ -18,10 +18,10 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/workload"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/gpusample"
 	"github.com/gaptrace/gaptrace/internal/safefile"
 	"github.com/gaptrace/gaptrace/otel"
 	"github.com/gaptrace/gaptrace/tracer"
-	"github.com/gaptrace/gaptrace/tracer/gpu"
 )
 
 // Timing of the feed loop. Advance lets the engine finalise gaps whose
@@ -40,7 +40,7 @@ const (
 	windowDrain = time.Second
 )
 
-// pipeline wires tracer → correlate ← tracer/gpu and correlate → otel +
+// pipeline wires tracer → correlate ← gpusample and correlate → otel +
 // the session's sink. One goroutine (Run's) owns the engine: every
 // Event/Window/Advance and therefore every Sink call happens there, which
 // is what correlate and otel require.
@@ -48,7 +48,7 @@ type pipeline struct {
 	cfg      *cli.PipelineConfig
 	log      *slog.Logger
 	tr       *tracer.Tracer
-	gpu      *gpu.Source // nil without NVML
+	gpu      *gpusample.Source // nil without NVML
 	eng      *correlate.Engine
 	exp      *otel.Exporter
 	events   chan event.Event
@@ -144,9 +144,9 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		}
 		p.winOut = ww
 	}
-	src, err := gpu.Open(gpu.Config{LibPath: cfg.NVMLLib, Logger: pc.Logger})
+	src, err := gpusample.Open(gpusample.Config{LibPath: cfg.NVMLLib, Logger: pc.Logger})
 	if err != nil {
-		f := gpu.Unavailable(err)
+		f := gpusample.Unavailable(err)
 		log.Warn(f.Detail, "fix", f.Fix)
 	} else {
 		p.gpu = src
@@ -154,7 +154,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 			log.Info("GPU", "index", d.Index, "name", d.Name, "uuid", d.UUID, "gpm", d.GPMSupported)
 		}
 		for _, f := range src.Health() {
-			if f.Level != gpu.OK {
+			if f.Level != gpusample.OK {
 				log.Warn("GPU health: "+f.Detail, "device", f.Device, "check", f.Check, "fix", f.Fix)
 			}
 		}
@@ -293,7 +293,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 	trDone := make(chan error, 1)
 	go func() { trDone <- p.tr.Run(ctx, p.events) }()
 	var gpuDone chan error
-	var changes <-chan gpu.Finding
+	var changes <-chan gpusample.Finding
 	// GPU sampling outlives ctx by windowDrain, so that the windows
 	// covering the last steps still reach the engine.
 	gctx, gcancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -338,7 +338,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 				continue
 			}
 			lvl := slog.LevelInfo
-			if f.Level != gpu.OK {
+			if f.Level != gpusample.OK {
 				lvl = slog.LevelWarn
 			}
 			p.log.Log(ctx, lvl, "GPU health changed: "+f.Detail, "device", f.Device, "check", f.Check, "fix", f.Fix)
@@ -454,9 +454,9 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 
 // inspectGPU is check's view of NVML.
 func inspectGPU(_ context.Context, libPath string) cli.GPUReport {
-	src, err := gpu.Open(gpu.Config{LibPath: libPath, Logger: slog.New(slog.DiscardHandler)})
+	src, err := gpusample.Open(gpusample.Config{LibPath: libPath, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
-		f := gpu.Unavailable(err)
+		f := gpusample.Unavailable(err)
 		return cli.GPUReport{Err: err, Fix: f.Fix}
 	}
 	defer src.Close()
@@ -467,9 +467,9 @@ func inspectGPU(_ context.Context, libPath string) cli.GPUReport {
 	for _, f := range src.Health() {
 		lvl := cli.OK
 		switch f.Level {
-		case gpu.WARN:
+		case gpusample.WARN:
 			lvl = cli.Warn
-		case gpu.FAIL:
+		case gpusample.FAIL:
 			lvl = cli.Fail
 		}
 		name := "gpu " + f.Check

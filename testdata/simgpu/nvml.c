@@ -3,7 +3,7 @@
 /*
  * nvml.c - the simulated NVML (libnvidia-ml.so.1).
  *
- * Exports exactly the entry points gaptrace's GPU source (tracer/gpu) and
+ * Exports exactly the entry points gaptrace's GPU source (gpusample) and
  * go-nvml's load path may call, with the signatures and struct layouts of
  * nvml.h, so that the sidecar runs its real dlopen + lazy-binding path in CI.
  * go-nvml binds lazily: a symbol missing here kills the calling process, so

@@ -6,8 +6,6 @@
 package proc
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,7 +19,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
+
+	"github.com/gaptrace/gaptrace/internal/hostproc"
 )
 
 // ExecHelperArg is the hidden argument under which gaptrace re-executes
@@ -148,41 +149,50 @@ func Exists(pid int) bool {
 
 // State returns the one-letter state of pid from /proc/PID/stat.
 func State(pid int) (byte, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := stat(pid)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return 0, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
-		}
 		return 0, err
 	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
+	if st.State == "" {
 		return 0, fmt.Errorf("pid %d: malformed stat", pid)
 	}
-	return b[i+2], nil
+	return st.State[0], nil
 }
 
 // PPID returns the parent of pid.
 func PPID(pid int) (int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := stat(pid)
 	if err != nil {
 		return 0, err
 	}
-	i := bytes.LastIndexByte(b, ')')
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return 0, fmt.Errorf("pid %d: malformed stat", pid)
+	return st.PPID, nil
+}
+
+func stat(pid int) (procfs.ProcStat, error) {
+	p, err := procfs.NewProc(pid)
+	if err == nil {
+		var st procfs.ProcStat
+		if st, err = p.Stat(); err == nil {
+			return st, nil
+		}
 	}
-	return strconv.Atoi(f[1])
+	if errors.Is(err, os.ErrNotExist) {
+		return procfs.ProcStat{}, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+	}
+	return procfs.ProcStat{}, err
 }
 
 // Cmdline returns the command line of pid, arguments joined by spaces.
 func Cmdline(pid int) (string, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return "", err
 	}
-	return strings.TrimSpace(string(bytes.ReplaceAll(b, []byte{0}, []byte{' '}))), nil
+	args, err := p.CmdLine()
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(strings.Join(args, " ")), nil
 }
 
 // PIDs lists every process ID in /proc.
@@ -197,26 +207,9 @@ func PIDs() []int {
 	return pids
 }
 
-// Descendants returns pid's descendants (not pid itself).
-func Descendants(pid int) []int {
-	children := map[int][]int{}
-	for _, p := range PIDs() {
-		if pp, err := PPID(p); err == nil {
-			children[pp] = append(children[pp], p)
-		}
-	}
-	var out []int
-	queue := []int{pid}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			out = append(out, c)
-			queue = append(queue, c)
-		}
-	}
-	return out
-}
+// Descendants returns pid's descendants (not pid itself); the tracer finds
+// the processes it traces with the same walk.
+func Descendants(pid int) []int { return hostproc.Descendants(pid) }
 
 // Ancestors returns pid's ancestors up to init.
 func Ancestors(pid int) []int {
@@ -322,92 +315,56 @@ func (w *Watch) Close() error { return unix.Close(w.fd) }
 // Libraries returns the paths of mapped files of pid whose base name
 // starts with one of prefixes (e.g. "libcuda.so", "libnccl.so").
 func Libraries(pid int, prefixes ...string) (map[string][]string, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
 		}
 		return nil, err
 	}
-	defer f.Close()
+	maps, err := p.ProcMaps()
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+		}
+		return nil, err
+	}
 	found := map[string][]string{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 6 {
+	for _, m := range maps {
+		if m.Pathname == "" {
 			continue
 		}
-		path := strings.Join(fields[5:], " ")
-		base := filepath.Base(path)
-		for _, p := range prefixes {
-			if strings.HasPrefix(base, p) && !slices.Contains(found[p], path) {
-				found[p] = append(found[p], path)
+		base := filepath.Base(m.Pathname)
+		for _, pre := range prefixes {
+			if strings.HasPrefix(base, pre) && !slices.Contains(found[pre], m.Pathname) {
+				found[pre] = append(found[pre], m.Pathname)
 			}
 		}
 	}
-	return found, sc.Err()
+	return found, nil
 }
 
-// Linux capability numbers gaptrace cares about.
+// Capabilities: one check, shared with the tracer (internal/hostproc).
 const (
-	CapSysAdmin    = 21
-	CapSysPtrace   = 19
-	CapSysResource = 24
-	CapPerfmon     = 38
-	CapBPF         = 39
+	CapSysAdmin    = hostproc.CapSysAdmin
+	CapSysPtrace   = hostproc.CapSysPtrace
+	CapSysResource = hostproc.CapSysResource
+	CapPerfmon     = hostproc.CapPerfmon
+	CapBPF         = hostproc.CapBPF
 )
 
 // CapNames names the capabilities above for messages.
-var CapNames = map[int]string{CapSysAdmin: "CAP_SYS_ADMIN", CapSysPtrace: "CAP_SYS_PTRACE",
-	CapSysResource: "CAP_SYS_RESOURCE", CapPerfmon: "CAP_PERFMON", CapBPF: "CAP_BPF"}
+var CapNames = hostproc.CapNames
 
 // Caps is a capability set.
-type Caps uint64
-
-// Has reports whether c holds capability n.
-func (c Caps) Has(n int) bool { return c&(1<<uint(n)) != 0 }
+type Caps = hostproc.Caps
 
 // EffectiveCaps reads the effective capability set of this process.
-func EffectiveCaps() (Caps, error) {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0, err
-	}
-	return parseCapEff(b)
-}
-
-func parseCapEff(status []byte) (Caps, error) {
-	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			if err != nil {
-				return 0, fmt.Errorf("parse CapEff %q: %w", v, err)
-			}
-			return Caps(n), nil
-		}
-	}
-	return 0, errors.New("no CapEff line in /proc/self/status")
-}
+func EffectiveCaps() (Caps, error) { return hostproc.EffectiveCaps() }
 
 // MissingTracingCaps returns the capabilities gaptrace lacks to load BPF
-// programs and attach probes (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN
-// which implies both), plus CAP_SYS_PTRACE, which reading /proc/PID/maps
-// and fds of another user's process requires.
-func MissingTracingCaps(c Caps) []string {
-	var missing []string
-	if !c.Has(CapSysAdmin) {
-		for _, n := range []int{CapBPF, CapPerfmon} {
-			if !c.Has(n) {
-				missing = append(missing, CapNames[n])
-			}
-		}
-	}
-	if !c.Has(CapSysPtrace) {
-		missing = append(missing, CapNames[CapSysPtrace])
-	}
-	return missing
-}
+// programs and attach probes, plus CAP_SYS_PTRACE (see hostproc).
+func MissingTracingCaps(c Caps) []string { return hostproc.MissingTracingCaps(c) }
 
 // OpenPTY opens a pseudo-terminal pair whose size is that of the terminal
 // on fd sizeFrom (when it is one). Tests use it to run gaptrace on a

@@ -1,4 +1,4 @@
-// Package gpu is gaptrace's view of the GPU itself, read through NVML
+// Package gpusample is gaptrace's view of the GPU itself, read through NVML
 // (github.com/NVIDIA/go-nvml): when each device was busy, how busy its SMs
 // were, and the hardware state that slows busy time down.
 //
@@ -33,7 +33,7 @@
 // reads of one refresh every GPM metric is 0 except DRAM bandwidth, which is
 // NaN with NVML_SUCCESS (treated as unknown); at idle the PCIe metrics still
 // move, so a refresh is visible even on an idle GPU.
-package gpu
+package gpusample
 
 import (
 	"context"

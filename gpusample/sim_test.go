@@ -1,4 +1,4 @@
-package gpu
+package gpusample
 
 import (
 	"bufio"
@@ -62,7 +62,7 @@ func TestMain(m *testing.M) {
 }
 
 func buildSim(dir string) error {
-	src, err := filepath.Abs("../../testdata/simgpu")
+	src, err := filepath.Abs("../testdata/simgpu")
 	if err != nil {
 		return err
 	}
@@ -667,7 +667,7 @@ func TestSimNVMLMatchesHeader(t *testing.T) {
 		t.Fatalf("locate go-nvml: %v", err)
 	}
 	inc := filepath.Join(strings.TrimSpace(string(out)), "pkg", "nvml")
-	src, _ := filepath.Abs("../../testdata/simgpu")
+	src, _ := filepath.Abs("../testdata/simgpu")
 	cmd := exec.Command("gcc", "-std=gnu11", "-Wall", "-Werror", "-Wno-deprecated-declarations", "-fsyntax-only",
 		"-DSIMGPU_CHECK_NVML_H", "-DNVML_NO_UNVERSIONED_FUNC_DEFS", "-I"+inc, "-I"+src, filepath.Join(src, "nvml.c"))
 	if b, err := cmd.CombinedOutput(); err != nil {

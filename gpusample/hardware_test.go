@@ -1,4 +1,4 @@
-package gpu
+package gpusample
 
 import (
 	"context"
@@ -26,7 +26,7 @@ const hwChildEnv = "GAPTRACE_GPU_HW_CHILD"
 // while a CUDA workload keeps the GPU busy (the refresh is only visible
 // when counters move):
 //
-//	go test -count=1 -run TestHardwareGPU -v ./tracer/gpu
+//	go test -count=1 -run TestHardwareGPU -v ./gpusample
 //
 // It skips where NVML or a GPM-capable device is absent.
 func TestHardwareGPU(t *testing.T) {

@@ -1,0 +1,249 @@
+package tracer
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/prometheus/procfs"
+
+	"github.com/gaptrace/gaptrace/internal/hostproc"
+)
+
+// Trace starts tracing pid, its existing descendants and, from now on, every
+// process they fork. Uprobes are attached to the CUDA/NCCL libraries each
+// process maps, now and whenever it maps them later.
+func (t *Tracer) Trace(pid int) error {
+	if pid <= 0 {
+		return fmt.Errorf("trace pid %d: invalid pid", pid)
+	}
+	tgid, err := hostproc.ThreadGroup(pid)
+	if err != nil {
+		return fmt.Errorf("trace pid %d: %w", pid, err)
+	}
+	if tgid != pid {
+		t.log.Info("tracing the process of the given thread", "tid", pid, "pid", tgid)
+		pid = tgid
+	}
+	t.mu.Lock()
+	t.roots[uint32(pid)] = true
+	t.mu.Unlock()
+	pids := []uint32{uint32(pid)}
+	for _, d := range hostproc.Descendants(pid) {
+		pids = append(pids, uint32(d))
+	}
+	for _, p := range pids {
+		if err := t.addProcess(p, false); err != nil {
+			return fmt.Errorf("trace pid %d: %w", p, err)
+		}
+	}
+	for _, p := range pids {
+		t.scanProcess(p)
+	}
+	return nil
+}
+
+// addProcess tracks pid in user space and, unless the kernel already did
+// (forked children are added by the fork program), in traced_tgids.
+func (t *Tracer) addProcess(pid uint32, inKernel bool) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return errors.New("tracer closed")
+	}
+	if !inKernel {
+		if err := t.shared[cudaMapTracedTgids].Put(pid, uint32(1)); err != nil {
+			return fmt.Errorf("add to traced_tgids: %w", err)
+		}
+	}
+	if _, ok := t.procs[pid]; !ok {
+		t.procs[pid] = &procState{libs: make(map[string]*libAttach)}
+	}
+	return nil
+}
+
+// libraryOf says whether a mapped file is one of the libraries we probe.
+func (t *Tracer) libraryOf(path string) (library, bool) {
+	base := filepath.Base(path)
+	switch {
+	case t.cfg.LibCUDA != "" && path == t.cfg.LibCUDA, t.cfg.LibCUDA == "" && strings.HasPrefix(base, "libcuda.so"):
+		return libCUDA, true
+	case t.cfg.LibNCCL != "" && path == t.cfg.LibNCCL, t.cfg.LibNCCL == "" && strings.HasPrefix(base, "libnccl.so"):
+		return libNCCL, true
+	}
+	return 0, false
+}
+
+// scanProcess reads /proc/PID/maps and attaches uprobes to probed libraries
+// the process maps and that are not attached for it yet.
+func (t *Tracer) scanProcess(pid uint32) {
+	// One scan at a time: Trace and the rescanner may look at the same
+	// process at once, and attaching a library twice would count every
+	// call twice.
+	t.scanMu.Lock()
+	defer t.scanMu.Unlock()
+	t.mu.Lock()
+	ps, ok := t.procs[pid]
+	closed := t.closed
+	t.mu.Unlock()
+	if !ok || closed {
+		return
+	}
+	libs := make(map[string]library)
+	if t.cfg.LibCUDA != "" {
+		libs[t.cfg.LibCUDA] = libCUDA
+	}
+	if t.cfg.LibNCCL != "" {
+		libs[t.cfg.LibNCCL] = libNCCL
+	}
+	if proc, err := procfs.NewProc(int(pid)); err == nil {
+		maps, err := proc.ProcMaps()
+		if err != nil {
+			t.log.Debug("read maps", "pid", pid, "error", err)
+		}
+		for _, m := range maps {
+			if m.Pathname == "" || !strings.HasPrefix(m.Pathname, "/") {
+				continue
+			}
+			if lib, ok := t.libraryOf(m.Pathname); ok {
+				libs[m.Pathname] = lib
+			}
+		}
+	}
+	t.noteUnmapped(pid, libs)
+	paths := make([]string, 0, len(libs))
+	for p := range libs {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		t.mu.Lock()
+		_, done := ps.libs[p]
+		t.mu.Unlock()
+		if done {
+			continue
+		}
+		la := t.attachLibrary(pid, p, libs[p])
+		t.mu.Lock()
+		if t.closed || t.procs[pid] != ps {
+			t.mu.Unlock()
+			if err := closeLinks(la.links); err != nil {
+				t.log.Debug("detach uprobes of a process gone while attaching", "pid", pid, "error", err)
+			}
+			return
+		}
+		ps.libs[p] = la
+		t.mu.Unlock()
+	}
+}
+
+// noteUnmapped keeps a warning in Stats.Missing while a traced root process
+// maps no CUDA driver (not loaded yet, or not a CUDA process at all); it
+// goes away once the library shows up and its probes attach.
+func (t *Tracer) noteUnmapped(pid uint32, libs map[string]library) {
+	hasCUDA := false
+	for _, lib := range libs {
+		hasCUDA = hasCUDA || lib == libCUDA
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.roots[pid] {
+		return
+	}
+	if hasCUDA {
+		delete(t.unmapped, pid)
+		return
+	}
+	if _, ok := t.unmapped[pid]; !ok {
+		msg := fmt.Sprintf("libcuda.so.1: not mapped by pid %d (yet); CUDA probes attach when it is", pid)
+		t.unmapped[pid] = msg
+		t.log.Warn("CUDA driver library not mapped by the traced process (yet)", "pid", pid)
+	}
+}
+
+// dropProcess detaches a process's uprobes and forgets its state (it exited).
+func (t *Tracer) dropProcess(pid uint32) {
+	t.mu.Lock()
+	ps, ok := t.procs[pid]
+	if ok {
+		delete(t.procs, pid)
+	}
+	delete(t.roots, pid)
+	delete(t.unmapped, pid)
+	if ok && len(ps.libs) > 0 {
+		// Unregistering a uprobe waits for an RCU grace period (tens of
+		// ms each here): never on the decode path, or the ring buffer
+		// fills while a process with many probes exits.
+		t.detaching.Add(1)
+		go func() {
+			defer t.detaching.Done()
+			var ls []link.Link
+			for _, la := range ps.libs {
+				ls = append(ls, la.links...)
+			}
+			if err := closeLinksParallel(ls); err != nil {
+				t.log.Debug("detach uprobes", "pid", pid, "error", err)
+			}
+		}()
+	}
+	t.mu.Unlock()
+	t.fds.forgetProcess(pid)
+}
+
+func (t *Tracer) requestRescan(pid uint32) {
+	select {
+	case t.rescan <- pid:
+	default: // the periodic rescan catches up
+	}
+}
+
+// rescanDebounce batches mmap bursts (a dlopen maps several segments).
+const rescanDebounce = 10 * time.Millisecond
+
+func (t *Tracer) rescanLoop() {
+	defer t.wg.Done()
+	periodic := time.NewTicker(t.cfg.RescanInterval)
+	defer periodic.Stop()
+	clock := time.NewTicker(clockRemeasure)
+	defer clock.Stop()
+	pending := make(map[uint32]bool)
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-t.done:
+			return
+		case pid := <-t.rescan:
+			pending[pid] = true
+			if debounce == nil {
+				debounce = time.After(rescanDebounce)
+			}
+		case <-debounce:
+			debounce = nil
+			for pid := range pending {
+				delete(pending, pid)
+				t.scanProcess(pid)
+			}
+		case <-periodic.C:
+			t.mu.Lock()
+			pids := make([]uint32, 0, len(t.procs))
+			for pid := range t.procs {
+				pids = append(pids, pid)
+			}
+			t.mu.Unlock()
+			for _, pid := range pids {
+				if _, err := os.Stat(fmt.Sprintf("%s/%d", procRoot, pid)); err != nil {
+					t.dropProcess(pid)
+					continue
+				}
+				t.scanProcess(pid)
+			}
+		case <-clock.C:
+			remeasureClockOffset()
+		}
+	}
+}

@@ -1,0 +1,46 @@
+package tracer
+
+import "github.com/gaptrace/gaptrace/event"
+
+// Stats returns a snapshot of attachments and counters.
+func (t *Tracer) Stats() Stats {
+	t.mu.Lock()
+	s := Stats{
+		Attached:  append([]ProbeInfo(nil), t.tpInfo...),
+		Missing:   append([]string(nil), t.missing...),
+		Processes: len(t.procs),
+	}
+	for _, msg := range t.unmapped {
+		s.Missing = append(s.Missing, msg)
+	}
+	for _, ps := range t.procs {
+		for _, la := range ps.libs {
+			s.Attached = append(s.Attached, la.info...)
+		}
+	}
+	closed := t.closed
+	t.mu.Unlock()
+	s.EventsRead = t.eventsRead.Load()
+	s.DecodeErrors = t.decodeErrors.Load()
+	s.ShortSyscalls = make(map[event.SyscallClass]uint64)
+	if closed {
+		return s
+	}
+	if m := t.shared[cudaMapRingDrops]; m != nil {
+		var perCPU []uint64
+		if err := m.Lookup(uint32(0), &perCPU); err == nil {
+			for _, v := range perCPU {
+				s.RingDrops += v
+			}
+		}
+	}
+	if m := t.shared[cudaMapShortCalls]; m != nil {
+		var k cudaShortKey
+		var n uint64
+		it := m.Iterate()
+		for it.Next(&k, &n) {
+			s.ShortSyscalls[event.SyscallClass(k.Class)] += n
+		}
+	}
+	return s
+}

@@ -146,7 +146,7 @@ func TestFDOpenedLongPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	r := newFDResolver("/proc")
+	r := newFDResolver()
 	pid, fd := uint32(os.Getpid()), int32(f.Fd())
 	r.opened(pid, fd, full[:probePathMax])
 	if info, ok := r.cached(pid, fd); !ok || info.path != full {

@@ -95,3 +95,42 @@ func TestClockCountsStepsDespiteExtraSyncs(t *testing.T) {
 		})
 	}
 }
+
+// TestLockHolderComputing: the feeder waits on a futex that a sibling
+// thread holds while it computes (a mutex, the GIL), and the sibling wakes
+// it: the gap is lock, with the sibling as holder. A sibling that instead
+// read a file meanwhile was producing, and stays io.read (golden replay).
+func TestLockHolderComputing(t *testing.T) {
+	s := newSim()
+	const sib = 101
+	var waits int64
+	for n := int64(1); n <= 40; n++ {
+		if n == 1 {
+			s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t, End: s.t + 10*us,
+				Syscall: event.SysSleep, Name: "nanosleep", TaskComm: "bg-worker"})
+		}
+		if n%4 == 0 {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: sib}, 20*ms)
+			waits += 20 * ms
+		}
+		s.step(8, 500*us, 20*us)
+		s.t += 100 * us
+	}
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	var lock int64
+	for _, g := range bigGaps(c.gaps) {
+		if g.Cause != CauseLock {
+			t.Errorf("gap %+v, want cause lock", g)
+			continue
+		}
+		lock += g.Breakdown[CauseLock]
+		if len(g.Evidence.LockHolders) != 1 || g.Evidence.LockHolders[0].TID != sib || g.Evidence.LockHolders[0].Comm != "bg-worker" {
+			t.Errorf("lock holders %+v, want thread %d bg-worker", g.Evidence.LockHolders, sib)
+		}
+	}
+	if lock < waits*9/10 {
+		t.Errorf("lock %d ns of %d ns waited", lock, waits)
+	}
+}

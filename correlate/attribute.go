@@ -55,6 +55,10 @@ type attribution struct {
 	// written: file paths the thread wrote or synced in the interval
 	// (a slow open of one of them is part of writing it).
 	written map[string]bool
+	// holders: lock holders by TID; holder is the one being charged now
+	// (a sibling whose compute while the feeder waited is lock time).
+	holders map[uint32]*LockHolderEvidence
+	holder  *LockHolderEvidence
 }
 
 func newAttribution(w *world) *attribution {
@@ -103,6 +107,32 @@ func (at *attribution) thread(th *thread, a, b int64, mask []span) {
 	}
 }
 
+// computing says whether a sibling woken from spent the wait on the CPU
+// (runnable counts: it held the lock all the same). One that blocked in
+// I/O or on the network was producing what the feeder waited for, and that
+// blocking is the cause, not a lock.
+func computing(segs []segment) bool {
+	for _, ss := range segs {
+		if ss.ev != nil && ss.ev.Kind != event.KindRunqueue && baseCause(ss.ev) != CauseCPU && ss.b > ss.a {
+			return false
+		}
+	}
+	return true
+}
+
+// lockHolder is the evidence entry of sibling thread th as a lock holder.
+func (at *attribution) lockHolder(th *thread) *LockHolderEvidence {
+	if at.holders == nil {
+		at.holders = map[uint32]*LockHolderEvidence{}
+	}
+	h := at.holders[th.tid]
+	if h == nil {
+		h = &LockHolderEvidence{TID: th.tid, Comm: th.comm}
+		at.holders[th.tid] = h
+	}
+	return h
+}
+
 // quickCause is the cause segment() gives ev without recording evidence;
 // "" when it depends on another thread.
 func (at *attribution) quickCause(th *thread, ev *event.Event) Cause {
@@ -132,6 +162,10 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		return
 	}
 	if ev == nil {
+		if at.holder != nil {
+			at.byCause[CauseLock] += ns
+			return
+		}
 		at.byCause[CauseCPU] += ns
 		return
 	}
@@ -147,10 +181,18 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 			if sib := at.w.threads[ev.WakerTID]; sib != nil && sib.pid == th.pid {
 				// Waiting on a sibling thread: charge what the sibling did
 				// while it was waited on (it held the lock, fed the queue...).
+				// A futex it woke us from is a lock it held: its compute
+				// meanwhile is the lock's time (a mutex, the GIL).
 				at.note(th, ev, ns)
-				for _, ss := range sib.segments(s.a, s.b, nil) {
+				segs := sib.segments(s.a, s.b, nil)
+				if ev.Syscall == event.SysFutex && computing(segs) {
+					at.holder = at.lockHolder(sib)
+					at.holder.NS += ns
+				}
+				for _, ss := range segs {
 					at.segment(sib, ss, depth+1)
 				}
+				at.holder = nil
 				return
 			}
 		}
@@ -159,6 +201,9 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		}
 	}
 	c := at.cause(ev)
+	if c == CauseCPU && at.holder != nil {
+		c = CauseLock
+	}
 	at.byCause[c] += ns
 	at.note(th, ev, ns)
 	switch c {
@@ -361,6 +406,20 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 	sort.Slice(ev.Workers, func(i, j int) bool { return ev.Workers[i].PID < ev.Workers[j].PID })
 	if len(ev.Workers) > maxWorkers {
 		ev.Workers = ev.Workers[:maxWorkers]
+	}
+	if at.byCause[CauseLock] > 0 {
+		for _, h := range at.holders {
+			ev.LockHolders = append(ev.LockHolders, *h)
+		}
+		sort.Slice(ev.LockHolders, func(i, j int) bool {
+			if ev.LockHolders[i].NS != ev.LockHolders[j].NS {
+				return ev.LockHolders[i].NS > ev.LockHolders[j].NS
+			}
+			return ev.LockHolders[i].TID < ev.LockHolders[j].TID
+		})
+		if len(ev.LockHolders) > maxWorkers {
+			ev.LockHolders = ev.LockHolders[:maxWorkers]
+		}
 	}
 	var cbest int64
 	for name, ns := range at.cudaNS {

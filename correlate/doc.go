@@ -107,6 +107,17 @@
 // numbering always increases. A lost pattern (half the recent syncs stop
 // matching) returns to fixed windows.
 //
+// Host code adds syncs at will (.item(), a loss check, logging), so the
+// syncs per step may vary. Then steps are counted by the work clock
+// (clock.go): an enqueued operation other than a scalar read (a copy or
+// memset over 4 KiB, a collective) that occurs a fixed number of times per
+// step, between two of which the same operations and, in full, the same
+// number of kernels were enqueued; the finest such operation wins. It
+// takes over when the syncs between its occurrences vary, or when the sync
+// period was never found or was lost. A step ends at the sync after which
+// the host clearly paused longest, else at the last sync before the next
+// step's clock operation; gaps after the open step's start wait for that.
+//
 // # Layout
 //
 // Data flows down, decisions flow up, and only engine.go calls the Sink.
@@ -136,6 +147,8 @@
 //	              their step
 //	steps.go      the step clock: sync signatures, period detection, fixed
 //	              windows, when a step is final
+//	clock.go      the work clock: steps counted by an enqueued operation
+//	              when the syncs per step vary
 //	micro.go      micro idle of a finished step and its cause split; launch
 //	              records that weigh the windows' busy time
 //	windows.go    device: GPU windows, idle and SM activity over intervals

@@ -8,7 +8,7 @@ func (p *proc) emit(x env, g Gap) {
 	} else {
 		d.gaps = addSpan(d.gaps, span{g.Start, g.End})
 	}
-	if p.st.mode == modeUnknown {
+	if p.st.undecided(g.Start + g.Duration/2) {
 		p.held = append(p.held, g)
 		return
 	}

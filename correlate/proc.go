@@ -180,6 +180,10 @@ func (p *proc) resolveHeld(x env, force bool) {
 		p.held = nil
 		sort.SliceStable(held, func(i, j int) bool { return held[i].Start < held[j].Start })
 		for _, g := range held {
+			if p.st.undecided(g.Start + g.Duration/2) {
+				p.held = append(p.held, g)
+				continue
+			}
 			p.deliver(x.set, g)
 		}
 	}

@@ -48,6 +48,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	case event.KindEnqueue:
 		p.launches += ev.Count
 		p.recLaunches(t, ev.Count)
+		p.st.onLaunches(ev.Count)
 	case event.KindMemcpyAsync:
 		p.copies++
 	case event.KindCollective:
@@ -55,6 +56,10 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	}
 	if h := p.st.hist; len(h) > 0 && h[len(h)-1].post < 0 {
 		h[len(h)-1].post = max(t-h[len(h)-1].end, 0)
+	}
+	// Before the gap this enqueue closes is delivered: it may end a step.
+	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, t) {
+		p.resolveHeld(x, false)
 	}
 	if p.gap != nil {
 		p.closeGap(x, th, t)
@@ -111,6 +116,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	if ev.Count > 0 {
 		p.launches += ev.Count
 		p.recLaunches(ev.Start, ev.Count)
+		p.st.onLaunches(ev.Count)
 	}
 	if !p.everEnq {
 		return

@@ -13,6 +13,7 @@ const (
 	modeUnknown stepMode = iota // no period yet; gaps are held
 	modeWindow                  // fixed windows of StepWindow
 	modePeriod                  // steps bounded by every P-th sync
+	modeClock                   // steps counted by an enqueued operation (clock.go)
 )
 
 const (
@@ -86,6 +87,14 @@ type stepper struct {
 	next    int64
 	doneNum int64
 	typical int64
+
+	// The work clock (clock.go): enqueue tokens, the launches and syncs
+	// since the last one, and the clock once found.
+	toks      []token
+	pendL     uint64
+	pendSyncs int
+	ntok      int
+	clock     *clockState
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
@@ -107,6 +116,7 @@ func (p *proc) patternSync(set settings, ev *event.Event) {
 func (s *stepper) onSync(set settings, sig syncSig) {
 	sig.idx = s.n
 	s.n++
+	s.pendSyncs++
 	s.hist = append(s.hist, sig)
 	if len(s.hist) > histMax {
 		copy(s.hist, s.hist[len(s.hist)-histMax:])
@@ -139,6 +149,11 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 	case modeUnknown, modeWindow:
 		if s.period == 0 {
 			if P, ph, ok := detect(s.hist); ok {
+				// The syncs repeat, but do the steps they make hold the
+				// same work? A clock that disagrees wins.
+				if s.tryClock(set) {
+					return
+				}
 				s.period, s.phase = P, ph
 				set.log.Debug("step period found", "pid", s.pid, "syncs_per_step", P)
 				if s.mode == modeUnknown {
@@ -252,6 +267,7 @@ func (s *stepper) closeOpen(t int64) {
 // toWindows switches to fixed windows starting at t.
 func (s *stepper) toWindows(t int64) {
 	s.mode = modeWindow
+	s.clock = nil
 	s.period, s.phase = 0, 0
 	s.hist = s.hist[:0]
 	s.boundary(t, true)
@@ -280,7 +296,7 @@ func (s *stepper) tick(set settings, t int64) {
 			s.boundary(o.Start+w, true)
 			o = s.steps[len(s.steps)-1]
 		}
-	case modePeriod:
+	case modePeriod, modeClock:
 		if s.typical > 0 && t-o.Start > max(10*s.typical, periodLost) {
 			set.log.Info("no step boundary for long, falling back to fixed windows", "pid", s.pid)
 			s.toWindows(t)
@@ -303,8 +319,13 @@ func (s *stepper) lookup(set settings, t int64) *stepAcc {
 
 // ready says whether every input of step st is final.
 func (p *proc) ready(x env, st *stepAcc) bool {
-	if x.clk.wm < st.End || len(p.held) > 0 {
+	if x.clk.wm < st.End {
 		return false
+	}
+	for i := range p.held {
+		if p.held[i].Start < st.End {
+			return false
+		}
 	}
 	if p.gap != nil && p.gap.start < st.End {
 		return false

@@ -16,12 +16,15 @@ const (
 	CauseCPU           Cause = "cpu"
 	CauseCPUContention Cause = "cpu.contention"
 	CauseSleep         Cause = "sleep"
-	CauseOther         Cause = "other"
+	// CauseLock: the feeder waited on a lock (a mutex, the CPython GIL)
+	// that another thread of its process held while computing.
+	CauseLock  Cause = "lock"
+	CauseOther Cause = "other"
 )
 
 // Causes lists every cause in display order.
 var Causes = []Cause{CauseIORead, CauseLoaderWait, CauseIOWrite, CauseNet, CauseComm, CauseCUDAMemcpy,
-	CauseCUDAAlloc, CauseCPU, CauseCPUContention, CauseSleep, CauseOther}
+	CauseCUDAAlloc, CauseCPU, CauseCPUContention, CauseSleep, CauseLock, CauseOther}
 
 // GapKind distinguishes a GPU that did nothing from one that was busy but
 // not useful (a collective spinning on a late peer).
@@ -83,6 +86,9 @@ type Evidence struct {
 	CUDACall   string              `json:"cuda_call,omitempty"`
 	Syscalls   map[string]int      `json:"syscalls,omitempty"` // name -> calls
 	Threads    []uint32            `json:"threads,omitempty"`  // feeder threads considered
+	// LockHolders are the threads that held the lock a feeder waited on
+	// (cause lock), with how long the feeder waited on each.
+	LockHolders []LockHolderEvidence `json:"lock_holders,omitempty"`
 	// SMActivity is the mean GPM SM activity (0..1) over a comm stall,
 	// present only when GPM windows covered it: low activity while the
 	// sync waited confirms the GPU was spinning on a peer, not computing.
@@ -94,6 +100,13 @@ type Evidence struct {
 	// waited and the next enqueue), "host+gpu" (host bounds, GPU-window
 	// duration), "gpu" (window idle the host could not bound).
 	Source string `json:"source"`
+}
+
+// LockHolderEvidence is a thread that held a lock the feeder waited on.
+type LockHolderEvidence struct {
+	TID  uint32 `json:"tid"`
+	Comm string `json:"comm,omitempty"` // its thread name when known
+	NS   int64  `json:"ns"`             // waited on it, while it computed
 }
 
 // HostOp is a host operation that explains a gap; otel/ turns each into a

@@ -20,11 +20,12 @@ import (
 
 // Targets. They are the promise made to users; a miss fails the test.
 const (
-	minRecall      = 0.95 // time-weighted, true gaps ≥ minGapNS
-	minPrecision   = 0.95 // time-weighted, reported idle gaps
-	minAccuracy    = 0.95 // time-weighted attribution, every cause
-	maxStepIdleErr = 0.05 // launch-bound: per-step idle vs truth (median and total)
-	minGapNS       = int64(time.Millisecond)
+	minRecall       = 0.95 // time-weighted, true gaps ≥ minGapNS
+	minPrecision    = 0.95 // time-weighted, reported idle gaps
+	minAccuracy     = 0.95 // time-weighted attribution, every cause
+	maxStepIdleErr  = 0.05 // launch-bound: per-step idle vs truth (median and total)
+	maxStepCountErr = 0.02 // steps counted vs the trainer's, over the scored range
+	minGapNS        = int64(time.Millisecond)
 	// minScoredNS: detection recall and precision are asserted over at
 	// least this much time. Below it the ratio is decided by one or two
 	// chance events (the launch-bound trainer has no injected stall; its
@@ -48,6 +49,11 @@ type scenario struct {
 	steps int
 	// launchBound scenarios are also scored on per-step idle.
 	launchBound bool
+	// extra are more simtrain flags; env more variables for the trainer.
+	extra, env []string
+	// countSteps scenarios are also scored on how many steps gaptrace
+	// counted over the scored range, against the trainer's.
+	countSteps bool
 }
 
 type stall struct {
@@ -78,7 +84,7 @@ func (sc scenario) args() []string {
 		}
 		v = append(v, "--stall", a)
 	}
-	return v
+	return append(v, sc.extra...)
 }
 
 // Every injectable cause alone, a mix, CPU-ahead stalls, several streams
@@ -131,6 +137,22 @@ func scenarios() []scenario {
 		// Launch-bound: 100 µs kernels launched every ~250 µs, no stall:
 		// the idle is all micro-gaps, ~60% of every step.
 		{name: "launch-bound", kernels: 60, kernelUS: 100, gapUS: 250, streams: 1, steps: 50, launchBound: true},
+		// A step is one iteration of the loop, however many syncs it
+		// holds: host code reads scalars (.item()) 0–3 times per step at
+		// varying points, after the batch's two copies, on top of the
+		// step's own final sync.
+		{name: "steps-extra-syncs", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 48, countSteps: true,
+			extra:  []string{"--extra-syncs", "3", "--batch-copies", "2"},
+			stalls: []stall{{cause: "io.read", every: 4, ms: 30}}},
+		// The same with several streams and two all-reduces per step.
+		{name: "steps-streams-comm", kernels: 9, kernelUS: 1500, gapUS: 20, streams: 3, collectives: 2, steps: 48, countSteps: true,
+			extra:  []string{"--extra-syncs", "2", "--batch-copies", "2"},
+			stalls: []stall{{cause: "sleep", every: 5, ms: 30}}},
+		// A CUDA-graph step: the batch's copies, one replay, scalar reads.
+		{name: "steps-graph", kernels: 1, kernelUS: 2000, gapUS: 20, streams: 1, steps: 48, countSteps: true,
+			extra:  []string{"--launch-api", "graph", "--extra-syncs", "2", "--batch-copies", "2"},
+			env:    []string{"SIMGPU_GRAPH_US=12000"},
+			stalls: []stall{{cause: "io.read", every: 4, ms: 30}}},
 	}
 }
 
@@ -251,7 +273,7 @@ func (s setup) start(j *job, dataDir string) (<-chan struct{}, error) {
 	}
 	j.cmd = exec.Command(s.bin, args...)
 	j.cmd.Dir = j.dir
-	j.cmd.Env = append(cleanEnv(), "SIMGPU_DIR="+tl)
+	j.cmd.Env = append(append(cleanEnv(), "SIMGPU_DIR="+tl), j.sc.env...)
 	// Its own process group, so that the priority below reaches the trainer
 	// and every child gaptrace starts.
 	j.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
@@ -470,13 +492,14 @@ type row struct {
 	// step period (WarmupMS after the attach); the SkippedSteps before
 	// (and the first after), and those of the final cool-down, are not
 	// scored.
-	ScoredSteps  int             `json:"scored_steps"`
-	SkippedSteps int             `json:"skipped_steps"`
-	WarmupMS     float64         `json:"warmup_ms"`
-	Notes        []string        `json:"notes,omitempty"`
-	Result       *Result         `json:"result"`
-	StepIdle     *StepIdleResult `json:"step_idle,omitempty"`
-	Misses       []string        `json:"misses,omitempty"`
+	ScoredSteps  int              `json:"scored_steps"`
+	SkippedSteps int              `json:"skipped_steps"`
+	WarmupMS     float64          `json:"warmup_ms"`
+	Notes        []string         `json:"notes,omitempty"`
+	Result       *Result          `json:"result"`
+	StepIdle     *StepIdleResult  `json:"step_idle,omitempty"`
+	StepCount    *StepCountResult `json:"step_count,omitempty"`
+	Misses       []string         `json:"misses,omitempty"`
 }
 
 // TestAccuracy runs every scenario under both probe sets with the real
@@ -667,6 +690,19 @@ func score(t *testing.T, j *job) *row {
 				c, cr.Accuracy, minAccuracy, cr.Coverage, confusion(cr))
 		}
 	}
+	if j.sc.countSteps {
+		spans, err := ReadStepSpans(filepath.Join(j.dir, "spans.jsonl"))
+		if err != nil {
+			miss("%v", err)
+			return r
+		}
+		sc := CountSteps(tr, spans, tr.PID)
+		r.StepCount = sc
+		if sc.RelErr() > maxStepCountErr {
+			miss("steps counted: %d (%d fixed windows) over the trainer's %d steps (%+.1f%%, want within %.0f%%)",
+				sc.Counted, sc.Windows, sc.True, 100*sc.SignedErr(), 100*maxStepCountErr)
+		}
+	}
 	if j.sc.launchBound {
 		spans, err := ReadStepSpans(filepath.Join(j.dir, "spans.jsonl"))
 		if err != nil {
@@ -799,6 +835,9 @@ func formatTable(rows []*row) string {
 		for _, c := range sortedCauses(res.Causes) {
 			cr := res.Causes[c]
 			causes = append(causes, fmt.Sprintf("%s %s (%s)", c, pct(cr.Accuracy), pct(cr.Coverage)))
+		}
+		if sc := r.StepCount; sc != nil {
+			causes = append(causes, fmt.Sprintf("steps counted %d/%d (%+.1f%%)", sc.Counted, sc.True, 100*sc.SignedErr()))
 		}
 		if r.StepIdle != nil {
 			si := r.StepIdle

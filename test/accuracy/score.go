@@ -355,6 +355,53 @@ type StepSpan struct {
 	Window    bool  // a fixed window, not a detected step
 }
 
+// StepCountResult compares how many steps gaptrace counted with how many
+// the trainer ran over the same time.
+type StepCountResult struct {
+	True    int `json:"true"`
+	Counted int `json:"counted"`
+	Windows int `json:"windows"` // of Counted, fixed windows
+}
+
+// SignedErr is (counted - true) / true.
+func (c *StepCountResult) SignedErr() float64 {
+	if c.True == 0 {
+		return 0
+	}
+	return float64(c.Counted-c.True) / float64(c.True)
+}
+
+// RelErr is |SignedErr|, and 1 when nothing was counted against a truth.
+func (c *StepCountResult) RelErr() float64 {
+	if c.True == 0 {
+		return 0
+	}
+	return math.Abs(c.SignedErr())
+}
+
+// CountSteps counts pid's train.step spans that end within the truth's
+// steps (from the first's start to the last's end): gaptrace ends a step
+// at the return of its last sync, the trainer once it has returned, so a
+// margin far shorter than a step covers the difference.
+func CountSteps(tr *Truth, spans []StepSpan, pid int) *StepCountResult {
+	r := &StepCountResult{True: len(tr.Steps)}
+	if len(tr.Steps) == 0 {
+		return r
+	}
+	lo, hi := tr.Steps[0].Start, tr.Steps[len(tr.Steps)-1].End
+	margin := (hi - lo) / int64(len(tr.Steps)) / 4
+	for _, sp := range spans {
+		if sp.PID != int64(pid) || sp.End <= lo || sp.End > hi+margin {
+			continue
+		}
+		r.Counted++
+		if sp.Window {
+			r.Windows++
+		}
+	}
+	return r
+}
+
 // ReadStepSpans returns the train.step spans of a --spans-out file, in
 // start order.
 func ReadStepSpans(path string) ([]StepSpan, error) {

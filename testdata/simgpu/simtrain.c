@@ -116,6 +116,8 @@ static struct {
 	long workers;
 	long batch_bytes;
 	long bucket_bytes;
+	long extra_syncs;  /* most .item()-like reads per step; each step has its own count */
+	long batch_copies; /* async host-to-device copies at the start of each step */
 	int ctx_sync;
 	int quiet;
 	enum launch_api api;
@@ -519,7 +521,7 @@ static void usage(FILE *f)
 	      "                [--device D] [--rank R] [--nranks N] [--collectives C] [--server ADDR]\n"
 	      "                [--workers W] [--data-dir DIR] [--batch-bytes B] [--bucket-bytes B]\n"
 	      "                [--launch-api kernel|ex|cooperative|graph|ptsz|mix] [--copy-api API|all]\n"
-	      "                [--ctx-sync] [--quiet]\n"
+	      "                [--ctx-sync] [--extra-syncs N] [--batch-copies C] [--quiet]\n"
 	      "       simtrain --dump-timeline FROM,TO[,MASK] [--device D]\n"
 	      "causes: io.read io.write net loader.wait loader.wait.io loader.wait.cpu comm\n"
 	      "        cuda.memcpy cuda.alloc cpu cpu.contention sleep\n"
@@ -537,7 +539,7 @@ static void parse_args(int argc, char **argv)
 	enum {
 		O_STEPS = 256, O_KERNELS, O_KUS, O_GAP, O_STREAMS, O_TRUTH, O_STALL, O_DEVICE,
 		O_RANK, O_NRANKS, O_COLL, O_SERVER, O_WORKERS, O_DATADIR, O_QUIET, O_BATCH,
-		O_BUCKET, O_API, O_COPYAPI, O_CTXSYNC, O_DUMP, O_HELP,
+		O_BUCKET, O_API, O_COPYAPI, O_CTXSYNC, O_DUMP, O_HELP, O_EXTRA, O_BCOPIES,
 	};
 	static const struct option lo[] = {
 		{"steps", required_argument, 0, O_STEPS},
@@ -559,6 +561,8 @@ static void parse_args(int argc, char **argv)
 		{"launch-api", required_argument, 0, O_API},
 		{"copy-api", required_argument, 0, O_COPYAPI},
 		{"ctx-sync", no_argument, 0, O_CTXSYNC},
+		{"extra-syncs", required_argument, 0, O_EXTRA},
+		{"batch-copies", required_argument, 0, O_BCOPIES},
 		{"dump-timeline", required_argument, 0, O_DUMP},
 		{"quiet", no_argument, 0, O_QUIET},
 		{"help", no_argument, 0, O_HELP},
@@ -608,6 +612,8 @@ static void parse_args(int argc, char **argv)
 			break;
 		}
 		case O_CTXSYNC: opt.ctx_sync = 1; break;
+		case O_EXTRA: opt.extra_syncs = parse_long("--extra-syncs", optarg, 0, 64); break;
+		case O_BCOPIES: opt.batch_copies = parse_long("--batch-copies", optarg, 0, 16); break;
 		case O_DUMP: opt.dump_timeline = optarg; break;
 		case O_QUIET: opt.quiet = 1; break;
 		case O_HELP: usage(stdout); exit(0);
@@ -1562,6 +1568,29 @@ int main(int argc, char **argv)
 				run_stall(&opt.stalls[i], step);
 
 		uint64_t step_start = now_ns();
+		/* The batch moves to the device first, as x.to(dev, non_blocking=True)
+		 * does: one copy per tensor, each of its own size. */
+		for (long i = 0; i < opt.batch_copies; i++) {
+			size_t b = (size_t)opt.batch_bytes >> i;
+			uint64_t s = now_ns();
+			check_cu(cuMemcpyHtoDAsync_v2(dbatch, hbatch, b ? b : 1, streams[0]),
+				 "cuMemcpyHtoDAsync_v2");
+			truth_call("copy", "cuMemcpyHtoDAsync_v2", step, s, now_ns(), streams[0],
+				   b ? b : 1);
+		}
+		/* Host code reads scalars (.item(), a loss check, logging) a varying
+		 * number of times per step, each a small device-to-host copy and a
+		 * sync: step n makes extra_of(n) of them, after varying kernels. */
+		long nextra = 0, extra_at[64];
+		if (opt.extra_syncs > 0) {
+			uint64_t h = (uint64_t)step * 0x9e3779b97f4a7c15ull;
+			h ^= h >> 29;
+			nextra = (long)(h % (uint64_t)(opt.extra_syncs + 1));
+			for (long k = 0; k < nextra; k++) {
+				h = h * 6364136223846793005ull + 1442695040888963407ull;
+				extra_at[k] = (long)((h >> 33) % (uint64_t)opt.kernels);
+			}
+		}
 		const char *api = NULL;
 		int mixed = 0;
 		for (long i = 0; i < opt.kernels; i++) {
@@ -1571,6 +1600,16 @@ int main(int argc, char **argv)
 			if (api != NULL && strcmp(api, a) != 0)
 				mixed = 1;
 			api = a;
+			for (long k = 0; k < nextra; k++) {
+				if (extra_at[k] != i)
+					continue;
+				static float scalar;
+				uint64_t s = now_ns();
+				check_cu(cuMemcpyDtoHAsync_v2(&scalar, dbatch, sizeof(scalar), streams[0]),
+					 "cuMemcpyDtoHAsync_v2");
+				check_cu(cuStreamSynchronize(streams[0]), "cuStreamSynchronize");
+				truth_call("sync", "cuStreamSynchronize", step, s, now_ns(), streams[0], 0);
+			}
 		}
 		uint64_t launches_end = now_ns();
 		if (opt.copy_api_set) {

@@ -1,0 +1,136 @@
+package correlate
+
+import (
+	"testing"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// TestClockCountsStepsDespiteExtraSyncs: each step copies its batch, runs
+// kernels with 0–3 scalar reads (a tiny copy and a sync) at varying points,
+// then ends with its own sync; an io.read stall comes before every 5th
+// step. The syncs per step vary, so only the work clock counts the steps;
+// every step must end at its last sync and each stall land in its step.
+func TestClockCountsStepsDespiteExtraSyncs(t *testing.T) {
+	for _, lite := range []bool{false, true} {
+		name := "full"
+		if lite {
+			name = "lite"
+		}
+		t.Run(name, func(t *testing.T) {
+			s := newSim()
+			s.lite = lite
+			var ends []int64
+			stallStep := map[int64]bool{}
+			scalar := func() {
+				s.t += 5 * us
+				s.evs = append(s.evs, event.Event{Kind: event.KindMemcpyAsync, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
+					CUDA: event.CUMemcpyAsync, Stream: s.stream, Bytes: 4})
+				s.sync()
+			}
+			const steps = 80
+			for n := int64(1); n <= steps; n++ {
+				if n%5 == 0 {
+					stallStep[n] = true
+					readStall(s, 20*ms)
+				}
+				s.copyAsync(100*us, s.stream)
+				extra := (n*n*7 + n/3) % 4
+				for i := int64(0); i < 10; i++ {
+					s.kernel(300 * us)
+					s.t += 20 * us
+					if i < extra && (i*3+n)%2 == 0 || i == 9 && extra == 3 {
+						scalar()
+					}
+				}
+				s.sync()
+				ends = append(ends, s.t)
+				s.t += 300 * us // the next batch
+			}
+			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+			c := &collect{}
+			feed(newEngine(c, func(cfg *Config) {
+				if lite {
+					cfg.Probes = ProbesLite
+				}
+			}), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+			byEnd := map[int64]int64{}
+			for i, e := range ends {
+				byEnd[e] = int64(i + 1)
+			}
+			matched, window := 0, 0
+			stepOfEnd := map[int64]int64{} // engine step number → trainer step
+			for _, st := range c.steps {
+				if st.Window {
+					window++
+					continue
+				}
+				n, ok := byEnd[st.End]
+				if !ok {
+					t.Errorf("step %d [%d, %d] does not end at a step's last sync", st.Number, st.Start-t0, st.End-t0)
+					continue
+				}
+				matched++
+				stepOfEnd[st.Number] = n
+			}
+			if matched < steps-12 {
+				t.Errorf("%d of %d steps found (%d windows)", matched, steps, window)
+			}
+			reads := 0
+			for _, g := range bigGaps(c.gaps) {
+				if g.Cause != CauseIORead {
+					t.Errorf("unexpected gap %+v", g)
+					continue
+				}
+				if n, ok := stepOfEnd[g.Step]; ok {
+					reads++
+					if !stallStep[n] {
+						t.Errorf("io.read stall reported in step %d (trainer step %d)", g.Step, n)
+					}
+				}
+			}
+			if reads < len(stallStep)-3 {
+				t.Errorf("%d io.read stalls placed in detected steps, want about %d", reads, len(stallStep))
+			}
+		})
+	}
+}
+
+// TestLockHolderComputing: the feeder waits on a futex that a sibling
+// thread holds while it computes (a mutex, the GIL), and the sibling wakes
+// it: the gap is lock, with the sibling as holder. A sibling that instead
+// read a file meanwhile was producing, and stays io.read (golden replay).
+func TestLockHolderComputing(t *testing.T) {
+	s := newSim()
+	const sib = 101
+	var waits int64
+	for n := int64(1); n <= 40; n++ {
+		if n == 1 {
+			s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t, End: s.t + 10*us,
+				Syscall: event.SysSleep, Name: "nanosleep", TaskComm: "bg-worker"})
+		}
+		if n%4 == 0 {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: sib}, 20*ms)
+			waits += 20 * ms
+		}
+		s.step(8, 500*us, 20*us)
+		s.t += 100 * us
+	}
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	var lock int64
+	for _, g := range bigGaps(c.gaps) {
+		if g.Cause != CauseLock {
+			t.Errorf("gap %+v, want cause lock", g)
+			continue
+		}
+		lock += g.Breakdown[CauseLock]
+		if len(g.Evidence.LockHolders) != 1 || g.Evidence.LockHolders[0].TID != sib || g.Evidence.LockHolders[0].Comm != "bg-worker" {
+			t.Errorf("lock holders %+v, want thread %d bg-worker", g.Evidence.LockHolders, sib)
+		}
+	}
+	if lock < waits*9/10 {
+		t.Errorf("lock %d ns of %d ns waited", lock, waits)
+	}
+}

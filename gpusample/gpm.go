@@ -284,19 +284,13 @@ func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWind
 		smp, ret := s.lib.GpmSampleAlloc()
 		if ret != nvml.SUCCESS {
 			s.countErr(d, "nvmlGpmSampleAlloc", ret)
-			for _, a := range all {
-				a.Free()
-			}
+			s.freeSamples(d, all)
 			return
 		}
 		*p = smp
 		all = append(all, smp)
 	}
-	defer func() {
-		for _, a := range all {
-			a.Free()
-		}
-	}()
+	defer s.freeSamples(d, all)
 	d.mu.Lock()
 	d.gpmPeriod = g.period
 	d.mu.Unlock()
@@ -389,4 +383,14 @@ func mibps(v float64) float64 {
 		return -1
 	}
 	return v * (1 << 20)
+}
+
+// freeSamples releases GPM samples; a failure is counted like any NVML
+// error (the sampler goes on either way).
+func (s *Source) freeSamples(d *device, all []nvml.GpmSample) {
+	for _, a := range all {
+		if ret := a.Free(); ret != nvml.SUCCESS {
+			s.countErr(d, "nvmlGpmSampleFree", ret)
+		}
+	}
 }

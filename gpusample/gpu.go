@@ -236,7 +236,7 @@ func Open(cfg Config) (*Source, error) {
 	// again, which would otherwise unmap and possibly remap it elsewhere.
 	pin := dl.New(cfg.LibPath, dl.RTLD_LAZY|dl.RTLD_GLOBAL|dl.RTLD_NODELETE)
 	if err := pin.Open(); err != nil {
-		return nil, fmt.Errorf("load %s: %v: %w", cfg.LibPath, err, ErrNoNVML)
+		return nil, fmt.Errorf("load %s: %w: %w", cfg.LibPath, err, ErrNoNVML)
 	}
 	return open(nvml.New(nvml.WithLibraryPath(cfg.LibPath)), cfg)
 }
@@ -260,7 +260,9 @@ func open(lib nvml.Interface, cfg Config) (*Source, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			lib.Shutdown()
+			// The open failed and says why; a failed shutdown of the
+			// half-opened library adds nothing to it.
+			_ = lib.Shutdown()
 		}
 	}()
 

@@ -62,12 +62,12 @@ func TestHardwareGPU(t *testing.T) {
 	if ret != nvml.SUCCESS {
 		t.Fatalf("GpmSampleAlloc: %v", ret)
 	}
-	defer a.Free()
+	defer func() { _ = a.Free() }()
 	b, ret := s.lib.GpmSampleAlloc()
 	if ret != nvml.SUCCESS {
 		t.Fatalf("GpmSampleAlloc: %v", ret)
 	}
-	defer b.Free()
+	defer func() { _ = b.Free() }()
 	tA, ok := g.get(a)
 	if !ok {
 		t.Fatal("GpmSampleGet failed")

@@ -421,7 +421,11 @@ func (s *Source) eventLoop(ctx context.Context) {
 		s.log.Warn("nvml event set unavailable; Xids are not watched", "err", retString(ret))
 		return
 	}
-	defer set.Free()
+	defer func() {
+		if ret := set.Free(); ret != nvml.SUCCESS {
+			s.log.Debug("free the nvml event set", "err", retString(ret))
+		}
+	}()
 	registered := 0
 	for _, d := range s.devs {
 		types, ret := d.h.GetSupportedEventTypes()

@@ -71,13 +71,13 @@ func buildSim(dir string) error {
 	// The project's Makefile is the build of record; build only our target.
 	cmd := exec.Command("make", "-s", "-C", src, "OUT="+out, lib)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("make %s: %v\n%s", lib, err, b)
+		return fmt.Errorf("make %s: %w\n%s", lib, err, b)
 	}
 	writer := filepath.Join(dir, "writer")
 	cmd = exec.Command("gcc", "-O2", "-Wall", "-pthread", "-I"+src, "-o", writer, "testdata/writer.c",
 		filepath.Join(src, "timeline.c"))
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build writer: %v\n%s", err, b)
+		return fmt.Errorf("build writer: %w\n%s", err, b)
 	}
 	simLib, simWriter = lib, writer
 	return nil
@@ -638,7 +638,7 @@ func BenchmarkSample(b *testing.B) {
 		if ret != 0 {
 			b.Fatal(ret)
 		}
-		defer smp.Free()
+		defer func() { _ = smp.Free() }()
 		for b.Loop() {
 			g.get(smp)
 		}

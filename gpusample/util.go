@@ -102,8 +102,9 @@ func sampleValue(vt nvml.ValueType, b [8]byte) float64 {
 	return float64(ne.Uint32(b[:4]))
 }
 
-// readSamples makes one incremental GetSamples call.
-func (s *Source) readSamples(d *device, r *utilReader) ([]event.GPUWindow, bool) {
+// readSamples makes one incremental GetSamples call; a failed call is
+// counted and yields no window.
+func (s *Source) readSamples(d *device, r *utilReader) []event.GPUWindow {
 	t0 := time.Now()
 	vt, samples, ret := d.h.GetSamples(nvml.GPU_UTILIZATION_SAMPLES, r.lastTS)
 	cost := time.Since(t0).Nanoseconds()
@@ -113,10 +114,10 @@ func (s *Source) readSamples(d *device, r *utilReader) ([]event.GPUWindow, bool)
 	switch ret {
 	case nvml.SUCCESS:
 	case nvml.ERROR_NOT_FOUND:
-		return nil, true // no sample newer than lastTS yet
+		return nil // no sample newer than lastTS yet
 	default:
 		s.countErr(d, "nvmlDeviceGetSamples", ret)
-		return nil, false
+		return nil
 	}
 	n0 := r.lastTS
 	wins, lost := r.feed(vt, samples)
@@ -126,7 +127,7 @@ func (s *Source) readSamples(d *device, r *utilReader) ([]event.GPUWindow, bool)
 		}
 	}
 	s.st.samplesLost.Add(lost)
-	return wins, true
+	return wins
 }
 
 func (s *Source) utilLoop(ctx context.Context, d *device, emit func(event.GPUWindow) bool) {
@@ -141,7 +142,7 @@ func (s *Source) utilLoop(ctx context.Context, d *device, emit func(event.GPUWin
 			return
 		case <-tick.C:
 		}
-		wins, _ := s.readSamples(d, r)
+		wins := s.readSamples(d, r)
 		for _, w := range wins {
 			d.mu.Lock()
 			d.lastBusy = 1 - w.IdleFraction

@@ -232,7 +232,7 @@ func (j *job) id() string { return j.sc.name + "/" + j.probes }
 // children), which start made for it.
 func (j *job) kill() {
 	if j.cmd != nil && j.cmd.Process != nil {
-		syscall.Kill(-j.cmd.Process.Pid, syscall.SIGKILL)
+		_ = syscall.Kill(-j.cmd.Process.Pid, syscall.SIGKILL)
 	}
 }
 
@@ -294,7 +294,7 @@ func (s setup) start(j *job, dataDir string) (<-chan struct{}, error) {
 				release()
 			}
 		}
-		io.Copy(io.Discard, pr)
+		_, _ = io.Copy(io.Discard, pr)
 	}()
 	t0 := time.Now()
 	if err := j.cmd.Start(); err != nil {
@@ -739,7 +739,7 @@ var periodRE = regexp.MustCompile(`^time=(\S+) .*msg="step period found" .*pid=(
 func periodTime(lines []string, pid int) (int64, bool) {
 	for _, line := range lines {
 		m := periodRE.FindStringSubmatch(line)
-		if m == nil || m[2] != fmt.Sprint(pid) {
+		if len(m) < 3 || m[2] != fmt.Sprint(pid) {
 			continue
 		}
 		if ts, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
@@ -757,7 +757,7 @@ func attachTime(lines []string, pid int) (int64, int) {
 	libs := map[string]bool{}
 	for _, line := range lines {
 		m := attachRE.FindStringSubmatch(line)
-		if m == nil || m[3] != fmt.Sprint(pid) {
+		if len(m) < 4 || m[3] != fmt.Sprint(pid) {
 			continue
 		}
 		ts, err := time.Parse(time.RFC3339Nano, m[1])

@@ -156,7 +156,7 @@ func Start(t testing.TB) *Jaeger {
 		t.Fatalf("start jaeger %s: %v", bin, err)
 	}
 	j.cmd = cmd
-	go func() { cmd.Wait(); close(j.exited) }()
+	go func() { _ = cmd.Wait(); close(j.exited) }()
 	t.Cleanup(j.Stop)
 
 	started := time.Now()
@@ -193,7 +193,7 @@ func (j *Jaeger) ready(healthPort int) bool {
 		if err != nil {
 			return false
 		}
-		io.Copy(io.Discard, resp.Body)
+		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			return false
@@ -220,7 +220,7 @@ func (j *Jaeger) Stop() {
 		if j.cmd == nil || j.cmd.Process == nil {
 			return
 		}
-		j.cmd.Process.Kill()
+		_ = j.cmd.Process.Kill()
 		<-j.exited
 	})
 }

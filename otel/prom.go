@@ -160,7 +160,7 @@ func writeLabels(w *strings.Builder, set attribute.Set, extraKey, extraVal strin
 		sep()
 		w.WriteString(promLabel(string(kv.Key)))
 		w.WriteString(`="`)
-		w.WriteString(escapeLabel(kv.Value.Emit()))
+		w.WriteString(escapeLabel(kv.Value.String()))
 		w.WriteByte('"')
 	}
 	if extraKey != "" {

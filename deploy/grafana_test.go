@@ -30,7 +30,11 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer x.Shutdown(ctx)
+	defer func() {
+		if err := x.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	}()
 	now := time.Now().UnixNano()
 	g := correlate.Gap{PID: 1, TID: 1, Step: 0, Start: now, End: now + 5e6, Duration: 5e6, Cause: correlate.CauseIORead}
 	x.Gap(g)

@@ -105,7 +105,9 @@ func TestHelmDaemonSet(t *testing.T) {
 	}
 	docs := objects(t, out)
 	var ds appsv1.DaemonSet
-	sigsyaml.UnmarshalStrict(docs["DaemonSet"], &ds)
+	if err := sigsyaml.UnmarshalStrict(docs["DaemonSet"], &ds); err != nil {
+		t.Fatalf("DaemonSet: %v", err)
+	}
 	spec := ds.Spec.Template.Spec
 	if !spec.HostPID {
 		t.Error("hostPID must be true: a node's gaptrace sees every pod's processes")
@@ -214,7 +216,9 @@ func TestHelmValuesAndErrors(t *testing.T) {
 	}
 	docs := objects(t, out)
 	var ds appsv1.DaemonSet
-	sigsyaml.UnmarshalStrict(docs["DaemonSet"], &ds)
+	if err := sigsyaml.UnmarshalStrict(docs["DaemonSet"], &ds); err != nil {
+		t.Fatalf("DaemonSet: %v", err)
+	}
 	c := ds.Spec.Template.Spec.Containers[0]
 	if add := c.SecurityContext.Capabilities.Add; !slices.Contains(add, "SYS_ADMIN") || !slices.Contains(add, "BPF") {
 		t.Errorf("capabilities %v: want the four plus SYS_ADMIN", add)

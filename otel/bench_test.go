@@ -79,7 +79,10 @@ func BenchmarkExport(b *testing.B) {
 	b.Run("otlp-http", func(b *testing.B) {
 		b.Setenv("OTEL_METRICS_EXPORTER", "none")
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
+			if _, err := io.Copy(io.Discard, r.Body); err != nil {
+				http.Error(w, "read body: "+err.Error(), http.StatusBadRequest)
+				return
+			}
 			w.Header().Set("Content-Type", "application/x-protobuf")
 			w.WriteHeader(http.StatusOK)
 		}))

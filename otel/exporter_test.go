@@ -31,6 +31,14 @@ func clearEnv(t *testing.T) {
 	}
 }
 
+// shutdown flushes x at the end of a test that expects the flush to succeed.
+func shutdown(t *testing.T, x *otel.Exporter) {
+	t.Helper()
+	if err := x.Shutdown(context.Background()); err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+}
+
 func readSpansFile(t *testing.T, path string) []otel.FileSpan {
 	t.Helper()
 	f, err := os.Open(path)
@@ -169,7 +177,7 @@ func TestGapBufferBoundedAndOrphansCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer x.Shutdown(context.Background())
+	defer shutdown(t, x)
 	sy := synth{pid: 1, t0: time.Now().UnixNano()}
 	for n := range int64(5) {
 		_, gaps := sy.step(n)
@@ -198,7 +206,7 @@ func TestPrometheusEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer x.Shutdown(context.Background())
+	defer shutdown(t, x)
 	addr := x.PrometheusAddr()
 	if host, _, _ := net.SplitHostPort(addr); host != "127.0.0.1" {
 		t.Fatalf("prometheus listens on %q", addr)
@@ -249,7 +257,7 @@ func TestPrometheusLabelsPerGPUAndProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer x.Shutdown(context.Background())
+	defer shutdown(t, x)
 	rank := 3
 	for i, w := range []*correlate.Workload{
 		{Rank: &rank, ContainerID: "c0ffee", PodName: "train-0", PodNamespace: "ml"},
@@ -335,7 +343,7 @@ func TestSilentCollectorNeverBlocks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	x.Shutdown(ctx)
+	_ = x.Shutdown(ctx) // the deadline error is expected: the collector never answers
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("Shutdown took %s with a 500ms deadline", d)
 	}

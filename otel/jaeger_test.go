@@ -250,7 +250,7 @@ func TestJaegerRanksShareTrace(t *testing.T) {
 			for k := range tr.Spans {
 				if s := &tr.Spans[k]; s.OperationName == otel.SpanGap && s.ParentID() == r.SpanID {
 					gaps++
-					if pid, _ := tr.ProcessTag(s, "process.pid"); fmt.Sprint(pid) != fmt.Sprint(1000+rankOf(r)) {
+					if pid, _ := tr.ProcessTag(s, "process.pid"); fmt.Sprint(pid) != fmt.Sprint(1000+rankOf(t, r)) {
 						t.Errorf("step %d: %s has a gap from process %v", n, r.OperationName, pid)
 					}
 				}
@@ -281,9 +281,12 @@ func TestJaegerRanksShareTrace(t *testing.T) {
 	}
 }
 
-func rankOf(s *jaegertest.Span) int {
+func rankOf(t *testing.T, s *jaegertest.Span) int {
+	t.Helper()
 	var r int
-	fmt.Sscanf(s.OperationName, "rank %d", &r)
+	if _, err := fmt.Sscanf(s.OperationName, "rank %d", &r); err != nil {
+		t.Fatalf("rank span named %q: %v", s.OperationName, err)
+	}
 	return r
 }
 
@@ -336,7 +339,7 @@ func TestJaegerStoppedMidRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	start := time.Now()
-	x.Shutdown(ctx) // the deadline error is expected: the collector is gone
+	_ = x.Shutdown(ctx) // the deadline error is expected: the collector is gone
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("Shutdown took %s with a 1s deadline", d)
 	}

@@ -1,9 +1,9 @@
 package otel
 
 import (
-	"bufio"
 	"cmp"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"slices"
@@ -36,12 +36,16 @@ func (h promHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", promContentType)
-	bw := bufio.NewWriter(w)
-	writeProm(bw, &rm)
-	bw.Flush()
+	// Render in memory first: writes to a strings.Builder cannot fail, so the
+	// one write that can (to the scraper) is the one whose error matters.
+	var b strings.Builder
+	writeProm(&b, &rm)
+	// A failed write means the scraper went away after the headers were sent:
+	// there is no status left to answer with, and its next scrape renders afresh.
+	_, _ = io.WriteString(w, b.String())
 }
 
-func writeProm(w *bufio.Writer, rm *metricdata.ResourceMetrics) {
+func writeProm(w *strings.Builder, rm *metricdata.ResourceMetrics) {
 	if rm.Resource != nil && rm.Resource.Len() > 0 {
 		fmt.Fprintf(w, "# HELP target_info Target metadata\n# TYPE target_info gauge\n")
 		w.WriteString("target_info")
@@ -71,7 +75,7 @@ func writeProm(w *bufio.Writer, rm *metricdata.ResourceMetrics) {
 	}
 }
 
-func writeSum[N int64 | float64](w *bufio.Writer, m metricdata.Metrics, monotonic bool, dps []metricdata.DataPoint[N]) {
+func writeSum[N int64 | float64](w *strings.Builder, m metricdata.Metrics, monotonic bool, dps []metricdata.DataPoint[N]) {
 	if monotonic {
 		writePoints(w, m, promName(m.Name, m.Unit, "_total"), "counter", dps)
 	} else {
@@ -79,14 +83,14 @@ func writeSum[N int64 | float64](w *bufio.Writer, m metricdata.Metrics, monotoni
 	}
 }
 
-func writeHeader(w *bufio.Writer, name, help, typ string) {
+func writeHeader(w *strings.Builder, name, help, typ string) {
 	if help != "" {
 		fmt.Fprintf(w, "# HELP %s %s\n", name, escapeHelp(help))
 	}
 	fmt.Fprintf(w, "# TYPE %s %s\n", name, typ)
 }
 
-func writePoints[N int64 | float64](w *bufio.Writer, m metricdata.Metrics, name, typ string, dps []metricdata.DataPoint[N]) {
+func writePoints[N int64 | float64](w *strings.Builder, m metricdata.Metrics, name, typ string, dps []metricdata.DataPoint[N]) {
 	if len(dps) == 0 {
 		return
 	}
@@ -104,7 +108,7 @@ func writePoints[N int64 | float64](w *bufio.Writer, m metricdata.Metrics, name,
 	}
 }
 
-func writeHistogram[N int64 | float64](w *bufio.Writer, m metricdata.Metrics, dps []metricdata.HistogramDataPoint[N]) {
+func writeHistogram[N int64 | float64](w *strings.Builder, m metricdata.Metrics, dps []metricdata.HistogramDataPoint[N]) {
 	if len(dps) == 0 {
 		return
 	}
@@ -138,7 +142,7 @@ func writeHistogram[N int64 | float64](w *bufio.Writer, m metricdata.Metrics, dp
 
 // writeLabels writes {k="v",...} for the set plus one extra label when
 // extraKey is set; nothing when there is no label at all.
-func writeLabels(w *bufio.Writer, set attribute.Set, extraKey, extraVal string) {
+func writeLabels(w *strings.Builder, set attribute.Set, extraKey, extraVal string) {
 	if set.Len() == 0 && extraKey == "" {
 		return
 	}
@@ -156,7 +160,7 @@ func writeLabels(w *bufio.Writer, set attribute.Set, extraKey, extraVal string) 
 		sep()
 		w.WriteString(promLabel(string(kv.Key)))
 		w.WriteString(`="`)
-		w.WriteString(escapeLabel(kv.Value.Emit()))
+		w.WriteString(escapeLabel(kv.Value.String()))
 		w.WriteByte('"')
 	}
 	if extraKey != "" {

@@ -1,7 +1,6 @@
 package otel
 
 import (
-	"bufio"
 	"context"
 	"net/http/httptest"
 	"strings"
@@ -94,9 +93,7 @@ func TestPromSpecialValues(t *testing.T) {
 		}
 	}
 	var b strings.Builder
-	w := bufio.NewWriter(&b)
-	writeProm(w, &metricdata.ResourceMetrics{})
-	w.Flush()
+	writeProm(&b, &metricdata.ResourceMetrics{})
 	if b.Len() != 0 {
 		t.Errorf("empty collection wrote %q", b.String())
 	}

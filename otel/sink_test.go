@@ -27,7 +27,10 @@ type sink struct {
 }
 
 func (s *sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	io.Copy(io.Discard, r.Body)
+	if _, err := io.Copy(io.Discard, r.Body); err != nil {
+		http.Error(w, "read body: "+err.Error(), http.StatusBadRequest)
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.paths[r.URL.Path]++

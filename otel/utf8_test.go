@@ -2,6 +2,7 @@ package otel_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -100,8 +101,15 @@ func TestInvalidUTF8NeverDropsABatch(t *testing.T) {
 				}
 				srv := grpc.NewServer()
 				coltrace.RegisterTraceServiceServer(srv, col)
-				go srv.Serve(ln)
-				defer srv.Stop()
+				served := make(chan error, 1)
+				go func() { served <- srv.Serve(ln) }()
+				defer func() {
+					srv.Stop()
+					// Serve returns nil once stopped; anything else broke the collector.
+					if err := <-served; err != nil {
+						t.Errorf("grpc collector: %v", err)
+					}
+				}()
 				endpoint = "http://" + ln.Addr().String()
 			} else {
 				srv := httptest.NewServer(col)
@@ -209,8 +217,14 @@ func TestCollectorDownThenBack(t *testing.T) {
 		t.Skipf("port %s taken meanwhile: %v", addr, err)
 	}
 	srv := &http.Server{Handler: col}
-	go srv.Serve(ln)
-	defer srv.Close()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	defer func() {
+		srv.Close()
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("collector: %v", err)
+		}
+	}()
 	total += emit(x, sy, 6, 4)
 	for time.Now().Before(deadline.Add(30 * time.Second)) {
 		if _, n := col.strings(); n >= total {
@@ -220,7 +234,9 @@ func TestCollectorDownThenBack(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	x.Shutdown(ctx)
+	if err := x.Shutdown(ctx); err != nil {
+		t.Errorf("shutdown after the collector came back: %v", err)
+	}
 	if _, n := col.strings(); n != total || x.Stats().SpansDropped != 0 {
 		t.Errorf("collector got %d of %d spans after coming back; stats %+v", n, total, x.Stats())
 	}

@@ -317,11 +317,10 @@ func (x *Writer) hostSlice(pid, tid uint32, name string, start, end int64, args 
 			return
 		}
 	}
-	rs := append(x.recent[k], interval{start, end})
-	if len(rs) > 64 {
-		rs = rs[len(rs)-64:]
+	x.recent[k] = append(x.recent[k], interval{start, end})
+	if rs := x.recent[k]; len(rs) > 64 {
+		x.recent[k] = rs[len(rs)-64:]
 	}
-	x.recent[k] = rs
 	x.thread(pid, tid)
 	x.emit(Event{Name: name, Cat: CatHost, Ph: "X", TS: us(start), Dur: us(end - start), PID: pid, TID: tid, Args: args})
 }

@@ -42,15 +42,26 @@ func runIn(t *testing.T, dir string, environ []string, args ...string) (int, str
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(3 * time.Minute):
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		killGroup(t, cmd.Process.Pid)
 		<-done
 		t.Fatalf("gaptrace %v did not exit\n%s\n%s", args, &stdout, &stderr)
 	}
+	if !exitStatusOnly(waitErr) {
+		t.Fatalf("wait for gaptrace %v: %v", args, waitErr)
+	}
 	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
+
+func symlink(t *testing.T, target, link string) {
+	t.Helper()
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func victimFile(t *testing.T) string {
@@ -78,7 +89,7 @@ func TestPlantedSymlinksNeverWrittenThrough(t *testing.T) {
 	for _, flag := range []string{"--gaps-out", "--spans-out", "--windows-out"} {
 		dir := t.TempDir()
 		link := filepath.Join(dir, "out.jsonl")
-		os.Symlink(victim, link)
+		symlink(t, victim, link)
 		code, _, stderr := runIn(t, dir, env(t), "run", "--live", "off", flag, link, "--", "true")
 		if code != 2 || !strings.Contains(stderr, "symbolic link") {
 			t.Errorf("%s through a symlink: exit %d, want 2 with a clear refusal\n%s", flag, code, stderr)
@@ -86,7 +97,7 @@ func TestPlantedSymlinksNeverWrittenThrough(t *testing.T) {
 	}
 	// The default spans file, in the current directory.
 	dir := t.TempDir()
-	os.Symlink(victim, filepath.Join(dir, "gaptrace-spans.jsonl"))
+	symlink(t, victim, filepath.Join(dir, "gaptrace-spans.jsonl"))
 	code, _, stderr := runIn(t, dir, env(t), "run", "--live", "off", "--", "true")
 	if code != 2 || !strings.Contains(stderr, "symbolic link") || !strings.Contains(stderr, "--spans-out") {
 		t.Errorf("default spans file through a symlink: exit %d, want 2 naming --spans-out\n%s", code, stderr)
@@ -96,8 +107,8 @@ func TestPlantedSymlinksNeverWrittenThrough(t *testing.T) {
 	// The summary: links at its name and at the old fixed temporary name.
 	dir = t.TempDir()
 	sum := filepath.Join(dir, "summary.json")
-	os.Symlink(victim, sum)
-	os.Symlink(victim, sum+".tmp")
+	symlink(t, victim, sum)
+	symlink(t, victim, sum+".tmp")
 	code, _, stderr = runIn(t, dir, env(t), "run", "--live", "off", "--summary-json", sum,
 		"--spans-out", filepath.Join(dir, "spans.jsonl"), "--", "true")
 	if code != 0 {
@@ -340,7 +351,11 @@ func TestFullDisk(t *testing.T) {
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", dir).CombinedOutput(); err != nil {
 		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
 	}
-	defer exec.Command("umount", dir).Run()
+	defer func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v %s", dir, err, out)
+		}
+	}()
 	gaps, spans, sum := filepath.Join(dir, "gaps.jsonl"), filepath.Join(dir, "spans.jsonl"), filepath.Join(dir, "summary.json")
 	code, stdout, stderr := runIn(t, t.TempDir(), env(t), "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
 		"--gaps-out", gaps, "--spans-out", spans, "--summary-json", sum, "--",

@@ -11,7 +11,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,7 +55,7 @@ func TestMain(m *testing.M) {
 			gaptraceBin = filepath.Join(tmp, "gaptrace")
 			out, err := exec.Command("go", "build", "-o", gaptraceBin, ".").CombinedOutput()
 			if err != nil {
-				setupErr = fmt.Errorf("build gaptrace: %v\n%s", err, out)
+				setupErr = fmt.Errorf("build gaptrace: %w\n%s", err, out)
 			}
 		}
 		simgpuDir = os.Getenv("GAPTRACE_SIMGPU")
@@ -61,7 +63,7 @@ func TestMain(m *testing.M) {
 			simgpuDir = filepath.Join(tmp, "simgpu")
 			out, err := exec.Command("make", "-C", "../../testdata/simgpu", "OUT="+simgpuDir).CombinedOutput()
 			if err != nil {
-				setupErr = fmt.Errorf("build simulated GPU: %v\n%s", err, out)
+				setupErr = fmt.Errorf("build simulated GPU: %w\n%s", err, out)
 			}
 		}
 		// Absolute: the binary runs in a scratch directory so that its
@@ -189,6 +191,40 @@ type lockedBuf struct {
 	b  bytes.Buffer
 }
 
+// killGroup sends SIGKILL to the process group led by pid; a group that is
+// already gone is what the kill wanted.
+func killGroup(t *testing.T, pid int) {
+	t.Helper()
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("kill process group %d: %v", pid, err)
+	}
+}
+
+// reap kills cmd and waits for it. Wait's error is the kill's signal, so
+// only a failed kill of a live process is a problem.
+func reap(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Errorf("kill %d: %v", cmd.Process.Pid, err)
+	}
+	_ = cmd.Wait()
+}
+
+// exitStatusOnly reports whether err, from cmd.Wait, says no more than the
+// command's exit status (which the tests read from ProcessState), rather
+// than that waiting for it or copying its output failed.
+func exitStatusOnly(err error) bool {
+	var ee *exec.ExitError
+	return err == nil || errors.As(err, &ee)
+}
+
+// copyTerminal copies what gaptrace writes to its terminal into out. The
+// pty's master reads EIO once every holder of the slave has exited: that
+// is the end of the output, not a failure.
+func copyTerminal(out *lockedBuf, master io.Reader) {
+	_, _ = io.Copy(out, master)
+}
+
 func (l *lockedBuf) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -229,7 +265,7 @@ func startArgv(t *testing.T, environ []string, argv ...string) *gtProc {
 		select {
 		case <-p.done:
 		default:
-			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			killGroup(t, p.cmd.Process.Pid)
 			<-p.done
 		}
 	})
@@ -348,7 +384,9 @@ func TestSIGINTDetachesAndLeavesNothing(t *testing.T) {
 	}
 	// Not a terminal's Ctrl-C: gaptrace forwards SIGINT, the trainer
 	// exits, gaptrace detaches and prints the summary.
-	p.cmd.Process.Signal(syscall.SIGINT)
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatalf("interrupt gaptrace: %v", err)
+	}
 	code := p.wait(t, 2*time.Minute)
 	// simtrain finishes its step and exits 0 on SIGINT, like a trainer
 	// with a KeyboardInterrupt handler; 130 would mean it died of it.
@@ -398,7 +436,7 @@ func TestFailuresAreClear(t *testing.T) {
 	if err := sleeper.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { sleeper.Process.Kill(); sleeper.Wait() }()
+	defer reap(t, sleeper)
 
 	t.Run("no such pid", func(t *testing.T) {
 		pid := 4_194_000
@@ -425,7 +463,9 @@ func TestFailuresAreClear(t *testing.T) {
 			t.Fatal(err)
 		}
 		pid := short.Process.Pid
-		go short.Wait()
+		// Reaped in the background so that it does not linger as a zombie;
+		// it is a target, its exit status tells nothing.
+		go func() { _ = short.Wait() }()
 		code, _, stderr := runGaptrace(t, os.Environ(), "attach", "--live", "off", "--pid", strconv.Itoa(pid))
 		// Either it died while probes loaded (the usual case) or before
 		// gaptrace looked: one clear line either way.
@@ -475,7 +515,7 @@ func TestCheck(t *testing.T) {
 	if err := sim.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { sim.Process.Kill(); sim.Wait() }()
+	defer reap(t, sim)
 	code, stdout, stderr := runGaptrace(t, sim.Env, "check", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"), "--pid", strconv.Itoa(sim.Process.Pid))
 	if code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
@@ -523,14 +563,14 @@ func TestAttachGPUProcs(t *testing.T) {
 	if err := sim.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { sim.Process.Kill(); sim.Wait() }()
+	defer reap(t, sim)
 	// A process without libcuda whose command line also matches must be
 	// left alone.
 	decoy := exec.Command("sleep", "300")
 	if err := decoy.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { decoy.Process.Kill(); decoy.Wait() }()
+	defer reap(t, decoy)
 	sum := filepath.Join(t.TempDir(), "summary.json")
 	code, _, stderr := runGaptrace(t, environ, "attach", "--gpu-procs", "--match", `simtrain|sleep 300`, "--duration", "3s", "--live", "off",
 		"--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"), "--summary-json", sum)
@@ -574,20 +614,11 @@ func TestTerminalCtrlC(t *testing.T) {
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := master.Read(buf)
-			out.Write(buf[:n])
-			if err != nil {
-				return
-			}
-		}
+		copyTerminal(out, master)
 	}()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	})
+	t.Cleanup(func() { killGroup(t, cmd.Process.Pid) })
 	deadline := time.Now().Add(time.Minute)
 	for !attached.MatchString(out.String()) {
 		if time.Now().After(deadline) {
@@ -600,7 +631,10 @@ func TestTerminalCtrlC(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-done:
+	case err := <-done:
+		if !exitStatusOnly(err) {
+			t.Fatalf("wait for gaptrace: %v", err)
+		}
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("gaptrace did not exit after Ctrl-C:\n%s", out.String())
 	}

@@ -52,28 +52,6 @@ func startTrainerInChildNS(t *testing.T, environ, job []string) (*gtProc, int) {
 	return nil, 0
 }
 
-// nsPids is the NSpid line of pid: its number in every namespace from the
-// test's down to its own.
-func nsPids(t *testing.T, pid int) []int {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for l := range strings.SplitSeq(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(l, "NSpid:"); ok {
-			var out []int
-			for _, f := range strings.Fields(rest) {
-				n, _ := strconv.Atoi(f)
-				out = append(out, n)
-			}
-			return out
-		}
-	}
-	t.Fatalf("no NSpid in /proc/%d/status", pid)
-	return nil
-}
-
 type layoutResult struct {
 	name   string
 	right  map[string]float64 // per injected cause: right-cause share of its idle
@@ -373,7 +351,7 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 		if el := time.Since(began); el < 4*time.Second {
 			t.Errorf("stopped after %v, before --duration 4s", el)
 		}
-		if m := stepsRe.FindStringSubmatch(gt.stdout.String()); m == nil || m[1] == "0" {
+		if m := stepsRe.FindStringSubmatch(gt.stdout.String()); len(m) < 2 || m[1] == "0" {
 			t.Errorf("no steps traced in 4 s:\n%s", gt.stdout)
 		}
 		if st, err := proc.State(job.Process.Pid); err != nil || st == 'Z' {
@@ -413,16 +391,7 @@ func TestKill9WithLiveView(t *testing.T) {
 	}
 	slave.Close()
 	out := &lockedBuf{}
-	go func() {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := master.Read(buf)
-			out.Write(buf[:n])
-			if err != nil {
-				return
-			}
-		}
-	}()
+	go copyTerminal(out, master)
 	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }) //nolint:errcheck // cleanup
 	deadline := time.Now().Add(time.Minute)
 	for !strings.Contains(out.String(), "idle by cause") {

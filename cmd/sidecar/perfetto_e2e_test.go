@@ -147,7 +147,9 @@ func TestConvertErrors(t *testing.T) {
 	}
 	dir := t.TempDir()
 	junk := filepath.Join(dir, "junk.jsonl")
-	os.WriteFile(junk, []byte(`{"hello":"world"}`+"\n"), 0o644)
+	if err := os.WriteFile(junk, []byte(`{"hello":"world"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	out := filepath.Join(dir, "out.json")
 	for _, tc := range []struct {
 		args []string

@@ -45,20 +45,19 @@ const (
 // Event/Window/Advance and therefore every Sink call happens there, which
 // is what correlate and otel require.
 type pipeline struct {
-	cfg      *cli.PipelineConfig
-	log      *slog.Logger
-	tr       *tracer.Tracer
-	gpu      *gpusample.Source // nil without NVML
-	eng      *correlate.Engine
-	exp      *otel.Exporter
-	events   chan event.Event
-	windows  chan event.GPUWindow
-	devices  map[uint32]int
-	mu       sync.Mutex
-	targets  []int
-	closeErr error
-	winOut   *windowsWriter // --windows-out, nil when off
-	work     *workload.Resolver
+	cfg     *cli.PipelineConfig
+	log     *slog.Logger
+	tr      *tracer.Tracer
+	gpu     *gpusample.Source // nil without NVML
+	eng     *correlate.Engine
+	exp     *otel.Exporter
+	events  chan event.Event
+	windows chan event.GPUWindow
+	devices map[uint32]int
+	mu      sync.Mutex
+	targets []int
+	winOut  *windowsWriter // --windows-out, nil when off
+	work    *workload.Resolver
 }
 
 // withWorkload names the container, pod and rank of each gap's and step's
@@ -204,7 +203,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	}
 	exp, err := otel.New(ctx, ocfg)
 	if err != nil {
-		p.tr.Close() //nolint:errcheck // reporting the exporter error
+		_ = p.tr.Close() // reporting the exporter error
 		p.closeGPU()
 		return nil, fmt.Errorf("exporter: %w", err)
 	}

@@ -246,7 +246,7 @@ func FailedPaths(err error) []string {
 	var out []string
 	var walk func(error)
 	walk = func(e error) {
-		switch x := e.(type) {
+		switch x := e.(type) { //nolint:errorlint // walks the whole tree itself: errors.As stops at the first match
 		case nil:
 			return
 		case *WriteError:

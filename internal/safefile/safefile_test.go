@@ -65,7 +65,9 @@ func TestCreateModeAndTruncate(t *testing.T) {
 	if err := os.WriteFile(p, []byte("old content"), 0o666); err != nil {
 		t.Fatal(err)
 	}
-	os.Chmod(p, 0o666)
+	if err := os.Chmod(p, 0o666); err != nil {
+		t.Fatal(err)
+	}
 	f, err := Create(p)
 	if err != nil {
 		t.Fatal(err)
@@ -90,9 +92,12 @@ func TestWriteAtomicReplacesLinkNotTarget(t *testing.T) {
 	dir := t.TempDir()
 	victim := plantVictim(t)
 	p := filepath.Join(dir, "summary.json")
-	os.Symlink(victim, p)
-	// The old fixed temporary name, planted too: it must not matter.
-	os.Symlink(victim, p+".tmp")
+	// The old fixed temporary name is planted too: it must not matter.
+	for _, link := range []string{p, p + ".tmp"} {
+		if err := os.Symlink(victim, link); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := WriteAtomic(p, []byte("{}\n")); err != nil {
 		t.Fatal(err)
 	}

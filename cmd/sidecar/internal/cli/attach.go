@@ -26,7 +26,7 @@ const (
 )
 
 func attachCmd(ctx context.Context, args []string, deps Deps) int {
-	cfg, _, code, ok := load(config.CmdAttach, args, deps)
+	cfg, code, ok := load(config.CmdAttach, args, deps)
 	if !ok {
 		return code
 	}

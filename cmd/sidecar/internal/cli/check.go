@@ -97,7 +97,7 @@ func RealHost() Host {
 }
 
 func checkCmd(ctx context.Context, args []string, deps Deps) int {
-	cfg, _, code, ok := load(config.CmdCheck, args, deps)
+	cfg, code, ok := load(config.CmdCheck, args, deps)
 	if !ok {
 		return code
 	}

@@ -117,7 +117,9 @@ func TestCheckMountsTracefs(t *testing.T) {
 		MountTracefs: func(p string) error {
 			mounted = p
 			for _, tp := range goodTree[1:6] {
-				os.MkdirAll(filepath.Join(root, tp), 0o755)
+				if err := os.MkdirAll(filepath.Join(root, tp), 0o755); err != nil {
+					return err
+				}
 			}
 			return nil
 		},

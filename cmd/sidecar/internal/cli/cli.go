@@ -196,21 +196,21 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 }
 
 // load parses the configuration of a command and prints every problem.
-func load(cmd config.Command, args []string, deps Deps) (config.Config, []string, int, bool) {
-	cfg, rest, err := config.Load(cmd, args, deps.Getenv, deps.Stderr)
+func load(cmd config.Command, args []string, deps Deps) (config.Config, int, bool) {
+	cfg, _, err := config.Load(cmd, args, deps.Getenv, deps.Stderr)
 	if err == nil {
 		err = checkOutputs(&cfg, deps)
 	}
 	if err == nil {
-		return cfg, rest, 0, true
+		return cfg, 0, true
 	}
 	var ue *config.UsageError
 	if errors.As(err, &ue) {
 		if errors.Is(ue.Err, flagErrHelp) {
-			return cfg, rest, ExitOK, false
+			return cfg, ExitOK, false
 		}
 		// flag already printed the error and the usage.
-		return cfg, rest, ExitUsage, false
+		return cfg, ExitUsage, false
 	}
 	var p config.Problems
 	if errors.As(err, &p) {
@@ -218,10 +218,10 @@ func load(cmd config.Command, args []string, deps Deps) (config.Config, []string
 		for _, msg := range p {
 			fmt.Fprintf(deps.Stderr, "  - %s\n", msg)
 		}
-		return cfg, rest, ExitUsage, false
+		return cfg, ExitUsage, false
 	}
 	fmt.Fprintf(deps.Stderr, "gaptrace %s: %v\n", cmd, err)
-	return cfg, rest, ExitUsage, false
+	return cfg, ExitUsage, false
 }
 
 // checkOutputs finds what config cannot: problems of the spans file that
@@ -271,7 +271,7 @@ func newOutput(cfg *config.Config, deps Deps) output {
 	}
 	// Log lines go straight to stderr: on the terminal they scroll in the
 	// region above the view, like the traced command's output.
-	var w io.Writer = deps.Stderr
+	w := deps.Stderr
 	if o.mode == "on" {
 		o.term = &live.Terminal{W: deps.Stdout, Rows: deps.TerminalRows}
 	}
@@ -426,7 +426,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 		t, err := perfetto.Create(cfg.PerfettoOut, perfetto.Options{ProcessName: procComm, ThreadName: threadComm})
 		if err != nil {
 			if s.gaps != nil {
-				s.gaps.Close() //nolint:errcheck // reporting the trace file error instead
+				_ = s.gaps.Close() // reporting the trace file error instead
 			}
 			return nil, err
 		}
@@ -439,10 +439,10 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	})
 	if err != nil {
 		if s.gaps != nil {
-			s.gaps.Close() //nolint:errcheck // reporting the pipeline error instead
+			_ = s.gaps.Close() // reporting the pipeline error instead
 		}
 		if s.trace != nil {
-			s.trace.Close() //nolint:errcheck // reporting the pipeline error instead
+			_ = s.trace.Close() // reporting the pipeline error instead
 		}
 		return nil, err
 	}

@@ -387,11 +387,19 @@ func startSleep(t *testing.T, args ...string) *exec.Cmd {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
+	t.Cleanup(func() { reap(t, cmd) })
 	return cmd
+}
+
+// reap kills cmd and waits for it. Wait's error is the kill's signal (or
+// that an earlier reap already waited), so only a failed kill of a live
+// process is a problem.
+func reap(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Errorf("kill %d: %v", cmd.Process.Pid, err)
+	}
+	_ = cmd.Wait()
 }
 
 func TestAttachProcessExitsWhileAttaching(t *testing.T) {
@@ -400,8 +408,7 @@ func TestAttachProcessExitsWhileAttaching(t *testing.T) {
 	inner := h.deps.NewPipeline
 	h.deps.NewPipeline = func(ctx context.Context, pc PipelineConfig) (Pipeline, error) {
 		// The target dies while probes load.
-		cmd.Process.Kill()
-		cmd.Wait()
+		reap(t, cmd)
 		return inner(ctx, pc)
 	}
 	code := h.main(context.Background(), "attach", "--pid", fmt.Sprint(cmd.Process.Pid))
@@ -471,8 +478,7 @@ func TestAttachMatchFollowsRestarts(t *testing.T) {
 	}
 	first := startSleep(t, arg)
 	waitTraced(first.Process.Pid)
-	first.Process.Kill()
-	first.Wait()
+	reap(t, first)
 	second := startSleep(t, arg)
 	waitTraced(second.Process.Pid)
 	cancel()
@@ -518,7 +524,9 @@ func TestDemoArgs(t *testing.T) {
 	}
 	// About 25 s of steps at the mix's mean step time.
 	var steps int
-	fmt.Sscan(args[2], &steps)
+	if _, err := fmt.Sscan(args[2], &steps); err != nil {
+		t.Fatalf("step count %q: %v", args[2], err)
+	}
 	if steps < 450 || steps > 800 {
 		t.Errorf("%d steps for 25 s", steps)
 	}

@@ -70,7 +70,7 @@ func TestAttachRefusesWholeHostTargets(t *testing.T) {
 	if err := sleep.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer sleep.Process.Kill()
+	defer reap(t, sleep)
 	if isGaptrace(sleep.Process.Pid) {
 		t.Error("isGaptrace claims sleep")
 	}

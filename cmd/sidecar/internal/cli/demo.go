@@ -114,7 +114,7 @@ func findSimGPU(deps Deps, log func(string, ...any)) (string, error) {
 }
 
 func demoCmd(ctx context.Context, args []string, deps Deps) int {
-	cfg, _, code, ok := load(config.CmdDemo, args, deps)
+	cfg, code, ok := load(config.CmdDemo, args, deps)
 	if !ok {
 		return code
 	}

@@ -19,7 +19,7 @@ import (
 var flagErrHelp = flag.ErrHelp
 
 func runCmd(ctx context.Context, args []string, deps Deps) int {
-	cfg, _, code, ok := load(config.CmdRun, args, deps)
+	cfg, code, ok := load(config.CmdRun, args, deps)
 	if !ok {
 		return code
 	}
@@ -154,7 +154,7 @@ func (s *session) abort() {
 		s.log.Warn("close pipeline", "err", err)
 	}
 	if s.gaps != nil {
-		s.gaps.Close() //nolint:errcheck // nothing was traced
+		_ = s.gaps.Close() // nothing was traced
 	}
 }
 

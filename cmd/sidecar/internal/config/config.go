@@ -433,13 +433,13 @@ func Load(cmd Command, args []string, getenv func(string) string, usageOut io.Wr
 	// either, so find its name first with a throwaway pass.
 	cfgFile := getenv(EnvPrefix + "CONFIG")
 	{
-		var scratch Config = Defaults(cmd)
+		scratch := Defaults(cmd)
 		var ignored Problems
 		fs := FlagSet(cmd, &scratch, &ignored, io.Discard)
 		if err := fs.Parse(args); err != nil {
 			// Parse again where the user sees it: flag prints the error
 			// (or the help) and the usage.
-			var again Config = Defaults(cmd)
+			again := Defaults(cmd)
 			FlagSet(cmd, &again, &ignored, usageOut).Parse(args) //nolint:errcheck // same error as err
 			return cfg, nil, &UsageError{Err: err}
 		}
@@ -624,7 +624,7 @@ func (c *Config) validate(rest []string) Problems {
 		}
 		if err := writableDir(filepath.Dir(f.path)); err != nil {
 			p = append(p, fmt.Sprintf("--%s %s: %v", f.flag, f.path, err))
-		} else if err := safefile.Check(f.path); err != nil && !(f.flag == "summary-json" && isSymlink(f.path)) {
+		} else if err := safefile.Check(f.path); err != nil && (f.flag != "summary-json" || !isSymlink(f.path)) {
 			// The summary replaces its file by rename, so a link there is
 			// replaced, not written through; the streamed files are not.
 			p = append(p, fmt.Sprintf("--%s: %v", f.flag, err))

@@ -54,8 +54,12 @@ func TestConfigFlagBeatsEnvFile(t *testing.T) {
 	dir := t.TempDir()
 	a := filepath.Join(dir, "a.yaml")
 	b := filepath.Join(dir, "b.yaml")
-	os.WriteFile(a, []byte("probes: lite\n"), 0o644)
-	os.WriteFile(b, []byte("probes: full\nmin-gap: 7ms\n"), 0o644)
+	if err := os.WriteFile(a, []byte("probes: lite\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b, []byte("probes: full\nmin-gap: 7ms\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cfg, _, err := Load(CmdRun, []string{"--config", b, "true"}, env(map[string]string{"GAPTRACE_CONFIG": a}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +72,9 @@ func TestConfigFlagBeatsEnvFile(t *testing.T) {
 func TestEveryProblemReportedAtOnce(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(file, []byte("probes: medium\nbogus-key: 1\n"), 0o644)
+	if err := os.WriteFile(file, []byte("probes: medium\nbogus-key: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	_, _, err := Load(CmdAttach, []string{
 		"--config", file,
 		"--min-gap", "soon",

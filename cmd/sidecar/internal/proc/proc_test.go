@@ -32,7 +32,11 @@ func TestWatchAndLibraries(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = cmd.Wait() }()
+	defer func() {
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("sleep 0.3: %v", err)
+		}
+	}()
 	w, err := Open(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +85,12 @@ func TestFindMatchingSkipsSelfAndAncestors(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	defer func() {
+		if err := cmd.Process.Kill(); err != nil {
+			t.Errorf("kill sleep: %v", err)
+		}
+		_ = cmd.Wait() // the kill's signal
+	}()
 	got := FindMatching(regexp.MustCompile(`sleep 7\.654321`))
 	if !slices.Equal(got, []int{cmd.Process.Pid}) {
 		t.Errorf("matches %v, want [%d]", got, cmd.Process.Pid)

@@ -188,6 +188,17 @@ type Summary struct {
 	DroppedEvents uint64          `json:"dropped_events"`
 	// Sidecar is gaptrace's own cost, filled by the command at exit.
 	Sidecar *SidecarCost `json:"sidecar,omitempty"`
+	// Processes are the traced processes that had steps or gaps, with
+	// where they run; filled by the command at exit.
+	Processes []ProcessSummary `json:"processes,omitempty"`
+}
+
+// ProcessSummary names one traced process in the summary.
+type ProcessSummary struct {
+	PID      uint32    `json:"pid"`
+	Steps    int64     `json:"steps"`
+	Gaps     int64     `json:"gaps"`
+	Workload *Workload `json:"workload,omitempty"`
 }
 
 // SidecarCost is what tracing cost the machine: gaptrace's own CPU time

@@ -7,6 +7,7 @@ package main_test
 // the built binaries and the libraries they link.
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -143,6 +144,24 @@ func TestPodmanSharedPIDNamespace(t *testing.T) {
 		if g.Workload == nil || g.Workload.ContainerID != id {
 			t.Fatalf("gap workload %+v, want container.id %s", g.Workload, id)
 		}
+	}
+	// The summary says where the job ran.
+	var sum struct {
+		Processes []struct {
+			PID      uint32 `json:"pid"`
+			Workload struct {
+				ContainerID string `json:"container_id"`
+			} `json:"workload"`
+		} `json:"processes"`
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "summary.json")); err != nil {
+		t.Error(err)
+	} else if err := json.Unmarshal(b, &sum); err != nil || len(sum.Processes) == 0 ||
+		sum.Processes[0].PID != 1 || sum.Processes[0].Workload.ContainerID != id {
+		t.Errorf("summary processes %+v (%v), want pid 1 in container %s", sum.Processes, err, id)
+	}
+	if !strings.Contains(string(res), "container "+id[:12]) {
+		t.Errorf("the terminal summary does not name the container %s:\n%s", id[:12], res)
 	}
 	first, last := gaps[0].Start, gaps[0].End
 	for _, g := range gaps {

@@ -382,6 +382,7 @@ type session struct {
 	agg   *live.Aggregator
 	gaps  *gapsWriter
 	trace *perfetto.Writer // --perfetto-out, nil when off
+	procs processes
 	pipe  Pipeline
 	spans string
 	// cmdline is the target's command line as --command-line and
@@ -413,7 +414,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	} else {
 		s.spans = cfg.SpansOut // both: OTLP and a local copy
 	}
-	sinks := correlate.Tee{s.agg}
+	sinks := correlate.Tee{s.agg, &s.procs}
 	if cfg.GapsOut != "" {
 		g, err := newGapsWriter(cfg.GapsOut, s.log)
 		if err != nil {
@@ -533,6 +534,11 @@ func (s *session) finish() error {
 			errs = append(errs, err)
 		}
 	}
+	sum.Processes = s.procs.list()
+	title := s.title
+	if w := where(sum.Processes); w != "" {
+		title += " · " + w
+	}
 	if s.cfg.SummaryJSON != "" {
 		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum); err != nil {
 			errs = append(errs, err)
@@ -559,7 +565,7 @@ func (s *session) finish() error {
 		}
 		out.OTLP = otel.RedactURL(out.OTLP)
 	}
-	fmt.Fprint(s.deps.Stdout, live.Summary(s.agg.View(s.title), out, width))
+	fmt.Fprint(s.deps.Stdout, live.Summary(s.agg.View(title), out, width))
 	return errors.Join(errs...)
 }
 

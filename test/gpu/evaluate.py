@@ -24,7 +24,8 @@ import sys
 
 # The cause gaptrace should report for each injected stall.
 EXPECTED = {"io.read": "io.read", "loader.wait": "loader.wait", "net": "net", "io.write": "io.write",
-            "cpu": "cpu", "launch": "cpu", "comm": "comm", "sleep": "sleep"}
+            "cpu": "cpu", "launch": "cpu", "comm": "comm", "sleep": "sleep",
+            "checkpoint": "io.write", "lock": "lock", "pageable": "cuda.memcpy"}
 
 
 def read_jsonl(path):

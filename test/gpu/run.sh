@@ -2,7 +2,7 @@
 # Validate gaptrace on a real GPU machine. Builds nothing: bin/gaptrace is built beforehand on an
 # x86-64 machine (make build) and shipped with the repository.
 #
-#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info accuracy ddp overhead layouts (default: all)
+#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info accuracy ddp overhead layouts loops (default: all)
 #
 # Large intermediate files (profiler traces, gaps) stay in $WORK (default /tmp/gaptrace-gpu);
 # OUTDIR receives the tables (results.txt) and a few small JSON files.
@@ -119,6 +119,25 @@ for p in $PHASES; do
       $G attach --pid \$jp $(gflags "$pre") >$pre-run.log 2>&1; echo attach rc=\$? pid \$jp; wait"  2>&1 | tee -a "$RES"
     report "$pre" "sidecar"
     tail -n 5 "$WORK"/lay-*-run.log >"$OUTDIR/layouts-logs.txt" 2>&1
+    ;;
+  loops)
+    # Real loops: pinned DataLoader copies with 2 workers and extra .item() reads, a checkpoint of
+    # CUDA tensors, a GIL-holding background thread, a pageable copy; then the same under a CUDA
+    # graph. Steps counted against the loop's iterations (warm-up included: gaptrace sees them).
+    for form in eager graph; do
+      phase "loops form=$form"
+      pre=$WORK/loops-$form
+      extra=""; [ $form = graph ] && extra=--graph
+      "$G" run --live off --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
+        --spans-out "$pre-spans.jsonl" -- \
+        "$PY" "$HERE/trainer.py" --steps "$STEPS" --warmup 15 --truth "$pre-truth.jsonl" --profile "$pre-kineto.json" \
+        --data-dir "$WORK" --pin-memory --loader-workers 2 --item-reads 2 $extra \
+        --stall checkpoint:every=12:ms=0 --stall lock:every=9:ms=40 --stall pageable:every=10:ms=0 >"$pre-run.log" 2>&1
+      say "gaptrace rc=$? ($(tail -c 200 "$pre-run.log" | tr '\n' ' '))"
+      say "steps: gaptrace $(grep -o '"steps": *[0-9]*' "$pre-summary.json" | grep -o '[0-9]*$'), loop iterations $((STEPS + 15))"
+      "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
+        --spans "$pre-spans.jsonl" --json "$OUTDIR/loops-$form.json" 2>&1 | tee -a "$RES"
+    done
     ;;
   *) echo "unknown phase $p" >&2; exit 2 ;;
   esac

@@ -18,6 +18,15 @@ Stall causes:
   io.write     torch.save of a checkpoint followed by fsync
   cpu          CPU-bound host work in Python
   launch       a launch-bound phase of many tiny kernels (micro-gaps, no single big gap)
+  checkpoint   torch.save of the model's CUDA state_dict straight to a file, then fsync: each
+               tensor is copied device to host with a sync, pickled, written (one episode, io.write)
+  lock         a background Python thread holds the GIL computing; the main thread waits for it
+  pageable     tensor.to('cuda') of a pageable (not pinned) host tensor of MB megabytes: the
+               "async" copy blocks the host while the driver stages it (cuda.memcpy)
+
+--pin-memory, --loader-workers N, --item-reads K and --graph shape the loop the way real jobs do
+(pinned non_blocking copies from a DataLoader, extra .item() syncs, a CUDA-graph replay); steps are
+still one iteration of the loop each.
 
 Usage: trainer.py --steps N [--stall CAUSE:every=E:ms=M]... [--truth FILE] [--profile FILE]
                   [--warmup W] [--result FILE]
@@ -146,10 +155,15 @@ def main():
     ap.add_argument("--dmodel", type=int, default=512)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--data-dir", default=tempfile.gettempdir())
+    ap.add_argument("--pin-memory", action="store_true", help="DataLoader pin_memory=True (a pin-memory thread)")
+    ap.add_argument("--loader-workers", type=int, default=0)
+    ap.add_argument("--item-reads", type=int, default=0, help="extra .item() reads per step (varying 0..K)")
+    ap.add_argument("--graph", action="store_true", help="replay the forward/backward as a CUDA graph")
+    ap.add_argument("--pageable-mb", type=int, default=256)
     args = ap.parse_args()
 
     stalls = [parse_stall(s) for s in args.stall]
-    known = {"io.read", "loader.wait", "net", "io.write", "cpu", "launch"}
+    known = {"io.read", "loader.wait", "net", "io.write", "cpu", "launch", "checkpoint", "lock", "pageable"}
     for c, _, _ in stalls:
         if c not in known:
             sys.exit(f"trainer: unknown stall cause {c!r} (known: {', '.join(sorted(known))})")
@@ -174,7 +188,29 @@ def main():
     loader_stall = [(e, m) for c, e, m in stalls if c == "loader.wait"]
     le, lm = loader_stall[0] if loader_stall else (0, 0)
     ds = SlowDataset(total + 1, le, lm, data, (args.batch, args.seq))
-    loader = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1 if le else 0, prefetch_factor=1 if le else None))
+    workers = max(args.loader_workers, 1 if le else 0)
+    loader = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
+                                              prefetch_factor=1 if workers else None, pin_memory=args.pin_memory))
+    pageable = torch.empty(args.pageable_mb << 20, dtype=torch.uint8) if any(c == "pageable" for c, _, _ in stalls) else None
+    if pageable is not None:
+        pageable.fill_(1)  # touch every page: the stall is the copy, not page faults
+
+    graph = None
+    if args.graph:
+        # Capture forward+backward on a static batch; optimizer steps stay eager.
+        static_x = torch.randint(0, vocab, (args.batch, args.seq), device=dev)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                lossf(model(static_x).view(-1, vocab), static_x.view(-1)).backward()
+        torch.cuda.current_stream().wait_stream(s)
+        opt.zero_grad(set_to_none=False)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_loss = lossf(model(static_x).view(-1, vocab), static_x.view(-1))
+            static_loss.backward()
 
     truth = []
     off = time.time_ns() - MONO()
@@ -200,6 +236,28 @@ def main():
         n = step - args.warmup  # measured step number (<= 0 during warm-up)
         for cause, every, ms in stalls:
             if n <= 0 or n % every != 0:
+                continue
+            if cause == "lock":
+                # The background thread keeps the GIL for the whole stall: with a switch interval
+                # longer than the stall the interpreter never asks it to let go.
+                ready = threading.Event()
+
+                def hog(ms=ms):
+                    sys.setswitchinterval(max(0.005, 2 * ms / 1000))
+                    ready.set()
+                    end = MONO() + int(ms * 1e6)
+                    x = 0
+                    while MONO() < end:
+                        x += 1
+                hogger = threading.Thread(target=hog, name="bg-metrics")
+                t0 = MONO()
+                hogger.start()
+                ready.wait()
+                time.sleep(0)  # releases the GIL; getting it back waits for the hog
+                t1 = MONO()
+                hogger.join()
+                sys.setswitchinterval(0.005)
+                truth.append({"type": "stall", "step": n, "cause": "lock", "start": t0, "end": t1, "tid": tid})
                 continue
             if cause == "io.write":
                 buf = io.BytesIO()
@@ -229,6 +287,16 @@ def main():
                 while MONO() < deadline:
                     tiny.add_(1.0)
                 torch.cuda.synchronize()
+            elif cause == "checkpoint":
+                # torch.save of CUDA tensors: per tensor a device-to-host copy and a sync, pickling,
+                # writes; then fsync. The whole episode is the stall.
+                with open(ckpt, "wb") as f:
+                    torch.save(model.state_dict(), f)
+                    f.flush()
+                    os.fsync(f.fileno())
+            elif cause == "pageable":
+                pageable.to(dev, non_blocking=True)
+                torch.cuda.current_stream().synchronize()
             elif cause == "loader.wait":
                 continue  # happens inside next(loader), recorded below
             truth.append({"type": "stall", "step": n, "cause": cause, "start": t0, "end": MONO(), "tid": tid})
@@ -241,11 +309,19 @@ def main():
             truth.append({"type": "stall", "step": n, "cause": "loader.wait", "start": t0, "end": t1, "tid": tid})
         s0 = MONO()
         x = batch.to(dev, non_blocking=True)
-        out = model(x)
-        loss = lossf(out.view(-1, vocab), x.view(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if graph is not None:
+            static_x.copy_(x)
+            opt.zero_grad(set_to_none=False)
+            graph.replay()
+            loss = static_loss
+        else:
+            out = model(x)
+            loss = lossf(out.view(-1, vocab), x.view(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
         opt.step()
+        for _ in range(step % (args.item_reads + 1)):
+            x[0, 0].item()  # a scalar read: one more sync inside the step
         loss.item()
         if n > 0:
             truth.append({"type": "step", "step": n, "start": s0, "end": MONO()})

@@ -78,7 +78,7 @@ $(GOLANGCI): tools/golangci/go.mod
 lint: $(GOLANGCI) ## gofmt + go vet + golangci-lint (first build ~2 min)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
-	$(GOLANGCI) run $(LINT_PKGS)
+	$(GOLANGCI) run --allow-parallel-runners $(LINT_PKGS)
 
 clean: ## Remove build outputs
 	rm -rf bin build

@@ -434,6 +434,12 @@ func TestKill9WithLiveView(t *testing.T) {
 	if got := strings.TrimSpace(string(b)); got != "0" {
 		t.Fatalf("job status %q after gaptrace was killed, want 0\n%q", got, out.String())
 	}
+	// The job's last words reach the terminal after its status file: wait
+	// for them as a user watching the screen would.
+	deadline = time.Now().Add(30 * time.Second)
+	for !strings.Contains(out.String()[killedAt:], "job exit 0") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	after := out.String()[killedAt:]
 	if !strings.Contains(after, "job line") || !strings.Contains(after, "job exit 0") {
 		t.Errorf("the job's output stopped reaching the terminal after gaptrace died:\n%q", after)

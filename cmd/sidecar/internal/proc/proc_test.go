@@ -91,6 +91,15 @@ func TestFindMatchingSkipsSelfAndAncestors(t *testing.T) {
 		}
 		_ = cmd.Wait() // the kill's signal
 	}()
+	// Until the child has exec'd sleep its command line is empty (or the
+	// test binary's); on a loaded machine that lasts a while.
+	deadline := time.Now().Add(10 * time.Second)
+	for cl, _ := Cmdline(cmd.Process.Pid); !strings.HasSuffix(cl, "sleep 7.654321"); cl, _ = Cmdline(cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("sleep never exec'd: cmdline %q", cl)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	got := FindMatching(regexp.MustCompile(`sleep 7\.654321`))
 	if !slices.Equal(got, []int{cmd.Process.Pid}) {
 		t.Errorf("matches %v, want [%d]", got, cmd.Process.Pid)

@@ -110,12 +110,18 @@ func (at *attribution) thread(th *thread, a, b int64, mask []span) {
 // computing says whether a sibling woken from spent the wait on the CPU
 // (runnable counts: it held the lock all the same). One that blocked in
 // I/O or on the network was producing what the feeder waited for, and that
-// blocking is the cause, not a lock.
-func computing(segs []segment) bool {
+// blocking is the cause, not a lock. A futex call still running at the
+// wait's end (wake) is the unlock that woke the feeder, not a block: the
+// release of a contended lock can take longer than the tracer's threshold.
+func computing(segs []segment, wake int64) bool {
 	for _, ss := range segs {
-		if ss.ev != nil && ss.ev.Kind != event.KindRunqueue && baseCause(ss.ev) != CauseCPU && ss.b > ss.a {
-			return false
+		if ss.ev == nil || ss.b <= ss.a || ss.ev.Kind == event.KindRunqueue || baseCause(ss.ev) == CauseCPU {
+			continue
 		}
+		if ss.b >= wake && ss.ev.Kind == event.KindSyscall && ss.ev.Syscall == event.SysFutex {
+			continue
+		}
+		return false
 	}
 	return true
 }
@@ -185,7 +191,7 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 				// meanwhile is the lock's time (a mutex, the GIL).
 				at.note(th, ev, ns)
 				segs := sib.segments(s.a, s.b, nil)
-				if ev.Syscall == event.SysFutex && computing(segs) {
+				if ev.Syscall == event.SysFutex && computing(segs, s.b) {
 					at.holder = at.lockHolder(sib)
 					at.holder.NS += ns
 				}
@@ -201,7 +207,9 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		}
 	}
 	c := at.cause(ev)
-	if c == CauseCPU && at.holder != nil {
+	if at.holder != nil && (c == CauseCPU || ev.Kind == event.KindRunqueue) {
+		// A holder waiting for a CPU still holds the lock: the feeder
+		// waits on the lock, and the machine's load only lengthens it.
 		c = CauseLock
 	}
 	at.byCause[c] += ns

@@ -98,7 +98,8 @@ func TestClockCountsStepsDespiteExtraSyncs(t *testing.T) {
 
 // TestLockHolderComputing: the feeder waits on a futex that a sibling
 // thread holds while it computes (a mutex, the GIL), and the sibling wakes
-// it: the gap is lock, with the sibling as holder. A sibling that instead
+// it: the gap is lock, with the sibling as holder, also while the holder
+// waited for a CPU (a loaded machine) or was slow to release. A sibling that instead
 // read a file meanwhile was producing, and stays io.read (golden replay).
 func TestLockHolderComputing(t *testing.T) {
 	s := newSim()
@@ -110,6 +111,11 @@ func TestLockHolderComputing(t *testing.T) {
 				Syscall: event.SysSleep, Name: "nanosleep", TaskComm: "bg-worker"})
 		}
 		if n%4 == 0 {
+			// The holder is preempted for a while: it still holds the lock.
+			s.evs = append(s.evs, event.Event{Kind: event.KindRunqueue, PID: s.pid, TID: sib, Start: s.t + 5*ms, End: s.t + 12*ms},
+				// Its unlock's FUTEX_WAKE is slow enough to be traced.
+				event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t + 20*ms - 60*us, End: s.t + 20*ms + 5*us,
+					Syscall: event.SysFutex, Name: "futex", Ret: 1})
 			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: sib}, 20*ms)
 			waits += 20 * ms
 		}

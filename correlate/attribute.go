@@ -126,6 +126,89 @@ func computing(segs []segment, wake int64) bool {
 	return true
 }
 
+// etimedout is -ETIMEDOUT, a futex wait's return when its timeout expired.
+const etimedout = -110
+
+// maxRetries bounds the timed-out waits followed to the wait that was woken.
+const maxRetries = 8
+
+// retriedWait: a lock taken through a condition variable with a timeout
+// shows as futex waits that time out, each followed at once by the next
+// wait. CPython's take_gil is the common case: it waits the switch
+// interval (5 ms), asks the holder to drop the GIL and waits again, and
+// only that last wait is woken by the holder. A timed-out futex wait
+// followed within absorbNS by another futex wait (through more timeouts)
+// is part of the wait that one ended in: that wait is returned when its
+// waker is another thread of the same process, else nil.
+func retriedWait(th *thread, ev *event.Event) *event.Event {
+	cur := ev
+	for range maxRetries {
+		if cur.Kind != event.KindSyscall || cur.Syscall != event.SysFutex || cur.Ret != etimedout {
+			return nil
+		}
+		var next *event.Event
+		for _, i := range th.overlapping(cur.End, cur.End+absorbNS) {
+			c := &th.tl[i]
+			if c != cur && c.Kind == event.KindSyscall && c.Syscall == event.SysFutex &&
+				c.Start >= cur.End && c.Start-cur.End <= absorbNS && (next == nil || c.Start < next.Start) {
+				next = c
+			}
+		}
+		if next == nil {
+			return nil
+		}
+		if next.WakerPID == th.pid && next.WakerTID != 0 && next.WakerTID != th.tid {
+			return next
+		}
+		cur = next
+	}
+	return nil
+}
+
+// timedOut reports a futex wait that ended by its timeout.
+func timedOut(ev *event.Event) bool {
+	return ev.Kind == event.KindSyscall && ev.Syscall == event.SysFutex && ev.Ret == etimedout
+}
+
+// computingSibling is the thread of th's process that computed throughout
+// [a,b) (on a CPU or runnable, never blocked), seen to run during it (an
+// event that ended after a: a thread that computes emits little else),
+// with the most on-CPU time; nil if none. A timed-out lock wait whose
+// retry was too short to be traced (the holder dropped the lock at once
+// on request) has no waker: the thread that held the CPU meanwhile is the
+// holder.
+func (at *attribution) computingSibling(th *thread, a, b int64) *thread {
+	p := at.w.procs[th.pid]
+	if p == nil {
+		return nil
+	}
+	var best *thread
+	var bestCPU int64
+	for tid := range p.tids {
+		sib := at.w.threads[tid]
+		if sib == nil || sib == th || sib.pid != th.pid || sib.last <= a {
+			continue
+		}
+		segs := sib.segments(a, b, nil)
+		if !computing(segs, b) {
+			continue
+		}
+		var cpu int64
+		for _, ss := range segs {
+			if ss.ev == nil {
+				cpu += ss.b - ss.a
+			}
+		}
+		if 2*cpu < b-a {
+			continue
+		}
+		if best == nil || cpu > bestCPU || (cpu == bestCPU && sib.tid < best.tid) {
+			best, bestCPU = sib, cpu
+		}
+	}
+	return best
+}
+
 // lockHolder is the evidence entry of sibling thread th as a lock holder.
 func (at *attribution) lockHolder(th *thread) *LockHolderEvidence {
 	if at.holders == nil {
@@ -147,7 +230,7 @@ func (at *attribution) quickCause(th *thread, ev *event.Event) Cause {
 	}
 	if isWait(ev) {
 		w := ev.WakerPID
-		if w != 0 && w != th.pid && at.w.loaderWaker(ev, th.pid) {
+		if w != 0 && w != th.pid && !timedOut(ev) && at.w.loaderWaker(ev, th.pid) {
 			return CauseLoaderWait
 		}
 		return ""
@@ -176,15 +259,28 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		return
 	}
 	if isWait(ev) {
-		w := ev.WakerPID
+		w, wtid := ev.WakerPID, ev.WakerTID
+		if timedOut(ev) && (w != th.pid || wtid == th.tid) {
+			// A timer ended it: the task it interrupted is recorded as the
+			// waker. A sibling was at least on a CPU then; anyone else woke
+			// nobody.
+			w, wtid = 0, 0
+			if depth == 0 {
+				if r := retriedWait(th, ev); r != nil {
+					w, wtid = r.WakerPID, r.WakerTID
+				} else if sib := at.computingSibling(th, s.a, s.b); sib != nil {
+					w, wtid = th.pid, sib.tid
+				}
+			}
+		}
 		if w != 0 && w != th.pid && at.w.loaderWaker(ev, th.pid) {
 			at.byCause[CauseLoaderWait] += ns
 			at.note(th, ev, ns)
 			at.worker(w, s.a, s.b)
 			return
 		}
-		if depth == 0 && w == th.pid && ev.WakerTID != 0 && ev.WakerTID != th.tid {
-			if sib := at.w.threads[ev.WakerTID]; sib != nil && sib.pid == th.pid {
+		if depth == 0 && w == th.pid && wtid != 0 && wtid != th.tid {
+			if sib := at.w.threads[wtid]; sib != nil && sib.pid == th.pid {
 				// Waiting on a sibling thread: charge what the sibling did
 				// while it was waited on (it held the lock, fed the queue...).
 				// A futex it woke us from is a lock it held: its compute

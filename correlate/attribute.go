@@ -173,7 +173,7 @@ func timedOut(ev *event.Event) bool {
 // computingSibling is the thread of th's process that computed throughout
 // [a,b) (on a CPU or runnable, never blocked), seen to run during it (an
 // event that ended after a: a thread that computes emits little else),
-// with the most on-CPU time; nil if none. A timed-out lock wait whose
+// with the most time on a CPU or runnable; nil if none. A timed-out lock wait whose
 // retry was too short to be traced (the holder dropped the lock at once
 // on request) has no waker: the thread that held the CPU meanwhile is the
 // holder.
@@ -195,7 +195,8 @@ func (at *attribution) computingSibling(th *thread, a, b int64) *thread {
 		}
 		var cpu int64
 		for _, ss := range segs {
-			if ss.ev == nil {
+			// Runnable counts: a holder starved of a CPU still holds the lock.
+			if ss.ev == nil || ss.ev.Kind == event.KindRunqueue {
 				cpu += ss.b - ss.a
 			}
 		}

@@ -110,14 +110,104 @@ func (at *attribution) thread(th *thread, a, b int64, mask []span) {
 // computing says whether a sibling woken from spent the wait on the CPU
 // (runnable counts: it held the lock all the same). One that blocked in
 // I/O or on the network was producing what the feeder waited for, and that
-// blocking is the cause, not a lock.
-func computing(segs []segment) bool {
+// blocking is the cause, not a lock. A futex call still running at the
+// wait's end (wake) is the unlock that woke the feeder, not a block: the
+// release of a contended lock can take longer than the tracer's threshold.
+func computing(segs []segment, wake int64) bool {
 	for _, ss := range segs {
-		if ss.ev != nil && ss.ev.Kind != event.KindRunqueue && baseCause(ss.ev) != CauseCPU && ss.b > ss.a {
-			return false
+		if ss.ev == nil || ss.b <= ss.a || ss.ev.Kind == event.KindRunqueue || baseCause(ss.ev) == CauseCPU {
+			continue
 		}
+		if ss.b >= wake && ss.ev.Kind == event.KindSyscall && ss.ev.Syscall == event.SysFutex {
+			continue
+		}
+		return false
 	}
 	return true
+}
+
+// etimedout is -ETIMEDOUT, a futex wait's return when its timeout expired.
+const etimedout = -110
+
+// maxRetries bounds the timed-out waits followed to the wait that was woken.
+const maxRetries = 8
+
+// retriedWait: a lock taken through a condition variable with a timeout
+// shows as futex waits that time out, each followed at once by the next
+// wait. CPython's take_gil is the common case: it waits the switch
+// interval (5 ms), asks the holder to drop the GIL and waits again, and
+// only that last wait is woken by the holder. A timed-out futex wait
+// followed within absorbNS by another futex wait (through more timeouts)
+// is part of the wait that one ended in: that wait is returned when its
+// waker is another thread of the same process, else nil.
+func retriedWait(th *thread, ev *event.Event) *event.Event {
+	cur := ev
+	for range maxRetries {
+		if cur.Kind != event.KindSyscall || cur.Syscall != event.SysFutex || cur.Ret != etimedout {
+			return nil
+		}
+		var next *event.Event
+		for _, i := range th.overlapping(cur.End, cur.End+absorbNS) {
+			c := &th.tl[i]
+			if c != cur && c.Kind == event.KindSyscall && c.Syscall == event.SysFutex &&
+				c.Start >= cur.End && c.Start-cur.End <= absorbNS && (next == nil || c.Start < next.Start) {
+				next = c
+			}
+		}
+		if next == nil {
+			return nil
+		}
+		if next.WakerPID == th.pid && next.WakerTID != 0 && next.WakerTID != th.tid {
+			return next
+		}
+		cur = next
+	}
+	return nil
+}
+
+// timedOut reports a futex wait that ended by its timeout.
+func timedOut(ev *event.Event) bool {
+	return ev.Kind == event.KindSyscall && ev.Syscall == event.SysFutex && ev.Ret == etimedout
+}
+
+// computingSibling is the thread of th's process that computed throughout
+// [a,b) (on a CPU or runnable, never blocked), seen to run during it (an
+// event that ended after a: a thread that computes emits little else),
+// with the most time on a CPU or runnable; nil if none. A timed-out lock wait whose
+// retry was too short to be traced (the holder dropped the lock at once
+// on request) has no waker: the thread that held the CPU meanwhile is the
+// holder.
+func (at *attribution) computingSibling(th *thread, a, b int64) *thread {
+	p := at.w.procs[th.pid]
+	if p == nil {
+		return nil
+	}
+	var best *thread
+	var bestCPU int64
+	for tid := range p.tids {
+		sib := at.w.threads[tid]
+		if sib == nil || sib == th || sib.pid != th.pid || sib.last <= a {
+			continue
+		}
+		segs := sib.segments(a, b, nil)
+		if !computing(segs, b) {
+			continue
+		}
+		var cpu int64
+		for _, ss := range segs {
+			// Runnable counts: a holder starved of a CPU still holds the lock.
+			if ss.ev == nil || ss.ev.Kind == event.KindRunqueue {
+				cpu += ss.b - ss.a
+			}
+		}
+		if 2*cpu < b-a {
+			continue
+		}
+		if best == nil || cpu > bestCPU || (cpu == bestCPU && sib.tid < best.tid) {
+			best, bestCPU = sib, cpu
+		}
+	}
+	return best
 }
 
 // lockHolder is the evidence entry of sibling thread th as a lock holder.
@@ -141,7 +231,7 @@ func (at *attribution) quickCause(th *thread, ev *event.Event) Cause {
 	}
 	if isWait(ev) {
 		w := ev.WakerPID
-		if w != 0 && w != th.pid && at.w.loaderWaker(ev, th.pid) {
+		if w != 0 && w != th.pid && !timedOut(ev) && at.w.loaderWaker(ev, th.pid) {
 			return CauseLoaderWait
 		}
 		return ""
@@ -170,22 +260,35 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		return
 	}
 	if isWait(ev) {
-		w := ev.WakerPID
+		w, wtid := ev.WakerPID, ev.WakerTID
+		if timedOut(ev) && (w != th.pid || wtid == th.tid) {
+			// A timer ended it: the task it interrupted is recorded as the
+			// waker. A sibling was at least on a CPU then; anyone else woke
+			// nobody.
+			w, wtid = 0, 0
+			if depth == 0 {
+				if r := retriedWait(th, ev); r != nil {
+					w, wtid = r.WakerPID, r.WakerTID
+				} else if sib := at.computingSibling(th, s.a, s.b); sib != nil {
+					w, wtid = th.pid, sib.tid
+				}
+			}
+		}
 		if w != 0 && w != th.pid && at.w.loaderWaker(ev, th.pid) {
 			at.byCause[CauseLoaderWait] += ns
 			at.note(th, ev, ns)
 			at.worker(w, s.a, s.b)
 			return
 		}
-		if depth == 0 && w == th.pid && ev.WakerTID != 0 && ev.WakerTID != th.tid {
-			if sib := at.w.threads[ev.WakerTID]; sib != nil && sib.pid == th.pid {
+		if depth == 0 && w == th.pid && wtid != 0 && wtid != th.tid {
+			if sib := at.w.threads[wtid]; sib != nil && sib.pid == th.pid {
 				// Waiting on a sibling thread: charge what the sibling did
 				// while it was waited on (it held the lock, fed the queue...).
 				// A futex it woke us from is a lock it held: its compute
 				// meanwhile is the lock's time (a mutex, the GIL).
 				at.note(th, ev, ns)
 				segs := sib.segments(s.a, s.b, nil)
-				if ev.Syscall == event.SysFutex && computing(segs) {
+				if ev.Syscall == event.SysFutex && computing(segs, s.b) {
 					at.holder = at.lockHolder(sib)
 					at.holder.NS += ns
 				}
@@ -201,7 +304,9 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		}
 	}
 	c := at.cause(ev)
-	if c == CauseCPU && at.holder != nil {
+	if at.holder != nil && (c == CauseCPU || ev.Kind == event.KindRunqueue) {
+		// A holder waiting for a CPU still holds the lock: the feeder
+		// waits on the lock, and the machine's load only lengthens it.
 		c = CauseLock
 	}
 	at.byCause[c] += ns

@@ -98,7 +98,8 @@ func TestClockCountsStepsDespiteExtraSyncs(t *testing.T) {
 
 // TestLockHolderComputing: the feeder waits on a futex that a sibling
 // thread holds while it computes (a mutex, the GIL), and the sibling wakes
-// it: the gap is lock, with the sibling as holder. A sibling that instead
+// it: the gap is lock, with the sibling as holder, also while the holder
+// waited for a CPU (a loaded machine) or was slow to release. A sibling that instead
 // read a file meanwhile was producing, and stays io.read (golden replay).
 func TestLockHolderComputing(t *testing.T) {
 	s := newSim()
@@ -110,6 +111,11 @@ func TestLockHolderComputing(t *testing.T) {
 				Syscall: event.SysSleep, Name: "nanosleep", TaskComm: "bg-worker"})
 		}
 		if n%4 == 0 {
+			// The holder is preempted for a while: it still holds the lock.
+			s.evs = append(s.evs, event.Event{Kind: event.KindRunqueue, PID: s.pid, TID: sib, Start: s.t + 5*ms, End: s.t + 12*ms},
+				// Its unlock's FUTEX_WAKE is slow enough to be traced.
+				event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t + 20*ms - 60*us, End: s.t + 20*ms + 5*us,
+					Syscall: event.SysFutex, Name: "futex", Ret: 1})
 			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: sib}, 20*ms)
 			waits += 20 * ms
 		}
@@ -128,6 +134,54 @@ func TestLockHolderComputing(t *testing.T) {
 		lock += g.Breakdown[CauseLock]
 		if len(g.Evidence.LockHolders) != 1 || g.Evidence.LockHolders[0].TID != sib || g.Evidence.LockHolders[0].Comm != "bg-worker" {
 			t.Errorf("lock holders %+v, want thread %d bg-worker", g.Evidence.LockHolders, sib)
+		}
+	}
+	if lock < waits*9/10 {
+		t.Errorf("lock %d ns of %d ns waited", lock, waits)
+	}
+}
+
+// TestGILTimedWait: CPython's take_gil waits the switch interval on a
+// condition variable; the wait times out (the timer's interrupted task,
+// another process, is recorded as the waker), the thread asks the holder
+// to drop the GIL and waits again, and the holder wakes that second wait
+// (or it is too short to be traced). Both shapes are lock, with the
+// computing background thread as holder.
+func TestGILTimedWait(t *testing.T) {
+	s := newSim()
+	const sib, foreign = 101, 4242
+	var waits int64
+	for n := int64(1); n <= 40; n++ {
+		if n == 1 {
+			s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t, End: s.t + 10*us,
+				Syscall: event.SysSleep, Name: "nanosleep", TaskComm: "python3"})
+		}
+		if n%4 == 0 {
+			// The holder computes, preempted once in a while.
+			s.evs = append(s.evs, event.Event{Kind: event.KindRunqueue, PID: s.pid, TID: sib, Start: s.t + 2*ms, End: s.t + 2*ms + 80*us})
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", Ret: -110, WakerPID: foreign, WakerTID: foreign}, 5*ms)
+			waits += 5 * ms
+			s.t += 10 * us
+			if n%8 == 0 {
+				s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: sib}, 300*us)
+				waits += 300 * us
+			}
+		}
+		s.step(8, 500*us, 20*us)
+		s.t += 100 * us
+	}
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	var lock int64
+	for _, g := range bigGaps(c.gaps) {
+		if g.Cause != CauseLock {
+			t.Errorf("gap %+v, want cause lock", g)
+			continue
+		}
+		lock += g.Breakdown[CauseLock]
+		if len(g.Evidence.LockHolders) != 1 || g.Evidence.LockHolders[0].TID != sib {
+			t.Errorf("lock holders %+v, want thread %d", g.Evidence.LockHolders, sib)
 		}
 	}
 	if lock < waits*9/10 {

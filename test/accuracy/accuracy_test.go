@@ -112,6 +112,7 @@ func scenarios() []scenario {
 		single("cpu", 30),
 		single("cpu.contention", 25),
 		single("sleep", 30),
+		single("lock", 30),
 		// Every value is a prime whose products exceed any run's steps, so
 		// no two pre-step stalls share a gap; the comm stall ends its step
 		// and never shares a gap with them.

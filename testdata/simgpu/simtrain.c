@@ -59,6 +59,7 @@ enum cause {
 	C_CPU,
 	C_CPU_CONTENTION,
 	C_SLEEP,
+	C_LOCK,
 };
 
 static const struct {
@@ -77,6 +78,7 @@ static const struct {
 	{"cpu", C_CPU},
 	{"cpu.contention", C_CPU_CONTENTION},
 	{"sleep", C_SLEEP},
+	{"lock", C_LOCK},
 };
 
 struct stall {
@@ -1001,6 +1003,52 @@ static void start_hog(void)
 }
 
 /*
+ * lock: a second thread of the trainer holds a mutex while it computes (a
+ * background thread holding the GIL, a logger holding a queue's lock); the
+ * main thread needs the mutex and blocks in the futex until it is released.
+ */
+static pthread_mutex_t lock_mu = PTHREAD_MUTEX_INITIALIZER;
+static int lock_req_w = -1;
+static _Atomic uint64_t lock_acquired; /* CLOCK_MONOTONIC when the holder took the mutex */
+static _Atomic int lock_holder_tid;
+
+static void *lock_holder_main(void *arg)
+{
+	int fd = (int)(intptr_t)arg;
+	prctl(PR_SET_NAME, "simtrain-holder", 0, 0, 0);
+	atomic_store(&lock_holder_tid, gettid_());
+	uint64_t ms_ns;
+	for (;;) {
+		ssize_t n = read(fd, &ms_ns, sizeof(ms_ns));
+		if (n == 0)
+			return NULL;
+		if (n != (ssize_t)sizeof(ms_ns)) {
+			if (n < 0 && errno == EINTR)
+				continue;
+			return NULL;
+		}
+		pthread_mutex_lock(&lock_mu);
+		uint64_t t = now_ns();
+		atomic_store(&lock_acquired, t);
+		spin_until(t + ms_ns);
+		pthread_mutex_unlock(&lock_mu);
+	}
+}
+
+static void start_lock_holder(void)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) != 0)
+		die("pipe: %s", strerror(errno));
+	pthread_t th;
+	int err = pthread_create(&th, NULL, lock_holder_main, (void *)(intptr_t)p[0]);
+	if (err != 0)
+		die("start lock holder thread: %s", strerror(err));
+	pthread_detach(th);
+	lock_req_w = p[1];
+}
+
+/*
  * Run-queue wait of the main thread so far, from the kernel's schedstat
  * ("on-CPU ns, run-queue wait ns, timeslices"). The file stays open so a
  * sample costs one pread; it is recorded for every stall so that a scorer
@@ -1305,6 +1353,16 @@ static void run_stall(const struct stall *st, long step)
 		return;
 	}
 
+	if (st->c == C_LOCK) {
+		/* Wait until the holder has the mutex: handing it the request and
+		 * its wake-up are not the lock's time. */
+		atomic_store(&lock_acquired, 0);
+		if (write(lock_req_w, &ms_ns, sizeof(ms_ns)) != (ssize_t)sizeof(ms_ns))
+			die("wake lock holder: %s", strerror(errno));
+		while (atomic_load(&lock_acquired) == 0)
+			sched_yield();
+	}
+
 	uint64_t rd0 = thread_run_delay_ns();
 	uint64_t start = now_ns();
 	uint64_t deadline = start + ms_ns;
@@ -1415,6 +1473,14 @@ static void run_stall(const struct stall *st, long step)
 				      .tv_nsec = (st->ms % 1000) * 1000000L};
 		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
 			;
+		break;
+	}
+	case C_LOCK: {
+		pthread_mutex_lock(&lock_mu);
+		pthread_mutex_unlock(&lock_mu);
+		uint64_t held = now_ns() - atomic_load(&lock_acquired);
+		snprintf(extra, sizeof(extra), ",\"holder_tid\":%d,\"held_ns\":%llu",
+			 atomic_load(&lock_holder_tid), (unsigned long long)held);
 		break;
 	}
 	case C_COMM:
@@ -1531,6 +1597,8 @@ int main(int argc, char **argv)
 		start_logsrv();
 	if (has_cause(C_CPU_CONTENTION))
 		start_hog();
+	if (has_cause(C_LOCK))
+		start_lock_holder();
 
 	if (truth_f != NULL) {
 		bprintf(&truth_buf,

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""pytrain - a Python training loop on the simulated GPU, for GIL contention.
+
+The main thread drives libcuda through ctypes as a PyTorch loop drives the
+driver: per step it launches kernels and synchronizes. Every ctypes call
+releases the GIL and takes it back on return. A background Python thread
+(a logger, a metrics exporter, a pin-memory thread doing work in Python)
+computes in pure Python in bursts, every E steps for M ms, holding the GIL;
+meanwhile the main thread waits for the GIL after every driver call and the
+GPU starves.
+
+--truth FILE writes JSON Lines: a meta record (pid, main and background
+thread ids), one "burst" record per background compute burst and one "step"
+record per step, with CLOCK_REALTIME nanosecond timestamps (start, end);
+a step's run_delay_ns is how long the main thread was runnable but not
+running during it (its schedstat), which the machine's load adds and the
+GIL does not.
+SIGINT/SIGTERM stop after the current step; exit 0.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lib", required=True, help="directory of the simulated libcuda.so.1")
+    p.add_argument("--steps", type=int, default=1000000)
+    p.add_argument("--kernels", type=int, default=8, help="kernels per step")
+    p.add_argument("--kernel-us", type=int, default=2000, help="duration of each kernel")
+    p.add_argument("--burst-every", type=int, default=4, help="a background burst every E steps")
+    p.add_argument("--burst-ms", type=int, default=40, help="length of a background burst")
+    p.add_argument("--truth", help="write the ground truth here (JSON Lines)")
+    a = p.parse_args()
+    for name in ("steps", "kernels", "kernel_us", "burst_every", "burst_ms"):
+        if getattr(a, name) < 1:
+            p.error("--%s must be at least 1" % name.replace("_", "-"))
+    return a
+
+
+class Driver:
+    """The few driver entry points the loop needs, through ctypes."""
+
+    def __init__(self, libdir, kernel_us):
+        path = os.path.join(libdir, "libcuda.so.1")
+        try:
+            self.cu = ctypes.CDLL(path)
+        except OSError as e:
+            sys.exit("pytrain: load %s: %s" % (path, e))
+        self.check(self.cu.cuInit(0), "cuInit")
+        dev = ctypes.c_int()
+        self.check(self.cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+        ctx = ctypes.c_void_p()
+        self.check(self.cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        self.check(self.cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self.image = ctypes.create_string_buffer(b"simgpu-module")
+        mod = ctypes.c_void_p()
+        self.check(self.cu.cuModuleLoadData(ctypes.byref(mod), self.image), "cuModuleLoadData")
+        self.func = ctypes.c_void_p()
+        name = ("sim_kernel_%d" % kernel_us).encode()
+        self.check(self.cu.cuModuleGetFunction(ctypes.byref(self.func), mod, name), "cuModuleGetFunction")
+        self.dptr = ctypes.c_uint64()
+        self.check(self.cu.cuMemAlloc_v2(ctypes.byref(self.dptr), ctypes.c_size_t(1 << 20)), "cuMemAlloc_v2")
+        self.params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(self.dptr), ctypes.c_void_p))
+        self.cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [
+            ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self.cu.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+
+    @staticmethod
+    def check(r, what):
+        if r != 0:
+            sys.exit("pytrain: %s failed: CUresult %d" % (what, r))
+
+    def launch(self):
+        self.check(self.cu.cuLaunchKernel(self.func, 108, 1, 1, 256, 1, 1, 0, None, self.params, None),
+                   "cuLaunchKernel")
+
+    def sync(self):
+        self.check(self.cu.cuStreamSynchronize(None), "cuStreamSynchronize")
+
+
+class Truth:
+    def __init__(self, path):
+        self.f = open(path, "w", encoding="utf-8") if path else None
+        self.mu = threading.Lock()
+
+    def write(self, rec):
+        if self.f is None:
+            return
+        with self.mu:
+            self.f.write(json.dumps(rec) + "\n")
+            self.f.flush()
+
+    def close(self):
+        if self.f is not None:
+            self.f.close()
+
+
+def run_delay_ns(fd):
+    """The calling thread's run-queue wait so far, from the fd of its
+    /proc/thread-self/schedstat (0 where the kernel has no schedstats)."""
+    if fd < 0:
+        return 0
+    try:
+        return int(os.pread(fd, 128, 0).split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def background(truth, requests, stop):
+    """Computes in pure Python for each requested burst, holding the GIL
+    except when the interpreter's switch interval makes it yield."""
+    while True:
+        requests.wait()
+        requests.clear()
+        if stop.is_set():
+            return
+        step, ms = background.pending
+        start = time.time_ns()
+        deadline = start + ms * 1000000
+        x = 1
+        while time.time_ns() < deadline:
+            for _ in range(200):
+                x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        truth.write({"type": "burst", "step": step, "start": start, "end": time.time_ns(),
+                     "tid": threading.get_native_id()})
+
+
+def main():
+    a = parse_args()
+    stopping = []
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    drv = Driver(a.lib, a.kernel_us)
+    truth = Truth(a.truth)
+    requests, stop = threading.Event(), threading.Event()
+    bg = threading.Thread(target=background, args=(truth, requests, stop), name="pytrain-bg", daemon=True)
+    bg.start()
+    while bg.native_id is None:
+        time.sleep(0.001)
+    truth.write({"type": "meta", "pid": os.getpid(), "tid": threading.get_native_id(),
+                 "bg_tid": bg.native_id, "kernels": a.kernels, "kernel_us": a.kernel_us,
+                 "burst_every": a.burst_every, "burst_ms": a.burst_ms})
+    try:
+        sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        sched_fd = -1
+    step = 0
+    while step < a.steps and not stopping:
+        step += 1
+        if step % a.burst_every == 0:
+            background.pending = (step, a.burst_ms)
+            requests.set()
+        start, rd0 = time.time_ns(), run_delay_ns(sched_fd)
+        for _ in range(a.kernels):
+            drv.launch()
+        drv.sync()
+        truth.write({"type": "step", "step": step, "start": start, "end": time.time_ns(),
+                     "run_delay_ns": run_delay_ns(sched_fd) - rd0})
+    stop.set()
+    requests.set()
+    bg.join()
+    truth.write({"type": "end", "steps": step})
+    truth.close()
+    print("pytrain: %d steps" % step)
+
+
+if __name__ == "__main__":
+    main()

@@ -198,6 +198,9 @@ type Summary struct {
 	// Processes are the traced processes that had steps or gaps, with
 	// where they run; filled by the command at exit.
 	Processes []ProcessSummary `json:"processes,omitempty"`
+	// CallSites are the code locations with the most idle time behind
+	// their gaps; filled by the command at exit.
+	CallSites []CallSiteSummary `json:"call_sites,omitempty"`
 }
 
 // ProcessSummary names one traced process in the summary.

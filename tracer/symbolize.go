@@ -50,13 +50,14 @@ type mapping struct {
 	start, end, off uint64
 	dev, ino        uint64
 	path            string
+	ef              *elfFile // once looked up
 }
 
 type symbolizer struct {
 	procRoot string
 	mu       sync.Mutex
 	files    map[fileID]*elfFile
-	procs    map[uint32][]mapping
+	procs    map[uint32][]*mapping
 	// raw caches the addresses behind a stack id per process: ids are
 	// stable (the map is never told to reuse a bucket), so one lookup per
 	// call site.
@@ -68,8 +69,8 @@ type pidStack struct {
 	id  int32
 }
 
-func newSymbolizer(procRoot string) *symbolizer {
-	return &symbolizer{procRoot: procRoot, files: map[fileID]*elfFile{}, procs: map[uint32][]mapping{},
+func newSymbolizer() *symbolizer {
+	return &symbolizer{procRoot: procRoot, files: map[fileID]*elfFile{}, procs: map[uint32][]*mapping{},
 		raw: map[pidStack][]uint64{}}
 }
 
@@ -225,14 +226,14 @@ func (ef *elfFile) lookup(off uint64) (string, bool) {
 
 // mappingOf finds the executable mapping of pid holding addr, reading
 // /proc/PID/maps again once when it is not there (a library loaded since).
-func (s *symbolizer) mappingOf(pid uint32, addr uint64) (mapping, bool) {
+func (s *symbolizer) mappingOf(pid uint32, addr uint64) (*mapping, bool) {
 	for attempt := 0; attempt < 2; attempt++ {
 		ms, ok := s.procs[pid]
 		if !ok || attempt == 1 {
 			var err error
 			ms, err = readExecMappings(filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "maps"))
 			if err != nil {
-				return mapping{}, false
+				return nil, false
 			}
 			s.procs[pid] = ms
 		}
@@ -241,23 +242,23 @@ func (s *symbolizer) mappingOf(pid uint32, addr uint64) (mapping, bool) {
 			return ms[i], true
 		}
 	}
-	return mapping{}, false
+	return nil, false
 }
 
 // readExecMappings parses the executable file mappings of a maps file,
 // sorted by address.
-func readExecMappings(path string) ([]mapping, error) {
+func readExecMappings(path string) ([]*mapping, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open maps: %w", err)
 	}
 	defer func() { _ = f.Close() }() // read-only
-	var out []mapping
+	var out []*mapping
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		m, ok := parseMapsLine(sc.Text())
 		if ok {
-			out = append(out, m)
+			out = append(out, &m)
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -294,18 +295,22 @@ func parseMapsLine(line string) (mapping, bool) {
 
 // file loads (once per file version) the symbols of the file behind m, as
 // the process sees it (/proc/PID/root: its mount namespace).
-func (s *symbolizer) file(pid uint32, m mapping) *elfFile {
+func (s *symbolizer) file(pid uint32, m *mapping) *elfFile {
+	if m.ef != nil {
+		return m.ef
+	}
 	p := filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "root", m.path)
 	id := fileID{dev: m.dev, ino: m.ino}
 	if st, err := os.Stat(p); err == nil {
 		id.size, id.mod = st.Size(), st.ModTime().UnixNano()
 	}
-	if ef, ok := s.files[id]; ok {
-		return ef
+	ef, ok := s.files[id]
+	if !ok {
+		ef = loadELF(p)
+		ef.path = m.path
+		s.files[id] = ef
 	}
-	ef := loadELF(p)
-	ef.path = m.path
-	s.files[id] = ef
+	m.ef = ef
 	return ef
 }
 

@@ -133,7 +133,7 @@ func New(cfg Config) (*Tracer, error) {
 		log:         cfg.Logger,
 		fds:         newFDResolver(),
 		comms:       &taskComms{procRoot: procRoot},
-		syms:        newSymbolizer(procRoot),
+		syms:        newSymbolizer(),
 		procs:       make(map[uint32]*procState),
 		missingSeen: make(map[string]bool),
 		roots:       make(map[uint32]bool),

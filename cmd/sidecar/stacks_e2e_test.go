@@ -53,8 +53,10 @@ func TestNativeStacksNameTheTrainerFunction(t *testing.T) {
 	need(t)
 	dir := t.TempDir()
 	gapsPath := filepath.Join(dir, "gaps.jsonl")
+	sumPath := filepath.Join(dir, "summary.json")
+	spansPath := filepath.Join(dir, "spans.jsonl")
 	args := append([]string{"run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
-		"--gaps-out", gapsPath, "--"},
+		"--gaps-out", gapsPath, "--summary-json", sumPath, "--spans-out", spansPath, "--"},
 		simtrain("--steps", "30", "--kernel-us", "1000", "--stall", "io.read:every=4:ms=20",
 			"--stall", "cpu:every=5:ms=20", "--quiet")...)
 	code, stdout, stderr := runGaptrace(t, env(t), args...)
@@ -90,6 +92,38 @@ func TestNativeStacksNameTheTrainerFunction(t *testing.T) {
 	}
 	if reads == 0 || cpus == 0 {
 		t.Fatalf("%d io.read and %d cpu gaps, want both\n%s", reads, cpus, stderr)
+	}
+
+	// The summary charges the reads to their call site, the terminal
+	// summary says so, and the gap spans carry the code.* attributes.
+	b, err := os.ReadFile(sumPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum correlate.Summary
+	if err := json.Unmarshal(b, &sum); err != nil {
+		t.Fatal(err)
+	}
+	var site *correlate.CallSiteSummary
+	for i, cs := range sum.CallSites {
+		if cs.Function == "read_cold_until" && cs.File == simtrainPath {
+			site = &sum.CallSites[i]
+		}
+	}
+	if site == nil || site.Gaps < int64(reads) || site.ByCause[correlate.CauseIORead] <= 0 || site.Site != "simtrain read_cold_until" {
+		t.Errorf("summary call sites do not charge %d io.read gaps to read_cold_until: %+v", reads, sum.CallSites)
+	}
+	if !strings.Contains(stdout, "top call sites") || !strings.Contains(stdout, "simtrain read_cold_until — ") {
+		t.Errorf("terminal summary names no call site:\n%s", stdout)
+	}
+	spans, err := os.ReadFile(spansPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(spans), `"code.function.name":"read_cold_until"`) ||
+		!strings.Contains(string(spans), `"code.file.path":"`+simtrainPath+`"`) ||
+		!strings.Contains(string(spans), `"code.stacktrace":"pread64 (`) {
+		t.Errorf("gap spans carry no code.* attributes for the reads")
 	}
 }
 

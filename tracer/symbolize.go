@@ -99,30 +99,32 @@ func (s *symbolizer) close() {
 }
 
 // frames symbolizes the return addresses ips of a stack of pid, innermost
-// first. spWords (may be nil) are the words at the stack pointer when the
+// first; truncated says outer frames were cut (the walk filled its depth,
+// or the stack has more than maxStackFrames). spWords (may be nil) are the words at the stack pointer when the
 // stack was taken inside a syscall: the wrapper that made the call keeps no
 // frame pointer, so the frame-pointer walk goes from it straight to its
 // caller's caller; the first word among them that is a return address
 // (it follows a call instruction in an executable mapping) is that caller.
-func (s *symbolizer) frames(pid uint32, ips []uint64, spWords []uint64) []event.Frame {
+func (s *symbolizer) frames(pid uint32, ips []uint64, spWords []uint64) (frames []event.Frame, truncated bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(ips) == 0 {
-		return nil
+		return nil, false
 	}
+	truncated = len(ips) >= stackDepth
 	if len(spWords) > 0 {
 		if c, ok := s.callerOf(pid, ips, spWords); ok {
 			ips = append([]uint64{ips[0], c}, ips[1:]...)
 		}
 	}
 	if len(ips) > maxStackFrames {
-		ips = ips[:maxStackFrames]
+		ips, truncated = ips[:maxStackFrames], true
 	}
-	out := make([]event.Frame, 0, len(ips))
+	frames = make([]event.Frame, 0, len(ips))
 	for _, ip := range ips {
-		out = append(out, s.frame(pid, ip))
+		frames = append(frames, s.frame(pid, ip))
 	}
-	return out
+	return frames, truncated
 }
 
 func (s *symbolizer) callerOf(pid uint32, ips, spWords []uint64) (uint64, bool) {

@@ -73,9 +73,9 @@ func TestSymbolizeOwnProcess(t *testing.T) {
 	defer s.close()
 	libc, ips, aliases := libcFuncs(t, "getpid", "pread64", "clock_nanosleep")
 	pid := uint32(os.Getpid())
-	frames := s.frames(pid, append(ips, 0x10), nil)
-	if len(frames) != 4 {
-		t.Fatalf("frames %+v", frames)
+	frames, trunc := s.frames(pid, append(ips, 0x10), nil)
+	if len(frames) != 4 || trunc {
+		t.Fatalf("frames %+v truncated %v", frames, trunc)
 	}
 	for i := range ips {
 		if !aliases[i][frames[i].Function] || frames[i].File != libc || frames[i].Line != 0 {
@@ -99,14 +99,28 @@ func TestCallerFromStackWords(t *testing.T) {
 	// frame.
 	ret := uint64(callerPC(make([]uintptr, 1)))
 	heap := new(uint64)
-	frames := s.frames(pid, ips, []uint64{7, uint64(uintptr(unsafe.Pointer(heap))), ret})
-	if len(frames) != 3 || frames[1].File == "" || !strings.HasSuffix(s.frames(pid, []uint64{ret}, nil)[0].File, frames[1].File) {
+	frames, _ := s.frames(pid, ips, []uint64{7, uint64(uintptr(unsafe.Pointer(heap))), ret})
+	if len(frames) != 3 || frames[1].File == "" || frames[1].File != s.frame(pid, ret).File {
 		t.Fatalf("caller not recovered: %+v", frames)
 	}
 	// A walk that already has the caller gets nothing inserted.
-	frames = s.frames(pid, []uint64{ips[0], ret}, []uint64{ret})
+	frames, _ = s.frames(pid, []uint64{ips[0], ret}, []uint64{ret})
 	if len(frames) != 2 {
 		t.Fatalf("caller inserted twice: %+v", frames)
+	}
+}
+
+func TestDeepStackIsTruncated(t *testing.T) {
+	s := newSymbolizer()
+	defer s.close()
+	_, ips, _ := libcFuncs(t, "getpid")
+	deep := make([]uint64, stackDepth)
+	for i := range deep {
+		deep[i] = ips[0]
+	}
+	frames, trunc := s.frames(uint32(os.Getpid()), deep, nil)
+	if len(frames) != maxStackFrames || !trunc {
+		t.Errorf("%d frames, truncated %v; want %d, true", len(frames), trunc, maxStackFrames)
 	}
 }
 
@@ -160,7 +174,7 @@ func BenchmarkSymbolizeStack(b *testing.B) {
 	s.frames(pid, ips, nil)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if fr := s.frames(pid, ips, nil); len(fr) != 16 {
+		if fr, _ := s.frames(pid, ips, nil); len(fr) != 16 {
 			b.Fatal(fr)
 		}
 	}
@@ -173,7 +187,7 @@ func BenchmarkSymbolizeColdFile(b *testing.B) {
 	_, ips, _ := libcFuncs(b, "getpid")
 	for i := 0; i < b.N; i++ {
 		s := newSymbolizer()
-		if fr := s.frames(pid, ips, nil); len(fr) != 1 {
+		if fr, _ := s.frames(pid, ips, nil); len(fr) != 1 {
 			b.Fatal(fr)
 		}
 		s.close()

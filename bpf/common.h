@@ -120,6 +120,18 @@ struct {
 	__type(value, __u64);
 } short_calls SEC(".maps");
 
+/* User stacks of the blocking events that can open or extend a gap (long
+ * syscalls, the feeder's syncs), by frame-pointer walk. The map dedups: a
+ * training loop blocks at a handful of call sites, so the ids repeat and
+ * user space symbolizes each once. Launches never take a stack. */
+#define STACK_DEPTH 64
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 16384);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, STACK_DEPTH * sizeof(__u64));
+} user_stacks SEC(".maps");
+
 /* Force BTF for the event structs so bpf2go -type can generate Go types. */
 const struct event_hdr *unused_event_hdr __attribute__((unused));
 const struct cuda_event *unused_cuda_event __attribute__((unused));
@@ -296,6 +308,14 @@ static __always_inline void hdr_fill(struct event_hdr *h, __u32 type, __u32 kind
 	h->kind = kind;
 	h->pid_tgid = id;
 	h->ktime_ns = ktime;
+}
+
+/* The current thread's user stack as a user_stacks id; -1 when it could
+ * not be taken (no user context, a hash-bucket collision in a full map). */
+static __always_inline __s32 user_stack(void *ctx)
+{
+	long id = bpf_get_stackid(ctx, &user_stacks, BPF_F_USER_STACK);
+	return id < 0 ? -1 : (__s32)id;
 }
 
 /* A thread blocked (long syscall, runqueue wait, blocking CUDA call): its

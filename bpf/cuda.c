@@ -98,6 +98,7 @@ int cuda_launch(struct pt_regs *ctx)
 		return 0;
 	}
 	hdr_fill(&e->hdr, EV_CUDA, K_ENQUEUE, id, now);
+	e->stack_id = -1;
 	e->start_ns = now;
 	e->stream = stream;
 	e->count = t->launches + 1;
@@ -154,6 +155,7 @@ int cuda_async(struct pt_regs *ctx)
 		return 0;
 	/* Every async probe but the memsets is a copy. */
 	hdr_fill(&e->hdr, EV_CUDA, func == CU_MEMSET_ASYNC ? K_MEMSET : K_MEMCPY_ASYNC, id, now);
+	e->stack_id = -1;
 	e->start_ns = now;
 	e->stream = stream;
 	e->bytes = bytes;
@@ -242,6 +244,8 @@ int cuda_block_exit(struct pt_regs *ctx)
 	e->bytes = t->call_bytes;
 	e->ret = (__s32)PT_REGS_RC(ctx);
 	e->func = func;
+	/* At the return the walk starts in the caller: no driver frames. */
+	e->stack_id = user_stack(ctx);
 	if (kind == K_SYNC) {
 		e->count = t->launches;
 		t->launches = 0;

@@ -66,6 +66,7 @@ enum syscall_class {
 #define PATH_LEN      256
 #define EXEC_PATH_LEN 128
 #define COMM_LEN      16
+#define STACK_SP_WORDS 8
 
 struct event_hdr {
 	__u32 type;	/* enum event_type */
@@ -83,6 +84,8 @@ struct cuda_event {
 	__u64 count; /* launches since the thread's previous flush (enqueue, sync) */
 	__s32 ret;   /* CUresult of blocking calls */
 	__u32 func;  /* event.CUDA */
+	__s32 stack_id; /* blocking calls: user_stacks id of the caller's stack, else -1 */
+	__u32 _pad;
 };
 
 /* EV_NCCL: collectives (point events) and ncclGroupEnd (interval). */
@@ -108,7 +111,11 @@ struct syscall_event {
 	__s32 nr;
 	__s32 fd;    /* -1 when the syscall has no fd argument */
 	__u32 class; /* enum syscall_class */
-	__u32 _pad;
+	__s32 stack_id; /* user_stacks id of the caller's stack, -1 when none */
+	/* The words at the user stack pointer: a syscall wrapper without a
+	 * frame pointer hides its caller from the frame-pointer walk, and its
+	 * return address is among these (user space picks it). */
+	__u64 sp_words[STACK_SP_WORDS];
 };
 
 /* EV_SCHED: runqueue wait (preempted) or blocked outside a traced call. */

@@ -133,7 +133,9 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		e->nr = t->sc_nr;
 		e->fd = fd_of(cls, t->sc_arg0);
 		e->class = cls;
-		e->_pad = 0;
+		e->stack_id = user_stack(ctx);
+		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+		bpf_probe_read_user(e->sp_words, sizeof(e->sp_words), (void *)regs->sp);
 		submit(e);
 	}
 	t->sc_start = 0;

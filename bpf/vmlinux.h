@@ -28,6 +28,7 @@ enum bpf_map_type {
 	BPF_MAP_TYPE_HASH = 1,
 	BPF_MAP_TYPE_ARRAY = 2,
 	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+	BPF_MAP_TYPE_STACK_TRACE = 7,
 	BPF_MAP_TYPE_LRU_HASH = 9,
 	BPF_MAP_TYPE_RINGBUF = 27,
 };
@@ -39,6 +40,10 @@ enum {
 
 enum {
 	BPF_RB_AVAIL_DATA = 0,
+};
+
+enum {
+	BPF_F_USER_STACK = 256,
 };
 
 enum {

@@ -455,6 +455,9 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 		}
 	}
 	var ev Evidence
+	if o := at.stackOp(dom); o != nil {
+		ev.Stack, ev.StackTruncated = o.ev.Stack, o.ev.StackTruncated
+	}
 	for _, f := range at.files {
 		ev.Files = append(ev.Files, *f)
 	}
@@ -607,4 +610,29 @@ func hostOp(ev *event.Event, tid uint32) HostOp {
 		op.Attrs = attrs
 	}
 	return op
+}
+
+// stackOp is the blocking call whose stack explains the interval: the one
+// with a stack that took most of the dominant cause's time (ties: the
+// earliest), else the longest with a stack of any cause.
+func (at *attribution) stackOp(dom Cause) *opAcc {
+	var best, any *opAcc
+	better := func(a, b *opAcc) bool {
+		return b == nil || a.ns > b.ns || a.ns == b.ns && a.ev.Start < b.ev.Start
+	}
+	for _, o := range at.ops {
+		if len(o.ev.Stack) == 0 {
+			continue
+		}
+		if better(o, any) {
+			any = o
+		}
+		if at.cause(o.ev) == dom && better(o, best) {
+			best = o
+		}
+	}
+	if best != nil {
+		return best
+	}
+	return any
 }

@@ -12,8 +12,9 @@ type stream struct {
 // openGap is a drained queue waiting for its next enqueue.
 type openGap struct {
 	start int64
-	tid   uint32 // thread whose sync drained the queue
-	exact bool   // the sync waited, so start is the drain to the µs
+	tid   uint32       // thread whose sync drained the queue
+	exact bool         // the sync waited, so start is the drain to the µs
+	open  *event.Event // the sync or copy that drained the queue (its stack)
 }
 
 func (p *proc) stream(id uint64) *stream {
@@ -159,7 +160,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	}
 	p.patternSync(x.set, ev)
 	if p.gap == nil && p.allDrained() {
-		p.gap = &openGap{start: ev.End, tid: th.tid, exact: waited}
+		p.gap = &openGap{start: ev.End, tid: th.tid, exact: waited, open: ev}
 	}
 }
 
@@ -180,7 +181,7 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 		p.patternSync(x.set, ev)
 	}
 	if p.gap == nil && p.allDrained() {
-		p.gap = &openGap{start: ev.End, tid: th.tid, exact: true}
+		p.gap = &openGap{start: ev.End, tid: th.tid, exact: true, open: ev}
 	}
 }
 
@@ -226,6 +227,9 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 	at := newAttribution(x.w)
 	at.thread(th, g.start, end, nil)
 	gap.Cause, gap.Breakdown, gap.Evidence, gap.Ops = at.result()
+	if gap.Evidence.Stack == nil && g.open != nil {
+		gap.Evidence.Stack, gap.Evidence.StackTruncated = g.open.Stack, g.open.StackTruncated
+	}
 	gap.Evidence.Source = "host"
 	gap.Evidence.Threads = append([]uint32(nil), p.feeders...)
 	p.emit(x, gap)

@@ -96,6 +96,13 @@ type Evidence struct {
 	// BaselineNS is, for a comm stall, the wait this sync showed in steps
 	// without the stall (the compute the host legitimately waited for).
 	BaselineNS int64 `json:"baseline_ns,omitempty"`
+	// Stack is the code location behind the gap, innermost frame first:
+	// the stack of the blocking call that took most of the dominant
+	// cause's time or, when none was captured (the feeder computed), of
+	// the sync that opened the gap. StackTruncated: its outer callers are
+	// missing (the walk met unreadable memory).
+	Stack          []event.Frame `json:"stack,omitempty"`
+	StackTruncated bool          `json:"stack_truncated,omitempty"`
 	// Source says how the boundaries were found: "host" (a sync that
 	// waited and the next enqueue), "host+gpu" (host bounds, GPU-window
 	// duration), "gpu" (window idle the host could not bound).
@@ -191,6 +198,9 @@ type Summary struct {
 	// Processes are the traced processes that had steps or gaps, with
 	// where they run; filled by the command at exit.
 	Processes []ProcessSummary `json:"processes,omitempty"`
+	// CallSites are the code locations with the most idle time behind
+	// their gaps; filled by the command at exit.
+	CallSites []CallSiteSummary `json:"call_sites,omitempty"`
 }
 
 // ProcessSummary names one traced process in the summary.

@@ -199,6 +199,21 @@ type Event struct {
 	// GPU ended at Start, not at the call's return.
 	Woken    bool
 	TaskComm string // task comm of TID when known
+
+	// Stack is where the thread was in its own code, innermost frame first:
+	// the native stack of a blocking event (long syscall, sync) and, for a
+	// Python process, its Python frames. Nil when not captured.
+	Stack []Frame
+	// StackTruncated: the walk stopped early (an unreadable or changing
+	// frame), so the outermost callers are missing.
+	StackTruncated bool
+}
+
+// Frame is one call site of a stack.
+type Frame struct {
+	Function string `json:"function"`
+	File     string `json:"file,omitempty"` // source file (Python) or the ELF path (native)
+	Line     int    `json:"line,omitempty"` // 0 when unknown (native frames)
 }
 
 // Duration returns End-Start in ns.

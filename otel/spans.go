@@ -291,6 +291,16 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		}
 	}
 	ev := &g.Evidence
+	if f, ok := correlate.SiteFrame(ev.Stack); ok {
+		a = append(a, attribute.String("code.function.name", f.Function),
+			attribute.String("code.stacktrace", correlate.FormatStack(ev.Stack, ev.StackTruncated)))
+		if f.File != "" {
+			a = append(a, attribute.String("code.file.path", f.File))
+		}
+		if f.Line > 0 {
+			a = append(a, attribute.Int("code.line.number", f.Line))
+		}
+	}
 	// Items whose path or address could not be resolved carry "" and are
 	// left out: an empty file.path is worse than none.
 	top := -1

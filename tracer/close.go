@@ -49,6 +49,7 @@ func (t *Tracer) Close() error {
 		}
 		t.log.Debug("tracepoints detached", "links", len(t.tps), "took", time.Since(start))
 		errs = append(errs, t.closeObjects())
+		t.syms.close()
 		t.closeErr = errors.Join(errs...)
 	})
 	return t.closeErr

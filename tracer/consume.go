@@ -149,10 +149,12 @@ func (t *Tracer) handle(d *decoded) {
 		// so they hold across exec for a library the new image maps again.
 		// Libraries it maps for the first time are picked up by the rescan.
 		t.fds.forgetProcess(ev.PID)
+		t.syms.forget(ev.PID)
 		t.comms.set(ev.TID, ev.TaskComm)
 		t.requestRescan(ev.PID)
 	case ctlProcessGone:
 		t.dropProcess(ev.PID)
+		t.syms.forget(ev.PID)
 	case ctlFDChanged:
 		if ev.Kind == event.KindClose {
 			if info, ok := t.fds.cached(ev.PID, ev.FD); ok {
@@ -178,6 +180,9 @@ func (t *Tracer) handle(d *decoded) {
 	}
 	if ev.TaskComm == "" {
 		ev.TaskComm = t.comms.get(ev.PID, ev.TID)
+	}
+	if d.stackID >= 0 {
+		ev.Stack, ev.StackTruncated = t.syms.frames(ev.PID, t.stackIPs(ev.PID, d.stackID), d.spWords)
 	}
 	if ev.Kind == event.KindExit {
 		t.comms.forget(ev.TID)

@@ -43,6 +43,8 @@ type cudaCudaEvent struct {
 	Count   uint64
 	Ret     int32
 	Func    uint32
+	StackId int32
+	Pad     uint32
 }
 
 type cudaCudaFunc uint32
@@ -157,6 +159,7 @@ const (
 	cudaMapShortCalls         = "short_calls"
 	cudaMapThreads            = "threads"
 	cudaMapTracedTgids        = "traced_tgids"
+	cudaMapUserStacks         = "user_stacks"
 	cudaProgCudaAsync         = "cuda_async"
 	cudaProgCudaBlockEnter    = "cuda_block_enter"
 	cudaProgCudaBlockExit     = "cuda_block_exit"
@@ -242,6 +245,7 @@ type cudaMapSpecs struct {
 	ShortCalls  *ebpf.MapSpec `ebpf:"short_calls"`
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
 	TracedTgids *ebpf.MapSpec `ebpf:"traced_tgids"`
+	UserStacks  *ebpf.MapSpec `ebpf:"user_stacks"`
 }
 
 // cudaVariableSpecs contains global variables before they are loaded into the kernel.
@@ -297,6 +301,7 @@ type cudaMaps struct {
 	ShortCalls  *ebpf.Map `ebpf:"short_calls"`
 	Threads     *ebpf.Map `ebpf:"threads"`
 	TracedTgids *ebpf.Map `ebpf:"traced_tgids"`
+	UserStacks  *ebpf.Map `ebpf:"user_stacks"`
 }
 
 func (m *cudaMaps) Close() error {
@@ -306,6 +311,7 @@ func (m *cudaMaps) Close() error {
 		m.ShortCalls,
 		m.Threads,
 		m.TracedTgids,
+		m.UserStacks,
 	)
 }
 

@@ -69,6 +69,10 @@ type decoded struct {
 	ev   event.Event
 	emit bool // ev goes to the consumer
 	ctl  control
+	// stackID is the user_stacks id of ev's user stack (-1: none) and
+	// spWords, for syscalls, the words at the user stack pointer.
+	stackID int32
+	spWords []uint64
 }
 
 // decodeError describes a record that could not be decoded; the tracer
@@ -92,7 +96,7 @@ func (e *decodeError) Error() string {
 // converted to Unix ns here (MonotonicToUnix); fd paths, peers and comms are
 // filled in later by the enricher.
 func decodeRecord(rec []byte, d *decoded) error {
-	*d = decoded{}
+	*d = decoded{stackID: -1}
 	if len(rec) < int(unsafe.Sizeof(rawHeader{})) {
 		return &decodeError{size: len(rec), want: unsafe.Sizeof(rawHeader{})}
 	}
@@ -127,6 +131,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.Bytes = r.Bytes
 		ev.Count = r.Count
 		ev.Ret = int64(r.Ret)
+		d.stackID = r.StackId
 		d.emit = true
 	case evNCCL:
 		r := (*rawNCCL)(unsafe.Pointer(&rec[0]))
@@ -157,6 +162,8 @@ func decodeRecord(rec []byte, d *decoded) error {
 			ev.Bytes = uint64(r.Ret)
 		}
 		ev.WakerPID, ev.WakerTID = uint32(r.Waker>>32), uint32(r.Waker)
+		d.stackID = r.StackId
+		d.spWords = r.SpWords[:]
 		d.emit = true
 	case evSched:
 		r := (*rawSched)(unsafe.Pointer(&rec[0]))

@@ -50,7 +50,7 @@ func ensureTracefs() error {
 var disableUprobeMulti bool
 
 // sharedMaps are declared by every object (bpf/common.h) and created once.
-var sharedMaps = []string{cudaMapTracedTgids, cudaMapThreads, cudaMapEvents, cudaMapRingDrops, cudaMapShortCalls}
+var sharedMaps = []string{cudaMapTracedTgids, cudaMapThreads, cudaMapEvents, cudaMapRingDrops, cudaMapShortCalls, cudaMapUserStacks}
 
 func (t *Tracer) load() error {
 	specs := []struct {
@@ -121,6 +121,9 @@ func (t *Tracer) load() error {
 			}
 			return fmt.Errorf("load %s programs: %w", s.name, explainPerm(err))
 		}
+	}
+	if vs := t.shared[cudaMapUserStacks].ValueSize(); vs != stackDepth*8 {
+		return fmt.Errorf("map %s holds %d-byte stacks, want %d (stale generated object? run make generate)", cudaMapUserStacks, vs, stackDepth*8)
 	}
 	// syscall number → class; numbers not listed stay untraced.
 	untraced := uint32(classUntraced)

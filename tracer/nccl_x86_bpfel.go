@@ -87,6 +87,7 @@ const (
 	ncclMapShortCalls         = "short_calls"
 	ncclMapThreads            = "threads"
 	ncclMapTracedTgids        = "traced_tgids"
+	ncclMapUserStacks         = "user_stacks"
 	ncclProgNcclColl          = "nccl_coll"
 	ncclProgNcclCommInitEnter = "nccl_comm_init_enter"
 	ncclProgNcclCommInitExit  = "nccl_comm_init_exit"
@@ -173,6 +174,7 @@ type ncclMapSpecs struct {
 	ShortCalls  *ebpf.MapSpec `ebpf:"short_calls"`
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
 	TracedTgids *ebpf.MapSpec `ebpf:"traced_tgids"`
+	UserStacks  *ebpf.MapSpec `ebpf:"user_stacks"`
 }
 
 // ncclVariableSpecs contains global variables before they are loaded into the kernel.
@@ -225,6 +227,7 @@ type ncclMaps struct {
 	ShortCalls  *ebpf.Map `ebpf:"short_calls"`
 	Threads     *ebpf.Map `ebpf:"threads"`
 	TracedTgids *ebpf.Map `ebpf:"traced_tgids"`
+	UserStacks  *ebpf.Map `ebpf:"user_stacks"`
 }
 
 func (m *ncclMaps) Close() error {
@@ -234,6 +237,7 @@ func (m *ncclMaps) Close() error {
 		m.ShortCalls,
 		m.Threads,
 		m.TracedTgids,
+		m.UserStacks,
 	)
 }
 

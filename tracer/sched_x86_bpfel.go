@@ -100,6 +100,7 @@ const (
 	schedMapShortCalls          = "short_calls"
 	schedMapThreads             = "threads"
 	schedMapTracedTgids         = "traced_tgids"
+	schedMapUserStacks          = "user_stacks"
 	schedProgOnSchedProcessExec = "on_sched_process_exec"
 	schedProgOnSchedProcessExit = "on_sched_process_exit"
 	schedProgOnSchedProcessFork = "on_sched_process_fork"
@@ -185,6 +186,7 @@ type schedMapSpecs struct {
 	ShortCalls  *ebpf.MapSpec `ebpf:"short_calls"`
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
 	TracedTgids *ebpf.MapSpec `ebpf:"traced_tgids"`
+	UserStacks  *ebpf.MapSpec `ebpf:"user_stacks"`
 }
 
 // schedVariableSpecs contains global variables before they are loaded into the kernel.
@@ -236,6 +238,7 @@ type schedMaps struct {
 	ShortCalls  *ebpf.Map `ebpf:"short_calls"`
 	Threads     *ebpf.Map `ebpf:"threads"`
 	TracedTgids *ebpf.Map `ebpf:"traced_tgids"`
+	UserStacks  *ebpf.Map `ebpf:"user_stacks"`
 }
 
 func (m *schedMaps) Close() error {
@@ -245,6 +248,7 @@ func (m *schedMaps) Close() error {
 		m.ShortCalls,
 		m.Threads,
 		m.TracedTgids,
+		m.UserStacks,
 	)
 }
 

@@ -69,7 +69,8 @@ type syscallsSyscallEvent struct {
 	Nr      int32
 	Fd      int32
 	Class   uint32
-	Pad     uint32
+	StackId int32
+	SpWords [8]uint64
 }
 
 type syscallsThreadState struct {
@@ -108,6 +109,7 @@ const (
 	syscallsMapSyscallClasses     = "syscall_classes"
 	syscallsMapThreads            = "threads"
 	syscallsMapTracedTgids        = "traced_tgids"
+	syscallsMapUserStacks         = "user_stacks"
 	syscallsProgSysEnter          = "sys_enter"
 	syscallsProgSysExit           = "sys_exit"
 	syscallsVarNullProbes         = "null_probes"
@@ -186,6 +188,7 @@ type syscallsMapSpecs struct {
 	SyscallClasses *ebpf.MapSpec `ebpf:"syscall_classes"`
 	Threads        *ebpf.MapSpec `ebpf:"threads"`
 	TracedTgids    *ebpf.MapSpec `ebpf:"traced_tgids"`
+	UserStacks     *ebpf.MapSpec `ebpf:"user_stacks"`
 }
 
 // syscallsVariableSpecs contains global variables before they are loaded into the kernel.
@@ -238,6 +241,7 @@ type syscallsMaps struct {
 	SyscallClasses *ebpf.Map `ebpf:"syscall_classes"`
 	Threads        *ebpf.Map `ebpf:"threads"`
 	TracedTgids    *ebpf.Map `ebpf:"traced_tgids"`
+	UserStacks     *ebpf.Map `ebpf:"user_stacks"`
 }
 
 func (m *syscallsMaps) Close() error {
@@ -248,6 +252,7 @@ func (m *syscallsMaps) Close() error {
 		m.SyscallClasses,
 		m.Threads,
 		m.TracedTgids,
+		m.UserStacks,
 	)
 }
 

@@ -70,6 +70,7 @@ type Tracer struct {
 
 	fds   *fdResolver
 	comms *taskComms
+	syms  *symbolizer
 	// multi: uprobes are attached as one uprobe_multi link per program and
 	// process instead of one perf-event link per function. Decided once at
 	// load; it matters because every single uprobe costs an RCU grace
@@ -132,6 +133,7 @@ func New(cfg Config) (*Tracer, error) {
 		log:         cfg.Logger,
 		fds:         newFDResolver(),
 		comms:       &taskComms{procRoot: procRoot},
+		syms:        newSymbolizer(),
 		procs:       make(map[uint32]*procState),
 		missingSeen: make(map[string]bool),
 		roots:       make(map[uint32]bool),

@@ -352,6 +352,10 @@ func (g *gapsWriter) Close() error {
 	return nil
 }
 
+// maxSummaryCallSites: the summary names the call sites that matter, not
+// every one the job blocked at.
+const maxSummaryCallSites = 10
+
 func writeSummaryJSON(path string, s correlate.Summary) error {
 	if s.ByCause == nil {
 		s.ByCause = map[correlate.Cause]int64{}
@@ -535,6 +539,7 @@ func (s *session) finish() error {
 		}
 	}
 	sum.Processes = s.procs.list()
+	sum.CallSites = s.agg.CallSites(maxSummaryCallSites)
 	title := s.title
 	if w := where(sum.Processes); w != "" {
 		title += " · " + w

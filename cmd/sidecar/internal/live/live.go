@@ -75,6 +75,9 @@ type Aggregator struct {
 	otherFiles otherAgg
 	otherPeers otherAgg
 	lastGap    *correlate.Gap
+	// sites: idle time by call site (sites.go), bounded like files.
+	sites      map[string]*siteAgg
+	otherSites otherAgg
 }
 
 // maxTracked bounds the files and the peers the view keeps by name.
@@ -171,6 +174,7 @@ func (a *Aggregator) Gap(g correlate.Gap) {
 		pa.bytes += p.Bytes
 		pa.calls += p.Calls
 	}
+	a.addSite(&g)
 	gc := g
 	a.lastGap = &gc
 }
@@ -269,8 +273,11 @@ type View struct {
 	// (Name says how many); nil when nothing is left out.
 	OtherFiles *TopItem
 	OtherPeers *TopItem
-	LastGap    *correlate.Gap
-	Stats      Stats
+	// TopSites are the call sites with the most idle time (Note: gaps
+	// and causes).
+	TopSites []TopItem
+	LastGap  *correlate.Gap
+	Stats    Stats
 }
 
 // View takes a consistent frame. title names what is traced.
@@ -329,6 +336,9 @@ func (a *Aggregator) View(title string) View {
 	}
 	v.TopFiles, v.OtherFiles = topAndRest(v.TopFiles, 5, a.otherFiles, "files")
 	v.TopPeers, v.OtherPeers = topAndRest(v.TopPeers, 3, a.otherPeers, "peers")
+	for _, cs := range a.topSites(3) {
+		v.TopSites = append(v.TopSites, siteItem(cs))
+	}
 	if a.lastGap != nil {
 		g := *a.lastGap
 		v.LastGap = &g
@@ -472,6 +482,7 @@ func Frame(v View, width int) string {
 		v.Steps, v.StepsPerSec, pct(v.IdlePct), v.Gaps, v.Stats.Drops)
 	writeCauses(&b, v, width)
 	writeEvidence(&b, v, width)
+	writeSites(&b, v, width)
 	if v.LastGap != nil {
 		g := v.LastGap
 		fmt.Fprintf(&b, "last gap: %s %s (pid %d tid %d, step %d)\n", FormatNS(g.Duration), g.Cause, g.PID, g.TID, g.Step)
@@ -543,6 +554,9 @@ func LogLine(v View) string {
 	}
 	if len(v.TopPeers) > 0 {
 		fmt.Fprintf(&b, " top_peer=%s", logValue(v.TopPeers[0].Name))
+	}
+	if len(v.TopSites) > 0 {
+		fmt.Fprintf(&b, " top_site=%s", logValue(v.TopSites[0].Name))
 	}
 	return b.String()
 }

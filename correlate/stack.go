@@ -1,0 +1,104 @@
+package correlate
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// CallSiteSummary is the idle time behind one code location: the innermost
+// frame of the job's own code in the gaps' stacks.
+type CallSiteSummary struct {
+	Site     string          `json:"site"` // "train.py:142 save_checkpoint"
+	Function string          `json:"function"`
+	File     string          `json:"file,omitempty"`
+	Line     int             `json:"line,omitempty"`
+	Gaps     int64           `json:"gaps"`
+	NS       int64           `json:"ns"`
+	ByCause  map[Cause]int64 `json:"by_cause"`
+}
+
+// UserFrame is the index of the innermost frame of the job's own code: not
+// the C library, the CUDA libraries, the Python interpreter, its standard
+// library or installed packages. -1 when every frame is theirs.
+func UserFrame(stack []event.Frame) int {
+	for i, f := range stack {
+		if !systemFile(f.File) {
+			return i
+		}
+	}
+	return -1
+}
+
+// SiteFrame is the frame a gap is charged to: the innermost user frame,
+// else the innermost frame; ok is false for an empty stack.
+func SiteFrame(stack []event.Frame) (event.Frame, bool) {
+	if len(stack) == 0 {
+		return event.Frame{}, false
+	}
+	if i := UserFrame(stack); i >= 0 {
+		return stack[i], true
+	}
+	return stack[0], true
+}
+
+func systemFile(file string) bool {
+	if file == "" || strings.HasPrefix(file, "<") { // "<frozen importlib._bootstrap>"
+		return true
+	}
+	for _, p := range []string{"/usr/lib/", "/lib/", "/lib64/", "/usr/lib64/", "/usr/local/cuda"} {
+		if strings.HasPrefix(file, p) {
+			return true
+		}
+	}
+	if strings.Contains(file, "/site-packages/") || strings.Contains(file, "/dist-packages/") {
+		return true
+	}
+	base := filepath.Base(file)
+	if strings.HasPrefix(base, "libpython") || strings.HasPrefix(base, "libcuda") || strings.HasPrefix(base, "libnccl") ||
+		strings.HasPrefix(base, "python3") && !strings.HasSuffix(base, ".py") {
+		return true
+	}
+	// The standard library: .../lib/python3.11/os.py
+	if i := strings.Index(file, "/lib/python3"); i >= 0 && strings.HasSuffix(file, ".py") {
+		return true
+	}
+	return false
+}
+
+// CallSite names a frame the way a person finds it: "train.py:142
+// save_checkpoint" with a line, "simtrain read_cold_until" without.
+func CallSite(f event.Frame) string {
+	base := filepath.Base(f.File)
+	switch {
+	case f.File == "":
+		return f.Function
+	case f.Line > 0:
+		return fmt.Sprintf("%s:%d %s", base, f.Line, f.Function)
+	}
+	return base + " " + f.Function
+}
+
+// FormatStack renders a stack one frame a line, innermost first:
+// "save_checkpoint (train.py:142)".
+func FormatStack(stack []event.Frame, truncated bool) string {
+	var b strings.Builder
+	for i, f := range stack {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(f.Function)
+		switch {
+		case f.File != "" && f.Line > 0:
+			fmt.Fprintf(&b, " (%s:%d)", f.File, f.Line)
+		case f.File != "":
+			fmt.Fprintf(&b, " (%s)", f.File)
+		}
+	}
+	if truncated {
+		b.WriteString("\n… (truncated)")
+	}
+	return b.String()
+}

@@ -1,0 +1,398 @@
+package tracer
+
+import (
+	"bufio"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Native stack symbolization. The BPF programs hand over return addresses
+// (a frame-pointer walk, bpf/common.h user_stacks); here each one becomes a
+// {function, ELF path} through the process's /proc/PID/maps and the file's
+// ELF symbol tables. Symbols are cached per file version (device, inode,
+// size, mtime), a process's mappings per pid until an address misses them.
+
+// maxStackFrames bounds the frames kept per stack: the innermost are the
+// ones a user acts on, and evidence stays small.
+const maxStackFrames = 32
+
+// elfSym is one function symbol, [addr, addr+size) in link-time addresses.
+type elfSym struct {
+	addr, size uint64
+	name       string
+}
+
+// elfFile is what symbolization needs of one ELF file.
+type elfFile struct {
+	path  string
+	syms  []elfSym // sorted by addr
+	loads []elf.ProgHeader
+	f     *os.File // for the call-instruction check; nil when unreadable
+	err   error
+}
+
+type fileID struct {
+	dev, ino  uint64
+	size, mod int64
+}
+
+// mapping is one executable file mapping of a process.
+type mapping struct {
+	start, end, off uint64
+	dev, ino        uint64
+	path            string
+	ef              *elfFile // once looked up
+}
+
+type symbolizer struct {
+	procRoot string
+	mu       sync.Mutex
+	files    map[fileID]*elfFile
+	procs    map[uint32][]*mapping
+	// raw caches the addresses behind a stack id per process: ids are
+	// stable (the map is never told to reuse a bucket), so one lookup per
+	// call site.
+	raw map[pidStack][]uint64
+}
+
+type pidStack struct {
+	pid uint32
+	id  int32
+}
+
+func newSymbolizer() *symbolizer {
+	return &symbolizer{procRoot: procRoot, files: map[fileID]*elfFile{}, procs: map[uint32][]*mapping{},
+		raw: map[pidStack][]uint64{}}
+}
+
+// forget drops what is known of pid (exec, exit).
+func (s *symbolizer) forget(pid uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.procs, pid)
+	for k := range s.raw {
+		if k.pid == pid {
+			delete(s.raw, k)
+		}
+	}
+}
+
+// close releases the open ELF files.
+func (s *symbolizer) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range s.files {
+		if f.f != nil {
+			_ = f.f.Close() // read-only file: nothing to lose
+		}
+	}
+	s.files = map[fileID]*elfFile{}
+}
+
+// frames symbolizes the return addresses ips of a stack of pid, innermost
+// first; truncated says outer frames were cut (the walk filled its depth,
+// or the stack has more than maxStackFrames). spWords (may be nil) are the words at the stack pointer when the
+// stack was taken inside a syscall: the wrapper that made the call keeps no
+// frame pointer, so the frame-pointer walk goes from it straight to its
+// caller's caller; the first word among them that is a return address
+// (it follows a call instruction in an executable mapping) is that caller.
+func (s *symbolizer) frames(pid uint32, ips []uint64, spWords []uint64) (frames []event.Frame, truncated bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(ips) == 0 {
+		return nil, false
+	}
+	truncated = len(ips) >= stackDepth
+	if len(spWords) > 0 {
+		if c, ok := s.callerOf(pid, ips, spWords); ok {
+			ips = append([]uint64{ips[0], c}, ips[1:]...)
+		}
+	}
+	if len(ips) > maxStackFrames {
+		ips, truncated = ips[:maxStackFrames], true
+	}
+	frames = make([]event.Frame, 0, len(ips))
+	for _, ip := range ips {
+		frames = append(frames, s.frame(pid, ip))
+	}
+	return frames, truncated
+}
+
+func (s *symbolizer) callerOf(pid uint32, ips, spWords []uint64) (uint64, bool) {
+	for _, w := range spWords {
+		if w < 4096 {
+			continue
+		}
+		if contains(ips, w) {
+			return 0, false // the walk already has it
+		}
+		m, ok := s.mappingOf(pid, w)
+		if !ok {
+			continue
+		}
+		ef := s.file(pid, m)
+		if ef.f == nil {
+			continue
+		}
+		if afterCall(ef.f, w-m.start+m.off) {
+			return w, true
+		}
+	}
+	return 0, false
+}
+
+func contains(a []uint64, v uint64) bool {
+	for _, x := range a {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// afterCall says whether the bytes before file offset off end in an x86-64
+// call instruction: e8 rel32, or ff /2 in its register and memory forms.
+func afterCall(f *os.File, off uint64) bool {
+	if off < 7 {
+		return false
+	}
+	var b [7]byte
+	if _, err := f.ReadAt(b[:], int64(off-7)); err != nil {
+		return false
+	}
+	if b[2] == 0xe8 {
+		return true
+	}
+	// ff /2 with a modrm byte (and optional sib/disp) ending at off.
+	for _, n := range []int{2, 3, 4, 6, 7} {
+		i := 7 - n
+		if b[i] == 0xff && (b[i+1]>>3)&7 == 2 {
+			return true
+		}
+	}
+	return false
+}
+
+// frame symbolizes one return address. The address after a call belongs
+// to the caller's next instruction, which may start another function or
+// line: lookups use ip-1, inside the call.
+func (s *symbolizer) frame(pid uint32, ip uint64) event.Frame {
+	m, ok := s.mappingOf(pid, ip)
+	if !ok {
+		return event.Frame{Function: fmt.Sprintf("0x%x", ip)}
+	}
+	ef := s.file(pid, m)
+	fr := event.Frame{File: m.path}
+	off := ip - m.start + m.off
+	if ef.err == nil {
+		if name, ok := ef.lookup(off - 1); ok {
+			fr.Function = name
+			return fr
+		}
+	}
+	fr.Function = fmt.Sprintf("%s+0x%x", filepath.Base(m.path), off)
+	return fr
+}
+
+// lookup finds the function containing file offset off.
+func (ef *elfFile) lookup(off uint64) (string, bool) {
+	vaddr, ok := uint64(0), false
+	for _, p := range ef.loads {
+		if off >= p.Off && off < p.Off+p.Filesz {
+			vaddr, ok = off-p.Off+p.Vaddr, true
+			break
+		}
+	}
+	if !ok {
+		return "", false
+	}
+	i := sort.Search(len(ef.syms), func(i int) bool { return ef.syms[i].addr > vaddr }) - 1
+	if i < 0 {
+		return "", false
+	}
+	sym := ef.syms[i]
+	if sym.size != 0 && vaddr >= sym.addr+sym.size {
+		return "", false
+	}
+	return sym.name, true
+}
+
+// mappingOf finds the executable mapping of pid holding addr, reading
+// /proc/PID/maps again once when it is not there (a library loaded since).
+func (s *symbolizer) mappingOf(pid uint32, addr uint64) (*mapping, bool) {
+	for attempt := 0; attempt < 2; attempt++ {
+		ms, ok := s.procs[pid]
+		if !ok || attempt == 1 {
+			var err error
+			ms, err = readExecMappings(filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "maps"))
+			if err != nil {
+				return nil, false
+			}
+			s.procs[pid] = ms
+		}
+		i := sort.Search(len(ms), func(i int) bool { return ms[i].end > addr })
+		if i < len(ms) && ms[i].start <= addr {
+			return ms[i], true
+		}
+	}
+	return nil, false
+}
+
+// readExecMappings parses the executable file mappings of a maps file,
+// sorted by address.
+func readExecMappings(path string) ([]*mapping, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open maps: %w", err)
+	}
+	defer func() { _ = f.Close() }() // read-only
+	var out []*mapping
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		m, ok := parseMapsLine(sc.Text())
+		if ok {
+			out = append(out, &m)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read maps: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].start < out[j].start })
+	return out, nil
+}
+
+// parseMapsLine reads "start-end perms offset major:minor inode path" and
+// keeps executable mappings of files.
+func parseMapsLine(line string) (mapping, bool) {
+	fs := strings.Fields(line)
+	if len(fs) < 6 || len(fs[1]) < 3 || fs[1][2] != 'x' || !strings.HasPrefix(fs[5], "/") {
+		return mapping{}, false
+	}
+	lo, hi, ok := strings.Cut(fs[0], "-")
+	if !ok {
+		return mapping{}, false
+	}
+	start, err1 := strconv.ParseUint(lo, 16, 64)
+	end, err2 := strconv.ParseUint(hi, 16, 64)
+	off, err3 := strconv.ParseUint(fs[2], 16, 64)
+	ino, err4 := strconv.ParseUint(fs[4], 10, 64)
+	maj, min, ok2 := strings.Cut(fs[3], ":")
+	ma, err5 := strconv.ParseUint(maj, 16, 32)
+	mi, err6 := strconv.ParseUint(min, 16, 32)
+	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil || !ok2 || end <= start {
+		return mapping{}, false
+	}
+	return mapping{start: start, end: end, off: off, dev: ma<<32 | mi, ino: ino,
+		path: strings.Join(fs[5:], " ")}, true
+}
+
+// file loads (once per file version) the symbols of the file behind m, as
+// the process sees it (/proc/PID/root: its mount namespace).
+func (s *symbolizer) file(pid uint32, m *mapping) *elfFile {
+	if m.ef != nil {
+		return m.ef
+	}
+	p := filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "root", m.path)
+	id := fileID{dev: m.dev, ino: m.ino}
+	if st, err := os.Stat(p); err == nil {
+		id.size, id.mod = st.Size(), st.ModTime().UnixNano()
+	}
+	ef, ok := s.files[id]
+	if !ok {
+		ef = loadELF(p)
+		ef.path = m.path
+		s.files[id] = ef
+	}
+	m.ef = ef
+	return ef
+}
+
+// loadELF reads the function symbols of .symtab and .dynsym and the
+// loadable segments of an ELF file.
+func loadELF(path string) *elfFile {
+	ef := &elfFile{}
+	f, err := os.Open(path)
+	if err != nil {
+		ef.err = fmt.Errorf("open %s: %w", path, err)
+		return ef
+	}
+	ef.f = f
+	e, err := elf.NewFile(f)
+	if err != nil {
+		ef.err = fmt.Errorf("read ELF %s: %w", path, err)
+		return ef
+	}
+	for _, p := range e.Progs {
+		if p.Type == elf.PT_LOAD {
+			ef.loads = append(ef.loads, p.ProgHeader)
+		}
+	}
+	seen := map[uint64]bool{}
+	add := func(syms []elf.Symbol) {
+		for _, sy := range syms {
+			t := elf.ST_TYPE(sy.Info)
+			if (t != elf.STT_FUNC && t != elf.STT_GNU_IFUNC) || sy.Value == 0 || sy.Section == elf.SHN_UNDEF {
+				continue
+			}
+			if seen[sy.Value] {
+				continue
+			}
+			seen[sy.Value] = true
+			name := sy.Name
+			if i := strings.IndexByte(name, '@'); i > 0 {
+				name = name[:i] // "read@@GLIBC_2.2.5"
+			}
+			ef.syms = append(ef.syms, elfSym{addr: sy.Value, size: sy.Size, name: name})
+		}
+	}
+	// .symtab first: it names the static functions .dynsym leaves out and
+	// the same addresses are then skipped.
+	if syms, err := e.Symbols(); err == nil {
+		add(syms)
+	}
+	if syms, err := e.DynamicSymbols(); err == nil {
+		add(syms)
+	}
+	sort.Slice(ef.syms, func(i, j int) bool { return ef.syms[i].addr < ef.syms[j].addr })
+	return ef
+}
+
+// stackIPs returns the return addresses stored under a user_stacks id,
+// innermost first, looked up once per process and id.
+func (t *Tracer) stackIPs(pid uint32, id int32) []uint64 {
+	k := pidStack{pid, id}
+	t.syms.mu.Lock()
+	ips, ok := t.syms.raw[k]
+	t.syms.mu.Unlock()
+	if ok {
+		return ips
+	}
+	var buf [stackDepth]uint64
+	if err := t.shared[cudaMapUserStacks].Lookup(uint32(id), &buf); err != nil {
+		t.log.Debug("user stack lookup", "id", id, "error", err)
+		return nil
+	}
+	for _, ip := range buf {
+		if ip == 0 {
+			break
+		}
+		ips = append(ips, ip)
+	}
+	t.syms.mu.Lock()
+	t.syms.raw[k] = ips
+	t.syms.mu.Unlock()
+	return ips
+}
+
+// stackDepth is STACK_DEPTH of bpf/common.h: the user_stacks value size in
+// addresses (load checks it against the map).
+const stackDepth = 64

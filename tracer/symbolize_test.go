@@ -1,0 +1,203 @@
+package tracer
+
+import (
+	"debug/elf"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+// libcFuncs finds the C library this test process maps and the runtime
+// addresses of some of its exported functions (one return address one byte
+// into each: symbolization looks up ip-1), with every name each address
+// has in .dynsym.
+func libcFuncs(t testing.TB, names ...string) (string, []uint64, []map[string]bool) {
+	t.Helper()
+	ms, err := readExecMappings("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m *mapping
+	for _, x := range ms {
+		if strings.HasPrefix(filepath.Base(x.path), "libc.so") {
+			m = x
+		}
+	}
+	if m == nil {
+		t.Skip("this test binary maps no libc.so (static build)")
+	}
+	f, err := elf.Open(m.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ips []uint64
+	var aliases []map[string]bool
+	for _, n := range names {
+		var v uint64
+		for _, s := range syms {
+			if strings.SplitN(s.Name, "@", 2)[0] == n && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+				v = s.Value
+			}
+		}
+		if v == 0 {
+			t.Fatalf("%s exports no %s", m.path, n)
+		}
+		al := map[string]bool{}
+		for _, s := range syms {
+			if s.Value == v {
+				al[strings.SplitN(s.Name, "@", 2)[0]] = true
+			}
+		}
+		var addr uint64
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_LOAD && v >= p.Vaddr && v < p.Vaddr+p.Filesz {
+				addr = m.start + (v - p.Vaddr + p.Off - m.off)
+			}
+		}
+		ips = append(ips, addr+1)
+		aliases = append(aliases, al)
+	}
+	return m.path, ips, aliases
+}
+
+func TestSymbolizeOwnProcess(t *testing.T) {
+	s := newSymbolizer()
+	defer s.close()
+	libc, ips, aliases := libcFuncs(t, "getpid", "pread64", "clock_nanosleep")
+	pid := uint32(os.Getpid())
+	frames, trunc := s.frames(pid, append(ips, 0x10), nil)
+	if len(frames) != 4 || trunc {
+		t.Fatalf("frames %+v truncated %v", frames, trunc)
+	}
+	for i := range ips {
+		if !aliases[i][frames[i].Function] || frames[i].File != libc || frames[i].Line != 0 {
+			t.Errorf("frame %d = %+v, want one of %v in %s", i, frames[i], aliases[i], libc)
+		}
+	}
+	// An address no mapping holds stays an address, never a wrong name.
+	if frames[3].Function != "0x10" || frames[3].File != "" {
+		t.Errorf("unmapped frame = %+v", frames[3])
+	}
+}
+
+func TestCallerFromStackWords(t *testing.T) {
+	s := newSymbolizer()
+	defer s.close()
+	pid := uint32(os.Getpid())
+	_, ips, _ := libcFuncs(t, "getpid", "pread64")
+	// A return address into this test follows a call. The scan skips
+	// small values and addresses outside executable mappings (a heap
+	// pointer) and inserts the first return address after the innermost
+	// frame.
+	ret := uint64(callerPC(make([]uintptr, 1)))
+	heap := new(uint64)
+	frames, _ := s.frames(pid, ips, []uint64{7, uint64(uintptr(unsafe.Pointer(heap))), ret})
+	if len(frames) != 3 || frames[1].File == "" || frames[1].File != s.frame(pid, ret).File {
+		t.Fatalf("caller not recovered: %+v", frames)
+	}
+	// A walk that already has the caller gets nothing inserted.
+	frames, _ = s.frames(pid, []uint64{ips[0], ret}, []uint64{ret})
+	if len(frames) != 2 {
+		t.Fatalf("caller inserted twice: %+v", frames)
+	}
+}
+
+func TestDeepStackIsTruncated(t *testing.T) {
+	s := newSymbolizer()
+	defer s.close()
+	_, ips, _ := libcFuncs(t, "getpid")
+	deep := make([]uint64, stackDepth)
+	for i := range deep {
+		deep[i] = ips[0]
+	}
+	frames, trunc := s.frames(uint32(os.Getpid()), deep, nil)
+	if len(frames) != maxStackFrames || !trunc {
+		t.Errorf("%d frames, truncated %v; want %d, true", len(frames), trunc, maxStackFrames)
+	}
+}
+
+func TestAfterCall(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "text")
+	// 0..6: e8 rel32 ending at 7; 7..9: ff d0 (call *%rax) ending at 9;
+	// 9..16: mov-like bytes.
+	code := []byte{0x90, 0x90, 0xe8, 1, 2, 3, 4, 0xff, 0xd0, 0x48, 0x89, 0xc7, 0x90, 0x90, 0x90, 0x90}
+	if err := os.WriteFile(p, code, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	for off, want := range map[uint64]bool{7: true, 9: true, 12: false, 3: false, 16: false} {
+		if got := afterCall(f, off); got != want {
+			t.Errorf("afterCall(%d) = %v, want %v", off, got, want)
+		}
+	}
+}
+
+func TestParseMapsLine(t *testing.T) {
+	m, ok := parseMapsLine("7f1c2a400000-7f1c2a428000 r-xp 00028000 fd:01 1234 /usr/lib/x86_64-linux-gnu/libc.so.6")
+	if !ok || m.start != 0x7f1c2a400000 || m.end != 0x7f1c2a428000 || m.off != 0x28000 || m.ino != 1234 ||
+		m.dev != 0xfd<<32|1 || m.path != "/usr/lib/x86_64-linux-gnu/libc.so.6" {
+		t.Errorf("parsed %+v %v", m, ok)
+	}
+	for _, l := range []string{
+		"7f1c2a400000-7f1c2a428000 r--p 00000000 fd:01 1234 /usr/lib/libc.so.6", // not executable
+		"7ffd1000-7ffd3000 r-xp 00000000 00:00 0 [vdso]",                        // not a file
+		"zz-7f r-xp 0 fd:01 1 /x",
+		"",
+	} {
+		if _, ok := parseMapsLine(l); ok {
+			t.Errorf("accepted %q", l)
+		}
+	}
+}
+
+// BenchmarkSymbolizeStack is the user-space cost of one captured stack of
+// 16 frames once its files are loaded (every gap after the first at a call
+// site pays this or less).
+func BenchmarkSymbolizeStack(b *testing.B) {
+	s := newSymbolizer()
+	defer s.close()
+	pid := uint32(os.Getpid())
+	_, some, _ := libcFuncs(b, "getpid", "pread64", "clock_nanosleep", "read", "write", "fsync", "poll", "nanosleep")
+	ips := append(append([]uint64{}, some...), some...)
+	s.frames(pid, ips, nil)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if fr, _ := s.frames(pid, ips, nil); len(fr) != 16 {
+			b.Fatal(fr)
+		}
+	}
+}
+
+// BenchmarkSymbolizeColdFile includes reading /proc/PID/maps and the
+// symbols of the C library: what the first stack into a new file pays.
+func BenchmarkSymbolizeColdFile(b *testing.B) {
+	pid := uint32(os.Getpid())
+	_, ips, _ := libcFuncs(b, "getpid")
+	for i := 0; i < b.N; i++ {
+		s := newSymbolizer()
+		if fr, _ := s.frames(pid, ips, nil); len(fr) != 1 {
+			b.Fatal(fr)
+		}
+		s.close()
+	}
+}
+
+// callerPC returns the return address into its caller.
+//
+//go:noinline
+func callerPC(pcs []uintptr) uintptr {
+	runtime.Callers(2, pcs)
+	return pcs[0]
+}

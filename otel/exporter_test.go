@@ -148,6 +148,18 @@ func TestFileModeSpanModel(t *testing.T) {
 		if _, ok := root.Attributes["gpu.step.idle."+string(wantCause)]; !ok {
 			t.Errorf("step %d: root lacks gpu.step.idle.%s: %v", n, wantCause, root.Attributes)
 		}
+		// A stall keeps the compute it overlapped: the comm step's 28 ms
+		// stall at SM activity 0.25 saves 21 ms, its cpu 5 + 2×0.75 ms.
+		wantSaved, wantCPU := 28.0, 7.0
+		if wantCause == correlate.CauseComm {
+			wantSaved, wantCPU = 21, 6.5
+		}
+		if got := root.Attributes["gpu.step.what_if."+string(wantCause)+"_ms"]; got != wantSaved {
+			t.Errorf("step %d: gpu.step.what_if.%s_ms %v, want %v", n, wantCause, got, wantSaved)
+		}
+		if got := root.Attributes["gpu.step.what_if.cpu_ms"]; got != wantCPU {
+			t.Errorf("step %d: gpu.step.what_if.cpu_ms %v, want %v", n, got, wantCPU)
+		}
 		switch wantCause {
 		case correlate.CauseIORead:
 			if p, _ := gapSpan.Attributes["file.path"].(string); !strings.HasPrefix(p, "/data/shard-") {

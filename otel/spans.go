@@ -29,7 +29,7 @@ func unix(ns int64) time.Time { return time.Unix(0, ns) }
 // from contexts built on a clean base so that fixed IDs meant for one span
 // never leak to its children (see withFixedIDs).
 func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []correlate.Gap) {
-	stepAttrs := stepAttributes(s)
+	stepAttrs := append(stepAttributes(s), whatIfAttributes(s, gaps)...)
 	var parent trace.Span
 	// Spans are not compared with ==: some implementations (the
 	// non-recording span of an unsampled trace) are not comparable.

@@ -40,6 +40,7 @@ import (
 	"github.com/gaptrace/gaptrace/internal/safefile"
 	"github.com/gaptrace/gaptrace/otel"
 	"github.com/gaptrace/gaptrace/perfetto"
+	"github.com/gaptrace/gaptrace/whatif"
 )
 
 // FlushTimeout bounds how long exporting what is left may take once the
@@ -356,7 +357,7 @@ func (g *gapsWriter) Close() error {
 // every one the job blocked at.
 const maxSummaryCallSites = 10
 
-func writeSummaryJSON(path string, s correlate.Summary) error {
+func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate) error {
 	if s.ByCause == nil {
 		s.ByCause = map[correlate.Cause]int64{}
 	}
@@ -367,7 +368,10 @@ func writeSummaryJSON(path string, s correlate.Summary) error {
 			MaxRSSBytes: ru.Maxrss << 10, // Linux reports KiB
 		}
 	}
-	b, err := json.MarshalIndent(s, "", "  ")
+	b, err := json.MarshalIndent(struct {
+		correlate.Summary
+		WhatIf map[correlate.Cause]whatif.JSON `json:"what_if,omitempty"`
+	}{s, whatif.JSONMap(wi)}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -387,6 +391,7 @@ type session struct {
 	gaps  *gapsWriter
 	trace *perfetto.Writer // --perfetto-out, nil when off
 	procs processes
+	wi    *whatif.Accumulator
 	pipe  Pipeline
 	spans string
 	// cmdline is the target's command line as --command-line and
@@ -418,7 +423,9 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	} else {
 		s.spans = cfg.SpansOut // both: OTLP and a local copy
 	}
-	sinks := correlate.Tee{s.agg, &s.procs}
+	s.wi = whatif.New()
+	s.agg.SetWhatIf(s.wi.Estimates)
+	sinks := correlate.Tee{s.agg, &s.procs, s.wi}
 	if cfg.GapsOut != "" {
 		g, err := newGapsWriter(cfg.GapsOut, s.log)
 		if err != nil {
@@ -545,7 +552,7 @@ func (s *session) finish() error {
 		title += " · " + w
 	}
 	if s.cfg.SummaryJSON != "" {
-		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum); err != nil {
+		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum, s.wi.Estimates()); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -253,8 +253,23 @@ func TestRunWritesOutputsAndSummary(t *testing.T) {
 	if s["dropped_events"].(float64) != 2 {
 		t.Errorf("dropped_events %v, want the pipeline's 2", s["dropped_events"])
 	}
+	// The fake's one step: 100 ms with 40 ms of io.read idle.
+	var wi struct {
+		WhatIf map[string]struct {
+			SavedNSPerStep int64   `json:"saved_ns_per_step"`
+			SavedFraction  float64 `json:"saved_fraction"`
+			Fix            string  `json:"fix"`
+		} `json:"what_if"`
+	}
+	if err := json.Unmarshal(b, &wi); err != nil {
+		t.Fatal(err)
+	}
+	if r := wi.WhatIf["io.read"]; r.SavedNSPerStep != 40e6 || r.SavedFraction != 0.4 || r.Fix == "" || len(wi.WhatIf) != 1 {
+		t.Errorf("what_if %+v, want io.read alone saving 40 ms/step (0.4) with a fix", wi.WhatIf)
+	}
 	out := h.stdout.String()
-	for _, want := range []string{"summary", "GPU idle 40.0%", "io.read", "gaps     " + gaps, "spans    gaptrace-spans.jsonl"} {
+	for _, want := range []string{"summary", "GPU idle 40.0%", "io.read", "gaps     " + gaps, "spans    gaptrace-spans.jsonl",
+		"without io.read         −40 ms/step (−40.0%) — prefetch"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out)
 		}
@@ -545,7 +560,7 @@ func TestDemoWithoutSimGPU(t *testing.T) {
 
 func TestSummaryJSONCarriesSidecarCost(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "summary.json")
-	if err := writeSummaryJSON(path, correlate.Summary{Steps: 3}); err != nil {
+	if err := writeSummaryJSON(path, correlate.Summary{Steps: 3}, nil); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(path)

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/whatif"
 )
 
 // Stats is what the pipeline reports about itself.
@@ -78,6 +79,7 @@ type Aggregator struct {
 	// sites: idle time by call site (sites.go), bounded like files.
 	sites      map[string]*siteAgg
 	otherSites otherAgg
+	whatIf     func() []whatif.Estimate
 }
 
 // maxTracked bounds the files and the peers the view keeps by name.
@@ -204,6 +206,13 @@ func (a *Aggregator) SetSummary(s correlate.Summary) {
 	a.snap, a.haveSnap = s, true
 }
 
+// SetWhatIf names where views take their what-if estimates from.
+func (a *Aggregator) SetWhatIf(f func() []whatif.Estimate) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.whatIf = f
+}
+
 // SetStats records the pipeline's statistics.
 func (a *Aggregator) SetStats(s Stats) {
 	a.mu.Lock()
@@ -278,6 +287,10 @@ type View struct {
 	TopSites []TopItem
 	LastGap  *correlate.Gap
 	Stats    Stats
+	// WhatIf is what removing each cause would save, largest first.
+	WhatIf []whatif.Estimate
+	// whatIfBlock: the summary's what-if block rather than the live line.
+	whatIfBlock bool
 }
 
 // View takes a consistent frame. title names what is traced.
@@ -342,6 +355,9 @@ func (a *Aggregator) View(title string) View {
 	if a.lastGap != nil {
 		g := *a.lastGap
 		v.LastGap = &g
+	}
+	if a.whatIf != nil {
+		v.WhatIf = a.whatIf()
 	}
 	return v
 }
@@ -481,6 +497,7 @@ func Frame(v View, width int) string {
 	fmt.Fprintf(&b, "steps %d (%.1f/s)   GPU idle %s   gaps %d   dropped events %d\n",
 		v.Steps, v.StepsPerSec, pct(v.IdlePct), v.Gaps, v.Stats.Drops)
 	writeCauses(&b, v, width)
+	writeWhatIf(&b, v)
 	writeEvidence(&b, v, width)
 	writeSites(&b, v, width)
 	if v.LastGap != nil {
@@ -549,6 +566,9 @@ func LogLine(v View) string {
 			fmt.Fprintf(&b, "%s:%.0f%%", c.Cause, 100*c.Share)
 		}
 	}
+	if w := shownWhatIf(v.WhatIf, 1); len(w) > 0 {
+		fmt.Fprintf(&b, " what_if=%s:-%s/step:-%.1f%%", w[0].Cause, strings.ReplaceAll(formatSaving(w[0].SavedNSPerStep), " ", ""), 100*w[0].SavedFraction)
+	}
 	if len(v.TopFiles) > 0 {
 		fmt.Fprintf(&b, " top_file=%s", logValue(v.TopFiles[0].Name))
 	}
@@ -573,6 +593,7 @@ func Summary(v View, out Outputs, width int) string {
 	rule := strings.Repeat("─", max(60, min(width, 120)))
 	b.WriteString(rule + "\n")
 	b.WriteString("summary\n")
+	v.whatIfBlock = true
 	b.WriteString(Frame(v, width))
 	if len(v.Stats.Missing) > 0 {
 		fmt.Fprintf(&b, "\nprobes not attached (%d): %s\n", len(v.Stats.Missing), Escape(missingList(v.Stats.Missing, 6)))
@@ -707,4 +728,60 @@ func (t *Terminal) Clear() {
 	fmt.Fprintf(&b, "%s\x1b[r\x1b[%d;1H\x1b[J%s", saveCursor, t.height-t.reserved+1, restoreCursor)
 	t.reserved = 0
 	io.WriteString(t.W, b.String()) //nolint:errcheck // see Draw
+}
+
+// whatIfMin is the smallest saving worth a row: below half a percent of
+// the step, a fix is not worth anyone's time.
+const whatIfMin = 0.005
+
+func shownWhatIf(es []whatif.Estimate, n int) []whatif.Estimate {
+	var out []whatif.Estimate
+	for _, e := range es {
+		if len(out) == n {
+			break
+		}
+		if e.SavedFraction >= whatIfMin {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// formatSaving prints a per-step saving with one decimal below 10 ms,
+// where whole milliseconds would round most savings away.
+func formatSaving(ns int64) string {
+	if ns >= int64(time.Millisecond) && ns < 10*int64(time.Millisecond) {
+		return fmt.Sprintf("%.1f ms", float64(ns)/1e6)
+	}
+	return FormatNS(ns)
+}
+
+// writeWhatIf writes one line in the live view, a block in the summary:
+// per cause, the step time saved without it and the fix that removes it.
+// A cause seen in few steps (a periodic checkpoint) says so, since its
+// per-step figure is an average over steps that mostly did not pay it.
+func writeWhatIf(b *strings.Builder, v View) {
+	if !v.whatIfBlock {
+		es := shownWhatIf(v.WhatIf, 2)
+		if len(es) == 0 {
+			return
+		}
+		parts := make([]string, len(es))
+		for i, e := range es {
+			parts[i] = fmt.Sprintf("%s −%s/step (−%.1f%%)", e.Cause, formatSaving(e.SavedNSPerStep), 100*e.SavedFraction)
+		}
+		fmt.Fprintf(b, "what if: without %s\n", strings.Join(parts, ", "))
+		return
+	}
+	es := shownWhatIf(v.WhatIf, 5)
+	if len(es) == 0 {
+		return
+	}
+	b.WriteString("\nwhat if (step time saved per step, each cause removed alone)\n")
+	for _, e := range es {
+		fmt.Fprintf(b, "  without %-15s −%s/step (−%.1f%%) — %s\n", e.Cause, formatSaving(e.SavedNSPerStep), 100*e.SavedFraction, e.Fix)
+		if v.Steps > 0 && e.Steps*10 < v.Steps*9 {
+			fmt.Fprintf(b, "          %-15s paid in %d of %d steps, up to %s in one\n", "", min(e.Steps, v.Steps), v.Steps, formatSaving(e.MaxNS))
+		}
+	}
 }

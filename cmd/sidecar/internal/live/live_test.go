@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/whatif"
 )
 
 type clock struct{ t time.Time }
@@ -262,5 +263,46 @@ func TestOpsNote(t *testing.T) {
 		if len(opsNote(c.ops)) > opsNoteWidth && len(c.ops) > 1 {
 			t.Errorf("opsNote(%v) wider than its column", c.ops)
 		}
+	}
+}
+
+// The live view shows the two largest savings on one line; the summary a
+// block with each fix, saying when a cause was paid in few steps only, and
+// leaves out savings too small to act on.
+func TestWhatIf(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	a := NewAggregator(c.now)
+	acc := whatif.New()
+	a.SetWhatIf(acc.Estimates)
+	for n := int64(1); n <= 10; n++ {
+		s := correlate.Step{PID: 1, Number: n, Start: n * 1e9, End: n*1e9 + 100e6,
+			ByCause: map[correlate.Cause]int64{correlate.CauseCPU: 5e6, correlate.CauseOther: 1e5}}
+		if n%5 == 0 {
+			s.ByCause[correlate.CauseIOWrite] = 210e6
+			s.End += 210e6
+		}
+		a.Step(s)
+		acc.Step(s)
+	}
+	v := a.View("x")
+	frame := Frame(v, 100)
+	if want := "what if: without io.write −42 ms/step (−29.6%), cpu −5.0 ms/step (−3.5%)\n"; !strings.Contains(frame, want) {
+		t.Errorf("live view lacks %q:\n%s", want, frame)
+	}
+	sum := Summary(v, Outputs{}, 100)
+	for _, want := range []string{
+		"without io.write        −42 ms/step (−29.6%) — write checkpoints and logs asynchronously\n",
+		"paid in 2 of 10 steps, up to 210 ms in one\n",
+		"without cpu             −5.0 ms/step (−3.5%) — cut launch overhead",
+	} {
+		if !strings.Contains(sum, want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum)
+		}
+	}
+	if strings.Contains(sum, "what if:") || strings.Contains(sum, "without other") || strings.Count(sum, "paid in") != 1 {
+		t.Errorf("summary repeats the live line, shows a negligible saving or spreads an every-step cause:\n%s", sum)
+	}
+	if l := LogLine(v); !strings.Contains(l, " what_if=io.write:-42ms/step:-29.6%") {
+		t.Errorf("log line lacks the largest saving: %s", l)
 	}
 }

@@ -142,7 +142,7 @@ func newUnloadedTracer() *Tracer {
 		cfg: cfg, log: cfg.Logger, fds: newFDResolver(), comms: &taskComms{procRoot: "/proc"},
 		procs: make(map[uint32]*procState), missingSeen: make(map[string]bool),
 		roots: make(map[uint32]bool), unmapped: make(map[uint32]string),
-		rescan: make(chan uint32, 16), done: make(chan struct{}),
+		rescan: make(chan uint32, 16), done: make(chan struct{}), syms: newSymbolizer(),
 	}
 }
 

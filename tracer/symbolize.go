@@ -376,8 +376,12 @@ func (t *Tracer) stackIPs(pid uint32, id int32) []uint64 {
 	if ok {
 		return ips
 	}
+	m := t.shared[cudaMapUserStacks]
+	if m == nil {
+		return nil // not loaded (a tracer fed recorded records)
+	}
 	var buf [stackDepth]uint64
-	if err := t.shared[cudaMapUserStacks].Lookup(uint32(id), &buf); err != nil {
+	if err := m.Lookup(uint32(id), &buf); err != nil {
 		t.log.Debug("user stack lookup", "id", id, "error", err)
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -62,7 +63,17 @@ type symbolizer struct {
 	// stable (the map is never told to reuse a bucket), so one lookup per
 	// call site.
 	raw map[pidStack][]uint64
+	// readAt is when a process's maps were last read: an address in no
+	// file mapping (a heap word, JIT code) rereads them at most once per
+	// mapsRereadEvery, not once per address.
+	readAt map[uint32]time.Time
 }
+
+// mapsRereadEvery bounds how often a process's maps are reread for
+// addresses they do not cover. A PyTorch process maps thousands of regions;
+// rereading them for every stack word that is not code stalled the event
+// consumer for seconds while the job imported its libraries.
+const mapsRereadEvery = time.Second
 
 type pidStack struct {
 	pid uint32
@@ -71,7 +82,7 @@ type pidStack struct {
 
 func newSymbolizer() *symbolizer {
 	return &symbolizer{procRoot: procRoot, files: map[fileID]*elfFile{}, procs: map[uint32][]*mapping{},
-		raw: map[pidStack][]uint64{}}
+		raw: map[pidStack][]uint64{}, readAt: map[uint32]time.Time{}}
 }
 
 // forget drops what is known of pid (exec, exit).
@@ -79,6 +90,7 @@ func (s *symbolizer) forget(pid uint32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.procs, pid)
+	delete(s.readAt, pid)
 	for k := range s.raw {
 		if k.pid == pid {
 			delete(s.raw, k)
@@ -231,6 +243,9 @@ func (ef *elfFile) lookup(off uint64) (string, bool) {
 func (s *symbolizer) mappingOf(pid uint32, addr uint64) (*mapping, bool) {
 	for attempt := 0; attempt < 2; attempt++ {
 		ms, ok := s.procs[pid]
+		if attempt == 1 && time.Since(s.readAt[pid]) < mapsRereadEvery {
+			return nil, false
+		}
 		if !ok || attempt == 1 {
 			var err error
 			ms, err = readExecMappings(filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "maps"))
@@ -238,6 +253,7 @@ func (s *symbolizer) mappingOf(pid uint32, addr uint64) (*mapping, bool) {
 				return nil, false
 			}
 			s.procs[pid] = ms
+			s.readAt[pid] = time.Now()
 		}
 		i := sort.Search(len(ms), func(i int) bool { return ms[i].end > addr })
 		if i < len(ms) && ms[i].start <= addr {

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -200,4 +201,46 @@ func BenchmarkSymbolizeColdFile(b *testing.B) {
 func callerPC(pcs []uintptr) uintptr {
 	runtime.Callers(2, pcs)
 	return pcs[0]
+}
+
+// Addresses in no file mapping (heap words among a syscall's stack words,
+// JIT code) must not reread a process's maps each time: a PyTorch process
+// maps thousands of regions, and rereading them per word stalled the event
+// consumer for seconds. A mapping that appears is still found within
+// mapsRereadEvery.
+func TestMissesRereadMapsAtMostOncePerInterval(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "42")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	maps := filepath.Join(dir, "maps")
+	write := func(lines ...string) {
+		if err := os.WriteFile(maps, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("400000-401000 r-xp 00000000 fd:01 7 /opt/a")
+	s := newSymbolizer()
+	s.procRoot = root
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.mappingOf(42, 0x400100); !ok {
+		t.Fatal("mapped address not found")
+	}
+	first := s.readAt[42]
+	for range 1000 {
+		if _, ok := s.mappingOf(42, 0x7fff0000); ok {
+			t.Fatal("an unmapped address was found")
+		}
+	}
+	if s.readAt[42] != first {
+		t.Error("misses reread the maps within the interval")
+	}
+	// A library mapped later: found once the interval has passed.
+	write("400000-401000 r-xp 00000000 fd:01 7 /opt/a", "500000-501000 r-xp 00000000 fd:01 8 /opt/b")
+	s.readAt[42] = time.Now().Add(-2 * mapsRereadEvery)
+	if m, ok := s.mappingOf(42, 0x500010); !ok || m.path != "/opt/b" {
+		t.Errorf("a new mapping was not found after the interval: %+v %v", m, ok)
+	}
 }

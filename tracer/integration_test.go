@@ -13,7 +13,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // Privileged tests: real probes on the simulated GPU libraries
@@ -31,9 +31,7 @@ import (
 // cannot support one; any other failure is a failure.
 func newTestTracer(t testing.TB, cfg Config) *Tracer {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to load BPF programs")
-	}
+	testutil.NeedRoot(t, "loads BPF programs")
 	tr, err := New(cfg)
 	if errors.Is(err, ebpf.ErrNotSupported) {
 		t.Skipf("kernel lacks a required feature: %v", err)
@@ -49,38 +47,11 @@ func newTestTracer(t testing.TB, cfg Config) *Tracer {
 	return tr
 }
 
-var (
-	simgpuOnce sync.Once
-	simgpuDir  string
-	simgpuErr  error
-)
+// simgpu returns the directory with simtrain and the simulated libraries
+// (GAPTRACE_SIMGPU or a build of testdata/simgpu).
+var simgpu = testutil.SimGPU
 
-// simgpu returns a directory with simtrain and the simulated libraries:
-// GAPTRACE_SIMGPU when set, else a fresh build.
-func simgpu(t testing.TB) string {
-	t.Helper()
-	simgpuOnce.Do(func() {
-		if d := os.Getenv("GAPTRACE_SIMGPU"); d != "" {
-			simgpuDir = d
-			return
-		}
-		dir, err := os.MkdirTemp("", "gaptrace-simgpu-")
-		if err != nil {
-			simgpuErr = err
-			return
-		}
-		out, err := exec.Command("make", "-s", "-C", "../testdata/simgpu", "OUT="+dir).CombinedOutput()
-		if err != nil {
-			simgpuErr = fmt.Errorf("build simgpu: %w\n%s", err, out)
-			return
-		}
-		simgpuDir = dir
-	})
-	if simgpuErr != nil {
-		t.Fatal(simgpuErr)
-	}
-	return simgpuDir
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 // truthRec is one line of simtrain's --truth file (CLOCK_MONOTONIC ns).
 type truthRec struct {

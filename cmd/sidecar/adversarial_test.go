@@ -28,6 +28,8 @@ import (
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // runIn runs gaptrace in dir and returns its exit code and output.
@@ -47,7 +49,7 @@ func runIn(t *testing.T, dir string, environ []string, args ...string) (int, str
 	select {
 	case <-done:
 	case <-time.After(3 * time.Minute):
-		killGroup(t, cmd.Process.Pid)
+		testutil.KillGroup(t, cmd.Process.Pid)
 		<-done
 		t.Fatalf("gaptrace %v did not exit\n%s\n%s", args, &stdout, &stderr)
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 	"github.com/gaptrace/gaptrace/test/accuracy"
 )
 
@@ -390,9 +391,12 @@ func TestKill9WithLiveView(t *testing.T) {
 		t.Fatal(err)
 	}
 	slave.Close()
-	out := &lockedBuf{}
+	out := &testutil.LockedBuffer{}
 	go copyTerminal(out, master)
-	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }) //nolint:errcheck // cleanup
+	t.Cleanup(func() {
+		testutil.KillGroup(t, cmd.Process.Pid)
+		_ = cmd.Wait() // its status is the kill's
+	})
 	deadline := time.Now().Add(time.Minute)
 	for !strings.Contains(out.String(), "idle by cause") {
 		if time.Now().After(deadline) {

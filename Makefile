@@ -60,6 +60,16 @@ test: build simgpu jaeger helm ## Run every test (as root for the eBPF tiers)
 	GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) GAPTRACE_JAEGER=$(abspath $(JAEGER)) GAPTRACE_HELM=$(abspath $(HELM)) \
 		$(GO) test -p 1 -count=1 -timeout 40m ./... ./testdata/simgpu/
 
+# The quick tier: every test that needs no root, no Jaeger and no simulated
+# GPU build; those skip under -short, saying which tier runs them.
+unit: ## Quick tests, no root/Jaeger/simulated GPU (go test -short ./...)
+	$(GO) test -short -count=1 ./...
+
+# Not in CI: a long run that shows leaks and slow paths. SOAK=10m shortens it.
+SOAK ?= 1h
+soak: build simgpu ## gaptrace on simtrain at top launch rate for SOAK=1h: RSS, CPU
+	SOAK=$(SOAK) GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) tools/soak.sh
+
 accuracy: build simgpu ## Print the attribution accuracy table on simtrain scenarios
 	GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) \
 		$(GO) test -count=1 -timeout 20m -run TestAccuracy -v ./test/accuracy
@@ -83,4 +93,4 @@ lint: $(GOLANGCI) ## gofmt + go vet + golangci-lint (first build ~2 min)
 clean: ## Remove build outputs
 	rm -rf bin build
 
-.PHONY: help build generate fmt-bpf simgpu jaeger helm test accuracy demo lint clean
+.PHONY: help build generate fmt-bpf simgpu jaeger helm test unit soak accuracy demo lint clean

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // The simulated NVML is built once per test binary. go-nvml binds NVML
@@ -31,6 +32,8 @@ var (
 	simWriter string
 	simErr    error
 	simDir    string // SIMGPU_DIR shared by the writer and the library
+	simTmp    string // where the first needSim builds them
+	simOnce   sync.Once
 )
 
 const (
@@ -46,9 +49,9 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
+		simTmp = tmp
 		simDir = filepath.Join(tmp, "shm")
 		_ = os.Mkdir(simDir, 0o755)
-		simErr = buildSim(tmp)
 		// The library reads these at each call; set before any Open.
 		os.Setenv("SIMGPU_DIR", simDir)
 		os.Setenv("SIMGPU_SAMPLE_MS", fmt.Sprint(simSamplePeriod.Milliseconds()))
@@ -83,8 +86,12 @@ func buildSim(dir string) error {
 	return nil
 }
 
+// needSim builds the simulated NVML on first use, so that the quick tier
+// (-short), which skips here, builds nothing.
 func needSim(t testing.TB) {
 	t.Helper()
+	testutil.SkipShort(t, "the simulated GPU build")
+	simOnce.Do(func() { simErr = buildSim(simTmp) })
 	if simErr != nil {
 		t.Fatalf("simulated NVML unavailable: %v", simErr)
 	}

@@ -13,15 +13,17 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // Privileged tests: real probes on the simulated GPU libraries
@@ -31,9 +33,7 @@ import (
 // cannot support one; any other failure is a failure.
 func newTestTracer(t testing.TB, cfg Config) *Tracer {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to load BPF programs")
-	}
+	testutil.NeedRoot(t, "loads BPF programs")
 	tr, err := New(cfg)
 	if errors.Is(err, ebpf.ErrNotSupported) {
 		t.Skipf("kernel lacks a required feature: %v", err)
@@ -49,38 +49,11 @@ func newTestTracer(t testing.TB, cfg Config) *Tracer {
 	return tr
 }
 
-var (
-	simgpuOnce sync.Once
-	simgpuDir  string
-	simgpuErr  error
-)
+// simgpu returns the directory with simtrain and the simulated libraries
+// (GAPTRACE_SIMGPU or a build of testdata/simgpu).
+var simgpu = testutil.SimGPU
 
-// simgpu returns a directory with simtrain and the simulated libraries:
-// GAPTRACE_SIMGPU when set, else a fresh build.
-func simgpu(t testing.TB) string {
-	t.Helper()
-	simgpuOnce.Do(func() {
-		if d := os.Getenv("GAPTRACE_SIMGPU"); d != "" {
-			simgpuDir = d
-			return
-		}
-		dir, err := os.MkdirTemp("", "gaptrace-simgpu-")
-		if err != nil {
-			simgpuErr = err
-			return
-		}
-		out, err := exec.Command("make", "-s", "-C", "../testdata/simgpu", "OUT="+dir).CombinedOutput()
-		if err != nil {
-			simgpuErr = fmt.Errorf("build simgpu: %w\n%s", err, out)
-			return
-		}
-		simgpuDir = dir
-	})
-	if simgpuErr != nil {
-		t.Fatal(simgpuErr)
-	}
-	return simgpuDir
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 // truthRec is one line of simtrain's --truth file (CLOCK_MONOTONIC ns).
 type truthRec struct {
@@ -366,6 +339,66 @@ func TestSimtrainFullSingleUprobes(t *testing.T) {
 // canRealtime reports whether this process may create SCHED_FIFO threads
 // (simtrain's cpu.contention helper needs it; some containers deny it even
 // to root).
+// probeWakeupLatency samples, until stop is closed, how late an absolute
+// CLOCK_MONOTONIC sleep on the CPUs of set returns for a SCHED_FIFO thread
+// of priority 2: above the test's hog (1) and every normal task, so what it
+// measures is the delay of the timer and of the wakeup, not a wait for the
+// CPU. The returned func waits for the sampler and gives the worst lateness.
+func probeWakeupLatency(t *testing.T, set unix.CPUSet, stop <-chan struct{}) func() time.Duration {
+	t.Helper()
+	var worst time.Duration
+	var failed error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// The thread keeps the policy and the affinity: it is never
+		// unlocked, so it exits with this goroutine.
+		runtime.LockOSThread()
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			failed = fmt.Errorf("pin the wakeup probe: %w", err)
+			return
+		}
+		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: 1 /* SCHED_FIFO */, Priority: 2}, 0); err != nil {
+			failed = fmt.Errorf("make the wakeup probe real-time: %w", err)
+			return
+		}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			worst = max(worst, sleepLateness(2*time.Millisecond))
+		}
+	}()
+	return func() time.Duration {
+		<-done
+		if failed != nil {
+			t.Fatal(failed)
+		}
+		return worst
+	}
+}
+
+// sleepLateness sleeps until d from now and returns how late it woke.
+// Raw system calls: the Go scheduler never takes the thread between the
+// wakeup and the clock read (a garbage collection's stop waiting for
+// starved threads would be measured as the kernel's lateness).
+func sleepLateness(d time.Duration) time.Duration {
+	var now unix.Timespec
+	syscall.RawSyscall(unix.SYS_CLOCK_GETTIME, unix.CLOCK_MONOTONIC, uintptr(unsafe.Pointer(&now)), 0) //nolint:errcheck // CLOCK_MONOTONIC cannot fail
+	target := now.Nano() + int64(d)
+	ts := unix.NsecToTimespec(target)
+	for {
+		_, _, e := syscall.RawSyscall6(unix.SYS_CLOCK_NANOSLEEP, unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+		if e != unix.EINTR {
+			break
+		}
+	}
+	syscall.RawSyscall(unix.SYS_CLOCK_GETTIME, unix.CLOCK_MONOTONIC, uintptr(unsafe.Pointer(&now)), 0) //nolint:errcheck // CLOCK_MONOTONIC cannot fail
+	return time.Duration(now.Nano() - target)
+}
+
 func canRealtime() bool {
 	ok := make(chan bool)
 	go func() {
@@ -784,8 +817,10 @@ func checkStall(t *testing.T, r simRun, st truthRec) {
 
 // A sync that sleeps until the GPU is done and then waits for a CPU: the
 // tracer reports the wait from the wakeup (Woken), inside the sync, and the
-// wakeup is when the simulated GPU finished. simtrain runs pinned to CPU 0
-// while a SCHED_FIFO thread of this test spins there half the time.
+// wakeup is when the simulated GPU finished, give or take how late the
+// machine delivers timer wakeups on that CPU meanwhile (measured, not
+// assumed: a loaded host makes it milliseconds). simtrain runs pinned to
+// CPU 0 while a SCHED_FIFO thread of this test spins there half the time.
 func TestSyncWakeupThenRunqueue(t *testing.T) {
 	if !canRealtime() {
 		t.Skip("needs SCHED_FIFO (root or CAP_SYS_NICE)")
@@ -796,7 +831,12 @@ func TestSyncWakeupThenRunqueue(t *testing.T) {
 	var cpu0 unix.CPUSet
 	cpu0.Set(0)
 	hogDone, stopHog := make(chan struct{}), make(chan struct{})
+	// How late a timer wakes a sleeper on CPU 0 while the job runs: the
+	// machine's share of the distance between a GPU end and the wakeup
+	// it causes (a busy host or hypervisor delays the timer interrupt).
+	var lat func() time.Duration
 	r := runSimtrainHook(t, ProbesFull, func(pid int) {
+		lat = probeWakeupLatency(t, cpu0, stopHog)
 		if err := unix.SchedSetaffinity(pid, &cpu0); err != nil {
 			t.Fatalf("pin simtrain to CPU 0: %v", err)
 		}
@@ -826,6 +866,11 @@ func TestSyncWakeupThenRunqueue(t *testing.T) {
 	}, "--steps", "60", "--kernels-per-step", "2", "--kernel-us", "4000", "--workers", "0")
 	close(stopHog)
 	<-hogDone
+	late := lat()
+	// Timer slack and the wakeup path on an idle machine stay well under
+	// 500 µs; what the machine added during this run comes on top.
+	allowed := 500*int64(time.Microsecond) + int64(late)
+	t.Logf("timer wakeups on CPU 0 up to %v late during the run: a wakeup may be %v from a GPU end", late, time.Duration(allowed))
 	main := r.meta.TID
 	var busyEnds []int64
 	for _, rec := range r.truth {
@@ -862,8 +907,8 @@ func TestSyncWakeupThenRunqueue(t *testing.T) {
 				best = min(best, max(busyEnds[j]-ev.Start, ev.Start-busyEnds[j]))
 			}
 		}
-		if best > 500*int64(time.Microsecond) {
-			t.Errorf("woken at %d, %d µs from the nearest end of GPU work", ev.Start, best/1000)
+		if best > allowed {
+			t.Errorf("woken at %d, %d µs from the nearest end of GPU work (allowed %d µs)", ev.Start, best/1000, allowed/1000)
 		}
 	}
 	if woken == 0 {

@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // ourObjects lists the IDs of every program and link the tracer holds.
@@ -108,7 +109,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 	}
 	// Libraries are discovered from /proc/PID/maps (no explicit paths).
 	traceStart := time.Now()
-	waitFor(t, 10*time.Second, "uprobes on the mapped libcuda and libnccl", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "uprobes on the mapped libcuda and libnccl", func() bool {
 		cuda, nccl := false, false
 		for _, p := range tr.Stats().Attached {
 			cuda = cuda || p.Kind == "uprobe" && p.Symbol == "cuLaunchKernel"
@@ -121,7 +122,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 	out := make(chan event.Event, 1024)
 	done := make(chan error, 1)
 	go func() { done <- tr.Run(ctx, out) }()
-	waitFor(t, 30*time.Second, "a collective and a sync from the running process", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "a collective and a sync from the running process", func() bool {
 		return drainUntil(out, event.KindCollective) && drainUntil(out, event.KindSync)
 	})
 	progs, links := tr.ourObjects()
@@ -149,9 +150,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 // with SIGKILL and checks that the kernel dropped every program, link and
 // uprobe with its file descriptors (nothing is pinned).
 func TestKilledTracerLeavesNothing(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to load BPF programs")
-	}
+	testutil.NeedRoot(t, "loads BPF programs")
 	target := startSimtrain(t, "--steps", "1000000", "--kernels-per-step", "4", "--kernel-us", "100")
 	helper := exec.Command(os.Args[0], "-test.run=^TestTracerHelperProcess$")
 	helper.Env = append(os.Environ(), "GAPTRACE_TRACER_HELPER_PID="+fmt.Sprint(target.Process.Pid))
@@ -236,17 +235,6 @@ func TestTracerHelperProcess(t *testing.T) {
 	time.Sleep(time.Minute) // killed long before
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 var seenKinds = map[event.Kind]bool{}
 
 // drainUntil consumes what is pending in out and reports whether an event
@@ -325,7 +313,7 @@ func TestLateDlopen(t *testing.T) {
 	if _, err := io.WriteString(stdin, "go\n"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "a cuCtxSynchronize event after dlopen", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "a cuCtxSynchronize event after dlopen", func() bool {
 		for {
 			select {
 			case ev := <-out:
@@ -365,7 +353,7 @@ func TestRingDropsCounted(t *testing.T) {
 	}
 	// Each cat opens and closes a dozen files: far more than one page of
 	// records, and nothing reads them yet.
-	waitFor(t, 10*time.Second, "ring-buffer drops", func() bool { return tr.Stats().RingDrops > 0 })
+	testutil.WaitFor(t, 10*time.Second, "ring-buffer drops", func() bool { return tr.Stats().RingDrops > 0 })
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -374,7 +362,7 @@ func TestRingDropsCounted(t *testing.T) {
 	if _, err := io.WriteString(stdin, "done\n"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the shell's exit after the overflow", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the shell's exit after the overflow", func() bool {
 		for {
 			select {
 			case ev := <-out:

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // BenchmarkSimtrainOverhead measures what tracing costs the traced process:
@@ -28,9 +29,7 @@ import (
 // GAPTRACE_OVERHEAD_ARGS overrides the simtrain workload, e.g.
 // "--steps 2000 --kernels-per-step 50 --kernel-us 1" for a higher launch rate.
 func BenchmarkSimtrainOverhead(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("needs root to load BPF programs")
-	}
+	testutil.NeedRoot(b, "loads BPF programs")
 	args := strings.Fields("--steps 2000 --kernels-per-step 50 --kernel-us 5")
 	if v := os.Getenv("GAPTRACE_OVERHEAD_ARGS"); v != "" {
 		args = strings.Fields(v)

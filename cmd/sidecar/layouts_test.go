@@ -24,6 +24,7 @@ import (
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 	"github.com/gaptrace/gaptrace/test/accuracy"
 )
 
@@ -39,17 +40,76 @@ func layoutJob(truth string, steps int) []string {
 func startTrainerInChildNS(t *testing.T, environ, job []string) (*gtProc, int) {
 	t.Helper()
 	u := startArgv(t, environ, append([]string{"unshare", "--pid", "--fork", "--mount-proc"}, job...)...)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, d := range proc.Descendants(u.cmd.Process.Pid) {
+	return u, findJob(t, u)
+}
+
+// findJob returns the pid, as this test sees it, of the descendant of p
+// that maps libcuda: the trainer.
+func findJob(t *testing.T, p *gtProc) int {
+	t.Helper()
+	var job int
+	if !testutil.Poll(30*time.Second, 20*time.Millisecond, func() bool {
+		for _, d := range proc.Descendants(p.cmd.Process.Pid) {
 			if libs, err := proc.Libraries(d, "libcuda.so"); err == nil && len(libs["libcuda.so"]) > 0 {
-				return u, d
+				job = d
+				return true
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("the job never mapped libcuda\n%s", p.stderr)
 	}
-	t.Fatalf("the job in a child namespace never mapped libcuda\n%s", u.stderr)
-	return nil, 0
+	return job
+}
+
+// untilStopped is a job's step count when the test, not the count, ends
+// it: far more steps than any test waits for.
+const untilStopped = 1_000_000
+
+// stopAfterTracedSteps lets an attached job run until its truth shows n
+// steps that began a second or more after gaptrace said it had attached
+// (the scoring skips that second), then interrupts it: simtrain ends its
+// step and writes its end record. A fixed step count would race against
+// attaching, which on a loaded machine takes seconds.
+func stopAfterTracedSteps(t *testing.T, gt *gtProc, truth string, job, n int) {
+	t.Helper()
+	gt.waitFor(t, attached, time.Minute)
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	from := ts.Nano() + int64(time.Second)
+	var seen int
+	if !testutil.Poll(3*time.Minute, 100*time.Millisecond, func() bool {
+		seen = truthStepsFrom(truth, from)
+		return seen >= n
+	}) {
+		t.Fatalf("the job ran %d steps past the first traced second, want %d\n%s", seen, n, gt.stderr)
+	}
+	if err := syscall.Kill(job, syscall.SIGINT); err != nil {
+		t.Fatalf("interrupt the job: %v", err)
+	}
+}
+
+// truthStepsFrom counts the steps of a truth file being written that began
+// at or after from (CLOCK_MONOTONIC ns); a line still being written is not
+// a step yet.
+func truthStepsFrom(truth string, from int64) int {
+	b, err := os.ReadFile(truth)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		var r struct {
+			Type  string `json:"type"`
+			Start int64  `json:"start"`
+		}
+		if json.Unmarshal([]byte(line), &r) == nil && r.Type == "step" && r.Start >= from {
+			n++
+		}
+	}
+	return n
 }
 
 type layoutResult struct {
@@ -76,46 +136,61 @@ func TestNamespaceLayouts(t *testing.T) {
 		// pids expected in the gaps: as gaptrace's namespace numbers the
 		// job, and as the job's own does (0: the same).
 		run func(t *testing.T, environ []string, dir, truth string) (gt *gtProc, pid func() (int, int))
+		// afterExit, when set, runs once gaptrace has exited: it ends a
+		// job that outlives gaptrace.
+		afterExit func(t *testing.T)
 	}
-	const steps = 120
+	// steps is the length of a job gaptrace runs or attaches to at once;
+	// scoredSteps is what an attached job must run while traced.
+	const steps, scoredSteps = 120, 60
+	var compose int // the compose layout's job, which outlives gaptrace
 	layouts := []layout{
 		{"host-run", func(t *testing.T, environ []string, dir, truth string) (*gtProc, func() (int, int)) {
 			gt := start(t, environ, append(append([]string{"run"}, outFlags(dir)...), append([]string{"--"}, layoutJob(truth, steps)...)...)...)
 			return gt, nil
-		}},
+		}, nil},
 		{"daemonset-hostpid-job-in-child-ns", func(t *testing.T, environ []string, dir, truth string) (*gtProc, func() (int, int)) {
-			_, pid := startTrainerInChildNS(t, environ, layoutJob(truth, steps))
+			_, pid := startTrainerInChildNS(t, environ, layoutJob(truth, untilStopped))
 			gt := start(t, environ, append([]string{"attach", "--pid", strconv.Itoa(pid)}, outFlags(dir)...)...)
+			stopAfterTracedSteps(t, gt, truth, pid, scoredSteps)
 			return gt, func() (int, int) { return pid, 1 }
-		}},
+		}, nil},
 		{"sidecar-shared-ns", func(t *testing.T, environ []string, dir, truth string) (*gtProc, func() (int, int)) {
 			// sh stands for the pod's pause process (pid 1); the job and
 			// gaptrace are its children.
 			script := `"$@" & job=$!; echo $job > ` + filepath.Join(dir, "jobpid") + `; ` + gaptraceBin + ` attach --pid $job ` +
 				strings.Join(outFlags(dir), " ") + `; wait`
 			gt := startArgv(t, environ, append([]string{"unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script, "sh"},
-				layoutJob(truth, steps)...)...)
+				layoutJob(truth, untilStopped)...)...)
+			stopAfterTracedSteps(t, gt, truth, findJob(t, gt), scoredSteps)
 			return gt, func() (int, int) {
 				b, _ := os.ReadFile(filepath.Join(dir, "jobpid"))
 				n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 				return n, 0
 			}
-		}},
+		}, nil},
 		{"compose-joins-ns-job-is-pid1", func(t *testing.T, environ []string, dir, truth string) (*gtProc, func() (int, int)) {
 			// The namespace ends with its pid 1, and everything in it
 			// with it: gaptrace stops first (--duration), as a compose
 			// user's would be stopped before the trainer.
-			_, pid := startTrainerInChildNS(t, environ, layoutJob(truth, 3*steps))
+			// The job runs until gaptrace is done: a fixed step count
+			// could end it first on a loaded machine.
+			_, pid := startTrainerInChildNS(t, environ, layoutJob(truth, untilStopped))
+			compose = pid
 			gt := startArgv(t, environ, append([]string{"nsenter", "--target", strconv.Itoa(pid), "--pid", "--mount", "--",
 				gaptraceBin, "attach", "--pid", "1", "--duration", "4s"}, outFlags(dir)...)...)
 			return gt, func() (int, int) { return 1, 0 }
+		}, func(t *testing.T) {
+			if err := syscall.Kill(compose, syscall.SIGINT); err != nil {
+				t.Fatalf("interrupt the job: %v", err)
+			}
 		}},
 		{"nested-own-ns-job-in-child-ns", func(t *testing.T, environ []string, dir, truth string) (*gtProc, func() (int, int)) {
 			argv := append([]string{"unshare", "--pid", "--fork", "--mount-proc", gaptraceBin, "run"}, outFlags(dir)...)
 			argv = append(argv, "--", "unshare", "--pid", "--fork", "--mount-proc")
 			gt := startArgv(t, environ, append(argv, layoutJob(truth, steps)...)...)
 			return gt, nil // checked below from the gaps: one process, ns pid 1
-		}},
+		}, nil},
 	}
 
 	var results []layoutResult
@@ -124,7 +199,11 @@ func TestNamespaceLayouts(t *testing.T) {
 			dir := t.TempDir()
 			truth := filepath.Join(dir, "truth.jsonl")
 			gt, pids := l.run(t, env(t), dir, truth)
-			if code := gt.wait(t, 3*time.Minute); code != 0 {
+			code := gt.wait(t, 3*time.Minute)
+			if l.afterExit != nil {
+				l.afterExit(t)
+			}
+			if code != 0 {
 				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, gt.stdout, gt.stderr)
 			}
 			// The trainer may outlive gaptrace (compose): its truth is
@@ -390,9 +469,12 @@ func TestKill9WithLiveView(t *testing.T) {
 		t.Fatal(err)
 	}
 	slave.Close()
-	out := &lockedBuf{}
+	out := &testutil.LockedBuffer{}
 	go copyTerminal(out, master)
-	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }) //nolint:errcheck // cleanup
+	t.Cleanup(func() {
+		testutil.KillGroup(t, cmd.Process.Pid)
+		_ = cmd.Wait() // its status is the kill's
+	})
 	deadline := time.Now().Add(time.Minute)
 	for !strings.Contains(out.String(), "idle by cause") {
 		if time.Now().After(deadline) {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // Targets. They are the promise made to users; a miss fails the test.
@@ -163,49 +165,15 @@ type setup struct{ bin, sim, root string }
 
 func need(t *testing.T) setup {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the accuracy suite traces with eBPF and needs root")
-	}
-	root, err := repoRoot()
+	testutil.NeedRoot(t, "traces with eBPF")
+	root, err := testutil.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := setup{bin: os.Getenv("GAPTRACE_BIN"), sim: os.Getenv("GAPTRACE_SIMGPU"), root: root}
-	if s.bin == "" {
-		s.bin = filepath.Join(root, "bin", "gaptrace")
-	}
-	if s.sim == "" {
-		s.sim = filepath.Join(root, "build", "simgpu")
-	}
-	if _, err := os.Stat(s.bin); err != nil {
-		t.Fatalf("gaptrace binary: %v (run `make build` or set GAPTRACE_BIN)", err)
-	}
-	for _, f := range simFiles {
-		if _, err := os.Stat(filepath.Join(s.sim, f)); err != nil {
-			t.Fatalf("simulated GPU: %v (run `make simgpu` or set GAPTRACE_SIMGPU)", err)
-		}
-	}
-	return s
+	return setup{bin: testutil.Gaptrace(t), sim: testutil.SimGPU(t), root: root}
 }
 
-var simFiles = []string{"simtrain", "libcuda.so.1", "libnccl.so.2", "libnvidia-ml.so.1"}
-
-func repoRoot() (string, error) {
-	d, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d, nil
-		}
-		p := filepath.Dir(d)
-		if p == d {
-			return "", errors.New("repository root (go.mod) not found above the working directory")
-		}
-		d = p
-	}
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 // job is one gaptrace run of one scenario under one probe set.
 type job struct {
@@ -256,7 +224,7 @@ func (s setup) start(j *job, dataDir string) (<-chan struct{}, error) {
 			return nil, err
 		}
 	}
-	for _, f := range simFiles {
+	for _, f := range testutil.SimFiles {
 		if err := copyFile(filepath.Join(s.sim, f), filepath.Join(sim, f)); err != nil {
 			return nil, fmt.Errorf("copy simulated GPU: %w", err)
 		}

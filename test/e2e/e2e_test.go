@@ -3,8 +3,9 @@
 //
 // Inputs (set by `make test`): GAPTRACE_BIN (bin/gaptrace),
 // GAPTRACE_SIMGPU (build/simgpu: simtrain and the simulated libcuda, libnccl,
-// libnvidia-ml), GAPTRACE_JAEGER (build/jaeger). Without them the tests
-// look in the repository's bin/ and build/. The tests attach eBPF probes,
+// libnvidia-ml), GAPTRACE_JAEGER (build/jaeger). Without them the binary
+// and the simulated GPU are built for the run and Jaeger is looked for in
+// build/. The tests attach eBPF probes,
 // so they need root; they skip, saying so, when not root.
 package e2e
 
@@ -19,12 +20,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 	"github.com/gaptrace/gaptrace/test/e2e/jaegertest"
 )
 
@@ -34,56 +35,20 @@ type setup struct {
 
 func need(t *testing.T) setup {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("end-to-end tests attach eBPF probes and need root")
-	}
-	root, err := jaegertest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := setup{bin: os.Getenv("GAPTRACE_BIN"), sim: os.Getenv("GAPTRACE_SIMGPU")}
-	if s.bin == "" {
-		s.bin = filepath.Join(root, "bin", "gaptrace")
-	}
-	if s.sim == "" {
-		s.sim = filepath.Join(root, "build", "simgpu")
-	}
-	if _, err := os.Stat(s.bin); err != nil {
-		t.Fatalf("gaptrace binary: %v (run `make build` or set GAPTRACE_BIN)", err)
-	}
-	for _, f := range []string{"simtrain", "libcuda.so.1", "libnccl.so.2", "libnvidia-ml.so.1"} {
-		if _, err := os.Stat(filepath.Join(s.sim, f)); err != nil {
-			t.Fatalf("simulated GPU: %v (run `make simgpu` or set GAPTRACE_SIMGPU)", err)
-		}
-	}
-	return s
+	testutil.NeedRoot(t, "attaches eBPF probes")
+	return setup{bin: testutil.Gaptrace(t), sim: testutil.SimGPU(t)}
 }
+
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 // run is one `gaptrace run` of simtrain in its own directory.
 type run struct {
 	dir       string
 	cmd       *exec.Cmd
-	out       *syncBuffer
+	out       *testutil.LockedBuffer
 	done      chan struct{}
 	err       error
 	maxRSSKiB int64
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // start runs gaptrace with flags, tracing simtrain with simArgs. The
@@ -106,7 +71,7 @@ func (s setup) start(t *testing.T, name string, flags, simArgs, env []string) *r
 	args = append(args, "--", filepath.Join(s.sim, "simtrain"),
 		"--data-dir", filepath.Join(dir, "data"), "--truth", filepath.Join(dir, "truth.jsonl"), "--quiet")
 	args = append(args, simArgs...)
-	r := &run{dir: dir, out: &syncBuffer{}, done: make(chan struct{})}
+	r := &run{dir: dir, out: &testutil.LockedBuffer{}, done: make(chan struct{})}
 	r.cmd = exec.Command(s.bin, args...)
 	r.cmd.Dir = dir
 	r.cmd.Env = append(cleanEnv(), "SIMGPU_DIR="+filepath.Join(dir, "simgpu"))

@@ -4,13 +4,13 @@
 // The binary comes from $GAPTRACE_JAEGER (set by `make test`) or
 // build/jaeger under the repository root (`make jaeger`). A missing binary is
 // a test failure, not a skip: CI builds it, and a skipped end-to-end test
-// would hide a broken pipeline. Each Start picks fresh ports and the process
+// would hide a broken pipeline. Only the quick tier (-short, make unit)
+// skips Jaeger tests. Each Start picks fresh ports and the process
 // dies with the test (t.Cleanup), so tests may run in parallel.
 package jaegertest
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,28 +27,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
-
-const modulePath = "github.com/gaptrace/gaptrace"
-
-// RepoRoot walks up from the working directory to gaptrace's go.mod.
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.HasPrefix(bytes.TrimSpace(b), []byte("module "+modulePath+"\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.mod of %s above the working directory", modulePath)
-		}
-		dir = parent
-	}
-}
 
 // Binary returns the Jaeger binary to run or an error that says how to get it.
 func Binary() (string, error) {
@@ -58,7 +39,7 @@ func Binary() (string, error) {
 		}
 		return p, nil
 	}
-	root, err := RepoRoot()
+	root, err := testutil.RepoRoot()
 	if err != nil {
 		return "", err
 	}
@@ -74,29 +55,9 @@ type Jaeger struct {
 	OTLPGRPCPort, OTLPHTTPPort, QueryPort int
 
 	cmd      *exec.Cmd
-	logs     *lockedBuffer
+	logs     *testutil.LockedBuffer
 	exited   chan struct{}
 	stopOnce sync.Once
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.b.Len() > 4<<20 {
-		return len(p), nil
-	}
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // freePorts reserves n distinct loopback ports by binding them at once and
@@ -124,11 +85,12 @@ func freePorts(n int) ([]int, error) {
 // Start runs Jaeger and waits until it is healthy and its query API answers.
 func Start(t testing.TB) *Jaeger {
 	t.Helper()
+	testutil.SkipShort(t, "Jaeger")
 	bin, err := Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, err := RepoRoot()
+	root, err := testutil.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +99,7 @@ func Start(t testing.TB) *Jaeger {
 		t.Fatal(err)
 	}
 	j := &Jaeger{OTLPGRPCPort: ports[0], OTLPHTTPPort: ports[1], QueryPort: ports[2],
-		logs: &lockedBuffer{}, exited: make(chan struct{})}
+		logs: &testutil.LockedBuffer{Limit: 4 << 20}, exited: make(chan struct{})}
 	health := ports[4]
 	cmd := exec.Command(bin, "--config", filepath.Join(root, "test", "e2e", "testdata", "jaeger.yaml"))
 	cmd.Env = append(os.Environ(),

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // Targets of the GIL scenario: of the GPU idle reported while the
@@ -67,7 +68,7 @@ func TestPythonGIL(t *testing.T) {
 	if err := os.MkdirAll(sim, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range simFiles {
+	for _, f := range testutil.SimFiles {
 		if err := copyFile(filepath.Join(s.sim, f), filepath.Join(sim, f)); err != nil {
 			t.Fatal(err)
 		}

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/internal/testutil"
@@ -172,6 +173,42 @@ func exitStatusOnly(err error) bool {
 // is the end of the output, not a failure.
 func copyTerminal(out *testutil.LockedBuffer, master io.Reader) {
 	_, _ = io.Copy(out, master)
+}
+
+// onTerminal starts argv as the leader of a new session whose controlling
+// terminal is a fresh pty (rows×120, or the default size for rows 0), as a
+// user's shell is. It returns the command and what the terminal shows,
+// read until the pty closes (copied is closed then); the session is killed
+// at the end of the test.
+func onTerminal(t *testing.T, rows uint16, argv ...string) (*exec.Cmd, *testutil.LockedBuffer, <-chan struct{}) {
+	t.Helper()
+	master, slave, err := proc.OpenPTY(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = master.Close() })
+	if rows > 0 {
+		if err := unix.IoctlSetWinsize(int(slave.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: 120}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = t.TempDir()
+	cmd.Env = env(t)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_ = slave.Close() // the session holds it
+	out := &testutil.LockedBuffer{}
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		copyTerminal(out, master)
+	}()
+	t.Cleanup(func() { testutil.KillGroup(t, cmd.Process.Pid) })
+	return cmd, out, copied
 }
 
 func env(t *testing.T) []string {
@@ -530,32 +567,12 @@ func TestAttachGPUProcs(t *testing.T) {
 // forward a second one to the trainer.
 func TestTerminalCtrlC(t *testing.T) {
 	need(t)
-	master, slave, err := proc.OpenPTY(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer master.Close()
-	cmd := exec.Command(gaptraceBin, append([]string{"run", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"), "--"},
-		simtrain("--steps", "100000", "--quiet")...)...)
-	cmd.Dir = t.TempDir()
-	cmd.Env = env(t)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	// A new session with the pty as its controlling terminal: gaptrace's
 	// group is the terminal's foreground group, as in an interactive shell.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	slave.Close()
-	out := &testutil.LockedBuffer{}
-	copied := make(chan struct{})
-	go func() {
-		defer close(copied)
-		copyTerminal(out, master)
-	}()
+	cmd, out, copied := onTerminal(t, 0, append([]string{gaptraceBin, "run", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"), "--"},
+		simtrain("--steps", "100000", "--quiet")...)...)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() { testutil.KillGroup(t, cmd.Process.Pid) })
 	deadline := time.Now().Add(time.Minute)
 	for !attached.MatchString(out.String()) {
 		if time.Now().After(deadline) {

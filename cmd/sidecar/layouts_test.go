@@ -443,15 +443,6 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 // terminal: the job keeps writing to that terminal and finishes.
 func TestKill9WithLiveView(t *testing.T) {
 	need(t)
-	master, slave, err := proc.OpenPTY(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer master.Close()
-	// 40 rows: room for the frame and the job's lines.
-	if err := unix.IoctlSetWinsize(int(slave.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 40, Col: 120}); err != nil {
-		t.Fatal(err)
-	}
 	status := filepath.Join(t.TempDir(), "status")
 	// The job prints a line per step, slowly, long after gaptrace dies.
 	job := fmt.Sprintf(`%s --steps 300 --kernel-us 2000 --quiet & pid=$!; i=0; while kill -0 $pid 2>/dev/null; do i=$((i+1)); echo "job line $i"; sleep 0.1; done; wait $pid; st=$?; echo "job exit $st"; echo $st > %s`,
@@ -459,22 +450,9 @@ func TestKill9WithLiveView(t *testing.T) {
 	// A shell leads the terminal's session, as for a user: gaptrace is
 	// its foreground job, not the session leader whose death hangs up the
 	// terminal.
-	cmd := exec.Command("sh", "-c", `"$@"; echo gaptrace-gone; sleep 300`, "sh",
+	// 40 rows: room for the frame and the job's lines.
+	cmd, out, _ := onTerminal(t, 40, "sh", "-c", `"$@"; echo gaptrace-gone; sleep 300`, "sh",
 		gaptraceBin, "run", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"), "--", "sh", "-c", job)
-	cmd.Dir = t.TempDir()
-	cmd.Env = env(t)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	slave.Close()
-	out := &testutil.LockedBuffer{}
-	go copyTerminal(out, master)
-	t.Cleanup(func() {
-		testutil.KillGroup(t, cmd.Process.Pid)
-		_ = cmd.Wait() // its status is the kill's
-	})
 	deadline := time.Now().Add(time.Minute)
 	for !strings.Contains(out.String(), "idle by cause") {
 		if time.Now().After(deadline) {
@@ -508,6 +486,7 @@ func TestKill9WithLiveView(t *testing.T) {
 	deadline = time.Now().Add(2 * time.Minute)
 	var b []byte
 	for time.Now().Before(deadline) {
+		var err error
 		if b, err = os.ReadFile(status); err == nil && len(b) > 0 {
 			break
 		}

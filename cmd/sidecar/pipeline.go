@@ -288,6 +288,19 @@ func (p *pipeline) mapDevices() {
 	}
 }
 
+// event feeds one host event to the engine. A new or exec'd process's
+// workload is read while it lives: its last gaps are emitted after it exited.
+func (p *pipeline) event(ev event.Event) {
+	switch {
+	case ev.Kind == event.KindFork && !ev.IsThread:
+		p.work.Of(ev.ChildPID)
+	case ev.Kind == event.KindExec:
+		p.work.Forget(ev.PID)
+		p.work.Of(ev.PID)
+	}
+	p.eng.Event(ev)
+}
+
 func (p *pipeline) Run(ctx context.Context) error {
 	trDone := make(chan error, 1)
 	go func() { trDone <- p.tr.Run(ctx, p.events) }()
@@ -314,16 +327,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 	for trDone != nil || gpuDone != nil {
 		select {
 		case ev := <-p.events:
-			switch {
-			case ev.Kind == event.KindFork && !ev.IsThread:
-				// Read while the process lives: its last gaps are
-				// emitted after it exited.
-				p.work.Of(ev.ChildPID)
-			case ev.Kind == event.KindExec:
-				p.work.Forget(ev.PID)
-				p.work.Of(ev.PID)
-			}
-			p.eng.Event(ev)
+			p.event(ev)
 		case w := <-p.windows:
 			p.window(w)
 		case <-stopping:
@@ -376,16 +380,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 	for {
 		select {
 		case ev := <-p.events:
-			switch {
-			case ev.Kind == event.KindFork && !ev.IsThread:
-				// Read while the process lives: its last gaps are
-				// emitted after it exited.
-				p.work.Of(ev.ChildPID)
-			case ev.Kind == event.KindExec:
-				p.work.Forget(ev.PID)
-				p.work.Of(ev.PID)
-			}
-			p.eng.Event(ev)
+			p.event(ev)
 		case w := <-p.windows:
 			p.window(w)
 		default:

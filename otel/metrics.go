@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -47,6 +50,7 @@ type metrics struct {
 	steps   metric.Int64Counter
 	stepDur metric.Float64Histogram
 	gapDur  metric.Float64Histogram
+	gaps    metric.Int64Counter
 	ratio   metric.Float64Gauge
 	job     string
 	rank    int
@@ -171,6 +175,15 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 	m.gapDur, err = meter.Float64Histogram("gaptrace.gap.duration", metric.WithUnit("s"),
 		metric.WithDescription("GPU idle gap duration by cause"), metric.WithExplicitBucketBoundaries(gapBuckets...))
 	errs = append(errs, err)
+	m.gaps, err = meter.Int64Counter("gaptrace.gaps", metric.WithUnit("{gap}"),
+		metric.WithDescription("GPU idle gaps reported, by cause"))
+	errs = append(errs, err)
+	sidecarCPU, err := meter.Float64ObservableCounter("gaptrace.sidecar.cpu", metric.WithUnit("s"),
+		metric.WithDescription("CPU time gaptrace itself used (user + system)"))
+	errs = append(errs, err)
+	sidecarRSS, err := meter.Int64ObservableGauge("gaptrace.sidecar.memory.rss", metric.WithUnit("By"),
+		metric.WithDescription("gaptrace's resident memory"))
+	errs = append(errs, err)
 	m.ratio, err = meter.Float64Gauge("gaptrace.gpu.idle_ratio", metric.WithUnit("1"),
 		metric.WithDescription("GPU idle ratio of the last step"))
 	errs = append(errs, err)
@@ -195,8 +208,12 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 		o.ObserveInt64(spansDropped, int64(st.SpansDropped))
 		o.ObserveInt64(spansExported, int64(st.SpansExported))
 		o.ObserveInt64(gapsDropped, int64(st.GapsDropped))
+		if cpu, rss, ok := selfCost(); ok {
+			o.ObserveFloat64(sidecarCPU, cpu)
+			o.ObserveInt64(sidecarRSS, rss)
+		}
 		return nil
-	}, droppedEvents, spansDropped, spansExported, gapsDropped)
+	}, droppedEvents, spansDropped, spansExported, gapsDropped, sidecarCPU, sidecarRSS)
 	if err != nil {
 		return nil, fmt.Errorf("register metric callback: %w", err)
 	}
@@ -250,7 +267,32 @@ func newOTLPMetricExporter(ctx context.Context, r *resolved) (sdkmetric.Exporter
 }
 
 func (m *metrics) gap(ctx context.Context, g correlate.Gap) {
-	m.gapDur.Record(ctx, float64(gapDuration(&g))/1e9, withCause(m.labels(g.Device, g.PID, g.Workload), g.Cause))
+	set := withCause(m.labels(g.Device, g.PID, g.Workload), g.Cause)
+	m.gapDur.Record(ctx, float64(gapDuration(&g))/1e9, set)
+	m.gaps.Add(ctx, 1, set)
+}
+
+// selfCost is gaptrace's own CPU time (seconds) and resident memory
+// (bytes), read at each collection.
+func selfCost() (cpu float64, rss int64, ok bool) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, 0, false
+	}
+	cpu = float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return cpu, 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return cpu, 0, false
+	}
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return cpu, 0, false
+	}
+	return cpu, pages * int64(os.Getpagesize()), true
 }
 
 func (m *metrics) step(ctx context.Context, s correlate.Step) {

@@ -48,15 +48,18 @@ func TestPrometheusPageParsesWithPrometheusParser(t *testing.T) {
 		t.Fatalf("Prometheus' parser rejects the page: %v", err)
 	}
 	need := map[string]dto.MetricType{
-		"gaptrace_gpu_idle_seconds_total": dto.MetricType_COUNTER,
-		"gaptrace_steps_total":            dto.MetricType_COUNTER,
-		"gaptrace_step_duration_seconds":  dto.MetricType_HISTOGRAM,
-		"gaptrace_gap_duration_seconds":   dto.MetricType_HISTOGRAM,
-		"gaptrace_events_dropped_total":   dto.MetricType_COUNTER,
-		"gaptrace_gpu_idle_ratio":         dto.MetricType_GAUGE,
-		"gaptrace_spans_dropped_total":    dto.MetricType_COUNTER,
-		"gaptrace_gaps_dropped_total":     dto.MetricType_COUNTER,
-		"gaptrace_spans_exported_total":   dto.MetricType_COUNTER,
+		"gaptrace_gpu_idle_seconds_total":    dto.MetricType_COUNTER,
+		"gaptrace_steps_total":               dto.MetricType_COUNTER,
+		"gaptrace_step_duration_seconds":     dto.MetricType_HISTOGRAM,
+		"gaptrace_gap_duration_seconds":      dto.MetricType_HISTOGRAM,
+		"gaptrace_events_dropped_total":      dto.MetricType_COUNTER,
+		"gaptrace_gpu_idle_ratio":            dto.MetricType_GAUGE,
+		"gaptrace_spans_dropped_total":       dto.MetricType_COUNTER,
+		"gaptrace_gaps_dropped_total":        dto.MetricType_COUNTER,
+		"gaptrace_spans_exported_total":      dto.MetricType_COUNTER,
+		"gaptrace_gaps_total":                dto.MetricType_COUNTER,
+		"gaptrace_sidecar_cpu_seconds_total": dto.MetricType_COUNTER,
+		"gaptrace_sidecar_memory_rss_bytes":  dto.MetricType_GAUGE,
 	}
 	for name, typ := range need {
 		f, ok := families[name]
@@ -75,6 +78,9 @@ func TestPrometheusPageParsesWithPrometheusParser(t *testing.T) {
 		if strings.Contains(name, "_ms") || strings.Contains(name, "milliseconds") {
 			t.Errorf("%s: durations are in seconds", name)
 		}
+	}
+	if f := families["gaptrace_sidecar_memory_rss_bytes"]; f != nil && f.GetMetric()[0].GetGauge().GetValue() < 1<<20 {
+		t.Errorf("sidecar RSS %v bytes: implausibly small", f.GetMetric()[0].GetGauge().GetValue())
 	}
 	labels := map[string]string{}
 	for _, m := range families["gaptrace_steps_total"].GetMetric() {

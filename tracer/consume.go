@@ -182,7 +182,7 @@ func (t *Tracer) handle(d *decoded) {
 		ev.TaskComm = t.comms.get(ev.PID, ev.TID)
 	}
 	if d.stackID >= 0 {
-		ev.Stack, ev.StackTruncated = t.syms.frames(ev.PID, t.stackIPs(ev.PID, d.stackID), d.spWords)
+		ev.Stack, ev.StackTruncated = t.syms.frames(ev.PID, d.stackID, t.stackIPs(ev.PID, d.stackID), d.spWords)
 	}
 	if ev.Kind == event.KindExit {
 		t.comms.forget(ev.TID)

@@ -39,6 +39,9 @@ type elfFile struct {
 	loads []elf.ProgHeader
 	f     *os.File // for the call-instruction check; nil when unreadable
 	err   error
+	// calls caches afterCall by file offset: the same return addresses
+	// come back with every syscall of a loop.
+	calls map[uint64]bool
 }
 
 type fileID struct {
@@ -63,6 +66,10 @@ type symbolizer struct {
 	// stable (the map is never told to reuse a bucket), so one lookup per
 	// call site.
 	raw map[pidStack][]uint64
+	// done caches symbolized stacks per process, stack id and the caller
+	// recovered from the stack words: a loop blocks at a handful of call
+	// sites, so after the first time a stack costs one map lookup.
+	done map[stackKey]symbolized
 	// readAt is when a process's maps were last read: an address in no
 	// file mapping (a heap word, JIT code) rereads them at most once per
 	// mapsRereadEvery, not once per address.
@@ -75,6 +82,20 @@ type symbolizer struct {
 // consumer for seconds while the job imported its libraries.
 const mapsRereadEvery = time.Second
 
+type stackKey struct {
+	pid    uint32
+	id     int32 // user_stacks id: one stack's addresses, never reused
+	caller uint64
+}
+
+type symbolized struct {
+	frames    []event.Frame
+	truncated bool
+}
+
+// maxSymbolized bounds the symbolized-stack cache.
+const maxSymbolized = 1 << 14
+
 type pidStack struct {
 	pid uint32
 	id  int32
@@ -82,7 +103,7 @@ type pidStack struct {
 
 func newSymbolizer() *symbolizer {
 	return &symbolizer{procRoot: procRoot, files: map[fileID]*elfFile{}, procs: map[uint32][]*mapping{},
-		raw: map[pidStack][]uint64{}, readAt: map[uint32]time.Time{}}
+		raw: map[pidStack][]uint64{}, readAt: map[uint32]time.Time{}, done: map[stackKey]symbolized{}}
 }
 
 // forget drops what is known of pid (exec, exit).
@@ -91,6 +112,11 @@ func (s *symbolizer) forget(pid uint32) {
 	defer s.mu.Unlock()
 	delete(s.procs, pid)
 	delete(s.readAt, pid)
+	for k := range s.done {
+		if k.pid == pid {
+			delete(s.done, k)
+		}
+	}
 	for k := range s.raw {
 		if k.pid == pid {
 			delete(s.raw, k)
@@ -110,24 +136,41 @@ func (s *symbolizer) close() {
 	s.files = map[fileID]*elfFile{}
 }
 
-// frames symbolizes the return addresses ips of a stack of pid, innermost
+// frames symbolizes the return addresses ips of user_stacks id of pid
+// (id < 0: a stack of no id, not remembered), innermost
 // first; truncated says outer frames were cut (the walk filled its depth,
 // or the stack has more than maxStackFrames). spWords (may be nil) are the words at the stack pointer when the
 // stack was taken inside a syscall: the wrapper that made the call keeps no
 // frame pointer, so the frame-pointer walk goes from it straight to its
 // caller's caller; the first word among them that is a return address
 // (it follows a call instruction in an executable mapping) is that caller.
-func (s *symbolizer) frames(pid uint32, ips []uint64, spWords []uint64) (frames []event.Frame, truncated bool) {
+func (s *symbolizer) frames(pid uint32, id int32, ips []uint64, spWords []uint64) (frames []event.Frame, truncated bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(ips) == 0 {
 		return nil, false
 	}
 	truncated = len(ips) >= stackDepth
+	var caller uint64
 	if len(spWords) > 0 {
 		if c, ok := s.callerOf(pid, ips, spWords); ok {
-			ips = append([]uint64{ips[0], c}, ips[1:]...)
+			caller = c
 		}
+	}
+	key := stackKey{pid: pid, id: id, caller: caller}
+	if d, ok := s.done[key]; ok && id >= 0 {
+		return d.frames, d.truncated
+	}
+	if id >= 0 {
+		defer func() {
+			if len(s.done) >= maxSymbolized {
+				clear(s.done)
+			}
+			s.done[key] = symbolized{frames, truncated}
+		}()
+	}
+	if caller != 0 {
+		ips = append([]uint64{ips[0], caller}, ips[1:]...)
 	}
 	if len(ips) > maxStackFrames {
 		ips, truncated = ips[:maxStackFrames], true
@@ -155,12 +198,28 @@ func (s *symbolizer) callerOf(pid uint32, ips, spWords []uint64) (uint64, bool) 
 		if ef.f == nil {
 			continue
 		}
-		if afterCall(ef.f, w-m.start+m.off) {
+		if ef.afterCall(w - m.start + m.off) {
 			return w, true
 		}
 	}
 	return 0, false
 }
+
+// afterCall is afterCall on the file, remembered per offset (bounded).
+func (ef *elfFile) afterCall(off uint64) bool {
+	if v, ok := ef.calls[off]; ok {
+		return v
+	}
+	v := afterCall(ef.f, off)
+	if ef.calls == nil || len(ef.calls) >= maxCallChecks {
+		ef.calls = map[uint64]bool{}
+	}
+	ef.calls[off] = v
+	return v
+}
+
+// maxCallChecks bounds the afterCall cache of one file.
+const maxCallChecks = 1 << 16
 
 func contains(a []uint64, v uint64) bool {
 	for _, x := range a {

@@ -74,7 +74,7 @@ func TestSymbolizeOwnProcess(t *testing.T) {
 	defer s.close()
 	libc, ips, aliases := libcFuncs(t, "getpid", "pread64", "clock_nanosleep")
 	pid := uint32(os.Getpid())
-	frames, trunc := s.frames(pid, append(ips, 0x10), nil)
+	frames, trunc := s.frames(pid, 1, append(ips, 0x10), nil)
 	if len(frames) != 4 || trunc {
 		t.Fatalf("frames %+v truncated %v", frames, trunc)
 	}
@@ -100,12 +100,12 @@ func TestCallerFromStackWords(t *testing.T) {
 	// frame.
 	ret := uint64(callerPC(make([]uintptr, 1)))
 	heap := new(uint64)
-	frames, _ := s.frames(pid, ips, []uint64{7, uint64(uintptr(unsafe.Pointer(heap))), ret})
+	frames, _ := s.frames(pid, 2, ips, []uint64{7, uint64(uintptr(unsafe.Pointer(heap))), ret})
 	if len(frames) != 3 || frames[1].File == "" || frames[1].File != s.frame(pid, ret).File {
 		t.Fatalf("caller not recovered: %+v", frames)
 	}
 	// A walk that already has the caller gets nothing inserted.
-	frames, _ = s.frames(pid, []uint64{ips[0], ret}, []uint64{ret})
+	frames, _ = s.frames(pid, 3, []uint64{ips[0], ret}, []uint64{ret})
 	if len(frames) != 2 {
 		t.Fatalf("caller inserted twice: %+v", frames)
 	}
@@ -119,7 +119,7 @@ func TestDeepStackIsTruncated(t *testing.T) {
 	for i := range deep {
 		deep[i] = ips[0]
 	}
-	frames, trunc := s.frames(uint32(os.Getpid()), deep, nil)
+	frames, trunc := s.frames(uint32(os.Getpid()), 4, deep, nil)
 	if len(frames) != maxStackFrames || !trunc {
 		t.Errorf("%d frames, truncated %v; want %d, true", len(frames), trunc, maxStackFrames)
 	}
@@ -172,10 +172,10 @@ func BenchmarkSymbolizeStack(b *testing.B) {
 	pid := uint32(os.Getpid())
 	_, some, _ := libcFuncs(b, "getpid", "pread64", "clock_nanosleep", "read", "write", "fsync", "poll", "nanosleep")
 	ips := append(append([]uint64{}, some...), some...)
-	s.frames(pid, ips, nil)
+	s.frames(pid, -1, ips, nil)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if fr, _ := s.frames(pid, ips, nil); len(fr) != 16 {
+		if fr, _ := s.frames(pid, -1, ips, nil); len(fr) != 16 {
 			b.Fatal(fr)
 		}
 	}
@@ -188,7 +188,7 @@ func BenchmarkSymbolizeColdFile(b *testing.B) {
 	_, ips, _ := libcFuncs(b, "getpid")
 	for i := 0; i < b.N; i++ {
 		s := newSymbolizer()
-		if fr, _ := s.frames(pid, ips, nil); len(fr) != 1 {
+		if fr, _ := s.frames(pid, -1, ips, nil); len(fr) != 1 {
 			b.Fatal(fr)
 		}
 		s.close()

@@ -58,7 +58,7 @@ $(HELM): tools/helm/go.mod
 # scheduling noise into measurement noise.
 test: build simgpu jaeger helm ## Run every test (as root for the eBPF tiers)
 	GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) GAPTRACE_JAEGER=$(abspath $(JAEGER)) GAPTRACE_HELM=$(abspath $(HELM)) \
-		$(GO) test -p 1 -count=1 -timeout 40m ./... ./testdata/simgpu/
+		tools/gotest-retry.sh -p 1 -count=1 -timeout 40m ./... ./testdata/simgpu/
 
 # The quick tier: every test that needs no root, no Jaeger and no simulated
 # GPU build; those skip under -short, saying which tier runs them.

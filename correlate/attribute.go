@@ -614,25 +614,18 @@ func hostOp(ev *event.Event, tid uint32) HostOp {
 
 // stackOp is the blocking call whose stack explains the interval: the one
 // with a stack that took most of the dominant cause's time (ties: the
-// earliest), else the longest with a stack of any cause.
+// earliest). nil when no call of that cause has a stack (a cpu gap): then
+// the gap takes the stack of the call that opened it, not that of an
+// unrelated short call inside it.
 func (at *attribution) stackOp(dom Cause) *opAcc {
-	var best, any *opAcc
-	better := func(a, b *opAcc) bool {
-		return b == nil || a.ns > b.ns || a.ns == b.ns && a.ev.Start < b.ev.Start
-	}
+	var best *opAcc
 	for _, o := range at.ops {
-		if len(o.ev.Stack) == 0 {
+		if len(o.ev.Stack) == 0 || at.cause(o.ev) != dom {
 			continue
 		}
-		if better(o, any) {
-			any = o
-		}
-		if at.cause(o.ev) == dom && better(o, best) {
+		if best == nil || o.ns > best.ns || o.ns == best.ns && o.ev.Start < best.ev.Start {
 			best = o
 		}
 	}
-	if best != nil {
-		return best
-	}
-	return any
+	return best
 }

@@ -56,7 +56,9 @@ type pipeline struct {
 	devices map[uint32]int
 	mu      sync.Mutex
 	targets []int
-	winOut  *windowsWriter // --windows-out, nil when off
+	winOut  *windowsWriter      // --windows-out, nil when off
+	rec     *correlate.Recorder // --record, nil when off
+	recFile *os.File
 	work    *workload.Resolver
 }
 
@@ -217,6 +219,16 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	if p.gpu != nil {
 		ccfg.HW = p.gpu.HWContext
 	}
+	if cfg.Record != "" {
+		f, err := safefile.Create(cfg.Record)
+		if err != nil {
+			_ = p.tr.Close() // reporting the recording's error
+			p.closeGPU()
+			return nil, fmt.Errorf("recording: %w", err)
+		}
+		p.recFile = f
+		p.rec = correlate.NewRecorder(f, correlate.RecordHeader{Version: version, Probes: probes, MinGap: int64(cfg.MinGap)})
+	}
 	// The exporter first, then the session (live view, gaps file).
 	p.eng = correlate.New(ccfg, withWorkload{correlate.Tee{exp, pc.Sink}, p.work})
 
@@ -284,6 +296,9 @@ func (p *pipeline) mapDevices() {
 		}
 		p.devices[uint32(pid)] = devs[0]
 		p.eng.SetDevice(uint32(pid), devs[0])
+		if p.rec != nil {
+			p.rec.SetDevice(uint32(pid), devs[0])
+		}
 		p.log.Debug("process uses GPU", "pid", pid, "device", devs[0])
 	}
 }
@@ -297,6 +312,9 @@ func (p *pipeline) event(ev event.Event) {
 	case ev.Kind == event.KindExec:
 		p.work.Forget(ev.PID)
 		p.work.Of(ev.PID)
+	}
+	if p.rec != nil {
+		p.rec.Event(&ev)
 	}
 	p.eng.Event(ev)
 }
@@ -346,6 +364,9 @@ func (p *pipeline) Run(ctx context.Context) error {
 			}
 			p.log.Log(ctx, lvl, "GPU health changed: "+f.Detail, "device", f.Device, "check", f.Check, "fix", f.Fix)
 		case now := <-advance.C:
+			if p.rec != nil {
+				p.rec.Advance(now.UnixNano())
+			}
 			p.eng.Advance(now.UnixNano())
 			if now.Sub(lastDev) >= deviceEvery {
 				lastDev = now
@@ -390,6 +411,9 @@ func (p *pipeline) Run(ctx context.Context) error {
 }
 
 func (p *pipeline) window(w event.GPUWindow) {
+	if p.rec != nil {
+		p.rec.Window(&w)
+	}
 	p.eng.Window(w)
 	if p.winOut != nil {
 		p.winOut.write(w)
@@ -416,7 +440,13 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 	st := p.tr.Stats()
 	var errs []error
 	t0 := time.Now()
-	sum := p.eng.Close(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	sum := p.eng.Close(now)
+	if p.rec != nil {
+		if err := errors.Join(p.rec.Close(now), p.recFile.Close()); err != nil {
+			errs = append(errs, fmt.Errorf("recording %s: %w", p.cfg.Config.Record, err))
+		}
+	}
 	sum.DroppedEvents = max(sum.DroppedEvents, st.RingDrops)
 	p.exp.Summary(sum, sum.DroppedEvents)
 	// The engine has emitted everything: flushing the exporter and

@@ -2,7 +2,10 @@
 # Validate gaptrace on a real GPU machine. Builds nothing: bin/gaptrace is built beforehand on an
 # x86-64 machine (make build) and shipped with the repository.
 #
-#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info accuracy ddp overhead layouts loops (default: all)
+#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp overhead layouts loops
+#
+# RECORD=1 adds --record to the traced runs of accuracy, ddp and loops and packs the recordings into
+# OUTDIR/recordings.tar ('gaptrace replay' reproduces those runs offline).
 #
 # Large intermediate files (profiler traces, gaps) stay in $WORK (default /tmp/gaptrace-gpu);
 # OUTDIR receives the tables (results.txt) and a few small JSON files.
@@ -23,6 +26,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 
 say() { echo "$*" | tee -a "$RES"; }
 phase() { say ""; say "=== $1 ($(date -u +%FT%TZ))"; }
+rec() { [ -n "${RECORD:-}" ] && echo --record "$1.rec.gz"; }
 
 for p in $PHASES; do
   case $p in
@@ -33,11 +37,22 @@ for p in $PHASES; do
       "$G" version; } 2>&1 | tee -a "$RES"
     "$G" check 2>&1 | tee -a "$RES"
     ;;
+  pyinfo)
+    # What the Python frame walker needs to know about the interpreter.
+    phase pyinfo
+    { "$PY" -c 'import sys, sysconfig; print(sys.version); print(sys.executable, "shared:", sysconfig.get_config_var("Py_ENABLE_SHARED"))'
+      exe=$("$PY" -c 'import sys, os; print(os.path.realpath(sys.executable))'); echo "realpath $exe"
+      ldd "$exe" | grep -i python
+      "$PY" -c 'import time; time.sleep(2)' & sleep 1; grep -E 'python|libpython' /proc/$!/maps | awk '{print $6}' | sort -u; wait
+      for f in "$exe" $(ldd "$exe" | awk '/libpython/{print $3}'); do
+        echo "$f: $(readelf -Ws --dyn-syms "$f" 2>/dev/null | awk '$8=="_PyRuntime"||$8=="Py_Version"||$8=="_Py_DebugOffsets"' | head -4)"
+      done; } 2>&1 | tee -a "$RES"
+    ;;
   accuracy)
     for probes in full lite; do
       phase "accuracy probes=$probes"
       pre=$WORK/acc-$probes
-      "$G" run --probes "$probes" --live off --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
+      "$G" run --probes "$probes" --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
         --spans-out "$pre-spans.jsonl" --windows-out "$pre-windows.jsonl" -- \
         "$PY" "$HERE/trainer.py" --steps "$STEPS" --warmup 15 --truth "$pre-truth.jsonl" --profile "$pre-kineto.json" \
         --data-dir "$WORK" --stall io.read:every=10:ms=40 --stall net:every=12:ms=30 \
@@ -58,7 +73,7 @@ for p in $PHASES; do
     port=$((29500 + RANDOM % 400))
     for r in 0 1; do
       slow=0; [ $r = 1 ] && slow=60
-      "$G" run --job-id "$job" --rank $r --live off --gaps-out "$WORK/ddp$r-gaps.jsonl" \
+      "$G" run --job-id "$job" --rank $r --live off $(rec "$WORK/ddp$r") --gaps-out "$WORK/ddp$r-gaps.jsonl" \
         --spans-out "$WORK/ddp$r-spans.jsonl" --summary-json "$WORK/ddp$r-summary.json" -- \
         "$PY" "$HERE/ddp.py" --rank $r --port $port --slow-ms $slow --truth "$WORK/ddp$r-truth.jsonl" \
         >"$WORK/ddp$r.log" 2>&1 &
@@ -128,7 +143,7 @@ for p in $PHASES; do
       phase "loops form=$form"
       pre=$WORK/loops-$form
       extra=""; [ $form = graph ] && extra=--graph
-      "$G" run --live off --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
+      "$G" run --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
         --spans-out "$pre-spans.jsonl" -- \
         "$PY" "$HERE/trainer.py" --steps "$STEPS" --warmup 15 --truth "$pre-truth.jsonl" --profile "$pre-kineto.json" \
         --data-dir "$WORK" --pin-memory --loader-workers 2 --item-reads 2 $extra \
@@ -142,5 +157,8 @@ for p in $PHASES; do
   *) echo "unknown phase $p" >&2; exit 2 ;;
   esac
 done
+if [ -n "${RECORD:-}" ]; then
+  (cd "$WORK" && ls *.rec.gz >/dev/null 2>&1 && tar cf "$OUTDIR/recordings.tar" *.rec.gz *truth.jsonl *summary.json)
+fi
 say ""
 say "done $(date -u +%FT%TZ)"

@@ -141,6 +141,43 @@ func TestLockHolderComputing(t *testing.T) {
 	}
 }
 
+// TestLockHolderShortLived: the holder is a thread that emits nothing of
+// its own (it only computes) and exits just before the feeder's wait ends,
+// long before the gap is decided; and one that was never seen to start
+// (tracing attached after it was created). Both are lock, named by the
+// wake-up alone.
+func TestLockHolderShortLived(t *testing.T) {
+	for _, forked := range []bool{true, false} {
+		s := newSim()
+		var waits int64
+		for n := int64(1); n <= 40; n++ {
+			if n%4 == 0 {
+				hog := uint32(500 + n)
+				if forked {
+					s.evs = append(s.evs, event.Event{Kind: event.KindFork, PID: s.pid, TID: s.pid, Start: s.t, End: s.t, ChildPID: hog, IsThread: true})
+				}
+				s.evs = append(s.evs, event.Event{Kind: event.KindExit, PID: s.pid, TID: hog, Start: s.t + 30*ms - 40*us, End: s.t + 30*ms - 40*us})
+				s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: hog}, 30*ms)
+				waits += 30 * ms
+			}
+			s.step(8, 500*us, 20*us)
+			s.t += 100 * us
+		}
+		c := &collect{}
+		feed(newEngine(c, nil), c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+		var lock int64
+		for _, g := range bigGaps(c.gaps) {
+			lock += g.Breakdown[CauseLock]
+			if g.Cause != CauseLock || len(g.Evidence.LockHolders) != 1 || g.Evidence.LockHolders[0].TID < 500 {
+				t.Errorf("forked=%v: gap %s holders %+v, want lock held by the short-lived thread", forked, g.Cause, g.Evidence.LockHolders)
+			}
+		}
+		if lock < waits*9/10 {
+			t.Errorf("forked=%v: lock %d ns of %d ns waited", forked, lock, waits)
+		}
+	}
+}
+
 // TestGILTimedWait: CPython's take_gil waits the switch interval on a
 // condition variable; the wait times out (the timer's interrupted task,
 // another process, is recorded as the waker), the thread asks the holder

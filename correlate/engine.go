@@ -36,6 +36,10 @@ type Engine struct {
 	last  int64
 
 	swept    int64
+	// ended: threads that exited, kept for retain so that a gap decided
+	// later can still follow a wait to them (a thread that held the GIL
+	// and exited), in exit order.
+	ended []*thread
 	totals   Summary
 	late     uint64
 	rejected uint64
@@ -226,6 +230,9 @@ func (e *Engine) process(ev *event.Event) {
 	if ev.End > th.last {
 		th.last = ev.End
 	}
+	if ev.WakerPID == ev.PID && ev.WakerTID != 0 && ev.WakerTID != ev.TID {
+		e.waker(p, ev)
+	}
 	if ev.WakerPID != 0 && ev.WakerPID != ev.PID {
 		// A worker that only computes emits nothing; waking a feeder
 		// proves it is alive.
@@ -271,9 +278,9 @@ func (e *Engine) processLate(ev event.Event) {
 
 func (e *Engine) exit(p *proc, ev *event.Event) {
 	if ev.TID != ev.PID {
-		if th := e.threads[ev.TID]; th != nil && th.pid == ev.PID && !p.feeders.has(ev.TID) {
-			delete(e.threads, ev.TID)
-			delete(p.tids, ev.TID)
+		if th := e.threads[ev.TID]; th != nil && th.pid == ev.PID && !p.feeders.has(ev.TID) && th.exited == 0 {
+			th.exited = max(ev.End, 1)
+			e.ended = append(e.ended, th)
 		}
 		return
 	}
@@ -308,6 +315,7 @@ func (e *Engine) finalize(force bool) {
 			e.forget(p)
 		}
 	}
+	e.forgetEnded()
 	if e.wm-e.swept > sweepEvery && len(e.procs) > sweepProcs {
 		e.sweep()
 	}
@@ -321,6 +329,40 @@ func (e *Engine) finalize(force bool) {
 			}
 		}
 		d.trim(keep)
+	}
+}
+
+// waker makes sure the sibling that woke ev's thread is known. A thread
+// that only computes emits nothing of its own, and one that existed before
+// tracing began was never seen to start: the GIL holder that woke the
+// feeder is often both. Known only from this wake-up, it is kept for
+// retain like a thread that exited, unless it shows up itself.
+func (e *Engine) waker(p *proc, ev *event.Event) {
+	if th := e.threads[ev.WakerTID]; th != nil && th.pid == ev.PID {
+		th.last = max(th.last, ev.End)
+		return
+	}
+	th := &thread{tid: ev.WakerTID, pid: ev.PID, last: ev.End, exited: ev.End}
+	e.threads[th.tid] = th
+	p.tids[th.tid] = struct{}{}
+	e.ended = append(e.ended, th)
+}
+
+// forgetEnded forgets the threads that exited more than retain ago.
+func (e *Engine) forgetEnded() {
+	n := 0
+	for n < len(e.ended) && e.ended[n].exited < e.wm-retain {
+		th := e.ended[n]
+		if e.threads[th.tid] == th {
+			delete(e.threads, th.tid)
+			if p := e.procs[th.pid]; p != nil {
+				delete(p.tids, th.tid)
+			}
+		}
+		n++
+	}
+	if n > 0 {
+		e.ended = append(e.ended[:0], e.ended[n:]...)
 	}
 }
 

@@ -55,7 +55,8 @@ func (w *world) proc(pid uint32, t int64) *proc {
 
 func (w *world) thread(ev *event.Event) *thread {
 	th := w.threads[ev.TID]
-	if th == nil || th.pid != ev.PID {
+	// A thread id reused after its thread exited is a new thread.
+	if th == nil || th.pid != ev.PID || (th.exited != 0 && ev.Start >= th.exited) {
 		th = &thread{tid: ev.TID, pid: ev.PID}
 		w.threads[ev.TID] = th
 		w.proc(ev.PID, ev.Start).tids[ev.TID] = struct{}{}

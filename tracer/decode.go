@@ -179,8 +179,13 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.TaskComm = cString(r.Comm[:])
 		switch ev.Kind {
 		case event.KindFork:
-			ev.ChildPID = r.ChildPid
 			ev.IsThread = r.Flags&procFlagThread != 0
+			// A new thread is known by its own id: its waits and wake-ups
+			// name it, not the process.
+			ev.ChildPID = r.ChildPid
+			if ev.IsThread {
+				ev.ChildPID = r.ChildTid
+			}
 			if !ev.IsThread {
 				d.ctl = ctlNewProcess
 			}

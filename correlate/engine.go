@@ -35,11 +35,11 @@ type Engine struct {
 	first int64
 	last  int64
 
-	swept    int64
+	swept int64
 	// ended: threads that exited, kept for retain so that a gap decided
 	// later can still follow a wait to them (a thread that held the GIL
 	// and exited), in exit order.
-	ended []*thread
+	ended    []*thread
 	totals   Summary
 	late     uint64
 	rejected uint64

@@ -62,6 +62,7 @@ for p in $PHASES; do
       "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
         --spans "$pre-spans.jsonl" --windows "$pre-windows.jsonl" --json "$OUTDIR/accuracy-$probes.json" 2>&1 | tee -a "$RES"
       grep -E '"(gpu_idle_ns|wall_ns|steps|gaps|dropped_events)"' "$pre-summary.json" | tr -d ' \n' | tee -a "$RES"; say ""
+      "$PY" "$HERE/stacks_eval.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" 2>&1 | tee -a "$RES"
     done
     head -c 60000 "$WORK/acc-full-gaps.jsonl" >"$OUTDIR/sample-gaps-full.jsonl"
     ;;
@@ -152,6 +153,7 @@ for p in $PHASES; do
       say "steps: gaptrace $(grep -o '"steps": *[0-9]*' "$pre-summary.json" | grep -o '[0-9]*$'), loop iterations $((STEPS + 15))"
       "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
         --spans "$pre-spans.jsonl" --json "$OUTDIR/loops-$form.json" 2>&1 | tee -a "$RES"
+      "$PY" "$HERE/stacks_eval.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" 2>&1 | tee -a "$RES"
     done
     ;;
   *) echo "unknown phase $p" >&2; exit 2 ;;

@@ -1,0 +1,430 @@
+package tracer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"unicode/utf16"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Code objects of a CPython process, read from its memory. A frame names its
+// code object by address; the object's name, file and line table are read
+// once and cached per (process, address). Each time a cached object is used
+// again its header is read back (all frames of a stack in one
+// process_vm_readv) and must still be the same code type with the same
+// name, file, first line and line table: a code object freed and its memory
+// reused can then never lend its name or lines to another frame. What does
+// not check out ends the stack there, flagged truncated.
+
+// memReader reads another process's memory.
+type memReader interface {
+	read(addr uint64, dst []byte) error
+	// readv fills each dst[i] from addrs[i] in one go; ok[i] says which
+	// were readable in full.
+	readv(addrs []uint64, dst [][]byte) (ok []bool)
+}
+
+type procMem struct{ pid int }
+
+func (m procMem) read(addr uint64, dst []byte) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	local := []unix.Iovec{{Base: &dst[0]}}
+	local[0].SetLen(len(dst))
+	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}
+	n, err := unix.ProcessVMReadv(m.pid, local, remote, 0)
+	if err != nil {
+		return fmt.Errorf("read pid %d at %#x: %w", m.pid, addr, err)
+	}
+	if n != len(dst) {
+		return fmt.Errorf("read pid %d at %#x: %d of %d bytes", m.pid, addr, n, len(dst))
+	}
+	return nil
+}
+
+func (m procMem) readv(addrs []uint64, dst [][]byte) []bool {
+	ok := make([]bool, len(addrs))
+	local := make([]unix.Iovec, len(addrs))
+	remote := make([]unix.RemoteIovec, len(addrs))
+	for i := range addrs {
+		local[i] = unix.Iovec{Base: &dst[i][0]}
+		local[i].SetLen(len(dst[i]))
+		remote[i] = unix.RemoteIovec{Base: uintptr(addrs[i]), Len: len(dst[i])}
+	}
+	// process_vm_readv stops at the first remote range that faults: the
+	// ones before it are good, the rest are retried alone.
+	n, _ := unix.ProcessVMReadv(m.pid, local, remote, 0)
+	i := 0
+	for ; i < len(addrs) && n >= len(dst[i]); i++ {
+		ok[i] = true
+		n -= len(dst[i])
+	}
+	for ; i < len(addrs); i++ {
+		ok[i] = m.read(addrs[i], dst[i]) == nil
+	}
+	return ok
+}
+
+// pyCode is one resolved code object.
+type pyCode struct {
+	hdr       []byte // the header as read: later reads must match it
+	function  string // co_qualname (3.11+) or co_name
+	file      string
+	firstLine int
+	table     []byte // line table
+	size      int    // bytecode length in bytes (3.11+), for the offset check
+	lines     map[int64]int
+}
+
+// maxCodeCache bounds the code objects remembered per process.
+const maxCodeCache = 1 << 14
+
+// maxPyString, maxLineTable bound what is read of one object: a corrupt
+// length must not allocate gigabytes.
+const (
+	maxPyString  = 4096
+	maxLineTable = 1 << 20
+)
+
+// headerLen is how much of a code object identifies it: up to the last
+// field compared.
+func (l *pyLayout) headerLen() int {
+	end := max(l.obType, l.codeFilename, l.codeName, l.codeLinetable) + 8
+	end = max(end, l.codeFirstLine+4, l.codeSize+8)
+	if l.codeQualname >= 0 {
+		end = max(end, uint32(l.codeQualname)+8)
+	}
+	return int(end)
+}
+
+func le64(b []byte, off uint32) uint64 { return binary.LittleEndian.Uint64(b[off:]) }
+
+// sameCode says whether a header read now identifies the same code object
+// as the one cached.
+func (l *pyLayout) sameCode(old, now []byte) bool {
+	for _, off := range []uint32{l.obType, l.codeFilename, l.codeName, l.codeLinetable} {
+		if le64(old, off) != le64(now, off) {
+			return false
+		}
+	}
+	if l.codeQualname >= 0 && le64(old, uint32(l.codeQualname)) != le64(now, uint32(l.codeQualname)) {
+		return false
+	}
+	return binary.LittleEndian.Uint32(old[l.codeFirstLine:]) == binary.LittleEndian.Uint32(now[l.codeFirstLine:])
+}
+
+// resolve turns one Python stack record into frames, innermost first;
+// truncated when the walk was cut short or a frame did not check out.
+func (p *pyProc) resolve(rec *rawPyStack) (frames []event.Frame, truncated bool) {
+	n := min(int(rec.Depth), len(rec.Code))
+	truncated = rec.Flags&uint32(cudaPyFlagsPY_F_TRUNCATED) != 0 || int(rec.Depth) > len(rec.Code)
+	if n == 0 {
+		return nil, truncated
+	}
+	l := &p.layout
+	hl := l.headerLen()
+	addrs := make([]uint64, n)
+	bufs := make([][]byte, n)
+	all := make([]byte, n*hl)
+	for i := range n {
+		addrs[i] = rec.Code[i]
+		bufs[i] = all[i*hl : (i+1)*hl]
+	}
+	ok := p.mem.readv(addrs, bufs)
+	frames = make([]event.Frame, 0, n)
+	for i := range n {
+		if !ok[i] || le64(bufs[i], l.obType) != p.codeType {
+			return frames, true
+		}
+		c := p.codes[addrs[i]]
+		if c != nil && !l.sameCode(c.hdr, bufs[i]) {
+			c = nil
+		}
+		if c == nil {
+			var err error
+			if c, err = p.readCode(bufs[i]); err != nil {
+				return frames, true
+			}
+			if len(p.codes) >= maxCodeCache {
+				clear(p.codes)
+			}
+			p.codes[addrs[i]] = c
+		}
+		line, ok := c.line(l, addrs[i], rec.Instr[i])
+		if !ok {
+			return frames, true
+		}
+		frames = append(frames, event.Frame{Function: c.function, File: c.file, Line: line})
+	}
+	return frames, truncated
+}
+
+// readCode reads what a frame needs of the code object whose header is hdr.
+func (p *pyProc) readCode(hdr []byte) (*pyCode, error) {
+	l := &p.layout
+	c := &pyCode{hdr: append([]byte(nil), hdr...), firstLine: int(int32(binary.LittleEndian.Uint32(hdr[l.codeFirstLine:]))),
+		lines: map[int64]int{}}
+	nameAt := l.codeName
+	if l.codeQualname >= 0 {
+		nameAt = uint32(l.codeQualname)
+	}
+	var err error
+	if c.function, err = p.readStr(le64(hdr, nameAt)); err != nil {
+		return nil, fmt.Errorf("code name: %w", err)
+	}
+	if c.file, err = p.readStr(le64(hdr, l.codeFilename)); err != nil {
+		return nil, fmt.Errorf("code file: %w", err)
+	}
+	if c.table, err = p.readBytes(le64(hdr, l.codeLinetable)); err != nil {
+		return nil, fmt.Errorf("line table: %w", err)
+	}
+	if l.instrIsPtr {
+		c.size = int(int64(le64(hdr, l.codeSize))) * 2
+	}
+	return c, nil
+}
+
+// line maps a frame's instruction to a line. For 3.11+ instr points into
+// the code object's bytecode; an address outside it means the frame no
+// longer runs this code object (ok false).
+func (c *pyCode) line(l *pyLayout, code, instr uint64) (int, bool) {
+	var off int64 // byte offset of the instruction
+	switch {
+	case l.instrIsPtr:
+		off = int64(instr - (code + uint64(l.codeAdaptive)))
+		if off < -2 || off >= int64(c.size) || off%2 != 0 {
+			return 0, false
+		}
+		if off < 0 { // before the first instruction
+			return c.firstLine, true
+		}
+	case l.minor == 10:
+		off = int64(int32(instr)) * 2
+	default:
+		off = int64(int32(instr))
+	}
+	if off < 0 {
+		return c.firstLine, true
+	}
+	if ln, ok := c.lines[off]; ok {
+		return ln, true
+	}
+	var ln int
+	switch {
+	case l.minor <= 9:
+		ln = lnotabLine(c.table, c.firstLine, int(off))
+	case l.minor == 10:
+		ln = linetable310Line(c.table, c.firstLine, int(off))
+	default:
+		ln = locationLine(c.table, c.firstLine, int(off/2))
+	}
+	if len(c.lines) < 4096 {
+		c.lines[off] = ln
+	}
+	return ln, true
+}
+
+// readStr reads a str object: compact ASCII or compact latin-1/UCS-2/UCS-4
+// (every name and file name of a code object is compact).
+func (p *pyProc) readStr(addr uint64) (string, error) {
+	l := &p.layout
+	var hdr [80]byte
+	if err := p.mem.read(addr, hdr[:l.strCompact]); err != nil {
+		return "", err
+	}
+	n := int64(le64(hdr[:], l.strLength))
+	state := binary.LittleEndian.Uint32(hdr[l.strState:])
+	kind, compact, ascii := int(state>>2&7), state>>5&1 == 1, state>>6&1 == 1
+	if n < 0 || n > maxPyString || !compact || kind != 1 && kind != 2 && kind != 4 {
+		return "", fmt.Errorf("str at %#x: length %d, state %#x: not a compact string", addr, n, state)
+	}
+	data := addr + uint64(l.strCompact)
+	if ascii {
+		data = addr + uint64(l.strASCII)
+	}
+	b := make([]byte, int(n)*kind)
+	if err := p.mem.read(data, b); err != nil {
+		return "", err
+	}
+	switch kind {
+	case 1:
+		if ascii {
+			return string(b), nil
+		}
+		r := make([]rune, n)
+		for i, c := range b {
+			r[i] = rune(c)
+		}
+		return string(r), nil
+	case 2:
+		u := make([]uint16, n)
+		for i := range u {
+			u[i] = binary.LittleEndian.Uint16(b[2*i:])
+		}
+		return string(utf16.Decode(u)), nil
+	}
+	r := make([]rune, n)
+	for i := range r {
+		r[i] = rune(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return string(r), nil
+}
+
+// readBytes reads a bytes object's contents.
+func (p *pyProc) readBytes(addr uint64) ([]byte, error) {
+	l := &p.layout
+	var sz [8]byte
+	if err := p.mem.read(addr+uint64(l.bytesSize), sz[:]); err != nil {
+		return nil, err
+	}
+	n := int64(binary.LittleEndian.Uint64(sz[:]))
+	if n < 0 || n > maxLineTable {
+		return nil, fmt.Errorf("bytes at %#x: length %d", addr, n)
+	}
+	b := make([]byte, n)
+	if err := p.mem.read(addr+uint64(l.bytesData), b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// lnotabLine is PyCode_Addr2Line of 3.9: (byte increment, signed line
+// increment) pairs; off is a byte offset.
+func lnotabLine(tab []byte, first, off int) int {
+	line, addr := first, 0
+	for i := 0; i+1 < len(tab); i += 2 {
+		addr += int(tab[i])
+		if addr > off {
+			break
+		}
+		line += int(int8(tab[i+1]))
+	}
+	return line
+}
+
+// linetable310Line is PyCode_Addr2Line of 3.10: (byte length, signed line
+// delta) pairs, -128 meaning no line; off is a byte offset.
+func linetable310Line(tab []byte, first, off int) int {
+	end, cur, computed := 0, -1, first
+	for i := 0; i+1 < len(tab); i += 2 {
+		start := end
+		end += int(tab[i])
+		d := int8(tab[i+1])
+		if d == -128 {
+			cur = -1
+		} else {
+			computed += int(d)
+			cur = computed
+		}
+		if start <= off && off < end {
+			return cur
+		}
+	}
+	return -1
+}
+
+// locationLine is PyCode_Addr2Line of 3.11+ (Objects/locations.md): entries
+// led by a byte with the top bit set, (code << 3 | length-1); unit is the
+// instruction's index in code units. -1 when the instruction has no line.
+func locationLine(tab []byte, first, unit int) int {
+	line, addr := first, 0
+	for i := 0; i < len(tab); {
+		b := tab[i]
+		if b&0x80 == 0 {
+			return -1 // not an entry start: corrupt table
+		}
+		code, length := int(b>>3&15), int(b&7)+1
+		i++
+		delta, has := 0, true
+		switch {
+		case code == 15: // no location
+			has = false
+		case code == 14: // long form: line delta, end line, columns
+			delta, i = svarint(tab, i)
+			_, i = uvarint(tab, i)
+			_, i = uvarint(tab, i)
+			_, i = uvarint(tab, i)
+		case code == 13: // no column
+			delta, i = svarint(tab, i)
+		case code >= 10: // one-line forms: delta in the code, two column bytes
+			delta = code - 10
+			i += 2
+		default: // short form: same line, one column byte
+			i++
+		}
+		line += delta
+		if unit < addr+length {
+			if !has {
+				return -1
+			}
+			return line
+		}
+		addr += length
+	}
+	return -1
+}
+
+func uvarint(tab []byte, i int) (int, int) {
+	v, shift := 0, 0
+	for i < len(tab) && shift < 32 {
+		b := tab[i]
+		i++
+		v |= int(b&63) << shift
+		shift += 6
+		if b&64 == 0 {
+			break
+		}
+	}
+	return v, i
+}
+
+func svarint(tab []byte, i int) (int, int) {
+	v, i := uvarint(tab, i)
+	if v&1 != 0 {
+		return -(v >> 1), i
+	}
+	return v >> 1, i
+}
+
+// rawPyStack is struct py_stack_event.
+type rawPyStack = cudaPyStackEvent
+
+var errNoPython = errors.New("not a python process")
+
+// pyRecord keeps a Python stack record until its event comes.
+func (s *pyStacks) hold(rec []byte) {
+	r := *(*rawPyStack)(unsafe.Pointer(&rec[0]))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pending) >= 1<<16 {
+		clear(s.pending) // events never came (lost in a full ring)
+	}
+	s.pending[r.Hdr.PidTgid] = pyPending{ktime: r.Hdr.KtimeNs, rec: r}
+}
+
+// take returns the Python frames recorded for the event of thread id at
+// ktime, if any.
+func (s *pyStacks) take(id, ktime uint64) (frames []event.Frame, truncated, ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pend, found := s.pending[id]
+	if !found {
+		return nil, false, false, nil
+	}
+	delete(s.pending, id)
+	if pend.ktime != ktime {
+		return nil, false, false, nil
+	}
+	p := s.procs[uint32(id>>32)]
+	if p == nil {
+		return nil, false, false, errNoPython
+	}
+	frames, truncated = p.resolve(&pend.rec)
+	return frames, truncated, true, nil
+}

@@ -47,6 +47,8 @@ struct py_offsets {
 	__s32 frame_owner;	/* owner (char); -1: none */
 	__u32 frame_read;	/* bytes of a frame to read: past every field above */
 	__u32 instr_is_ptr;	/* frame_instr is a pointer (else an int) */
+	__u32 code_firstlineno; /* PyCodeObject.co_firstlineno (int) */
+	__u32 _pad;
 };
 
 /* EV_PYSTACK: the Python frames of the thread, innermost first, for the
@@ -55,8 +57,12 @@ struct py_stack_event {
 	struct event_hdr hdr;
 	__u32 depth; /* frames in code/instr */
 	__u32 flags; /* PY_F_* */
-	__u64 code[PY_STACK_DEPTH];  /* code object addresses */
-	__u64 instr[PY_STACK_DEPTH]; /* instruction pointer, or f_lasti (sign-extended) */
+	__u64 code[PY_STACK_DEPTH]; /* code object addresses */
+	/* low half: where the frame is in its code, the instruction pointer's
+	 * offset from the code object (3.11+) or f_lasti; high half: the code
+	 * object's co_firstlineno as it was at capture, so user space can tell
+	 * a code object freed and replaced since from the one the frame ran. */
+	__u64 instr[PY_STACK_DEPTH];
 };
 
 enum py_flags {
@@ -158,6 +164,7 @@ struct py_walk {
 	__u32 prev, code, instr;
 	__s32 owner;
 	__u32 instr_is_ptr;
+	__u32 firstlineno;
 };
 
 static long py_walk_step(__u64 i, void *ctx)
@@ -178,9 +185,16 @@ static long py_walk_step(__u64 i, void *ctx)
 	bool shim = w->owner >= 0 &&
 		    s->frame.b[w->owner & (PY_FRAME_READ - 1)] == PY_FRAME_OWNED_BY_CSTACK;
 	if (!shim) {
-		s->ev.code[n & (PY_STACK_DEPTH - 1)] = py_ld64(&s->frame, w->code);
-		s->ev.instr[n & (PY_STACK_DEPTH - 1)] =
-			w->instr_is_ptr ? py_ld64(&s->frame, w->instr) : py_ld32s(&s->frame, w->instr);
+		__u64 code = py_ld64(&s->frame, w->code);
+		__u32 first = 0;
+		if (bpf_probe_read_user(&first, sizeof(first), (void *)(code + w->firstlineno))) {
+			s->ev.flags |= PY_F_TRUNCATED;
+			return 1;
+		}
+		__u32 at = w->instr_is_ptr ? (__u32)(py_ld64(&s->frame, w->instr) - code)
+					   : (__u32)py_ld32s(&s->frame, w->instr);
+		s->ev.code[n & (PY_STACK_DEPTH - 1)] = code;
+		s->ev.instr[n & (PY_STACK_DEPTH - 1)] = (__u64)first << 32 | at;
 		s->ev.depth = n + 1;
 	}
 	w->frame = py_ld64(&s->frame, w->prev);
@@ -209,6 +223,7 @@ static __always_inline void py_stack(__u64 id, __u64 now)
 		.instr = o->frame_instr,
 		.owner = o->frame_owner,
 		.instr_is_ptr = o->instr_is_ptr,
+		.firstlineno = o->code_firstlineno,
 	};
 	if (!py_read(&w.frame, sizeof(w.frame), ts + o->tstate_frame))
 		return;

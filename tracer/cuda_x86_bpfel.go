@@ -125,20 +125,22 @@ const (
 )
 
 type cudaPyOffsets struct {
-	_              structs.HostLayout
-	Runtime        uint64
-	InterpHead     uint32
-	TstateHead     uint32
-	TstateNext     uint32
-	TstateThreadId uint32
-	TstateFrame    uint32
-	CframeFrame    int32
-	FramePrev      uint32
-	FrameCode      uint32
-	FrameInstr     uint32
-	FrameOwner     int32
-	FrameRead      uint32
-	InstrIsPtr     uint32
+	_               structs.HostLayout
+	Runtime         uint64
+	InterpHead      uint32
+	TstateHead      uint32
+	TstateNext      uint32
+	TstateThreadId  uint32
+	TstateFrame     uint32
+	CframeFrame     int32
+	FramePrev       uint32
+	FrameCode       uint32
+	FrameInstr      uint32
+	FrameOwner      int32
+	FrameRead       uint32
+	InstrIsPtr      uint32
+	CodeFirstlineno uint32
+	Pad             uint32
 }
 
 type cudaPyScratch struct {

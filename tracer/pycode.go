@@ -53,6 +53,9 @@ func (m procMem) readv(addrs []uint64, dst [][]byte) []bool {
 	local := make([]unix.Iovec, len(addrs))
 	remote := make([]unix.RemoteIovec, len(addrs))
 	for i := range addrs {
+		if len(dst[i]) == 0 {
+			return ok // never asked for: every span has a length field
+		}
 		local[i] = unix.Iovec{Base: &dst[i][0]}
 		local[i].SetLen(len(dst[i]))
 		remote[i] = unix.RemoteIovec{Base: uintptr(addrs[i]), Len: len(dst[i])}
@@ -80,6 +83,32 @@ type pyCode struct {
 	table     []byte // line table
 	size      int    // bytecode length in bytes (3.11+), for the offset check
 	lines     map[int64]int
+	// checks are the name, file and line table objects as read: each
+	// later use reads them back and compares their contents, since the
+	// allocator hands a freed object's address to the next object of its
+	// size (a recompiled function gets its predecessor's addresses).
+	checks [3]objCheck
+}
+
+// objCheck is the immutable part of a str or bytes object: its length
+// field and its data, at known offsets from addr.
+type objCheck struct {
+	addr            uint64
+	lenOff, dataOff uint32
+	length          uint64
+	data            []byte
+}
+
+// span is the bytes to read back: from the length field to the data's end.
+func (c *objCheck) span() (uint64, int) {
+	return c.addr + uint64(c.lenOff), int(c.dataOff-c.lenOff) + len(c.data)
+}
+
+// same compares a read-back span with what was read first (the hash and
+// state words between length and data may change; they are skipped).
+func (c *objCheck) same(b []byte) bool {
+	return len(b) >= 8 && binary.LittleEndian.Uint64(b) == c.length &&
+		string(b[c.dataOff-c.lenOff:]) == string(c.data)
 }
 
 // maxCodeCache bounds the code objects remembered per process.
@@ -116,6 +145,9 @@ func (l *pyLayout) sameCode(old, now []byte) bool {
 	if l.codeQualname >= 0 && le64(old, uint32(l.codeQualname)) != le64(now, uint32(l.codeQualname)) {
 		return false
 	}
+	if l.instrIsPtr && le64(old, l.codeSize) != le64(now, l.codeSize) {
+		return false
+	}
 	return binary.LittleEndian.Uint32(old[l.codeFirstLine:]) == binary.LittleEndian.Uint32(now[l.codeFirstLine:])
 }
 
@@ -137,15 +169,45 @@ func (p *pyProc) resolve(rec *rawPyStack) (frames []event.Frame, truncated bool)
 		bufs[i] = all[i*hl : (i+1)*hl]
 	}
 	ok := p.mem.readv(addrs, bufs)
-	frames = make([]event.Frame, 0, n)
+	cached := make([]*pyCode, n)
+	var caddrs []uint64
+	var cbufs [][]byte
 	for i := range n {
-		if !ok[i] || le64(bufs[i], l.obType) != p.codeType {
-			return frames, true
+		if !ok[i] || le64(bufs[i], l.obType) != p.codeType || !liveRefcnt(bufs[i]) {
+			n = i // the stack ends here, truncated
+			truncated = true
+			break
 		}
 		c := p.codes[addrs[i]]
-		if c != nil && !l.sameCode(c.hdr, bufs[i]) {
-			c = nil
+		if c == nil || !l.sameCode(c.hdr, bufs[i]) {
+			continue
 		}
+		cached[i] = c
+		for k := range c.checks {
+			a, sz := c.checks[k].span()
+			caddrs = append(caddrs, a)
+			cbufs = append(cbufs, make([]byte, sz))
+		}
+	}
+	if len(caddrs) > 0 {
+		cok := p.mem.readv(caddrs, cbufs)
+		j := 0
+		for i := range n {
+			c := cached[i]
+			if c == nil {
+				continue
+			}
+			for k := range c.checks {
+				if !cok[j] || !c.checks[k].same(cbufs[j]) {
+					cached[i] = nil
+				}
+				j++
+			}
+		}
+	}
+	frames = make([]event.Frame, 0, n)
+	for i := range n {
+		c := cached[i]
 		if c == nil {
 			var err error
 			if c, err = p.readCode(bufs[i]); err != nil {
@@ -156,13 +218,24 @@ func (p *pyProc) resolve(rec *rawPyStack) (frames []event.Frame, truncated bool)
 			}
 			p.codes[addrs[i]] = c
 		}
-		line, ok := c.line(l, addrs[i], rec.Instr[i])
+		line, ok := c.line(l, rec.Instr[i])
 		if !ok {
 			return frames, true
 		}
 		frames = append(frames, event.Frame{Function: c.function, File: c.file, Line: line})
 	}
 	return frames, truncated
+}
+
+// liveRefcnt says whether an object's first word can be the reference
+// count of a live object. A freed one keeps its type and fields, but the
+// allocator (pymalloc, for the small objects of a recompiled function)
+// writes the next free block's address or NULL there: a freed code object
+// would otherwise lend its stale first line to whatever now lives at its
+// name's address. Immortal objects (3.12+) count 2^32-1.
+func liveRefcnt(obj []byte) bool {
+	rc := le64(obj, 0)
+	return rc >= 1 && rc <= 1<<32
 }
 
 // readCode reads what a frame needs of the code object whose header is hdr.
@@ -175,13 +248,13 @@ func (p *pyProc) readCode(hdr []byte) (*pyCode, error) {
 		nameAt = uint32(l.codeQualname)
 	}
 	var err error
-	if c.function, err = p.readStr(le64(hdr, nameAt)); err != nil {
+	if c.function, c.checks[0], err = p.readStr(le64(hdr, nameAt)); err != nil {
 		return nil, fmt.Errorf("code name: %w", err)
 	}
-	if c.file, err = p.readStr(le64(hdr, l.codeFilename)); err != nil {
+	if c.file, c.checks[1], err = p.readStr(le64(hdr, l.codeFilename)); err != nil {
 		return nil, fmt.Errorf("code file: %w", err)
 	}
-	if c.table, err = p.readBytes(le64(hdr, l.codeLinetable)); err != nil {
+	if c.table, c.checks[2], err = p.readBytes(le64(hdr, l.codeLinetable)); err != nil {
 		return nil, fmt.Errorf("line table: %w", err)
 	}
 	if l.instrIsPtr {
@@ -190,14 +263,19 @@ func (p *pyProc) readCode(hdr []byte) (*pyCode, error) {
 	return c, nil
 }
 
-// line maps a frame's instruction to a line. For 3.11+ instr points into
-// the code object's bytecode; an address outside it means the frame no
-// longer runs this code object (ok false).
-func (c *pyCode) line(l *pyLayout, code, instr uint64) (int, bool) {
+// line maps a frame's position (see py_stack_event.instr) to a line. The
+// code object must have the first line it had at capture, and for 3.11+
+// the position must lie in its bytecode; else it is not the code object
+// the frame ran (ok false).
+func (c *pyCode) line(l *pyLayout, instr uint64) (int, bool) {
+	if int(int32(instr>>32)) != c.firstLine {
+		return 0, false
+	}
+	at := uint32(instr)
 	var off int64 // byte offset of the instruction
 	switch {
 	case l.instrIsPtr:
-		off = int64(instr - (code + uint64(l.codeAdaptive)))
+		off = int64(at) - int64(l.codeAdaptive)
 		if off < -2 || off >= int64(c.size) || off%2 != 0 {
 			return 0, false
 		}
@@ -205,9 +283,9 @@ func (c *pyCode) line(l *pyLayout, code, instr uint64) (int, bool) {
 			return c.firstLine, true
 		}
 	case l.minor == 10:
-		off = int64(int32(instr)) * 2
+		off = int64(int32(at)) * 2
 	default:
-		off = int64(int32(instr))
+		off = int64(int32(at))
 	}
 	if off < 0 {
 		return c.firstLine, true
@@ -232,66 +310,73 @@ func (c *pyCode) line(l *pyLayout, code, instr uint64) (int, bool) {
 
 // readStr reads a str object: compact ASCII or compact latin-1/UCS-2/UCS-4
 // (every name and file name of a code object is compact).
-func (p *pyProc) readStr(addr uint64) (string, error) {
+func (p *pyProc) readStr(addr uint64) (string, objCheck, error) {
 	l := &p.layout
 	var hdr [80]byte
+	if l.strCompact > uint32(len(hdr)) {
+		return "", objCheck{}, fmt.Errorf("str header of %d bytes", l.strCompact)
+	}
 	if err := p.mem.read(addr, hdr[:l.strCompact]); err != nil {
-		return "", err
+		return "", objCheck{}, err
+	}
+	if !liveRefcnt(hdr[:]) {
+		return "", objCheck{}, fmt.Errorf("str at %#x: freed", addr)
 	}
 	n := int64(le64(hdr[:], l.strLength))
 	state := binary.LittleEndian.Uint32(hdr[l.strState:])
 	kind, compact, ascii := int(state>>2&7), state>>5&1 == 1, state>>6&1 == 1
 	if n < 0 || n > maxPyString || !compact || kind != 1 && kind != 2 && kind != 4 {
-		return "", fmt.Errorf("str at %#x: length %d, state %#x: not a compact string", addr, n, state)
+		return "", objCheck{}, fmt.Errorf("str at %#x: length %d, state %#x: not a compact string", addr, n, state)
 	}
-	data := addr + uint64(l.strCompact)
+	dataOff := l.strCompact
 	if ascii {
-		data = addr + uint64(l.strASCII)
+		dataOff = l.strASCII
 	}
 	b := make([]byte, int(n)*kind)
-	if err := p.mem.read(data, b); err != nil {
-		return "", err
+	if err := p.mem.read(addr+uint64(dataOff), b); err != nil {
+		return "", objCheck{}, err
 	}
+	chk := objCheck{addr: addr, lenOff: l.strLength, dataOff: dataOff, length: uint64(n), data: b}
 	switch kind {
 	case 1:
 		if ascii {
-			return string(b), nil
+			return string(b), chk, nil
 		}
 		r := make([]rune, n)
 		for i, c := range b {
 			r[i] = rune(c)
 		}
-		return string(r), nil
+		return string(r), chk, nil
 	case 2:
 		u := make([]uint16, n)
 		for i := range u {
 			u[i] = binary.LittleEndian.Uint16(b[2*i:])
 		}
-		return string(utf16.Decode(u)), nil
+		return string(utf16.Decode(u)), chk, nil
 	}
 	r := make([]rune, n)
 	for i := range r {
 		r[i] = rune(binary.LittleEndian.Uint32(b[4*i:]))
 	}
-	return string(r), nil
+	return string(r), chk, nil
 }
 
 // readBytes reads a bytes object's contents.
-func (p *pyProc) readBytes(addr uint64) ([]byte, error) {
+func (p *pyProc) readBytes(addr uint64) ([]byte, objCheck, error) {
 	l := &p.layout
 	var sz [8]byte
 	if err := p.mem.read(addr+uint64(l.bytesSize), sz[:]); err != nil {
-		return nil, err
+		return nil, objCheck{}, err
 	}
 	n := int64(binary.LittleEndian.Uint64(sz[:]))
 	if n < 0 || n > maxLineTable {
-		return nil, fmt.Errorf("bytes at %#x: length %d", addr, n)
+		return nil, objCheck{}, fmt.Errorf("bytes at %#x: length %d", addr, n)
 	}
 	b := make([]byte, n)
 	if err := p.mem.read(addr+uint64(l.bytesData), b); err != nil {
-		return nil, err
+		return nil, objCheck{}, err
 	}
-	return b, nil
+	return b, objCheck{addr: addr, lenOff: l.bytesSize, dataOff: l.bytesData, length: uint64(n), data: b}, nil
 }
 
 // lnotabLine is PyCode_Addr2Line of 3.9: (byte increment, signed line

@@ -180,6 +180,7 @@ func (l *pyLayout) offsets(runtime uint64) cudaPyOffsets {
 	// Only as far as the last field: a frame at the end of its chunk
 	// would fail a longer read.
 	o.FrameRead = end
+	o.CodeFirstlineno = l.codeFirstLine
 	if l.instrIsPtr {
 		o.InstrIsPtr = 1
 	}

@@ -216,12 +216,17 @@ func walkLikeBPF(t testing.TB, m memReader, o cudaPyOffsets, ts uint64) rawPySta
 			t.Fatalf("read frame %#x: %v", frame, err)
 		}
 		if o.FrameOwner < 0 || buf[o.FrameOwner] != 3 {
-			rec.Code[rec.Depth] = le64(buf, o.FrameCode)
-			if o.InstrIsPtr != 0 {
-				rec.Instr[rec.Depth] = le64(buf, o.FrameInstr)
-			} else {
-				rec.Instr[rec.Depth] = uint64(int64(int32(binary.LittleEndian.Uint32(buf[o.FrameInstr:]))))
+			code := le64(buf, o.FrameCode)
+			var first [4]byte
+			if err := m.read(code+uint64(o.CodeFirstlineno), first[:]); err != nil {
+				t.Fatalf("read code %#x: %v", code, err)
 			}
+			at := binary.LittleEndian.Uint32(buf[o.FrameInstr:])
+			if o.InstrIsPtr != 0 {
+				at = uint32(le64(buf, o.FrameInstr) - code)
+			}
+			rec.Code[rec.Depth] = code
+			rec.Instr[rec.Depth] = uint64(binary.LittleEndian.Uint32(first[:]))<<32 | uint64(at)
 			rec.Depth++
 		}
 		frame = le64(buf, o.FramePrev)

@@ -78,6 +78,21 @@ struct {
 	__type(value, struct py_offsets);
 } py_procs SEC(".maps");
 
+/* Per CPU: Python stacks captured and the time spent capturing them (the
+ * cost that a Python stack adds to a capture point; tests and benchmarks
+ * read it). */
+struct py_stat {
+	__u64 stacks;
+	__u64 ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct py_stat);
+} py_stats SEC(".maps");
+
 /* Per CPU: one frame's bytes and the record being built (too big for the
  * BPF stack). The record is copied into the ring once complete, so a walk
  * never holds a ring reservation across its loop. */
@@ -100,6 +115,7 @@ struct {
 const struct py_offsets *unused_py_offsets __attribute__((unused));
 const struct py_stack_event *unused_py_stack_event __attribute__((unused));
 const enum py_flags *unused_py_flags __attribute__((unused));
+const struct py_stat *unused_py_stat __attribute__((unused));
 
 /* Only the thread pointer is needed of the task; a flavour of its own keeps
  * vmlinux.h as the other programs use it. */
@@ -211,8 +227,10 @@ static __always_inline void py_stack(__u64 id, __u64 now)
 		return;
 	__u32 zero = 0;
 	struct py_scratch *s = bpf_map_lookup_elem(&py_scratch, &zero);
-	if (!s)
+	struct py_stat *st = bpf_map_lookup_elem(&py_stats, &zero);
+	if (!s || !st)
 		return;
+	__u64 t0 = bpf_ktime_get_ns();
 	__u64 ts = py_thread_state(o);
 	if (!ts)
 		return;
@@ -242,6 +260,8 @@ static __always_inline void py_stack(__u64 id, __u64 now)
 		if (d)
 			*d += 1;
 	}
+	st->stacks++;
+	st->ns += bpf_ktime_get_ns() - t0;
 }
 
 #endif /* GAPTRACE_PYTHON_H */

@@ -161,6 +161,12 @@ type cudaPyStackEvent struct {
 	Instr [32]uint64
 }
 
+type cudaPyStat struct {
+	_      structs.HostLayout
+	Stacks uint64
+	Ns     uint64
+}
+
 type cudaShortKey struct {
 	_       structs.HostLayout
 	PidTgid uint64
@@ -201,6 +207,7 @@ const (
 	cudaMapEvents             = "events"
 	cudaMapPyProcs            = "py_procs"
 	cudaMapPyScratch          = "py_scratch"
+	cudaMapPyStats            = "py_stats"
 	cudaMapRingDrops          = "ring_drops"
 	cudaMapShortCalls         = "short_calls"
 	cudaMapThreads            = "threads"
@@ -229,6 +236,7 @@ const (
 	cudaVarUnusedPyFlags      = "unused_py_flags"
 	cudaVarUnusedPyOffsets    = "unused_py_offsets"
 	cudaVarUnusedPyStackEvent = "unused_py_stack_event"
+	cudaVarUnusedPyStat       = "unused_py_stat"
 	cudaVarUnusedSchedEvent   = "unused_sched_event"
 	cudaVarUnusedSchedFlags   = "unused_sched_flags"
 	cudaVarUnusedShortKey     = "unused_short_key"
@@ -292,6 +300,7 @@ type cudaMapSpecs struct {
 	Events      *ebpf.MapSpec `ebpf:"events"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
+	PyStats     *ebpf.MapSpec `ebpf:"py_stats"`
 	RingDrops   *ebpf.MapSpec `ebpf:"ring_drops"`
 	ShortCalls  *ebpf.MapSpec `ebpf:"short_calls"`
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
@@ -322,6 +331,7 @@ type cudaVariableSpecs struct {
 	UnusedPyFlags      *ebpf.VariableSpec `ebpf:"unused_py_flags"`
 	UnusedPyOffsets    *ebpf.VariableSpec `ebpf:"unused_py_offsets"`
 	UnusedPyStackEvent *ebpf.VariableSpec `ebpf:"unused_py_stack_event"`
+	UnusedPyStat       *ebpf.VariableSpec `ebpf:"unused_py_stat"`
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
 	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
@@ -353,6 +363,7 @@ type cudaMaps struct {
 	Events      *ebpf.Map `ebpf:"events"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
+	PyStats     *ebpf.Map `ebpf:"py_stats"`
 	RingDrops   *ebpf.Map `ebpf:"ring_drops"`
 	ShortCalls  *ebpf.Map `ebpf:"short_calls"`
 	Threads     *ebpf.Map `ebpf:"threads"`
@@ -365,6 +376,7 @@ func (m *cudaMaps) Close() error {
 		m.Events,
 		m.PyProcs,
 		m.PyScratch,
+		m.PyStats,
 		m.RingDrops,
 		m.ShortCalls,
 		m.Threads,
@@ -396,6 +408,7 @@ type cudaVariables struct {
 	UnusedPyFlags      *ebpf.Variable `ebpf:"unused_py_flags"`
 	UnusedPyOffsets    *ebpf.Variable `ebpf:"unused_py_offsets"`
 	UnusedPyStackEvent *ebpf.Variable `ebpf:"unused_py_stack_event"`
+	UnusedPyStat       *ebpf.Variable `ebpf:"unused_py_stat"`
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
 	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`

@@ -482,8 +482,12 @@ type rawPyStack = cudaPyStackEvent
 
 var errNoPython = errors.New("not a python process")
 
+
 // pyRecord keeps a Python stack record until its event comes.
 func (s *pyStacks) hold(rec []byte) {
+	if s == nil { // a tracer fed recorded records
+		return
+	}
 	r := *(*rawPyStack)(unsafe.Pointer(&rec[0]))
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -496,6 +500,9 @@ func (s *pyStacks) hold(rec []byte) {
 // take returns the Python frames recorded for the event of thread id at
 // ktime, if any.
 func (s *pyStacks) take(id, ktime uint64) (frames []event.Frame, truncated, ok bool, err error) {
+	if s == nil {
+		return nil, false, false, nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	pend, found := s.pending[id]

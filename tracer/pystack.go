@@ -12,6 +12,9 @@ import (
 // innermost first; those of the interpreter's own loop, which say nothing
 // the Python frames do not, give way to the Python frames.
 func (t *Tracer) pyMerge(ev *event.Event, ktime uint64) {
+	if t.py == nil {
+		return
+	}
 	id := uint64(ev.PID)<<32 | uint64(ev.TID)
 	frames, truncated, ok, err := t.py.take(id, ktime)
 	if err != nil || !ok {

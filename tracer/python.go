@@ -187,6 +187,9 @@ func (l *pyLayout) offsets(runtime uint64) cudaPyOffsets {
 	return o
 }
 
+// errNoRuntime: the ELF taken for the interpreter does not define it.
+var errNoRuntime = errors.New("no _PyRuntime/PyCode_Type symbol")
+
 var (
 	pyExecRe = regexp.MustCompile(`^python3\.(\d+)$`)
 	pyLibRe  = regexp.MustCompile(`^libpython3\.(\d+)\.so`)
@@ -263,6 +266,9 @@ func newPyStacks() *pyStacks {
 
 // forget drops what is known of pid (exec, exit).
 func (s *pyStacks) forget(pid uint32) {
+	if s == nil {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.procs, pid)
@@ -317,7 +323,7 @@ func (s *pyStacks) load(pid uint32, bin pyBinary) (*pyProc, error) {
 		}
 	}
 	if want["_PyRuntime"] == 0 || want["PyCode_Type"] == 0 {
-		return nil, fmt.Errorf("python stacks: %s has no _PyRuntime/PyCode_Type symbol", bin.path)
+		return nil, fmt.Errorf("python stacks: %s: %w", bin.path, errNoRuntime)
 	}
 	bias, err := loadBias(f, bin.maps)
 	if err != nil {
@@ -386,10 +392,16 @@ func loadBias(f *elf.File, maps []*procfs.ProcMap) (uint64, error) {
 // CPython gets its py_procs entry.
 func (t *Tracer) pyInspect(pid uint32, maps []*procfs.ProcMap) {
 	m := t.shared[cudaMapPyProcs]
-	if m == nil {
+	if m == nil || t.py == nil {
 		return
 	}
 	p, err := t.py.inspect(pid, maps)
+	if errors.Is(err, errNoRuntime) {
+		// A launcher that links libpython, seen before the loader mapped
+		// it: the mapping's rescan tries again with the library.
+		t.log.Debug("no python stacks for this process (yet)", "pid", pid, "error", err)
+		return
+	}
 	if err != nil {
 		t.log.Warn("no python stacks for this process", "pid", pid, "error", err)
 		return

@@ -70,6 +70,12 @@ type syscallsPyScratch struct {
 	}
 }
 
+type syscallsPyStat struct {
+	_      structs.HostLayout
+	Stacks uint64
+	Ns     uint64
+}
+
 type syscallsShortKey struct {
 	_       structs.HostLayout
 	PidTgid uint64
@@ -147,6 +153,7 @@ const (
 	syscallsMapEvents             = "events"
 	syscallsMapPyProcs            = "py_procs"
 	syscallsMapPyScratch          = "py_scratch"
+	syscallsMapPyStats            = "py_stats"
 	syscallsMapRingDrops          = "ring_drops"
 	syscallsMapShortCalls         = "short_calls"
 	syscallsMapSyscallClasses     = "syscall_classes"
@@ -170,6 +177,7 @@ const (
 	syscallsVarUnusedPyFlags      = "unused_py_flags"
 	syscallsVarUnusedPyOffsets    = "unused_py_offsets"
 	syscallsVarUnusedPyStackEvent = "unused_py_stack_event"
+	syscallsVarUnusedPyStat       = "unused_py_stat"
 	syscallsVarUnusedSchedEvent   = "unused_sched_event"
 	syscallsVarUnusedSchedFlags   = "unused_sched_flags"
 	syscallsVarUnusedShortKey     = "unused_short_key"
@@ -231,6 +239,7 @@ type syscallsMapSpecs struct {
 	Events         *ebpf.MapSpec `ebpf:"events"`
 	PyProcs        *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch      *ebpf.MapSpec `ebpf:"py_scratch"`
+	PyStats        *ebpf.MapSpec `ebpf:"py_stats"`
 	RingDrops      *ebpf.MapSpec `ebpf:"ring_drops"`
 	ShortCalls     *ebpf.MapSpec `ebpf:"short_calls"`
 	SyscallClasses *ebpf.MapSpec `ebpf:"syscall_classes"`
@@ -258,6 +267,7 @@ type syscallsVariableSpecs struct {
 	UnusedPyFlags      *ebpf.VariableSpec `ebpf:"unused_py_flags"`
 	UnusedPyOffsets    *ebpf.VariableSpec `ebpf:"unused_py_offsets"`
 	UnusedPyStackEvent *ebpf.VariableSpec `ebpf:"unused_py_stack_event"`
+	UnusedPyStat       *ebpf.VariableSpec `ebpf:"unused_py_stat"`
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
 	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
@@ -289,6 +299,7 @@ type syscallsMaps struct {
 	Events         *ebpf.Map `ebpf:"events"`
 	PyProcs        *ebpf.Map `ebpf:"py_procs"`
 	PyScratch      *ebpf.Map `ebpf:"py_scratch"`
+	PyStats        *ebpf.Map `ebpf:"py_stats"`
 	RingDrops      *ebpf.Map `ebpf:"ring_drops"`
 	ShortCalls     *ebpf.Map `ebpf:"short_calls"`
 	SyscallClasses *ebpf.Map `ebpf:"syscall_classes"`
@@ -302,6 +313,7 @@ func (m *syscallsMaps) Close() error {
 		m.Events,
 		m.PyProcs,
 		m.PyScratch,
+		m.PyStats,
 		m.RingDrops,
 		m.ShortCalls,
 		m.SyscallClasses,
@@ -330,6 +342,7 @@ type syscallsVariables struct {
 	UnusedPyFlags      *ebpf.Variable `ebpf:"unused_py_flags"`
 	UnusedPyOffsets    *ebpf.Variable `ebpf:"unused_py_offsets"`
 	UnusedPyStackEvent *ebpf.Variable `ebpf:"unused_py_stack_event"`
+	UnusedPyStat       *ebpf.Variable `ebpf:"unused_py_stat"`
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
 	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`

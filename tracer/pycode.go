@@ -161,48 +161,61 @@ func (p *pyProc) resolve(rec *rawPyStack) (frames []event.Frame, truncated bool)
 	}
 	l := &p.layout
 	hl := l.headerLen()
-	addrs := make([]uint64, n)
-	bufs := make([][]byte, n)
-	all := make([]byte, n*hl)
-	for i := range n {
-		addrs[i] = rec.Code[i]
-		bufs[i] = all[i*hl : (i+1)*hl]
-	}
-	ok := p.mem.readv(addrs, bufs)
+	// One process_vm_readv for the stack: each frame's code header and,
+	// for a code object seen before, the name, file and line table it had.
 	cached := make([]*pyCode, n)
-	var caddrs []uint64
-	var cbufs [][]byte
+	size := n * hl
 	for i := range n {
-		if !ok[i] || le64(bufs[i], l.obType) != p.codeType || !liveRefcnt(bufs[i]) {
+		if c := p.codes[rec.Code[i]]; c != nil {
+			cached[i] = c
+			for k := range c.checks {
+				_, sz := c.checks[k].span()
+				size += sz
+			}
+		}
+	}
+	if cap(p.scratch) < size {
+		p.scratch = make([]byte, size)
+	}
+	buf := p.scratch[:size]
+	addrs := p.addrs[:0]
+	bufs := p.bufs[:0]
+	at := 0
+	take := func(addr uint64, sz int) {
+		addrs = append(addrs, addr)
+		bufs = append(bufs, buf[at:at+sz:at+sz])
+		at += sz
+	}
+	for i := range n {
+		take(rec.Code[i], hl)
+		if c := cached[i]; c != nil {
+			for k := range c.checks {
+				take(c.checks[k].span())
+			}
+		}
+	}
+	p.addrs, p.bufs = addrs, bufs
+	ok := p.mem.readv(addrs, bufs)
+	hdrs := make([][]byte, n)
+	j := 0
+	for i := range n {
+		hdr, hok := bufs[j], ok[j]
+		j++
+		hdrs[i] = hdr
+		if c := cached[i]; c != nil {
+			same := hok && l.sameCode(c.hdr, hdr)
+			for k := range c.checks {
+				same = same && ok[j] && c.checks[k].same(bufs[j])
+				j++
+			}
+			if !same {
+				cached[i] = nil
+			}
+		}
+		if !hok || le64(hdr, l.obType) != p.codeType || !liveRefcnt(hdr) {
 			n = i // the stack ends here, truncated
 			truncated = true
 			break
-		}
-		c := p.codes[addrs[i]]
-		if c == nil || !l.sameCode(c.hdr, bufs[i]) {
-			continue
-		}
-		cached[i] = c
-		for k := range c.checks {
-			a, sz := c.checks[k].span()
-			caddrs = append(caddrs, a)
-			cbufs = append(cbufs, make([]byte, sz))
-		}
-	}
-	if len(caddrs) > 0 {
-		cok := p.mem.readv(caddrs, cbufs)
-		j := 0
-		for i := range n {
-			c := cached[i]
-			if c == nil {
-				continue
-			}
-			for k := range c.checks {
-				if !cok[j] || !c.checks[k].same(cbufs[j]) {
-					cached[i] = nil
-				}
-				j++
-			}
 		}
 	}
 	frames = make([]event.Frame, 0, n)
@@ -210,13 +223,13 @@ func (p *pyProc) resolve(rec *rawPyStack) (frames []event.Frame, truncated bool)
 		c := cached[i]
 		if c == nil {
 			var err error
-			if c, err = p.readCode(bufs[i]); err != nil {
+			if c, err = p.readCode(hdrs[i]); err != nil {
 				return frames, true
 			}
 			if len(p.codes) >= maxCodeCache {
 				clear(p.codes)
 			}
-			p.codes[addrs[i]] = c
+			p.codes[rec.Code[i]] = c
 		}
 		line, ok := c.line(l, rec.Instr[i])
 		if !ok {
@@ -481,7 +494,6 @@ func svarint(tab []byte, i int) (int, int) {
 type rawPyStack = cudaPyStackEvent
 
 var errNoPython = errors.New("not a python process")
-
 
 // pyRecord keeps a Python stack record until its event comes.
 func (s *pyStacks) hold(rec []byte) {

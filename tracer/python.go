@@ -240,6 +240,10 @@ type pyProc struct {
 	codeType uint64 // address of PyCode_Type
 	codes    map[uint64]*pyCode
 	mem      memReader
+	// reused by resolve (calls are serialized by pyStacks.mu)
+	scratch []byte
+	addrs   []uint64
+	bufs    [][]byte
 }
 
 // pyStacks tracks the CPython processes among the traced ones.

@@ -28,6 +28,11 @@
 /* The most bytes of one frame read at once (every field the walk uses). */
 #define PY_FRAME_READ 128
 
+/* The walk loops with bpf_loop (Linux 5.17). User space sets this when the
+ * kernel has it; else the call below is dead code the verifier never
+ * looks at, and the capture points work as before, without Python frames. */
+const volatile bool py_enabled = false;
+
 /* Owner of a 3.12+ _PyInterpreterFrame that is an entry frame the C stack
  * owns (a shim, not Python code). */
 #define PY_FRAME_OWNED_BY_CSTACK 3
@@ -221,6 +226,8 @@ static long py_walk_step(__u64 i, void *ctx)
  * emitted, when the process is CPython and the thread runs Python. */
 static __always_inline void py_stack(__u64 id, __u64 now)
 {
+	if (!py_enabled)
+		return;
 	__u32 tgid = id >> 32;
 	struct py_offsets *o = bpf_map_lookup_elem(&py_procs, &tgid);
 	if (!o)

@@ -113,7 +113,10 @@ func (t *Tracer) load() error {
 				t.shared[name] = m
 			}
 		}
-		opts := &ebpf.CollectionOptions{MapReplacements: t.replacementsFor(spec)}
+		opts, err := t.objectOptions(spec)
+		if err != nil {
+			return fmt.Errorf("%s object: %w", s.name, err)
+		}
 		if err := spec.LoadAndAssign(s.objs, opts); err != nil {
 			var verr *ebpf.VerifierError
 			if errors.As(err, &verr) {

@@ -17,9 +17,8 @@ import (
 
 // TestPyStacksTraced traces testdata/pystacks.py under each interpreter
 // found here and checks the Python frames the programs captured:
-//   - every sleep of the main thread names nap() and outer() at the lines
-//     the script recorded (all but the few before the tracer saw the
-//     interpreter);
+//   - the sleeps of the main thread, from the first one with Python frames
+//     on, name nap() and outer() at the lines the script recorded;
 //   - the churn thread's freshly compiled, called and dropped functions
 //     never get another function's line (gen_I sleeps on line I%500+2):
 //     a freed code object reused by the next one is re-read or cut off;
@@ -108,7 +107,7 @@ func tracePyStacks(t *testing.T, py string) {
 		t.Fatalf("truth pid %d, traced %d", truth.PID, pid)
 	}
 	genRe := regexp.MustCompile(`^gen_(\d+)$`)
-	var napsSeen, napsNamed, churnStacks, churnFrames, churnTrunc, deepStacks, deepTrunc int
+	var napsEarly, napsSeen, napsNamed, churnStacks, churnFrames, churnTrunc, deepStacks, deepTrunc int
 	for _, ev := range events {
 		// time.sleep is clock_nanosleep from 3.11 on, select before.
 		if ev.PID != pid || ev.Kind != event.KindSyscall || ev.Syscall != event.SysSleep && ev.Syscall != event.SysPoll {
@@ -116,6 +115,12 @@ func tracePyStacks(t *testing.T, py string) {
 		}
 		switch ev.TID {
 		case truth.TID:
+			if napsSeen == 0 && !hasPyFrame(ev.Stack) {
+				// before the tracer found the interpreter (the loader
+				// maps it after exec; a loaded machine delays the rescan)
+				napsEarly++
+				continue
+			}
 			napsSeen++
 			if i := pyFrameIndex(ev.Stack, "nap"); i >= 0 && i+1 < len(ev.Stack) &&
 				ev.Stack[i] == (event.Frame{Function: "nap", File: truth.File, Line: truth.NapLine}) &&
@@ -156,10 +161,10 @@ func tracePyStacks(t *testing.T, py string) {
 			}
 		}
 	}
-	t.Logf("naps %d seen, %d named; churn: %d rounds, %d stacks, %d gen frames, %d truncated; deep: %d stacks, %d truncated",
-		napsSeen, napsNamed, truth.ChurnRounds, churnStacks, churnFrames, churnTrunc, deepStacks, deepTrunc)
-	if napsSeen < naps*9/10 {
-		t.Errorf("%d of %d naps seen as sleeps", napsSeen, naps)
+	t.Logf("naps: %d before the interpreter was found, %d after, %d of them named; churn: %d rounds, %d stacks, %d gen frames, %d truncated; deep: %d stacks, %d truncated",
+		napsEarly, napsSeen, napsNamed, truth.ChurnRounds, churnStacks, churnFrames, churnTrunc, deepStacks, deepTrunc)
+	if napsSeen < naps/2 || napsEarly+napsSeen < naps*9/10 {
+		t.Errorf("%d of %d naps seen as sleeps, %d of them after the interpreter was found", napsEarly+napsSeen, naps, napsSeen)
 	}
 	if napsNamed < napsSeen*9/10 {
 		t.Errorf("%d of %d nap sleeps name nap/outer at lines %d/%d", napsNamed, napsSeen, truth.NapLine, truth.OuterLine)
@@ -170,6 +175,16 @@ func tracePyStacks(t *testing.T, py string) {
 	if deepTrunc == 0 {
 		t.Errorf("no truncated stack of the deep thread (%d stacks)", deepStacks)
 	}
+}
+
+// hasPyFrame: a frame with a line, which only Python frames have.
+func hasPyFrame(stack []event.Frame) bool {
+	for _, f := range stack {
+		if f.Line > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // pyFrameIndex is the index of the first frame of function fn, -1 if none.

@@ -409,14 +409,13 @@ func lnotabLine(tab []byte, first, off int) int {
 // linetable310Line is PyCode_Addr2Line of 3.10: (byte length, signed line
 // delta) pairs, -128 meaning no line; off is a byte offset.
 func linetable310Line(tab []byte, first, off int) int {
-	end, cur, computed := 0, -1, first
+	end, computed := 0, first
 	for i := 0; i+1 < len(tab); i += 2 {
 		start := end
 		end += int(tab[i])
 		d := int8(tab[i+1])
-		if d == -128 {
-			cur = -1
-		} else {
+		cur := -1 // -128: no line
+		if d != -128 {
 			computed += int(d)
 			cur = computed
 		}

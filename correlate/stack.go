@@ -53,7 +53,10 @@ func systemFile(file string) bool {
 			return true
 		}
 	}
-	if strings.Contains(file, "/site-packages/") || strings.Contains(file, "/dist-packages/") {
+	// Installed packages, and the standard library's extension modules
+	// (.../lib/python3.11/lib-dynload/_socket.cpython-311-x86_64-linux-gnu.so:
+	// a Python stack shows them between libc and the Python frames).
+	if strings.Contains(file, "/site-packages/") || strings.Contains(file, "/dist-packages/") || strings.Contains(file, "/lib-dynload/") {
 		return true
 	}
 	base := filepath.Base(file)

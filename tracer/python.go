@@ -431,12 +431,12 @@ func (t *Tracer) pyForget(pid uint32) {
 
 // objectOptions are the load options of one object: the shared maps it
 // declares (py_procs exists only in the objects with a capture point).
-func (t *Tracer) objectOptions(spec *ebpf.CollectionSpec) (*ebpf.CollectionOptions, error) {
+func (t *Tracer) objectOptions(spec *ebpf.CollectionSpec) *ebpf.CollectionOptions {
 	out := make(map[string]*ebpf.Map, len(t.shared))
 	for name, m := range t.shared {
 		if _, ok := spec.Maps[name]; ok {
 			out[name] = m
 		}
 	}
-	return &ebpf.CollectionOptions{MapReplacements: out}, nil
+	return &ebpf.CollectionOptions{MapReplacements: out}
 }

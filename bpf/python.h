@@ -28,11 +28,6 @@
 /* The most bytes of one frame read at once (every field the walk uses). */
 #define PY_FRAME_READ 128
 
-/* The walk loops with bpf_loop (Linux 5.17). User space sets this when the
- * kernel has it; else the call below is dead code the verifier never
- * looks at, and the capture points work as before, without Python frames. */
-const volatile bool py_enabled = false;
-
 /* Owner of a 3.12+ _PyInterpreterFrame that is an entry frame the C stack
  * owns (a shim, not Python code). */
 #define PY_FRAME_OWNED_BY_CSTACK 3
@@ -176,9 +171,11 @@ static __always_inline __u64 py_thread_state(struct py_offsets *o)
 	return 0;
 }
 
-/* What one step of the frame walk needs, copied out of py_offsets: the
- * bpf_loop callback is verified once for every iteration, so the walk
- * costs the verifier one frame, not PY_WALK_MAX of them. */
+/* What one step of the frame walk needs, copied out of py_offsets. The
+ * step keeps the depth and flags in the per-CPU record, not in registers:
+ * the verifier then sees the same state at every iteration instead of one
+ * per (depth, flags, skipped shims) combination, and the bounded loop
+ * verifies in a few thousand instructions (no bpf_loop: kernels from 5.8). */
 struct py_walk {
 	__u64 frame; /* next frame to read; 0 at the end */
 	__u32 size;  /* bytes of a frame to read */
@@ -188,9 +185,8 @@ struct py_walk {
 	__u32 firstlineno;
 };
 
-static long py_walk_step(__u64 i, void *ctx)
+static __always_inline long py_walk_step(struct py_walk *w)
 {
-	struct py_walk *w = ctx;
 	__u32 zero = 0;
 	struct py_scratch *s = bpf_map_lookup_elem(&py_scratch, &zero);
 	if (!s || !w->frame)
@@ -226,8 +222,6 @@ static long py_walk_step(__u64 i, void *ctx)
  * emitted, when the process is CPython and the thread runs Python. */
 static __always_inline void py_stack(__u64 id, __u64 now)
 {
-	if (!py_enabled)
-		return;
 	__u32 tgid = id >> 32;
 	struct py_offsets *o = bpf_map_lookup_elem(&py_procs, &tgid);
 	if (!o)
@@ -257,7 +251,9 @@ static __always_inline void py_stack(__u64 id, __u64 now)
 
 	__builtin_memset(&s->ev, 0, sizeof(s->ev));
 	hdr_fill(&s->ev.hdr, EV_PYSTACK, 0, id, now);
-	bpf_loop(PY_WALK_MAX, py_walk_step, &w, 0);
+	for (int i = 0; i < PY_WALK_MAX; i++)
+		if (py_walk_step(&w))
+			break;
 	if (w.frame)
 		s->ev.flags |= PY_F_TRUNCATED; /* frames remain past the limit */
 	__u64 pending = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);

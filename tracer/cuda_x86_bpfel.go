@@ -220,7 +220,6 @@ const (
 	cudaVarNullProbes         = "null_probes"
 	cudaVarPidnsInum          = "pidns_inum"
 	cudaVarPidnsLevelSeen     = "pidns_level_seen"
-	cudaVarPyEnabled          = "py_enabled"
 	cudaVarThresholdNs        = "threshold_ns"
 	cudaVarUnusedAsyncLayout  = "unused_async_layout"
 	cudaVarUnusedBlockLayout  = "unused_block_layout"
@@ -316,7 +315,6 @@ type cudaVariableSpecs struct {
 	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
 	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
 	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
-	PyEnabled          *ebpf.VariableSpec `ebpf:"py_enabled"`
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedAsyncLayout  *ebpf.VariableSpec `ebpf:"unused_async_layout"`
 	UnusedBlockLayout  *ebpf.VariableSpec `ebpf:"unused_block_layout"`
@@ -394,7 +392,6 @@ type cudaVariables struct {
 	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
 	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
 	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
-	PyEnabled          *ebpf.Variable `ebpf:"py_enabled"`
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedAsyncLayout  *ebpf.Variable `ebpf:"unused_async_layout"`
 	UnusedBlockLayout  *ebpf.Variable `ebpf:"unused_block_layout"`

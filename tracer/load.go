@@ -113,10 +113,7 @@ func (t *Tracer) load() error {
 				t.shared[name] = m
 			}
 		}
-		opts, err := t.objectOptions(spec)
-		if err != nil {
-			return fmt.Errorf("%s object: %w", s.name, err)
-		}
+		opts := t.objectOptions(spec)
 		if err := spec.LoadAndAssign(s.objs, opts); err != nil {
 			var verr *ebpf.VerifierError
 			if errors.As(err, &verr) {

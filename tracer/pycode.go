@@ -83,6 +83,9 @@ type pyCode struct {
 	table     []byte // line table
 	size      int    // bytecode length in bytes (3.11+), for the offset check
 	lines     map[int64]int
+	// checkedAt is when (CLOCK_MONOTONIC ns, the programs' clock) the
+	// object was last read or found unchanged.
+	checkedAt uint64
 	// checks are the name, file and line table objects as read: each
 	// later use reads them back and compares their contents, since the
 	// allocator hands a freed object's address to the next object of its
@@ -154,6 +157,7 @@ func (l *pyLayout) sameCode(old, now []byte) bool {
 // resolve turns one Python stack record into frames, innermost first;
 // truncated when the walk was cut short or a frame did not check out.
 func (p *pyProc) resolve(rec *rawPyStack) (frames []event.Frame, truncated bool) {
+	capture := rec.Hdr.KtimeNs
 	n := min(int(rec.Depth), len(rec.Code))
 	truncated = rec.Flags&uint32(cudaPyFlagsPY_F_TRUNCATED) != 0 || int(rec.Depth) > len(rec.Code)
 	if n == 0 {
@@ -195,6 +199,7 @@ func (p *pyProc) resolve(rec *rawPyStack) (frames []event.Frame, truncated bool)
 		}
 	}
 	p.addrs, p.bufs = addrs, bufs
+	now := uint64(monotonicNow())
 	ok := p.mem.readv(addrs, bufs)
 	hdrs := make([][]byte, n)
 	j := 0
@@ -202,13 +207,22 @@ func (p *pyProc) resolve(rec *rawPyStack) (frames []event.Frame, truncated bool)
 		hdr, hok := bufs[j], ok[j]
 		j++
 		hdrs[i] = hdr
-		if c := cached[i]; c != nil {
+		c := cached[i]
+		if c != nil {
 			same := hok && l.sameCode(c.hdr, hdr)
 			for k := range c.checks {
 				same = same && ok[j] && c.checks[k].same(bufs[j])
 				j++
 			}
-			if !same {
+			switch {
+			case same:
+				c.checkedAt = now
+			case !hok && c.checkedAt >= capture:
+				// Unreadable now (the process exited before its
+				// last events were resolved), but checked live and
+				// unchanged after this capture: still its answer.
+				continue
+			default:
 				cached[i] = nil
 			}
 		}
@@ -226,6 +240,7 @@ func (p *pyProc) resolve(rec *rawPyStack) (frames []event.Frame, truncated bool)
 			if c, err = p.readCode(hdrs[i]); err != nil {
 				return frames, true
 			}
+			c.checkedAt = now
 			if len(p.codes) >= maxCodeCache {
 				clear(p.codes)
 			}
@@ -517,13 +532,13 @@ func (s *pyStacks) take(id, ktime uint64) (frames []event.Frame, truncated, ok b
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	pend, found := s.pending[id]
-	if !found {
+	// Records of the thread from other CPUs (a scheduling event about
+	// it) may come between the stack and its event: only the event with
+	// the stack's timestamp takes it.
+	if !found || pend.ktime != ktime {
 		return nil, false, false, nil
 	}
 	delete(s.pending, id)
-	if pend.ktime != ktime {
-		return nil, false, false, nil
-	}
 	p := s.procs[uint32(id>>32)]
 	if p == nil {
 		return nil, false, false, errNoPython

@@ -13,8 +13,6 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/features"
 	"github.com/prometheus/procfs"
 )
 
@@ -286,17 +284,6 @@ func (s *pyStacks) forget(pid uint32) {
 	}
 }
 
-// noteUnsupported is true the first time it is asked about pid.
-func (s *pyStacks) noteUnsupported(pid uint32) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.tried[pid]; ok {
-		return false
-	}
-	s.tried[pid] = "unsupported"
-	return true
-}
-
 // inspect looks at a traced process's mappings and, the first time they
 // show a supported CPython, returns the offsets for its py_procs entry.
 func (s *pyStacks) inspect(pid uint32, maps []*procfs.ProcMap) (*pyProc, error) {
@@ -412,12 +399,6 @@ func (t *Tracer) pyInspect(pid uint32, maps []*procfs.ProcMap) {
 	if m == nil || t.py == nil {
 		return
 	}
-	if !pyWalkSupported() {
-		if _, ok := findPython(maps); ok && t.py.noteUnsupported(pid) {
-			t.log.Info("no python stacks: the kernel lacks bpf_loop (Linux 5.17)", "pid", pid)
-		}
-		return
-	}
 	p, err := t.py.inspect(pid, maps)
 	if errors.Is(err, errNoRuntime) {
 		// A launcher that links libpython, seen before the loader mapped
@@ -449,25 +430,13 @@ func (t *Tracer) pyForget(pid uint32) {
 }
 
 // objectOptions are the load options of one object: the shared maps it
-// declares (py_procs exists only in the objects with a capture point), and
-// py_enabled set where the kernel can run the walk.
-func (t *Tracer) objectOptions(spec *ebpf.CollectionSpec) (*ebpf.CollectionOptions, error) {
+// declares (py_procs exists only in the objects with a capture point).
+func (t *Tracer) objectOptions(spec *ebpf.CollectionSpec) *ebpf.CollectionOptions {
 	out := make(map[string]*ebpf.Map, len(t.shared))
 	for name, m := range t.shared {
 		if _, ok := spec.Maps[name]; ok {
 			out[name] = m
 		}
 	}
-	if _, ok := spec.Variables[cudaVarPyEnabled]; ok {
-		if err := setVariable(spec, cudaVarPyEnabled, pyWalkSupported()); err != nil {
-			return nil, err
-		}
-	}
-	return &ebpf.CollectionOptions{MapReplacements: out}, nil
+	return &ebpf.CollectionOptions{MapReplacements: out}
 }
-
-// pyWalkSupported says whether the kernel has bpf_loop, which the Python
-// frame walk needs (Linux 5.17); asked once.
-var pyWalkSupported = sync.OnceValue(func() bool {
-	return features.HaveProgramHelper(ebpf.Kprobe, asm.FnLoop) == nil
-})

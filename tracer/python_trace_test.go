@@ -1,6 +1,7 @@
 package tracer
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
@@ -8,7 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,12 +55,18 @@ func tracePyStacks(t *testing.T, py string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out strings.Builder
-	cmd.Stdout = &out
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	pid := uint32(cmd.Process.Pid)
+	defer func() {
+		_ = stdin.Close()
+		_ = cmd.Wait()
+	}()
 	if err := tr.Trace(int(pid)); err != nil {
 		_ = cmd.Process.Kill()
 		t.Fatalf("Trace: %v", err)
@@ -70,12 +77,16 @@ func tracePyStacks(t *testing.T, py string) {
 	runErr := make(chan error, 1)
 	go func() { runErr <- tr.Run(ctx, evc) }()
 	var events []event.Event
+	var mainSleeps atomic.Int64
 	exited := make(chan struct{})
 	collected := make(chan struct{})
 	go func() {
 		defer close(collected)
 		for ev := range evc {
 			events = append(events, ev)
+			if ev.PID == pid && ev.TID == pid && ev.Kind == event.KindSyscall && (ev.Syscall == event.SysSleep || ev.Syscall == event.SysPoll) {
+				mainSleeps.Add(1)
+			}
 			if ev.Kind == event.KindExit && ev.PID == pid && ev.TID == pid {
 				close(exited)
 			}
@@ -84,13 +95,24 @@ func tracePyStacks(t *testing.T, py string) {
 	if _, err := io.WriteString(stdin, "go\n"); err != nil {
 		t.Fatal(err)
 	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("%s pystacks.py: %v", py, err)
+	}
+	// The script waits until the tracer has taken the main thread's sleeps
+	// (a loaded machine delays the consumer): the stacks are resolved
+	// while the process can still be read.
+	for deadline := time.Now().Add(60 * time.Second); mainSleeps.Load() < naps && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = stdin.Close()
 	if err := cmd.Wait(); err != nil {
-		t.Fatalf("%s pystacks.py: %v\n%s", py, err, out.String())
+		t.Fatalf("%s pystacks.py: %v", py, err)
 	}
 	select {
 	case <-exited:
-	case <-time.After(10 * time.Second):
-		t.Errorf("exit of pid %d not seen within 10s", pid)
+	case <-time.After(30 * time.Second):
+		t.Errorf("exit of pid %d not seen within 30s", pid)
 	}
 	cancel()
 	if err := <-runErr; err != nil {
@@ -100,8 +122,8 @@ func tracePyStacks(t *testing.T, py string) {
 	<-collected
 
 	var truth pyTruth
-	if err := json.Unmarshal([]byte(out.String()), &truth); err != nil {
-		t.Fatalf("truth %q: %v", out.String(), err)
+	if err := json.Unmarshal([]byte(line), &truth); err != nil {
+		t.Fatalf("truth %q: %v", line, err)
 	}
 	if truth.PID != pid {
 		t.Fatalf("truth pid %d, traced %d", truth.PID, pid)
@@ -127,7 +149,7 @@ func tracePyStacks(t *testing.T, py string) {
 				ev.Stack[i+1] == (event.Frame{Function: "outer", File: truth.File, Line: truth.OuterLine}) {
 				napsNamed++
 			} else if napsSeen-napsNamed <= 3 {
-				t.Logf("nap sleep stack: %v", ev.Stack)
+				t.Logf("nap sleep stack: %v truncated %v", ev.Stack, ev.StackTruncated)
 			}
 		case truth.ChurnTID:
 			churnStacks++

@@ -165,7 +165,6 @@ const (
 	syscallsVarNullProbes         = "null_probes"
 	syscallsVarPidnsInum          = "pidns_inum"
 	syscallsVarPidnsLevelSeen     = "pidns_level_seen"
-	syscallsVarPyEnabled          = "py_enabled"
 	syscallsVarThresholdNs        = "threshold_ns"
 	syscallsVarUnusedCudaEvent    = "unused_cuda_event"
 	syscallsVarUnusedEventHdr     = "unused_event_hdr"
@@ -256,7 +255,6 @@ type syscallsVariableSpecs struct {
 	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
 	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
 	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
-	PyEnabled          *ebpf.VariableSpec `ebpf:"py_enabled"`
 	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
@@ -332,7 +330,6 @@ type syscallsVariables struct {
 	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
 	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
 	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
-	PyEnabled          *ebpf.Variable `ebpf:"py_enabled"`
 	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
 	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
 	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`

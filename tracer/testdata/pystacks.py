@@ -7,7 +7,9 @@ I % 500 + 2 of file "churn.py"), calls it and drops it, so code objects are
 freed and their memory reused while stacks naming them are resolved.
 deep: sleeps at the bottom of a recursion deeper than the captured depth.
 
-Prints one JSON line at the end: pid, thread ids, file and lines.
+Prints one JSON line at the end: pid, thread ids, file and lines; then
+stays until stdin closes, so the tracer can still read its memory while it
+resolves the last stacks.
 """
 
 import json
@@ -66,6 +68,7 @@ def main():
     for t in ts:
         t.join()
     print(json.dumps(truth), flush=True)
+    sys.stdin.readline()
 
 
 if __name__ == "__main__":

@@ -295,7 +295,7 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		a = append(a, attribute.String("code.function.name", f.Function),
 			attribute.String("code.stacktrace", correlate.FormatStack(ev.Stack, ev.StackTruncated)))
 		if f.File != "" {
-			a = append(a, attribute.String("code.file.path", f.File))
+			a = append(a, attribute.String("code.file.path", f.Where()))
 		}
 		if f.Line > 0 {
 			a = append(a, attribute.Int("code.line.number", f.Line))

@@ -42,8 +42,8 @@ type elfFile struct {
 	lines     []lineEntry
 	linesRead bool
 	elf       *elf.File
-	f     *os.File // for the call-instruction check; nil when unreadable
-	err   error
+	f         *os.File // for the call-instruction check; nil when unreadable
+	err       error
 	// calls caches afterCall by file offset: the same return addresses
 	// come back with every syscall of a loop.
 	calls map[uint64]bool

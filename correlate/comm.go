@@ -9,6 +9,13 @@ import "github.com/gaptrace/gaptrace/event"
 type stallCand struct {
 	gap     Gap
 	gpmOnly bool
+	// peer: the ranks' timelines found the wait (ranks.go); the stall
+	// is placed once the other ranks' syncs show when the collective
+	// completed. by is how late the last rank issued it, from the wait's
+	// start at the earliest.
+	peer      bool
+	ref       collRef
+	by, start int64
 }
 
 // baseKey names a sync's place in the step. Whether the pending work
@@ -45,7 +52,11 @@ func (p *proc) checkStall(x env, th *thread, ev *event.Event, coll *CollectiveEv
 		g.Evidence = Evidence{Collective: &c, CUDACall: ev.CUDA.String(), BaselineNS: baseline,
 			Threads: append([]uint32(nil), p.feeders...), Source: "host"}
 		g.Ops = []HostOp{hostOp(ev, th.tid)}
-		p.stalls = append(p.stalls, stallCand{gap: g, gpmOnly: gpmOnly})
+		sc := stallCand{gap: g, gpmOnly: gpmOnly}
+		if late != nil {
+			sc.peer, sc.ref, sc.by, sc.start = true, ref, excess, ev.Start
+		}
+		p.stalls = append(p.stalls, sc)
 	}
 	// The baseline compares how long the queue ran after the last enqueue,
 	// which a late peer lengthens, rather than the sync's own wait, which
@@ -116,6 +127,28 @@ func (p *proc) resolveStalls(x env, force bool) {
 	d := x.d
 	k := 0
 	for _, s := range p.stalls {
+		if s.peer {
+			c, all := x.w.completion(s.ref)
+			if !all && !force && x.clk.now < s.gap.End+holdMax {
+				p.stalls[k] = s
+				k++
+				continue
+			}
+			// This rank's sync returned when its thread got a CPU, which
+			// on a loaded host is well after the collective completed: the
+			// wait on the peer ends where the earliest rank saw it done.
+			if c > 0 && c < s.gap.End {
+				s.gap.End = c
+			}
+			s.gap.Start = max(s.start, s.gap.End-s.by)
+			s.gap.Duration = s.gap.End - s.gap.Start
+			s.gap.Breakdown = map[Cause]int64{CauseComm: s.gap.Duration}
+			s.gap.Evidence.BaselineNS = s.gap.Ops[0].End - s.gap.Ops[0].Start - s.gap.Duration
+			if s.gap.Duration < x.set.minGap {
+				p.out.rejected++
+				continue
+			}
+		}
 		if force || d.gpmEnd == 0 || d.gpmEnd >= s.gap.End || x.clk.now >= s.gap.End+holdMax {
 			sm := d.smActivity(s.gap.Start, s.gap.End)
 			// With a baseline, the wait's excess is already set apart from

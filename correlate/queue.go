@@ -140,6 +140,9 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	}
 	pendingBefore := !p.allDrained()
 	coll, cref := p.drainStreams(ev)
+	if cref.c != nil {
+		cref.c.complete(cref.seq, ev.End)
+	}
 	if waited && pendingBefore {
 		p.checkStall(x, th, ev, coll, cref)
 		d := x.d
@@ -178,7 +181,9 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 	if p.gap != nil && x.set.lite {
 		p.closeGap(x, th, ev.Start)
 	}
-	p.drainStreams(ev)
+	if _, cref := p.drainStreams(ev); cref.c != nil {
+		cref.c.complete(cref.seq, ev.End)
+	}
 	p.endAhead(x.set, ev.End, p.aheadStart < ev.Start, false)
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
 		p.patternSync(x.set, ev)

@@ -28,6 +28,9 @@ type commInfo struct {
 	// number (n counts every collective issued on it).
 	issued [issueRing]int64
 	n      int64
+	// done holds, by sequence number, the earliest return of a sync of
+	// this process that covered the collective: it had completed by then.
+	done [issueRing]int64
 }
 
 // issueRing bounds how far one rank may run ahead of another in issued
@@ -37,8 +40,28 @@ const issueRing = 256
 
 func (c *commInfo) issue(t int64) int64 {
 	c.issued[c.n%issueRing] = t
+	c.done[c.n%issueRing] = 0
 	c.n++
 	return c.n - 1
+}
+
+// complete records that the seq-th collective had completed by t.
+func (c *commInfo) complete(seq, t int64) {
+	if seq < 0 || seq >= c.n || seq < c.n-issueRing {
+		return
+	}
+	if d := &c.done[seq%issueRing]; *d == 0 || t < *d {
+		*d = t
+	}
+}
+
+// completedBy is when a sync of this process saw the seq-th collective
+// complete, if one did.
+func (c *commInfo) completedBy(seq int64) (int64, bool) {
+	if seq < 0 || seq >= c.n || seq < c.n-issueRing || c.done[seq%issueRing] == 0 {
+		return 0, false
+	}
+	return c.done[seq%issueRing], true
 }
 
 // issuedAt is the issue time of the seq-th collective, if still held.
@@ -184,4 +207,32 @@ func (w *world) lateness(r collRef, end int64) (peerLate, bool) {
 		}
 	}
 	return late, true
+}
+
+// completion is the earliest time a rank's sync saw collective r complete,
+// and whether every rank's did already. The collective completes at once
+// on every rank; the ranks' syncs return when their threads get a CPU, so
+// the earliest return says best when it completed.
+func (w *world) completion(r collRef) (int64, bool) {
+	c := r.c
+	if c == nil || c.group == nil {
+		return 0, false
+	}
+	var first int64
+	all := true
+	for rank := int32(0); rank < c.ranks; rank++ {
+		m := c.group.members[rank]
+		if m == nil {
+			return first, false
+		}
+		t, ok := m.completedBy(r.seq)
+		if !ok {
+			all = false
+			continue
+		}
+		if first == 0 || t < first {
+			first = t
+		}
+	}
+	return first, all
 }

@@ -1,6 +1,8 @@
 package correlate
 
 import (
+	"cmp"
+	"slices"
 	"testing"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -16,6 +18,11 @@ type ddpJob struct {
 	// lateSteps[r] the steps in which it did for at least a millisecond.
 	late      []int64
 	lateSteps []map[int]bool
+	// lag delays a rank's return from its sync (its thread waited for a
+	// CPU after the collective completed); done holds when it completed.
+	lag    func(rank, step int) int64
+	done   []int64
+	waited [][]int64 // per step, per rank: how long its GPU spun on the others
 }
 
 const commHandle = 0x7f00c0ffee00 // the same address in every rank: forked trainers
@@ -50,6 +57,12 @@ func (j *ddpJob) run(steps int, delay func(rank, step int) int64) {
 			last = max(last, reach[r])
 		}
 		end := last + coll
+		j.done = append(j.done, end)
+		w := make([]int64, len(j.ranks))
+		for r := range w {
+			w[r] = last - reach[r]
+		}
+		j.waited = append(j.waited, w)
 		for r, s := range j.ranks {
 			s.gpuFree = end
 			s.addBusy(reach[r], end)
@@ -57,6 +70,12 @@ func (j *ddpJob) run(steps int, delay func(rank, step int) int64) {
 				Op: event.NCCLAllReduce, Bytes: 64 << 20, Comm: commHandle, Stream: s.stream, PeerRank: -1})
 			s.flushed[s.tid] = true
 			s.sync()
+			if j.lag != nil {
+				if l := j.lag(r, step); l > 0 {
+					s.evs[len(s.evs)-1].End += l
+					s.t += l
+				}
+			}
 			if w := last - reach[r]; w > 0 {
 				j.late[r] += w
 				if w >= ms {
@@ -157,6 +176,41 @@ func TestRanksLateEveryStep(t *testing.T) {
 		checkNamed(t, 0, st[0], 1, 30*ms)
 		if len(st[1]) != 0 {
 			t.Errorf("sm %v: the late rank itself waited on nobody, yet: %+v", sm, st[1])
+		}
+	}
+}
+
+// A rank whose thread gets a CPU late after the collective completed: its
+// wait on the peer ends where the peer's sync saw the collective complete,
+// not where its own sync returned.
+func TestRanksWakeupLag(t *testing.T) {
+	j := newDDPJob(2)
+	j.lag = func(rank, step int) int64 {
+		if rank == 0 {
+			return 8 * ms
+		}
+		return 0
+	}
+	j.run(12, func(rank, step int) int64 {
+		if rank == 1 {
+			return 30 * ms
+		}
+		return 0
+	})
+	st := j.trace(t, []int{0, 1}, -1)
+	if len(st[0]) != 12 {
+		t.Fatalf("rank 0: %d stalls, want 12", len(st[0]))
+	}
+	slices.SortFunc(st[0], func(a, b Gap) int { return cmp.Compare(a.Start, b.Start) })
+	for i, g := range st[0] {
+		// The lag delays rank 0's next step: after the first, rank 1 is
+		// late by 30 ms less the lag.
+		if !near(g.End, j.done[i], 100*us) || !near(g.Duration, j.waited[i][0], 100*us) {
+			t.Errorf("step %d: stall [%d,%d] (%d ns), want it to end where the collective completed, %d, after %d ns",
+				i+1, g.Start-t0, g.End-t0, g.Duration, j.done[i]-t0, j.waited[i][0])
+		}
+		if c := g.Evidence.Collective; c.LateRank == nil || *c.LateRank != 1 {
+			t.Errorf("step %d: stall names rank %v, want 1", i+1, c.LateRank)
 		}
 	}
 }

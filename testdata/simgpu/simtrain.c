@@ -1757,17 +1757,20 @@ int main(int argc, char **argv)
 			} else if (opt.comm_id != NULL) {
 				/* A peer process reached the step's last collective later
 				 * than this rank's stream did: this rank's kernel spun on it
-				 * from then (or from the sync) until the sync returned. */
+				 * from then (or from the sync) until the last rank's stream
+				 * reached it. The collective's own time after that, and the
+				 * sync's return, are not the peer's lateness. */
 				uint64_t reach, last;
 				int late_rank;
 				if (simgpu_nccl_last_rendezvous(&reach, &last, &late_rank) &&
-				    last >= reach + 1000000ull) {
+				    last >= reach + 1000000ull && last > comm_sync_start) {
 					uint64_t s = reach > comm_sync_start ? reach : comm_sync_start;
+					uint64_t e = last < step_end ? last : step_end;
 					bprintf(&truth_buf,
 						"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"comm\",\"start\":%llu,"
 						"\"end\":%llu,\"tid\":%d,\"ms\":%llu,\"run_delay_ns\":0,"
 						"\"op\":\"AllReduce\",\"late_rank\":%d,\"late_ns\":%llu}\n",
-						step, (unsigned long long)s, (unsigned long long)step_end, gettid_(),
+						step, (unsigned long long)s, (unsigned long long)e, gettid_(),
 						(unsigned long long)((last - reach) / 1000000ull), late_rank,
 						(unsigned long long)(last - reach));
 				}

@@ -1,0 +1,141 @@
+package simgpu_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// rdvRecord is the part of a truth line the rendezvous test reads.
+type rdvRecord struct {
+	Type     string `json:"type"`
+	Step     int    `json:"step"`
+	Cause    string `json:"cause"`
+	Kind     string `json:"kind"`
+	Start    uint64 `json:"start"`
+	End      uint64 `json:"end"`
+	LateRank *int   `json:"late_rank"`
+	LateNS   uint64 `json:"late_ns"`
+}
+
+func readRecords(t *testing.T, path string) []rdvRecord {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []rdvRecord
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var r rdvRecord
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// Two simtrain processes with one --comm-id are one 2-rank job: rank 1,
+// late on the host by 20 ms every step, holds rank 0's all-reduce, whose
+// kernel spins until rank 1's stream reached it. Both complete it at once,
+// and rank 0's truth records the wait, naming rank 1.
+func TestRendezvousTwoProcesses(t *testing.T) {
+	needBuild(t)
+	dir := t.TempDir()
+	const steps = 15
+	common := []string{"--steps", "15", "--nranks", "2", "--collectives", "1", "--kernels-per-step", "6",
+		"--kernel-us", "1000", "--comm-id", "job-" + filepath.Base(dir), "--quiet", "--workers", "0", "--data-dir", dataDir}
+	var cmds []*exec.Cmd
+	var outs []*bytes.Buffer
+	for rank, extra := range [][]string{nil, {"--stall", "cpu:every=1:ms=20"}} {
+		args := append([]string{"--rank", string(rune('0' + rank)), "--device", string(rune('0' + rank)),
+			"--truth", filepath.Join(dir, "truth"+string(rune('0'+rank))+".jsonl")}, common...)
+		cmd := exec.Command(filepath.Join(buildDir, "simtrain"), append(args, extra...)...)
+		cmd.Env = append(os.Environ(), "SIMGPU_DIR="+dir, "SIMGPU_DEVICES=2")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds, outs = append(cmds, cmd), append(outs, &out)
+	}
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("rank %d: %v\n%s", i, err, outs[i])
+		}
+	}
+	// The end of each step's last collective kernel, per rank.
+	ends := make([]map[int]uint64, 2)
+	var comm []rdvRecord
+	for rank := range 2 {
+		recs := readRecords(t, filepath.Join(dir, "truth"+string(rune('0'+rank))+".jsonl"))
+		var stepsOf []rdvRecord
+		var colls []rdvRecord
+		for _, r := range recs {
+			switch {
+			case r.Type == "step":
+				stepsOf = append(stepsOf, r)
+			case r.Type == "busy" && r.Kind == "collective":
+				colls = append(colls, r)
+			case r.Type == "stall" && r.Cause == "comm":
+				if rank == 1 {
+					t.Errorf("rank 1 was the late one, yet waited: %+v", r)
+				}
+				comm = append(comm, r)
+			}
+		}
+		if len(stepsOf) != steps {
+			t.Fatalf("rank %d: %d steps, want %d", rank, len(stepsOf), steps)
+		}
+		ends[rank] = map[int]uint64{}
+		for _, s := range stepsOf {
+			for _, c := range colls {
+				if c.Start < s.End && c.End <= s.End && c.End > ends[rank][s.Step] {
+					ends[rank][s.Step] = c.End
+				}
+			}
+		}
+	}
+	for step := 1; step <= steps; step++ {
+		a, b := ends[0][step], ends[1][step]
+		// Rank 0's kernel is extended in 1 ms pieces while it waits.
+		if d := max(a, b) - min(a, b); a == 0 || b == 0 || d > 2_000_000 {
+			t.Errorf("step %d: the all-reduce ended at %d on rank 0 and %d on rank 1", step, a, b)
+		}
+	}
+	// Host timing on a loaded machine moves the lateness; most steps
+	// still show most of the 20 ms.
+	n := 0
+	for _, r := range comm {
+		if r.LateRank == nil || *r.LateRank != 1 || r.End <= r.Start {
+			t.Errorf("comm stall without the late rank: %+v", r)
+		}
+		if r.LateNS >= 15_000_000 {
+			n++
+		}
+	}
+	if n < steps/2 {
+		t.Errorf("%d of %d steps show rank 0 waiting ≥ 15 ms on rank 1: %+v", n, steps, comm)
+	}
+}
+
+func TestRendezvousBadID(t *testing.T) {
+	needBuild(t)
+	for _, args := range [][]string{
+		{"--steps", "1", "--collectives", "1", "--comm-id", "a/b"},
+		{"--steps", "1", "--comm-id", "job"},
+	} {
+		out, err := exec.Command(filepath.Join(buildDir, "simtrain"), args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "--comm-id") {
+			t.Errorf("simtrain %v: %v, want a usage error naming --comm-id:\n%s", args, err, out)
+		}
+	}
+}

@@ -169,10 +169,13 @@ func (w *world) forgetComms(pid uint32) {
 	}
 }
 
-// issueColl records a collective's issue on its communicator.
+// issueColl records a collective's issue on its communicator. Sends and
+// receives are left out: ranks issue different ones (a pipeline stage
+// sends where the next receives), so the k-th of them is not one operation
+// on every rank.
 func (w *world) issueColl(ev *event.Event) collRef {
 	c := w.comms[commKey{pid: ev.PID, comm: ev.Comm}]
-	if c == nil {
+	if c == nil || ev.Op == event.NCCLSend || ev.Op == event.NCCLRecv || ev.Op == event.NCCLNone || ev.Op >= event.NCCLLast {
 		return collRef{}
 	}
 	return collRef{c: c, seq: c.issue(ev.Start), at: ev.Start}

@@ -302,3 +302,83 @@ func TestRanksPeerUnseen(t *testing.T) {
 		}
 	}
 }
+
+// Sends and receives are not matched across ranks: a stage sends where the
+// next receives, so the k-th of them is not one operation on every rank.
+// The waits fall back to GPM.
+func TestRanksP2PNotMatched(t *testing.T) {
+	j := newDDPJob(2)
+	j.run(12, func(rank, step int) int64 {
+		if rank == 1 {
+			return 30 * ms
+		}
+		return 0
+	})
+	for _, s := range j.ranks {
+		for i := range s.evs {
+			if s.evs[i].Kind == event.KindCollective {
+				s.evs[i].Op = event.NCCLSend
+			}
+		}
+	}
+	st := j.trace(t, []int{0, 1}, 0.1)
+	if len(st[0]) == 0 {
+		t.Fatalf("no comm stall from GPM")
+	}
+	for _, g := range st[0] {
+		if g.Evidence.Collective.LateRank != nil || g.Evidence.SMActivity == nil {
+			t.Fatalf("a send matched across ranks: %+v", g)
+		}
+	}
+}
+
+// Linking: ranks of one group link; a second live process claiming a rank
+// (another job of the same shape) makes the group unusable; a rank that
+// restarted after its predecessor exited takes its place.
+func TestRanksGroupLinking(t *testing.T) {
+	w := newWorld()
+	init := func(pid uint32, rank int32) {
+		w.addComm(&event.Event{Kind: event.KindCommInit, PID: pid, TID: pid, Comm: commHandle, Count: 2, PeerRank: rank})
+	}
+	issue := func(pid uint32, at int64) collRef {
+		return w.issueColl(&event.Event{Kind: event.KindCollective, PID: pid, TID: pid, Start: at, End: at,
+			Op: event.NCCLAllReduce, Comm: commHandle})
+	}
+	init(100, 0)
+	init(101, 1)
+	w.proc(100, t0)
+	w.proc(101, t0)
+	r := issue(100, t0+ms)
+	issue(101, t0+31*ms)
+	if late, ok := w.lateness(r, t0+40*ms); !ok || late.rank != 1 || late.pid != 101 || late.by != 30*ms {
+		t.Fatalf("lateness %+v %v, want rank 1 (pid 101) late by 30 ms", late, ok)
+	}
+	// A peer's collective issued after this rank's wait ended: misaligned.
+	if _, ok := w.lateness(r, t0+20*ms); ok {
+		t.Errorf("a peer issue after the wait's end was accepted")
+	}
+	// The job restarts (elastic training restarts every rank): the old
+	// processes exited, the new ones take their ranks.
+	w.procs[100].exitedAt = t0 + 50*ms
+	w.procs[101].exitedAt = t0 + 50*ms
+	init(200, 0)
+	init(201, 1)
+	w.proc(200, t0+60*ms)
+	w.proc(201, t0+60*ms)
+	r = issue(200, t0+61*ms)
+	issue(201, t0+62*ms)
+	if late, ok := w.lateness(r, t0+70*ms); !ok || late.pid != 201 || late.by != ms {
+		t.Fatalf("after the restart: lateness %+v %v, want pid 201 late by 1 ms", late, ok)
+	}
+	// Another live process claims rank 1 of a 2-rank group: two jobs.
+	init(300, 1)
+	r = issue(200, t0+80*ms)
+	issue(300, t0+81*ms)
+	if late, ok := w.lateness(r, t0+90*ms); ok {
+		t.Errorf("two live processes with rank 1, yet matched: %+v", late)
+	}
+	// The sequence numbers of linked communicators count per process.
+	if c := w.comms[commKey{pid: 200, comm: commHandle}]; c.n != 2 {
+		t.Errorf("rank 0 issued %d collectives, want 2", c.n)
+	}
+}

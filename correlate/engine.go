@@ -245,7 +245,7 @@ func (e *Engine) process(ev *event.Event) {
 		var coll *CollectiveEvidence
 		var ref collRef
 		if ev.Kind == event.KindCollective {
-			coll, ref = e.collEvidence(ev), e.issueColl(ev)
+			coll, ref = e.collEvidence(ev), e.issueColl(ev, p.workSince(ev.Start))
 		}
 		p.onEnqueue(e.env(p), th, ev, coll, ref)
 	case event.KindSync:
@@ -278,7 +278,7 @@ func (e *Engine) processLate(ev event.Event) {
 		// Too late to move the queue model, but it still takes its place
 		// in its communicator's sequence: the k-th collective of every
 		// rank must stay the same collective.
-		e.issueColl(&ev)
+		e.issueColl(&ev, 0)
 	}
 }
 

@@ -36,6 +36,18 @@ func (p *proc) allDrained() bool {
 	return true
 }
 
+// workSince is when the GPU work queued now began: the first enqueue since
+// its stream drained, earliest over the streams with work pending; t when
+// none has any (work enqueued at t begins it).
+func (p *proc) workSince(t int64) int64 {
+	for _, s := range p.streams {
+		if s.pending != 0 && s.pending < t {
+			t = s.pending
+		}
+	}
+	return t
+}
+
 func (p *proc) startGPU(t int64) {
 	if !p.everEnq {
 		p.everEnq = true

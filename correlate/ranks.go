@@ -6,11 +6,13 @@ import "github.com/gaptrace/gaptrace/event"
 // own timelines say which rank a collective waited for. NCCL creates one
 // communicator per rank; those of different processes that form the same
 // group are linked, and the k-th collective issued on each of them is the
-// same collective. It cannot complete before the last rank issued it, so a
-// rank that issued it earlier waited, from its own readiness, for as long as
-// the last one issued it after it did (the ranks run the same step, so the
-// last rank's issue-to-completion is what the collective takes without a
-// wait).
+// same collective. It cannot complete before the last rank's stream reached
+// it. The ranks run the same step, so a rank's stream reaches the collective
+// when it has run the step's work since it began (its first enqueue after
+// the queue drained) and the collective was issued: a rank waited, from its
+// own readiness, for as long as the last rank began its step's work after
+// it did, or issued the collective after it did, whichever is longer (a
+// late host before the step, or one that launched slowly).
 
 // commKey names one process's communicator: handles are addresses, and two
 // processes forked from one trainer often get the same one.
@@ -27,7 +29,10 @@ type commInfo struct {
 	// issued holds the issue times of the last collectives, by sequence
 	// number (n counts every collective issued on it).
 	issued [issueRing]int64
-	n      int64
+	// first holds, by sequence number, when the issuing process's GPU work
+	// that the collective ends began (0: unknown).
+	first [issueRing]int64
+	n     int64
 	// done holds, by sequence number, the earliest return of a sync of
 	// this process that covered the collective: it had completed by then.
 	done [issueRing]int64
@@ -38,8 +43,9 @@ type commInfo struct {
 // ranks are at most a step's collectives apart.
 const issueRing = 256
 
-func (c *commInfo) issue(t int64) int64 {
+func (c *commInfo) issue(t, first int64) int64 {
 	c.issued[c.n%issueRing] = t
+	c.first[c.n%issueRing] = first
 	c.done[c.n%issueRing] = 0
 	c.n++
 	return c.n - 1
@@ -64,12 +70,13 @@ func (c *commInfo) completedBy(seq int64) (int64, bool) {
 	return c.done[seq%issueRing], true
 }
 
-// issuedAt is the issue time of the seq-th collective, if still held.
-func (c *commInfo) issuedAt(seq int64) (int64, bool) {
+// issuedAt is the issue time of the seq-th collective and when the work it
+// ends began, if still held.
+func (c *commInfo) issuedAt(seq int64) (at, first int64, ok bool) {
 	if seq < 0 || seq >= c.n || seq < c.n-issueRing {
-		return 0, false
+		return 0, 0, false
 	}
-	return c.issued[seq%issueRing], true
+	return c.issued[seq%issueRing], c.first[seq%issueRing], true
 }
 
 // groupKey links the communicators of one group across processes: the
@@ -90,12 +97,13 @@ type commGroup struct {
 	ambiguous bool
 }
 
-// collRef is one collective issued by this process: its communicator and
-// place in that communicator's sequence.
+// collRef is one collective issued by this process: its communicator,
+// place in that communicator's sequence, issue time and when the GPU work
+// it ends began.
 type collRef struct {
-	c   *commInfo
-	seq int64
-	at  int64
+	c         *commInfo
+	seq       int64
+	at, first int64
 }
 
 // peerLate is the verdict of the ranks' timelines on one collective: the
@@ -169,16 +177,16 @@ func (w *world) forgetComms(pid uint32) {
 	}
 }
 
-// issueColl records a collective's issue on its communicator. Sends and
-// receives are left out: ranks issue different ones (a pipeline stage
-// sends where the next receives), so the k-th of them is not one operation
-// on every rank.
-func (w *world) issueColl(ev *event.Event) collRef {
+// issueColl records a collective's issue on its communicator; first is
+// when the GPU work it ends began (0: unknown). Sends and receives are left
+// out: ranks issue different ones (a pipeline stage sends where the next
+// receives), so the k-th of them is not one operation on every rank.
+func (w *world) issueColl(ev *event.Event, first int64) collRef {
 	c := w.comms[commKey{pid: ev.PID, comm: ev.Comm}]
 	if c == nil || ev.Op == event.NCCLSend || ev.Op == event.NCCLRecv || ev.Op == event.NCCLNone || ev.Op >= event.NCCLLast {
 		return collRef{}
 	}
-	return collRef{c: c, seq: c.issue(ev.Start), at: ev.Start}
+	return collRef{c: c, seq: c.issue(ev.Start, first), at: ev.Start, first: first}
 }
 
 // lateness asks the other ranks' timelines about collective r, whose wait
@@ -199,13 +207,20 @@ func (w *world) lateness(r collRef, end int64) (peerLate, bool) {
 		if m == nil {
 			return peerLate{}, false
 		}
-		t, ok := m.issuedAt(r.seq)
+		t, first, ok := m.issuedAt(r.seq)
 		// A peer that issued the collective after this rank's wait on it
 		// ended is impossible: the sequences are misaligned.
 		if !ok || t > end {
 			return peerLate{}, false
 		}
-		if by := t - r.at; late.rank == c.rank || by > late.by {
+		by := t - r.at
+		if first > 0 && r.first > 0 {
+			// Never longer than from this rank's issue to the wait's end:
+			// work that began long before (no drain between steps) says
+			// nothing about this step.
+			by = max(by, min(first-r.first, end-r.at))
+		}
+		if late.rank == c.rank || by > late.by {
 			late = peerLate{rank: rank, pid: m.pid, by: by}
 		}
 	}

@@ -20,7 +20,9 @@ type ddpJob struct {
 	lateSteps []map[int]bool
 	// lag delays a rank's return from its sync (its thread waited for a
 	// CPU after the collective completed); done holds when it completed.
-	lag    func(rank, step int) int64
+	lag func(rank, step int) int64
+	// cpu is a rank's host time between two launches (default 50 µs).
+	cpu    func(rank int) int64
 	done   []int64
 	waited [][]int64 // per step, per rank: how long its GPU spun on the others
 }
@@ -50,7 +52,11 @@ func (j *ddpJob) run(steps int, delay func(rank, step int) int64) {
 			if d := delay(r, step); d > 0 {
 				s.block(event.Event{Kind: event.KindOffCPU}, d)
 			}
-			s.launches(20, 500*us, 50*us)
+			cpu := 50 * us
+			if j.cpu != nil {
+				cpu = j.cpu(r)
+			}
+			s.launches(20, 500*us, cpu)
 			s.t += 5 * us
 			issue[r] = s.t
 			reach[r] = max(s.t, s.gpuFree)
@@ -215,6 +221,36 @@ func TestRanksWakeupLag(t *testing.T) {
 	}
 }
 
+// A rank that launches slowly has less work queued when it issues the
+// collective than a peer that launched fast: the issue times alone would
+// understate how long it waited. The step's work began 30 ms later on the
+// late rank, and the stall says so.
+func TestRanksLaunchPacing(t *testing.T) {
+	j := newDDPJob(2)
+	j.cpu = func(rank int) int64 {
+		if rank == 0 {
+			return 450 * us // 20 kernels of 500 µs: the queue stays nearly empty
+		}
+		return 20 * us
+	}
+	j.run(12, func(rank, step int) int64 {
+		if rank == 1 {
+			return 30 * ms
+		}
+		return 0
+	})
+	st := j.trace(t, []int{0, 1}, -1)
+	if len(st[0]) != 12 {
+		t.Fatalf("rank 0: %d stalls, want 12", len(st[0]))
+	}
+	slices.SortFunc(st[0], func(a, b Gap) int { return cmp.Compare(a.Start, b.Start) })
+	for i, g := range st[0] {
+		if !near(g.Duration, j.waited[i][0], ms) {
+			t.Errorf("step %d: stall of %d ns, rank 0 waited %d ns", i+1, g.Duration, j.waited[i][0])
+		}
+	}
+}
+
 // A peer late only in some steps: the other steps' waits are compute.
 func TestRanksLateSometimes(t *testing.T) {
 	j := newDDPJob(2)
@@ -342,7 +378,7 @@ func TestRanksGroupLinking(t *testing.T) {
 	}
 	issue := func(pid uint32, at int64) collRef {
 		return w.issueColl(&event.Event{Kind: event.KindCollective, PID: pid, TID: pid, Start: at, End: at,
-			Op: event.NCCLAllReduce, Comm: commHandle})
+			Op: event.NCCLAllReduce, Comm: commHandle}, 0)
 	}
 	init(100, 0)
 	init(101, 1)

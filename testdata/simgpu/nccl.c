@@ -40,6 +40,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,9 +61,8 @@
 #define RDV_MAX_RANKS 16
 #define RDV_SLOTS 1024
 #define RDV_MAX_PENDING 256
-#define RDV_CHUNK_NS 1000000ull  /* a waiting kernel is extended by this much */
-#define RDV_MARGIN_NS 1000000ull /* when it has less than this left */
-#define RDV_POLL_NS 100000ull
+#define RDV_CHUNK_NS 500000ull   /* a waiting kernel is extended by this much */
+#define RDV_MARGIN_NS 500000ull  /* when it has less than this left */
 #define RDV_GIVE_UP_NS 120000000000ull /* a peer this late has died */
 
 /* The rendezvous file: seq[r][k % RDV_SLOTS] is k+1 once rank r published
@@ -167,7 +167,8 @@ static int rdv_arrived(const struct rdv_op *o, uint64_t *last, int *rank)
 }
 
 /* Keeps op's kernel spinning until every peer reached the collective, then
- * makes it end at the latest reach plus its duration. rdv_mu held. */
+ * makes it end at the latest reach plus its duration: the sync that called
+ * it then sleeps until then and wakes once, at the completion. rdv_mu held. */
 static void rdv_settle(struct rdv_op *o)
 {
 	uint64_t last;
@@ -182,8 +183,10 @@ static void rdv_settle(struct rdv_op *o)
 		}
 		if (o->end < now + RDV_MARGIN_NS)
 			simgpu_enqueue(o->stream, RDV_CHUNK_NS, SIMGPU_KIND_COLLECTIVE, NULL, &o->end);
-		struct timespec ts = {0, (long)RDV_POLL_NS};
-		nanosleep(&ts, NULL);
+		/* Spin, yielding, as a CUDA sync in its default spin/yield mode
+		 * does: a sleep here would wake the thread inside the sync, and
+		 * a tracer takes a sync's last wake-up for the GPU's completion. */
+		sched_yield();
 	}
 	uint64_t target = last + o->dur;
 	uint64_t from = o->end > mono_ns() ? o->end : mono_ns();

@@ -106,8 +106,10 @@ func TestRendezvousTwoProcesses(t *testing.T) {
 	}
 	for step := 1; step <= steps; step++ {
 		a, b := ends[0][step], ends[1][step]
-		// Rank 0's kernel is extended in 1 ms pieces while it waits.
-		if d := max(a, b) - min(a, b); a == 0 || b == 0 || d > 2_000_000 {
+		// A waiting kernel is extended in 0.5 ms pieces kept up to 0.5 ms
+		// ahead, and a spinning rank sees its peer's arrival a little late
+		// on a loaded host: it may end up to ~1 ms after the last rank's.
+		if d := max(a, b) - min(a, b); a == 0 || b == 0 || d > 3_000_000 {
 			t.Errorf("step %d: the all-reduce ended at %d on rank 0 and %d on rank 1", step, a, b)
 		}
 	}

@@ -51,11 +51,13 @@ func TestRanksOneGaptrace(t *testing.T) {
 		}
 	}
 	// The rendezvous file lives in the timeline directory; a fresh id keeps
-	// it from meeting an earlier run's.
+	// it from meeting an earlier run's. simtrain creates its communicator
+	// at once, where a trainer does so seconds in: --await-probes makes it
+	// wait for gaptrace's probe, so that both ranks' communicators are seen.
 	id := fmt.Sprintf("late-%d", time.Now().UnixNano())
 	rank := func(r int, extra string) string {
 		return fmt.Sprintf("%s --truth %s --rank %d --nranks 2 --device %d --steps %d --collectives 1 "+
-			"--kernels-per-step 9 --kernel-us 1500 --launch-gap-us 20 --comm-id %s --workers 0 --quiet %s",
+			"--kernels-per-step 9 --kernel-us 1500 --launch-gap-us 20 --comm-id %s --await-probes 60 --workers 0 --quiet %s",
 			filepath.Join(sim, "simtrain"), filepath.Join(dir, fmt.Sprintf("truth%d.jsonl", r)), r, r, steps, id, extra)
 	}
 	script := rank(0, "") + " & " + rank(1, "--stall cpu:every=1:ms=30") + "; wait"

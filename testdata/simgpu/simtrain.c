@@ -21,6 +21,7 @@
 #include "timeline.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -130,6 +131,7 @@ static struct {
 	const char *data_dir;
 	const char *dump_timeline;
 	const char *comm_id; /* --comm-id: the ranks' shared communicator id (rendezvous) */
+	long await_probes;   /* --await-probes: seconds to wait for a tracer's probe on comm init */
 	struct stall stalls[MAX_STALLS];
 	int nstalls;
 } opt = {
@@ -524,7 +526,8 @@ static void usage(FILE *f)
 	      "                [--device D] [--rank R] [--nranks N] [--collectives C] [--server ADDR]\n"
 	      "                [--workers W] [--data-dir DIR] [--batch-bytes B] [--bucket-bytes B]\n"
 	      "                [--launch-api kernel|ex|cooperative|graph|ptsz|mix] [--copy-api API|all]\n"
-	      "                [--ctx-sync] [--extra-syncs N] [--batch-copies C] [--comm-id NAME] [--quiet]\n"
+	      "                [--ctx-sync] [--extra-syncs N] [--batch-copies C] [--comm-id NAME] [--await-probes S]\n"
+	      "                [--quiet]\n"
 	      "       simtrain --dump-timeline FROM,TO[,MASK] [--device D]\n"
 	      "causes: io.read io.write net loader.wait loader.wait.io loader.wait.cpu comm\n"
 	      "        cuda.memcpy cuda.alloc cpu cpu.contention sleep\n"
@@ -543,7 +546,7 @@ static void parse_args(int argc, char **argv)
 		O_STEPS = 256, O_KERNELS, O_KUS, O_GAP, O_STREAMS, O_TRUTH, O_STALL, O_DEVICE,
 		O_RANK, O_NRANKS, O_COLL, O_SERVER, O_WORKERS, O_DATADIR, O_QUIET, O_BATCH,
 		O_BUCKET, O_API, O_COPYAPI, O_CTXSYNC, O_DUMP, O_HELP, O_EXTRA, O_BCOPIES,
-		O_COMMID,
+		O_COMMID, O_AWAIT,
 	};
 	static const struct option lo[] = {
 		{"steps", required_argument, 0, O_STEPS},
@@ -558,6 +561,7 @@ static void parse_args(int argc, char **argv)
 		{"nranks", required_argument, 0, O_NRANKS},
 		{"collectives", required_argument, 0, O_COLL},
 		{"comm-id", required_argument, 0, O_COMMID},
+		{"await-probes", required_argument, 0, O_AWAIT},
 		{"server", required_argument, 0, O_SERVER},
 		{"workers", required_argument, 0, O_WORKERS},
 		{"data-dir", required_argument, 0, O_DATADIR},
@@ -589,6 +593,7 @@ static void parse_args(int argc, char **argv)
 		case O_NRANKS: opt.nranks = parse_long("--nranks", optarg, 1, 1 << 20); break;
 		case O_COLL: opt.collectives = parse_long("--collectives", optarg, 0, 1024); break;
 		case O_COMMID: opt.comm_id = optarg; break;
+		case O_AWAIT: opt.await_probes = parse_long("--await-probes", optarg, 0, 3600); break;
 		case O_SERVER: opt.server = optarg; break;
 		case O_WORKERS: opt.workers = parse_long("--workers", optarg, 0, MAX_WORKERS); break;
 		case O_DATADIR: opt.data_dir = optarg; break;
@@ -646,6 +651,24 @@ static void parse_args(int argc, char **argv)
 		enum cause c = opt.stalls[i].c;
 		if ((c == C_LOADER_IO || c == C_LOADER_CPU) && opt.workers == 0)
 			usage_error("--stall %s needs --workers > 0", opt.stalls[i].name);
+	}
+}
+
+/* --await-probes: a trainer creates its communicators seconds into its run
+ * (imports, process-group setup); this one does so at once, before a tracer
+ * that attaches when the libraries are mapped has its probes in. Waits until
+ * the entry of fn holds a uprobe's breakpoint (int3, visible in the
+ * process's own copy of the page), or the time is up. */
+static void await_probe(const char *fn)
+{
+	if (opt.await_probes <= 0)
+		return;
+	const volatile unsigned char *p = dlsym(RTLD_DEFAULT, fn);
+	if (p == NULL)
+		die("--await-probes: %s not found", fn);
+	for (long i = 0; i < opt.await_probes * 100 && *p != 0xcc; i++) {
+		struct timespec ts = {0, 10000000};
+		nanosleep(&ts, NULL);
 	}
 }
 
@@ -1166,6 +1189,7 @@ static void setup_device(void)
 		} else if (ncclGetUniqueId(&id) != ncclSuccess) {
 			die("ncclGetUniqueId failed");
 		}
+		await_probe("ncclCommInitRank");
 		if (ncclCommInitRank(&comm, (int)opt.nranks, id, (int)opt.rank) != ncclSuccess)
 			die("ncclCommInitRank failed");
 	}

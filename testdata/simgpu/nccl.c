@@ -199,14 +199,17 @@ static void rdv_settle(struct rdv_op *o)
 }
 
 /* The simulated driver's sync hook: settles, in issue order, the pending
- * collectives on stream h (every stream when h is NULL). A trainer that
- * issues collectives on several threads at once would serialize here. */
+ * collectives on stream h. A default stream (NULL, legacy, per-thread)
+ * settles every one: which streams it implies is the driver's to know. A
+ * trainer that issues collectives on several threads at once would
+ * serialize here. */
 static void rdv_sync_hook(CUstream h)
 {
+	int all = h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD;
 	pthread_mutex_lock(&rdv_mu);
 	int k = 0;
 	for (int i = 0; i < rdv_n; i++) {
-		if (h == NULL || rdv_ops[i].stream == h)
+		if (all || rdv_ops[i].stream == h)
 			rdv_settle(&rdv_ops[i]);
 		else
 			rdv_ops[k++] = rdv_ops[i];

@@ -243,10 +243,11 @@ func (e *Engine) process(ev *event.Event) {
 	switch ev.Kind {
 	case event.KindEnqueue, event.KindMemcpyAsync, event.KindMemset, event.KindCollective:
 		var coll *CollectiveEvidence
+		var ref collRef
 		if ev.Kind == event.KindCollective {
-			coll = e.collEvidence(ev)
+			coll, ref = e.collEvidence(ev), e.issueColl(ev, p.workSince(ev.Start))
 		}
-		p.onEnqueue(e.env(p), th, ev, coll)
+		p.onEnqueue(e.env(p), th, ev, coll, ref)
 	case event.KindSync:
 		th.wokenSync(ev)
 		th.add(ev)
@@ -273,6 +274,11 @@ func (e *Engine) processLate(ev event.Event) {
 		th.insert(&ev)
 	case event.KindFork, event.KindExec, event.KindExit:
 		e.process(&ev)
+	case event.KindCollective:
+		// Too late to move the queue model, but it still takes its place
+		// in its communicator's sequence: the k-th collective of every
+		// rank must stay the same collective.
+		e.issueColl(&ev, 0)
 	}
 }
 
@@ -382,6 +388,7 @@ func (e *Engine) sweep() {
 			}
 		}
 		delete(e.procs, pid)
+		e.forgetComms(pid)
 	}
 	for tid, th := range e.threads {
 		if th.last < cut && len(th.tl) == 0 {

@@ -389,6 +389,13 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 			}
 			a = append(a, attribute.Int64Slice("gpu.collective.waiting_on_ranks", w))
 		}
+		if c.LateRank != nil {
+			a = append(a, attribute.Int64("gpu.collective.late_rank", int64(*c.LateRank)),
+				attribute.Float64("gpu.collective.late_by_ms", ms(c.LateByNS)))
+			if c.LatePID != 0 {
+				a = append(a, attribute.Int64("gpu.collective.late_pid", int64(c.LatePID)))
+			}
+		}
 	}
 	if ev.SMActivity != nil {
 		a = append(a, attribute.Float64("gpu.gap.sm_activity", *ev.SMActivity))

@@ -2,7 +2,7 @@
 # Validate gaptrace on a real GPU machine. Builds nothing: bin/gaptrace is built beforehand on an
 # x86-64 machine (make build) and shipped with the repository.
 #
-#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp overhead layouts loops
+#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead layouts loops
 #
 # RECORD=1 adds --record to the traced runs of accuracy, ddp and loops and packs the recordings into
 # OUTDIR/recordings.tar ('gaptrace replay' reproduces those runs offline).
@@ -10,9 +10,9 @@
 # Large intermediate files (profiler traces, gaps) stay in $WORK (default /tmp/gaptrace-gpu);
 # OUTDIR receives the tables (results.txt) and a few small JSON files.
 set -uo pipefail
-OUTDIR=${1:?usage: test/gpu/run.sh OUTDIR [info accuracy ddp overhead]}
+OUTDIR=${1:?usage: test/gpu/run.sh OUTDIR [info accuracy ddp ddp-one overhead]}
 shift
-PHASES=${*:-info accuracy ddp overhead}
+PHASES=${*:-info accuracy ddp ddp-one overhead}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 G=${GAPTRACE:-$ROOT/bin/gaptrace}
@@ -84,6 +84,25 @@ for p in $PHASES; do
     "$PY" "$HERE/ddp_eval.py" --gaps0 "$WORK/ddp0-gaps.jsonl" --truth1 "$WORK/ddp1-truth.jsonl" \
       --spans0 "$WORK/ddp0-spans.jsonl" --spans1 "$WORK/ddp1-spans.jsonl" --json "$OUTDIR/ddp.json" 2>&1 | tee -a "$RES"
     grep -m3 '"comm"' "$WORK/ddp0-gaps.jsonl" | head -c 3000 >"$OUTDIR/sample-ddp-comm-gaps.jsonl"
+    ;;
+  ddp-one)
+    # The same job with both ranks under one gaptrace: the ranks' own timelines decide the comm
+    # stalls (late_rank in the evidence), where one gaptrace per rank has only each rank's history.
+    phase "ddp two ranks under one gaptrace, rank 1 slow by 60 ms/step"
+    n=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+    if [ "$n" -lt 2 ]; then say "skipped: $n GPU(s)"; continue; fi
+    port=$((29500 + RANDOM % 400))
+    pre=$WORK/ddp-one
+    "$G" run --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --spans-out "$pre-spans.jsonl" \
+      --summary-json "$pre-summary.json" -- sh -c "
+        \"$PY\" \"$HERE/ddp.py\" --rank 0 --port $port --truth \"$pre-truth0.jsonl\" >\"$pre-r0.log\" 2>&1 &
+        \"$PY\" \"$HERE/ddp.py\" --rank 1 --port $port --slow-ms 60 --truth \"$pre-truth1.jsonl\" >\"$pre-r1.log\" 2>&1
+        wait" >"$pre.log" 2>&1
+    say "gaptrace rc=$?"
+    tail -n 3 "$pre-r0.log" "$pre-r1.log" | tee -a "$RES"
+    "$PY" "$HERE/ddp_eval.py" --gaps0 "$pre-gaps.jsonl" --truth0 "$pre-truth0.jsonl" --truth1 "$pre-truth1.jsonl" \
+      --spans-both "$pre-spans.jsonl" --json "$OUTDIR/ddp-one.json" 2>&1 | tee -a "$RES"
+    grep -m3 '"late_rank"' "$pre-gaps.jsonl" | head -c 3000 >"$OUTDIR/sample-ddp-one-comm-gaps.jsonl"
     ;;
   overhead)
     phase overhead

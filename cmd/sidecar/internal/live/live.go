@@ -503,6 +503,9 @@ func Frame(v View, width int) string {
 	if v.LastGap != nil {
 		g := v.LastGap
 		fmt.Fprintf(&b, "last gap: %s %s (pid %d tid %d, step %d)\n", FormatNS(g.Duration), g.Cause, g.PID, g.TID, g.Step)
+		if c := g.Evidence.Collective; c != nil && c.LateRank != nil {
+			fmt.Fprintf(&b, "  waited on rank %d (pid %d), %s late\n", *c.LateRank, c.LatePID, FormatNS(c.LateByNS))
+		}
 	}
 	return b.String()
 }

@@ -3,6 +3,7 @@ package correlate
 import (
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -23,10 +24,19 @@ const (
 	// make two steps differ.
 	scalarBytes = 4096
 	clockMaxM   = 4 // most occurrences of the clock per step considered
-	clockSegMin = 6 // segments compared at least before a clock is trusted
+	clockSegMin = 4 // segments compared at least before a clock is trusted
 	clockKeys   = 16
 	// clockEvery: tokens between detection attempts.
 	clockEvery = 4
+	// clockJitterRel: launch counts of two steps this close are the same
+	// step. Launches reach the tracer in per-thread batches flushed at the
+	// thread's next CUDA call, so a step's count borrows from its
+	// neighbour's (the autograd thread flushes when it next runs); the sum
+	// over steps is exact.
+	clockJitterRel = 0.3
+	// clockRecheck: tokens between checks that a running clock still
+	// qualifies.
+	clockRecheck = 16
 )
 
 // tokKey identifies an enqueued operation across steps.
@@ -52,6 +62,10 @@ type clockState struct {
 	m     int   // occurrences per step
 	phase int   // which occurrence (mod m) starts a step
 	occ   int64 // occurrences numbered so far
+	syncs int   // syncs since the step's clock operation (comm baselines)
+	// stopAfter: this many syncs without any clock-able operation mean
+	// the loop stopped enqueuing it (an evaluation phase, a new loop).
+	stopAfter int
 	// The live segment since the last boundary token, and the previous one,
 	// to notice when the pattern is lost.
 	seg, prev segFeat
@@ -84,7 +98,7 @@ func launchesClose(x, y uint64) bool {
 	if x < y {
 		x, y = y, x
 	}
-	return x-y <= launchJitter || float64(x-y) <= launchJitterRel*float64(x)
+	return x-y <= launchJitter || float64(x-y) <= clockJitterRel*float64(x)
 }
 
 // tokenOf is the clock token of an enqueue, if it can be one.
@@ -109,33 +123,66 @@ type clockFound struct {
 	syncsVary    bool    // the syncs per step differ between steps
 	syncsPerStep int     // when they do not
 	occ          int64   // occurrences of key in the ring, numbered from 0
+	// work is the median work of a step (launches where they are seen,
+	// else its duration); concentrated: the median step holds far less
+	// than the mean (the work happens in a few of them).
+	work         float64
+	concentrated bool
+	medSyncs     int // median syncs per step
 }
 
-// detectClock finds the finest operation of the token ring that occurs a
-// fixed number of times per step with the same work between.
-func detectClock(toks []token, launchesSeen bool, posts func(lo, hi int64) int64) (clockFound, bool) {
-	var keys []tokKey
+// detectClock finds the loop's clock in the token ring: an operation that
+// occurs a fixed number of times per step with the same work between. Of
+// the operations that qualify, three rules pick the one that counts loop
+// iterations rather than a slice of one or a burst inside one:
+//   - it still occurs: not long ago in tokens (a checkpoint's copies
+//     repeat among themselves but only within their burst) nor in syncs
+//     (an evaluation phase enqueues other work);
+//   - its steps share the work: a per-parameter copy of the optimizer
+//     repeats with identical (empty) segments between, but the forward
+//     and backward all fall into one segment of every dozen; where a
+//     coarser clock qualifies too, a finer one whose median step holds
+//     less than half its share of the coarser one's is a slice of it, and
+//     with launches seen a clock whose median step holds under a quarter
+//     of the mean is one on its own;
+//   - of the rest, the finest wins (a checkpoint or an evaluation every N
+//     steps makes a coarser period that also repeats).
+func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo, hi int64) int64) (best clockFound, valid []clockFound) {
 	occ := map[tokKey][]int{}
+	var keys []tokKey
+	var launches uint64
 	for i := range toks {
 		k := toks[i].key
 		if _, ok := occ[k]; !ok {
-			if len(keys) == clockKeys {
-				continue
-			}
 			keys = append(keys, k)
 		}
 		occ[k] = append(occ[k], i)
+		launches += toks[i].launches
 	}
-	var best clockFound
-	found := false
+	useLaunches := launchesSeen && launches > 0
+	// The most frequent operations first: a run's start (loading weights,
+	// capturing a graph) enqueues many one-off sizes.
+	sort.SliceStable(keys, func(i, j int) bool { return len(occ[keys[i]]) > len(occ[keys[j]]) })
+	if len(keys) > clockKeys {
+		keys = keys[:clockKeys]
+	}
+	var cands []clockFound
 	for _, k := range keys {
 		o := occ[k]
+		var unit []segFeat // the segments between consecutive occurrences
 		for m := 1; m <= clockMaxM; m++ {
 			nseg := (len(o) - 1) / m
 			if nseg < clockSegMin {
 				break
 			}
+			if m > 1 && !phasesDiffer(unit, m, launchesSeen) {
+				// The occurrences are alike: m of them per step is only
+				// a coarsening of a clock that does not match yet.
+				continue
+			}
 			feats := make([]segFeat, nseg)
+			work := make([]float64, nseg)
+			var workSum float64
 			for s := 0; s < nseg; s++ {
 				f := segFeat{counts: map[tokKey]int{}}
 				for j := o[s*m] + 1; j <= o[(s+1)*m]; j++ {
@@ -144,34 +191,177 @@ func detectClock(toks []token, launchesSeen bool, posts func(lo, hi int64) int64
 					f.counts[toks[j].key]++
 				}
 				feats[s] = f
-			}
-			match, syncSame := 0, 0
-			for s := 1; s < nseg; s++ {
-				if feats[s].same(&feats[s-1], launchesSeen) {
-					match++
+				if m == 1 {
+					unit = feats
 				}
+				if useLaunches {
+					work[s] = float64(f.launches)
+				} else {
+					work[s] = float64(toks[o[(s+1)*m]].t - toks[o[s*m]].t)
+				}
+				workSum += work[s]
+			}
+			syncSame := 0
+			for s := 1; s < nseg; s++ {
 				if feats[s].syncs == feats[s-1].syncs {
 					syncSame++
 				}
 			}
-			if float64(match) < matchMin*float64(nseg-1) {
+			if float64(modalMatch(feats, launchesSeen)) < matchMin*float64(nseg) {
 				continue
 			}
-			// The finest clock wins; at equal step length the one that
-			// occurs once per step, whose occurrence needs no phase.
 			segLen := float64(o[nseg*m]-o[0]) / float64(nseg)
-			if found && (segLen > best.segLen*1.01 || (segLen >= best.segLen*0.99 && m >= best.m)) {
-				break
+			ns := make([]int, nseg)
+			for i := range feats {
+				ns[i] = feats[i].syncs
 			}
-			best = clockFound{key: k, m: m, segLen: segLen,
-				syncsVary:    float64(syncSame) < matchMin*float64(nseg-1),
-				syncsPerStep: feats[nseg-1].syncs, occ: int64(len(o))}
-			best.phase = clockPhase(toks, o, m, posts)
-			found = true
+			sort.Ints(ns)
+			if len(toks)-1-o[len(o)-1] > int(2*segLen)+2 || syncsSince > 4*max(ns[nseg/2], 1)+4 {
+				// It stopped: a burst (a warm-up's, a checkpoint's), or
+				// the loop moved on to work without it.
+				continue
+			}
+			sort.Float64s(work)
+			med := work[nseg/2]
+			if launchesSeen && med < 1 {
+				// Every iteration launches kernels (a graph replay counts):
+				// copies with none between them are a burst inside one
+				// (a warm-up's, a checkpoint's).
+				continue
+			}
+			cands = append(cands, clockFound{key: k, m: m, segLen: segLen,
+				syncsVary:    syncSame < nseg-1,
+				syncsPerStep: feats[nseg-1].syncs, occ: int64(len(o)),
+				work: med, concentrated: useLaunches && med < workSum/float64(nseg)/4, medSyncs: ns[nseg/2],
+				phase: clockPhase(toks, o, m, posts)})
 			break
 		}
 	}
-	return best, found
+	found := false
+	for i := range cands {
+		f := &cands[i]
+		if f.concentrated {
+			continue
+		}
+		slice := false
+		for j := range cands {
+			c := &cands[j]
+			if c.segLen >= 1.5*f.segLen && !c.concentrated && f.work < 0.5*c.work*f.segLen/c.segLen {
+				slice = true
+				break
+			}
+		}
+		if slice {
+			continue
+		}
+		valid = append(valid, *f)
+		// At equal step length the one that occurs once per step, whose
+		// occurrence needs no phase.
+		if !found || f.segLen < best.segLen*0.99 || (f.segLen <= best.segLen*1.01 && f.m < best.m) {
+			best, found = *f, true
+		}
+	}
+	return best, valid
+}
+
+// modalMatch is how many steps hold the same operations as the most
+// common step, with launch counts close to its median. Comparing with the
+// mode rather than the previous step charges an inserted checkpoint or
+// evaluation one mismatch, not two.
+func modalMatch(feats []segFeat, launchesSeen bool) int {
+	groups := map[string][]int{}
+	var mode string
+	for i := range feats {
+		k := feats[i].countsKey()
+		groups[k] = append(groups[k], i)
+		if len(groups[k]) > len(groups[mode]) {
+			mode = k
+		}
+	}
+	g := groups[mode]
+	if !launchesSeen {
+		return len(g)
+	}
+	l := make([]uint64, len(g))
+	for i, s := range g {
+		l[i] = feats[s].launches
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+	med, n := l[len(l)/2], 0
+	for _, x := range l {
+		if launchesClose(x, med) {
+			n++
+		}
+	}
+	return n
+}
+
+// phasesDiffer says whether the segments between consecutive occurrences
+// of an operation differ by their position mod m: a step holding m
+// occurrences has its own work between each (a batch copy, then a copy
+// into a graph's input, then the replay).
+func phasesDiffer(unit []segFeat, m int, launchesSeen bool) bool {
+	var first string
+	var firstL uint64
+	for r := 0; r < m; r++ {
+		var ph []segFeat
+		for i := r; i < len(unit); i += m {
+			ph = append(ph, unit[i])
+		}
+		if len(ph) == 0 {
+			return false
+		}
+		groups := map[string]int{}
+		mode := ""
+		for i := range ph {
+			k := ph[i].countsKey()
+			groups[k]++
+			if groups[k] > groups[mode] {
+				mode = k
+			}
+		}
+		l := make([]uint64, len(ph))
+		for i := range ph {
+			l[i] = ph[i].launches
+		}
+		sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+		med := l[len(l)/2]
+		if r == 0 {
+			first, firstL = mode, med
+			continue
+		}
+		if mode != first || (launchesSeen && !launchesClose(med, firstL)) {
+			return true
+		}
+	}
+	return false
+}
+
+// countsKey is the operations of a step in a canonical form.
+func (f *segFeat) countsKey() string {
+	ks := make([]tokKey, 0, len(f.counts))
+	for k := range f.counts {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool {
+		a, b := ks[i], ks[j]
+		switch {
+		case a.kind != b.kind:
+			return a.kind < b.kind
+		case a.stream != b.stream:
+			return a.stream < b.stream
+		case a.bytes != b.bytes:
+			return a.bytes < b.bytes
+		case a.op != b.op:
+			return a.op < b.op
+		}
+		return a.comm < b.comm
+	})
+	var sb strings.Builder
+	for _, k := range ks {
+		fmt.Fprintf(&sb, "%d/%x/%d/%d/%x:%d;", k.kind, k.stream, k.bytes, k.op, k.comm, f.counts[k])
+	}
+	return sb.String()
 }
 
 // clockPhase picks which occurrence (mod m) starts a step: the one before
@@ -215,7 +405,11 @@ func (s *stepper) onToken(set settings, key tokKey, t int64) bool {
 	}
 	s.ntok++
 	if s.mode == modeClock {
-		return s.clockTick(set, &tok)
+		ended := s.clockTick(set, &tok)
+		if s.mode == modeClock && s.ntok%clockRecheck == 0 {
+			s.tryClock(set)
+		}
+		return ended
 	}
 	if s.ntok%clockEvery != 0 {
 		return false
@@ -255,6 +449,7 @@ func (s *stepper) clockTick(set settings, tok *token) bool {
 	}
 	c.prev, c.havePrev = c.seg, true
 	c.seg = segFeat{counts: map[tokKey]int{}}
+	c.syncs = 0
 	s.boundary(s.stepEnd(tok.t), false)
 	return true
 }
@@ -306,24 +501,44 @@ func (s *stepper) maxPost(lo, hi int64) int64 {
 	return v
 }
 
-// tryClock switches to the work clock when one is found and the sync
-// period cannot make the same steps.
+// tryClock switches to the work clock when one is found. It wins over the
+// sync period whenever there is one: host code adds syncs at will (a
+// scalar read every third step, a checkpoint's copies), and a sync period
+// of several iterations repeats as well as one of one; the enqueued work
+// does not lie about what one iteration is.
 func (s *stepper) tryClock(set settings) bool {
-	cf, ok := detectClock(s.toks, !set.lite, s.maxPost)
-	if !ok {
+	cf, valid := detectClock(s.toks, s.pendSyncs, !set.lite, s.maxPost)
+	if len(valid) == 0 {
 		return false
 	}
-	// Steps of a constant number of syncs are the sync period's: it
-	// also places comm stalls by their sync's position in the step. The
-	// clock takes over where the syncs per step vary, or where the sync
-	// period was never found or was lost (fixed windows).
-	if !cf.syncsVary && s.mode != modeWindow {
-		return false
+	if c := s.clock; s.mode == modeClock && c != nil {
+		// A running clock gives way, at two checks in a row, to a clearly
+		// finer one or when it no longer qualifies itself (it was a
+		// warm-up's burst, the loop changed); a long insertion (a
+		// checkpoint) disqualifies the loop's clock for one check at most.
+		if cf.key == c.key && cf.m == c.m {
+			s.clockStrikes = 0
+			return false
+		}
+		still := false
+		for _, v := range valid {
+			if v.key == c.key && v.m == c.m {
+				still = cf.segLen*1.5 > v.segLen
+			}
+		}
+		if still {
+			s.clockStrikes = 0
+			return false
+		}
+		if s.clockStrikes++; s.clockStrikes < 2 {
+			return false
+		}
 	}
+	s.clockStrikes = 0
 	prev := s.mode
 	set.log.Debug("step period found", "pid", s.pid, "clock", cf.key.String(), "per_step", cf.m, "syncs_vary", cf.syncsVary)
 	s.clock = &clockState{key: cf.key, m: cf.m, phase: cf.phase, occ: cf.occ,
-		seg: segFeat{counts: map[tokKey]int{}}}
+		seg: segFeat{counts: map[tokKey]int{}}, stopAfter: 4*max(cf.medSyncs, 1) + 4}
 	s.mode = modeClock
 	s.period, s.phase = 0, 0
 	s.nchecks = 0
@@ -387,6 +602,7 @@ func (s *stepper) undecided(t int64) bool {
 	if s.mode != modeClock {
 		return false
 	}
+	// Once no step is open (the process ended) every step is known.
 	o := s.openStart()
-	return o == 0 || t >= o
+	return o != 0 && t >= o
 }

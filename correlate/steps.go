@@ -95,10 +95,18 @@ type stepper struct {
 	pendSyncs int
 	ntok      int
 	clock     *clockState
+	// clockStrikes: checks in a row that found a better clock.
+	clockStrikes int
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
 func (s *stepper) slot() int {
+	if s.mode == modeClock && s.clock != nil {
+		// Under the clock: syncs since the step's clock operation,
+		// numbered apart from the sync period's slots so that baselines
+		// taken before the clock took over do not mix in.
+		return maxPeriod + min(s.clock.syncs, maxPeriod)
+	}
 	if s.mode != modePeriod || s.period == 0 {
 		return -1
 	}
@@ -123,6 +131,12 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 		s.hist = s.hist[:histMax]
 	}
 	switch s.mode {
+	case modeClock:
+		s.clock.syncs++
+		if s.pendSyncs > s.clock.stopAfter {
+			set.log.Info("step clock stopped, falling back to fixed windows", "pid", s.pid)
+			s.toWindows(sig.end)
+		}
 	case modePeriod:
 		P := s.period
 		h := len(s.hist)
@@ -253,6 +267,11 @@ func (s *stepper) boundary(t int64, window bool) {
 }
 
 func (s *stepper) closeOpen(t int64) {
+	if s.mode == modeClock {
+		// No next clock operation will come: the last iteration ended at
+		// its last sync, like every other one.
+		t = s.stepEnd(t)
+	}
 	if n := len(s.steps); n > 0 && !s.steps[n-1].closed {
 		o := s.steps[n-1]
 		if t <= o.Start {

@@ -63,6 +63,10 @@ type clockState struct {
 	phase int   // which occurrence (mod m) starts a step
 	occ   int64 // occurrences numbered so far
 	syncs int   // syncs since the step's clock operation (comm baselines)
+	// recent: the syncs of the last steps; where most held the same
+	// number, a sync's position in the step names it (comm baselines).
+	recent  [syncsRing]int
+	nrecent int
 	// stopAfter: this many syncs without any clock-able operation mean
 	// the loop stopped enqueuing it (an evaluation phase, a new loop).
 	stopAfter int
@@ -128,7 +132,36 @@ type clockFound struct {
 	// than the mean (the work happens in a few of them).
 	work         float64
 	concentrated bool
-	medSyncs     int // median syncs per step
+	medSyncs     int   // median syncs per step
+	syncCounts   []int // syncs of the last steps, oldest first
+}
+
+// syncsRing: steps whose sync counts say whether positions name syncs.
+const syncsRing = 8
+
+func (c *clockState) pushSyncs(n int) {
+	c.recent[c.nrecent%syncsRing] = n
+	c.nrecent++
+}
+
+// fixedSyncs says whether at least three quarters of the recent steps
+// (four at least) held the same number of syncs.
+func (c *clockState) fixedSyncs() bool {
+	k := min(c.nrecent, syncsRing)
+	if k < 4 {
+		return false
+	}
+	best := 0
+	for i := 0; i < k; i++ {
+		n := 0
+		for j := 0; j < k; j++ {
+			if c.recent[j] == c.recent[i] {
+				n++
+			}
+		}
+		best = max(best, n)
+	}
+	return 4*best >= 3*k
 }
 
 // detectClock finds the loop's clock in the token ring: an operation that
@@ -232,7 +265,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 			cands = append(cands, clockFound{key: k, m: m, segLen: segLen,
 				syncsVary:    syncSame < nseg-1,
 				syncsPerStep: feats[nseg-1].syncs, occ: int64(len(o)),
-				work: med, concentrated: useLaunches && med < workSum/float64(nseg)/4, medSyncs: ns[nseg/2],
+				work: med, concentrated: useLaunches && med < workSum/float64(nseg)/4, medSyncs: ns[nseg/2], syncCounts: segSyncs(feats[max(0, nseg-syncsRing):]),
 				phase: clockPhase(toks, o, m, posts)})
 			break
 		}
@@ -262,6 +295,14 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 		}
 	}
 	return best, valid
+}
+
+func segSyncs(f []segFeat) []int {
+	n := make([]int, len(f))
+	for i := range f {
+		n[i] = f[i].syncs
+	}
+	return n
 }
 
 // modalMatch is how many steps hold the same operations as the most
@@ -449,6 +490,7 @@ func (s *stepper) clockTick(set settings, tok *token) bool {
 	}
 	c.prev, c.havePrev = c.seg, true
 	c.seg = segFeat{counts: map[tokKey]int{}}
+	c.pushSyncs(c.syncs)
 	c.syncs = 0
 	s.boundary(s.stepEnd(tok.t), false)
 	return true
@@ -464,7 +506,10 @@ func (f *segFeat) add(tok *token) {
 // operation was enqueued at t: at the sync after which the host clearly
 // paused longest (fetching the next batch), else at the last sync before
 // t (loops move the batch first, then compute and read their scalars), or
-// at t when the step held no sync.
+// at t when the step held no sync. In lite the pause after a sync is
+// measured to the next copy or sync, launches being invisible: a scalar
+// read in the middle of the step looks followed by the longest pause, so
+// only the last sync counts.
 func (s *stepper) stepEnd(t int64) int64 {
 	lo := s.openStart()
 	var last, best, first, second int64 = 0, 0, -1, -1
@@ -482,7 +527,7 @@ func (s *stepper) stepEnd(t int64) int64 {
 		}
 	}
 	switch {
-	case best > 0 && first >= batchFetchMin && first >= 2*max(second, 0):
+	case !s.lite && best > 0 && first >= batchFetchMin && first >= 2*max(second, 0):
 		return best
 	case last > 0:
 		return last
@@ -536,9 +581,13 @@ func (s *stepper) tryClock(set settings) bool {
 	}
 	s.clockStrikes = 0
 	prev := s.mode
+	s.lite = set.lite
 	set.log.Debug("step period found", "pid", s.pid, "clock", cf.key.String(), "per_step", cf.m, "syncs_vary", cf.syncsVary)
 	s.clock = &clockState{key: cf.key, m: cf.m, phase: cf.phase, occ: cf.occ,
 		seg: segFeat{counts: map[tokKey]int{}}, stopAfter: 4*max(cf.medSyncs, 1) + 4}
+	for _, n := range cf.syncCounts {
+		s.clock.pushSyncs(n)
+	}
 	s.mode = modeClock
 	s.period, s.phase = 0, 0
 	s.nchecks = 0

@@ -97,15 +97,21 @@ type stepper struct {
 	clock     *clockState
 	// clockStrikes: checks in a row that found a better clock.
 	clockStrikes int
+	lite         bool // launches are not seen (set with the clock)
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
 func (s *stepper) slot() int {
-	if s.mode == modeClock && s.clock != nil {
+	if c := s.clock; s.mode == modeClock && c != nil {
 		// Under the clock: syncs since the step's clock operation,
 		// numbered apart from the sync period's slots so that baselines
-		// taken before the clock took over do not mix in.
-		return maxPeriod + min(s.clock.syncs, maxPeriod)
+		// taken before the clock took over do not mix in. Where the
+		// syncs per step vary (scalar reads here and there) a position
+		// names different syncs in different steps: no baseline.
+		if !c.fixedSyncs() {
+			return -1
+		}
+		return maxPeriod + min(c.syncs, maxPeriod)
 	}
 	if s.mode != modePeriod || s.period == 0 {
 		return -1

@@ -144,6 +144,30 @@ func (c *clockState) pushSyncs(n int) {
 	c.nrecent++
 }
 
+// alwaysSyncs says whether every recent step (four at least) held a sync.
+func (c *clockState) alwaysSyncs() bool {
+	k := min(c.nrecent, syncsRing)
+	if k < 4 {
+		return false
+	}
+	for i := 0; i < k; i++ {
+		if c.recent[i] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// syncIn says whether a sync returned in (lo, hi].
+func (s *stepper) syncIn(lo, hi int64) bool {
+	for i := range s.hist {
+		if h := &s.hist[i]; h.end > lo && h.end <= hi {
+			return true
+		}
+	}
+	return false
+}
+
 // fixedSyncs says whether at least three quarters of the recent steps
 // (four at least) held the same number of syncs.
 func (c *clockState) fixedSyncs() bool {
@@ -469,6 +493,15 @@ func (s *stepper) clockTick(set settings, tok *token) bool {
 	idx := c.occ
 	c.occ++
 	if int(idx%int64(c.m)) != c.phase {
+		return false
+	}
+	if c.alwaysSyncs() && !s.syncIn(s.openStart(), tok.t) {
+		// Every step ends at a sync, and the open step has none yet: it
+		// was opened at the previous step's last sync by the sync period
+		// or a fixed window the clock took over from, and this
+		// occurrence is its own.
+		c.seg = segFeat{counts: map[tokKey]int{}}
+		c.syncs = 0
 		return false
 	}
 	if c.havePrev {

@@ -45,7 +45,8 @@ type syncSig struct {
 	launches uint64
 	copies   uint64
 	colls    uint64
-	end      int64
+	end      int64 // the GPU was done (the wakeup, where known)
+	ret      int64 // the call returned
 	wait     int64
 	idx      int64
 	// post is the host time from the sync's return to the next enqueue,
@@ -120,11 +121,38 @@ func (s *stepper) slot() int {
 }
 
 // patternSync feeds one synchronisation to step detection.
-func (p *proc) patternSync(set settings, ev *event.Event) {
+func (p *proc) patternSync(x env, ev *event.Event) {
 	sig := syncSig{cuda: ev.CUDA, stream: ev.Stream, launches: p.launches, copies: p.copies, colls: p.colls,
-		end: ev.End, wait: ev.Duration(), post: -1}
+		end: ev.End, ret: ev.End, wait: ev.Duration(), post: -1}
+	if th := x.w.threads[ev.TID]; th != nil {
+		sig.ret = th.returned(ev)
+	}
 	p.launches, p.copies, p.colls = 0, 0, 0
-	p.st.onSync(set, sig)
+	p.st.onSync(x.set, sig)
+}
+
+// returned is when a sync returned to its caller: a sync ended at its
+// wakeup (wokenSync) returned once the thread got a CPU back.
+func (t *thread) returned(sync *event.Event) int64 {
+	for i := len(t.tl) - 1; i >= 0; i-- {
+		r := &t.tl[i]
+		if r.End <= sync.Start {
+			break
+		}
+		if r.Kind == event.KindRunqueue && r.Woken && r.Start == sync.End {
+			return r.End
+		}
+	}
+	return sync.End
+}
+
+// setPost records, at the first enqueue after the last sync, how long the
+// host took from that sync's return: time spent waiting for a CPU after
+// the wakeup is contention, not the host fetching the next batch.
+func (s *stepper) setPost(t int64) {
+	if h := s.hist; len(h) > 0 && h[len(h)-1].post < 0 {
+		h[len(h)-1].post = max(t-h[len(h)-1].ret, 0)
+	}
 }
 
 func (s *stepper) onSync(set settings, sig syncSig) {

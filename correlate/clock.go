@@ -11,11 +11,12 @@ import (
 // The work clock: a training loop enqueues the same data movement every
 // iteration (the batch's copies, the gradients' all-reduces) and the same
 // number of kernels, while host code adds synchronisations at will (a
-// scalar read, a loss check, logging every so often). When the syncs per
-// step vary, steps are counted by an enqueued operation that occurs a fixed
-// number of times per step, between two of which everything else enqueued
-// repeats; the step still ends at a sync, the one of the segment after
-// which the host took longest to enqueue again.
+// scalar read, a loss check, logging every so often, a checkpoint's
+// per-tensor copies). Steps are counted by an enqueued operation that
+// occurs a fixed number of times per step, between two of which everything
+// else enqueued repeats; the step still ends at a sync. Where such an
+// operation exists it wins over the sync period, which serves loops that
+// enqueue nothing it can use.
 
 const (
 	tokMax = 256 // enqueue tokens remembered for clock detection

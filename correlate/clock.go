@@ -3,7 +3,6 @@ package correlate
 import (
 	"fmt"
 	"sort"
-	"strings"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -209,6 +208,13 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 	occ := map[tokKey][]int{}
 	var keys []tokKey
 	var launches uint64
+	// Prefix sums over the ring make every segment's content O(1): the
+	// operations it holds as a sum of per-operation hashes (a multiset),
+	// its launches and its syncs.
+	n := len(toks)
+	ph := make([]uint64, n+1)
+	pl := make([]uint64, n+1)
+	ps := make([]int, n+1)
 	for i := range toks {
 		k := toks[i].key
 		if _, ok := occ[k]; !ok {
@@ -216,6 +222,12 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 		}
 		occ[k] = append(occ[k], i)
 		launches += toks[i].launches
+		ph[i+1] = ph[i] + k.hash()
+		pl[i+1] = pl[i] + toks[i].launches
+		ps[i+1] = ps[i] + toks[i].syncs
+	}
+	segOf := func(a, b int) segSum { // tokens a+1..b
+		return segSum{ops: ph[b+1] - ph[a+1], launches: pl[b+1] - pl[a+1], syncs: ps[b+1] - ps[a+1]}
 	}
 	useLaunches := launchesSeen && launches > 0
 	// The most frequent operations first: a run's start (loading weights,
@@ -227,7 +239,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 	var cands []clockFound
 	for _, k := range keys {
 		o := occ[k]
-		var unit []segFeat // the segments between consecutive occurrences
+		var unit []segSum // the segments between consecutive occurrences
 		for m := 1; m <= clockMaxM; m++ {
 			nseg := (len(o) - 1) / m
 			if nseg < clockSegMin {
@@ -238,16 +250,11 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 				// a coarsening of a clock that does not match yet.
 				continue
 			}
-			feats := make([]segFeat, nseg)
+			feats := make([]segSum, nseg)
 			work := make([]float64, nseg)
 			var workSum float64
 			for s := 0; s < nseg; s++ {
-				f := segFeat{counts: map[tokKey]int{}}
-				for j := o[s*m] + 1; j <= o[(s+1)*m]; j++ {
-					f.launches += toks[j].launches
-					f.syncs += toks[j].syncs
-					f.counts[toks[j].key]++
-				}
+				f := segOf(o[s*m], o[(s+1)*m])
 				feats[s] = f
 				if m == 1 {
 					unit = feats
@@ -322,7 +329,32 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 	return best, valid
 }
 
-func segSyncs(f []segFeat) []int {
+// segSum is what one candidate step enqueued: its operations as a
+// multiset hash, its launches and syncs.
+type segSum struct {
+	ops      uint64
+	launches uint64
+	syncs    int
+}
+
+// hash is the operation's term in a segment's multiset hash.
+func (k tokKey) hash() uint64 {
+	h := uint64(k.kind) + 1
+	for _, v := range [...]uint64{k.stream, k.bytes, uint64(k.op), k.comm} {
+		h = mix64(h ^ v)
+	}
+	return h
+}
+
+// mix64 is splitmix64's finalizer.
+func mix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+func segSyncs(f []segSum) []int {
 	n := make([]int, len(f))
 	for i := range f {
 		n[i] = f[i].syncs
@@ -334,11 +366,11 @@ func segSyncs(f []segFeat) []int {
 // common step, with launch counts close to its median. Comparing with the
 // mode rather than the previous step charges an inserted checkpoint or
 // evaluation one mismatch, not two.
-func modalMatch(feats []segFeat, launchesSeen bool) int {
-	groups := map[string][]int{}
-	var mode string
+func modalMatch(feats []segSum, launchesSeen bool) int {
+	groups := map[uint64][]int{}
+	var mode uint64
 	for i := range feats {
-		k := feats[i].countsKey()
+		k := feats[i].ops
 		groups[k] = append(groups[k], i)
 		if len(groups[k]) > len(groups[mode]) {
 			mode = k
@@ -366,21 +398,20 @@ func modalMatch(feats []segFeat, launchesSeen bool) int {
 // of an operation differ by their position mod m: a step holding m
 // occurrences has its own work between each (a batch copy, then a copy
 // into a graph's input, then the replay).
-func phasesDiffer(unit []segFeat, m int, launchesSeen bool) bool {
-	var first string
-	var firstL uint64
+func phasesDiffer(unit []segSum, m int, launchesSeen bool) bool {
+	var first, firstL uint64
 	for r := 0; r < m; r++ {
-		var ph []segFeat
+		var ph []segSum
 		for i := r; i < len(unit); i += m {
 			ph = append(ph, unit[i])
 		}
 		if len(ph) == 0 {
 			return false
 		}
-		groups := map[string]int{}
-		mode := ""
+		groups := map[uint64]int{}
+		var mode uint64
 		for i := range ph {
-			k := ph[i].countsKey()
+			k := ph[i].ops
 			groups[k]++
 			if groups[k] > groups[mode] {
 				mode = k
@@ -401,33 +432,6 @@ func phasesDiffer(unit []segFeat, m int, launchesSeen bool) bool {
 		}
 	}
 	return false
-}
-
-// countsKey is the operations of a step in a canonical form.
-func (f *segFeat) countsKey() string {
-	ks := make([]tokKey, 0, len(f.counts))
-	for k := range f.counts {
-		ks = append(ks, k)
-	}
-	sort.Slice(ks, func(i, j int) bool {
-		a, b := ks[i], ks[j]
-		switch {
-		case a.kind != b.kind:
-			return a.kind < b.kind
-		case a.stream != b.stream:
-			return a.stream < b.stream
-		case a.bytes != b.bytes:
-			return a.bytes < b.bytes
-		case a.op != b.op:
-			return a.op < b.op
-		}
-		return a.comm < b.comm
-	})
-	var sb strings.Builder
-	for _, k := range ks {
-		fmt.Fprintf(&sb, "%d/%x/%d/%d/%x:%d;", k.kind, k.stream, k.bytes, k.op, k.comm, f.counts[k])
-	}
-	return sb.String()
 }
 
 // clockPhase picks which occurrence (mod m) starts a step: the one before

@@ -434,18 +434,30 @@ func phasesDiffer(unit []segSum, m int, launchesSeen bool) bool {
 	return false
 }
 
-// clockPhase picks which occurrence (mod m) starts a step: the one before
-// which the host paused longest after a sync (fetching the next batch).
+// clockPhase picks which occurrence (mod m) starts a step. A step ends at
+// syncs it always makes (the final loss read, one per stream), while
+// scalar reads come and go: the start is the occurrence whose preceding
+// stretch held a sync in every step (the most syncs at least), and among
+// those the one before which the host paused longest after a sync
+// (fetching the next batch).
 func clockPhase(toks []token, o []int, m int, posts func(lo, hi int64) int64) int {
 	if m == 1 {
 		return 0
 	}
-	bestR, bestV := 0, int64(-1)
+	bestR, bestMin, bestV := 0, -1, int64(-1)
 	for r := 0; r < m; r++ {
 		var v []int64
+		least := -1
 		for i := r; i < len(o); i += m {
 			if i == 0 {
 				continue
+			}
+			n := 0
+			for j := o[i-1] + 1; j <= o[i]; j++ {
+				n += toks[j].syncs
+			}
+			if least < 0 || n < least {
+				least = n
 			}
 			v = append(v, posts(toks[o[i-1]].t, toks[o[i]].t))
 		}
@@ -453,8 +465,9 @@ func clockPhase(toks []token, o []int, m int, posts func(lo, hi int64) int64) in
 			continue
 		}
 		sort.Slice(v, func(a, b int) bool { return v[a] < v[b] })
-		if med := v[len(v)/2]; med > bestV {
-			bestR, bestV = r, med
+		med := v[len(v)/2]
+		if least > bestMin || (least == bestMin && med > bestV) {
+			bestR, bestMin, bestV = r, least, med
 		}
 	}
 	return bestR

@@ -101,7 +101,8 @@
 // warm-up's or a checkpoint's burst), its steps must share the work (the
 // median step holds at least half its share of a coarser clock's, and in
 // full launches kernels), m > 1 needs the segments between occurrences to
-// differ by position, and the finest such clock wins. A running clock is
+// differ by position (the step starts after the stretch that held a sync
+// in every step), and the finest such clock wins. A running clock is
 // checked every 16 operations and gives way, at two checks in a row, to a
 // clearly finer one or when it no longer qualifies; many syncs without any
 // operation mean the loop stopped, and steps fall back to fixed windows.

@@ -200,8 +200,10 @@ func (c *clockState) fixedSyncs() bool {
 //     and backward all fall into one segment of every dozen; where a
 //     coarser clock qualifies too, a finer one whose median step holds
 //     less than half its share of the coarser one's is a slice of it, and
-//     with launches seen a clock whose median step holds under a quarter
-//     of the mean is one on its own;
+//     a clock whose median step holds under a quarter of the mean is one
+//     on its own (work is launches where they are seen, else time: lite
+//     would otherwise lock onto the optimizer's copies during warm-up,
+//     before the batch copy has repeated often enough to compare);
 //   - of the rest, the finest wins (a checkpoint or an evaluation every N
 //     steps makes a coarser period that also repeats).
 func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo, hi int64) int64) (best clockFound, valid []clockFound) {
@@ -297,7 +299,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 			cands = append(cands, clockFound{key: k, m: m, segLen: segLen,
 				syncsVary:    syncSame < nseg-1,
 				syncsPerStep: feats[nseg-1].syncs, occ: int64(len(o)),
-				work: med, concentrated: useLaunches && med < workSum/float64(nseg)/4, medSyncs: ns[nseg/2], syncCounts: segSyncs(feats[max(0, nseg-syncsRing):]),
+				work: med, concentrated: med < workSum/float64(nseg)/4, medSyncs: ns[nseg/2], syncCounts: segSyncs(feats[max(0, nseg-syncsRing):]),
 				phase: clockPhase(toks, o, m, posts)})
 			break
 		}

@@ -225,3 +225,24 @@ func TestGILTimedWait(t *testing.T) {
 		t.Errorf("lock %d ns of %d ns waited", lock, waits)
 	}
 }
+
+// BenchmarkDetectClock: one detection over a full ring of an eager loop
+// (a batch copy and fifteen per-parameter copies per step); it runs every
+// clockRecheck operations, so it must stay well under a millisecond.
+func BenchmarkDetectClock(b *testing.B) {
+	var toks []token
+	for i := int64(0); len(toks) < tokMax; i++ {
+		toks = append(toks, token{key: tokKey{kind: event.KindMemcpyAsync, bytes: 16 << 10}, t: i * 1e7, launches: 280, syncs: 2})
+		for k := int64(1); k <= 15; k++ {
+			toks = append(toks, token{key: tokKey{kind: event.KindMemcpyAsync, bytes: 4 << 20}, t: i*1e7 + k*1e5})
+		}
+	}
+	toks = toks[:tokMax]
+	if cf, _ := detectClock(toks, 0, true, func(lo, hi int64) int64 { return -1 }); cf.key.bytes != 16<<10 {
+		b.Fatalf("clock %s, want the batch copy", cf.key)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		detectClock(toks, 0, true, func(lo, hi int64) int64 { return -1 })
+	}
+}

@@ -311,6 +311,8 @@ func (e *Engine) finalize(force bool) {
 			// sidecar's exit: a tail window would only count idle the
 			// training loop never saw.
 			p.closeAll(x.set, p.last)
+			// Under the work clock, gaps of the last step waited for it.
+			p.resolveHeld(x, true)
 		}
 		if p.exitedAt == 0 {
 			p.tickSteps(x.set, e.wm)

@@ -68,9 +68,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	case event.KindCollective:
 		p.colls++
 	}
-	if h := p.st.hist; len(h) > 0 && h[len(h)-1].post < 0 {
-		h[len(h)-1].post = max(t-h[len(h)-1].end, 0)
-	}
+	p.st.setPost(t)
 	// Before the gap this enqueue closes is delivered: it may end a step.
 	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, t) {
 		p.resolveHeld(x, false)
@@ -176,7 +174,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	default:
 		p.endAhead(x.set, ev.Start, false, false)
 	}
-	p.patternSync(x.set, ev)
+	p.patternSync(x, ev)
 	if p.gap == nil && p.allDrained() {
 		p.gap = &openGap{start: ev.End, tid: th.tid, exact: waited, open: ev}
 	}
@@ -198,7 +196,7 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 	}
 	p.endAhead(x.set, ev.End, p.aheadStart < ev.Start, false)
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
-		p.patternSync(x.set, ev)
+		p.patternSync(x, ev)
 	}
 	if p.gap == nil && p.allDrained() {
 		p.gap = &openGap{start: ev.End, tid: th.tid, exact: true, open: ev}

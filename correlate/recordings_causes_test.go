@@ -24,8 +24,8 @@ type truthStall struct {
 	start, end int64 // Unix ns
 }
 
-// readTruth returns the stalls of a trainer truth file in Unix ns.
-func readTruth(t *testing.T, path string) []truthStall {
+// readStalls returns the stalls of a trainer truth file in Unix ns.
+func readStalls(t *testing.T, path string) []truthStall {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -116,7 +116,7 @@ func TestRecordedH200Causes(t *testing.T) {
 	for name, floor := range floors {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join("testdata", "recordings")
-			share := causeShare(readTruth(t, filepath.Join(dir, name+".truth.jsonl")), replayRecording(t, filepath.Join(dir, name+".rec.gz")))
+			share := causeShare(readStalls(t, filepath.Join(dir, name+".truth.jsonl")), replayRecording(t, filepath.Join(dir, name+".rec.gz")))
 			t.Logf("share of each stall's time attributed to its cause: %v", share)
 			for k, min := range floor {
 				if share[k] < min {

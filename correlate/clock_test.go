@@ -246,3 +246,31 @@ func BenchmarkDetectClock(b *testing.B) {
 		detectClock(toks, 0, true, func(lo, hi int64) int64 { return -1 })
 	}
 }
+
+// TestLiteLaunchesAndSyncsOnly: in lite a trainer that only launches and
+// synchronizes (no async copies, no collectives; a Python loop driving the
+// driver through ctypes) is seen to feed the GPU by its syncs alone: its
+// stalls are gaps and its steps are counted.
+func TestLiteLaunchesAndSyncsOnly(t *testing.T) {
+	s := newSim()
+	s.lite = true
+	var stalls int
+	for n := 1; n <= 40; n++ {
+		if n%4 == 0 {
+			readStall(s, 20*ms)
+			stalls++
+		}
+		s.step(8, 500*us, 20*us)
+	}
+	c := &collect{}
+	feed(newEngine(c, func(cfg *Config) { cfg.Probes = ProbesLite }), c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+	var reads int
+	for _, g := range bigGaps(c.gaps) {
+		if g.Cause == CauseIORead {
+			reads++
+		}
+	}
+	if reads < stalls-2 || len(c.steps) < 30 {
+		t.Errorf("lite: %d io.read gaps for %d stalls, %d steps for 40", reads, stalls, len(c.steps))
+	}
+}

@@ -132,6 +132,11 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 		p.recLaunches(ev.Start, ev.Count)
 		p.st.onLaunches(ev.Count)
 	}
+	if x.set.lite {
+		// Lite sees no launches: a trainer that only launches and syncs
+		// (no async copies, no collectives) feeds the GPU all the same.
+		p.startGPU(ev.Start)
+	}
 	if !p.everEnq {
 		return
 	}

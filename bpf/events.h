@@ -43,6 +43,9 @@ enum event_kind {
 	K_OPEN = 16,
 	K_CLOSE = 17,
 	K_COMM_INIT = 18,
+	/* An async copy that kept the host in the call (the driver staged
+	 * pageable memory through a pinned buffer): start_ns..ktime_ns. */
+	K_MEMCPY_STAGED = 19,
 };
 
 /* Syscall classes: event.SyscallClass values (tracer/enums_test.go checks),

@@ -104,7 +104,7 @@ func (t *thread) overlapping(a, b int64) []int {
 // time inside a syscall is contention, off-CPU time is the weakest fact.
 func priority(ev *event.Event) int {
 	switch ev.Kind {
-	case event.KindSync, event.KindMemcpy, event.KindAlloc, event.KindFree, event.KindGroupEnd:
+	case event.KindSync, event.KindMemcpy, event.KindAlloc, event.KindFree, event.KindGroupEnd, event.KindMemcpyStaged:
 		return 4
 	case event.KindRunqueue:
 		return 3

@@ -122,7 +122,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 	switch h.Type {
 	case evCUDA:
 		r := (*rawCUDA)(unsafe.Pointer(&rec[0]))
-		if !validKind(ev.Kind, event.KindEnqueue, event.KindFree) || r.Func >= uint32(event.CUDALast) {
+		if !validKind(ev.Kind, event.KindEnqueue, event.KindFree) && ev.Kind != event.KindMemcpyStaged || r.Func >= uint32(event.CUDALast) {
 			return fmt.Errorf("decode cuda record: kind %d func %d out of range", h.Kind, r.Func)
 		}
 		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)

@@ -192,6 +192,7 @@ int cuda_async(struct pt_regs *ctx)
 	e->stream = stream;
 	e->bytes = bytes;
 	e->func = func;
+	e->dir = dir;
 	submit(e);
 	return 0;
 }
@@ -315,6 +316,7 @@ int cuda_async_exit(struct pt_regs *ctx)
 	e->bytes = call.bytes;
 	e->ret = (__s32)PT_REGS_RC(ctx);
 	e->func = call.dir;
+	e->dir = call.dir;
 	e->stack_id = user_stack(ctx);
 	submit(e);
 	return 0;

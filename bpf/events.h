@@ -88,7 +88,7 @@ struct cuda_event {
 	__s32 ret;   /* CUresult of blocking calls */
 	__u32 func;  /* event.CUDA */
 	__s32 stack_id; /* blocking calls: user_stacks id of the caller's stack, else -1 */
-	__u32 _pad;
+	__u32 dir;	/* copies: event.CUDA of the direction (CU_MEMCPY_HTOD, _DTOH, _OTHER), 0 unknown */
 };
 
 /* EV_NCCL: collectives (point events) and ncclGroupEnd (interval). */

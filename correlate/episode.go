@@ -128,19 +128,29 @@ func (p *proc) releasedBy(th *thread, ev *event.Event) bool {
 
 // absorbSync takes a sync into the open gap when it only waited for the
 // held copies of its own thread: the copies and the sync came back to back
-// and no kernel ran in between (full: the sync flushed no launches and no
-// launch released the copies; lite, where launches are invisible: the
-// sync did not wait, the copies being done, where a step's sync waits for
-// its compute). In lite a copy to pinned memory makes its sync wait for
-// the transfer, and such an operation splits into gaps as before.
+// and no kernel ran in between. Full: the sync flushed no launches and no
+// launch released the copies. Lite, where launches are invisible: the
+// copies read device data (device to host, or a staged copy of unknown
+// direction: a step starts with host-to-device batch copies) and the sync
+// did not wait, the copies being done, where a step's sync waits for its
+// compute. In lite a copy to pinned memory makes its sync wait for the
+// transfer, and such an operation splits into gaps as before.
 func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 	h := p.hold
 	if h == nil || p.gap == nil || h.tid != th.tid || !h.chained || ev.Start-h.last > episodeHop || ev.Count > 0 {
 		return false
 	}
 	th.wokenSync(ev)
-	if x.set.lite && ev.Duration() > x.set.syncWaited {
-		return false
+	if x.set.lite {
+		if ev.Duration() > x.set.syncWaited {
+			return false
+		}
+		for i := range h.evs {
+			c := &h.evs[i]
+			if c.CopyDir != event.CUMemcpyDtoH && (c.CopyDir != event.CUMemcpyOther || c.End == c.Start) {
+				return false
+			}
+		}
 	}
 	ep := p.gap.ep
 	if ep == nil {
@@ -260,7 +270,7 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 // copyEvidence describes the staged copy that took most of a gap.
 func copyEvidence(ev *event.Event) *CopyEvidence {
 	c := &CopyEvidence{Call: stagedName(ev), Bytes: ev.Bytes, NS: ev.Duration(), Pageable: true, Fix: pageableFix}
-	switch ev.CUDA {
+	switch ev.CopyDir {
 	case event.CUMemcpyHtoD:
 		c.Direction = "htod"
 	case event.CUMemcpyDtoH:
@@ -276,7 +286,7 @@ func copyEvidence(ev *event.Event) *CopyEvidence {
 
 // stagedName is the driver call behind a KindMemcpyStaged.
 func stagedName(ev *event.Event) string {
-	switch ev.CUDA {
+	switch ev.CopyDir {
 	case event.CUMemcpyHtoD:
 		return "cuMemcpyHtoDAsync"
 	case event.CUMemcpyDtoH:

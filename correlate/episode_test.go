@@ -13,19 +13,18 @@ func (s *gpuSim) stagedCopy(dir event.CUDA, bytes uint64, host int64) {
 	s.t += 5 * us
 	s.evs = append(s.evs,
 		event.Event{Kind: event.KindMemcpyAsync, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
-			CUDA: event.CUMemcpyAsync, Stream: s.stream, Bytes: bytes},
+			CUDA: event.CUMemcpyAsync, CopyDir: dir, Stream: s.stream, Bytes: bytes},
 		event.Event{Kind: event.KindMemcpyStaged, PID: s.pid, TID: s.tid, Start: s.t, End: s.t + host,
-			CUDA: dir, Stream: s.stream, Bytes: bytes})
+			CUDA: dir, CopyDir: dir, Stream: s.stream, Bytes: bytes})
 	s.t += host
 	s.flushed[s.tid] = false
 }
 
-// pinnedCopy is the step's batch copy from pinned memory: the call
-// returns at once.
-func (s *gpuSim) pinnedCopy(bytes uint64) {
+// pinnedCopy is a copy from or to pinned memory: the call returns at once.
+func (s *gpuSim) pinnedCopy(dir event.CUDA, bytes uint64) {
 	s.t += 5 * us
 	s.evs = append(s.evs, event.Event{Kind: event.KindMemcpyAsync, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
-		CUDA: event.CUMemcpyAsync, Stream: s.stream, Bytes: bytes})
+		CUDA: event.CUMemcpyAsync, CopyDir: dir, Stream: s.stream, Bytes: bytes})
 }
 
 func fileCall(class event.SyscallClass, name, path string, ret int64) event.Event {
@@ -62,7 +61,7 @@ func runEpisodes(t *testing.T, lite bool, stall func(s *gpuSim)) ([]Gap, [][2]in
 			stall(s)
 			stalls = append(stalls, [2]int64{a, s.t})
 		}
-		s.pinnedCopy(1 << 20)
+		s.pinnedCopy(event.CUMemcpyHtoD, 1<<20)
 		s.launches(8, 2*ms, 20*us)
 		s.sync()
 		s.t += 100 * us
@@ -179,10 +178,10 @@ func TestStepCopyAndScalarReadEndGap(t *testing.T) {
 				if n%4 == 0 {
 					readStall(s, 20*ms)
 				}
-				s.pinnedCopy(1 << 20)
+				s.pinnedCopy(event.CUMemcpyHtoD, 1<<20)
 				copies = append(copies, s.t)
 				s.kernel(2 * ms)
-				s.pinnedCopy(4)
+				s.pinnedCopy(event.CUMemcpyDtoH, 4)
 				s.sync()
 				s.launches(8, 2*ms, 20*us)
 				s.sync()
@@ -212,5 +211,34 @@ func TestStepCopyAndScalarReadEndGap(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLiteTinyStepsStayApart: in lite a step of 16 batch copies and one
+// short kernel looks like a copy and a sync that did not wait; its copies
+// go to the device, so it is no episode and steps do not merge into one
+// gap.
+func TestLiteTinyStepsStayApart(t *testing.T) {
+	s := newSim()
+	s.lite = true
+	for n := 1; n <= 200; n++ {
+		if n%10 == 0 {
+			readStall(s, 5*ms)
+		}
+		for range 16 {
+			s.pinnedCopy(event.CUMemcpyHtoD, 64<<10)
+		}
+		s.kernel(1 * us)
+		s.t += 60 * us
+		s.sync()
+		s.t += 50 * us
+	}
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	feed(newEngine(c, func(cfg *Config) { cfg.Probes = ProbesLite }), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	for _, g := range c.gaps {
+		if g.Evidence.Episode != nil || g.Duration > 6*ms {
+			t.Errorf("gap [%d, %d] %s episode %v: steps merged", g.Start-t0, g.End-t0, g.Cause, g.Evidence.Episode)
+		}
 	}
 }

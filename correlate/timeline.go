@@ -104,11 +104,13 @@ func (t *thread) overlapping(a, b int64) []int {
 // time inside a syscall is contention, off-CPU time is the weakest fact.
 func priority(ev *event.Event) int {
 	switch ev.Kind {
-	case event.KindSync, event.KindMemcpy, event.KindAlloc, event.KindFree, event.KindGroupEnd, event.KindMemcpyStaged:
+	case event.KindSync, event.KindMemcpy, event.KindAlloc, event.KindFree, event.KindGroupEnd:
 		return 4
 	case event.KindRunqueue:
 		return 3
-	case event.KindSyscall:
+	case event.KindSyscall, event.KindMemcpyStaged:
+		// A staged copy is the thread's own work on a CPU, like a
+		// syscall's: preemption inside it is contention.
 		return 2
 	case event.KindOffCPU:
 		return 1

@@ -186,6 +186,11 @@ type Event struct {
 	Op       NCCLOp
 	Comm     uint64 // ncclComm_t value
 	PeerRank int32  // send/recv peer or reduce/broadcast root; -1 when n/a
+	// CopyDir (KindMemcpyAsync, KindMemcpyStaged) is the copy's direction
+	// where the entry point says it: CUMemcpyHtoD, CUMemcpyDtoH, or
+	// CUMemcpyOther for the copies that may touch host memory without
+	// saying how; CUDANone otherwise.
+	CopyDir CUDA
 
 	// Syscalls
 	Syscall   SyscallClass

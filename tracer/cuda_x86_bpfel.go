@@ -53,7 +53,7 @@ type cudaCudaEvent struct {
 	Ret     int32
 	Func    uint32
 	StackId int32
-	Pad     uint32
+	Dir     uint32
 }
 
 type cudaCudaFunc uint32

@@ -503,8 +503,31 @@ func Frame(v View, width int) string {
 	if v.LastGap != nil {
 		g := v.LastGap
 		fmt.Fprintf(&b, "last gap: %s %s (pid %d tid %d, step %d)\n", FormatNS(g.Duration), g.Cause, g.PID, g.TID, g.Step)
+		if d := gapDetail(g); d != "" {
+			b.WriteString("  " + trimRight(Escape(d), max(20, width-2)) + "\n")
+		}
 	}
 	return b.String()
+}
+
+// gapDetail is the one line that says what a gap's copy or host operation
+// was, when it has one.
+func gapDetail(g *correlate.Gap) string {
+	if c := g.Evidence.Copy; c != nil {
+		d := fmt.Sprintf("%s %s %.1f MB at %.1f GB/s", c.Call, c.Direction, float64(c.Bytes)/1e6, c.GBps)
+		if c.Pageable {
+			d = "pageable " + d
+		}
+		if c.Fix != "" {
+			d += ": " + c.Fix
+		}
+		return d
+	}
+	if e := g.Evidence.Episode; e != nil {
+		return fmt.Sprintf("%s %s: %d copies %s, serialization %s, %d writes %s, fsync %s", e.Kind, e.File,
+			e.Copies, FormatNS(e.CopyNS), FormatNS(e.SerializeNS), e.Writes, FormatNS(e.WriteNS), FormatNS(e.FsyncNS))
+	}
+	return ""
 }
 
 func writeCauses(b *strings.Builder, v View, width int) {

@@ -193,7 +193,9 @@ func (p *proc) release(x env) {
 // episodeResult labels a gap that absorbed a host operation's device
 // copies by the operation's dominant host activity: serialization between
 // the writes of one file is part of writing it (torch.save pickles a
-// tensor, writes it, pickles the next). bd stays the plain time split.
+// tensor, writes it, pickles the next). When writing wins, bd counts that
+// serialization as io.write too, so that totals by cause say what the
+// checkpoint cost; the evidence keeps the plain split.
 func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cause, *EpisodeEvidence) {
 	e := &EpisodeEvidence{Copies: ep.copies, CopyBytes: ep.bytes}
 	type span struct{ first, last, ns int64 }
@@ -263,6 +265,12 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 	e.Kind = "device-copies"
 	if dom == CauseIOWrite {
 		e.Kind = "checkpoint"
+		if between > 0 {
+			bd[CauseIOWrite] += between
+			if bd[CauseCPU] -= between; bd[CauseCPU] <= 0 {
+				delete(bd, CauseCPU)
+			}
+		}
 	}
 	return dom, e
 }

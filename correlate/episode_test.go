@@ -139,8 +139,9 @@ func TestCheckpointIsOneGap(t *testing.T) {
 				if g.Cause != CauseIOWrite {
 					t.Errorf("gap %d: cause %s, want io.write (breakdown %v)", i, g.Cause, g.Breakdown)
 				}
-				// The time split stays honest: pickling is cpu.
-				if g.Breakdown[CauseCPU] < 20*ms || g.Breakdown[CauseIOWrite] < 17*ms || g.Breakdown[CauseCUDAMemcpy] < 4*ms {
+				// Pickling between the writes is part of writing; the
+				// pickling of the first tensor, before any write, is not.
+				if !near(g.Breakdown[CauseCPU], 2*ms, 200*us) || g.Breakdown[CauseIOWrite] < 39*ms || g.Breakdown[CauseCUDAMemcpy] < 4*ms {
 					t.Errorf("gap %d: breakdown %v", i, g.Breakdown)
 				}
 				e := g.Evidence.Episode

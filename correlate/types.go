@@ -103,8 +103,8 @@ type Evidence struct {
 	// missing (the walk met unreadable memory).
 	Stack          []event.Frame `json:"stack,omitempty"`
 	StackTruncated bool          `json:"stack_truncated,omitempty"`
-	// Copy is, for a cuda.memcpy gap, the async copy that kept the host in
-	// the call: the driver staged pageable host memory.
+	// Copy is the async copy that kept the host in the call longest during
+	// the gap (the driver staged pageable host memory), whatever cause won.
 	Copy *CopyEvidence `json:"copy,omitempty"`
 	// Episode is set when the gap held a host operation that moved device
 	// data itself (torch.save of a CUDA state_dict: per tensor a copy to

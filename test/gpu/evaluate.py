@@ -232,11 +232,13 @@ def main():
               "directions": sorted({c.get("direction", "") for c in found}),
               "gb_per_s_p50": statistics.median([c["gb_per_s"] for c in found]) if found else float("nan"),
               "bytes_p50": statistics.median([c["bytes"] for c in found]) if found else 0,
-              "fix": found[0].get("fix", "") if found else ""}
+              "fix": found[0].get("fix", "") if found else "",
+              "bytes_right": sum(1 for st, c in zip(pg, copies) if c and st.get("bytes") in (None, c.get("bytes")))}
         res["pageable_evidence"] = ev
         print(f"pageable: {ev['with_copy_evidence']} of {ev['stalls']} stalls with copy evidence, "
               f"{ev['pageable']} pageable, {'/'.join(ev['directions']) or '-'}, "
-              f"median {ev['bytes_p50'] / 2**20:.0f} MiB at {ev['gb_per_s_p50']:.2f} GB/s; fix: {ev['fix'] or '-'}")
+              f"median {ev['bytes_p50'] / 2**20:.0f} MiB at {ev['gb_per_s_p50']:.2f} GB/s, bytes as the truth's in "
+              f"{ev['bytes_right']}; fix: {ev['fix'] or '-'}")
     ck = [st for st in stalls if st["cause"] == "checkpoint"]
     if ck:
         eps = [((covering(st) or {}).get("evidence") or {}).get("episode") for st in ck]

@@ -60,7 +60,8 @@ enum cuda_func {
 };
 
 /* A return probe emits K_MEMCPY_STAGED for an async copy that kept the host
- * at least this long: a pinned copy returns in a few µs. Set by user space. */
+ * at least this long: a pinned copy returns in a few µs, a staged one takes
+ * bytes / host memcpy rate (200 µs is about 1 MB). */
 const volatile __u64 copy_block_ns = 200000;
 
 /* An async copy in flight, from its entry probe to its return probe. */

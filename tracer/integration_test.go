@@ -941,7 +941,17 @@ func TestSimtrainStagedCopies(t *testing.T) {
 			if len(truth) != 4 {
 				t.Fatalf("truth has %d pageable copies, want 4", len(truth))
 			}
-			staged := r.kind(event.KindMemcpyStaged, main)
+			// A pinned copy preempted inside the call on a loaded machine
+			// is reported too: it kept the host. It must have been off a
+			// CPU for all but the threshold.
+			var staged []event.Event
+			for _, ev := range r.kind(event.KindMemcpyStaged, main) {
+				if ev.Bytes > 4<<20 {
+					staged = append(staged, ev)
+				} else if d := r.descheduled(ev.TID, ev.Start, ev.End); ev.Duration()-d > 200*int64(time.Microsecond)+tolerance {
+					t.Errorf("pinned copy of %d bytes reported staged for %d ns, %d ns of it off a CPU", ev.Bytes, ev.Duration(), d)
+				}
+			}
 			entries := map[int64]bool{}
 			for _, ev := range r.kind(event.KindMemcpyAsync, main) {
 				entries[ev.Start] = true

@@ -72,7 +72,7 @@ func (p *proc) episodeEvent(x env, th *thread, ev *event.Event) bool {
 		if p.gap != nil && p.everEnq {
 			if p.hold == nil {
 				p.hold = &heldCopies{tid: th.tid, chained: true}
-			} else if ev.Start-p.hold.last > episodeHop {
+			} else if !th.soonAfter(p.hold.last, ev.Start) {
 				p.hold.chained = false
 			}
 			p.hold.evs = append(p.hold.evs, *ev)
@@ -137,12 +137,13 @@ func (p *proc) releasedBy(th *thread, ev *event.Event) bool {
 // transfer, and such an operation splits into gaps as before.
 func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 	h := p.hold
-	if h == nil || p.gap == nil || h.tid != th.tid || !h.chained || ev.Start-h.last > episodeHop || ev.Count > 0 {
+	if h == nil || p.gap == nil || h.tid != th.tid || !h.chained || !th.soonAfter(h.last, ev.Start) || ev.Count > 0 {
 		return false
 	}
 	th.wokenSync(ev)
 	if x.set.lite {
-		if ev.Duration() > x.set.syncWaited {
+		// Waiting for a CPU inside the call is not waiting for the GPU.
+		if ev.Duration()-th.runnable(ev.Start, ev.End) > x.set.syncWaited {
 			return false
 		}
 		for i := range h.evs {
@@ -301,4 +302,24 @@ func stagedName(ev *event.Event) string {
 		return "cuMemcpyDtoHAsync"
 	}
 	return "cuMemcpyAsync"
+}
+
+// runnable is how long t waited for a CPU within [a,b): its run-queue
+// intervals there (they end before a call around them does, so they are
+// on the timeline when the call is processed).
+func (t *thread) runnable(a, b int64) int64 {
+	var ns int64
+	for _, i := range t.overlapping(a, b) {
+		if ev := &t.tl[i]; ev.Kind == event.KindRunqueue {
+			ns += min(ev.End, b) - max(ev.Start, a)
+		}
+	}
+	return ns
+}
+
+// soonAfter says whether t's call at b followed its call that returned at
+// a back to back: within episodeHop of running time (a preemption between
+// the two is the machine's load, not the thread's work).
+func (t *thread) soonAfter(a, b int64) bool {
+	return b-a-t.runnable(a, b) <= episodeHop
 }

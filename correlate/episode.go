@@ -140,6 +140,12 @@ func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 	if h == nil || p.gap == nil || h.tid != th.tid || !h.chained || !th.soonAfter(h.last, ev.Start) || ev.Count > 0 {
 		return false
 	}
+	if p.gap.ep == nil && !bulk(h.evs) {
+		// A scalar read (.item(): a few bytes and a sync) is step work;
+		// only a copy of real data starts a host operation, whose later
+		// small tensors then belong to it.
+		return false
+	}
 	th.wokenSync(ev)
 	if x.set.lite {
 		// Waiting for a CPU inside the call is not waiting for the GPU.
@@ -322,4 +328,14 @@ func (t *thread) runnable(a, b int64) int64 {
 // the two is the machine's load, not the thread's work).
 func (t *thread) soonAfter(a, b int64) bool {
 	return b-a-t.runnable(a, b) <= episodeHop
+}
+
+// bulk says whether any of the copies moved more than a scalar read does.
+func bulk(evs []event.Event) bool {
+	for i := range evs {
+		if evs[i].Bytes > scalarBytes {
+			return true
+		}
+	}
+	return false
 }

@@ -252,3 +252,46 @@ func TestLiteTinyStepsStayApart(t *testing.T) {
 		}
 	}
 }
+
+// TestScalarReadsInGapStayStepWork: .item() reads after the step's compute,
+// 0–3 per step, the later ones after the first drained the queue, are step
+// work: the step clock still finds every step at its last sync, and no gap
+// is taken for a host operation.
+func TestScalarReadsInGapStayStepWork(t *testing.T) {
+	s := newSim()
+	var ends []int64
+	for n := int64(1); n <= 60; n++ {
+		if n%5 == 0 {
+			readStall(s, 20*ms)
+		}
+		s.pinnedCopy(event.CUMemcpyHtoD, 1<<20)
+		s.launches(8, 2*ms, 20*us)
+		for range (n*n*7 + n/3) % 4 {
+			s.pinnedCopy(event.CUMemcpyDtoH, 4)
+			s.sync()
+		}
+		s.sync()
+		ends = append(ends, s.t)
+		s.t += 100 * us
+	}
+	c := &collect{}
+	feed(newEngine(c, nil), c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+	for _, g := range c.gaps {
+		if g.Evidence.Episode != nil {
+			t.Errorf("gap [%d, %d] holds an episode of scalar reads: %+v", g.Start-t0, g.End-t0, *g.Evidence.Episode)
+		}
+	}
+	isEnd := map[int64]bool{}
+	for _, e := range ends {
+		isEnd[e] = true
+	}
+	matched := 0
+	for _, st := range c.steps {
+		if !st.Window && isEnd[st.End] {
+			matched++
+		}
+	}
+	if matched < 50 {
+		t.Errorf("%d of 60 steps end at a step's last sync (%d steps)", matched, len(c.steps))
+	}
+}

@@ -170,11 +170,32 @@ func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 	}
 	ep.syncs++
 	p.hold = nil
+	// The step clock sees the copies and the sync as before: it counts
+	// steps by the syncs and copies the loop makes, whatever the gap is
+	// (a step's last copy and sync after a scalar read drained the queue
+	// look the same as a checkpoint's tensor).
+	for i := range h.evs {
+		p.stepCopy(x, &h.evs[i])
+	}
+	p.patternSync(x.set, ev)
 	// On the timeline the sync is what it waited for: the copies.
 	w := *ev
 	w.Kind = event.KindMemcpy
 	th.add(&w)
 	return true
+}
+
+// stepCopy is what an async copy tells the step clock (onEnqueue's part
+// that does not touch the queue model or the gap).
+func (p *proc) stepCopy(x env, ev *event.Event) {
+	p.copies++
+	t := ev.Start
+	if h := p.st.hist; len(h) > 0 && h[len(h)-1].post < 0 {
+		h[len(h)-1].post = max(t-h[len(h)-1].end, 0)
+	}
+	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, t) {
+		p.resolveHeld(x, false)
+	}
 }
 
 // release hands the held copies to the queue model as the enqueues they

@@ -7,6 +7,10 @@
  * third byte: element size for memsets), so a few programs serve every
  * versioned/per-thread-stream variant user space finds in the library.
  *
+ * Async copies that may touch host memory also get a return probe: a copy
+ * from or to pageable memory returns only once the driver has staged it
+ * through its own pinned buffer, which an entry probe alone cannot see.
+ *
  * Launches are aggregated per thread: the first launch after a sync or a
  * blocking event is emitted as K_ENQUEUE, the others only bump a counter
  * that the next emitted enqueue or sync carries in its count.
@@ -55,6 +59,29 @@ enum cuda_func {
 	CU_MEM_ALLOC = 13,
 	CU_MEM_FREE = 14,
 };
+
+/* A return probe emits K_MEMCPY_STAGED for an async copy that kept the host
+ * at least this long: a pinned copy returns in a few µs, a staged one takes
+ * bytes / host memcpy rate (200 µs is about 1 MB). */
+const volatile __u64 copy_block_ns = 200000;
+
+/* An async copy in flight, from its entry probe to its return probe. */
+struct copy_call {
+	__u64 start;
+	__u64 stream;
+	__u64 bytes;
+	__u32 dir; /* cookie byte 3: CU_MEMCPY_HTOD, CU_MEMCPY_DTOH or CU_MEMCPY_OTHER */
+	__u32 _pad;
+};
+
+/* Keyed by pid_tgid, in this object only: the entry and return of one copy
+ * pair here. LRU: a return lost to a thread's exit cannot leak an entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct copy_call);
+} copy_calls SEC(".maps");
 
 /* BTF for the enums user space shares (bpf2go -type). */
 const enum launch_layout *unused_launch_layout __attribute__((unused));
@@ -151,6 +178,12 @@ int cuda_async(struct pt_regs *ctx)
 		bytes *= elt;
 
 	__u64 now = bpf_ktime_get_ns();
+	__u32 dir = (cookie >> 24) & 0xff;
+	if (dir) {
+		/* A return probe is attached: pair the call with it. */
+		struct copy_call c = {.start = now, .stream = stream, .bytes = bytes, .dir = dir};
+		bpf_map_update_elem(&copy_calls, &id, &c, BPF_ANY);
+	}
 	struct cuda_event *e = reserve(sizeof(*e));
 	if (!e)
 		return 0;
@@ -161,6 +194,7 @@ int cuda_async(struct pt_regs *ctx)
 	e->stream = stream;
 	e->bytes = bytes;
 	e->func = func;
+	e->dir = dir;
 	submit(e);
 	return 0;
 }
@@ -252,6 +286,41 @@ int cuda_block_exit(struct pt_regs *ctx)
 		e->count = t->launches;
 		t->launches = 0;
 	}
+	submit(e);
+	return 0;
+}
+
+SEC("uretprobe")
+int cuda_async_exit(struct pt_regs *ctx)
+{
+	__u64 id;
+	if (!enter_traced(&id))
+		return 0;
+	struct copy_call *c = bpf_map_lookup_elem(&copy_calls, &id);
+	if (!c)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	struct copy_call call = *c;
+	bpf_map_delete_elem(&copy_calls, &id);
+	if (now - call.start < copy_block_ns)
+		return 0;
+	/* The host was blocked: the queue may have drained meanwhile, so the
+	 * next launch ends a gap. */
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	if (t)
+		arm_enqueue(t);
+
+	struct cuda_event *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	hdr_fill(&e->hdr, EV_CUDA, K_MEMCPY_STAGED, id, now);
+	e->start_ns = call.start;
+	e->stream = call.stream;
+	e->bytes = call.bytes;
+	e->ret = (__s32)PT_REGS_RC(ctx);
+	e->func = call.dir;
+	e->dir = call.dir;
+	e->stack_id = user_stack(ctx);
 	submit(e);
 	return 0;
 }

@@ -44,6 +44,9 @@ enum event_kind {
 	K_OPEN = 16,
 	K_CLOSE = 17,
 	K_COMM_INIT = 18,
+	/* An async copy that kept the host in the call (the driver staged
+	 * pageable memory through a pinned buffer): start_ns..ktime_ns. */
+	K_MEMCPY_STAGED = 19,
 };
 
 /* Syscall classes: event.SyscallClass values (tracer/enums_test.go checks),
@@ -86,7 +89,7 @@ struct cuda_event {
 	__s32 ret;   /* CUresult of blocking calls */
 	__u32 func;  /* event.CUDA */
 	__s32 stack_id; /* blocking calls: user_stacks id of the caller's stack, else -1 */
-	__u32 _pad;
+	__u32 dir;	/* copies: event.CUDA of the direction (CU_MEMCPY_HTOD, _DTOH, _OTHER), 0 unknown */
 };
 
 /* EV_NCCL: collectives (point events) and ncclGroupEnd (interval). */

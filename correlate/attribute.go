@@ -455,6 +455,17 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 		}
 	}
 	var ev Evidence
+	// A staged copy is named whatever won: preempted on a loaded host it
+	// is contention, and still a copy from pageable memory to fix.
+	var top *opAcc
+	for _, o := range at.ops {
+		if o.ev.Kind == event.KindMemcpyStaged && (top == nil || o.ns > top.ns || o.ns == top.ns && o.ev.Start < top.ev.Start) {
+			top = o
+		}
+	}
+	if top != nil {
+		ev.Copy = copyEvidence(top.ev)
+	}
 	if o := at.stackOp(dom); o != nil {
 		ev.Stack, ev.StackTruncated = o.ev.Stack, o.ev.StackTruncated
 	}

@@ -5,7 +5,7 @@ import "github.com/gaptrace/gaptrace/event"
 // baseCause maps one blocking interval to a cause, before following wakers.
 func baseCause(ev *event.Event) Cause {
 	switch ev.Kind {
-	case event.KindMemcpy:
+	case event.KindMemcpy, event.KindMemcpyStaged:
 		return CauseCUDAMemcpy
 	case event.KindAlloc, event.KindFree:
 		return CauseCUDAAlloc
@@ -99,6 +99,8 @@ func opName(ev *event.Event) string {
 		return "offcpu"
 	case event.KindGroupEnd:
 		return "ncclGroupEnd"
+	case event.KindMemcpyStaged:
+		return stagedName(ev)
 	}
 	if ev.CUDA != event.CUDANone {
 		return ev.CUDA.String()

@@ -37,6 +37,20 @@
 // Gaps at least MinGap long are attributed and emitted (Evidence.Source
 // "host"); shorter ones are micro-gaps and only count through the windows.
 //
+// An async copy issued while the queue is drained is held until its thread
+// shows what it was (episode.go). A copy from pageable memory keeps the host
+// in the call while the driver stages it (KindMemcpyStaged, from the
+// copy's return probe): the gap then ends at the copy's return, cuda.memcpy,
+// with Evidence.Copy (bytes, direction, GB/s, the fix). A copy followed at
+// once by a sync of the same thread that waited only for it, no kernel in
+// between (lite: copies to the host and a sync that did not wait), is a
+// host operation's own device traffic (torch.save copies each tensor to
+// the host): it does not end the gap. Such a gap is labelled by the
+// operation's dominant host activity, serialization between the writes of
+// one file counting as writing it, with Evidence.Episode. Anything else the
+// thread does next (a launch, another call) releases the copy as the
+// ordinary enqueue that ends the gap.
+//
 // Per thread it keeps an activity timeline (syscalls, runqueue waits,
 // off-CPU time, CUDA calls). A gap's breakdown is the time-share of what the
 // thread that ended the gap did during it; where that thread waited on a
@@ -153,6 +167,9 @@
 //	queue.go      per-stream queue model: enqueues, syncs and synchronous
 //	              copies drain streams, open and close host-bounded gaps
 //	              (lite: where the gap most likely ended)
+//	episode.go    copies issued into a gap: pageable copies that end it at
+//	              their return, host operations whose copies and syncs stay
+//	              inside it, and their labels
 //	ahead.go      CPU ahead: a feeder blocked while its queue held work;
 //	              windows decide how much was idle
 //	comm.go       comm stalls: per-slot wait baselines, GPM confirmation

@@ -240,6 +240,11 @@ func (e *Engine) process(ev *event.Event) {
 			w.last = ev.End
 		}
 	}
+	if p.episodeEvent(e.env(p), th, ev) {
+		e.apply(p)
+		e.trimThread(th, p)
+		return
+	}
 	switch ev.Kind {
 	case event.KindEnqueue, event.KindMemcpyAsync, event.KindMemset, event.KindCollective:
 		var coll *CollectiveEvidence
@@ -268,7 +273,7 @@ func (e *Engine) process(ev *event.Event) {
 func (e *Engine) processLate(ev event.Event) {
 	switch ev.Kind {
 	case event.KindAlloc, event.KindGroupEnd, event.KindSyscall, event.KindRunqueue, event.KindOffCPU,
-		event.KindMemcpy, event.KindFree, event.KindSync:
+		event.KindMemcpy, event.KindFree, event.KindSync, event.KindMemcpyStaged:
 		e.proc(ev.PID, ev.Start)
 		th := e.thread(&ev)
 		th.insert(&ev)
@@ -293,6 +298,7 @@ func (e *Engine) exit(p *proc, ev *event.Event) {
 	// The process is gone: close what it had open. Its last steps still
 	// wait for the GPU windows that cover them (they arrive late); finalize
 	// forgets it once they are out.
+	p.release(e.env(p))
 	p.closeAll(e.set, ev.End)
 	p.exitedAt = ev.End
 	if !p.everEnq {
@@ -310,6 +316,7 @@ func (e *Engine) finalize(force bool) {
 			// The trace ends with the process's last event, not with the
 			// sidecar's exit: a tail window would only count idle the
 			// training loop never saw.
+			p.release(x)
 			p.closeAll(x.set, p.last)
 			// Under the work clock, gaps of the last step waited for it.
 			p.resolveHeld(x, true)

@@ -80,6 +80,7 @@ type proc struct {
 	streams map[uint64]*stream
 	everEnq bool
 	gap     *openGap
+	hold    *heldCopies // async copies issued into gap, undecided (episode.go)
 	lastEnq int64
 
 	aheadStart int64

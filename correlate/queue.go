@@ -16,6 +16,7 @@ type openGap struct {
 	tid   uint32       // thread whose sync drained the queue
 	exact bool         // the sync waited, so start is the drain to the µs
 	open  *event.Event // the sync or copy that drained the queue (its stack)
+	ep    *episode     // device copies of a host operation inside it (episode.go)
 }
 
 func (p *proc) stream(id uint64) *stream {
@@ -250,6 +251,12 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 	at := newAttribution(x.w)
 	at.thread(th, g.start, end, nil)
 	gap.Cause, gap.Breakdown, gap.Evidence, gap.Ops = at.result()
+	if g.ep != nil {
+		gap.Cause, gap.Evidence.Episode = episodeResult(th, g.start, end, g.ep, gap.Breakdown)
+		if o := at.stackOp(gap.Cause); o != nil {
+			gap.Evidence.Stack, gap.Evidence.StackTruncated = o.ev.Stack, o.ev.StackTruncated
+		}
+	}
 	if gap.Evidence.Stack == nil && g.open != nil {
 		gap.Evidence.Stack, gap.Evidence.StackTruncated = g.open.Stack, g.open.StackTruncated
 	}

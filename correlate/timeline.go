@@ -109,7 +109,9 @@ func priority(ev *event.Event) int {
 		return 4
 	case event.KindRunqueue:
 		return 3
-	case event.KindSyscall:
+	case event.KindSyscall, event.KindMemcpyStaged:
+		// A staged copy is the thread's own work on a CPU, like a
+		// syscall's: preemption inside it is contention.
 		return 2
 	case event.KindOffCPU:
 		return 1

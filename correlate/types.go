@@ -110,10 +110,46 @@ type Evidence struct {
 	// missing (the walk met unreadable memory).
 	Stack          []event.Frame `json:"stack,omitempty"`
 	StackTruncated bool          `json:"stack_truncated,omitempty"`
+	// Copy is the async copy that kept the host in the call longest during
+	// the gap (the driver staged pageable host memory), whatever cause won.
+	Copy *CopyEvidence `json:"copy,omitempty"`
+	// Episode is set when the gap held a host operation that moved device
+	// data itself (torch.save of a CUDA state_dict: per tensor a copy to
+	// the host, a sync, serialization, a write): its copies and syncs did
+	// not end the gap, and its parts are here.
+	Episode *EpisodeEvidence `json:"episode,omitempty"`
 	// Source says how the boundaries were found: "host" (a sync that
 	// waited and the next enqueue), "host+gpu" (host bounds, GPU-window
 	// duration), "gpu" (window idle the host could not bound).
 	Source string `json:"source"`
+}
+
+// CopyEvidence is an async copy that blocked its thread while the driver
+// staged host memory that was not pinned.
+type CopyEvidence struct {
+	Call      string  `json:"call"`      // cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyAsync
+	Direction string  `json:"direction"` // htod, dtoh, unknown
+	Bytes     uint64  `json:"bytes"`
+	NS        int64   `json:"ns"` // the host in the call
+	GBps      float64 `json:"gb_per_s"`
+	Pageable  bool    `json:"pageable"`
+	Fix       string  `json:"fix,omitempty"`
+}
+
+// EpisodeEvidence splits a host operation that moved device data inside one
+// gap: Kind "checkpoint" when writing File dominated (serialization between
+// its writes counted as writing), else "device-copies".
+type EpisodeEvidence struct {
+	Kind        string `json:"kind"`
+	File        string `json:"file,omitempty"`
+	Copies      int    `json:"copies"`
+	CopyBytes   uint64 `json:"copy_bytes"`
+	CopyNS      int64  `json:"copy_ns"` // staged copies and the syncs that waited for them
+	SerializeNS int64  `json:"serialize_ns"`
+	Writes      int    `json:"writes"`
+	WriteBytes  uint64 `json:"write_bytes"`
+	WriteNS     int64  `json:"write_ns"`
+	FsyncNS     int64  `json:"fsync_ns"`
 }
 
 // LockHolderEvidence is a thread that held a lock the feeder waited on.

@@ -54,10 +54,18 @@ const (
 	// Comm is the new ncclComm_t, Count the number of ranks, PeerRank this
 	// process's rank in it.
 	KindCommInit
+	// KindMemcpyStaged: an async copy that kept the host in the call at
+	// least the tracer's copy threshold (200 µs), Start..End: the driver
+	// staged pageable host memory through its own pinned buffer. It follows
+	// the copy's KindMemcpyAsync (same TID, same Start). CUDA is the
+	// direction: CUMemcpyHtoD, CUMemcpyDtoH or CUMemcpyOther (not decoded);
+	// Bytes and Stream as on the async copy.
+	KindMemcpyStaged
 )
 
 var kindNames = [...]string{"invalid", "enqueue", "memcpy_async", "memset", "memcpy", "sync", "alloc", "free",
-	"collective", "group_end", "syscall", "runqueue", "offcpu", "fork", "exec", "exit", "open", "close", "comm_init"}
+	"collective", "group_end", "syscall", "runqueue", "offcpu", "fork", "exec", "exit", "open", "close", "comm_init",
+	"memcpy_staged"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
@@ -178,6 +186,11 @@ type Event struct {
 	Op       NCCLOp
 	Comm     uint64 // ncclComm_t value
 	PeerRank int32  // send/recv peer or reduce/broadcast root; -1 when n/a
+	// CopyDir (KindMemcpyAsync, KindMemcpyStaged) is the copy's direction
+	// where the entry point says it: CUMemcpyHtoD, CUMemcpyDtoH, or
+	// CUMemcpyOther for the copies that may touch host memory without
+	// saying how; CUDANone otherwise.
+	CopyDir CUDA
 
 	// Syscalls
 	Syscall   SyscallClass

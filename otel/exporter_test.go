@@ -165,6 +165,11 @@ func TestFileModeSpanModel(t *testing.T) {
 			if p, _ := gapSpan.Attributes["file.path"].(string); !strings.HasPrefix(p, "/data/shard-") {
 				t.Errorf("io.read gap file.path %q", p)
 			}
+		case correlate.CauseIOWrite:
+			if a := gapSpan.Attributes; a["gpu.gap.episode.kind"] != "checkpoint" || a["gpu.gap.episode.file"] != a["file.path"] ||
+				a["gpu.gap.episode.copies"] != 16.0 || a["gpu.gap.episode.serialize_ms"] != 10.0 || a["gpu.gap.episode.fsync_ms"] != 8.0 {
+				t.Errorf("io.write gap episode attrs %v", a)
+			}
 		case correlate.CauseNet:
 			if gapSpan.Attributes["network.peer.address"] != "10.1.2.3:443" {
 				t.Errorf("net gap peer %v", gapSpan.Attributes["network.peer.address"])
@@ -516,4 +521,40 @@ func TestUnresolvedEvidenceLeftOut(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestPageableCopyAttributes: a cuda.memcpy gap's copy evidence and fix
+// reach its gpu.idle span.
+func TestPageableCopyAttributes(t *testing.T) {
+	clearEnv(t)
+	path := filepath.Join(t.TempDir(), "spans.jsonl")
+	x, err := otel.New(context.Background(), otel.Config{SpansFile: path, Rank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sy := synth{pid: 7, t0: time.Now().Add(-time.Minute).UnixNano()}
+	st, gaps := sy.step(0)
+	g := gaps[0]
+	g.Cause, g.Evidence.Files, g.Evidence.Syscalls = correlate.CauseCUDAMemcpy, nil, nil
+	g.Breakdown = map[correlate.Cause]int64{correlate.CauseCUDAMemcpy: 28e6}
+	g.Evidence.Copy = &correlate.CopyEvidence{Call: "cuMemcpyHtoDAsync", Direction: "htod", Bytes: 168e6, NS: 28e6,
+		GBps: 6, Pageable: true, Fix: "pin the host buffer (pin_memory=True / cudaHostRegister)"}
+	x.Gap(g)
+	x.Step(st)
+	if err := x.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range readSpansFile(t, path) {
+		if s.Name != otel.SpanGap {
+			continue
+		}
+		a := s.Attributes
+		if a["gpu.gap.copy.call"] != "cuMemcpyHtoDAsync" || a["gpu.gap.copy.direction"] != "htod" || a["gpu.gap.copy.bytes"] != 168e6 ||
+			a["gpu.gap.copy.gb_per_s"] != 6.0 || a["gpu.gap.copy.pageable"] != true || a["gpu.gap.copy.ms"] != 28.0 ||
+			a["gpu.gap.fix"] != "pin the host buffer (pin_memory=True / cudaHostRegister)" {
+			t.Errorf("copy attrs %v", a)
+		}
+		return
+	}
+	t.Fatal("no gpu.idle span")
 }

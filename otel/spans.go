@@ -406,6 +406,24 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 	if ev.CUDACall != "" {
 		a = append(a, attribute.String("gpu.cuda.call", ev.CUDACall))
 	}
+	if c := ev.Copy; c != nil {
+		a = append(a, attribute.String("gpu.gap.copy.call", c.Call), attribute.String("gpu.gap.copy.direction", c.Direction),
+			attribute.Int64("gpu.gap.copy.bytes", int64(c.Bytes)), attribute.Float64("gpu.gap.copy.ms", ms(c.NS)),
+			attribute.Float64("gpu.gap.copy.gb_per_s", c.GBps), attribute.Bool("gpu.gap.copy.pageable", c.Pageable))
+		if c.Fix != "" {
+			a = append(a, attribute.String("gpu.gap.fix", c.Fix))
+		}
+	}
+	if e := ev.Episode; e != nil {
+		a = append(a, attribute.String("gpu.gap.episode.kind", e.Kind),
+			attribute.Int("gpu.gap.episode.copies", e.Copies), attribute.Int64("gpu.gap.episode.copy_bytes", int64(e.CopyBytes)),
+			attribute.Float64("gpu.gap.episode.copy_ms", ms(e.CopyNS)), attribute.Float64("gpu.gap.episode.serialize_ms", ms(e.SerializeNS)),
+			attribute.Int("gpu.gap.episode.writes", e.Writes), attribute.Int64("gpu.gap.episode.write_bytes", int64(e.WriteBytes)),
+			attribute.Float64("gpu.gap.episode.write_ms", ms(e.WriteNS)), attribute.Float64("gpu.gap.episode.fsync_ms", ms(e.FsyncNS)))
+		if e.File != "" {
+			a = append(a, attribute.String("gpu.gap.episode.file", e.File))
+		}
+	}
 	for _, k := range sortedKeys(ev.Syscalls) {
 		a = append(a, attribute.Int("gpu.gap.syscalls."+k, ev.Syscalls[k]))
 	}

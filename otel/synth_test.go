@@ -52,6 +52,8 @@ func (s synth) step(n int64) (correlate.Step, []correlate.Gap) {
 	case correlate.CauseIOWrite:
 		path := fmt.Sprintf("/ckpt/step_%d.pt", n)
 		g.Evidence.Files = []correlate.FileEvidence{{Path: path, Op: "write", Bytes: 64 << 20, Calls: 16, NS: 27e6}}
+		g.Evidence.Episode = &correlate.EpisodeEvidence{Kind: "checkpoint", File: path, Copies: 16, CopyBytes: 64 << 20,
+			CopyNS: 2e6, SerializeNS: 10e6, Writes: 16, WriteBytes: 64 << 20, WriteNS: 19e6, FsyncNS: 8e6}
 		g.Ops = []correlate.HostOp{
 			op("write", 1, 20, map[string]string{"file.path": path}),
 			op("fsync", 20, 28, map[string]string{"file.path": path}),

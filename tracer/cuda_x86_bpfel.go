@@ -34,6 +34,15 @@ const (
 	cudaBlockLayoutBL_STREAM2       cudaBlockLayout = 5
 )
 
+type cudaCopyCall struct {
+	_      structs.HostLayout
+	Start  uint64
+	Stream uint64
+	Bytes  uint64
+	Dir    uint32
+	Pad    uint32
+}
+
 type cudaCudaEvent struct {
 	_       structs.HostLayout
 	Hdr     cudaEventHdr
@@ -44,7 +53,7 @@ type cudaCudaEvent struct {
 	Ret     int32
 	Func    uint32
 	StackId int32
-	Pad     uint32
+	Dir     uint32
 }
 
 type cudaCudaFunc uint32
@@ -77,24 +86,25 @@ type cudaEventHdr struct {
 type cudaEventKind uint32
 
 const (
-	cudaEventKindK_ENQUEUE      cudaEventKind = 1
-	cudaEventKindK_MEMCPY_ASYNC cudaEventKind = 2
-	cudaEventKindK_MEMSET       cudaEventKind = 3
-	cudaEventKindK_MEMCPY       cudaEventKind = 4
-	cudaEventKindK_SYNC         cudaEventKind = 5
-	cudaEventKindK_ALLOC        cudaEventKind = 6
-	cudaEventKindK_FREE         cudaEventKind = 7
-	cudaEventKindK_COLLECTIVE   cudaEventKind = 8
-	cudaEventKindK_GROUP_END    cudaEventKind = 9
-	cudaEventKindK_SYSCALL      cudaEventKind = 10
-	cudaEventKindK_RUNQUEUE     cudaEventKind = 11
-	cudaEventKindK_OFFCPU       cudaEventKind = 12
-	cudaEventKindK_FORK         cudaEventKind = 13
-	cudaEventKindK_EXEC         cudaEventKind = 14
-	cudaEventKindK_EXIT         cudaEventKind = 15
-	cudaEventKindK_OPEN         cudaEventKind = 16
-	cudaEventKindK_CLOSE        cudaEventKind = 17
-	cudaEventKindK_COMM_INIT    cudaEventKind = 18
+	cudaEventKindK_ENQUEUE       cudaEventKind = 1
+	cudaEventKindK_MEMCPY_ASYNC  cudaEventKind = 2
+	cudaEventKindK_MEMSET        cudaEventKind = 3
+	cudaEventKindK_MEMCPY        cudaEventKind = 4
+	cudaEventKindK_SYNC          cudaEventKind = 5
+	cudaEventKindK_ALLOC         cudaEventKind = 6
+	cudaEventKindK_FREE          cudaEventKind = 7
+	cudaEventKindK_COLLECTIVE    cudaEventKind = 8
+	cudaEventKindK_GROUP_END     cudaEventKind = 9
+	cudaEventKindK_SYSCALL       cudaEventKind = 10
+	cudaEventKindK_RUNQUEUE      cudaEventKind = 11
+	cudaEventKindK_OFFCPU        cudaEventKind = 12
+	cudaEventKindK_FORK          cudaEventKind = 13
+	cudaEventKindK_EXEC          cudaEventKind = 14
+	cudaEventKindK_EXIT          cudaEventKind = 15
+	cudaEventKindK_OPEN          cudaEventKind = 16
+	cudaEventKindK_CLOSE         cudaEventKind = 17
+	cudaEventKindK_COMM_INIT     cudaEventKind = 18
+	cudaEventKindK_MEMCPY_STAGED cudaEventKind = 19
 )
 
 type cudaEventType uint32
@@ -204,6 +214,7 @@ type cudaThreadState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	cudaMapCopyCalls          = "copy_calls"
 	cudaMapEvents             = "events"
 	cudaMapPyProcs            = "py_procs"
 	cudaMapPyScratch          = "py_scratch"
@@ -214,9 +225,11 @@ const (
 	cudaMapTracedTgids        = "traced_tgids"
 	cudaMapUserStacks         = "user_stacks"
 	cudaProgCudaAsync         = "cuda_async"
+	cudaProgCudaAsyncExit     = "cuda_async_exit"
 	cudaProgCudaBlockEnter    = "cuda_block_enter"
 	cudaProgCudaBlockExit     = "cuda_block_exit"
 	cudaProgCudaLaunch        = "cuda_launch"
+	cudaVarCopyBlockNs        = "copy_block_ns"
 	cudaVarNullProbes         = "null_probes"
 	cudaVarPidnsInum          = "pidns_inum"
 	cudaVarPidnsLevelSeen     = "pidns_level_seen"
@@ -288,6 +301,7 @@ type cudaSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaProgramSpecs struct {
 	CudaAsync      *ebpf.ProgramSpec `ebpf:"cuda_async"`
+	CudaAsyncExit  *ebpf.ProgramSpec `ebpf:"cuda_async_exit"`
 	CudaBlockEnter *ebpf.ProgramSpec `ebpf:"cuda_block_enter"`
 	CudaBlockExit  *ebpf.ProgramSpec `ebpf:"cuda_block_exit"`
 	CudaLaunch     *ebpf.ProgramSpec `ebpf:"cuda_launch"`
@@ -297,6 +311,7 @@ type cudaProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaMapSpecs struct {
+	CopyCalls   *ebpf.MapSpec `ebpf:"copy_calls"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
@@ -312,6 +327,7 @@ type cudaMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaVariableSpecs struct {
+	CopyBlockNs        *ebpf.VariableSpec `ebpf:"copy_block_ns"`
 	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
 	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
 	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
@@ -360,6 +376,7 @@ func (o *cudaObjects) Close() error {
 //
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaMaps struct {
+	CopyCalls   *ebpf.Map `ebpf:"copy_calls"`
 	Events      *ebpf.Map `ebpf:"events"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
@@ -373,6 +390,7 @@ type cudaMaps struct {
 
 func (m *cudaMaps) Close() error {
 	return _CudaClose(
+		m.CopyCalls,
 		m.Events,
 		m.PyProcs,
 		m.PyScratch,
@@ -389,6 +407,7 @@ func (m *cudaMaps) Close() error {
 //
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaVariables struct {
+	CopyBlockNs        *ebpf.Variable `ebpf:"copy_block_ns"`
 	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
 	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
 	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
@@ -422,6 +441,7 @@ type cudaVariables struct {
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaPrograms struct {
 	CudaAsync      *ebpf.Program `ebpf:"cuda_async"`
+	CudaAsyncExit  *ebpf.Program `ebpf:"cuda_async_exit"`
 	CudaBlockEnter *ebpf.Program `ebpf:"cuda_block_enter"`
 	CudaBlockExit  *ebpf.Program `ebpf:"cuda_block_exit"`
 	CudaLaunch     *ebpf.Program `ebpf:"cuda_launch"`
@@ -430,6 +450,7 @@ type cudaPrograms struct {
 func (p *cudaPrograms) Close() error {
 	return _CudaClose(
 		p.CudaAsync,
+		p.CudaAsyncExit,
 		p.CudaBlockEnter,
 		p.CudaBlockExit,
 		p.CudaLaunch,

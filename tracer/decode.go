@@ -130,8 +130,9 @@ func decodeRecord(rec []byte, d *decoded) error {
 	switch h.Type {
 	case evCUDA:
 		r := (*rawCUDA)(unsafe.Pointer(&rec[0]))
-		if !validKind(ev.Kind, event.KindEnqueue, event.KindFree) || r.Func >= uint32(event.CUDALast) {
-			return fmt.Errorf("decode cuda record: kind %d func %d out of range", h.Kind, r.Func)
+		if !validKind(ev.Kind, event.KindEnqueue, event.KindFree) && ev.Kind != event.KindMemcpyStaged ||
+			r.Func >= uint32(event.CUDALast) || r.Dir >= uint32(event.CUDALast) {
+			return fmt.Errorf("decode cuda record: kind %d func %d dir %d out of range", h.Kind, r.Func, r.Dir)
 		}
 		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
 		ev.CUDA = event.CUDA(r.Func)
@@ -139,6 +140,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.Bytes = r.Bytes
 		ev.Count = r.Count
 		ev.Ret = int64(r.Ret)
+		ev.CopyDir = event.CUDA(r.Dir)
 		d.stackID = r.StackId
 		d.emit = true
 	case evNCCL:

@@ -18,24 +18,25 @@ import (
 
 var cEnumsOfEvent = map[string]map[string]uint64{
 	"event_kind": {
-		"K_ENQUEUE":      uint64(event.KindEnqueue),
-		"K_MEMCPY_ASYNC": uint64(event.KindMemcpyAsync),
-		"K_MEMSET":       uint64(event.KindMemset),
-		"K_MEMCPY":       uint64(event.KindMemcpy),
-		"K_SYNC":         uint64(event.KindSync),
-		"K_ALLOC":        uint64(event.KindAlloc),
-		"K_FREE":         uint64(event.KindFree),
-		"K_COLLECTIVE":   uint64(event.KindCollective),
-		"K_GROUP_END":    uint64(event.KindGroupEnd),
-		"K_SYSCALL":      uint64(event.KindSyscall),
-		"K_RUNQUEUE":     uint64(event.KindRunqueue),
-		"K_OFFCPU":       uint64(event.KindOffCPU),
-		"K_FORK":         uint64(event.KindFork),
-		"K_EXEC":         uint64(event.KindExec),
-		"K_EXIT":         uint64(event.KindExit),
-		"K_OPEN":         uint64(event.KindOpen),
-		"K_CLOSE":        uint64(event.KindClose),
-		"K_COMM_INIT":    uint64(event.KindCommInit),
+		"K_ENQUEUE":       uint64(event.KindEnqueue),
+		"K_MEMCPY_ASYNC":  uint64(event.KindMemcpyAsync),
+		"K_MEMSET":        uint64(event.KindMemset),
+		"K_MEMCPY":        uint64(event.KindMemcpy),
+		"K_SYNC":          uint64(event.KindSync),
+		"K_ALLOC":         uint64(event.KindAlloc),
+		"K_FREE":          uint64(event.KindFree),
+		"K_COLLECTIVE":    uint64(event.KindCollective),
+		"K_GROUP_END":     uint64(event.KindGroupEnd),
+		"K_SYSCALL":       uint64(event.KindSyscall),
+		"K_RUNQUEUE":      uint64(event.KindRunqueue),
+		"K_OFFCPU":        uint64(event.KindOffCPU),
+		"K_FORK":          uint64(event.KindFork),
+		"K_EXEC":          uint64(event.KindExec),
+		"K_EXIT":          uint64(event.KindExit),
+		"K_OPEN":          uint64(event.KindOpen),
+		"K_CLOSE":         uint64(event.KindClose),
+		"K_COMM_INIT":     uint64(event.KindCommInit),
+		"K_MEMCPY_STAGED": uint64(event.KindMemcpyStaged),
 	},
 	"cuda_func": {
 		"CU_LAUNCH_KERNEL":             uint64(event.CULaunchKernel),
@@ -86,7 +87,7 @@ var internalMembers = map[string]map[string]uint64{
 // goCounts is how many values each Go type has above its zero value, so a
 // Go value with no C member fails too.
 var goCounts = map[string]int{
-	"event_kind":    int(event.KindCommInit),
+	"event_kind":    int(event.KindMemcpyStaged),
 	"cuda_func":     int(event.CUDALast) - 1,
 	"nccl_op":       int(event.NCCLLast) - 1,
 	"syscall_class": int(event.SysLast) + 1, // SC_OTHER..SC_CLOSE and SC_LAST

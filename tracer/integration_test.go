@@ -921,3 +921,63 @@ func TestSyncWakeupThenRunqueue(t *testing.T) {
 	}
 	t.Logf("%d woken run-queue waits inside %d syncs, longest %.1f ms", woken, len(syncs), float64(longest)/1e6)
 }
+
+// TestSimtrainStagedCopies: a copy from pageable memory that keeps the host
+// is reported by the copy's return probe (full and lite), with the bytes,
+// the direction and the entry's start; a pinned batch copy, which returns at
+// once, is not; launches never get a return probe.
+func TestSimtrainStagedCopies(t *testing.T) {
+	for _, set := range []ProbeSet{ProbesFull, ProbesLite} {
+		t.Run(string(set), func(t *testing.T) {
+			r := runSimtrain(t, set, "--steps", "12", "--kernels-per-step", "4", "--kernel-us", "50",
+				"--batch-copies", "1", "--batch-bytes", "4194304", "--stall", "pageable:every=3:ms=5")
+			main := r.meta.PID
+			var truth []truthRec
+			for _, c := range r.calls("copy") {
+				if c.Bytes > 4<<20 {
+					truth = append(truth, c)
+				}
+			}
+			if len(truth) != 4 {
+				t.Fatalf("truth has %d pageable copies, want 4", len(truth))
+			}
+			// A pinned copy preempted inside the call on a loaded machine
+			// is reported too: it kept the host. It must have been off a
+			// CPU for all but the threshold.
+			var staged []event.Event
+			for _, ev := range r.kind(event.KindMemcpyStaged, main) {
+				if ev.Bytes > 4<<20 {
+					staged = append(staged, ev)
+				} else if d := r.descheduled(ev.TID, ev.Start, ev.End); ev.Duration()-d > 200*int64(time.Microsecond)+tolerance {
+					t.Errorf("pinned copy of %d bytes reported staged for %d ns, %d ns of it off a CPU", ev.Bytes, ev.Duration(), d)
+				}
+			}
+			entries := map[int64]bool{}
+			for _, ev := range r.kind(event.KindMemcpyAsync, main) {
+				entries[ev.Start] = true
+			}
+			r.matchIntervals(t, "staged copy", staged, truth, func(ev event.Event, tr truthRec) {
+				if ev.Bytes != tr.Bytes || ev.CUDA != event.CUMemcpyHtoD || ev.Stream != tr.Stream {
+					t.Errorf("staged copy: bytes %d %v stream %#x, truth %d HtoD %#x", ev.Bytes, ev.CUDA, ev.Stream, tr.Bytes, tr.Stream)
+				}
+				if !entries[ev.Start] {
+					t.Errorf("staged copy starting %d has no async copy entry at that time", ev.Start)
+				}
+				if len(ev.Stack) == 0 {
+					t.Errorf("staged copy has no stack")
+				}
+			})
+			for _, sym := range []string{"cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyAsync"} {
+				if !r.probed(sym, "uretprobe") {
+					t.Errorf("%s has no return probe", sym)
+				}
+			}
+			for _, p := range r.attached {
+				if p.Kind == "uretprobe" && (strings.HasPrefix(p.Symbol, "cuLaunch") || strings.HasPrefix(p.Symbol, "cuMemset") ||
+					strings.HasPrefix(p.Symbol, "cuMemcpyDtoDAsync") || strings.HasPrefix(p.Symbol, "cuMemcpyPeerAsync")) {
+					t.Errorf("%s has a return probe", p.Symbol)
+				}
+			}
+		})
+	}
+}

@@ -71,6 +71,7 @@ type program func(*Tracer) *ebpf.Program
 
 func progCudaLaunch(t *Tracer) *ebpf.Program        { return t.cuda.CudaLaunch }
 func progCudaAsync(t *Tracer) *ebpf.Program         { return t.cuda.CudaAsync }
+func progCudaAsyncExit(t *Tracer) *ebpf.Program     { return t.cuda.CudaAsyncExit }
 func progCudaBlockEnter(t *Tracer) *ebpf.Program    { return t.cuda.CudaBlockEnter }
 func progCudaBlockExit(t *Tracer) *ebpf.Program     { return t.cuda.CudaBlockExit }
 func progNcclColl(t *Tracer) *ebpf.Program          { return t.nccl.NcclColl }
@@ -96,6 +97,19 @@ func asyncSpec(name string, fn event.CUDA, layout, elt uint8) probeSpec {
 	return cudaSpec(name, []string{name, name + "_ptsz"}, progCudaAsync, nil, cookie(uint8(fn), layout, elt), false)
 }
 
+// hostCopySpec is an async copy that may read or write host memory: from
+// pageable memory it keeps the host in the call while the driver stages
+// it, so it also gets a return probe, which emits KindMemcpyStaged when
+// the call lasted. dir (the cookie's fourth byte) is the direction that
+// event reports. Copies are a few per step, so lite gets it too: one more
+// trap per copy.
+func hostCopySpec(name string, layout uint8, dir event.CUDA) probeSpec {
+	s := asyncSpec(name, event.CUMemcpyAsync, layout, 1)
+	s.ret = progCudaAsyncExit
+	s.cookie |= uint64(dir) << 24
+	return s
+}
+
 func blockSpec(name string, alts []string, fn event.CUDA, layout uint8) probeSpec {
 	return cudaSpec(name, append([]string{name}, alts...), progCudaBlockEnter, progCudaBlockExit, cookie(uint8(fn), layout, 0), false)
 }
@@ -112,13 +126,13 @@ var allProbes = []probeSpec{
 	launchSpec("cuLaunchCooperativeKernel", event.CULaunchCooperativeKernel, llStreamArg9),
 	launchSpec("cuGraphLaunch", event.CUGraphLaunch, llStreamArg2),
 
-	asyncSpec("cuMemcpyAsync", event.CUMemcpyAsync, alBytes3Stream4, 1),
-	asyncSpec("cuMemcpyHtoDAsync_v2", event.CUMemcpyAsync, alBytes3Stream4, 1),
-	asyncSpec("cuMemcpyDtoHAsync_v2", event.CUMemcpyAsync, alBytes3Stream4, 1),
+	hostCopySpec("cuMemcpyAsync", alBytes3Stream4, event.CUMemcpyOther),
+	hostCopySpec("cuMemcpyHtoDAsync_v2", alBytes3Stream4, event.CUMemcpyHtoD),
+	hostCopySpec("cuMemcpyDtoHAsync_v2", alBytes3Stream4, event.CUMemcpyDtoH),
 	asyncSpec("cuMemcpyDtoDAsync_v2", event.CUMemcpyAsync, alBytes3Stream4, 1),
 	asyncSpec("cuMemcpyPeerAsync", event.CUMemcpyAsync, alPeer, 1),
-	asyncSpec("cuMemcpy2DAsync_v2", event.CUMemcpyAsync, al2D, 1),
-	asyncSpec("cuMemcpy3DAsync_v2", event.CUMemcpyAsync, al3D, 1),
+	hostCopySpec("cuMemcpy2DAsync_v2", al2D, event.CUMemcpyOther),
+	hostCopySpec("cuMemcpy3DAsync_v2", al3D, event.CUMemcpyOther),
 	asyncSpec("cuMemsetD8Async", event.CUMemsetAsync, alBytes3Stream4, 1),
 	asyncSpec("cuMemsetD16Async", event.CUMemsetAsync, alBytes3Stream4, 2),
 	asyncSpec("cuMemsetD32Async", event.CUMemsetAsync, alBytes3Stream4, 4),

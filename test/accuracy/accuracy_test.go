@@ -115,6 +115,14 @@ func scenarios() []scenario {
 		single("cpu.contention", 25),
 		single("sleep", 30),
 		single("lock", 30),
+		// x.to(device) from pageable memory: the async copy keeps the host
+		// while the driver stages it (truth cuda.memcpy).
+		{name: "pageable", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 40,
+			stalls: []stall{{cause: "pageable", every: 4, ms: 30}}},
+		// torch.save of a CUDA state_dict: per tensor a copy to the host, a
+		// sync, serialization and a write; then fsync (truth io.write).
+		{name: "checkpoint", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 40,
+			stalls: []stall{{cause: "checkpoint", every: 4, ms: 30}}},
 		// Every value is a prime whose products exceed any run's steps, so
 		// no two pre-step stalls share a gap; the comm stall ends its step
 		// and never shares a gap with them.

@@ -212,6 +212,48 @@ def main():
         res["causes"][c] = {"stalls": d["stalls"], "idle_ms": d["idle_ns"] / 1e6, "coverage": cov, "accuracy": acc,
                             "got_ms": {k: v / 1e6 for k, v in d["got"].items()}}
 
+    # What gaptrace said about the copies and host operations behind the pageable and checkpoint
+    # stalls: the gap that covers most of each stall, and its copy or episode evidence.
+    def covering(st):
+        s, e = st["start"] + off, st["end"] + off
+        best, bo = None, 0
+        for g in gaps:
+            o = min(e, g["end_unix_nano"]) - max(s, g["start_unix_nano"])
+            if o > bo:
+                best, bo = g, o
+        return best
+
+    pg = [st for st in stalls if st["cause"] == "pageable"]
+    if pg:
+        copies = [((covering(st) or {}).get("evidence") or {}).get("copy") for st in pg]
+        found = [c for c in copies if c]
+        ev = {"stalls": len(pg), "with_copy_evidence": len(found),
+              "pageable": sum(1 for c in found if c.get("pageable")),
+              "directions": sorted({c.get("direction", "") for c in found}),
+              "gb_per_s_p50": statistics.median([c["gb_per_s"] for c in found]) if found else float("nan"),
+              "bytes_p50": statistics.median([c["bytes"] for c in found]) if found else 0,
+              "fix": found[0].get("fix", "") if found else "",
+              "bytes_right": sum(1 for st, c in zip(pg, copies) if c and st.get("bytes") in (None, c.get("bytes")))}
+        res["pageable_evidence"] = ev
+        print(f"pageable: {ev['with_copy_evidence']} of {ev['stalls']} stalls with copy evidence, "
+              f"{ev['pageable']} pageable, {'/'.join(ev['directions']) or '-'}, "
+              f"median {ev['bytes_p50'] / 2**20:.0f} MiB at {ev['gb_per_s_p50']:.2f} GB/s, bytes as the truth's in "
+              f"{ev['bytes_right']}; fix: {ev['fix'] or '-'}")
+    ck = [st for st in stalls if st["cause"] == "checkpoint"]
+    if ck:
+        eps = [((covering(st) or {}).get("evidence") or {}).get("episode") for st in ck]
+        found = [x for x in eps if x]
+        ev = {"stalls": len(ck), "with_episode": len(found),
+              "kinds": sorted({x.get("kind", "") for x in found}),
+              "copies_p50": statistics.median([x["copies"] for x in found]) if found else 0,
+              "writes_p50": statistics.median([x["writes"] for x in found]) if found else 0,
+              "serialize_ms_p50": statistics.median([x["serialize_ns"] / 1e6 for x in found]) if found else 0,
+              "fsync_ms_p50": statistics.median([x["fsync_ns"] / 1e6 for x in found]) if found else 0}
+        res["checkpoint_evidence"] = ev
+        print(f"checkpoint: {ev['with_episode']} of {ev['stalls']} stalls in one episode gap ({'/'.join(ev['kinds']) or '-'}), "
+              f"median {ev['copies_p50']:g} copies, {ev['writes_p50']:g} writes, "
+              f"serialization {ev['serialize_ms_p50']:.1f} ms, fsync {ev['fsync_ms_p50']:.1f} ms")
+
     if step_cmp:
         res["steps"] = step_cmp
         print(f"per-step idle over {step_cmp['steps']} steps: profiler {step_cmp['true_idle_ms']:.1f} ms, "

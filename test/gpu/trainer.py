@@ -299,7 +299,11 @@ def main():
                 torch.cuda.current_stream().synchronize()
             elif cause == "loader.wait":
                 continue  # happens inside next(loader), recorded below
-            truth.append({"type": "stall", "step": n, "cause": cause, "start": t0, "end": MONO(), "tid": tid})
+            rec = {"type": "stall", "step": n, "cause": cause, "start": t0, "end": MONO(), "tid": tid}
+            if cause == "pageable":
+                # what gaptrace's copy evidence should say
+                rec.update(bytes=pageable.numel() * pageable.element_size(), direction="htod")
+            truth.append(rec)
         t0 = MONO()
         batch = next(loader)
         t1 = MONO()

@@ -125,6 +125,7 @@ static uint64_t cfg_kernel_ns = 50000;
 static uint64_t cfg_graph_ns = 500000;
 static double cfg_pcie_gbps = 20.0;   /* host<->device copies, bytes per ns */
 static double cfg_device_gbps = 1000; /* device-to-device copies and memsets */
+static double cfg_pageable_gbps = 6; /* host staging of pageable async copies */
 static uint64_t cfg_mem_bytes = 80ull << 30;
 static _Atomic uint64_t alloc_delay_ns;
 
@@ -496,6 +497,7 @@ API CUresult cuInit(unsigned int flags)
 		cfg_graph_ns = (uint64_t)(env_double("SIMGPU_GRAPH_US", 500) * 1000);
 		cfg_pcie_gbps = env_double("SIMGPU_PCIE_GBPS", 20);
 		cfg_device_gbps = env_double("SIMGPU_DEVICE_GBPS", 1000);
+		cfg_pageable_gbps = env_double("SIMGPU_PAGEABLE_GBPS", 6);
 		cfg_mem_bytes = (uint64_t)(env_double("SIMGPU_MEM_GIB", 80) * (double)(1ull << 30));
 		const char *a = getenv("SIMGPU_ALLOC_US");
 		if (a != NULL && *a != '\0')
@@ -950,25 +952,149 @@ API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 /* ------------------------------------------------------------------ */
 /* Copies and memsets                                                  */
 
+/* Pinned host memory: what cuMemAllocHost_v2/cuMemHostAlloc returned and
+ * what cuMemHostRegister_v2 registered. Everything else is pageable. */
+#define MAX_PINNED 256
+static struct {
+	uintptr_t base;
+	size_t len;
+	int owned; /* allocated here: cuMemFreeHost frees it */
+} pinned[MAX_PINNED];
+static int npinned;
+
+static CUresult pin_add(void *p, size_t bytes, int owned)
+{
+	pthread_mutex_lock(&mu);
+	if (npinned == MAX_PINNED) {
+		pthread_mutex_unlock(&mu);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	pinned[npinned].base = (uintptr_t)p;
+	pinned[npinned].len = bytes;
+	pinned[npinned].owned = owned;
+	npinned++;
+	pthread_mutex_unlock(&mu);
+	return CUDA_SUCCESS;
+}
+
+/* Removes the pinned range that starts at p and was allocated here (owned)
+ * or registered (!owned); 0 when there is none. */
+static int pin_remove(const void *p, int owned)
+{
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < npinned; i++)
+		if (pinned[i].base == (uintptr_t)p && pinned[i].owned == owned) {
+			pinned[i] = pinned[--npinned];
+			pthread_mutex_unlock(&mu);
+			return 1;
+		}
+	pthread_mutex_unlock(&mu);
+	return 0;
+}
+
+static int is_pinned(const void *p, size_t bytes)
+{
+	uintptr_t a = (uintptr_t)p;
+	int ok = 0;
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < npinned && !ok; i++)
+		ok = a >= pinned[i].base && a + bytes <= pinned[i].base + pinned[i].len;
+	pthread_mutex_unlock(&mu);
+	return ok;
+}
+
+/* The driver stages a pageable copy through its own pinned buffer with the
+ * CPU: the calling thread is busy for bytes / SIMGPU_PAGEABLE_GBPS, on a CPU
+ * and in no syscall, like a memcpy. */
+static void stage_pageable(size_t bytes)
+{
+	uint64_t end = now_ns() + copy_ns(bytes, cfg_pageable_gbps);
+	while (now_ns() < end)
+		;
+}
+
+API CUresult cuMemAllocHost_v2(void **pp, size_t bytes)
+{
+	if (pp == NULL || bytes == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	void *p = calloc(1, bytes);
+	if (p == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	CUresult r = pin_add(p, bytes, 1);
+	if (r != CUDA_SUCCESS) {
+		free(p);
+		return r;
+	}
+	*pp = p;
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags)
+{
+	(void)flags;
+	return cuMemAllocHost_v2(pp, bytes);
+}
+
+API CUresult cuMemFreeHost(void *p)
+{
+	if (!pin_remove(p, 1))
+		return CUDA_ERROR_INVALID_VALUE;
+	free(p);
+	return CUDA_SUCCESS;
+}
+
+API CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags)
+{
+	(void)flags;
+	if (p == NULL || bytes == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	return pin_add(p, bytes, 0);
+}
+
+API CUresult cuMemHostUnregister(void *p)
+{
+	return pin_remove(p, 0) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Host-to-device from pageable memory: the host stages every byte before
+ * the call returns; the DMA of the staged chunks runs on the stream. */
+static CUresult htod_async(const void *src, size_t bytes, CUstream h, int ptsz)
+{
+	CUresult r = enqueue(h, ptsz, copy_ns(bytes, cfg_pcie_gbps), SIMGPU_KIND_COPY);
+	if (r == CUDA_SUCCESS && !is_pinned(src, bytes))
+		stage_pageable(bytes);
+	return r;
+}
+
+/* Device-to-host into pageable memory: the host copies every byte out of
+ * the staging buffer before the call returns. */
+static CUresult dtoh_async(void *dst, size_t bytes, CUstream h, int ptsz)
+{
+	CUresult r = enqueue(h, ptsz, copy_ns(bytes, cfg_pcie_gbps), SIMGPU_KIND_COPY);
+	if (r == CUDA_SUCCESS && !is_pinned(dst, bytes))
+		stage_pageable(bytes);
+	return r;
+}
+
 API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream hStream)
 {
-	return enqueue(hStream, 0, copy_ns(bytes, cfg_pcie_gbps), SIMGPU_KIND_COPY);
+	return htod_async(src, bytes, hStream, 0);
 }
 
 API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t bytes,
 				       CUstream hStream)
 {
-	return enqueue(hStream, 1, copy_ns(bytes, cfg_pcie_gbps), SIMGPU_KIND_COPY);
+	return htod_async(src, bytes, hStream, 1);
 }
 
 API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream hStream)
 {
-	return enqueue(hStream, 0, copy_ns(bytes, cfg_pcie_gbps), SIMGPU_KIND_COPY);
+	return dtoh_async(dst, bytes, hStream, 0);
 }
 
 API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t bytes, CUstream hStream)
 {
-	return enqueue(hStream, 1, copy_ns(bytes, cfg_pcie_gbps), SIMGPU_KIND_COPY);
+	return dtoh_async(dst, bytes, hStream, 1);
 }
 
 API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream hStream)

@@ -93,6 +93,9 @@ type record struct {
 	CopyAPI          string           `json:"copy_api"`
 	Stalls           []map[string]any `json:"stalls"`
 	RealMinus        *uint64          `json:"realtime_minus_monotonic_ns"`
+	Path             string           `json:"path"`
+	Direction        string           `json:"direction"`
+	Tensors          int              `json:"tensors"`
 }
 
 type truth struct {
@@ -397,6 +400,58 @@ func checkCauseEvidence(t *testing.T, cause string, tr truth) {
 				t.Errorf("run-queue delay %.1f ms in a %.1f ms contention stall", float64(s.RunDelayNs)/1e6, float64(d)/1e6)
 			}
 		}
+	}
+}
+
+// TestPageableAndCheckpointStalls: an async copy from pageable memory keeps
+// the host for its bytes at SIMGPU_PAGEABLE_GBPS, one from pinned memory
+// (the batch) does not; a checkpoint writes its tensors to a file; each
+// truth record names the cause gaptrace should report.
+func TestPageableAndCheckpointStalls(t *testing.T) {
+	t.Setenv("SIMGPU_PAGEABLE_GBPS", "3")
+	const ms, steps = 20, 4
+	tr := runSimtrain(t, "--steps", strconv.Itoa(steps), "--kernels-per-step", "2", "--kernel-us", "50",
+		"--batch-bytes", strconv.Itoa(64<<20), "--batch-copies", "1",
+		"--stall", fmt.Sprintf("pageable:every=1:ms=%d", ms), "--stall", fmt.Sprintf("checkpoint:every=2:ms=%d", ms))
+	var pageable, ckpt []record
+	for _, s := range tr.stalls {
+		switch s.Kind {
+		case "pageable":
+			pageable = append(pageable, s)
+		case "checkpoint":
+			ckpt = append(ckpt, s)
+		default:
+			t.Errorf("stall of kind %q: %+v", s.Kind, s)
+		}
+	}
+	if len(pageable) != steps || len(ckpt) != steps/2 {
+		t.Fatalf("%d pageable and %d checkpoint stalls, want %d and %d", len(pageable), len(ckpt), steps, steps/2)
+	}
+	for _, s := range pageable {
+		d := float64(s.End-s.Start) / 1e6
+		if s.Cause != "cuda.memcpy" || s.Direction != "htod" || s.Bytes != ms*3e6 || d < 0.8*ms || d > 3*ms {
+			t.Errorf("pageable stall %+v lasted %.1f ms, want cuda.memcpy, htod, %d bytes, about %d ms", s, d, ms*3000000, ms)
+		}
+	}
+	for _, s := range ckpt {
+		d := float64(s.End-s.Start) / 1e6
+		if s.Cause != "io.write" || s.Tensors != 12 || s.Bytes != 12*(2<<20) || !strings.HasSuffix(s.Path, "/simtrain-state.pt") || d < 0.8*ms {
+			t.Errorf("checkpoint stall %+v lasted %.1f ms, want io.write, 12 tensors to simtrain-state.pt, at least %d ms", s, d, ms)
+		}
+	}
+	// The batch comes from pinned memory: its 64 MiB copy returns at once
+	// (staged at 3 GB/s it would keep the host 22 ms).
+	var batch int
+	for _, c := range tr.callsOf("copy") {
+		if c.Bytes == 64<<20 {
+			batch++
+			if d := c.End - c.Start; d > 2e6 {
+				t.Errorf("pinned batch copy kept the host %.1f ms", float64(d)/1e6)
+			}
+		}
+	}
+	if batch != steps {
+		t.Errorf("%d batch copies, want %d", batch, steps)
 	}
 }
 

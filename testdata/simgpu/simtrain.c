@@ -61,6 +61,8 @@ enum cause {
 	C_CPU_CONTENTION,
 	C_SLEEP,
 	C_LOCK,
+	C_PAGEABLE,   /* an async copy from pageable memory: truth cuda.memcpy */
+	C_CHECKPOINT, /* torch.save of a CUDA state_dict: truth io.write */
 };
 
 static const struct {
@@ -80,7 +82,14 @@ static const struct {
 	{"cpu.contention", C_CPU_CONTENTION},
 	{"sleep", C_SLEEP},
 	{"lock", C_LOCK},
+	{"pageable", C_PAGEABLE},
+	{"checkpoint", C_CHECKPOINT},
 };
+
+/* Tensors of a checkpoint stall: each one a device-to-host copy, a sync,
+ * its serialization and a write, as torch.save does per storage. */
+#define CKPT_TENSORS      12
+#define CKPT_TENSOR_BYTES (2u << 20)
 
 struct stall {
 	char name[32]; /* as given on the command line */
@@ -512,9 +521,10 @@ static void parse_stall(const char *arg)
 	 * driver calls would first wait for the queued kernels, so the truth
 	 * interval would not be the cause's own time.
 	 */
-	if (st->ahead && (st->c == C_COMM || st->c == C_CUDA_MEMCPY || st->c == C_CUDA_ALLOC))
+	if (st->ahead && (st->c == C_COMM || st->c == C_CUDA_MEMCPY || st->c == C_CUDA_ALLOC ||
+			  st->c == C_PAGEABLE || st->c == C_CHECKPOINT))
 		usage_error("invalid --stall %s: at=ahead needs a cause that does not synchronize "
-			    "with the device (not comm, cuda.memcpy or cuda.alloc)",
+			    "with the device (not comm, cuda.memcpy, cuda.alloc, pageable or checkpoint)",
 			    arg);
 	opt.nstalls++;
 }
@@ -687,6 +697,7 @@ static char data_dir[4096];
 static int data_dir_is_temp;
 static char data_path[4200];
 static char ckpt_path[4200];
+static char state_path[4200]; /* the checkpoint stall's file */
 
 static pid_t main_pid;
 
@@ -697,6 +708,7 @@ static void remove_temp_data_dir(void)
 		return;
 	unlink(data_path);
 	unlink(ckpt_path);
+	unlink(state_path);
 	rmdir(data_dir);
 }
 
@@ -1172,9 +1184,9 @@ static void setup_device(void)
 	check_cu(cuGraphInstantiateWithFlags(&kgraph, g, 0), "cuGraphInstantiateWithFlags");
 	check_cu(cuMemAlloc_v2(&dbatch, (size_t)opt.batch_bytes), "cuMemAlloc_v2");
 	check_cu(cuMemAlloc_v2(&dgrad, (size_t)opt.bucket_bytes), "cuMemAlloc_v2");
-	hbatch = calloc(1, (size_t)opt.batch_bytes);
-	if (hbatch == NULL)
-		die("out of memory");
+	/* The batch comes from pinned memory (pin_memory=True): its async copy
+	 * never blocks the host. */
+	check_cu(cuMemAllocHost_v2((void **)&hbatch, (size_t)opt.batch_bytes), "cuMemAllocHost_v2");
 	/* Device-to-device copies go from the batch to a buffer of its size. */
 	if (opt.copy_api_set)
 		check_cu(cuMemAlloc_v2(&dcopy, (size_t)opt.batch_bytes), "cuMemAlloc_v2");
@@ -1334,6 +1346,11 @@ static int main_reader_open;
 static int ckpt_fd = -1;
 static uint64_t ckpt_off;
 static char *ckpt_buf;
+static char *pageable_buf; /* pageable stall: plain malloc'd memory */
+static size_t pageable_len;
+static CUdeviceptr dpageable;
+static char *state_buf; /* checkpoint stall: pageable, like a tensor's .cpu() */
+static CUdeviceptr dstate;
 static uint64_t pending_comm_delay_ns;
 static const char *pending_comm_name;
 
@@ -1369,6 +1386,19 @@ static void net_request(long ms)
 	if (n < 0)
 		die("recv from log server: %s", strerror(errno));
 	close(fd);
+}
+
+/* The cause a stall's truth record names: what gaptrace should say. */
+static const char *truth_cause(const struct stall *st)
+{
+	switch (st->c) {
+	case C_PAGEABLE:
+		return "cuda.memcpy";
+	case C_CHECKPOINT:
+		return "io.write";
+	default:
+		return st->name;
+	}
 }
 
 /* Runs one stall on the calling (main) thread and records it. */
@@ -1501,6 +1531,60 @@ static void run_stall(const struct stall *st, long step)
 		snprintf(extra, sizeof(extra), ",\"bytes\":%zu", bytes);
 		break;
 	}
+	case C_PAGEABLE: {
+		/* Sized to keep the host staging for ms at the simulated pageable
+		 * rate; the buffers are made once and kept, like a dataset tensor. */
+		size_t bytes = (size_t)((double)ms_ns * env_gbps("SIMGPU_PAGEABLE_GBPS", 6));
+		if (bytes > pageable_len) {
+			free(pageable_buf);
+			pageable_buf = calloc(1, bytes);
+			if (pageable_buf == NULL)
+				die("out of memory");
+			if (dpageable != 0)
+				check_cu(cuMemFree_v2(dpageable), "cuMemFree_v2");
+			check_cu(cuMemAlloc_v2(&dpageable, bytes), "cuMemAlloc_v2");
+			pageable_len = bytes;
+		}
+		uint64_t s = now_ns();
+		check_cu(cuMemcpyHtoDAsync_v2(dpageable, pageable_buf, bytes, streams[0]),
+			 "cuMemcpyHtoDAsync_v2");
+		uint64_t e = now_ns();
+		truth_call("copy", "cuMemcpyHtoDAsync_v2", step, s, e, streams[0], bytes);
+		start = s;
+		fixed_end = e;
+		snprintf(extra, sizeof(extra), ",\"kind\":\"pageable\",\"bytes\":%zu,\"direction\":\"htod\"",
+			 bytes);
+		break;
+	}
+	case C_CHECKPOINT: {
+		if (state_buf == NULL) {
+			state_buf = calloc(1, CKPT_TENSOR_BYTES);
+			if (state_buf == NULL)
+				die("out of memory");
+			check_cu(cuMemAlloc_v2(&dstate, CKPT_TENSOR_BYTES), "cuMemAlloc_v2");
+		}
+		int fd = open(state_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd < 0)
+			die("create %s: %s", state_path, strerror(errno));
+		/* Serialization fills what the copies and writes leave of 90% of
+		 * the stall; the fsync takes the rest (what the disk needs). */
+		uint64_t per = ms_ns * 9 / 10 / CKPT_TENSORS;
+		for (int k = 0; k < CKPT_TENSORS; k++) {
+			check_cu(cuMemcpyDtoHAsync_v2(state_buf, dstate, CKPT_TENSOR_BYTES, streams[0]),
+				 "cuMemcpyDtoHAsync_v2");
+			check_cu(cuStreamSynchronize(streams[0]), "cuStreamSynchronize");
+			spin_until(start + (uint64_t)(k + 1) * per);
+			if (write(fd, state_buf, CKPT_TENSOR_BYTES) != (ssize_t)CKPT_TENSOR_BYTES)
+				die("write %s: %s", state_path, strerror(errno));
+		}
+		if (fsync(fd) != 0)
+			die("fsync %s: %s", state_path, strerror(errno));
+		close(fd);
+		snprintf(extra, sizeof(extra),
+			 ",\"kind\":\"checkpoint\",\"path\":\"%s\",\"tensors\":%d,\"bytes\":%llu",
+			 state_path, CKPT_TENSORS, (unsigned long long)CKPT_TENSORS * CKPT_TENSOR_BYTES);
+		break;
+	}
 	case C_CPU:
 		spin_until(deadline);
 		break;
@@ -1541,7 +1625,7 @@ static void run_stall(const struct stall *st, long step)
 		bprintf(&truth_buf,
 			"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"%s\",\"start\":%llu,\"end\":%llu,"
 			"\"tid\":%d,\"ms\":%ld,\"run_delay_ns\":%llu%s%s}\n",
-			step, st->name, (unsigned long long)start, (unsigned long long)end, gettid_(),
+			step, truth_cause(st), (unsigned long long)start, (unsigned long long)end, gettid_(),
 			st->ms, (unsigned long long)rd, st->ahead ? ",\"at\":\"ahead\"" : "", extra);
 }
 
@@ -1624,6 +1708,7 @@ int main(int argc, char **argv)
 	}
 	snprintf(data_path, sizeof(data_path), "%s/simtrain-data.bin", data_dir);
 	snprintf(ckpt_path, sizeof(ckpt_path), "%s/simtrain-ckpt.bin", data_dir);
+	snprintf(state_path, sizeof(state_path), "%s/simtrain-state.pt", data_dir);
 	if (has_cause(C_IO_READ) || has_cause(C_LOADER_IO))
 		create_data_file();
 

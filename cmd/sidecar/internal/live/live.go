@@ -506,8 +506,31 @@ func Frame(v View, width int) string {
 		if c := g.Evidence.Collective; c != nil && c.LateRank != nil {
 			fmt.Fprintf(&b, "  waited on rank %d (pid %d), %s late\n", *c.LateRank, c.LatePID, FormatNS(c.LateByNS))
 		}
+		if d := gapDetail(g); d != "" {
+			b.WriteString("  " + trimRight(Escape(d), max(20, width-2)) + "\n")
+		}
 	}
 	return b.String()
+}
+
+// gapDetail is the one line that says what a gap's copy or host operation
+// was, when it has one.
+func gapDetail(g *correlate.Gap) string {
+	if c := g.Evidence.Copy; c != nil {
+		d := fmt.Sprintf("%s %s %.1f MB at %.1f GB/s", c.Call, c.Direction, float64(c.Bytes)/1e6, c.GBps)
+		if c.Pageable {
+			d = "pageable " + d
+		}
+		if c.Fix != "" {
+			d += ": " + c.Fix
+		}
+		return d
+	}
+	if e := g.Evidence.Episode; e != nil {
+		return fmt.Sprintf("%s %s: %d copies %s, serialization %s, %d writes %s, fsync %s", e.Kind, e.File,
+			e.Copies, FormatNS(e.CopyNS), FormatNS(e.SerializeNS), e.Writes, FormatNS(e.WriteNS), FormatNS(e.FsyncNS))
+	}
+	return ""
 }
 
 func writeCauses(b *strings.Builder, v View, width int) {

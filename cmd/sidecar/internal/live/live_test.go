@@ -320,3 +320,33 @@ func TestWhatIf(t *testing.T) {
 		t.Errorf("log line lacks the largest saving: %s", l)
 	}
 }
+
+// TestFrameLastGapDetail: the last gap's copy or host operation gets a line
+// under it, with the fix for a pageable copy, within the width.
+func TestFrameLastGapDetail(t *testing.T) {
+	for _, tc := range []struct {
+		ev   correlate.Evidence
+		want string
+	}{
+		{correlate.Evidence{Copy: &correlate.CopyEvidence{Call: "cuMemcpyHtoDAsync", Direction: "htod", Bytes: 180e6,
+			NS: ms(30), GBps: 6, Pageable: true, Fix: "pin the host buffer (pin_memory=True / cudaHostRegister)"}},
+			"pageable cuMemcpyHtoDAsync htod 180.0 MB at 6.0 GB/s: pin the host"},
+		{correlate.Evidence{Episode: &correlate.EpisodeEvidence{Kind: "checkpoint", File: "/ckpt/state.pt", Copies: 12,
+			CopyNS: ms(4), SerializeNS: ms(27), Writes: 12, WriteNS: ms(7), FsyncNS: ms(13)}},
+			"checkpoint /ckpt/state.pt: 12 copies 4 ms, serialization 27 ms, 12 writes"},
+	} {
+		c := &clock{t: time.Unix(1_700_000_000, 0)}
+		a := NewAggregator(c.now)
+		feed(a, c)
+		a.Gap(correlate.Gap{PID: 42, TID: 43, Step: 11, Duration: ms(30), Cause: correlate.CauseCUDAMemcpy, Evidence: tc.ev})
+		f := Frame(a.View("pid 42 python train.py"), 80)
+		if !strings.Contains(f, tc.want) {
+			t.Errorf("frame lacks %q:\n%s", tc.want, f)
+		}
+		for _, l := range strings.Split(f, "\n") {
+			if utf8.RuneCountInString(l) > 80 {
+				t.Errorf("line wider than 80 columns: %q", l)
+			}
+		}
+	}
+}

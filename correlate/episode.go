@@ -1,0 +1,360 @@
+package correlate
+
+import (
+	"time"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Host operations that move device data inside a gap.
+//
+// An async copy issued while the queue is drained is normally the next
+// step's first work (x.to(device)), and it ends the gap. Two patterns say
+// otherwise, and only later events tell them apart:
+//
+//   - Pageable copies: a copy from or to pageable host memory keeps the
+//     host in the call while the driver stages it through a pinned buffer
+//     (KindMemcpyStaged follows the copy). Compute stays idle until the
+//     copy returns: the gap ends there, and the staging is cuda.memcpy.
+//   - Episodes: torch.save of a CUDA state_dict copies each tensor to the
+//     host and waits for it (a copy, then a sync, no kernel), serializes it
+//     and writes it. The GPU does a few µs of copy work per tensor; compute
+//     is idle throughout. Such copies and their syncs are host activity
+//     inside one gap, and the gap is labelled by the operation's dominant
+//     host activity (Evidence.Episode).
+//
+// So a copy issued into an open gap is held: the copy's own staged return
+// and a sync of the same thread that only waited for it keep it inside the
+// gap; anything else (a launch, other GPU work, a sync that waited for
+// more, another call of the thread) releases it as the ordinary enqueue it
+// was, at its staged return when it had one.
+
+// episodeHop is how soon after a held copy returns a sync must begin to be
+// the wait for that copy (.cpu() is a copy and a sync back to back); a step
+// puts its launches between.
+const episodeHop = int64(200 * time.Microsecond)
+
+// pageableFix is what a user does about a pageable copy.
+const pageableFix = "pin the host buffer (pin_memory=True / cudaHostRegister)"
+
+// heldCopies are async copies one thread issued into an open gap, not yet
+// known to be step work or part of a host operation.
+type heldCopies struct {
+	tid  uint32
+	evs  []event.Event
+	last int64 // the latest copy's return (its staged end) or entry
+	// chained: each copy began within episodeHop of the previous one's
+	// return, as a host operation's calls do; a step launches between.
+	chained bool
+}
+
+// episode is what an open gap absorbed: device copies and the syncs that
+// waited for them, issued by the blocked thread itself.
+type episode struct {
+	copies int
+	bytes  uint64
+	syncs  int
+}
+
+// episodeEvent handles the events of an open gap's host operations and
+// releases held copies that turn out to be step work. It reports whether
+// ev was consumed here (the engine then does nothing else with it).
+func (p *proc) episodeEvent(x env, th *thread, ev *event.Event) bool {
+	switch ev.Kind {
+	case event.KindMemcpyStaged:
+		th.add(ev)
+		p.onStaged(th, ev)
+		return true
+	case event.KindMemcpyAsync:
+		if p.hold != nil && p.hold.tid != th.tid {
+			p.release(x)
+		}
+		if p.gap != nil && p.everEnq {
+			if p.hold == nil {
+				p.hold = &heldCopies{tid: th.tid, chained: true}
+			} else if !th.soonAfter(p.hold.last, ev.Start) {
+				p.hold.chained = false
+			}
+			p.hold.evs = append(p.hold.evs, *ev)
+			p.hold.last = max(p.hold.last, ev.End)
+			return true
+		}
+		return false
+	case event.KindSync:
+		if p.absorbSync(x, th, ev) {
+			return true
+		}
+	}
+	if p.hold != nil && p.releasedBy(th, ev) {
+		p.release(x)
+	}
+	return false
+}
+
+// onStaged: a copy kept its thread in the call. A held copy's gap lasts
+// through it; a copy that was already enqueued (the queue held work) made
+// its thread block like any other blocking call.
+func (p *proc) onStaged(th *thread, ev *event.Event) {
+	if h := p.hold; h != nil && h.tid == th.tid {
+		for i := range h.evs {
+			if h.evs[i].Start == ev.Start {
+				h.evs[i].End = ev.End
+				h.last = max(h.last, ev.End)
+				return
+			}
+		}
+	}
+	p.onBlocking(th, ev)
+}
+
+// releasedBy says whether ev shows that the held copies were step work:
+// any call of their thread other than scheduling facts, or GPU work or a
+// sync of another thread.
+func (p *proc) releasedBy(th *thread, ev *event.Event) bool {
+	if th.tid == p.hold.tid {
+		switch ev.Kind {
+		case event.KindRunqueue, event.KindOffCPU:
+			return false
+		}
+		return true
+	}
+	switch ev.Kind {
+	case event.KindEnqueue, event.KindMemcpyAsync, event.KindMemset, event.KindCollective,
+		event.KindSync, event.KindMemcpy, event.KindFree:
+		return true
+	}
+	return false
+}
+
+// absorbSync takes a sync into the open gap when it only waited for the
+// held copies of its own thread: the copies and the sync came back to back
+// and no kernel ran in between. Full: the sync flushed no launches and no
+// launch released the copies. Lite, where launches are invisible: the
+// copies read device data (device to host, or a staged copy of unknown
+// direction: a step starts with host-to-device batch copies) and the sync
+// did not wait, the copies being done, where a step's sync waits for its
+// compute. In lite a copy to pinned memory makes its sync wait for the
+// transfer, and such an operation splits into gaps as before.
+func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
+	h := p.hold
+	if h == nil || p.gap == nil || h.tid != th.tid || !h.chained || !th.soonAfter(h.last, ev.Start) || ev.Count > 0 {
+		return false
+	}
+	if p.gap.ep == nil && !bulk(h.evs) {
+		// A scalar read (.item(): a few bytes and a sync) is step work;
+		// only a copy of real data starts a host operation, whose later
+		// small tensors then belong to it.
+		return false
+	}
+	th.wokenSync(ev)
+	if x.set.lite {
+		// Waiting for a CPU inside the call is not waiting for the GPU.
+		if ev.Duration()-th.runnable(ev.Start, ev.End) > x.set.syncWaited {
+			return false
+		}
+		for i := range h.evs {
+			c := &h.evs[i]
+			if c.CopyDir != event.CUMemcpyDtoH && (c.CopyDir != event.CUMemcpyOther || c.End == c.Start) {
+				return false
+			}
+		}
+	}
+	ep := p.gap.ep
+	if ep == nil {
+		ep = &episode{}
+		p.gap.ep = ep
+	}
+	for i := range h.evs {
+		ep.copies++
+		ep.bytes += h.evs[i].Bytes
+	}
+	ep.syncs++
+	p.hold = nil
+	// The step clock sees the copies and the sync as before: it counts
+	// steps by the syncs and copies the loop makes, whatever the gap is
+	// (a step's last copy and sync after a scalar read drained the queue
+	// look the same as a checkpoint's tensor).
+	for i := range h.evs {
+		p.stepCopy(x, &h.evs[i])
+	}
+	p.patternSync(x, ev)
+	// On the timeline the sync is what it waited for: the copies.
+	w := *ev
+	w.Kind = event.KindMemcpy
+	th.add(&w)
+	return true
+}
+
+// stepCopy is what an async copy tells the step clock (onEnqueue's part
+// that does not touch the queue model or the gap).
+func (p *proc) stepCopy(x env, ev *event.Event) {
+	p.copies++
+	t := ev.Start
+	p.st.setPost(t)
+	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, t) {
+		p.resolveHeld(x, false)
+	}
+}
+
+// release hands the held copies to the queue model as the enqueues they
+// were. A staged copy enqueued its last bytes at its return, and compute
+// could not resume before: it ends the gap there.
+func (p *proc) release(x env) {
+	h := p.hold
+	if h == nil {
+		return
+	}
+	p.hold = nil
+	th := x.w.threads[h.tid]
+	if th == nil {
+		return
+	}
+	for i := range h.evs {
+		ev := h.evs[i]
+		ev.Start = ev.End
+		p.onEnqueue(x, th, &ev, nil, collRef{})
+	}
+}
+
+// episodeResult labels a gap that absorbed a host operation's device
+// copies by the operation's dominant host activity: serialization between
+// the writes of one file is part of writing it (torch.save pickles a
+// tensor, writes it, pickles the next). When writing wins, bd counts that
+// serialization as io.write too, so that totals by cause say what the
+// checkpoint cost; the evidence keeps the plain split.
+func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cause, *EpisodeEvidence) {
+	e := &EpisodeEvidence{Copies: ep.copies, CopyBytes: ep.bytes}
+	type span struct{ first, last, ns int64 }
+	files := map[string]*span{}
+	segs := th.segments(a, b, nil)
+	for _, s := range segs {
+		ev := s.ev
+		switch {
+		case ev == nil:
+			e.SerializeNS += s.b - s.a
+		case ev.Kind == event.KindMemcpy || ev.Kind == event.KindMemcpyStaged:
+			e.CopyNS += s.b - s.a
+		case ev.Kind == event.KindSyscall && isFile(ev) && (ev.Syscall == event.SysWrite || ev.Syscall == event.SysFsync):
+			if ev.Syscall == event.SysFsync {
+				e.FsyncNS += s.b - s.a
+			} else {
+				e.WriteNS += s.b - s.a
+			}
+			f := files[ev.Path]
+			if f == nil {
+				f = &span{first: s.a}
+				files[ev.Path] = f
+			}
+			f.last, f.ns = s.b, f.ns+s.b-s.a
+		}
+	}
+	var best *span
+	for path, f := range files {
+		if best == nil || f.ns > best.ns || f.ns == best.ns && path < e.File {
+			best, e.File = f, path
+		}
+	}
+	// The thread's own calls: a write of ev counts once however many
+	// segments it was split into.
+	seen := map[*event.Event]bool{}
+	for _, s := range segs {
+		if ev := s.ev; ev != nil && !seen[ev] && ev.Kind == event.KindSyscall && ev.Path == e.File &&
+			ev.Syscall == event.SysWrite && e.File != "" {
+			seen[ev] = true
+			e.Writes++
+			if ev.Ret > 0 {
+				e.WriteBytes += uint64(ev.Ret)
+			}
+		}
+	}
+	var between int64
+	if best != nil {
+		for _, s := range segs {
+			if s.ev == nil && s.a >= best.first && s.b <= best.last {
+				between += s.b - s.a
+			}
+		}
+	}
+	dom, top := CauseCPU, int64(-1)
+	for _, c := range Causes {
+		ns := bd[c]
+		switch c {
+		case CauseIOWrite:
+			ns += between
+		case CauseCPU:
+			ns -= between
+		}
+		if ns > top {
+			dom, top = c, ns
+		}
+	}
+	e.Kind = "device-copies"
+	if dom == CauseIOWrite {
+		e.Kind = "checkpoint"
+		if between > 0 {
+			bd[CauseIOWrite] += between
+			if bd[CauseCPU] -= between; bd[CauseCPU] <= 0 {
+				delete(bd, CauseCPU)
+			}
+		}
+	}
+	return dom, e
+}
+
+// copyEvidence describes the staged copy that took most of a gap.
+func copyEvidence(ev *event.Event) *CopyEvidence {
+	c := &CopyEvidence{Call: stagedName(ev), Bytes: ev.Bytes, NS: ev.Duration(), Pageable: true, Fix: pageableFix}
+	switch ev.CopyDir {
+	case event.CUMemcpyHtoD:
+		c.Direction = "htod"
+	case event.CUMemcpyDtoH:
+		c.Direction = "dtoh"
+	default:
+		c.Direction = "unknown"
+	}
+	if c.NS > 0 && c.Bytes > 0 {
+		c.GBps = float64(c.Bytes) / float64(c.NS)
+	}
+	return c
+}
+
+// stagedName is the driver call behind a KindMemcpyStaged.
+func stagedName(ev *event.Event) string {
+	switch ev.CopyDir {
+	case event.CUMemcpyHtoD:
+		return "cuMemcpyHtoDAsync"
+	case event.CUMemcpyDtoH:
+		return "cuMemcpyDtoHAsync"
+	}
+	return "cuMemcpyAsync"
+}
+
+// runnable is how long t waited for a CPU within [a,b): its run-queue
+// intervals there (they end before a call around them does, so they are
+// on the timeline when the call is processed).
+func (t *thread) runnable(a, b int64) int64 {
+	var ns int64
+	for _, i := range t.overlapping(a, b) {
+		if ev := &t.tl[i]; ev.Kind == event.KindRunqueue {
+			ns += min(ev.End, b) - max(ev.Start, a)
+		}
+	}
+	return ns
+}
+
+// soonAfter says whether t's call at b followed its call that returned at
+// a back to back: within episodeHop of running time (a preemption between
+// the two is the machine's load, not the thread's work).
+func (t *thread) soonAfter(a, b int64) bool {
+	return b-a-t.runnable(a, b) <= episodeHop
+}
+
+// bulk says whether any of the copies moved more than a scalar read does.
+func bulk(evs []event.Event) bool {
+	for i := range evs {
+		if evs[i].Bytes > scalarBytes {
+			return true
+		}
+	}
+	return false
+}

@@ -16,6 +16,7 @@ func (t *Tracer) Stats() Stats {
 	for _, ps := range t.procs {
 		for _, la := range ps.libs {
 			s.Attached = append(s.Attached, la.info...)
+			s.Attached = append(s.Attached, la.launchInfo...)
 		}
 	}
 	closed := t.closed

@@ -125,7 +125,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	waited := ev.Duration() > x.set.syncWaited
 	if p.gap != nil {
 		switch {
-		case x.set.lite:
+		case x.liteOver(p.gap.start, ev.Start):
 			// Launches are invisible in lite: the sync says work resumed.
 			p.closeGap(x, th, ev.Start)
 		case waited:
@@ -172,7 +172,7 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 		p.onBlocking(th, ev)
 		return
 	}
-	if p.gap != nil && x.set.lite {
+	if p.gap != nil && x.liteOver(p.gap.start, ev.Start) {
 		p.closeGap(x, th, ev.Start)
 	}
 	p.drainStreams(ev)
@@ -210,7 +210,7 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 	g := p.gap
 	p.gap = nil
 	end := t
-	if x.set.lite {
+	if x.liteOver(g.start, t) {
 		end = p.inferEnd(th, g.start, t)
 		if end-g.start < x.set.minGap && t-g.start >= x.set.minGap && p.leads.n >= minHistory {
 			// No blocking explains the gap (the feeder computed): the

@@ -58,6 +58,13 @@ type pipeline struct {
 	targets []int
 	winOut  *windowsWriter // --windows-out, nil when off
 	work    *workload.Resolver
+
+	// Probe set auto: the schedule, the attach/detach in flight (one at a
+	// time) and what the toggles cost.
+	auto     *autoSchedule
+	toggles  chan autoToggle
+	toggling bool
+	autoCost autoCost
 }
 
 // withWorkload names the container, pod and rank of each gap's and step's
@@ -171,6 +178,18 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		return nil, fmt.Errorf("load probes: %w", err)
 	}
 	p.tr = tr
+	var autoOn tracer.LaunchToggle
+	if cfg.Probes == string(tracer.ProbesAuto) {
+		// Full from the start: the probes of the libraries Trace finds
+		// attach with the per-launch ones.
+		if autoOn, err = tr.SetLaunchProbes(true); err != nil {
+			_ = tr.Close() // reporting the toggle error
+			p.closeGPU()
+			return nil, fmt.Errorf("auto probes: %w", err)
+		}
+		p.auto = newAutoSchedule(cfg.AutoWindow, cfg.AutoEvery, time.Now(), log)
+		p.toggles = make(chan autoToggle, 1)
+	}
 
 	res := otel.ResourceInfo{TargetPID: pc.TargetPID, TargetCmdline: pc.TargetCmdline}
 	if p.gpu != nil {
@@ -218,7 +237,15 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		ccfg.HW = p.gpu.HWContext
 	}
 	// The exporter first, then the session (live view, gaps file).
-	p.eng = correlate.New(ccfg, withWorkload{correlate.Tee{exp, pc.Sink}, p.work})
+	sinks := correlate.Tee{exp, pc.Sink}
+	if p.auto != nil {
+		sinks = append(sinks, autoSink{p.auto})
+	}
+	p.eng = correlate.New(ccfg, withWorkload{sinks, p.work})
+	if p.auto != nil {
+		p.eng.ProbesLive(true, autoOn.At)
+		log.Debug("auto: per-launch probes attached", "at", autoOn.At, "reason", "start")
+	}
 
 	var attached []string
 	for _, a := range tr.Stats().Attached {
@@ -345,8 +372,11 @@ func (p *pipeline) Run(ctx context.Context) error {
 				lvl = slog.LevelWarn
 			}
 			p.log.Log(ctx, lvl, "GPU health changed: "+f.Detail, "device", f.Device, "check", f.Check, "fix", f.Fix)
+		case tg := <-p.toggles:
+			p.toggled(tg)
 		case now := <-advance.C:
 			p.eng.Advance(now.UnixNano())
+			p.autoTick(now)
 			if now.Sub(lastDev) >= deviceEvery {
 				lastDev = now
 				p.mapDevices()
@@ -417,6 +447,18 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 	var errs []error
 	t0 := time.Now()
 	sum := p.eng.Close(time.Now().UnixNano())
+	if sum.Probes == "" {
+		sum.Probes = p.cfg.Config.Probes
+	}
+	if p.auto != nil {
+		c := p.autoCost
+		share := 0.0
+		if sum.WallNS > 0 {
+			share = float64(sum.ProbesFullNS) / float64(sum.WallNS)
+		}
+		p.log.Info("auto: per-launch probe windows", "windows", c.attaches+1, "full_share", fmt.Sprintf("%.3f", share),
+			"attach_mean", meanDur(c.attach, c.attaches), "detach_mean", meanDur(c.detach, c.detaches))
+	}
 	sum.DroppedEvents = max(sum.DroppedEvents, st.RingDrops)
 	p.exp.Summary(sum, sum.DroppedEvents)
 	// The engine has emitted everything: flushing the exporter and

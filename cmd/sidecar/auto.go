@@ -172,11 +172,11 @@ func median(v []float64) float64 {
 	}
 	s := slices.Clone(v)
 	slices.Sort(s)
-	if n := len(s); n%2 == 1 {
+	n := len(s)
+	if n%2 == 1 {
 		return s[n/2]
-	} else {
-		return (s[n/2-1] + s[n/2]) / 2
 	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 func lastN(v []float64, n int) []float64 {
@@ -189,7 +189,7 @@ func lastN(v []float64, n int) []float64 {
 // autoSink passes steps to the schedule.
 type autoSink struct{ a *autoSchedule }
 
-func (s autoSink) Gap(correlate.Gap)     {}
+func (s autoSink) Gap(correlate.Gap)      {}
 func (s autoSink) Step(st correlate.Step) { s.a.step(st) }
 
 // autoToggle is a finished attach or detach of the per-launch probes.

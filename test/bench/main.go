@@ -1,0 +1,337 @@
+// Command bench measures what tracing costs a launch-bound trainer: it runs
+// simtrain (many short kernels) untraced and under gaptrace's probe sets
+// null, lite, auto and full, each traced run paired with an untraced run
+// right before it (the machine's drift cancels in the pair), for -reps
+// repetitions in a shuffled order, and prints the median and a bootstrap
+// 95% interval of: the wall time per step as a ratio to the paired
+// untraced run, the trainer's own CPU time per step (uprobe traps are
+// charged to the thread that hits them), and the time per kernel launch.
+// The first -skip of every run (gaptrace's attach, auto's first window)
+// is left out of each figure; auto's later windows are not.
+//
+// It is run by `make bench` (root: gaptrace loads BPF programs); it is not
+// part of the test suite.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	gaptrace, simgpu, out string
+	reps                  int
+	modes                 []string
+	steps                 int
+	kernels               int
+	skip                  time.Duration
+	autoFlags             []string
+	seed                  uint64
+}
+
+func main() {
+	if len(os.Args) > 2 && os.Args[1] == "wrap" {
+		os.Exit(wrap(os.Args[2], os.Args[3:]))
+	}
+	var o options
+	var modes, autoFlags string
+	flag.StringVar(&o.gaptrace, "gaptrace", "bin/gaptrace", "the gaptrace binary")
+	flag.StringVar(&o.simgpu, "simgpu", "build/simgpu", "the simulated GPU (simtrain, libcuda, libnvidia-ml)")
+	flag.StringVar(&o.out, "out", "", "where runs write (default: a new directory under /tmp)")
+	flag.IntVar(&o.reps, "reps", 20, "repetitions of every mode (each one an interleaved pair with an untraced run)")
+	flag.StringVar(&modes, "modes", "untraced,null,lite,auto,full", "modes to measure, comma-separated")
+	flag.IntVar(&o.steps, "steps", 6000, "simtrain steps per run")
+	flag.IntVar(&o.kernels, "kernels", 100, "kernels per step (1 µs each, launched back to back)")
+	flag.DurationVar(&o.skip, "skip", 2*time.Second, "leave out the first part of every run (attach, auto's first window)")
+	flag.StringVar(&autoFlags, "auto-flags", "", "more gaptrace flags for mode auto (e.g. \"--auto-every 10s\")")
+	flag.Uint64Var(&o.seed, "seed", 1, "seed of the run order and of the bootstrap")
+	flag.Parse()
+	o.modes = strings.Split(modes, ",")
+	o.autoFlags = strings.Fields(autoFlags)
+	if err := validate(&o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	res, err := runAll(o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	fmt.Print(table(o, res))
+}
+
+func validate(o *options) error {
+	for _, m := range o.modes {
+		switch m {
+		case "untraced", "null", "lite", "auto", "full":
+		default:
+			return fmt.Errorf("-modes: unknown mode %q (want untraced, null, lite, auto, full)", m)
+		}
+	}
+	if o.reps < 1 || o.steps < 100 || o.kernels < 1 {
+		return fmt.Errorf("-reps, -steps and -kernels must be at least 1, 100 and 1")
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("gaptrace loads BPF programs: run as root")
+	}
+	for _, f := range []string{o.gaptrace, filepath.Join(o.simgpu, "simtrain")} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("%w (make build simgpu)", err)
+		}
+	}
+	if o.out == "" {
+		d, err := os.MkdirTemp("", "gaptrace-bench.")
+		if err != nil {
+			return err
+		}
+		o.out = d
+	}
+	return nil
+}
+
+// sample is one run's figures over its steps after the skip.
+type sample struct {
+	StepNS    float64 // mean wall time per step
+	CPUNS     float64 // trainer CPU time per step
+	LaunchNS  float64 // median time per launch
+	Steps     int
+	FullShare float64 // auto: share of the run at full (from its summary)
+}
+
+type results struct {
+	ratio, cpu, launch map[string][]float64
+	fullShare          []float64
+}
+
+func runAll(o options) (*results, error) {
+	res := &results{ratio: map[string][]float64{}, cpu: map[string][]float64{}, launch: map[string][]float64{}}
+	r := rand.New(rand.NewPCG(o.seed, 99))
+	n := 0
+	total := o.reps * len(o.modes)
+	fmt.Fprintf(os.Stderr, "bench: %d pairs of runs, outputs in %s\n", total, o.out)
+	for rep := 0; rep < o.reps; rep++ {
+		order := append([]string(nil), o.modes...)
+		r.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, m := range order {
+			n++
+			base, err := run(o, "untraced", fmt.Sprintf("%03d-%s-base", rep, m))
+			if err != nil {
+				return nil, err
+			}
+			s, err := run(o, m, fmt.Sprintf("%03d-%s", rep, m))
+			if err != nil {
+				return nil, err
+			}
+			res.ratio[m] = append(res.ratio[m], s.StepNS/base.StepNS)
+			res.cpu[m] = append(res.cpu[m], s.CPUNS)
+			res.launch[m] = append(res.launch[m], s.LaunchNS)
+			if m == "auto" {
+				res.fullShare = append(res.fullShare, s.FullShare)
+			}
+			fmt.Fprintf(os.Stderr, "bench: %3d/%d %-8s step %.1f µs (untraced %.1f), cpu %.1f µs/step, %.3f µs/launch\n",
+				n, total, m, s.StepNS/1e3, base.StepNS/1e3, s.CPUNS/1e3, s.LaunchNS/1e3)
+		}
+	}
+	return res, nil
+}
+
+// run runs simtrain once, under gaptrace unless mode is untraced; the
+// bench binary itself wraps simtrain to take its CPU time.
+func run(o options, mode, name string) (sample, error) {
+	dir := filepath.Join(o.out, name)
+	if err := os.MkdirAll(filepath.Join(dir, "tl"), 0o755); err != nil {
+		return sample{}, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return sample{}, err
+	}
+	truth := filepath.Join(dir, "truth.jsonl")
+	stats := filepath.Join(dir, "cpu.json")
+	inner := []string{self, "wrap", stats + "," + strconv.FormatInt(int64(o.skip), 10), "--",
+		filepath.Join(o.simgpu, "simtrain"), "--steps", strconv.Itoa(o.steps), "--kernels-per-step", strconv.Itoa(o.kernels),
+		"--kernel-us", "1", "--launch-gap-us", "0", "--workers", "0", "--quiet", "--truth", truth}
+	argv := inner
+	if mode != "untraced" {
+		argv = []string{o.gaptrace, "run", "--probes", mode, "--live", "off",
+			"--nvml-lib", filepath.Join(o.simgpu, "libnvidia-ml.so.1"),
+			"--summary-json", filepath.Join(dir, "summary.json"), "--spans-out", filepath.Join(dir, "spans.jsonl"),
+			"--gaps-out", filepath.Join(dir, "gaps.jsonl")}
+		if mode == "auto" {
+			argv = append(argv, o.autoFlags...)
+		}
+		argv = append(append(argv, "--"), inner...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "SIMGPU_DIR="+filepath.Join(dir, "tl"))
+	logf, err := os.Create(filepath.Join(dir, "log"))
+	if err != nil {
+		return sample{}, err
+	}
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		return sample{}, fmt.Errorf("%s: %w (log: %s)", name, err, logf.Name())
+	}
+	return measure(dir, truth, stats, mode)
+}
+
+// cpuStats is what the wrapper writes: the trainer's CPU time at the skip
+// mark and at its exit, and when the mark was taken.
+type cpuStats struct {
+	MarkUnixNS int64 `json:"mark_unix_ns"`
+	MarkCPUNS  int64 `json:"mark_cpu_ns"`
+	EndCPUNS   int64 `json:"end_cpu_ns"`
+}
+
+// wrap runs argv, reads its CPU time from /proc after the skip and from
+// its rusage at exit, and writes both to the stats file.
+func wrap(spec string, argv []string) int {
+	path, skipS, _ := strings.Cut(spec, ",")
+	skip, _ := strconv.ParseInt(skipS, 10, 64)
+	if len(argv) > 0 && argv[0] == "--" {
+		argv = argv[1:]
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench wrap:", err)
+		return 1
+	}
+	var st cpuStats
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(time.Duration(skip)):
+		st.MarkCPUNS, st.MarkUnixNS = procCPU(cmd.Process.Pid), time.Now().UnixNano()
+		err = <-done
+	}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		st.EndCPUNS = syscall.TimevalToNsec(ru.Utime) + syscall.TimevalToNsec(ru.Stime)
+	}
+	b, _ := json.Marshal(st)
+	if werr := os.WriteFile(path, b, 0o644); werr != nil {
+		fmt.Fprintln(os.Stderr, "bench wrap:", werr)
+		return 1
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench wrap:", err)
+		return 1
+	}
+	return 0
+}
+
+// procCPU is a process's user+system time (all threads) in ns.
+func procCPU(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	s := string(b)
+	s = s[strings.LastIndexByte(s, ')')+2:]
+	f := strings.Fields(s)
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	stt, _ := strconv.ParseInt(f[12], 10, 64)
+	return (ut + stt) * int64(time.Second) / 100 // USER_HZ is 100 on Linux
+}
+
+type truthRec struct {
+	Type   string `json:"type"`
+	What   string `json:"what"`
+	Start  int64  `json:"start"`
+	End    int64  `json:"end"`
+	Count  int64  `json:"count"`
+	Offset int64  `json:"realtime_minus_monotonic_ns"`
+}
+
+func measure(dir, truth, stats, mode string) (sample, error) {
+	var cs cpuStats
+	b, err := os.ReadFile(stats)
+	if err == nil {
+		err = json.Unmarshal(b, &cs)
+	}
+	if err != nil {
+		return sample{}, fmt.Errorf("%s: cpu stats: %w", dir, err)
+	}
+	if cs.MarkUnixNS == 0 || cs.MarkCPUNS < 0 {
+		return sample{}, fmt.Errorf("%s: the trainer ended before the skip mark: raise -steps or lower -skip", dir)
+	}
+	f, err := os.Open(truth)
+	if err != nil {
+		return sample{}, err
+	}
+	defer f.Close()
+	var offset int64
+	var first, last int64
+	var steps int
+	var perLaunch []float64
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var r truthRec
+		if json.Unmarshal(sc.Bytes(), &r) != nil {
+			continue
+		}
+		switch {
+		case r.Type == "meta":
+			offset = r.Offset
+		case r.Type == "step" && r.Start+offset >= cs.MarkUnixNS:
+			if steps == 0 {
+				first = r.Start
+			}
+			last = r.End
+			steps++
+		case r.Type == "call" && r.What == "launch_count" && r.Start+offset >= cs.MarkUnixNS && r.Count > 0:
+			perLaunch = append(perLaunch, float64(r.End-r.Start)/float64(r.Count))
+		}
+	}
+	if steps < 10 {
+		return sample{}, fmt.Errorf("%s: only %d steps after the skip mark: raise -steps", dir, steps)
+	}
+	s := sample{Steps: steps, StepNS: float64(last-first) / float64(steps),
+		CPUNS: float64(cs.EndCPUNS-cs.MarkCPUNS) / float64(steps), LaunchNS: median(perLaunch)}
+	if mode == "auto" {
+		var sum struct {
+			WallNS int64 `json:"wall_ns"`
+			FullNS int64 `json:"probes_full_ns"`
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "summary.json")); err == nil && json.Unmarshal(b, &sum) == nil && sum.WallNS > 0 {
+			s.FullShare = float64(sum.FullNS) / float64(sum.WallNS)
+		}
+	}
+	return s, nil
+}
+
+func table(o options, res *results) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nsimtrain: %d steps of %d × 1 µs kernels launched back to back; %d interleaved pairs per mode; first %v of each run left out\n",
+		o.steps, o.kernels, o.reps, o.skip)
+	fmt.Fprintf(&b, "median [bootstrap 95%% interval]\n")
+	fmt.Fprintf(&b, "%-9s %-26s %-28s %-26s\n", "mode", "wall/step vs untraced", "trainer CPU µs/step", "µs per launch")
+	for i, m := range o.modes {
+		seed := o.seed + uint64(i)*7919
+		r := BootstrapMedian(res.ratio[m], 2000, 0.95, seed)
+		c := BootstrapMedian(res.cpu[m], 2000, 0.95, seed+1)
+		l := BootstrapMedian(res.launch[m], 2000, 0.95, seed+2)
+		fmt.Fprintf(&b, "%-9s %-26s %-28s %-26s\n", m,
+			fmt.Sprintf("%.4f [%.4f, %.4f]", r.Value, r.Lo, r.Hi),
+			fmt.Sprintf("%.1f [%.1f, %.1f]", c.Value/1e3, c.Lo/1e3, c.Hi/1e3),
+			fmt.Sprintf("%.3f [%.3f, %.3f]", l.Value/1e3, l.Lo/1e3, l.Hi/1e3))
+	}
+	if len(res.fullShare) > 0 {
+		fmt.Fprintf(&b, "auto: median %.1f%% of each run at full (per-launch probes attached)\n", 100*median(res.fullShare))
+	}
+	return b.String()
+}

@@ -37,6 +37,8 @@ type options struct {
 	skip                  time.Duration
 	autoFlags             []string
 	seed                  uint64
+	save                  string
+	merge                 []string
 }
 
 func main() {
@@ -55,9 +57,22 @@ func main() {
 	flag.DurationVar(&o.skip, "skip", 2*time.Second, "leave out the first part of every run (attach, auto's first window)")
 	flag.StringVar(&autoFlags, "auto-flags", "", "more gaptrace flags for mode auto (e.g. \"--auto-every 10s\")")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the run order and of the bootstrap")
+	flag.StringVar(&o.save, "save", "", "also write every pair's figures to FILE (JSON), for -merge")
+	var merge string
+	flag.StringVar(&merge, "merge", "", "print the table of saved runs (comma-separated files from -save) instead of running")
 	flag.Parse()
 	o.modes = strings.Split(modes, ",")
 	o.autoFlags = strings.Fields(autoFlags)
+	if merge != "" {
+		res, err := load(strings.Split(merge, ","))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(2)
+		}
+		o.reps = len(res.Ratio[o.modes[0]])
+		fmt.Print(table(o, res))
+		return
+	}
 	if err := validate(&o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
@@ -67,7 +82,36 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+	if o.save != "" {
+		b, _ := json.Marshal(res)
+		if err := os.WriteFile(o.save, b, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+	}
 	fmt.Print(table(o, res))
+}
+
+// load merges the pairs of saved runs.
+func load(files []string) (*results, error) {
+	all := newResults()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		var r results
+		if err := json.Unmarshal(b, &r); err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		for m, v := range r.Ratio {
+			all.Ratio[m] = append(all.Ratio[m], v...)
+			all.CPU[m] = append(all.CPU[m], r.CPU[m]...)
+			all.Launch[m] = append(all.Launch[m], r.Launch[m]...)
+		}
+		all.FullShare = append(all.FullShare, r.FullShare...)
+	}
+	return all, nil
 }
 
 func validate(o *options) error {
@@ -109,12 +153,16 @@ type sample struct {
 }
 
 type results struct {
-	ratio, cpu, launch map[string][]float64
-	fullShare          []float64
+	Ratio, CPU, Launch map[string][]float64
+	FullShare          []float64
+}
+
+func newResults() *results {
+	return &results{Ratio: map[string][]float64{}, CPU: map[string][]float64{}, Launch: map[string][]float64{}}
 }
 
 func runAll(o options) (*results, error) {
-	res := &results{ratio: map[string][]float64{}, cpu: map[string][]float64{}, launch: map[string][]float64{}}
+	res := newResults()
 	r := rand.New(rand.NewPCG(o.seed, 99))
 	n := 0
 	total := o.reps * len(o.modes)
@@ -132,11 +180,11 @@ func runAll(o options) (*results, error) {
 			if err != nil {
 				return nil, err
 			}
-			res.ratio[m] = append(res.ratio[m], s.StepNS/base.StepNS)
-			res.cpu[m] = append(res.cpu[m], s.CPUNS)
-			res.launch[m] = append(res.launch[m], s.LaunchNS)
+			res.Ratio[m] = append(res.Ratio[m], s.StepNS/base.StepNS)
+			res.CPU[m] = append(res.CPU[m], s.CPUNS)
+			res.Launch[m] = append(res.Launch[m], s.LaunchNS)
 			if m == "auto" {
-				res.fullShare = append(res.fullShare, s.FullShare)
+				res.FullShare = append(res.FullShare, s.FullShare)
 			}
 			fmt.Fprintf(os.Stderr, "bench: %3d/%d %-8s step %.1f µs (untraced %.1f), cpu %.1f µs/step, %.3f µs/launch\n",
 				n, total, m, s.StepNS/1e3, base.StepNS/1e3, s.CPUNS/1e3, s.LaunchNS/1e3)
@@ -322,16 +370,16 @@ func table(o options, res *results) string {
 	fmt.Fprintf(&b, "%-9s %-26s %-28s %-26s\n", "mode", "wall/step vs untraced", "trainer CPU µs/step", "µs per launch")
 	for i, m := range o.modes {
 		seed := o.seed + uint64(i)*7919
-		r := BootstrapMedian(res.ratio[m], 2000, 0.95, seed)
-		c := BootstrapMedian(res.cpu[m], 2000, 0.95, seed+1)
-		l := BootstrapMedian(res.launch[m], 2000, 0.95, seed+2)
+		r := BootstrapMedian(res.Ratio[m], 2000, 0.95, seed)
+		c := BootstrapMedian(res.CPU[m], 2000, 0.95, seed+1)
+		l := BootstrapMedian(res.Launch[m], 2000, 0.95, seed+2)
 		fmt.Fprintf(&b, "%-9s %-26s %-28s %-26s\n", m,
 			fmt.Sprintf("%.4f [%.4f, %.4f]", r.Value, r.Lo, r.Hi),
 			fmt.Sprintf("%.1f [%.1f, %.1f]", c.Value/1e3, c.Lo/1e3, c.Hi/1e3),
 			fmt.Sprintf("%.3f [%.3f, %.3f]", l.Value/1e3, l.Lo/1e3, l.Hi/1e3))
 	}
-	if len(res.fullShare) > 0 {
-		fmt.Fprintf(&b, "auto: median %.1f%% of each run at full (per-launch probes attached)\n", 100*median(res.fullShare))
+	if len(res.FullShare) > 0 {
+		fmt.Fprintf(&b, "auto: median %.1f%% of each run at full (per-launch probes attached)\n", 100*median(res.FullShare))
 	}
 	return b.String()
 }

@@ -6,8 +6,9 @@
 // 95% interval of: the wall time per step as a ratio to the paired
 // untraced run, the trainer's own CPU time per step (uprobe traps are
 // charged to the thread that hits them), and the time per kernel launch.
-// The first -skip of every run (gaptrace's attach, auto's first window)
-// is left out of each figure; auto's later windows are not.
+// The first -skip of every run (auto's first window) is left out of each
+// figure; auto's later windows are not. The trainer's CPU time comes from
+// simtrain itself (CLOCK_PROCESS_CPUTIME_ID at the end of every step).
 //
 // It is run by `make bench` (root: gaptrace loads BPF programs); it is not
 // part of the test suite.
@@ -24,7 +25,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -42,9 +42,6 @@ type options struct {
 }
 
 func main() {
-	if len(os.Args) > 2 && os.Args[1] == "wrap" {
-		os.Exit(wrap(os.Args[2], os.Args[3:]))
-	}
 	var o options
 	var modes, autoFlags string
 	flag.StringVar(&o.gaptrace, "gaptrace", "bin/gaptrace", "the gaptrace binary")
@@ -52,8 +49,8 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "where runs write (default: a new directory under /tmp)")
 	flag.IntVar(&o.reps, "reps", 20, "repetitions of every mode (each one an interleaved pair with an untraced run)")
 	flag.StringVar(&modes, "modes", "untraced,null,lite,auto,full", "modes to measure, comma-separated")
-	flag.IntVar(&o.steps, "steps", 6000, "simtrain steps per run")
-	flag.IntVar(&o.kernels, "kernels", 100, "kernels per step (1 µs each, launched back to back)")
+	flag.IntVar(&o.steps, "steps", 4000, "simtrain steps per run")
+	flag.IntVar(&o.kernels, "kernels", 300, "kernels per step (1 µs each, launched back to back)")
 	flag.DurationVar(&o.skip, "skip", 2*time.Second, "leave out the first part of every run (attach, auto's first window)")
 	flag.StringVar(&autoFlags, "auto-flags", "", "more gaptrace flags for mode auto (e.g. \"--auto-every 10s\")")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the run order and of the bootstrap")
@@ -193,22 +190,16 @@ func runAll(o options) (*results, error) {
 	return res, nil
 }
 
-// run runs simtrain once, under gaptrace unless mode is untraced; the
-// bench binary itself wraps simtrain to take its CPU time.
+// run runs simtrain once, under gaptrace unless mode is untraced.
 func run(o options, mode, name string) (sample, error) {
 	dir := filepath.Join(o.out, name)
 	if err := os.MkdirAll(filepath.Join(dir, "tl"), 0o755); err != nil {
 		return sample{}, err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return sample{}, err
-	}
 	truth := filepath.Join(dir, "truth.jsonl")
-	stats := filepath.Join(dir, "cpu.json")
-	inner := []string{self, "wrap", stats + "," + strconv.FormatInt(int64(o.skip), 10), "--",
-		filepath.Join(o.simgpu, "simtrain"), "--steps", strconv.Itoa(o.steps), "--kernels-per-step", strconv.Itoa(o.kernels),
-		"--kernel-us", "1", "--launch-gap-us", "0", "--workers", "0", "--quiet", "--truth", truth}
+	// A small batch: the step is the launches and one sync, not a copy.
+	inner := []string{filepath.Join(o.simgpu, "simtrain"), "--steps", strconv.Itoa(o.steps), "--kernels-per-step", strconv.Itoa(o.kernels),
+		"--kernel-us", "1", "--launch-gap-us", "0", "--batch-bytes", "4096", "--workers", "0", "--quiet", "--truth", truth}
 	argv := inner
 	if mode != "untraced" {
 		argv = []string{o.gaptrace, "run", "--probes", mode, "--live", "off",
@@ -231,99 +222,29 @@ func run(o options, mode, name string) (sample, error) {
 	if err := cmd.Run(); err != nil {
 		return sample{}, fmt.Errorf("%s: %w (log: %s)", name, err, logf.Name())
 	}
-	return measure(dir, truth, stats, mode)
+	return measure(dir, truth, mode, o.skip)
 }
 
-// cpuStats is what the wrapper writes: the trainer's CPU time at the skip
-// mark and at its exit, and when the mark was taken.
-type cpuStats struct {
-	MarkUnixNS int64 `json:"mark_unix_ns"`
-	MarkCPUNS  int64 `json:"mark_cpu_ns"`
-	EndCPUNS   int64 `json:"end_cpu_ns"`
-}
-
-// wrap runs argv, reads its CPU time from /proc after the skip and from
-// its rusage at exit, and writes both to the stats file.
-func wrap(spec string, argv []string) int {
-	path, skipS, _ := strings.Cut(spec, ",")
-	skip, _ := strconv.ParseInt(skipS, 10, 64)
-	if len(argv) > 0 && argv[0] == "--" {
-		argv = argv[1:]
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "bench wrap:", err)
-		return 1
-	}
-	var st cpuStats
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(time.Duration(skip)):
-		st.MarkCPUNS, st.MarkUnixNS = procCPU(cmd.Process.Pid), time.Now().UnixNano()
-		err = <-done
-	}
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		st.EndCPUNS = syscall.TimevalToNsec(ru.Utime) + syscall.TimevalToNsec(ru.Stime)
-	}
-	b, _ := json.Marshal(st)
-	if werr := os.WriteFile(path, b, 0o644); werr != nil {
-		fmt.Fprintln(os.Stderr, "bench wrap:", werr)
-		return 1
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench wrap:", err)
-		return 1
-	}
-	return 0
-}
-
-// procCPU is a process's user+system time (all threads) in ns.
-func procCPU(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return -1
-	}
-	s := string(b)
-	s = s[strings.LastIndexByte(s, ')')+2:]
-	f := strings.Fields(s)
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	stt, _ := strconv.ParseInt(f[12], 10, 64)
-	return (ut + stt) * int64(time.Second) / 100 // USER_HZ is 100 on Linux
-}
-
+// truthRec is a line of simtrain's truth file (CLOCK_MONOTONIC ns); a
+// step's cpu_ns is the process's CPU time when it ended.
 type truthRec struct {
-	Type   string `json:"type"`
-	What   string `json:"what"`
-	Start  int64  `json:"start"`
-	End    int64  `json:"end"`
-	Count  int64  `json:"count"`
-	Offset int64  `json:"realtime_minus_monotonic_ns"`
+	Type  string `json:"type"`
+	What  string `json:"what"`
+	Start int64  `json:"start"`
+	End   int64  `json:"end"`
+	Count int64  `json:"count"`
+	CPUNS int64  `json:"cpu_ns"`
 }
 
-func measure(dir, truth, stats, mode string) (sample, error) {
-	var cs cpuStats
-	b, err := os.ReadFile(stats)
-	if err == nil {
-		err = json.Unmarshal(b, &cs)
-	}
-	if err != nil {
-		return sample{}, fmt.Errorf("%s: cpu stats: %w", dir, err)
-	}
-	if cs.MarkUnixNS == 0 || cs.MarkCPUNS < 0 {
-		return sample{}, fmt.Errorf("%s: the trainer ended before the skip mark: raise -steps or lower -skip", dir)
-	}
+// measure reads a run's figures from simtrain's truth, over the steps that
+// start at least skip after its first step.
+func measure(dir, truth, mode string, skip time.Duration) (sample, error) {
 	f, err := os.Open(truth)
 	if err != nil {
 		return sample{}, err
 	}
 	defer f.Close()
-	var offset int64
-	var first, last int64
-	var steps int
+	var all []truthRec
 	var perLaunch []float64
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -333,23 +254,29 @@ func measure(dir, truth, stats, mode string) (sample, error) {
 			continue
 		}
 		switch {
-		case r.Type == "meta":
-			offset = r.Offset
-		case r.Type == "step" && r.Start+offset >= cs.MarkUnixNS:
-			if steps == 0 {
-				first = r.Start
-			}
-			last = r.End
-			steps++
-		case r.Type == "call" && r.What == "launch_count" && r.Start+offset >= cs.MarkUnixNS && r.Count > 0:
+		case r.Type == "step":
+			all = append(all, r)
+		case r.Type == "call" && r.What == "launch_count" && r.Count > 0 && len(all) > 0 && r.Start >= all[0].Start+int64(skip):
 			perLaunch = append(perLaunch, float64(r.End-r.Start)/float64(r.Count))
 		}
 	}
-	if steps < 10 {
-		return sample{}, fmt.Errorf("%s: only %d steps after the skip mark: raise -steps", dir, steps)
+	// Steps from the first that starts skip after the first step; their
+	// CPU time is counted from the end of the step before.
+	from := len(all)
+	for i, r := range all {
+		if i > 0 && r.Start >= all[0].Start+int64(skip) {
+			from = i
+			break
+		}
 	}
-	s := sample{Steps: steps, StepNS: float64(last-first) / float64(steps),
-		CPUNS: float64(cs.EndCPUNS-cs.MarkCPUNS) / float64(steps), LaunchNS: median(perLaunch)}
+	n := len(all) - from
+	if n < 10 {
+		return sample{}, fmt.Errorf("%s: %d steps after the first %v: raise -steps or lower -skip", dir, n, skip)
+	}
+	last := all[len(all)-1]
+	s := sample{Steps: n, LaunchNS: median(perLaunch),
+		StepNS: float64(last.End-all[from].Start) / float64(n),
+		CPUNS:  float64(last.CPUNS-all[from-1].CPUNS) / float64(n)}
 	if mode == "auto" {
 		var sum struct {
 			WallNS int64 `json:"wall_ns"`

@@ -32,7 +32,7 @@ type options struct {
 	gaptrace, simgpu, out string
 	reps                  int
 	modes                 []string
-	steps                 int
+	runFor                time.Duration
 	kernels               int
 	skip                  time.Duration
 	autoFlags             []string
@@ -49,7 +49,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "where runs write (default: a new directory under /tmp)")
 	flag.IntVar(&o.reps, "reps", 20, "repetitions of every mode (each one an interleaved pair with an untraced run)")
 	flag.StringVar(&modes, "modes", "untraced,null,lite,auto,full", "modes to measure, comma-separated")
-	flag.IntVar(&o.steps, "steps", 4000, "simtrain steps per run")
+	flag.DurationVar(&o.runFor, "run", 5*time.Second, "how long each run lasts (then simtrain, or gaptrace and with it simtrain, is interrupted)")
 	flag.IntVar(&o.kernels, "kernels", 300, "kernels per step (1 µs each, launched back to back)")
 	flag.DurationVar(&o.skip, "skip", 2*time.Second, "leave out the first part of every run (attach, auto's first window)")
 	flag.StringVar(&autoFlags, "auto-flags", "", "more gaptrace flags for mode auto (e.g. \"--auto-every 10s\")")
@@ -119,8 +119,8 @@ func validate(o *options) error {
 			return fmt.Errorf("-modes: unknown mode %q (want untraced, null, lite, auto, full)", m)
 		}
 	}
-	if o.reps < 1 || o.steps < 100 || o.kernels < 1 {
-		return fmt.Errorf("-reps, -steps and -kernels must be at least 1, 100 and 1")
+	if o.reps < 1 || o.kernels < 1 || o.runFor < o.skip+time.Second {
+		return fmt.Errorf("-reps and -kernels must be at least 1, -run at least -skip plus 1s")
 	}
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("gaptrace loads BPF programs: run as root")
@@ -198,7 +198,7 @@ func run(o options, mode, name string) (sample, error) {
 	}
 	truth := filepath.Join(dir, "truth.jsonl")
 	// A small batch: the step is the launches and one sync, not a copy.
-	inner := []string{filepath.Join(o.simgpu, "simtrain"), "--steps", strconv.Itoa(o.steps), "--kernels-per-step", strconv.Itoa(o.kernels),
+	inner := []string{filepath.Join(o.simgpu, "simtrain"), "--steps", "1000000000", "--kernels-per-step", strconv.Itoa(o.kernels),
 		"--kernel-us", "1", "--launch-gap-us", "0", "--batch-bytes", "4096", "--workers", "0", "--quiet", "--truth", truth}
 	argv := inner
 	if mode != "untraced" {
@@ -219,7 +219,15 @@ func run(o options, mode, name string) (sample, error) {
 	}
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
+		return sample{}, fmt.Errorf("%s: %w", name, err)
+	}
+	// simtrain stops after the step it is in on SIGINT, writing its
+	// truth; gaptrace passes the signal on to it and then detaches.
+	stop := time.AfterFunc(o.runFor, func() { _ = cmd.Process.Signal(os.Interrupt) })
+	err = cmd.Wait()
+	stop.Stop()
+	if err != nil {
 		return sample{}, fmt.Errorf("%s: %w (log: %s)", name, err, logf.Name())
 	}
 	return measure(dir, truth, mode, o.skip)
@@ -291,8 +299,8 @@ func measure(dir, truth, mode string, skip time.Duration) (sample, error) {
 
 func table(o options, res *results) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nsimtrain: %d steps of %d × 1 µs kernels launched back to back; %d interleaved pairs per mode; first %v of each run left out\n",
-		o.steps, o.kernels, o.reps, o.skip)
+	fmt.Fprintf(&b, "\nsimtrain: steps of %d × 1 µs kernels launched back to back; %d interleaved pairs per mode; runs of %v, the first %v of stepping left out\n",
+		o.kernels, o.reps, o.runFor, o.skip)
 	fmt.Fprintf(&b, "median [bootstrap 95%% interval]\n")
 	fmt.Fprintf(&b, "%-9s %-26s %-28s %-26s\n", "mode", "wall/step vs untraced", "trainer CPU µs/step", "µs per launch")
 	for i, m := range o.modes {

@@ -277,8 +277,14 @@ func (p *pipeline) Trace(pid int) error {
 	return nil
 }
 
-// processes returns the traced roots and their live descendants.
+// processes returns the traced roots and their live descendants: the
+// tracer's own set (it follows forks and exits), or, under the null probe
+// set whose programs report no fork, a walk of /proc (every process on the
+// node, every 2 s: the tracer's set costs nothing).
 func (p *pipeline) processes() []int {
+	if p.cfg.Config.Probes != string(tracer.ProbesNull) {
+		return p.tr.Processes()
+	}
 	p.mu.Lock()
 	roots := slices.Clone(p.targets)
 	p.mu.Unlock()

@@ -223,10 +223,30 @@ func run(o options, mode, name string) (sample, error) {
 		return sample{}, fmt.Errorf("%s: %w", name, err)
 	}
 	// simtrain stops after the step it is in on SIGINT, writing its
-	// truth; gaptrace passes the signal on to it and then detaches.
-	stop := time.AfterFunc(o.runFor, func() { _ = cmd.Process.Signal(os.Interrupt) })
-	err = cmd.Wait()
-	stop.Stop()
+	// truth; gaptrace passes the signal on to it and then detaches. The
+	// run is timed from simtrain's start (it creates its truth file then),
+	// not gaptrace's: loading the probes takes seconds on a loaded machine.
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	started := time.Time{}
+	tick := time.NewTicker(20 * time.Millisecond)
+	for err = nil; ; {
+		select {
+		case err = <-done:
+		case <-tick.C:
+			if started.IsZero() {
+				if _, serr := os.Stat(truth); serr == nil {
+					started = time.Now()
+				}
+			} else if time.Since(started) >= o.runFor {
+				_ = cmd.Process.Signal(os.Interrupt)
+				started = time.Now().Add(time.Hour) // once
+			}
+			continue
+		}
+		break
+	}
+	tick.Stop()
 	if err != nil {
 		return sample{}, fmt.Errorf("%s: %w (log: %s)", name, err, logf.Name())
 	}

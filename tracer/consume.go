@@ -30,9 +30,7 @@ type ringReader struct {
 // ringPoll bounds how long a record waits in the ring buffer: the programs
 // wake the reader only when a quarter of the ring is pending (see
 // wakeup_bytes in bpf/common.h), so the reader looks on its own this often.
-// Each look is a wakeup of the sidecar (50 a second, however idle the job);
-// 20 ms is far inside the correlator's 500 ms emission delay.
-const ringPoll = 20 * time.Millisecond
+const ringPoll = 5 * time.Millisecond
 
 func (r *ringReader) Read() ([]byte, error) {
 	for {

@@ -16,7 +16,10 @@ func TestAutoLaunchToggle(t *testing.T) {
 	type toggles struct{ on, off LaunchToggle }
 	done := make(chan toggles, 1)
 	var attachedDuring []ProbeInfo
-	hook := func(tr *Tracer, _ int) {
+	hook := func(tr *Tracer, pid int) {
+		if ps := tr.Processes(); len(ps) != 1 || ps[0] != pid {
+			t.Errorf("Processes() = %v, want [%d]", ps, pid)
+		}
 		// A window before simtrain runs: what attaches is what detaches.
 		on, err1 := tr.SetLaunchProbes(true)
 		off, err2 := tr.SetLaunchProbes(false)

@@ -46,7 +46,6 @@ type autoSchedule struct {
 	reason  string
 
 	demand     string // a window asked for by a change, "" when none
-	lastDemand time.Time
 	procs      map[uint32]*autoBaseline
 
 	windows int

@@ -38,7 +38,6 @@ type options struct {
 	autoFlags             []string
 	seed                  uint64
 	save                  string
-	merge                 []string
 }
 
 func main() {

@@ -45,8 +45,8 @@ type autoSchedule struct {
 	steps   int       // pattern steps seen inside the current window
 	reason  string
 
-	demand     string // a window asked for by a change, "" when none
-	procs      map[uint32]*autoBaseline
+	demand string // a window asked for by a change, "" when none
+	procs  map[uint32]*autoBaseline
 
 	windows int
 }

@@ -38,8 +38,9 @@ type autoSchedule struct {
 	window, every time.Duration
 	log           *slog.Logger
 
-	full    bool // the window wanted now
-	warm    bool // the warm-up window is over
+	full    bool      // the window wanted now
+	warm    bool      // the warm-up window is over
+	active  time.Time // end of the first step (or fixed window) delivered
 	since   time.Time
 	lastEnd time.Time // when the last window ended
 	steps   int       // pattern steps seen inside the current window
@@ -69,6 +70,9 @@ func newAutoSchedule(window, every time.Duration, now time.Time, log *slog.Logge
 
 // step takes one finished step from the engine.
 func (a *autoSchedule) step(st correlate.Step) {
+	if a.active.IsZero() {
+		a.active = time.Unix(0, st.End)
+	}
 	if a.full {
 		if !st.Window && st.Start >= a.since.UnixNano() {
 			a.steps++
@@ -140,7 +144,11 @@ func (a *autoSchedule) tick(now time.Time) (change, full bool, reason string) {
 	if a.full {
 		done := false
 		if !a.warm {
-			done = (a.steps >= autoWarmupSteps && elapsed >= a.window) || elapsed >= autoWarmupMax*a.window
+			// Until the job does GPU work the per-launch probes cost
+			// nothing: the warm-up's time limit runs from its first step
+			// (a model that loads for minutes keeps its first window).
+			done = (a.steps >= autoWarmupSteps && elapsed >= a.window) ||
+				(!a.active.IsZero() && now.Sub(a.active) >= autoWarmupMax*a.window)
 		} else {
 			done = (a.steps >= autoMinSteps && elapsed >= a.window) || elapsed >= autoMaxWindows*a.window
 		}

@@ -37,7 +37,7 @@ func (r *schedRun) run(d, step time.Duration, idle float64, window bool) {
 	end := r.now.Add(d)
 	for r.now.Before(end) {
 		r.now = r.now.Add(100 * time.Millisecond)
-		for !r.next.Add(step).After(r.now) {
+		for step > 0 && !r.next.Add(step).After(r.now) {
 			st := correlate.Step{PID: 7, Start: r.next.UnixNano(), End: r.next.Add(step).UnixNano(), IdleRatio: idle, Window: window}
 			r.q = append(r.q, pendingStep{st, r.next.Add(step + time.Second)})
 			r.next = r.next.Add(step)
@@ -129,10 +129,16 @@ func TestAutoScheduleDemand(t *testing.T) {
 }
 
 // TestAutoScheduleNoPattern: a job without steps leaves the warm-up window
-// after autoWarmupMax windows' time.
+// autoWarmupMax windows after its first fixed window arrived; before any
+// arrives (the job loads its model) the warm-up does not time out.
 func TestAutoScheduleNoPattern(t *testing.T) {
 	r := newSchedRun(t, 200*time.Millisecond, 30*time.Second)
-	r.run(3900*time.Millisecond, time.Second, 0.5, true)
+	r.run(30*time.Second, 0, 0, true) // nothing yet
+	r.want()
+	r.next = r.now
+	// Fixed windows of 1 s: the first arrives 2 s after they begin (its end
+	// plus the delivery delay); 4 s (20 × 200 ms) after its end, lite.
+	r.run(4900*time.Millisecond, time.Second, 0.5, true)
 	r.want()
 	r.run(200*time.Millisecond, time.Second, 0.5, true)
 	r.want("lite:start")

@@ -1,5 +1,7 @@
 package correlate
 
+import "github.com/gaptrace/gaptrace/event"
+
 // Probe sets as the engine sees them per span of time under ProbesAuto: the
 // per-launch probes are attached only for sampled windows, so a gap is
 // decided as full would decide it only when one window covered all of it
@@ -91,4 +93,40 @@ func (e *Engine) ProbesLive(full bool, at int64) {
 	if e.set.modes != nil {
 		e.set.modes.set(full, at)
 	}
+}
+
+// leadShadow keeps lite's lead history current through full windows. Lite
+// measures, for each gap, the lead from a drained sync's return to the next
+// work it sees (a copy, a collective, a sync) and places gaps no blocking
+// call explains with the recent leads; a window closes gaps at the first
+// launch instead and measures none, so without this the first lite gaps
+// after the warm-up window would find no history and be lost.
+type leadShadow struct {
+	from int64 // the open gap's start, its launch seen, no other work yet
+	done int64 // start of the last gap whose lead was recorded
+}
+
+// shadowLead records, under auto and inside a window, the lead lite would
+// have measured: at the first non-launch work after a gap's start.
+func (p *proc) shadowLead(x env, ev *event.Event) {
+	if x.set.modes == nil {
+		return
+	}
+	sh := &p.shadow
+	launch := ev.Kind == event.KindEnqueue
+	if sh.from != 0 && !launch {
+		p.leads.push(ev.Start - sh.from)
+		sh.done, sh.from = sh.from, 0
+		return
+	}
+	g := p.gap
+	if g == nil || g.start == sh.done || x.liteOver(g.start, ev.Start) {
+		return // lite's own closure records this gap's lead
+	}
+	if launch {
+		sh.from = g.start
+		return
+	}
+	p.leads.push(ev.Start - g.start)
+	sh.done = g.start
 }

@@ -96,3 +96,45 @@ func TestProbeModesWindowCoverage(t *testing.T) {
 		t.Errorf("%d windows kept, %d ns at full; want %d, %d", len(many.wins), many.fullNS(0, 1<<40), maxWindows, 2*maxWindows*5)
 	}
 }
+
+// TestAutoPureCPUStallAfterWindow: the first steps after a window are lite,
+// and a gap no blocking call explains (the feeder computed) is placed with
+// the usual lead from a sync's return to the next work lite sees. The
+// window measured those leads as lite would have, so the stall in the
+// first lite step after it is found.
+func TestAutoPureCPUStallAfterWindow(t *testing.T) {
+	s := newSim()
+	step := func() {
+		s.launches(20, 2*ms, 100*us)
+		s.copyAsync(ms, 1)
+		s.sync()
+	}
+	for i := 0; i < 10; i++ { // the warm-up window: full
+		step()
+	}
+	off := s.t
+	s.lite = true
+	step()
+	at := s.t
+	s.t += 30 * ms // the feeder computes
+	resume := s.t
+	for i := 0; i < 8; i++ {
+		step()
+	}
+	truth := s.idle(at, resume+5*us)
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	e := newEngine(c, func(cfg *Config) { cfg.Probes = ProbesAuto })
+	e.ProbesLive(true, t0-ms)
+	e.ProbesLive(false, off)
+	sum := feed(e, c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	checkTotals(t, c, sum)
+	big := bigGaps(c.gaps)
+	if len(big) != 1 {
+		t.Fatalf("gaps %+v", big)
+	}
+	g := big[0]
+	if !near(g.Start, at, 50*us) || !near(g.Duration, truth, 500*us) || g.Cause != CauseCPU || g.Probes != ProbesLite {
+		t.Errorf("gap %d..%d (%d) %s probes %q, want %d..+%d cpu lite", g.Start-t0, g.End-t0, g.Duration, g.Cause, g.Probes, at-t0, truth)
+	}
+}

@@ -43,6 +43,7 @@ func (p *proc) startGPU(t int64) {
 }
 
 func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvidence) {
+	p.shadowLead(x, ev)
 	p.feeders.add(th.tid)
 	t := ev.Start
 	switch ev.Kind {
@@ -113,6 +114,7 @@ func (p *proc) drainStreams(ev *event.Event) *CollectiveEvidence {
 }
 
 func (p *proc) onSync(x env, th *thread, ev *event.Event) {
+	p.shadowLead(x, ev)
 	p.feeders.add(th.tid)
 	if ev.Count > 0 {
 		p.launches += ev.Count
@@ -168,6 +170,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 // completes after that work, so it drains the queue like a sync; inside a
 // gap it is host activity (cuda.memcpy / cuda.alloc) on the timeline.
 func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
+	p.shadowLead(x, ev)
 	if !p.everEnq || p.allDrained() {
 		p.onBlocking(th, ev)
 		return

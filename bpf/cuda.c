@@ -12,6 +12,7 @@
  * that the next emitted enqueue or sync carries in its count.
  */
 #include "common.h"
+#include "python.h"
 
 enum launch_layout {
 	LL_STREAM_ARG9 = 0, /* cuLaunchKernel, cuLaunchCooperativeKernel: hStream 9th */
@@ -235,6 +236,7 @@ int cuda_block_exit(struct pt_regs *ctx)
 	 * ends a gap. */
 	arm_enqueue(t);
 
+	py_stack(id, now);
 	struct cuda_event *e = reserve(sizeof(*e));
 	if (!e)
 		return 0;

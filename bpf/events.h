@@ -20,6 +20,7 @@ enum event_type {
 	EV_PROC = 5,
 	EV_FD = 6,
 	EV_MMAP = 7, /* an executable file mapping appeared: rescan /proc/PID/maps */
+	EV_PYSTACK = 8, /* the Python frames of the event that follows (bpf/python.h) */
 };
 
 /* hdr.kind: the event.Kind value (event/event.go), kept numerically equal

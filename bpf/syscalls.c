@@ -13,6 +13,7 @@
  * not traced: the driver's own waiting is explained by the call itself.
  */
 #include "common.h"
+#include "python.h"
 
 #define PROT_EXEC 0x4
 
@@ -124,6 +125,7 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		return 0;
 	}
 
+	py_stack(id, now);
 	struct syscall_event *e = reserve(sizeof(*e));
 	if (e) {
 		hdr_fill(&e->hdr, EV_SYSCALL, K_SYSCALL, id, now);

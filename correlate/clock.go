@@ -10,11 +10,12 @@ import (
 // The work clock: a training loop enqueues the same data movement every
 // iteration (the batch's copies, the gradients' all-reduces) and the same
 // number of kernels, while host code adds synchronisations at will (a
-// scalar read, a loss check, logging every so often). When the syncs per
-// step vary, steps are counted by an enqueued operation that occurs a fixed
-// number of times per step, between two of which everything else enqueued
-// repeats; the step still ends at a sync, the one of the segment after
-// which the host took longest to enqueue again.
+// scalar read, a loss check, logging every so often, a checkpoint's
+// per-tensor copies). Steps are counted by an enqueued operation that
+// occurs a fixed number of times per step, between two of which everything
+// else enqueued repeats; the step still ends at a sync. Where such an
+// operation exists it wins over the sync period, which serves loops that
+// enqueue nothing it can use.
 
 const (
 	tokMax = 256 // enqueue tokens remembered for clock detection
@@ -23,10 +24,19 @@ const (
 	// make two steps differ.
 	scalarBytes = 4096
 	clockMaxM   = 4 // most occurrences of the clock per step considered
-	clockSegMin = 6 // segments compared at least before a clock is trusted
+	clockSegMin = 4 // segments compared at least before a clock is trusted
 	clockKeys   = 16
 	// clockEvery: tokens between detection attempts.
 	clockEvery = 4
+	// clockJitterRel: launch counts of two steps this close are the same
+	// step. Launches reach the tracer in per-thread batches flushed at the
+	// thread's next CUDA call, so a step's count borrows from its
+	// neighbour's (the autograd thread flushes when it next runs); the sum
+	// over steps is exact.
+	clockJitterRel = 0.3
+	// clockRecheck: tokens between checks that a running clock still
+	// qualifies.
+	clockRecheck = 16
 )
 
 // tokKey identifies an enqueued operation across steps.
@@ -52,6 +62,14 @@ type clockState struct {
 	m     int   // occurrences per step
 	phase int   // which occurrence (mod m) starts a step
 	occ   int64 // occurrences numbered so far
+	syncs int   // syncs since the step's clock operation (comm baselines)
+	// recent: the syncs of the last steps; where most held the same
+	// number, a sync's position in the step names it (comm baselines).
+	recent  [syncsRing]int
+	nrecent int
+	// stopAfter: this many syncs without any clock-able operation mean
+	// the loop stopped enqueuing it (an evaluation phase, a new loop).
+	stopAfter int
 	// The live segment since the last boundary token, and the previous one,
 	// to notice when the pattern is lost.
 	seg, prev segFeat
@@ -84,7 +102,7 @@ func launchesClose(x, y uint64) bool {
 	if x < y {
 		x, y = y, x
 	}
-	return x-y <= launchJitter || float64(x-y) <= launchJitterRel*float64(x)
+	return x-y <= launchJitter || float64(x-y) <= clockJitterRel*float64(x)
 }
 
 // tokenOf is the clock token of an enqueue, if it can be one.
@@ -109,83 +127,339 @@ type clockFound struct {
 	syncsVary    bool    // the syncs per step differ between steps
 	syncsPerStep int     // when they do not
 	occ          int64   // occurrences of key in the ring, numbered from 0
+	// work is the median work of a step (launches where they are seen,
+	// else its duration); concentrated: the median step holds far less
+	// than the mean (the work happens in a few of them).
+	work         float64
+	concentrated bool
+	medSyncs     int   // median syncs per step
+	syncCounts   []int // syncs of the last steps, oldest first
 }
 
-// detectClock finds the finest operation of the token ring that occurs a
-// fixed number of times per step with the same work between.
-func detectClock(toks []token, launchesSeen bool, posts func(lo, hi int64) int64) (clockFound, bool) {
-	var keys []tokKey
+// syncsRing: steps whose sync counts say whether positions name syncs.
+const syncsRing = 8
+
+func (c *clockState) pushSyncs(n int) {
+	c.recent[c.nrecent%syncsRing] = n
+	c.nrecent++
+}
+
+// alwaysSyncs says whether every recent step (four at least) held a sync.
+func (c *clockState) alwaysSyncs() bool {
+	k := min(c.nrecent, syncsRing)
+	if k < 4 {
+		return false
+	}
+	for i := 0; i < k; i++ {
+		if c.recent[i] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// syncIn says whether a sync returned in (lo, hi].
+func (s *stepper) syncIn(lo, hi int64) bool {
+	for i := range s.hist {
+		if h := &s.hist[i]; h.end > lo && h.end <= hi {
+			return true
+		}
+	}
+	return false
+}
+
+// fixedSyncs says whether at least three quarters of the recent steps
+// (four at least) held the same number of syncs.
+func (c *clockState) fixedSyncs() bool {
+	k := min(c.nrecent, syncsRing)
+	if k < 4 {
+		return false
+	}
+	best := 0
+	for i := 0; i < k; i++ {
+		n := 0
+		for j := 0; j < k; j++ {
+			if c.recent[j] == c.recent[i] {
+				n++
+			}
+		}
+		best = max(best, n)
+	}
+	return 4*best >= 3*k
+}
+
+// detectClock finds the loop's clock in the token ring: an operation that
+// occurs a fixed number of times per step with the same work between. Of
+// the operations that qualify, three rules pick the one that counts loop
+// iterations rather than a slice of one or a burst inside one:
+//   - it still occurs: not long ago in tokens (a checkpoint's copies
+//     repeat among themselves but only within their burst) nor in syncs
+//     (an evaluation phase enqueues other work);
+//   - its steps share the work: a per-parameter copy of the optimizer
+//     repeats with identical (empty) segments between, but the forward
+//     and backward all fall into one segment of every dozen; where a
+//     coarser clock qualifies too, a finer one whose median step holds
+//     less than half its share of the coarser one's is a slice of it, and
+//     a clock whose median step holds under a quarter of the mean is one
+//     on its own (work is launches where they are seen, else time: lite
+//     would otherwise lock onto the optimizer's copies during warm-up,
+//     before the batch copy has repeated often enough to compare);
+//   - of the rest, the finest wins (a checkpoint or an evaluation every N
+//     steps makes a coarser period that also repeats).
+func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo, hi int64) int64) (best clockFound, valid []clockFound) {
 	occ := map[tokKey][]int{}
+	var keys []tokKey
+	var launches uint64
+	// Prefix sums over the ring make every segment's content O(1): the
+	// operations it holds as a sum of per-operation hashes (a multiset),
+	// its launches and its syncs.
+	n := len(toks)
+	ph := make([]uint64, n+1)
+	pl := make([]uint64, n+1)
+	ps := make([]int, n+1)
 	for i := range toks {
 		k := toks[i].key
 		if _, ok := occ[k]; !ok {
-			if len(keys) == clockKeys {
-				continue
-			}
 			keys = append(keys, k)
 		}
 		occ[k] = append(occ[k], i)
+		launches += toks[i].launches
+		ph[i+1] = ph[i] + k.hash()
+		pl[i+1] = pl[i] + toks[i].launches
+		ps[i+1] = ps[i] + toks[i].syncs
 	}
-	var best clockFound
-	found := false
+	segOf := func(a, b int) segSum { // tokens a+1..b
+		return segSum{ops: ph[b+1] - ph[a+1], launches: pl[b+1] - pl[a+1], syncs: ps[b+1] - ps[a+1]}
+	}
+	useLaunches := launchesSeen && launches > 0
+	// The most frequent operations first: a run's start (loading weights,
+	// capturing a graph) enqueues many one-off sizes.
+	sort.SliceStable(keys, func(i, j int) bool { return len(occ[keys[i]]) > len(occ[keys[j]]) })
+	if len(keys) > clockKeys {
+		keys = keys[:clockKeys]
+	}
+	var cands []clockFound
 	for _, k := range keys {
 		o := occ[k]
+		var unit []segSum // the segments between consecutive occurrences
 		for m := 1; m <= clockMaxM; m++ {
 			nseg := (len(o) - 1) / m
 			if nseg < clockSegMin {
 				break
 			}
-			feats := make([]segFeat, nseg)
-			for s := 0; s < nseg; s++ {
-				f := segFeat{counts: map[tokKey]int{}}
-				for j := o[s*m] + 1; j <= o[(s+1)*m]; j++ {
-					f.launches += toks[j].launches
-					f.syncs += toks[j].syncs
-					f.counts[toks[j].key]++
-				}
-				feats[s] = f
+			if m > 1 && !phasesDiffer(unit, m, launchesSeen) {
+				// The occurrences are alike: m of them per step is only
+				// a coarsening of a clock that does not match yet.
+				continue
 			}
-			match, syncSame := 0, 0
-			for s := 1; s < nseg; s++ {
-				if feats[s].same(&feats[s-1], launchesSeen) {
-					match++
+			feats := make([]segSum, nseg)
+			work := make([]float64, nseg)
+			var workSum float64
+			for s := 0; s < nseg; s++ {
+				f := segOf(o[s*m], o[(s+1)*m])
+				feats[s] = f
+				if m == 1 {
+					unit = feats
 				}
+				if useLaunches {
+					work[s] = float64(f.launches)
+				} else {
+					work[s] = float64(toks[o[(s+1)*m]].t - toks[o[s*m]].t)
+				}
+				workSum += work[s]
+			}
+			syncSame := 0
+			for s := 1; s < nseg; s++ {
 				if feats[s].syncs == feats[s-1].syncs {
 					syncSame++
 				}
 			}
-			if float64(match) < matchMin*float64(nseg-1) {
+			if float64(modalMatch(feats, launchesSeen)) < matchMin*float64(nseg) {
 				continue
 			}
-			// The finest clock wins; at equal step length the one that
-			// occurs once per step, whose occurrence needs no phase.
 			segLen := float64(o[nseg*m]-o[0]) / float64(nseg)
-			if found && (segLen > best.segLen*1.01 || (segLen >= best.segLen*0.99 && m >= best.m)) {
-				break
+			ns := make([]int, nseg)
+			for i := range feats {
+				ns[i] = feats[i].syncs
 			}
-			best = clockFound{key: k, m: m, segLen: segLen,
-				syncsVary:    float64(syncSame) < matchMin*float64(nseg-1),
-				syncsPerStep: feats[nseg-1].syncs, occ: int64(len(o))}
-			best.phase = clockPhase(toks, o, m, posts)
-			found = true
+			sort.Ints(ns)
+			if len(toks)-1-o[len(o)-1] > int(2*segLen)+2 || syncsSince > 4*max(ns[nseg/2], 1)+4 {
+				// It stopped: a burst (a warm-up's, a checkpoint's), or
+				// the loop moved on to work without it.
+				continue
+			}
+			sort.Float64s(work)
+			med := work[nseg/2]
+			if launchesSeen && med < 1 {
+				// Every iteration launches kernels (a graph replay counts):
+				// copies with none between them are a burst inside one
+				// (a warm-up's, a checkpoint's).
+				continue
+			}
+			cands = append(cands, clockFound{key: k, m: m, segLen: segLen,
+				syncsVary:    syncSame < nseg-1,
+				syncsPerStep: feats[nseg-1].syncs, occ: int64(len(o)),
+				work: med, concentrated: med < workSum/float64(nseg)/4, medSyncs: ns[nseg/2], syncCounts: segSyncs(feats[max(0, nseg-syncsRing):]),
+				phase: clockPhase(toks, o, m, posts)})
 			break
 		}
 	}
-	return best, found
+	found := false
+	for i := range cands {
+		f := &cands[i]
+		if f.concentrated {
+			continue
+		}
+		slice := false
+		for j := range cands {
+			c := &cands[j]
+			if c.segLen >= 1.5*f.segLen && !c.concentrated && f.work < 0.5*c.work*f.segLen/c.segLen {
+				slice = true
+				break
+			}
+		}
+		if slice {
+			continue
+		}
+		valid = append(valid, *f)
+		// At equal step length the one that occurs once per step, whose
+		// occurrence needs no phase.
+		if !found || f.segLen < best.segLen*0.99 || (f.segLen <= best.segLen*1.01 && f.m < best.m) {
+			best, found = *f, true
+		}
+	}
+	return best, valid
 }
 
-// clockPhase picks which occurrence (mod m) starts a step: the one before
-// which the host paused longest after a sync (fetching the next batch).
+// segSum is what one candidate step enqueued: its operations as a
+// multiset hash, its launches and syncs.
+type segSum struct {
+	ops      uint64
+	launches uint64
+	syncs    int
+}
+
+// hash is the operation's term in a segment's multiset hash.
+func (k tokKey) hash() uint64 {
+	h := uint64(k.kind) + 1
+	for _, v := range [...]uint64{k.stream, k.bytes, uint64(k.op), k.comm} {
+		h = mix64(h ^ v)
+	}
+	return h
+}
+
+// mix64 is splitmix64's finalizer.
+func mix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+func segSyncs(f []segSum) []int {
+	n := make([]int, len(f))
+	for i := range f {
+		n[i] = f[i].syncs
+	}
+	return n
+}
+
+// modalMatch is how many steps hold the same operations as the most
+// common step, with launch counts close to its median. Comparing with the
+// mode rather than the previous step charges an inserted checkpoint or
+// evaluation one mismatch, not two.
+func modalMatch(feats []segSum, launchesSeen bool) int {
+	groups := map[uint64][]int{}
+	var mode uint64
+	for i := range feats {
+		k := feats[i].ops
+		groups[k] = append(groups[k], i)
+		if len(groups[k]) > len(groups[mode]) {
+			mode = k
+		}
+	}
+	g := groups[mode]
+	if !launchesSeen {
+		return len(g)
+	}
+	l := make([]uint64, len(g))
+	for i, s := range g {
+		l[i] = feats[s].launches
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+	med, n := l[len(l)/2], 0
+	for _, x := range l {
+		if launchesClose(x, med) {
+			n++
+		}
+	}
+	return n
+}
+
+// phasesDiffer says whether the segments between consecutive occurrences
+// of an operation differ by their position mod m: a step holding m
+// occurrences has its own work between each (a batch copy, then a copy
+// into a graph's input, then the replay).
+func phasesDiffer(unit []segSum, m int, launchesSeen bool) bool {
+	var first, firstL uint64
+	for r := 0; r < m; r++ {
+		var ph []segSum
+		for i := r; i < len(unit); i += m {
+			ph = append(ph, unit[i])
+		}
+		if len(ph) == 0 {
+			return false
+		}
+		groups := map[uint64]int{}
+		var mode uint64
+		for i := range ph {
+			k := ph[i].ops
+			groups[k]++
+			if groups[k] > groups[mode] {
+				mode = k
+			}
+		}
+		l := make([]uint64, len(ph))
+		for i := range ph {
+			l[i] = ph[i].launches
+		}
+		sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+		med := l[len(l)/2]
+		if r == 0 {
+			first, firstL = mode, med
+			continue
+		}
+		if mode != first || (launchesSeen && !launchesClose(med, firstL)) {
+			return true
+		}
+	}
+	return false
+}
+
+// clockPhase picks which occurrence (mod m) starts a step. A step ends at
+// syncs it always makes (the final loss read, one per stream), while
+// scalar reads come and go: the start is the occurrence whose preceding
+// stretch held a sync in every step (the most syncs at least), and among
+// those the one before which the host paused longest after a sync
+// (fetching the next batch).
 func clockPhase(toks []token, o []int, m int, posts func(lo, hi int64) int64) int {
 	if m == 1 {
 		return 0
 	}
-	bestR, bestV := 0, int64(-1)
+	bestR, bestMin, bestV := 0, -1, int64(-1)
 	for r := 0; r < m; r++ {
 		var v []int64
+		least := -1
 		for i := r; i < len(o); i += m {
 			if i == 0 {
 				continue
+			}
+			n := 0
+			for j := o[i-1] + 1; j <= o[i]; j++ {
+				n += toks[j].syncs
+			}
+			if least < 0 || n < least {
+				least = n
 			}
 			v = append(v, posts(toks[o[i-1]].t, toks[o[i]].t))
 		}
@@ -193,8 +467,9 @@ func clockPhase(toks []token, o []int, m int, posts func(lo, hi int64) int64) in
 			continue
 		}
 		sort.Slice(v, func(a, b int) bool { return v[a] < v[b] })
-		if med := v[len(v)/2]; med > bestV {
-			bestR, bestV = r, med
+		med := v[len(v)/2]
+		if least > bestMin || (least == bestMin && med > bestV) {
+			bestR, bestMin, bestV = r, least, med
 		}
 	}
 	return bestR
@@ -215,7 +490,11 @@ func (s *stepper) onToken(set settings, key tokKey, t int64) bool {
 	}
 	s.ntok++
 	if s.mode == modeClock {
-		return s.clockTick(set, &tok)
+		ended := s.clockTick(set, &tok)
+		if s.mode == modeClock && s.ntok%clockRecheck == 0 {
+			s.tryClock(set)
+		}
+		return ended
 	}
 	if s.ntok%clockEvery != 0 {
 		return false
@@ -234,6 +513,15 @@ func (s *stepper) clockTick(set settings, tok *token) bool {
 	idx := c.occ
 	c.occ++
 	if int(idx%int64(c.m)) != c.phase {
+		return false
+	}
+	if c.alwaysSyncs() && !s.syncIn(s.openStart(), tok.t) {
+		// Every step ends at a sync, and the open step has none yet: it
+		// was opened at the previous step's last sync by the sync period
+		// or a fixed window the clock took over from, and this
+		// occurrence is its own.
+		c.seg = segFeat{counts: map[tokKey]int{}}
+		c.syncs = 0
 		return false
 	}
 	if c.havePrev {
@@ -255,6 +543,8 @@ func (s *stepper) clockTick(set settings, tok *token) bool {
 	}
 	c.prev, c.havePrev = c.seg, true
 	c.seg = segFeat{counts: map[tokKey]int{}}
+	c.pushSyncs(c.syncs)
+	c.syncs = 0
 	s.boundary(s.stepEnd(tok.t), false)
 	return true
 }
@@ -269,7 +559,10 @@ func (f *segFeat) add(tok *token) {
 // operation was enqueued at t: at the sync after which the host clearly
 // paused longest (fetching the next batch), else at the last sync before
 // t (loops move the batch first, then compute and read their scalars), or
-// at t when the step held no sync.
+// at t when the step held no sync. In lite the pause after a sync is
+// measured to the next copy or sync, launches being invisible: a scalar
+// read in the middle of the step looks followed by the longest pause, so
+// only the last sync counts.
 func (s *stepper) stepEnd(t int64) int64 {
 	lo := s.openStart()
 	var last, best, first, second int64 = 0, 0, -1, -1
@@ -287,7 +580,7 @@ func (s *stepper) stepEnd(t int64) int64 {
 		}
 	}
 	switch {
-	case best > 0 && first >= batchFetchMin && first >= 2*max(second, 0):
+	case !s.lite && best > 0 && first >= batchFetchMin && first >= 2*max(second, 0):
 		return best
 	case last > 0:
 		return last
@@ -306,24 +599,48 @@ func (s *stepper) maxPost(lo, hi int64) int64 {
 	return v
 }
 
-// tryClock switches to the work clock when one is found and the sync
-// period cannot make the same steps.
+// tryClock switches to the work clock when one is found. It wins over the
+// sync period whenever there is one: host code adds syncs at will (a
+// scalar read every third step, a checkpoint's copies), and a sync period
+// of several iterations repeats as well as one of one; the enqueued work
+// does not lie about what one iteration is.
 func (s *stepper) tryClock(set settings) bool {
-	cf, ok := detectClock(s.toks, !set.lite, s.maxPost)
-	if !ok {
+	cf, valid := detectClock(s.toks, s.pendSyncs, !set.lite, s.maxPost)
+	if len(valid) == 0 {
 		return false
 	}
-	// Steps of a constant number of syncs are the sync period's: it
-	// also places comm stalls by their sync's position in the step. The
-	// clock takes over where the syncs per step vary, or where the sync
-	// period was never found or was lost (fixed windows).
-	if !cf.syncsVary && s.mode != modeWindow {
-		return false
+	if c := s.clock; s.mode == modeClock && c != nil {
+		// A running clock gives way, at two checks in a row, to a clearly
+		// finer one or when it no longer qualifies itself (it was a
+		// warm-up's burst, the loop changed); a long insertion (a
+		// checkpoint) disqualifies the loop's clock for one check at most.
+		if cf.key == c.key && cf.m == c.m {
+			s.clockStrikes = 0
+			return false
+		}
+		still := false
+		for _, v := range valid {
+			if v.key == c.key && v.m == c.m {
+				still = cf.segLen*1.5 > v.segLen
+			}
+		}
+		if still {
+			s.clockStrikes = 0
+			return false
+		}
+		if s.clockStrikes++; s.clockStrikes < 2 {
+			return false
+		}
 	}
+	s.clockStrikes = 0
 	prev := s.mode
+	s.lite = set.lite
 	set.log.Debug("step period found", "pid", s.pid, "clock", cf.key.String(), "per_step", cf.m, "syncs_vary", cf.syncsVary)
 	s.clock = &clockState{key: cf.key, m: cf.m, phase: cf.phase, occ: cf.occ,
-		seg: segFeat{counts: map[tokKey]int{}}}
+		seg: segFeat{counts: map[tokKey]int{}}, stopAfter: 4*max(cf.medSyncs, 1) + 4}
+	for _, n := range cf.syncCounts {
+		s.clock.pushSyncs(n)
+	}
 	s.mode = modeClock
 	s.period, s.phase = 0, 0
 	s.nchecks = 0
@@ -387,6 +704,7 @@ func (s *stepper) undecided(t int64) bool {
 	if s.mode != modeClock {
 		return false
 	}
+	// Once no step is open (the process ended) every step is known.
 	o := s.openStart()
-	return o == 0 || t >= o
+	return o != 0 && t >= o
 }

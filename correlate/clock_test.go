@@ -141,6 +141,43 @@ func TestLockHolderComputing(t *testing.T) {
 	}
 }
 
+// TestLockHolderShortLived: the holder is a thread that emits nothing of
+// its own (it only computes) and exits just before the feeder's wait ends,
+// long before the gap is decided; and one that was never seen to start
+// (tracing attached after it was created). Both are lock, named by the
+// wake-up alone.
+func TestLockHolderShortLived(t *testing.T) {
+	for _, forked := range []bool{true, false} {
+		s := newSim()
+		var waits int64
+		for n := int64(1); n <= 40; n++ {
+			if n%4 == 0 {
+				hog := uint32(500 + n)
+				if forked {
+					s.evs = append(s.evs, event.Event{Kind: event.KindFork, PID: s.pid, TID: s.pid, Start: s.t, End: s.t, ChildPID: hog, IsThread: true})
+				}
+				s.evs = append(s.evs, event.Event{Kind: event.KindExit, PID: s.pid, TID: hog, Start: s.t + 30*ms - 40*us, End: s.t + 30*ms - 40*us})
+				s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: hog}, 30*ms)
+				waits += 30 * ms
+			}
+			s.step(8, 500*us, 20*us)
+			s.t += 100 * us
+		}
+		c := &collect{}
+		feed(newEngine(c, nil), c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+		var lock int64
+		for _, g := range bigGaps(c.gaps) {
+			lock += g.Breakdown[CauseLock]
+			if g.Cause != CauseLock || len(g.Evidence.LockHolders) != 1 || g.Evidence.LockHolders[0].TID < 500 {
+				t.Errorf("forked=%v: gap %s holders %+v, want lock held by the short-lived thread", forked, g.Cause, g.Evidence.LockHolders)
+			}
+		}
+		if lock < waits*9/10 {
+			t.Errorf("forked=%v: lock %d ns of %d ns waited", forked, lock, waits)
+		}
+	}
+}
+
 // TestGILTimedWait: CPython's take_gil waits the switch interval on a
 // condition variable; the wait times out (the timer's interrupted task,
 // another process, is recorded as the waker), the thread asks the holder
@@ -186,5 +223,54 @@ func TestGILTimedWait(t *testing.T) {
 	}
 	if lock < waits*9/10 {
 		t.Errorf("lock %d ns of %d ns waited", lock, waits)
+	}
+}
+
+// BenchmarkDetectClock: one detection over a full ring of an eager loop
+// (a batch copy and fifteen per-parameter copies per step); it runs every
+// clockRecheck operations, so it must stay well under a millisecond.
+func BenchmarkDetectClock(b *testing.B) {
+	var toks []token
+	for i := int64(0); len(toks) < tokMax; i++ {
+		toks = append(toks, token{key: tokKey{kind: event.KindMemcpyAsync, bytes: 16 << 10}, t: i * 1e7, launches: 280, syncs: 2})
+		for k := int64(1); k <= 15; k++ {
+			toks = append(toks, token{key: tokKey{kind: event.KindMemcpyAsync, bytes: 4 << 20}, t: i*1e7 + k*1e5})
+		}
+	}
+	toks = toks[:tokMax]
+	if cf, _ := detectClock(toks, 0, true, func(lo, hi int64) int64 { return -1 }); cf.key.bytes != 16<<10 {
+		b.Fatalf("clock %s, want the batch copy", cf.key)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		detectClock(toks, 0, true, func(lo, hi int64) int64 { return -1 })
+	}
+}
+
+// TestLiteLaunchesAndSyncsOnly: in lite a trainer that only launches and
+// synchronizes (no async copies, no collectives; a Python loop driving the
+// driver through ctypes) is seen to feed the GPU by its syncs alone: its
+// stalls are gaps and its steps are counted.
+func TestLiteLaunchesAndSyncsOnly(t *testing.T) {
+	s := newSim()
+	s.lite = true
+	var stalls int
+	for n := 1; n <= 40; n++ {
+		if n%4 == 0 {
+			readStall(s, 20*ms)
+			stalls++
+		}
+		s.step(8, 500*us, 20*us)
+	}
+	c := &collect{}
+	feed(newEngine(c, func(cfg *Config) { cfg.Probes = ProbesLite }), c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+	var reads int
+	for _, g := range bigGaps(c.gaps) {
+		if g.Cause == CauseIORead {
+			reads++
+		}
+	}
+	if reads < stalls-2 || len(c.steps) < 30 {
+		t.Errorf("lite: %d io.read gaps for %d stalls, %d steps for 40", reads, stalls, len(c.steps))
 	}
 }

@@ -9,6 +9,13 @@ import "github.com/gaptrace/gaptrace/event"
 type stallCand struct {
 	gap     Gap
 	gpmOnly bool
+	// peer: the ranks' timelines found the wait (ranks.go); the stall
+	// is placed once the other ranks' syncs show when the collective
+	// completed. by is how late the last rank issued it, from the wait's
+	// start at the earliest.
+	peer      bool
+	ref       collRef
+	by, start int64
 }
 
 // baseKey names a sync's place in the step. Whether the pending work
@@ -25,34 +32,31 @@ type baseKey struct {
 // this means the step shape keeps changing, and old baselines are stale.
 const maxBaseSlots = 256
 
-func (p *proc) checkStall(set settings, th *thread, ev *event.Event, coll *CollectiveEvidence) {
+// checkStall decides whether the wait ev, which drained pending work that
+// held the collective coll (ref: its place in its communicator's
+// sequence), spun on a late peer. When every rank of the collective's
+// group is traced here, their timelines decide (ranks.go); otherwise this
+// rank's own history does: the baseline of earlier steps at the same sync
+// slot or, without one, GPM. Only one of the two ever judges a wait.
+func (p *proc) checkStall(x env, th *thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
+	set := x.set
 	wait := ev.Duration()
-	stall := func(excess, baseline int64, gpmOnly bool) {
+	stall := func(excess, baseline int64, gpmOnly bool, late *peerLate) {
 		g := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapStall, Start: ev.End - excess, End: ev.End,
 			Duration: excess, Cause: CauseComm, Breakdown: map[Cause]int64{CauseComm: excess}}
 		c := *coll
+		if late != nil {
+			rank := late.rank
+			c.LateRank, c.LatePID, c.LateByNS = &rank, late.pid, late.by
+		}
 		g.Evidence = Evidence{Collective: &c, CUDACall: ev.CUDA.String(), BaselineNS: baseline,
 			Threads: append([]uint32(nil), p.feeders...), Source: "host"}
 		g.Ops = []HostOp{hostOp(ev, th.tid)}
-		p.stalls = append(p.stalls, stallCand{gap: g, gpmOnly: gpmOnly})
-	}
-	slot := p.st.slot()
-	if slot < 0 {
-		// Without a period, waits of different syncs of a step cannot be
-		// compared: no baseline. Only GPM can still show a spinning peer.
-		if coll != nil && wait >= set.minGap {
-			stall(wait, 0, true)
+		sc := stallCand{gap: g, gpmOnly: gpmOnly}
+		if late != nil {
+			sc.peer, sc.ref, sc.by, sc.start = true, ref, excess, ev.Start
 		}
-		return
-	}
-	k := baseKey{cuda: ev.CUDA, stream: ev.Stream, slot: slot}
-	r := p.base[k]
-	if r == nil {
-		if len(p.base) > maxBaseSlots {
-			clear(p.base)
-		}
-		r = &waitRing{}
-		p.base[k] = r
+		p.stalls = append(p.stalls, sc)
 	}
 	// The baseline compares how long the queue ran after the last enqueue,
 	// which a late peer lengthens, rather than the sync's own wait, which
@@ -63,15 +67,53 @@ func (p *proc) checkStall(set settings, th *thread, ev *event.Event, coll *Colle
 	if p.lastEnq > 0 && p.lastEnq <= ev.Start {
 		run = ev.End - p.lastEnq
 	}
+	slot := p.st.slot()
+	var r *waitRing
+	if slot >= 0 {
+		k := baseKey{cuda: ev.CUDA, stream: ev.Stream, slot: slot}
+		r = p.base[k]
+		if r == nil {
+			if len(p.base) > maxBaseSlots {
+				clear(p.base)
+			}
+			r = &waitRing{}
+			p.base[k] = r
+		}
+	}
+	if coll != nil {
+		if late, ok := x.w.lateness(ref, ev.End); ok {
+			// The last rank issued the collective late.by after this one:
+			// until then this rank could only wait, whatever its own
+			// history says. A peer that was on time makes the whole wait
+			// compute. The baseline learns the compute only, for when a
+			// rank drops out of sight.
+			excess := min(max(late.by, 0), wait)
+			if excess >= set.minGap {
+				stall(excess, wait-excess, false, &late)
+			}
+			if r != nil {
+				r.push(run - excess)
+			}
+			return
+		}
+	}
+	if r == nil {
+		// Without a period, waits of different syncs of a step cannot be
+		// compared: no baseline. Only GPM can still show a spinning peer.
+		if coll != nil && wait >= set.minGap {
+			stall(wait, 0, true, nil)
+		}
+		return
+	}
 	switch {
 	case coll == nil || wait < set.minGap:
 	case r.n >= minHistory && run-r.low() >= set.minGap:
 		excess := min(run-r.low(), wait)
-		stall(excess, wait-excess, false)
+		stall(excess, wait-excess, false, nil)
 	case r.n < minHistory || r.low() >= set.minGap:
 		// Every wait so far was long: either the step's compute is long or
 		// the peer has been late since the first step. GPM tells which.
-		stall(wait, 0, true)
+		stall(wait, 0, true, nil)
 	}
 	r.push(run)
 }
@@ -85,6 +127,28 @@ func (p *proc) resolveStalls(x env, force bool) {
 	d := x.d
 	k := 0
 	for _, s := range p.stalls {
+		if s.peer {
+			c, all := x.w.completion(s.ref)
+			if !all && !force && x.clk.now < s.gap.End+holdMax {
+				p.stalls[k] = s
+				k++
+				continue
+			}
+			// This rank's sync returned when its thread got a CPU, which
+			// on a loaded host is well after the collective completed: the
+			// wait on the peer ends where the earliest rank saw it done.
+			if c > 0 && c < s.gap.End {
+				s.gap.End = c
+			}
+			s.gap.Start = max(s.start, s.gap.End-s.by)
+			s.gap.Duration = s.gap.End - s.gap.Start
+			s.gap.Breakdown = map[Cause]int64{CauseComm: s.gap.Duration}
+			s.gap.Evidence.BaselineNS = s.gap.Ops[0].End - s.gap.Ops[0].Start - s.gap.Duration
+			if s.gap.Duration < x.set.minGap {
+				p.out.rejected++
+				continue
+			}
+		}
 		if force || d.gpmEnd == 0 || d.gpmEnd >= s.gap.End || x.clk.now >= s.gap.End+holdMax {
 			sm := d.smActivity(s.gap.Start, s.gap.End)
 			// With a baseline, the wait's excess is already set apart from

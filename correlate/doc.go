@@ -91,32 +91,45 @@
 //
 // # Steps
 //
-// Steps are found from the recurrence of synchronisations: each sync (and
-// each synchronous device-to-host copy that drained work) gets a signature
-// (CUDA call, stream, launches, async copies and collectives since the
-// previous one). The smallest period P whose signatures repeat (80% of
-// recent comparisons) is the number of syncs per step. The step ends at the
-// sync after which the host clearly takes longest to enqueue again
-// (fetching the next batch), else at the one with the longest median wait,
-// never at a sync followed at once by another sync. Counting syncs rather
-// than time makes steps robust to stalls; a step open for 30 s (and 10× the
-// usual step) means the loop stopped syncing. A gap belongs to the step
-// holding its midpoint. Until a period is found the engine holds gaps for
-// at most 850 ms after their end; past that, or 3 s after the first GPU
-// work without a period, it falls back to fixed windows of StepWindow (Step.Window true) and keeps looking;
-// numbering always increases. A lost pattern (half the recent syncs stop
-// matching) returns to fixed windows.
+// A step is one iteration of the training loop, however many syncs it
+// holds. Steps are counted by the work clock (clock.go) whenever one is
+// found: an enqueued operation other than a scalar read (a copy or memset
+// over 4 KiB, a collective) that occurs a fixed number of times m per
+// step, between two of which the same operations and, in full, about the
+// same number of kernels (within 30%) were enqueued in 80% of the steps,
+// compared with the most common step. A clock must still occur (not a
+// warm-up's or a checkpoint's burst), its steps must share the work (the
+// median step holds at least half its share of a coarser clock's, and in
+// full launches kernels), m > 1 needs the segments between occurrences to
+// differ by position (the step starts after the stretch that held a sync
+// in every step), and the finest such clock wins. A running clock is
+// checked every 16 operations and gives way, at two checks in a row, to a
+// clearly finer one or when it no longer qualifies; many syncs without any
+// operation mean the loop stopped, and steps fall back to fixed windows.
+// A step ends when the next step's clock operation is enqueued: at the
+// sync after which the host clearly paused longest from the call's return
+// (full only), else at the last sync before it; at exit, at the last sync.
+// Gaps after the open step's start wait for that, at most holdMax.
 //
-// Host code adds syncs at will (.item(), a loss check, logging), so the
-// syncs per step may vary. Then steps are counted by the work clock
-// (clock.go): an enqueued operation other than a scalar read (a copy or
-// memset over 4 KiB, a collective) that occurs a fixed number of times per
-// step, between two of which the same operations and, in full, the same
-// number of kernels were enqueued; the finest such operation wins. It
-// takes over when the syncs between its occurrences vary, or when the sync
-// period was never found or was lost. A step ends at the sync after which
-// the host clearly paused longest, else at the last sync before the next
-// step's clock operation; gaps after the open step's start wait for that.
+// Without a clock, steps are found from the recurrence of
+// synchronisations: each sync (and each synchronous device-to-host copy
+// that drained work) gets a signature (CUDA call, stream, launches, async
+// copies and collectives since the previous one). The smallest period P
+// whose signatures repeat (80% of recent comparisons) is the number of
+// syncs per step. The step ends at the sync after which the host clearly
+// takes longest to enqueue again, else at the one with the longest median
+// wait, never at a sync followed at once by another sync. A step open for
+// 30 s (and 10× the usual step) means the loop stopped syncing. A gap
+// belongs to the step holding its midpoint. Until a period is found the
+// engine holds gaps for at most 850 ms after their end; past that, or 3 s
+// after the first GPU work without a period, it falls back to fixed
+// windows of StepWindow (Step.Window true) and keeps looking; numbering
+// always increases. A lost pattern (half the recent syncs or clock steps
+// stop matching) returns to fixed windows.
+//
+// Comm baselines name a sync by its position in the step: under the sync
+// period its index mod P, under the clock its index since the clock
+// operation, where most recent steps held the same number of syncs.
 //
 // # Layout
 //
@@ -148,7 +161,7 @@
 //	steps.go      the step clock: sync signatures, period detection, fixed
 //	              windows, when a step is final
 //	clock.go      the work clock: steps counted by an enqueued operation
-//	              when the syncs per step vary
+//	              that repeats once or m times per iteration
 //	micro.go      micro idle of a finished step and its cause split; launch
 //	              records that weigh the windows' busy time
 //	windows.go    device: GPU windows, idle and SM activity over intervals

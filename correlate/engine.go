@@ -35,7 +35,11 @@ type Engine struct {
 	first int64
 	last  int64
 
-	swept    int64
+	swept int64
+	// ended: threads that exited, kept for retain so that a gap decided
+	// later can still follow a wait to them (a thread that held the GIL
+	// and exited), in exit order.
+	ended    []*thread
 	totals   Summary
 	late     uint64
 	rejected uint64
@@ -232,6 +236,9 @@ func (e *Engine) process(ev *event.Event) {
 	if ev.End > th.last {
 		th.last = ev.End
 	}
+	if ev.WakerPID == ev.PID && ev.WakerTID != 0 && ev.WakerTID != ev.TID {
+		e.waker(p, ev)
+	}
 	if ev.WakerPID != 0 && ev.WakerPID != ev.PID {
 		// A worker that only computes emits nothing; waking a feeder
 		// proves it is alive.
@@ -242,10 +249,11 @@ func (e *Engine) process(ev *event.Event) {
 	switch ev.Kind {
 	case event.KindEnqueue, event.KindMemcpyAsync, event.KindMemset, event.KindCollective:
 		var coll *CollectiveEvidence
+		var ref collRef
 		if ev.Kind == event.KindCollective {
-			coll = e.collEvidence(ev)
+			coll, ref = e.collEvidence(ev), e.issueColl(ev, p.workSince(ev.Start))
 		}
-		p.onEnqueue(e.env(p), th, ev, coll)
+		p.onEnqueue(e.env(p), th, ev, coll, ref)
 	case event.KindSync:
 		th.wokenSync(ev)
 		th.add(ev)
@@ -272,14 +280,19 @@ func (e *Engine) processLate(ev event.Event) {
 		th.insert(&ev)
 	case event.KindFork, event.KindExec, event.KindExit:
 		e.process(&ev)
+	case event.KindCollective:
+		// Too late to move the queue model, but it still takes its place
+		// in its communicator's sequence: the k-th collective of every
+		// rank must stay the same collective.
+		e.issueColl(&ev, 0)
 	}
 }
 
 func (e *Engine) exit(p *proc, ev *event.Event) {
 	if ev.TID != ev.PID {
-		if th := e.threads[ev.TID]; th != nil && th.pid == ev.PID && !p.feeders.has(ev.TID) {
-			delete(e.threads, ev.TID)
-			delete(p.tids, ev.TID)
+		if th := e.threads[ev.TID]; th != nil && th.pid == ev.PID && !p.feeders.has(ev.TID) && th.exited == 0 {
+			th.exited = max(ev.End, 1)
+			e.ended = append(e.ended, th)
 		}
 		return
 	}
@@ -304,6 +317,8 @@ func (e *Engine) finalize(force bool) {
 			// sidecar's exit: a tail window would only count idle the
 			// training loop never saw.
 			p.closeAll(x.set, p.last)
+			// Under the work clock, gaps of the last step waited for it.
+			p.resolveHeld(x, true)
 		}
 		if p.exitedAt == 0 {
 			p.tickSteps(x.set, e.wm)
@@ -314,6 +329,7 @@ func (e *Engine) finalize(force bool) {
 			e.forget(p)
 		}
 	}
+	e.forgetEnded()
 	if e.wm-e.swept > sweepEvery && len(e.procs) > sweepProcs {
 		e.sweep()
 	}
@@ -327,6 +343,40 @@ func (e *Engine) finalize(force bool) {
 			}
 		}
 		d.trim(keep)
+	}
+}
+
+// waker makes sure the sibling that woke ev's thread is known. A thread
+// that only computes emits nothing of its own, and one that existed before
+// tracing began was never seen to start: the GIL holder that woke the
+// feeder is often both. Known only from this wake-up, it is kept for
+// retain like a thread that exited, unless it shows up itself.
+func (e *Engine) waker(p *proc, ev *event.Event) {
+	if th := e.threads[ev.WakerTID]; th != nil && th.pid == ev.PID {
+		th.last = max(th.last, ev.End)
+		return
+	}
+	th := &thread{tid: ev.WakerTID, pid: ev.PID, last: ev.End, exited: ev.End}
+	e.threads[th.tid] = th
+	p.tids[th.tid] = struct{}{}
+	e.ended = append(e.ended, th)
+}
+
+// forgetEnded forgets the threads that exited more than retain ago.
+func (e *Engine) forgetEnded() {
+	n := 0
+	for n < len(e.ended) && e.ended[n].exited < e.wm-retain {
+		th := e.ended[n]
+		if e.threads[th.tid] == th {
+			delete(e.threads, th.tid)
+			if p := e.procs[th.pid]; p != nil {
+				delete(p.tids, th.tid)
+			}
+		}
+		n++
+	}
+	if n > 0 {
+		e.ended = append(e.ended[:0], e.ended[n:]...)
 	}
 }
 
@@ -346,6 +396,7 @@ func (e *Engine) sweep() {
 			}
 		}
 		delete(e.procs, pid)
+		e.forgetComms(pid)
 	}
 	for tid, th := range e.threads {
 		if th.last < cut && len(th.tl) == 0 {

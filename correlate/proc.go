@@ -181,7 +181,11 @@ func (p *proc) resolveHeld(x env, force bool) {
 		p.held = nil
 		sort.SliceStable(held, func(i, j int) bool { return held[i].Start < held[j].Start })
 		for _, g := range held {
-			if p.st.undecided(g.Start + g.Duration/2) {
+			// A clock step ends only when the next one's operation is
+			// enqueued; a loop that stopped (or the trace's end) must
+			// not hold its last gaps past the emission promise: they go
+			// to the step still open.
+			if p.st.undecided(g.Start+g.Duration/2) && x.clk.now < g.End+holdMax {
 				p.held = append(p.held, g)
 				continue
 			}

@@ -7,6 +7,7 @@ type stream struct {
 	pending int64 // first enqueue since the stream was last drained; 0 when drained
 	lastEnq int64
 	coll    *CollectiveEvidence // last collective enqueued since the drain
+	ref     collRef             // and its place in its communicator's sequence
 }
 
 // openGap is a drained queue waiting for its next enqueue.
@@ -35,6 +36,18 @@ func (p *proc) allDrained() bool {
 	return true
 }
 
+// workSince is when the GPU work queued now began: the first enqueue since
+// its stream drained, earliest over the streams with work pending; t when
+// none has any (work enqueued at t begins it).
+func (p *proc) workSince(t int64) int64 {
+	for _, s := range p.streams {
+		if s.pending != 0 && s.pending < t {
+			t = s.pending
+		}
+	}
+	return t
+}
+
 func (p *proc) startGPU(t int64) {
 	if !p.everEnq {
 		p.everEnq = true
@@ -42,7 +55,7 @@ func (p *proc) startGPU(t int64) {
 	}
 }
 
-func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvidence) {
+func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
 	p.shadowLead(x, ev)
 	p.feeders.add(th.tid)
 	t := ev.Start
@@ -56,9 +69,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	case event.KindCollective:
 		p.colls++
 	}
-	if h := p.st.hist; len(h) > 0 && h[len(h)-1].post < 0 {
-		h[len(h)-1].post = max(t-h[len(h)-1].end, 0)
-	}
+	p.st.setPost(t)
 	// Before the gap this enqueue closes is delivered: it may end a step.
 	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, t) {
 		p.resolveHeld(x, false)
@@ -73,7 +84,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	}
 	s.lastEnq = t
 	if ev.Kind == event.KindCollective {
-		s.coll = coll
+		s.coll, s.ref = coll, ref
 	}
 	if t > p.lastEnq {
 		p.lastEnq = t
@@ -82,12 +93,13 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 }
 
 // drainStreams marks the streams a sync covers as drained and returns the
-// collective their pending work held, if any. Work enqueued after the sync
+// collective their pending work held, if any (the last one enqueued: it
+// completes last). Work enqueued after the sync
 // began is not covered. A stream sync also covers other streams whose last
 // work predates the synced stream's last work: training loops hand side
 // streams' results (batch copies) to the main stream through events, which
 // are not traced, so that work is done when the main stream is.
-func (p *proc) drainStreams(ev *event.Event) *CollectiveEvidence {
+func (p *proc) drainStreams(ev *event.Event) (*CollectiveEvidence, collRef) {
 	// The legacy default stream (0) is not special here: frameworks create
 	// their side streams non-blocking, so syncing stream 0 does not wait
 	// for them; the rule below covers their earlier work.
@@ -99,18 +111,19 @@ func (p *proc) drainStreams(ev *event.Event) *CollectiveEvidence {
 		}
 	}
 	var coll *CollectiveEvidence
+	var cref collRef
 	for id, s := range p.streams {
 		if s.pending == 0 || s.lastEnq > ev.Start {
 			continue
 		}
 		if all || id == ev.Stream || s.lastEnq <= ref {
-			if s.coll != nil {
-				coll = s.coll
+			if s.coll != nil && (coll == nil || s.ref.at >= cref.at) {
+				coll, cref = s.coll, s.ref
 			}
-			s.pending, s.coll = 0, nil
+			s.pending, s.coll, s.ref = 0, nil, collRef{}
 		}
 	}
-	return coll
+	return coll, cref
 }
 
 func (p *proc) onSync(x env, th *thread, ev *event.Event) {
@@ -120,6 +133,11 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 		p.launches += ev.Count
 		p.recLaunches(ev.Start, ev.Count)
 		p.st.onLaunches(ev.Count)
+	}
+	if x.set.lite {
+		// Lite sees no launches: a trainer that only launches and syncs
+		// (no async copies, no collectives) feeds the GPU all the same.
+		p.startGPU(ev.Start)
 	}
 	if !p.everEnq {
 		return
@@ -138,9 +156,12 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 		}
 	}
 	pendingBefore := !p.allDrained()
-	coll := p.drainStreams(ev)
+	coll, cref := p.drainStreams(ev)
+	if cref.c != nil {
+		cref.c.complete(cref.seq, ev.End)
+	}
 	if waited && pendingBefore {
-		p.checkStall(x.set, th, ev, coll)
+		p.checkStall(x, th, ev, coll, cref)
 		d := x.d
 		d.busy = addSpan(d.busy, span{ev.Start, ev.End})
 		if p.lastEnq > 0 && p.lastEnq <= ev.Start {
@@ -160,7 +181,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	default:
 		p.endAhead(x.set, ev.Start, false, false)
 	}
-	p.patternSync(x.set, ev)
+	p.patternSync(x, ev)
 	if p.gap == nil && p.allDrained() {
 		p.gap = &openGap{start: ev.End, tid: th.tid, exact: waited, open: ev}
 	}
@@ -178,10 +199,12 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 	if p.gap != nil && x.liteOver(p.gap.start, ev.Start) {
 		p.closeGap(x, th, ev.Start)
 	}
-	p.drainStreams(ev)
+	if _, cref := p.drainStreams(ev); cref.c != nil {
+		cref.c.complete(cref.seq, ev.End)
+	}
 	p.endAhead(x.set, ev.End, p.aheadStart < ev.Start, false)
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
-		p.patternSync(x.set, ev)
+		p.patternSync(x, ev)
 	}
 	if p.gap == nil && p.allDrained() {
 		p.gap = &openGap{start: ev.End, tid: th.tid, exact: true, open: ev}

@@ -26,13 +26,8 @@ import (
 // behaviour, and say so in the commit.
 var updateReplay = flag.Bool("update-replay", false, "re-record testdata/replay and rewrite its golden outputs")
 
-// replayCall is one recorded call to the Engine.
-type replayCall struct {
-	Ev      *event.Event     `json:"ev,omitempty"`
-	Win     *event.GPUWindow `json:"win,omitempty"`
-	Advance int64            `json:"advance,omitempty"`
-	Close   int64            `json:"close,omitempty"`
-}
+// replayCall is one recorded call to the Engine (record.go).
+type replayCall = Call
 
 // replayOut is what the engine said, in emission order.
 type replayOut struct {
@@ -209,20 +204,7 @@ func replay(t *testing.T, lite bool, calls []replayCall) []byte {
 	if lite {
 		cfg.Probes = ProbesLite
 	}
-	e := New(cfg, r)
-	var sum Summary
-	for _, c := range calls {
-		switch {
-		case c.Ev != nil:
-			e.Event(*c.Ev)
-		case c.Win != nil:
-			e.Window(*c.Win)
-		case c.Advance != 0:
-			e.Advance(c.Advance)
-		case c.Close != 0:
-			sum = e.Close(c.Close)
-		}
-	}
+	sum := Replay(cfg, r, calls)
 	r.out = append(r.out, replayOut{Sum: &sum})
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

@@ -53,7 +53,10 @@ func systemFile(file string) bool {
 			return true
 		}
 	}
-	if strings.Contains(file, "/site-packages/") || strings.Contains(file, "/dist-packages/") {
+	// Installed packages, and the standard library's extension modules
+	// (.../lib/python3.11/lib-dynload/_socket.cpython-311-x86_64-linux-gnu.so:
+	// a Python stack shows them between libc and the Python frames).
+	if strings.Contains(file, "/site-packages/") || strings.Contains(file, "/dist-packages/") || strings.Contains(file, "/lib-dynload/") {
 		return true
 	}
 	base := filepath.Base(file)
@@ -71,7 +74,7 @@ func systemFile(file string) bool {
 // CallSite names a frame the way a person finds it: "train.py:142
 // save_checkpoint" with a line, "simtrain read_cold_until" without.
 func CallSite(f event.Frame) string {
-	base := filepath.Base(f.File)
+	base := filepath.Base(f.Where())
 	switch {
 	case f.File == "":
 		return f.Function
@@ -92,7 +95,7 @@ func FormatStack(stack []event.Frame, truncated bool) string {
 		b.WriteString(f.Function)
 		switch {
 		case f.File != "" && f.Line > 0:
-			fmt.Fprintf(&b, " (%s:%d)", f.File, f.Line)
+			fmt.Fprintf(&b, " (%s:%d)", f.Where(), f.Line)
 		case f.File != "":
 			fmt.Fprintf(&b, " (%s)", f.File)
 		}

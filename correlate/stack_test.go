@@ -9,14 +9,15 @@ import (
 func TestUserFrameSkipsLibrariesAndInterpreter(t *testing.T) {
 	stack := []event.Frame{
 		{Function: "pread64", File: "/usr/lib/x86_64-linux-gnu/libc.so.6"},
+		{Function: "sock_recv", File: "/root/.pyenv/versions/3.11.7/lib/python3.11/lib-dynload/_socket.cpython-311-x86_64-linux-gnu.so"},
 		{Function: "_Py_read", File: "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0"},
 		{Function: "read", File: "/root/.pyenv/versions/3.11.7/lib/python3.11/os.py", Line: 10},
 		{Function: "load", File: "/venv/lib/python3.11/site-packages/torch/serialization.py", Line: 99},
 		{Function: "save_checkpoint", File: "/job/train.py", Line: 142},
 		{Function: "main", File: "/job/train.py", Line: 210},
 	}
-	if i := UserFrame(stack); i != 4 {
-		t.Fatalf("UserFrame = %d, want 4", i)
+	if i := UserFrame(stack); i != 5 {
+		t.Fatalf("UserFrame = %d, want 5", i)
 	}
 	f, ok := SiteFrame(stack)
 	if !ok || CallSite(f) != "train.py:142 save_checkpoint" {
@@ -31,7 +32,7 @@ func TestUserFrameSkipsLibrariesAndInterpreter(t *testing.T) {
 		t.Error("site of an empty stack")
 	}
 	want := "save_checkpoint (/job/train.py:142)\nmain (/job/train.py:210)\n… (truncated)"
-	if got := FormatStack(stack[4:], true); got != want {
+	if got := FormatStack(stack[5:], true); got != want {
 		t.Errorf("FormatStack = %q, want %q", got, want)
 	}
 }

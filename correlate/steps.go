@@ -45,7 +45,8 @@ type syncSig struct {
 	launches uint64
 	copies   uint64
 	colls    uint64
-	end      int64
+	end      int64 // the GPU was done (the wakeup, where known)
+	ret      int64 // the call returned
 	wait     int64
 	idx      int64
 	// post is the host time from the sync's return to the next enqueue,
@@ -95,10 +96,24 @@ type stepper struct {
 	pendSyncs int
 	ntok      int
 	clock     *clockState
+	// clockStrikes: checks in a row that found a better clock.
+	clockStrikes int
+	lite         bool // launches are not seen (set with the clock)
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
 func (s *stepper) slot() int {
+	if c := s.clock; s.mode == modeClock && c != nil {
+		// Under the clock: syncs since the step's clock operation,
+		// numbered apart from the sync period's slots so that baselines
+		// taken before the clock took over do not mix in. Where the
+		// syncs per step vary (scalar reads here and there) a position
+		// names different syncs in different steps: no baseline.
+		if !c.fixedSyncs() {
+			return -1
+		}
+		return maxPeriod + min(c.syncs, maxPeriod)
+	}
 	if s.mode != modePeriod || s.period == 0 {
 		return -1
 	}
@@ -106,11 +121,38 @@ func (s *stepper) slot() int {
 }
 
 // patternSync feeds one synchronisation to step detection.
-func (p *proc) patternSync(set settings, ev *event.Event) {
+func (p *proc) patternSync(x env, ev *event.Event) {
 	sig := syncSig{cuda: ev.CUDA, stream: ev.Stream, launches: p.launches, copies: p.copies, colls: p.colls,
-		end: ev.End, wait: ev.Duration(), post: -1}
+		end: ev.End, ret: ev.End, wait: ev.Duration(), post: -1}
+	if th := x.w.threads[ev.TID]; th != nil {
+		sig.ret = th.returned(ev)
+	}
 	p.launches, p.copies, p.colls = 0, 0, 0
-	p.st.onSync(set, sig)
+	p.st.onSync(x.set, sig)
+}
+
+// returned is when a sync returned to its caller: a sync ended at its
+// wakeup (wokenSync) returned once the thread got a CPU back.
+func (t *thread) returned(sync *event.Event) int64 {
+	for i := len(t.tl) - 1; i >= 0; i-- {
+		r := &t.tl[i]
+		if r.End <= sync.Start {
+			break
+		}
+		if r.Kind == event.KindRunqueue && r.Woken && r.Start == sync.End {
+			return r.End
+		}
+	}
+	return sync.End
+}
+
+// setPost records, at the first enqueue after the last sync, how long the
+// host took from that sync's return: time spent waiting for a CPU after
+// the wakeup is contention, not the host fetching the next batch.
+func (s *stepper) setPost(t int64) {
+	if h := s.hist; len(h) > 0 && h[len(h)-1].post < 0 {
+		h[len(h)-1].post = max(t-h[len(h)-1].ret, 0)
+	}
 }
 
 func (s *stepper) onSync(set settings, sig syncSig) {
@@ -123,6 +165,12 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 		s.hist = s.hist[:histMax]
 	}
 	switch s.mode {
+	case modeClock:
+		s.clock.syncs++
+		if s.pendSyncs > s.clock.stopAfter {
+			set.log.Info("step clock stopped, falling back to fixed windows", "pid", s.pid)
+			s.toWindows(sig.end)
+		}
 	case modePeriod:
 		P := s.period
 		h := len(s.hist)
@@ -253,6 +301,11 @@ func (s *stepper) boundary(t int64, window bool) {
 }
 
 func (s *stepper) closeOpen(t int64) {
+	if s.mode == modeClock {
+		// No next clock operation will come: the last iteration ended at
+		// its last sync, like every other one.
+		t = s.stepEnd(t)
+	}
 	if n := len(s.steps); n > 0 && !s.steps[n-1].closed {
 		o := s.steps[n-1]
 		if t <= o.Start {

@@ -14,6 +14,7 @@ type thread struct {
 	tid, pid uint32
 	comm     string
 	last     int64 // end of its latest event
+	exited   int64 // when it exited, 0 while it lives
 	tl       []event.Event
 }
 

@@ -75,6 +75,13 @@ type CollectiveEvidence struct {
 	Rank      *int32  `json:"rank,omitempty"`
 	WaitingOn []int32 `json:"waiting_on_ranks,omitempty"`
 	Stream    string  `json:"stream,omitempty"`
+	// LateRank, LatePID and LateByNS name the rank that issued the
+	// collective last and how much later than this rank it did, when the
+	// engine traced every rank of the communicator (one gaptrace for the
+	// job's processes): the wait is comm for that long.
+	LateRank *int32 `json:"late_rank,omitempty"`
+	LatePID  uint32 `json:"late_pid,omitempty"`
+	LateByNS int64  `json:"late_by_ns,omitempty"`
 }
 
 // Evidence is what a user can check to believe a gap's cause.

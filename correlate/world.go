@@ -16,12 +16,13 @@ type world struct {
 	threads map[uint32]*thread
 	devs    map[int]*device
 	// comms: what each NCCL communicator is (ranks, this process's
-	// rank), from its creation; bounded by maxComms.
-	comms map[uint64]commInfo
+	// rank), from its creation; bounded by maxComms. groups links those of
+	// different processes that are one group (ranks.go); commOrd numbers
+	// each process's communicators of one size in creation order.
+	comms   map[commKey]*commInfo
+	groups  map[groupKey]*commGroup
+	commOrd map[commOrdKey]int
 }
-
-// commInfo describes one NCCL communicator.
-type commInfo struct{ ranks, rank int32 }
 
 // maxComms bounds the communicator table (a job creates a handful).
 const maxComms = 4096
@@ -55,7 +56,8 @@ func (w *world) proc(pid uint32, t int64) *proc {
 
 func (w *world) thread(ev *event.Event) *thread {
 	th := w.threads[ev.TID]
-	if th == nil || th.pid != ev.PID {
+	// A thread id reused after its thread exited is a new thread.
+	if th == nil || th.pid != ev.PID || (th.exited != 0 && ev.Start >= th.exited) {
 		th = &thread{tid: ev.TID, pid: ev.PID}
 		w.threads[ev.TID] = th
 		w.proc(ev.PID, ev.Start).tids[ev.TID] = struct{}{}
@@ -73,6 +75,7 @@ func (w *world) forget(p *proc) {
 		}
 	}
 	delete(w.procs, p.pid)
+	w.forgetComms(p.pid)
 }
 
 // isWorker reports whether process wp can be a data-loader worker of
@@ -112,18 +115,10 @@ func (w *world) loaderWaker(ev *event.Event, pid uint32) bool {
 	return w.isWorker(wp, pid) || (ev.FDKind == event.FDPipe && w.procs[wp] == nil)
 }
 
-// addComm records a communicator's creation.
-func (w *world) addComm(ev *event.Event) {
-	if w.comms == nil || len(w.comms) >= maxComms {
-		w.comms = map[uint64]commInfo{}
-	}
-	w.comms[ev.Comm] = commInfo{ranks: int32(ev.Count), rank: ev.PeerRank}
-}
-
 // collEvidence describes the collective ev enqueued.
 func (w *world) collEvidence(ev *event.Event) *CollectiveEvidence {
 	c := &CollectiveEvidence{Op: ev.Op.String(), Bytes: ev.Bytes, Comm: fmt.Sprintf("0x%x", ev.Comm)}
-	if ci, ok := w.comms[ev.Comm]; ok && ci.ranks > 0 {
+	if ci := w.comms[commKey{pid: ev.PID, comm: ev.Comm}]; ci != nil && ci.ranks > 0 {
 		rank := ci.rank
 		c.Ranks, c.Rank = ci.ranks, &rank
 		// Whom a collective waits on: every other rank. With two ranks

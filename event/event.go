@@ -213,7 +213,20 @@ type Event struct {
 type Frame struct {
 	Function string `json:"function"`
 	File     string `json:"file,omitempty"` // source file (Python) or the ELF path (native)
-	Line     int    `json:"line,omitempty"` // 0 when unknown (native frames)
+	Line     int    `json:"line,omitempty"` // 0 when unknown
+	// Source is a native frame's source file, from the ELF's DWARF line
+	// table; Line is then the line in it. Empty for Python frames (File is
+	// their source) and for native code built without -g.
+	Source string `json:"source,omitempty"`
+}
+
+// Where is the file a person opens for this frame: the source file when
+// known, else File.
+func (f Frame) Where() string {
+	if f.Source != "" {
+		return f.Source
+	}
+	return f.File
 }
 
 // Duration returns End-Start in ns.

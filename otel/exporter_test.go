@@ -173,7 +173,9 @@ func TestFileModeSpanModel(t *testing.T) {
 			if gapSpan.Attributes["gpu.gap.kind"] != "stall" || gapSpan.Attributes["gpu.collective.op"] != "AllReduce" ||
 				gapSpan.Attributes["gpu.gap.sm_activity"] != 0.25 || gapSpan.Attributes["gpu.gap.baseline_ms"] != 5.0 ||
 				fmt.Sprint(gapSpan.Attributes["gpu.collective.ranks"]) != "2" ||
-				fmt.Sprint(gapSpan.Attributes["gpu.collective.waiting_on_ranks"]) != "[1]" {
+				fmt.Sprint(gapSpan.Attributes["gpu.collective.waiting_on_ranks"]) != "[1]" ||
+				fmt.Sprint(gapSpan.Attributes["gpu.collective.late_rank"]) != "1" ||
+				gapSpan.Attributes["gpu.collective.late_by_ms"] != 27.0 || gapSpan.Attributes["gpu.collective.late_pid"] == nil {
 				t.Errorf("comm gap attrs %v", gapSpan.Attributes)
 			}
 		}

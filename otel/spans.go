@@ -299,7 +299,7 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		a = append(a, attribute.String("code.function.name", f.Function),
 			attribute.String("code.stacktrace", correlate.FormatStack(ev.Stack, ev.StackTruncated)))
 		if f.File != "" {
-			a = append(a, attribute.String("code.file.path", f.File))
+			a = append(a, attribute.String("code.file.path", f.Where()))
 		}
 		if f.Line > 0 {
 			a = append(a, attribute.Int("code.line.number", f.Line))
@@ -392,6 +392,13 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 				w[i] = int64(r)
 			}
 			a = append(a, attribute.Int64Slice("gpu.collective.waiting_on_ranks", w))
+		}
+		if c.LateRank != nil {
+			a = append(a, attribute.Int64("gpu.collective.late_rank", int64(*c.LateRank)),
+				attribute.Float64("gpu.collective.late_by_ms", ms(c.LateByNS)))
+			if c.LatePID != 0 {
+				a = append(a, attribute.Int64("gpu.collective.late_pid", int64(c.LatePID)))
+			}
 		}
 	}
 	if ev.SMActivity != nil {

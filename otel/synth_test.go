@@ -58,9 +58,9 @@ func (s synth) step(n int64) (correlate.Step, []correlate.Gap) {
 		}
 	case correlate.CauseComm:
 		g.Kind = correlate.GapStall
-		rank := int32(0)
+		rank, late := int32(0), int32(1)
 		g.Evidence.Collective = &correlate.CollectiveEvidence{Op: "AllReduce", Bytes: 25 << 20, Comm: "0x7f00aa", PeerRank: 1,
-			Ranks: 2, Rank: &rank, WaitingOn: []int32{1}}
+			Ranks: 2, Rank: &rank, WaitingOn: []int32{1}, LateRank: &late, LatePID: s.pid + 7, LateByNS: 27e6}
 		g.Evidence.CUDACall = "cuStreamSynchronize"
 		sm := 0.25
 		g.Evidence.SMActivity, g.Evidence.BaselineNS = &sm, 5e6

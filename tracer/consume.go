@@ -137,6 +137,10 @@ func (t *Tracer) consume(ctx context.Context, rd recordReader, out chan<- event.
 // what only user space knows (fd targets, thread names).
 func (t *Tracer) handle(d *decoded) {
 	ev := &d.ev
+	if d.pyStack != nil {
+		t.py.hold(d.pyStack)
+		return
+	}
 	switch d.ctl {
 	case ctlRescan:
 		t.requestRescan(ev.PID)
@@ -150,11 +154,13 @@ func (t *Tracer) handle(d *decoded) {
 		// Libraries it maps for the first time are picked up by the rescan.
 		t.fds.forgetProcess(ev.PID)
 		t.syms.forget(ev.PID)
+		t.pyForget(ev.PID)
 		t.comms.set(ev.TID, ev.TaskComm)
 		t.requestRescan(ev.PID)
 	case ctlProcessGone:
 		t.dropProcess(ev.PID)
 		t.syms.forget(ev.PID)
+		t.pyForget(ev.PID)
 	case ctlFDChanged:
 		if ev.Kind == event.KindClose {
 			if info, ok := t.fds.cached(ev.PID, ev.FD); ok {
@@ -184,6 +190,7 @@ func (t *Tracer) handle(d *decoded) {
 	if d.stackID >= 0 {
 		ev.Stack, ev.StackTruncated = t.syms.frames(ev.PID, d.stackID, t.stackIPs(ev.PID, d.stackID), d.spWords)
 	}
+	t.pyMerge(ev, d.ktime)
 	if ev.Kind == event.KindExit {
 		t.comms.forget(ev.TID)
 	}

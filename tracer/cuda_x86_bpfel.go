@@ -107,6 +107,7 @@ const (
 	cudaEventTypeEV_PROC    cudaEventType = 5
 	cudaEventTypeEV_FD      cudaEventType = 6
 	cudaEventTypeEV_MMAP    cudaEventType = 7
+	cudaEventTypeEV_PYSTACK cudaEventType = 8
 )
 
 type cudaLaunchLayout uint32
@@ -116,6 +117,55 @@ const (
 	cudaLaunchLayoutLL_CONFIG      cudaLaunchLayout = 1
 	cudaLaunchLayoutLL_STREAM_ARG2 cudaLaunchLayout = 2
 )
+
+type cudaPyFlags uint32
+
+const (
+	cudaPyFlagsPY_F_TRUNCATED cudaPyFlags = 1
+)
+
+type cudaPyOffsets struct {
+	_               structs.HostLayout
+	Runtime         uint64
+	InterpHead      uint32
+	TstateHead      uint32
+	TstateNext      uint32
+	TstateThreadId  uint32
+	TstateFrame     uint32
+	CframeFrame     int32
+	FramePrev       uint32
+	FrameCode       uint32
+	FrameInstr      uint32
+	FrameOwner      int32
+	FrameRead       uint32
+	InstrIsPtr      uint32
+	CodeFirstlineno uint32
+	Pad             uint32
+}
+
+type cudaPyScratch struct {
+	_     structs.HostLayout
+	Frame struct {
+		_ structs.HostLayout
+		B [128]uint8
+	}
+	Ev cudaPyStackEvent
+}
+
+type cudaPyStackEvent struct {
+	_     structs.HostLayout
+	Hdr   cudaEventHdr
+	Depth uint32
+	Flags uint32
+	Code  [32]uint64
+	Instr [32]uint64
+}
+
+type cudaPyStat struct {
+	_      structs.HostLayout
+	Stacks uint64
+	Ns     uint64
+}
 
 type cudaShortKey struct {
 	_       structs.HostLayout
@@ -155,6 +205,9 @@ type cudaThreadState struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	cudaMapEvents             = "events"
+	cudaMapPyProcs            = "py_procs"
+	cudaMapPyScratch          = "py_scratch"
+	cudaMapPyStats            = "py_stats"
 	cudaMapRingDrops          = "ring_drops"
 	cudaMapShortCalls         = "short_calls"
 	cudaMapThreads            = "threads"
@@ -180,6 +233,10 @@ const (
 	cudaVarUnusedNcclEvent    = "unused_nccl_event"
 	cudaVarUnusedProcEvent    = "unused_proc_event"
 	cudaVarUnusedProcFlags    = "unused_proc_flags"
+	cudaVarUnusedPyFlags      = "unused_py_flags"
+	cudaVarUnusedPyOffsets    = "unused_py_offsets"
+	cudaVarUnusedPyStackEvent = "unused_py_stack_event"
+	cudaVarUnusedPyStat       = "unused_py_stat"
 	cudaVarUnusedSchedEvent   = "unused_sched_event"
 	cudaVarUnusedSchedFlags   = "unused_sched_flags"
 	cudaVarUnusedShortKey     = "unused_short_key"
@@ -241,6 +298,9 @@ type cudaProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaMapSpecs struct {
 	Events      *ebpf.MapSpec `ebpf:"events"`
+	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
+	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
+	PyStats     *ebpf.MapSpec `ebpf:"py_stats"`
 	RingDrops   *ebpf.MapSpec `ebpf:"ring_drops"`
 	ShortCalls  *ebpf.MapSpec `ebpf:"short_calls"`
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
@@ -268,6 +328,10 @@ type cudaVariableSpecs struct {
 	UnusedNcclEvent    *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
 	UnusedProcEvent    *ebpf.VariableSpec `ebpf:"unused_proc_event"`
 	UnusedProcFlags    *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
+	UnusedPyFlags      *ebpf.VariableSpec `ebpf:"unused_py_flags"`
+	UnusedPyOffsets    *ebpf.VariableSpec `ebpf:"unused_py_offsets"`
+	UnusedPyStackEvent *ebpf.VariableSpec `ebpf:"unused_py_stack_event"`
+	UnusedPyStat       *ebpf.VariableSpec `ebpf:"unused_py_stat"`
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
 	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
@@ -297,6 +361,9 @@ func (o *cudaObjects) Close() error {
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaMaps struct {
 	Events      *ebpf.Map `ebpf:"events"`
+	PyProcs     *ebpf.Map `ebpf:"py_procs"`
+	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
+	PyStats     *ebpf.Map `ebpf:"py_stats"`
 	RingDrops   *ebpf.Map `ebpf:"ring_drops"`
 	ShortCalls  *ebpf.Map `ebpf:"short_calls"`
 	Threads     *ebpf.Map `ebpf:"threads"`
@@ -307,6 +374,9 @@ type cudaMaps struct {
 func (m *cudaMaps) Close() error {
 	return _CudaClose(
 		m.Events,
+		m.PyProcs,
+		m.PyScratch,
+		m.PyStats,
 		m.RingDrops,
 		m.ShortCalls,
 		m.Threads,
@@ -335,6 +405,10 @@ type cudaVariables struct {
 	UnusedNcclEvent    *ebpf.Variable `ebpf:"unused_nccl_event"`
 	UnusedProcEvent    *ebpf.Variable `ebpf:"unused_proc_event"`
 	UnusedProcFlags    *ebpf.Variable `ebpf:"unused_proc_flags"`
+	UnusedPyFlags      *ebpf.Variable `ebpf:"unused_py_flags"`
+	UnusedPyOffsets    *ebpf.Variable `ebpf:"unused_py_offsets"`
+	UnusedPyStackEvent *ebpf.Variable `ebpf:"unused_py_stack_event"`
+	UnusedPyStat       *ebpf.Variable `ebpf:"unused_py_stat"`
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
 	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`

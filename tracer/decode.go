@@ -17,6 +17,7 @@ const (
 	evProc    = uint32(cudaEventTypeEV_PROC)
 	evFD      = uint32(cudaEventTypeEV_FD)
 	evMmap    = uint32(cudaEventTypeEV_MMAP)
+	evPyStack = uint32(cudaEventTypeEV_PYSTACK)
 )
 
 // Flags of sched_event and proc_event (enum sched_flags, enum proc_flags).
@@ -46,6 +47,7 @@ var recordSizes = [...]uintptr{
 	evProc:    unsafe.Sizeof(rawProc{}),
 	evFD:      unsafe.Sizeof(rawFD{}),
 	evMmap:    unsafe.Sizeof(rawHeader{}),
+	evPyStack: unsafe.Sizeof(rawPyStack{}),
 }
 
 // maxKtime bounds CLOCK_MONOTONIC values (about 146 years of uptime) so
@@ -73,6 +75,11 @@ type decoded struct {
 	// spWords, for syscalls, the words at the user stack pointer.
 	stackID int32
 	spWords []uint64
+	// ktime is the record's CLOCK_MONOTONIC time as the program wrote it,
+	// and pyStack, for a Python stack record, the record itself (valid
+	// until the next read): it belongs to the event that follows.
+	ktime   uint64
+	pyStack []byte
 }
 
 // decodeError describes a record that could not be decoded; the tracer
@@ -111,6 +118,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 		return fmt.Errorf("decode record type %d: timestamp %d out of range", h.Type, h.KtimeNs)
 	}
 	ev := &d.ev
+	d.ktime = h.KtimeNs
 	ev.PID = uint32(h.PidTgid >> 32)
 	ev.TID = uint32(h.PidTgid)
 	ev.End = MonotonicToUnix(int64(h.KtimeNs))
@@ -179,8 +187,13 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.TaskComm = cString(r.Comm[:])
 		switch ev.Kind {
 		case event.KindFork:
-			ev.ChildPID = r.ChildPid
 			ev.IsThread = r.Flags&procFlagThread != 0
+			// A new thread is known by its own id: its waits and wake-ups
+			// name it, not the process.
+			ev.ChildPID = r.ChildPid
+			if ev.IsThread {
+				ev.ChildPID = r.ChildTid
+			}
 			if !ev.IsThread {
 				d.ctl = ctlNewProcess
 			}
@@ -220,6 +233,8 @@ func decodeRecord(rec []byte, d *decoded) error {
 		d.emit = true
 	case evMmap:
 		d.ctl = ctlRescan
+	case evPyStack:
+		d.pyStack = rec
 	}
 	return nil
 }

@@ -51,6 +51,7 @@ func recordedRecords() map[string][]byte {
 	woken := rawSched{Hdr: hdr(evSched, uint32(event.KindRunqueue), 100, 101, tEnd), StartNs: tStart, Flags: schedFlagWoken}
 	fork := rawProc{Hdr: hdr(evProc, uint32(event.KindFork), 100, 101, tEnd), ChildPid: 300, ChildTid: 300}
 	putStr(fork.Comm[:], "worker")
+	thread := rawProc{Hdr: hdr(evProc, uint32(event.KindFork), 100, 101, tEnd), ChildPid: 100, ChildTid: 104, Flags: procFlagThread}
 	exec := rawProc{Hdr: hdr(evProc, uint32(event.KindExec), 300, 300, tEnd)}
 	putStr(exec.Comm[:], "python3")
 	putStr(exec.Filename[:], "/usr/bin/python3")
@@ -60,7 +61,7 @@ func recordedRecords() map[string][]byte {
 	mmap := hdr(evMmap, 0, 100, 101, tEnd)
 	return map[string][]byte{
 		"sync": asBytes(&sync), "enqueue": asBytes(&enq), "collective": asBytes(&coll), "syscall": asBytes(&sys),
-		"runqueue": asBytes(&rq), "woken": asBytes(&woken), "fork": asBytes(&fork), "exec": asBytes(&exec), "exit": asBytes(&exit),
+		"runqueue": asBytes(&rq), "woken": asBytes(&woken), "fork": asBytes(&fork), "thread": asBytes(&thread), "exec": asBytes(&exec), "exit": asBytes(&exit),
 		"open": asBytes(&open), "mmap": asBytes(&mmap),
 	}
 }
@@ -82,6 +83,7 @@ func TestDecodeRecords(t *testing.T) {
 		{"runqueue", event.Event{Kind: event.KindRunqueue, PID: 100, TID: 101, Start: start, End: end, FD: -1, PeerRank: -1}, ctlNone, true},
 		{"woken", event.Event{Kind: event.KindRunqueue, PID: 100, TID: 101, Start: start, End: end, FD: -1, PeerRank: -1, Woken: true}, ctlNone, true},
 		{"fork", event.Event{Kind: event.KindFork, PID: 100, TID: 101, Start: end, End: end, ChildPID: 300, TaskComm: "worker", FD: -1, PeerRank: -1}, ctlNewProcess, true},
+		{"thread", event.Event{Kind: event.KindFork, PID: 100, TID: 101, Start: end, End: end, ChildPID: 104, IsThread: true, FD: -1, PeerRank: -1}, ctlNone, true},
 		{"exec", event.Event{Kind: event.KindExec, PID: 300, TID: 300, Start: end, End: end, Name: "python3", TaskComm: "python3", Path: "/usr/bin/python3", FD: -1, PeerRank: -1}, ctlExec, true},
 		{"exit", event.Event{Kind: event.KindExit, PID: 300, TID: 300, Start: end, End: end, FD: -1, PeerRank: -1}, ctlProcessGone, true},
 		{"open", event.Event{Kind: event.KindOpen, PID: 100, TID: 101, Start: start, End: end, Syscall: event.SysOpen, Name: "openat", FD: 7, Ret: 7, Path: "/data/shard-00001.tar", PeerRank: -1}, ctlFDChanged, true},

@@ -50,7 +50,7 @@ func ensureTracefs() error {
 var disableUprobeMulti bool
 
 // sharedMaps are declared by every object (bpf/common.h) and created once.
-var sharedMaps = []string{cudaMapTracedTgids, cudaMapThreads, cudaMapEvents, cudaMapRingDrops, cudaMapShortCalls, cudaMapUserStacks}
+var sharedMaps = []string{cudaMapTracedTgids, cudaMapThreads, cudaMapEvents, cudaMapRingDrops, cudaMapShortCalls, cudaMapUserStacks, cudaMapPyProcs}
 
 func (t *Tracer) load() error {
 	specs := []struct {
@@ -113,7 +113,7 @@ func (t *Tracer) load() error {
 				t.shared[name] = m
 			}
 		}
-		opts := &ebpf.CollectionOptions{MapReplacements: t.shared}
+		opts := t.objectOptions(spec)
 		if err := spec.LoadAndAssign(s.objs, opts); err != nil {
 			var verr *ebpf.VerifierError
 			if errors.As(err, &verr) {

@@ -114,6 +114,7 @@ func (t *Tracer) scanProcess(pid uint32) {
 				libs[m.Pathname] = lib
 			}
 		}
+		t.pyInspect(pid, maps)
 	}
 	t.noteUnmapped(pid, libs)
 	paths := make([]string, 0, len(libs))

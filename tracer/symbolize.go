@@ -37,8 +37,13 @@ type elfFile struct {
 	path  string
 	syms  []elfSym // sorted by addr
 	loads []elf.ProgHeader
-	f     *os.File // for the call-instruction check; nil when unreadable
-	err   error
+	// lines is the DWARF line table, sorted by address, read at the first
+	// lookup (linesRead) when the file has one.
+	lines     []lineEntry
+	linesRead bool
+	elf       *elf.File
+	f         *os.File // for the call-instruction check; nil when unreadable
+	err       error
 	// calls caches afterCall by file offset: the same return addresses
 	// come back with every syscall of a loop.
 	calls map[uint64]bool
@@ -265,8 +270,11 @@ func (s *symbolizer) frame(pid uint32, ip uint64) event.Frame {
 	fr := event.Frame{File: m.path}
 	off := ip - m.start + m.off
 	if ef.err == nil {
-		if name, ok := ef.lookup(off - 1); ok {
+		if name, vaddr, ok := ef.lookup(off - 1); ok {
 			fr.Function = name
+			if src, line := ef.line(vaddr); line > 0 {
+				fr.Source, fr.Line = src, line
+			}
 			return fr
 		}
 	}
@@ -274,8 +282,9 @@ func (s *symbolizer) frame(pid uint32, ip uint64) event.Frame {
 	return fr
 }
 
-// lookup finds the function containing file offset off.
-func (ef *elfFile) lookup(off uint64) (string, bool) {
+// lookup finds the function containing file offset off, and its virtual
+// address.
+func (ef *elfFile) lookup(off uint64) (string, uint64, bool) {
 	vaddr, ok := uint64(0), false
 	for _, p := range ef.loads {
 		if off >= p.Off && off < p.Off+p.Filesz {
@@ -284,17 +293,22 @@ func (ef *elfFile) lookup(off uint64) (string, bool) {
 		}
 	}
 	if !ok {
-		return "", false
+		return "", 0, false
 	}
+	return ef.lookupVaddr(vaddr)
+}
+
+// lookupVaddr finds the function containing virtual address vaddr.
+func (ef *elfFile) lookupVaddr(vaddr uint64) (string, uint64, bool) {
 	i := sort.Search(len(ef.syms), func(i int) bool { return ef.syms[i].addr > vaddr }) - 1
 	if i < 0 {
-		return "", false
+		return "", 0, false
 	}
 	sym := ef.syms[i]
 	if sym.size != 0 && vaddr >= sym.addr+sym.size {
-		return "", false
+		return "", 0, false
 	}
-	return sym.name, true
+	return sym.name, vaddr, true
 }
 
 // mappingOf finds the executable mapping of pid holding addr, reading
@@ -430,10 +444,16 @@ func loadELF(path string) *elfFile {
 		}
 	}
 	// .symtab first: it names the static functions .dynsym leaves out and
-	// the same addresses are then skipped.
+	// the same addresses are then skipped. A stripped binary may carry
+	// them in .gnu_debugdata (MiniDebugInfo: an xz-compressed ELF holding
+	// only a .symtab), as Fedora's and RHEL's packages do.
 	if syms, err := e.Symbols(); err == nil {
 		add(syms)
 	}
+	if syms, err := miniDebugSymbols(e); err == nil {
+		add(syms)
+	}
+	ef.elf = e
 	if syms, err := e.DynamicSymbols(); err == nil {
 		add(syms)
 	}

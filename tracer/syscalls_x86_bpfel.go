@@ -29,6 +29,53 @@ type syscallsFdEvent struct {
 	Path    [256]int8
 }
 
+type syscallsPyOffsets struct {
+	_               structs.HostLayout
+	Runtime         uint64
+	InterpHead      uint32
+	TstateHead      uint32
+	TstateNext      uint32
+	TstateThreadId  uint32
+	TstateFrame     uint32
+	CframeFrame     int32
+	FramePrev       uint32
+	FrameCode       uint32
+	FrameInstr      uint32
+	FrameOwner      int32
+	FrameRead       uint32
+	InstrIsPtr      uint32
+	CodeFirstlineno uint32
+	Pad             uint32
+}
+
+type syscallsPyScratch struct {
+	_     structs.HostLayout
+	Frame struct {
+		_ structs.HostLayout
+		B [128]uint8
+	}
+	Ev struct {
+		_   structs.HostLayout
+		Hdr struct {
+			_       structs.HostLayout
+			Type    uint32
+			Kind    uint32
+			PidTgid uint64
+			KtimeNs uint64
+		}
+		Depth uint32
+		Flags uint32
+		Code  [32]uint64
+		Instr [32]uint64
+	}
+}
+
+type syscallsPyStat struct {
+	_      structs.HostLayout
+	Stacks uint64
+	Ns     uint64
+}
+
 type syscallsShortKey struct {
 	_       structs.HostLayout
 	PidTgid uint64
@@ -104,6 +151,9 @@ type syscallsThreadState struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	syscallsMapEvents             = "events"
+	syscallsMapPyProcs            = "py_procs"
+	syscallsMapPyScratch          = "py_scratch"
+	syscallsMapPyStats            = "py_stats"
 	syscallsMapRingDrops          = "ring_drops"
 	syscallsMapShortCalls         = "short_calls"
 	syscallsMapSyscallClasses     = "syscall_classes"
@@ -124,6 +174,10 @@ const (
 	syscallsVarUnusedNcclEvent    = "unused_nccl_event"
 	syscallsVarUnusedProcEvent    = "unused_proc_event"
 	syscallsVarUnusedProcFlags    = "unused_proc_flags"
+	syscallsVarUnusedPyFlags      = "unused_py_flags"
+	syscallsVarUnusedPyOffsets    = "unused_py_offsets"
+	syscallsVarUnusedPyStackEvent = "unused_py_stack_event"
+	syscallsVarUnusedPyStat       = "unused_py_stat"
 	syscallsVarUnusedSchedEvent   = "unused_sched_event"
 	syscallsVarUnusedSchedFlags   = "unused_sched_flags"
 	syscallsVarUnusedShortKey     = "unused_short_key"
@@ -183,6 +237,9 @@ type syscallsProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type syscallsMapSpecs struct {
 	Events         *ebpf.MapSpec `ebpf:"events"`
+	PyProcs        *ebpf.MapSpec `ebpf:"py_procs"`
+	PyScratch      *ebpf.MapSpec `ebpf:"py_scratch"`
+	PyStats        *ebpf.MapSpec `ebpf:"py_stats"`
 	RingDrops      *ebpf.MapSpec `ebpf:"ring_drops"`
 	ShortCalls     *ebpf.MapSpec `ebpf:"short_calls"`
 	SyscallClasses *ebpf.MapSpec `ebpf:"syscall_classes"`
@@ -207,6 +264,10 @@ type syscallsVariableSpecs struct {
 	UnusedNcclEvent    *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
 	UnusedProcEvent    *ebpf.VariableSpec `ebpf:"unused_proc_event"`
 	UnusedProcFlags    *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
+	UnusedPyFlags      *ebpf.VariableSpec `ebpf:"unused_py_flags"`
+	UnusedPyOffsets    *ebpf.VariableSpec `ebpf:"unused_py_offsets"`
+	UnusedPyStackEvent *ebpf.VariableSpec `ebpf:"unused_py_stack_event"`
+	UnusedPyStat       *ebpf.VariableSpec `ebpf:"unused_py_stat"`
 	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
 	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
@@ -236,6 +297,9 @@ func (o *syscallsObjects) Close() error {
 // It can be passed to loadSyscallsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type syscallsMaps struct {
 	Events         *ebpf.Map `ebpf:"events"`
+	PyProcs        *ebpf.Map `ebpf:"py_procs"`
+	PyScratch      *ebpf.Map `ebpf:"py_scratch"`
+	PyStats        *ebpf.Map `ebpf:"py_stats"`
 	RingDrops      *ebpf.Map `ebpf:"ring_drops"`
 	ShortCalls     *ebpf.Map `ebpf:"short_calls"`
 	SyscallClasses *ebpf.Map `ebpf:"syscall_classes"`
@@ -247,6 +311,9 @@ type syscallsMaps struct {
 func (m *syscallsMaps) Close() error {
 	return _SyscallsClose(
 		m.Events,
+		m.PyProcs,
+		m.PyScratch,
+		m.PyStats,
 		m.RingDrops,
 		m.ShortCalls,
 		m.SyscallClasses,
@@ -272,6 +339,10 @@ type syscallsVariables struct {
 	UnusedNcclEvent    *ebpf.Variable `ebpf:"unused_nccl_event"`
 	UnusedProcEvent    *ebpf.Variable `ebpf:"unused_proc_event"`
 	UnusedProcFlags    *ebpf.Variable `ebpf:"unused_proc_flags"`
+	UnusedPyFlags      *ebpf.Variable `ebpf:"unused_py_flags"`
+	UnusedPyOffsets    *ebpf.Variable `ebpf:"unused_py_offsets"`
+	UnusedPyStackEvent *ebpf.Variable `ebpf:"unused_py_stack_event"`
+	UnusedPyStat       *ebpf.Variable `ebpf:"unused_py_stat"`
 	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
 	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
 	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`

@@ -29,9 +29,11 @@ var tracedSyscalls = []tracedSyscall{
 	{"pread64", unix.SYS_PREAD64, uint32(event.SysRead)},
 	{"readv", unix.SYS_READV, uint32(event.SysRead)},
 	{"preadv", unix.SYS_PREADV, uint32(event.SysRead)},
+	{"preadv2", unix.SYS_PREADV2, uint32(event.SysRead)}, // CPython's os.preadv
 	{"write", unix.SYS_WRITE, uint32(event.SysWrite)},
 	{"pwrite64", unix.SYS_PWRITE64, uint32(event.SysWrite)},
 	{"writev", unix.SYS_WRITEV, uint32(event.SysWrite)},
+	{"pwritev2", unix.SYS_PWRITEV2, uint32(event.SysWrite)}, // CPython's os.pwritev
 	{"fsync", unix.SYS_FSYNC, uint32(event.SysFsync)},
 	{"fdatasync", unix.SYS_FDATASYNC, uint32(event.SysFsync)},
 	{"sendto", unix.SYS_SENDTO, uint32(event.SysNet)},

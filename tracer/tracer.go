@@ -71,6 +71,7 @@ type Tracer struct {
 	fds   *fdResolver
 	comms *taskComms
 	syms  *symbolizer
+	py    *pyStacks
 	// multi: uprobes are attached as one uprobe_multi link per program and
 	// process instead of one perf-event link per function. Decided once at
 	// load; it matters because every single uprobe costs an RCU grace
@@ -145,6 +146,7 @@ func New(cfg Config) (*Tracer, error) {
 		fds:         newFDResolver(),
 		comms:       &taskComms{procRoot: procRoot},
 		syms:        newSymbolizer(),
+		py:          newPyStacks(),
 		procs:       make(map[uint32]*procState),
 		missingSeen: make(map[string]bool),
 		roots:       make(map[uint32]bool),

@@ -44,7 +44,7 @@ var fixes = map[correlate.Cause]string{
 	correlate.CauseLoaderWait:    "more data-loader workers (estimated for twice as many)",
 	correlate.CauseIOWrite:       "write checkpoints and logs asynchronously",
 	correlate.CauseNet:           "send metrics and logs from a background thread",
-	correlate.CauseComm:          "balance the ranks: the gaps name the late rank (waiting_on_ranks)",
+	correlate.CauseComm:          "balance the ranks: the gaps name the late rank (late_rank, or waiting_on_ranks)",
 	correlate.CauseCUDAMemcpy:    "pinned host memory (pin_memory=True) and non_blocking copies",
 	correlate.CauseCUDAAlloc:     "keep the caching allocator warm: no empty_cache, stable shapes",
 	correlate.CauseCPU:           "cut launch overhead: CUDA graphs, torch.compile, fused kernels",

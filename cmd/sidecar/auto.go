@@ -228,7 +228,7 @@ func (p *pipeline) autoTick(now time.Time) {
 	var off int64
 	if !full {
 		off = time.Now().UnixNano()
-		p.eng.ProbesLive(false, off)
+		p.probesLive(false, off)
 	}
 	go func() {
 		res, err := p.tr.SetLaunchProbes(full)
@@ -246,7 +246,7 @@ func (p *pipeline) toggled(tg autoToggle) {
 		return
 	}
 	if tg.full {
-		p.eng.ProbesLive(true, tg.res.At)
+		p.probesLive(true, tg.res.At)
 		p.autoCost.attaches++
 		p.autoCost.attach += tg.res.Took
 		p.log.Debug("auto: per-launch probes attached", "at", tg.res.At, "reason", tg.reason, "links", tg.res.Links, "took", tg.res.Took)
@@ -262,4 +262,13 @@ func meanDur(d time.Duration, n int) time.Duration {
 		return 0
 	}
 	return d / time.Duration(n)
+}
+
+// probesLive tells the engine, and the recording when there is one, where
+// a window of per-launch probes begins or ends.
+func (p *pipeline) probesLive(full bool, at int64) {
+	if p.rec != nil {
+		p.rec.ProbesLive(full, at)
+	}
+	p.eng.ProbesLive(full, at)
 }

@@ -286,10 +286,8 @@ func TestNamespaceLayouts(t *testing.T) {
 // rightShare is the share of cause's injected stall time that the gaps
 // covering it attribute to it, through each gap's breakdown: a stall that
 // runs right after another one shares its gap, whose breakdown gives each
-// its time. On
-// a loaded machine, a stall whose run-queue wait (the job's own schedstat)
-// was nearly half of it is cpu.contention as much as its cause; either
-// counts.
+// its time. On a loaded machine, cpu.contention up to the stall's own
+// run-queue wait (the job's schedstat) counts as right.
 func rightShare(tr *accuracy.Truth, gaps []correlate.Gap, cause string) float64 {
 	var right, total float64
 	for _, s := range tr.Stalls {
@@ -297,17 +295,19 @@ func rightShare(tr *accuracy.Truth, gaps []correlate.Gap, cause string) float64 
 			continue
 		}
 		total += float64(s.Len())
-		contended := float64(s.RunDelayNS) >= 0.45*float64(s.Len())
+		// The trainer measured how long it waited for a CPU during the
+		// stall (schedstat): that much cpu.contention is the machine's
+		// load, truly, not a wrong label.
+		contended := s.RunDelayNS
 		for _, g := range gaps {
 			ov := min(s.End, g.End) - max(s.Start, g.Start)
 			if ov <= 0 {
 				continue
 			}
-			var ok int64
-			for c, ns := range g.Breakdown {
-				if string(c) == cause || contended && c == correlate.CauseCPUContention {
-					ok += ns
-				}
+			ok := g.Breakdown[correlate.Cause(cause)]
+			if c := min(g.Breakdown[correlate.CauseCPUContention], contended); c > 0 {
+				ok += c
+				contended -= c
 			}
 			right += float64(min(ov, ok))
 		}

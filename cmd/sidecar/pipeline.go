@@ -56,7 +56,9 @@ type pipeline struct {
 	devices map[uint32]int
 	mu      sync.Mutex
 	targets []int
-	winOut  *windowsWriter // --windows-out, nil when off
+	winOut  *windowsWriter      // --windows-out, nil when off
+	rec     *correlate.Recorder // --record, nil when off
+	recFile *os.File
 	work    *workload.Resolver
 
 	// Probe set auto: the schedule, the attach/detach in flight (one at a
@@ -236,6 +238,16 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	if p.gpu != nil {
 		ccfg.HW = p.gpu.HWContext
 	}
+	if cfg.Record != "" {
+		f, err := safefile.Create(cfg.Record)
+		if err != nil {
+			_ = p.tr.Close() // reporting the recording's error
+			p.closeGPU()
+			return nil, fmt.Errorf("recording: %w", err)
+		}
+		p.recFile = f
+		p.rec = correlate.NewRecorder(f, correlate.RecordHeader{Version: version, Probes: probes, MinGap: int64(cfg.MinGap)})
+	}
 	// The exporter first, then the session (live view, gaps file).
 	sinks := correlate.Tee{exp, pc.Sink}
 	if p.auto != nil {
@@ -243,7 +255,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	}
 	p.eng = correlate.New(ccfg, withWorkload{sinks, p.work})
 	if p.auto != nil {
-		p.eng.ProbesLive(true, autoOn.At)
+		p.probesLive(true, autoOn.At)
 		log.Debug("auto: per-launch probes attached", "at", autoOn.At, "reason", "start")
 	}
 
@@ -317,6 +329,9 @@ func (p *pipeline) mapDevices() {
 		}
 		p.devices[uint32(pid)] = devs[0]
 		p.eng.SetDevice(uint32(pid), devs[0])
+		if p.rec != nil {
+			p.rec.SetDevice(uint32(pid), devs[0])
+		}
 		p.log.Debug("process uses GPU", "pid", pid, "device", devs[0])
 	}
 }
@@ -330,6 +345,9 @@ func (p *pipeline) event(ev event.Event) {
 	case ev.Kind == event.KindExec:
 		p.work.Forget(ev.PID)
 		p.work.Of(ev.PID)
+	}
+	if p.rec != nil {
+		p.rec.Event(&ev)
 	}
 	p.eng.Event(ev)
 }
@@ -381,6 +399,9 @@ func (p *pipeline) Run(ctx context.Context) error {
 		case tg := <-p.toggles:
 			p.toggled(tg)
 		case now := <-advance.C:
+			if p.rec != nil {
+				p.rec.Advance(now.UnixNano())
+			}
 			p.eng.Advance(now.UnixNano())
 			p.autoTick(now)
 			if now.Sub(lastDev) >= deviceEvery {
@@ -426,6 +447,9 @@ func (p *pipeline) Run(ctx context.Context) error {
 }
 
 func (p *pipeline) window(w event.GPUWindow) {
+	if p.rec != nil {
+		p.rec.Window(&w)
+	}
 	p.eng.Window(w)
 	if p.winOut != nil {
 		p.winOut.write(w)
@@ -452,7 +476,13 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 	st := p.tr.Stats()
 	var errs []error
 	t0 := time.Now()
-	sum := p.eng.Close(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	sum := p.eng.Close(now)
+	if p.rec != nil {
+		if err := errors.Join(p.rec.Close(now), p.recFile.Close()); err != nil {
+			errs = append(errs, fmt.Errorf("recording %s: %w", p.cfg.Config.Record, err))
+		}
+	}
 	if sum.Probes == "" {
 		sum.Probes = p.cfg.Config.Probes
 	}

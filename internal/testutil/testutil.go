@@ -114,8 +114,26 @@ func SimGPU(t testing.TB) string {
 }
 
 func locateSimGPU() (string, error) {
-	dir := os.Getenv("GAPTRACE_SIMGPU")
-	if dir == "" {
+	dir, err := locate("GAPTRACE_SIMGPU", "simgpu", "the simulated GPU (make simgpu)", func(root, dst string) *exec.Cmd {
+		return exec.Command("make", "-s", "-C", filepath.Join(root, "testdata", "simgpu"), "OUT="+dst)
+	})
+	if err != nil {
+		return "", err
+	}
+	for _, f := range SimFiles {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return "", fmt.Errorf("simulated GPU: %w (run `make simgpu` or set GAPTRACE_SIMGPU)", err)
+		}
+	}
+	return dir, nil
+}
+
+// locate returns the absolute path that environment variable env names or,
+// when it is unset, builds name into the scratch directory with the
+// command build gives for the repository root and the destination.
+func locate(env, name, what string, build func(root, dst string) *exec.Cmd) (string, error) {
+	p := os.Getenv(env)
+	if p == "" {
 		root, err := RepoRoot()
 		if err != nil {
 			return "", err
@@ -124,22 +142,18 @@ func locateSimGPU() (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("scratch directory: %w", err)
 		}
-		dir = filepath.Join(tmp, "simgpu")
-		out, err := exec.Command("make", "-s", "-C", filepath.Join(root, "testdata", "simgpu"), "OUT="+dir).CombinedOutput()
-		if err != nil {
-			return "", fmt.Errorf("build the simulated GPU (make simgpu): %w\n%s", err, out)
+		p = filepath.Join(tmp, name)
+		cmd := build(root, p)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("build %s: %w\n%s", what, err, out)
 		}
 	}
-	dir, err := filepath.Abs(dir)
+	abs, err := filepath.Abs(p)
 	if err != nil {
-		return "", fmt.Errorf("simulated GPU directory: %w", err)
+		return "", fmt.Errorf("%s: %w", what, err)
 	}
-	for _, f := range SimFiles {
-		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
-			return "", fmt.Errorf("simulated GPU: %w (run `make simgpu` or set GAPTRACE_SIMGPU)", err)
-		}
-	}
-	return dir, nil
+	return abs, nil
 }
 
 // Gaptrace returns the gaptrace binary: $GAPTRACE_BIN (make test sets it)
@@ -156,26 +170,11 @@ func Gaptrace(t testing.TB) string {
 }
 
 func locateGaptrace() (string, error) {
-	p := os.Getenv("GAPTRACE_BIN")
-	if p == "" {
-		root, err := RepoRoot()
-		if err != nil {
-			return "", err
-		}
-		tmp, err := scratch()
-		if err != nil {
-			return "", fmt.Errorf("scratch directory: %w", err)
-		}
-		p = filepath.Join(tmp, "gaptrace")
-		cmd := exec.Command("go", "build", "-o", p, "./cmd/sidecar")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("build gaptrace (make build): %w\n%s", err, out)
-		}
-	}
-	p, err := filepath.Abs(p)
+	p, err := locate("GAPTRACE_BIN", "gaptrace", "gaptrace (make build)", func(_, dst string) *exec.Cmd {
+		return exec.Command("go", "build", "-o", dst, "./cmd/sidecar")
+	})
 	if err != nil {
-		return "", fmt.Errorf("gaptrace binary: %w", err)
+		return "", err
 	}
 	if _, err := os.Stat(p); err != nil {
 		return "", fmt.Errorf("gaptrace binary: %w (run `make build` or set GAPTRACE_BIN)", err)

@@ -2,7 +2,10 @@
 # Validate gaptrace on a real GPU machine. Builds nothing: bin/gaptrace is built beforehand on an
 # x86-64 machine (make build) and shipped with the repository.
 #
-#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info accuracy ddp overhead pairs layouts loops (default: all)
+#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead pairs layouts loops
+#
+# RECORD=1 adds --record to the traced runs of accuracy, ddp and loops and packs the recordings into
+# OUTDIR/recordings.tar ('gaptrace replay' reproduces those runs offline).
 #
 # pairs: tracing's cost on a launch-bound PyTorch job, untraced vs null/lite/auto/full and the
 # profiler in interleaved pairs (REPS, default 20); its table comes from bin/bench (build it with
@@ -11,9 +14,9 @@
 # Large intermediate files (profiler traces, gaps) stay in $WORK (default /tmp/gaptrace-gpu);
 # OUTDIR receives the tables (results.txt) and a few small JSON files.
 set -uo pipefail
-OUTDIR=${1:?usage: test/gpu/run.sh OUTDIR [info accuracy ddp overhead]}
+OUTDIR=${1:?usage: test/gpu/run.sh OUTDIR [info accuracy ddp ddp-one overhead]}
 shift
-PHASES=${*:-info accuracy ddp overhead}
+PHASES=${*:-info accuracy ddp ddp-one overhead}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 G=${GAPTRACE:-$ROOT/bin/gaptrace}
@@ -27,6 +30,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 
 say() { echo "$*" | tee -a "$RES"; }
 phase() { say ""; say "=== $1 ($(date -u +%FT%TZ))"; }
+rec() { [ -n "${RECORD:-}" ] && echo --record "$1.rec.gz"; }
 
 for p in $PHASES; do
   case $p in
@@ -37,11 +41,22 @@ for p in $PHASES; do
       "$G" version; } 2>&1 | tee -a "$RES"
     "$G" check 2>&1 | tee -a "$RES"
     ;;
+  pyinfo)
+    # What the Python frame walker needs to know about the interpreter.
+    phase pyinfo
+    { "$PY" -c 'import sys, sysconfig; print(sys.version); print(sys.executable, "shared:", sysconfig.get_config_var("Py_ENABLE_SHARED"))'
+      exe=$("$PY" -c 'import sys, os; print(os.path.realpath(sys.executable))'); echo "realpath $exe"
+      ldd "$exe" | grep -i python
+      "$PY" -c 'import time; time.sleep(2)' & sleep 1; grep -E 'python|libpython' /proc/$!/maps | awk '{print $6}' | sort -u; wait
+      for f in "$exe" $(ldd "$exe" | awk '/libpython/{print $3}'); do
+        echo "$f: $(readelf -Ws --dyn-syms "$f" 2>/dev/null | awk '$8=="_PyRuntime"||$8=="Py_Version"||$8=="_Py_DebugOffsets"' | head -4)"
+      done; } 2>&1 | tee -a "$RES"
+    ;;
   accuracy)
     for probes in full lite; do
       phase "accuracy probes=$probes"
       pre=$WORK/acc-$probes
-      "$G" run --probes "$probes" --live off --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
+      "$G" run --probes "$probes" --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
         --spans-out "$pre-spans.jsonl" --windows-out "$pre-windows.jsonl" -- \
         "$PY" "$HERE/trainer.py" --steps "$STEPS" --warmup 15 --truth "$pre-truth.jsonl" --profile "$pre-kineto.json" \
         --data-dir "$WORK" --stall io.read:every=10:ms=40 --stall net:every=12:ms=30 \
@@ -51,6 +66,7 @@ for p in $PHASES; do
       "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
         --spans "$pre-spans.jsonl" --windows "$pre-windows.jsonl" --json "$OUTDIR/accuracy-$probes.json" 2>&1 | tee -a "$RES"
       grep -E '"(gpu_idle_ns|wall_ns|steps|gaps|dropped_events)"' "$pre-summary.json" | tr -d ' \n' | tee -a "$RES"; say ""
+      "$PY" "$HERE/stacks_eval.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" 2>&1 | tee -a "$RES"
     done
     head -c 60000 "$WORK/acc-full-gaps.jsonl" >"$OUTDIR/sample-gaps-full.jsonl"
     ;;
@@ -62,7 +78,7 @@ for p in $PHASES; do
     port=$((29500 + RANDOM % 400))
     for r in 0 1; do
       slow=0; [ $r = 1 ] && slow=60
-      "$G" run --job-id "$job" --rank $r --live off --gaps-out "$WORK/ddp$r-gaps.jsonl" \
+      "$G" run --job-id "$job" --rank $r --live off $(rec "$WORK/ddp$r") --gaps-out "$WORK/ddp$r-gaps.jsonl" \
         --spans-out "$WORK/ddp$r-spans.jsonl" --summary-json "$WORK/ddp$r-summary.json" -- \
         "$PY" "$HERE/ddp.py" --rank $r --port $port --slow-ms $slow --truth "$WORK/ddp$r-truth.jsonl" \
         >"$WORK/ddp$r.log" 2>&1 &
@@ -72,6 +88,25 @@ for p in $PHASES; do
     "$PY" "$HERE/ddp_eval.py" --gaps0 "$WORK/ddp0-gaps.jsonl" --truth1 "$WORK/ddp1-truth.jsonl" \
       --spans0 "$WORK/ddp0-spans.jsonl" --spans1 "$WORK/ddp1-spans.jsonl" --json "$OUTDIR/ddp.json" 2>&1 | tee -a "$RES"
     grep -m3 '"comm"' "$WORK/ddp0-gaps.jsonl" | head -c 3000 >"$OUTDIR/sample-ddp-comm-gaps.jsonl"
+    ;;
+  ddp-one)
+    # The same job with both ranks under one gaptrace: the ranks' own timelines decide the comm
+    # stalls (late_rank in the evidence), where one gaptrace per rank has only each rank's history.
+    phase "ddp two ranks under one gaptrace, rank 1 slow by 60 ms/step"
+    n=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+    if [ "$n" -lt 2 ]; then say "skipped: $n GPU(s)"; continue; fi
+    port=$((29500 + RANDOM % 400))
+    pre=$WORK/ddp-one
+    "$G" run --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --spans-out "$pre-spans.jsonl" \
+      --summary-json "$pre-summary.json" -- sh -c "
+        \"$PY\" \"$HERE/ddp.py\" --rank 0 --port $port --truth \"$pre-truth0.jsonl\" >\"$pre-r0.log\" 2>&1 &
+        \"$PY\" \"$HERE/ddp.py\" --rank 1 --port $port --slow-ms 60 --truth \"$pre-truth1.jsonl\" >\"$pre-r1.log\" 2>&1
+        wait" >"$pre.log" 2>&1
+    say "gaptrace rc=$?"
+    tail -n 3 "$pre-r0.log" "$pre-r1.log" | tee -a "$RES"
+    "$PY" "$HERE/ddp_eval.py" --gaps0 "$pre-gaps.jsonl" --truth0 "$pre-truth0.jsonl" --truth1 "$pre-truth1.jsonl" \
+      --spans-both "$pre-spans.jsonl" --json "$OUTDIR/ddp-one.json" 2>&1 | tee -a "$RES"
+    grep -m3 '"late_rank"' "$pre-gaps.jsonl" | head -c 3000 >"$OUTDIR/sample-ddp-one-comm-gaps.jsonl"
     ;;
   overhead)
     phase overhead
@@ -138,7 +173,7 @@ for p in $PHASES; do
       phase "loops form=$form"
       pre=$WORK/loops-$form
       extra=""; [ $form = graph ] && extra=--graph
-      "$G" run --live off --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
+      "$G" run --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
         --spans-out "$pre-spans.jsonl" -- \
         "$PY" "$HERE/trainer.py" --steps "$STEPS" --warmup 15 --truth "$pre-truth.jsonl" --profile "$pre-kineto.json" \
         --data-dir "$WORK" --pin-memory --loader-workers 2 --item-reads 2 $extra \
@@ -147,10 +182,14 @@ for p in $PHASES; do
       say "steps: gaptrace $(grep -o '"steps": *[0-9]*' "$pre-summary.json" | grep -o '[0-9]*$'), loop iterations $((STEPS + 15))"
       "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
         --spans "$pre-spans.jsonl" --json "$OUTDIR/loops-$form.json" 2>&1 | tee -a "$RES"
+      "$PY" "$HERE/stacks_eval.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" 2>&1 | tee -a "$RES"
     done
     ;;
   *) echo "unknown phase $p" >&2; exit 2 ;;
   esac
 done
+if [ -n "${RECORD:-}" ]; then
+  (cd "$WORK" && ls *.rec.gz >/dev/null 2>&1 && tar cf "$OUTDIR/recordings.tar" *.rec.gz *truth.jsonl *summary.json)
+fi
 say ""
 say "done $(date -u +%FT%TZ)"

@@ -364,8 +364,21 @@ static CUresult sync_copy(size_t bytes, double gbps)
 	return CUDA_SUCCESS;
 }
 
+/* Set by libnccl: settles the collectives a sync covers whose end depends
+ * on peers (h NULL: every stream), before the sync reads when its stream
+ * is done. Called without mu. */
+static _Atomic(simgpu_sync_hook_fn) sync_hook;
+
+static void run_sync_hook(CUstream h)
+{
+	simgpu_sync_hook_fn fn = atomic_load(&sync_hook);
+	if (fn != NULL)
+		fn(h);
+}
+
 static CUresult stream_sync(CUstream h, int ptsz)
 {
+	run_sync_hook(h);
 	pthread_mutex_lock(&mu);
 	struct CUstream_st *s = resolve(h, ptsz);
 	if (s == NULL) {
@@ -692,6 +705,7 @@ API CUresult cuCtxGetDevice(CUdevice *device)
 
 API CUresult cuCtxSynchronize(void)
 {
+	run_sync_hook(NULL);
 	pthread_mutex_lock(&mu);
 	if (current == NULL) {
 		pthread_mutex_unlock(&mu);
@@ -1231,6 +1245,11 @@ API CUresult simgpu_enqueue(CUstream hStream, uint64_t dur_ns, uint32_t kind, ui
 API void simgpu_set_alloc_delay_ns(uint64_t ns)
 {
 	atomic_store(&alloc_delay_ns, ns);
+}
+
+API void simgpu_set_sync_hook(simgpu_sync_hook_fn fn)
+{
+	atomic_store(&sync_hook, fn);
 }
 
 API void simgpu_set_busy_callback(simgpu_busy_fn fn, void *arg)

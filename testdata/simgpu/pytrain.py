@@ -15,14 +15,27 @@ record per step, with CLOCK_REALTIME nanosecond timestamps (start, end);
 a step's run_delay_ns is how long the main thread was runnable but not
 running during it (its schedstat), which the machine's load adds and the
 GIL does not.
+
+--stall-every S adds a host stall of --stall-ms after every S-th step, once
+no background burst runs, each in a function of its own, in turn: read_batch
+(O_DIRECT reads of a data file, so they reach the disk), wait_for_peer (a
+sleep) and, with --peer, fetch_remote (a request to a TCP server, which
+answers after the stall length: it must be another, untraced, program, as
+a remote data service would be). Each writes a "stall" record: kind, start, end, and the function
+(qualname), file and line of its blocking call as the interpreter numbers
+them. The meta record names the lines of Driver.launch and Driver.sync's
+driver calls, where the main thread waits for the GIL after a driver call.
 SIGINT/SIGTERM stop after the current step; exit 0.
 """
 
 import argparse
 import ctypes
+import inspect
 import json
+import mmap
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -37,10 +50,16 @@ def parse_args():
     p.add_argument("--burst-every", type=int, default=4, help="a background burst every E steps")
     p.add_argument("--burst-ms", type=int, default=40, help="length of a background burst")
     p.add_argument("--truth", help="write the ground truth here (JSON Lines)")
+    p.add_argument("--stall-every", type=int, default=0, help="a host stall after every S-th step (0: none)")
+    p.add_argument("--stall-ms", type=int, default=20, help="length of a host stall")
+    p.add_argument("--data-dir", default=".", help="where read_batch keeps its data file")
+    p.add_argument("--peer", help="HOST:PORT of the server fetch_remote asks (it answers a line of ms after as many ms)")
     a = p.parse_args()
-    for name in ("steps", "kernels", "kernel_us", "burst_every", "burst_ms"):
+    for name in ("steps", "kernels", "kernel_us", "burst_every", "burst_ms", "stall_ms"):
         if getattr(a, name) < 1:
             p.error("--%s must be at least 1" % name.replace("_", "-"))
+    if a.stall_every < 0:
+        p.error("--stall-every must be at least 0")
     return a
 
 
@@ -85,6 +104,80 @@ class Driver:
         self.check(self.cu.cuStreamSynchronize(None), "cuStreamSynchronize")
 
 
+def here():
+    """The caller's function (qualname where the interpreter has one) and
+    the line after the caller's current one: called on the line before a
+    blocking call, it names that call."""
+    f = sys._getframe(1)
+    return getattr(f.f_code, "co_qualname", f.f_code.co_name), f.f_lineno + 1
+
+
+def call_line(func, callee):
+    """The line of func's source that calls callee."""
+    lines, first = inspect.getsourcelines(func)
+    for i, text in enumerate(lines):
+        if callee + "(" in text:
+            return first + i
+    raise LookupError("%s does not call %s" % (func.__qualname__, callee))
+
+
+class Stalls:
+    """Host stalls between steps, each blocking in a function of its own."""
+
+    DATA_BYTES = 8 << 20
+    CHUNK = 1 << 20
+
+    def __init__(self, ms, data_dir, peer):
+        self.ms, self.ns = ms, ms * 1000000
+        self.path = os.path.join(data_dir, "pytrain-data.bin")
+        with open(self.path, "wb") as f:
+            f.write(os.urandom(self.DATA_BYTES))
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+            self.direct = True
+        except OSError:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            self.direct = False
+        self.buf = mmap.mmap(-1, self.CHUNK)  # page-aligned, as O_DIRECT wants
+        self.off = 0
+        self.kinds = [("read", self.read_batch), ("sleep", self.wait_for_peer)]
+        if peer:
+            host, _, port = peer.rpartition(":")
+            self.sock = socket.create_connection((host, int(port)))
+            self.kinds.append(("socket", self.fetch_remote))
+        self.n = 0
+
+    def read_batch(self):
+        deadline = time.monotonic_ns() + self.ns
+        site = None
+        while time.monotonic_ns() < deadline:
+            if not self.direct:
+                os.posix_fadvise(self.fd, self.off, self.CHUNK, os.POSIX_FADV_DONTNEED)
+            site = here()
+            os.preadv(self.fd, [self.buf], self.off)
+            self.off = (self.off + self.CHUNK) % self.DATA_BYTES
+        return site
+
+    def wait_for_peer(self):
+        site = here()
+        time.sleep(self.ns / 1e9)
+        return site
+
+    def fetch_remote(self):
+        self.sock.sendall(b"%d\n" % self.ms)
+        site = here()
+        self.sock.recv(64)
+        return site
+
+    def run(self, truth, step):
+        kind, fn = self.kinds[self.n % len(self.kinds)]
+        self.n += 1
+        start = time.time_ns()
+        function, line = fn()
+        truth.write({"type": "stall", "kind": kind, "step": step, "start": start, "end": time.time_ns(),
+                     "function": function, "file": __file__, "line": line, "tid": threading.get_native_id()})
+
+
 class Truth:
     def __init__(self, path):
         self.f = open(path, "w", encoding="utf-8") if path else None
@@ -113,9 +206,10 @@ def run_delay_ns(fd):
         return 0
 
 
-def background(truth, requests, stop):
+def background(truth, requests, stop, idle):
     """Computes in pure Python for each requested burst, holding the GIL
-    except when the interpreter's switch interval makes it yield."""
+    except when the interpreter's switch interval makes it yield; idle is
+    clear while a burst is requested or runs."""
     while True:
         requests.wait()
         requests.clear()
@@ -130,6 +224,7 @@ def background(truth, requests, stop):
                 x = (x * 1103515245 + 12345) & 0x7FFFFFFF
         truth.write({"type": "burst", "step": step, "start": start, "end": time.time_ns(),
                      "tid": threading.get_native_id()})
+        idle.set()
 
 
 def main():
@@ -139,14 +234,18 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     drv = Driver(a.lib, a.kernel_us)
     truth = Truth(a.truth)
-    requests, stop = threading.Event(), threading.Event()
-    bg = threading.Thread(target=background, args=(truth, requests, stop), name="pytrain-bg", daemon=True)
+    requests, stop, idle = threading.Event(), threading.Event(), threading.Event()
+    idle.set()
+    stalls = Stalls(a.stall_ms, a.data_dir, a.peer) if a.stall_every else None
+    bg = threading.Thread(target=background, args=(truth, requests, stop, idle), name="pytrain-bg", daemon=True)
     bg.start()
     while bg.native_id is None:
         time.sleep(0.001)
     truth.write({"type": "meta", "pid": os.getpid(), "tid": threading.get_native_id(),
                  "bg_tid": bg.native_id, "kernels": a.kernels, "kernel_us": a.kernel_us,
-                 "burst_every": a.burst_every, "burst_ms": a.burst_ms})
+                 "burst_every": a.burst_every, "burst_ms": a.burst_ms, "file": __file__,
+                 "launch_line": call_line(Driver.launch, "cuLaunchKernel"),
+                 "sync_line": call_line(Driver.sync, "cuStreamSynchronize")})
     try:
         sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -156,6 +255,7 @@ def main():
         step += 1
         if step % a.burst_every == 0:
             background.pending = (step, a.burst_ms)
+            idle.clear()
             requests.set()
         start, rd0 = time.time_ns(), run_delay_ns(sched_fd)
         for _ in range(a.kernels):
@@ -163,6 +263,9 @@ def main():
         drv.sync()
         truth.write({"type": "step", "step": step, "start": start, "end": time.time_ns(),
                      "run_delay_ns": run_delay_ns(sched_fd) - rd0})
+        if stalls and step % a.stall_every == 0:
+            idle.wait()
+            stalls.run(truth, step)
     stop.set()
     requests.set()
     bg.join()

@@ -317,6 +317,15 @@ void simgpu_set_busy_callback(simgpu_busy_fn fn, void *arg);
 uint32_t simgpu_stream_id(CUstream hStream);
 /* Extra duration (a late peer) added to the next collective only. */
 void simgpu_nccl_set_delay_ns(uint64_t ns);
+/* Called at the start of cuStreamSynchronize (the stream) and
+ * cuCtxSynchronize (NULL), outside the driver lock: libnccl settles there
+ * the collectives whose end waits on peers of other processes. */
+typedef void (*simgpu_sync_hook_fn)(CUstream hStream);
+void simgpu_set_sync_hook(simgpu_sync_hook_fn fn);
+/* The rendezvous of the last collective this process settled: when its own
+ * stream reached it, when the last rank's did, and which rank that was.
+ * Returns 0 when no rendezvous collective was settled yet. */
+int simgpu_nccl_last_rendezvous(uint64_t *reach_ns, uint64_t *last_reach_ns, int *last_rank);
 
 #ifdef __cplusplus
 }

@@ -21,6 +21,7 @@
 #include "timeline.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -129,6 +130,8 @@ static struct {
 	const char *server;
 	const char *data_dir;
 	const char *dump_timeline;
+	const char *comm_id; /* --comm-id: the ranks' shared communicator id (rendezvous) */
+	long await_probes;   /* --await-probes: seconds to wait for a tracer's probe on comm init */
 	struct stall stalls[MAX_STALLS];
 	int nstalls;
 } opt = {
@@ -530,7 +533,8 @@ static void usage(FILE *f)
 	      "                [--device D] [--rank R] [--nranks N] [--collectives C] [--server ADDR]\n"
 	      "                [--workers W] [--data-dir DIR] [--batch-bytes B] [--bucket-bytes B]\n"
 	      "                [--launch-api kernel|ex|cooperative|graph|ptsz|mix] [--copy-api API|all]\n"
-	      "                [--ctx-sync] [--extra-syncs N] [--batch-copies C] [--quiet]\n"
+	      "                [--ctx-sync] [--extra-syncs N] [--batch-copies C] [--comm-id NAME] [--await-probes S]\n"
+	      "                [--quiet]\n"
 	      "       simtrain --dump-timeline FROM,TO[,MASK] [--device D]\n"
 	      "causes: io.read io.write net loader.wait loader.wait.io loader.wait.cpu comm\n"
 	      "        cuda.memcpy cuda.alloc cpu cpu.contention sleep\n"
@@ -549,6 +553,7 @@ static void parse_args(int argc, char **argv)
 		O_STEPS = 256, O_KERNELS, O_KUS, O_GAP, O_STREAMS, O_TRUTH, O_STALL, O_DEVICE,
 		O_RANK, O_NRANKS, O_COLL, O_SERVER, O_WORKERS, O_DATADIR, O_QUIET, O_BATCH,
 		O_BUCKET, O_API, O_COPYAPI, O_CTXSYNC, O_DUMP, O_HELP, O_EXTRA, O_BCOPIES,
+		O_COMMID, O_AWAIT,
 	};
 	static const struct option lo[] = {
 		{"steps", required_argument, 0, O_STEPS},
@@ -562,6 +567,8 @@ static void parse_args(int argc, char **argv)
 		{"rank", required_argument, 0, O_RANK},
 		{"nranks", required_argument, 0, O_NRANKS},
 		{"collectives", required_argument, 0, O_COLL},
+		{"comm-id", required_argument, 0, O_COMMID},
+		{"await-probes", required_argument, 0, O_AWAIT},
 		{"server", required_argument, 0, O_SERVER},
 		{"workers", required_argument, 0, O_WORKERS},
 		{"data-dir", required_argument, 0, O_DATADIR},
@@ -592,6 +599,8 @@ static void parse_args(int argc, char **argv)
 		case O_RANK: opt.rank = parse_long("--rank", optarg, 0, 1 << 20); break;
 		case O_NRANKS: opt.nranks = parse_long("--nranks", optarg, 1, 1 << 20); break;
 		case O_COLL: opt.collectives = parse_long("--collectives", optarg, 0, 1024); break;
+		case O_COMMID: opt.comm_id = optarg; break;
+		case O_AWAIT: opt.await_probes = parse_long("--await-probes", optarg, 0, 3600); break;
 		case O_SERVER: opt.server = optarg; break;
 		case O_WORKERS: opt.workers = parse_long("--workers", optarg, 0, MAX_WORKERS); break;
 		case O_DATADIR: opt.data_dir = optarg; break;
@@ -636,10 +645,37 @@ static void parse_args(int argc, char **argv)
 		usage_error("--steps is required");
 	if (opt.rank >= opt.nranks)
 		usage_error("--rank %ld must be below --nranks %ld", opt.rank, opt.nranks);
+	if (opt.comm_id != NULL) {
+		/* The ranks of one job are separate processes that meet in the
+		 * simulated NCCL: every one must issue collectives. */
+		size_t n = strlen(opt.comm_id);
+		if (n == 0 || n > 64 || strspn(opt.comm_id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != n)
+			usage_error("invalid --comm-id %s (want 1-64 of A-Z a-z 0-9 . _ -)", opt.comm_id);
+		if (opt.collectives == 0)
+			usage_error("--comm-id needs --collectives > 0");
+	}
 	for (int i = 0; i < opt.nstalls; i++) {
 		enum cause c = opt.stalls[i].c;
 		if ((c == C_LOADER_IO || c == C_LOADER_CPU) && opt.workers == 0)
 			usage_error("--stall %s needs --workers > 0", opt.stalls[i].name);
+	}
+}
+
+/* --await-probes: a trainer creates its communicators seconds into its run
+ * (imports, process-group setup); this one does so at once, before a tracer
+ * that attaches when the libraries are mapped has its probes in. Waits until
+ * the entry of fn holds a uprobe's breakpoint (int3, visible in the
+ * process's own copy of the page), or the time is up. */
+static void await_probe(const char *fn)
+{
+	if (opt.await_probes <= 0)
+		return;
+	const volatile unsigned char *p = dlsym(RTLD_DEFAULT, fn);
+	if (p == NULL)
+		die("--await-probes: %s not found", fn);
+	for (long i = 0; i < opt.await_probes * 100 && *p != 0xcc; i++) {
+		struct timespec ts = {0, 10000000};
+		nanosleep(&ts, NULL);
 	}
 }
 
@@ -1152,8 +1188,16 @@ static void setup_device(void)
 	pcie_gbps = env_gbps("SIMGPU_PCIE_GBPS", 20);
 	if (opt.collectives > 0 || has_cause(C_COMM)) {
 		ncclUniqueId id;
-		if (ncclGetUniqueId(&id) != ncclSuccess ||
-		    ncclCommInitRank(&comm, (int)opt.nranks, id, (int)opt.rank) != ncclSuccess)
+		if (opt.comm_id != NULL) {
+			/* Shared out of band, as torch.distributed shares rank 0's id
+			 * through its store: the ranks rendezvous (see nccl.c). */
+			memset(&id, 0, sizeof(id));
+			snprintf(id.internal, sizeof(id.internal), "simgpu-rendezvous:%s", opt.comm_id);
+		} else if (ncclGetUniqueId(&id) != ncclSuccess) {
+			die("ncclGetUniqueId failed");
+		}
+		await_probe("ncclCommInitRank");
+		if (ncclCommInitRank(&comm, (int)opt.nranks, id, (int)opt.rank) != ncclSuccess)
 			die("ncclCommInitRank failed");
 	}
 }
@@ -1741,6 +1785,26 @@ int main(int argc, char **argv)
 					(unsigned long long)step_end, gettid_(),
 					(unsigned long long)(pending_comm_delay_ns / 1000000ull),
 					(unsigned long long)(thread_run_delay_ns() - comm_rd0));
+			} else if (opt.comm_id != NULL) {
+				/* A peer process reached the step's last collective later
+				 * than this rank's stream did: this rank's kernel spun on it
+				 * from then (or from the sync) until the last rank's stream
+				 * reached it. The collective's own time after that, and the
+				 * sync's return, are not the peer's lateness. */
+				uint64_t reach, last;
+				int late_rank;
+				if (simgpu_nccl_last_rendezvous(&reach, &last, &late_rank) &&
+				    last >= reach + 1000000ull && last > comm_sync_start) {
+					uint64_t s = reach > comm_sync_start ? reach : comm_sync_start;
+					uint64_t e = last < step_end ? last : step_end;
+					bprintf(&truth_buf,
+						"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"comm\",\"start\":%llu,"
+						"\"end\":%llu,\"tid\":%d,\"ms\":%llu,\"run_delay_ns\":0,"
+						"\"op\":\"AllReduce\",\"late_rank\":%d,\"late_ns\":%llu}\n",
+						step, (unsigned long long)s, (unsigned long long)e, gettid_(),
+						(unsigned long long)((last - reach) / 1000000ull), late_rank,
+						(unsigned long long)(last - reach));
+				}
 			}
 			bprintf(&truth_buf,
 				"{\"type\":\"call\",\"what\":\"launch_count\",\"api\":\"%s\",\"step\":%ld,"

@@ -156,6 +156,7 @@ Usage:
   gaptrace demo [--out DIR]             trace the simulated trainer (no GPU needed) and show what gaptrace reports
   gaptrace convert --from FILE --perfetto-out FILE
                                         turn a saved gaps or spans file into a trace for ui.perfetto.dev
+  gaptrace replay FILE                  correlate a run recorded with --record again, offline
   gaptrace version
 
 Run 'gaptrace COMMAND -h' for the flags of a command. Every flag is also an
@@ -191,6 +192,8 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 		return demoCmd(ctx, args[1:], deps)
 	case "convert":
 		return convertCmd(args[1:], deps)
+	case "replay":
+		return replayCmd(args[1:], deps)
 	}
 	fmt.Fprintf(deps.Stderr, "gaptrace: unknown command %q\n\n%s", args[0], usage)
 	return ExitUsage

@@ -81,6 +81,7 @@ type Config struct {
 	SpansMaxSize   int64 // bytes; 0: no cap
 	SpansKeep      int   // rotated spans files kept
 	WindowsOut     string
+	Record         string
 	PerfettoOut    string
 	OTLPEndpoint   string
 	OTLPProtocol   string // "grpc" or "http/protobuf"; "" = OTEL_EXPORTER_OTLP_PROTOCOL, else by port
@@ -242,6 +243,8 @@ var options = []option{
 			}}},
 	{name: "windows-out", usage: "write the GPU's own idle windows (NVML/GPM samples) as JSON lines to `FILE`",
 		binding: stringVar(func(c *Config) *string { return &c.WindowsOut })},
+	{name: "record", usage: "record everything the correlation engine is given to `FILE` (gzip JSON lines, ~1 MB per 10k steps); 'gaptrace replay FILE' reproduces this run's gaps offline, e.g. for a bug report",
+		binding: stringVar(func(c *Config) *string { return &c.Record })},
 	{name: "perfetto-out", usage: "write a Chrome trace-event JSON `FILE` that ui.perfetto.dev and chrome://tracing open: GPU busy/idle, steps and host threads per rank",
 		binding: stringVar(func(c *Config) *string { return &c.PerfettoOut })},
 	{name: "otlp-endpoint", usage: "OTLP collector endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT)",
@@ -641,7 +644,7 @@ func (c *Config) validate(rest []string) Problems {
 	}
 	for _, f := range []struct{ flag, path string }{
 		{"gaps-out", c.GapsOut}, {"summary-json", c.SummaryJSON}, {"spans-out", c.SpansOut},
-		{"windows-out", c.WindowsOut}, {"perfetto-out", c.PerfettoOut},
+		{"windows-out", c.WindowsOut}, {"perfetto-out", c.PerfettoOut}, {"record", c.Record},
 	} {
 		if f.path == "" {
 			continue

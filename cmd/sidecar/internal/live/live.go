@@ -518,6 +518,9 @@ func Frame(v View, width int) string {
 			probes = ", probes " + g.Probes
 		}
 		fmt.Fprintf(&b, "last gap: %s %s (pid %d tid %d, step %d%s)\n", FormatNS(g.Duration), g.Cause, g.PID, g.TID, g.Step, probes)
+		if c := g.Evidence.Collective; c != nil && c.LateRank != nil {
+			fmt.Fprintf(&b, "  waited on rank %d (pid %d), %s late\n", *c.LateRank, c.LatePID, FormatNS(c.LateByNS))
+		}
 	}
 	return b.String()
 }

@@ -67,6 +67,20 @@ func TestViewFromSteps(t *testing.T) {
 	}
 }
 
+// A comm stall judged on the ranks' own timelines names the late rank.
+func TestFrameLateRank(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	a := NewAggregator(c.now)
+	late := int32(1)
+	a.Gap(correlate.Gap{PID: 100, TID: 100, Step: 7, Kind: correlate.GapStall, Duration: ms(30), Cause: correlate.CauseComm,
+		Breakdown: map[correlate.Cause]int64{correlate.CauseComm: ms(30)},
+		Evidence:  correlate.Evidence{Collective: &correlate.CollectiveEvidence{Op: "AllReduce", LateRank: &late, LatePID: 101, LateByNS: ms(31)}}})
+	f := Frame(a.View("x"), 80)
+	if !strings.Contains(f, "last gap: 30 ms comm (pid 100 tid 100, step 7)\n  waited on rank 1 (pid 101), 31 ms late") {
+		t.Errorf("frame does not name the late rank:\n%s", f)
+	}
+}
+
 func TestSnapshotWins(t *testing.T) {
 	c := &clock{t: time.Unix(1_700_000_000, 0)}
 	a := NewAggregator(c.now)

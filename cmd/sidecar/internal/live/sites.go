@@ -33,7 +33,7 @@ func (a *Aggregator) addSite(g *correlate.Gap) {
 			// sites that matter stay named in a bounded table.
 			evictSmallest(a.sites, func(s *siteAgg) (int64, uint64, int) { return s.sum.NS, 0, int(s.sum.Gaps) }, &a.otherSites)
 		}
-		s = &siteAgg{sum: correlate.CallSiteSummary{Site: key, Function: f.Function, File: f.File, Line: f.Line,
+		s = &siteAgg{sum: correlate.CallSiteSummary{Site: key, Function: f.Function, File: f.Where(), Line: f.Line,
 			ByCause: map[correlate.Cause]int64{}}}
 		a.sites[key] = s
 	}

@@ -1,0 +1,108 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
+	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/whatif"
+)
+
+const replayUsage = `Usage: gaptrace replay [flags] FILE
+
+Run a recording made with --record through the correlation engine again and
+print the summary the run would have printed: the same gaps, steps and
+causes, without the job, a GPU or privileges. Attach a recording to a bug
+report when a gap is mis-attributed; replay it after an upgrade to see what
+a newer engine says about the same run.
+
+Flags:
+`
+
+func replayCmd(args []string, deps Deps) int {
+	fs := flag.NewFlagSet("gaptrace replay", flag.ContinueOnError)
+	fs.SetOutput(deps.Stderr)
+	gapsOut := fs.String("gaps-out", "", "write every gap as a JSON line to `FILE`")
+	sumOut := fs.String("summary-json", "", "write the summary as JSON to `FILE`")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), replayUsage)
+		fs.PrintDefaults()
+	}
+	// Flags may follow the file name.
+	var files []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return ExitOK
+			}
+			return ExitUsage
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		files = append(files, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	var problems []string
+	if len(files) != 1 {
+		problems = append(problems, fmt.Sprintf("want one recording FILE (written by --record), got %d", len(files)))
+	}
+	if len(problems) > 0 {
+		fmt.Fprintf(deps.Stderr, "gaptrace replay: invalid arguments:\n  - %s\n", strings.Join(problems, "\n  - "))
+		return ExitUsage
+	}
+	f, err := os.Open(files[0])
+	if err != nil {
+		return fail(deps, "replay", "%v", err)
+	}
+	h, calls, rerr := correlate.ReadRecording(f)
+	f.Close()
+	if rerr != nil && len(calls) == 0 {
+		return fail(deps, "replay", "%s: %v", files[0], rerr)
+	}
+	if rerr != nil {
+		fmt.Fprintf(deps.Stderr, "gaptrace replay: warning: %v\n", rerr)
+	}
+	cfg := correlate.Config{Probes: h.Probes, Logger: slog.New(slog.DiscardHandler)}
+	if h.MinGap > 0 {
+		cfg.MinGap = time.Duration(h.MinGap)
+	}
+
+	agg := live.NewAggregator(nil)
+	wi := whatif.New()
+	agg.SetWhatIf(wi.Estimates)
+	var procs processes
+	sinks := correlate.Tee{agg, &procs, wi}
+	var gw *gapsWriter
+	if *gapsOut != "" {
+		if gw, err = newGapsWriter(*gapsOut, slog.New(slog.DiscardHandler)); err != nil {
+			return fail(deps, "replay", "%v", err)
+		}
+		sinks = append(sinks, gw)
+	}
+	sum := correlate.Replay(cfg, sinks, calls)
+	agg.Stop()
+	agg.SetSummary(sum)
+	var errs []error
+	if gw != nil {
+		errs = append(errs, gw.Close())
+	}
+	sum.Processes = procs.list()
+	sum.CallSites = agg.CallSites(maxSummaryCallSites)
+	if *sumOut != "" {
+		errs = append(errs, writeSummaryJSON(*sumOut, sum, wi.Estimates()))
+	}
+	_, width := deps.IsTerminal()
+	title := fmt.Sprintf("replay of %s (%d calls, probes %s)", files[0], len(calls), cfg.Probes)
+	fmt.Fprint(deps.Stdout, live.Summary(agg.View(title), live.Outputs{Gaps: *gapsOut, Summary: *sumOut}, width))
+	if err := errors.Join(errs...); err != nil {
+		return fail(deps, "replay", "%v", err)
+	}
+	return ExitOK
+}

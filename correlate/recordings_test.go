@@ -1,0 +1,243 @@
+package correlate
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The recordings tier replays whole runs of real jobs (testdata/recordings:
+// the engine's input as the sidecar recorded it, and the trainer's own
+// record of each measured iteration) and holds the step clock to the
+// trainer's count. A step is one iteration of the training loop, however
+// many syncs, copies, scalar reads or graph replays it holds.
+
+// stepTolerance is the largest relative error of the step count allowed;
+// minExact the least share of iterations that must hold exactly one step
+// end (the count could be right with every step cut mid-iteration).
+const (
+	stepTolerance = 0.02
+	minExact      = 0.9
+)
+
+// truthRun is a job's own record of its measured iterations, in Unix ns.
+type truthRun struct {
+	pid   uint32
+	iters []truthIter
+	// nranks > 1: every rank's iterations, by pid.
+	ranks map[uint32][]truthIter
+	// warmup: iterations the job ran before the recorded ones. Without
+	// any (the simulated jobs), the iterations before the engine found
+	// the loop are not scored (scoredFrom).
+	warmup int
+}
+
+// scoredFrom drops the iterations that started before the first step the
+// engine bounded by a period, and the first after it (the queue state at
+// its start was not known yet), as the accuracy suite does.
+func scoredFrom(steps []Step, pid uint32, iters []truthIter) []truthIter {
+	for i := range steps {
+		if steps[i].PID != pid || steps[i].Window {
+			continue
+		}
+		from := steps[i].Start
+		for k := range iters {
+			if iters[k].start >= from {
+				return iters[min(k+1, len(iters)):]
+			}
+		}
+		return nil
+	}
+	return nil
+}
+
+type truthIter struct{ start, end int64 }
+
+// readTruth reads a truth file: a meta line with the clock offset, then
+// step lines (the trainer's, test/gpu/trainer.py, in CLOCK_MONOTONIC) or
+// the simulated jobs' (already Unix ns: no offset in their meta).
+func readTruth(t *testing.T, path string) truthRun {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := truthRun{ranks: map[uint32][]truthIter{}}
+	var off int64
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var r struct {
+			Type   string `json:"type"`
+			Warmup int    `json:"warmup"`
+			Off    int64  `json:"realtime_minus_monotonic_ns"`
+			PID    uint32 `json:"pid"`
+			Start  int64  `json:"start"`
+			End    int64  `json:"end"`
+			StartU int64  `json:"start_unix_nano"`
+			EndU   int64  `json:"end_unix_nano"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		switch r.Type {
+		case "meta":
+			off, tr.pid, tr.warmup = r.Off, r.PID, r.Warmup
+		case "step":
+			it := truthIter{r.Start + off, r.End + off}
+			if r.StartU != 0 {
+				it = truthIter{r.StartU, r.EndU}
+			}
+			pid := r.PID
+			if pid == 0 {
+				pid = tr.pid
+			}
+			tr.ranks[pid] = append(tr.ranks[pid], it)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for pid := range tr.ranks {
+		sort.Slice(tr.ranks[pid], func(i, j int) bool { return tr.ranks[pid][i].start < tr.ranks[pid][j].start })
+	}
+	if tr.pid == 0 && len(tr.ranks) == 1 {
+		for pid := range tr.ranks {
+			tr.pid = pid
+		}
+	}
+	tr.iters = tr.ranks[tr.pid]
+	if len(tr.iters) < 2 {
+		t.Fatalf("%s: %d step records, want at least 2", path, len(tr.iters))
+	}
+	return tr
+}
+
+// stepScore compares a process's engine steps with the job's iterations.
+type stepScore struct {
+	truth   int // measured iterations
+	counted int // engine steps that ended inside the measured range
+	windows int // of which fixed windows (no period found)
+	// exact: iterations holding exactly one step end between their start
+	// and the next iteration's start.
+	exact int
+}
+
+func (s stepScore) err() float64 { return float64(s.counted-s.truth) / float64(s.truth) }
+
+func (s stepScore) String() string {
+	return fmt.Sprintf("%d steps for %d iterations (%+.1f%%), %d fixed windows, %d iterations with exactly one step end",
+		s.counted, s.truth, 100*s.err(), s.windows, s.exact)
+}
+
+// scoreSteps counts the engine steps of pid that end inside the measured
+// range. The loop's iteration ends at its last sync, so each iteration
+// holds one step end; the end of the iteration before the first measured
+// one falls before the range.
+func scoreSteps(steps []Step, pid uint32, iters []truthIter) stepScore {
+	sc := stepScore{truth: len(iters)}
+	lo, hi := iters[0].start, iters[len(iters)-1].end
+	var ends []int64
+	for i := range steps {
+		st := &steps[i]
+		if st.PID != pid {
+			continue
+		}
+		ends = append(ends, st.End)
+		if st.End > lo && st.End <= hi {
+			sc.counted++
+			if st.Window {
+				sc.windows++
+			}
+		}
+	}
+	sort.Slice(ends, func(i, j int) bool { return ends[i] < ends[j] })
+	for i, it := range iters {
+		next := it.end + 1
+		if i+1 < len(iters) {
+			next = iters[i+1].start
+		}
+		a := sort.Search(len(ends), func(k int) bool { return ends[k] > it.start })
+		b := sort.Search(len(ends), func(k int) bool { return ends[k] >= next })
+		if b-a == 1 {
+			sc.exact++
+		}
+	}
+	return sc
+}
+
+type stepSink struct{ steps []Step }
+
+func (s *stepSink) Gap(Gap)      {}
+func (s *stepSink) Step(st Step) { s.steps = append(s.steps, st) }
+
+// replayFile replays a recording with the configuration it was made with.
+func replayFile(t *testing.T, path string) ([]Step, RecordHeader) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h, calls, err := ReadRecording(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	cfg := Config{Probes: h.Probes, Logger: slog.New(slog.DiscardHandler)}
+	if h.MinGap > 0 {
+		cfg.MinGap = time.Duration(h.MinGap)
+	}
+	var sink stepSink
+	Replay(cfg, &sink, calls)
+	return sink.steps, h
+}
+
+func TestRecordedSteps(t *testing.T) {
+	recs, err := filepath.Glob(filepath.Join("testdata", "recordings", "*.rec.gz"))
+	if err != nil || len(recs) == 0 {
+		t.Fatalf("no recordings in testdata/recordings (%v)", err)
+	}
+	for _, rec := range recs {
+		name := strings.TrimSuffix(filepath.Base(rec), ".rec.gz")
+		t.Run(name, func(t *testing.T) {
+			tr := readTruth(t, strings.TrimSuffix(rec, ".rec.gz")+".truth.jsonl")
+			steps, h := replayFile(t, rec)
+			pids := make([]uint32, 0, len(tr.ranks))
+			for pid := range tr.ranks {
+				pids = append(pids, pid)
+			}
+			sort.Slice(pids, func(i, j int) bool { return pids[i] < pids[j] })
+			for _, pid := range pids {
+				iters := tr.ranks[pid]
+				if tr.warmup == 0 {
+					iters = scoredFrom(steps, pid, iters)
+				}
+				if len(iters) < 2 {
+					t.Fatalf("pid %d: the engine found no step period before the run's last iterations", pid)
+				}
+				sc := scoreSteps(steps, pid, iters)
+				t.Logf("%s (probes %s) pid %d: %s", name, h.Probes, pid, sc)
+				if math.Abs(sc.err()) > stepTolerance {
+					t.Errorf("pid %d: %d steps for %d iterations: off by %+.1f%%, want within ±%.0f%%",
+						pid, sc.counted, sc.truth, 100*sc.err(), 100*stepTolerance)
+				}
+				if float64(sc.exact) < minExact*float64(sc.truth) {
+					t.Errorf("pid %d: only %d of %d iterations hold exactly one step end: the steps are cut elsewhere than between iterations",
+						pid, sc.exact, sc.truth)
+				}
+				if sc.windows > 0 {
+					t.Errorf("pid %d: %d of the steps are fixed windows: no period was found for them", pid, sc.windows)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,186 @@
+package accuracy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gaptrace/gaptrace/correlate"
+)
+
+// TestRanksOneGaptrace traces both ranks of a 2-rank job with one gaptrace
+// (`gaptrace run -- sh -c 'rank 0 & rank 1; wait'`): the simulated NCCL
+// makes the two simtrain processes rendezvous on every all-reduce, and
+// rank 1 computes 30 ms on the host before every step, from the first. No
+// baseline of rank 0's own waits can tell that lateness from compute; the
+// ranks' timelines can. Rank 0's comm stalls must cover ≥ 0.9 of the time
+// its GPU spun on rank 1 (truth: from its stream reaching the all-reduce
+// to rank 1's stream reaching it) and name rank 1; both ranks must count
+// the steps they ran.
+//
+// GAPTRACE_RANKS_STEPS sets how many steps each rank runs (default 160).
+func TestRanksOneGaptrace(t *testing.T) {
+	s := need(t)
+	steps := 160
+	if v := os.Getenv("GAPTRACE_RANKS_STEPS"); v != "" {
+		if _, err := fmt.Sscan(v, &steps); err != nil || steps < 20 {
+			t.Fatalf("GAPTRACE_RANKS_STEPS=%q: want a number ≥ 20", v)
+		}
+	}
+	dir := filepath.Join(s.root, accuracyOutRoot, "ranks", "late-rank-30ms")
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	sim, tl := filepath.Join(dir, "simgpu"), filepath.Join(dir, "timeline")
+	for _, d := range []string{sim, tl} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Uprobes are per file: this run's copies are probed by this run only.
+	for _, f := range []string{"simtrain", "libcuda.so.1", "libnccl.so.2", "libnvidia-ml.so.1"} {
+		if err := copyFile(filepath.Join(s.sim, f), filepath.Join(sim, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The rendezvous file lives in the timeline directory; a fresh id keeps
+	// it from meeting an earlier run's. simtrain creates its communicator
+	// at once, where a trainer does so seconds in: --await-probes makes it
+	// wait for gaptrace's probe, so that both ranks' communicators are seen.
+	id := fmt.Sprintf("late-%d", time.Now().UnixNano())
+	rank := func(r int, extra string) string {
+		return fmt.Sprintf("%s --truth %s --rank %d --nranks 2 --device %d --steps %d --collectives 1 "+
+			"--kernels-per-step 9 --kernel-us 1500 --launch-gap-us 20 --comm-id %s --await-probes 60 --workers 0 --quiet %s",
+			filepath.Join(sim, "simtrain"), filepath.Join(dir, fmt.Sprintf("truth%d.jsonl", r)), r, r, steps, id, extra)
+	}
+	script := rank(0, "") + " & " + rank(1, "--stall cpu:every=1:ms=30") + "; wait"
+	args := []string{"run", "--live", "off", "--log-level", "debug",
+		"--gaps-out", filepath.Join(dir, "gaps.jsonl"),
+		"--spans-out", filepath.Join(dir, "spans.jsonl"),
+		"--summary-json", filepath.Join(dir, "summary.json"),
+		"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1"),
+		"--", "sh", "-c", script}
+	if err := os.WriteFile(filepath.Join(dir, "command"), []byte(s.bin+" "+strings.Join(args, " ")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, s.bin, args...)
+	cmd.Dir = dir
+	cmd.Env = append(cleanEnv(), "SIMGPU_DIR="+tl, "SIMGPU_DEVICES=2")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := raisePriority(cmd.Process.Pid); err != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	_ = os.WriteFile(filepath.Join(dir, "gaptrace.log"), out.Bytes(), 0o644)
+	if err != nil {
+		t.Fatalf("gaptrace run: %v (log in %s)", err, dir)
+	}
+	lines := strings.Split(out.String(), "\n")
+
+	var tr [2]*Truth
+	var from int64
+	for r := range tr {
+		if tr[r], err = ReadTruth(filepath.Join(dir, fmt.Sprintf("truth%d.jsonl", r))); err != nil {
+			t.Fatal(err)
+		}
+		at, _ := attachTime(lines, tr[r].PID)
+		if at == 0 {
+			t.Fatalf("no uprobes attached to rank %d (pid %d); log in %s", r, tr[r].PID, dir)
+		}
+		from = max(from, at)
+	}
+	// Scored: the steps both ranks ran with every probe attached.
+	for r := range tr {
+		tr[r].TracedFrom(from)
+		tr[r].Until(tr[r].Range().End)
+	}
+	if len(tr[0].Steps) < steps/2 {
+		t.Fatalf("only %d of %d steps ran after the probes attached (%s)", len(tr[0].Steps), steps, dir)
+	}
+	gaps, err := ReadGaps(filepath.Join(dir, "gaps.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mine []correlate.Gap
+	for _, g := range gaps {
+		if int(g.PID) == tr[0].PID {
+			mine = append(mine, g)
+		}
+	}
+	res := Evaluate(tr[0], mine, int64(time.Millisecond))
+	cm := res.Causes["comm"]
+	if cm == nil || cm.Stalls == 0 {
+		t.Fatalf("rank 0's truth has no comm stall in the scored steps (%s)", dir)
+	}
+	t.Logf("rank 0: %d scored steps, %d truth comm stalls (%.1f ms): coverage %s, accuracy %s; stall recall %s, precision %s",
+		len(tr[0].Steps), cm.Stalls, ms(cm.TruthNS), cm.Coverage, cm.Accuracy, res.StallRecall, res.StallPrecision)
+	if !cm.Coverage.Defined() || cm.Coverage.Value() < 0.9 {
+		t.Errorf("rank 0's comm stalls cover %s of the time it waited on rank 1, want ≥ 0.90", cm.Coverage)
+	}
+	// From the first scored steps: no history is needed.
+	rng := tr[0].Range()
+	var first []Interval
+	for _, st := range tr[0].Stalls {
+		if st.Cause == "comm" && len(first) < 3 {
+			first = append(first, st.Interval)
+		}
+	}
+	var reported []Interval
+	for _, g := range mine {
+		if g.Kind != correlate.GapStall || g.End <= rng.Start || g.Start >= rng.End {
+			continue
+		}
+		reported = append(reported, Interval{g.Start, g.End})
+		if c := g.Evidence.Collective; g.Cause != correlate.CauseComm || c == nil || c.LateRank == nil ||
+			*c.LateRank != 1 || int(c.LatePID) != tr[1].PID || c.LateByNS < g.Duration {
+			t.Errorf("rank 0 stall does not name rank 1 (pid %d) late by at least its length: %+v %+v", tr[1].PID, g, c)
+		}
+	}
+	for i, iv := range first {
+		if got := Intersect(NewSet(iv), NewSet(reported...)).Total(); float64(got) < 0.8*float64(iv.Len()) {
+			t.Errorf("scored comm stall %d [%d,+%.1f ms] covered %.1f ms: not found from the first steps", i+1, iv.Start, ms(iv.Len()), ms(got))
+		}
+	}
+	// The late rank waits only where the loaded host made rank 0 later
+	// still (its truth records those waits too), and then names rank 0.
+	var theirs []correlate.Gap
+	for _, g := range gaps {
+		if int(g.PID) != tr[1].PID || g.Kind != correlate.GapStall {
+			continue
+		}
+		theirs = append(theirs, g)
+		if c := g.Evidence.Collective; c == nil || c.LateRank == nil || *c.LateRank != 0 || int(c.LatePID) != tr[0].PID {
+			t.Errorf("rank 1 stall does not name rank 0 (pid %d): %+v %+v", tr[0].PID, g, c)
+		}
+	}
+	res1 := Evaluate(tr[1], theirs, int64(time.Millisecond))
+	t.Logf("rank 1: stall recall %s, precision %s (rank 0 late by the host's load)", res1.StallRecall, res1.StallPrecision)
+	spans, err := ReadStepSpans(filepath.Join(dir, "spans.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counted [2]*StepCountResult
+	for r := range tr {
+		counted[r] = CountSteps(tr[r], spans, tr[r].PID)
+		t.Logf("rank %d (pid %d): gaptrace counted %d steps (%d fixed windows), the trainer ran %d",
+			r, tr[r].PID, counted[r].Counted, counted[r].Windows, counted[r].True)
+		if counted[r].RelErr() > 0.1 {
+			t.Errorf("rank %d: counted %d steps, the trainer ran %d", r, counted[r].Counted, counted[r].True)
+		}
+	}
+}

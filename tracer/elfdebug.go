@@ -1,0 +1,152 @@
+package tracer
+
+import (
+	"bytes"
+	"debug/dwarf"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/ulikunitz/xz"
+)
+
+// Limits on what one file's debug data may cost: a MiniDebugInfo section
+// decompresses to a symbol table (a few MB for the largest libraries), and
+// a line table above maxLineSection (a library built with full debug
+// information) is left unread rather than held in memory.
+const (
+	maxMiniDebug   = 64 << 20
+	maxLineSection = 32 << 20
+)
+
+// miniDebugSymbols reads the symbol table of the ELF embedded, xz
+// compressed, in e's .gnu_debugdata section.
+func miniDebugSymbols(e *elf.File) ([]elf.Symbol, error) {
+	sec := e.Section(".gnu_debugdata")
+	if sec == nil {
+		return nil, errors.New("no .gnu_debugdata")
+	}
+	zr, err := xz.NewReader(sec.Open())
+	if err != nil {
+		return nil, fmt.Errorf(".gnu_debugdata: %w", err)
+	}
+	b, err := io.ReadAll(io.LimitReader(zr, maxMiniDebug+1))
+	if err != nil {
+		return nil, fmt.Errorf(".gnu_debugdata: %w", err)
+	}
+	if len(b) > maxMiniDebug {
+		return nil, errors.New(".gnu_debugdata: too large")
+	}
+	mini, err := elf.NewFile(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf(".gnu_debugdata: %w", err)
+	}
+	return mini.Symbols()
+}
+
+// lineEntry: code from addr up to the next entry's addr is line of file
+// (line 0: no line, past the end of a sequence).
+type lineEntry struct {
+	addr uint64
+	file string
+	line int
+}
+
+// line returns the source file and line of virtual address vaddr from the
+// file's DWARF line table, read on first use; 0 when unknown.
+func (ef *elfFile) line(vaddr uint64) (string, int) {
+	if !ef.linesRead {
+		ef.linesRead = true
+		if ownCode(ef.path) {
+			ef.lines = readLines(ef.elf)
+		}
+	}
+	i := sort.Search(len(ef.lines), func(i int) bool { return ef.lines[i].addr > vaddr }) - 1
+	if i < 0 {
+		return "", 0
+	}
+	return ef.lines[i].file, ef.lines[i].line
+}
+
+// ownCode: only the job's own binaries have their line tables read. A
+// system library or an interpreter built with -g (pyenv builds libpython
+// with a 1 MB line table) would cost the first stack through it a parse
+// of that table, while its frames are never the ones a gap is charged to.
+func ownCode(path string) bool {
+	for _, p := range []string{"/usr/lib/", "/lib/", "/lib64/", "/usr/lib64/", "/usr/local/cuda", "/usr/local/nvidia"} {
+		if strings.HasPrefix(path, p) {
+			return false
+		}
+	}
+	if strings.Contains(path, "/site-packages/") || strings.Contains(path, "/dist-packages/") || strings.Contains(path, "/lib-dynload/") {
+		return false
+	}
+	base := filepath.Base(path)
+	for _, p := range []string{"libpython", "python", "libc.", "libcuda", "libnccl", "libcudart", "libtorch", "libstdc++"} {
+		if strings.HasPrefix(base, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// readLines flattens the line programs of every compilation unit of e into
+// one table sorted by address. Nil without DWARF or when it is too large.
+func readLines(e *elf.File) []lineEntry {
+	if e == nil {
+		return nil
+	}
+	sec := e.Section(".debug_line")
+	if sec == nil || sec.Size > maxLineSection {
+		return nil
+	}
+	d, err := e.DWARF()
+	if err != nil {
+		return nil
+	}
+	var out []lineEntry
+	r := d.Reader()
+	for {
+		cu, err := r.Next()
+		if err != nil || cu == nil {
+			break
+		}
+		if cu.Tag != dwarf.TagCompileUnit {
+			r.SkipChildren()
+			continue
+		}
+		lr, err := d.LineReader(cu)
+		r.SkipChildren()
+		if err != nil || lr == nil {
+			continue
+		}
+		var le dwarf.LineEntry
+		for lr.Next(&le) == nil {
+			switch {
+			case le.EndSequence:
+				out = append(out, lineEntry{addr: le.Address})
+			case le.File != nil:
+				out = append(out, lineEntry{addr: le.Address, file: le.File.Name, line: le.Line})
+			}
+		}
+	}
+	// Stable: at one address the last entry of a row wins (a sequence's
+	// end and the next one's start share it; the start must win).
+	sort.SliceStable(out, func(i, j int) bool { return out[i].addr < out[j].addr })
+	k := 0
+	for i := range out {
+		if k > 0 && out[k-1].addr == out[i].addr {
+			if out[i].line > 0 || out[k-1].line == 0 {
+				out[k-1] = out[i]
+			}
+			continue
+		}
+		out[k] = out[i]
+		k++
+	}
+	return out[:k]
+}

@@ -70,6 +70,13 @@ SOAK ?= 1h
 soak: build simgpu ## gaptrace on simtrain at top launch rate for SOAK=1h: RSS, CPU
 	SOAK=$(SOAK) GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) tools/soak.sh
 
+# Not in CI: tracing's cost on a launch-bound simtrain, untraced vs each
+# probe set in interleaved pairs, medians with bootstrap 95% intervals.
+# BENCH_FLAGS passes more flags (e.g. -reps 40 -steps 20000).
+BENCH_FLAGS ?=
+bench: build simgpu ## Overhead table: untraced, null, lite, auto, full on simtrain (root)
+	$(GO) run ./test/bench -gaptrace $(abspath $(BIN)) -simgpu $(abspath $(SIMGPU_DIR)) $(BENCH_FLAGS)
+
 accuracy: build simgpu ## Print the attribution accuracy table on simtrain scenarios
 	GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) \
 		$(GO) test -count=1 -timeout 20m -run TestAccuracy -v ./test/accuracy
@@ -93,4 +100,4 @@ lint: $(GOLANGCI) ## gofmt + go vet + golangci-lint (first build ~2 min)
 clean: ## Remove build outputs
 	rm -rf bin build
 
-.PHONY: help build generate fmt-bpf simgpu jaeger helm test unit soak accuracy demo lint clean
+.PHONY: help build generate fmt-bpf simgpu jaeger helm test unit soak bench accuracy demo lint clean

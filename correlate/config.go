@@ -13,6 +13,9 @@ import (
 const (
 	ProbesFull = "full"
 	ProbesLite = "lite"
+	// ProbesAuto: lite, but for windows announced with Engine.ProbesLive
+	// during which the per-launch probes were attached too.
+	ProbesAuto = "auto"
 )
 
 // Config tunes the Engine. Zero values take the defaults below.
@@ -29,7 +32,10 @@ type Config struct {
 	// seen work in recent steps, capped by the GPU windows. CPU-ahead stalls are found in lite only where a copy or a
 	// collective was seen before the blocking activity (launches after the
 	// last sync are invisible, so otherwise the queue looks empty) and the
-	// next sync returned at once.
+	// next sync returned at once. In "auto" a gap inside a window announced
+	// by Engine.ProbesLive is decided as full decides it, every other gap
+	// as lite; step patterns ignore launch counts throughout (windows and
+	// the time between them count launches differently).
 	Probes string
 	// MinGap: shorter gaps are micro-gaps, accounted per step, not emitted.
 	MinGap time.Duration
@@ -99,9 +105,9 @@ const (
 func (c Config) Validate() error {
 	var errs []error
 	switch c.Probes {
-	case "", ProbesFull, ProbesLite:
+	case "", ProbesFull, ProbesLite, ProbesAuto:
 	default:
-		errs = append(errs, fmt.Errorf("probes %q: want %q or %q", c.Probes, ProbesFull, ProbesLite))
+		errs = append(errs, fmt.Errorf("probes %q: want %q, %q or %q", c.Probes, ProbesFull, ProbesLite, ProbesAuto))
 	}
 	if c.MinGap < 0 {
 		errs = append(errs, fmt.Errorf("min gap %v is negative", c.MinGap))
@@ -147,6 +153,7 @@ func (c Config) withDefaults() Config {
 // durations as ns). It is passed down by value: no model can change it.
 type settings struct {
 	lite       bool
+	modes      *probeModes // ProbesAuto: the full windows; nil otherwise
 	minGap     int64
 	syncWaited int64
 	emitDelay  int64
@@ -157,7 +164,8 @@ type settings struct {
 
 func newSettings(c Config) settings {
 	return settings{
-		lite:       c.Probes == ProbesLite,
+		lite:       c.Probes == ProbesLite || c.Probes == ProbesAuto,
+		modes:      autoModes(c.Probes),
 		minGap:     int64(c.MinGap),
 		syncWaited: int64(c.SyncWaited),
 		emitDelay:  int64(c.EmitDelay),
@@ -165,4 +173,11 @@ func newSettings(c Config) settings {
 		hw:         c.HW,
 		log:        c.Logger.With("component", "correlate"),
 	}
+}
+
+func autoModes(probes string) *probeModes {
+	if probes == ProbesAuto {
+		return &probeModes{}
+	}
+	return nil
 }

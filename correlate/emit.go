@@ -2,6 +2,9 @@ package correlate
 
 // emit records a gap on the device and delivers it once its step is known.
 func (p *proc) emit(x env, g Gap) {
+	if x.set.modes != nil {
+		g.Probes = x.probesOver(g.Start, g.End)
+	}
 	d := x.d
 	if g.Kind == GapStall {
 		d.stalls = addSpan(d.stalls, span{g.Start, g.End})

@@ -53,7 +53,7 @@ func New(cfg Config, sink Sink) *Engine {
 			cfg.Logger = slog.Default()
 		}
 		cfg.Logger.Warn("invalid correlate config, using defaults where invalid", "component", "correlate", "err", err)
-		if cfg.Probes != ProbesLite {
+		if cfg.Probes != ProbesLite && cfg.Probes != ProbesAuto {
 			cfg.Probes = ProbesFull
 		}
 		if cfg.EmitDelay > maxEmitDelay {
@@ -153,6 +153,12 @@ func (e *Engine) Snapshot() Summary {
 	}
 	if e.last > e.first && e.first > 0 {
 		s.WallNS = e.last - e.first
+	}
+	if m := e.set.modes; m != nil {
+		s.Probes = ProbesAuto
+		if s.WallNS > 0 {
+			s.ProbesFullNS = m.fullNS(e.first, e.last)
+		}
 	}
 	return s
 }

@@ -93,6 +93,7 @@ type proc struct {
 	// leads (lite) holds the recent times from a drained sync's return to
 	// the next work the probes saw.
 	leads  waitRing
+	shadow leadShadow // auto: leads as lite would see them, during windows
 	cands  []aheadCand
 	stalls []stallCand
 	held   []Gap

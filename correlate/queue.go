@@ -57,6 +57,7 @@ func (p *proc) startGPU(t int64) {
 }
 
 func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
+	p.shadowLead(x, ev)
 	p.feeders.add(th.tid)
 	t := ev.Start
 	switch ev.Kind {
@@ -127,6 +128,7 @@ func (p *proc) drainStreams(ev *event.Event) (*CollectiveEvidence, collRef) {
 }
 
 func (p *proc) onSync(x env, th *thread, ev *event.Event) {
+	p.shadowLead(x, ev)
 	p.feeders.add(th.tid)
 	if ev.Count > 0 {
 		p.launches += ev.Count
@@ -144,7 +146,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	waited := ev.Duration() > x.set.syncWaited
 	if p.gap != nil {
 		switch {
-		case x.set.lite:
+		case x.liteOver(p.gap.start, ev.Start):
 			// Launches are invisible in lite: the sync says work resumed.
 			p.closeGap(x, th, ev.Start)
 		case waited:
@@ -190,11 +192,12 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 // completes after that work, so it drains the queue like a sync; inside a
 // gap it is host activity (cuda.memcpy / cuda.alloc) on the timeline.
 func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
+	p.shadowLead(x, ev)
 	if !p.everEnq || p.allDrained() {
 		p.onBlocking(th, ev)
 		return
 	}
-	if p.gap != nil && x.set.lite {
+	if p.gap != nil && x.liteOver(p.gap.start, ev.Start) {
 		p.closeGap(x, th, ev.Start)
 	}
 	if _, cref := p.drainStreams(ev); cref.c != nil {
@@ -234,7 +237,7 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 	g := p.gap
 	p.gap = nil
 	end := t
-	if x.set.lite {
+	if x.liteOver(g.start, t) {
 		end = p.inferEnd(th, g.start, t)
 		if end-g.start < x.set.minGap && t-g.start >= x.set.minGap && p.leads.n >= minHistory {
 			// No blocking explains the gap (the feeder computed): the

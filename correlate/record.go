@@ -29,6 +29,13 @@ type Call struct {
 	Advance int64            `json:"advance,omitempty"`
 	Close   int64            `json:"close,omitempty"`
 	Device  *DeviceCall      `json:"device,omitempty"`
+	Probes  *ProbesCall      `json:"probes,omitempty"`
+}
+
+// ProbesCall is a recorded ProbesLive (probe set auto's windows).
+type ProbesCall struct {
+	Full bool  `json:"full"`
+	At   int64 `json:"at"`
 }
 
 // RecordHeader is the first line of a recording: what the engine was
@@ -87,6 +94,11 @@ func (r *Recorder) SetDevice(pid uint32, dev int) {
 	r.put(Call{Device: &DeviceCall{PID: pid, Device: dev}})
 }
 
+// ProbesLive records an Engine.ProbesLive call.
+func (r *Recorder) ProbesLive(full bool, at int64) {
+	r.put(Call{Probes: &ProbesCall{Full: full, At: at}})
+}
+
 // Close records the Engine.Close call at now and flushes the recording; it
 // returns the first error met while recording.
 func (r *Recorder) Close(now int64) error {
@@ -141,6 +153,8 @@ func Replay(cfg Config, sink Sink, calls []Call) Summary {
 			e.Window(*c.Win)
 		case c.Device != nil:
 			e.SetDevice(c.Device.PID, c.Device.Device)
+		case c.Probes != nil:
+			e.ProbesLive(c.Probes.Full, c.Probes.At)
 		case c.Advance != 0:
 			e.Advance(c.Advance)
 			last = max(last, c.Advance)

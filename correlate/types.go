@@ -201,6 +201,10 @@ type Gap struct {
 	Evidence  Evidence        `json:"evidence"`
 	Ops       []HostOp        `json:"ops,omitempty"`
 	Workload  *Workload       `json:"workload,omitempty"`
+	// Probes, under the auto probe set, is the set that decided the gap:
+	// "full" inside a window of per-launch probes, else "lite". Empty under
+	// a fixed set (Summary.Probes names it).
+	Probes string `json:"probes,omitempty"`
 }
 
 // Step is one training step (or a fixed window when no period is found).
@@ -236,6 +240,11 @@ type Summary struct {
 	Steps         int64           `json:"steps"`
 	Gaps          int64           `json:"gaps"`
 	DroppedEvents uint64          `json:"dropped_events"`
+	// Probes is the probe set ("auto" from the engine, a fixed set from the
+	// command); under auto, ProbesFullNS is the part of WallNS during which
+	// the per-launch probes were attached.
+	Probes       string `json:"probes,omitempty"`
+	ProbesFullNS int64  `json:"probes_full_ns,omitempty"`
 	// Sidecar is gaptrace's own cost, filled by the command at exit.
 	Sidecar *SidecarCost `json:"sidecar,omitempty"`
 	// Processes are the traced processes that had steps or gaps, with

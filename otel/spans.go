@@ -282,6 +282,10 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 	if g.Evidence.Source != "" {
 		a = append(a, attribute.String("gpu.gap.source", g.Evidence.Source))
 	}
+	if g.Probes != "" {
+		// Probe set auto: which set decided this gap.
+		a = append(a, attribute.String("gpu.gap.probes", g.Probes))
+	}
 	if g.TID != 0 {
 		a = append(a, semconv.ThreadID(int(g.TID)))
 	}

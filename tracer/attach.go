@@ -111,10 +111,24 @@ func (t *Tracer) attachLibrary(pid uint32, path string, lib library) *libAttach 
 		t.warnMissing(fmt.Sprintf("%s %s", lib, path), err)
 		return la
 	}
+	la.links, la.info = t.attachPlanned(ex, pid, path, lib, planned)
+	t.log.Info("uprobes attached", "library", path, "pid", pid, "probes", len(la.info), "links", len(la.links), "missing", len(missing))
+	if t.cfg.Probes == ProbesAuto && lib == libCUDA {
+		la.file = file
+		t.mu.Lock()
+		on := t.launchOn
+		t.mu.Unlock()
+		if on {
+			t.attachLaunch(la, pid)
+		}
+	}
+	return la
+}
+
+// attachPlanned attaches planned probes of one library for one process.
+func (t *Tracer) attachPlanned(ex *link.Executable, pid uint32, path string, lib library, planned []plannedProbe) (links []link.Link, info []ProbeInfo) {
 	if t.multi {
-		t.attachMulti(la, ex, pid, path, lib, planned)
-		t.log.Info("uprobes attached", "library", path, "pid", pid, "probes", len(la.info), "links", len(la.links), "missing", len(missing))
-		return la
+		return t.attachMulti(ex, pid, path, lib, planned)
 	}
 	for _, pp := range planned {
 		opts := &link.UprobeOptions{PID: int(pid), Cookie: pp.spec.cookie}
@@ -125,8 +139,8 @@ func (t *Tracer) attachLibrary(pid uint32, path string, lib library) *libAttach 
 				t.warnMissing(fmt.Sprintf("%s %s: uprobe %s: %v", lib, path, pp.symbol, err), nil)
 				continue
 			}
-			la.links = append(la.links, l)
-			la.info = append(la.info, ProbeInfo{Library: path, Symbol: pp.symbol, Kind: "uprobe", PID: int(pid)})
+			links = append(links, l)
+			info = append(info, ProbeInfo{Library: path, Symbol: pp.symbol, Kind: "uprobe", PID: int(pid)})
 		}
 		if pp.spec.ret != nil {
 			l, err := ex.Uretprobe(pp.symbol, pp.spec.ret(t), opts)
@@ -135,18 +149,17 @@ func (t *Tracer) attachLibrary(pid uint32, path string, lib library) *libAttach 
 				t.warnMissing(fmt.Sprintf("%s %s: uretprobe %s: %v", lib, path, pp.symbol, err), nil)
 				continue
 			}
-			la.links = append(la.links, l)
-			la.info = append(la.info, ProbeInfo{Library: path, Symbol: pp.symbol, Kind: "uretprobe", PID: int(pid)})
+			links = append(links, l)
+			info = append(info, ProbeInfo{Library: path, Symbol: pp.symbol, Kind: "uretprobe", PID: int(pid)})
 		}
 	}
-	t.log.Info("uprobes attached", "library", path, "pid", pid, "probes", len(la.links), "missing", len(missing))
-	return la
+	return links, info
 }
 
 // attachMulti attaches every planned probe of one library for one process
 // with one uprobe_multi link per program (the cookie array carries what
 // single uprobes carry in their own cookie).
-func (t *Tracer) attachMulti(la *libAttach, ex *link.Executable, pid uint32, path string, lib library, planned []plannedProbe) {
+func (t *Tracer) attachMulti(ex *link.Executable, pid uint32, path string, lib library, planned []plannedProbe) (links []link.Link, info []ProbeInfo) {
 	type group struct {
 		prog    *ebpf.Program
 		ret     bool
@@ -185,11 +198,12 @@ func (t *Tracer) attachMulti(la *libAttach, ex *link.Executable, pid uint32, pat
 			t.warnMissing(fmt.Sprintf("%s %s: %s %s: %v", lib, path, kind, strings.Join(g.symbols, ","), err), nil)
 			continue
 		}
-		la.links = append(la.links, l)
+		links = append(links, l)
 		for _, sym := range g.symbols {
-			la.info = append(la.info, ProbeInfo{Library: path, Symbol: sym, Kind: kind, PID: int(pid)})
+			info = append(info, ProbeInfo{Library: path, Symbol: sym, Kind: kind, PID: int(pid)})
 		}
 	}
+	return links, info
 }
 
 // closeLinksParallel closes independent uprobe links concurrently: each

@@ -28,7 +28,7 @@ func (t *Tracer) Close() error {
 		var uprobes []link.Link
 		for _, ps := range procs {
 			for _, la := range ps.libs {
-				uprobes = append(uprobes, la.links...)
+				uprobes = append(uprobes, la.allLinks()...)
 			}
 		}
 		start := time.Now()

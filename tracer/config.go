@@ -21,6 +21,10 @@ const (
 	// that return at once. It records nothing: it measures the raw cost of
 	// the probes themselves (the traps), the floor under ProbesFull's cost.
 	ProbesNull ProbeSet = "null"
+	// ProbesAuto attaches lite's probes for good and the per-launch probes
+	// only while SetLaunchProbes(true) holds: full's detail in sampled
+	// windows at about lite's cost.
+	ProbesAuto ProbeSet = "auto"
 )
 
 // Config configures a Tracer. The zero value is valid: every field has a
@@ -64,9 +68,9 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	var errs []error
 	switch c.Probes {
-	case "", ProbesFull, ProbesLite, ProbesNull:
+	case "", ProbesFull, ProbesLite, ProbesNull, ProbesAuto:
 	default:
-		errs = append(errs, fmt.Errorf("probes: unknown probe set %q (want %q, %q or %q)", c.Probes, ProbesFull, ProbesLite, ProbesNull))
+		errs = append(errs, fmt.Errorf("probes: unknown probe set %q (want %q, %q, %q or %q)", c.Probes, ProbesAuto, ProbesFull, ProbesLite, ProbesNull))
 	}
 	if c.SyscallThreshold < 0 {
 		errs = append(errs, fmt.Errorf("syscall threshold: %v is negative", c.SyscallThreshold))

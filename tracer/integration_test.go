@@ -121,6 +121,16 @@ func runSimtrain(t *testing.T, set ProbeSet, args ...string) simRun {
 // before simtrain is released (to set its CPU affinity, start a load, ...).
 func runSimtrainHook(t *testing.T, set ProbeSet, hook func(pid int), args ...string) simRun {
 	t.Helper()
+	var h func(*Tracer, int)
+	if hook != nil {
+		h = func(_ *Tracer, pid int) { hook(pid) }
+	}
+	return runSimtrainWith(t, set, h, args...)
+}
+
+// runSimtrainWith is runSimtrainHook with the tracer handed to the hook.
+func runSimtrainWith(t *testing.T, set ProbeSet, hook func(tr *Tracer, pid int), args ...string) simRun {
+	t.Helper()
 	dir := simgpu(t)
 	tr := newTestTracer(t, Config{
 		Probes: set,
@@ -150,7 +160,7 @@ func runSimtrainHook(t *testing.T, set ProbeSet, hook func(pid int), args ...str
 	// Uprobes are detached when the process exits: look at them now.
 	attached := tr.Stats().Attached
 	if hook != nil {
-		hook(cmd.Process.Pid)
+		hook(tr, cmd.Process.Pid)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -173,6 +173,10 @@ type plannedProbe struct {
 	addr   uint64
 }
 
+// probesLaunch is planProbes's selection of the per-launch probes alone:
+// what ProbesAuto attaches and detaches around its full windows.
+const probesLaunch ProbeSet = "launch"
+
 // planProbes resolves the probe table against one library file. It returns
 // one probe per distinct function address (so weak aliases such as
 // ncclAllReduce/pncclAllReduce are probed once) and the names of functions
@@ -185,7 +189,7 @@ func planProbes(path string, lib library, set ProbeSet) (planned []plannedProbe,
 	seen := make(map[uint64]bool)
 	for i := range allProbes {
 		spec := &allProbes[i]
-		if spec.lib != lib || (set == ProbesLite && spec.launch) {
+		if spec.lib != lib || ((set == ProbesLite || set == ProbesAuto) && spec.launch) || (set == probesLaunch && !spec.launch) {
 			continue
 		}
 		found := false

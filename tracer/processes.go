@@ -133,7 +133,7 @@ func (t *Tracer) scanProcess(pid uint32) {
 		t.mu.Lock()
 		if t.closed || t.procs[pid] != ps {
 			t.mu.Unlock()
-			if err := closeLinks(la.links); err != nil {
+			if err := closeLinks(la.allLinks()); err != nil {
 				t.log.Debug("detach uprobes of a process gone while attaching", "pid", pid, "error", err)
 			}
 			return
@@ -180,13 +180,13 @@ func (t *Tracer) dropProcess(pid uint32) {
 		// Unregistering a uprobe waits for an RCU grace period (tens of
 		// ms each here): never on the decode path, or the ring buffer
 		// fills while a process with many probes exits.
+		var ls []link.Link
+		for _, la := range ps.libs {
+			ls = append(ls, la.allLinks()...)
+		}
 		t.detaching.Add(1)
 		go func() {
 			defer t.detaching.Done()
-			var ls []link.Link
-			for _, la := range ps.libs {
-				ls = append(ls, la.links...)
-			}
 			if err := closeLinksParallel(ls); err != nil {
 				t.log.Debug("detach uprobes", "pid", pid, "error", err)
 			}

@@ -1,6 +1,10 @@
 package tracer
 
-import "github.com/gaptrace/gaptrace/event"
+import (
+	"slices"
+
+	"github.com/gaptrace/gaptrace/event"
+)
 
 // Stats returns a snapshot of attachments and counters.
 func (t *Tracer) Stats() Stats {
@@ -16,6 +20,7 @@ func (t *Tracer) Stats() Stats {
 	for _, ps := range t.procs {
 		for _, la := range ps.libs {
 			s.Attached = append(s.Attached, la.info...)
+			s.Attached = append(s.Attached, la.launchInfo...)
 		}
 	}
 	closed := t.closed
@@ -43,4 +48,18 @@ func (t *Tracer) Stats() Stats {
 		}
 	}
 	return s
+}
+
+// Processes returns the pids traced now: the roots passed to Trace and the
+// descendants whose fork the tracer has seen (none under ProbesNull, whose
+// programs record nothing), in ascending order.
+func (t *Tracer) Processes() []int {
+	t.mu.Lock()
+	out := make([]int, 0, len(t.procs))
+	for pid := range t.procs {
+		out = append(out, int(pid))
+	}
+	t.mu.Unlock()
+	slices.Sort(out)
+	return out
 }

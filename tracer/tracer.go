@@ -88,6 +88,7 @@ type Tracer struct {
 	missing     []string
 	missingSeen map[string]bool
 	roots       map[uint32]bool   // pids passed to Trace
+	launchOn    bool              // ProbesAuto: per-launch probes wanted now
 	unmapped    map[uint32]string // root pid → warning while it maps no libcuda
 	closed      bool
 
@@ -111,6 +112,16 @@ type libAttach struct {
 	path  string
 	links []link.Link
 	info  []ProbeInfo
+	// ProbesAuto: the per-launch probes while a full window is open, and
+	// the file they attach to (through the process's root).
+	file       string
+	launch     []link.Link
+	launchInfo []ProbeInfo
+}
+
+// allLinks is every link of the library, the per-launch ones included.
+func (la *libAttach) allLinks() []link.Link {
+	return append(append([]link.Link(nil), la.links...), la.launch...)
 }
 
 const procRoot = "/proc"

@@ -11,7 +11,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"runtime/pprof"
 
 	"golang.org/x/term"
 
@@ -28,7 +30,8 @@ import (
 var version = "dev"
 
 func main() {
-	os.Exit(cli.Main(context.Background(), os.Args[1:], cli.Deps{
+	stop := profile(os.Getenv("GAPTRACE_PPROF"))
+	code := cli.Main(context.Background(), os.Args[1:], cli.Deps{
 		Version:     version,
 		NewPipeline: newPipeline,
 		GPU:         inspectGPU,
@@ -40,7 +43,34 @@ func main() {
 			}
 			return h
 		},
-	}))
+	})
+	stop()
+	os.Exit(code)
+}
+
+// profile, when path is set (GAPTRACE_PPROF, not a documented option: it is
+// for measuring gaptrace itself), writes a CPU profile of the whole run to
+// path.cpu and a heap profile at exit to path.heap, for go tool pprof.
+func profile(path string) (stop func()) {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path + ".cpu")
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gaptrace: GAPTRACE_PPROF: %v\n", err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		if h, err := os.Create(path + ".heap"); err == nil {
+			_ = pprof.WriteHeapProfile(h) // best effort: a measuring aid
+			h.Close()
+		}
+	}
 }
 
 func stdoutTerminal() (bool, int) {

@@ -60,6 +60,13 @@ type pipeline struct {
 	rec     *correlate.Recorder // --record, nil when off
 	recFile *os.File
 	work    *workload.Resolver
+
+	// Probe set auto: the schedule, the attach/detach in flight (one at a
+	// time) and what the toggles cost.
+	auto     *autoSchedule
+	toggles  chan autoToggle
+	toggling bool
+	autoCost autoCost
 }
 
 // withWorkload names the container, pod and rank of each gap's and step's
@@ -173,6 +180,18 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		return nil, fmt.Errorf("load probes: %w", err)
 	}
 	p.tr = tr
+	var autoOn tracer.LaunchToggle
+	if cfg.Probes == string(tracer.ProbesAuto) {
+		// Full from the start: the probes of the libraries Trace finds
+		// attach with the per-launch ones.
+		if autoOn, err = tr.SetLaunchProbes(true); err != nil {
+			_ = tr.Close() // reporting the toggle error
+			p.closeGPU()
+			return nil, fmt.Errorf("auto probes: %w", err)
+		}
+		p.auto = newAutoSchedule(cfg.AutoWindow, cfg.AutoEvery, time.Now(), log)
+		p.toggles = make(chan autoToggle, 1)
+	}
 
 	res := otel.ResourceInfo{TargetPID: pc.TargetPID, TargetCmdline: pc.TargetCmdline}
 	if p.gpu != nil {
@@ -230,7 +249,15 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		p.rec = correlate.NewRecorder(f, correlate.RecordHeader{Version: version, Probes: probes, MinGap: int64(cfg.MinGap)})
 	}
 	// The exporter first, then the session (live view, gaps file).
-	p.eng = correlate.New(ccfg, withWorkload{correlate.Tee{exp, pc.Sink}, p.work})
+	sinks := correlate.Tee{exp, pc.Sink}
+	if p.auto != nil {
+		sinks = append(sinks, autoSink{p.auto})
+	}
+	p.eng = correlate.New(ccfg, withWorkload{sinks, p.work})
+	if p.auto != nil {
+		p.probesLive(true, autoOn.At)
+		log.Debug("auto: per-launch probes attached", "at", autoOn.At, "reason", "start")
+	}
 
 	var attached []string
 	for _, a := range tr.Stats().Attached {
@@ -262,8 +289,14 @@ func (p *pipeline) Trace(pid int) error {
 	return nil
 }
 
-// processes returns the traced roots and their live descendants.
+// processes returns the traced roots and their live descendants: the
+// tracer's own set (it follows forks and exits), or, under the null probe
+// set whose programs report no fork, a walk of /proc (every process on the
+// node, every 2 s: the tracer's set costs nothing).
 func (p *pipeline) processes() []int {
+	if p.cfg.Config.Probes != string(tracer.ProbesNull) {
+		return p.tr.Processes()
+	}
 	p.mu.Lock()
 	roots := slices.Clone(p.targets)
 	p.mu.Unlock()
@@ -363,11 +396,14 @@ func (p *pipeline) Run(ctx context.Context) error {
 				lvl = slog.LevelWarn
 			}
 			p.log.Log(ctx, lvl, "GPU health changed: "+f.Detail, "device", f.Device, "check", f.Check, "fix", f.Fix)
+		case tg := <-p.toggles:
+			p.toggled(tg)
 		case now := <-advance.C:
 			if p.rec != nil {
 				p.rec.Advance(now.UnixNano())
 			}
 			p.eng.Advance(now.UnixNano())
+			p.autoTick(now)
 			if now.Sub(lastDev) >= deviceEvery {
 				lastDev = now
 				p.mapDevices()
@@ -446,6 +482,18 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 		if err := errors.Join(p.rec.Close(now), p.recFile.Close()); err != nil {
 			errs = append(errs, fmt.Errorf("recording %s: %w", p.cfg.Config.Record, err))
 		}
+	}
+	if sum.Probes == "" {
+		sum.Probes = p.cfg.Config.Probes
+	}
+	if p.auto != nil {
+		c := p.autoCost
+		share := 0.0
+		if sum.WallNS > 0 {
+			share = float64(sum.ProbesFullNS) / float64(sum.WallNS)
+		}
+		p.log.Info("auto: per-launch probe windows", "windows", c.attaches+1, "full_share", fmt.Sprintf("%.3f", share),
+			"attach_mean", meanDur(c.attach, c.attaches), "detach_mean", meanDur(c.detach, c.detaches))
 	}
 	sum.DroppedEvents = max(sum.DroppedEvents, st.RingDrops)
 	p.exp.Summary(sum, sum.DroppedEvents)

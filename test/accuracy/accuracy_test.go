@@ -39,7 +39,7 @@ const (
 	accuracyOutRoot = "out/accuracy"
 )
 
-// scenario is one simtrain configuration traced under both probe sets.
+// scenario is one simtrain configuration traced under each probe set.
 type scenario struct {
 	name string
 	// The trainer: kernels per step of kernelUS each, launched every
@@ -167,7 +167,7 @@ func scenarios() []scenario {
 	}
 }
 
-var probeSets = []string{"full", "lite"}
+var probeSets = []string{"full", "lite", "auto"}
 
 type setup struct{ bin, sim, root string }
 
@@ -187,6 +187,7 @@ func TestMain(m *testing.M) { testutil.Main(m) }
 type job struct {
 	sc     scenario
 	probes string
+	flags  []string // more gaptrace flags
 	dir    string
 	cmd    *exec.Cmd
 	done   chan struct{}
@@ -237,13 +238,15 @@ func (s setup) start(j *job, dataDir string) (<-chan struct{}, error) {
 			return nil, fmt.Errorf("copy simulated GPU: %w", err)
 		}
 	}
-	args := []string{"run", "--probes", j.probes, "--live", "off", "--log-level", "debug",
+	args := []string{"run", "--probes", j.probes, "--live", "off", "--log-level", "debug"}
+	args = append(args, j.flags...)
+	args = append(args,
 		"--gaps-out", filepath.Join(j.dir, "gaps.jsonl"),
 		"--summary-json", filepath.Join(j.dir, "summary.json"),
 		"--spans-out", filepath.Join(j.dir, "spans.jsonl"),
 		"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1"),
 		"--", filepath.Join(sim, "simtrain"), "--truth", filepath.Join(j.dir, "truth.jsonl"),
-		"--data-dir", dataDir, "--quiet"}
+		"--data-dir", dataDir, "--quiet")
 	args = append(args, j.sc.args()...)
 	if err := os.WriteFile(filepath.Join(j.dir, "command"), []byte(s.bin+" "+strings.Join(args, " ")+"\n"), 0o644); err != nil {
 		return nil, err
@@ -479,7 +482,7 @@ type row struct {
 	Misses       []string         `json:"misses,omitempty"`
 }
 
-// TestAccuracy runs every scenario under both probe sets with the real
+// TestAccuracy runs every scenario under each probe set (full, lite, auto) with the real
 // tracer, scores each run against simtrain's truth, prints the table,
 // writes it to out/accuracy/accuracy.json and fails on every missed target.
 //

@@ -2,7 +2,7 @@
 """Overhead of gaptrace on one training job, configurations interleaved.
 
 For each repetition, in a rotated order: the trainer untraced, under `gaptrace run --probes lite`,
-`--probes full`, `--probes null` (the same uprobes and tracepoints as full, attached to programs that
+`--probes auto`, `--probes full`, `--probes null` (the same uprobes and tracepoints as full, attached to programs that
 return at once: the raw cost of the probes themselves), and with the PyTorch profiler always on.
 Reports steps/s median and spread per configuration, the ratio to untraced, and gaptrace's own CPU
 time and peak RSS (from its --summary-json).
@@ -57,7 +57,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--configs", default="untraced,lite,full,null,profiler")
+    ap.add_argument("--configs", default="untraced,lite,auto,full,null,profiler")
     ap.add_argument("--raw", help="rewrite every run's result here as it comes (survives a cut-short run)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)

@@ -2,10 +2,14 @@
 # Validate gaptrace on a real GPU machine. Builds nothing: bin/gaptrace is built beforehand on an
 # x86-64 machine (make build) and shipped with the repository.
 #
-#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead layouts loops
+#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead pairs layouts loops
 #
 # RECORD=1 adds --record to the traced runs of accuracy, ddp and loops and packs the recordings into
 # OUTDIR/recordings.tar ('gaptrace replay' reproduces those runs offline).
+#
+# pairs: tracing's cost on a launch-bound PyTorch job, untraced vs null/lite/auto/full and the
+# profiler in interleaved pairs (REPS, default 20); its table comes from bin/bench (build it with
+# `go build -o bin/bench ./test/bench` and ship it beside bin/gaptrace), the same as make bench's.
 #
 # Large intermediate files (profiler traces, gaps) stay in $WORK (default /tmp/gaptrace-gpu);
 # OUTDIR receives the tables (results.txt) and a few small JSON files.
@@ -107,8 +111,14 @@ for p in $PHASES; do
   overhead)
     phase overhead
     "$PY" "$HERE/overhead.py" --gaptrace "$G" --out "$WORK/overhead" --reps "${REPS:-3}" --steps "${OVH_STEPS:-500}" \
-      --configs "${CONFIGS:-untraced,lite,full,null,profiler}" --raw "$OUTDIR/overhead-raw.json" 2>&1 | tee -a "$RES"
+      --configs "${CONFIGS:-untraced,lite,auto,full,null,profiler}" --raw "$OUTDIR/overhead-raw.json" 2>&1 | tee -a "$RES"
     cp "$WORK/overhead/overhead.json" "$OUTDIR/overhead.json" 2>/dev/null && rm -f "$OUTDIR/overhead-raw.json"
+    ;;
+  pairs)
+    phase "overhead pairs: launch-bound job, untraced vs null/lite/auto/full/profiler"
+    "$PY" "$HERE/overhead_pairs.py" --gaptrace "$G" --bench "${BENCH:-$ROOT/bin/bench}" --out "$WORK/pairs" \
+      --reps "${REPS:-20}" --steps "${PAIR_STEPS:-2000}" 2>&1 | tee -a "$RES"
+    cp "$WORK/pairs/pairs.json" "$OUTDIR/overhead-pairs.json" 2>/dev/null
     ;;
   layouts)
     # attach --pid to a job that already runs CUDA, and the PID-namespace

@@ -161,6 +161,13 @@ static volatile sig_atomic_t stop_requested;
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                       */
 
+static uint64_t process_cpu_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
@@ -1889,8 +1896,12 @@ int main(int argc, char **argv)
 				"\"start\":%llu,\"end\":%llu,\"tid\":%d,\"count\":%ld,\"copies\":1}\n",
 				mixed ? "mix" : api, step, (unsigned long long)step_start,
 				(unsigned long long)launches_end, gettid_(), opt.kernels);
-			bprintf(&truth_buf, "{\"type\":\"step\",\"step\":%ld,\"start\":%llu,\"end\":%llu}\n",
-				step, (unsigned long long)step_start, (unsigned long long)step_end);
+			/* cpu_ns: the process's CPU time so far (every thread; a
+			 * uprobe's trap is charged to the thread that hit it), for
+			 * the overhead benchmark's CPU time per step. */
+			bprintf(&truth_buf, "{\"type\":\"step\",\"step\":%ld,\"start\":%llu,\"end\":%llu,\"cpu_ns\":%llu}\n",
+				step, (unsigned long long)step_start, (unsigned long long)step_end,
+				(unsigned long long)process_cpu_ns());
 		}
 		comm_capture = 0;
 		comm_capture_start = 0;

@@ -49,13 +49,23 @@ const DefaultSpansFile = "gaptrace-spans.jsonl"
 // one rotated file kept, the spans take at most twice this.
 const DefaultSpansMaxSize = 256 << 20
 
+// The auto probe set's schedule by default: a window of about a second (and
+// at least three steps) a minute keeps the per-launch probes' cost to a
+// few per cent of full's.
+const (
+	DefaultAutoWindow = 500 * time.Millisecond
+	DefaultAutoEvery  = time.Minute
+)
+
 // Config is everything a gaptrace command needs to know. Zero values are
 // not meaningful; start from Defaults.
 type Config struct {
 	Command Command
 
 	// Tracing.
-	Probes           string        // "full" or "lite"
+	Probes           string        // "auto", "full", "lite" or "null"
+	AutoWindow       time.Duration // auto: how long each window of per-launch probes lasts (at least)
+	AutoEvery        time.Duration // auto: a window this often
 	SyscallThreshold time.Duration // syscalls shorter than this are counted, not emitted
 	MinGap           time.Duration // gaps shorter than this are accounted per step, not emitted
 	Duration         time.Duration // stop tracing after this long (0: until the target exits)
@@ -105,7 +115,9 @@ type Config struct {
 func Defaults(cmd Command) Config {
 	c := Config{
 		Command:          cmd,
-		Probes:           "full",
+		Probes:           "auto",
+		AutoWindow:       DefaultAutoWindow,
+		AutoEvery:        DefaultAutoEvery,
 		SyscallThreshold: 50 * time.Microsecond,
 		MinGap:           time.Millisecond,
 		CUDAWait:         30 * time.Second,
@@ -191,8 +203,12 @@ func oneOfVar(dst func(*Config) *string, allowed ...string) binding {
 }
 
 var options = []option{
-	{name: "probes", usage: "probe set: full (every CUDA launch) or lite (syncs, copies, collectives, syscalls; lower overhead); null attaches full's probes to programs that do nothing, to measure their raw cost",
-		binding: oneOfVar(func(c *Config) *string { return &c.Probes }, "full", "lite", "null")},
+	{name: "probes", usage: "probe set: auto (lite, plus every CUDA launch during short sampled windows: at start, every --auto-every, and when the steps change), full (every CUDA launch, always) or lite (syncs, copies, collectives, syscalls; lowest overhead); null attaches full's probes to programs that do nothing, to measure their raw cost",
+		binding: oneOfVar(func(c *Config) *string { return &c.Probes }, "auto", "full", "lite", "null")},
+	{name: "auto-window", usage: "probes auto: how long each window of per-launch probes lasts (it also waits for 3 steps, up to 5 times this)",
+		binding: durationVar(func(c *Config) *time.Duration { return &c.AutoWindow })},
+	{name: "auto-every", usage: "probes auto: how often a window of per-launch probes opens (changes in the steps open one sooner)",
+		binding: durationVar(func(c *Config) *time.Duration { return &c.AutoEvery })},
 	{name: "syscall-threshold", usage: "syscalls shorter than this are counted, not reported",
 		binding: durationVar(func(c *Config) *time.Duration { return &c.SyscallThreshold })},
 	{name: "min-gap", usage: "GPU idle gaps shorter than this are accounted per step instead of reported one by one",
@@ -614,6 +630,14 @@ func (c *Config) validate(rest []string) Problems {
 	}
 	if c.MinGap <= 0 {
 		p = append(p, "--min-gap: must be positive")
+	}
+	if c.Probes == "auto" {
+		switch {
+		case c.AutoWindow < 50*time.Millisecond || c.AutoWindow > 10*time.Minute:
+			p = append(p, fmt.Sprintf("--auto-window %s: want 50ms to 10m (a window must hold a few steps)", c.AutoWindow))
+		case c.AutoEvery < 2*c.AutoWindow || c.AutoEvery > 24*time.Hour:
+			p = append(p, fmt.Sprintf("--auto-every %s: want at least twice --auto-window (%s) and at most 24h; use --probes full to keep the per-launch probes on", c.AutoEvery, c.AutoWindow))
+		}
 	}
 	if c.Command == CmdDemo && c.DemoFor < 5*time.Second {
 		p = append(p, "--demo-duration: must be at least 5s")

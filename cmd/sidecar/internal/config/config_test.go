@@ -180,7 +180,7 @@ func TestHelpShowsDefaults(t *testing.T) {
 	var problems Problems
 	FlagSet(CmdDemo, &cfg, &problems, &out).PrintDefaults()
 	help := out.String()
-	for _, want := range []string{"[$GAPTRACE_DEMO_DURATION] (default 15s)", "[$GAPTRACE_PROBES] (default full)",
+	for _, want := range []string{"[$GAPTRACE_DEMO_DURATION] (default 15s)", "[$GAPTRACE_PROBES] (default auto)",
 		"[$GAPTRACE_MIN_GAP] (default 1ms)", "[$GAPTRACE_RANK] (default -1)", "[$GAPTRACE_OUT] (default out/demo)"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("help lacks %q", want)
@@ -257,5 +257,33 @@ func TestParseSize(t *testing.T) {
 	}
 	if c := Defaults(CmdRun); c.SpansMaxSize != DefaultSpansMaxSize || c.SpansKeep != 1 {
 		t.Errorf("defaults %d/%d", c.SpansMaxSize, c.SpansKeep)
+	}
+}
+
+// TestAutoSchedule: the auto probe set's window and period are checked
+// against each other; under another probe set they are not used.
+func TestAutoSchedule(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		bad  string
+	}{
+		{[]string{"--auto-window", "1s", "--auto-every", "30s"}, ""},
+		{[]string{"--auto-window", "10ms"}, "--auto-window"},
+		{[]string{"--auto-window", "20m"}, "--auto-window"},
+		{[]string{"--auto-window", "2s", "--auto-every", "3s"}, "--auto-every"},
+		{[]string{"--auto-every", "48h"}, "--auto-every"},
+		{[]string{"--auto-every", "0s"}, "--auto-every"},
+		{[]string{"--auto-every", "soon"}, "--auto-every"},
+		{[]string{"--probes", "full", "--auto-every", "0s"}, ""},
+	} {
+		cfg, _, err := Load(CmdRun, append(c.args, "--", "true"), env(nil), io.Discard)
+		switch {
+		case c.bad == "" && err != nil:
+			t.Errorf("%v: %v", c.args, err)
+		case c.bad != "" && (err == nil || !strings.Contains(err.Error(), c.bad)):
+			t.Errorf("%v: error %v, want one about %s", c.args, err, c.bad)
+		case c.bad == "" && c.args[0] == "--auto-window" && (cfg.AutoWindow != time.Second || cfg.AutoEvery != 30*time.Second || cfg.Probes != "auto"):
+			t.Errorf("%v: window %v every %v probes %s", c.args, cfg.AutoWindow, cfg.AutoEvery, cfg.Probes)
+		}
 	}
 }

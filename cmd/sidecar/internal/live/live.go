@@ -291,6 +291,10 @@ type View struct {
 	WhatIf []whatif.Estimate
 	// whatIfBlock: the summary's what-if block rather than the live line.
 	whatIfBlock bool
+	// Probes is "auto" when the per-launch probes come and go; FullShare
+	// is then the share of the time they were attached (0..1).
+	Probes    string
+	FullShare float64
 }
 
 // View takes a consistent frame. title names what is traced.
@@ -326,6 +330,9 @@ func (a *Aggregator) View(title string) View {
 	switch {
 	case a.haveSnap && a.snap.WallNS > 0:
 		v.WallNS, v.IdleNS, v.StallNS = a.snap.WallNS, a.snap.GPUIdleNS, a.snap.GPUStallNS
+		if a.snap.Probes == correlate.ProbesAuto {
+			v.Probes, v.FullShare = a.snap.Probes, float64(a.snap.ProbesFullNS)/float64(a.snap.WallNS)
+		}
 		byCause = a.snap.ByCause
 		v.Steps = max(v.Steps, a.snap.Steps)
 		v.Gaps = max(v.Gaps, a.snap.Gaps)
@@ -496,13 +503,21 @@ func Frame(v View, width int) string {
 	fmt.Fprintf(&b, "gaptrace · %s · %s\n", Escape(v.Title), formatElapsed(v.Elapsed))
 	fmt.Fprintf(&b, "steps %d (%.1f/s)   GPU idle %s   gaps %d   dropped events %d\n",
 		v.Steps, v.StepsPerSec, pct(v.IdlePct), v.Gaps, v.Stats.Drops)
+	if v.Probes == correlate.ProbesAuto {
+		// Gaps outside the windows are decided as lite decides them.
+		fmt.Fprintf(&b, "probes auto: %.1f%% of the time at full (per-launch probes), the rest lite\n", 100*v.FullShare)
+	}
 	writeCauses(&b, v, width)
 	writeWhatIf(&b, v)
 	writeEvidence(&b, v, width)
 	writeSites(&b, v, width)
 	if v.LastGap != nil {
 		g := v.LastGap
-		fmt.Fprintf(&b, "last gap: %s %s (pid %d tid %d, step %d)\n", FormatNS(g.Duration), g.Cause, g.PID, g.TID, g.Step)
+		probes := ""
+		if g.Probes != "" {
+			probes = ", probes " + g.Probes
+		}
+		fmt.Fprintf(&b, "last gap: %s %s (pid %d tid %d, step %d%s)\n", FormatNS(g.Duration), g.Cause, g.PID, g.TID, g.Step, probes)
 		if c := g.Evidence.Collective; c != nil && c.LateRank != nil {
 			fmt.Fprintf(&b, "  waited on rank %d (pid %d), %s late\n", *c.LateRank, c.LatePID, FormatNS(c.LateByNS))
 		}

@@ -350,3 +350,24 @@ func TestFrameLastGapDetail(t *testing.T) {
 		}
 	}
 }
+
+// TestFrameAutoProbes: under auto the frame and the summary say how much
+// of the time ran at full, and the last gap which set decided it.
+func TestFrameAutoProbes(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	a := NewAggregator(c.now)
+	feed(a, c)
+	a.Gap(correlate.Gap{PID: 42, TID: 42, Duration: 5e6, Cause: correlate.CauseIORead, Probes: correlate.ProbesLite})
+	a.SetSummary(correlate.Summary{WallNS: 2e9, GPUIdleNS: 8e8, Probes: correlate.ProbesAuto, ProbesFullNS: 25e7,
+		ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 8e8}})
+	f := Summary(a.View("x"), Outputs{}, 80)
+	for _, want := range []string{"probes auto: 12.5% of the time at full", "last gap: 5 ms io.read (pid 42 tid 42, step 0, probes lite)"} {
+		if !strings.Contains(f, want) {
+			t.Errorf("summary lacks %q:\n%s", want, f)
+		}
+	}
+	a.SetSummary(correlate.Summary{WallNS: 2e9, Probes: correlate.ProbesFull})
+	if f := Frame(a.View("x"), 80); strings.Contains(f, "probes auto") {
+		t.Errorf("frame under full mentions auto:\n%s", f)
+	}
+}

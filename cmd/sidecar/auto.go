@@ -1,0 +1,274 @@
+package main
+
+import (
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/tracer"
+)
+
+// The auto probe set's schedule. The per-launch probes cost a trap per
+// kernel launch; lite's probes see the stalls but not micro-idle between
+// launches nor exact gap ends. Auto keeps lite's probes and attaches the
+// per-launch ones for sampled windows: at start until the step pattern is
+// found and a few steps were measured, then every --auto-every for
+// --auto-window (and at least autoMinSteps steps), and sooner when the
+// steps change while lite (their duration or idle share moves, or their
+// pattern is lost).
+const (
+	autoWarmupSteps = 5  // steps measured at full before the first lite period
+	autoMinSteps    = 3  // steps a window measures at least (unless it times out)
+	autoMaxWindows  = 5  // a window lasts at most this many --auto-window
+	autoWarmupMax   = 20 // the warm-up window lasts at most this many --auto-window
+	autoBaseSteps   = 8  // lite steps after a window that form the baseline
+	autoRecentSteps = 5  // lite steps whose median is compared with it
+	autoPersist     = 3  // consecutive steps on which the change must hold
+	// A change of the step time by this share, or of the idle share by
+	// this much (and by half of it), asks for a window.
+	autoStepChange = 0.25
+	autoIdleRise   = 0.05
+)
+
+// autoSchedule decides when the per-launch probes are attached. It runs on
+// the pipeline's goroutine: steps come from the engine's sink there, and
+// tick from the feed loop.
+type autoSchedule struct {
+	window, every time.Duration
+	log           *slog.Logger
+
+	full    bool      // the window wanted now
+	warm    bool      // the warm-up window is over
+	active  time.Time // end of the first step (or fixed window) delivered
+	since   time.Time
+	lastEnd time.Time // when the last window ended
+	steps   int       // pattern steps seen inside the current window
+	reason  string
+
+	demand string // a window asked for by a change, "" when none
+	procs  map[uint32]*autoBaseline
+
+	windows int
+}
+
+// autoBaseline is one process's lite steps since the last window.
+type autoBaseline struct {
+	durs, idle []float64 // first autoBaseSteps: the baseline; then a ring of recent
+	baseDur    float64
+	baseIdle   float64
+	based      bool
+	recentDur  []float64
+	recentIdle []float64
+	changed    int // consecutive steps that showed the change
+}
+
+func newAutoSchedule(window, every time.Duration, now time.Time, log *slog.Logger) *autoSchedule {
+	return &autoSchedule{window: window, every: every, log: log, full: true, since: now, reason: "start",
+		procs: map[uint32]*autoBaseline{}}
+}
+
+// step takes one finished step from the engine.
+func (a *autoSchedule) step(st correlate.Step) {
+	if a.active.IsZero() {
+		a.active = time.Unix(0, st.End)
+	}
+	if a.full {
+		if !st.Window && st.Start >= a.since.UnixNano() {
+			a.steps++
+		}
+		return
+	}
+	if st.Start < a.lastEnd.UnixNano() {
+		return
+	}
+	b := a.procs[st.PID]
+	if b == nil {
+		b = &autoBaseline{}
+		a.procs[st.PID] = b
+	}
+	if st.Window {
+		if b.based {
+			a.ask("step pattern lost", st.PID)
+		}
+		return
+	}
+	dur := float64(st.End - st.Start)
+	if !b.based {
+		b.durs, b.idle = append(b.durs, dur), append(b.idle, st.IdleRatio)
+		if len(b.durs) == autoBaseSteps {
+			b.baseDur, b.baseIdle, b.based = median(b.durs), median(b.idle), true
+		}
+		return
+	}
+	b.recentDur = lastN(append(b.recentDur, dur), autoRecentSteps)
+	b.recentIdle = lastN(append(b.recentIdle, st.IdleRatio), autoRecentSteps)
+	if len(b.recentDur) < autoRecentSteps {
+		return
+	}
+	// Medians over several steps, held for several steps: one slow step
+	// (a checkpoint, a stall every few steps) is what lite sees well.
+	d, i := median(b.recentDur), median(b.recentIdle)
+	why := ""
+	switch {
+	case d > b.baseDur*(1+autoStepChange) || d < b.baseDur*(1-autoStepChange):
+		why = "step time changed"
+	case i > b.baseIdle+autoIdleRise && i > b.baseIdle*1.5:
+		why = "idle rose"
+	}
+	if why == "" {
+		b.changed = 0
+		return
+	}
+	if b.changed++; b.changed >= autoPersist {
+		a.ask(why, st.PID)
+	}
+}
+
+func (a *autoSchedule) ask(reason string, pid uint32) {
+	if a.demand == "" {
+		a.log.Debug("auto: window asked for", "reason", reason, "pid", pid)
+		a.demand = reason
+	}
+}
+
+// demandEvery is the least time between windows asked for by changes: a
+// job whose steps keep changing must not run at full.
+func (a *autoSchedule) demandEvery() time.Duration {
+	return max(autoMaxWindows*a.window, a.every/4)
+}
+
+// tick says whether the probes should change now (and to what).
+func (a *autoSchedule) tick(now time.Time) (change, full bool, reason string) {
+	elapsed := now.Sub(a.since)
+	if a.full {
+		done := false
+		if !a.warm {
+			// Until the job does GPU work the per-launch probes cost
+			// nothing: the warm-up's time limit runs from its first step
+			// (a model that loads for minutes keeps its first window).
+			done = (a.steps >= autoWarmupSteps && elapsed >= a.window) ||
+				(!a.active.IsZero() && now.Sub(a.active) >= autoWarmupMax*a.window)
+		} else {
+			done = (a.steps >= autoMinSteps && elapsed >= a.window) || elapsed >= autoMaxWindows*a.window
+		}
+		if !done {
+			return false, true, ""
+		}
+		a.full, a.warm, a.since, a.lastEnd = false, true, now, now
+		a.procs = map[uint32]*autoBaseline{} // lite baselines start afresh after each window
+		a.demand = ""
+		return true, false, a.reason
+	}
+	switch {
+	case now.Sub(a.lastEnd) >= a.every:
+		a.reason = "periodic"
+	case a.demand != "" && now.Sub(a.lastEnd) >= a.demandEvery():
+		a.reason = a.demand
+	default:
+		return false, false, ""
+	}
+	a.full, a.since, a.steps, a.demand = true, now, 0, ""
+	a.windows++
+	return true, true, a.reason
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func lastN(v []float64, n int) []float64 {
+	if len(v) > n {
+		return v[len(v)-n:]
+	}
+	return v
+}
+
+// autoSink passes steps to the schedule.
+type autoSink struct{ a *autoSchedule }
+
+func (s autoSink) Gap(correlate.Gap)      {}
+func (s autoSink) Step(st correlate.Step) { s.a.step(st) }
+
+// autoToggle is a finished attach or detach of the per-launch probes.
+type autoToggle struct {
+	full   bool
+	reason string
+	res    tracer.LaunchToggle
+	err    error
+}
+
+// autoCost is what the toggles took, for the exit log.
+type autoCost struct {
+	attaches, detaches int
+	attach, detach     time.Duration
+}
+
+// autoTick asks the schedule and starts an attach or a detach. The engine
+// learns of a detach before it begins and of an attach once it is done, so
+// no span it calls full lacks a probe.
+func (p *pipeline) autoTick(now time.Time) {
+	if p.auto == nil || p.toggling {
+		return
+	}
+	change, full, reason := p.auto.tick(now)
+	if !change {
+		return
+	}
+	p.toggling = true
+	var off int64
+	if !full {
+		off = time.Now().UnixNano()
+		p.probesLive(false, off)
+	}
+	go func() {
+		res, err := p.tr.SetLaunchProbes(full)
+		if !full {
+			res.At = off
+		}
+		p.toggles <- autoToggle{full: full, reason: reason, res: res, err: err}
+	}()
+}
+
+func (p *pipeline) toggled(tg autoToggle) {
+	p.toggling = false
+	if tg.err != nil {
+		p.log.Warn("auto: toggling the per-launch probes failed", "full", tg.full, "err", tg.err)
+		return
+	}
+	if tg.full {
+		p.probesLive(true, tg.res.At)
+		p.autoCost.attaches++
+		p.autoCost.attach += tg.res.Took
+		p.log.Debug("auto: per-launch probes attached", "at", tg.res.At, "reason", tg.reason, "links", tg.res.Links, "took", tg.res.Took)
+		return
+	}
+	p.autoCost.detaches++
+	p.autoCost.detach += tg.res.Took
+	p.log.Debug("auto: per-launch probes detached", "at", tg.res.At, "after", tg.reason, "links", tg.res.Links, "took", tg.res.Took)
+}
+
+func meanDur(d time.Duration, n int) time.Duration {
+	if n == 0 {
+		return 0
+	}
+	return d / time.Duration(n)
+}
+
+// probesLive tells the engine, and the recording when there is one, where
+// a window of per-launch probes begins or ends.
+func (p *pipeline) probesLive(full bool, at int64) {
+	if p.rec != nil {
+		p.rec.ProbesLive(full, at)
+	}
+	p.eng.ProbesLive(full, at)
+}

@@ -627,11 +627,17 @@ func hostOp(ev *event.Event, tid uint32) HostOp {
 // with a stack that took most of the dominant cause's time (ties: the
 // earliest). nil when no call of that cause has a stack (a cpu gap): then
 // the gap takes the stack of the call that opened it, not that of an
-// unrelated short call inside it.
+// unrelated short call inside it. A lock or a data-loader wait is charged
+// through the thread that woke the wait, not by the call itself: the
+// wait is its call (the GIL taken back after time.sleep(0), the queue
+// get inside next(loader)).
 func (at *attribution) stackOp(dom Cause) *opAcc {
 	var best *opAcc
 	for _, o := range at.ops {
-		if len(o.ev.Stack) == 0 || at.cause(o.ev) != dom {
+		if len(o.ev.Stack) == 0 {
+			continue
+		}
+		if c := at.cause(o.ev); c != dom && !(isWait(o.ev) && (dom == CauseLock || dom == CauseLoaderWait)) {
 			continue
 		}
 		if best == nil || o.ns > best.ns || o.ns == best.ns && o.ev.Start < best.ev.Start {

@@ -157,7 +157,8 @@ func TestLockHolderShortLived(t *testing.T) {
 					s.evs = append(s.evs, event.Event{Kind: event.KindFork, PID: s.pid, TID: s.pid, Start: s.t, End: s.t, ChildPID: hog, IsThread: true})
 				}
 				s.evs = append(s.evs, event.Event{Kind: event.KindExit, PID: s.pid, TID: hog, Start: s.t + 30*ms - 40*us, End: s.t + 30*ms - 40*us})
-				s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: hog}, 30*ms)
+				s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: hog,
+					Stack: []event.Frame{{Function: "take_gil", File: "/usr/bin/python3.12"}, {Function: "start_hog", File: "/job/train.py", Line: 254}}}, 30*ms)
 				waits += 30 * ms
 			}
 			s.step(8, 500*us, 20*us)
@@ -170,6 +171,11 @@ func TestLockHolderShortLived(t *testing.T) {
 			lock += g.Breakdown[CauseLock]
 			if g.Cause != CauseLock || len(g.Evidence.LockHolders) != 1 || g.Evidence.LockHolders[0].TID < 500 {
 				t.Errorf("forked=%v: gap %s holders %+v, want lock held by the short-lived thread", forked, g.Cause, g.Evidence.LockHolders)
+			}
+			// The gap is charged to the wait's call site, not to the sync
+			// that opened it: the lock is charged through the waker.
+			if f, ok := SiteFrame(g.Evidence.Stack); !ok || f.Function != "start_hog" {
+				t.Errorf("forked=%v: lock gap's call site %+v, want the wait's start_hog", forked, f)
 			}
 		}
 		if lock < waits*9/10 {

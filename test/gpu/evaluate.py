@@ -66,13 +66,16 @@ class Intervals:
         return sum(e - s for s, e in self.iv)
 
 
-def kineto_busy(path):
+def kineto_busy(path, compute_only=False):
+    """GPU busy intervals: kernels, copies and memsets; kernels alone with compute_only (the
+    definition NVML's utilization uses: a copy engine moving a pageable buffer leaves compute idle)."""
     with open(path) as f:
         tr = json.load(f)
     base = int(tr.get("baseTimeNanoseconds", 0))
     busy = []
+    cats = ("kernel",) if compute_only else ("kernel", "gpu_memcpy", "gpu_memset")
     for ev in tr.get("traceEvents", []):
-        if ev.get("ph") != "X" or ev.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if ev.get("ph") != "X" or ev.get("cat") not in cats:
             continue
         s = base + int(float(ev["ts"]) * 1000)
         busy.append([s, s + int(float(ev.get("dur", 0)) * 1000)])
@@ -104,6 +107,7 @@ def main():
     ap.add_argument("--gaps", required=True)
     ap.add_argument("--truth", required=True)
     ap.add_argument("--kineto", required=True)
+    ap.add_argument("--compute-only", action="store_true", help="count copies and memsets as idle: only kernels keep the GPU busy")
     ap.add_argument("--windows")
     ap.add_argument("--spans", help="gaptrace --spans-out file: compare per-step idle")
     ap.add_argument("--min-gap-ms", type=float, default=1.0)
@@ -116,7 +120,7 @@ def main():
     off = int(meta["realtime_minus_monotonic_ns"])
     steps = [r for r in truth if r["type"] == "step"]
     stalls = [r for r in truth if r["type"] == "stall"]
-    busy = kineto_busy(a.kineto)
+    busy = kineto_busy(a.kineto, a.compute_only)
     lo = min(busy.iv[0][0], steps[0]["start"] + off)
     hi = max(busy.iv[-1][1], steps[-1]["end"] + off)
     true_idle = Intervals(idle_gaps(busy, lo, hi))

@@ -182,6 +182,8 @@ for p in $PHASES; do
       say "steps: gaptrace $(grep -o '"steps": *[0-9]*' "$pre-summary.json" | grep -o '[0-9]*$'), loop iterations $((STEPS + 15))"
       "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
         --spans "$pre-spans.jsonl" --json "$OUTDIR/loops-$form.json" 2>&1 | tee -a "$RES"
+      say "with copies counted idle (kernels only busy): $("$PY" "$HERE/evaluate.py" --compute-only --gaps "$pre-gaps.jsonl" \
+        --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" 2>&1 | grep -E '^detection|^pageable ' | tr '\n' ' ')"
       "$PY" "$HERE/stacks_eval.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" 2>&1 | tee -a "$RES"
     done
     ;;

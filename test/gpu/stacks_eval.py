@@ -20,7 +20,7 @@ EXPECT = {  # stall cause -> (functions, line-text fragments) that are right
     "io.write": (set(), ("torch.save", "fsync", "flush")),
     "checkpoint": (set(), ("torch.save", "fsync", "flush")),
     "loader.wait": (set(), ("next(loader)",)),
-    "lock": (set(), ("time.sleep(0)", "hogger.join", "ready.wait")),
+    "lock": (set(), ("time.sleep(0)", "hogger.start", "hogger.join", "ready.wait")),
     "pageable": (set(), ("pageable.to(",)),
 }
 

@@ -53,7 +53,7 @@ for p in $PHASES; do
       done; } 2>&1 | tee -a "$RES"
     ;;
   accuracy)
-    for probes in full lite; do
+    for probes in ${ACC_PROBES:-full lite auto}; do
       phase "accuracy probes=$probes"
       pre=$WORK/acc-$probes
       "$G" run --probes "$probes" --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
@@ -117,7 +117,7 @@ for p in $PHASES; do
   pairs)
     phase "overhead pairs: launch-bound job, untraced vs null/lite/auto/full/profiler"
     "$PY" "$HERE/overhead_pairs.py" --gaptrace "$G" --bench "${BENCH:-$ROOT/bin/bench}" --out "$WORK/pairs" \
-      --reps "${REPS:-20}" --steps "${PAIR_STEPS:-2000}" 2>&1 | tee -a "$RES"
+      --reps "${REPS:-20}" --steps "${PAIR_STEPS:-2000}" --modes "${PAIR_MODES:-untraced,null,lite,auto,full,profiler}" 2>&1 | tee -a "$RES"
     cp "$WORK/pairs/pairs.json" "$OUTDIR/overhead-pairs.json" 2>/dev/null
     ;;
   layouts)

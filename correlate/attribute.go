@@ -637,7 +637,8 @@ func (at *attribution) stackOp(dom Cause) *opAcc {
 		if len(o.ev.Stack) == 0 {
 			continue
 		}
-		if c := at.cause(o.ev); c != dom && !(isWait(o.ev) && (dom == CauseLock || dom == CauseLoaderWait)) {
+		waitedOn := isWait(o.ev) && (dom == CauseLock || dom == CauseLoaderWait)
+		if at.cause(o.ev) != dom && !waitedOn {
 			continue
 		}
 		if best == nil || o.ns > best.ns || o.ns == best.ns && o.ev.Start < best.ev.Start {

@@ -2,10 +2,10 @@ package main
 
 import (
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/internal/stats"
 	"github.com/gaptrace/gaptrace/tracer"
 )
 
@@ -97,7 +97,7 @@ func (a *autoSchedule) step(st correlate.Step) {
 	if !b.based {
 		b.durs, b.idle = append(b.durs, dur), append(b.idle, st.IdleRatio)
 		if len(b.durs) == autoBaseSteps {
-			b.baseDur, b.baseIdle, b.based = median(b.durs), median(b.idle), true
+			b.baseDur, b.baseIdle, b.based = stats.Median(b.durs), stats.Median(b.idle), true
 		}
 		return
 	}
@@ -108,7 +108,7 @@ func (a *autoSchedule) step(st correlate.Step) {
 	}
 	// Medians over several steps, held for several steps: one slow step
 	// (a checkpoint, a stall every few steps) is what lite sees well.
-	d, i := median(b.recentDur), median(b.recentIdle)
+	d, i := stats.Median(b.recentDur), stats.Median(b.recentIdle)
 	why := ""
 	switch {
 	case d > b.baseDur*(1+autoStepChange) || d < b.baseDur*(1-autoStepChange):
@@ -171,19 +171,6 @@ func (a *autoSchedule) tick(now time.Time) (change, full bool, reason string) {
 	a.full, a.since, a.steps, a.demand = true, now, 0, ""
 	a.windows++
 	return true, true, a.reason
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 func lastN(v []float64, n int) []float64 {

@@ -2,14 +2,11 @@ package accuracy
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,7 +14,6 @@ import (
 
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/event"
-	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // minPyNamed is the share of each stall kind's gaps whose code location
@@ -46,53 +42,15 @@ type pyStackRecord struct {
 // file and in the spans.
 func TestPythonStacks(t *testing.T) {
 	s := need(t)
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not installed")
-	}
-	if only := os.Getenv("GAPTRACE_ACCURACY_ONLY"); only != "" {
-		re, err := regexp.Compile(only)
-		if err != nil {
-			t.Fatalf("GAPTRACE_ACCURACY_ONLY: %v", err)
-		}
-		if !re.MatchString("pytrain-stacks/full") {
-			t.Skipf("GAPTRACE_ACCURACY_ONLY=%s does not select pytrain-stacks/full", only)
-		}
-	}
-	dir := filepath.Join(s.root, accuracyOutRoot, "runs", "pytrain-stacks")
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
-	sim := filepath.Join(dir, "simgpu")
-	if err := os.MkdirAll(sim, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range testutil.SimFiles {
-		if err := copyFile(filepath.Join(s.sim, f), filepath.Join(sim, f)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	peer := startLatePeer(t)
+	var peer string
+	dir := runPytrain(t, s, "pytrain-stacks", func(dir string) []string {
+		peer = startLatePeer(t)
+		return []string{"--steps", "200", "--burst-every", "6", "--burst-ms", "30", "--stall-every", "5", "--stall-ms", "20",
+			"--data-dir", dir, "--peer", peer}
+	})
 	truthPath := filepath.Join(dir, "truth.jsonl")
 	gapsPath := filepath.Join(dir, "gaps.jsonl")
 	spansPath := filepath.Join(dir, "spans.jsonl")
-	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, s.bin, "run", "--probes", "full", "--live", "off", "--log-level", "debug",
-		"--gaps-out", gapsPath, "--spans-out", spansPath, "--summary-json", filepath.Join(dir, "summary.json"),
-		"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1"),
-		"--", py, filepath.Join(s.root, "testdata", "simgpu", "pytrain.py"), "--lib", sim,
-		"--steps", "200", "--burst-every", "6", "--burst-ms", "30", "--stall-every", "5", "--stall-ms", "20",
-		"--data-dir", dir, "--peer", peer, "--truth", truthPath)
-	cmd.Dir = dir
-	cmd.Env = append(cleanEnv(), "SIMGPU_DIR="+dir)
-	out, err := cmd.CombinedOutput()
-	if werr := os.WriteFile(filepath.Join(dir, "gaptrace.log"), out, 0o644); werr != nil {
-		t.Log(werr)
-	}
-	if err != nil {
-		t.Fatalf("gaptrace run: %v (log in %s)", err, dir)
-	}
 	recs, err := readJSONL[pyStackRecord](truthPath)
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +66,10 @@ func TestPythonStacks(t *testing.T) {
 		case "burst":
 			bursts = append(bursts, r)
 		}
+	}
+	out, err := os.ReadFile(filepath.Join(dir, "gaptrace.log"))
+	if err != nil {
+		t.Fatal(err)
 	}
 	attached, libs := attachTime(strings.Split(string(out), "\n"), meta.PID)
 	if libs < 1 {

@@ -52,51 +52,11 @@ type pyRecord struct {
 // request, the holder's hand-off). That idle must be lock, not other.
 func TestPythonGIL(t *testing.T) {
 	s := need(t)
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not installed")
-	}
-	if only := os.Getenv("GAPTRACE_ACCURACY_ONLY"); only != "" {
-		re, err := regexp.Compile(only)
-		if err != nil {
-			t.Fatalf("GAPTRACE_ACCURACY_ONLY: %v", err)
-		}
-		if !re.MatchString("pytrain-gil/full") {
-			t.Skipf("GAPTRACE_ACCURACY_ONLY=%s does not select pytrain-gil/full", only)
-		}
-	}
-	dir := filepath.Join(s.root, accuracyOutRoot, "runs", "pytrain-gil")
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
-	sim := filepath.Join(dir, "simgpu")
-	if err := os.MkdirAll(sim, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range testutil.SimFiles {
-		if err := copyFile(filepath.Join(s.sim, f), filepath.Join(sim, f)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := runPytrain(t, s, "pytrain-gil", func(string) []string {
+		return []string{"--steps", "240", "--burst-every", "4", "--burst-ms", "40"}
+	})
 	truthPath := filepath.Join(dir, "truth.jsonl")
 	gapsPath := filepath.Join(dir, "gaps.jsonl")
-	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, s.bin, "run", "--probes", "full", "--live", "off", "--log-level", "debug",
-		"--gaps-out", gapsPath, "--summary-json", filepath.Join(dir, "summary.json"),
-		"--spans-out", filepath.Join(dir, "spans.jsonl"),
-		"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1"),
-		"--", py, filepath.Join(s.root, "testdata", "simgpu", "pytrain.py"), "--lib", sim,
-		"--steps", "240", "--burst-every", "4", "--burst-ms", "40", "--truth", truthPath)
-	cmd.Dir = dir
-	cmd.Env = append(cleanEnv(), "SIMGPU_DIR="+dir)
-	out, err := cmd.CombinedOutput()
-	if werr := os.WriteFile(filepath.Join(dir, "gaptrace.log"), out, 0o644); werr != nil {
-		t.Log(werr)
-	}
-	if err != nil {
-		t.Fatalf("gaptrace run: %v (log in %s)", err, dir)
-	}
 
 	recs, err := readJSONL[pyRecord](truthPath)
 	if err != nil {
@@ -113,6 +73,10 @@ func TestPythonGIL(t *testing.T) {
 		case "step":
 			steps = append(steps, r)
 		}
+	}
+	out, err := os.ReadFile(filepath.Join(dir, "gaptrace.log"))
+	if err != nil {
+		t.Fatal(err)
 	}
 	attached, libs := attachTime(strings.Split(string(out), "\n"), pid)
 	if libs < 1 {
@@ -216,4 +180,58 @@ func readJSONL[T any](path string) ([]T, error) {
 		return nil, errors.New(path + ": empty")
 	}
 	return out, nil
+}
+
+// runPytrain runs gaptrace (full probes) on testdata/simgpu/pytrain.py with
+// the simulated GPU copied into the scenario's own directory under
+// out/accuracy/runs and returns that directory: truth.jsonl, gaps.jsonl,
+// spans.jsonl, summary.json and gaptrace.log are there. args gives
+// pytrain's own arguments for that directory. It skips without python3 or
+// when GAPTRACE_ACCURACY_ONLY does not select NAME/full.
+func runPytrain(t *testing.T, s setup, name string, args func(dir string) []string) string {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	if only := os.Getenv("GAPTRACE_ACCURACY_ONLY"); only != "" {
+		re, err := regexp.Compile(only)
+		if err != nil {
+			t.Fatalf("GAPTRACE_ACCURACY_ONLY: %v", err)
+		}
+		if !re.MatchString(name + "/full") {
+			t.Skipf("GAPTRACE_ACCURACY_ONLY=%s does not select %s/full", only, name)
+		}
+	}
+	dir := filepath.Join(s.root, accuracyOutRoot, "runs", name)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	sim := filepath.Join(dir, "simgpu")
+	if err := os.MkdirAll(sim, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range testutil.SimFiles {
+		if err := copyFile(filepath.Join(s.sim, f), filepath.Join(sim, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
+	defer cancel()
+	argv := []string{"run", "--probes", "full", "--live", "off", "--log-level", "debug",
+		"--gaps-out", filepath.Join(dir, "gaps.jsonl"), "--spans-out", filepath.Join(dir, "spans.jsonl"),
+		"--summary-json", filepath.Join(dir, "summary.json"), "--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1"),
+		"--", py, filepath.Join(s.root, "testdata", "simgpu", "pytrain.py"), "--lib", sim,
+		"--truth", filepath.Join(dir, "truth.jsonl")}
+	cmd := exec.CommandContext(ctx, s.bin, append(argv, args(dir)...)...)
+	cmd.Dir = dir
+	cmd.Env = append(cleanEnv(), "SIMGPU_DIR="+dir)
+	out, err := cmd.CombinedOutput()
+	if werr := os.WriteFile(filepath.Join(dir, "gaptrace.log"), out, 0o644); werr != nil {
+		t.Log(werr)
+	}
+	if err != nil {
+		t.Fatalf("gaptrace run: %v (log in %s)", err, dir)
+	}
+	return dir
 }

@@ -3,25 +3,13 @@ package main
 import (
 	"math/rand/v2"
 	"slices"
+
+	"github.com/gaptrace/gaptrace/internal/stats"
 )
 
 // Interval is a statistic with its bootstrap confidence interval.
 type Interval struct {
 	Value, Lo, Hi float64
-}
-
-// median of v (v is not modified); NaN-free input is assumed.
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // BootstrapMedian is the median of v with a percentile bootstrap interval
@@ -38,11 +26,11 @@ func BootstrapMedian(v []float64, resamples int, conf float64, seed uint64) Inte
 		for j := range buf {
 			buf[j] = v[r.IntN(len(v))]
 		}
-		meds[i] = median(buf)
+		meds[i] = stats.Median(buf)
 	}
 	slices.Sort(meds)
 	alpha := (1 - conf) / 2
-	return Interval{Value: median(v), Lo: quantile(meds, alpha), Hi: quantile(meds, 1-alpha)}
+	return Interval{Value: stats.Median(v), Lo: quantile(meds, alpha), Hi: quantile(meds, 1-alpha)}
 }
 
 // quantile of sorted s by linear interpolation between order statistics.

@@ -4,13 +4,15 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/gaptrace/gaptrace/internal/stats"
 )
 
 func TestMedianAndQuantile(t *testing.T) {
-	if m := median([]float64{3, 1, 2}); m != 2 {
+	if m := stats.Median([]float64{3, 1, 2}); m != 2 {
 		t.Errorf("median odd = %v", m)
 	}
-	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+	if m := stats.Median([]float64{4, 1, 3, 2}); m != 2.5 {
 		t.Errorf("median even = %v", m)
 	}
 	s := []float64{0, 10, 20, 30, 40}

@@ -26,6 +26,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gaptrace/gaptrace/internal/stats"
 )
 
 type options struct {
@@ -301,7 +303,7 @@ func measure(dir, truth, mode string, skip time.Duration) (sample, error) {
 		return sample{}, fmt.Errorf("%s: %d steps after the first %v: raise -steps or lower -skip", dir, n, skip)
 	}
 	last := all[len(all)-1]
-	s := sample{Steps: n, LaunchNS: median(perLaunch),
+	s := sample{Steps: n, LaunchNS: stats.Median(perLaunch),
 		StepNS: float64(last.End-all[from].Start) / float64(n),
 		CPUNS:  float64(last.CPUNS-all[from-1].CPUNS) / float64(n)}
 	if mode == "auto" {
@@ -333,7 +335,7 @@ func table(o options, res *results) string {
 			fmt.Sprintf("%.3f [%.3f, %.3f]", l.Value/1e3, l.Lo/1e3, l.Hi/1e3))
 	}
 	if len(res.FullShare) > 0 {
-		fmt.Fprintf(&b, "auto: median %.1f%% of each run at full (per-launch probes attached)\n", 100*median(res.FullShare))
+		fmt.Fprintf(&b, "auto: median %.1f%% of each run at full (per-launch probes attached)\n", 100*stats.Median(res.FullShare))
 	}
 	return b.String()
 }

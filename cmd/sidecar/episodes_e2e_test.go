@@ -57,9 +57,18 @@ func TestPageableCopyAndCheckpointGaps(t *testing.T) {
 			// step (a pageable copy just before a checkpoint is step work
 			// queued before its first copy); the first steps may pass
 			// before the probes attach.
-			if copies < 5 || ckpts < 3 || whole < 1 {
-				t.Errorf("%d pageable copy gaps (want ≥ 5 of 7), %d checkpoint gaps (want ≥ 3 of 4), %d with all 12 tensors", copies, ckpts, whole)
+			// Lite cannot tell a sync that waited for the checkpoint's own
+			// device-to-host copy from one that waited for compute, so a
+			// checkpoint may split into several io.write gaps there; full
+			// must give at least one whole episode.
+			wantWhole := 1
+			if probes == "lite" {
+				wantWhole = 0
 			}
+			if copies < 5 || ckpts < 3 || whole < wantWhole {
+				t.Errorf("%d pageable copy gaps (want ≥ 5 of 7), %d checkpoint gaps (want ≥ 3 of 4), %d with all 12 tensors (want ≥ %d)", copies, ckpts, whole, wantWhole)
+			}
+			t.Logf("%s: %d pageable copy gaps, %d checkpoint gaps, %d of them whole", probes, copies, ckpts, whole)
 		})
 	}
 }

@@ -657,6 +657,11 @@ func (s *stepper) retroClock() {
 	c := s.clock
 	var idx int64
 	first := true
+	// The first boundary is held until the second is known: a prologue
+	// that is a sliver of the first iteration (the clock's operation comes
+	// just after the loop's first work) is that iteration, not a window
+	// of its own, so that step N is the loop's iteration N.
+	pending := int64(-1)
 	for i := range s.toks {
 		tok := &s.toks[i]
 		c.seg.add(tok)
@@ -667,12 +672,27 @@ func (s *stepper) retroClock() {
 		if int((idx-1)%int64(c.m)) != c.phase {
 			continue
 		}
+		c.seg = segFeat{counts: map[tokKey]int{}}
 		if first {
 			first = false
 			s.open(s.origin, true)
+			pending = s.stepEnd(tok.t)
+			continue
 		}
-		c.seg = segFeat{counts: map[tokKey]int{}}
-		s.boundary(s.stepEnd(tok.t), false)
+		e := s.stepEnd(tok.t)
+		if pending >= 0 {
+			if pending-s.origin < (e-pending)/2 {
+				s.steps[len(s.steps)-1].Window = false
+			} else {
+				s.boundary(pending, false)
+				e = s.stepEnd(tok.t)
+			}
+			pending = -1
+		}
+		s.boundary(e, false)
+	}
+	if pending >= 0 {
+		s.boundary(pending, false)
 	}
 }
 

@@ -940,7 +940,7 @@ func TestSimtrainStagedCopies(t *testing.T) {
 	for _, set := range []ProbeSet{ProbesFull, ProbesLite} {
 		t.Run(string(set), func(t *testing.T) {
 			r := runSimtrain(t, set, "--steps", "12", "--kernels-per-step", "4", "--kernel-us", "50",
-				"--batch-copies", "1", "--batch-bytes", "4194304", "--stall", "pageable:every=3:ms=5")
+				"--batch-copies", "1", "--batch-bytes", "1048576", "--stall", "pageable:every=3:ms=5")
 			main := r.meta.PID
 			var truth []truthRec
 			for _, c := range r.calls("copy") {

@@ -21,7 +21,10 @@ func traceForWhatIf(t *testing.T, stall ...string) whatIfRun {
 	dir := t.TempDir()
 	sum, truth := filepath.Join(dir, "summary.json"), filepath.Join(dir, "truth.jsonl")
 	sim := []string{"--steps", "200", "--kernel-us", "1000", "--quiet", "--truth", truth}
-	args := append([]string{"run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+	// Full probes: a write while the GPU still drains the step (CPU ahead)
+	// is seen between the launches; auto sees it only inside a window of
+	// per-launch probes, lite not at all (docs/architecture.md).
+	args := append([]string{"run", "--probes", "full", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
 		"--summary-json", sum, "--spans-out", filepath.Join(dir, "spans.jsonl"), "--"}, simtrain(append(sim, stall...)...)...)
 	if code, stdout, stderr := runGaptrace(t, env(t), args...); code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)

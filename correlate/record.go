@@ -46,6 +46,16 @@ type RecordHeader struct {
 	MinGap  int64  `json:"min_gap_ns,omitempty"`
 }
 
+// Config is the engine configuration the recording was made with (its
+// Logger left for the caller).
+func (h RecordHeader) Config() Config {
+	cfg := Config{Probes: h.Probes}
+	if h.MinGap > 0 {
+		cfg.MinGap = time.Duration(h.MinGap)
+	}
+	return cfg
+}
+
 // DeviceCall is a recorded SetDevice.
 type DeviceCall struct {
 	PID    uint32 `json:"pid"`

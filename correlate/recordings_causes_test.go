@@ -55,20 +55,11 @@ func readStalls(t *testing.T, path string) []truthStall {
 	return out
 }
 
-// replayRecording replays a committed recording and returns its gaps.
-func replayRecording(t *testing.T, path string) []Gap {
+// replayGaps replays a committed recording and returns its gaps.
+func replayGaps(t *testing.T, path string) []Gap {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h, calls, err := ReadRecording(f)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := &collect{}
-	Replay(Config{Probes: h.Probes, Logger: quiet()}, c, calls)
+	replayFile(t, path, c)
 	return c.gaps
 }
 
@@ -116,7 +107,7 @@ func TestRecordedH200Causes(t *testing.T) {
 	for name, floor := range floors {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join("testdata", "recordings")
-			share := causeShare(readStalls(t, filepath.Join(dir, name+".truth.jsonl")), replayRecording(t, filepath.Join(dir, name+".rec.gz")))
+			share := causeShare(readStalls(t, filepath.Join(dir, name+".truth.jsonl")), replayGaps(t, filepath.Join(dir, name+".rec.gz")))
 			t.Logf("share of each stall's time attributed to its cause: %v", share)
 			for k, min := range floor {
 				if share[k] < min {

@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-	"time"
 )
 
 // The recordings tier replays whole runs of real jobs (testdata/recordings:
@@ -180,8 +179,9 @@ type stepSink struct{ steps []Step }
 func (s *stepSink) Gap(Gap)      {}
 func (s *stepSink) Step(st Step) { s.steps = append(s.steps, st) }
 
-// replayFile replays a recording with the configuration it was made with.
-func replayFile(t *testing.T, path string) ([]Step, RecordHeader) {
+// replayFile replays a recording into sink with the configuration it was
+// made with.
+func replayFile(t *testing.T, path string, sink Sink) RecordHeader {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -192,13 +192,10 @@ func replayFile(t *testing.T, path string) ([]Step, RecordHeader) {
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	cfg := Config{Probes: h.Probes, Logger: slog.New(slog.DiscardHandler)}
-	if h.MinGap > 0 {
-		cfg.MinGap = time.Duration(h.MinGap)
-	}
-	var sink stepSink
-	Replay(cfg, &sink, calls)
-	return sink.steps, h
+	cfg := h.Config()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	Replay(cfg, sink, calls)
+	return h
 }
 
 func TestRecordedSteps(t *testing.T) {
@@ -210,7 +207,9 @@ func TestRecordedSteps(t *testing.T) {
 		name := strings.TrimSuffix(filepath.Base(rec), ".rec.gz")
 		t.Run(name, func(t *testing.T) {
 			tr := readTruth(t, strings.TrimSuffix(rec, ".rec.gz")+".truth.jsonl")
-			steps, h := replayFile(t, rec)
+			var sink stepSink
+			h := replayFile(t, rec, &sink)
+			steps := sink.steps
 			pids := make([]uint32, 0, len(tr.ranks))
 			for pid := range tr.ranks {
 				pids = append(pids, pid)

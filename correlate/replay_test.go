@@ -1,7 +1,6 @@
 package correlate
 
 import (
-	"bufio"
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
@@ -274,22 +273,9 @@ func readCalls(t *testing.T, path string) []replayCall {
 		t.Fatalf("%v (run with -update-replay to record)", err)
 	}
 	defer f.Close()
-	zr, err := gzip.NewReader(f)
+	_, calls, err := ReadRecording(f)
 	if err != nil {
-		t.Fatal(err)
-	}
-	var calls []replayCall
-	sc := bufio.NewScanner(zr)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var c replayCall
-		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		calls = append(calls, c)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", path, err)
 	}
 	return calls
 }

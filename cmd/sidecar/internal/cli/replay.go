@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/correlate"
@@ -69,10 +68,8 @@ func replayCmd(args []string, deps Deps) int {
 	if rerr != nil {
 		fmt.Fprintf(deps.Stderr, "gaptrace replay: warning: %v\n", rerr)
 	}
-	cfg := correlate.Config{Probes: h.Probes, Logger: slog.New(slog.DiscardHandler)}
-	if h.MinGap > 0 {
-		cfg.MinGap = time.Duration(h.MinGap)
-	}
+	cfg := h.Config()
+	cfg.Logger = slog.New(slog.DiscardHandler)
 
 	agg := live.NewAggregator(nil)
 	wi := whatif.New()

@@ -145,7 +145,9 @@ var allProbes = []probeSpec{
 	blockSpec("cuMemcpyDtoD_v2", []string{"cuMemcpyDtoD_v2_ptds"}, event.CUMemcpyOther, blBytes3),
 	blockSpec("cuMemcpy", []string{"cuMemcpy_ptds"}, event.CUMemcpyOther, blBytes3),
 	blockSpec("cuStreamSynchronize", []string{"cuStreamSynchronize_ptsz"}, event.CUStreamSynchronize, blStream1),
-	blockSpec("cuCtxSynchronize", nil, event.CUCtxSynchronize, blNone),
+	// CUDA 13's runtime implements cudaDeviceSynchronize (torch.cuda.synchronize)
+	// with cuCtxSynchronize_v2, which takes the context; the event is the same.
+	blockSpec("cuCtxSynchronize", []string{"cuCtxSynchronize_v2"}, event.CUCtxSynchronize, blNone),
 	blockSpec("cuEventSynchronize", nil, event.CUEventSynchronize, blNone),
 	blockSpec("cuMemAlloc_v2", nil, event.CUMemAlloc, blBytes2),
 	blockSpec("cuMemAllocAsync", []string{"cuMemAllocAsync_ptsz"}, event.CUMemAlloc, blBytes2Stream3),

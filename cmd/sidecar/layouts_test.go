@@ -362,9 +362,9 @@ var stepsRe = regexp.MustCompile(`steps (\d+)`)
 func TestAttachToRunningCUDAJob(t *testing.T) {
 	need(t)
 	nvml := filepath.Join(simgpuDir, "libnvidia-ml.so.1")
-	startJob := func(t *testing.T, steps int) (*exec.Cmd, string) {
+	startJob := func(t *testing.T, steps int, extra ...string) (*exec.Cmd, string) {
 		truth := filepath.Join(t.TempDir(), "truth.jsonl")
-		argv := simtrain("--steps", strconv.Itoa(steps), "--kernel-us", "2000", "--stall", "io.read:every=4:ms=20", "--truth", truth, "--quiet")
+		argv := simtrain(append([]string{"--steps", strconv.Itoa(steps), "--kernel-us", "2000", "--stall", "io.read:every=4:ms=20", "--truth", truth, "--quiet"}, extra...)...)
 		job := exec.Command(argv[0], argv[1:]...)
 		job.Env = env(t)
 		if err := job.Start(); err != nil {
@@ -382,10 +382,9 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	t.Run("until the job exits", func(t *testing.T) {
-		job, truth := startJob(t, 150)
+	untilExit := func(t *testing.T, job *exec.Cmd, truth string, flags ...string) {
 		sum := filepath.Join(t.TempDir(), "summary.json")
-		gt := start(t, env(t), "attach", "--pid", strconv.Itoa(job.Process.Pid), "--live", "off", "--nvml-lib", nvml, "--summary-json", sum)
+		gt := start(t, env(t), append([]string{"attach", "--pid", strconv.Itoa(job.Process.Pid), "--live", "off", "--nvml-lib", nvml, "--summary-json", sum}, flags...)...)
 		code := gt.wait(t, 3*time.Minute)
 		if code != 0 {
 			t.Fatalf("exit %d\n%s", code, gt.stderr)
@@ -418,6 +417,18 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 		if !strings.Contains(gt.stderr.String(), "traced process exited") {
 			t.Errorf("no word of the job's exit:\n%s", gt.stderr)
 		}
+	}
+	t.Run("until the job exits", func(t *testing.T) {
+		job, truth := startJob(t, 150)
+		untilExit(t, job, truth)
+	})
+	// PyTorch on CUDA 13: torch.cuda.synchronize() is cudaDeviceSynchronize,
+	// which the runtime implements with cuCtxSynchronize_v2. lite sees
+	// nothing but syncs and copies (this job copies nothing, as a launch-bound
+	// PyTorch loop), so without that probe it saw no step.
+	t.Run("a job that syncs with cuCtxSynchronize_v2, lite", func(t *testing.T) {
+		job, truth := startJob(t, 150, "--ctx-sync-v2", "--batch-bytes", "0")
+		untilExit(t, job, truth, "--probes", "lite")
 	})
 	t.Run("with --duration", func(t *testing.T) {
 		job, _ := startJob(t, 100000)

@@ -705,18 +705,32 @@ API CUresult cuCtxGetDevice(CUdevice *device)
 	return CUDA_SUCCESS;
 }
 
-API CUresult cuCtxSynchronize(void)
+static CUresult ctx_synchronize(CUcontext ctx)
 {
 	run_sync_hook(NULL);
 	pthread_mutex_lock(&mu);
-	if (current == NULL) {
+	if (ctx == NULL)
+		ctx = current;
+	if (ctx == NULL) {
 		pthread_mutex_unlock(&mu);
 		return initialized ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_INITIALIZED;
 	}
-	uint64_t t = ctx_busy_until(current);
+	uint64_t t = ctx_busy_until(ctx);
 	pthread_mutex_unlock(&mu);
 	wait_until(t);
 	return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxSynchronize(void)
+{
+	return ctx_synchronize(NULL);
+}
+
+/* CUDA 13's runtime implements cudaDeviceSynchronize with this one: the
+ * context is explicit (NULL: the current one). */
+API CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+	return ctx_synchronize(ctx);
 }
 
 /* ------------------------------------------------------------------ */

@@ -130,7 +130,7 @@ static struct {
 	long bucket_bytes;
 	long extra_syncs;  /* most .item()-like reads per step; each step has its own count */
 	long batch_copies; /* async host-to-device copies at the start of each step */
-	int ctx_sync;
+	int ctx_sync; /* 1: cuCtxSynchronize, 2: cuCtxSynchronize_v2 (CUDA 13's cudaDeviceSynchronize) */
 	int quiet;
 	enum launch_api api;
 	enum copy_api copy_api;
@@ -210,6 +210,11 @@ static void die(const char *fmt, ...)
 	fputc('\n', stderr);
 	va_end(ap);
 	exit(1);
+}
+
+static const char *ctx_sync_name(void)
+{
+	return opt.ctx_sync == 2 ? "cuCtxSynchronize_v2" : opt.ctx_sync ? "cuCtxSynchronize" : "cuStreamSynchronize";
 }
 
 static void usage_error(const char *fmt, ...)
@@ -543,7 +548,7 @@ static void usage(FILE *f)
 	      "                [--device D] [--rank R] [--nranks N] [--collectives C] [--server ADDR]\n"
 	      "                [--workers W] [--data-dir DIR] [--batch-bytes B] [--bucket-bytes B]\n"
 	      "                [--launch-api kernel|ex|cooperative|graph|ptsz|mix] [--copy-api API|all]\n"
-	      "                [--ctx-sync] [--extra-syncs N] [--batch-copies C] [--comm-id NAME] [--await-probes S]\n"
+	      "                [--ctx-sync|--ctx-sync-v2] [--extra-syncs N] [--batch-copies C] [--comm-id NAME] [--await-probes S]\n"
 	      "                [--quiet]\n"
 	      "       simtrain --dump-timeline FROM,TO[,MASK] [--device D]\n"
 	      "causes: io.read io.write net loader.wait loader.wait.io loader.wait.cpu comm\n"
@@ -562,7 +567,7 @@ static void parse_args(int argc, char **argv)
 	enum {
 		O_STEPS = 256, O_KERNELS, O_KUS, O_GAP, O_STREAMS, O_TRUTH, O_STALL, O_DEVICE,
 		O_RANK, O_NRANKS, O_COLL, O_SERVER, O_WORKERS, O_DATADIR, O_QUIET, O_BATCH,
-		O_BUCKET, O_API, O_COPYAPI, O_CTXSYNC, O_DUMP, O_HELP, O_EXTRA, O_BCOPIES,
+		O_BUCKET, O_API, O_COPYAPI, O_CTXSYNC, O_CTXSYNC2, O_DUMP, O_HELP, O_EXTRA, O_BCOPIES,
 		O_COMMID, O_AWAIT,
 	};
 	static const struct option lo[] = {
@@ -587,6 +592,7 @@ static void parse_args(int argc, char **argv)
 		{"launch-api", required_argument, 0, O_API},
 		{"copy-api", required_argument, 0, O_COPYAPI},
 		{"ctx-sync", no_argument, 0, O_CTXSYNC},
+		{"ctx-sync-v2", no_argument, 0, O_CTXSYNC2},
 		{"extra-syncs", required_argument, 0, O_EXTRA},
 		{"batch-copies", required_argument, 0, O_BCOPIES},
 		{"dump-timeline", required_argument, 0, O_DUMP},
@@ -614,7 +620,7 @@ static void parse_args(int argc, char **argv)
 		case O_SERVER: opt.server = optarg; break;
 		case O_WORKERS: opt.workers = parse_long("--workers", optarg, 0, MAX_WORKERS); break;
 		case O_DATADIR: opt.data_dir = optarg; break;
-		case O_BATCH: opt.batch_bytes = parse_long("--batch-bytes", optarg, 1, 1L << 40); break;
+		case O_BATCH: opt.batch_bytes = parse_long("--batch-bytes", optarg, 0, 1L << 40); break;
 		case O_BUCKET: opt.bucket_bytes = parse_long("--bucket-bytes", optarg, 4, 1L << 40); break;
 		case O_API: {
 			int ok = 0;
@@ -640,6 +646,7 @@ static void parse_args(int argc, char **argv)
 			break;
 		}
 		case O_CTXSYNC: opt.ctx_sync = 1; break;
+		case O_CTXSYNC2: opt.ctx_sync = 2; break;
 		case O_EXTRA: opt.extra_syncs = parse_long("--extra-syncs", optarg, 0, 64); break;
 		case O_BCOPIES: opt.batch_copies = parse_long("--batch-copies", optarg, 0, 16); break;
 		case O_DUMP: opt.dump_timeline = optarg; break;
@@ -655,6 +662,8 @@ static void parse_args(int argc, char **argv)
 		usage_error("--steps is required");
 	if (opt.rank >= opt.nranks)
 		usage_error("--rank %ld must be below --nranks %ld", opt.rank, opt.nranks);
+	if (opt.batch_bytes == 0 && opt.copy_api_set)
+		usage_error("--batch-bytes 0 (no batch copy) cannot go with --copy-api");
 	if (opt.comm_id != NULL) {
 		/* The ranks of one job are separate processes that meet in the
 		 * simulated NCCL: every one must issue collectives. */
@@ -1189,14 +1198,14 @@ static void setup_device(void)
 	CUgraph g;
 	check_cu(cuGraphCreate(&g, 0), "cuGraphCreate");
 	check_cu(cuGraphInstantiateWithFlags(&kgraph, g, 0), "cuGraphInstantiateWithFlags");
-	check_cu(cuMemAlloc_v2(&dbatch, (size_t)opt.batch_bytes), "cuMemAlloc_v2");
+	check_cu(cuMemAlloc_v2(&dbatch, (size_t)(opt.batch_bytes ? opt.batch_bytes : 1)), "cuMemAlloc_v2");
 	check_cu(cuMemAlloc_v2(&dgrad, (size_t)opt.bucket_bytes), "cuMemAlloc_v2");
 	/* The batch comes from pinned memory (pin_memory=True): its async copy
 	 * never blocks the host. */
-	check_cu(cuMemAllocHost_v2((void **)&hbatch, (size_t)opt.batch_bytes), "cuMemAllocHost_v2");
+	check_cu(cuMemAllocHost_v2((void **)&hbatch, (size_t)(opt.batch_bytes ? opt.batch_bytes : 1)), "cuMemAllocHost_v2");
 	/* Device-to-device copies go from the batch to a buffer of its size. */
 	if (opt.copy_api_set)
-		check_cu(cuMemAlloc_v2(&dcopy, (size_t)opt.batch_bytes), "cuMemAlloc_v2");
+		check_cu(cuMemAlloc_v2(&dcopy, (size_t)(opt.batch_bytes ? opt.batch_bytes : 1)), "cuMemAlloc_v2");
 	pcie_gbps = env_gbps("SIMGPU_PCIE_GBPS", 20);
 	if (opt.collectives > 0 || has_cause(C_COMM)) {
 		ncclUniqueId id;
@@ -1748,7 +1757,7 @@ int main(int argc, char **argv)
 			(unsigned long long)realtime_minus_monotonic(), (int)getpid(), gettid_(),
 			opt.device, opt.rank, opt.nranks, opt.steps, opt.kernels, opt.kernel_us,
 			opt.gap_us, opt.streams, opt.collectives, launch_api_names[opt.api],
-			copy_api_names[opt.copy_api], opt.ctx_sync ? "cuCtxSynchronize" : "cuStreamSynchronize", opt.batch_bytes,
+			copy_api_names[opt.copy_api], ctx_sync_name(), opt.batch_bytes,
 			opt.bucket_bytes, pcie_gbps, data_dir,
 			opt.server ? opt.server : server_addr, (int)logsrv_pid);
 		for (int i = 0; i < nworkers; i++)
@@ -1822,7 +1831,7 @@ int main(int argc, char **argv)
 			uint64_t s = now_ns();
 			const char *ca = copy_one(step, cs, &cb);
 			truth_call("copy", ca, step, s, now_ns(), cs, cb);
-		} else {
+		} else if (opt.batch_bytes > 0) { /* 0: a step of kernels and a sync only */
 			check_cu(cuMemcpyHtoDAsync_v2(dbatch, hbatch, (size_t)opt.batch_bytes, streams[0]),
 				 "cuMemcpyHtoDAsync_v2");
 		}
@@ -1840,9 +1849,12 @@ int main(int argc, char **argv)
 		uint64_t comm_rd0 = pending_comm_delay_ns > 0 ? thread_run_delay_ns() : 0;
 		if (opt.ctx_sync) {
 			uint64_t s = now_ns();
-			check_cu(cuCtxSynchronize(), "cuCtxSynchronize");
+			if (opt.ctx_sync == 2)
+				check_cu(cuCtxSynchronize_v2(NULL), "cuCtxSynchronize_v2");
+			else
+				check_cu(cuCtxSynchronize(), "cuCtxSynchronize");
 			uint64_t e = now_ns();
-			truth_call("sync", "cuCtxSynchronize", step, s, e, NULL, 0);
+			truth_call("sync", ctx_sync_name(), step, s, e, NULL, 0);
 			comm_sync_start = s;
 		} else {
 			for (long i = 0; i < opt.streams; i++) {

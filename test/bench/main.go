@@ -40,6 +40,7 @@ type options struct {
 	autoFlags             []string
 	seed                  uint64
 	save                  string
+	merged                []string // -merge: the saved files the table comes from
 }
 
 func main() {
@@ -68,6 +69,7 @@ func main() {
 			os.Exit(2)
 		}
 		o.reps = len(res.Ratio[o.modes[0]])
+		o.merged = strings.Split(merge, ",")
 		fmt.Print(table(o, res))
 		return
 	}
@@ -320,8 +322,17 @@ func measure(dir, truth, mode string, skip time.Duration) (sample, error) {
 
 func table(o options, res *results) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nsimtrain: steps of %d × 1 µs kernels launched back to back; %d interleaved pairs per mode; runs of %v, the first %v of stepping left out\n",
-		o.kernels, o.reps, o.runFor, o.skip)
+	if o.merged != nil {
+		// The saving script describes its job; here only what the table holds.
+		fmt.Fprintf(&b, "\n%s: interleaved pairs per mode:", strings.Join(o.merged, ", "))
+		for _, m := range o.modes {
+			fmt.Fprintf(&b, " %s %d", m, len(res.Ratio[m]))
+		}
+		fmt.Fprintln(&b)
+	} else {
+		fmt.Fprintf(&b, "\nsimtrain: steps of %d × 1 µs kernels launched back to back; %d interleaved pairs per mode; runs of %v, the first %v of stepping left out\n",
+			o.kernels, o.reps, o.runFor, o.skip)
+	}
 	fmt.Fprintf(&b, "median [bootstrap 95%% interval]\n")
 	fmt.Fprintf(&b, "%-9s %-26s %-28s %-26s\n", "mode", "wall/step vs untraced", "trainer CPU µs/step", "µs per launch")
 	for i, m := range o.modes {
@@ -335,7 +346,7 @@ func table(o options, res *results) string {
 			fmt.Sprintf("%.3f [%.3f, %.3f]", l.Value/1e3, l.Lo/1e3, l.Hi/1e3))
 	}
 	if len(res.FullShare) > 0 {
-		fmt.Fprintf(&b, "auto: median %.1f%% of each run at full (per-launch probes attached)\n", 100*stats.Median(res.FullShare))
+		fmt.Fprintf(&b, "auto: median %.1f%% of each traced run at full (per-launch probes attached)\n", 100*stats.Median(res.FullShare))
 	}
 	return b.String()
 }

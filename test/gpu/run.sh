@@ -2,7 +2,7 @@
 # Validate gaptrace on a real GPU machine. Builds nothing: bin/gaptrace is built beforehand on an
 # x86-64 machine (make build) and shipped with the repository.
 #
-#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead pairs layouts loops
+#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead pairs attach-pairs layouts loops
 #
 # RECORD=1 adds --record to the traced runs of accuracy, ddp and loops and packs the recordings into
 # OUTDIR/recordings.tar ('gaptrace replay' reproduces those runs offline).
@@ -119,6 +119,18 @@ for p in $PHASES; do
     "$PY" "$HERE/overhead_pairs.py" --gaptrace "$G" --bench "${BENCH:-$ROOT/bin/bench}" --out "$WORK/pairs" \
       --reps "${REPS:-20}" --steps "${PAIR_STEPS:-2000}" --modes "${PAIR_MODES:-untraced,null,lite,auto,full,profiler}" 2>&1 | tee -a "$RES"
     cp "$WORK/pairs/pairs.json" "$OUTDIR/overhead-pairs.json" 2>/dev/null
+    ;;
+  attach-pairs)
+    # The same costs in one long-running job: gaptrace attached and detached, the profiler switched on
+    # and off, in interleaved windows (overhead_attach.py); ATTACH_BUDGET caps the seconds spent in
+    # repetitions, then the sidecar's own CPU and RSS are measured in a 30 s attachment per mode.
+    phase "overhead in one job: untraced windows vs attached null/lite/auto/full and the profiler"
+    seed=${SEED:-1}
+    "$PY" "$HERE/overhead_attach.py" --gaptrace "$G" --bench "${BENCH:-$ROOT/bin/bench}" --out "$WORK/attach-$seed" \
+      --reps "${REPS:-20}" --window "${WINDOW:-1.5}" --modes "${PAIR_MODES:-null,lite,auto,full,profiler}" \
+      --budget "${ATTACH_BUDGET:-0}" --seed "$seed" --sidecar "${SIDECAR:-auto,lite}" --pprof 2>&1 | tee -a "$RES"
+    for f in pairs windows sidecar; do cp "$WORK/attach-$seed/$f.json" "$OUTDIR/attach-$seed-$f.json" 2>/dev/null; done
+    (cd "$WORK/attach-$seed" && tar cf "$OUTDIR/attach-$seed-pprof.tar" *.cpu *.heap 2>/dev/null)
     ;;
   layouts)
     # attach --pid to a job that already runs CUDA, and the PID-namespace

@@ -713,7 +713,9 @@ func (s *stepper) retroClock() {
 		}
 		e := s.stepEnd(tok.t)
 		if pending >= 0 {
-			if pending-s.origin < (e-pending)/2 {
+			v := &prologueVote{sliver: pending-s.origin < (e-pending)/2, num: s.steps[len(s.steps)-1].Number, open: true}
+			s.vote = v
+			if v.sliver {
 				s.steps[len(s.steps)-1].Window = false
 			} else {
 				s.boundary(pending, false)
@@ -750,7 +752,7 @@ func (s *stepper) openStart() int64 {
 // the clock has not ended yet: under the clock a step's end is known only
 // once the next step's operation is enqueued.
 func (s *stepper) undecided(t int64) bool {
-	if s.mode == modeUnknown {
+	if s.mode == modeUnknown || s.vote != nil && s.vote.open {
 		return true
 	}
 	if s.mode != modeClock {

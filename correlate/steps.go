@@ -103,6 +103,9 @@ type stepper struct {
 	// clockStrikes: checks in a row that found a better clock.
 	clockStrikes int
 	lite         bool // launches are not seen (set with the clock)
+	// vote: the half-step prologue rule's verdict, shared with the other
+	// ranks of the process's communicators (ranks.go).
+	vote *prologueVote
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
@@ -437,6 +440,9 @@ func (p *proc) ready(x env, st *stepAcc) bool {
 // finalizeSteps emits closed steps whose inputs are final, in order.
 func (p *proc) finalizeSteps(x env, force bool) {
 	s := &p.st
+	if p.settleVote(x, force) {
+		return
+	}
 	k := 0
 	for k < len(s.steps) {
 		st := s.steps[k]

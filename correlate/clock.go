@@ -630,10 +630,10 @@ func (s *stepper) maxPost(lo, hi int64) int64 {
 // of several iterations repeats as well as one of one; the enqueued work
 // does not lie about what one iteration is.
 func (s *stepper) tryClock(set settings) bool {
-	// Under auto, where the whole ring lies inside one window launches
-	// count as at full.
-	seen := len(s.toks) > 0 && set.launchesSeen(s.toks[0].t, s.toks[len(s.toks)-1].t)
-	cf, valid := detectClock(s.toks, s.pendSyncs, seen, s.maxPost)
+	// Under auto the clocks are compared by lite's rules throughout, so
+	// that the clock found in a window still qualifies after it; the
+	// tokens a window saw still say where no kernel ran (token.seen).
+	cf, valid := detectClock(s.toks, s.pendSyncs, !set.lite, s.maxPost)
 	if len(valid) == 0 {
 		return false
 	}

@@ -54,6 +54,15 @@ type token struct {
 	t        int64
 	launches uint64 // kernels launched since the previous token
 	syncs    int    // syncs since the previous token
+	// seen: every launch since the previous token was seen (full, or a
+	// window of auto), so launches == 0 means none ran.
+	seen bool
+}
+
+// idle says whether the token is known to follow no compute: no launch
+// since the previous token, all launches seen, and no collective itself.
+func (t *token) idle() bool {
+	return t.seen && t.launches == 0 && t.key.kind != event.KindCollective
 }
 
 // clockState is the clock a stepper counts steps by.
@@ -217,6 +226,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 	ph := make([]uint64, n+1)
 	pl := make([]uint64, n+1)
 	ps := make([]int, n+1)
+	pi := make([]int, n+1) // tokens known to follow no compute
 	for i := range toks {
 		k := toks[i].key
 		if _, ok := occ[k]; !ok {
@@ -227,6 +237,10 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 		ph[i+1] = ph[i] + k.hash()
 		pl[i+1] = pl[i] + toks[i].launches
 		ps[i+1] = ps[i] + toks[i].syncs
+		pi[i+1] = pi[i]
+		if toks[i].idle() {
+			pi[i+1]++
+		}
 	}
 	segOf := func(a, b int) segSum { // tokens a+1..b
 		return segSum{ops: ph[b+1] - ph[a+1], launches: pl[b+1] - pl[a+1], syncs: ps[b+1] - ps[a+1]}
@@ -255,9 +269,14 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 			feats := make([]segSum, nseg)
 			work := make([]float64, nseg)
 			var workSum float64
+			idleSegs := 0
 			for s := 0; s < nseg; s++ {
-				f := segOf(o[s*m], o[(s+1)*m])
+				a, b := o[s*m], o[(s+1)*m]
+				f := segOf(a, b)
 				feats[s] = f
+				if pi[b+1]-pi[a+1] == b-a {
+					idleSegs++
+				}
 				if m == 1 {
 					unit = feats
 				}
@@ -290,10 +309,12 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 			}
 			sort.Float64s(work)
 			med := work[nseg/2]
-			if launchesSeen && med < 1 {
-				// Every iteration launches kernels (a graph replay counts):
-				// copies with none between them are a burst inside one
-				// (a warm-up's, a checkpoint's).
+			if 2*idleSegs > nseg {
+				// Every iteration launches kernels (a graph replay counts)
+				// or issues collectives: copies known to have none between
+				// them are a burst inside one (a warm-up's, a
+				// checkpoint's) or no loop at all (a model's setup copying
+				// its parameters, before any kernel ran).
 				continue
 			}
 			cands = append(cands, clockFound{key: k, m: m, segLen: segLen,
@@ -481,7 +502,11 @@ func (s *stepper) onLaunches(n uint64) { s.pendL += n }
 // onToken feeds one enqueue that can clock steps; it reports whether a
 // step ended.
 func (s *stepper) onToken(set settings, key tokKey, t int64) bool {
-	tok := token{key: key, t: t, launches: s.pendL, syncs: s.pendSyncs}
+	from := t
+	if n := len(s.toks); n > 0 {
+		from = s.toks[n-1].t
+	}
+	tok := token{key: key, t: t, launches: s.pendL, syncs: s.pendSyncs, seen: set.launchesSeen(from, t)}
 	s.pendL, s.pendSyncs = 0, 0
 	s.toks = append(s.toks, tok)
 	if len(s.toks) > tokMax {
@@ -605,6 +630,9 @@ func (s *stepper) maxPost(lo, hi int64) int64 {
 // of several iterations repeats as well as one of one; the enqueued work
 // does not lie about what one iteration is.
 func (s *stepper) tryClock(set settings) bool {
+	// Under auto the clocks are compared by lite's rules throughout, so
+	// that the clock found in a window still qualifies after it; the
+	// tokens a window saw still say where no kernel ran (token.seen).
 	cf, valid := detectClock(s.toks, s.pendSyncs, !set.lite, s.maxPost)
 	if len(valid) == 0 {
 		return false
@@ -662,14 +690,18 @@ func (s *stepper) retroClock() {
 	// just after the loop's first work) is that iteration, not a window
 	// of its own, so that step N is the loop's iteration N.
 	pending := int64(-1)
+	// No step ends before the first token known to follow compute: the
+	// copies before it (a model's setup) are prologue.
+	setup := true
 	for i := range s.toks {
 		tok := &s.toks[i]
 		c.seg.add(tok)
+		setup = setup && tok.idle()
 		if tok.key != c.key {
 			continue
 		}
 		idx++
-		if int((idx-1)%int64(c.m)) != c.phase {
+		if int((idx-1)%int64(c.m)) != c.phase || setup {
 			continue
 		}
 		c.seg = segFeat{counts: map[tokKey]int{}}
@@ -681,7 +713,9 @@ func (s *stepper) retroClock() {
 		}
 		e := s.stepEnd(tok.t)
 		if pending >= 0 {
-			if pending-s.origin < (e-pending)/2 {
+			v := &prologueVote{sliver: pending-s.origin < (e-pending)/2, num: s.steps[len(s.steps)-1].Number, open: true}
+			s.vote = v
+			if v.sliver {
 				s.steps[len(s.steps)-1].Window = false
 			} else {
 				s.boundary(pending, false)
@@ -718,7 +752,7 @@ func (s *stepper) openStart() int64 {
 // the clock has not ended yet: under the clock a step's end is known only
 // once the next step's operation is enqueued.
 func (s *stepper) undecided(t int64) bool {
-	if s.mode == modeUnknown {
+	if s.mode == modeUnknown || s.vote != nil && s.vote.open {
 		return true
 	}
 	if s.mode != modeClock {

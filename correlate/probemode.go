@@ -130,3 +130,15 @@ func (p *proc) shadowLead(x env, ev *event.Event) {
 	p.leads.push(ev.Start - g.start)
 	sh.done = g.start
 }
+
+// launchesSeen says whether every kernel launch in [lo, hi] was seen: at
+// full, or under auto inside one window. Under auto the step clock still
+// compares steps without launch counts (windows and the time between them
+// count launches differently), but where launches were seen their absence
+// is evidence: steps of a loop launch kernels.
+func (set settings) launchesSeen(lo, hi int64) bool {
+	if set.modes != nil {
+		return set.modes.fullOver(lo, hi)
+	}
+	return !set.lite
+}

@@ -92,6 +92,8 @@ type groupKey struct {
 // commGroup is one communicator group: one member per rank.
 type commGroup struct {
 	members map[int32]*commInfo
+	// prologue: each rank's verdict of the half-step prologue rule.
+	prologue map[int32]bool
 	// ambiguous: two live processes claimed one rank (two jobs of the same
 	// shape traced at once); the group cannot be matched.
 	ambiguous bool
@@ -253,4 +255,93 @@ func (w *world) completion(r collRef) (int64, bool) {
 		}
 	}
 	return first, all
+}
+
+// The half-step prologue rule (clock.go: a prologue that is a sliver of the
+// loop's first iteration is that iteration, so that step N is iteration N)
+// judges one rank's start, and ranks start differently: one broadcasts the
+// weights or warms up before the loop, another enters it at once. The
+// ranks of a communicator run the same iterations, and a rank's first clock
+// operation falling just after its loop began shows that the first
+// boundary lies inside iteration 1 on every rank: the prologue is merged
+// into the first step on every rank when any rank of the group found it a
+// sliver. Until every traced rank of its groups has voted (or holdMax has
+// passed), a rank emits no step and holds its gaps, whose step numbers the
+// verdict decides.
+
+// prologueVote is one process's verdict and what it did about it.
+type prologueVote struct {
+	sliver bool  // its own prologue was a sliver of the first iteration
+	num    int64 // the prologue's step number
+	open   bool  // the group's verdict is still awaited
+	since  int64 // when the group's verdict began to be awaited (watermark)
+}
+
+// settleVote records the process's verdict in its groups and applies the
+// group's; it reports whether steps must wait for other ranks' verdicts.
+func (p *proc) settleVote(x env, force bool) bool {
+	v := p.st.vote
+	if v == nil || !v.open {
+		return false
+	}
+	if v.since == 0 {
+		v.since = x.clk.wm
+	}
+	all, any := true, v.sliver
+	for _, c := range x.w.comms {
+		g := c.group
+		if c.pid != p.pid || g == nil || g.ambiguous || g.members[c.rank] != c {
+			continue
+		}
+		if g.prologue == nil {
+			g.prologue = map[int32]bool{}
+		}
+		g.prologue[c.rank] = v.sliver
+		for rank, m := range g.members {
+			sliver, ok := g.prologue[rank]
+			if !ok {
+				// A rank that exited without a clock has no verdict.
+				if mp := x.w.procs[m.pid]; mp == nil || mp.exitedAt == 0 {
+					all = false
+				}
+			}
+			any = any || sliver
+		}
+	}
+	if any && !v.sliver {
+		p.st.mergePrologue(v.num)
+		v.sliver = true
+	}
+	if all || force || x.clk.wm-v.since > holdMax/2 {
+		v.open = false
+		p.resolveHeld(x, false)
+		return false
+	}
+	return true
+}
+
+// mergePrologue makes the prologue window numbered num part of the step
+// after it, numbering the later steps one less. Nothing of them has been
+// emitted: steps and gaps wait for the verdict.
+func (s *stepper) mergePrologue(num int64) {
+	for i := 0; i+1 < len(s.steps); i++ {
+		a, b := s.steps[i], s.steps[i+1]
+		if a.Number != num {
+			continue
+		}
+		a.End, a.closed, a.Window = b.End, b.closed, false
+		a.Gaps += b.Gaps
+		a.StallNS += b.StallNS
+		a.BoundedIdleNS += b.BoundedIdleNS
+		a.Launches += b.Launches
+		for c, ns := range b.ByCause {
+			a.ByCause[c] += ns
+		}
+		s.steps = append(s.steps[:i+1], s.steps[i+2:]...)
+		for _, st := range s.steps[i+1:] {
+			st.Number--
+		}
+		s.next--
+		return
+	}
 }

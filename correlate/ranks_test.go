@@ -418,3 +418,65 @@ func TestRanksGroupLinking(t *testing.T) {
 		t.Errorf("rank 0 issued %d collectives, want 2", c.n)
 	}
 }
+
+// TestRanksPrologueAgree: two ranks of one communicator under one engine,
+// whose starts differ: rank 0 warms its GPU up before the loop (a prologue
+// longer than an iteration), rank 1 enters the loop at once (its prologue
+// is a sliver of the first iteration). Every rank must number the same
+// iteration alike, and step N is iteration N.
+func TestRanksPrologueAgree(t *testing.T) {
+	j := newDDPJob(2)
+	w := j.ranks[0]
+	w.launches(40, ms, 50*us)
+	w.sync()
+	w.t += 2 * ms
+	const iters = 40
+	loopFrom := make([]int, 2)
+	for r, s := range j.ranks {
+		loopFrom[r] = len(s.evs)
+	}
+	j.run(iters, func(rank, step int) int64 { return 0 })
+	c := &collect{}
+	e := newEngine(c, nil)
+	var evs []event.Event
+	var wins []event.GPUWindow
+	var until int64
+	for r, s := range j.ranks {
+		e.SetDevice(s.pid, r)
+		evs = append(evs, s.evs...)
+		for _, w := range s.windows(t0, s.t+200*ms, 200*ms, event.SourceNVML, nil) {
+			w.Device = r
+			wins = append(wins, w)
+		}
+		until = max(until, s.t+2e9)
+	}
+	feed(e, c, evs, wins, until, 20*ms, 250*ms)
+	// Each rank's loop syncs end its iterations; the step ending at the
+	// k-th is iteration k's.
+	for r, s := range j.ranks {
+		byEnd := map[int64]Step{}
+		for _, st := range c.steps {
+			if st.PID == s.pid {
+				byEnd[st.End] = st
+			}
+		}
+		k, found := 0, 0
+		for _, ev := range s.evs[loopFrom[r]:] {
+			if ev.Kind != event.KindSync {
+				continue
+			}
+			k++
+			st, ok := byEnd[ev.End]
+			if !ok {
+				continue
+			}
+			found++
+			if st.Number != int64(k) {
+				t.Errorf("rank %d: iteration %d is step %d (window %v)", r, k, st.Number, st.Window)
+			}
+		}
+		if found < iters-3 {
+			t.Errorf("rank %d: %d of %d iterations end a step", r, found, iters)
+		}
+	}
+}

@@ -174,6 +174,17 @@ func scoreSteps(steps []Step, pid uint32, iters []truthIter) stepScore {
 	return sc
 }
 
+// stepsBefore counts the steps of pid (not fixed windows) that ended by t.
+func stepsBefore(steps []Step, pid uint32, t int64) int {
+	n := 0
+	for i := range steps {
+		if st := &steps[i]; st.PID == pid && !st.Window && st.End <= t {
+			n++
+		}
+	}
+	return n
+}
+
 type stepSink struct{ steps []Step }
 
 func (s *stepSink) Gap(Gap)      {}
@@ -235,6 +246,18 @@ func TestRecordedSteps(t *testing.T) {
 				}
 				if sc.windows > 0 {
 					t.Errorf("pid %d: %d of the steps are fixed windows: no period was found for them", pid, sc.windows)
+				}
+				if tr.warmup > 0 {
+					// The whole run: before its measured iterations the job
+					// set up its model and ran its warm-up ones. Steps
+					// there may be fewer (fixed windows until the loop is
+					// found), never more: setup work is no iteration.
+					pre := stepsBefore(steps, pid, iters[0].start)
+					t.Logf("pid %d: %d steps before the measured iterations, for %d warm-up iterations", pid, pre, tr.warmup)
+					if total, want := pre+sc.counted, tr.warmup+sc.truth; float64(total-want) > stepTolerance*float64(want) {
+						t.Errorf("pid %d: %d steps over the run for %d iterations (%d before the measured ones, for %d warm-up iterations): off by %+.1f%%, want at most +%.0f%%",
+							pid, total, want, pre, tr.warmup, 100*float64(total-want)/float64(want), 100*stepTolerance)
+					}
 				}
 			}
 		})

@@ -53,6 +53,10 @@ type syncSig struct {
 	// -1 until known: fetching the next batch makes it longest after the
 	// step's last sync.
 	post int64
+	// idle: every launch since the previous sync was seen (full, or a
+	// window of auto) and there was none, nor a collective: the sync
+	// covered no GPU compute.
+	idle bool
 }
 
 func sigEq(a, b *syncSig) bool {
@@ -99,6 +103,9 @@ type stepper struct {
 	// clockStrikes: checks in a row that found a better clock.
 	clockStrikes int
 	lite         bool // launches are not seen (set with the clock)
+	// vote: the half-step prologue rule's verdict, shared with the other
+	// ranks of the process's communicators (ranks.go).
+	vote *prologueVote
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
@@ -127,6 +134,11 @@ func (p *proc) patternSync(x env, ev *event.Event) {
 	if th := x.w.threads[ev.TID]; th != nil {
 		sig.ret = th.returned(ev)
 	}
+	from := ev.Start
+	if h := p.st.hist; len(h) > 0 {
+		from = h[len(h)-1].end
+	}
+	sig.idle = sig.launches+sig.colls == 0 && x.set.launchesSeen(from, sig.end)
 	p.launches, p.copies, p.colls = 0, 0, 0
 	p.st.onSync(x.set, sig)
 }
@@ -220,7 +232,11 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 }
 
 // detect finds the smallest P for which recent signatures repeat, and the
-// phase whose sync waits longest (the end of the step's work).
+// phase whose sync waits longest (the end of the step's work). Repeats
+// known to have launched no kernel and issued no collective are not a
+// loop's steps: a model's setup copies its parameters one by one, each
+// followed by a sync, in a pattern that repeats layer after layer, and no
+// kernel runs.
 func detect(hist []syncSig) (period, phase int, ok bool) {
 	for P := 1; P <= maxPeriod; P++ {
 		need := max(2*P, detectMin)
@@ -238,19 +254,38 @@ func detect(hist []syncSig) (period, phase int, ok bool) {
 		if cmp < need || float64(match) < matchMin*float64(cmp) {
 			continue
 		}
+		if idle(hist[lo-P+1:]) {
+			continue
+		}
 		return P, phaseOf(hist[lo-P:], P), true
 	}
 	return 0, 0, false
 }
 
+// idle says whether the syncs are all known to have covered no compute.
+func idle(h []syncSig) bool {
+	for i := range h {
+		if !h[i].idle {
+			return false
+		}
+	}
+	return true
+}
+
 // retro lays steps over the history once a period is found while gaps were
 // held: a prologue window up to the first boundary, then one step per
-// period.
+// period. No step ends at the syncs known to have covered no compute
+// before the first that did: they are prologue (a model's setup copying
+// its parameters).
 func (s *stepper) retro() {
+	from := 0
+	for from < len(s.hist)-1 && s.hist[from].idle {
+		from++
+	}
 	first := true
 	for i := range s.hist {
 		h := &s.hist[i]
-		if int(h.idx%int64(s.period)) != s.phase {
+		if i < from || int(h.idx%int64(s.period)) != s.phase {
 			continue
 		}
 		if first {
@@ -405,6 +440,9 @@ func (p *proc) ready(x env, st *stepAcc) bool {
 // finalizeSteps emits closed steps whose inputs are final, in order.
 func (p *proc) finalizeSteps(x env, force bool) {
 	s := &p.st
+	if p.settleVote(x, force) {
+		return
+	}
 	k := 0
 	for k < len(s.steps) {
 		st := s.steps[k]

@@ -505,3 +505,105 @@ func TestWindowsSkipClockJump(t *testing.T) {
 		}
 	}
 }
+
+// setupThenLoop simulates a model's setup (.to(device): per layer, each
+// parameter copied from pageable memory and synced, the same sizes layer
+// after layer) followed, after a pause, by a training loop of iters
+// iterations: a batch copy, kernels, a sync. It returns the loop's
+// iteration ends and when the setup ended.
+func setupThenLoop(s *gpuSim, layers, iters int) (ends []int64, setupEnd int64) {
+	param := func(bytes uint64, staged bool) {
+		s.t += 5 * us
+		dur := int64(bytes)/(8<<10)*us/4 + 2*us // ~30 GB/s
+		start := s.t
+		ev := event.Event{Kind: event.KindMemcpyAsync, PID: s.pid, TID: s.tid, Start: start, End: start,
+			CUDA: event.CUMemcpyAsync, Stream: s.stream, Bytes: bytes, CopyDir: event.CUMemcpyHtoD}
+		s.evs = append(s.evs, ev)
+		s.addBusy(max(start, s.gpuFree), max(start, s.gpuFree)+dur)
+		s.gpuFree = max(start, s.gpuFree) + dur
+		if staged {
+			ev.Kind, ev.End = event.KindMemcpyStaged, s.gpuFree
+			s.evs = append(s.evs, ev)
+			s.t = s.gpuFree
+		}
+		s.sync()
+		s.t += 30 * us // Python between parameters
+	}
+	for l := 0; l < layers; l++ {
+		param(2<<20, true)
+		param(1<<20, false)
+		param(2048, false)
+		param(3<<20, true)
+		param(6<<10, false)
+		param(4<<20, true)
+		param(8<<10, false)
+		param(4<<20, true)
+		for i := 0; i < 5; i++ {
+			param(2048, false)
+		}
+	}
+	setupEnd = s.t
+	s.t += 2 * time.Second.Nanoseconds() // compiling, starting the data loader
+	for n := 0; n < iters; n++ {
+		s.copyAsync(100*us, s.stream)
+		s.launches(30, 300*us, 20*us)
+		s.sync()
+		ends = append(ends, s.t)
+		s.t += 500 * us // the next batch
+	}
+	return ends, setupEnd
+}
+
+// TestSetupIsNotSteps: a model's setup copies its parameters one by one,
+// each with a sync, in a pattern that repeats layer after layer; no kernel
+// runs. Those repeats are not iterations of the training loop: no step may
+// end before the loop starts, and the loop's iterations are its steps.
+// Full sees that no kernel ran; auto sees it inside its warm-up window,
+// which covers the setup and closes before the loop (a window that ended
+// on setup "steps").
+func TestSetupIsNotSteps(t *testing.T) {
+	for _, probes := range []string{ProbesFull, ProbesAuto} {
+		t.Run(probes, func(t *testing.T) {
+			s := newSim()
+			ends, setupEnd := setupThenLoop(s, 6, 60)
+			c := &collect{}
+			e := newEngine(c, func(cfg *Config) { cfg.Probes = probes })
+			if probes == ProbesAuto {
+				e.ProbesLive(true, t0)
+				e.ProbesLive(false, setupEnd+100*ms)
+				// Lite from there on: no launches seen.
+				var evs []event.Event
+				for _, ev := range s.evs {
+					if ev.Start > setupEnd+100*ms && ev.Kind == event.KindEnqueue {
+						continue
+					}
+					if ev.Start > setupEnd+100*ms && ev.Kind == event.KindSync {
+						ev.Count = 0
+					}
+					evs = append(evs, ev)
+				}
+				s.evs = evs
+			}
+			feed(e, c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+			loopStart := ends[0] - 10*ms
+			early, inLoop := 0, 0
+			for _, st := range c.steps {
+				switch {
+				case st.End <= loopStart:
+					if !st.Window {
+						early++
+					}
+				case st.End > loopStart && st.End <= ends[len(ends)-1]:
+					inLoop++
+				}
+			}
+			// Before the loop: fixed windows (no period yet), no steps.
+			if early > 0 {
+				t.Errorf("%d steps end before the loop starts (the setup's parameter copies), want none", early)
+			}
+			if d := inLoop - len(ends); d < -2 || d > 2 {
+				t.Errorf("%d steps in the loop of %d iterations", inLoop, len(ends))
+			}
+		})
+	}
+}

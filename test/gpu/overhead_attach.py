@@ -97,10 +97,12 @@ def attach(a, job, mode, name):
         print(f"overhead-attach: gaptrace {mode} did not attach (rc {g.poll()}), see {log}", flush=True)
         g.kill()
         return None
+    g.traced_from = time.monotonic_ns()
     return g, pre
 
 
 def detach(g, pre):
+    g.traced_to = time.monotonic_ns()
     g.send_signal(signal.SIGINT)
     try:
         g.wait(30)
@@ -118,6 +120,7 @@ def detach(g, pre):
         r["steps"] = s.get("steps")
     except (OSError, ValueError):
         pass
+    r["traced"] = (g.traced_from, g.traced_to)
     return r
 
 
@@ -269,6 +272,11 @@ def main():
             saved["FullShare"].append(extra["full_share"])
         if extra.get("sidecar"):
             sidecar[m].append(extra["sidecar"])
+        if "traced" in extra:
+            # What gaptrace counted against what the job logged while it traced (the job's steps that
+            # ended between gaptrace saying it traces and its stop; a step at each edge may differ).
+            lo, hi = extra.pop("traced")
+            extra["job_steps"] = sum(1 for s in steps if lo <= s[1] <= hi)
         rows.append({"mode": m, "rep": rep, "base": fb, "traced": fw, **extra})
     with open(os.path.join(a.out, "pairs.json"), "w") as f:
         json.dump(saved, f)
@@ -287,6 +295,12 @@ def main():
                 print(f"{m:<9} wall/step vs untraced {statistics.median(saved['Ratio'][m]):.4f}  "
                       f"cpu {statistics.median(saved['CPU'][m]) / 1e3:.1f} µs/step  "
                       f"{statistics.median(saved['Launch'][m]) / 1e3:.3f} µs/launch")
+    for m in modes:
+        counted = [(r["steps"], r["job_steps"]) for r in rows if r["mode"] == m and r.get("job_steps") and r.get("steps") is not None]
+        if counted:
+            print(f"steps under {m}: gaptrace counted {sum(c for c, _ in counted)} of the job's {sum(j for _, j in counted)} "
+                  f"while attached ({len(counted)} attachments; per attachment {min(c / j for c, j in counted):.3f}–"
+                  f"{max(c / j for c, j in counted):.3f})")
     for m in modes:
         if sidecar[m]:
             cpu = statistics.median(s["cpu_ns"] for s in sidecar[m]) / 1e9

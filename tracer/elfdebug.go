@@ -23,29 +23,29 @@ const (
 	maxLineSection = 32 << 20
 )
 
-// miniDebugSymbols reads the symbol table of the ELF embedded, xz
-// compressed, in e's .gnu_debugdata section.
-func miniDebugSymbols(e *elf.File) ([]elf.Symbol, error) {
+// miniDebugELF decompresses the ELF embedded, xz compressed, in e's
+// .gnu_debugdata section, and returns it with its bytes.
+func miniDebugELF(e *elf.File) (*elf.File, []byte, error) {
 	sec := e.Section(".gnu_debugdata")
 	if sec == nil {
-		return nil, errors.New("no .gnu_debugdata")
+		return nil, nil, errors.New("no .gnu_debugdata")
 	}
 	zr, err := xz.NewReader(sec.Open())
 	if err != nil {
-		return nil, fmt.Errorf(".gnu_debugdata: %w", err)
+		return nil, nil, fmt.Errorf(".gnu_debugdata: %w", err)
 	}
 	b, err := io.ReadAll(io.LimitReader(zr, maxMiniDebug+1))
 	if err != nil {
-		return nil, fmt.Errorf(".gnu_debugdata: %w", err)
+		return nil, nil, fmt.Errorf(".gnu_debugdata: %w", err)
 	}
 	if len(b) > maxMiniDebug {
-		return nil, errors.New(".gnu_debugdata: too large")
+		return nil, nil, errors.New(".gnu_debugdata: too large")
 	}
 	mini, err := elf.NewFile(bytes.NewReader(b))
 	if err != nil {
-		return nil, fmt.Errorf(".gnu_debugdata: %w", err)
+		return nil, nil, fmt.Errorf(".gnu_debugdata: %w", err)
 	}
-	return mini.Symbols()
+	return mini, b, nil
 }
 
 // lineEntry: code from addr up to the next entry's addr is line of file

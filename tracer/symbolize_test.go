@@ -244,3 +244,73 @@ func TestMissesRereadMapsAtMostOncePerInterval(t *testing.T) {
 		t.Errorf("a new mapping was not found after the interval: %+v %v", m, ok)
 	}
 }
+
+// TestLoadELFNamesStayInFile: the function symbols read from a file name
+// the same functions debug/elf does, while what stays in memory is a few
+// words per symbol, not the names (a PyTorch process maps libraries whose
+// names alone are hundreds of MB).
+func TestLoadELFNamesStayInFile(t *testing.T) {
+	var files []string
+	for _, pat := range []string{"/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libLLVM*.so.1",
+		"/usr/lib/x86_64-linux-gnu/libpython3*.so.1.0", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"} {
+		m, _ := filepath.Glob(pat)
+		files = append(files, m...)
+	}
+	if len(files) == 0 {
+		t.Skip("no system library to read")
+	}
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			ef := loadELF(path)
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			if ef.err != nil {
+				t.Fatal(ef.err)
+			}
+			if len(ef.syms) < 100 {
+				t.Fatalf("%d function symbols", len(ef.syms))
+			}
+			kept := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+			if per := kept / int64(len(ef.syms)); per > 48 {
+				t.Errorf("%d bytes kept for %d symbols (%d per symbol): names held in memory?", kept, len(ef.syms), per)
+			}
+			// Every function debug/elf names at an address is named the same
+			// here (the first table's name where .symtab and .dynsym both
+			// have the address).
+			e, err := elf.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			want := map[uint64]string{}
+			for _, get := range []func() ([]elf.Symbol, error){e.Symbols, e.DynamicSymbols} {
+				syms, _ := get()
+				for _, s := range syms {
+					if ty := elf.ST_TYPE(s.Info); (ty != elf.STT_FUNC && ty != elf.STT_GNU_IFUNC) || s.Value == 0 || s.Section == elf.SHN_UNDEF {
+						continue
+					}
+					if _, ok := want[s.Value]; !ok {
+						name, _, _ := strings.Cut(s.Name, "@")
+						want[s.Value] = name
+					}
+				}
+			}
+			if len(want) != len(ef.syms) {
+				t.Errorf("%d function addresses, debug/elf has %d", len(ef.syms), len(want))
+			}
+			checked := 0
+			for i := 0; i < len(ef.syms); i += 1 + len(ef.syms)/500 {
+				s := ef.syms[i]
+				got, _, ok := ef.lookupVaddr(s.addr)
+				if !ok || got != want[s.addr] {
+					t.Fatalf("at %#x: %q, debug/elf says %q", s.addr, got, want[s.addr])
+				}
+				checked++
+			}
+			t.Logf("%d symbols, %d bytes kept, %d names checked", len(ef.syms), kept, checked)
+		})
+	}
+}

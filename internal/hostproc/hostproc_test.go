@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -46,7 +47,18 @@ func TestEffectiveCapsOfRoot(t *testing.T) {
 // TestDescendantsAndThreadGroup starts a shell whose child sleeps: both are
 // descendants of the test, the grandchild after its parent.
 func TestDescendantsAndThreadGroup(t *testing.T) {
-	cmd := exec.Command("sh", "-c", "sleep 30 & wait")
+	// The child's name has a space and parentheses, which stat shows as is
+	// ("pid (a) 1 (b) S ppid ...").
+	dir := t.TempDir()
+	odd := filepath.Join(dir, "a) 1 (b")
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(sleep); err != nil || os.WriteFile(odd, b, 0o755) != nil {
+		t.Fatal("copy sleep", err)
+	}
+	cmd := exec.Command("sh", "-c", "'"+odd+"' 30 & wait")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -86,5 +98,12 @@ func TestDescendantsAndThreadGroup(t *testing.T) {
 	}
 	if _, err := ThreadGroup(1 << 22); err == nil {
 		t.Error("thread group of a pid that does not exist")
+	}
+}
+
+// BenchmarkDescendants: one walk of /proc, what attach does every second.
+func BenchmarkDescendants(b *testing.B) {
+	for b.Loop() {
+		Descendants(1)
 	}
 }

@@ -209,7 +209,7 @@ func PIDs() []int {
 
 // Descendants returns pid's descendants (not pid itself); the tracer finds
 // the processes it traces with the same walk.
-func Descendants(pid int) []int { return hostproc.Descendants(pid) }
+func Descendants(pids ...int) []int { return hostproc.Descendants(pids...) }
 
 // Ancestors returns pid's ancestors up to init.
 func Ancestors(pid int) []int {

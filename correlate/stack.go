@@ -25,7 +25,7 @@ type CallSiteSummary struct {
 // library or installed packages. -1 when every frame is theirs.
 func UserFrame(stack []event.Frame) int {
 	for i, f := range stack {
-		if !systemFile(f.File) {
+		if !event.SystemCode(f.File) {
 			return i
 		}
 	}
@@ -42,33 +42,6 @@ func SiteFrame(stack []event.Frame) (event.Frame, bool) {
 		return stack[i], true
 	}
 	return stack[0], true
-}
-
-func systemFile(file string) bool {
-	if file == "" || strings.HasPrefix(file, "<") { // "<frozen importlib._bootstrap>"
-		return true
-	}
-	for _, p := range []string{"/usr/lib/", "/lib/", "/lib64/", "/usr/lib64/", "/usr/local/cuda"} {
-		if strings.HasPrefix(file, p) {
-			return true
-		}
-	}
-	// Installed packages, and the standard library's extension modules
-	// (.../lib/python3.11/lib-dynload/_socket.cpython-311-x86_64-linux-gnu.so:
-	// a Python stack shows them between libc and the Python frames).
-	if strings.Contains(file, "/site-packages/") || strings.Contains(file, "/dist-packages/") || strings.Contains(file, "/lib-dynload/") {
-		return true
-	}
-	base := filepath.Base(file)
-	if strings.HasPrefix(base, "libpython") || strings.HasPrefix(base, "libcuda") || strings.HasPrefix(base, "libnccl") ||
-		strings.HasPrefix(base, "python3") && !strings.HasSuffix(base, ".py") {
-		return true
-	}
-	// The standard library: .../lib/python3.11/os.py
-	if i := strings.Index(file, "/lib/python3"); i >= 0 && strings.HasSuffix(file, ".py") {
-		return true
-	}
-	return false
 }
 
 // CallSite names a frame the way a person finds it: "train.py:142

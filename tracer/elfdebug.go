@@ -7,11 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 	"sort"
-	"strings"
 
 	"github.com/ulikunitz/xz"
+
+	"github.com/gaptrace/gaptrace/event"
 )
 
 // Limits on what one file's debug data may cost: a MiniDebugInfo section
@@ -75,23 +75,12 @@ func (ef *elfFile) line(vaddr uint64) (string, int) {
 // ownCode: only the job's own binaries have their line tables read. A
 // system library or an interpreter built with -g (pyenv builds libpython
 // with a 1 MB line table) would cost the first stack through it a parse
-// of that table, while its frames are never the ones a gap is charged to.
+// of that table, while its frames are never the ones a gap is charged to
+// (correlate.UserFrame asks the same event.SystemCode). A file without a
+// mapping's path was opened by name, not found in a process: nothing says
+// it is a library's, and its lines are read.
 func ownCode(path string) bool {
-	for _, p := range []string{"/usr/lib/", "/lib/", "/lib64/", "/usr/lib64/", "/usr/local/cuda", "/usr/local/nvidia"} {
-		if strings.HasPrefix(path, p) {
-			return false
-		}
-	}
-	if strings.Contains(path, "/site-packages/") || strings.Contains(path, "/dist-packages/") || strings.Contains(path, "/lib-dynload/") {
-		return false
-	}
-	base := filepath.Base(path)
-	for _, p := range []string{"libpython", "python", "libc.", "libcuda", "libnccl", "libcudart", "libtorch", "libstdc++"} {
-		if strings.HasPrefix(base, p) {
-			return false
-		}
-	}
-	return true
+	return path == "" || !event.SystemCode(path)
 }
 
 // readLines flattens the line programs of every compilation unit of e into

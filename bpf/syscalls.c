@@ -24,6 +24,27 @@ struct {
 	__type(value, __u32); /* enum syscall_class; SC_UNTRACED when not traced */
 } syscall_classes SEC(".maps");
 
+/* x86-64 numbers of the waits that can be given no file descriptor. */
+#define NR_POLL 7
+#define NR_SELECT 23
+#define NR_PSELECT6 270
+#define NR_PPOLL 271
+
+/* A poll or select on no file descriptor is a sleep: CPython before 3.11
+ * sleeps with select(0, NULL, NULL, NULL, &tv) (pselect6 in glibc). */
+static __always_inline bool waits_on_nothing(__u32 nr, struct trace_event_raw_sys_enter *ctx)
+{
+	switch (nr) {
+	case NR_SELECT:
+	case NR_PSELECT6:
+		return BPF_CORE_READ(ctx, args[0]) == 0; /* nfds */
+	case NR_POLL:
+	case NR_PPOLL:
+		return BPF_CORE_READ(ctx, args[1]) == 0; /* nfds */
+	}
+	return false;
+}
+
 SEC("tracepoint/syscalls/sys_enter")
 int sys_enter(struct trace_event_raw_sys_enter *ctx)
 {
@@ -40,6 +61,8 @@ int sys_enter(struct trace_event_raw_sys_enter *ctx)
 
 	t->sc_nr = nr;
 	t->sc_class = *cls;
+	if (*cls == SC_POLL && waits_on_nothing(nr, ctx))
+		t->sc_class = SC_SLEEP;
 	if (*cls == SC_MMAP) {
 		t->sc_arg0 = BPF_CORE_READ(ctx, args[2]); /* prot */
 		t->sc_arg1 = BPF_CORE_READ(ctx, args[4]); /* fd */

@@ -57,6 +57,9 @@ type token struct {
 	// seen: every launch since the previous token was seen (full, or a
 	// window of auto), so launches == 0 means none ran.
 	seen bool
+	// occ: for a collective on a communicator seen from its creation, how
+	// many like it the communicator issued before; -1 otherwise.
+	occ int64
 }
 
 // idle says whether the token is known to follow no compute: no launch
@@ -501,12 +504,12 @@ func (s *stepper) onLaunches(n uint64) { s.pendL += n }
 
 // onToken feeds one enqueue that can clock steps; it reports whether a
 // step ended.
-func (s *stepper) onToken(set settings, key tokKey, t int64) bool {
+func (s *stepper) onToken(set settings, key tokKey, occ, t int64) bool {
 	from := t
 	if n := len(s.toks); n > 0 {
 		from = s.toks[n-1].t
 	}
-	tok := token{key: key, t: t, launches: s.pendL, syncs: s.pendSyncs, seen: set.launchesSeen(from, t)}
+	tok := token{key: key, t: t, launches: s.pendL, syncs: s.pendSyncs, seen: set.launchesSeen(from, t), occ: occ}
 	s.pendL, s.pendSyncs = 0, 0
 	s.toks = append(s.toks, tok)
 	if len(s.toks) > tokMax {
@@ -644,6 +647,9 @@ func (s *stepper) tryClock(set settings) bool {
 		// checkpoint) disqualifies the loop's clock for one check at most.
 		if cf.key == c.key && cf.m == c.m {
 			s.clockStrikes = 0
+			if s.anchor == nil {
+				s.anchor = s.findAnchor()
+			}
 			return false
 		}
 		still := false
@@ -672,6 +678,7 @@ func (s *stepper) tryClock(set settings) bool {
 	s.mode = modeClock
 	s.period, s.phase = 0, 0
 	s.nchecks = 0
+	s.anchor = s.findAnchor()
 	if prev == modeUnknown {
 		s.retroClock()
 	}
@@ -714,7 +721,11 @@ func (s *stepper) retroClock() {
 		e := s.stepEnd(tok.t)
 		if pending >= 0 {
 			v := &prologueVote{sliver: pending-s.origin < (e-pending)/2, num: s.steps[len(s.steps)-1].Number, open: true}
-			s.vote = v
+			if s.anchor == nil {
+				// Steps numbered by the collectives agree across ranks
+				// whatever each rank's prologue: no verdict to share.
+				s.vote = v
+			}
 			if v.sliver {
 				s.steps[len(s.steps)-1].Window = false
 			} else {
@@ -727,6 +738,9 @@ func (s *stepper) retroClock() {
 	}
 	if pending >= 0 {
 		s.boundary(pending, false)
+	}
+	if s.anchor != nil {
+		s.renumber(0)
 	}
 }
 

@@ -72,7 +72,11 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	}
 	p.st.setPost(t)
 	// Before the gap this enqueue closes is delivered: it may end a step.
-	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, t) {
+	occ := int64(-1)
+	if ref.c != nil {
+		occ = ref.occ
+	}
+	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
 		p.resolveHeld(x, false)
 	}
 	if p.gap != nil {

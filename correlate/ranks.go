@@ -36,12 +36,19 @@ type commInfo struct {
 	// done holds, by sequence number, the earliest return of a sync of
 	// this process that covered the collective: it had completed by then.
 	done [issueRing]int64
+	// occ counts the collectives issued on it by what they are (operation,
+	// size, stream): the k-th all-reduce of a bucket is the same on every
+	// rank, and numbers steps alike in separate sidecars (steps.go).
+	occ map[tokKey]int64
 }
 
 // issueRing bounds how far one rank may run ahead of another in issued
 // collectives and still be matched; a trainer syncs every step, so its
 // ranks are at most a step's collectives apart.
 const issueRing = 256
+
+// occKeysMax bounds the kinds of collective counted per communicator.
+const occKeysMax = 1024
 
 func (c *commInfo) issue(t, first int64) int64 {
 	c.issued[c.n%issueRing] = t
@@ -106,6 +113,9 @@ type collRef struct {
 	c         *commInfo
 	seq       int64
 	at, first int64
+	// occ: how many collectives like this one the communicator issued
+	// before it, counted from its creation.
+	occ int64
 }
 
 // peerLate is the verdict of the ranks' timelines on one collective: the
@@ -188,7 +198,18 @@ func (w *world) issueColl(ev *event.Event, first int64) collRef {
 	if c == nil || ev.Op == event.NCCLSend || ev.Op == event.NCCLRecv || ev.Op == event.NCCLNone || ev.Op >= event.NCCLLast {
 		return collRef{}
 	}
-	return collRef{c: c, seq: c.issue(ev.Start, first), at: ev.Start, first: first}
+	k, _ := tokenOf(ev)
+	if c.occ == nil {
+		c.occ = map[tokKey]int64{}
+	}
+	occ, ok := c.occ[k]
+	if ok || len(c.occ) < occKeysMax {
+		c.occ[k] = occ + 1
+	} else {
+		// Collectives of ever new sizes: none of them clocks a loop.
+		occ = -1
+	}
+	return collRef{c: c, seq: c.issue(ev.Start, first), at: ev.Start, first: first, occ: occ}
 }
 
 // lateness asks the other ranks' timelines about collective r, whose wait
@@ -344,4 +365,180 @@ func (s *stepper) mergePrologue(num int64) {
 		s.next--
 		return
 	}
+}
+
+// Step numbers that agree across sidecars. The half-step prologue rule
+// above needs every rank in one engine; a sidecar per rank sees one. What
+// every rank sees alike is its communicators' sequences: the ranks of a
+// communicator issue the same collectives in the same order, every
+// iteration. Under the work clock, a collective that occurs the same
+// number of times (per) in every step anchors the numbering: the step
+// holding its k-th occurrence since the communicator's creation is step
+// k/per + 1, on every rank, whatever each one did before. Steps before the
+// first that holds one (a rank's setup, warm-up) are its prologue and count
+// down to it: one prologue before step 1 is step 0. A step that holds none
+// later on (a checkpoint's) follows its predecessor, and the next anchored
+// step takes its number from the sequence again, never reusing one.
+
+// stepAnchor is the collective that numbers a process's steps.
+type stepAnchor struct {
+	key tokKey
+	per int64 // occurrences per step
+}
+
+// anchorSegs: steps of the token ring compared to find the anchor.
+const anchorSegs = 8
+
+// findAnchor picks, from the clock's last steps in the token ring, a
+// collective counted from its communicator's creation that every one of
+// them holds equally often. Segments of m clock occurrences from any
+// phase hold one step's operations each. Of several such collectives the
+// choice depends only on what they are, so that every rank makes it alike.
+func (s *stepper) findAnchor() *stepAnchor {
+	c := s.clock
+	if c == nil {
+		return nil
+	}
+	var bounds []int
+	k := 0
+	for i := range s.toks {
+		if s.toks[i].key != c.key {
+			continue
+		}
+		if k%c.m == 0 {
+			bounds = append(bounds, i)
+		}
+		k++
+	}
+	if len(bounds) < 3 {
+		return nil
+	}
+	if len(bounds) > anchorSegs+1 {
+		bounds = bounds[len(bounds)-anchorSegs-1:]
+	}
+	var per map[tokKey]int64
+	for j := 0; j+1 < len(bounds); j++ {
+		seg := map[tokKey]int64{}
+		for i := bounds[j]; i < bounds[j+1]; i++ {
+			if t := &s.toks[i]; t.occ >= 0 {
+				seg[t.key]++
+			}
+		}
+		if per == nil {
+			per = seg
+			continue
+		}
+		for key, n := range per {
+			if seg[key] != n {
+				delete(per, key)
+			}
+		}
+	}
+	var best *stepAnchor
+	for key, n := range per {
+		if best == nil || anchorBefore(key, n, best) {
+			best = &stepAnchor{key: key, per: n}
+		}
+	}
+	return best
+}
+
+// anchorBefore orders candidate anchors: the largest (a gradient bucket
+// rather than a loss scalar), then by operation, count and stream.
+func anchorBefore(k tokKey, n int64, b *stepAnchor) bool {
+	switch {
+	case k.bytes != b.key.bytes:
+		return k.bytes > b.key.bytes
+	case k.op != b.key.op:
+		return k.op < b.key.op
+	case n != b.per:
+		return n < b.per
+	case k.stream != b.key.stream:
+		return k.stream < b.key.stream
+	}
+	return k.comm < b.key.comm
+}
+
+// anchorIn is the first occurrence of the anchor enqueued in [lo, hi), -1
+// when none; hi < 0 is a step still open, whose occurrence may be the next
+// one to come.
+func (s *stepper) anchorIn(lo, hi int64) int64 {
+	a := s.anchor
+	last := int64(-1)
+	for i := range s.toks {
+		t := &s.toks[i]
+		if t.key != a.key || t.occ < 0 {
+			continue
+		}
+		if t.t >= lo && (hi < 0 || t.t < hi) {
+			return t.occ
+		}
+		if t.t < lo {
+			last = t.occ
+		}
+	}
+	if hi < 0 && last >= 0 {
+		return last + 1
+	}
+	return -1
+}
+
+// renumber numbers the pending steps from the from-th on by the anchor.
+// A step whose gaps were delivered keeps its number: they carry it.
+func (s *stepper) renumber(from int) {
+	a := s.anchor
+	from = max(from, 0)
+	if a == nil || from >= len(s.steps) {
+		return
+	}
+	occ := func(st *stepAcc) int64 {
+		hi := int64(-1)
+		if st.closed {
+			hi = st.End
+		}
+		return s.anchorIn(st.Start, hi)
+	}
+	if from == 0 {
+		// The prologue counts down to the first anchored step, above
+		// every number emitted.
+		for i, st := range s.steps {
+			if st.Gaps > 0 {
+				break
+			}
+			o := occ(st)
+			if o < 0 {
+				continue
+			}
+			base, lo := o/a.per+1-int64(i), int64(0)
+			if s.emitted {
+				lo = s.doneNum + 1
+			}
+			if i > 0 && base >= lo {
+				for j := 0; j < i; j++ {
+					s.steps[j].Number = base + int64(j)
+				}
+				from = i
+			}
+			break
+		}
+	}
+	for i := from; i < len(s.steps); i++ {
+		st := s.steps[i]
+		if st.Gaps > 0 {
+			continue
+		}
+		prev := int64(0)
+		switch {
+		case i > 0:
+			prev = s.steps[i-1].Number
+		case s.emitted:
+			prev = s.doneNum
+		}
+		n := prev + 1
+		if o := occ(st); o >= 0 {
+			n = max(n, o/a.per+1)
+		}
+		st.Number = n
+	}
+	s.next = s.steps[len(s.steps)-1].Number + 1
 }

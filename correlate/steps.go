@@ -106,6 +106,11 @@ type stepper struct {
 	// vote: the half-step prologue rule's verdict, shared with the other
 	// ranks of the process's communicators (ranks.go).
 	vote *prologueVote
+	// anchor: the collective whose occurrences number the steps under the
+	// clock, nil when the loop issues none (ranks.go).
+	anchor *stepAnchor
+	// emitted: a step was emitted (doneNum holds its number).
+	emitted bool
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
@@ -333,6 +338,9 @@ func (s *stepper) boundary(t int64, window bool) {
 		}
 	}
 	s.open(t, window)
+	if s.anchor != nil {
+		s.renumber(len(s.steps) - 2)
+	}
 }
 
 func (s *stepper) closeOpen(t int64) {
@@ -349,6 +357,9 @@ func (s *stepper) closeOpen(t int64) {
 			return
 		}
 		o.End, o.closed = t, true
+		if s.anchor != nil {
+			s.renumber(n - 1)
+		}
 	}
 }
 
@@ -356,6 +367,7 @@ func (s *stepper) closeOpen(t int64) {
 func (s *stepper) toWindows(t int64) {
 	s.mode = modeWindow
 	s.clock = nil
+	s.anchor = nil
 	s.period, s.phase = 0, 0
 	s.hist = s.hist[:0]
 	s.boundary(t, true)
@@ -456,7 +468,7 @@ func (p *proc) finalizeSteps(x env, force bool) {
 			x.set.log.Warn("step waited too long for its inputs, emitting it incomplete", "pid", p.pid, "step", st.Number)
 		}
 		p.finishStep(x, st)
-		s.doneNum = st.Number
+		s.doneNum, s.emitted = st.Number, true
 		k++
 	}
 	if k > 0 {

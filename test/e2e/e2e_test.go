@@ -426,18 +426,30 @@ func TestJaegerStallCauses(t *testing.T) {
 func countGaps(ts []jaegertest.Trace) int { return jaegertest.CountSpans(ts, "gpu.idle") }
 
 // TestJaegerRanksOneTrace: two sidecars of one job (ID from the flag),
-// endpoint and service name only from the standard OTEL_* variables.
+// endpoint and service name only from the standard OTEL_* variables. The
+// ranks are those of a data-parallel job: they share a communicator (one
+// simulated machine of two GPUs, where their all-reduces meet) and each
+// step all-reduces its gradients; each sidecar sees its own rank only.
 func TestJaegerRanksOneTrace(t *testing.T) {
 	s := need(t)
 	j := jaegertest.Start(t)
 	const service, job, steps = "e2e-ranks", "e2e-job-1", 30
+	machine := filepath.Join(t.TempDir(), "machine")
+	if err := os.MkdirAll(machine, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + j.OTLPHTTPURL(), "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
-		"OTEL_SERVICE_NAME=" + service}
+		"OTEL_SERVICE_NAME=" + service, "SIMGPU_DIR=" + machine, "SIMGPU_DEVICES=2"}
+	// --await-probes: the communicator is created at once, where a
+	// trainer does so seconds in; each rank waits for its sidecar's probe.
+	commID := fmt.Sprintf("e2e-ranks-%d", time.Now().UnixNano())
 	var runs []*run
 	for rank := range 2 {
 		runs = append(runs, s.start(t, fmt.Sprintf("rank%d", rank),
 			[]string{"--job-id", job, "--rank", strconv.Itoa(rank)},
-			append([]string{"--steps", strconv.Itoa(steps), "--rank", strconv.Itoa(rank), "--nranks", "2"}, stallArgs...), env))
+			append([]string{"--steps", strconv.Itoa(steps), "--rank", strconv.Itoa(rank), "--nranks", "2",
+				"--device", strconv.Itoa(rank), "--collectives", "1", "--comm-id", commID, "--await-probes", "20"},
+				stallArgs...), env))
 	}
 	for _, r := range runs {
 		r.wait(t, 3*time.Minute)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
@@ -25,6 +26,9 @@ type recordReader interface {
 type ringReader struct {
 	rd  *ringbuf.Reader
 	rec ringbuf.Record
+	// caughtUp is set to a time before which every record was read: a
+	// read that timed out took everything in the ring first.
+	caughtUp *atomic.Int64
 }
 
 // ringPoll bounds how long a record waits in the ring buffer: the programs
@@ -34,7 +38,8 @@ const ringPoll = 5 * time.Millisecond
 
 func (r *ringReader) Read() ([]byte, error) {
 	for {
-		r.rd.SetDeadline(time.Now().Add(ringPoll))
+		asked := time.Now()
+		r.rd.SetDeadline(asked.Add(ringPoll))
 		err := r.rd.ReadInto(&r.rec)
 		if err == nil {
 			return r.rec.RawSample, nil
@@ -42,11 +47,22 @@ func (r *ringReader) Read() ([]byte, error) {
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			return nil, err
 		}
+		// Run delivered every record read before this call, so every
+		// event submitted before it reached the consumer.
+		r.caughtUp.Store(asked.UnixNano())
 	}
 }
 
 func (r *ringReader) Flush() error { return r.rd.Flush() }
 func (r *ringReader) Close() error { return r.rd.Close() }
+
+// Delivered is a time (Unix ns) before which every event the tracer
+// recorded has been sent to Run's out, or 0 while Run has not yet found
+// the ring buffer empty. Events are submitted when they end, so a consumer
+// that has taken what out holds has every event that ended before it: a
+// watermark on that bound cannot pass an event still in the ring buffer
+// on a host too busy to let the reader keep up.
+func (t *Tracer) Delivered() int64 { return t.caughtUp.Load() }
 
 // deliver hands ev to the consumer; false when Run should stop: the tracer
 // was closed, or ctx is done and the consumer took nothing for drainWait.

@@ -93,6 +93,7 @@ type Tracer struct {
 	closed      bool
 
 	eventsRead   atomic.Uint64
+	caughtUp     atomic.Int64 // see Delivered
 	decodeErrors atomic.Uint64
 
 	rescan    chan uint32
@@ -166,7 +167,7 @@ func New(cfg Config) (*Tracer, error) {
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("open ring buffer reader: %w", err), closeLinksParallel(t.tps), t.closeObjects())
 	}
-	t.reader = &ringReader{rd: rd}
+	t.reader = &ringReader{rd: rd, caughtUp: &t.caughtUp}
 	t.wg.Add(1)
 	go t.rescanLoop()
 	uprobeMode := "uprobe_multi links"

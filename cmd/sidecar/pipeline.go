@@ -352,6 +352,18 @@ func (p *pipeline) event(ev event.Event) {
 	p.eng.Event(ev)
 }
 
+// delivered is the latest time, at most now, before which the engine has
+// every traced event: the tracer's delivered bound, once the events it had
+// sent into p.events (sent before it set that bound) are taken. 0 while the
+// tracer has not yet caught up with its ring buffer.
+func (p *pipeline) delivered(now int64) int64 {
+	d := p.tr.Delivered()
+	for range len(p.events) {
+		p.event(<-p.events)
+	}
+	return min(now, d)
+}
+
 func (p *pipeline) Run(ctx context.Context) error {
 	trDone := make(chan error, 1)
 	go func() { trDone <- p.tr.Run(ctx, p.events) }()
@@ -399,10 +411,20 @@ func (p *pipeline) Run(ctx context.Context) error {
 		case tg := <-p.toggles:
 			p.toggled(tg)
 		case now := <-advance.C:
-			if p.rec != nil {
-				p.rec.Advance(now.UnixNano())
+			at := now.UnixNano()
+			if trDone != nil {
+				// While the tracer runs, the engine's clock is what it
+				// has delivered: on a busy host the reader lags the wall
+				// clock, and events behind the watermark come too late
+				// to move the queue model.
+				at = p.delivered(at)
 			}
-			p.eng.Advance(now.UnixNano())
+			if at > 0 {
+				if p.rec != nil {
+					p.rec.Advance(at)
+				}
+				p.eng.Advance(at)
+			}
 			p.autoTick(now)
 			if now.Sub(lastDev) >= deviceEvery {
 				lastDev = now

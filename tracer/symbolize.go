@@ -48,7 +48,7 @@ type elfFile struct {
 	syms    []elfSym // sorted by addr
 	strtabs []strtab
 	names   map[elfSym]string // names read so far
-	loads []elf.ProgHeader
+	loads   []elf.ProgHeader
 	// lines is the DWARF line table, sorted by address, read at the first
 	// lookup (linesRead) when the file has one.
 	lines     []lineEntry

@@ -9,6 +9,7 @@ package hostproc
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -68,7 +69,7 @@ func parentOf(pid int, buf []byte) (int, bool) {
 	}
 	n, err := io.ReadFull(f, buf)
 	f.Close()
-	if err != nil && err != io.ErrUnexpectedEOF {
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
 		return 0, false
 	}
 	b := buf[:n]

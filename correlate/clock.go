@@ -739,10 +739,41 @@ func (s *stepper) tryClock(set settings) bool {
 	s.period, s.phase = 0, 0
 	s.nchecks = 0
 	s.anchor = s.findAnchor()
-	if prev == modeUnknown {
+	switch prev {
+	case modeUnknown:
 		s.retroClock()
+	case modeWindow:
+		s.splitWindowClock()
 	}
 	return true
+}
+
+// splitWindowClock is splitWindow (steps.go) under the clock: the clock's
+// boundaries in the token ring split the open fixed window, after the
+// last gap delivered to it.
+func (s *stepper) splitWindowClock() {
+	if o := s.openStep(); o == nil || !o.Window {
+		return
+	}
+	c := s.clock
+	var idx int64
+	for i := range s.toks {
+		tok := &s.toks[i]
+		if tok.key != c.key {
+			continue
+		}
+		idx++
+		if int((idx-1)%int64(c.m)) != c.phase {
+			continue
+		}
+		o := s.openStep()
+		if o == nil || tok.t <= o.Start || !s.syncIn(o.Start, tok.t) {
+			continue
+		}
+		if e := s.stepEnd(tok.t); e > o.Start && e > o.lastGap {
+			s.boundary(e, false)
+		}
+	}
 }
 
 // retroClock lays steps over the token history once a clock is found while
@@ -828,6 +859,15 @@ func (s *stepper) openStart() int64 {
 func (s *stepper) undecided(t int64) bool {
 	if s.mode == modeUnknown || s.vote != nil && s.vote.open {
 		return true
+	}
+	if w := s.warmWin; w != nil {
+		if s.mode == modeWindow && s.openStep() == w {
+			// A first iteration that waited long ran the warm-up out:
+			// the period found in the next iterations splits this
+			// window after the last gap it was given (splitWindow).
+			return t >= w.Start
+		}
+		s.warmWin = nil
 	}
 	if s.mode != modeClock {
 		return false

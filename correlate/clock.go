@@ -29,10 +29,9 @@ const (
 	// clockEvery: tokens between detection attempts.
 	clockEvery = 4
 	// clockJitterRel: launch counts of two steps this close are the same
-	// step. Launches reach the tracer in per-thread batches flushed at the
-	// thread's next CUDA call, so a step's count borrows from its
-	// neighbour's (the autograd thread flushes when it next runs); the sum
-	// over steps is exact.
+	// step (data-dependent control flow). Launches reach the tracer late
+	// besides, in per-thread batches flushed at the thread's next CUDA
+	// call: lagFit follows what that moves from one step to the next.
 	clockJitterRel = 0.3
 	// clockRecheck: tokens between checks that a running clock still
 	// qualifies.
@@ -86,6 +85,10 @@ type clockState struct {
 	// to notice when the pattern is lost.
 	seg, prev segFeat
 	havePrev  bool
+	// launches: a step's launches (the median at detection); lag follows
+	// how many of them reach the tracer in the next step.
+	launches float64
+	lag      lagFit
 }
 
 // segFeat is what one step enqueued, for comparing steps.
@@ -95,10 +98,8 @@ type segFeat struct {
 	syncs    int
 }
 
-func (a *segFeat) same(b *segFeat, launchesSeen bool) bool {
-	if launchesSeen && !launchesClose(a.launches, b.launches) {
-		return false
-	}
+// sameOps says whether two steps enqueued the same operations.
+func (a *segFeat) sameOps(b *segFeat) bool {
 	if len(a.counts) != len(b.counts) {
 		return false
 	}
@@ -107,6 +108,45 @@ func (a *segFeat) same(b *segFeat, launchesSeen bool) bool {
 			return false
 		}
 	}
+	return true
+}
+
+// lagFit says whether a sequence of steps' launch counts is that of steps
+// of ref launches each, given that launches reach the tracer late: the
+// BPF side emits the first launch after a blocking call as an event and
+// counts the rest, flushing the count at the thread's next sync or at its
+// first launch after its next blocking call. A step's launches after the
+// last such point before its closing operation (a copy or collective,
+// which flush nothing) are counted in the next step: on a busy host,
+// where a preemption mid-step re-arms the event, a step of 8 counts 15
+// and the next 1. The lag, launches of a step counted in the next, lies
+// between none and all of a step's; lagFit keeps the lags consistent with
+// every count so far and refuses a count that none makes fit. A count
+// that is simply wrong (alternating 100 and 20 for a median of 100) runs
+// the lag out of that range within a step or two.
+type lagFit struct {
+	lo, hi float64
+	set    bool
+}
+
+func (f *lagFit) reset() { f.set = false }
+
+// fit takes a step's launch count n; it reports whether n is a step of ref
+// launches give or take what the neighbouring steps lent and borrowed.
+func (f *lagFit) fit(n uint64, ref float64) bool {
+	if !f.set {
+		// The lag before the first step is unknown.
+		f.lo, f.hi, f.set = 0, ref, true
+	}
+	tol := max(launchJitter, clockJitterRel*ref)
+	lo, hi := f.lo+ref-float64(n), f.hi+ref-float64(n)
+	if hi < -tol || lo > ref+tol {
+		f.lo, f.hi = 0, ref
+		return false
+	}
+	// Jitter of the step's own count is absorbed here, not accumulated:
+	// the lag stays within a step's launches.
+	f.lo, f.hi = min(max(lo, 0), ref), max(min(hi, ref), 0)
 	return true
 }
 
@@ -138,6 +178,7 @@ type clockFound struct {
 	segLen       float64 // tokens per step
 	syncsVary    bool    // the syncs per step differ between steps
 	syncsPerStep int     // when they do not
+	launches     float64 // a step's launches (median), where seen
 	occ          int64   // occurrences of key in the ring, numbered from 0
 	// work is the median work of a step (launches where they are seen,
 	// else its duration); concentrated: the median step holds far less
@@ -296,7 +337,8 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 					syncSame++
 				}
 			}
-			if float64(modalMatch(feats, launchesSeen)) < matchMin*float64(nseg) {
+			match, ref := modalMatch(feats, launchesSeen)
+			if float64(match) < matchMin*float64(nseg) {
 				continue
 			}
 			segLen := float64(o[nseg*m]-o[0]) / float64(nseg)
@@ -320,7 +362,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 				// its parameters, before any kernel ran).
 				continue
 			}
-			cands = append(cands, clockFound{key: k, m: m, segLen: segLen,
+			cands = append(cands, clockFound{key: k, m: m, segLen: segLen, launches: ref,
 				syncsVary:    syncSame < nseg-1,
 				syncsPerStep: feats[nseg-1].syncs, occ: int64(len(o)),
 				work: med, concentrated: med < workSum/float64(nseg)/4, medSyncs: ns[nseg/2], syncCounts: segSyncs(feats[max(0, nseg-syncsRing):]),
@@ -389,10 +431,11 @@ func segSyncs(f []segSum) []int {
 }
 
 // modalMatch is how many steps hold the same operations as the most
-// common step, with launch counts close to its median. Comparing with the
-// mode rather than the previous step charges an inserted checkpoint or
-// evaluation one mismatch, not two.
-func modalMatch(feats []segSum, launchesSeen bool) int {
+// common step, with launch counts that fit its median given the launches
+// neighbouring steps lend each other (lagFit), and that median. Comparing
+// with the mode rather than the previous step charges an inserted
+// checkpoint or evaluation one mismatch, not two.
+func modalMatch(feats []segSum, launchesSeen bool) (int, float64) {
 	groups := map[uint64][]int{}
 	var mode uint64
 	for i := range feats {
@@ -403,21 +446,28 @@ func modalMatch(feats []segSum, launchesSeen bool) int {
 		}
 	}
 	g := groups[mode]
-	if !launchesSeen {
-		return len(g)
-	}
 	l := make([]uint64, len(g))
 	for i, s := range g {
 		l[i] = feats[s].launches
 	}
 	sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
-	med, n := l[len(l)/2], 0
-	for _, x := range l {
-		if launchesClose(x, med) {
+	ref := float64(l[len(l)/2])
+	if !launchesSeen {
+		return len(g), ref
+	}
+	n := 0
+	var lag lagFit
+	for i := range feats {
+		if feats[i].ops != mode {
+			// What an inserted step lent or borrowed is unknown.
+			lag.reset()
+			continue
+		}
+		if lag.fit(feats[i].launches, ref) {
 			n++
 		}
 	}
-	return n
+	return n, ref
 }
 
 // phasesDiffer says whether the segments between consecutive occurrences
@@ -552,8 +602,16 @@ func (s *stepper) clockTick(set settings, tok *token) bool {
 		c.syncs = 0
 		return false
 	}
+	same := true
+	if !set.lite {
+		same = c.lag.fit(c.seg.launches, c.launches)
+	}
 	if c.havePrev {
-		s.checks[s.nchecks%lossRing] = c.seg.same(&c.prev, !set.lite)
+		if !c.seg.sameOps(&c.prev) {
+			same = false
+			c.lag.reset()
+		}
+		s.checks[s.nchecks%lossRing] = same
 		s.nchecks++
 		if s.nchecks >= lossRing/2 {
 			k, bad := min(s.nchecks, lossRing), 0
@@ -647,6 +705,8 @@ func (s *stepper) tryClock(set settings) bool {
 		// checkpoint) disqualifies the loop's clock for one check at most.
 		if cf.key == c.key && cf.m == c.m {
 			s.clockStrikes = 0
+			// The loop's steps may grow or shrink (a schedule, a phase).
+			c.launches = cf.launches
 			if s.anchor == nil {
 				s.anchor = s.findAnchor()
 			}
@@ -670,7 +730,7 @@ func (s *stepper) tryClock(set settings) bool {
 	prev := s.mode
 	s.lite = set.lite
 	set.log.Debug("step period found", "pid", s.pid, "clock", cf.key.String(), "per_step", cf.m, "syncs_vary", cf.syncsVary)
-	s.clock = &clockState{key: cf.key, m: cf.m, phase: cf.phase, occ: cf.occ,
+	s.clock = &clockState{key: cf.key, m: cf.m, phase: cf.phase, occ: cf.occ, launches: cf.launches,
 		seg: segFeat{counts: map[tokKey]int{}}, stopAfter: 4*max(cf.medSyncs, 1) + 4}
 	for _, n := range cf.syncCounts {
 		s.clock.pushSyncs(n)
@@ -679,10 +739,41 @@ func (s *stepper) tryClock(set settings) bool {
 	s.period, s.phase = 0, 0
 	s.nchecks = 0
 	s.anchor = s.findAnchor()
-	if prev == modeUnknown {
+	switch prev {
+	case modeUnknown:
 		s.retroClock()
+	case modeWindow:
+		s.splitWindowClock()
 	}
 	return true
+}
+
+// splitWindowClock is splitWindow (steps.go) under the clock: the clock's
+// boundaries in the token ring split the open fixed window, after the
+// last gap delivered to it.
+func (s *stepper) splitWindowClock() {
+	if o := s.openStep(); o == nil || !o.Window {
+		return
+	}
+	c := s.clock
+	var idx int64
+	for i := range s.toks {
+		tok := &s.toks[i]
+		if tok.key != c.key {
+			continue
+		}
+		idx++
+		if int((idx-1)%int64(c.m)) != c.phase {
+			continue
+		}
+		o := s.openStep()
+		if o == nil || tok.t <= o.Start || !s.syncIn(o.Start, tok.t) {
+			continue
+		}
+		if e := s.stepEnd(tok.t); e > o.Start && e > o.lastGap {
+			s.boundary(e, false)
+		}
+	}
 }
 
 // retroClock lays steps over the token history once a clock is found while
@@ -768,6 +859,15 @@ func (s *stepper) openStart() int64 {
 func (s *stepper) undecided(t int64) bool {
 	if s.mode == modeUnknown || s.vote != nil && s.vote.open {
 		return true
+	}
+	if w := s.warmWin; w != nil {
+		if s.mode == modeWindow && s.openStep() == w {
+			// A first iteration that waited long ran the warm-up out:
+			// the period found in the next iterations splits this
+			// window after the last gap it was given (splitWindow).
+			return t >= w.Start
+		}
+		s.warmWin = nil
 	}
 	if s.mode != modeClock {
 		return false

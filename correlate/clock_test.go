@@ -280,3 +280,63 @@ func TestLiteLaunchesAndSyncsOnly(t *testing.T) {
 		t.Errorf("lite: %d io.read gaps for %d stalls, %d steps for 40", reads, stalls, len(c.steps))
 	}
 }
+
+// TestClockLaunchesCountedLate: a data-parallel step launches 8 kernels,
+// copies the next batch and all-reduces, then syncs. The tracer emits the
+// first launch after a blocking call and counts the rest until the
+// thread's next sync, which comes after the copy that clocks the steps: 7
+// of a step's launches are counted in the next one. On a busy host a
+// preemption mid-step re-arms the event, so that a step counts 15 launches
+// and the next 1, or 11 and 5. Every step must still be one iteration,
+// ending at its sync, and no fixed window replace them.
+func TestClockLaunchesCountedLate(t *testing.T) {
+	s := newSim()
+	s.stream = 0
+	const steps = 80
+	var ends []int64
+	for n := int64(1); n <= steps; n++ {
+		// Once the loop runs, preempted before the last launch in two
+		// steps of five, irregularly: all of the step's launches are
+		// counted before the copy, and none after it.
+		at := 8
+		if n > 20 && (n*n*7+n/3)%5 < 2 {
+			at = 7
+		}
+		for i := 0; i < 8; i++ {
+			if i == at && i > 0 {
+				s.block(event.Event{Kind: event.KindRunqueue}, 300*us)
+			}
+			s.kernel(200 * us)
+			s.t += 20 * us
+		}
+		s.copyAsync(50*us, 0)
+		s.collective(event.NCCLAllReduce, 300*us)
+		s.sync()
+		ends = append(ends, s.t)
+		s.t += 100 * us
+	}
+	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+	c := &collect{}
+	feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	byEnd := map[int64]bool{}
+	for _, e := range ends {
+		byEnd[e] = true
+	}
+	matched := 0
+	for _, st := range c.steps {
+		if st.Window {
+			t.Errorf("step %d [%d, %d] is a fixed window", st.Number, st.Start-t0, st.End-t0)
+			continue
+		}
+		if !byEnd[st.End] {
+			t.Errorf("step %d [%d, %d] does not end at an iteration's sync", st.Number, st.Start-t0, st.End-t0)
+			continue
+		}
+		matched++
+	}
+	// The first iterations pass before the clock is found; from then on
+	// every one is a step.
+	if matched < steps-8 || len(c.steps) > steps+1 {
+		t.Errorf("%d steps, %d ending at an iteration's sync, for %d iterations", len(c.steps), matched, steps)
+	}
+}

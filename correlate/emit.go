@@ -26,6 +26,7 @@ func (p *proc) deliver(set settings, g Gap) {
 	if st != nil {
 		g.Step = st.Number
 		st.Gaps++
+		st.lastGap = max(st.lastGap, g.Start+g.Duration/2)
 		if g.Kind == GapStall {
 			st.StallNS += g.Duration
 		} else {

@@ -209,6 +209,15 @@ func replayFile(t *testing.T, path string, sink Sink) RecordHeader {
 	return h
 }
 
+// wholeRun: recordings whose every iteration must be a step, the first
+// ones included, as the summary counts them: ranks of one data-parallel job
+// traced by a sidecar each, where the first iteration waits for the other
+// rank's collective long enough to run the warm-up out.
+var wholeRun = map[string]bool{
+	"sim-ddp-sidecar-full": true,
+	"sim-ddp-sidecar-auto": true,
+}
+
 func TestRecordedSteps(t *testing.T) {
 	recs, err := filepath.Glob(filepath.Join("testdata", "recordings", "*.rec.gz"))
 	if err != nil || len(recs) == 0 {
@@ -228,6 +237,19 @@ func TestRecordedSteps(t *testing.T) {
 			sort.Slice(pids, func(i, j int) bool { return pids[i] < pids[j] })
 			for _, pid := range pids {
 				iters := tr.ranks[pid]
+				if wholeRun[name] {
+					n := 0
+					for i := range steps {
+						if steps[i].PID == pid {
+							n++
+						}
+					}
+					t.Logf("pid %d: %d steps over the run for %d iterations", pid, n, len(iters))
+					if d := float64(n - len(iters)); math.Abs(d) > stepTolerance*float64(len(iters)) {
+						t.Errorf("pid %d: %d steps over the run for %d iterations: off by %+.1f%%, want within ±%.0f%%",
+							pid, n, len(iters), 100*d/float64(len(iters)), 100*stepTolerance)
+					}
+				}
 				if tr.warmup == 0 {
 					iters = scoredFrom(steps, pid, iters)
 				}

@@ -75,6 +75,9 @@ func sigEq(a, b *syncSig) bool {
 type stepAcc struct {
 	Step
 	closed bool
+	// lastGap: the midpoint of the latest gap delivered to it, which
+	// carries its number.
+	lastGap int64
 }
 
 // stepper is a process's step clock.
@@ -111,6 +114,12 @@ type stepper struct {
 	anchor *stepAnchor
 	// emitted: a step was emitted (doneNum holds its number).
 	emitted bool
+	// retroFrom: the first sync of the history that repeats with the
+	// period found (its idx).
+	retroFrom int64
+	// warmWin: the window opened when the warm-up ran out, while it is
+	// open; splitWindow may still cut it, so gaps in it are held.
+	warmWin *stepAcc
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
@@ -213,13 +222,13 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 		}
 	case modeUnknown, modeWindow:
 		if s.period == 0 {
-			if P, ph, ok := detect(s.hist); ok {
+			if P, ph, from, ok := detect(s.hist); ok {
 				// The syncs repeat, but do the steps they make hold the
 				// same work? A clock that disagrees wins.
 				if s.tryClock(set) {
 					return
 				}
-				s.period, s.phase = P, ph
+				s.period, s.phase, s.retroFrom = P, ph, from
 				set.log.Debug("step period found", "pid", s.pid, "syncs_per_step", P)
 				if s.mode == modeUnknown {
 					s.retro()
@@ -228,6 +237,7 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 			}
 		}
 		if s.mode == modeWindow && s.period > 0 && int(sig.idx%int64(s.period)) == s.phase {
+			s.splitWindow(set)
 			s.tick(set, sig.end)
 			s.boundary(sig.end, false)
 			s.mode = modePeriod
@@ -236,13 +246,14 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 	}
 }
 
-// detect finds the smallest P for which recent signatures repeat, and the
-// phase whose sync waits longest (the end of the step's work). Repeats
+// detect finds the smallest P for which recent signatures repeat, the
+// phase whose sync waits longest (the end of the step's work), and the idx
+// of the first sync of the stretch that repeats. Repeats
 // known to have launched no kernel and issued no collective are not a
 // loop's steps: a model's setup copies its parameters one by one, each
 // followed by a sync, in a pattern that repeats layer after layer, and no
 // kernel runs.
-func detect(hist []syncSig) (period, phase int, ok bool) {
+func detect(hist []syncSig) (period, phase int, from int64, ok bool) {
 	for P := 1; P <= maxPeriod; P++ {
 		need := max(2*P, detectMin)
 		if len(hist) < P+need {
@@ -262,9 +273,9 @@ func detect(hist []syncSig) (period, phase int, ok bool) {
 		if idle(hist[lo-P+1:]) {
 			continue
 		}
-		return P, phaseOf(hist[lo-P:], P), true
+		return P, phaseOf(hist[lo-P:], P), hist[lo-P].idx, true
 	}
-	return 0, 0, false
+	return 0, 0, 0, false
 }
 
 // idle says whether the syncs are all known to have covered no compute.
@@ -309,6 +320,44 @@ func (s *stepper) retro() {
 	s.nchecks = 0
 }
 
+// splitWindow lays the period's boundaries over the open fixed window
+// once a period is found: a first iteration that waited long (for a peer
+// rank's collective, a tracer's probes) ran the warm-up out and opened a
+// window, and the period, found only after a few iterations of fresh
+// history, would otherwise end that window at its first boundary, making
+// those iterations one step. The window's gaps were emitted with its
+// number: only boundaries after the last of them split it. No step ends at
+// the syncs known to have covered no compute before the first that did
+// (retro).
+func (s *stepper) splitWindow(set settings) {
+	o := s.openStep()
+	if o == nil || !o.Window {
+		return
+	}
+	work := false
+	for i := 0; i+1 < len(s.hist); i++ {
+		h := &s.hist[i]
+		work = work || !h.idle
+		if !work || h.idx < s.retroFrom || int(h.idx%int64(s.period)) != s.phase {
+			continue
+		}
+		o := s.openStep()
+		if o == nil || h.end <= o.Start || h.end <= o.lastGap {
+			continue
+		}
+		s.tick(set, h.end)
+		s.boundary(h.end, false)
+	}
+}
+
+// openStep is the open step, nil when none is open.
+func (s *stepper) openStep() *stepAcc {
+	if n := len(s.steps); n > 0 && !s.steps[n-1].closed {
+		return s.steps[n-1]
+	}
+	return nil
+}
+
 func (s *stepper) open(t int64, window bool) {
 	st := &stepAcc{}
 	st.Number = s.next
@@ -344,10 +393,22 @@ func (s *stepper) boundary(t int64, window bool) {
 }
 
 func (s *stepper) closeOpen(t int64) {
-	if s.mode == modeClock {
+	switch s.mode {
+	case modeClock:
 		// No next clock operation will come: the last iteration ended at
 		// its last sync, like every other one.
 		t = s.stepEnd(t)
+	case modePeriod:
+		// Every step ends at a sync: after the loop's last one the
+		// process tears down, which is no iteration (none when no sync
+		// followed the last boundary).
+		last := s.openStart()
+		for i := range s.hist {
+			if h := &s.hist[i]; h.end > last && h.end <= t {
+				last = h.end
+			}
+		}
+		t = last
 	}
 	if n := len(s.steps); n > 0 && !s.steps[n-1].closed {
 		o := s.steps[n-1]

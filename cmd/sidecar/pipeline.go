@@ -269,6 +269,9 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 
 func (p *pipeline) closeGPU() {
 	if p.gpu != nil {
+		st := p.gpu.Stats()
+		p.log.Debug("gpu sampling", "sample_calls", st.SampleCalls, "gpm_samples", st.GPMSamples, "gpm_misses", st.GPMMisses,
+			"gpm_cost_mean_us", st.GPMCostMeanUS, "windows", st.Windows, "errors", st.Errors)
 		if err := p.gpu.Close(); err != nil {
 			p.log.Warn("close NVML", "err", err)
 		}

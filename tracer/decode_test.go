@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"path/filepath"
 	"reflect"
 	"sync/atomic"
@@ -135,8 +136,9 @@ func (f *fakeReader) Read() ([]byte, error) {
 	return r, nil
 }
 
-func (f *fakeReader) Flush() error { return nil }
-func (f *fakeReader) Close() error { return nil }
+func (f *fakeReader) Pending() bool { return len(f.recs) > 0 }
+func (f *fakeReader) Flush() error  { return nil }
+func (f *fakeReader) Close() error  { return nil }
 
 func newUnloadedTracer() *Tracer {
 	cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}.withDefaults()
@@ -158,7 +160,7 @@ func TestConsumeDispatch(t *testing.T) {
 	closeRec := rawFD{Hdr: hdr(evFD, uint32(event.KindClose), 100, 101, tEnd), StartNs: tStart, Fd: 7}
 	rd := &fakeReader{recs: [][]byte{recs["open"], asBytes(&sys), asBytes(&closeRec), {1, 2, 3}, recs["fork"], recs["mmap"]}}
 	out := make(chan event.Event, 16)
-	if err := tr.consume(context.Background(), rd, out); err != nil {
+	if err := tr.consume(rd, tr.sendEach(context.Background(), out)); err != nil {
 		t.Fatal(err)
 	}
 	close(out)
@@ -204,7 +206,7 @@ func TestConsumeStopsOnContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out := make(chan event.Event) // never read: Run blocks on it
 	done := make(chan error, 1)
-	go func() { done <- tr.consume(ctx, rd, out) }()
+	go func() { done <- tr.consume(rd, tr.sendEach(ctx, out)) }()
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("consume: %v", err)
@@ -214,13 +216,14 @@ func TestConsumeStopsOnContext(t *testing.T) {
 type endlessReader struct{ rec []byte }
 
 func (e *endlessReader) Read() ([]byte, error) { return e.rec, nil }
+func (e *endlessReader) Pending() bool         { return true }
 func (e *endlessReader) Flush() error          { return nil }
 func (e *endlessReader) Close() error          { return nil }
 
 func TestReadErrorIsReturned(t *testing.T) {
 	tr := newUnloadedTracer()
 	boom := errors.New("boom")
-	err := tr.consume(context.Background(), errReader{boom}, make(chan event.Event, 1))
+	err := tr.consume(errReader{boom}, tr.sendEach(context.Background(), make(chan event.Event, 1)))
 	if !errors.Is(err, boom) {
 		t.Fatalf("got %v, want %v", err, boom)
 	}
@@ -229,6 +232,7 @@ func TestReadErrorIsReturned(t *testing.T) {
 type errReader struct{ err error }
 
 func (e errReader) Read() ([]byte, error) { return nil, e.err }
+func (e errReader) Pending() bool         { return false }
 func (e errReader) Flush() error          { return nil }
 func (e errReader) Close() error          { return nil }
 
@@ -262,6 +266,10 @@ func (h *heldReader) Read() ([]byte, error) {
 	return r, nil
 }
 
+// Pending is false: the records wait for a flush, like records committed
+// without a wakeup between polls.
+func (h *heldReader) Pending() bool { return false }
+
 func (h *heldReader) Flush() error {
 	if h.flushes.Add(1) == 1 {
 		close(h.flushed)
@@ -288,7 +296,7 @@ func TestRunDrainsRingOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out := make(chan event.Event) // unbuffered: each record waits for the reader below
 	done := make(chan error, 1)
-	go func() { done <- tr.run(ctx, rd, out) }()
+	go func() { done <- tr.run(ctx, rd, tr.sendEach(ctx, out)) }()
 	cancel()
 	var got []event.Event
 	for len(got) < 2 {
@@ -466,4 +474,76 @@ func BenchmarkDecode(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// chunkedReader is a ring that a poll finds holding chunks[0], then
+// chunks[1], …: Pending is false at the end of each chunk.
+type chunkedReader struct {
+	chunks [][][]byte
+}
+
+func (c *chunkedReader) Read() ([]byte, error) {
+	for len(c.chunks) > 0 && len(c.chunks[0]) == 0 {
+		c.chunks = c.chunks[1:]
+	}
+	if len(c.chunks) == 0 {
+		return nil, os.ErrClosed
+	}
+	r := c.chunks[0][0]
+	c.chunks[0] = c.chunks[0][1:]
+	return r, nil
+}
+
+func (c *chunkedReader) Pending() bool { return len(c.chunks) > 0 && len(c.chunks[0]) > 0 }
+func (c *chunkedReader) Flush() error  { return nil }
+func (c *chunkedReader) Close() error  { return nil }
+
+// TestConsumeBatches: what one pass over the ring finds goes to the
+// consumer as one slice (a long pass in slices of maxBatch), in ring
+// order, every event once; records that emit nothing (an mmap) or do not
+// decode take no place in a batch.
+func TestConsumeBatches(t *testing.T) {
+	tr := newUnloadedTracer()
+	recs := recordedRecords()
+	var seq uint32
+	sync := func() []byte {
+		seq++
+		s := rawSyscall{Hdr: hdr(evSyscall, uint32(event.KindSyscall), 100, 101, tEnd+uint64(seq)), StartNs: tStart, Ret: 1, Nr: 0, Fd: -1, Class: uint32(event.SysRead)}
+		return asBytes(&s)
+	}
+	chunk := func(n int) [][]byte {
+		var c [][]byte
+		for range n {
+			c = append(c, sync())
+		}
+		return c
+	}
+	first := append(chunk(3), recs["mmap"], []byte{1, 2, 3})
+	rd := &chunkedReader{chunks: [][][]byte{first, chunk(1), chunk(maxBatch*2 + 7)}}
+	out := make(chan []event.Event, 16)
+	if err := tr.consume(rd, func(b []event.Event) bool { out <- b; return true }); err != nil {
+		t.Fatal(err)
+	}
+	close(out)
+	var sizes []int
+	var next, n int64 // the end times count up from the first (ktime turned into Unix time)
+	for b := range out {
+		sizes = append(sizes, len(b))
+		for _, ev := range b {
+			if n == 0 {
+				next = ev.End
+			}
+			n++
+			if ev.End != next {
+				t.Fatalf("event ending at %d, want %d: lost, repeated or out of order", ev.End, next)
+			}
+			next++
+		}
+	}
+	if want := []int{3, 1, maxBatch, maxBatch, 7}; !slices.Equal(sizes, want) {
+		t.Errorf("batches of %v, want %v", sizes, want)
+	}
+	if n != int64(seq) {
+		t.Errorf("%d events delivered, want %d", n, seq)
+	}
 }

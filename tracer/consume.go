@@ -4,30 +4,77 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"sync"
+	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
 
 	"github.com/gaptrace/gaptrace/event"
 )
 
 // recordReader is the ring buffer as Run sees it; tests feed recorded
-// records through a fake. Read returns a record valid until the next Read,
-// an error wrapping os.ErrClosed once closed and, after Flush, every record
-// pending at that moment followed by an error wrapping ringbuf.ErrFlushed.
-// Pending reports whether a Read now would return a record without
-// waiting; the consumer hands on what it decoded once it is false.
+// records through a fake. Read(true) waits for a record; Read(false)
+// returns errEmpty instead of waiting, so that the consumer hands on what
+// it decoded before it waits. A record is valid until the next Read. Read
+// returns an error wrapping os.ErrClosed once closed and, after Flush,
+// every record pending at that moment followed by an error wrapping
+// ringbuf.ErrFlushed.
 type recordReader interface {
-	Read() ([]byte, error)
-	Pending() bool
+	Read(wait bool) ([]byte, error)
 	Flush() error
 	Close() error
 }
 
+// errEmpty: no record can be read without waiting.
+var errEmpty = errors.New("ring buffer empty")
+
 type ringReader struct {
 	rd  *ringbuf.Reader
 	rec ringbuf.Record
+
+	// Between records Read parks in Go's network poller on a duplicate of
+	// the ring's fd, not in epoll_wait: a goroutine blocked in a system
+	// call for milliseconds, 200 times a second, kept the runtime's monitor
+	// thread retaking its P and so polling every 20 µs, a third of the
+	// sidecar's CPU time. The poller is edge-triggered: the programs' wake-up
+	// (a quarter of the ring pending) ends the wait early, the deadline ends
+	// it every ringPoll. poll is nil where the fd cannot join the poller;
+	// Read then waits in the reader's own epoll_wait, as before.
+	poll   *os.File
+	conn   syscall.RawConn
+	mu     sync.Mutex // guards closed: pending reads memory Close unmaps
+	closed bool
+	wake   chan struct{} // closed by Flush and Close
+	once   sync.Once
+}
+
+func newRingReader(m *ebpf.Map, rd *ringbuf.Reader, log *slog.Logger) *ringReader {
+	r := &ringReader{rd: rd, wake: make(chan struct{})}
+	fd, err := unix.FcntlInt(uintptr(m.FD()), unix.F_DUPFD_CLOEXEC, 0)
+	if err == nil {
+		if err = unix.SetNonblock(fd, true); err != nil {
+			unix.Close(fd)
+		}
+	}
+	if err == nil {
+		r.poll = os.NewFile(uintptr(fd), "ringbuf")
+		if r.conn, err = r.poll.SyscallConn(); err == nil {
+			err = r.poll.SetReadDeadline(time.Now())
+		}
+		if err != nil {
+			r.poll.Close()
+			r.poll, r.conn = nil, nil
+		}
+	}
+	if err != nil {
+		log.Debug("ring buffer fd not pollable by the runtime; waiting in epoll_wait", "error", err)
+	}
+	return r
 }
 
 // ringPoll bounds how long a record waits in the ring buffer: the programs
@@ -35,9 +82,29 @@ type ringReader struct {
 // wakeup_bytes in bpf/common.h), so the reader looks on its own this often.
 const ringPoll = 5 * time.Millisecond
 
-func (r *ringReader) Read() ([]byte, error) {
+func (r *ringReader) Read(wait bool) ([]byte, error) {
 	for {
-		r.rd.SetDeadline(time.Now().Add(ringPoll))
+		flushed := false
+		select {
+		case <-r.wake:
+			flushed = true
+		default:
+		}
+		if !flushed && r.poll != nil && !r.pending() {
+			if !wait {
+				return nil, errEmpty
+			}
+			r.park()
+			continue
+		}
+		// A record is pending (or the ring is not in the poller): a
+		// deadline now reads without blocking. Flushed or closed, the
+		// reader returns what is left, then ErrFlushed or ErrClosed.
+		deadline := time.Now()
+		if wait && (flushed || r.poll == nil) {
+			deadline = deadline.Add(ringPoll)
+		}
+		r.rd.SetDeadline(deadline)
 		err := r.rd.ReadInto(&r.rec)
 		if err == nil {
 			return r.rec.RawSample, nil
@@ -45,12 +112,60 @@ func (r *ringReader) Read() ([]byte, error) {
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			return nil, err
 		}
+		if !wait {
+			return nil, errEmpty
+		}
 	}
 }
 
-func (r *ringReader) Pending() bool { return r.rd.AvailableBytes() > 0 }
-func (r *ringReader) Flush() error  { return r.rd.Flush() }
-func (r *ringReader) Close() error  { return r.rd.Close() }
+// park waits until the programs wake the ring, ringPoll passes, or Flush
+// or Close is called (they move the deadline to now).
+func (r *ringReader) park() {
+	if err := r.poll.SetReadDeadline(time.Now().Add(ringPoll)); err != nil {
+		return
+	}
+	select {
+	case <-r.wake: // Flush or Close came before the deadline was set
+		return
+	default:
+	}
+	// The callback says "done" once a record is pending; until then the
+	// runtime parks this goroutine on the fd.
+	_ = r.conn.Read(func(uintptr) bool { return r.pending() }) // the deadline's error ends the wait as intended
+}
+
+// pending reads the ring's positions, mapped memory that Close unmaps.
+func (r *ringReader) pending() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.closed && r.rd.AvailableBytes() > 0
+}
+
+func (r *ringReader) stopPolling() {
+	r.once.Do(func() {
+		close(r.wake)
+		if r.poll != nil {
+			r.poll.SetReadDeadline(time.Now()) //nolint:errcheck // only ends a wait
+		}
+	})
+}
+
+func (r *ringReader) Flush() error {
+	r.stopPolling()
+	return r.rd.Flush()
+}
+
+func (r *ringReader) Close() error {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.stopPolling()
+	err := r.rd.Close()
+	if r.poll != nil {
+		err = errors.Join(err, r.poll.Close())
+	}
+	return err
+}
 
 // deliver hands v (an event or a batch) to the consumer; false when Run
 // should stop: the tracer was closed, or ctx is done and the consumer took
@@ -153,10 +268,16 @@ func (t *Tracer) consume(rd recordReader, send func([]event.Event) bool) error {
 		return send(b)
 	}
 	for {
-		if len(batch) > 0 && (len(batch) >= maxBatch || !rd.Pending()) && !flush() {
+		if len(batch) >= maxBatch && !flush() {
 			return nil
 		}
-		rec, err := rd.Read()
+		rec, err := rd.Read(len(batch) == 0)
+		if errors.Is(err, errEmpty) {
+			if !flush() {
+				return nil
+			}
+			continue
+		}
 		if err != nil {
 			if !flush() {
 				return nil

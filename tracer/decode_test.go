@@ -127,7 +127,7 @@ func TestDecodeRejects(t *testing.T) {
 // fakeReader replays recorded records, then reports itself closed.
 type fakeReader struct{ recs [][]byte }
 
-func (f *fakeReader) Read() ([]byte, error) {
+func (f *fakeReader) Read(bool) ([]byte, error) {
 	if len(f.recs) == 0 {
 		return nil, os.ErrClosed
 	}
@@ -136,9 +136,8 @@ func (f *fakeReader) Read() ([]byte, error) {
 	return r, nil
 }
 
-func (f *fakeReader) Pending() bool { return len(f.recs) > 0 }
-func (f *fakeReader) Flush() error  { return nil }
-func (f *fakeReader) Close() error  { return nil }
+func (f *fakeReader) Flush() error { return nil }
+func (f *fakeReader) Close() error { return nil }
 
 func newUnloadedTracer() *Tracer {
 	cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}.withDefaults()
@@ -215,10 +214,9 @@ func TestConsumeStopsOnContext(t *testing.T) {
 
 type endlessReader struct{ rec []byte }
 
-func (e *endlessReader) Read() ([]byte, error) { return e.rec, nil }
-func (e *endlessReader) Pending() bool         { return true }
-func (e *endlessReader) Flush() error          { return nil }
-func (e *endlessReader) Close() error          { return nil }
+func (e *endlessReader) Read(bool) ([]byte, error) { return e.rec, nil }
+func (e *endlessReader) Flush() error              { return nil }
+func (e *endlessReader) Close() error              { return nil }
 
 func TestReadErrorIsReturned(t *testing.T) {
 	tr := newUnloadedTracer()
@@ -231,10 +229,9 @@ func TestReadErrorIsReturned(t *testing.T) {
 
 type errReader struct{ err error }
 
-func (e errReader) Read() ([]byte, error) { return nil, e.err }
-func (e errReader) Pending() bool         { return false }
-func (e errReader) Flush() error          { return nil }
-func (e errReader) Close() error          { return nil }
+func (e errReader) Read(bool) ([]byte, error) { return nil, e.err }
+func (e errReader) Flush() error              { return nil }
+func (e errReader) Close() error              { return nil }
 
 // heldReader is a ring whose records were committed without a wakeup
 // (BPF_RB_NO_WAKEUP): Read blocks until Flush or Close, as the real reader
@@ -252,7 +249,15 @@ func newHeldReader(recs ...[]byte) *heldReader {
 	return &heldReader{recs: recs, flushed: make(chan struct{}), closed: make(chan struct{})}
 }
 
-func (h *heldReader) Read() ([]byte, error) {
+func (h *heldReader) Read(wait bool) ([]byte, error) {
+	if !wait {
+		select {
+		case <-h.closed:
+		case <-h.flushed:
+		default:
+			return nil, errEmpty
+		}
+	}
 	select {
 	case <-h.closed:
 		return nil, os.ErrClosed
@@ -265,10 +270,6 @@ func (h *heldReader) Read() ([]byte, error) {
 	h.recs = h.recs[1:]
 	return r, nil
 }
-
-// Pending is false: the records wait for a flush, like records committed
-// without a wakeup between polls.
-func (h *heldReader) Pending() bool { return false }
 
 func (h *heldReader) Flush() error {
 	if h.flushes.Add(1) == 1 {
@@ -477,12 +478,17 @@ func BenchmarkDecode(b *testing.B) {
 }
 
 // chunkedReader is a ring that a poll finds holding chunks[0], then
-// chunks[1], …: Pending is false at the end of each chunk.
+// chunks[1], …: a Read that must not wait finds nothing at the end of each
+// chunk.
 type chunkedReader struct {
 	chunks [][][]byte
 }
 
-func (c *chunkedReader) Read() ([]byte, error) {
+func (c *chunkedReader) Read(wait bool) ([]byte, error) {
+	if !wait && len(c.chunks) > 0 && len(c.chunks[0]) == 0 {
+		c.chunks = c.chunks[1:]
+		return nil, errEmpty
+	}
 	for len(c.chunks) > 0 && len(c.chunks[0]) == 0 {
 		c.chunks = c.chunks[1:]
 	}
@@ -494,9 +500,8 @@ func (c *chunkedReader) Read() ([]byte, error) {
 	return r, nil
 }
 
-func (c *chunkedReader) Pending() bool { return len(c.chunks) > 0 && len(c.chunks[0]) > 0 }
-func (c *chunkedReader) Flush() error  { return nil }
-func (c *chunkedReader) Close() error  { return nil }
+func (c *chunkedReader) Flush() error { return nil }
+func (c *chunkedReader) Close() error { return nil }
 
 // TestConsumeBatches: what one pass over the ring finds goes to the
 // consumer as one slice (a long pass in slices of maxBatch), in ring

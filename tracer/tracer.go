@@ -166,7 +166,7 @@ func New(cfg Config) (*Tracer, error) {
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("open ring buffer reader: %w", err), closeLinksParallel(t.tps), t.closeObjects())
 	}
-	t.reader = &ringReader{rd: rd}
+	t.reader = newRingReader(t.shared[cudaMapEvents], rd, t.log)
 	t.wg.Add(1)
 	go t.rescanLoop()
 	uprobeMode := "uprobe_multi links"

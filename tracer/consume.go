@@ -233,6 +233,17 @@ func (t *Tracer) RunBatches(ctx context.Context, out chan<- []event.Event) error
 	})
 }
 
+// Recycle hands back a batch RunBatches sent, once the consumer is done
+// with it (nothing may keep pointers into it): the next batches reuse it
+// instead of allocating.
+func (t *Tracer) Recycle(b []event.Event) {
+	clear(b) // drop the strings and stacks it points to
+	select {
+	case t.free <- b[:0]:
+	default:
+	}
+}
+
 // maxBatch bounds a batch while the ring never empties: the consumer gets
 // events at least every maxBatch records.
 const maxBatch = 512
@@ -299,7 +310,11 @@ func (t *Tracer) consume(rd recordReader, send func([]event.Event) bool) error {
 			continue
 		}
 		if batch == nil {
-			batch = make([]event.Event, 0, 64)
+			select {
+			case batch = <-t.free:
+			default:
+				batch = make([]event.Event, 0, 64)
+			}
 		}
 		batch = append(batch, d.ev)
 	}

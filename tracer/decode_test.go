@@ -552,3 +552,31 @@ func TestConsumeBatches(t *testing.T) {
 		t.Errorf("%d events delivered, want %d", n, seq)
 	}
 }
+
+// TestRecycledBatchReused: a batch handed back is the next one's storage,
+// emptied (nothing of the old events left in it).
+func TestRecycledBatchReused(t *testing.T) {
+	tr := newUnloadedTracer()
+	tr.free = make(chan []event.Event, 1)
+	recs := recordedRecords()
+	rd := &chunkedReader{chunks: [][][]byte{{recs["sync"], recs["sync"]}, {recs["exit"]}}}
+	var got [][]event.Event
+	if err := tr.consume(rd, func(b []event.Event) bool {
+		got = append(got, b)
+		if len(got) == 1 {
+			tr.Recycle(b)
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || len(got[1]) != 1 || got[1][0].Kind != event.KindExit {
+		t.Fatalf("batches %v", got)
+	}
+	if &got[0][:1][0] != &got[1][0] {
+		t.Error("the recycled batch was not reused")
+	}
+	if got[0][:2][1].Kind != event.KindInvalid {
+		t.Errorf("recycled storage still holds an old event: %+v", got[0][:2][1])
+	}
+}

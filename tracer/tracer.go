@@ -97,6 +97,7 @@ type Tracer struct {
 
 	rescan    chan uint32
 	done      chan struct{}
+	free      chan []event.Event // batches handed back by Recycle
 	wg        sync.WaitGroup
 	detaching sync.WaitGroup // uprobes of exited processes being closed
 	closeOnce sync.Once
@@ -153,6 +154,7 @@ func New(cfg Config) (*Tracer, error) {
 		unmapped:    make(map[uint32]string),
 		rescan:      make(chan uint32, 1024),
 		done:        make(chan struct{}),
+		free:        make(chan []event.Event, 16),
 	}
 	// On failure, what was set up is released; the failure itself is
 	// what the caller needs to see, so release errors are joined to it.

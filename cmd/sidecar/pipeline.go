@@ -384,6 +384,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 			for i := range evs {
 				p.event(&evs[i])
 			}
+			p.tr.Recycle(evs)
 		case w := <-p.windows:
 			p.window(w)
 		case <-stopping:
@@ -445,6 +446,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 			for i := range evs {
 				p.event(&evs[i])
 			}
+			p.tr.Recycle(evs)
 		case w := <-p.windows:
 			p.window(w)
 		default:

@@ -80,9 +80,9 @@ func appendFileSpan(b []byte, s sdktrace.ReadOnlySpan, service string, res []byt
 // appendAttrObject writes attrs as encoding/json writes attrMap(attrs):
 // keys sorted, a repeated key's last value.
 func appendAttrObject(b []byte, attrs []attribute.KeyValue, kvs *[]attribute.KeyValue) ([]byte, error) {
-	sorted := append((*kvs)[:0], attrs...)
+	*kvs = append((*kvs)[:0], attrs...)
+	sorted := *kvs
 	slices.SortStableFunc(sorted, func(x, y attribute.KeyValue) int { return cmp.Compare(x.Key, y.Key) })
-	*kvs = sorted
 	b = append(b, '{')
 	first := true
 	for i, kv := range sorted {

@@ -37,7 +37,7 @@ var awkwardStrings = []string{"", "plain", `q"uo\te`, "<a href='x'>&amp;</a>", "
 
 func randomValue(r *rand.Rand) attribute.Value {
 	str := func() string { return awkwardStrings[r.IntN(len(awkwardStrings))] }
-	floats := []float64{0, -0.0, 1, -1, 0.1, 1e-7, 1.5e-6, 1e-6, 123456789.125, 1e20, 1e21, 3e300, -2.5e-300,
+	floats := []float64{0, math.Copysign(0, -1), 1, -1, 0.1, 1e-7, 1.5e-6, 1e-6, 123456789.125, 1e20, 1e21, 3e300, -2.5e-300,
 		math.MaxFloat64, math.SmallestNonzeroFloat64, 4.026825, 0.12023499975469754}
 	switch r.IntN(8) {
 	case 0:

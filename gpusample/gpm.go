@@ -19,6 +19,16 @@ var gpmMetricIDs = []nvml.GpmMetricId{
 	nvml.GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, nvml.GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
 }
 
+// calMetricIDs are what calibration reads to see whether a pair of samples
+// spans a refresh: any counter that moves shows it, and a read computes
+// every metric asked for (the simulated library scans its timeline per
+// metric), so calibration, which reads every calStep, asks for three: SM
+// activity (kernels, collectives), PCIe (copies; on the H200 it moves even
+// at idle) and NVLink (collectives).
+var calMetricIDs = []nvml.GpmMetricId{
+	nvml.GPM_METRIC_SM_UTIL, nvml.GPM_METRIC_PCIE_RX_PER_SEC, nvml.GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+}
+
 // gpmMu serializes GPM calls across devices. Measured on two H200s (driver
 // 580.159.04): nvmlGpmMetricsGet called from two goroutines at once, one
 // per device, crashed the process with SIGSEGV inside libnvidia-ml within
@@ -91,11 +101,11 @@ func (g *gpmSampler) get(smp nvml.GpmSample) (int64, bool) {
 	return t0.UnixNano() + cost/2, true
 }
 
-// metrics computes gpmMetricIDs between two samples; an unknown metric is
-// -1. ok is false when the call itself failed.
-func (g *gpmSampler) metrics(a, b nvml.GpmSample) (vals []float64, ok bool) {
-	m := nvml.GpmMetricsGetType{NumMetrics: uint32(len(gpmMetricIDs)), Sample1: a, Sample2: b}
-	for i, id := range gpmMetricIDs {
+// metrics computes ids between two samples; an unknown metric is -1. ok
+// is false when the call itself failed.
+func (g *gpmSampler) metrics(a, b nvml.GpmSample, ids []nvml.GpmMetricId) (vals []float64, ok bool) {
+	m := nvml.GpmMetricsGetType{NumMetrics: uint32(len(ids)), Sample1: a, Sample2: b}
+	for i, id := range ids {
 		m.Metrics[i].MetricId = uint32(id)
 	}
 	gpmMu.Lock()
@@ -105,8 +115,8 @@ func (g *gpmSampler) metrics(a, b nvml.GpmSample) (vals []float64, ok bool) {
 		g.s.countErr(g.d, "nvmlGpmMetricsGet", ret)
 		return nil, false
 	}
-	vals = make([]float64, len(gpmMetricIDs))
-	for i := range gpmMetricIDs {
+	vals = make([]float64, len(ids))
+	for i := range ids {
 		v := m.Metrics[i].Value
 		// Measured on the H200: between two reads of one refresh, DRAM
 		// bandwidth comes back NaN with SUCCESS (a zero-time division).
@@ -157,7 +167,7 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 		if !ok {
 			return
 		}
-		if vals, ok := g.metrics(g.calA, g.calB); ok && changed(vals) {
+		if vals, ok := g.metrics(g.calA, g.calB, calMetricIDs); ok && changed(vals) {
 			changes = append(changes, (tA+tB)/2)
 			spans = append(spans, [2]int64{tA, tB})
 		}
@@ -334,7 +344,7 @@ func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWind
 		if end <= start {
 			continue // no refresh since prev: keep prev, read again later
 		}
-		vals, ok := g.metrics(g.prev, g.cur)
+		vals, ok := g.metrics(g.prev, g.cur, gpmMetricIDs)
 		if ok && g.aligned && g.lastBusy && !changed(vals) {
 			// The counters did not move although the GPU was just busy: the
 			// read most likely came before the refresh (the phase drifted).

@@ -81,7 +81,7 @@ func TestHardwareGPU(t *testing.T) {
 		if !ok {
 			t.Fatal("GpmSampleGet failed")
 		}
-		vals, ok := g.metrics(a, b)
+		vals, ok := g.metrics(a, b, gpmMetricIDs)
 		if !ok {
 			t.Fatal("GpmMetricsGet failed")
 		}

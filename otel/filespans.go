@@ -1,7 +1,6 @@
 package otel
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -44,12 +43,15 @@ type FileEvent struct {
 type fileExporter struct {
 	mu      sync.Mutex
 	f       *safefile.Writer
-	buf     bytes.Buffer
 	service string
 
 	// The provider has one resource; its map is built once.
 	lastRes  *resource.Resource
 	resAttrs map[string]any
+	resJSON  []byte // resAttrs encoded; empty when there are none
+
+	line []byte               // the batch being encoded, reused
+	kvs  []attribute.KeyValue // attributes being sorted, reused
 }
 
 func (x *fileExporter) resourceAttrs(r *resource.Resource) map[string]any {
@@ -62,7 +64,7 @@ func (x *fileExporter) resourceAttrs(r *resource.Resource) map[string]any {
 			kvs = append(kvs, kv)
 		}
 	}
-	x.lastRes, x.resAttrs = r, attrMap(kvs)
+	x.lastRes, x.resAttrs, x.resJSON = r, attrMap(kvs), nil
 	return x.resAttrs
 }
 
@@ -111,18 +113,39 @@ func (x *fileExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlyS
 	if x.f == nil {
 		return fmt.Errorf("spans file closed")
 	}
-	x.buf.Reset()
-	enc := json.NewEncoder(&x.buf)
+	b := x.line[:0]
 	for _, s := range spans {
-		fs := toFileSpan(s, x.service)
-		fs.Resource = x.resourceAttrs(s.Resource())
-		if err := enc.Encode(fs); err != nil {
+		res, err := x.resourceJSON(s.Resource())
+		if err != nil {
+			return err
+		}
+		if b, err = appendFileSpan(b, s, x.service, res, &x.kvs); err != nil {
 			return fmt.Errorf("encode span: %w", err)
 		}
 	}
+	x.line = b
 	// One write per batch, so that a reader (or a crash) sees whole steps;
 	// a failed write leaves the file at the last whole line.
-	return x.f.WriteRecords(x.buf.Bytes())
+	return x.f.WriteRecords(b)
+}
+
+// resourceJSON is the encoded resource object of FileSpan.Resource, built
+// once per resource: it is the same on every line.
+func (x *fileExporter) resourceJSON(r *resource.Resource) ([]byte, error) {
+	if r == x.lastRes && x.resJSON != nil {
+		return x.resJSON, nil
+	}
+	m := x.resourceAttrs(r)
+	if len(m) == 0 {
+		x.resJSON = []byte{}
+		return x.resJSON, nil
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("encode resource: %w", err)
+	}
+	x.resJSON = b
+	return b, nil
 }
 
 func (x *fileExporter) Shutdown(context.Context) error {

@@ -68,6 +68,63 @@ type metrics struct {
 	stepsBy    map[seriesKey]int64
 
 	droppedEvents atomic.Uint64
+
+	setsMu sync.Mutex
+	sets   map[labelKey]*labelSets
+}
+
+// labelKey is everything labels depend on.
+type labelKey struct {
+	device             int
+	pid                uint32
+	rank               int
+	container, pod, ns string
+}
+
+// labelSets are one series' labels as the measurement options each step
+// and gap records with, built once: a step records a handful of
+// measurements, and building and hashing their attribute sets anew was a
+// tenth of the exporter's time per step.
+type labelSets struct {
+	labels  []attribute.KeyValue
+	all     metric.MeasurementOption
+	byCause map[correlate.Cause]metric.MeasurementOption
+}
+
+func (ls *labelSets) cause(c correlate.Cause) metric.MeasurementOption {
+	o, ok := ls.byCause[c]
+	if !ok {
+		o = withCause(ls.labels, c)
+		ls.byCause[c] = o
+	}
+	return o
+}
+
+// maxLabelSets bounds the cache against pid churn (every key is a process
+// that had steps or gaps on a GPU); past it the cache starts over.
+const maxLabelSets = 4096
+
+func (m *metrics) labelSets(device int, pid uint32, w *correlate.Workload) *labelSets {
+	k := labelKey{device: device, pid: pid, rank: m.rank}
+	if w != nil {
+		if w.Rank != nil {
+			k.rank = *w.Rank
+		}
+		k.container, k.pod, k.ns = w.ContainerID, w.PodName, w.PodNamespace
+	}
+	m.setsMu.Lock()
+	defer m.setsMu.Unlock()
+	if ls, ok := m.sets[k]; ok {
+		return ls
+	}
+	if m.sets == nil || len(m.sets) >= maxLabelSets {
+		m.sets = map[labelKey]*labelSets{}
+	}
+	labels := m.labels(device, pid, w)
+	ls := &labelSets{labels: labels, all: metric.WithAttributeSet(attribute.NewSet(labels...)),
+		byCause: map[correlate.Cause]metric.MeasurementOption{}}
+	m.sets[k] = ls
+	return ls
 }
 
 // seriesKey identifies a process on a device.
@@ -267,7 +324,7 @@ func newOTLPMetricExporter(ctx context.Context, r *resolved) (sdkmetric.Exporter
 }
 
 func (m *metrics) gap(ctx context.Context, g correlate.Gap) {
-	set := withCause(m.labels(g.Device, g.PID, g.Workload), g.Cause)
+	set := m.labelSets(g.Device, g.PID, g.Workload).cause(g.Cause)
 	m.gapDur.Record(ctx, float64(gapDuration(&g))/1e9, set)
 	m.gaps.Add(ctx, 1, set)
 }
@@ -296,8 +353,8 @@ func selfCost() (cpu float64, rss int64, ok bool) {
 }
 
 func (m *metrics) step(ctx context.Context, s correlate.Step) {
-	labels := m.labels(s.Device, s.PID, s.Workload)
-	set := metric.WithAttributeSet(attribute.NewSet(labels...))
+	ls := m.labelSets(s.Device, s.PID, s.Workload)
+	labels, set := ls.labels, ls.all
 	m.steps.Add(ctx, 1, set)
 	m.stepDur.Record(ctx, float64(s.End-s.Start)/1e9, set)
 	m.ratio.Record(ctx, s.IdleRatio, set)
@@ -311,7 +368,7 @@ func (m *metrics) step(ctx context.Context, s correlate.Step) {
 	}
 	for c, ns := range s.ByCause {
 		if ns > 0 {
-			m.idle.Add(ctx, float64(ns)/1e9, withCause(labels, c))
+			m.idle.Add(ctx, float64(ns)/1e9, ls.cause(c))
 			m.countedIdle[c] += ns
 		}
 	}

@@ -4,31 +4,83 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
 
 	"github.com/gaptrace/gaptrace/event"
 )
 
 // recordReader is the ring buffer as Run sees it; tests feed recorded
-// records through a fake. Read returns a record valid until the next Read,
-// an error wrapping os.ErrClosed once closed and, after Flush, every record
-// pending at that moment followed by an error wrapping ringbuf.ErrFlushed.
+// records through a fake. Read(true) waits for a record; Read(false)
+// returns errEmpty instead of waiting, so that the consumer hands on what
+// it decoded before it waits. A record is valid until the next Read. Read
+// returns an error wrapping os.ErrClosed once closed and, after Flush,
+// every record pending at that moment followed by an error wrapping
+// ringbuf.ErrFlushed.
 type recordReader interface {
-	Read() ([]byte, error)
+	Read(wait bool) ([]byte, error)
 	Flush() error
 	Close() error
 }
 
+// errEmpty: no record can be read without waiting.
+var errEmpty = errors.New("ring buffer empty")
+
 type ringReader struct {
 	rd  *ringbuf.Reader
 	rec ringbuf.Record
-	// caughtUp is set to a time before which every record was read: a
-	// read that timed out took everything in the ring first.
+
+	// Between records Read parks in Go's network poller on a duplicate of
+	// the ring's fd, not in epoll_wait: a goroutine blocked in a system
+	// call for milliseconds, 200 times a second, kept the runtime's monitor
+	// thread retaking its P and so polling every 20 µs, a third of the
+	// sidecar's CPU time. The poller is edge-triggered: the programs' wake-up
+	// (a quarter of the ring pending) ends the wait early, the deadline ends
+	// it every ringPoll. poll is nil where the fd cannot join the poller;
+	// Read then waits in the reader's own epoll_wait, as before.
+	poll   *os.File
+	conn   syscall.RawConn
+	mu     sync.Mutex // guards closed: pending reads memory Close unmaps
+	closed bool
+	wake   chan struct{} // closed by Flush and Close
+	once   sync.Once
+
+	// caughtUp is set to a time before which every record was read and
+	// handed on: the ring was found empty then, and a read that waits is
+	// only asked for once the consumer sent what it had read.
 	caughtUp *atomic.Int64
+}
+
+func newRingReader(m *ebpf.Map, rd *ringbuf.Reader, log *slog.Logger) *ringReader {
+	r := &ringReader{rd: rd, wake: make(chan struct{})}
+	fd, err := unix.FcntlInt(uintptr(m.FD()), unix.F_DUPFD_CLOEXEC, 0)
+	if err == nil {
+		if err = unix.SetNonblock(fd, true); err != nil {
+			unix.Close(fd)
+		}
+	}
+	if err == nil {
+		r.poll = os.NewFile(uintptr(fd), "ringbuf")
+		if r.conn, err = r.poll.SyscallConn(); err == nil {
+			err = r.poll.SetReadDeadline(time.Now())
+		}
+		if err != nil {
+			r.poll.Close()
+			r.poll, r.conn = nil, nil
+		}
+	}
+	if err != nil {
+		log.Debug("ring buffer fd not pollable by the runtime; waiting in epoll_wait", "error", err)
+	}
+	return r
 }
 
 // ringPoll bounds how long a record waits in the ring buffer: the programs
@@ -36,10 +88,31 @@ type ringReader struct {
 // wakeup_bytes in bpf/common.h), so the reader looks on its own this often.
 const ringPoll = 5 * time.Millisecond
 
-func (r *ringReader) Read() ([]byte, error) {
+func (r *ringReader) Read(wait bool) ([]byte, error) {
 	for {
 		asked := time.Now()
-		r.rd.SetDeadline(asked.Add(ringPoll))
+		flushed := false
+		select {
+		case <-r.wake:
+			flushed = true
+		default:
+		}
+		if !flushed && r.poll != nil && !r.pending() {
+			if !wait {
+				return nil, errEmpty
+			}
+			r.markCaughtUp(asked)
+			r.park()
+			continue
+		}
+		// A record is pending (or the ring is not in the poller): a
+		// deadline now reads without blocking. Flushed or closed, the
+		// reader returns what is left, then ErrFlushed or ErrClosed.
+		deadline := time.Now()
+		if wait && (flushed || r.poll == nil) {
+			deadline = deadline.Add(ringPoll)
+		}
+		r.rd.SetDeadline(deadline)
 		err := r.rd.ReadInto(&r.rec)
 		if err == nil {
 			return r.rec.RawSample, nil
@@ -47,31 +120,85 @@ func (r *ringReader) Read() ([]byte, error) {
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			return nil, err
 		}
-		// Run delivered every record read before this call, so every
-		// event submitted before it reached the consumer.
-		r.caughtUp.Store(asked.UnixNano())
+		if !wait {
+			return nil, errEmpty
+		}
+		r.markCaughtUp(asked)
 	}
 }
 
-func (r *ringReader) Flush() error { return r.rd.Flush() }
-func (r *ringReader) Close() error { return r.rd.Close() }
+func (r *ringReader) markCaughtUp(at time.Time) {
+	if r.caughtUp != nil {
+		r.caughtUp.Store(at.UnixNano())
+	}
+}
+
+// park waits until the programs wake the ring, ringPoll passes, or Flush
+// or Close is called (they move the deadline to now).
+func (r *ringReader) park() {
+	if err := r.poll.SetReadDeadline(time.Now().Add(ringPoll)); err != nil {
+		return
+	}
+	select {
+	case <-r.wake: // Flush or Close came before the deadline was set
+		return
+	default:
+	}
+	// The callback says "done" once a record is pending; until then the
+	// runtime parks this goroutine on the fd.
+	_ = r.conn.Read(func(uintptr) bool { return r.pending() }) // the deadline's error ends the wait as intended
+}
+
+// pending reads the ring's positions, mapped memory that Close unmaps.
+func (r *ringReader) pending() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.closed && r.rd.AvailableBytes() > 0
+}
+
+func (r *ringReader) stopPolling() {
+	r.once.Do(func() {
+		close(r.wake)
+		if r.poll != nil {
+			r.poll.SetReadDeadline(time.Now()) //nolint:errcheck // only ends a wait
+		}
+	})
+}
+
+func (r *ringReader) Flush() error {
+	r.stopPolling()
+	return r.rd.Flush()
+}
+
+func (r *ringReader) Close() error {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.stopPolling()
+	err := r.rd.Close()
+	if r.poll != nil {
+		err = errors.Join(err, r.poll.Close())
+	}
+	return err
+}
 
 // Delivered is a time (Unix ns) before which every event the tracer
-// recorded has been sent to Run's out, or 0 while Run has not yet found
+// recorded has been sent to Run's (or RunBatches') out, or 0 while Run has not yet found
 // the ring buffer empty. Events are submitted when they end, so a consumer
 // that has taken what out holds has every event that ended before it: a
 // watermark on that bound cannot pass an event still in the ring buffer
 // on a host too busy to let the reader keep up.
 func (t *Tracer) Delivered() int64 { return t.caughtUp.Load() }
 
-// deliver hands ev to the consumer; false when Run should stop: the tracer
-// was closed, or ctx is done and the consumer took nothing for drainWait.
-func (t *Tracer) deliver(ctx context.Context, out chan<- event.Event, ev event.Event) bool {
+// deliver hands v (an event or a batch) to the consumer; false when Run
+// should stop: the tracer was closed, or ctx is done and the consumer took
+// nothing for drainWait.
+func deliver[T any](ctx context.Context, done <-chan struct{}, out chan<- T, v T) bool {
 	if ctx.Err() == nil {
 		select {
-		case out <- ev:
+		case out <- v:
 			return true
-		case <-t.done: // Close while the consumer is not reading
+		case <-done: // Close while the consumer is not reading
 			return false
 		case <-ctx.Done():
 		}
@@ -81,9 +208,9 @@ func (t *Tracer) deliver(ctx context.Context, out chan<- event.Event, ev event.E
 	timer := time.NewTimer(drainWait)
 	defer timer.Stop()
 	select {
-	case out <- ev:
+	case out <- v:
 		return true
-	case <-t.done:
+	case <-done:
 		return false
 	case <-timer.C:
 		return false
@@ -103,17 +230,55 @@ const drainWait = time.Second
 // in the ring (the last ones are often the traced process's exit), then
 // closes the reader. It returns nil on a clean shutdown.
 func (t *Tracer) Run(ctx context.Context, out chan<- event.Event) error {
-	return t.run(ctx, t.reader, out)
+	return t.run(ctx, t.reader, t.sendEach(ctx, out))
 }
 
-func (t *Tracer) run(ctx context.Context, rd recordReader, out chan<- event.Event) error {
+// sendEach delivers a batch event by event, for Run.
+func (t *Tracer) sendEach(ctx context.Context, out chan<- event.Event) func([]event.Event) bool {
+	return func(batch []event.Event) bool {
+		for _, ev := range batch {
+			if !deliver(ctx, t.done, out, ev) {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// RunBatches is Run handing on slices: every event decoded from the ring
+// in one pass (up to maxBatch), in ring order, one channel send for all of
+// them. At tens of thousands of events a second a send per event, and the
+// consumer's wake-up it causes, cost more than decoding. Each slice is the
+// consumer's: the tracer does not touch it again.
+func (t *Tracer) RunBatches(ctx context.Context, out chan<- []event.Event) error {
+	return t.run(ctx, t.reader, func(batch []event.Event) bool {
+		return deliver(ctx, t.done, out, batch)
+	})
+}
+
+// Recycle hands back a batch RunBatches sent, once the consumer is done
+// with it (nothing may keep pointers into it): the next batches reuse it
+// instead of allocating.
+func (t *Tracer) Recycle(b []event.Event) {
+	clear(b) // drop the strings and stacks it points to
+	select {
+	case t.free <- b[:0]:
+	default:
+	}
+}
+
+// maxBatch bounds a batch while the ring never empties: the consumer gets
+// events at least every maxBatch records.
+const maxBatch = 512
+
+func (t *Tracer) run(ctx context.Context, rd recordReader, send func([]event.Event) bool) error {
 	stop := context.AfterFunc(ctx, func() {
 		if err := rd.Flush(); err != nil && !errors.Is(err, os.ErrClosed) {
 			t.log.Debug("flush ring buffer", "error", err)
 		}
 	})
 	defer stop()
-	err := t.consume(ctx, rd, out)
+	err := t.consume(rd, send)
 	if ctx.Err() != nil {
 		if cerr := rd.Close(); cerr != nil && !errors.Is(cerr, os.ErrClosed) {
 			err = errors.Join(err, fmt.Errorf("close ring buffer reader: %w", cerr))
@@ -122,11 +287,35 @@ func (t *Tracer) run(ctx context.Context, rd recordReader, out chan<- event.Even
 	return err
 }
 
-func (t *Tracer) consume(ctx context.Context, rd recordReader, out chan<- event.Event) error {
+// consume decodes records and sends them in batches: a batch goes out
+// when the ring has nothing more to read right now (so no event waits for
+// a later one), when it reaches maxBatch, and before consume returns.
+func (t *Tracer) consume(rd recordReader, send func([]event.Event) bool) error {
 	var d decoded
+	var batch []event.Event
+	flush := func() bool {
+		if len(batch) == 0 {
+			return true
+		}
+		b := batch
+		batch = nil
+		return send(b)
+	}
 	for {
-		rec, err := rd.Read()
+		if len(batch) >= maxBatch && !flush() {
+			return nil
+		}
+		rec, err := rd.Read(len(batch) == 0)
+		if errors.Is(err, errEmpty) {
+			if !flush() {
+				return nil
+			}
+			continue
+		}
 		if err != nil {
+			if !flush() {
+				return nil
+			}
 			if errors.Is(err, os.ErrClosed) || errors.Is(err, ringbuf.ErrFlushed) {
 				return nil
 			}
@@ -143,9 +332,14 @@ func (t *Tracer) consume(ctx context.Context, rd recordReader, out chan<- event.
 		if !d.emit {
 			continue
 		}
-		if !t.deliver(ctx, out, d.ev) {
-			return nil
+		if batch == nil {
+			select {
+			case batch = <-t.free:
+			default:
+				batch = make([]event.Event, 0, 64)
+			}
 		}
+		batch = append(batch, d.ev)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -126,7 +127,7 @@ func TestDecodeRejects(t *testing.T) {
 // fakeReader replays recorded records, then reports itself closed.
 type fakeReader struct{ recs [][]byte }
 
-func (f *fakeReader) Read() ([]byte, error) {
+func (f *fakeReader) Read(bool) ([]byte, error) {
 	if len(f.recs) == 0 {
 		return nil, os.ErrClosed
 	}
@@ -158,7 +159,7 @@ func TestConsumeDispatch(t *testing.T) {
 	closeRec := rawFD{Hdr: hdr(evFD, uint32(event.KindClose), 100, 101, tEnd), StartNs: tStart, Fd: 7}
 	rd := &fakeReader{recs: [][]byte{recs["open"], asBytes(&sys), asBytes(&closeRec), {1, 2, 3}, recs["fork"], recs["mmap"]}}
 	out := make(chan event.Event, 16)
-	if err := tr.consume(context.Background(), rd, out); err != nil {
+	if err := tr.consume(rd, tr.sendEach(context.Background(), out)); err != nil {
 		t.Fatal(err)
 	}
 	close(out)
@@ -204,7 +205,7 @@ func TestConsumeStopsOnContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out := make(chan event.Event) // never read: Run blocks on it
 	done := make(chan error, 1)
-	go func() { done <- tr.consume(ctx, rd, out) }()
+	go func() { done <- tr.consume(rd, tr.sendEach(ctx, out)) }()
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("consume: %v", err)
@@ -213,14 +214,14 @@ func TestConsumeStopsOnContext(t *testing.T) {
 
 type endlessReader struct{ rec []byte }
 
-func (e *endlessReader) Read() ([]byte, error) { return e.rec, nil }
-func (e *endlessReader) Flush() error          { return nil }
-func (e *endlessReader) Close() error          { return nil }
+func (e *endlessReader) Read(bool) ([]byte, error) { return e.rec, nil }
+func (e *endlessReader) Flush() error              { return nil }
+func (e *endlessReader) Close() error              { return nil }
 
 func TestReadErrorIsReturned(t *testing.T) {
 	tr := newUnloadedTracer()
 	boom := errors.New("boom")
-	err := tr.consume(context.Background(), errReader{boom}, make(chan event.Event, 1))
+	err := tr.consume(errReader{boom}, tr.sendEach(context.Background(), make(chan event.Event, 1)))
 	if !errors.Is(err, boom) {
 		t.Fatalf("got %v, want %v", err, boom)
 	}
@@ -228,9 +229,9 @@ func TestReadErrorIsReturned(t *testing.T) {
 
 type errReader struct{ err error }
 
-func (e errReader) Read() ([]byte, error) { return nil, e.err }
-func (e errReader) Flush() error          { return nil }
-func (e errReader) Close() error          { return nil }
+func (e errReader) Read(bool) ([]byte, error) { return nil, e.err }
+func (e errReader) Flush() error              { return nil }
+func (e errReader) Close() error              { return nil }
 
 // heldReader is a ring whose records were committed without a wakeup
 // (BPF_RB_NO_WAKEUP): Read blocks until Flush or Close, as the real reader
@@ -248,7 +249,15 @@ func newHeldReader(recs ...[]byte) *heldReader {
 	return &heldReader{recs: recs, flushed: make(chan struct{}), closed: make(chan struct{})}
 }
 
-func (h *heldReader) Read() ([]byte, error) {
+func (h *heldReader) Read(wait bool) ([]byte, error) {
+	if !wait {
+		select {
+		case <-h.closed:
+		case <-h.flushed:
+		default:
+			return nil, errEmpty
+		}
+	}
 	select {
 	case <-h.closed:
 		return nil, os.ErrClosed
@@ -288,7 +297,7 @@ func TestRunDrainsRingOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out := make(chan event.Event) // unbuffered: each record waits for the reader below
 	done := make(chan error, 1)
-	go func() { done <- tr.run(ctx, rd, out) }()
+	go func() { done <- tr.run(ctx, rd, tr.sendEach(ctx, out)) }()
 	cancel()
 	var got []event.Event
 	for len(got) < 2 {
@@ -466,4 +475,108 @@ func BenchmarkDecode(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// chunkedReader is a ring that a poll finds holding chunks[0], then
+// chunks[1], …: a Read that must not wait finds nothing at the end of each
+// chunk.
+type chunkedReader struct {
+	chunks [][][]byte
+}
+
+func (c *chunkedReader) Read(wait bool) ([]byte, error) {
+	if !wait && len(c.chunks) > 0 && len(c.chunks[0]) == 0 {
+		c.chunks = c.chunks[1:]
+		return nil, errEmpty
+	}
+	for len(c.chunks) > 0 && len(c.chunks[0]) == 0 {
+		c.chunks = c.chunks[1:]
+	}
+	if len(c.chunks) == 0 {
+		return nil, os.ErrClosed
+	}
+	r := c.chunks[0][0]
+	c.chunks[0] = c.chunks[0][1:]
+	return r, nil
+}
+
+func (c *chunkedReader) Flush() error { return nil }
+func (c *chunkedReader) Close() error { return nil }
+
+// TestConsumeBatches: what one pass over the ring finds goes to the
+// consumer as one slice (a long pass in slices of maxBatch), in ring
+// order, every event once; records that emit nothing (an mmap) or do not
+// decode take no place in a batch.
+func TestConsumeBatches(t *testing.T) {
+	tr := newUnloadedTracer()
+	recs := recordedRecords()
+	var seq uint32
+	sync := func() []byte {
+		seq++
+		s := rawSyscall{Hdr: hdr(evSyscall, uint32(event.KindSyscall), 100, 101, tEnd+uint64(seq)), StartNs: tStart, Ret: 1, Nr: 0, Fd: -1, Class: uint32(event.SysRead)}
+		return asBytes(&s)
+	}
+	chunk := func(n int) [][]byte {
+		var c [][]byte
+		for range n {
+			c = append(c, sync())
+		}
+		return c
+	}
+	first := append(chunk(3), recs["mmap"], []byte{1, 2, 3})
+	rd := &chunkedReader{chunks: [][][]byte{first, chunk(1), chunk(maxBatch*2 + 7)}}
+	out := make(chan []event.Event, 16)
+	if err := tr.consume(rd, func(b []event.Event) bool { out <- b; return true }); err != nil {
+		t.Fatal(err)
+	}
+	close(out)
+	var sizes []int
+	var next, n int64 // the end times count up from the first (ktime turned into Unix time)
+	for b := range out {
+		sizes = append(sizes, len(b))
+		for _, ev := range b {
+			if n == 0 {
+				next = ev.End
+			}
+			n++
+			if ev.End != next {
+				t.Fatalf("event ending at %d, want %d: lost, repeated or out of order", ev.End, next)
+			}
+			next++
+		}
+	}
+	if want := []int{3, 1, maxBatch, maxBatch, 7}; !slices.Equal(sizes, want) {
+		t.Errorf("batches of %v, want %v", sizes, want)
+	}
+	if n != int64(seq) {
+		t.Errorf("%d events delivered, want %d", n, seq)
+	}
+}
+
+// TestRecycledBatchReused: a batch handed back is the next one's storage,
+// emptied (nothing of the old events left in it).
+func TestRecycledBatchReused(t *testing.T) {
+	tr := newUnloadedTracer()
+	tr.free = make(chan []event.Event, 1)
+	recs := recordedRecords()
+	rd := &chunkedReader{chunks: [][][]byte{{recs["sync"], recs["sync"]}, {recs["exit"]}}}
+	var got [][]event.Event
+	if err := tr.consume(rd, func(b []event.Event) bool {
+		got = append(got, b)
+		if len(got) == 1 {
+			tr.Recycle(b)
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || len(got[1]) != 1 || got[1][0].Kind != event.KindExit {
+		t.Fatalf("batches %v", got)
+	}
+	if &got[0][:1][0] != &got[1][0] {
+		t.Error("the recycled batch was not reused")
+	}
+	if got[0][:2][1].Kind != event.KindInvalid {
+		t.Errorf("recycled storage still holds an old event: %+v", got[0][:2][1])
+	}
 }

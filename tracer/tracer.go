@@ -98,6 +98,7 @@ type Tracer struct {
 
 	rescan    chan uint32
 	done      chan struct{}
+	free      chan []event.Event // batches handed back by Recycle
 	wg        sync.WaitGroup
 	detaching sync.WaitGroup // uprobes of exited processes being closed
 	closeOnce sync.Once
@@ -154,6 +155,7 @@ func New(cfg Config) (*Tracer, error) {
 		unmapped:    make(map[uint32]string),
 		rescan:      make(chan uint32, 1024),
 		done:        make(chan struct{}),
+		free:        make(chan []event.Event, 16),
 	}
 	// On failure, what was set up is released; the failure itself is
 	// what the caller needs to see, so release errors are joined to it.
@@ -167,7 +169,9 @@ func New(cfg Config) (*Tracer, error) {
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("open ring buffer reader: %w", err), closeLinksParallel(t.tps), t.closeObjects())
 	}
-	t.reader = &ringReader{rd: rd, caughtUp: &t.caughtUp}
+	rr := newRingReader(t.shared[cudaMapEvents], rd, t.log)
+	rr.caughtUp = &t.caughtUp
+	t.reader = rr
 	t.wg.Add(1)
 	go t.rescanLoop()
 	uprobeMode := "uprobe_multi links"

@@ -31,7 +31,7 @@ const (
 	advanceEvery  = 100 * time.Millisecond
 	snapshotEvery = time.Second
 	deviceEvery   = 2 * time.Second
-	eventQueue    = 8192
+	eventQueue    = 64 // batches of up to 512 events, one per pass over the ring
 	windowQueue   = 256
 	// windowDrain is how long GPU sampling goes on after tracing is told
 	// to stop: NVML utilization samples arrive up to ~0.7 s after the
@@ -51,7 +51,7 @@ type pipeline struct {
 	gpu     *gpusample.Source // nil without NVML
 	eng     *correlate.Engine
 	exp     *otel.Exporter
-	events  chan event.Event
+	events  chan []event.Event
 	windows chan event.GPUWindow
 	devices map[uint32]int
 	mu      sync.Mutex
@@ -143,7 +143,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	cfg := pc.Config
 	log := pc.Logger.With("component", "pipeline")
 	p := &pipeline{cfg: &pc, log: log, devices: map[uint32]int{}, work: workload.New("/proc", workload.PodFromEnv(os.Getenv)),
-		events: make(chan event.Event, eventQueue), windows: make(chan event.GPUWindow, windowQueue)}
+		events: make(chan []event.Event, eventQueue), windows: make(chan event.GPUWindow, windowQueue)}
 
 	if cfg.WindowsOut != "" {
 		ww, err := newWindowsWriter(cfg.WindowsOut)
@@ -269,6 +269,9 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 
 func (p *pipeline) closeGPU() {
 	if p.gpu != nil {
+		st := p.gpu.Stats()
+		p.log.Debug("gpu sampling", "sample_calls", st.SampleCalls, "gpm_samples", st.GPMSamples, "gpm_misses", st.GPMMisses,
+			"gpm_cost_mean_us", st.GPMCostMeanUS, "windows", st.Windows, "errors", st.Errors)
 		if err := p.gpu.Close(); err != nil {
 			p.log.Warn("close NVML", "err", err)
 		}
@@ -338,7 +341,7 @@ func (p *pipeline) mapDevices() {
 
 // event feeds one host event to the engine. A new or exec'd process's
 // workload is read while it lives: its last gaps are emitted after it exited.
-func (p *pipeline) event(ev event.Event) {
+func (p *pipeline) event(ev *event.Event) {
 	switch {
 	case ev.Kind == event.KindFork && !ev.IsThread:
 		p.work.Of(ev.ChildPID)
@@ -347,9 +350,18 @@ func (p *pipeline) event(ev event.Event) {
 		p.work.Of(ev.PID)
 	}
 	if p.rec != nil {
-		p.rec.Event(&ev)
+		p.rec.Event(ev)
 	}
-	p.eng.Event(ev)
+	p.eng.Event(*ev)
+}
+
+// batch feeds a batch of the tracer's events to the engine and hands the
+// slice back for reuse.
+func (p *pipeline) batch(evs []event.Event) {
+	for i := range evs {
+		p.event(&evs[i])
+	}
+	p.tr.Recycle(evs)
 }
 
 // delivered is the latest time, at most now, before which the engine has
@@ -359,14 +371,14 @@ func (p *pipeline) event(ev event.Event) {
 func (p *pipeline) delivered(now int64) int64 {
 	d := p.tr.Delivered()
 	for range len(p.events) {
-		p.event(<-p.events)
+		p.batch(<-p.events)
 	}
 	return min(now, d)
 }
 
 func (p *pipeline) Run(ctx context.Context) error {
 	trDone := make(chan error, 1)
-	go func() { trDone <- p.tr.Run(ctx, p.events) }()
+	go func() { trDone <- p.tr.RunBatches(ctx, p.events) }()
 	var gpuDone chan error
 	var changes <-chan gpusample.Finding
 	// GPU sampling outlives ctx by windowDrain, so that the windows
@@ -389,8 +401,8 @@ func (p *pipeline) Run(ctx context.Context) error {
 	var runErr error
 	for trDone != nil || gpuDone != nil {
 		select {
-		case ev := <-p.events:
-			p.event(ev)
+		case evs := <-p.events:
+			p.batch(evs)
 		case w := <-p.windows:
 			p.window(w)
 		case <-stopping:
@@ -458,8 +470,8 @@ func (p *pipeline) Run(ctx context.Context) error {
 	// Both producers have returned: what they queued is all there is.
 	for {
 		select {
-		case ev := <-p.events:
-			p.event(ev)
+		case evs := <-p.events:
+			p.batch(evs)
 		case w := <-p.windows:
 			p.window(w)
 		default:

@@ -49,9 +49,10 @@ func CheckView(h RecordHeader, v View) error {
 	switch {
 	case rec == ProbesFull:
 	case rec == ProbesAuto && v.Probes == ProbesLite:
+	case rec == ProbesAuto:
+		return fmt.Errorf("the recording was made with --probes auto: it holds kernel launches only inside its windows, so it cannot be replayed as %s; replay it as auto or lite", v.Probes)
 	default:
-		return fmt.Errorf("the recording was made with --probes %s: it holds no kernel launches (%s outside its windows), so it cannot be replayed as %s; replay it as %s%s",
-			rec, ProbesLite, v.Probes, rec, map[bool]string{true: " or " + ProbesLite, false: ""}[rec == ProbesAuto])
+		return fmt.Errorf("the recording was made with --probes %s: it holds no kernel launches, so it cannot be replayed as %s; replay it as %s", rec, v.Probes, rec)
 	}
 	if v.Probes == ProbesAuto && (v.Window <= 0 || v.WarmupSteps <= 0 || v.WarmupMax <= 0) {
 		return fmt.Errorf("replay as auto: the warm-up window (%v, %d steps, at most %v) must be positive", v.Window, v.WarmupSteps, v.WarmupMax)

@@ -252,7 +252,8 @@ func (c *clockState) fixedSyncs() bool {
 //     repeats with identical (empty) segments between, but the forward
 //     and backward all fall into one segment of every dozen; where a
 //     coarser clock qualifies too, a finer one whose median step holds
-//     less than half its share of the coarser one's is a slice of it, and
+//     less than half its share of the coarser one's (a quarter in time:
+//     stalls lengthen the coarser steps) is a slice of it, and
 //     a clock whose median step holds under a quarter of the mean is one
 //     on its own (work is launches where they are seen, else time: lite
 //     would otherwise lock onto the optimizer's copies during warm-up,
@@ -287,7 +288,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 		}
 	}
 	segOf := func(a, b int) segSum { // tokens a+1..b
-		return segSum{ops: ph[b+1] - ph[a+1], launches: pl[b+1] - pl[a+1], syncs: ps[b+1] - ps[a+1]}
+		return segSum{ops: ph[b+1] - ph[a+1], launches: pl[b+1] - pl[a+1], syncs: ps[b+1] - ps[a+1], dur: toks[b].t - toks[a].t}
 	}
 	useLaunches := launchesSeen && launches > 0
 	// The most frequent operations first: a run's start (loading weights,
@@ -299,7 +300,10 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 	var cands []clockFound
 	for _, k := range keys {
 		o := occ[k]
-		var unit []segSum // the segments between consecutive occurrences
+		unit := make([]segSum, max(len(o)-1, 0)) // the segments between consecutive occurrences
+		for i := range unit {
+			unit[i] = segOf(o[i], o[i+1])
+		}
 		for m := 1; m <= clockMaxM; m++ {
 			nseg := (len(o) - 1) / m
 			if nseg < clockSegMin {
@@ -308,6 +312,13 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 			if m > 1 && !phasesDiffer(unit, m, launchesSeen) {
 				// The occurrences are alike: m of them per step is only
 				// a coarsening of a clock that does not match yet.
+				continue
+			}
+			if m == 1 && !launchesSeen && slicedByTime(unit) {
+				// Without launches a step's two copies (the batch's, then
+				// into a graph's input) hold the same operations between
+				// them as the step does: the host time between them says
+				// they are slices of one step.
 				continue
 			}
 			feats := make([]segSum, nseg)
@@ -320,9 +331,6 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 				feats[s] = f
 				if pi[b+1]-pi[a+1] == b-a {
 					idleSegs++
-				}
-				if m == 1 {
-					unit = feats
 				}
 				if useLaunches {
 					work[s] = float64(f.launches)
@@ -370,6 +378,14 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 			break
 		}
 	}
+	// Where work is time, a coarser clock's steps also hold the stalls of
+	// the iterations in them (a checkpoint every dozen, a lock, a huge
+	// copy every ten), which may well be most of the time: a finer clock
+	// is a slice only when its median step holds next to none of it.
+	sliceShare := 0.5
+	if !useLaunches {
+		sliceShare = 0.25
+	}
 	found := false
 	for i := range cands {
 		f := &cands[i]
@@ -379,7 +395,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 		slice := false
 		for j := range cands {
 			c := &cands[j]
-			if c.segLen >= 1.5*f.segLen && !c.concentrated && f.work < 0.5*c.work*f.segLen/c.segLen {
+			if c.segLen >= 1.5*f.segLen && !c.concentrated && f.work < sliceShare*c.work*f.segLen/c.segLen {
 				slice = true
 				break
 			}
@@ -398,11 +414,57 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 }
 
 // segSum is what one candidate step enqueued: its operations as a
-// multiset hash, its launches and syncs.
+// multiset hash, its launches and syncs, and the host time it spanned.
 type segSum struct {
 	ops      uint64
 	launches uint64
 	syncs    int
+	dur      int64
+}
+
+// phaseTimeRatio: the segments between an operation's occurrences at one
+// position mod m are a slice of a step when nearly all of them are this
+// many times shorter than nearly all the others. Stalls only lengthen
+// segments (a few steps each), so they never make a position short.
+const phaseTimeRatio = 4
+
+// slicedByTime says whether an operation occurring m > 1 times per step
+// explains unit, the segments between its consecutive occurrences, better
+// than once per step does: their host time differs by their position mod m.
+func slicedByTime(unit []segSum) bool {
+	for m := 2; m <= clockMaxM; m++ {
+		if len(unit)/m >= clockSegMin && phasesDifferInTime(unit, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// phasesDifferInTime says whether the segments at one position mod m are
+// short: their upper quartile phaseTimeRatio times below the lower
+// quartile of the segments at the other positions.
+func phasesDifferInTime(unit []segSum, m int) bool {
+	quart := func(d []int64, q int) int64 {
+		sort.Slice(d, func(a, b int) bool { return d[a] < d[b] })
+		return d[min(len(d)-1, len(d)*q/4)]
+	}
+	for r := 0; r < m; r++ {
+		var in, out []int64
+		for i := range unit {
+			if i%m == r {
+				in = append(in, unit[i].dur)
+			} else {
+				out = append(out, unit[i].dur)
+			}
+		}
+		if len(in) == 0 || len(out) == 0 {
+			return false
+		}
+		if phaseTimeRatio*max(quart(in, 3), 1) < quart(out, 1) {
+			return true
+		}
+	}
+	return false
 }
 
 // hash is the operation's term in a segment's multiset hash.
@@ -507,7 +569,7 @@ func phasesDiffer(unit []segSum, m int, launchesSeen bool) bool {
 			return true
 		}
 	}
-	return false
+	return !launchesSeen && phasesDifferInTime(unit, m)
 }
 
 // clockPhase picks which occurrence (mod m) starts a step. A step ends at

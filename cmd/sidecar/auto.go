@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/internal/stats"
 	"github.com/gaptrace/gaptrace/tracer"
@@ -18,13 +19,13 @@ import (
 // steps change while lite (their duration or idle share moves, or their
 // pattern is lost).
 const (
-	autoWarmupSteps = 5  // steps measured at full before the first lite period
-	autoMinSteps    = 3  // steps a window measures at least (unless it times out)
-	autoMaxWindows  = 5  // a window lasts at most this many --auto-window
-	autoWarmupMax   = 20 // the warm-up window lasts at most this many --auto-window
-	autoBaseSteps   = 8  // lite steps after a window that form the baseline
-	autoRecentSteps = 5  // lite steps whose median is compared with it
-	autoPersist     = 3  // consecutive steps on which the change must hold
+	autoWarmupSteps = config.AutoWarmupSteps   // steps measured at full before the first lite period
+	autoMinSteps    = 3                        // steps a window measures at least (unless it times out)
+	autoMaxWindows  = 5                        // a window lasts at most this many --auto-window
+	autoWarmupMax   = config.AutoWarmupWindows // the warm-up window lasts at most this many --auto-window
+	autoBaseSteps   = 8                        // lite steps after a window that form the baseline
+	autoRecentSteps = 5                        // lite steps whose median is compared with it
+	autoPersist     = 3                        // consecutive steps on which the change must hold
 	// A change of the step time by this share, or of the idle share by
 	// this much (and by half of it), asks for a window.
 	autoStepChange = 0.25

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/whatif"
@@ -21,6 +22,12 @@ causes, without the job, a GPU or privileges. Attach a recording to a bug
 report when a gap is mis-attributed; replay it after an upgrade to see what
 a newer engine says about the same run.
 
+--probes replays the recording as another probe set would have seen the
+same run: a recording made at full holds every kernel launch, so it can be
+replayed as lite (without them) or auto (at full through the warm-up
+window, then lite), to compare the probe sets without running the job
+again. A lite recording replays only as lite.
+
 Flags:
 `
 
@@ -29,6 +36,7 @@ func replayCmd(args []string, deps Deps) int {
 	fs.SetOutput(deps.Stderr)
 	gapsOut := fs.String("gaps-out", "", "write every gap as a JSON line to `FILE`")
 	sumOut := fs.String("summary-json", "", "write the summary as JSON to `FILE`")
+	probes := fs.String("probes", "", "replay as probe set `SET` saw the run: full, lite or auto (default: the recording's own)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), replayUsage)
 		fs.PrintDefaults()
@@ -52,6 +60,11 @@ func replayCmd(args []string, deps Deps) int {
 	if len(files) != 1 {
 		problems = append(problems, fmt.Sprintf("want one recording FILE (written by --record), got %d", len(files)))
 	}
+	switch *probes {
+	case "", correlate.ProbesFull, correlate.ProbesLite, correlate.ProbesAuto:
+	default:
+		problems = append(problems, fmt.Sprintf("--probes %q: want %s, %s or %s", *probes, correlate.ProbesFull, correlate.ProbesLite, correlate.ProbesAuto))
+	}
 	if len(problems) > 0 {
 		fmt.Fprintf(deps.Stderr, "gaptrace replay: invalid arguments:\n  - %s\n", strings.Join(problems, "\n  - "))
 		return ExitUsage
@@ -68,6 +81,12 @@ func replayCmd(args []string, deps Deps) int {
 	if rerr != nil {
 		fmt.Fprintf(deps.Stderr, "gaptrace replay: warning: %v\n", rerr)
 	}
+	view := correlate.View{Probes: *probes, Window: config.DefaultAutoWindow,
+		WarmupSteps: config.AutoWarmupSteps, WarmupMax: config.AutoWarmupWindows * config.DefaultAutoWindow}
+	if err := correlate.CheckView(h, view); err != nil {
+		fmt.Fprintf(deps.Stderr, "gaptrace replay: %s: %v\n", files[0], err)
+		return ExitUsage
+	}
 	cfg := h.Config()
 	cfg.Logger = slog.New(slog.DiscardHandler)
 
@@ -83,7 +102,16 @@ func replayCmd(args []string, deps Deps) int {
 		}
 		sinks = append(sinks, gw)
 	}
-	sum := correlate.Replay(cfg, sinks, calls)
+	sum, err := correlate.ReplayAs(cfg, sinks, h, calls, view)
+	if err != nil {
+		return fail(deps, "replay", "%v", err) // CheckView passed: not reached
+	}
+	if *probes != "" {
+		cfg.Probes = *probes
+	}
+	if sum.Probes == "" {
+		sum.Probes = cfg.Probes // as the run's summary names its fixed set
+	}
 	agg.Stop()
 	agg.SetSummary(sum)
 	var errs []error

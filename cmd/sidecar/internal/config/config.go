@@ -57,6 +57,15 @@ const (
 	DefaultAutoEvery  = time.Minute
 )
 
+// The auto warm-up window: the per-launch probes stay attached from the
+// start until AutoWarmupSteps steps were measured and a --auto-window
+// passed, or AutoWarmupWindows --auto-window after the first step. The
+// sidecar schedules it; replay --probes auto reproduces it.
+const (
+	AutoWarmupSteps   = 5
+	AutoWarmupWindows = 20
+)
+
 // Config is everything a gaptrace command needs to know. Zero values are
 // not meaningful; start from Defaults.
 type Config struct {

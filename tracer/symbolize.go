@@ -3,6 +3,7 @@ package tracer
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"debug/elf"
 	"errors"
 	"fmt"
@@ -40,6 +41,7 @@ type elfSym struct {
 	size uint32 // 0: unknown (or above 4 GiB: the next symbol bounds it)
 	name uint32 // offset in the string table strtabs[tab]
 	tab  uint8
+	seq  uint32 // order read (in the struct's padding): the first wins an address
 }
 
 // elfFile is what symbolization needs of one ELF file.
@@ -448,8 +450,12 @@ func loadELF(path string) *elfFile {
 	}
 	ef.elf = e
 	ef.addSymbols(e, f, elf.SHT_DYNSYM)
-	// Stable: among symbols at one address the earlier table's comes first.
-	sort.SliceStable(ef.syms, func(i, j int) bool { return ef.syms[i].addr < ef.syms[j].addr })
+	// Among symbols at one address the one read first (the earlier
+	// table's) comes first; pdqsort with that order, not a stable sort,
+	// which took 0.4 s of CPU for a PyTorch process's libraries.
+	slices.SortFunc(ef.syms, func(a, b elfSym) int {
+		return cmp.Or(cmp.Compare(a.addr, b.addr), cmp.Compare(a.seq, b.seq))
+	})
 	ef.syms = slices.CompactFunc(ef.syms, func(a, b elfSym) bool { return a.addr == b.addr })
 	ef.syms = slices.Clip(ef.syms)
 	return ef
@@ -550,7 +556,7 @@ func (ef *elfFile) addSymbols(e *elf.File, r io.ReaderAt, typ elf.SectionType) {
 		if size > math.MaxUint32 {
 			size = 0
 		}
-		ef.syms = append(ef.syms, elfSym{addr: value, size: uint32(size), name: name, tab: tab})
+		ef.syms = append(ef.syms, elfSym{addr: value, size: uint32(size), name: name, tab: tab, seq: uint32(len(ef.syms))})
 	}
 }
 

@@ -314,3 +314,9 @@ func TestLoadELFNamesStayInFile(t *testing.T) {
 		})
 	}
 }
+
+func TestElfSymSize(t *testing.T) {
+	if n := unsafe.Sizeof(elfSym{}); n != 24 {
+		t.Errorf("elfSym is %d bytes, want 24 (a million of them in a PyTorch process)", n)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"runtime/pprof"
 
 	"golang.org/x/term"
@@ -29,7 +30,17 @@ import (
 // version is set at build time: -ldflags "-X main.version=...".
 var version = "dev"
 
+// memoryLimit caps the memory the Go runtime manages (heap, stacks) unless
+// GOMEMLIMIT says otherwise: a sidecar shares its pod's memory with the job.
+// The live heap is ~25 MB tracing a PyTorch job; without a limit the
+// collector let it double, and reading a large library's symbols pushed RSS
+// past 100 MB. Near the limit the collector runs more often instead.
+const memoryLimit = 64 << 20
+
 func main() {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(memoryLimit)
+	}
 	stop := profile(os.Getenv("GAPTRACE_PPROF"))
 	code := cli.Main(context.Background(), os.Args[1:], cli.Deps{
 		Version:     version,

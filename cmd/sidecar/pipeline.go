@@ -48,6 +48,7 @@ type pipeline struct {
 	cfg     *cli.PipelineConfig
 	log     *slog.Logger
 	tr      *tracer.Tracer
+	lagged  bool              // the reader was once maxReaderLag behind (logged once)
 	gpu     *gpusample.Source // nil without NVML
 	eng     *correlate.Engine
 	exp     *otel.Exporter
@@ -373,7 +374,26 @@ func (p *pipeline) delivered(now int64) int64 {
 	for range len(p.events) {
 		p.batch(<-p.events)
 	}
-	return min(now, d)
+	at := engineClock(now, d)
+	if at != min(now, d) && !p.lagged {
+		p.lagged = true
+		p.log.Warn("the ring buffer reader has not caught up for "+maxReaderLag.String()+
+			"; the engine's clock trails the wall clock by that much, and later events count as late",
+			"delivered_ns", d)
+	}
+	return at
+}
+
+// maxReaderLag bounds how far the engine's clock trails the wall clock for
+// a reader that never finds the ring buffer empty (a probe firing faster
+// than it is read, or an attach that lands in a burst): the engine then
+// still emits steps and gaps, a window behind.
+const maxReaderLag = 2 * time.Second
+
+// engineClock is the engine's time at wall-clock now when the tracer has
+// delivered every event that ended before delivered (0: not yet known).
+func engineClock(now, delivered int64) int64 {
+	return min(now, max(delivered, now-int64(maxReaderLag)))
 }
 
 func (p *pipeline) Run(ctx context.Context) error {

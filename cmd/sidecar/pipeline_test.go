@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -55,5 +56,28 @@ func TestWindowsWriterRoundTrip(t *testing.T) {
 func TestWindowsWriterReportsWriteErrors(t *testing.T) {
 	if _, err := newWindowsWriter(filepath.Join(t.TempDir(), "missing", "w.jsonl")); err == nil {
 		t.Fatal("creating a windows file in a missing directory succeeded")
+	}
+}
+
+// TestEngineClock: the engine follows what the tracer delivered, never the
+// wall clock ahead of it, but never trails the wall clock by more than
+// maxReaderLag: a ring buffer that is never empty (so never "caught up")
+// must not freeze steps and gaps.
+func TestEngineClock(t *testing.T) {
+	const s = int64(time.Second)
+	now := 100 * s
+	for _, c := range []struct {
+		delivered, want int64
+	}{
+		{now - s/2, now - s/2},  // a reader half a second behind: wait for it
+		{now + s, now},          // delivered after now: never ahead of the wall clock
+		{0, now - 2*s},          // never caught up yet
+		{now - 30*s, now - 2*s}, // caught up long ago, busy since
+		{now - 2*s, now - 2*s},  // at the bound
+		{now - 2*s + 1, now - 2*s + 1},
+	} {
+		if got := engineClock(now, c.delivered); got != c.want {
+			t.Errorf("engineClock(now, now%+v) = now%+v, want now%+v", time.Duration(c.delivered-now), time.Duration(got-now), time.Duration(c.want-now))
+		}
 	}
 }

@@ -15,43 +15,8 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
-
-// pythons lists the CPython interpreters on this machine worth testing
-// against: python3 on PATH, /usr/bin/python3.X and pyenv's builds, one per
-// real file (pyenv's python3 and Debian's /usr/bin/python3.11 are two
-// builds: a libpython and a static one).
-func pythons(t testing.TB) []string {
-	t.Helper()
-	seen := map[string]bool{}
-	var out []string
-	cands := []string{"python3"}
-	pyenv := os.Getenv("PYENV_ROOT")
-	if pyenv == "" {
-		pyenv = filepath.Join(os.Getenv("HOME"), ".pyenv")
-	}
-	for minor := 9; minor <= 13; minor++ {
-		cands = append(cands, fmt.Sprintf("/usr/bin/python3.%d", minor))
-		m, _ := filepath.Glob(filepath.Join(pyenv, "versions", fmt.Sprintf("3.%d.*", minor), "bin", fmt.Sprintf("python3.%d", minor)))
-		cands = append(cands, m...)
-	}
-	for _, c := range cands {
-		p, err := exec.LookPath(c)
-		if err != nil || strings.Contains(p, "/shims/") {
-			continue
-		}
-		real, err := filepath.EvalSymlinks(p)
-		if err != nil || seen[real] {
-			continue
-		}
-		seen[real] = true
-		out = append(out, p)
-	}
-	if len(out) == 0 {
-		t.Skip("no python3 installed")
-	}
-	return out
-}
 
 func probeScript(t testing.TB) string {
 	p, err := filepath.Abs(filepath.Join("testdata", "pyprobe.py"))
@@ -66,7 +31,7 @@ func probeScript(t testing.TB) string {
 // instruction's line with what the interpreter says (co_lines; for 3.9 the
 // line starts of dis.findlinestarts).
 func TestPyLineTables(t *testing.T) {
-	for _, py := range pythons(t) {
+	for _, py := range testutil.Pythons(t) {
 		t.Run(testName(py), func(t *testing.T) {
 			out, err := exec.Command(py, probeScript(t), "--lines").Output()
 			if err != nil {
@@ -240,7 +205,7 @@ func walkLikeBPF(t testing.TB, m memReader, o cudaPyOffsets, ts uint64) rawPySta
 // C API returns, and the frames of the blocked main thread, named and
 // lined as the script says they are.
 func TestPyLayoutLive(t *testing.T) {
-	for _, py := range pythons(t) {
+	for _, py := range testutil.Pythons(t) {
 		t.Run(testName(py), func(t *testing.T) {
 			pr := startProbe(t, py)
 			r := pr.report

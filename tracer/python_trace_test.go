@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // TestPyStacksTraced traces testdata/pystacks.py under each interpreter
@@ -26,7 +27,7 @@ import (
 //   - the deep recursion's stacks are flagged truncated, and keep their
 //     innermost frames.
 func TestPyStacksTraced(t *testing.T) {
-	for _, py := range pythons(t) {
+	for _, py := range testutil.Pythons(t) {
 		t.Run(testName(py), func(t *testing.T) { tracePyStacks(t, py) })
 	}
 }

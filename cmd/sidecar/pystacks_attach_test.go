@@ -35,42 +35,6 @@ const (
 	minPyNamedShare  = 0.9
 )
 
-// testPythons lists the CPython interpreters to run the trainer under:
-// the distribution's, python3 on PATH and pyenv's 3.9–3.13 builds, one per
-// real file (Debian's python3 is a static build, pyenv's link libpython:
-// the interpreter is found in the executable for one and in a library for
-// the other).
-func testPythons(t *testing.T) []string {
-	t.Helper()
-	cands := []string{"/usr/bin/python3", "python3"}
-	root := os.Getenv("PYENV_ROOT")
-	if root == "" {
-		root = filepath.Join(os.Getenv("HOME"), ".pyenv")
-	}
-	for minor := 9; minor <= 13; minor++ {
-		m, _ := filepath.Glob(filepath.Join(root, "versions", fmt.Sprintf("3.%d.*", minor), "bin", fmt.Sprintf("python3.%d", minor)))
-		cands = append(cands, m...)
-	}
-	seen := map[string]bool{}
-	var out []string
-	for _, c := range cands {
-		p, err := exec.LookPath(c)
-		if err != nil || strings.Contains(p, "/shims/") {
-			continue
-		}
-		real, err := filepath.EvalSymlinks(p)
-		if err != nil || seen[real] {
-			continue
-		}
-		seen[real] = true
-		out = append(out, p)
-	}
-	if len(out) == 0 {
-		t.Skip("no python3 installed")
-	}
-	return out
-}
-
 // pyName names an interpreter in a subtest: "3.12-libpython" when its
 // interpreter is in libpython, "3.11-static" when in the executable.
 func pyName(t *testing.T, py string) string {
@@ -288,7 +252,7 @@ func pythonStacksLog(pid int) *regexp.Regexp {
 // stall's blocking call.
 func TestPythonStacksAttach(t *testing.T) {
 	need(t)
-	for _, py := range testPythons(t) {
+	for _, py := range testutil.Pythons(t) {
 		t.Run(pyName(t, py), func(t *testing.T) {
 			dir := t.TempDir()
 			truth := filepath.Join(dir, "truth.jsonl")
@@ -326,7 +290,7 @@ func TestPythonStacksChildPidNamespace(t *testing.T) {
 	if _, err := exec.LookPath("unshare"); err != nil {
 		t.Skip("unshare (util-linux) not installed")
 	}
-	pys := testPythons(t)
+	pys := testutil.Pythons(t)
 	// The static build and the newest libpython build: the interpreter
 	// is found in the executable and in a library, through the job's
 	// /proc/PID/root.

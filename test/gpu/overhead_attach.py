@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from pairtable import print_table
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -285,27 +287,13 @@ def main():
     n = min((len(v) for k, v in saved["Ratio"].items() if v), default=0)
     print(f"\nlaunch-bound PyTorch job: {a.kernels} in-place kernels a step; one process, {a.window:g} s windows, "
           f"{n}+ pairs per mode, {len(steps)} steps logged")
-    if os.access(a.bench, os.X_OK):
-        subprocess.run([a.bench, "-merge", os.path.join(a.out, "pairs.json"),
-                        "-modes", ",".join(m for m in ["untraced"] + modes if saved["Ratio"][m])])
-    else:
-        print(f"(no {a.bench}: medians only)")
-        for m in ["untraced"] + modes:
-            if saved["Ratio"][m]:
-                print(f"{m:<9} wall/step vs untraced {statistics.median(saved['Ratio'][m]):.4f}  "
-                      f"cpu {statistics.median(saved['CPU'][m]) / 1e3:.1f} µs/step  "
-                      f"{statistics.median(saved['Launch'][m]) / 1e3:.3f} µs/launch")
+    print_table(a.bench, os.path.join(a.out, "pairs.json"), saved, ["untraced"] + modes, sidecar, "attachment")
     for m in modes:
         counted = [(r["steps"], r["job_steps"]) for r in rows if r["mode"] == m and r.get("job_steps") and r.get("steps") is not None]
         if counted:
             print(f"steps under {m}: gaptrace counted {sum(c for c, _ in counted)} of the job's {sum(j for _, j in counted)} "
                   f"while attached ({len(counted)} attachments; per attachment {min(c / j for c, j in counted):.3f}–"
                   f"{max(c / j for c, j in counted):.3f})")
-    for m in modes:
-        if sidecar[m]:
-            cpu = statistics.median(s["cpu_ns"] for s in sidecar[m]) / 1e9
-            rss = statistics.median(s["max_rss_bytes"] for s in sidecar[m]) / 2**20
-            print(f"gaptrace's own cost under {m}: median {cpu:.2f} s CPU per attachment, {rss:.0f} MiB peak RSS")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import statistics
 import subprocess
 import sys
 
+from pairtable import print_table
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -92,21 +94,7 @@ def main():
             with open(path, "w") as f:
                 json.dump(saved, f)
     print(f"\nlaunch-bound PyTorch job: {a.kernels} in-place kernels a step, {a.steps} steps measured after {a.warmup}")
-    if os.access(a.bench, os.X_OK):
-        subprocess.run([a.bench, "-merge", path, "-modes", ",".join(m for m in modes if saved["Ratio"][m])])
-    else:
-        print(f"(no {a.bench}: medians only)")
-        for m in modes:
-            if saved["Ratio"][m]:
-                print(f"{m:<9} wall/step vs untraced {statistics.median(saved['Ratio'][m]):.4f}  "
-                      f"cpu {statistics.median(saved['CPU'][m]) / 1e3:.1f} µs/step  "
-                      f"{statistics.median(saved['Launch'][m]) / 1e3:.3f} µs/launch")
-    for m in modes:
-        if sidecar[m]:
-            cpu = statistics.median(s["cpu_ns"] for s in sidecar[m]) / 1e9
-            rss = statistics.median(s["max_rss_bytes"] for s in sidecar[m]) / 2**20
-            print(f"gaptrace's own cost under {m}: median {cpu:.2f} s CPU per run, {rss:.0f} MiB peak RSS")
-
+    print_table(a.bench, path, saved, modes, sidecar, "run")
 
 if __name__ == "__main__":
     main()

@@ -110,12 +110,22 @@ func TestLockHolderComputing(t *testing.T) {
 			s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t, End: s.t + 10*us,
 				Syscall: event.SysSleep, Name: "nanosleep", TaskComm: "bg-worker"})
 		}
-		if n%4 == 0 {
+		if n%8 == 0 {
+			// On a loaded machine the feeder, woken at the unlock, waits
+			// for a CPU, and the holder is already back in its blocking
+			// read of the next request when the feeder's wait returns:
+			// that read began after the lock was released.
+			s.evs = append(s.evs, event.Event{Kind: event.KindRunqueue, PID: s.pid, TID: sib, Start: s.t + 5*ms, End: s.t + 12*ms},
+				event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t + 17*ms, End: s.t + 21*ms,
+					Syscall: event.SysRead, Name: "read", FD: 5, FDKind: event.FDPipe})
+		} else if n%4 == 0 {
 			// The holder is preempted for a while: it still holds the lock.
 			s.evs = append(s.evs, event.Event{Kind: event.KindRunqueue, PID: s.pid, TID: sib, Start: s.t + 5*ms, End: s.t + 12*ms},
 				// Its unlock's FUTEX_WAKE is slow enough to be traced.
 				event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t + 20*ms - 60*us, End: s.t + 20*ms + 5*us,
 					Syscall: event.SysFutex, Name: "futex", Ret: 1})
+		}
+		if n%4 == 0 {
 			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: sib}, 20*ms)
 			waits += 20 * ms
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -166,6 +167,27 @@ func retriedWait(th *thread, ev *event.Event) *event.Event {
 }
 
 // timedOut reports a futex wait that ended by its timeout.
+// pythonLockWait: the stack of a wait whose innermost frames are libc's
+// condition or semaphore wait called straight from Python code (the
+// interpreter's own frames between are replaced by the Python ones): a
+// wait of CPython's, for the GIL (take_gil) or a threading lock. A Python
+// frame names a .py file (or a <frozen …> module).
+func pythonLockWait(stack []event.Frame) bool {
+	for i, f := range stack {
+		if strings.HasPrefix(f.Function, "pthread_cond_") || strings.HasPrefix(f.Function, "sem_") {
+			if i+1 < len(stack) {
+				next := stack[i+1].File
+				return strings.HasSuffix(next, ".py") || strings.HasPrefix(next, "<frozen ")
+			}
+			return false
+		}
+		if !strings.HasPrefix(f.File, "/") || !event.SystemCode(f.File) {
+			return false // a frame of the job's own code before any wait
+		}
+	}
+	return false
+}
+
 func timedOut(ev *event.Event) bool {
 	return ev.Kind == event.KindSyscall && ev.Syscall == event.SysFutex && ev.Ret == etimedout
 }
@@ -298,6 +320,15 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 				at.holder = nil
 				return
 			}
+		}
+		if depth == 0 && w == 0 && timedOut(ev) && pythonLockWait(ev.Stack) {
+			// No holder was seen (it computed without emitting anything),
+			// but the interpreter itself waited on a condition with a
+			// timeout: the GIL's switch-interval wait, or a threading lock
+			// acquired with a timeout. The wait is the lock's.
+			at.byCause[CauseLock] += ns
+			at.note(th, ev, ns)
+			return
 		}
 		if at.micro {
 			return

@@ -151,6 +151,48 @@ func TestLockHolderComputing(t *testing.T) {
 	}
 }
 
+// TestPythonLockWaitUnseenHolder: the feeder's GIL wait times out (the
+// switch interval) and no sibling was seen at all (a thread that computes
+// emits nothing): the wait is lock when CPython itself waited (a condition
+// wait called from Python code), and stays other for a native program's own
+// timed wait.
+func TestPythonLockWaitUnseenHolder(t *testing.T) {
+	libc := "/usr/lib/x86_64-linux-gnu/libc.so.6"
+	for _, c := range []struct {
+		name  string
+		stack []event.Frame
+		want  Cause
+	}{
+		{"python", []event.Frame{{Function: "libc.so.6+0x85f16", File: libc}, {Function: "pthread_cond_timedwait", File: libc},
+			{Function: "Driver.sync", File: "/srv/job/pytrain.py", Line: 80}, {Function: "main", File: "/srv/job/pytrain.py", Line: 200}}, CauseLock},
+		{"native", []event.Frame{{Function: "pthread_cond_timedwait", File: libc},
+			{Function: "main", File: "/srv/job/trainer"}}, CauseOther},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSim()
+			var waits int64
+			for n := int64(1); n <= 40; n++ {
+				if n%4 == 0 {
+					s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", Ret: etimedout, Stack: c.stack}, 5*ms)
+					waits += 5 * ms
+				}
+				s.step(8, 500*us, 20*us)
+				s.t += 100 * us
+			}
+			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+			col := &collect{}
+			feed(newEngine(col, nil), col, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+			var got int64
+			for _, g := range bigGaps(col.gaps) {
+				got += g.Breakdown[c.want]
+			}
+			if got < waits*9/10 {
+				t.Errorf("%s: %d ns of %d ns waited", c.want, got, waits)
+			}
+		})
+	}
+}
+
 // TestLockHolderShortLived: the holder is a thread that emits nothing of
 // its own (it only computes) and exits just before the feeder's wait ends,
 // long before the gap is decided; and one that was never seen to start

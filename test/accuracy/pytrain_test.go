@@ -22,16 +22,20 @@ import (
 // held the GIL, the share labelled lock once the main thread's own
 // run-queue wait (the machine's load, which the GIL does not cause) is set
 // aside, and the share of all reported idle labelled other. The target is
-// lock ≥ 0.90 and other ≤ 0.05 (targetGIL*); on this 2-core machine the
-// engine gives 0.83–0.96 and 0.00–0.08, so the test fails below what it
-// reaches today (minGILLock, maxGILOther) and logs the gap to the target.
-// The bursts must be seen at all (minGILSeen of their time in gaps).
+// lock ≥ 0.90 and other ≤ 0.05 (targetGIL*). With CPython's own timed
+// waits named lock when no holder was seen, the engine gives 0.95 and 0.001
+// on a quiet 2-core machine; the test fails below minGILLock (a loaded
+// machine lengthens the main thread's run-queue waits that are set aside
+// only up to what it recorded) and above maxGILOther, and logs the gap to
+// the target. The bursts must be seen at all: minGILSeen of their time in
+// gaps of 1 ms or more (about 19–23% here; how much depends on how the
+// machine's load shares the GIL out, not on what gaptrace finds).
 const (
 	targetGILLock  = 0.9
 	targetGILOther = 0.05
-	minGILLock     = 0.75
-	maxGILOther    = 0.12
-	minGILSeen     = 0.2
+	minGILLock     = 0.85
+	maxGILOther    = 0.05
+	minGILSeen     = 0.1
 	// gilSettle: bursts this soon after the probes attached are not scored
 	// (the step period is still being found).
 	gilSettle = int64(time.Second)

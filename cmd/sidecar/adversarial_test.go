@@ -484,7 +484,11 @@ func TestSpansFileRotates(t *testing.T) {
 	spans := filepath.Join(dir, "spans.jsonl")
 	code, _, stderr := runIn(t, dir, env(t), "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
 		"--spans-out", spans, "--spans-max-size", "64K", "--spans-keep", "2", "--",
-		filepath.Join(simgpuDir, "simtrain"), "--steps", "600", "--kernel-us", "500", "--stall", "io.read:every=2:ms=1", "--quiet")
+		filepath.Join(simgpuDir, "simtrain"), "--steps", "600", "--kernel-us", "500", "--stall", "io.read:every=2:ms=1", "--quiet",
+		// Every step traced, however late the probes attach on a busy host:
+		// the trainer creates its communicator, and waits for its probe,
+		// before its first step.
+		"--collectives", "1", "--await-probes", "30")
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}

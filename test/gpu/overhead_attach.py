@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from pairtable import print_table
+from pairtable import add_pair, print_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -263,13 +263,9 @@ def main():
             print(f"overhead-attach: rep {rep} {m}: too few steps in a window", flush=True)
             continue
         if prev is not None:
-            saved["Ratio"]["untraced"].append(fb["step_ns"] / prev["step_ns"])
-            saved["CPU"]["untraced"].append(fb["cpu_ns"])
-            saved["Launch"]["untraced"].append(fb["launch_ns"])
+            add_pair(saved, "untraced", fb, prev)
         prev = fb
-        saved["Ratio"][m].append(fw["step_ns"] / fb["step_ns"])
-        saved["CPU"][m].append(fw["cpu_ns"])
-        saved["Launch"][m].append(fw["launch_ns"])
+        add_pair(saved, m, fw, fb)
         if m == "auto" and "full_share" in extra:
             saved["FullShare"].append(extra["full_share"])
         if extra.get("sidecar"):

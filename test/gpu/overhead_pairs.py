@@ -18,7 +18,7 @@ import random
 import subprocess
 import sys
 
-from pairtable import print_table
+from pairtable import add_pair, print_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -81,9 +81,7 @@ def main():
             r = run(m, f"{rep:03d}-{m}", a)
             if base is None or r is None:
                 continue
-            saved["Ratio"][m].append(r["step_ns"] / base["step_ns"])
-            saved["CPU"][m].append(r["cpu_ns"])
-            saved["Launch"][m].append(r["launch_ns"])
+            add_pair(saved, m, r, base)
             if m == "auto" and "full_share" in r:
                 saved["FullShare"].append(r["full_share"])
             if r.get("sidecar"):

@@ -6,6 +6,14 @@ import statistics
 import subprocess
 
 
+def add_pair(saved, mode, traced, base):
+    """Records one pair in bench's -save format: traced's step time against base's, traced's CPU time
+    per step and time per launch."""
+    saved["Ratio"][mode].append(traced["step_ns"] / base["step_ns"])
+    saved["CPU"][mode].append(traced["cpu_ns"])
+    saved["Launch"][mode].append(traced["launch_ns"])
+
+
 def print_table(bench, path, saved, modes, sidecar, per):
     """saved: bench's -save format ({"Ratio"|"CPU"|"Launch": {mode: [...]}}) as written to path;
     sidecar: {mode: [summary "sidecar" objects]}; per: what one sidecar figure covers ("run")."""

@@ -7,6 +7,9 @@ times --steps steps and writes to --result:
    uprobe's trap is charged to the thread that hit it), "launch_ns": median time per launch call
    (the launch loop of a step over its kernels), "steps": N}
 
+--host-us N adds N µs of pure-Python work to every step after its launches (no syscall, no CUDA
+call): a job that launches at a lower rate, for measuring the sidecar's cost per launch rate.
+
 --profile runs the measured steps under the PyTorch profiler (CPU + CUDA activities), the
 always-on reference.
 
@@ -32,6 +35,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--kernels", type=int, default=300)
+    ap.add_argument("--host-us", type=int, default=0)
     ap.add_argument("--result")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--serve", metavar="LOG")
@@ -46,6 +50,10 @@ def main():
         for _ in range(a.kernels):
             x.mul_(1.0000001)
         t1 = time.perf_counter_ns()
+        if a.host_us:
+            until = t1 + a.host_us * 1000
+            while time.perf_counter_ns() < until:
+                pass
         torch.cuda.synchronize()
         return t1 - t0
 

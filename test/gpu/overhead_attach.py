@@ -54,7 +54,8 @@ class Job:
             if os.path.exists(f):
                 os.remove(f)
         self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "launchjob.py"), "--serve", self.log,
-                                   "--ctl", self.ctl, "--kernels", str(a.kernels), "--warmup", str(a.warmup)],
+                                   "--ctl", self.ctl, "--kernels", str(a.kernels), "--warmup", str(a.warmup),
+                                   "--host-us", str(a.host_us)],
                                   stdout=open(os.path.join(a.out, "job.log"), "w"), stderr=subprocess.STDOUT)
 
     def tell(self, word, timeout=120):
@@ -86,7 +87,7 @@ def attach(a, job, mode, name):
     pre = os.path.join(a.out, name)
     log = pre + ".log"
     env = dict(os.environ)
-    if a.pprof and mode == "auto":
+    if a.pprof and (mode == "auto" or name.startswith("sidecar-")):
         env["GAPTRACE_PPROF"] = pre
     g = subprocess.Popen([a.gaptrace, "attach", "--pid", str(job.p.pid), "--probes", mode, "--live", "off",
                           "--summary-json", pre + "-summary.json", "--gaps-out", pre + "-gaps.jsonl",
@@ -187,9 +188,10 @@ def main():
     ap.add_argument("--settle-auto", type=float, default=2.0, help="seconds after attach before auto's window (its first full window)")
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--kernels", type=int, default=300)
+    ap.add_argument("--host-us", type=int, default=0, help="µs of Python work a step after its launches (a lower launch rate)")
     ap.add_argument("--modes", default="null,lite,auto,full,profiler")
     ap.add_argument("--budget", type=float, default=0, help="stop starting repetitions after this many seconds (0: none)")
-    ap.add_argument("--pprof", action="store_true", help="GAPTRACE_PPROF for auto's attachments (heap and CPU profiles)")
+    ap.add_argument("--pprof", action="store_true", help="GAPTRACE_PPROF for auto's attachments and every sidecar attachment (heap and CPU profiles)")
     ap.add_argument("--sidecar", default="auto,lite", help="modes whose own cost is measured in a long attachment at the end")
     ap.add_argument("--sidecar-seconds", type=float, default=30)
     ap.add_argument("--seed", type=int, default=1)

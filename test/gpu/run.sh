@@ -123,12 +123,13 @@ for p in $PHASES; do
   attach-pairs)
     # The same costs in one long-running job: gaptrace attached and detached, the profiler switched on
     # and off, in interleaved windows (overhead_attach.py); ATTACH_BUDGET caps the seconds spent in
-    # repetitions, then the sidecar's own CPU and RSS are measured in a 30 s attachment per mode.
+    # repetitions, then the sidecar's own CPU and RSS are measured in a 30 s attachment per mode
+    # (SIDECAR); HOST_US adds that much Python work to each step (a lower launch rate).
     phase "overhead in one job: untraced windows vs attached null/lite/auto/full and the profiler"
     seed=${SEED:-1}
     "$PY" "$HERE/overhead_attach.py" --gaptrace "$G" --bench "${BENCH:-$ROOT/bin/bench}" --out "$WORK/attach-$seed" \
       --reps "${REPS:-20}" --window "${WINDOW:-1.5}" --modes "${PAIR_MODES:-null,lite,auto,full,profiler}" \
-      --budget "${ATTACH_BUDGET:-0}" --seed "$seed" --sidecar "${SIDECAR:-auto,lite}" --pprof 2>&1 | tee -a "$RES"
+      --budget "${ATTACH_BUDGET:-0}" --seed "$seed" --sidecar "${SIDECAR:-auto,lite}" --host-us "${HOST_US:-0}" --pprof 2>&1 | tee -a "$RES"
     for f in pairs windows sidecar; do cp "$WORK/attach-$seed/$f.json" "$OUTDIR/attach-$seed-$f.json" 2>/dev/null; done
     (cd "$WORK/attach-$seed" && tar cf "$OUTDIR/attach-$seed-pprof.tar" *.cpu *.heap 2>/dev/null)
     ;;

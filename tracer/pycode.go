@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 	"unicode/utf16"
 	"unsafe"
 
@@ -164,6 +165,9 @@ func (p *pyProc) resolve(rec *rawPyStack) (frames []event.Frame, truncated bool)
 		return nil, truncated
 	}
 	l := &p.layout
+	if frames, ok := p.recent(rec, n); ok {
+		return frames, truncated
+	}
 	hl := l.headerLen()
 	// One process_vm_readv for the stack: each frame's code header and,
 	// for a code object seen before, the name, file and line table it had.
@@ -253,6 +257,38 @@ func (p *pyProc) resolve(rec *rawPyStack) (frames []event.Frame, truncated bool)
 		frames = append(frames, event.Frame{Function: c.function, File: c.file, Line: line})
 	}
 	return frames, truncated
+}
+
+// codeTrust is how long a code object found unchanged is taken as it is
+// without reading it again. A training loop captures the same stack at
+// every step's sync (hundreds a second), and re-reading its code objects
+// each time was a tenth of the sidecar's CPU on a launch-bound job; a
+// function recompiled within this time after its predecessor's last check
+// can be named as the predecessor (its line still has to fall in the
+// cached code's range).
+const codeTrust = 200 * time.Millisecond
+
+// recent resolves a stack of n frames whose every code object was read or
+// found unchanged within codeTrust before the capture, without reading the
+// process's memory.
+func (p *pyProc) recent(rec *rawPyStack, n int) ([]event.Frame, bool) {
+	capture := rec.Hdr.KtimeNs
+	for i := range n {
+		c := p.codes[rec.Code[i]]
+		if c == nil || c.checkedAt+uint64(codeTrust) < capture {
+			return nil, false
+		}
+	}
+	frames := make([]event.Frame, 0, n)
+	for i := range n {
+		c := p.codes[rec.Code[i]]
+		line, ok := c.line(&p.layout, rec.Instr[i])
+		if !ok {
+			return nil, false
+		}
+		frames = append(frames, event.Frame{Function: c.function, File: c.file, Line: line})
+	}
+	return frames, true
 }
 
 // liveRefcnt says whether an object's first word can be the reference

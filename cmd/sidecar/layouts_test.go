@@ -430,6 +430,50 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 		job, truth := startJob(t, 150, "--ctx-sync-v2", "--batch-bytes", "0")
 		untilExit(t, job, truth, "--probes", "lite")
 	})
+	// A launcher (torchrun, a shell script) that starts the job after
+	// gaptrace attached and exits at once: the job is reparented away from
+	// it, so only the tracer's own record of the fork says it was the
+	// launcher's. gaptrace follows it to its end and sees all its steps.
+	t.Run("a launcher that starts the job and exits", func(t *testing.T) {
+		dir := t.TempDir()
+		truth, goFile, sum := filepath.Join(dir, "truth.jsonl"), filepath.Join(dir, "go"), filepath.Join(dir, "summary.json")
+		argv := simtrain("--steps", "150", "--kernel-us", "2000", "--stall", "io.read:every=4:ms=20", "--truth", truth, "--quiet")
+		script := fmt.Sprintf(`while [ ! -e %q ]; do sleep 0.05; done; "$@" </dev/null >/dev/null 2>&1 &`, goFile)
+		launcher := exec.Command("sh", append([]string{"-c", script, "launcher"}, argv...)...)
+		launcher.Env = env(t)
+		if err := launcher.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { launcher.Process.Kill(); launcher.Wait() }) //nolint:errcheck // has exited
+		gt := start(t, env(t), "attach", "--pid", strconv.Itoa(launcher.Process.Pid), "--live", "off", "--nvml-lib", nvml,
+			"--cuda-wait", "2m", "--summary-json", sum)
+		gt.waitFor(t, regexp.MustCompile(`msg=tracing`), 2*time.Minute)
+		if err := os.WriteFile(goFile, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if code := gt.wait(t, 3*time.Minute); code != 0 {
+			t.Fatalf("exit %d\n%s", code, gt.stderr)
+		}
+		tr, err := accuracy.ReadTruth(truth)
+		if err != nil || !tr.Ended {
+			t.Fatalf("gaptrace ended before the job did (truth: %v, ended %v)\n%s", err, tr != nil && tr.Ended, gt.stderr)
+		}
+		var s struct {
+			Steps   int64            `json:"steps"`
+			ByCause map[string]int64 `json:"by_cause"`
+		}
+		b, err := os.ReadFile(sum)
+		if err != nil {
+			t.Fatal(err)
+		}
+		json.Unmarshal(b, &s) //nolint:errcheck // checked below
+		if s.Steps < int64(len(tr.Steps))*9/10 || s.ByCause["io.read"] == 0 {
+			t.Errorf("summary of a job started by a launcher: %s (the job ran %d steps)\nstderr:\n%s", b, len(tr.Steps), gt.stderr)
+		}
+		if !strings.Contains(gt.stderr.String(), "following its descendants") {
+			t.Errorf("no word of following the launcher's job:\n%s", gt.stderr)
+		}
+	})
 	t.Run("with --duration", func(t *testing.T) {
 		job, _ := startJob(t, 100000)
 		began := time.Now()

@@ -315,6 +315,18 @@ func (p *pipeline) processes() []int {
 	return all
 }
 
+// ProcessesAfter is the set processes() returns once the tracer has read
+// every event recorded before after (a zero time: at once), waiting at most
+// wait: attach follows a target's new descendants with it instead of
+// walking /proc every look, and a fork is in the set once its event is read.
+func (p *pipeline) ProcessesAfter(after time.Time, wait time.Duration) []int {
+	deadline := time.Now().Add(wait)
+	for !after.IsZero() && p.tr.Delivered() < after.UnixNano() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return p.processes()
+}
+
 // mapDevices tells the engine which GPU each traced process uses, as NVML
 // reports the contexts processes hold.
 func (p *pipeline) mapDevices() {

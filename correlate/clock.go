@@ -831,10 +831,35 @@ func (s *stepper) tryClock(set settings) bool {
 	switch prev {
 	case modeUnknown:
 		s.retroClock()
+		return true
 	case modeWindow:
 		s.splitWindowClock()
 	}
+	s.clock.seg, s.clock.syncs = s.openSeg()
 	return true
+}
+
+// openSeg is what the ring holds of the open step under the clock: the
+// tokens after its last boundary occurrence, and the syncs since. A clock
+// taking over from another clock, the sync period or fixed windows
+// compares its first step with the next as a whole, not with the part
+// of it enqueued after the takeover.
+func (s *stepper) openSeg() (segFeat, int) {
+	c := s.clock
+	seg := segFeat{counts: map[tokKey]int{}}
+	var idx int64
+	for i := range s.toks {
+		tok := &s.toks[i]
+		seg.add(tok)
+		if tok.key != c.key {
+			continue
+		}
+		idx++
+		if int((idx-1)%int64(c.m)) == c.phase {
+			seg = segFeat{counts: map[tokKey]int{}}
+		}
+	}
+	return seg, seg.syncs + s.pendSyncs
 }
 
 // splitWindowClock is splitWindow (steps.go) under the clock: the clock's

@@ -154,7 +154,10 @@
 // after the first GPU work without a period, it falls back to fixed
 // windows of StepWindow (Step.Window true) and keeps looking; numbering
 // always increases. A lost pattern (half the recent syncs or clock steps
-// stop matching) returns to fixed windows.
+// stop matching) returns to fixed windows. A clock that takes over from
+// another, the sync period or fixed windows takes the open step's
+// operations so far from the token ring, so that its first step is
+// compared whole with the next.
 //
 // Comm baselines name a sync by its position in the step: under the sync
 // period its index mod P, under the clock its index since the clock

@@ -226,8 +226,10 @@ var viewsOff = map[string]string{
 	// As lite, the model's setup (a copy of each parameter, each followed
 	// by a sync) makes a sync period of one: blind to launches, lite
 	// cannot tell that those syncs covered no kernel. Its measured
-	// iterations are counted right (100 for 100); the whole run is not
-	// (51 setup steps before the 15 warm-up iterations).
+	// iterations are counted right (100 for 100); the whole run is not:
+	// 51 setup steps, then 19 for the 15 warm-up iterations, which the
+	// setup's period splits at their varying syncs until the batch copy
+	// clocks them.
 	"h200-loops-eager-auto": "lite counts the model setup's copy-and-sync pairs as steps",
 }
 

@@ -185,8 +185,11 @@ type clockFound struct {
 	// than the mean (the work happens in a few of them).
 	work         float64
 	concentrated bool
-	medSyncs     int   // median syncs per step
-	syncCounts   []int // syncs of the last steps, oldest first
+	medSyncs     int // median syncs per step
+	// unproven: no sync came between its first and last occurrence, and
+	// they span less time than the ring held before the first.
+	unproven   bool
+	syncCounts []int // syncs of the last steps, oldest first
 }
 
 // syncsRing: steps whose sync counts say whether positions name syncs.
@@ -257,10 +260,27 @@ func (c *clockState) fixedSyncs() bool {
 //     a clock whose median step holds under a quarter of the mean is one
 //     on its own (work is launches where they are seen, else time: lite
 //     would otherwise lock onto the optimizer's copies during warm-up,
-//     before the batch copy has repeated often enough to compare);
+//     before the batch copy has repeated often enough to compare). While
+//     the ring still holds the run's first token (fromStart), the first
+//     step is left out of the mean: the loop's first iteration does
+//     one-off work (compiling, autotuning, allocating) however long, which
+//     says nothing of where the loop's work recurs, and would make the
+//     loop's own clock look concentrated for as many steps as the first
+//     iteration is longer than the others;
+//   - while nothing is decided yet (needSync: no period, no clock, gaps
+//     held), it is proven: a sync came between its first and last
+//     occurrence, or they span at least the time the ring held before the
+//     first. Operations that repeat alike before the loop's first sync may
+//     be a burst inside the first iteration (the backward's per-layer
+//     copies, after the forward and its compiling), which shows once the
+//     iteration's sync falls into one of their steps and makes it the one
+//     holding the work; the operation that starts every iteration, the
+//     first of the loop, has no such stretch of work before it, so that a
+//     loop that never syncs is clocked from its first iterations. Waiting
+//     loses no step (the clock lays its steps over the ring when found);
 //   - of the rest, the finest wins (a checkpoint or an evaluation every N
 //     steps makes a coarser period that also repeats).
-func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo, hi int64) int64) (best clockFound, valid []clockFound) {
+func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart bool, posts func(lo, hi int64) int64) (best clockFound, valid []clockFound) {
 	occ := map[tokKey][]int{}
 	var keys []tokKey
 	var launches uint64
@@ -324,6 +344,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 			feats := make([]segSum, nseg)
 			work := make([]float64, nseg)
 			var workSum float64
+			nwork := nseg
 			idleSegs := 0
 			for s := 0; s < nseg; s++ {
 				a, b := o[s*m], o[(s+1)*m]
@@ -336,6 +357,11 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 					work[s] = float64(f.launches)
 				} else {
 					work[s] = float64(toks[o[(s+1)*m]].t - toks[o[s*m]].t)
+				}
+				if s == 0 && fromStart {
+					// The run's first iteration: one-off work.
+					nwork--
+					continue
 				}
 				workSum += work[s]
 			}
@@ -373,7 +399,8 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 			cands = append(cands, clockFound{key: k, m: m, segLen: segLen, launches: ref,
 				syncsVary:    syncSame < nseg-1,
 				syncsPerStep: feats[nseg-1].syncs, occ: int64(len(o)),
-				work: med, concentrated: med < workSum/float64(nseg)/4, medSyncs: ns[nseg/2], syncCounts: segSyncs(feats[max(0, nseg-syncsRing):]),
+				unproven: ps[o[len(o)-1]+1]-ps[o[0]+1] == 0 && toks[o[len(o)-1]].t-toks[o[0]].t < toks[o[0]].t-toks[0].t,
+				work:     med, concentrated: med < workSum/float64(nwork)/4, medSyncs: ns[nseg/2], syncCounts: segSyncs(feats[max(0, nseg-syncsRing):]),
 				phase: clockPhase(toks, o, m, posts)})
 			break
 		}
@@ -389,7 +416,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen bool, posts func(lo,
 	found := false
 	for i := range cands {
 		f := &cands[i]
-		if f.concentrated {
+		if f.concentrated || needSync && f.unproven {
 			continue
 		}
 		slice := false
@@ -756,7 +783,7 @@ func (s *stepper) tryClock(set settings) bool {
 	// Under auto the clocks are compared by lite's rules throughout, so
 	// that the clock found in a window still qualifies after it; the
 	// tokens a window saw still say where no kernel ran (token.seen).
-	cf, valid := detectClock(s.toks, s.pendSyncs, !set.lite, s.maxPost)
+	cf, valid := detectClock(s.toks, s.pendSyncs, !set.lite, s.mode == modeUnknown, s.ntok <= tokMax, s.maxPost)
 	if len(valid) == 0 {
 		return false
 	}
@@ -804,10 +831,35 @@ func (s *stepper) tryClock(set settings) bool {
 	switch prev {
 	case modeUnknown:
 		s.retroClock()
+		return true
 	case modeWindow:
 		s.splitWindowClock()
 	}
+	s.clock.seg, s.clock.syncs = s.openSeg()
 	return true
+}
+
+// openSeg is what the ring holds of the open step under the clock: the
+// tokens after its last boundary occurrence, and the syncs since. A clock
+// taking over from another clock, the sync period or fixed windows
+// compares its first step with the next as a whole, not with the part
+// of it enqueued after the takeover.
+func (s *stepper) openSeg() (segFeat, int) {
+	c := s.clock
+	seg := segFeat{counts: map[tokKey]int{}}
+	var idx int64
+	for i := range s.toks {
+		tok := &s.toks[i]
+		seg.add(tok)
+		if tok.key != c.key {
+			continue
+		}
+		idx++
+		if int((idx-1)%int64(c.m)) == c.phase {
+			seg = segFeat{counts: map[tokKey]int{}}
+		}
+	}
+	return seg, seg.syncs + s.pendSyncs
 }
 
 // splitWindowClock is splitWindow (steps.go) under the clock: the clock's

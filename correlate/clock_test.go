@@ -296,12 +296,12 @@ func BenchmarkDetectClock(b *testing.B) {
 		}
 	}
 	toks = toks[:tokMax]
-	if cf, _ := detectClock(toks, 0, true, func(lo, hi int64) int64 { return -1 }); cf.key.bytes != 16<<10 {
+	if cf, _ := detectClock(toks, 0, true, false, false, func(lo, hi int64) int64 { return -1 }); cf.key.bytes != 16<<10 {
 		b.Fatalf("clock %s, want the batch copy", cf.key)
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		detectClock(toks, 0, true, func(lo, hi int64) int64 { return -1 })
+		detectClock(toks, 0, true, false, false, func(lo, hi int64) int64 { return -1 })
 	}
 }
 
@@ -390,5 +390,144 @@ func TestClockLaunchesCountedLate(t *testing.T) {
 	// every one is a step.
 	if matched < steps-8 || len(c.steps) > steps+1 {
 		t.Errorf("%d steps, %d ending at an iteration's sync, for %d iterations", len(c.steps), matched, steps)
+	}
+}
+
+// TestClockFirstIterationBurst: the backward copies each layer's gradient
+// (twelve 4 MiB copies from the autograd thread, alike, with nothing else
+// enqueued between them) before the iteration's loss read; the first
+// iteration compiles for 400 ms after its batch copy, the others take
+// about 10 ms. The per-layer copies repeat alike before any sync, yet are
+// slices of an iteration; and the first iteration's compile, one step of
+// the batch copy's, is no sign that its steps do not share the work.
+// Under full and lite every iteration is one step, from the first ones on,
+// and none is cut in pieces.
+func TestClockFirstIterationBurst(t *testing.T) {
+	for _, lite := range []bool{false, true} {
+		name := "full"
+		if lite {
+			name = "lite"
+		}
+		t.Run(name, func(t *testing.T) {
+			s := newSim()
+			s.lite = lite
+			copyOf := func(bytes uint64) {
+				s.t += 5 * us
+				s.evs = append(s.evs, event.Event{Kind: event.KindMemcpyAsync, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
+					CUDA: event.CUMemcpyAsync, Stream: s.stream, Bytes: bytes})
+				start := max(s.t, s.gpuFree)
+				s.gpuFree = start + 20*us
+				s.addBusy(start, s.gpuFree)
+			}
+			const iters = 60
+			var starts, ends []int64
+			for n := 0; n < iters; n++ {
+				starts = append(starts, s.t)
+				copyOf(16 << 10) // the batch
+				s.launches(20, 200*us, 20*us)
+				if n == 0 {
+					s.t += 400 * ms // compiling
+				}
+				s.tid = 101 // the autograd thread
+				for l := 0; l < 12; l++ {
+					s.launches(3, 100*us, 20*us)
+					copyOf(4 << 20)
+				}
+				s.tid = 100
+				copyOf(4) // the loss read
+				s.sync()
+				if n%3 == 0 {
+					copyOf(4) // a metric logged every third iteration
+					s.sync()
+				}
+				ends = append(ends, s.t)
+				s.t += 2 * ms // the next batch
+			}
+			c := &collect{}
+			feed(newEngine(c, func(cfg *Config) {
+				if lite {
+					cfg.Probes = ProbesLite
+				}
+			}), c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+			var stepEnds []int64
+			for _, st := range c.steps {
+				if !st.Window {
+					stepEnds = append(stepEnds, st.End)
+				}
+			}
+			t.Logf("%d steps (%d fixed windows) for %d iterations", len(stepEnds), len(c.steps)-len(stepEnds), iters)
+			if len(stepEnds) > iters || len(stepEnds) < iters-5 {
+				t.Errorf("%d steps for %d iterations", len(stepEnds), iters)
+			}
+			exact := 0
+			for i := range starts {
+				next := ends[i] + 1
+				if i+1 < len(starts) {
+					next = starts[i+1]
+				}
+				k := 0
+				for _, e := range stepEnds {
+					if e > starts[i] && e < next {
+						k++
+					}
+				}
+				if k == 1 {
+					exact++
+				}
+			}
+			if exact < iters-5 {
+				t.Errorf("%d of %d iterations hold exactly one step end", exact, iters)
+			}
+		})
+	}
+}
+
+// TestClockLoopWithoutSyncs: a loop that never synchronises (no loss
+// read: the host runs ahead until a stall) copies its batch and launches
+// its kernels every iteration. Nothing bounds its first iteration but the
+// batch copy that starts it, which it repeats from there: the clock counts
+// its iterations from the first ones under full and lite, without waiting
+// for a sync that never comes.
+func TestClockLoopWithoutSyncs(t *testing.T) {
+	for _, lite := range []bool{false, true} {
+		name := "full"
+		if lite {
+			name = "lite"
+		}
+		t.Run(name, func(t *testing.T) {
+			s := newSim()
+			s.lite = lite
+			const iters = 300
+			var starts []int64
+			for n := 0; n < iters; n++ {
+				starts = append(starts, s.t)
+				s.copyAsync(50*us, s.stream)
+				s.launches(20, 200*us, 30*us)
+				readStall(s, 2*ms)
+			}
+			c := &collect{}
+			feed(newEngine(c, func(cfg *Config) {
+				if lite {
+					cfg.Probes = ProbesLite
+				}
+			}), c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+			n, first := 0, int64(-1)
+			for _, st := range c.steps {
+				if st.Window {
+					continue
+				}
+				if first < 0 {
+					first = st.Start
+				}
+				n++
+			}
+			t.Logf("%d steps (%d fixed windows) for %d iterations, the first from %.1f ms", n, len(c.steps)-n, iters, float64(first-t0)/1e6)
+			if first < 0 || first > starts[5] {
+				t.Errorf("no step begins by iteration 6")
+			}
+			if n > iters || n < iters-5 {
+				t.Errorf("%d steps for %d iterations", n, iters)
+			}
+		})
 	}
 }

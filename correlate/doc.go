@@ -113,13 +113,28 @@
 // same number of kernels (within 30%) were enqueued in 80% of the steps,
 // compared with the most common step. A clock must still occur (not a
 // warm-up's or a checkpoint's burst), its steps must share the work (the
-// median step holds at least half its share of a coarser clock's, and in
-// full launches kernels), m > 1 needs the segments between occurrences to
+// median step holds at least a quarter of the mean and half its share of
+// a coarser clock's, and in full launches kernels; the run's first step,
+// while the ring holds it, is left out of the mean: the first iteration's
+// compiling and autotuning are one-off work however long, not where the
+// loop's work recurs), m > 1 needs the segments between occurrences to
 // differ by position (the step starts after the stretch that held a sync
-// in every step), and the finest such clock wins. A running clock is
-// checked every 16 operations and gives way, at two checks in a row, to a
-// clearly finer one or when it no longer qualifies; many syncs without any
-// operation mean the loop stopped, and steps fall back to fixed windows.
+// in every step), and the finest such clock wins. While nothing is
+// decided yet (no period, gaps held) a clock must also be proven: a sync
+// came between its occurrences, or they span at least the time the token
+// ring held before the first. Operations repeating alike before the
+// loop's first sync may be a burst inside the first iteration (the
+// backward's per-layer copies, after the forward and its compiling),
+// exposed once the iteration's sync falls into one of their steps and
+// makes it the one that holds the work; the operation that starts every
+// iteration has no such stretch of work before it, so a loop that never
+// syncs is still clocked from its first iterations. Waiting loses no
+// step: gaps are held meanwhile and the clock, once proven, lays its steps
+// over the ring (or splits the fixed window the warm-up ran out to). A
+// running clock is checked every 16 operations and gives way, at two
+// checks in a row, to a clearly finer one or when it no longer qualifies;
+// many syncs without any operation mean the loop stopped, and steps fall
+// back to fixed windows.
 // A step ends when the next step's clock operation is enqueued: at the
 // sync after which the host clearly paused longest from the call's return
 // (full only), else at the last sync before it; at exit, at the last sync.
@@ -139,7 +154,10 @@
 // after the first GPU work without a period, it falls back to fixed
 // windows of StepWindow (Step.Window true) and keeps looking; numbering
 // always increases. A lost pattern (half the recent syncs or clock steps
-// stop matching) returns to fixed windows.
+// stop matching) returns to fixed windows. A clock that takes over from
+// another, the sync period or fixed windows takes the open step's
+// operations so far from the token ring, so that its first step is
+// compared whole with the next.
 //
 // Comm baselines name a sync by its position in the step: under the sync
 // period its index mod P, under the clock its index since the clock

@@ -223,13 +223,14 @@ var wholeRun = map[string]bool{
 // viewsOff are the recordings whose replay as another probe set misses the
 // step tolerance, with why; they are logged, not held to it.
 var viewsOff = map[string]string{
-	// Lite takes the autograd thread's twelve 4 MiB copies a step for the
-	// clock in the first iteration (the batch copy has not repeated yet,
-	// no sync has come) and keeps it through the warm-up, when no clock
-	// qualifies (the first iteration's compile time makes the batch copy's
-	// steps look concentrated): +51% steps; under auto a fixed window.
-	"h200-loops-eager":      "the autograd thread's per-layer copies clock lite's warm-up",
-	"h200-loops-eager-auto": "the same loop, recorded under auto: its per-layer copies clock lite's warm-up too",
+	// As lite, the model's setup (a copy of each parameter, each followed
+	// by a sync) makes a sync period of one: blind to launches, lite
+	// cannot tell that those syncs covered no kernel. Its measured
+	// iterations are counted right (100 for 100); the whole run is not:
+	// 51 setup steps, then 19 for the 15 warm-up iterations, which the
+	// setup's period splits at their varying syncs until the batch copy
+	// clocks them.
+	"h200-loops-eager-auto": "lite counts the model setup's copy-and-sync pairs as steps",
 }
 
 func TestRecordedSteps(t *testing.T) {

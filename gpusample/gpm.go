@@ -1,6 +1,7 @@
 package gpusample
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"slices"
@@ -85,6 +86,13 @@ type gpmSampler struct {
 // get snapshots the counters into smp and returns the host time of the
 // snapshot (midpoint of the call, Unix ns).
 func (g *gpmSampler) get(smp nvml.GpmSample) (int64, bool) {
+	lo, hi, ok := g.read(smp)
+	return lo + (hi-lo)/2, ok
+}
+
+// read takes a sample; the counters it holds were read at some instant
+// within [lo, hi] (Unix ns), the call's start and return.
+func (g *gpmSampler) read(smp nvml.GpmSample) (lo, hi int64, ok bool) {
 	gpmMu.Lock()
 	t0 := time.Now()
 	ret := smp.Get(g.d.h)
@@ -96,9 +104,9 @@ func (g *gpmSampler) get(smp nvml.GpmSample) (int64, bool) {
 	storeMax(&g.s.st.gpmMaxNS, cost)
 	if ret != nvml.SUCCESS {
 		g.s.countErr(g.d, "nvmlGpmSampleGet", ret)
-		return 0, false
+		return 0, 0, false
 	}
-	return t0.UnixNano() + cost/2, true
+	return t0.UnixNano(), t1.UnixNano(), true
 }
 
 // metrics computes ids between two samples; an unknown metric is -1. ok
@@ -149,12 +157,16 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 		want, budget = 2, 3*g.period
 	}
 	deadline := time.Now().Add(budget)
-	tA, ok := g.get(g.calA)
+	aLo, aHi, ok := g.read(g.calA)
 	if !ok {
 		return
 	}
-	var changes []int64  // midpoints of the pairs that spanned a refresh
-	var spans [][2]int64 // the pairs themselves: the refresh lies inside
+	var changes []int64 // midpoints of the pairs that spanned a refresh
+	// The pairs themselves: the refresh came after the first read's
+	// counters were taken (at or after its call began) and before the
+	// second's (at or before its call returned), whatever the scheduler did
+	// around the calls, so it lies inside.
+	var spans [][2]int64
 	tick := time.NewTicker(calStep)
 	defer tick.Stop()
 	for len(changes) < want && time.Now().Before(deadline) {
@@ -163,16 +175,16 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		tB, ok := g.get(g.calB)
+		bLo, bHi, ok := g.read(g.calB)
 		if !ok {
 			return
 		}
 		if vals, ok := g.metrics(g.calA, g.calB, calMetricIDs); ok && changed(vals) {
-			changes = append(changes, (tA+tB)/2)
-			spans = append(spans, [2]int64{tA, tB})
+			changes = append(changes, (aLo+aHi+bLo+bHi)/4)
+			spans = append(spans, [2]int64{aLo, bHi})
 		}
 		g.calA, g.calB = g.calB, g.calA
-		tA = tB
+		aLo, aHi = bLo, bHi
 	}
 	if len(changes) == 0 {
 		g.s.log.Debug("gpm refresh not observed (idle GPU?); sampling unaligned", "device", g.d.info.Index)
@@ -247,22 +259,25 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 
 // refreshPhase places the last refresh of spans as tightly as the spans
 // allow: each span (a pair of reads with a refresh between them), shifted by
-// whole periods, bounds the same instant; their intersection is narrower
-// than any single span. When the spans disagree (the period is off), the
-// last span's midpoint is used.
+// whole periods, bounds the same instant; their intersection, from the
+// narrowest span on, is narrower than any single span. A span that does not
+// overlap what the narrower ones bound (the period is a little off over a
+// long calibration) is left out.
 func refreshPhase(spans [][2]int64, period time.Duration) int64 {
-	last := spans[len(spans)-1]
-	lo, hi := last[0], last[1]
 	p := float64(period)
-	for _, sp := range spans[:len(spans)-1] {
-		k := int64(math.Round(float64((last[0]+last[1])/2-(sp[0]+sp[1])/2)/p)) * int64(period)
-		nlo, nhi := max(lo, sp[0]+k), min(hi, sp[1]+k)
-		if nlo > nhi {
-			return (last[0] + last[1]) / 2
+	mid := func(sp [2]int64) int64 { return sp[0] + (sp[1]-sp[0])/2 }
+	order := slices.Clone(spans)
+	slices.SortStableFunc(order, func(a, b [2]int64) int { return cmp.Compare(a[1]-a[0], b[1]-b[0]) })
+	lo, hi := order[0][0], order[0][1]
+	for _, sp := range order[1:] {
+		k := int64(math.Round(float64(mid(order[0])-mid(sp))/p)) * int64(period)
+		if nlo, nhi := max(lo, sp[0]+k), min(hi, sp[1]+k); nlo <= nhi {
+			lo, hi = nlo, nhi
 		}
-		lo, hi = nlo, nhi
 	}
-	return (lo + hi) / 2
+	at := lo + (hi-lo)/2
+	last := spans[len(spans)-1]
+	return at + int64(math.Round(float64(mid(last)-at)/p))*int64(period)
 }
 
 // boundary is the latest estimated refresh at or before t.

@@ -691,16 +691,28 @@ func TestSimGPMOtherRefreshPeriod(t *testing.T) {
 	w.add(start, start+int64(4*time.Second), kindKernel)
 	off := realMinusMono()
 	s := openSim(t, Config{GPMInterval: 100 * time.Millisecond})
-	ws := collect(t, s, 8*time.Second, func(ws []event.GPUWindow) bool { return len(bySource(ws, event.SourceGPM)) >= 20 })
+	ws := collect(t, s, 8*time.Second, func(ws []event.GPUWindow) bool { return len(bySource(ws, event.SourceGPM)) >= 25 })
 	st := s.Stats()
 	if !st.GPMAligned || st.GPMRefresh < 117*time.Millisecond || st.GPMRefresh > 123*time.Millisecond {
 		t.Fatalf("refresh %v aligned %v, want 120 ms", st.GPMRefresh, st.GPMAligned)
 	}
 	R, phase := int64(120*time.Millisecond), int64(simGPMPhase)
+	// The first calibration measures the period over ~4 refreshes, within a
+	// few % on a busy host (recalAfter): its windows may drift by that much
+	// times a few periods until the second one, 1 s later, measures it
+	// against the first refresh. Windows are judged from then on.
+	judged := 0
 	for i, win := range bySource(ws, event.SourceGPM)[1:] {
 		e := win.End - off
+		if e < start+int64(1500*time.Millisecond) {
+			continue
+		}
+		judged++
 		if d := abs(e - ((e-phase+R/2)/R*R + phase)); d > int64(gpmMargin-2*time.Millisecond) {
 			t.Errorf("gpm window %d ends %v off the 120 ms refresh grid", i+1, time.Duration(d))
 		}
+	}
+	if judged < 5 {
+		t.Errorf("only %d gpm windows after the second calibration", judged)
 	}
 }

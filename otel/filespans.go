@@ -119,13 +119,26 @@ func (x *fileExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlyS
 		if err != nil {
 			return err
 		}
+		n := len(b)
 		if b, err = appendFileSpan(b, s, x.service, res, &x.kvs); err != nil {
 			return fmt.Errorf("encode span: %w", err)
 		}
+		// A batch that would take the file past its cap is split at the
+		// line that does: what came before fills this file, the rest
+		// starts the next one, so no file exceeds the cap by more than a
+		// line longer than the cap itself.
+		if max := x.f.MaxSize; max > 0 && n > 0 && x.f.Size()+int64(len(b)) > max {
+			if err := x.f.WriteRecords(b[:n]); err != nil {
+				x.line = b
+				return err
+			}
+			b = b[:copy(b, b[n:])]
+		}
 	}
 	x.line = b
-	// One write per batch, so that a reader (or a crash) sees whole steps;
-	// a failed write leaves the file at the last whole line.
+	// One write per batch (or per file a batch fills), so that a reader (or
+	// a crash) sees whole steps; a failed write leaves the file at the last
+	// whole line.
 	return x.f.WriteRecords(b)
 }
 

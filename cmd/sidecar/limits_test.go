@@ -1,0 +1,35 @@
+package main
+
+import (
+	"math"
+	"runtime"
+	"runtime/debug"
+	"testing"
+)
+
+func TestRuntimeLimits(t *testing.T) {
+	procs, mem := runtime.GOMAXPROCS(0), debug.SetMemoryLimit(-1)
+	t.Cleanup(func() {
+		runtime.GOMAXPROCS(procs)
+		debug.SetMemoryLimit(mem)
+	})
+	runtime.GOMAXPROCS(8)
+	debug.SetMemoryLimit(math.MaxInt64)
+	runtimeLimits(func(string) string { return "" })
+	if got := runtime.GOMAXPROCS(0); got != maxProcs {
+		t.Errorf("GOMAXPROCS %d on 8 without the variable, want %d", got, maxProcs)
+	}
+	if got := debug.SetMemoryLimit(-1); got != memoryLimit {
+		t.Errorf("memory limit %d, want %d", got, memoryLimit)
+	}
+	// The user's settings win.
+	runtime.GOMAXPROCS(8)
+	debug.SetMemoryLimit(math.MaxInt64)
+	runtimeLimits(func(k string) string { return map[string]string{"GOMAXPROCS": "8", "GOMEMLIMIT": "1GiB"}[k] })
+	if got := runtime.GOMAXPROCS(0); got != 8 {
+		t.Errorf("GOMAXPROCS %d with GOMAXPROCS=8 set, want 8", got)
+	}
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Errorf("memory limit %d with GOMEMLIMIT set, want it untouched", got)
+	}
+}

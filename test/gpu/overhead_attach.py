@@ -83,10 +83,16 @@ class Job:
 
 
 def attach(a, job, mode, name):
-    """Starts gaptrace on the job and returns (process, log path) once it traces, else None."""
+    """Starts gaptrace on the job and returns (process, log path) once it traces, else None.
+    mode is a probe set, optionally followed by +VAR=VALUE settings of gaptrace's environment
+    (lite+GOMAXPROCS=16)."""
     pre = os.path.join(a.out, name)
     log = pre + ".log"
     env = dict(os.environ)
+    mode, *settings = mode.split("+")
+    for kv in settings:
+        k, _, v = kv.partition("=")
+        env[k] = v
     if a.pprof and (mode == "auto" or name.startswith("sidecar-")):
         env["GAPTRACE_PPROF"] = pre
     g = subprocess.Popen([a.gaptrace, "attach", "--pid", str(job.p.pid), "--probes", mode, "--live", "off",
@@ -143,7 +149,7 @@ def proc_rss_mib(pid):
 
 def sidecar_cost(a, job, mode):
     """gaptrace's own CPU (share of one core) and RSS over a long attachment, after its start."""
-    at = attach(a, job, mode, f"sidecar-{mode}")
+    at = attach(a, job, mode, f"sidecar-{mode.replace('+', '-').replace('=', '')}")
     if at is None:
         return None
     g, pre = at
@@ -192,7 +198,7 @@ def main():
     ap.add_argument("--modes", default="null,lite,auto,full,profiler")
     ap.add_argument("--budget", type=float, default=0, help="stop starting repetitions after this many seconds (0: none)")
     ap.add_argument("--pprof", action="store_true", help="GAPTRACE_PPROF for auto's attachments and every sidecar attachment (heap and CPU profiles)")
-    ap.add_argument("--sidecar", default="auto,lite", help="modes whose own cost is measured in a long attachment at the end")
+    ap.add_argument("--sidecar", default="auto,lite", help="modes whose own cost is measured in a long attachment at the end (MODE+VAR=VALUE sets gaptrace's environment)")
     ap.add_argument("--sidecar-seconds", type=float, default=30)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()

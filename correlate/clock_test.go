@@ -12,88 +12,80 @@ import (
 // step. The syncs per step vary, so only the work clock counts the steps;
 // every step must end at its last sync and each stall land in its step.
 func TestClockCountsStepsDespiteExtraSyncs(t *testing.T) {
-	for _, lite := range []bool{false, true} {
-		name := "full"
-		if lite {
-			name = "lite"
+	fullAndLite(t, func(t *testing.T, s *gpuSim) {
+		var ends []int64
+		stallStep := map[int64]bool{}
+		scalar := func() {
+			s.t += 5 * us
+			s.evs = append(s.evs, event.Event{Kind: event.KindMemcpyAsync, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
+				CUDA: event.CUMemcpyAsync, Stream: s.stream, Bytes: 4})
+			s.sync()
 		}
-		t.Run(name, func(t *testing.T) {
-			s := newSim()
-			s.lite = lite
-			var ends []int64
-			stallStep := map[int64]bool{}
-			scalar := func() {
-				s.t += 5 * us
-				s.evs = append(s.evs, event.Event{Kind: event.KindMemcpyAsync, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
-					CUDA: event.CUMemcpyAsync, Stream: s.stream, Bytes: 4})
-				s.sync()
+		const steps = 80
+		for n := int64(1); n <= steps; n++ {
+			if n%5 == 0 {
+				stallStep[n] = true
+				readStall(s, 20*ms)
 			}
-			const steps = 80
-			for n := int64(1); n <= steps; n++ {
-				if n%5 == 0 {
-					stallStep[n] = true
-					readStall(s, 20*ms)
-				}
-				s.copyAsync(100*us, s.stream)
-				extra := (n*n*7 + n/3) % 4
-				for i := int64(0); i < 10; i++ {
-					s.kernel(300 * us)
-					s.t += 20 * us
-					if i < extra && (i*3+n)%2 == 0 || i == 9 && extra == 3 {
-						scalar()
-					}
-				}
-				s.sync()
-				ends = append(ends, s.t)
-				s.t += 300 * us // the next batch
-			}
-			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
-			c := &collect{}
-			feed(newEngine(c, func(cfg *Config) {
-				if lite {
-					cfg.Probes = ProbesLite
-				}
-			}), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
-			byEnd := map[int64]int64{}
-			for i, e := range ends {
-				byEnd[e] = int64(i + 1)
-			}
-			matched, window := 0, 0
-			stepOfEnd := map[int64]int64{} // engine step number → trainer step
-			for _, st := range c.steps {
-				if st.Window {
-					window++
-					continue
-				}
-				n, ok := byEnd[st.End]
-				if !ok {
-					t.Errorf("step %d [%d, %d] does not end at a step's last sync", st.Number, st.Start-t0, st.End-t0)
-					continue
-				}
-				matched++
-				stepOfEnd[st.Number] = n
-			}
-			if matched < steps-12 {
-				t.Errorf("%d of %d steps found (%d windows)", matched, steps, window)
-			}
-			reads := 0
-			for _, g := range bigGaps(c.gaps) {
-				if g.Cause != CauseIORead {
-					t.Errorf("unexpected gap %+v", g)
-					continue
-				}
-				if n, ok := stepOfEnd[g.Step]; ok {
-					reads++
-					if !stallStep[n] {
-						t.Errorf("io.read stall reported in step %d (trainer step %d)", g.Step, n)
-					}
+			s.copyAsync(100*us, s.stream)
+			extra := (n*n*7 + n/3) % 4
+			for i := int64(0); i < 10; i++ {
+				s.kernel(300 * us)
+				s.t += 20 * us
+				if i < extra && (i*3+n)%2 == 0 || i == 9 && extra == 3 {
+					scalar()
 				}
 			}
-			if reads < len(stallStep)-3 {
-				t.Errorf("%d io.read stalls placed in detected steps, want about %d", reads, len(stallStep))
+			s.sync()
+			ends = append(ends, s.t)
+			s.t += 300 * us // the next batch
+		}
+		wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+		c := &collect{}
+		feed(newEngine(c, func(cfg *Config) {
+			if s.lite {
+				cfg.Probes = ProbesLite
 			}
-		})
-	}
+		}), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+		byEnd := map[int64]int64{}
+		for i, e := range ends {
+			byEnd[e] = int64(i + 1)
+		}
+		matched, window := 0, 0
+		stepOfEnd := map[int64]int64{} // engine step number → trainer step
+		for _, st := range c.steps {
+			if st.Window {
+				window++
+				continue
+			}
+			n, ok := byEnd[st.End]
+			if !ok {
+				t.Errorf("step %d [%d, %d] does not end at a step's last sync", st.Number, st.Start-t0, st.End-t0)
+				continue
+			}
+			matched++
+			stepOfEnd[st.Number] = n
+		}
+		if matched < steps-12 {
+			t.Errorf("%d of %d steps found (%d windows)", matched, steps, window)
+		}
+		reads := 0
+		for _, g := range bigGaps(c.gaps) {
+			if g.Cause != CauseIORead {
+				t.Errorf("unexpected gap %+v", g)
+				continue
+			}
+			if n, ok := stepOfEnd[g.Step]; ok {
+				reads++
+				if !stallStep[n] {
+					t.Errorf("io.read stall reported in step %d (trainer step %d)", g.Step, n)
+				}
+			}
+		}
+		if reads < len(stallStep)-3 {
+			t.Errorf("%d io.read stalls placed in detected steps, want about %d", reads, len(stallStep))
+		}
+	})
 }
 
 // TestLockHolderComputing: the feeder waits on a futex that a sibling
@@ -403,83 +395,75 @@ func TestClockLaunchesCountedLate(t *testing.T) {
 // Under full and lite every iteration is one step, from the first ones on,
 // and none is cut in pieces.
 func TestClockFirstIterationBurst(t *testing.T) {
-	for _, lite := range []bool{false, true} {
-		name := "full"
-		if lite {
-			name = "lite"
+	fullAndLite(t, func(t *testing.T, s *gpuSim) {
+		copyOf := func(bytes uint64) {
+			s.t += 5 * us
+			s.evs = append(s.evs, event.Event{Kind: event.KindMemcpyAsync, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
+				CUDA: event.CUMemcpyAsync, Stream: s.stream, Bytes: bytes})
+			start := max(s.t, s.gpuFree)
+			s.gpuFree = start + 20*us
+			s.addBusy(start, s.gpuFree)
 		}
-		t.Run(name, func(t *testing.T) {
-			s := newSim()
-			s.lite = lite
-			copyOf := func(bytes uint64) {
-				s.t += 5 * us
-				s.evs = append(s.evs, event.Event{Kind: event.KindMemcpyAsync, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
-					CUDA: event.CUMemcpyAsync, Stream: s.stream, Bytes: bytes})
-				start := max(s.t, s.gpuFree)
-				s.gpuFree = start + 20*us
-				s.addBusy(start, s.gpuFree)
+		const iters = 60
+		var starts, ends []int64
+		for n := 0; n < iters; n++ {
+			starts = append(starts, s.t)
+			copyOf(16 << 10) // the batch
+			s.launches(20, 200*us, 20*us)
+			if n == 0 {
+				s.t += 400 * ms // compiling
 			}
-			const iters = 60
-			var starts, ends []int64
-			for n := 0; n < iters; n++ {
-				starts = append(starts, s.t)
-				copyOf(16 << 10) // the batch
-				s.launches(20, 200*us, 20*us)
-				if n == 0 {
-					s.t += 400 * ms // compiling
-				}
-				s.tid = 101 // the autograd thread
-				for l := 0; l < 12; l++ {
-					s.launches(3, 100*us, 20*us)
-					copyOf(4 << 20)
-				}
-				s.tid = 100
-				copyOf(4) // the loss read
+			s.tid = 101 // the autograd thread
+			for l := 0; l < 12; l++ {
+				s.launches(3, 100*us, 20*us)
+				copyOf(4 << 20)
+			}
+			s.tid = 100
+			copyOf(4) // the loss read
+			s.sync()
+			if n%3 == 0 {
+				copyOf(4) // a metric logged every third iteration
 				s.sync()
-				if n%3 == 0 {
-					copyOf(4) // a metric logged every third iteration
-					s.sync()
-				}
-				ends = append(ends, s.t)
-				s.t += 2 * ms // the next batch
 			}
-			c := &collect{}
-			feed(newEngine(c, func(cfg *Config) {
-				if lite {
-					cfg.Probes = ProbesLite
-				}
-			}), c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
-			var stepEnds []int64
-			for _, st := range c.steps {
-				if !st.Window {
-					stepEnds = append(stepEnds, st.End)
-				}
+			ends = append(ends, s.t)
+			s.t += 2 * ms // the next batch
+		}
+		c := &collect{}
+		feed(newEngine(c, func(cfg *Config) {
+			if s.lite {
+				cfg.Probes = ProbesLite
 			}
-			t.Logf("%d steps (%d fixed windows) for %d iterations", len(stepEnds), len(c.steps)-len(stepEnds), iters)
-			if len(stepEnds) > iters || len(stepEnds) < iters-5 {
-				t.Errorf("%d steps for %d iterations", len(stepEnds), iters)
+		}), c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+		var stepEnds []int64
+		for _, st := range c.steps {
+			if !st.Window {
+				stepEnds = append(stepEnds, st.End)
 			}
-			exact := 0
-			for i := range starts {
-				next := ends[i] + 1
-				if i+1 < len(starts) {
-					next = starts[i+1]
-				}
-				k := 0
-				for _, e := range stepEnds {
-					if e > starts[i] && e < next {
-						k++
-					}
-				}
-				if k == 1 {
-					exact++
+		}
+		t.Logf("%d steps (%d fixed windows) for %d iterations", len(stepEnds), len(c.steps)-len(stepEnds), iters)
+		if len(stepEnds) > iters || len(stepEnds) < iters-5 {
+			t.Errorf("%d steps for %d iterations", len(stepEnds), iters)
+		}
+		exact := 0
+		for i := range starts {
+			next := ends[i] + 1
+			if i+1 < len(starts) {
+				next = starts[i+1]
+			}
+			k := 0
+			for _, e := range stepEnds {
+				if e > starts[i] && e < next {
+					k++
 				}
 			}
-			if exact < iters-5 {
-				t.Errorf("%d of %d iterations hold exactly one step end", exact, iters)
+			if k == 1 {
+				exact++
 			}
-		})
-	}
+		}
+		if exact < iters-5 {
+			t.Errorf("%d of %d iterations hold exactly one step end", exact, iters)
+		}
+	})
 }
 
 // TestClockLoopWithoutSyncs: a loop that never synchronises (no loss
@@ -489,45 +473,50 @@ func TestClockFirstIterationBurst(t *testing.T) {
 // its iterations from the first ones under full and lite, without waiting
 // for a sync that never comes.
 func TestClockLoopWithoutSyncs(t *testing.T) {
-	for _, lite := range []bool{false, true} {
-		name := "full"
-		if lite {
-			name = "lite"
+	fullAndLite(t, func(t *testing.T, s *gpuSim) {
+		const iters = 300
+		var starts []int64
+		for n := 0; n < iters; n++ {
+			starts = append(starts, s.t)
+			s.copyAsync(50*us, s.stream)
+			s.launches(20, 200*us, 30*us)
+			readStall(s, 2*ms)
 		}
+		c := &collect{}
+		feed(newEngine(c, func(cfg *Config) {
+			if s.lite {
+				cfg.Probes = ProbesLite
+			}
+		}), c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+		n, first := 0, int64(-1)
+		for _, st := range c.steps {
+			if st.Window {
+				continue
+			}
+			if first < 0 {
+				first = st.Start
+			}
+			n++
+		}
+		t.Logf("%d steps (%d fixed windows) for %d iterations, the first from %.1f ms", n, len(c.steps)-n, iters, float64(first-t0)/1e6)
+		if first < 0 || first > starts[5] {
+			t.Errorf("no step begins by iteration 6")
+		}
+		if n > iters || n < iters-5 {
+			t.Errorf("%d steps for %d iterations", n, iters)
+		}
+	})
+}
+
+// fullAndLite runs f as subtests "full" and "lite", each on a fresh
+// simulated job whose probe set is that one.
+func fullAndLite(t *testing.T, f func(t *testing.T, s *gpuSim)) {
+	for _, lite := range []bool{false, true} {
+		name := map[bool]string{false: "full", true: "lite"}[lite]
 		t.Run(name, func(t *testing.T) {
 			s := newSim()
 			s.lite = lite
-			const iters = 300
-			var starts []int64
-			for n := 0; n < iters; n++ {
-				starts = append(starts, s.t)
-				s.copyAsync(50*us, s.stream)
-				s.launches(20, 200*us, 30*us)
-				readStall(s, 2*ms)
-			}
-			c := &collect{}
-			feed(newEngine(c, func(cfg *Config) {
-				if lite {
-					cfg.Probes = ProbesLite
-				}
-			}), c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
-			n, first := 0, int64(-1)
-			for _, st := range c.steps {
-				if st.Window {
-					continue
-				}
-				if first < 0 {
-					first = st.Start
-				}
-				n++
-			}
-			t.Logf("%d steps (%d fixed windows) for %d iterations, the first from %.1f ms", n, len(c.steps)-n, iters, float64(first-t0)/1e6)
-			if first < 0 || first > starts[5] {
-				t.Errorf("no step begins by iteration 6")
-			}
-			if n > iters || n < iters-5 {
-				t.Errorf("%d steps for %d iterations", n, iters)
-			}
+			f(t, s)
 		})
 	}
 }

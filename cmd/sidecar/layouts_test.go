@@ -400,15 +400,7 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 		if err != nil || !tr.Ended {
 			t.Fatalf("truth: %v", err)
 		}
-		var s struct {
-			Steps   int64            `json:"steps"`
-			ByCause map[string]int64 `json:"by_cause"`
-		}
-		b, err := os.ReadFile(sum)
-		if err != nil {
-			t.Fatal(err)
-		}
-		json.Unmarshal(b, &s) //nolint:errcheck // checked below
+		s, b := readSummary(t, sum)
 		// The job ran 150 steps; it had started before gaptrace, so some
 		// of the first ones are not seen, but most of them are.
 		if s.Steps < 75 || s.ByCause["io.read"] == 0 {
@@ -458,15 +450,7 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 		if err != nil || !tr.Ended {
 			t.Fatalf("gaptrace ended before the job did (truth: %v, ended %v)\n%s", err, tr != nil && tr.Ended, gt.stderr)
 		}
-		var s struct {
-			Steps   int64            `json:"steps"`
-			ByCause map[string]int64 `json:"by_cause"`
-		}
-		b, err := os.ReadFile(sum)
-		if err != nil {
-			t.Fatal(err)
-		}
-		json.Unmarshal(b, &s) //nolint:errcheck // checked below
+		s, b := readSummary(t, sum)
 		if s.Steps < int64(len(tr.Steps))*9/10 || s.ByCause["io.read"] == 0 {
 			t.Errorf("summary of a job started by a launcher: %s (the job ran %d steps)\nstderr:\n%s", b, len(tr.Steps), gt.stderr)
 		}
@@ -560,4 +544,23 @@ func TestKill9WithLiveView(t *testing.T) {
 	if !strings.Contains(after, "job line") || !strings.Contains(after, "job exit 0") {
 		t.Errorf("the job's output stopped reaching the terminal after gaptrace died:\n%q", after)
 	}
+}
+
+// stepSummary is what the attach tests read of --summary-json.
+type stepSummary struct {
+	Steps   int64            `json:"steps"`
+	ByCause map[string]int64 `json:"by_cause"`
+}
+
+// readSummary reads a --summary-json file; b is its text, for messages.
+func readSummary(t *testing.T, path string) (s stepSummary, b []byte) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return s, b
 }

@@ -182,11 +182,13 @@ for p in $PHASES; do
     # Real loops: pinned DataLoader copies with 2 workers and extra .item() reads, a checkpoint of
     # CUDA tensors, a GIL-holding background thread, a pageable copy; then the same under a CUDA
     # graph. Steps counted against the loop's iterations (warm-up included: gaptrace sees them).
-    for form in eager graph; do
-      phase "loops form=$form"
-      pre=$WORK/loops-$form
+    # LOOP_FORMS (default eager graph) and LOOP_PROBES (default auto) pick the runs.
+    for probes in ${LOOP_PROBES:-auto}; do
+    for form in ${LOOP_FORMS:-eager graph}; do
+      phase "loops form=$form probes=$probes"
+      pre=$WORK/loops-$form; [ "$probes" = auto ] || pre=$pre-$probes
       extra=""; [ $form = graph ] && extra=--graph
-      "$G" run --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
+      "$G" run --probes "$probes" --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
         --spans-out "$pre-spans.jsonl" -- \
         "$PY" "$HERE/trainer.py" --steps "$STEPS" --warmup 15 --truth "$pre-truth.jsonl" --profile "$pre-kineto.json" \
         --data-dir "$WORK" --pin-memory --loader-workers 2 --item-reads 2 $extra \
@@ -194,10 +196,11 @@ for p in $PHASES; do
       say "gaptrace rc=$? ($(tail -c 200 "$pre-run.log" | tr '\n' ' '))"
       say "steps: gaptrace $(grep -o '"steps": *[0-9]*' "$pre-summary.json" | grep -o '[0-9]*$'), loop iterations $((STEPS + 15))"
       "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
-        --spans "$pre-spans.jsonl" --json "$OUTDIR/loops-$form.json" 2>&1 | tee -a "$RES"
+        --spans "$pre-spans.jsonl" --json "$OUTDIR/$(basename "$pre").json" 2>&1 | tee -a "$RES"
       say "with copies counted idle (kernels only busy): $("$PY" "$HERE/evaluate.py" --compute-only --gaps "$pre-gaps.jsonl" \
         --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" 2>&1 | grep -E '^detection|^pageable ' | tr '\n' ' ')"
       "$PY" "$HERE/stacks_eval.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" 2>&1 | tee -a "$RES"
+    done
     done
     ;;
   *) echo "unknown phase $p" >&2; exit 2 ;;

@@ -15,6 +15,10 @@ type aheadCand struct {
 	// next work the probes see: the launches before it are invisible, so
 	// the GPU idled from lo to about hi - lead (placed at the start).
 	lead int64
+	// preempt (lite): the feeder could not run over [lo, hi] with too
+	// little work queued to cover it (preempted): the GPU idled over it,
+	// as far as the windows allow, up to hi.
+	preempt bool
 }
 
 // onBlocking notes a feeder that blocked while its queue held work: the
@@ -82,7 +86,11 @@ func (p *proc) resolveCand(x env, c aheadCand) {
 		idle = min(max(c.hi-max(c.lo, c.drain), 0), d.idleAtMost(c.lo, c.hi))
 	}
 	a, b := c.hi-idle, c.hi
-	if c.lead > 0 {
+	switch {
+	case c.preempt:
+		idle = min(c.hi-c.lo, d.idleAtMost(c.lo, c.hi))
+		a = c.hi - idle
+	case c.lead > 0:
 		idle = min(max(c.hi-c.lead-c.lo, 0), d.idleAtMost(c.lo, c.hi))
 		a, b = c.lo, c.lo+idle
 	}

@@ -19,6 +19,9 @@ type aheadCand struct {
 	// little work queued to cover it (preempted): the GPU idled over it,
 	// as far as the windows allow, up to hi.
 	preempt bool
+	// exact (lite): the feeder had not run since its queue drained, so
+	// the host alone bounds the idle over [lo, hi] (no window caps it).
+	exact bool
 }
 
 // onBlocking notes a feeder that blocked while its queue held work: the
@@ -86,7 +89,10 @@ func (p *proc) resolveCand(x env, c aheadCand) {
 		idle = min(max(c.hi-max(c.lo, c.drain), 0), d.idleAtMost(c.lo, c.hi))
 	}
 	a, b := c.hi-idle, c.hi
+	source := "host+gpu"
 	switch {
+	case c.exact:
+		idle, a, b, source = c.hi-c.lo, c.lo, c.hi, "host"
 	case c.preempt:
 		idle = min(c.hi-c.lo, d.idleAtMost(c.lo, c.hi))
 		a = c.hi - idle
@@ -105,7 +111,7 @@ func (p *proc) resolveCand(x env, c aheadCand) {
 	at := newAttribution(x.w)
 	at.thread(th, a, b, nil)
 	g.Cause, g.Breakdown, g.Evidence, g.Ops = at.result()
-	g.Evidence.Source = "host+gpu"
+	g.Evidence.Source = source
 	g.Evidence.Threads = append([]uint32(nil), p.feeders...)
 	p.emit(x, g)
 }

@@ -87,11 +87,16 @@
 //     invisible) ends at the feeder's last blocking call in it; run-queue
 //     waits, time blocked outside any call (a page fault) and calls that
 //     mostly waited for a CPU are left out: the feeder stopping lands in
-//     the launch loop as often as before it. A gap no blocking explains is
-//     the feeder computing: the usual lead (the feeder's running time from
-//     a sync's return to the next work seen, the time it could not run
-//     left out) says where the invisible launches began, and the idle is
-//     from the gap's start to there, capped by the windows.
+//     the launch loop as often as before it. Only a feeder that has not
+//     run at all since the sync's return (the wait for a CPU after its
+//     wakeup) enqueued nothing for sure: that time is a host gap, as at
+//     full. A gap no blocking explains is the feeder computing: the usual
+//     lead says where the invisible launches began, and the idle is from
+//     the gap's start to there, capped by the windows. The lead is both
+//     the feeder's running time from a sync's return to the next work
+//     seen (the time it could not run left out: a loop paced by its work)
+//     and the time that passed (a loop paced by the clock runs less when
+//     preempted); only what exceeds both is computing.
 //   - A feeder that cannot run while its queue is shallow starves the GPU
 //     (lite, between a sync's return and the next work seen): the queue is
 //     empty until the launches begin, then grows to what the syncs usually

@@ -13,7 +13,8 @@ import (
 // shallow (a launch-bound loop: 100 µs kernels every 250 µs, syncs that
 // find the queue about empty) the GPU idles for the whole wait, and the
 // gap is reported there, cpu.contention, bounded by the host and capped
-// by the windows. Where the queue is deep (a GPU-bound loop: 2 ms kernels
+// by the windows; before the step's first launch the host alone bounds it,
+// whatever the loop. Where the queue is deep (a GPU-bound loop: 2 ms kernels
 // launched 100 µs apart, syncs that wait for most of the step) the same
 // wait leaves the GPU busy, and nothing is reported.
 func TestLitePreemptedFeeder(t *testing.T) {
@@ -25,12 +26,15 @@ func TestLitePreemptedFeeder(t *testing.T) {
 		preemptsAt int // launches before the preemption
 		off        event.Kind
 		cause      Cause
+		source     string
 	}{
-		{"launch-bound", 60, 100 * us, 250 * us, true, 30, event.KindRunqueue, CauseCPUContention},
-		{"launch-bound, preempted at the step's start", 60, 100 * us, 250 * us, true, 0, event.KindRunqueue, CauseCPUContention},
-		{"launch-bound, blocked outside any call", 60, 100 * us, 250 * us, true, 40, event.KindOffCPU, CauseOther},
-		{"gpu-bound", 20, 2 * ms, 100 * us, false, 10, event.KindRunqueue, ""},
-		{"gpu-bound, blocked outside any call", 20, 2 * ms, 100 * us, false, 10, event.KindOffCPU, ""},
+		{"launch-bound", 60, 100 * us, 250 * us, true, 30, event.KindRunqueue, CauseCPUContention, "host+gpu"},
+		// Before the first launch the queue is empty for sure.
+		{"launch-bound, preempted at the step's start", 60, 100 * us, 250 * us, true, 0, event.KindRunqueue, CauseCPUContention, "host"},
+		{"launch-bound, blocked outside any call", 60, 100 * us, 250 * us, true, 40, event.KindOffCPU, CauseOther, "host+gpu"},
+		{"gpu-bound", 20, 2 * ms, 100 * us, false, 10, event.KindRunqueue, "", ""},
+		{"gpu-bound, blocked outside any call", 20, 2 * ms, 100 * us, false, 10, event.KindOffCPU, "", ""},
+		{"gpu-bound, preempted at the step's start", 20, 2 * ms, 100 * us, true, 0, event.KindRunqueue, CauseCPUContention, "host"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, auto := range []bool{false, true} {
@@ -91,7 +95,7 @@ func TestLitePreemptedFeeder(t *testing.T) {
 					t.Errorf("auto=%v: gaps %+v, want one over %d..%d", auto, big, a-t0, b-t0)
 				default:
 					g := big[0]
-					if !near(g.Start, a, 150*us) || !near(g.End, b, 50*us) || g.Evidence.Source != "host+gpu" {
+					if !near(g.Start, a, 150*us) || !near(g.End, b, 50*us) || g.Evidence.Source != tc.source {
 						t.Errorf("auto=%v: gap %d..%d from %s, want %d..%d (idle %d)", auto, g.Start-t0, g.End-t0, g.Evidence.Source, a-t0, b-t0, truth)
 					}
 					if g.Cause != tc.cause {

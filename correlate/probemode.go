@@ -116,6 +116,7 @@ func (p *proc) shadowLead(x env, ev *event.Event) {
 	launch := ev.Kind == event.KindEnqueue
 	if sh.from != 0 && !launch {
 		p.leads.push(p.running(x, ev, sh.from))
+		p.wallLeads.push(ev.Start - sh.from)
 		sh.done, sh.from = sh.from, 0
 		return
 	}
@@ -128,6 +129,7 @@ func (p *proc) shadowLead(x env, ev *event.Event) {
 		return
 	}
 	p.leads.push(p.running(x, ev, g.start))
+	p.wallLeads.push(ev.Start - g.start)
 	sh.done = g.start
 }
 

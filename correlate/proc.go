@@ -107,8 +107,9 @@ type proc struct {
 	// enqueue to the drain: how long the queued work of a step runs.
 	drains waitRing
 	// leads (lite) holds the recent times from a drained sync's return to
-	// the next work the probes saw.
-	leads waitRing
+	// the next work the probes saw: the feeder's running time (leads) and
+	// the time that passed (wallLeads).
+	leads, wallLeads waitRing
 	// waits holds how long recent syncs waited for the GPU (their time
 	// less their run-queue waits): the work the queue held when the feeder
 	// stopped enqueueing, whether or not lite saw that work enqueued.

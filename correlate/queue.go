@@ -294,25 +294,43 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 	end := t
 	if x.liteOver(g.start, t) {
 		end = p.inferEnd(th, g.start, t)
+		from := max(g.start, end)
+		if end <= g.start {
+			// A feeder that has not run since its sync found the queue
+			// empty enqueued nothing: the host alone bounds that idle (the
+			// wait for a CPU after the sync's wakeup), as at full.
+			from = th.stoppedFrom(g.start, t)
+			if from-g.start >= x.set.minGap {
+				p.resolveCand(x, aheadCand{tid: th.tid, lo: g.start, hi: from, exact: true})
+			}
+		}
 		// The lead is the feeder's running time from the sync's return
 		// to the work the probes see (time it could not run only
 		// stretches it); the invisible launches take its last part.
-		from := max(g.start, end)
 		launch := from
 		if p.leads.n >= minHistory {
 			launch = th.ranBack(from, t, p.leads.recentMedian(leadRecent))
 		}
-		if end-g.start < x.set.minGap && launch-g.start >= x.set.minGap {
+		// A loop paced by the clock (or by its own compute) takes the
+		// same time per step but runs less when preempted; one paced by
+		// its work runs the same and takes longer. Only what exceeds the
+		// usual lead both ways is computing before the launches.
+		pre := launch - from
+		if p.wallLeads.n >= minHistory {
+			pre = min(pre, t-from-p.wallLeads.recentMedian(leadRecent))
+		}
+		if end-g.start < x.set.minGap && pre >= x.set.minGap {
 			// No blocking explains the gap (the feeder computed): the
 			// usual lead says where the invisible launches began, the
 			// windows how much of it the GPU idled.
-			p.cands = append(p.cands, aheadCand{tid: th.tid, lo: g.start, hi: t, lead: t - launch})
-			from = launch
+			p.cands = append(p.cands, aheadCand{tid: th.tid, lo: from, hi: t, lead: t - from - pre})
+			from += pre
 		}
 		// Where the feeder stopped after that, its queue's depth says
 		// what it cost.
 		p.preempted(x, th, from, launch, t)
 		p.leads.push(t - g.start - th.stopped(g.start, t))
+		p.wallLeads.push(t - g.start)
 	}
 	if end-g.start < x.set.minGap {
 		return

@@ -200,6 +200,22 @@ func (t *thread) stopped(a, b int64) int64 {
 	return ns
 }
 
+// stoppedFrom is when t first ran at or after a, before b: the end of the
+// chain of times it could not run that begins at a.
+func (t *thread) stoppedFrom(a, b int64) int64 {
+	for _, i := range t.overlapping(a, b) {
+		ev := &t.tl[i]
+		if !offRun(ev) {
+			continue
+		}
+		if ev.Start > a {
+			break
+		}
+		a = min(max(a, ev.End), b)
+	}
+	return a
+}
+
 // ranBack is when t's last `run` ns of running time before `to` began:
 // the time it could not run in between does not count. No earlier than
 // from.

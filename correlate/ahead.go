@@ -15,6 +15,13 @@ type aheadCand struct {
 	// next work the probes see: the launches before it are invisible, so
 	// the GPU idled from lo to about hi - lead (placed at the start).
 	lead int64
+	// preempt (lite): the feeder could not run over [lo, hi] with too
+	// little work queued to cover it (preempted): the GPU idled over it,
+	// as far as the windows allow, up to hi.
+	preempt bool
+	// exact (lite): the feeder had not run since its queue drained, so
+	// the host alone bounds the idle over [lo, hi] (no window caps it).
+	exact bool
 }
 
 // onBlocking notes a feeder that blocked while its queue held work: the
@@ -82,7 +89,14 @@ func (p *proc) resolveCand(x env, c aheadCand) {
 		idle = min(max(c.hi-max(c.lo, c.drain), 0), d.idleAtMost(c.lo, c.hi))
 	}
 	a, b := c.hi-idle, c.hi
-	if c.lead > 0 {
+	source := "host+gpu"
+	switch {
+	case c.exact:
+		idle, a, b, source = c.hi-c.lo, c.lo, c.hi, "host"
+	case c.preempt:
+		idle = min(c.hi-c.lo, d.idleAtMost(c.lo, c.hi))
+		a = c.hi - idle
+	case c.lead > 0:
 		idle = min(max(c.hi-c.lead-c.lo, 0), d.idleAtMost(c.lo, c.hi))
 		a, b = c.lo, c.lo+idle
 	}
@@ -97,7 +111,7 @@ func (p *proc) resolveCand(x env, c aheadCand) {
 	at := newAttribution(x.w)
 	at.thread(th, a, b, nil)
 	g.Cause, g.Breakdown, g.Evidence, g.Ops = at.result()
-	g.Evidence.Source = "host+gpu"
+	g.Evidence.Source = source
 	g.Evidence.Threads = append([]uint32(nil), p.feeders...)
 	p.emit(x, g)
 }

@@ -83,6 +83,35 @@
 //     placed at the end of the interval because the queue drains first, and
 //     their idle outside the interval is discounted at the device's recent
 //     micro-idle density (Evidence.Source "host+gpu").
+//   - Lite: a gap lite closes at the next work it sees (launches are
+//     invisible) ends at the feeder's last blocking call in it; run-queue
+//     waits, time blocked outside any call (a page fault) and calls that
+//     mostly waited for a CPU are left out: the feeder stopping lands in
+//     the launch loop as often as before it. Only a feeder that has not
+//     run at all since the sync's return (the wait for a CPU after its
+//     wakeup) enqueued nothing for sure: that time is a host gap, as at
+//     full. A gap no blocking explains is the feeder computing: the usual
+//     lead says where the invisible launches began, and the idle is from
+//     the gap's start to there, capped by the windows. The lead is both
+//     the feeder's running time from a sync's return to the next work
+//     seen (the time it could not run left out: a loop paced by its work)
+//     and the time that passed (a loop paced by the clock runs less when
+//     preempted); only what exceeds both is computing.
+//   - A feeder that cannot run while its queue is shallow starves the GPU
+//     (lite, between a sync's return and the next work seen): the queue is
+//     empty until the launches begin, then grows to what the syncs usually
+//     wait for (depth: the upper quartile of the last 16 waits less their
+//     run-queue time; under MinGap/2 it counts as empty, being the last
+//     kernel and the sync's own latency) over the usual lead. A run-queue
+//     wait or a block outside any call of D that starts after τ of running
+//     time, while the queue holds Q = depth·min(τ/lead, 1) < D, is idle
+//     from its start + Q to its end (the feeder enqueues as soon as it
+//     runs), capped by the windows' idle, labelled by the thread's
+//     timeline (a run-queue wait is cpu.contention), Evidence.Source
+//     "host+gpu". A launch-bound loop thus loses the GPU for every
+//     preemption, while a GPU-bound loop (syncs that wait for most of the
+//     step) hides every preemption its queue outlasts. Full sees the
+//     launches and bounds the same waits as CPU ahead (above).
 //   - Micro-gaps: per step, window idle minus the gaps already bounded.
 //     Within a window, the busy time not already known (sync waits are
 //     busy) is split over the remaining time in proportion to the launches
@@ -184,7 +213,8 @@
 //	              closing at exit; waitRing statistics
 //	queue.go      per-stream queue model: enqueues, syncs and synchronous
 //	              copies drain streams, open and close host-bounded gaps
-//	              (lite: where the gap most likely ended)
+//	              (lite: where the gap most likely ended, what a feeder
+//	              that could not run cost)
 //	episode.go    copies issued into a gap: pageable copies that end it at
 //	              their return, host operations whose copies and syncs stay
 //	              inside it, and their labels

@@ -115,7 +115,8 @@ func (p *proc) shadowLead(x env, ev *event.Event) {
 	sh := &p.shadow
 	launch := ev.Kind == event.KindEnqueue
 	if sh.from != 0 && !launch {
-		p.leads.push(ev.Start - sh.from)
+		p.leads.push(p.running(x, ev, sh.from))
+		p.wallLeads.push(ev.Start - sh.from)
 		sh.done, sh.from = sh.from, 0
 		return
 	}
@@ -127,8 +128,19 @@ func (p *proc) shadowLead(x env, ev *event.Event) {
 		sh.from = g.start
 		return
 	}
-	p.leads.push(ev.Start - g.start)
+	p.leads.push(p.running(x, ev, g.start))
+	p.wallLeads.push(ev.Start - g.start)
 	sh.done = g.start
+}
+
+// running is the time ev's thread ran from `from` to ev: a lead as lite
+// measures it, without the time the thread could not run.
+func (p *proc) running(x env, ev *event.Event, from int64) int64 {
+	d := ev.Start - from
+	if th := x.w.threads[ev.TID]; th != nil {
+		d -= th.stopped(from, ev.Start)
+	}
+	return d
 }
 
 // launchesSeen says whether every kernel launch in [lo, hi] was seen: at

@@ -8,11 +8,14 @@ import (
 // Ring statistics: a ring needs minHistory samples before it stands for
 // what the process usually does (drain time, lite lead, comm baseline);
 // the drain and the lead are the medians of the last drainRecent and
-// leadRecent samples, the latest steps saying best what this one is like.
+// leadRecent samples, the latest steps saying best what this one is like;
+// the queue's depth when the feeder stops is the upper quartile of the
+// last waitRecent sync waits.
 const (
 	minHistory  = 4
 	drainRecent = 5
 	leadRecent  = 9
+	waitRecent  = 16
 )
 
 // waitRing holds the recent waits of one sync slot.
@@ -44,6 +47,19 @@ func (r *waitRing) low() int64 {
 	v := slices.Clone(r.v[:k])
 	slices.Sort(v)
 	return v[(k-1)/4]
+}
+
+// high is the upper quartile of the last k values pushed: a queue that
+// is deep at one sync of a step (the step's last, on the stream that
+// computes) is deep, however many other syncs return at once.
+func (r *waitRing) high(k int) int64 {
+	k = min(k, r.n, len(r.v))
+	v := make([]int64, 0, k)
+	for i := 1; i <= k; i++ {
+		v = append(v, r.v[(r.n-i)%len(r.v)])
+	}
+	slices.Sort(v)
+	return v[(3*len(v))/4]
 }
 
 // tidSet is a small ordered set of thread ids (feeders are few).
@@ -91,8 +107,13 @@ type proc struct {
 	// enqueue to the drain: how long the queued work of a step runs.
 	drains waitRing
 	// leads (lite) holds the recent times from a drained sync's return to
-	// the next work the probes saw.
-	leads  waitRing
+	// the next work the probes saw: the feeder's running time (leads) and
+	// the time that passed (wallLeads).
+	leads, wallLeads waitRing
+	// waits holds how long recent syncs waited for the GPU (their time
+	// less their run-queue waits): the work the queue held when the feeder
+	// stopped enqueueing, whether or not lite saw that work enqueued.
+	waits  waitRing
 	shadow leadShadow // auto: leads as lite would see them, during windows
 	cands  []aheadCand
 	stalls []stallCand

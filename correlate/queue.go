@@ -148,6 +148,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 		return
 	}
 	waited := ev.Duration() > x.set.syncWaited
+	p.waits.push(max(ev.Duration()-th.runnable(ev.Start, ev.End), 0))
 	if p.gap != nil {
 		switch {
 		case x.liteOver(p.gap.start, ev.Start):
@@ -225,9 +226,13 @@ func (p *proc) inferEnd(th *thread, start, t int64) int64 {
 		if ev.End <= start {
 			break
 		}
-		// A preemption says nothing about when launches resumed: it lands
-		// as often in the launch loop as in a stall.
-		if ev.Kind == event.KindSync || ev.Kind == event.KindRunqueue || ev.End > t || ev.Start < start {
+		// A preemption (or a thread blocked outside any call: a page
+		// fault) says nothing about when launches resumed: it lands as
+		// often in the launch loop as in a stall (preempted decides what
+		// it cost). Nor does a call that mostly waited for a CPU (a staged
+		// copy preempted in the driver).
+		if ev.Kind == event.KindSync || offRun(ev) || ev.End > t || ev.Start < start ||
+			2*th.runnable(ev.Start, ev.End) >= ev.Duration() {
 			continue
 		}
 		if ev.End > end {
@@ -237,19 +242,95 @@ func (p *proc) inferEnd(th *thread, start, t int64) int64 {
 	return end
 }
 
+// preempted (lite) turns the times th could not run in [from, t) (run-
+// queue waits, blocking outside any call) into CPU-ahead candidates where
+// the GPU queue was too shallow to cover them. The queue
+// is empty at from (the sync's return, the end of the blocking call the
+// host gap ends at, or the end of the computing the lead candidate
+// covers) and until launch, where the invisible enqueues most likely
+// began; from there it grows to what the syncs usually wait for (depth)
+// over the usual lead, so at a wait that starts after τ of running time
+// it holds about depth·min(τ/lead, 1). A feeder that cannot run for D
+// while its queue holds Q < D starves the GPU for D-Q, from a+Q to the
+// wait's end (it enqueues again as soon as it runs); the windows cap that
+// when the candidate resolves. A loop whose host runs ahead (syncs that
+// wait long) keeps a preemption inside its launches unseen unless it
+// outlasts the queue; a launch-bound loop (syncs that find the queue
+// about empty) loses the GPU for every preemption.
+func (p *proc) preempted(x env, th *thread, from, launch, t int64) {
+	if p.waits.n < minHistory {
+		return
+	}
+	depth := p.waits.high(waitRecent)
+	if depth < x.set.minGap/2 {
+		// What is left when the feeder stops is the last kernel and the
+		// sync's own latency: the queue is empty for any preemption.
+		depth = 0
+	}
+	var lead int64
+	if p.leads.n >= minHistory {
+		lead = p.leads.recentMedian(leadRecent)
+	}
+	for _, i := range th.overlapping(from, t) {
+		ev := &th.tl[i]
+		if !offRun(ev) || ev.Start < from || ev.End > t {
+			continue
+		}
+		q := depth
+		if tau := max(ev.Start-launch-th.stopped(launch, ev.Start), 0); lead > 0 && tau < lead {
+			q = int64(float64(depth) * float64(tau) / float64(lead))
+		}
+		lo := ev.Start + q
+		if ev.End-lo < x.set.minGap {
+			continue
+		}
+		p.cands = append(p.cands, aheadCand{tid: th.tid, lo: lo, hi: ev.End, preempt: true})
+	}
+}
+
 func (p *proc) closeGap(x env, th *thread, t int64) {
 	g := p.gap
 	p.gap = nil
 	end := t
 	if x.liteOver(g.start, t) {
 		end = p.inferEnd(th, g.start, t)
-		if end-g.start < x.set.minGap && t-g.start >= x.set.minGap && p.leads.n >= minHistory {
+		from := max(g.start, end)
+		if end <= g.start {
+			// A feeder that has not run since its sync found the queue
+			// empty enqueued nothing: the host alone bounds that idle (the
+			// wait for a CPU after the sync's wakeup), as at full.
+			from = th.stoppedFrom(g.start, t)
+			if from-g.start >= x.set.minGap {
+				p.resolveCand(x, aheadCand{tid: th.tid, lo: g.start, hi: from, exact: true})
+			}
+		}
+		// The lead is the feeder's running time from the sync's return
+		// to the work the probes see (time it could not run only
+		// stretches it); the invisible launches take its last part.
+		launch := from
+		if p.leads.n >= minHistory {
+			launch = th.ranBack(from, t, p.leads.recentMedian(leadRecent))
+		}
+		// A loop paced by the clock (or by its own compute) takes the
+		// same time per step but runs less when preempted; one paced by
+		// its work runs the same and takes longer. Only what exceeds the
+		// usual lead both ways is computing before the launches.
+		pre := launch - from
+		if p.wallLeads.n >= minHistory {
+			pre = min(pre, t-from-p.wallLeads.recentMedian(leadRecent))
+		}
+		if end-g.start < x.set.minGap && pre >= x.set.minGap {
 			// No blocking explains the gap (the feeder computed): the
 			// usual lead says where the invisible launches began, the
 			// windows how much of it the GPU idled.
-			p.cands = append(p.cands, aheadCand{tid: th.tid, lo: g.start, hi: t, lead: p.leads.recentMedian(leadRecent)})
+			p.cands = append(p.cands, aheadCand{tid: th.tid, lo: from, hi: t, lead: t - from - pre})
+			from += pre
 		}
-		p.leads.push(t - g.start)
+		// Where the feeder stopped after that, its queue's depth says
+		// what it cost.
+		p.preempted(x, th, from, launch, t)
+		p.leads.push(t - g.start - th.stopped(g.start, t))
+		p.wallLeads.push(t - g.start)
 	}
 	if end-g.start < x.set.minGap {
 		return

@@ -182,3 +182,60 @@ func (t *thread) segments(a, b int64, mask []span) []segment {
 	}
 	return out
 }
+
+// offRun says whether ev is time its thread could not run outside any
+// call: a wait for a CPU, or blocking outside any traced call.
+func offRun(ev *event.Event) bool {
+	return ev.Kind == event.KindRunqueue || ev.Kind == event.KindOffCPU
+}
+
+// stopped is how long t could not run outside its calls within [a,b).
+func (t *thread) stopped(a, b int64) int64 {
+	var ns int64
+	for _, i := range t.overlapping(a, b) {
+		if ev := &t.tl[i]; offRun(ev) {
+			ns += min(ev.End, b) - max(ev.Start, a)
+		}
+	}
+	return ns
+}
+
+// stoppedFrom is when t first ran at or after a, before b: the end of the
+// chain of times it could not run that begins at a.
+func (t *thread) stoppedFrom(a, b int64) int64 {
+	for _, i := range t.overlapping(a, b) {
+		ev := &t.tl[i]
+		if !offRun(ev) {
+			continue
+		}
+		if ev.Start > a {
+			break
+		}
+		a = min(max(a, ev.End), b)
+	}
+	return a
+}
+
+// ranBack is when t's last `run` ns of running time before `to` began:
+// the time it could not run in between does not count. No earlier than
+// from.
+func (t *thread) ranBack(from, to, run int64) int64 {
+	x := to
+	idx := t.overlapping(from, to)
+	for k := len(idx) - 1; k >= 0; k-- {
+		ev := &t.tl[idx[k]]
+		if !offRun(ev) {
+			continue
+		}
+		a, b := max(ev.Start, from), min(ev.End, x)
+		if b <= a {
+			continue
+		}
+		if x-b >= run {
+			break
+		}
+		run -= x - b
+		x = a
+	}
+	return max(x-run, from)
+}

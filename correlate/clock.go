@@ -59,12 +59,18 @@ type token struct {
 	// occ: for a collective on a communicator seen from its creation, how
 	// many like it the communicator issued before; -1 otherwise.
 	occ int64
+	// from is the previous token's time. quiet: launches unseen, GPM read
+	// no SM activity on the device from then to this one; gpmWait: its
+	// verdict is not in yet (askGPM).
+	from           int64
+	quiet, gpmWait bool
 }
 
 // idle says whether the token is known to follow no compute: no launch
-// since the previous token, all launches seen, and no collective itself.
+// since the previous token, all launches seen, and no collective itself;
+// or, launches unseen, GPM saw no compute on the device meanwhile.
 func (t *token) idle() bool {
-	return t.seen && t.launches == 0 && t.key.kind != event.KindCollective
+	return t.key.kind != event.KindCollective && (t.quiet || t.seen && t.launches == 0)
 }
 
 // clockState is the clock a stepper counts steps by.
@@ -648,7 +654,8 @@ func (s *stepper) onToken(set settings, key tokKey, occ, t int64) bool {
 	if n := len(s.toks); n > 0 {
 		from = s.toks[n-1].t
 	}
-	tok := token{key: key, t: t, launches: s.pendL, syncs: s.pendSyncs, seen: set.launchesSeen(from, t), occ: occ}
+	tok := token{key: key, t: t, launches: s.pendL, syncs: s.pendSyncs, seen: set.launchesSeen(from, t), occ: occ, from: from}
+	tok.gpmWait = !tok.seen && key.kind != event.KindCollective && s.askGPM(s.dev)
 	s.pendL, s.pendSyncs = 0, 0
 	s.toks = append(s.toks, tok)
 	if len(s.toks) > tokMax {
@@ -783,9 +790,18 @@ func (s *stepper) tryClock(set settings) bool {
 	// Under auto the clocks are compared by lite's rules throughout, so
 	// that the clock found in a window still qualifies after it; the
 	// tokens a window saw still say where no kernel ran (token.seen).
-	cf, valid := detectClock(s.toks, s.pendSyncs, !set.lite, s.mode == modeUnknown, s.ntok <= tokMax, s.maxPost)
+	// Tokens still waiting for GPM's verdict (whether the device computed
+	// anything before them) are left out until it comes; the occurrences
+	// of the clock among them count on.
+	toks := s.settledToks()
+	cf, valid := detectClock(toks, s.pendSyncs, !set.lite, s.mode == modeUnknown, s.ntok <= tokMax, s.maxPost)
 	if len(valid) == 0 {
 		return false
+	}
+	for i := len(toks); i < len(s.toks); i++ {
+		if s.toks[i].key == cf.key {
+			cf.occ++
+		}
 	}
 	if c := s.clock; s.mode == modeClock && c != nil {
 		// A running clock gives way, at two checks in a row, to a clearly
@@ -837,6 +853,28 @@ func (s *stepper) tryClock(set settings) bool {
 	}
 	s.clock.seg, s.clock.syncs = s.openSeg()
 	return true
+}
+
+// settledToks settles the tokens waiting for GPM (gpmVerdict) and returns
+// the ring up to the first still waiting.
+func (s *stepper) settledToks() []token {
+	if len(s.toks) == 0 {
+		return s.toks
+	}
+	last := s.toks[len(s.toks)-1].t
+	n := len(s.toks)
+	for i := range s.toks {
+		tok := &s.toks[i]
+		if !tok.gpmWait {
+			continue
+		}
+		if quiet, done := s.gpmVerdict(tok.from, tok.t, last); done {
+			tok.quiet, tok.gpmWait = quiet, false
+		} else if i < n {
+			n = i
+		}
+	}
+	return s.toks[:n]
 }
 
 // openSeg is what the ring holds of the open step under the clock: the
@@ -974,14 +1012,16 @@ func (s *stepper) undecided(t int64) bool {
 	if s.mode == modeUnknown || s.vote != nil && s.vote.open {
 		return true
 	}
-	if w := s.warmWin; w != nil {
-		if s.mode == modeWindow && s.openStep() == w {
-			// A first iteration that waited long ran the warm-up out:
-			// the period found in the next iterations splits this
-			// window after the last gap it was given (splitWindow).
-			return t >= w.Start
+	if s.warming {
+		if o := s.openStep(); s.mode == modeWindow && o != nil && o.Window {
+			// The warm-up ran out before any period was found (a long
+			// first iteration, a model's setup): the period found in the
+			// next iterations splits the open window after the last gap
+			// it was given (splitWindow, splitWindowClock), so its gaps
+			// are held as long as the emission promise allows.
+			return t >= o.Start
 		}
-		s.warmWin = nil
+		s.warming = false
 	}
 	if s.mode != modeClock {
 		return false

@@ -462,7 +462,11 @@ func (e *Engine) apply(p *proc) {
 				e.totals.ByCause[c.c] += c.ns
 			}
 			e.totals.GPUIdleNS += d.step.MicroIdleNS
-			e.totals.Steps++
+			if d.step.Window {
+				e.totals.Windows++
+			} else {
+				e.totals.Steps++
+			}
 			if e.sink != nil {
 				e.sink.Step(*d.step)
 			}

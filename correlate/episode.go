@@ -191,6 +191,7 @@ func (p *proc) stepCopy(x env, ev *event.Event) {
 	p.copies++
 	t := ev.Start
 	p.st.setPost(t)
+	p.st.dev = x.d
 	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, -1, t) {
 		p.resolveHeld(x, false)
 	}

@@ -196,7 +196,7 @@ func (p *proc) resolveHeld(x env, force bool) {
 		}
 		if due {
 			p.st.toWindows(p.st.origin)
-			p.st.warmWin = p.st.openStep()
+			p.st.warming = true
 		}
 	}
 	if p.st.mode != modeUnknown && len(p.held) > 0 {

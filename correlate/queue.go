@@ -76,6 +76,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	if ref.c != nil {
 		occ = ref.occ
 	}
+	p.st.dev = x.d
 	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
 		p.resolveHeld(x, false)
 	}

@@ -222,16 +222,10 @@ var wholeRun = map[string]bool{
 
 // viewsOff are the recordings whose replay as another probe set misses the
 // step tolerance, with why; they are logged, not held to it.
-var viewsOff = map[string]string{
-	// As lite, the model's setup (a copy of each parameter, each followed
-	// by a sync) makes a sync period of one: blind to launches, lite
-	// cannot tell that those syncs covered no kernel. Its measured
-	// iterations are counted right (100 for 100); the whole run is not:
-	// 51 setup steps, then 19 for the 15 warm-up iterations, which the
-	// setup's period splits at their varying syncs until the batch copy
-	// clocks them.
-	"h200-loops-eager-auto": "lite counts the model setup's copy-and-sync pairs as steps",
-}
+// (h200-loops-eager-auto as lite counted the model's setup, a copy and a
+// sync per parameter, as 51 steps until GPM told lite that no kernel ran
+// during it.)
+var viewsOff = map[string]string{}
 
 func TestRecordedSteps(t *testing.T) {
 	recs, err := filepath.Glob(filepath.Join("testdata", "recordings", "*.rec.gz"))

@@ -54,10 +54,22 @@ type syncSig struct {
 	// step's last sync.
 	post int64
 	// idle: every launch since the previous sync was seen (full, or a
-	// window of auto) and there was none, nor a collective: the sync
-	// covered no GPU compute.
+	// window of auto) and there was none, nor a collective; or, with
+	// launches unseen (lite), GPM read zero SM activity on the whole
+	// device all the while: the sync covered no GPU compute.
 	idle bool
+	// from is where the span the sync covered began (the previous sync's
+	// end, or its own start).
+	from int64
+	// gpmWait: launches were not seen and GPM has not yet reported on
+	// the span; detection leaves the sync out until it does (gpmWaitMax).
+	gpmWait bool
 }
+
+// gpmWaitMax: how long after a sync's end detection waits for GPM to say
+// whether the device computed anything meanwhile, in event time (a GPM
+// window is ~100 ms; the sampler delivers them within a second).
+const gpmWaitMax = int64(2 * time.Second)
 
 func sigEq(a, b *syncSig) bool {
 	if a.cuda != b.cuda || a.stream != b.stream || a.copies != b.copies || a.colls != b.colls {
@@ -117,9 +129,13 @@ type stepper struct {
 	// retroFrom: the first sync of the history that repeats with the
 	// period found (its idx).
 	retroFrom int64
-	// warmWin: the window opened when the warm-up ran out, while it is
-	// open; splitWindow may still cut it, so gaps in it are held.
-	warmWin *stepAcc
+	// dev is the process's device, for GPM's verdicts on spans where
+	// launches were not seen (askGPM).
+	dev *device
+	// warming: the warm-up ran out into fixed windows and no period or
+	// clock has been found since; splitWindow or splitWindowClock may
+	// still cut the open window, so gaps in it are held.
+	warming bool
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
@@ -152,9 +168,61 @@ func (p *proc) patternSync(x env, ev *event.Event) {
 	if h := p.st.hist; len(h) > 0 {
 		from = h[len(h)-1].end
 	}
-	sig.idle = sig.launches+sig.colls == 0 && x.set.launchesSeen(from, sig.end)
+	sig.from = from
+	if sig.launches+sig.colls == 0 {
+		sig.idle = x.set.launchesSeen(from, sig.end)
+		sig.gpmWait = !sig.idle && p.st.askGPM(x.d)
+	}
 	p.launches, p.copies, p.colls = 0, 0, 0
 	p.st.onSync(x.set, sig)
+}
+
+// askGPM says whether to wait for GPM's verdict on a span where launches
+// were not seen: the device reports GPM, or has reported nothing yet (the
+// sampler's first windows may still be on their way). It remembers d for
+// the verdicts.
+func (s *stepper) askGPM(d *device) bool {
+	s.dev = d
+	return d != nil && (d.gpmEnd > 0 || d.maxEnd == 0)
+}
+
+// gpmVerdict settles one span waiting for GPM: quiet where GPM read no SM
+// activity on the whole device throughout, and done once GPM reported on
+// it, the device showed it sends none, or last (the newest sync or token)
+// is gpmWaitMax past it. Without launches (lite) this is how a model's
+// setup, copying its parameters one by one with a sync after each, is told
+// from a loop: the GPU computes nothing during it.
+func (s *stepper) gpmVerdict(from, end, last int64) (quiet, done bool) {
+	if s.dev == nil {
+		return false, true
+	}
+	none, known := s.dev.noCompute(from, end)
+	return none && known, known || last-end > gpmWaitMax
+}
+
+// gpmVerdicts settles the syncs waiting for GPM.
+func (s *stepper) gpmVerdicts() {
+	if len(s.hist) == 0 {
+		return
+	}
+	last := s.hist[len(s.hist)-1].end
+	for i := range s.hist {
+		if h := &s.hist[i]; h.gpmWait {
+			if quiet, done := s.gpmVerdict(h.from, h.end, last); done {
+				h.idle, h.gpmWait = quiet, false
+			}
+		}
+	}
+}
+
+// settled is the history up to the first sync still waiting for GPM.
+func (s *stepper) settled() []syncSig {
+	for i := range s.hist {
+		if s.hist[i].gpmWait {
+			return s.hist[:i]
+		}
+	}
+	return s.hist
 }
 
 // returned is when a sync returned to its caller: a sync ended at its
@@ -222,7 +290,8 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 		}
 	case modeUnknown, modeWindow:
 		if s.period == 0 {
-			if P, ph, from, ok := detect(s.hist); ok {
+			s.gpmVerdicts()
+			if P, ph, from, ok := detect(s.settled()); ok {
 				// The syncs repeat, but do the steps they make hold the
 				// same work? A clock that disagrees wins.
 				if s.tryClock(set) {

@@ -560,14 +560,36 @@ func setupThenLoop(s *gpuSim, layers, iters int) (ends []int64, setupEnd int64) 
 // end before the loop starts, and the loop's iterations are its steps.
 // Full sees that no kernel ran; auto sees it inside its warm-up window,
 // which covers the setup and closes before the loop (a window that ended
-// on setup "steps").
+// on setup "steps"); lite, blind to launches, learns it from GPM, which
+// read no SM activity on the whole device meanwhile (on the H200 a 10 ms
+// setup of 51 copy-and-sync pairs made 51 lite steps before).
 func TestSetupIsNotSteps(t *testing.T) {
-	for _, probes := range []string{ProbesFull, ProbesAuto} {
+	for _, probes := range []string{ProbesFull, ProbesAuto, ProbesLite} {
 		t.Run(probes, func(t *testing.T) {
 			s := newSim()
+			s.lite = probes == ProbesLite
 			ends, setupEnd := setupThenLoop(s, 6, 60)
 			c := &collect{}
 			e := newEngine(c, func(cfg *Config) { cfg.Probes = probes })
+			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+			if probes == ProbesLite {
+				for i := range s.evs {
+					if s.evs[i].Kind == event.KindSync {
+						s.evs[i].Count = 0
+					}
+				}
+				// GPM: SM activity is kernels only, and kernels run only
+				// in the loop (the setup's copies keep the copy engines
+				// busy, not the SMs).
+				loop := setupEnd + 1000*ms
+				wins = append(wins, s.windows(t0, s.t+200*ms, 100*ms, event.SourceGPM, func(a, b int64) float64 {
+					if b <= loop {
+						return 0
+					}
+					a = max(a, loop)
+					return float64(overlapLen(s.busy, a, b)) / float64(100*ms)
+				})...)
+			}
 			if probes == ProbesAuto {
 				e.ProbesLive(true, t0)
 				e.ProbesLive(false, setupEnd+100*ms)
@@ -584,7 +606,7 @@ func TestSetupIsNotSteps(t *testing.T) {
 				}
 				s.evs = evs
 			}
-			feed(e, c, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+			feed(e, c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
 			loopStart := ends[0] - 10*ms
 			early, inLoop := 0, 0
 			for _, st := range c.steps {

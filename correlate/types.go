@@ -233,13 +233,18 @@ type Step struct {
 
 // Summary is the --summary-json contract, written at exit.
 type Summary struct {
-	WallNS        int64           `json:"wall_ns"`
-	GPUIdleNS     int64           `json:"gpu_idle_ns"`
-	GPUStallNS    int64           `json:"gpu_stall_ns"`
-	ByCause       map[Cause]int64 `json:"by_cause"`
-	Steps         int64           `json:"steps"`
-	Gaps          int64           `json:"gaps"`
-	DroppedEvents uint64          `json:"dropped_events"`
+	WallNS     int64           `json:"wall_ns"`
+	GPUIdleNS  int64           `json:"gpu_idle_ns"`
+	GPUStallNS int64           `json:"gpu_stall_ns"`
+	ByCause    map[Cause]int64 `json:"by_cause"`
+	// Steps are the iterations found; Windows the fixed time windows that
+	// stood in for steps where no step period was known (a model's setup,
+	// a first iteration that compiled for seconds, a loop with no
+	// pattern), counted apart: they are no iterations.
+	Steps         int64  `json:"steps"`
+	Windows       int64  `json:"windows,omitempty"`
+	Gaps          int64  `json:"gaps"`
+	DroppedEvents uint64 `json:"dropped_events"`
 	// Probes is the probe set ("auto" from the engine, a fixed set from the
 	// command); under auto, ProbesFullNS is the part of WallNS during which
 	// the per-launch probes were attached.
@@ -259,6 +264,7 @@ type Summary struct {
 type ProcessSummary struct {
 	PID      uint32    `json:"pid"`
 	Steps    int64     `json:"steps"`
+	Windows  int64     `json:"windows,omitempty"` // fixed windows, not in Steps
 	Gaps     int64     `json:"gaps"`
 	Workload *Workload `json:"workload,omitempty"`
 }

@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"sort"
+	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -241,6 +242,39 @@ func (d *device) smActivityMin(a, b int64) float64 {
 		return -1
 	}
 	return sum / n
+}
+
+// gpmMargin: how far around a span GPM windows must read zero too; a
+// window's placement in time is only known to a few milliseconds (its
+// calibrated refresh phase).
+const gpmMargin = int64(3 * time.Millisecond)
+
+// noCompute says whether GPM read zero SM activity on the whole device
+// throughout [a,b] (and gpmMargin around it): no kernel of any process
+// ran. known is false until GPM windows reach past b, or, for a device
+// that sent no GPM window yet, until its other windows do (it has none);
+// a hole in the GPM windows is known and not none.
+func (d *device) noCompute(a, b int64) (none, known bool) {
+	b += gpmMargin
+	if d.gpmEnd == 0 {
+		return false, d.maxEnd >= b
+	}
+	if d.gpmEnd < b {
+		return false, false
+	}
+	// The margin reaches no further back than GPM's first window: a span
+	// at the very start of sampling is judged by what GPM saw of it.
+	a = max(a-gpmMargin, min(a, d.gpm[0].Start))
+	i := sort.Search(len(d.gpm), func(i int) bool { return d.gpm[i].End > a })
+	cov := a
+	for ; i < len(d.gpm) && d.gpm[i].Start < b; i++ {
+		w := &d.gpm[i]
+		if w.Start > cov || w.SMActivity > 0 {
+			return false, true
+		}
+		cov = max(cov, w.End)
+	}
+	return cov >= b, true
 }
 
 // smActivity is the mean GPM SM activity over [a,b), -1 when unknown.

@@ -317,13 +317,14 @@ func TestJaegerStallCauses(t *testing.T) {
 		t.Fatalf("summary: %d steps, simtrain ran %d", sum.Steps, steps)
 	}
 
-	// Every step and every gap the sidecar found is in Jaeger.
+	// Every step (and fixed window) and every gap the sidecar found is
+	// in Jaeger.
 	traces, err := j.WaitTraces(service, 1000, 30*time.Second, func(ts []jaegertest.Trace) bool {
-		return len(ts) == int(sum.Steps) && countGaps(ts) == len(gaps)
+		return len(ts) == int(sum.Steps+sum.Windows) && countGaps(ts) == len(gaps)
 	})
 	if err != nil {
-		t.Fatalf("%v: %d traces (summary says %d steps), %d gpu.idle spans (gaps file has %d)\n%s",
-			err, len(traces), sum.Steps, countGaps(traces), len(gaps), r.out.String())
+		t.Fatalf("%v: %d traces (summary says %d steps, %d windows), %d gpu.idle spans (gaps file has %d)\n%s",
+			err, len(traces), sum.Steps, sum.Windows, countGaps(traces), len(gaps), r.out.String())
 	}
 
 	byStep := map[int64]*jaegertest.Trace{}

@@ -46,7 +46,12 @@ func (p *processes) Gap(g correlate.Gap) {
 func (p *processes) Step(s correlate.Step) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.get(s.PID, s.Workload).Steps++
+	ps := p.get(s.PID, s.Workload)
+	if s.Window {
+		ps.Windows++
+	} else {
+		ps.Steps++
+	}
 }
 
 // list returns the processes by pid.

@@ -60,6 +60,7 @@ type Aggregator struct {
 	stats    Stats
 
 	steps     int64
+	windows   int64       // fixed windows (no step period known), not steps
 	stepEnds  []time.Time // wall time each step was received, for the rate
 	stepWall  int64
 	stepIdle  int64
@@ -185,10 +186,16 @@ func (a *Aggregator) Gap(g correlate.Gap) {
 func (a *Aggregator) Step(s correlate.Step) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.steps++
-	a.stepEnds = append(a.stepEnds, a.now())
-	if len(a.stepEnds) > 4096 {
-		a.stepEnds = slices.Clone(a.stepEnds[len(a.stepEnds)-1024:])
+	if s.Window {
+		// A fixed window stands in for steps where no period is known:
+		// its idle counts, but it is no iteration.
+		a.windows++
+	} else {
+		a.steps++
+		a.stepEnds = append(a.stepEnds, a.now())
+		if len(a.stepEnds) > 4096 {
+			a.stepEnds = slices.Clone(a.stepEnds[len(a.stepEnds)-1024:])
+		}
 	}
 	a.stepWall += s.End - s.Start
 	a.stepIdle += s.IdleNS + s.StallNS
@@ -269,15 +276,18 @@ type View struct {
 	Elapsed     time.Duration
 	Steps       int64
 	StepsPerSec float64
-	Gaps        int64
-	WallNS      int64
-	LostNS      int64 // idle + stall
-	IdleNS      int64
-	StallNS     int64
-	IdlePct     float64 // lost / wall, 0..100; -1 when unknown
-	ByCause     []CauseTime
-	TopFiles    []TopItem
-	TopPeers    []TopItem
+	// Windows: fixed time windows that stood in for steps while no step
+	// period was known; not counted in Steps.
+	Windows  int64
+	Gaps     int64
+	WallNS   int64
+	LostNS   int64 // idle + stall
+	IdleNS   int64
+	StallNS  int64
+	IdlePct  float64 // lost / wall, 0..100; -1 when unknown
+	ByCause  []CauseTime
+	TopFiles []TopItem
+	TopPeers []TopItem
 	// OtherFiles and OtherPeers total what is not in the top rows
 	// (Name says how many); nil when nothing is left out.
 	OtherFiles *TopItem
@@ -305,7 +315,7 @@ func (a *Aggregator) View(title string) View {
 	if !a.stopped.IsZero() {
 		now = a.stopped
 	}
-	v := View{Title: title, Elapsed: now.Sub(a.start), Steps: a.steps, Gaps: a.gaps, Stats: a.stats, IdlePct: -1}
+	v := View{Title: title, Elapsed: now.Sub(a.start), Steps: a.steps, Windows: a.windows, Gaps: a.gaps, Stats: a.stats, IdlePct: -1}
 	v.Stats.Missing = slices.Clone(a.stats.Missing)
 	v.Stats.Targets = slices.Clone(a.stats.Targets)
 
@@ -335,6 +345,7 @@ func (a *Aggregator) View(title string) View {
 		}
 		byCause = a.snap.ByCause
 		v.Steps = max(v.Steps, a.snap.Steps)
+		v.Windows = max(v.Windows, a.snap.Windows)
 		v.Gaps = max(v.Gaps, a.snap.Gaps)
 		v.Stats.Drops = max(v.Stats.Drops, a.snap.DroppedEvents)
 	case a.stepWall > 0:
@@ -501,8 +512,8 @@ func Frame(v View, width int) string {
 	width = max(60, min(width, 120))
 	var b strings.Builder
 	fmt.Fprintf(&b, "gaptrace · %s · %s\n", Escape(v.Title), formatElapsed(v.Elapsed))
-	fmt.Fprintf(&b, "steps %d (%.1f/s)   GPU idle %s   gaps %d   dropped events %d\n",
-		v.Steps, v.StepsPerSec, pct(v.IdlePct), v.Gaps, v.Stats.Drops)
+	fmt.Fprintf(&b, "steps %d (%.1f/s)%s   GPU idle %s   gaps %d   dropped events %d\n",
+		v.Steps, v.StepsPerSec, windowsNote(v.Windows), pct(v.IdlePct), v.Gaps, v.Stats.Drops)
 	if v.Probes == correlate.ProbesAuto {
 		// Gaps outside the windows are decided as lite decides them.
 		fmt.Fprintf(&b, "probes auto: %.1f%% of the time at full (per-launch probes), the rest lite\n", 100*v.FullShare)
@@ -590,11 +601,25 @@ func writeEvidence(b *strings.Builder, v View, width int) {
 	}
 }
 
+// windowsNote says how many fixed windows stood in for steps, if any.
+func windowsNote(n int64) string {
+	switch n {
+	case 0:
+		return ""
+	case 1:
+		return " + 1 window"
+	}
+	return fmt.Sprintf(" + %d windows", n)
+}
+
 // LogLine renders v as one line for logs (stdout not a terminal).
 func LogLine(v View) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "gaptrace elapsed=%s steps=%d rate=%.1f/s gpu_idle=%s gaps=%d drops=%d",
 		v.Elapsed.Round(time.Second), v.Steps, v.StepsPerSec, pct(v.IdlePct), v.Gaps, v.Stats.Drops)
+	if v.Windows > 0 {
+		fmt.Fprintf(&b, " windows=%d", v.Windows)
+	}
 	if len(v.ByCause) > 0 {
 		b.WriteString(" causes=")
 		for i, c := range v.ByCause {
@@ -639,7 +664,7 @@ func Summary(v View, out Outputs, width int) string {
 	if len(v.Stats.Missing) > 0 {
 		fmt.Fprintf(&b, "\nprobes not attached (%d): %s\n", len(v.Stats.Missing), Escape(missingList(v.Stats.Missing, 6)))
 	}
-	if v.Steps == 0 && v.Gaps == 0 {
+	if v.Steps == 0 && v.Windows == 0 && v.Gaps == 0 {
 		b.WriteString("\nno GPU activity was attributed: the target made no CUDA calls gaptrace could see\n" +
 			"(is libcuda.so loaded by it? run `gaptrace check --pid PID`)\n")
 	}

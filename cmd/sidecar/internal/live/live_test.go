@@ -371,3 +371,33 @@ func TestFrameAutoProbes(t *testing.T) {
 		t.Errorf("frame under full mentions auto:\n%s", f)
 	}
 }
+
+// TestWindowsAreNoSteps: fixed windows (no step period known yet: a
+// model's setup, a first iteration that compiled for seconds) count apart
+// from steps in the view, its header and its log line; their idle counts.
+func TestWindowsAreNoSteps(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	a := NewAggregator(c.now)
+	for i := int64(1); i <= 3; i++ {
+		a.Step(correlate.Step{PID: 42, Number: i, Window: true, Start: i * ms(1000), End: (i + 1) * ms(1000), IdleNS: ms(900),
+			ByCause: map[correlate.Cause]int64{correlate.CauseCPU: ms(900)}})
+	}
+	c.t = c.t.Add(time.Second)
+	for i := int64(4); i <= 13; i++ {
+		a.Step(correlate.Step{PID: 42, Number: i, Start: i * ms(100), End: (i + 1) * ms(100), IdleNS: ms(10),
+			ByCause: map[correlate.Cause]int64{correlate.CauseIORead: ms(10)}})
+	}
+	v := a.View("pid 42 python train.py")
+	if v.Steps != 10 || v.Windows != 3 {
+		t.Fatalf("steps=%d windows=%d, want 10 and 3", v.Steps, v.Windows)
+	}
+	if f := Frame(v, 100); !strings.Contains(f, "steps 10 (") || !strings.Contains(f, "+ 3 windows") {
+		t.Errorf("header does not count the windows apart:\n%s", f)
+	}
+	if l := LogLine(v); !strings.Contains(l, "steps=10 ") || !strings.Contains(l, "windows=3") {
+		t.Errorf("log line: %s", l)
+	}
+	if v.LostNS != 3*ms(900)+10*ms(10) {
+		t.Errorf("lost %d ns, want the windows' idle counted too", v.LostNS)
+	}
+}

@@ -3,6 +3,8 @@ package correlate
 import (
 	"slices"
 	"sort"
+
+	"github.com/gaptrace/gaptrace/event"
 )
 
 // Ring statistics: a ring needs minHistory samples before it stands for
@@ -120,9 +122,17 @@ type proc struct {
 	held   []Gap
 
 	launches, copies, colls uint64
-	launchRec               []tcount // flushed launch counts, by time
-	recFrom                 int64    // start of the interval of launchRec[0]
-	base                    map[baseKey]*waitRing
+	// firstOps: what follows a sync (firstop.go); visSinceSync counts the
+	// enqueues lite sees since the last sync, which returned at
+	// lastSyncEnd; closer is the enqueue closing the gap, when it is the
+	// first such and known quiet.
+	firstOps     map[tokKey]*quietCount
+	visSinceSync int
+	lastSyncEnd  int64
+	closer       *event.Event
+	launchRec    []tcount // flushed launch counts, by time
+	recFrom      int64    // start of the interval of launchRec[0]
+	base         map[baseKey]*waitRing
 
 	st stepper
 

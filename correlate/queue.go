@@ -60,6 +60,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	p.shadowLead(x, ev)
 	p.feeders.add(th.tid)
 	t := ev.Start
+	launchesBefore := p.launches + p.colls
 	switch ev.Kind {
 	case event.KindEnqueue:
 		p.launches += ev.Count
@@ -80,8 +81,13 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
 		p.resolveHeld(x, false)
 	}
+	first := p.learnFirstOp(x, ev, launchesBefore)
 	if p.gap != nil {
+		if first && p.gap.start == p.lastSyncEnd && p.quietFirst(ev) {
+			p.closer = ev
+		}
 		p.closeGap(x, th, t)
+		p.closer = nil
 	}
 	p.endAhead(x.set, t, true, false)
 	s := p.stream(ev.Stream)
@@ -189,6 +195,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 		p.endAhead(x.set, ev.Start, false, false)
 	}
 	p.patternSync(x, ev)
+	p.visSinceSync, p.lastSyncEnd = 0, ev.End
 	if p.gap == nil && p.allDrained() {
 		p.gap = &openGap{start: ev.End, tid: th.tid, exact: waited, open: ev}
 	}
@@ -293,7 +300,14 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 	g := p.gap
 	p.gap = nil
 	end := t
-	if x.liteOver(g.start, t) {
+	switch {
+	case p.closer != nil && x.liteOver(g.start, t):
+		// The first operation after the sync, which the loop launches
+		// nothing before (learnt where launches were seen): the GPU
+		// idled until it.
+		p.leads.push(t - g.start - th.stopped(g.start, t))
+		p.wallLeads.push(t - g.start)
+	case x.liteOver(g.start, t):
 		end = p.inferEnd(th, g.start, t)
 		from := max(g.start, end)
 		if end <= g.start {

@@ -13,7 +13,12 @@ Reports, for gaps >= --min-gap-ms (default 1 ms):
   window agreement    (with --windows) each NVML/GPM window's idle fraction against Kineto's
 
 Usage: evaluate.py --gaps gaps.jsonl --truth truth.jsonl --kineto trace.json [--windows w.jsonl]
-                   [--json out.json]
+                   [--json out.json] [--busy-out busy.json] [--missed N]
+
+--busy-out writes the GPU busy intervals the profiler trace holds as a small JSON file that --kineto
+also accepts: a recorded run ('gaptrace run --record') replayed offline ('gaptrace replay --gaps-out')
+is then scored without the profiler trace. --missed N lists the N true gaps >= --min-gap-ms that
+gaptrace's gaps cover least, with the injected stall they fall in.
 Only the Python standard library is used.
 """
 import argparse
@@ -71,6 +76,8 @@ def kineto_busy(path, compute_only=False):
     definition NVML's utilization uses: a copy engine moving a pageable buffer leaves compute idle)."""
     with open(path) as f:
         tr = json.load(f)
+    if "busy" in tr:  # written by --busy-out
+        return Intervals(tr["busy"])
     base = int(tr.get("baseTimeNanoseconds", 0))
     busy = []
     cats = ("kernel",) if compute_only else ("kernel", "gpu_memcpy", "gpu_memset")
@@ -112,6 +119,8 @@ def main():
     ap.add_argument("--spans", help="gaptrace --spans-out file: compare per-step idle")
     ap.add_argument("--min-gap-ms", type=float, default=1.0)
     ap.add_argument("--json")
+    ap.add_argument("--busy-out", help="write the profiler's GPU busy intervals here (a file --kineto accepts)")
+    ap.add_argument("--missed", type=int, default=0, help="list the N least covered true gaps")
     a = ap.parse_args()
     ming = int(a.min_gap_ms * 1e6)
 
@@ -121,6 +130,9 @@ def main():
     steps = [r for r in truth if r["type"] == "step"]
     stalls = [r for r in truth if r["type"] == "stall"]
     busy = kineto_busy(a.kineto, a.compute_only)
+    if a.busy_out:
+        with open(a.busy_out, "w") as f:
+            json.dump({"compute_only": a.compute_only, "busy": busy.iv}, f, separators=(",", ":"))
     lo = min(busy.iv[0][0], steps[0]["start"] + off)
     hi = max(busy.iv[-1][1], steps[-1]["end"] + off)
     true_idle = Intervals(idle_gaps(busy, lo, hi))
@@ -133,6 +145,20 @@ def main():
     big_total = sum(e - s for s, e in true_big)
     recall = sum(found.overlap(s, e) for s, e in true_big) / big_total if big_total else float("nan")
     prec = (sum(true_idle.overlap(s, e) for s, e in found.iv) / found.total()) if found.total() else float("nan")
+
+    if a.missed:
+        rows = []
+        for s, e in true_big:
+            miss = (e - s) - found.overlap(s, e)
+            if miss > 0:
+                inside = [st["cause"] for st in stalls if st["start"] + off < e and st["end"] + off > s]
+                step = next((r["step"] for r in steps if r["start"] + off <= s < r["end"] + off + 2_000_000), None)
+                rows.append((miss, s, e, step, inside))
+        rows.sort(reverse=True)
+        print(f"missed: {sum(r[0] for r in rows) / 1e6:.1f} ms of true gaps >= {a.min_gap_ms} ms in {len(rows)} gaps; largest:")
+        for miss, s, e, step, inside in rows[:a.missed]:
+            print(f"  {(e - s) / 1e6:7.2f} ms gap at +{(s - lo) / 1e6:9.2f} ms (step {step}, stalls {inside or '-'}): "
+                  f"{miss / 1e6:.2f} ms not covered")
 
     # Boundary error: each true gap >= min against its best-overlapping reported gap.
     starts, ends = [], []

@@ -5,7 +5,8 @@
 #   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead pairs attach-pairs layouts loops
 #
 # RECORD=1 adds --record to the traced runs of accuracy, ddp and loops and packs the recordings into
-# OUTDIR/recordings.tar ('gaptrace replay' reproduces those runs offline).
+# OUTDIR/recordings.tar ('gaptrace replay' reproduces those runs offline), with the accuracy runs'
+# GPU busy intervals from the profiler (evaluate.py --kineto takes them in place of its trace).
 #
 # pairs: tracing's cost on a launch-bound PyTorch job, untraced vs null/lite/auto/full and the
 # profiler in interleaved pairs (REPS, default 20); its table comes from bin/bench (build it with
@@ -64,7 +65,8 @@ for p in $PHASES; do
         --stall launch:every=20:ms=30 >"$pre-run.log" 2>&1
       say "gaptrace rc=$? ($(tail -c 300 "$pre-run.log" | tr '\n' ' ' | tail -c 200))"
       "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
-        --spans "$pre-spans.jsonl" --windows "$pre-windows.jsonl" --json "$OUTDIR/accuracy-$probes.json" 2>&1 | tee -a "$RES"
+        --spans "$pre-spans.jsonl" --windows "$pre-windows.jsonl" --json "$OUTDIR/accuracy-$probes.json" \
+        --busy-out "$pre-busy.json" --missed 12 2>&1 | tee -a "$RES"
       grep -E '"(gpu_idle_ns|wall_ns|steps|gaps|dropped_events)"' "$pre-summary.json" | tr -d ' \n' | tee -a "$RES"; say ""
       "$PY" "$HERE/stacks_eval.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" 2>&1 | tee -a "$RES"
     done
@@ -207,7 +209,7 @@ for p in $PHASES; do
   esac
 done
 if [ -n "${RECORD:-}" ]; then
-  (cd "$WORK" && ls *.rec.gz >/dev/null 2>&1 && tar cf "$OUTDIR/recordings.tar" *.rec.gz *truth.jsonl *summary.json)
+  (cd "$WORK" && ls *.rec.gz >/dev/null 2>&1 && tar cf "$OUTDIR/recordings.tar" *.rec.gz *truth.jsonl *summary.json $(ls *busy.json 2>/dev/null))
 fi
 say ""
 say "done $(date -u +%FT%TZ)"

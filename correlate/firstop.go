@@ -1,0 +1,79 @@
+package correlate
+
+import "github.com/gaptrace/gaptrace/event"
+
+// First operations after a sync. Lite cannot see kernel launches, so a gap
+// that opens at a sync's return ends, as far as it knows, anywhere up to
+// the next operation it sees: it takes the end of the feeder's last
+// blocking call, and the usual lead for the rest. Many loops launch
+// nothing between their last sync and the next operation lite sees: they
+// read a scalar, fetch the next batch and copy it before the forward pass.
+// Where launches are seen (full, and auto's windows) the engine learns,
+// per operation, whether it is the first GPU work after a sync; auto's
+// lite stretches then end such a gap at that operation, as full would.
+
+const (
+	// firstOpMin observations at least, with at most one in
+	// firstOpLoudRatio preceded by launches, make an operation quiet.
+	firstOpMin       = 8
+	firstOpLoudRatio = 20
+	// firstOpHalve: the counts halve past this total, so a loop that
+	// changes (an evaluation phase) is relearnt.
+	firstOpHalve = 64
+)
+
+// firstOpKey identifies the operation: its kind, stream and size (a
+// batch copy has the same size every step), or the collective.
+func firstOpKey(ev *event.Event) tokKey {
+	return tokKey{kind: ev.Kind, stream: ev.Stream, bytes: ev.Bytes, op: ev.Op, comm: ev.Comm}
+}
+
+// liteVisible says whether lite sees the enqueue: everything but kernel
+// launches (graph launches are seen).
+func liteVisible(ev *event.Event) bool {
+	return ev.Kind != event.KindEnqueue || ev.CUDA == event.CUGraphLaunch
+}
+
+type quietCount struct{ quiet, loud int }
+
+// learnFirstOp records, for an enqueue that lite sees and that is the
+// first such since the last sync, whether kernels were launched before it
+// where launches are seen. It reports whether ev is that first operation.
+func (p *proc) learnFirstOp(x env, ev *event.Event, launchesBefore uint64) bool {
+	if !liteVisible(ev) {
+		return false
+	}
+	first := p.visSinceSync == 0 && p.lastSyncEnd > 0
+	p.visSinceSync++
+	if !first || !x.set.launchesSeen(p.lastSyncEnd, ev.Start) {
+		return first
+	}
+	if p.firstOps == nil {
+		p.firstOps = map[tokKey]*quietCount{}
+	}
+	k := firstOpKey(ev)
+	q := p.firstOps[k]
+	if q == nil {
+		if len(p.firstOps) >= clockKeys*4 {
+			return first // a loop has few; a flood of sizes learns nothing
+		}
+		q = &quietCount{}
+		p.firstOps[k] = q
+	}
+	if launchesBefore == 0 {
+		q.quiet++
+	} else {
+		q.loud++
+	}
+	if q.quiet+q.loud > firstOpHalve {
+		q.quiet, q.loud = q.quiet/2, q.loud/2
+	}
+	return first
+}
+
+// quietFirst says whether ev, the first operation lite sees after a sync,
+// is known to follow no launch since it: the GPU idled until it.
+func (p *proc) quietFirst(ev *event.Event) bool {
+	q := p.firstOps[firstOpKey(ev)]
+	return q != nil && q.quiet >= firstOpMin && q.loud*firstOpLoudRatio <= q.quiet
+}

@@ -310,6 +310,9 @@ int cuda_async_exit(struct pt_regs *ctx)
 	if (t)
 		arm_enqueue(t);
 
+	/* The Python frames that made the copy ("pin the host buffer" names
+	 * the line), as for a blocking call. */
+	py_stack(id, now);
 	struct cuda_event *e = reserve(sizeof(*e));
 	if (!e)
 		return 0;

@@ -34,8 +34,8 @@ type pyStackRecord struct {
 }
 
 // TestPythonStacks traces pytrain.py with host stalls in named functions (an
-// O_DIRECT read, a sleep, a request to a TCP server run here, outside the
-// traced job) and GIL bursts, and checks that the gaps each stall caused
+// O_DIRECT read, a sleep, copies from pageable memory, a request to a TCP
+// server run here, outside the traced job) and GIL bursts, and checks that the gaps each stall caused
 // name its function, file and line from the Python frames gaptrace walked
 // (at least minPyNamed of them per kind), as do the gaps the GIL caused
 // (the driver call after which the main thread waited for it), in the gaps
@@ -148,7 +148,7 @@ func TestPythonStacks(t *testing.T) {
 	}
 	byKind["gil"] = gil
 	var summary []string
-	for _, kind := range []string{"read", "sleep", "socket", "gil"} {
+	for _, kind := range []string{"read", "sleep", "pageable", "socket", "gil"} {
 		k := byKind[kind]
 		if k == nil || k.gaps < 5 {
 			t.Errorf("%s: %v gaps inside the stalls, want at least 5 (outputs in %s)", kind, k, dir)

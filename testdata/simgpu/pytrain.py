@@ -19,7 +19,8 @@ GIL does not.
 --stall-every S adds a host stall of --stall-ms after every S-th step, once
 no background burst runs, each in a function of its own, in turn: read_batch
 (O_DIRECT reads of a data file, so they reach the disk), wait_for_peer (a
-sleep) and, with --peer, fetch_remote (a request to a TCP server, which
+sleep), copy_pageable (host-to-device copies from pageable memory, which the
+driver stages before each call returns) and, with --peer, fetch_remote (a request to a TCP server, which
 answers after the stall length: it must be another, untraced, program, as
 a remote data service would be). Each writes a "stall" record: kind, start, end, and the function
 (qualname), file and line of its blocking call as the interpreter numbers
@@ -90,6 +91,7 @@ class Driver:
         self.cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [
             ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self.cu.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+        self.cu.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
     @staticmethod
     def check(r, what):
@@ -126,8 +128,9 @@ class Stalls:
 
     DATA_BYTES = 8 << 20
     CHUNK = 1 << 20
+    PAGEABLE_BYTES = 4 << 20
 
-    def __init__(self, ms, data_dir, peer):
+    def __init__(self, ms, data_dir, peer, drv):
         self.ms, self.ns = ms, ms * 1000000
         self.path = os.path.join(data_dir, "pytrain-data.bin")
         with open(self.path, "wb") as f:
@@ -140,7 +143,9 @@ class Stalls:
             self.direct = False
         self.buf = mmap.mmap(-1, self.CHUNK)  # page-aligned, as O_DIRECT wants
         self.off = 0
-        self.kinds = [("read", self.read_batch), ("sleep", self.wait_for_peer)]
+        self.drv = drv
+        self.host = ctypes.create_string_buffer(self.PAGEABLE_BYTES)  # pageable: the driver stages it
+        self.kinds = [("read", self.read_batch), ("sleep", self.wait_for_peer), ("pageable", self.copy_pageable)]
         if peer:
             host, _, port = peer.rpartition(":")
             self.sock = socket.create_connection((host, int(port)))
@@ -161,6 +166,18 @@ class Stalls:
     def wait_for_peer(self):
         site = here()
         time.sleep(self.ns / 1e9)
+        return site
+
+    def copy_pageable(self):
+        """A batch copied from pageable memory: each "async" copy returns only
+        once the driver has staged it."""
+        deadline = time.monotonic_ns() + self.ns
+        site = None
+        while time.monotonic_ns() < deadline:
+            site = here()
+            r = self.drv.cu.cuMemcpyHtoDAsync_v2(self.drv.dptr.value, self.host, self.PAGEABLE_BYTES, None)
+            self.drv.check(r, "cuMemcpyHtoDAsync_v2")
+        self.drv.sync()
         return site
 
     def fetch_remote(self):
@@ -236,7 +253,7 @@ def main():
     truth = Truth(a.truth)
     requests, stop, idle = threading.Event(), threading.Event(), threading.Event()
     idle.set()
-    stalls = Stalls(a.stall_ms, a.data_dir, a.peer) if a.stall_every else None
+    stalls = Stalls(a.stall_ms, a.data_dir, a.peer, drv) if a.stall_every else None
     bg = threading.Thread(target=background, args=(truth, requests, stop, idle), name="pytrain-bg", daemon=True)
     bg.start()
     while bg.native_id is None:

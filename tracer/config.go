@@ -35,13 +35,19 @@ type Config struct {
 	LibCUDA, LibNCCL string        // explicit library paths; default: found in each traced process's /proc/PID/maps
 	RingBufferBytes  int           // default 8 MiB; rounded up to a power of two of at least one page
 	RescanInterval   time.Duration // /proc/PID/maps rescan fallback, default 1s (mmap events trigger rescans sooner)
-	Logger           *slog.Logger
+	// RingPoll is how often the reader looks at the ring buffer on its own
+	// (the programs wake it only when a quarter of it is pending), default
+	// 5ms: each look is a wake-up of the sidecar; events wait up to this
+	// long.
+	RingPoll time.Duration
+	Logger   *slog.Logger
 }
 
 const (
 	defaultThreshold      = 50 * time.Microsecond
 	defaultRingBufferSize = 8 << 20
 	defaultRescanInterval = time.Second
+	defaultRingPoll       = 5 * time.Millisecond
 )
 
 func (c Config) withDefaults() Config {
@@ -56,6 +62,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RescanInterval == 0 {
 		c.RescanInterval = defaultRescanInterval
+	}
+	if c.RingPoll <= 0 {
+		c.RingPoll = defaultRingPoll
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

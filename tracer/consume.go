@@ -44,7 +44,7 @@ type ringReader struct {
 	// thread retaking its P and so polling every 20 µs, a third of the
 	// sidecar's CPU time. The poller is edge-triggered: the programs' wake-up
 	// (a quarter of the ring pending) ends the wait early, the deadline ends
-	// it every ringPoll. poll is nil where the fd cannot join the poller;
+	// it every r.every. poll is nil where the fd cannot join the poller;
 	// Read then waits in the reader's own epoll_wait, as before.
 	poll   *os.File
 	conn   syscall.RawConn
@@ -53,14 +53,20 @@ type ringReader struct {
 	wake   chan struct{} // closed by Flush and Close
 	once   sync.Once
 
+	// every: how often the reader looks on its own (Config.RingPoll).
+	every time.Duration
+
 	// caughtUp is set to a time before which every record was read and
 	// handed on: the ring was found empty then, and a read that waits is
 	// only asked for once the consumer sent what it had read.
 	caughtUp *atomic.Int64
 }
 
-func newRingReader(m *ebpf.Map, rd *ringbuf.Reader, log *slog.Logger) *ringReader {
-	r := &ringReader{rd: rd, wake: make(chan struct{})}
+func newRingReader(m *ebpf.Map, rd *ringbuf.Reader, every time.Duration, log *slog.Logger) *ringReader {
+	if every <= 0 {
+		every = defaultRingPoll
+	}
+	r := &ringReader{rd: rd, wake: make(chan struct{}), every: every}
 	fd, err := unix.FcntlInt(uintptr(m.FD()), unix.F_DUPFD_CLOEXEC, 0)
 	if err == nil {
 		if err = unix.SetNonblock(fd, true); err != nil {
@@ -83,10 +89,10 @@ func newRingReader(m *ebpf.Map, rd *ringbuf.Reader, log *slog.Logger) *ringReade
 	return r
 }
 
-// ringPoll bounds how long a record waits in the ring buffer: the programs
-// wake the reader only when a quarter of the ring is pending (see
-// wakeup_bytes in bpf/common.h), so the reader looks on its own this often.
-const ringPoll = 5 * time.Millisecond
+// every (Config.RingPoll) bounds how long a record waits in the ring
+// buffer: the programs wake the reader only when a quarter of the ring is
+// pending (see wakeup_bytes in bpf/common.h), so the reader looks on its own
+// this often.
 
 func (r *ringReader) Read(wait bool) ([]byte, error) {
 	for {
@@ -110,7 +116,7 @@ func (r *ringReader) Read(wait bool) ([]byte, error) {
 		// reader returns what is left, then ErrFlushed or ErrClosed.
 		deadline := time.Now()
 		if wait && (flushed || r.poll == nil) {
-			deadline = deadline.Add(ringPoll)
+			deadline = deadline.Add(r.every)
 		}
 		r.rd.SetDeadline(deadline)
 		err := r.rd.ReadInto(&r.rec)
@@ -133,10 +139,10 @@ func (r *ringReader) markCaughtUp(at time.Time) {
 	}
 }
 
-// park waits until the programs wake the ring, ringPoll passes, or Flush
+// park waits until the programs wake the ring, every passes, or Flush
 // or Close is called (they move the deadline to now).
 func (r *ringReader) park() {
-	if err := r.poll.SetReadDeadline(time.Now().Add(ringPoll)); err != nil {
+	if err := r.poll.SetReadDeadline(time.Now().Add(r.every)); err != nil {
 		return
 	}
 	select {

@@ -169,7 +169,7 @@ func New(cfg Config) (*Tracer, error) {
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("open ring buffer reader: %w", err), closeLinksParallel(t.tps), t.closeObjects())
 	}
-	rr := newRingReader(t.shared[cudaMapEvents], rd, t.log)
+	rr := newRingReader(t.shared[cudaMapEvents], rd, t.cfg.RingPoll, t.log)
 	rr.caughtUp = &t.caughtUp
 	t.reader = rr
 	t.wg.Add(1)

@@ -174,6 +174,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		SyscallThreshold: cfg.SyscallThreshold,
 		LibCUDA:          cfg.CUDALib,
 		LibNCCL:          cfg.NCCLLib,
+		RingPoll:         cfg.RingPoll,
 		Logger:           pc.Logger,
 	})
 	if err != nil {

@@ -82,6 +82,7 @@ type Config struct {
 	NCCLLib          string        // libnccl path override
 	NVMLLib          string        // libnvidia-ml path override
 	CUDAWait         time.Duration // attach --pid: fail when no libcuda appears in the target within this (0: never fail)
+	RingPoll         time.Duration // how often the event reader looks at the ring buffer on its own
 
 	// Outputs.
 	GapsOut        string
@@ -130,6 +131,7 @@ func Defaults(cmd Command) Config {
 		SyscallThreshold: 50 * time.Microsecond,
 		MinGap:           time.Millisecond,
 		CUDAWait:         30 * time.Second,
+		RingPoll:         5 * time.Millisecond,
 		ServiceName:      "gaptrace",
 		Rank:             -1,
 		Live:             "auto",
@@ -220,6 +222,8 @@ var options = []option{
 		binding: durationVar(func(c *Config) *time.Duration { return &c.AutoEvery })},
 	{name: "syscall-threshold", usage: "syscalls shorter than this are counted, not reported",
 		binding: durationVar(func(c *Config) *time.Duration { return &c.SyscallThreshold })},
+	{name: "ring-poll", usage: "how often the event reader looks at the kernel's ring buffer on its own (the probes wake it only when a quarter of it is full): each look wakes the sidecar, and events wait up to this long",
+		binding: durationVar(func(c *Config) *time.Duration { return &c.RingPoll })},
 	{name: "min-gap", usage: "GPU idle gaps shorter than this are accounted per step instead of reported one by one",
 		binding: durationVar(func(c *Config) *time.Duration { return &c.MinGap })},
 	{name: "duration", usage: "stop tracing after this long (the traced command keeps running); 0 = until it exits",
@@ -639,6 +643,9 @@ func (c *Config) validate(rest []string) Problems {
 	}
 	if c.MinGap <= 0 {
 		p = append(p, "--min-gap: must be positive")
+	}
+	if c.RingPoll < time.Millisecond || c.RingPoll > 200*time.Millisecond {
+		p = append(p, fmt.Sprintf("--ring-poll %s: want 1ms to 200ms (gaps are emitted within a second)", c.RingPoll))
 	}
 	if c.Probes == "auto" {
 		switch {

@@ -287,3 +287,33 @@ func TestAutoSchedule(t *testing.T) {
 		}
 	}
 }
+
+// TestRingPoll: the reader's own look at the ring buffer is bounded: under
+// 1 ms it would spin, over 200 ms events would wait past the emission
+// promise's margin.
+func TestRingPoll(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want time.Duration
+		bad  bool
+	}{
+		{nil, 5 * time.Millisecond, false},
+		{[]string{"--ring-poll", "20ms"}, 20 * time.Millisecond, false},
+		{[]string{"--ring-poll", "500us"}, 0, true},
+		{[]string{"--ring-poll", "1s"}, 0, true},
+	} {
+		cfg, _, err := Load(CmdRun, append(c.args, "--", "true"), env(nil), io.Discard)
+		switch {
+		case c.bad && (err == nil || !strings.Contains(err.Error(), "--ring-poll")):
+			t.Errorf("%v: error %v, want one about --ring-poll", c.args, err)
+		case !c.bad && err != nil:
+			t.Errorf("%v: %v", c.args, err)
+		case !c.bad && cfg.RingPoll != c.want:
+			t.Errorf("%v: ring poll %v, want %v", c.args, cfg.RingPoll, c.want)
+		}
+	}
+	cfg, _, err := Load(CmdRun, []string{"--", "true"}, env(map[string]string{"GAPTRACE_RING_POLL": "10ms"}), io.Discard)
+	if err != nil || cfg.RingPoll != 10*time.Millisecond {
+		t.Errorf("GAPTRACE_RING_POLL=10ms: %v, %v", cfg.RingPoll, err)
+	}
+}

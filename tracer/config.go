@@ -37,7 +37,7 @@ type Config struct {
 	RescanInterval   time.Duration // /proc/PID/maps rescan fallback, default 1s (mmap events trigger rescans sooner)
 	// RingPoll is how often the reader looks at the ring buffer on its own
 	// (the programs wake it only when a quarter of it is pending), default
-	// 5ms: each look is a wake-up of the sidecar; events wait up to this
+	// 20ms: each look is a wake-up of the sidecar; events wait up to this
 	// long.
 	RingPoll time.Duration
 	Logger   *slog.Logger
@@ -47,7 +47,7 @@ const (
 	defaultThreshold      = 50 * time.Microsecond
 	defaultRingBufferSize = 8 << 20
 	defaultRescanInterval = time.Second
-	defaultRingPoll       = 5 * time.Millisecond
+	defaultRingPoll       = 20 * time.Millisecond
 )
 
 func (c Config) withDefaults() Config {

@@ -131,7 +131,7 @@ func Defaults(cmd Command) Config {
 		SyscallThreshold: 50 * time.Microsecond,
 		MinGap:           time.Millisecond,
 		CUDAWait:         30 * time.Second,
-		RingPoll:         5 * time.Millisecond,
+		RingPoll:         20 * time.Millisecond,
 		ServiceName:      "gaptrace",
 		Rank:             -1,
 		Live:             "auto",

@@ -297,7 +297,7 @@ func TestRingPoll(t *testing.T) {
 		want time.Duration
 		bad  bool
 	}{
-		{nil, 5 * time.Millisecond, false},
+		{nil, 20 * time.Millisecond, false},
 		{[]string{"--ring-poll", "20ms"}, 20 * time.Millisecond, false},
 		{[]string{"--ring-poll", "500us"}, 0, true},
 		{[]string{"--ring-poll", "1s"}, 0, true},

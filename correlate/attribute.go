@@ -499,6 +499,10 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 	}
 	if o := at.stackOp(dom); o != nil {
 		ev.Stack, ev.StackTruncated = o.ev.Stack, o.ev.StackTruncated
+	} else if top != nil && len(top.ev.Stack) > 0 && (dom == CauseCPUContention || dom == CauseCPU) {
+		// The host was staging that copy when it lost its CPU: the copy's
+		// line is the one to change.
+		ev.Stack, ev.StackTruncated = top.ev.Stack, top.ev.StackTruncated
 	}
 	for _, f := range at.files {
 		ev.Files = append(ev.Files, *f)

@@ -46,7 +46,7 @@ func TestPythonStacks(t *testing.T) {
 	dir := runPytrain(t, s, "pytrain-stacks", func(dir string) []string {
 		peer = startLatePeer(t)
 		return []string{"--steps", "200", "--burst-every", "6", "--burst-ms", "30", "--stall-every", "5", "--stall-ms", "20",
-			"--data-dir", dir, "--peer", peer}
+			"--data-dir", dir, "--peer", peer, "--pageable"}
 	})
 	truthPath := filepath.Join(dir, "truth.jsonl")
 	gapsPath := filepath.Join(dir, "gaps.jsonl")

@@ -19,8 +19,9 @@ GIL does not.
 --stall-every S adds a host stall of --stall-ms after every S-th step, once
 no background burst runs, each in a function of its own, in turn: read_batch
 (O_DIRECT reads of a data file, so they reach the disk), wait_for_peer (a
-sleep), copy_pageable (host-to-device copies from pageable memory, which the
-driver stages before each call returns) and, with --peer, fetch_remote (a request to a TCP server, which
+sleep), with --pageable copy_pageable (host-to-device copies from pageable
+memory, which the driver stages before each call returns) and, with --peer,
+fetch_remote (a request to a TCP server, which
 answers after the stall length: it must be another, untraced, program, as
 a remote data service would be). Each writes a "stall" record: kind, start, end, and the function
 (qualname), file and line of its blocking call as the interpreter numbers
@@ -55,6 +56,7 @@ def parse_args():
     p.add_argument("--stall-ms", type=int, default=20, help="length of a host stall")
     p.add_argument("--data-dir", default=".", help="where read_batch keeps its data file")
     p.add_argument("--peer", help="HOST:PORT of the server fetch_remote asks (it answers a line of ms after as many ms)")
+    p.add_argument("--pageable", action="store_true", help="copy_pageable takes its turn among the stalls")
     a = p.parse_args()
     for name in ("steps", "kernels", "kernel_us", "burst_every", "burst_ms", "stall_ms"):
         if getattr(a, name) < 1:
@@ -130,7 +132,7 @@ class Stalls:
     CHUNK = 1 << 20
     PAGEABLE_BYTES = 4 << 20
 
-    def __init__(self, ms, data_dir, peer, drv):
+    def __init__(self, ms, data_dir, peer, drv, pageable):
         self.ms, self.ns = ms, ms * 1000000
         self.path = os.path.join(data_dir, "pytrain-data.bin")
         with open(self.path, "wb") as f:
@@ -145,7 +147,9 @@ class Stalls:
         self.off = 0
         self.drv = drv
         self.host = ctypes.create_string_buffer(self.PAGEABLE_BYTES)  # pageable: the driver stages it
-        self.kinds = [("read", self.read_batch), ("sleep", self.wait_for_peer), ("pageable", self.copy_pageable)]
+        self.kinds = [("read", self.read_batch), ("sleep", self.wait_for_peer)]
+        if pageable:
+            self.kinds.append(("pageable", self.copy_pageable))
         if peer:
             host, _, port = peer.rpartition(":")
             self.sock = socket.create_connection((host, int(port)))
@@ -253,7 +257,7 @@ def main():
     truth = Truth(a.truth)
     requests, stop, idle = threading.Event(), threading.Event(), threading.Event()
     idle.set()
-    stalls = Stalls(a.stall_ms, a.data_dir, a.peer, drv) if a.stall_every else None
+    stalls = Stalls(a.stall_ms, a.data_dir, a.peer, drv, a.pageable) if a.stall_every else None
     bg = threading.Thread(target=background, args=(truth, requests, stop, idle), name="pytrain-bg", daemon=True)
     bg.start()
     while bg.native_id is None:

@@ -292,6 +292,14 @@ static __always_inline void submit(void *rec)
 	bpf_ringbuf_submit(rec, pending >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
+/* submit_now wakes the reader at once: for the few records user space must
+ * complete from /proc while what they name still exists (a socket's peer,
+ * read through its fd before a short-lived connection closes). */
+static __always_inline void submit_now(void *rec)
+{
+	bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);
+}
+
 /* Arguments past the sixth live on the stack: at function entry sp points at
  * the return address, so argument n (n >= 7) is at sp + 8*(n-6). */
 static __always_inline __u64 stack_arg(struct pt_regs *ctx, int n)

@@ -161,7 +161,12 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		e->stack_id = user_stack(ctx);
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 		bpf_probe_read_user(e->sp_words, sizeof(e->sp_words), (void *)regs->sp);
-		submit(e);
+		/* A blocking socket call: its peer is looked up through the fd,
+		 * which a short-lived connection closes within milliseconds. */
+		if (cls == SC_NET)
+			submit_now(e);
+		else
+			submit(e);
 	}
 	t->sc_start = 0;
 	arm_enqueue(t);

@@ -355,10 +355,20 @@ func TestRingDropsCounted(t *testing.T) {
 	// records, and nothing reads them yet.
 	testutil.WaitFor(t, 10*time.Second, "ring-buffer drops", func() bool { return tr.Stats().RingDrops > 0 })
 
+	// The shell exits as soon as it reads its next line: its exit record
+	// fits only once every cat has ended and the reader has emptied the
+	// full ring after that, which on a loaded host may take a while.
+	syscallPath := fmt.Sprintf("/proc/%d/syscall", cmd.Process.Pid)
+	testutil.WaitFor(t, 10*time.Second, "the shell blocked in its second read", func() bool {
+		b, err := os.ReadFile(syscallPath)
+		return err == nil && strings.HasPrefix(string(b), "0 ") // read(2), after the last cat
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	out := make(chan event.Event, 1024)
+	begin := time.Now().UnixNano()
 	go func() { _ = tr.Run(ctx, out) }()
+	testutil.WaitFor(t, 10*time.Second, "the reader to empty the full ring", func() bool { return tr.Delivered() >= begin })
 	if _, err := io.WriteString(stdin, "done\n"); err != nil {
 		t.Fatal(err)
 	}

@@ -22,12 +22,15 @@ import (
 
 // Targets. They are the promise made to users; a miss fails the test.
 const (
-	minRecall       = 0.95 // time-weighted, true gaps ≥ minGapNS
-	minPrecision    = 0.95 // time-weighted, reported idle gaps
-	minAccuracy     = 0.95 // time-weighted attribution, every cause
-	maxStepIdleErr  = 0.05 // launch-bound: per-step idle vs truth (median and total)
-	maxStepCountErr = 0.02 // steps counted vs the trainer's, over the scored range
-	minGapNS        = int64(time.Millisecond)
+	minRecall      = 0.95 // time-weighted, true gaps ≥ minGapNS
+	minPrecision   = 0.95 // time-weighted, reported idle gaps
+	minAccuracy    = 0.95 // time-weighted attribution, every cause
+	maxStepIdleErr = 0.05 // launch-bound: per-step idle vs truth (median and total)
+	// minStepIdleJudged: steps not preempted (StepIdleResult.Preempted)
+	// that the per-step median needs; fewer, and the totals judge alone.
+	minStepIdleJudged = 15
+	maxStepCountErr   = 0.02 // steps counted vs the trainer's, over the scored range
+	minGapNS          = int64(time.Millisecond)
 	// minScoredNS: detection recall and precision are asserted over at
 	// least this much time. Below it the ratio is decided by one or two
 	// chance events (the launch-bound trainer has no injected stall; its
@@ -729,7 +732,12 @@ func score(t *testing.T, j *job) *row {
 		case si.Matched < len(tr.Steps)/2:
 			miss("per-step idle: only %d of %d truth steps matched by %d gaptrace steps", si.Matched, len(tr.Steps), si.Steps)
 		default:
-			if si.MedianRelErr > maxStepIdleErr {
+			if si.Matched-si.Preempted < minStepIdleJudged {
+				// The machine kept the feeder off a CPU in most steps:
+				// only the totals say how right gaptrace was.
+				t.Logf("%s/%s: per-step idle judged in totals only: %d of %d matched steps waited ≥ %.0f%% of their time for a CPU",
+					j.sc.name, j.probes, si.Preempted, si.Matched, 100*preemptedShare)
+			} else if si.MedianRelErr > maxStepIdleErr {
 				miss("per-step idle: median relative error %.1f%% > %.0f%% (p90 %.1f%%)", 100*si.MedianRelErr, 100*maxStepIdleErr, 100*si.P90RelErr)
 			}
 			if si.TotalRelErr > maxStepIdleErr {
@@ -855,8 +863,12 @@ func formatTable(rows []*row) string {
 		}
 		if r.StepIdle != nil {
 			si := r.StepIdle
-			causes = append(causes, fmt.Sprintf("step idle p50 %.1f%% p90 %.1f%% total %.1f%% (%d/%d steps, %.0f vs %.0f ms)",
-				100*si.MedianRelErr, 100*si.P90RelErr, 100*si.TotalRelErr, si.Matched, si.Steps, ms(si.ReportedNS), ms(si.TrueNS)))
+			pre := ""
+			if si.Preempted > 0 {
+				pre = fmt.Sprintf(", %d preempted", si.Preempted)
+			}
+			causes = append(causes, fmt.Sprintf("step idle p50 %.1f%% p90 %.1f%% total %.1f%% (%d/%d steps%s, %.0f vs %.0f ms)",
+				100*si.MedianRelErr, 100*si.P90RelErr, 100*si.TotalRelErr, si.Matched, si.Steps, pre, ms(si.ReportedNS), ms(si.TrueNS)))
 		}
 		mark := ""
 		if len(r.Misses) > 0 {

@@ -193,6 +193,9 @@ type Truth struct {
 type TruthStep struct {
 	Number int64
 	Interval
+	// RunDelayNS is the feeder's run-queue wait during the step (the
+	// machine's own load), from schedstat; 0 when not recorded.
+	RunDelayNS int64
 }
 
 // TruthStall is one injected stall.
@@ -301,7 +304,7 @@ func ReadTruth(path string) (*Truth, error) {
 			meta = true
 			t.PID, t.Offset = r.PID, r.Offset
 		case "step":
-			t.Steps = append(t.Steps, TruthStep{r.Step, iv})
+			t.Steps = append(t.Steps, TruthStep{Number: r.Step, Interval: iv, RunDelayNS: r.RunDelay})
 		case "stall":
 			t.Stalls = append(t.Stalls, TruthStall{Step: r.Step, Cause: r.Cause, Interval: iv,
 				Ahead: r.At == "ahead", WorkerDid: r.WorkerDid, RunDelayNS: r.RunDelay})
@@ -728,7 +731,17 @@ type StepIdleResult struct {
 	TotalRelErr float64 `json:"total_rel_err"`
 	// Offset is the most common gaptrace number - truth number.
 	Offset int64 `json:"number_offset"`
+	// Preempted matched steps are left out of the relative errors: the
+	// feeder waited for a CPU for at least preemptedShare of them, so the
+	// machine's load decided where their idle fell, finer than the GPU's
+	// windows (100-200 ms, a dozen steps) can place it. Their idle still
+	// counts in the totals.
+	Preempted int `json:"preempted"`
 }
+
+// preemptedShare: a step whose feeder spent this share of it waiting for a
+// CPU is judged in the totals only (StepIdleResult.Preempted).
+const preemptedShare = 0.05
 
 // StepIdle matches gaptrace's steps of pid to truth steps by time overlap
 // and compares their idle. A truth step is taken sync to sync, from the
@@ -777,6 +790,10 @@ func StepIdle(tr *Truth, steps []StepSpan, pid int) *StepIdleResult {
 		offsets[sp.Number-ts[best].num]++
 		res.TrueNS += trueNS
 		res.ReportedNS += sp.IdleNS
+		if float64(tr.Steps[best].RunDelayNS) >= preemptedShare*float64(ts[best].iv.Len()) {
+			res.Preempted++
+			continue
+		}
 		errs = append(errs, math.Abs(float64(sp.IdleNS-trueNS))/float64(trueNS))
 	}
 	if len(errs) > 0 {

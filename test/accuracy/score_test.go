@@ -94,9 +94,9 @@ func handMade() *Truth {
 	return &Truth{
 		PID: 1,
 		Steps: []TruthStep{
-			{1, iv(0, 20)},
-			{2, iv(52, 72)},
-			{3, iv(104, 140)},
+			{Number: 1, Interval: iv(0, 20)},
+			{Number: 2, Interval: iv(52, 72)},
+			{Number: 3, Interval: iv(104, 140)},
 		},
 		Stalls: []TruthStall{
 			{Step: 2, Cause: "io.read", Interval: iv(20, 50)},
@@ -239,6 +239,15 @@ func TestStepIdle(t *testing.T) {
 	}
 	if r.TrueNS != 66*msNS+msNS/2 {
 		t.Errorf("true %d, want 66.5 ms", r.TrueNS)
+	}
+
+	// The feeder waited 10 ms of step 3's 36 for a CPU: the machine's load
+	// placed its idle, so it is left out of the per-step errors (its +10%
+	// with it) and kept in the totals.
+	tr.Steps[2].RunDelayNS = 10 * msNS
+	r = StepIdle(tr, steps, 1)
+	if r.Matched != 3 || r.Preempted != 1 || r.P90RelErr != 0 || r.TrueNS != 66*msNS+msNS/2 {
+		t.Errorf("%+v: want 3 matched, 1 preempted, p90 0, totals unchanged", r)
 	}
 }
 

@@ -31,13 +31,19 @@ func (r *waitRing) push(x int64) { r.v[r.n%len(r.v)] = x; r.n++ }
 // recentMedian is the median of the last k values pushed (fewer when fewer
 // were): the latest steps say best what this step's work looks like.
 func (r *waitRing) recentMedian(k int) int64 {
+	v := r.recentSorted(k)
+	return v[len(v)/2]
+}
+
+// recentSorted is the last k values pushed (fewer when fewer were), sorted.
+func (r *waitRing) recentSorted(k int) []int64 {
 	k = min(k, r.n, len(r.v))
 	v := make([]int64, 0, k)
 	for i := 1; i <= k; i++ {
 		v = append(v, r.v[(r.n-i)%len(r.v)])
 	}
 	slices.Sort(v)
-	return v[len(v)/2]
+	return v
 }
 
 // low is the lower quartile of the values held: what an ordinary step
@@ -55,12 +61,7 @@ func (r *waitRing) low() int64 {
 // is deep at one sync of a step (the step's last, on the stream that
 // computes) is deep, however many other syncs return at once.
 func (r *waitRing) high(k int) int64 {
-	k = min(k, r.n, len(r.v))
-	v := make([]int64, 0, k)
-	for i := 1; i <= k; i++ {
-		v = append(v, r.v[(r.n-i)%len(r.v)])
-	}
-	slices.Sort(v)
+	v := r.recentSorted(k)
 	return v[(3*len(v))/4]
 }
 

@@ -338,8 +338,11 @@ func TestStallCauses(t *testing.T) {
 					eff -= min(waited, max(0, d-ms))
 				}
 				durs = append(durs, eff)
-				// Too long only past what the run queue explains.
-				if d < 0.8*ms || eff > 3*ms {
+				// Too long only past what the run queue explains. A stall
+				// that ends in a write's fsync ends when the disk says:
+				// the median below judges its length.
+				disk := cause == "io.write"
+				if d < 0.8*ms || eff > 3*ms && !disk {
 					t.Errorf("stall %d of %s lasted %.1f ms (%.1f ms not waiting for a CPU), want about %d", i, cause, d, eff, ms)
 				}
 				// The stall precedes its step (comm: it is the end of its step).

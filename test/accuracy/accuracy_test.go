@@ -165,12 +165,7 @@ func scenarios() []scenario {
 			extra:  []string{"--extra-syncs", "2", "--batch-copies", "2"},
 			stalls: []stall{{cause: "sleep", every: 5, ms: 30}}},
 		// A CUDA-graph step: the batch's copies, one replay, scalar reads.
-		// Not under auto: between its windows auto detects gaps as lite
-		// does, and on this graph loop lite's recall of the 1–3 ms gaps
-		// between replays sits at the target (0.93–0.95) while auto's
-		// has measured 0.905–0.927; auto counts its steps (48/48) as lite.
 		{name: "steps-graph", kernels: 1, kernelUS: 2000, gapUS: 20, streams: 1, steps: 48, countSteps: true,
-			probes: []string{"full", "lite"},
 			extra:  []string{"--launch-api", "graph", "--extra-syncs", "2", "--batch-copies", "2"},
 			env:    []string{"SIMGPU_GRAPH_US=12000"},
 			stalls: []stall{{cause: "io.read", every: 4, ms: 30}}},

@@ -2,7 +2,7 @@
 # Validate gaptrace on a real GPU machine. Builds nothing: bin/gaptrace is built beforehand on an
 # x86-64 machine (make build) and shipped with the repository.
 #
-#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead pairs attach-pairs layouts loops
+#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead pairs attach-pairs layouts loops styles auto-steady
 #
 # RECORD=1 adds --record to the traced runs of accuracy, ddp and loops and packs the recordings into
 # OUTDIR/recordings.tar ('gaptrace replay' reproduces those runs offline), with the accuracy runs'
@@ -204,6 +204,36 @@ for p in $PHASES; do
       "$PY" "$HERE/stacks_eval.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" 2>&1 | tee -a "$RES"
     done
     done
+    ;;
+  styles)
+    # Loops written unlike trainer.py (styles.py): AMP with a GradScaler and a pageable DataLoader,
+    # gradient accumulation with a dict batch and a logging thread, a synthetic benchmark loop that
+    # syncs every 10th step. Steps against the loop's iterations; detection and the checkpoints'
+    # attribution against the profiler. STYLES and STYLE_PROBES pick the runs.
+    for probes in ${STYLE_PROBES:-auto lite}; do
+    for style in ${STYLES:-amp-cnn accum synthetic}; do
+      phase "styles style=$style probes=$probes"
+      pre=$WORK/style-$style-$probes
+      timeout 300 "$G" run --probes "$probes" --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
+        --spans-out "$pre-spans.jsonl" -- \
+        "$PY" "$HERE/styles.py" --style "$style" --steps "$STEPS" --warmup 10 --truth "$pre-truth.jsonl" \
+        --profile "$pre-kineto.json" --data-dir "$WORK" >"$pre-run.log" 2>&1
+      say "gaptrace rc=$? ($(tail -c 200 "$pre-run.log" | tr '\n' ' '))"
+      say "steps: gaptrace $(grep -o -m1 '"steps": *[0-9]*' "$pre-summary.json" | head -1 | grep -o '[0-9]*$') + windows $(grep -o '"windows": *[0-9]*' "$pre-summary.json" | head -1 | grep -o '[0-9]*$'), loop iterations $((STEPS + 10))"
+      "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
+        --spans "$pre-spans.jsonl" --json "$OUTDIR/$(basename "$pre").json" --busy-out "$pre-busy.json" --missed 5 2>&1 | tee -a "$RES"
+      grep -o '"by_cause": *{[^}]*}' "$pre-summary.json" | tee -a "$RES"
+    done
+    done
+    ;;
+  auto-steady)
+    # auto's cost over lite in one long attachment: the job's steps in auto's lite stretches against
+    # all of the steady attachment (auto_steady.py). AUTO_SECONDS, HOST_US.
+    phase "auto-steady: one long auto attachment"
+    "$PY" "$HERE/auto_steady.py" --gaptrace "$G" --out "$WORK/auto-steady" --seconds "${AUTO_SECONDS:-180}" \
+      --host-us "${HOST_US:-0}" 2>&1 | tee -a "$RES"
+    cp "$WORK/auto-steady/auto-steady.json" "$OUTDIR/" 2>/dev/null
+    grep -E 'window asked|per-launch probes (at|de)tached' "$WORK/auto-steady/gaptrace.log" | cut -c1-220 >"$OUTDIR/auto-steady-windows.txt"
     ;;
   *) echo "unknown phase $p" >&2; exit 2 ;;
   esac

@@ -9,6 +9,7 @@ package main_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -511,5 +512,69 @@ func TestSpansFileRotates(t *testing.T) {
 	}
 	if _, err := os.Stat(spans + ".3"); err == nil {
 		t.Error("a third rotated file kept with --spans-keep 2")
+	}
+}
+
+// heldShell starts `sh -c 'sleep 600'` with extra arguments after the
+// script ($0, $1, ...): they stay on the shell's command line while it waits,
+// as a trainer's secrets stay on its own.
+func heldShell(t *testing.T, args ...string) int {
+	t.Helper()
+	cmd := exec.Command("sh", append([]string{"-c", "sleep 600; :"}, args...)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reap(t, cmd) })
+	want := strings.Join(cmd.Args, "\x00")
+	testutil.WaitFor(t, 30*time.Second, "the shell's command line", func() bool {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/cmdline")
+		return err == nil && strings.TrimSuffix(string(b), "\x00") == want
+	})
+	return cmd.Process.Pid
+}
+
+// check --pid quotes the target's command line; it goes through the same
+// --command-line and --redact as spans, metrics and logs.
+func TestCheckRedactsTheTargetCommandLine(t *testing.T) {
+	bin := testutil.Gaptrace(t)
+	pid := heldShell(t, "trainer", "--api-key=sk-check-secret", "--token", "tok-check-secret", "--lr", "0.1",
+		"--db", "postgres://bob:pw-check-secret@db/x", "--run-name", "visible-name")
+	secrets := []string{"sk-check-secret", "tok-check-secret", "pw-check-secret"}
+	for _, tc := range []struct {
+		flags      []string
+		want, hide []string
+	}{
+		{nil, []string{"sh -c", "--api-key=*** --token *** --lr 0.1", "postgres://***@db/x", "visible-name"}, secrets},
+		{[]string{"--redact", "visible-\\w+"}, []string{"--api-key=***", "--run-name ***"}, append(secrets, "visible-name")},
+		{[]string{"--command-line", "name"}, []string{fmt.Sprintf("pid %d sh\n", pid)}, append(secrets, "--lr", "trainer")},
+		{[]string{"--command-line", "none"}, []string{fmt.Sprintf("pid %d\n", pid)}, append(secrets, "sh -c", "trainer")},
+		{[]string{"--command-line", "full"}, []string{"--api-key=sk-check-secret --token tok-check-secret"}, nil},
+	} {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.Command(bin, append([]string{"check", "--pid", strconv.Itoa(pid)}, tc.flags...)...)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); !exitStatusOnly(err) {
+			t.Fatalf("check %v: %v\n%s", tc.flags, err, &stderr)
+		}
+		var target string
+		for _, l := range strings.SplitAfter(stdout.String(), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[1] == "target" {
+				target = l
+			}
+		}
+		if target == "" {
+			t.Errorf("check %v: no target line\n%s%s", tc.flags, &stdout, &stderr)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(target, w) {
+				t.Errorf("check %v: target line %q lacks %q", tc.flags, target, w)
+			}
+		}
+		for _, h := range tc.hide {
+			if strings.Contains(stdout.String()+stderr.String(), h) {
+				t.Errorf("check %v prints %q:\n%s%s", tc.flags, h, &stdout, &stderr)
+			}
+		}
 	}
 }

@@ -69,8 +69,7 @@ func attachPID(ctx context.Context, cfg *config.Config, deps Deps, out output) i
 		return fail(deps, cmd, "%v", err)
 	}
 	defer w.Close()
-	cmdline, _ := proc.Cmdline(pid)
-	argv := strings.Fields(cmdline)
+	argv, _ := proc.Argv(pid)
 
 	s, err := openSession(ctx, cfg, deps, out, pid, argv)
 	if err != nil {
@@ -449,8 +448,7 @@ scan:
 				code = ExitFailure
 				break scan
 			}
-			cl, _ := proc.Cmdline(pid)
-			log.Info("tracing matching process", "pid", pid, "cmdline", shortCmd(redactCmdline(cfg, strings.Fields(cl))))
+			log.Info("tracing matching process", "pid", pid, "cmdline", shortCmd(targetCmdline(cfg, pid)))
 			if !cfg.GPUProcs && len(cudaLibs(pid)) == 0 {
 				log.Warn("matching process has no libcuda.so mapped yet; GPU calls are traced once it loads one", "pid", pid)
 			}

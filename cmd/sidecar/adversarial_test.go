@@ -538,13 +538,15 @@ func heldShell(t *testing.T, args ...string) int {
 func TestCheckRedactsTheTargetCommandLine(t *testing.T) {
 	bin := testutil.Gaptrace(t)
 	pid := heldShell(t, "trainer", "--api-key=sk-check-secret", "--token", "tok-check-secret", "--lr", "0.1",
-		"--db", "postgres://bob:pw-check-secret@db/x", "--run-name", "visible-name")
-	secrets := []string{"sk-check-secret", "tok-check-secret", "pw-check-secret"}
+		"--db", "postgres://bob:pw-check-secret@db/x", "-H", "Authorization: Bearer bb-check-secret",
+		"--password", "-dash-check-secret", "--tokenizer", "gpt2", "--run-name", "visible-name")
+	secrets := []string{"sk-check-secret", "tok-check-secret", "pw-check-secret", "bb-check-secret", "dash-check-secret"}
 	for _, tc := range []struct {
 		flags      []string
 		want, hide []string
 	}{
-		{nil, []string{"sh -c", "--api-key=*** --token *** --lr 0.1", "postgres://***@db/x", "visible-name"}, secrets},
+		{nil, []string{"sh -c", "--api-key=*** --token *** --lr 0.1", "postgres://***@db/x",
+			"-H Authorization: Bearer *** --password *** --tokenizer gpt2", "visible-name"}, secrets},
 		{[]string{"--redact", "visible-\\w+"}, []string{"--api-key=***", "--run-name ***"}, append(secrets, "visible-name")},
 		{[]string{"--command-line", "name"}, []string{fmt.Sprintf("pid %d sh\n", pid)}, append(secrets, "--lr", "trainer")},
 		{[]string{"--command-line", "none"}, []string{fmt.Sprintf("pid %d\n", pid)}, append(secrets, "sh -c", "trainer")},
@@ -575,6 +577,34 @@ func TestCheckRedactsTheTargetCommandLine(t *testing.T) {
 			if strings.Contains(stdout.String()+stderr.String(), h) {
 				t.Errorf("check %v prints %q:\n%s%s", tc.flags, h, &stdout, &stderr)
 			}
+		}
+	}
+}
+
+// The debug log line of the command run starts: its arguments as given
+// (one of them a whole header), redacted like every other output.
+func TestRunDebugLogRedactsTheCommand(t *testing.T) {
+	need(t)
+	dir := t.TempDir()
+	code, stdout, stderr := runIn(t, dir, env(t), "run", "--live", "off", "--log-level", "debug",
+		"--spans-out", filepath.Join(dir, "spans.jsonl"), "--", "sh", "-c", "exit 0", "sh",
+		"-H", "Authorization: Bearer bb-debug-secret", "--password", "-dash-debug-secret", "--passphrase", "pp-debug-secret",
+		"--tokenizer", "gpt2")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	var line string
+	for _, l := range strings.Split(stderr, "\n") {
+		if strings.Contains(l, "command started under tracing") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "Authorization: Bearer ***") || !strings.Contains(line, "--tokenizer gpt2") {
+		t.Errorf("no redacted argv in the debug log:\n%s", stderr)
+	}
+	for _, secret := range []string{"bb-debug-secret", "dash-debug-secret", "pp-debug-secret"} {
+		if strings.Contains(stdout+stderr, secret) {
+			t.Errorf("the output carries %q:\n%s", secret, stderr)
 		}
 	}
 }

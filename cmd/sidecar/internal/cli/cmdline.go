@@ -18,13 +18,6 @@ import (
 // Redacted replaces a secret in a command line.
 const Redacted = "***"
 
-// secretName matches option and variable names whose value is a secret:
-// --api-key, --token, --password, DB_PASSWORD=, client_secret=, --auth.
-var secretName = regexp.MustCompile(`(?i)(key|token|secret|passw|pwd|credential|auth|cookie|session)`)
-
-// urlUserinfo matches the user:password@ part of a URL.
-var urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@`)
-
 // targetCmdline is what may be shown of pid's command line: every
 // command line gaptrace reads from /proc and prints, logs or exports comes
 // from here (run's own command goes through redactCmdline directly).
@@ -60,25 +53,6 @@ func redactCmdline(cfg *config.Config, argv []string) []string {
 		}
 	}
 	return out
-}
-
-// redactSecrets hides the values of secret-named options (--name=value,
-// --name value, NAME=value) and URL credentials.
-func redactSecrets(argv []string) []string {
-	for i := 0; i < len(argv); i++ {
-		a := argv[i]
-		if name, _, ok := strings.Cut(a, "="); ok && !strings.Contains(name, "://") && secretName.MatchString(name) {
-			argv[i] = name + "=" + Redacted
-			continue
-		}
-		if strings.HasPrefix(a, "-") && secretName.MatchString(a) && i+1 < len(argv) && !strings.HasPrefix(argv[i+1], "-") {
-			argv[i+1] = Redacted
-			i++
-			continue
-		}
-		argv[i] = urlUserinfo.ReplaceAllString(a, "${1}"+Redacted+"@")
-	}
-	return argv
 }
 
 // childEnv is the environment of the command gaptrace runs: gaptrace's own

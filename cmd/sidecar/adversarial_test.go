@@ -18,6 +18,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -605,6 +607,87 @@ func TestRunDebugLogRedactsTheCommand(t *testing.T) {
 	for _, secret := range []string{"bb-debug-secret", "dash-debug-secret", "pp-debug-secret"} {
 		if strings.Contains(stdout+stderr, secret) {
 			t.Errorf("the output carries %q:\n%s", secret, stderr)
+		}
+	}
+}
+
+// attach --match beside other attach --match with the same pattern, each
+// under a wrapper whose command line holds the pattern only because the
+// gaptrace it starts does: two under timeout (their command lines name the
+// gaptrace binary), one under a shell that names it only through a
+// variable (a gaptrace runs under it). Each traces the real target and
+// none of the wrappers, which would trace another gaptrace through them.
+func TestAttachMatchSkipsOtherGaptracesWrappers(t *testing.T) {
+	need(t)
+	pattern := "zzdecoy77-" + strconv.Itoa(os.Getpid())
+	attach := func(out string) []string {
+		return []string{"attach", "--live", "off", "--match", pattern, "--spans-out", filepath.Join(t.TempDir(), out)}
+	}
+	// The shell first, and its gaptrace waiting, so that no scan of the
+	// others can see the shell before its gaptrace exists.
+	environ := append(env(t), "GT="+gaptraceBin)
+	c := startArgv(t, environ, append([]string{"sh", "-c", `"$GT" "$@"; :`, pattern}, attach("c.jsonl")...)...)
+	waiting := regexp.MustCompile(`msg="waiting for processes"`)
+	c.waitFor(t, waiting, 2*time.Minute)
+	a := startArgv(t, env(t), append([]string{"timeout", "300", gaptraceBin}, attach("a.jsonl")...)...)
+	b := startArgv(t, env(t), append([]string{"timeout", "300", gaptraceBin}, attach("b.jsonl")...)...)
+	a.waitFor(t, waiting, 2*time.Minute)
+	b.waitFor(t, waiting, 2*time.Minute)
+
+	target := exec.Command("sleep", "600")
+	target.Args[0] = pattern
+	if err := target.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer reap(t, target)
+	tpid := target.Process.Pid
+	traced := regexp.MustCompile(`msg="tracing matching process" component=cli pid=(\d+)`)
+	skipped := regexp.MustCompile(`msg="not tracing a matching process: gaptrace runs it, or under it" component=cli pid=(\d+)`)
+	pids := func(p *gtProc, re *regexp.Regexp) []int {
+		var out []int
+		for _, m := range re.FindAllStringSubmatch(p.stderr.String(), -1) {
+			n, _ := strconv.Atoi(m[1])
+			out = append(out, n)
+		}
+		return out
+	}
+	wrappers := map[*gtProc]int{a: a.cmd.Process.Pid, b: b.cmd.Process.Pid, c: c.cmd.Process.Pid}
+	names := map[*gtProc]string{a: "a (timeout)", b: "b (timeout)", c: "c (sh)"}
+	for p, w := range wrappers {
+		t.Logf("%s: wrapper pid %d", names[p], w)
+	}
+	for p, own := range wrappers {
+		// Done once it traced the target and passed over both other
+		// wrappers, or as soon as it traced anything else.
+		ok := testutil.Poll(2*time.Minute, 100*time.Millisecond, func() bool {
+			tr := pids(p, traced)
+			if slices.ContainsFunc(tr, func(n int) bool { return n != tpid }) {
+				return true
+			}
+			sk := pids(p, skipped)
+			for q, w := range wrappers {
+				if w != own && q != p && !slices.Contains(sk, w) {
+					return false
+				}
+			}
+			return slices.Contains(tr, tpid)
+		})
+		if !ok {
+			t.Errorf("%s: did not trace the target (pid %d) and pass over the other wrappers\n%s", names[p], tpid, p.stderr)
+		}
+	}
+	for _, p := range []*gtProc{a, b, c} {
+		// The group: sh does not pass a signal on to its command.
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	}
+	for _, p := range []*gtProc{a, b, c} {
+		select {
+		case <-p.done:
+		case <-time.After(time.Minute):
+			t.Errorf("%s did not stop", names[p])
+		}
+		if tr := pids(p, traced); !slices.Equal(tr, []int{tpid}) {
+			t.Errorf("%s traced %v, want only the target %d\n%s", names[p], tr, tpid, p.stderr)
 		}
 	}
 }

@@ -88,7 +88,9 @@ func TestRedactSecretsRules(t *testing.T) {
 		{"mysql -p", []string{"/usr/bin/mysql", "-uroot", "-pPW4", "-p1"}, []string{"/usr/bin/mysql", "-uroot", "-p***", "-p***"}},
 		{"mysql -p alone prompts", []string{"mysql", "-p", "dbname"}, []string{"mysql", "-p", "dbname"}},
 		{"sshpass", []string{"sshpass", "-p", "sp1", "ssh", "host"}, []string{"sshpass", "-p", "***", "ssh", "host"}},
-		{"curl -u", []string{"curl", "-u", "bob:cu1", "https://h"}, []string{"curl", "-u", "***", "https://h"}},
+		{"curl -u", []string{"curl", "-u", "bob:cu1", "https://h", "--user=bob:cu2", "-ubob:cu3"},
+			[]string{"curl", "-u", "***", "https://h", "--user=***", "-u***"}},
+		{"--user elsewhere", []string{"python", "--user", "bob", "--user=alice"}, nil},
 		{"redis-cli -a", []string{"redis-cli", "-a", "ra1"}, []string{"redis-cli", "-a", "***"}},
 		// Look-alikes.
 		{"tokenizer", []string{"--tokenizer", "gpt2", "--tokenizer_name=gpt2"}, nil},

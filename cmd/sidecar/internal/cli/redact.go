@@ -106,9 +106,10 @@ func isOption(a string) bool {
 	return strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "---") && optionName.MatchString(a)
 }
 
-// shortSecret is a short option of a known program whose value is a
-// secret: glued to it (mysql -pPW) and/or as the next argument.
-type shortSecret struct {
+// programSecret is an option of a known program whose value is a secret
+// although its name does not say so: glued to it (mysql -pPW, curl
+// --user=bob:pw) and/or as the next argument.
+type programSecret struct {
 	flag                string
 	glued, nextArgument bool
 }
@@ -116,17 +117,17 @@ type shortSecret struct {
 // programSecrets are the short options that carry a password for programs
 // that take one on the command line. A short option glued to its value is
 // only hidden for these: elsewhere -p1 or -p8080 is a port or a count.
-var programSecrets = func() map[string][]shortSecret {
-	m := map[string][]shortSecret{
+var programSecrets = func() map[string][]programSecret {
+	m := map[string][]programSecret{
 		"sshpass":   {{"-p", true, true}},
-		"curl":      {{"-u", true, true}},
+		"curl":      {{"-u", true, true}, {"--user", true, true}},
 		"redis-cli": {{"-a", true, true}},
 	}
 	// mysql -p alone asks on the terminal; its next argument is the
 	// database.
 	for _, p := range []string{"mysql", "mysqldump", "mysqladmin", "mysqlimport", "mysqlshow", "mysqlcheck",
 		"mysqlpump", "mysqlbinlog", "mysqlslap", "mariadb", "mariadb-dump", "mariadb-admin", "mariadb-import"} {
-		m[p] = []shortSecret{{"-p", true, false}}
+		m[p] = []programSecret{{"-p", true, false}}
 	}
 	return m
 }()
@@ -139,7 +140,7 @@ var programSecrets = func() map[string][]shortSecret {
 func redactSecrets(argv []string) []string { return redactArgs(argv, true) }
 
 func redactArgs(args []string, inner bool) []string {
-	var prog []shortSecret
+	var prog []programSecret
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if !strings.HasPrefix(a, "-") {
@@ -147,6 +148,10 @@ func redactArgs(args []string, inner bool) []string {
 				prog = p
 				continue
 			}
+		}
+		if n, ok := redactProgramOption(prog, args, i); ok {
+			i += n
+			continue
 		}
 		// --name=value, NAME=value.
 		if name, val, ok := strings.Cut(a, "="); ok && optionName.MatchString(name) {
@@ -166,20 +171,18 @@ func redactArgs(args []string, inner bool) []string {
 			}
 			continue
 		}
-		if n, ok := redactShort(prog, args, i); ok {
-			i += n
-			continue
-		}
 		args[i] = redactText(a, inner)
 	}
 	return args
 }
 
-// redactShort applies a program's password options at args[i]; n is the
-// number of arguments it consumed beyond args[i].
-func redactShort(prog []shortSecret, args []string, i int) (n int, ok bool) {
+// redactProgramOption applies a program's password options at args[i];
+// n is the number of arguments it consumed beyond args[i]. A long option
+// is glued with '=', a short one directly.
+func redactProgramOption(prog []programSecret, args []string, i int) (n int, ok bool) {
 	a := args[i]
 	for _, s := range prog {
+		long := strings.HasPrefix(s.flag, "--")
 		switch {
 		case a == s.flag && s.nextArgument:
 			if i+1 < len(args) {
@@ -187,7 +190,10 @@ func redactShort(prog []shortSecret, args []string, i int) (n int, ok bool) {
 				return 1, true
 			}
 			return 0, true
-		case len(a) > len(s.flag) && strings.HasPrefix(a, s.flag) && s.glued:
+		case s.glued && long && strings.HasPrefix(a, s.flag+"="):
+			args[i] = s.flag + "=" + Redacted
+			return 0, true
+		case s.glued && !long && len(a) > len(s.flag) && strings.HasPrefix(a, s.flag):
 			args[i] = s.flag + Redacted
 			return 0, true
 		}

@@ -136,8 +136,14 @@ type seriesKey struct {
 // labels says whose time a measurement is, so that one sidecar on an
 // 8-GPU node (a DaemonSet) can be split per GPU, process, rank and pod:
 // gpu, gpu_uuid, pid, rank, job, container_id, k8s_pod_name,
-// k8s_namespace_name.
+// k8s_namespace_name. Every metric attribute is built here and made valid
+// UTF-8, as span attributes are: a container or pod name is the
+// runtime's bytes, and one invalid string fails the whole OTLP export.
 func (m *metrics) labels(device int, pid uint32, w *correlate.Workload) []attribute.KeyValue {
+	return validAttributes(m.rawLabels(device, pid, w))
+}
+
+func (m *metrics) rawLabels(device int, pid uint32, w *correlate.Workload) []attribute.KeyValue {
 	a := make([]attribute.KeyValue, 0, 8)
 	if device >= 0 {
 		a = append(a, attribute.String("gpu", strconv.Itoa(device)))

@@ -236,8 +236,10 @@ var (
 	helpEscaper  = strings.NewReplacer(`\`, `\\`, "\n", `\n`)
 )
 
-func escapeLabel(s string) string { return labelEscaper.Replace(s) }
-func escapeHelp(s string) string  { return helpEscaper.Replace(s) }
+// The exposition is UTF-8 (promContentType): a scraper rejects a label
+// value that is not.
+func escapeLabel(s string) string { return labelEscaper.Replace(ValidUTF8(s)) }
+func escapeHelp(s string) string  { return helpEscaper.Replace(ValidUTF8(s)) }
 
 func formatFloat(v float64) string {
 	switch {

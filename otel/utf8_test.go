@@ -13,11 +13,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	colmetric "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/otel"
 )
 
@@ -239,5 +241,166 @@ func TestCollectorDownThenBack(t *testing.T) {
 	}
 	if _, n := col.strings(); n != total || x.Stats().SpansDropped != 0 {
 		t.Errorf("collector got %d of %d spans after coming back; stats %+v", n, total, x.Stats())
+	}
+}
+
+// metricsCollector keeps every metrics request it could decode.
+type metricsCollector struct {
+	colmetric.UnimplementedMetricsServiceServer
+	mu   sync.Mutex
+	reqs []*colmetric.ExportMetricsServiceRequest
+	bad  int
+}
+
+func (c *metricsCollector) Export(_ context.Context, r *colmetric.ExportMetricsServiceRequest) (*colmetric.ExportMetricsServiceResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reqs = append(c.reqs, r)
+	return &colmetric.ExportMetricsServiceResponse{}, nil
+}
+
+func (c *metricsCollector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	if r.URL.Path != "/v1/metrics" {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	var req colmetric.ExportMetricsServiceRequest
+	if err := proto.Unmarshal(b, &req); err != nil {
+		c.mu.Lock()
+		c.bad++
+		c.mu.Unlock()
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	c.Export(r.Context(), &req) //nolint:errcheck // never fails
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.WriteHeader(http.StatusOK)
+}
+
+// strings returns every resource and data point attribute as key=value,
+// and the number of data points.
+func (c *metricsCollector) strings() ([]string, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	n := 0
+	add := func(kvs []*commonpb.KeyValue) {
+		for _, kv := range kvs {
+			out = append(out, kv.Key+"="+kv.GetValue().GetStringValue())
+		}
+	}
+	for _, r := range c.reqs {
+		for _, rm := range r.ResourceMetrics {
+			add(rm.GetResource().GetAttributes())
+			for _, sm := range rm.ScopeMetrics {
+				for _, m := range sm.Metrics {
+					for _, dp := range m.GetSum().GetDataPoints() {
+						n++
+						add(dp.Attributes)
+					}
+					for _, dp := range m.GetHistogram().GetDataPoints() {
+						n++
+						add(dp.Attributes)
+					}
+					for _, dp := range m.GetGauge().GetDataPoints() {
+						n++
+						add(dp.Attributes)
+					}
+				}
+			}
+		}
+	}
+	return out, n
+}
+
+// A container, pod, namespace, job or command line that is not UTF-8 must
+// not cost a metrics export (OTLP, either protocol) nor a Prometheus scrape.
+func TestInvalidUTF8NeverDropsAMetricExport(t *testing.T) {
+	for _, proto := range []string{otel.ProtocolGRPC, otel.ProtocolHTTPProtobuf} {
+		t.Run(strings.ReplaceAll(proto, "/", "-"), func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("OTEL_TRACES_EXPORTER", "none")
+			t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "team=caf\xe9")
+			col := &metricsCollector{}
+			var endpoint string
+			if proto == otel.ProtocolGRPC {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				srv := grpc.NewServer()
+				colmetric.RegisterMetricsServiceServer(srv, col)
+				served := make(chan error, 1)
+				go func() { served <- srv.Serve(ln) }()
+				defer func() {
+					srv.Stop()
+					if err := <-served; err != nil {
+						t.Errorf("grpc collector: %v", err)
+					}
+				}()
+				endpoint = "http://" + ln.Addr().String()
+			} else {
+				srv := httptest.NewServer(col)
+				defer srv.Close()
+				endpoint = srv.URL
+			}
+			x, err := otel.New(context.Background(), otel.Config{Endpoint: endpoint, Protocol: proto, Rank: -1,
+				JobID: "job-\xff", PrometheusAddr: "127.0.0.1:0", MetricsInterval: time.Hour,
+				DeviceUUID: func(int) string { return "GPU-\xfe" },
+				Resource:   otel.ResourceInfo{TargetPID: 7, TargetCmdline: []string{"/opt/tr\xffin", "--data=/d/\xfe"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := &correlate.Workload{ContainerID: "ctr-\xff", PodName: "pod-\xfe", PodNamespace: "ns-\xc3(", ContainerName: "c\xff"}
+			sy := synth{pid: 7, t0: time.Now().UnixNano()}
+			for n := range int64(4) {
+				st, gaps := sy.step(n)
+				st.Workload = w
+				for i := range gaps {
+					gaps[i].Workload = w
+					x.Gap(gaps[i])
+				}
+				x.Step(st)
+			}
+
+			resp, err := http.Get("http://" + x.PrometheusAddr() + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !utf8.Valid(body) {
+				t.Errorf("the Prometheus exposition is not UTF-8:\n%s", body)
+			}
+			for _, want := range []string{`k8s_pod_name="pod-\\xfe"`, `container_id="ctr-\\xff"`, `job="job-\\xff"`,
+				`process_command_line="/opt/tr\\xffin --data=/d/\\xfe"`} {
+				if !strings.Contains(string(body), want) {
+					t.Errorf("%s not in the exposition:\n%s", want, body)
+				}
+			}
+
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := x.Shutdown(ctx); err != nil {
+				t.Errorf("shutdown (the final metrics export): %v", err)
+			}
+			strs, points := col.strings()
+			if points == 0 || col.bad != 0 {
+				t.Fatalf("collector decoded %d data points (undecodable requests %d)", points, col.bad)
+			}
+			joined := strings.Join(strs, "\n")
+			for _, s := range strs {
+				if !utf8.ValidString(s) {
+					t.Errorf("invalid UTF-8 reached the collector: %q", s)
+				}
+			}
+			for _, want := range []string{`k8s_pod_name=pod-\xfe`, `container_id=ctr-\xff`, `k8s_namespace_name=ns-\xc3(`,
+				`gpu_uuid=GPU-\xfe`, `process.command_line=/opt/tr\xffin --data=/d/\xfe`, `team=caf\xe9`} {
+				if !strings.Contains(joined, want) {
+					t.Errorf("%q not received (the bad bytes should be written out, not lost):\n%s", want, joined)
+				}
+			}
+		})
 	}
 }

@@ -9,6 +9,7 @@ package main_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -511,5 +514,180 @@ func TestSpansFileRotates(t *testing.T) {
 	}
 	if _, err := os.Stat(spans + ".3"); err == nil {
 		t.Error("a third rotated file kept with --spans-keep 2")
+	}
+}
+
+// heldShell starts `sh -c 'sleep 600'` with extra arguments after the
+// script ($0, $1, ...): they stay on the shell's command line while it waits,
+// as a trainer's secrets stay on its own.
+func heldShell(t *testing.T, args ...string) int {
+	t.Helper()
+	cmd := exec.Command("sh", append([]string{"-c", "sleep 600; :"}, args...)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reap(t, cmd) })
+	want := strings.Join(cmd.Args, "\x00")
+	testutil.WaitFor(t, 30*time.Second, "the shell's command line", func() bool {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/cmdline")
+		return err == nil && strings.TrimSuffix(string(b), "\x00") == want
+	})
+	return cmd.Process.Pid
+}
+
+// check --pid quotes the target's command line; it goes through the same
+// --command-line and --redact as spans, metrics and logs.
+func TestCheckRedactsTheTargetCommandLine(t *testing.T) {
+	bin := testutil.Gaptrace(t)
+	pid := heldShell(t, "trainer", "--api-key=sk-check-secret", "--token", "tok-check-secret", "--lr", "0.1",
+		"--db", "postgres://bob:pw-check-secret@db/x", "-H", "Authorization: Bearer bb-check-secret",
+		"--password", "-dash-check-secret", "--tokenizer", "gpt2", "--run-name", "visible-name")
+	secrets := []string{"sk-check-secret", "tok-check-secret", "pw-check-secret", "bb-check-secret", "dash-check-secret"}
+	for _, tc := range []struct {
+		flags      []string
+		want, hide []string
+	}{
+		{nil, []string{"sh -c", "--api-key=*** --token *** --lr 0.1", "postgres://***@db/x",
+			"-H Authorization: Bearer *** --password *** --tokenizer gpt2", "visible-name"}, secrets},
+		{[]string{"--redact", "visible-\\w+"}, []string{"--api-key=***", "--run-name ***"}, append(secrets, "visible-name")},
+		{[]string{"--command-line", "name"}, []string{fmt.Sprintf("pid %d sh\n", pid)}, append(secrets, "--lr", "trainer")},
+		{[]string{"--command-line", "none"}, []string{fmt.Sprintf("pid %d\n", pid)}, append(secrets, "sh -c", "trainer")},
+		{[]string{"--command-line", "full"}, []string{"--api-key=sk-check-secret --token tok-check-secret"}, nil},
+	} {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.Command(bin, append([]string{"check", "--pid", strconv.Itoa(pid)}, tc.flags...)...)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); !exitStatusOnly(err) {
+			t.Fatalf("check %v: %v\n%s", tc.flags, err, &stderr)
+		}
+		var target string
+		for _, l := range strings.SplitAfter(stdout.String(), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[1] == "target" {
+				target = l
+			}
+		}
+		if target == "" {
+			t.Errorf("check %v: no target line\n%s%s", tc.flags, &stdout, &stderr)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(target, w) {
+				t.Errorf("check %v: target line %q lacks %q", tc.flags, target, w)
+			}
+		}
+		for _, h := range tc.hide {
+			if strings.Contains(stdout.String()+stderr.String(), h) {
+				t.Errorf("check %v prints %q:\n%s%s", tc.flags, h, &stdout, &stderr)
+			}
+		}
+	}
+}
+
+// The debug log line of the command run starts: its arguments as given
+// (one of them a whole header), redacted like every other output.
+func TestRunDebugLogRedactsTheCommand(t *testing.T) {
+	need(t)
+	dir := t.TempDir()
+	code, stdout, stderr := runIn(t, dir, env(t), "run", "--live", "off", "--log-level", "debug",
+		"--spans-out", filepath.Join(dir, "spans.jsonl"), "--", "sh", "-c", "exit 0", "sh",
+		"-H", "Authorization: Bearer bb-debug-secret", "--password", "-dash-debug-secret", "--passphrase", "pp-debug-secret",
+		"--tokenizer", "gpt2")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	var line string
+	for _, l := range strings.Split(stderr, "\n") {
+		if strings.Contains(l, "command started under tracing") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "Authorization: Bearer ***") || !strings.Contains(line, "--tokenizer gpt2") {
+		t.Errorf("no redacted argv in the debug log:\n%s", stderr)
+	}
+	for _, secret := range []string{"bb-debug-secret", "dash-debug-secret", "pp-debug-secret"} {
+		if strings.Contains(stdout+stderr, secret) {
+			t.Errorf("the output carries %q:\n%s", secret, stderr)
+		}
+	}
+}
+
+// attach --match beside other attach --match with the same pattern, each
+// under a wrapper whose command line holds the pattern only because the
+// gaptrace it starts does: two under timeout (their command lines name the
+// gaptrace binary), one under a shell that names it only through a
+// variable (a gaptrace runs under it). Each traces the real target and
+// none of the wrappers, which would trace another gaptrace through them.
+func TestAttachMatchSkipsOtherGaptracesWrappers(t *testing.T) {
+	need(t)
+	pattern := "zzdecoy77-" + strconv.Itoa(os.Getpid())
+	attach := func(out string) []string {
+		return []string{"attach", "--live", "off", "--match", pattern, "--spans-out", filepath.Join(t.TempDir(), out)}
+	}
+	// The shell first, and its gaptrace waiting, so that no scan of the
+	// others can see the shell before its gaptrace exists.
+	environ := append(env(t), "GT="+gaptraceBin)
+	c := startArgv(t, environ, append([]string{"sh", "-c", `"$GT" "$@"; :`, pattern}, attach("c.jsonl")...)...)
+	waiting := regexp.MustCompile(`msg="waiting for processes"`)
+	c.waitFor(t, waiting, 2*time.Minute)
+	a := startArgv(t, env(t), append([]string{"timeout", "300", gaptraceBin}, attach("a.jsonl")...)...)
+	b := startArgv(t, env(t), append([]string{"timeout", "300", gaptraceBin}, attach("b.jsonl")...)...)
+	a.waitFor(t, waiting, 2*time.Minute)
+	b.waitFor(t, waiting, 2*time.Minute)
+
+	target := exec.Command("sleep", "600")
+	target.Args[0] = pattern
+	if err := target.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer reap(t, target)
+	tpid := target.Process.Pid
+	traced := regexp.MustCompile(`msg="tracing matching process" component=cli pid=(\d+)`)
+	skipped := regexp.MustCompile(`msg="not tracing a matching process: gaptrace runs it, or under it" component=cli pid=(\d+)`)
+	pids := func(p *gtProc, re *regexp.Regexp) []int {
+		var out []int
+		for _, m := range re.FindAllStringSubmatch(p.stderr.String(), -1) {
+			n, _ := strconv.Atoi(m[1])
+			out = append(out, n)
+		}
+		return out
+	}
+	wrappers := map[*gtProc]int{a: a.cmd.Process.Pid, b: b.cmd.Process.Pid, c: c.cmd.Process.Pid}
+	names := map[*gtProc]string{a: "a (timeout)", b: "b (timeout)", c: "c (sh)"}
+	for p, w := range wrappers {
+		t.Logf("%s: wrapper pid %d", names[p], w)
+	}
+	for p, own := range wrappers {
+		// Done once it traced the target and passed over both other
+		// wrappers, or as soon as it traced anything else.
+		ok := testutil.Poll(2*time.Minute, 100*time.Millisecond, func() bool {
+			tr := pids(p, traced)
+			if slices.ContainsFunc(tr, func(n int) bool { return n != tpid }) {
+				return true
+			}
+			sk := pids(p, skipped)
+			for q, w := range wrappers {
+				if w != own && q != p && !slices.Contains(sk, w) {
+					return false
+				}
+			}
+			return slices.Contains(tr, tpid)
+		})
+		if !ok {
+			t.Errorf("%s: did not trace the target (pid %d) and pass over the other wrappers\n%s", names[p], tpid, p.stderr)
+		}
+	}
+	for _, p := range []*gtProc{a, b, c} {
+		// The group: sh does not pass a signal on to its command.
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	}
+	for _, p := range []*gtProc{a, b, c} {
+		select {
+		case <-p.done:
+		case <-time.After(time.Minute):
+			t.Errorf("%s did not stop", names[p])
+		}
+		if tr := pids(p, traced); !slices.Equal(tr, []int{tpid}) {
+			t.Errorf("%s traced %v, want only the target %d\n%s", names[p], tr, tpid, p.stderr)
+		}
 	}
 }

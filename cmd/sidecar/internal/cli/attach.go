@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -69,8 +70,7 @@ func attachPID(ctx context.Context, cfg *config.Config, deps Deps, out output) i
 		return fail(deps, cmd, "%v", err)
 	}
 	defer w.Close()
-	cmdline, _ := proc.Cmdline(pid)
-	argv := strings.Fields(cmdline)
+	argv, _ := proc.Argv(pid)
 
 	s, err := openSession(ctx, cfg, deps, out, pid, argv)
 	if err != nil {
@@ -387,9 +387,7 @@ func attachMatch(ctx context.Context, cfg *config.Config, deps Deps, out output)
 	s.start(ctx)
 	log.Info("waiting for processes", "match", cfg.Match, "gpu_procs", cfg.GPUProcs)
 	candidates := func() []int {
-		// Another gaptrace's command line holds the same --match
-		// pattern; tracing a tracer is never what was asked.
-		pids := slices.DeleteFunc(proc.FindMatching(re), isGaptrace)
+		pids := proc.FindMatching(re)
 		if !cfg.GPUProcs {
 			return pids
 		}
@@ -419,9 +417,12 @@ func attachMatch(ctx context.Context, cfg *config.Config, deps Deps, out output)
 	}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
+	tracers := newTracerSkip(log)
+	defer tracers.close()
 	code := ExitOK
 scan:
 	for {
+		tracers.scan()
 		for _, pid := range candidates() {
 			mu.Lock()
 			_, known := traced[pid]
@@ -432,6 +433,9 @@ scan:
 				defer mu.Unlock()
 				return traced[a] != nil
 			}) {
+				continue
+			}
+			if tracers.skip(pid) {
 				continue
 			}
 			w, err := proc.Open(pid)
@@ -449,8 +453,7 @@ scan:
 				code = ExitFailure
 				break scan
 			}
-			cl, _ := proc.Cmdline(pid)
-			log.Info("tracing matching process", "pid", pid, "cmdline", shortCmd(redactCmdline(cfg, strings.Fields(cl))))
+			log.Info("tracing matching process", "pid", pid, "cmdline", shortCmd(targetCmdline(cfg, pid)))
 			if !cfg.GPUProcs && len(cudaLibs(pid)) == 0 {
 				log.Warn("matching process has no libcuda.so mapped yet; GPU calls are traced once it loads one", "pid", pid)
 			}
@@ -523,6 +526,97 @@ func hostInit() bool {
 		return true // cannot tell: be careful
 	}
 	return st.Ino == 0xEFFFFFFC
+}
+
+// tracerSkip keeps attach --match off gaptrace processes and their
+// wrappers. Another gaptrace's command line holds the same pattern, and so
+// does that of a process that started it (timeout 20 gaptrace attach
+// --match P, sh -c "gaptrace run ..."); tracing one traces the other
+// gaptrace and everything it does, which is never what was asked.
+// gaptrace's own ancestors are left out by proc.FindMatching already.
+//
+// A verdict stands while the process lives, looked at again every
+// walkEvery scans (a gaptrace under it may have exited): finding a
+// gaptrace among a process's descendants walks all of /proc.
+type tracerSkip struct {
+	log     *slog.Logger
+	scans   int
+	skipped map[int]skippedTracer
+}
+
+type skippedTracer struct {
+	w    *proc.Watch
+	scan int
+}
+
+func newTracerSkip(log *slog.Logger) *tracerSkip {
+	return &tracerSkip{log: log, skipped: map[int]skippedTracer{}}
+}
+
+// scan starts a scan: processes that exited, or whose verdict is old, are
+// forgotten.
+func (t *tracerSkip) scan() {
+	t.scans++
+	for pid, s := range t.skipped {
+		if s.w.Exited() || t.scans-s.scan >= walkEvery {
+			s.w.Close()
+			delete(t.skipped, pid)
+		}
+	}
+}
+
+// skip reports whether pid must not be traced; the first time it says so
+// for a process, it logs why.
+func (t *tracerSkip) skip(pid int) bool {
+	if _, ok := t.skipped[pid]; ok {
+		return true
+	}
+	if !isGaptrace(pid) && !startsGaptrace(pid) && !slices.ContainsFunc(proc.Descendants(pid), isGaptrace) {
+		return false
+	}
+	w, err := proc.Open(pid)
+	if err != nil {
+		return true // gone
+	}
+	t.skipped[pid] = skippedTracer{w: w, scan: t.scans}
+	t.log.Info("not tracing a matching process: gaptrace runs it, or under it", "pid", pid)
+	return true
+}
+
+func (t *tracerSkip) close() {
+	for _, s := range t.skipped {
+		s.w.Close()
+	}
+}
+
+// gaptraceCommands are the commands of gaptrace that trace.
+var gaptraceCommands = []string{string(config.CmdRun), string(config.CmdAttach), string(config.CmdDemo)}
+
+// startsGaptrace reports whether pid's command line starts a gaptrace
+// that traces: an argument, or a word of one (a shell script), naming a
+// gaptrace binary (base name gaptrace, or this binary's path) followed by
+// one of its tracing commands. This holds for timeout's child between its
+// fork and exec too, whose command line is still timeout's.
+func startsGaptrace(pid int) bool {
+	argv, err := proc.Argv(pid)
+	if err != nil {
+		return false
+	}
+	self, _ := os.Executable()
+	var ws []string
+	for _, a := range argv {
+		ws = append(ws, strings.Fields(a)...)
+	}
+	for i := 0; i+1 < len(ws); i++ {
+		w := strings.Trim(ws[i], `"'`)
+		if filepath.Base(w) != "gaptrace" && (self == "" || w != self) {
+			continue
+		}
+		if slices.Contains(gaptraceCommands, strings.Trim(ws[i+1], `"'`)) {
+			return true
+		}
+	}
+	return false
 }
 
 // isGaptrace reports whether pid runs gaptrace (this binary, or one named

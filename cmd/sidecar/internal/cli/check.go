@@ -294,18 +294,20 @@ func RunChecks(ctx context.Context, h Host, cfg *config.Config, gpu GPUInspector
 	}
 
 	if cfg.PID != 0 {
-		fs = append(fs, targetChecks(cfg.PID)...)
+		fs = append(fs, targetChecks(cfg, cfg.PID)...)
 	}
 	return fs
 }
 
 // targetChecks looks at the libraries a target (and its children) mapped.
-func targetChecks(pid int) []Finding {
+func targetChecks(cfg *config.Config, pid int) []Finding {
 	if !proc.Exists(pid) {
 		return []Finding{{Level: Fail, Name: "target", Detail: fmt.Sprintf("no such process: pid %d", pid), Fix: "check the PID (ps -ef), or use attach --match"}}
 	}
-	cl, _ := proc.Cmdline(pid)
-	fs := []Finding{{Level: OK, Name: "target", Detail: fmt.Sprintf("pid %d %s", pid, shortCmd(strings.Fields(cl)))}}
+	// The whole command line, as far as --command-line and --redact
+	// allow: check is where the operator confirms which process it is.
+	detail := strings.TrimSpace(fmt.Sprintf("pid %d %s", pid, cmdText(targetCmdline(cfg, pid), checkCmdWidth)))
+	fs := []Finding{{Level: OK, Name: "target", Detail: detail}}
 	found := map[string][]string{}
 	for _, p := range append([]int{pid}, proc.Descendants(pid)...) {
 		libs, err := proc.Libraries(p, "libcuda.so", "libnccl.so")

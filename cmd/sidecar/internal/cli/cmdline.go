@@ -11,21 +11,24 @@ import (
 	"strings"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/internal/safefile"
 )
 
 // Redacted replaces a secret in a command line.
 const Redacted = "***"
 
-// secretName matches option and variable names whose value is a secret:
-// --api-key, --token, --password, DB_PASSWORD=, client_secret=, --auth.
-var secretName = regexp.MustCompile(`(?i)(key|token|secret|passw|pwd|credential|auth|cookie|session)`)
-
-// urlUserinfo matches the user:password@ part of a URL.
-var urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@`)
+// targetCmdline is what may be shown of pid's command line: every
+// command line gaptrace reads from /proc and prints, logs or exports comes
+// from here (run's own command goes through redactCmdline directly).
+func targetCmdline(cfg *config.Config, pid int) []string {
+	argv, _ := proc.Argv(pid)
+	return redactCmdline(cfg, argv)
+}
 
 // redactCmdline applies --command-line and --redact to the target's
-// command line before it goes into any span, metric, title or log line.
+// command line before it goes into any span, metric, title, log line or
+// check output.
 func redactCmdline(cfg *config.Config, argv []string) []string {
 	switch cfg.CommandLine {
 	case "none":
@@ -34,7 +37,10 @@ func redactCmdline(cfg *config.Config, argv []string) []string {
 		if len(argv) == 0 {
 			return nil
 		}
-		return []string{filepath.Base(argv[0])}
+		// A process that rewrote its title may hold its whole command
+		// line in argv[0].
+		name, _, _ := strings.Cut(strings.TrimSpace(argv[0]), " ")
+		return []string{filepath.Base(name)}
 	}
 	out := slices.Clone(argv)
 	if cfg.CommandLine != "full" {
@@ -47,25 +53,6 @@ func redactCmdline(cfg *config.Config, argv []string) []string {
 		}
 	}
 	return out
-}
-
-// redactSecrets hides the values of secret-named options (--name=value,
-// --name value, NAME=value) and URL credentials.
-func redactSecrets(argv []string) []string {
-	for i := 0; i < len(argv); i++ {
-		a := argv[i]
-		if name, _, ok := strings.Cut(a, "="); ok && !strings.Contains(name, "://") && secretName.MatchString(name) {
-			argv[i] = name + "=" + Redacted
-			continue
-		}
-		if strings.HasPrefix(a, "-") && secretName.MatchString(a) && i+1 < len(argv) && !strings.HasPrefix(argv[i+1], "-") {
-			argv[i+1] = Redacted
-			i++
-			continue
-		}
-		argv[i] = urlUserinfo.ReplaceAllString(a, "${1}"+Redacted+"@")
-	}
-	return argv
 }
 
 // childEnv is the environment of the command gaptrace runs: gaptrace's own

@@ -82,7 +82,7 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, 
 	if err := s.pipe.Trace(pid); err != nil {
 		child.Abort()
 		s.abort()
-		return fail(deps, cmd, "trace %s (pid %d): %v", argv[0], pid, err)
+		return fail(deps, cmd, "trace pid %d: %v", pid, err)
 	}
 	s.title = fmt.Sprintf("pid %d %s", pid, shortCmd(s.cmdline))
 	s.start(ctx)
@@ -158,15 +158,22 @@ func (s *session) abort() {
 	}
 }
 
-// shortCmd is a command line for titles: the program's base name and as
-// many arguments as fit.
-func shortCmd(argv []string) string {
+// shortCmd is a command line for titles and log lines: the program's base
+// name and as many arguments as fit. argv is already redacted.
+func shortCmd(argv []string) string { return cmdText(argv, 60) }
+
+// checkCmdWidth bounds the command line check prints.
+const checkCmdWidth = 400
+
+// cmdText joins a redacted argv, the program by its base name, cut to
+// width runes.
+func cmdText(argv []string, width int) string {
 	if len(argv) > 0 {
 		argv = append([]string{filepath.Base(argv[0])}, argv[1:]...)
 	}
 	s := strings.Join(argv, " ")
-	if r := []rune(s); len(r) > 60 {
-		s = string(r[:59]) + "…"
+	if r := []rune(s); len(r) > width {
+		s = string(r[:width-1]) + "…"
 	}
 	return s
 }

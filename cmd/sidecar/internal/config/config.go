@@ -290,9 +290,10 @@ var options = []option{
 				c.Rank = n
 				return nil
 			}}},
-	{name: "command-line", usage: "the target's command line in spans, metrics and the view: redacted (values of key/token/secret/password options and URL credentials hidden), none, name (program name only), full",
+	{name: "command-line", usage: "the target's command line in spans, metrics, logs, check and the view: redacted (values of secret-named options and variables, secret headers and URL credentials hidden; docs/security.md lists the rules), none, name (program name only), full",
+		cmds:    []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
 		binding: oneOfVar(func(c *Config) *string { return &c.CommandLine }, "redacted", "none", "name", "full")},
-	{name: "redact", usage: "also hide what `REGEX` matches in the target's command line",
+	{name: "redact", usage: "also hide what `REGEX` matches in the target's command line", cmds: []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
 		binding: stringVar(func(c *Config) *string { return &c.Redact })},
 	{name: "prometheus", usage: "serve Prometheus metrics on `ADDR` (e.g. :9464)",
 		binding: stringVar(func(c *Config) *string { return &c.Prometheus })},

@@ -182,17 +182,24 @@ func stat(pid int) (procfs.ProcStat, error) {
 	return procfs.ProcStat{}, err
 }
 
-// Cmdline returns the command line of pid, arguments joined by spaces.
+// Cmdline returns the command line of pid, arguments joined by spaces:
+// for matching only. What is shown of it starts from Argv, since joining
+// loses where one argument ends ("Authorization: Bearer x" is one).
 func Cmdline(pid int) (string, error) {
-	p, err := procfs.NewProc(pid)
-	if err != nil {
-		return "", err
-	}
-	args, err := p.CmdLine()
+	args, err := Argv(pid)
 	if err != nil {
 		return "", err
 	}
 	return strings.TrimSpace(strings.Join(args, " ")), nil
+}
+
+// Argv returns the arguments of pid as /proc/PID/cmdline separates them.
+func Argv(pid int) ([]string, error) {
+	p, err := procfs.NewProc(pid)
+	if err != nil {
+		return nil, err
+	}
+	return p.CmdLine()
 }
 
 // PIDs lists every process ID in /proc.

@@ -44,13 +44,13 @@ type Engine struct {
 	totals   Summary
 	rejected uint64
 	// lost counts what arrived but could not be used in full; lateWarn
-	// is the watermark of the last warning about late events.
-	lost     Losses
-	lateWarn int64
+	// and forcedWarn are the watermarks of the last warnings about it.
+	lost                 Losses
+	lateWarn, forcedWarn int64
 }
 
-// lossWarnEvery spaces the warnings about late events in event time: the
-// first says when they begin, later ones that they go on.
+// lossWarnEvery spaces the warnings about late and forced events in event
+// time: the first says when they begin, later ones that they go on.
 const lossWarnEvery = int64(time.Minute)
 
 // New returns an Engine that reports to sink. An invalid cfg is logged and
@@ -117,6 +117,24 @@ func (e *Engine) Event(ev event.Event) {
 		return
 	}
 	e.queue.push(ev)
+	if e.queue.len() > e.set.maxBuf {
+		e.force()
+	}
+}
+
+// force processes the oldest buffered events before the watermark
+// reaches them: the queue is full (a reader far behind its ring buffer, a
+// probe flooding). The watermark moves to their end, as if Advance had
+// come, so one that ends earlier and arrives later is late.
+func (e *Engine) force() {
+	n := e.queue.len()
+	e.drain(e.queue.minEnd())
+	e.lost.ForcedEvents += uint64(n - e.queue.len())
+	if e.forcedWarn == 0 || e.wm-e.forcedWarn >= lossWarnEvery {
+		e.forcedWarn = e.wm
+		e.log.Warn("event queue full: the oldest events are processed before their watermark",
+			"forced", e.lost.ForcedEvents, "max_buffered", e.set.maxBuf)
+	}
 }
 
 // Window records one GPU sampling window.
@@ -152,7 +170,7 @@ func (e *Engine) Close(now int64) Summary {
 	e.now = end + windowWait + holdMax // everything is past its deadline
 	e.finalize(true)
 	if l := e.Losses(); l.Any() {
-		e.log.Info("the engine could not use every event in full", "late_events", l.LateEvents,
+		e.log.Info("the engine could not use every event in full", "late_events", l.LateEvents, "forced_events", l.ForcedEvents,
 			"dropped_intervals", l.DroppedIntervals, "incomplete_steps", l.IncompleteSteps, "gaps_after_step", l.GapsAfterStep)
 	}
 	return e.Snapshot()

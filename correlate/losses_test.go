@@ -201,3 +201,60 @@ func (o *orderSink) afterStep() uint64 {
 	}
 	return n
 }
+
+// TestEventQueueBound: a flood of events with no Advance (a reader far
+// behind, a probe firing nonstop) never holds more than MaxBuffered. The
+// oldest are processed early, in end order, and counted; the watermark
+// moves with them, so an event that ends before it and arrives later is
+// late. Advance then takes the rest as usual.
+func TestEventQueueBound(t *testing.T) {
+	t.Run("small bound", func(t *testing.T) {
+		logs := &logRecords{}
+		e := New(Config{MaxBuffered: 8, Logger: slog.New(logs)}, &collect{})
+		for i := range int64(20) {
+			// Arrival order is not end order: every other pair swapped.
+			k := i ^ 1
+			at := t0 + k*ms
+			e.Event(event.Event{Kind: event.KindSyscall, PID: 100, TID: 100, Start: at, End: at + 100*us, Syscall: event.SysRead,
+				Name: "read", FDKind: event.FDFile, Path: "/d"})
+			if b := e.Stats().Buffered; b > 8 {
+				t.Fatalf("%d events buffered past the bound of 8", b)
+			}
+		}
+		l := e.Losses()
+		if l.ForcedEvents != 12 || e.Stats().Buffered != 8 {
+			t.Errorf("forced %d, buffered %d: want 12 and 8", l.ForcedEvents, e.Stats().Buffered)
+		}
+		// The forced events were the 12 oldest, in end order: the
+		// watermark is at the end of the 12th read.
+		if want := t0 + 11*ms + 100*us; e.wm != want {
+			t.Errorf("watermark %d, want the end of the 12th oldest (%d)", e.wm-t0, want-t0)
+		}
+		if n := e.threads[100].tl; len(n) != 12 || n[0].Start != t0 || n[11].Start != t0+11*ms {
+			t.Errorf("timeline %d intervals, want the 12 oldest in end order", len(n))
+		}
+		if logs.count(slog.LevelWarn, "event queue full: the oldest events are processed before their watermark") != 1 {
+			t.Errorf("want one warning when forcing began")
+		}
+		e.Event(event.Event{Kind: event.KindSyscall, PID: 100, TID: 100, Start: t0 + 5*ms, End: t0 + 5*ms + 50*us,
+			Syscall: event.SysRead, Name: "read", FDKind: event.FDFile, Path: "/d"})
+		if l := e.Losses(); l.LateEvents != 1 {
+			t.Errorf("an event behind the forced watermark: late %d, want 1", l.LateEvents)
+		}
+		sum := e.Close(t0 + 3e9)
+		if sum.Losses.ForcedEvents != 12 || e.Stats().Buffered != 0 || len(e.threads[100].tl) != 21 {
+			t.Errorf("after close: losses %+v, buffered %d, timeline %d", sum.Losses, e.Stats().Buffered, len(e.threads[100].tl))
+		}
+	})
+	t.Run("default bound", func(t *testing.T) {
+		e := New(Config{Logger: quiet()}, &collect{})
+		const flood = DefaultMaxBuffered + 1000
+		for i := range int64(flood) {
+			at := t0 + i*us
+			e.Event(event.Event{Kind: event.KindRunqueue, PID: 100, TID: 100 + uint32(i%64), Start: at, End: at + us})
+		}
+		if b, f := e.Stats().Buffered, e.Losses().ForcedEvents; b != DefaultMaxBuffered || f != 1000 {
+			t.Errorf("buffered %d, forced %d: want %d and 1000", b, f, DefaultMaxBuffered)
+		}
+	})
+}

@@ -272,6 +272,10 @@ type Losses struct {
 	// gaps they would have moved were decided; they served as evidence
 	// only. Many mean a reader far behind the ring buffer.
 	LateEvents uint64 `json:"late_events"`
+	// ForcedEvents were processed before the watermark reached them: the
+	// reorder queue held Config.MaxBuffered events. An event that ends
+	// before them and arrives later is late.
+	ForcedEvents uint64 `json:"forced_events"`
 	// DroppedIntervals are a thread's oldest activity intervals dropped
 	// past maxIntervals per thread: gaps over that time see it as on-CPU.
 	DroppedIntervals uint64 `json:"dropped_intervals"`

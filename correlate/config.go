@@ -46,6 +46,11 @@ type Config struct {
 	EmitDelay time.Duration
 	// StepWindow: fixed window length when no step period is found.
 	StepWindow time.Duration
+	// MaxBuffered bounds the events held for the watermark (reorder
+	// queue). Past it the oldest are processed at once and counted
+	// (Losses.ForcedEvents): memory stays bounded however far behind the
+	// reader falls or however fast a probe floods.
+	MaxBuffered int
 	// HW, when set, is called once per finished step.
 	HW func(dev int, start, end int64) *event.HWContext
 	// Logger defaults to slog.Default().
@@ -58,6 +63,9 @@ const (
 	DefaultSyncWaited = 50 * time.Microsecond
 	DefaultEmitDelay  = 500 * time.Millisecond
 	DefaultStepWindow = time.Second
+	// DefaultMaxBuffered: about 17 MiB of events (272 bytes each with
+	// their key), 19 times the deepest queue of the recorded H200 runs.
+	DefaultMaxBuffered = 1 << 16
 )
 
 // Internal tunables; see the package comment for why each exists.
@@ -124,6 +132,9 @@ func (c Config) Validate() error {
 	if c.StepWindow < 0 {
 		errs = append(errs, fmt.Errorf("step window %v is negative", c.StepWindow))
 	}
+	if c.MaxBuffered < 0 {
+		errs = append(errs, fmt.Errorf("max buffered %d is negative", c.MaxBuffered))
+	}
 	return errors.Join(errs...)
 }
 
@@ -143,6 +154,9 @@ func (c Config) withDefaults() Config {
 	if c.StepWindow <= 0 {
 		c.StepWindow = DefaultStepWindow
 	}
+	if c.MaxBuffered <= 0 {
+		c.MaxBuffered = DefaultMaxBuffered
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -158,6 +172,7 @@ type settings struct {
 	syncWaited int64
 	emitDelay  int64
 	stepWindow int64
+	maxBuf     int
 	hw         func(dev int, start, end int64) *event.HWContext
 	log        *slog.Logger
 }
@@ -170,6 +185,7 @@ func newSettings(c Config) settings {
 		syncWaited: int64(c.SyncWaited),
 		emitDelay:  int64(c.EmitDelay),
 		stepWindow: int64(c.StepWindow),
+		maxBuf:     c.MaxBuffered,
 		hw:         c.HW,
 		log:        c.Logger.With("component", "correlate"),
 	}

@@ -246,4 +246,9 @@
 // the top entries by time. Exited processes and threads are forgotten, and
 // so are non-feeding processes silent for 10 minutes once more than 256 are
 // known (lost exit events). Fixed windows skip ahead over a clock jump.
+// The reorder queue holds at most Config.MaxBuffered events (65536, about
+// 17 MiB): past it the oldest are processed before the watermark reaches
+// them and the watermark moves to their end. Nothing of this is silent:
+// late and forced events, dropped timeline intervals, steps emitted
+// incomplete and gaps delivered after their step are counted (Losses).
 package correlate

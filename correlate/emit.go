@@ -37,6 +37,11 @@ func (p *proc) deliver(set settings, g Gap) {
 		}
 	} else {
 		g.Step = p.st.doneNum
+		if p.st.emitted {
+			// Every step that could hold it is out: the gap counts in
+			// the totals and the gaps file, in no step.
+			p.out.afterStep++
+		}
 		set.log.Debug("gap belongs to a step already emitted", "pid", p.pid, "start", g.Start, "step", g.Step)
 	}
 	p.out.gap(g)

@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -41,9 +42,16 @@ type Engine struct {
 	// and exited), in exit order.
 	ended    []*thread
 	totals   Summary
-	late     uint64
 	rejected uint64
+	// lost counts what arrived but could not be used in full; lateWarn
+	// and forcedWarn are the watermarks of the last warnings about it.
+	lost                 Losses
+	lateWarn, forcedWarn int64
 }
+
+// lossWarnEvery spaces the warnings about late and forced events in event
+// time: the first says when they begin, later ones that they go on.
+const lossWarnEvery = int64(time.Minute)
 
 // New returns an Engine that reports to sink. An invalid cfg is logged and
 // its invalid fields replaced by defaults; call cfg.Validate first to fail.
@@ -99,11 +107,34 @@ func (e *Engine) Event(ev event.Event) {
 		e.first = ev.Start
 	}
 	if ev.End <= e.wm && e.wm != 0 {
-		e.late++
+		e.lost.LateEvents++
+		if e.lost.LateEvents == 1 || e.wm-e.lateWarn >= lossWarnEvery {
+			e.lateWarn = e.wm
+			e.log.Warn("events arrived after the watermark: evidence only, the gaps they would have moved are decided",
+				"late", e.lost.LateEvents, "behind_ms", (e.wm-ev.End)/1e6)
+		}
 		e.processLate(ev)
 		return
 	}
 	e.queue.push(ev)
+	if e.queue.len() > e.set.maxBuf {
+		e.force()
+	}
+}
+
+// force processes the oldest buffered events before the watermark
+// reaches them: the queue is full (a reader far behind its ring buffer, a
+// probe flooding). The watermark moves to their end, as if Advance had
+// come, so one that ends earlier and arrives later is late.
+func (e *Engine) force() {
+	n := e.queue.len()
+	e.drain(e.queue.minEnd())
+	e.lost.ForcedEvents += uint64(n - e.queue.len())
+	if e.forcedWarn == 0 || e.wm-e.forcedWarn >= lossWarnEvery {
+		e.forcedWarn = e.wm
+		e.log.Warn("event queue full: the oldest events are processed before their watermark",
+			"forced", e.lost.ForcedEvents, "max_buffered", e.set.maxBuf)
+	}
 }
 
 // Window records one GPU sampling window.
@@ -138,10 +169,18 @@ func (e *Engine) Close(now int64) Summary {
 	e.drain(end)
 	e.now = end + windowWait + holdMax // everything is past its deadline
 	e.finalize(true)
-	if e.late > 0 {
-		e.log.Info("events arrived after the watermark", "late", e.late)
+	if l := e.Losses(); l.Any() {
+		e.log.Info("the engine could not use every event in full", "late_events", l.LateEvents, "forced_events", l.ForcedEvents,
+			"dropped_intervals", l.DroppedIntervals, "incomplete_steps", l.IncompleteSteps, "gaps_after_step", l.GapsAfterStep)
 	}
 	return e.Snapshot()
+}
+
+// Losses returns what the engine could not use in full so far.
+func (e *Engine) Losses() Losses {
+	l := e.lost
+	l.DroppedIntervals = e.droppedIntervals
+	return l
 }
 
 // Snapshot returns the running totals.
@@ -154,6 +193,7 @@ func (e *Engine) Snapshot() Summary {
 	if e.last > e.first && e.first > 0 {
 		s.WallNS = e.last - e.first
 	}
+	s.Losses = e.Losses()
 	if m := e.set.modes; m != nil {
 		s.Probes = ProbesAuto
 		if s.WallNS > 0 {
@@ -166,8 +206,8 @@ func (e *Engine) Snapshot() Summary {
 // Stats are the engine's own counters, for logs and self-metrics.
 type Stats struct {
 	// LateEvents arrived after the watermark had passed their end: they
-	// only served as evidence. Many mean EmitDelay is too short for the
-	// tracer's batching.
+	// only served as evidence (Losses.LateEvents). Many mean EmitDelay is
+	// too short for the tracer's batching.
 	LateEvents uint64
 	// Rejected counts gaps and stalls discarded as untrustworthy: a gap
 	// contradicted by a sync that waited (lost events), a comm stall
@@ -181,7 +221,7 @@ type Stats struct {
 
 // Stats returns the engine's counters.
 func (e *Engine) Stats() Stats {
-	return Stats{LateEvents: e.late, Rejected: e.rejected, Buffered: e.queue.len(), Processes: len(e.procs), Threads: len(e.threads)}
+	return Stats{LateEvents: e.lost.LateEvents, Rejected: e.rejected, Buffered: e.queue.len(), Processes: len(e.procs), Threads: len(e.threads)}
 }
 
 // drain processes buffered events up to wm in end order.
@@ -210,7 +250,7 @@ func (e *Engine) process(ev *event.Event) {
 	switch ev.Kind {
 	case event.KindFork:
 		if ev.IsThread {
-			th := &thread{tid: ev.ChildPID, pid: ev.PID}
+			th := e.newThread(ev.ChildPID, ev.PID)
 			e.threads[ev.ChildPID] = th
 			p.tids[ev.ChildPID] = struct{}{}
 			return
@@ -363,7 +403,8 @@ func (e *Engine) waker(p *proc, ev *event.Event) {
 		th.last = max(th.last, ev.End)
 		return
 	}
-	th := &thread{tid: ev.WakerTID, pid: ev.PID, last: ev.End, exited: ev.End}
+	th := e.newThread(ev.WakerTID, ev.PID)
+	th.last, th.exited = ev.End, ev.End
 	e.threads[th.tid] = th
 	p.tids[th.tid] = struct{}{}
 	e.ended = append(e.ended, th)
@@ -440,6 +481,8 @@ func (e *Engine) env(p *proc) env {
 // order they were decided. It is the only place results leave the engine.
 func (e *Engine) apply(p *proc) {
 	e.rejected += p.out.rejected
+	e.lost.IncompleteSteps += p.out.incomplete
+	e.lost.GapsAfterStep += p.out.afterStep
 	for i := range p.out.ds {
 		d := &p.out.ds[i]
 		switch {

@@ -8,7 +8,8 @@ import (
 
 // eventQueue holds events until the watermark passes their end, and
 // gives them back in end order: a gap is decided with every host event
-// that ended before it already seen.
+// that ended before it already seen. The engine bounds it
+// (Config.MaxBuffered): past the bound it takes the oldest out early.
 type eventQueue struct {
 	h    evHeap
 	slab []event.Event // buffered events; h orders their slots
@@ -51,6 +52,10 @@ func (q *eventQueue) pop(wm int64) (event.Event, bool) {
 }
 
 func (q *eventQueue) len() int { return q.h.Len() }
+
+// minEnd is the end of the next event pop returns; the queue must not be
+// empty.
+func (q *eventQueue) minEnd() int64 { return q.h[0].end }
 
 // queued orders one buffered event (kept in eventQueue.slab, so the heap
 // moves small pointer-free keys); seq keeps arrival order among equal keys.

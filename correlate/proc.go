@@ -145,11 +145,13 @@ type proc struct {
 
 // outbox is what a process's models decided during one call into them:
 // final gaps (their step assigned) and finished steps, in decision order,
-// and how many candidates they rejected. Only the engine turns them into
-// sink calls and totals.
+// how many candidates they rejected, how many steps they emitted
+// incomplete and gaps they delivered after their step. Only the engine
+// turns them into sink calls and totals.
 type outbox struct {
-	ds       []decision
-	rejected uint64
+	ds                    []decision
+	rejected              uint64
+	incomplete, afterStep uint64
 }
 
 // decision is one result: a gap, or a step with the cause split of its
@@ -168,7 +170,7 @@ func (o *outbox) step(st Step, micro []causeNS) {
 
 func (o *outbox) reset() {
 	clear(o.ds)
-	o.ds, o.rejected = o.ds[:0], 0
+	o.ds, o.rejected, o.incomplete, o.afterStep = o.ds[:0], 0, 0, 0
 }
 
 // settled reports whether nothing of the process waits to be emitted.

@@ -596,6 +596,7 @@ func (p *proc) finalizeSteps(x env, force bool) {
 				break
 			}
 			x.set.log.Warn("step waited too long for its inputs, emitting it incomplete", "pid", p.pid, "step", st.Number)
+			p.out.incomplete++
 		}
 		p.finishStep(x, st)
 		s.doneNum, s.emitted = st.Number, true

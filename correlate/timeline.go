@@ -16,6 +16,9 @@ type thread struct {
 	last     int64 // end of its latest event
 	exited   int64 // when it exited, 0 while it lives
 	tl       []event.Event
+	// dropped counts intervals dropped past maxIntervals, for every
+	// thread of the engine (Losses.DroppedIntervals).
+	dropped *uint64
 }
 
 func (t *thread) add(ev *event.Event) {
@@ -25,8 +28,18 @@ func (t *thread) add(ev *event.Event) {
 		return
 	}
 	t.tl = append(t.tl, *ev)
-	if len(t.tl) > maxIntervals {
-		t.dropFront(len(t.tl) - maxIntervals)
+	t.capTimeline()
+}
+
+// capTimeline drops the oldest intervals past maxIntervals, counted: a
+// thread that blocks that often within one pending step loses the
+// evidence of its oldest calls, which then count as on-CPU time.
+func (t *thread) capTimeline() {
+	if k := len(t.tl) - maxIntervals; k > 0 {
+		t.dropFront(k)
+		if t.dropped != nil {
+			*t.dropped += uint64(k)
+		}
 	}
 }
 
@@ -35,9 +48,7 @@ func (t *thread) insert(ev *event.Event) {
 	t.tl = append(t.tl, event.Event{})
 	copy(t.tl[i+1:], t.tl[i:])
 	t.tl[i] = *ev
-	if len(t.tl) > maxIntervals {
-		t.dropFront(len(t.tl) - maxIntervals)
-	}
+	t.capTimeline()
 }
 
 func (t *thread) dropFront(k int) {

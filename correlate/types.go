@@ -245,6 +245,10 @@ type Summary struct {
 	Windows       int64  `json:"windows,omitempty"`
 	Gaps          int64  `json:"gaps"`
 	DroppedEvents uint64 `json:"dropped_events"`
+	// Losses are what the engine got but could not use in full. They stay
+	// out of Summary's own encoding (the golden replay outputs pin it); the
+	// summary file writes them beside it, zeros included.
+	Losses Losses `json:"-"`
 	// Probes is the probe set ("auto" from the engine, a fixed set from the
 	// command); under auto, ProbesFullNS is the part of WallNS during which
 	// the per-launch probes were attached.
@@ -259,6 +263,33 @@ type Summary struct {
 	// their gaps; filled by the command at exit.
 	CallSites []CallSiteSummary `json:"call_sites,omitempty"`
 }
+
+// Losses count what the engine received but could not use as it should,
+// so that an engine that falls behind loses nothing without a count.
+// Events lost before the engine are Summary.DroppedEvents.
+type Losses struct {
+	// LateEvents arrived after the watermark had passed their end: the
+	// gaps they would have moved were decided; they served as evidence
+	// only. Many mean a reader far behind the ring buffer.
+	LateEvents uint64 `json:"late_events"`
+	// ForcedEvents were processed before the watermark reached them: the
+	// reorder queue held Config.MaxBuffered events. An event that ends
+	// before them and arrives later is late.
+	ForcedEvents uint64 `json:"forced_events"`
+	// DroppedIntervals are a thread's oldest activity intervals dropped
+	// past maxIntervals per thread: gaps over that time see it as on-CPU.
+	DroppedIntervals uint64 `json:"dropped_intervals"`
+	// IncompleteSteps were emitted before every input was final (more
+	// than maxPendingSteps waited): a gap or GPU window still to come
+	// is missing from them.
+	IncompleteSteps uint64 `json:"incomplete_steps"`
+	// GapsAfterStep were delivered after the step that held them was
+	// emitted: they count in the totals and the gaps file, in no step.
+	GapsAfterStep uint64 `json:"gaps_after_step"`
+}
+
+// Any says whether anything was lost.
+func (l Losses) Any() bool { return l != Losses{} }
 
 // ProcessSummary names one traced process in the summary.
 type ProcessSummary struct {

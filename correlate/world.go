@@ -22,6 +22,10 @@ type world struct {
 	comms   map[commKey]*commInfo
 	groups  map[groupKey]*commGroup
 	commOrd map[commOrdKey]int
+	// droppedIntervals: timeline intervals every thread dropped past
+	// maxIntervals (threads hold a pointer to it: the world is never
+	// copied once threads exist).
+	droppedIntervals uint64
 }
 
 // maxComms bounds the communicator table (a job creates a handful).
@@ -58,7 +62,7 @@ func (w *world) thread(ev *event.Event) *thread {
 	th := w.threads[ev.TID]
 	// A thread id reused after its thread exited is a new thread.
 	if th == nil || th.pid != ev.PID || (th.exited != 0 && ev.Start >= th.exited) {
-		th = &thread{tid: ev.TID, pid: ev.PID}
+		th = w.newThread(ev.TID, ev.PID)
 		w.threads[ev.TID] = th
 		w.proc(ev.PID, ev.Start).tids[ev.TID] = struct{}{}
 	}
@@ -66,6 +70,11 @@ func (w *world) thread(ev *event.Event) *thread {
 		th.comm = ev.TaskComm
 	}
 	return th
+}
+
+// newThread is a thread whose timeline drops count in the world's total.
+func (w *world) newThread(tid, pid uint32) *thread {
+	return &thread{tid: tid, pid: pid, dropped: &w.droppedIntervals}
 }
 
 func (w *world) forget(p *proc) {

@@ -359,6 +359,11 @@ func (x *Exporter) Summary(s correlate.Summary, dropped uint64) {
 // lost, for the live metric; Summary sets the final value.
 func (x *Exporter) DroppedEvents(total uint64) { x.metrics.setDropped(total) }
 
+// Losses updates the correlator's cumulative losses (late and forced
+// events, dropped intervals, incomplete steps, gaps after their step), for
+// the live metrics; Summary sets the final values.
+func (x *Exporter) Losses(l correlate.Losses) { x.metrics.setLosses(l) }
+
 // Stats returns the counters; cheap, safe from any goroutine. Exported
 // counts the primary output (OTLP, else the file); drops and errors of a
 // spans-file copy beside OTLP are included in SpansDropped and ExportErrors.

@@ -236,7 +236,12 @@ func TestPrometheusEndpoint(t *testing.T) {
 		x.Gap(gaps[0])
 		x.Step(st)
 	}
-	x.Summary(correlate.Summary{Steps: 4, ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 28e6 + 1e9}}, 17)
+	// The correlator's losses: a live update, the summary's final counts,
+	// then a stale snapshot that must not lower them.
+	x.Losses(correlate.Losses{LateEvents: 5, ForcedEvents: 1})
+	x.Summary(correlate.Summary{Steps: 4, ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 28e6 + 1e9},
+		Losses: correlate.Losses{LateEvents: 9, ForcedEvents: 2, DroppedIntervals: 904, IncompleteSteps: 3, GapsAfterStep: 1}}, 17)
+	x.Losses(correlate.Losses{LateEvents: 5, ForcedEvents: 1})
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -253,6 +258,11 @@ func TestPrometheusEndpoint(t *testing.T) {
 		`gaptrace_gap_duration_seconds_count{cause="comm",gpu="0",pid="1"}`: 1,
 		`gaptrace_gpu_idle_ratio{gpu="0",pid="1"}`:                          0.35,
 		`gaptrace_events_dropped_total`:                                     17,
+		`gaptrace_events_late_total`:                                        9,
+		`gaptrace_events_forced_total`:                                      2,
+		`gaptrace_intervals_dropped_total`:                                  904,
+		`gaptrace_steps_incomplete_total`:                                   3,
+		`gaptrace_gaps_after_step_total`:                                    1,
 		`gaptrace_spans_dropped_total`:                                      0,
 	} {
 		got, ok := metricValue(text, series)

@@ -37,6 +37,11 @@ import (
 //	gaptrace_spans_dropped_total            spans lost (queue full, export failed)
 //	gaptrace_spans_exported_total
 //	gaptrace_gaps_dropped_total             gaps lost (buffer full, step never came)
+//	gaptrace_events_late_total              host events past the watermark (evidence only)
+//	gaptrace_events_forced_total            host events processed early (reorder queue full)
+//	gaptrace_intervals_dropped_total        thread intervals dropped past the timeline cap
+//	gaptrace_steps_incomplete_total         steps emitted before their inputs were final
+//	gaptrace_gaps_after_step_total          gaps delivered after their step (in no step)
 var (
 	stepBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	gapBuckets  = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
@@ -68,6 +73,9 @@ type metrics struct {
 	stepsBy    map[seriesKey]int64
 
 	droppedEvents atomic.Uint64
+	// losses: the correlator's cumulative counts (correlate.Losses).
+	lossMu sync.Mutex
+	losses correlate.Losses
 
 	setsMu sync.Mutex
 	sets   map[labelKey]*labelSets
@@ -262,6 +270,32 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 	gapsDropped, err := meter.Int64ObservableCounter("gaptrace.gaps.dropped", metric.WithUnit("{gap}"),
 		metric.WithDescription("Gaps not turned into spans: buffer full or their step never arrived"))
 	errs = append(errs, err)
+	type lossCounter struct {
+		inst metric.Int64ObservableCounter
+		n    func(*correlate.Losses) uint64
+	}
+	var losses []lossCounter
+	observed := []metric.Observable{}
+	for _, l := range []struct {
+		name, unit, desc string
+		n                func(*correlate.Losses) uint64
+	}{
+		{"gaptrace.events.late", "{event}", "Host events that reached the correlator after its watermark: evidence only, their gaps were decided",
+			func(l *correlate.Losses) uint64 { return l.LateEvents }},
+		{"gaptrace.events.forced", "{event}", "Host events processed before the watermark reached them: the reorder queue was full",
+			func(l *correlate.Losses) uint64 { return l.ForcedEvents }},
+		{"gaptrace.intervals.dropped", "{interval}", "Thread activity intervals dropped past the per-thread timeline cap",
+			func(l *correlate.Losses) uint64 { return l.DroppedIntervals }},
+		{"gaptrace.steps.incomplete", "{step}", "Steps emitted before every input was final (too many steps waiting)",
+			func(l *correlate.Losses) uint64 { return l.IncompleteSteps }},
+		{"gaptrace.gaps.after_step", "{gap}", "Gaps delivered after their step was emitted: in the idle totals, in no step",
+			func(l *correlate.Losses) uint64 { return l.GapsAfterStep }},
+	} {
+		inst, err := meter.Int64ObservableCounter(l.name, metric.WithUnit(l.unit), metric.WithDescription(l.desc))
+		errs = append(errs, err)
+		losses = append(losses, lossCounter{inst, l.n})
+		observed = append(observed, inst)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("create instruments: %w", err)
 	}
@@ -271,12 +305,18 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 		o.ObserveInt64(spansDropped, int64(st.SpansDropped))
 		o.ObserveInt64(spansExported, int64(st.SpansExported))
 		o.ObserveInt64(gapsDropped, int64(st.GapsDropped))
+		m.lossMu.Lock()
+		l := m.losses
+		m.lossMu.Unlock()
+		for _, c := range losses {
+			o.ObserveInt64(c.inst, int64(c.n(&l)))
+		}
 		if cpu, rss, ok := selfCost(); ok {
 			o.ObserveFloat64(sidecarCPU, cpu)
 			o.ObserveInt64(sidecarRSS, rss)
 		}
 		return nil
-	}, droppedEvents, spansDropped, spansExported, gapsDropped, sidecarCPU, sidecarRSS)
+	}, append(observed, droppedEvents, spansDropped, spansExported, gapsDropped, sidecarCPU, sidecarRSS)...)
 	if err != nil {
 		return nil, fmt.Errorf("register metric callback: %w", err)
 	}
@@ -402,6 +442,20 @@ func (m *metrics) summary(ctx context.Context, s correlate.Summary, dropped uint
 		m.countedStep += d
 	}
 	m.setDropped(dropped)
+	m.setLosses(s.Losses)
+}
+
+// setLosses records the correlator's cumulative losses; no count goes
+// backwards (a snapshot taken before a later one cannot lower it).
+func (m *metrics) setLosses(l correlate.Losses) {
+	m.lossMu.Lock()
+	defer m.lossMu.Unlock()
+	c := &m.losses
+	c.LateEvents = max(c.LateEvents, l.LateEvents)
+	c.ForcedEvents = max(c.ForcedEvents, l.ForcedEvents)
+	c.DroppedIntervals = max(c.DroppedIntervals, l.DroppedIntervals)
+	c.IncompleteSteps = max(c.IncompleteSteps, l.IncompleteSteps)
+	c.GapsAfterStep = max(c.GapsAfterStep, l.GapsAfterStep)
 }
 
 // setDropped records a cumulative drop total; totals never go backwards.

@@ -26,7 +26,8 @@
 // Limits: each cause is removed alone (savings of two causes do not add
 // when one would then wait for the other); the host work after the removed
 // cause is assumed not to become the new bottleneck; a gap the engine
-// delivered after its step was emitted is in no step and is not counted;
+// delivered after its step was emitted is in no step and is not counted
+// here (the engine counts such gaps: Losses.GapsAfterStep);
 // in a job without a step period the "steps" are fixed windows.
 package whatif
 

@@ -313,6 +313,16 @@ func TestRunSimtrainAndExitCodes(t *testing.T) {
 	if s.WallNS <= 0 || s.ByCause["io.read"] <= 0 {
 		t.Errorf("summary shows no traced io.read stalls: %s", b)
 	}
+	var fields map[string]any
+	if err := json.Unmarshal(b, &fields); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"wall_ns", "gpu_idle_ns", "by_cause", "steps", "gaps", "dropped_events",
+		"late_events", "forced_events", "dropped_intervals", "incomplete_steps", "gaps_after_step"} {
+		if _, ok := fields[k]; !ok {
+			t.Errorf("summary lacks %q: %s", k, b)
+		}
+	}
 	if !strings.Contains(stdout, "summary") || !strings.Contains(stdout, "io.read") {
 		t.Errorf("no summary on stdout:\n%s", stdout)
 	}

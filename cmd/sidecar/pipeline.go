@@ -479,6 +479,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 				lastSnap = now
 				st := p.tr.Stats()
 				p.exp.DroppedEvents(st.RingDrops)
+				p.exp.Losses(p.eng.Losses())
 				if p.cfg.Snapshot != nil {
 					sum := p.eng.Snapshot()
 					sum.DroppedEvents = st.RingDrops

@@ -67,7 +67,7 @@ for p in $PHASES; do
       "$PY" "$HERE/evaluate.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" --kineto "$pre-kineto.json" \
         --spans "$pre-spans.jsonl" --windows "$pre-windows.jsonl" --json "$OUTDIR/accuracy-$probes.json" \
         --busy-out "$pre-busy.json" --missed 12 2>&1 | tee -a "$RES"
-      grep -E '"(gpu_idle_ns|wall_ns|steps|gaps|dropped_events)"' "$pre-summary.json" | tr -d ' \n' | tee -a "$RES"; say ""
+      grep -E '"(gpu_idle_ns|wall_ns|steps|gaps|dropped_events|late_events|forced_events|incomplete_steps|gaps_after_step)"' "$pre-summary.json" | tr -d ' \n' | tee -a "$RES"; say ""
       "$PY" "$HERE/stacks_eval.py" --gaps "$pre-gaps.jsonl" --truth "$pre-truth.jsonl" 2>&1 | tee -a "$RES"
     done
     head -c 60000 "$WORK/acc-full-gaps.jsonl" >"$OUTDIR/sample-gaps-full.jsonl"
@@ -149,7 +149,7 @@ for p in $PHASES; do
         done; sleep 0.1
       done; return 1; }
     report() { # $1 prefix, $2 label
-      say "$2: $(grep -E '"(steps|gaps|dropped_events)"' "$1-summary.json" | tr -d ' \n')"
+      say "$2: $(grep -E '"(steps|gaps|dropped_events|late_events|forced_events|incomplete_steps|gaps_after_step)"' "$1-summary.json" | tr -d ' \n')"
       "$PY" "$HERE/evaluate.py" --gaps "$1-gaps.jsonl" --truth "$1-truth.jsonl" --kineto "$1-kineto.json" \
         --spans "$1-spans.jsonl" --json "$OUTDIR/$(basename "$1").json" 2>&1 | tee -a "$RES"
       say "pids in gaps: $("$PY" -c 'import json,sys,collections; c=collections.Counter((g["pid"], (g.get("workload") or {}).get("ns_pid")) for g in map(json.loads, open(sys.argv[1]))); print(dict(c))' "$1-gaps.jsonl")"

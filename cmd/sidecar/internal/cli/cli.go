@@ -373,8 +373,11 @@ func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate) er
 	}
 	b, err := json.MarshalIndent(struct {
 		correlate.Summary
+		// The engine's losses, zeros included: a summary that names
+		// none says nothing was lost.
+		correlate.Losses
 		WhatIf map[correlate.Cause]whatif.JSON `json:"what_if,omitempty"`
-	}{s, whatif.JSONMap(wi)}, "", "  ")
+	}{s, s.Losses, whatif.JSONMap(wi)}, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -89,7 +89,8 @@ func (f *fakePipe) Close(context.Context) (correlate.Summary, error) {
 	f.closes++
 	f.closedAt = time.Now()
 	return correlate.Summary{WallNS: int64(time.Second), GPUIdleNS: int64(400 * time.Millisecond), Steps: 10, Gaps: int64(len(f.gaps)),
-		ByCause: map[correlate.Cause]int64{correlate.CauseIORead: int64(400 * time.Millisecond)}}, nil
+		ByCause: map[correlate.Cause]int64{correlate.CauseIORead: int64(400 * time.Millisecond)},
+		Losses:  correlate.Losses{LateEvents: 7, IncompleteSteps: 1}}, nil
 }
 
 func (f *fakePipe) tracedPIDs() []int {
@@ -245,13 +246,19 @@ func TestRunWritesOutputsAndSummary(t *testing.T) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"wall_ns", "gpu_idle_ns", "by_cause", "steps", "gaps", "dropped_events"} {
+	for _, k := range []string{"wall_ns", "gpu_idle_ns", "by_cause", "steps", "gaps", "dropped_events",
+		"late_events", "forced_events", "dropped_intervals", "incomplete_steps", "gaps_after_step"} {
 		if _, ok := s[k]; !ok {
 			t.Errorf("summary lacks %q: %s", k, b)
 		}
 	}
 	if s["dropped_events"].(float64) != 2 {
 		t.Errorf("dropped_events %v, want the pipeline's 2", s["dropped_events"])
+	}
+	// The engine's losses, zeros written too.
+	if s["late_events"] != 7.0 || s["incomplete_steps"] != 1.0 || s["forced_events"] != 0.0 {
+		t.Errorf("late_events %v, incomplete_steps %v, forced_events %v: want the engine's 7, 1, 0",
+			s["late_events"], s["incomplete_steps"], s["forced_events"])
 	}
 	// The fake's one step: 100 ms with 40 ms of io.read idle.
 	var wi struct {
@@ -269,7 +276,7 @@ func TestRunWritesOutputsAndSummary(t *testing.T) {
 	}
 	out := h.stdout.String()
 	for _, want := range []string{"summary", "GPU idle 40.0%", "io.read", "gaps     " + gaps, "spans    gaptrace-spans.jsonl",
-		"without io.read         −40 ms/step (−40.0%) — prefetch"} {
+		"without io.read         −40 ms/step (−40.0%) — prefetch", "dropped events 2\n  late events 7   incomplete steps 1\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out)
 		}

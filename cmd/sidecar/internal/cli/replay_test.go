@@ -43,6 +43,38 @@ func replaySummary(t *testing.T, rec string, args ...string) correlate.Summary {
 	return sum
 }
 
+// TestReplaySummaryLosses: the summary file names the engine's losses,
+// zeros included. The recorded H200 job's reader delivered 184 events
+// after the watermark had passed them; the simulated DDP run none.
+func TestReplaySummaryLosses(t *testing.T) {
+	for _, c := range []struct {
+		rec  string
+		late float64
+	}{{"h200-acc-full.rec.gz", 184}, {"sim-ddp-full.rec.gz", 0}} {
+		h := newHarness(t)
+		out := filepath.Join(t.TempDir(), "summary.json")
+		if code := h.main(context.Background(), "replay", filepath.Join(recordings, c.rec), "--summary-json", out); code != ExitOK {
+			t.Fatalf("replay %s: exit %d\n%s", c.rec, code, h.stderr)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s map[string]any
+		if err := json.Unmarshal(b, &s); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"late_events", "forced_events", "dropped_intervals", "incomplete_steps", "gaps_after_step"} {
+			if _, ok := s[k]; !ok {
+				t.Errorf("%s: summary lacks %q", c.rec, k)
+			}
+		}
+		if s["late_events"] != c.late || s["forced_events"] != 0.0 {
+			t.Errorf("%s: late_events %v, forced_events %v; want %v and 0", c.rec, s["late_events"], s["forced_events"], c.late)
+		}
+	}
+}
+
 // TestReplayAsLite replays full recordings as lite: each job was also
 // recorded at lite (the same program, another run), and the two must
 // count the same steps. As auto, the warm-up window is at full and the

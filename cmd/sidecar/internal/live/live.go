@@ -297,6 +297,10 @@ type View struct {
 	TopSites []TopItem
 	LastGap  *correlate.Gap
 	Stats    Stats
+	// Losses: what the engine got but could not use in full (late and
+	// forced events, dropped intervals, incomplete steps, gaps after their
+	// step), from its latest snapshot.
+	Losses correlate.Losses
 	// WhatIf is what removing each cause would save, largest first.
 	WhatIf []whatif.Estimate
 	// whatIfBlock: the summary's what-if block rather than the live line.
@@ -336,6 +340,9 @@ func (a *Aggregator) View(title string) View {
 		}
 	}
 
+	if a.haveSnap {
+		v.Losses = a.snap.Losses
+	}
 	var byCause map[correlate.Cause]int64
 	switch {
 	case a.haveSnap && a.snap.WallNS > 0:
@@ -514,6 +521,7 @@ func Frame(v View, width int) string {
 	fmt.Fprintf(&b, "gaptrace · %s · %s\n", Escape(v.Title), formatElapsed(v.Elapsed))
 	fmt.Fprintf(&b, "steps %d (%.1f/s)%s   GPU idle %s   gaps %d   dropped events %d\n",
 		v.Steps, v.StepsPerSec, windowsNote(v.Windows), pct(v.IdlePct), v.Gaps, v.Stats.Drops)
+	writeLosses(&b, v.Losses, width)
 	if v.Probes == correlate.ProbesAuto {
 		// Gaps outside the windows are decided as lite decides them.
 		fmt.Fprintf(&b, "probes auto: %.1f%% of the time at full (per-launch probes), the rest lite\n", 100*v.FullShare)
@@ -601,6 +609,45 @@ func writeEvidence(b *strings.Builder, v View, width int) {
 	}
 }
 
+// lossNames are the engine's loss counters as the views name them, in
+// the order they are shown: the live line's label, the log line's key.
+var lossNames = []struct {
+	label, key string
+	n          func(*correlate.Losses) uint64
+}{
+	{"late events", "late", func(l *correlate.Losses) uint64 { return l.LateEvents }},
+	{"forced events", "forced", func(l *correlate.Losses) uint64 { return l.ForcedEvents }},
+	{"incomplete steps", "incomplete_steps", func(l *correlate.Losses) uint64 { return l.IncompleteSteps }},
+	{"gaps after their step", "gaps_after_step", func(l *correlate.Losses) uint64 { return l.GapsAfterStep }},
+	{"dropped intervals", "dropped_intervals", func(l *correlate.Losses) uint64 { return l.DroppedIntervals }},
+}
+
+// writeLosses names the engine's losses that are not zero under the line
+// that says how many events were dropped, where one looks for what a
+// sidecar that falls behind lost; nothing when none.
+func writeLosses(b *strings.Builder, l correlate.Losses, width int) {
+	line := ""
+	for _, n := range lossNames {
+		c := n.n(&l)
+		if c == 0 {
+			continue
+		}
+		item := fmt.Sprintf("%s %d", n.label, c)
+		if line != "" && len(line)+3+len(item) > width {
+			b.WriteString(line + "\n")
+			line = ""
+		}
+		if line == "" {
+			line = "  " + item
+		} else {
+			line += "   " + item
+		}
+	}
+	if line != "" {
+		b.WriteString(line + "\n")
+	}
+}
+
 // windowsNote says how many fixed windows stood in for steps, if any.
 func windowsNote(n int64) string {
 	switch n {
@@ -619,6 +666,11 @@ func LogLine(v View) string {
 		v.Elapsed.Round(time.Second), v.Steps, v.StepsPerSec, pct(v.IdlePct), v.Gaps, v.Stats.Drops)
 	if v.Windows > 0 {
 		fmt.Fprintf(&b, " windows=%d", v.Windows)
+	}
+	for _, n := range lossNames {
+		if c := n.n(&v.Losses); c > 0 {
+			fmt.Fprintf(&b, " %s=%d", n.key, c)
+		}
 	}
 	if len(v.ByCause) > 0 {
 		b.WriteString(" causes=")

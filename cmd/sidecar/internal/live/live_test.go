@@ -156,6 +156,46 @@ func TestEmptyFrameAndSummary(t *testing.T) {
 	}
 }
 
+// TestFrameLosses: what the engine could not use in full is named under
+// the dropped-events line, wrapped to the width, zero counts left out; a
+// run that lost nothing shows no such line. The log line carries them too.
+func TestFrameLosses(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	a := NewAggregator(c.now)
+	feed(a, c)
+	if f := Frame(a.View("x"), 80); strings.Contains(f, "late events") || strings.Contains(f, "incomplete") {
+		t.Errorf("losses shown in a run that lost nothing:\n%s", f)
+	}
+	a.SetSummary(correlate.Summary{WallNS: ms(10_000), Steps: 25, Gaps: 9, DroppedEvents: 2,
+		Losses: correlate.Losses{LateEvents: 37, ForcedEvents: 5, IncompleteSteps: 3, GapsAfterStep: 1, DroppedIntervals: 904}})
+	v := a.View("x")
+	f := Frame(v, 80)
+	lines := strings.Split(f, "\n")
+	var at int
+	for i, l := range lines {
+		if utf8.RuneCountInString(l) > 80 {
+			t.Errorf("line wider than 80 columns: %q", l)
+		}
+		if strings.Contains(l, "dropped events 2") {
+			at = i
+		}
+	}
+	under := strings.Join(lines[at+1:at+3], "\n")
+	for _, want := range []string{"late events 37", "forced events 5", "incomplete steps 3", "gaps after their step 1",
+		"dropped intervals 904"} {
+		if !strings.Contains(under, want) {
+			t.Errorf("the two lines under dropped events lack %q:\n%s", want, f)
+		}
+	}
+	a.SetSummary(correlate.Summary{WallNS: ms(10_000), Losses: correlate.Losses{LateEvents: 37}})
+	if f := Frame(a.View("x"), 80); !strings.Contains(f, "dropped events 0\n  late events 37\n") || strings.Contains(f, "forced") {
+		t.Errorf("late events alone:\n%s", f)
+	}
+	if l := LogLine(v); !strings.Contains(l, " late=37 forced=5 incomplete_steps=3 gaps_after_step=1 dropped_intervals=904") {
+		t.Errorf("log line lacks the losses: %s", l)
+	}
+}
+
 func TestLogLine(t *testing.T) {
 	c := &clock{t: time.Unix(1_700_000_000, 0)}
 	a := NewAggregator(c.now)

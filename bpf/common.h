@@ -73,6 +73,7 @@ struct thread_state {
 	/* launch aggregation: launches not yet flushed into an event; busy != 0
 	 * once the first launch after a sync/blocking event was emitted */
 	__u64 launches;
+	__u64 last_launch; /* ktime of the thread's latest launch (0: none seen) */
 	__u32 busy;
 	__u32 group_depth;
 	/* ncclCommInitRank* in flight: where the new communicator is stored */

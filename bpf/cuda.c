@@ -65,6 +65,11 @@ enum cuda_func {
  * bytes / host memcpy rate (200 µs is about 1 MB). */
 const volatile __u64 copy_block_ns = 200000;
 
+/* A launch at least this long after the thread's previous launch is emitted
+ * even while the thread is busy (the default --min-gap): a pause that long
+ * can hold an idle gap of at least MinGap. */
+const volatile __u64 launch_pause_ns = 1000000;
+
 /* An async copy in flight, from its entry probe to its return probe. */
 struct copy_call {
 	__u64 start;
@@ -96,7 +101,13 @@ int cuda_launch(struct pt_regs *ctx)
 	struct thread_state *t = enter(&id);
 	if (!t)
 		return 0;
-	if (t->busy) {
+	/* A launch long after the thread's previous one is emitted too: the
+	 * host paused feeding the GPU without blocking (computing), and the
+	 * queue may have drained meanwhile (correlate/quiet.go). */
+	__u64 now = bpf_ktime_get_ns();
+	__u64 prev = t->last_launch;
+	t->last_launch = now;
+	if (t->busy && (prev == 0 || now - prev < launch_pause_ns)) {
 		t->launches++;
 		return 0;
 	}
@@ -118,7 +129,6 @@ int cuda_launch(struct pt_regs *ctx)
 		break;
 	}
 
-	__u64 now = bpf_ktime_get_ns();
 	struct cuda_event *e = reserve(sizeof(*e));
 	if (!e) {
 		/* keep the launch in the count so totals stay right */
@@ -130,6 +140,7 @@ int cuda_launch(struct pt_regs *ctx)
 	e->start_ns = now;
 	e->stream = stream;
 	e->count = t->launches + 1;
+	e->last_launch_ns = prev;
 	e->func = cookie & 0xff;
 	submit(e);
 	t->launches = 0;
@@ -189,6 +200,11 @@ int cuda_async(struct pt_regs *ctx)
 		return 0;
 	/* Every async probe but the memsets is a copy. */
 	hdr_fill(&e->hdr, EV_CUDA, func == CU_MEMSET_ASYNC ? K_MEMSET : K_MEMCPY_ASYNC, id, now);
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	if (t) {
+		e->last_launch_ns = t->last_launch;
+		e->pending = t->launches;
+	}
 	e->stack_id = -1;
 	e->start_ns = now;
 	e->stream = stream;
@@ -282,9 +298,12 @@ int cuda_block_exit(struct pt_regs *ctx)
 	e->func = func;
 	/* At the return the walk starts in the caller: no driver frames. */
 	e->stack_id = user_stack(ctx);
+	e->last_launch_ns = t->last_launch;
 	if (kind == K_SYNC) {
 		e->count = t->launches;
 		t->launches = 0;
+	} else {
+		e->pending = t->launches;
 	}
 	submit(e);
 	return 0;

@@ -86,6 +86,12 @@ struct cuda_event {
 	__u64 stream;
 	__u64 bytes;
 	__u64 count; /* launches since the thread's previous flush (enqueue, sync) */
+	/* The thread's latest kernel launch before this event (0: none seen,
+	 * as in lite) and, for events that flush nothing (copies, memsets,
+	 * blocking calls other than syncs), the launches it made since its
+	 * last flush: together they say when it last fed the GPU and how much. */
+	__u64 last_launch_ns;
+	__u64 pending;
 	__s32 ret;   /* CUresult of blocking calls */
 	__u32 func;  /* event.CUDA */
 	__s32 stack_id; /* blocking calls: user_stacks id of the caller's stack, else -1 */

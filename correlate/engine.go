@@ -269,7 +269,10 @@ func (e *Engine) process(ev *event.Event) {
 	case event.KindExit:
 		e.exit(p, ev)
 		return
-	case event.KindOpen, event.KindClose, event.KindInvalid:
+	case event.KindOpen:
+		e.thread(ev).noteOpen(ev)
+		return
+	case event.KindClose, event.KindInvalid:
 		return
 	}
 	th := e.thread(ev)
@@ -286,6 +289,7 @@ func (e *Engine) process(ev *event.Event) {
 			w.last = ev.End
 		}
 	}
+	p.quietDrain(e.env(p), th, ev)
 	if p.episodeEvent(e.env(p), th, ev) {
 		e.apply(p)
 		e.trimThread(th, p)

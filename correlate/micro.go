@@ -96,6 +96,7 @@ func (p *proc) finishStep(x env, st *stepAcc) {
 	if x.set.hw != nil {
 		st.HW = x.set.hw(p.dev, st.Start, st.End)
 	}
+	p.noteBusyPerLaunch(st, d.maxEnd >= st.End)
 	p.out.step(st.Step, split)
 }
 

@@ -118,9 +118,15 @@ type proc struct {
 	// stopped enqueueing, whether or not lite saw that work enqueued.
 	waits  waitRing
 	shadow leadShadow // auto: leads as lite would see them, during windows
-	cands  []aheadCand
-	stalls []stallCand
-	held   []Gap
+	// burst is one thread's launches since the queue was last empty, and
+	// busyPerLaunch the recent steps' GPU time per launch (quiet.go).
+	burst         burst
+	busyPerLaunch waitRing
+	// syncLaunches: launches between recent syncs that had any.
+	syncLaunches waitRing
+	cands        []aheadCand
+	stalls       []stallCand
+	held         []Gap
 
 	launches, copies, colls uint64
 	// firstOps: what follows a sync (firstop.go); visSinceSync counts the

@@ -60,6 +60,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	p.shadowLead(x, ev)
 	p.feeders.add(th.tid)
 	t := ev.Start
+	wasDrained := p.allDrained()
 	launchesBefore := p.launches + p.colls
 	switch ev.Kind {
 	case event.KindEnqueue:
@@ -101,6 +102,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	if t > p.lastEnq {
 		p.lastEnq = t
 	}
+	p.noteBurst(th, ev, wasDrained)
 	p.startGPU(t)
 }
 
@@ -354,7 +356,7 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 	at := newAttribution(x.w)
 	at.thread(th, g.start, end, nil)
 	gap.Cause, gap.Breakdown, gap.Evidence, gap.Ops = at.result()
-	if g.ep != nil {
+	if g.ep != nil && g.ep.bulk {
 		gap.Cause, gap.Evidence.Episode = episodeResult(th, g.start, end, g.ep, gap.Breakdown)
 		if o := at.stackOp(gap.Cause); o != nil {
 			gap.Evidence.Stack, gap.Evidence.StackTruncated = o.ev.Stack, o.ev.StackTruncated

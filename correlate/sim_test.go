@@ -27,12 +27,15 @@ type gpuSim struct {
 	// first launch after a sync/blocking event was flushed.
 	pending map[uint32]uint64
 	flushed map[uint32]bool
+	// lastLaunch: each thread's latest launch (Event.LastLaunch).
+	lastLaunch map[uint32]int64
 	stream  uint64
 	lite    bool
 }
 
 func newSim() *gpuSim {
-	return &gpuSim{t: t0, pid: 100, tid: 100, pending: map[uint32]uint64{}, flushed: map[uint32]bool{}, stream: 1}
+	return &gpuSim{t: t0, pid: 100, tid: 100, pending: map[uint32]uint64{}, flushed: map[uint32]bool{},
+		lastLaunch: map[uint32]int64{}, stream: 1}
 }
 
 func (s *gpuSim) addBusy(a, b int64) {
@@ -49,10 +52,17 @@ func (s *gpuSim) kernel(dur int64) {
 	start := max(s.t, s.gpuFree)
 	s.gpuFree = start + dur
 	s.addBusy(start, s.gpuFree)
-	if !s.flushed[s.tid] {
+	prev := s.lastLaunch[s.tid]
+	if !s.lite {
+		s.lastLaunch[s.tid] = s.t
+	}
+	// As the probe does: the first launch after a sync or a blocking event,
+	// and one that follows the thread's previous launch after a pause of
+	// 1 ms (it may have drained the queue meanwhile), are emitted.
+	if !s.flushed[s.tid] || (prev != 0 && s.t-prev >= ms) {
 		if !s.lite {
 			s.evs = append(s.evs, event.Event{Kind: event.KindEnqueue, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
-				CUDA: event.CULaunchKernel, Stream: s.stream, Count: s.pending[s.tid] + 1})
+				CUDA: event.CULaunchKernel, Stream: s.stream, Count: s.pending[s.tid] + 1, LastLaunch: prev})
 		}
 		s.pending[s.tid] = 0
 		s.flushed[s.tid] = true
@@ -85,7 +95,7 @@ func (s *gpuSim) copyAsync(dur int64, stream uint64) {
 	s.gpuFree = start + dur
 	s.addBusy(start, s.gpuFree)
 	s.evs = append(s.evs, event.Event{Kind: event.KindMemcpyAsync, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
-		CUDA: event.CUMemcpyAsync, Stream: stream, Bytes: 8 << 20})
+		CUDA: event.CUMemcpyAsync, Stream: stream, Bytes: 8 << 20, LastLaunch: s.lastLaunch[s.tid], Pending: s.pending[s.tid]})
 }
 
 // sync waits for the GPU (plus 10 µs of call overhead).
@@ -93,7 +103,7 @@ func (s *gpuSim) sync() {
 	start := s.t
 	end := max(start+10*us, s.gpuFree+5*us)
 	s.evs = append(s.evs, event.Event{Kind: event.KindSync, PID: s.pid, TID: s.tid, Start: start, End: end,
-		CUDA: event.CUStreamSynchronize, Stream: s.stream, Count: s.pending[s.tid]})
+		CUDA: event.CUStreamSynchronize, Stream: s.stream, Count: s.pending[s.tid], LastLaunch: s.lastLaunch[s.tid]})
 	s.pending[s.tid] = 0
 	s.flushed[s.tid] = false
 	s.t = end

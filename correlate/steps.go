@@ -173,6 +173,9 @@ func (p *proc) patternSync(x env, ev *event.Event) {
 		sig.idle = x.set.launchesSeen(from, sig.end)
 		sig.gpmWait = !sig.idle && p.st.askGPM(x.d)
 	}
+	if sig.launches > 0 {
+		p.syncLaunches.push(int64(sig.launches))
+	}
 	p.launches, p.copies, p.colls = 0, 0, 0
 	p.st.onSync(x.set, sig)
 }

@@ -186,6 +186,14 @@ type Event struct {
 	Op       NCCLOp
 	Comm     uint64 // ncclComm_t value
 	PeerRank int32  // send/recv peer or reduce/broadcast root; -1 when n/a
+	// LastLaunch (CUDA events, full probes) is when the thread last launched
+	// a kernel before this event, Unix ns; 0 when none was seen (lite sees
+	// no launch). Pending (copies, memsets, blocking calls other than
+	// syncs) is how many launches the thread made since its last flushed
+	// event (an enqueue or a sync) and no event has counted yet: the two
+	// say when the thread stopped feeding the GPU and how much it fed.
+	LastLaunch int64  `json:",omitempty"`
+	Pending    uint64 `json:",omitempty"`
 	// CopyDir (KindMemcpyAsync, KindMemcpyStaged) is the copy's direction
 	// where the entry point says it: CUMemcpyHtoD, CUMemcpyDtoH, or
 	// CUMemcpyOther for the copies that may touch host memory without

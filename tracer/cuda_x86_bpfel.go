@@ -44,16 +44,18 @@ type cudaCopyCall struct {
 }
 
 type cudaCudaEvent struct {
-	_       structs.HostLayout
-	Hdr     cudaEventHdr
-	StartNs uint64
-	Stream  uint64
-	Bytes   uint64
-	Count   uint64
-	Ret     int32
-	Func    uint32
-	StackId int32
-	Dir     uint32
+	_            structs.HostLayout
+	Hdr          cudaEventHdr
+	StartNs      uint64
+	Stream       uint64
+	Bytes        uint64
+	Count        uint64
+	LastLaunchNs uint64
+	Pending      uint64
+	Ret          int32
+	Func         uint32
+	StackId      int32
+	Dir          uint32
 }
 
 type cudaCudaFunc uint32
@@ -203,6 +205,7 @@ type cudaThreadState struct {
 	GroupOps    uint32
 	GroupStart  uint64
 	Launches    uint64
+	LastLaunch  uint64
 	Busy        uint32
 	GroupDepth  uint32
 	InitCommp   uint64
@@ -230,6 +233,7 @@ const (
 	cudaProgCudaBlockExit     = "cuda_block_exit"
 	cudaProgCudaLaunch        = "cuda_launch"
 	cudaVarCopyBlockNs        = "copy_block_ns"
+	cudaVarLaunchPauseNs      = "launch_pause_ns"
 	cudaVarNullProbes         = "null_probes"
 	cudaVarPidnsInum          = "pidns_inum"
 	cudaVarPidnsLevelSeen     = "pidns_level_seen"
@@ -328,6 +332,7 @@ type cudaMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaVariableSpecs struct {
 	CopyBlockNs        *ebpf.VariableSpec `ebpf:"copy_block_ns"`
+	LaunchPauseNs      *ebpf.VariableSpec `ebpf:"launch_pause_ns"`
 	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
 	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
 	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
@@ -408,6 +413,7 @@ func (m *cudaMaps) Close() error {
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaVariables struct {
 	CopyBlockNs        *ebpf.Variable `ebpf:"copy_block_ns"`
+	LaunchPauseNs      *ebpf.Variable `ebpf:"launch_pause_ns"`
 	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
 	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
 	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`

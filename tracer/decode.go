@@ -139,6 +139,10 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.Stream = r.Stream
 		ev.Bytes = r.Bytes
 		ev.Count = r.Count
+		ev.Pending = r.Pending
+		if r.LastLaunchNs != 0 {
+			ev.LastLaunch = MonotonicToUnix(int64(r.LastLaunchNs))
+		}
 		ev.Ret = int64(r.Ret)
 		ev.CopyDir = event.CUDA(r.Dir)
 		d.stackID = r.StackId

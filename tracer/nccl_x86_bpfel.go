@@ -71,6 +71,7 @@ type ncclThreadState struct {
 	GroupOps    uint32
 	GroupStart  uint64
 	Launches    uint64
+	LastLaunch  uint64
 	Busy        uint32
 	GroupDepth  uint32
 	InitCommp   uint64

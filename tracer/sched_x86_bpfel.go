@@ -84,6 +84,7 @@ type schedThreadState struct {
 	GroupOps    uint32
 	GroupStart  uint64
 	Launches    uint64
+	LastLaunch  uint64
 	Busy        uint32
 	GroupDepth  uint32
 	InitCommp   uint64

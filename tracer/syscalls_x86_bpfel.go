@@ -139,6 +139,7 @@ type syscallsThreadState struct {
 	GroupOps    uint32
 	GroupStart  uint64
 	Launches    uint64
+	LastLaunch  uint64
 	Busy        uint32
 	GroupDepth  uint32
 	InitCommp   uint64

@@ -128,6 +128,15 @@ func scenarios() []scenario {
 		// sync, serialization and a write; then fsync (truth io.write).
 		{name: "checkpoint", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 40,
 			stalls: []stall{{cause: "checkpoint", every: 4, ms: 30}}},
+		// A few short kernels follow every step's last sync (GradScaler's
+		// update, an optimizer step after loss.item()): no sync says when
+		// the queue drained before the stall.
+		{name: "trailing-io.read", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 40,
+			extra:  []string{"--trailing-launches", "2"},
+			stalls: []stall{{cause: "io.read", every: 4, ms: 30}}},
+		{name: "trailing-checkpoint", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 40,
+			extra:  []string{"--trailing-launches", "2"},
+			stalls: []stall{{cause: "checkpoint", every: 4, ms: 30}}},
 		// Every value is a prime whose products exceed any run's steps, so
 		// no two pre-step stalls share a gap; the comm stall ends its step
 		// and never shares a gap with them.

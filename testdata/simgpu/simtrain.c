@@ -130,6 +130,7 @@ static struct {
 	long bucket_bytes;
 	long extra_syncs;  /* most .item()-like reads per step; each step has its own count */
 	long batch_copies; /* async host-to-device copies at the start of each step */
+	long trailing;	   /* short kernels launched after each step's final sync */
 	int ctx_sync; /* 1: cuCtxSynchronize, 2: cuCtxSynchronize_v2 (CUDA 13's cudaDeviceSynchronize) */
 	int quiet;
 	enum launch_api api;
@@ -549,7 +550,7 @@ static void usage(FILE *f)
 	      "                [--workers W] [--data-dir DIR] [--batch-bytes B] [--bucket-bytes B]\n"
 	      "                [--launch-api kernel|ex|cooperative|graph|ptsz|mix] [--copy-api API|all]\n"
 	      "                [--ctx-sync|--ctx-sync-v2] [--extra-syncs N] [--batch-copies C] [--comm-id NAME] [--await-probes S]\n"
-	      "                [--quiet]\n"
+	      "                [--trailing-launches T] [--quiet]\n"
 	      "       simtrain --dump-timeline FROM,TO[,MASK] [--device D]\n"
 	      "causes: io.read io.write net loader.wait loader.wait.io loader.wait.cpu comm\n"
 	      "        cuda.memcpy cuda.alloc cpu cpu.contention sleep\n"
@@ -567,7 +568,7 @@ static void parse_args(int argc, char **argv)
 	enum {
 		O_STEPS = 256, O_KERNELS, O_KUS, O_GAP, O_STREAMS, O_TRUTH, O_STALL, O_DEVICE,
 		O_RANK, O_NRANKS, O_COLL, O_SERVER, O_WORKERS, O_DATADIR, O_QUIET, O_BATCH,
-		O_BUCKET, O_API, O_COPYAPI, O_CTXSYNC, O_CTXSYNC2, O_DUMP, O_HELP, O_EXTRA, O_BCOPIES,
+		O_BUCKET, O_API, O_COPYAPI, O_CTXSYNC, O_CTXSYNC2, O_DUMP, O_HELP, O_EXTRA, O_BCOPIES, O_TRAIL,
 		O_COMMID, O_AWAIT,
 	};
 	static const struct option lo[] = {
@@ -595,6 +596,7 @@ static void parse_args(int argc, char **argv)
 		{"ctx-sync-v2", no_argument, 0, O_CTXSYNC2},
 		{"extra-syncs", required_argument, 0, O_EXTRA},
 		{"batch-copies", required_argument, 0, O_BCOPIES},
+		{"trailing-launches", required_argument, 0, O_TRAIL},
 		{"dump-timeline", required_argument, 0, O_DUMP},
 		{"quiet", no_argument, 0, O_QUIET},
 		{"help", no_argument, 0, O_HELP},
@@ -649,6 +651,7 @@ static void parse_args(int argc, char **argv)
 		case O_CTXSYNC2: opt.ctx_sync = 2; break;
 		case O_EXTRA: opt.extra_syncs = parse_long("--extra-syncs", optarg, 0, 64); break;
 		case O_BCOPIES: opt.batch_copies = parse_long("--batch-copies", optarg, 0, 16); break;
+		case O_TRAIL: opt.trailing = parse_long("--trailing-launches", optarg, 0, 16); break;
 		case O_DUMP: opt.dump_timeline = optarg; break;
 		case O_QUIET: opt.quiet = 1; break;
 		case O_HELP: usage(stdout); exit(0);
@@ -1163,7 +1166,7 @@ static void stop_children(void)
 /* The simulated device                                                */
 
 static CUstream streams[MAX_STREAMS];
-static CUfunction kfunc;
+static CUfunction kfunc, ktrail;
 static CUgraphExec kgraph;
 static CUdeviceptr dbatch, dgrad, dcopy;
 static char *hbatch;
@@ -1195,6 +1198,7 @@ static void setup_device(void)
 	char name[64];
 	snprintf(name, sizeof(name), "sim_kernel_%ld", opt.kernel_us);
 	check_cu(cuModuleGetFunction(&kfunc, mod, name), "cuModuleGetFunction");
+	check_cu(cuModuleGetFunction(&ktrail, mod, "sim_kernel_20"), "cuModuleGetFunction");
 	CUgraph g;
 	check_cu(cuGraphCreate(&g, 0), "cuGraphCreate");
 	check_cu(cuGraphInstantiateWithFlags(&kgraph, g, 0), "cuGraphInstantiateWithFlags");
@@ -1870,6 +1874,14 @@ int main(int argc, char **argv)
 			}
 		}
 		uint64_t step_end = now_ns();
+		/* Work right after the step's last sync, as GradScaler.update after
+		 * its found_inf read or an optimizer step after loss.item() makes:
+		 * a few short kernels, then the host's next step. */
+		for (long i = 0; i < opt.trailing; i++) {
+			void *params[] = {&dbatch};
+			check_cu(cuLaunchKernel(ktrail, 108, 1, 1, 256, 1, 1, 0, streams[0], params, NULL),
+				 "cuLaunchKernel");
+		}
 
 		if (truth_f != NULL) {
 			if (pending_comm_delay_ns > 0) {

@@ -54,6 +54,10 @@ type episode struct {
 	copies int
 	bytes  uint64
 	syncs  int
+	// bulk: a copy moved more than a scalar read does. Scalar reads
+	// absorbed alone (full probes saw no launch around them) keep the gap
+	// open but make no episode of it.
+	bulk bool
 }
 
 // episodeEvent handles the events of an open gap's host operations and
@@ -137,17 +141,29 @@ func (p *proc) releasedBy(th *thread, ev *event.Event) bool {
 // transfer, and such an operation splits into gaps as before.
 func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 	h := p.hold
-	if h == nil || p.gap == nil || h.tid != th.tid || !h.chained || !th.soonAfter(h.last, ev.Start) || ev.Count > 0 {
+	if h == nil || p.gap == nil || h.tid != th.tid || !h.chained || !th.soonAfter(h.last, ev.Start) {
 		return false
 	}
-	if p.gap.ep == nil && !bulk(h.evs) {
-		// A scalar read (.item(): a few bytes and a sync) is step work;
-		// only a copy of real data starts a host operation, whose later
-		// small tensors then belong to it.
+	// Launches the sync flushes (full) were made between the copies and the
+	// sync, unless the thread's last launch came before the first copy
+	// (a burst the gap began after, quiet.go).
+	if ev.Count > 0 && (ev.LastLaunch == 0 || ev.LastLaunch >= h.evs[0].Start) {
+		return false
+	}
+	lite := x.liteOver(p.gap.start, ev.End)
+	big := bulk(h.evs)
+	if (p.gap.ep == nil || !p.gap.ep.bulk) && !big && lite {
+		// Lite: a scalar read (.item(): a few bytes and a sync) may follow
+		// launches lite cannot see, so it is step work; only a copy of
+		// real data starts a host operation, whose later small tensors
+		// then belong to it. With launches seen, none came between the
+		// drain and these copies: the GPU computes nothing either way, and
+		// a checkpoint of small tensors (a bias, BatchNorm's counter)
+		// begins with such copies.
 		return false
 	}
 	th.wokenSync(ev)
-	if x.set.lite {
+	if lite {
 		// Waiting for a CPU inside the call is not waiting for the GPU.
 		if ev.Duration()-th.runnable(ev.Start, ev.End) > x.set.syncWaited {
 			return false
@@ -169,6 +185,7 @@ func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 		ep.bytes += h.evs[i].Bytes
 	}
 	ep.syncs++
+	ep.bulk = ep.bulk || big
 	p.hold = nil
 	// The step clock sees the copies and the sync as before: it counts
 	// steps by the syncs and copies the loop makes, whatever the gap is
@@ -270,6 +287,18 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 	}
 	var between int64
 	if best != nil {
+		// The operation writes its file from the moment it opened it:
+		// torch.save pickles the object tree between the open and the
+		// first write.
+		if at, ok := th.openedAt(e.File, a, best.first); ok {
+			best.first = at
+		}
+		for _, s := range segs {
+			if ev := s.ev; ev != nil && ev.Kind == event.KindSyscall && ev.Syscall == event.SysOpen &&
+				ev.Path == e.File && s.a < best.first {
+				best.first = s.a
+			}
+		}
 		for _, s := range segs {
 			if s.ev == nil && s.a >= best.first && s.b <= best.last {
 				between += s.b - s.a
@@ -292,12 +321,19 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 	e.Kind = "device-copies"
 	if dom == CauseIOWrite {
 		e.Kind = "checkpoint"
-		if between > 0 {
-			bd[CauseIOWrite] += between
-			if bd[CauseCPU] -= between; bd[CauseCPU] <= 0 {
-				delete(bd, CauseCPU)
+		// What the checkpoint cost is writing it: its serialization and its
+		// own device-to-host copies count as io.write in the totals.
+		move := func(c Cause, ns int64) {
+			if ns = min(ns, bd[c]); ns <= 0 {
+				return
+			}
+			bd[CauseIOWrite] += ns
+			if bd[c] -= ns; bd[c] <= 0 {
+				delete(bd, c)
 			}
 		}
+		move(CauseCPU, between)
+		move(CauseCUDAMemcpy, e.CopyNS)
 	}
 	return dom, e
 }

@@ -140,9 +140,11 @@ func TestCheckpointIsOneGap(t *testing.T) {
 				if g.Cause != CauseIOWrite {
 					t.Errorf("gap %d: cause %s, want io.write (breakdown %v)", i, g.Cause, g.Breakdown)
 				}
-				// Pickling between the writes is part of writing; the
-				// pickling of the first tensor, before any write, is not.
-				if !near(g.Breakdown[CauseCPU], 2*ms, 200*us) || g.Breakdown[CauseIOWrite] < 39*ms || g.Breakdown[CauseCUDAMemcpy] < 4*ms {
+				// From the open of its file the operation is writing it:
+				// the pickling, the first tensor's too, and the tensors'
+				// copies to the host count as io.write (the episode's
+				// evidence keeps the split).
+				if g.Breakdown[CauseCPU] > 200*us || g.Breakdown[CauseIOWrite] < 45*ms || g.Breakdown[CauseCUDAMemcpy] > 200*us {
 					t.Errorf("gap %d: breakdown %v", i, g.Breakdown)
 				}
 				e := g.Evidence.Episode

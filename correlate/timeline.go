@@ -19,6 +19,40 @@ type thread struct {
 	// dropped counts intervals dropped past maxIntervals, for every
 	// thread of the engine (Losses.DroppedIntervals).
 	dropped *uint64
+	// opens are the thread's latest file opens (most opens are too short
+	// to be on the timeline): where a host operation began writing a file.
+	opens [maxOpens]fileOpen
+	nOpen int
+}
+
+// maxOpens is how many of a thread's latest opens are kept.
+const maxOpens = 8
+
+type fileOpen struct {
+	path string
+	at   int64
+}
+
+// noteOpen keeps ev, an open of a file, among the thread's latest opens.
+func (t *thread) noteOpen(ev *event.Event) {
+	if ev.Path == "" {
+		return
+	}
+	t.opens[t.nOpen%maxOpens] = fileOpen{ev.Path, ev.Start}
+	t.nOpen++
+}
+
+// openedAt is when the thread last opened path within [a, b], if it did.
+func (t *thread) openedAt(path string, a, b int64) (int64, bool) {
+	var at int64
+	found := false
+	for i := 0; i < min(t.nOpen, maxOpens); i++ {
+		o := t.opens[i]
+		if o.path == path && o.at >= a && o.at <= b && (!found || o.at > at) {
+			at, found = o.at, true
+		}
+	}
+	return at, found
 }
 
 func (t *thread) add(ev *event.Event) {

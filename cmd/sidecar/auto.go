@@ -25,7 +25,8 @@ const (
 	autoWarmupMax   = config.AutoWarmupWindows // the warm-up window lasts at most this many --auto-window
 	autoBaseSteps   = 8                        // lite steps after a window that form the baseline
 	autoRecentSteps = 5                        // lite steps whose median is compared with it
-	autoPersist     = 3                        // consecutive steps on which the change must hold
+	autoPersist     = 3                        // consecutive steps on which the change must hold (and half a window)
+	autoMaxSpan     = 4096                     // steps a baseline or the recent steps hold at most
 	// A change of the step time by this share, or of the idle share by
 	// this much (and by half of it), asks for a window.
 	autoStepChange = 0.25
@@ -53,15 +54,25 @@ type autoSchedule struct {
 	windows int
 }
 
-// autoBaseline is one process's lite steps since the last window.
+// autoBaseline is one process's lite steps since the last window. The
+// baseline and the recent steps each hold autoBaseSteps (autoRecentSteps)
+// steps and at least a window's (half a window's) time: a loop of 2 ms
+// steps measures its baseline over 250 steps, not over 16 ms that one
+// hiccup can fill.
 type autoBaseline struct {
-	durs, idle []float64 // first autoBaseSteps: the baseline; then a ring of recent
+	durs, idle []float64 // the baseline's steps
+	baseFrom   int64     // start of the baseline's first step
 	baseDur    float64
 	baseIdle   float64
 	based      bool
-	recentDur  []float64
-	recentIdle []float64
-	changed    int // consecutive steps that showed the change
+	recent     []autoRecent
+	changed    int   // consecutive steps that showed the change
+	since      int64 // end of the first of them
+}
+
+type autoRecent struct {
+	end       int64
+	dur, idle float64
 }
 
 func newAutoSchedule(window, every time.Duration, now time.Time, log *slog.Logger) *autoSchedule {
@@ -96,20 +107,30 @@ func (a *autoSchedule) step(st correlate.Step) {
 	}
 	dur := float64(st.End - st.Start)
 	if !b.based {
+		if len(b.durs) == 0 {
+			b.baseFrom = st.Start
+		}
 		b.durs, b.idle = append(b.durs, dur), append(b.idle, st.IdleRatio)
-		if len(b.durs) == autoBaseSteps {
+		if len(b.durs) >= autoBaseSteps && st.End-b.baseFrom >= int64(a.window) || len(b.durs) >= autoMaxSpan {
 			b.baseDur, b.baseIdle, b.based = stats.Median(b.durs), stats.Median(b.idle), true
+			b.durs, b.idle = nil, nil
 		}
 		return
 	}
-	b.recentDur = lastN(append(b.recentDur, dur), autoRecentSteps)
-	b.recentIdle = lastN(append(b.recentIdle, st.IdleRatio), autoRecentSteps)
-	if len(b.recentDur) < autoRecentSteps {
+	b.recent = append(b.recent, autoRecent{st.End, dur, st.IdleRatio})
+	for len(b.recent) > autoRecentSteps && (st.End-b.recent[1].end >= int64(a.window/2) || len(b.recent) > autoMaxSpan) {
+		b.recent = b.recent[1:]
+	}
+	if len(b.recent) < autoRecentSteps || st.End-b.recent[0].end < int64(a.window/2) && len(b.recent) < autoMaxSpan {
 		return
 	}
 	// Medians over several steps, held for several steps: one slow step
 	// (a checkpoint, a stall every few steps) is what lite sees well.
-	d, i := stats.Median(b.recentDur), stats.Median(b.recentIdle)
+	durs, idles := make([]float64, len(b.recent)), make([]float64, len(b.recent))
+	for k, r := range b.recent {
+		durs[k], idles[k] = r.dur, r.idle
+	}
+	d, i := stats.Median(durs), stats.Median(idles)
 	why := ""
 	switch {
 	case d > b.baseDur*(1+autoStepChange) || d < b.baseDur*(1-autoStepChange):
@@ -121,9 +142,21 @@ func (a *autoSchedule) step(st correlate.Step) {
 		b.changed = 0
 		return
 	}
-	if b.changed++; b.changed >= autoPersist {
+	if b.changed == 0 {
+		b.since = st.End
+	}
+	if b.changed++; b.changed >= autoPersist && st.End-b.since >= int64(a.window/2) {
 		a.ask(why, st.PID)
 	}
+}
+
+// detached says when the per-launch probes were all detached: the steps
+// before then ran (partly) with them, so the lite baseline begins after.
+func (a *autoSchedule) detached(at time.Time) {
+	if at.After(a.lastEnd) {
+		a.lastEnd = at
+	}
+	a.procs = map[uint32]*autoBaseline{}
 }
 
 func (a *autoSchedule) ask(reason string, pid uint32) {
@@ -172,13 +205,6 @@ func (a *autoSchedule) tick(now time.Time) (change, full bool, reason string) {
 	a.full, a.since, a.steps, a.demand = true, now, 0, ""
 	a.windows++
 	return true, true, a.reason
-}
-
-func lastN(v []float64, n int) []float64 {
-	if len(v) > n {
-		return v[len(v)-n:]
-	}
-	return v
 }
 
 // autoSink passes steps to the schedule.
@@ -242,6 +268,7 @@ func (p *pipeline) toggled(tg autoToggle) {
 	}
 	p.autoCost.detaches++
 	p.autoCost.detach += tg.res.Took
+	p.auto.detached(time.Unix(0, tg.res.At).Add(tg.res.Took))
 	p.log.Debug("auto: per-launch probes detached", "at", tg.res.At, "after", tg.reason, "links", tg.res.Links, "took", tg.res.Took)
 }
 

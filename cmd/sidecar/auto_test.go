@@ -143,3 +143,57 @@ func TestAutoScheduleNoPattern(t *testing.T) {
 	r.run(200*time.Millisecond, time.Second, 0.5, true)
 	r.want("lite:start")
 }
+
+// TestAutoScheduleShortStepsAfterAWindow: a loop of 2 ms steps runs 25%
+// slower while the per-launch probes are attached and until their detach
+// completes 40 ms after the window ends. The lite baseline begins after the
+// detach and spans a window's time, so those steps ask for no window: only
+// the periodic ones open (before, each window asked for the next at once).
+func TestAutoScheduleShortStepsAfterAWindow(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	now, next := start, start
+	a := newAutoSchedule(500*time.Millisecond, 20*time.Second, now, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	full, slowUntil := true, time.Time{}
+	var q []pendingStep
+	var events []string
+	for now.Before(start.Add(65 * time.Second)) {
+		now = now.Add(100 * time.Millisecond)
+		for {
+			d := 2 * time.Millisecond
+			if full || next.Before(slowUntil) {
+				d = 2500 * time.Microsecond
+			}
+			if next.Add(d).After(now) {
+				break
+			}
+			st := correlate.Step{PID: 7, Start: next.UnixNano(), End: next.Add(d).UnixNano(), IdleRatio: 0.1}
+			q = append(q, pendingStep{st, next.Add(d + time.Second)})
+			next = next.Add(d)
+		}
+		for len(q) > 0 && !q[0].at.After(now) {
+			a.step(q[0].st)
+			q = q[1:]
+		}
+		if change, f, reason := a.tick(now); change {
+			full = f
+			state := "lite"
+			if f {
+				state = "full"
+			} else {
+				slowUntil = now.Add(40 * time.Millisecond)
+				a.detached(slowUntil)
+			}
+			events = append(events, state+":"+reason)
+		}
+	}
+	want := []string{"lite:start", "full:periodic", "lite:periodic", "full:periodic", "lite:periodic",
+		"full:periodic", "lite:periodic"}
+	if len(events) != len(want) {
+		t.Fatalf("toggles %v, want %v", events, want)
+	}
+	for i := range want {
+		if events[i] != want[i] {
+			t.Fatalf("toggles %v, want %v", events, want)
+		}
+	}
+}

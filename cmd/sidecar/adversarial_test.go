@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,17 +80,32 @@ func victimFile(t *testing.T) string {
 func assertUntouched(t *testing.T, victim string) {
 	t.Helper()
 	if b, err := os.ReadFile(victim); err != nil || string(b) != "not gaptrace's\n" {
-		t.Errorf("a file gaptrace was never told to write changed: %q %v", b, err)
+		t.Errorf("a file gaptrace was never told to write changed: %.80q %v", b, err)
+	}
+}
+
+// assertOwnerGroupOnly fails unless path is a regular file (not a link)
+// of mode 0640 or stricter: outputs name the job's files and hosts.
+func assertOwnerGroupOnly(t *testing.T, path string) {
+	t.Helper()
+	st, err := os.Lstat(path)
+	if err != nil {
+		t.Errorf("%s: %v", path, err)
+		return
+	}
+	if !st.Mode().IsRegular() || st.Mode().Perm()&^0o640 != 0 {
+		t.Errorf("%s: %v, want a regular file of mode 0640 or stricter", path, st.Mode())
 	}
 }
 
 // A symbolic link planted where an output goes must never be written
 // through; gaptrace refuses before anything loads (exit 2), or, for the
-// summary, replaces the link itself.
+// summary, replaces the link itself. What it creates is mode 0640 or
+// stricter.
 func TestPlantedSymlinksNeverWrittenThrough(t *testing.T) {
 	need(t)
 	victim := victimFile(t)
-	for _, flag := range []string{"--gaps-out", "--spans-out", "--windows-out"} {
+	for _, flag := range []string{"--gaps-out", "--spans-out", "--windows-out", "--perfetto-out", "--record"} {
 		dir := t.TempDir()
 		link := filepath.Join(dir, "out.jsonl")
 		symlink(t, victim, link)
@@ -104,24 +121,43 @@ func TestPlantedSymlinksNeverWrittenThrough(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, "symbolic link") || !strings.Contains(stderr, "--spans-out") {
 		t.Errorf("default spans file through a symlink: exit %d, want 2 naming --spans-out\n%s", code, stderr)
 	}
+	// GAPTRACE_PPROF's two files: the heap profile is written at exit,
+	// but refused at the start like the rest.
+	for _, ext := range []string{".cpu", ".heap"} {
+		dir := t.TempDir()
+		prof := filepath.Join(dir, "prof")
+		symlink(t, victim, prof+ext)
+		code, _, stderr := runIn(t, dir, append(env(t), "GAPTRACE_PPROF="+prof), "run", "--live", "off",
+			"--spans-out", filepath.Join(dir, "spans.jsonl"), "--", "true")
+		if code != 2 || !strings.Contains(stderr, "GAPTRACE_PPROF") || !strings.Contains(stderr, "symbolic link") {
+			t.Errorf("GAPTRACE_PPROF with a symlink at %s: exit %d, want 2 with a clear refusal\n%s", prof+ext, code, stderr)
+		}
+	}
 	assertUntouched(t, victim)
 
-	// The summary: links at its name and at the old fixed temporary name.
+	// Every file a run creates, with links at the summary's name and at
+	// its old fixed temporary name.
 	dir = t.TempDir()
 	sum := filepath.Join(dir, "summary.json")
 	symlink(t, victim, sum)
 	symlink(t, victim, sum+".tmp")
-	code, _, stderr = runIn(t, dir, env(t), "run", "--live", "off", "--summary-json", sum,
-		"--spans-out", filepath.Join(dir, "spans.jsonl"), "--", "true")
+	outs := map[string]string{"--summary-json": sum}
+	for flag, name := range map[string]string{"--spans-out": "spans.jsonl", "--gaps-out": "gaps.jsonl",
+		"--windows-out": "windows.jsonl", "--perfetto-out": "trace.json", "--record": "run.rec"} {
+		outs[flag] = filepath.Join(dir, name)
+	}
+	args := []string{"run", "--live", "off"}
+	for flag, p := range outs {
+		args = append(args, flag, p)
+	}
+	prof := filepath.Join(dir, "prof")
+	code, _, stderr = runIn(t, dir, append(env(t), "GAPTRACE_PPROF="+prof), append(args, "--", "true")...)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr)
 	}
 	assertUntouched(t, victim)
-	for _, p := range []string{sum, filepath.Join(dir, "spans.jsonl")} {
-		st, err := os.Lstat(p)
-		if err != nil || !st.Mode().IsRegular() || st.Mode().Perm()&0o007 != 0 {
-			t.Errorf("%s: %v %v, want a regular file not readable by others", p, st.Mode(), err)
-		}
+	for _, p := range append(slices.Collect(maps.Values(outs)), prof+".cpu", prof+".heap") {
+		assertOwnerGroupOnly(t, p)
 	}
 }
 

@@ -159,6 +159,59 @@ func TestPlantedSymlinksNeverWrittenThrough(t *testing.T) {
 	for _, p := range append(slices.Collect(maps.Values(outs)), prof+".cpu", prof+".heap") {
 		assertOwnerGroupOnly(t, p)
 	}
+
+	// convert: a link at its output is refused; one at the old fixed
+	// temporary name OUT.tmp means nothing.
+	gaps := filepath.Join(dir, "saved-gaps.jsonl")
+	if err := os.WriteFile(gaps, []byte(`{"start_unix_nano":1700000000000000000,"duration_ns":5000000,"cause":"io.read","pid":7}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	trace := filepath.Join(dir, "converted.json")
+	symlink(t, victim, trace)
+	code, _, stderr = runIn(t, dir, nil, "convert", "--from", gaps, "--perfetto-out", trace)
+	if code != 2 || !strings.Contains(stderr, "symbolic link") {
+		t.Errorf("convert through a symlink: exit %d, want 2 with a clear refusal\n%s", code, stderr)
+	}
+	trace = filepath.Join(dir, "converted2.json")
+	symlink(t, victim, trace+".tmp")
+	code, _, stderr = runIn(t, dir, nil, "convert", "--from", gaps, "--perfetto-out", trace)
+	if code != 0 {
+		t.Errorf("convert beside a link at %s.tmp: exit %d, want 0\n%s", trace, code, stderr)
+	}
+	assertOwnerGroupOnly(t, trace)
+	assertUntouched(t, victim)
+}
+
+// The files demo writes under --out, and replay's outputs, are refused
+// as the named outputs of run are: exit 2, said before anything runs, the
+// planted file untouched.
+func TestUnsafeOutputsUnderDemoAndReplayExitTwo(t *testing.T) {
+	need(t)
+	victim := victimFile(t)
+	out := t.TempDir()
+	symlink(t, victim, filepath.Join(out, "gaptrace-trace.json"))
+	if err := syscall.Mkfifo(filepath.Join(out, "gaptrace-gaps.jsonl"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runIn(t, t.TempDir(), env(t), "demo", "--live", "off", "--out", out)
+	if code != 2 || !strings.Contains(stderr, "gaptrace-trace.json is a symbolic link") ||
+		!strings.Contains(stderr, "gaptrace-gaps.jsonl exists and is not a regular file") ||
+		strings.Contains(stderr, "tracing the simulated trainer") {
+		t.Errorf("demo --out with a link and a FIFO at its files: exit %d, want 2 naming both before anything runs\n%s", code, stderr)
+	}
+
+	rec, err := filepath.Abs("../../correlate/testdata/recordings/h200-acc-full.rec.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	link := filepath.Join(dir, "gaps.jsonl")
+	symlink(t, victim, link)
+	code, _, stderr = runIn(t, dir, nil, "replay", rec, "--gaps-out", link)
+	if code != 2 || !strings.Contains(stderr, "symbolic link") {
+		t.Errorf("replay --gaps-out through a symlink: exit %d, want 2 with a clear refusal\n%s", code, stderr)
+	}
+	assertUntouched(t, victim)
 }
 
 // otlpCollector is an OTLP/HTTP collector that decodes what it receives,

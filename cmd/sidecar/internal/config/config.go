@@ -658,21 +658,7 @@ func (c *Config) validate(rest []string) Problems {
 	if c.Command == CmdDemo && c.DemoFor < 5*time.Second {
 		p = append(p, "--demo-duration: must be at least 5s")
 	}
-	for _, f := range []struct{ flag, path string }{
-		{"gaps-out", c.GapsOut}, {"summary-json", c.SummaryJSON}, {"spans-out", c.SpansOut},
-		{"windows-out", c.WindowsOut}, {"perfetto-out", c.PerfettoOut}, {"record", c.Record},
-	} {
-		if f.path == "" {
-			continue
-		}
-		if err := writableDir(filepath.Dir(f.path)); err != nil {
-			p = append(p, fmt.Sprintf("--%s %s: %v", f.flag, f.path, err))
-		} else if err := safefile.Check(f.path); err != nil && (f.flag != "summary-json" || !isSymlink(f.path)) {
-			// The summary replaces its file by rename, so a link there is
-			// replaced, not written through; the streamed files are not.
-			p = append(p, fmt.Sprintf("--%s: %v", f.flag, err))
-		}
-	}
+	p = append(p, c.OutputProblems()...)
 	if c.Command == CmdDemo {
 		if err := creatableDir(c.OutDir); err != nil {
 			p = append(p, fmt.Sprintf("--out %s: %v", c.OutDir, err))
@@ -704,6 +690,41 @@ func (c *Config) validate(rest []string) Problems {
 		p = append(p, "--service-name: must not be empty")
 	}
 	return p
+}
+
+// OutputProblems checks every output file the configuration names
+// (CheckOutput); a command that fills in defaults (demo) checks again.
+func (c *Config) OutputProblems() Problems {
+	var p Problems
+	for _, f := range []struct{ flag, path string }{
+		{"gaps-out", c.GapsOut}, {"summary-json", c.SummaryJSON}, {"spans-out", c.SpansOut},
+		{"windows-out", c.WindowsOut}, {"perfetto-out", c.PerfettoOut}, {"record", c.Record},
+	} {
+		if msg := CheckOutput(f.flag, f.path); msg != "" {
+			p = append(p, msg)
+		}
+	}
+	return p
+}
+
+// CheckOutput says why path cannot be written as the output of --flag
+// ("" when it can, or when path is ""): its directory must exist and be
+// writable, and the path must be nothing safefile refuses (a link, a
+// FIFO, a device, a file with other names). The summary replaces its file
+// by rename, so a symbolic link there is replaced, not written through; a
+// link at any other output is refused, said before anything runs, as the
+// streamed files must never follow one.
+func CheckOutput(flag, path string) string {
+	if path == "" {
+		return ""
+	}
+	if err := writableDir(filepath.Dir(path)); err != nil {
+		return fmt.Sprintf("--%s %s: %v", flag, path, err)
+	}
+	if err := safefile.Check(path); err != nil && (flag != "summary-json" || !isSymlink(path)) {
+		return fmt.Sprintf("--%s: %v", flag, err)
+	}
+	return ""
 }
 
 func isSymlink(path string) bool {

@@ -9,6 +9,7 @@ package main_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"maps"
 	"net"
@@ -433,20 +434,56 @@ func TestAttachMatchSkipsGaptraceAndBadSettingsFailFast(t *testing.T) {
 	}
 }
 
-// A full disk: every output keeps only whole lines, no temporary file is
-// left, nothing that failed is listed as written, the failure is logged
-// when it happens, and run exits 1 although the command succeeded.
-func TestFullDisk(t *testing.T) {
-	need(t)
+// mountTmpfs mounts a tmpfs of size bytes on a new directory, unmounted
+// when t ends; it skips t where mounting is not allowed.
+func mountTmpfs(t *testing.T, size int) string {
+	t.Helper()
 	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", dir).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+strconv.Itoa(size), "tmpfs", dir).CombinedOutput(); err != nil {
 		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
 			t.Errorf("umount %s: %v %s", dir, err, out)
 		}
-	}()
+	})
+	return dir
+}
+
+// fillUp writes to a file in dir until the file system has no room left,
+// and checks that a new byte does not fit.
+func fillUp(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	chunk := make([]byte, 4096)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "probe"), []byte{1}, 0o600); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("%s is not full: a new byte gave %v", dir, err)
+	}
+	os.Remove(filepath.Join(dir, "probe")) // an empty file, if any
+}
+
+// A full disk: every output keeps only whole lines or, for the summary and
+// the trace, is not written at all (an earlier file is left as it was), no
+// temporary file is left, nothing that failed is listed as written, the
+// failure is logged when it happens, and run exits 1 although the command
+// succeeded. The gaps, spans and summary fill a small disk as they go; the
+// trace, the windows and the recording, in a second run, are written to a
+// disk that is full from the start, each losing all it had to write.
+func TestFullDisk(t *testing.T) {
+	need(t)
+	dir := mountTmpfs(t, 64<<10)
 	gaps, spans, sum := filepath.Join(dir, "gaps.jsonl"), filepath.Join(dir, "spans.jsonl"), filepath.Join(dir, "summary.json")
 	code, stdout, stderr := runIn(t, t.TempDir(), env(t), "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
 		"--gaps-out", gaps, "--spans-out", spans, "--summary-json", sum, "--",
@@ -457,7 +494,57 @@ func TestFullDisk(t *testing.T) {
 	if !strings.Contains(stderr, "no space left on device") {
 		t.Errorf("the full disk is not reported:\n%s", stderr)
 	}
-	for _, p := range []string{gaps, spans} {
+	assertWholeLines(t, gaps, spans)
+	assertNoTemporaryFiles(t, dir)
+	if b, err := os.ReadFile(sum); err == nil && !json.Valid(b) {
+		t.Errorf("partial summary.json: %q", b)
+	} else if err != nil && !strings.Contains(stdout, "NOT written") {
+		t.Errorf("summary.json missing but the summary does not say so:\n%s", stdout)
+	}
+	if !strings.Contains(stdout, "INCOMPLETE") {
+		t.Errorf("no output is marked incomplete:\n%s", stdout)
+	}
+
+	// One output at a time, so that each one's loss alone decides the
+	// exit code.
+	full := mountTmpfs(t, 64<<10)
+	trace := filepath.Join(full, "trace.json")
+	const earlier = `{"traceEvents":[]}` + "\n"
+	if err := os.WriteFile(trace, []byte(earlier), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fillUp(t, full)
+	for _, o := range []struct{ flag, path, said, listed string }{
+		{"--perfetto-out", trace, "trace file write failed", "NOT written"},
+		{"--record", filepath.Join(full, "run.rec"), "recording write failed", "INCOMPLETE"},
+		{"--windows-out", filepath.Join(full, "windows.jsonl"), "windows file write failed", "INCOMPLETE"},
+	} {
+		scratch := t.TempDir()
+		code, stdout, stderr := runIn(t, scratch, env(t), "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+			"--spans-out", filepath.Join(scratch, "spans.jsonl"), o.flag, o.path, "--",
+			filepath.Join(simgpuDir, "simtrain"), "--steps", "100", "--kernel-us", "500", "--stall", "io.read:every=2:ms=2", "--quiet")
+		if code != 1 {
+			t.Errorf("%s on a full disk: exit %d, want 1: the command succeeded but the output was lost\n%s", o.flag, code, stderr)
+		}
+		if !strings.Contains(stderr, "level=ERROR msg=\""+o.said) || !strings.Contains(stderr, "no space left on device") {
+			t.Errorf("%s on a full disk: stderr does not say %q when it happens:\n%s", o.flag, o.said, stderr)
+		}
+		if want := o.path + " (" + o.listed; !strings.Contains(stdout, want) {
+			t.Errorf("%s on a full disk: the summary's outputs do not list %q:\n%s", o.flag, want, stdout)
+		}
+		assertNoTemporaryFiles(t, full)
+	}
+	if b, err := os.ReadFile(trace); err != nil || string(b) != earlier {
+		t.Errorf("the earlier trace at %s was replaced or removed by one that could not be written: %.80q %v", trace, b, err)
+	}
+	assertWholeLines(t, filepath.Join(full, "windows.jsonl"))
+}
+
+// assertWholeLines fails when a JSON-lines file ends in half a line or
+// holds a line that is not whole JSON.
+func assertWholeLines(t *testing.T, paths ...string) {
+	t.Helper()
+	for _, p := range paths {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)
@@ -471,17 +558,12 @@ func TestFullDisk(t *testing.T) {
 			}
 		}
 	}
-	left, _ := filepath.Glob(filepath.Join(dir, ".*tmp*"))
-	if len(left) > 0 {
+}
+
+func assertNoTemporaryFiles(t *testing.T, dir string) {
+	t.Helper()
+	if left, _ := filepath.Glob(filepath.Join(dir, ".*tmp*")); len(left) > 0 {
 		t.Errorf("temporary files left on the full disk: %v", left)
-	}
-	if b, err := os.ReadFile(sum); err == nil && !json.Valid(b) {
-		t.Errorf("partial summary.json: %q", b)
-	} else if err != nil && !strings.Contains(stdout, "NOT written") {
-		t.Errorf("summary.json missing but the summary does not say so:\n%s", stdout)
-	}
-	if !strings.Contains(stdout, "INCOMPLETE") {
-		t.Errorf("no output is marked incomplete:\n%s", stdout)
 	}
 }
 

@@ -234,6 +234,60 @@ func (a *Atomic) Abort() {
 	os.Remove(a.f.Name())
 }
 
+// Stream is an output written in place as one stream whose reader copes
+// with a cut-short end (a gzip recording). The first write error is kept:
+// later writes do nothing, OnError hears of it when it happens, and Close
+// returns it as a *WriteError.
+type Stream struct {
+	f    *os.File
+	path string
+	err  error
+
+	// OnError, when set, is called once with the first write error.
+	OnError func(error)
+}
+
+// CreateStream creates path with Create.
+func CreateStream(path string) (*Stream, error) {
+	f, err := Create(path)
+	if err != nil {
+		return nil, err
+	}
+	return &Stream{f: f, path: path}, nil
+}
+
+// Write writes p; after a failure it writes nothing and returns the first
+// error.
+func (s *Stream) Write(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	n, err := s.f.Write(p)
+	if err != nil {
+		s.fail(err)
+		return n, s.err
+	}
+	return n, nil
+}
+
+func (s *Stream) fail(err error) {
+	if s.err != nil {
+		return
+	}
+	s.err = &WriteError{Path: s.path, Err: err}
+	if s.OnError != nil {
+		s.OnError(s.err)
+	}
+}
+
+// Close closes the file and returns the first write error, if any.
+func (s *Stream) Close() error {
+	if err := s.f.Close(); err != nil {
+		s.fail(err)
+	}
+	return s.err
+}
+
 // Writer is an output file written in whole records (JSON lines). After a
 // failed write (a full disk) it cuts the file back to the end of the last
 // whole record, so a reader never finds half a line, and keeps failing:

@@ -237,3 +237,35 @@ func TestAtomicAppearsWholeOrNotAtAll(t *testing.T) {
 		t.Errorf("temporary files left after Abort: %v", left)
 	}
 }
+
+func TestStreamKeepsTheFirstError(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "run.rec")
+	s, err := CreateStream(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var heard int
+	s.OnError = func(error) { heard++ }
+	if _, err := s.Write([]byte("head")); err != nil {
+		t.Fatal(err)
+	}
+	s.f.Close() // every later write fails, as on a full disk
+	for range 2 {
+		if _, err := s.Write([]byte("more")); err == nil {
+			t.Fatal("write to a closed file succeeded")
+		}
+	}
+	var we *WriteError
+	if err := s.Close(); !errors.As(err, &we) || we.Path != p || we.NotWritten {
+		t.Errorf("Close: %v, want the WriteError of %s", err, p)
+	}
+	if heard != 1 {
+		t.Errorf("OnError called %d times, want once", heard)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "head" {
+		t.Errorf("file holds %q, want what was written before the failure", b)
+	}
+	if st, _ := os.Stat(p); st.Mode().Perm() != Perm {
+		t.Errorf("mode %v, want %v", st.Mode(), Perm)
+	}
+}

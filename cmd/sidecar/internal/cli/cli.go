@@ -438,7 +438,11 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 		sinks = append(sinks, g)
 	}
 	if cfg.PerfettoOut != "" {
-		t, err := perfetto.Create(cfg.PerfettoOut, perfetto.Options{ProcessName: procComm, ThreadName: threadComm})
+		log := s.log
+		t, err := perfetto.Create(cfg.PerfettoOut, perfetto.Options{ProcessName: procComm, ThreadName: threadComm,
+			OnError: func(err error) {
+				log.Error("trace file write failed; the trace is not written (nothing of it is under its name)", "err", err)
+			}})
 		if err != nil {
 			if s.gaps != nil {
 				_ = s.gaps.Close() // reporting the trace file error instead
@@ -457,7 +461,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 			_ = s.gaps.Close() // reporting the pipeline error instead
 		}
 		if s.trace != nil {
-			_ = s.trace.Close() // reporting the pipeline error instead
+			s.trace.Abort() // nothing was traced
 		}
 		return nil, err
 	}
@@ -561,12 +565,14 @@ func (s *session) finish() error {
 	}
 	_, width := s.deps.IsTerminal()
 	out := live.Outputs{Gaps: s.cfg.GapsOut, Spans: s.spans, Summary: s.cfg.SummaryJSON, Prometheus: s.cfg.Prometheus,
-		Trace: s.cfg.PerfettoOut}
-	// An output that could not be written whole is not listed as written.
+		Trace: s.cfg.PerfettoOut, Windows: s.cfg.WindowsOut, Record: s.cfg.Record}
+	// An output that could not be written whole is not listed as written:
+	// the summary and the trace appear whole or not at all, the streamed
+	// files keep what was written before the failure.
 	failed := safefile.FailedPaths(errors.Join(errs...))
-	for _, p := range []*string{&out.Gaps, &out.Spans, &out.Summary} {
+	for _, p := range []*string{&out.Gaps, &out.Spans, &out.Summary, &out.Trace, &out.Windows, &out.Record} {
 		if *p != "" && slices.Contains(failed, *p) {
-			if p == &out.Summary {
+			if p == &out.Summary || p == &out.Trace {
 				*p += " (NOT written: see the error above)"
 			} else {
 				*p += " (INCOMPLETE: a write failed, see the error above)"

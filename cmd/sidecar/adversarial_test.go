@@ -474,6 +474,47 @@ func fillUp(t *testing.T, dir string) {
 	os.Remove(filepath.Join(dir, "probe")) // an empty file, if any
 }
 
+// badSetting is a setting gaptrace must refuse before anything loads: the
+// flags or environment that make it, and what the refusal says.
+type badSetting struct {
+	args []string // before "--"
+	env  []string
+	says string
+}
+
+// assertRefusedBeforeLoading runs gaptrace run with each bad setting and
+// checks it exits 2 saying why, without loading a probe or starting the
+// command.
+func assertRefusedBeforeLoading(t *testing.T, cases []badSetting) {
+	t.Helper()
+	for _, c := range cases {
+		dir := t.TempDir()
+		marker := filepath.Join(dir, "ran")
+		args := append(append([]string{"run", "--live", "off"}, c.args...), "--", "touch", marker)
+		code, _, stderr := runIn(t, dir, append(env(t), c.env...), args...)
+		_, ran := os.Stat(marker)
+		if code != 2 || !strings.Contains(stderr, c.says) || strings.Contains(stderr, "tracer loaded") || ran == nil {
+			t.Errorf("%v %v: exit %d, command ran: %v; want exit 2 saying %q before anything loads\n%s",
+				c.env, c.args, code, ran == nil, c.says, stderr)
+		}
+	}
+}
+
+// Settings that can only fail, or silently do nothing, are refused at the
+// start with exit 2: a FIFO named as the configuration file, whose open
+// would wait for a writer forever.
+func TestBadSettingsRefusedBeforeLoading(t *testing.T) {
+	need(t)
+	fifo := filepath.Join(t.TempDir(), "config.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	assertRefusedBeforeLoading(t, []badSetting{
+		{args: []string{"--config", fifo}, says: "is not a regular file"},
+		{env: []string{"GAPTRACE_CONFIG=" + fifo}, says: "is not a regular file"},
+	})
+}
+
 // A full disk: every output keeps only whole lines or, for the summary and
 // the trace, is not written at all (an earlier file is left as it was), no
 // temporary file is left, nothing that failed is listed as written, the

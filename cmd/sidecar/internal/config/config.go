@@ -573,18 +573,22 @@ func loadFile(cmd Command, path string, cfg *Config) Problems {
 	return problems
 }
 
+// readConfigFile reads a regular file of at most MaxConfigFile bytes. It
+// opens without blocking, so a FIFO with no writer cannot hang the start,
+// and checks what it opened (not an earlier stat) before reading.
 func readConfigFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
+	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
 	}
 	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
 	}
 	b, err := io.ReadAll(io.LimitReader(f, MaxConfigFile+1))
 	if err != nil {

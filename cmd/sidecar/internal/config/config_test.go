@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -227,7 +228,12 @@ func TestConfigFileBounded(t *testing.T) {
 	if err := os.WriteFile(big, []byte("# "+strings.Repeat("x", MaxConfigFile)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for path, want := range map[string]string{"/dev/zero": "not a regular file", big: "larger than"} {
+	// A FIFO with no writer would block an open without O_NONBLOCK forever.
+	fifo := filepath.Join(t.TempDir(), "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{"/dev/zero": "not a regular file", fifo: "not a regular file", big: "larger than"} {
 		done := make(chan error, 1)
 		go func() {
 			_, _, err := Load(CmdRun, []string{"--config", path, "--", "true"}, func(string) string { return "" }, io.Discard)

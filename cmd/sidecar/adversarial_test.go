@@ -502,16 +502,26 @@ func assertRefusedBeforeLoading(t *testing.T, cases []badSetting) {
 
 // Settings that can only fail, or silently do nothing, are refused at the
 // start with exit 2: a FIFO named as the configuration file, whose open
-// would wait for a writer forever.
+// would wait for a writer forever; an endpoint port no collector listens
+// on; OTLP exporter variables the exporters would ignore.
 func TestBadSettingsRefusedBeforeLoading(t *testing.T) {
 	need(t)
 	fifo := filepath.Join(t.TempDir(), "config.yaml")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	endpoint := []string{"--otlp-endpoint", "http://127.0.0.1:4318"}
 	assertRefusedBeforeLoading(t, []badSetting{
 		{args: []string{"--config", fifo}, says: "is not a regular file"},
 		{env: []string{"GAPTRACE_CONFIG=" + fifo}, says: "is not a regular file"},
+		{args: []string{"--otlp-endpoint", "http://127.0.0.1:99999"}, says: "bad port"},
+		{args: endpoint, env: []string{"OTEL_EXPORTER_OTLP_TIMEOUT=abc"}, says: `OTEL_EXPORTER_OTLP_TIMEOUT="abc"`},
+		{args: endpoint, env: []string{"OTEL_EXPORTER_OTLP_COMPRESSION=zstd"}, says: "want gzip or none"},
+		{args: endpoint, env: []string{"OTEL_EXPORTER_OTLP_INSECURE=maybe"}, says: `OTEL_EXPORTER_OTLP_INSECURE="maybe"`},
+		{args: endpoint, env: []string{"OTEL_EXPORTER_OTLP_CERTIFICATE=/nonexistent"}, says: "OTEL_EXPORTER_OTLP_CERTIFICATE"},
+		{args: endpoint, env: []string{"OTEL_METRICS_EXPORTER=bogus"}, says: `OTEL_METRICS_EXPORTER="bogus"`},
+		{args: endpoint, env: []string{"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT=abc"}, says: "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"},
+		{args: endpoint, env: []string{"OTEL_EXPORTER_OTLP_METRICS_INSECURE=maybe"}, says: "OTEL_EXPORTER_OTLP_METRICS_INSECURE"},
 	})
 }
 

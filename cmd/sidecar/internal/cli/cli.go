@@ -202,12 +202,6 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 // load parses the configuration of a command and prints every problem.
 func load(cmd config.Command, args []string, deps Deps) (config.Config, int, bool) {
 	cfg, _, err := config.Load(cmd, args, deps.Getenv, deps.Stderr)
-	if err == nil {
-		err = checkOutputs(&cfg, deps)
-	}
-	if err == nil {
-		return cfg, 0, true
-	}
 	var ue *config.UsageError
 	if errors.As(err, &ue) {
 		if errors.Is(ue.Err, flagErrHelp) {
@@ -217,20 +211,27 @@ func load(cmd config.Command, args []string, deps Deps) (config.Config, int, boo
 		return cfg, ExitUsage, false
 	}
 	var p config.Problems
-	if errors.As(err, &p) {
-		fmt.Fprintf(deps.Stderr, "gaptrace %s: invalid configuration:\n", cmd)
-		for _, msg := range p {
-			fmt.Fprintf(deps.Stderr, "  - %s\n", msg)
-		}
+	if err != nil && !errors.As(err, &p) {
+		fmt.Fprintf(deps.Stderr, "gaptrace %s: %v\n", cmd, err)
 		return cfg, ExitUsage, false
 	}
-	fmt.Fprintf(deps.Stderr, "gaptrace %s: %v\n", cmd, err)
+	// Beside the configuration's own problems, so that every one is said
+	// in one round.
+	p = append(p, checkOutputs(&cfg, deps)...)
+	if len(p) == 0 {
+		return cfg, 0, true
+	}
+	fmt.Fprintf(deps.Stderr, "gaptrace %s: invalid configuration:\n", cmd)
+	for _, msg := range p {
+		fmt.Fprintf(deps.Stderr, "  - %s\n", msg)
+	}
 	return cfg, ExitUsage, false
 }
 
 // checkOutputs finds what config cannot: problems of the spans file that
-// is written by default in the current directory.
-func checkOutputs(cfg *config.Config, deps Deps) error {
+// is written by default in the current directory, and of the exporter's
+// settings (flags and the OTEL_* environment).
+func checkOutputs(cfg *config.Config, deps Deps) config.Problems {
 	if cfg.Command == config.CmdCheck {
 		return nil
 	}
@@ -249,10 +250,7 @@ func checkOutputs(cfg *config.Config, deps Deps) error {
 			p = append(p, line)
 		}
 	}
-	if len(p) > 0 {
-		return p
-	}
-	return nil
+	return p
 }
 
 // output is where a tracing command writes: the live view's terminal (nil

@@ -503,7 +503,8 @@ func assertRefusedBeforeLoading(t *testing.T, cases []badSetting) {
 // Settings that can only fail, or silently do nothing, are refused at the
 // start with exit 2: a FIFO named as the configuration file, whose open
 // would wait for a writer forever; an endpoint port no collector listens
-// on; OTLP exporter variables the exporters would ignore.
+// on; OTLP exporter variables the exporters would ignore; a GAPTRACE_*
+// variable set to nothing, which would have been read as unset.
 func TestBadSettingsRefusedBeforeLoading(t *testing.T) {
 	need(t)
 	fifo := filepath.Join(t.TempDir(), "config.yaml")
@@ -522,6 +523,7 @@ func TestBadSettingsRefusedBeforeLoading(t *testing.T) {
 		{args: endpoint, env: []string{"OTEL_METRICS_EXPORTER=bogus"}, says: `OTEL_METRICS_EXPORTER="bogus"`},
 		{args: endpoint, env: []string{"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT=abc"}, says: "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"},
 		{args: endpoint, env: []string{"OTEL_EXPORTER_OTLP_METRICS_INSECURE=maybe"}, says: "OTEL_EXPORTER_OTLP_METRICS_INSECURE"},
+		{env: []string{"GAPTRACE_PROBES="}, says: "$GAPTRACE_PROBES: empty value"},
 	})
 }
 

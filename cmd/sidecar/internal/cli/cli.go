@@ -96,8 +96,11 @@ type Deps struct {
 	Privileged func() error
 	Stdout     io.Writer
 	Stderr     io.Writer
-	Getenv     func(string) string
-	Environ    func() []string
+	// LookupEnv reads the environment (os.LookupEnv); Getenv, when nil,
+	// is made from it.
+	LookupEnv func(string) (string, bool)
+	Getenv    func(string) string
+	Environ   func() []string
 	// Executable is gaptrace's own path, for the exec helper.
 	Executable func() (string, error)
 	// IsTerminal reports whether stdout is a terminal and its width.
@@ -114,8 +117,12 @@ func (d *Deps) fill() {
 	if d.Stderr == nil {
 		d.Stderr = os.Stderr
 	}
+	if d.LookupEnv == nil {
+		d.LookupEnv = os.LookupEnv
+	}
 	if d.Getenv == nil {
-		d.Getenv = os.Getenv
+		lookup := d.LookupEnv
+		d.Getenv = func(k string) string { v, _ := lookup(k); return v }
 	}
 	if d.Environ == nil {
 		d.Environ = os.Environ
@@ -201,7 +208,7 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 
 // load parses the configuration of a command and prints every problem.
 func load(cmd config.Command, args []string, deps Deps) (config.Config, int, bool) {
-	cfg, _, err := config.Load(cmd, args, deps.Getenv, deps.Stderr)
+	cfg, _, err := config.Load(cmd, args, deps.LookupEnv, deps.Stderr)
 	var ue *config.UsageError
 	if errors.As(err, &ue) {
 		if errors.Is(ue.Err, flagErrHelp) {

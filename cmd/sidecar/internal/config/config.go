@@ -453,17 +453,27 @@ func FlagSet(cmd Command, cfg *Config, problems *Problems, out io.Writer) *flag.
 }
 
 // Load builds the Config of cmd from defaults, the YAML file named by
-// --config or GAPTRACE_CONFIG, the environment (getenv) and args. It
-// returns the positional arguments left after the flags. The error is a
-// *UsageError for unparsable command lines and Problems for bad values
-// (including what Validate finds).
-func Load(cmd Command, args []string, getenv func(string) string, usageOut io.Writer) (Config, []string, error) {
+// --config or GAPTRACE_CONFIG, the environment (lookupEnv, as
+// os.LookupEnv) and args. It returns the positional arguments left after
+// the flags. The error is a *UsageError for unparsable command lines and
+// Problems for bad values (including what Validate finds).
+//
+// A variable that is set but empty (GAPTRACE_PROBES=) is a problem, as an
+// empty value in the file is: it says something was meant and gives no
+// value; an unset variable leaves the default.
+func Load(cmd Command, args []string, lookupEnv func(string) (string, bool), usageOut io.Writer) (Config, []string, error) {
 	cfg := Defaults(cmd)
 	var problems Problems
 
 	// The file comes before the environment and the flags but is named by
 	// either, so find its name first with a throwaway pass.
-	cfgFile := getenv(EnvPrefix + "CONFIG")
+	cfgFile, ok, err := lookup(lookupEnv, EnvPrefix+"CONFIG")
+	if err != nil {
+		problems = append(problems, fmt.Sprintf("$%s: %v; unset it to read no configuration file", EnvPrefix+"CONFIG", err))
+	}
+	if !ok {
+		cfgFile = ""
+	}
 	{
 		scratch := Defaults(cmd)
 		var ignored Problems
@@ -489,7 +499,11 @@ func Load(cmd Command, args []string, getenv func(string) string, usageOut io.Wr
 			continue
 		}
 		name := EnvName(o.name)
-		if v, ok := lookup(getenv, name); ok {
+		v, ok, err := lookup(lookupEnv, name)
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("$%s: %v; unset it for the default", name, err))
+		case ok:
 			if err := o.set(&cfg, v); err != nil {
 				problems = append(problems, fmt.Sprintf("$%s: %v", name, err))
 			}
@@ -512,9 +526,17 @@ func Load(cmd Command, args []string, getenv func(string) string, usageOut io.Wr
 	return cfg, rest, nil
 }
 
-func lookup(getenv func(string) string, name string) (string, bool) {
-	v := getenv(name)
-	return v, v != ""
+// lookup reads an environment variable: ok when it is set to a value, an
+// error when it is set to nothing (or only blanks).
+func lookup(lookupEnv func(string) (string, bool), name string) (v string, ok bool, err error) {
+	v, set := lookupEnv(name)
+	if !set {
+		return "", false, nil
+	}
+	if strings.TrimSpace(v) == "" {
+		return "", false, fmt.Errorf("empty value")
+	}
+	return v, true, nil
 }
 
 // MaxConfigFile bounds the configuration file: it is read whole, and a

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -192,12 +193,15 @@ func resolve(cfg Config) (*resolved, error) {
 		r.PrometheusAddr = addr
 	}
 
+	errs = append(errs, exporterEnvProblems()...)
+
 	envEndpoint := envFirst("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 	if r.Endpoint == "" && envEndpoint == "" {
 		r.mode = "file"
 		return r, errors.Join(errs...)
 	}
 	r.mode = "otlp"
+	errs = append(errs, otlpEnvProblems(r.Endpoint != "")...)
 
 	r.protocol = r.Protocol
 	if r.protocol == "" {
@@ -208,8 +212,8 @@ func resolve(cfg Config) (*resolved, error) {
 		ep = envEndpoint
 	}
 	u, err := parseEndpoint(ep)
-	if err != nil {
-		errs = append(errs, err)
+	if err != nil && r.Endpoint != "" {
+		errs = append(errs, err) // an environment endpoint's is said by otlpEnvProblems
 	}
 	if r.protocol == "" {
 		// The specification's default is http/protobuf, but an endpoint on
@@ -255,10 +259,7 @@ func resolve(cfg Config) (*resolved, error) {
 		} else if u.Scheme == "https" {
 			r.insecure = ptr(false)
 		} else if v := envFirst("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE"); v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("OTEL_EXPORTER_OTLP_INSECURE=%q: %w", v, err))
-			}
+			b, _ := parseEnvBool(v) // a bad value is said by otlpEnvProblems
 			r.insecure = ptr(b)
 		} else {
 			r.insecure = ptr(isLoopbackHost(u.Hostname()))
@@ -306,16 +307,128 @@ func parseEndpoint(ep string) (*url.URL, error) {
 		if u.Host == "" {
 			return nil, fmt.Errorf("otlp endpoint %q: no host", shown)
 		}
+		if p := u.Port(); p != "" && !validPort(p) {
+			return nil, fmt.Errorf("otlp endpoint %q: bad port (want 1 to 65535)", shown)
+		}
 		return u, nil
 	}
 	host, port, err := net.SplitHostPort(ep)
 	if err != nil {
 		return nil, fmt.Errorf("otlp endpoint %q: want a URL or host:port", shown)
 	}
-	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-		return nil, fmt.Errorf("otlp endpoint %q: bad port", shown)
+	if !validPort(port) {
+		return nil, fmt.Errorf("otlp endpoint %q: bad port (want 1 to 65535)", shown)
 	}
 	return &url.URL{Host: net.JoinHostPort(host, port)}, nil
+}
+
+// validPort: a port a collector can listen on. url.Parse checks only that
+// a URL's port is digits, so http://host:99999 parses.
+func validPort(p string) bool {
+	n, err := strconv.ParseUint(p, 10, 16)
+	return err == nil && n > 0
+}
+
+// exporterEnvProblems checks the variables that choose exporters. An
+// unknown value would otherwise select nothing, silently.
+func exporterEnvProblems() []error {
+	var errs []error
+	for _, v := range []struct {
+		name    string
+		allowed []string
+		what    string
+	}{
+		{"OTEL_TRACES_EXPORTER", []string{"otlp", "none"}, "gaptrace exports spans over otlp (or to the spans file)"},
+		{"OTEL_METRICS_EXPORTER", []string{"otlp", "prometheus", "none"}, "gaptrace exports metrics over otlp, or serves them for Prometheus at --prometheus"},
+	} {
+		val := envFirst(v.name)
+		if val == "" {
+			continue
+		}
+		for _, e := range strings.Split(val, ",") {
+			if !slices.Contains(v.allowed, strings.ToLower(strings.TrimSpace(e))) {
+				errs = append(errs, fmt.Errorf("%s=%q: %s: want %s", v.name, val, v.what, strings.Join(v.allowed, ", ")))
+				break
+			}
+		}
+	}
+	return errs
+}
+
+// otlpEnvProblems checks the standard variables the OTLP exporters read
+// themselves, for every signal (OTEL_EXPORTER_OTLP_*, _TRACES_*,
+// _METRICS_*). The exporters ignore a malformed value (at most a log line
+// once the job runs): a timeout of "abc", a compression they do not know
+// (gzip and none are the specification's), an INSECURE that is not
+// true or false (read as false), a certificate file that cannot be read.
+// Endpoints in the environment are checked unless flagEndpoint (which
+// replaces them) is set.
+func otlpEnvProblems(flagEndpoint bool) []error {
+	var errs []error
+	bad := func(name, v, want string) {
+		errs = append(errs, fmt.Errorf("%s=%q: %s", name, v, want))
+	}
+	for _, sig := range []string{"", "TRACES_", "METRICS_"} {
+		name := func(k string) string { return "OTEL_EXPORTER_OTLP_" + sig + k }
+		if v := envFirst(name("ENDPOINT")); v != "" && !flagEndpoint {
+			if _, err := parseEndpoint(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", name("ENDPOINT"), err))
+			}
+		}
+		if v := envFirst(name("TIMEOUT")); v != "" {
+			if ms, err := strconv.Atoi(v); err != nil || ms <= 0 {
+				bad(name("TIMEOUT"), v, "want a positive number of milliseconds (e.g. 10000)")
+			}
+		}
+		if v := envFirst(name("COMPRESSION")); v != "" && v != "gzip" && v != "none" {
+			bad(name("COMPRESSION"), v, "want gzip or none")
+		}
+		if v := envFirst(name("INSECURE")); v != "" {
+			if _, err := parseEnvBool(v); err != nil {
+				bad(name("INSECURE"), v, err.Error())
+			}
+		}
+		if v := envFirst(name("CERTIFICATE")); v != "" {
+			if pem, err := os.ReadFile(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", name("CERTIFICATE"), err))
+			} else if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+				bad(name("CERTIFICATE"), v, "no PEM certificate in the file")
+			}
+		}
+		cert, key := envFirst(name("CLIENT_CERTIFICATE")), envFirst(name("CLIENT_KEY"))
+		switch {
+		case (cert == "") != (key == ""):
+			errs = append(errs, fmt.Errorf("%s and %s must be set together", name("CLIENT_CERTIFICATE"), name("CLIENT_KEY")))
+		case cert != "":
+			if _, err := tls.LoadX509KeyPair(cert, key); err != nil {
+				errs = append(errs, fmt.Errorf("%s, %s: %w", name("CLIENT_CERTIFICATE"), name("CLIENT_KEY"), err))
+			}
+		}
+	}
+	// The base and traces headers are parsed where they are merged.
+	if _, err := parseHeaders(os.Getenv("OTEL_EXPORTER_OTLP_METRICS_HEADERS")); err != nil {
+		errs = append(errs, fmt.Errorf("OTEL_EXPORTER_OTLP_METRICS_HEADERS: %w", err))
+	}
+	for _, name := range []string{"OTEL_METRIC_EXPORT_INTERVAL", "OTEL_METRIC_EXPORT_TIMEOUT"} {
+		if v := envFirst(name); v != "" {
+			if ms, err := strconv.Atoi(v); err != nil || ms <= 0 {
+				bad(name, v, "want a positive number of milliseconds")
+			}
+		}
+	}
+	return errs
+}
+
+// parseEnvBool reads a boolean as the OTLP exporters do (true or false,
+// any case), refusing what they would silently read as false.
+func parseEnvBool(v string) (bool, error) {
+	switch {
+	case strings.EqualFold(v, "true"):
+		return true, nil
+	case strings.EqualFold(v, "false"):
+		return false, nil
+	}
+	return false, errors.New("want true or false")
 }
 
 func isLoopbackHost(h string) bool {

@@ -12,8 +12,94 @@ func clearOTelEnv(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
 		"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
 		"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_METRICS_EXPORTER",
-		"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"} {
+		"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
+		"OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_METRICS_HEADERS", "OTEL_METRIC_EXPORT_INTERVAL", "OTEL_METRIC_EXPORT_TIMEOUT"} {
 		t.Setenv(v, "")
+	}
+	for _, sig := range []string{"", "TRACES_", "METRICS_"} {
+		for _, k := range []string{"TIMEOUT", "COMPRESSION", "INSECURE", "CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"} {
+			t.Setenv("OTEL_EXPORTER_OTLP_"+sig+k, "")
+		}
+	}
+}
+
+// The variables the OTLP exporters read themselves would be ignored when
+// malformed (at most a log line once the job runs): each is a problem of
+// its own, every one reported at once, for every signal's variant, and
+// an endpoint's port must be one a collector can listen on.
+func TestOTLPEnvironmentProblemsAtOnce(t *testing.T) {
+	clearOTelEnv(t)
+	bad := map[string]string{
+		"OTEL_EXPORTER_OTLP_TIMEOUT":                    "abc",
+		"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT":             "-5",
+		"OTEL_EXPORTER_OTLP_METRICS_TIMEOUT":            "10s",
+		"OTEL_EXPORTER_OTLP_COMPRESSION":                "zstd",
+		"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION":         "GZIP",
+		"OTEL_EXPORTER_OTLP_METRICS_COMPRESSION":        "deflate",
+		"OTEL_EXPORTER_OTLP_INSECURE":                   "maybe",
+		"OTEL_EXPORTER_OTLP_TRACES_INSECURE":            "1",
+		"OTEL_EXPORTER_OTLP_METRICS_INSECURE":           "yes",
+		"OTEL_EXPORTER_OTLP_CERTIFICATE":                "/nonexistent/ca.pem",
+		"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE":         "/nonexistent/traces-ca.pem",
+		"OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE":        "/nonexistent/metrics-ca.pem",
+		"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE":         "/nonexistent/client.pem",
+		"OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY":          "/nonexistent/key.pem",
+		"OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE": "/nonexistent/m-client.pem",
+		"OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY":         "/nonexistent/m-key.pem",
+		"OTEL_EXPORTER_OTLP_METRICS_HEADERS":            "novalue",
+		"OTEL_METRICS_EXPORTER":                         "bogus",
+		"OTEL_TRACES_EXPORTER":                          "otlp,console",
+		"OTEL_METRIC_EXPORT_INTERVAL":                   "1m",
+	}
+	for k, v := range bad {
+		t.Setenv(k, v)
+	}
+	_, err := resolve(Config{Endpoint: "http://collector:99999"})
+	if err == nil {
+		t.Fatal("no problem found")
+	}
+	for _, want := range []string{
+		`otlp endpoint "http://collector:99999": bad port`,
+		`OTEL_EXPORTER_OTLP_TIMEOUT="abc"`, `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="-5"`, `OTEL_EXPORTER_OTLP_METRICS_TIMEOUT="10s"`,
+		`OTEL_EXPORTER_OTLP_COMPRESSION="zstd": want gzip or none`, `OTEL_EXPORTER_OTLP_TRACES_COMPRESSION="GZIP"`,
+		`OTEL_EXPORTER_OTLP_METRICS_COMPRESSION="deflate"`,
+		`OTEL_EXPORTER_OTLP_INSECURE="maybe": want true or false`, `OTEL_EXPORTER_OTLP_TRACES_INSECURE="1"`,
+		`OTEL_EXPORTER_OTLP_METRICS_INSECURE="yes"`,
+		"OTEL_EXPORTER_OTLP_CERTIFICATE: open /nonexistent/ca.pem", "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE: open",
+		"OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE: open",
+		"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY must be set together",
+		"OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY must be set together",
+		"OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE, OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY: open",
+		"OTEL_EXPORTER_OTLP_METRICS_HEADERS", `OTEL_METRICS_EXPORTER="bogus"`, `OTEL_TRACES_EXPORTER="otlp,console"`,
+		`OTEL_METRIC_EXPORT_INTERVAL="1m"`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("problems do not say %q:\n%v", want, err)
+		}
+	}
+
+	// An environment endpoint, for each signal.
+	clearOTelEnv(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:70000")
+	t.Setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "collector:0")
+	_, err = resolve(Config{})
+	for _, want := range []string{`OTEL_EXPORTER_OTLP_ENDPOINT: otlp endpoint "http://collector:70000": bad port`,
+		`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: otlp endpoint "collector:0": bad port`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("problems do not say %q: %v", want, err)
+		}
+	}
+
+	// What the specification allows passes.
+	clearOTelEnv(t)
+	for k, v := range map[string]string{"OTEL_EXPORTER_OTLP_TIMEOUT": "10000", "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+		"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "none", "OTEL_EXPORTER_OTLP_INSECURE": "TRUE",
+		"OTEL_EXPORTER_OTLP_METRICS_INSECURE": "false", "OTEL_METRICS_EXPORTER": "otlp,prometheus",
+		"OTEL_TRACES_EXPORTER": "none", "OTEL_METRIC_EXPORT_INTERVAL": "60000"} {
+		t.Setenv(k, v)
+	}
+	if _, err := resolve(Config{Endpoint: "http://collector:4318"}); err != nil {
+		t.Errorf("valid settings refused: %v", err)
 	}
 }
 

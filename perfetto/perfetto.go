@@ -15,9 +15,12 @@
 //     the gap's cause.
 //
 // The Writer is a correlate.Sink: the session tees it next to the gaps
-// file, so both hold the same gaps. Events stream to the file as they come;
-// the names of processes and threads (metadata events, which may sit
-// anywhere in the array) are written at Close, when ranks are known.
+// file, so both hold the same gaps. Events stream to a temporary file as
+// they come; the names of processes and threads (metadata events, which may
+// sit anywhere in the array) are written at Close, when ranks are known,
+// and only then does the file get its name: a trace that could not be
+// written whole (a full disk) is never under it, as half a JSON document
+// opens nowhere.
 package perfetto
 
 import (
@@ -78,6 +81,9 @@ type Options struct {
 	ProcessName func(pid uint32) string
 	// ThreadName likewise names host threads.
 	ThreadName func(pid, tid uint32) string
+	// OnError, for a Writer made by Create, hears of the first failed
+	// write of the file when it happens (Close returns it too).
+	OnError func(error)
 }
 
 type devKey struct {
@@ -99,7 +105,7 @@ type procInfo struct {
 type Writer struct {
 	opts  Options
 	mu    sync.Mutex
-	f     io.Closer // nil when the caller owns the writer
+	out   *safefile.Atomic // nil when the caller owns the writer
 	w     *bufio.Writer
 	err   error
 	first bool
@@ -116,15 +122,28 @@ type Writer struct {
 	steps  int64
 }
 
-// Create writes a trace to path, never through a link (safefile).
+// Create writes a trace to path, never through a link: to a new
+// temporary file that Close renames over path once the trace is whole
+// (safefile.Atomic).
 func Create(path string, opts Options) (*Writer, error) {
-	f, err := safefile.Create(path)
+	f, err := safefile.CreateAtomic(path)
 	if err != nil {
 		return nil, fmt.Errorf("create perfetto trace: %w", err)
 	}
+	f.OnError = opts.OnError
 	x := New(f, opts)
-	x.f = f
+	x.out = f
 	return x, nil
+}
+
+// Abort drops a trace made by Create: nothing is written under its name.
+func (x *Writer) Abort() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.out != nil {
+		x.out.Abort()
+		x.out = nil
+	}
 }
 
 // New writes a trace to w; Close finishes the JSON but does not close w.
@@ -445,9 +464,19 @@ func (x *Writer) Close() error {
 		_, x.err = fmt.Fprintf(x.w, "\n],\"otherData\":{\"producer\":\"gaptrace\",\"gaps\":%d,\"steps\":%d}}\n", x.gaps, x.steps)
 	}
 	err := errors.Join(x.err, x.w.Flush())
-	if x.f != nil {
-		err = errors.Join(err, x.f.Close())
-		x.f = nil
+	if x.out != nil {
+		switch ferr := x.out.Err(); {
+		case ferr != nil:
+			err = ferr // the file's own error, which x.err repeats
+		case err != nil:
+			err = &safefile.WriteError{Path: x.out.Name(), Err: err, NotWritten: true}
+		}
+		if err != nil {
+			x.out.Abort()
+		} else {
+			err = x.out.Close()
+		}
+		x.out = nil
 	}
 	if err != nil {
 		return fmt.Errorf("write perfetto trace: %w", err)

@@ -26,6 +26,8 @@ import (
 	_ "github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/cli"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
+	"github.com/gaptrace/gaptrace/internal/safefile"
 )
 
 // version is set at build time: -ldflags "-X main.version=...".
@@ -59,7 +61,14 @@ func runtimeLimits(getenv func(string) string) {
 
 func main() {
 	runtimeLimits(os.Getenv)
-	stop := profile(os.Getenv("GAPTRACE_PPROF"))
+	stop := func() {}
+	if len(os.Args) < 2 || os.Args[1] != proc.ExecHelperArg { // the helper execs the command at once
+		var err error
+		if stop, err = profile(os.Getenv("GAPTRACE_PPROF")); err != nil {
+			fmt.Fprintf(os.Stderr, "gaptrace: GAPTRACE_PPROF: %v\n", err)
+			os.Exit(cli.ExitUsage)
+		}
+	}
 	code := cli.Main(context.Background(), os.Args[1:], cli.Deps{
 		Version:     version,
 		NewPipeline: newPipeline,
@@ -80,26 +89,39 @@ func main() {
 // profile, when path is set (GAPTRACE_PPROF, not a documented option: it is
 // for measuring gaptrace itself), writes a CPU profile of the whole run to
 // path.cpu and a heap profile at exit to path.heap, for go tool pprof.
-func profile(path string) (stop func()) {
+// Both files are created at once, as every output is (safefile: never
+// through a link, mode 0640), so a path that cannot be written is refused
+// before anything runs.
+func profile(path string) (stop func(), err error) {
 	if path == "" {
-		return func() {}
+		return func() {}, nil
 	}
-	f, err := os.Create(path + ".cpu")
+	for _, p := range []string{path + ".cpu", path + ".heap"} {
+		if err := safefile.Check(p); err != nil {
+			return nil, err
+		}
+	}
+	cpu, err := safefile.Create(path + ".cpu")
+	if err != nil {
+		return nil, err
+	}
+	heap, err := safefile.Create(path + ".heap")
 	if err == nil {
-		err = pprof.StartCPUProfile(f)
+		err = pprof.StartCPUProfile(cpu)
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "gaptrace: GAPTRACE_PPROF: %v\n", err)
-		return func() {}
+		cpu.Close()
+		if heap != nil {
+			heap.Close()
+		}
+		return nil, err
 	}
 	return func() {
 		pprof.StopCPUProfile()
-		f.Close()
-		if h, err := os.Create(path + ".heap"); err == nil {
-			_ = pprof.WriteHeapProfile(h) // best effort: a measuring aid
-			h.Close()
-		}
-	}
+		cpu.Close()
+		_ = pprof.WriteHeapProfile(heap) // best effort: a measuring aid
+		heap.Close()
+	}, nil
 }
 
 func stdoutTerminal() (bool, int) {

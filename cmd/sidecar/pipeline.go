@@ -59,7 +59,7 @@ type pipeline struct {
 	targets []int
 	winOut  *windowsWriter      // --windows-out, nil when off
 	rec     *correlate.Recorder // --record, nil when off
-	recFile *os.File
+	recFile *safefile.Stream
 	work    *workload.Resolver
 
 	// Probe set auto: the schedule, the attach/detach in flight (one at a
@@ -90,6 +90,7 @@ func (w withWorkload) Step(s correlate.Step) {
 // windowsWriter writes --windows-out: one JSON object per GPU window.
 type windowsWriter struct {
 	f   *safefile.Writer
+	log *slog.Logger
 	buf bytes.Buffer
 	enc *json.Encoder
 	err error
@@ -106,12 +107,12 @@ type windowJSON struct {
 	TensorActivity float64 `json:"tensor_activity"`
 }
 
-func newWindowsWriter(path string) (*windowsWriter, error) {
+func newWindowsWriter(path string, log *slog.Logger) (*windowsWriter, error) {
 	f, err := safefile.NewWriter(path)
 	if err != nil {
 		return nil, fmt.Errorf("windows file: %w", err)
 	}
-	ww := &windowsWriter{f: f}
+	ww := &windowsWriter{f: f, log: log}
 	ww.enc = json.NewEncoder(&ww.buf)
 	return ww, nil
 }
@@ -126,9 +127,15 @@ func (ww *windowsWriter) write(w event.GPUWindow) {
 	}
 }
 
-// flush writes whole lines only; a write error is sticky in f.
+// flush writes whole lines only; a write error is sticky in f, said when
+// it happens and returned by close.
 func (ww *windowsWriter) flush() {
-	ww.f.WriteRecords(ww.buf.Bytes()) //nolint:errcheck // returned by close
+	if ww.buf.Len() > 0 {
+		failed := ww.f.Err() != nil
+		if err := ww.f.WriteRecords(ww.buf.Bytes()); err != nil && !failed {
+			ww.log.Error("windows file write failed; no more windows are written to it", "err", err)
+		}
+	}
 	ww.buf.Reset()
 }
 
@@ -147,7 +154,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		events: make(chan []event.Event, eventQueue), windows: make(chan event.GPUWindow, windowQueue)}
 
 	if cfg.WindowsOut != "" {
-		ww, err := newWindowsWriter(cfg.WindowsOut)
+		ww, err := newWindowsWriter(cfg.WindowsOut, log)
 		if err != nil {
 			return nil, err
 		}
@@ -241,11 +248,14 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		ccfg.HW = p.gpu.HWContext
 	}
 	if cfg.Record != "" {
-		f, err := safefile.Create(cfg.Record)
+		f, err := safefile.CreateStream(cfg.Record)
 		if err != nil {
 			_ = p.tr.Close() // reporting the recording's error
 			p.closeGPU()
 			return nil, fmt.Errorf("recording: %w", err)
+		}
+		f.OnError = func(err error) {
+			log.Error("recording write failed; nothing more is recorded (the file keeps what was written before)", "err", err)
 		}
 		p.recFile = f
 		p.rec = correlate.NewRecorder(f, correlate.RecordHeader{Version: version, Probes: probes, MinGap: int64(cfg.MinGap)})
@@ -547,8 +557,15 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 	now := time.Now().UnixNano()
 	sum := p.eng.Close(now)
 	if p.rec != nil {
-		if err := errors.Join(p.rec.Close(now), p.recFile.Close()); err != nil {
-			errs = append(errs, fmt.Errorf("recording %s: %w", p.cfg.Config.Record, err))
+		err := p.rec.Close(now)
+		var we *safefile.WriteError
+		if ferr := p.recFile.Close(); ferr != nil {
+			err = ferr // what the recorder met writing, said once
+		} else if err != nil && !errors.As(err, &we) {
+			err = &safefile.WriteError{Path: p.cfg.Config.Record, Err: err}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("recording: %w", err))
 		}
 	}
 	if sum.Probes == "" {

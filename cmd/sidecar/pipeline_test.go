@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,7 +14,7 @@ import (
 
 func TestWindowsWriterRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "windows.jsonl")
-	ww, err := newWindowsWriter(path)
+	ww, err := newWindowsWriter(path, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func TestWindowsWriterRoundTrip(t *testing.T) {
 }
 
 func TestWindowsWriterReportsWriteErrors(t *testing.T) {
-	if _, err := newWindowsWriter(filepath.Join(t.TempDir(), "missing", "w.jsonl")); err == nil {
+	if _, err := newWindowsWriter(filepath.Join(t.TempDir(), "missing", "w.jsonl"), slog.New(slog.DiscardHandler)); err == nil {
 		t.Fatal("creating a windows file in a missing directory succeeded")
 	}
 }

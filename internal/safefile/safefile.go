@@ -109,50 +109,183 @@ func checkOpened(path string, st os.FileInfo) error {
 // directory (created exclusively, so never through a planted link), synced
 // and renamed over path. On any error the temporary file is removed and
 // path is left as it was: no partial file is ever under its name.
-func WriteAtomic(path string, data []byte) (err error) {
-	if err := Check(path); err != nil && !isSymlinkErr(path) {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			err = &WriteError{Path: path, Err: err}
-		}
-	}()
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+".*.tmp")
+func WriteAtomic(path string, data []byte) error {
+	f, err := CreateAtomic(path)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if err = f.Chmod(Perm); err != nil {
-		return err
-	}
-	if _, err = f.Write(data); err != nil {
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	// rename replaces a symbolic link at path itself, never its target.
-	return os.Rename(f.Name(), path)
+	f.Write(data) //nolint:errcheck // kept in f and returned by Close
+	return f.Close()
 }
 
-// isSymlinkErr: a symbolic link at path is replaced by WriteAtomic's
+// isSymlinkErr: a symbolic link at path is replaced by an atomic file's
 // rename, not written through, so it is no reason to refuse.
 func isSymlinkErr(path string) bool {
 	st, err := os.Lstat(path)
 	return err == nil && st.Mode()&os.ModeSymlink != 0
+}
+
+// Atomic is an output that appears whole or not at all (a summary, a
+// trace that is valid JSON only once finished): it is written to a new
+// temporary file in the same directory, created exclusively with a random
+// name (so a planted link or a file at a guessable name means nothing),
+// and only Close renames it over its path, after a sync. A write that
+// fails is kept: later writes do nothing, OnError hears of it at once,
+// and Close removes the temporary file and leaves path as it was.
+type Atomic struct {
+	f    *os.File
+	path string
+	err  error
+	done bool
+
+	// OnError, when set, is called once with the first write error, when
+	// it happens (the caller says so then, not only at exit).
+	OnError func(error)
+}
+
+// CreateAtomic starts an atomic write of path. A symbolic link at path is
+// accepted (the rename replaces the link, never its target); anything
+// else Check refuses is refused.
+func CreateAtomic(path string) (*Atomic, error) {
+	if err := Check(path); err != nil && !isSymlinkErr(path) {
+		return nil, err
+	}
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".*.tmp") // O_EXCL, mode 0600
+	if err != nil {
+		return nil, &WriteError{Path: path, Err: err, NotWritten: true}
+	}
+	if err := f.Chmod(Perm); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, &WriteError{Path: path, Err: err, NotWritten: true}
+	}
+	return &Atomic{f: f, path: path}, nil
+}
+
+// Name is the path the file will have once closed.
+func (a *Atomic) Name() string { return a.path }
+
+// Err is the first write error, nil while every write succeeded.
+func (a *Atomic) Err() error { return a.err }
+
+// Write writes to the temporary file; after a failure it writes nothing
+// and returns the first error.
+func (a *Atomic) Write(p []byte) (int, error) {
+	if a.err != nil {
+		return 0, a.err
+	}
+	n, err := a.f.Write(p)
+	if err != nil {
+		a.fail(err)
+		return n, a.err
+	}
+	return n, nil
+}
+
+func (a *Atomic) fail(err error) {
+	if a.err != nil {
+		return
+	}
+	a.err = &WriteError{Path: a.path, Err: err, NotWritten: true}
+	if a.OnError != nil {
+		a.OnError(a.err)
+	}
+}
+
+// Close syncs the temporary file and renames it over path. After a write
+// error, or when the sync or rename fails, the temporary file is removed,
+// path is left as it was and the error is returned (a *WriteError).
+func (a *Atomic) Close() error {
+	if a.done {
+		return a.err
+	}
+	a.done = true
+	if a.err == nil {
+		if err := a.f.Sync(); err != nil {
+			a.fail(err)
+		}
+	}
+	if err := a.f.Close(); err != nil {
+		a.fail(err)
+	}
+	if a.err == nil {
+		// rename replaces a symbolic link at path itself, never its target.
+		if err := os.Rename(a.f.Name(), a.path); err != nil {
+			a.fail(err)
+		}
+	}
+	if a.err != nil {
+		os.Remove(a.f.Name())
+	}
+	return a.err
+}
+
+// Abort removes the temporary file without touching path.
+func (a *Atomic) Abort() {
+	if a.done {
+		return
+	}
+	a.done = true
+	a.f.Close()
+	os.Remove(a.f.Name())
+}
+
+// Stream is an output written in place as one stream whose reader copes
+// with a cut-short end (a gzip recording). The first write error is kept:
+// later writes do nothing, OnError hears of it when it happens, and Close
+// returns it as a *WriteError.
+type Stream struct {
+	f    *os.File
+	path string
+	err  error
+
+	// OnError, when set, is called once with the first write error.
+	OnError func(error)
+}
+
+// CreateStream creates path with Create.
+func CreateStream(path string) (*Stream, error) {
+	f, err := Create(path)
+	if err != nil {
+		return nil, err
+	}
+	return &Stream{f: f, path: path}, nil
+}
+
+// Write writes p; after a failure it writes nothing and returns the first
+// error.
+func (s *Stream) Write(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	n, err := s.f.Write(p)
+	if err != nil {
+		s.fail(err)
+		return n, s.err
+	}
+	return n, nil
+}
+
+func (s *Stream) fail(err error) {
+	if s.err != nil {
+		return
+	}
+	s.err = &WriteError{Path: s.path, Err: err}
+	if s.OnError != nil {
+		s.OnError(s.err)
+	}
+}
+
+// Close closes the file and returns the first write error, if any.
+func (s *Stream) Close() error {
+	if err := s.f.Close(); err != nil {
+		s.fail(err)
+	}
+	return s.err
 }
 
 // Writer is an output file written in whole records (JSON lines). After a
@@ -227,6 +360,9 @@ func (w *Writer) WriteRecords(p []byte) error {
 type WriteError struct {
 	Path string
 	Err  error
+	// NotWritten: an atomic output, so nothing of this run is at Path
+	// (an earlier file there is left as it was).
+	NotWritten bool
 }
 
 func (e *WriteError) Error() string {
@@ -234,6 +370,9 @@ func (e *WriteError) Error() string {
 	var pe *os.PathError
 	if errors.As(err, &pe) {
 		err = pe.Err // the path is said once
+	}
+	if e.NotWritten {
+		return fmt.Sprintf("write %s: %v (not written: nothing of this run is under that name)", e.Path, err)
 	}
 	return fmt.Sprintf("write %s: %v (the file holds only what was written before)", e.Path, err)
 }

@@ -172,3 +172,100 @@ func TestWriterRotates(t *testing.T) {
 		t.Errorf("rotated %d times, want 9 (20 records, 2 per file)", w.Rotated)
 	}
 }
+
+func TestAtomicAppearsWholeOrNotAtAll(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "trace.json")
+	if err := os.WriteFile(p, []byte("earlier run\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := CreateAtomic(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var heard []error
+	a.OnError = func(err error) { heard = append(heard, err) }
+	if _, err := a.Write([]byte(`{"part":`)); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "earlier run\n" {
+		t.Fatalf("path changed before Close: %q", b)
+	}
+	a.f.Close() // every later write fails, as on a full disk
+	if _, err := a.Write([]byte(`1}`)); err == nil {
+		t.Fatal("write to a closed file succeeded")
+	}
+	a.Write([]byte("more")) //nolint:errcheck // sticky: checked below
+	err = a.Close()
+	var we *WriteError
+	if !errors.As(err, &we) || !we.NotWritten || we.Path != p || !strings.Contains(err.Error(), "not written") {
+		t.Errorf("Close: %v, want a WriteError saying %s was not written", err, p)
+	}
+	if len(heard) != 1 {
+		t.Errorf("OnError called %d times, want once, at the failed write", len(heard))
+	}
+	if b, _ := os.ReadFile(p); string(b) != "earlier run\n" {
+		t.Errorf("a failed atomic write changed the earlier file: %q", b)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".trace.json.*")); len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+
+	// A successful one replaces the file, mode Perm; Abort leaves nothing.
+	a, err = CreateAtomic(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Write([]byte("new\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Lstat(p); err != nil || st.Mode().Perm() != Perm {
+		t.Errorf("%s: %v %v, want mode %v", p, st.Mode(), err, Perm)
+	}
+	a, err = CreateAtomic(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Abort()
+	if b, _ := os.ReadFile(p); string(b) != "new\n" {
+		t.Errorf("Abort changed the file: %q", b)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".trace.json.*")); len(left) != 0 {
+		t.Errorf("temporary files left after Abort: %v", left)
+	}
+}
+
+func TestStreamKeepsTheFirstError(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "run.rec")
+	s, err := CreateStream(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var heard int
+	s.OnError = func(error) { heard++ }
+	if _, err := s.Write([]byte("head")); err != nil {
+		t.Fatal(err)
+	}
+	s.f.Close() // every later write fails, as on a full disk
+	for range 2 {
+		if _, err := s.Write([]byte("more")); err == nil {
+			t.Fatal("write to a closed file succeeded")
+		}
+	}
+	var we *WriteError
+	if err := s.Close(); !errors.As(err, &we) || we.Path != p || we.NotWritten {
+		t.Errorf("Close: %v, want the WriteError of %s", err, p)
+	}
+	if heard != 1 {
+		t.Errorf("OnError called %d times, want once", heard)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "head" {
+		t.Errorf("file holds %q, want what was written before the failure", b)
+	}
+	if st, _ := os.Stat(p); st.Mode().Perm() != Perm {
+		t.Errorf("mode %v, want %v", st.Mode(), Perm)
+	}
+}

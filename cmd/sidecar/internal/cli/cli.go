@@ -96,8 +96,11 @@ type Deps struct {
 	Privileged func() error
 	Stdout     io.Writer
 	Stderr     io.Writer
-	Getenv     func(string) string
-	Environ    func() []string
+	// LookupEnv reads the environment (os.LookupEnv); Getenv, when nil,
+	// is made from it.
+	LookupEnv func(string) (string, bool)
+	Getenv    func(string) string
+	Environ   func() []string
 	// Executable is gaptrace's own path, for the exec helper.
 	Executable func() (string, error)
 	// IsTerminal reports whether stdout is a terminal and its width.
@@ -114,8 +117,12 @@ func (d *Deps) fill() {
 	if d.Stderr == nil {
 		d.Stderr = os.Stderr
 	}
+	if d.LookupEnv == nil {
+		d.LookupEnv = os.LookupEnv
+	}
 	if d.Getenv == nil {
-		d.Getenv = os.Getenv
+		lookup := d.LookupEnv
+		d.Getenv = func(k string) string { v, _ := lookup(k); return v }
 	}
 	if d.Environ == nil {
 		d.Environ = os.Environ
@@ -201,13 +208,7 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 
 // load parses the configuration of a command and prints every problem.
 func load(cmd config.Command, args []string, deps Deps) (config.Config, int, bool) {
-	cfg, _, err := config.Load(cmd, args, deps.Getenv, deps.Stderr)
-	if err == nil {
-		err = checkOutputs(&cfg, deps)
-	}
-	if err == nil {
-		return cfg, 0, true
-	}
+	cfg, _, err := config.Load(cmd, args, deps.LookupEnv, deps.Stderr)
 	var ue *config.UsageError
 	if errors.As(err, &ue) {
 		if errors.Is(ue.Err, flagErrHelp) {
@@ -217,20 +218,27 @@ func load(cmd config.Command, args []string, deps Deps) (config.Config, int, boo
 		return cfg, ExitUsage, false
 	}
 	var p config.Problems
-	if errors.As(err, &p) {
-		fmt.Fprintf(deps.Stderr, "gaptrace %s: invalid configuration:\n", cmd)
-		for _, msg := range p {
-			fmt.Fprintf(deps.Stderr, "  - %s\n", msg)
-		}
+	if err != nil && !errors.As(err, &p) {
+		fmt.Fprintf(deps.Stderr, "gaptrace %s: %v\n", cmd, err)
 		return cfg, ExitUsage, false
 	}
-	fmt.Fprintf(deps.Stderr, "gaptrace %s: %v\n", cmd, err)
+	// Beside the configuration's own problems, so that every one is said
+	// in one round.
+	p = append(p, checkOutputs(&cfg, deps)...)
+	if len(p) == 0 {
+		return cfg, 0, true
+	}
+	fmt.Fprintf(deps.Stderr, "gaptrace %s: invalid configuration:\n", cmd)
+	for _, msg := range p {
+		fmt.Fprintf(deps.Stderr, "  - %s\n", msg)
+	}
 	return cfg, ExitUsage, false
 }
 
 // checkOutputs finds what config cannot: problems of the spans file that
-// is written by default in the current directory.
-func checkOutputs(cfg *config.Config, deps Deps) error {
+// is written by default in the current directory, and of the exporter's
+// settings (flags and the OTEL_* environment).
+func checkOutputs(cfg *config.Config, deps Deps) config.Problems {
 	if cfg.Command == config.CmdCheck {
 		return nil
 	}
@@ -249,10 +257,7 @@ func checkOutputs(cfg *config.Config, deps Deps) error {
 			p = append(p, line)
 		}
 	}
-	if len(p) > 0 {
-		return p
-	}
-	return nil
+	return p
 }
 
 // output is where a tracing command writes: the live view's terminal (nil
@@ -441,7 +446,11 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 		sinks = append(sinks, g)
 	}
 	if cfg.PerfettoOut != "" {
-		t, err := perfetto.Create(cfg.PerfettoOut, perfetto.Options{ProcessName: procComm, ThreadName: threadComm})
+		log := s.log
+		t, err := perfetto.Create(cfg.PerfettoOut, perfetto.Options{ProcessName: procComm, ThreadName: threadComm,
+			OnError: func(err error) {
+				log.Error("trace file write failed; the trace is not written (nothing of it is under its name)", "err", err)
+			}})
 		if err != nil {
 			if s.gaps != nil {
 				_ = s.gaps.Close() // reporting the trace file error instead
@@ -460,7 +469,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 			_ = s.gaps.Close() // reporting the pipeline error instead
 		}
 		if s.trace != nil {
-			_ = s.trace.Close() // reporting the pipeline error instead
+			s.trace.Abort() // nothing was traced
 		}
 		return nil, err
 	}
@@ -564,12 +573,14 @@ func (s *session) finish() error {
 	}
 	_, width := s.deps.IsTerminal()
 	out := live.Outputs{Gaps: s.cfg.GapsOut, Spans: s.spans, Summary: s.cfg.SummaryJSON, Prometheus: s.cfg.Prometheus,
-		Trace: s.cfg.PerfettoOut}
-	// An output that could not be written whole is not listed as written.
+		Trace: s.cfg.PerfettoOut, Windows: s.cfg.WindowsOut, Record: s.cfg.Record}
+	// An output that could not be written whole is not listed as written:
+	// the summary and the trace appear whole or not at all, the streamed
+	// files keep what was written before the failure.
 	failed := safefile.FailedPaths(errors.Join(errs...))
-	for _, p := range []*string{&out.Gaps, &out.Spans, &out.Summary} {
+	for _, p := range []*string{&out.Gaps, &out.Spans, &out.Summary, &out.Trace, &out.Windows, &out.Record} {
 		if *p != "" && slices.Contains(failed, *p) {
-			if p == &out.Summary {
+			if p == &out.Summary || p == &out.Trace {
 				*p += " (NOT written: see the error above)"
 			} else {
 				*p += " (INCOMPLETE: a write failed, see the error above)"

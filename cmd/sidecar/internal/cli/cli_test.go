@@ -136,7 +136,7 @@ func newHarness(t *testing.T) *harness {
 		Privileged: func() error { return nil },
 		Stdout:     h.stdout,
 		Stderr:     h.stderr,
-		Getenv:     func(k string) string { return h.env[k] },
+		LookupEnv:  func(k string) (string, bool) { v, ok := h.env[k]; return v, ok },
 	}
 	return h
 }

@@ -167,3 +167,50 @@ func TestBadOTLPSettingsRefusedBeforeLoading(t *testing.T) {
 		}
 	}
 }
+
+// The OTLP exporters' own variables, which they would ignore when
+// malformed, and endpoints whose port no collector listens on are
+// configuration errors too, said with the configuration's other problems
+// in one round, before any pipeline is built.
+func TestBadExporterEnvironmentRefusedBeforeLoading(t *testing.T) {
+	endpoint := []string{"--otlp-endpoint", "http://collector:4318"}
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		says string
+	}{
+		{nil, []string{"--otlp-endpoint", "http://collector:99999"}, "bad port"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:99999"}, nil, "OTEL_EXPORTER_OTLP_ENDPOINT"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_TIMEOUT": "abc"}, endpoint, "OTEL_EXPORTER_OTLP_TIMEOUT"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "abc"}, endpoint, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, endpoint, "want gzip or none"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_METRICS_COMPRESSION": "zstd"}, endpoint, "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_INSECURE": "maybe"}, endpoint, "want true or false"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent"}, endpoint, "OTEL_EXPORTER_OTLP_CERTIFICATE"},
+		{map[string]string{"OTEL_METRICS_EXPORTER": "bogus"}, endpoint, "OTEL_METRICS_EXPORTER"},
+	} {
+		h := newHarness(t)
+		for k, v := range tc.env {
+			t.Setenv(k, v) // read by the exporter's package from the process environment
+		}
+		args := append(append([]string{"run"}, tc.args...), "--", "true")
+		code := h.main(context.Background(), args...)
+		if code != ExitUsage || !strings.Contains(h.stderr.String(), tc.says) || h.pipe.pc.Config != nil {
+			t.Errorf("%v %v: exit %d, pipeline built: %v; want 2 saying %q\n%s", tc.env, tc.args, code,
+				h.pipe.pc.Config != nil, tc.says, h.stderr.String())
+		}
+		for k := range tc.env {
+			t.Setenv(k, "")
+		}
+	}
+
+	// With a problem of the configuration's own, every one at once.
+	h := newHarness(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "abc")
+	code := h.main(context.Background(), "run", "--min-gap", "0", "--otlp-endpoint", "http://collector:99999", "--", "true")
+	for _, want := range []string{"--min-gap", "bad port", "OTEL_EXPORTER_OTLP_TIMEOUT"} {
+		if code != ExitUsage || !strings.Contains(h.stderr.String(), want) {
+			t.Errorf("exit %d; want 2 saying %q among every problem\n%s", code, want, h.stderr.String())
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
 	"github.com/gaptrace/gaptrace/perfetto"
 )
 
@@ -67,6 +68,9 @@ func convertCmd(args []string, deps Deps) int {
 	if fs.NArg() > 0 {
 		problems = append(problems, "unexpected arguments: "+strings.Join(fs.Args(), " "))
 	}
+	if msg := config.CheckOutput("perfetto-out", *out); msg != "" {
+		problems = append(problems, msg)
+	}
 	if len(problems) > 0 {
 		fmt.Fprintf(deps.Stderr, "gaptrace convert: invalid arguments:\n")
 		for _, p := range problems {
@@ -79,20 +83,18 @@ func convertCmd(args []string, deps Deps) int {
 		return fail(deps, "convert", "%v", err)
 	}
 	defer in.Close()
-	// A failed conversion must not leave a truncated trace where an
-	// earlier good one was.
-	tmp := *out + ".tmp"
-	w, err := perfetto.Create(tmp, perfetto.Options{})
+	// Written to a new temporary file renamed over the name once whole: a
+	// failed conversion leaves an earlier good trace where it was.
+	w, err := perfetto.Create(*out, perfetto.Options{})
 	if err != nil {
 		return fail(deps, "convert", "%v", err)
 	}
 	format, cerr := perfetto.Convert(in, w)
-	if err := errors.Join(cerr, w.Close()); err != nil {
-		os.Remove(tmp)
-		return fail(deps, "convert", "%s: %v", *from, err)
+	if cerr != nil {
+		w.Abort()
+		return fail(deps, "convert", "%s: %v", *from, cerr)
 	}
-	if err := os.Rename(tmp, *out); err != nil {
-		os.Remove(tmp)
+	if err := w.Close(); err != nil {
 		return fail(deps, "convert", "%v", err)
 	}
 	gaps, steps := w.Counts()

@@ -113,10 +113,39 @@ func findSimGPU(deps Deps, log func(string, ...any)) (string, error) {
 	return "", fmt.Errorf("simulated GPU not found: set GAPTRACE_SIMGPU to a directory with %v, or run 'make demo' in the gaptrace repository", simgpuFiles)
 }
 
+// demoOutputProblems checks the demo's outputs once --out has filled in
+// their defaults. A file under an --out directory that does not exist yet
+// cannot be anything unsafe; its directory is created later.
+func demoOutputProblems(cfg *config.Config) config.Problems {
+	if _, err := os.Stat(cfg.OutDir); err != nil {
+		return nil // creatable: config checked its nearest existing parent
+	}
+	return cfg.OutputProblems()
+}
+
 func demoCmd(ctx context.Context, args []string, deps Deps) int {
 	cfg, code, ok := load(config.CmdDemo, args, deps)
 	if !ok {
 		return code
+	}
+	outDir := absOrSame(cfg.OutDir)
+	setDefault := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	setDefault(&cfg.GapsOut, filepath.Join(outDir, "gaptrace-gaps.jsonl"))
+	setDefault(&cfg.SummaryJSON, filepath.Join(outDir, "gaptrace-summary.json"))
+	setDefault(&cfg.SpansOut, filepath.Join(outDir, config.DefaultSpansFile))
+	setDefault(&cfg.PerfettoOut, filepath.Join(outDir, "gaptrace-trace.json"))
+	// The files under --out are refused as any named output is, before
+	// anything loads; a directory that does not exist yet is made below.
+	if p := demoOutputProblems(&cfg); len(p) > 0 {
+		fmt.Fprintf(deps.Stderr, "gaptrace %s: invalid configuration:\n", config.CmdDemo)
+		for _, msg := range p {
+			fmt.Fprintf(deps.Stderr, "  - %s\n", msg)
+		}
+		return ExitUsage
 	}
 	out := newOutput(&cfg, deps)
 	log := out.log.With("component", "cli")
@@ -131,16 +160,6 @@ func demoCmd(ctx context.Context, args []string, deps Deps) int {
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return fail(deps, config.CmdDemo, "create output directory: %v", err)
 	}
-	outDir := absOrSame(cfg.OutDir)
-	setDefault := func(p *string, v string) {
-		if *p == "" {
-			*p = v
-		}
-	}
-	setDefault(&cfg.GapsOut, filepath.Join(outDir, "gaptrace-gaps.jsonl"))
-	setDefault(&cfg.SummaryJSON, filepath.Join(outDir, "gaptrace-summary.json"))
-	setDefault(&cfg.SpansOut, filepath.Join(outDir, config.DefaultSpansFile))
-	setDefault(&cfg.PerfettoOut, filepath.Join(outDir, "gaptrace-trace.json"))
 	setDefault(&cfg.NVMLLib, filepath.Join(sim, "libnvidia-ml.so.1"))
 	setDefault(&cfg.CUDALib, filepath.Join(sim, "libcuda.so.1"))
 	setDefault(&cfg.NCCLLib, filepath.Join(sim, "libnccl.so.2"))

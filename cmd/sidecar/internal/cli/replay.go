@@ -65,6 +65,11 @@ func replayCmd(args []string, deps Deps) int {
 	default:
 		problems = append(problems, fmt.Sprintf("--probes %q: want %s, %s or %s", *probes, correlate.ProbesFull, correlate.ProbesLite, correlate.ProbesAuto))
 	}
+	for _, o := range []struct{ flag, path string }{{"gaps-out", *gapsOut}, {"summary-json", *sumOut}} {
+		if msg := config.CheckOutput(o.flag, o.path); msg != "" {
+			problems = append(problems, msg)
+		}
+	}
 	if len(problems) > 0 {
 		fmt.Fprintf(deps.Stderr, "gaptrace replay: invalid arguments:\n  - %s\n", strings.Join(problems, "\n  - "))
 		return ExitUsage

@@ -156,6 +156,9 @@ func (s *session) abort() {
 	if s.gaps != nil {
 		_ = s.gaps.Close() // nothing was traced
 	}
+	if s.trace != nil {
+		s.trace.Abort() // nothing was traced
+	}
 }
 
 // shortCmd is a command line for titles and log lines: the program's base

@@ -454,17 +454,27 @@ func FlagSet(cmd Command, cfg *Config, problems *Problems, out io.Writer) *flag.
 }
 
 // Load builds the Config of cmd from defaults, the YAML file named by
-// --config or GAPTRACE_CONFIG, the environment (getenv) and args. It
-// returns the positional arguments left after the flags. The error is a
-// *UsageError for unparsable command lines and Problems for bad values
-// (including what Validate finds).
-func Load(cmd Command, args []string, getenv func(string) string, usageOut io.Writer) (Config, []string, error) {
+// --config or GAPTRACE_CONFIG, the environment (lookupEnv, as
+// os.LookupEnv) and args. It returns the positional arguments left after
+// the flags. The error is a *UsageError for unparsable command lines and
+// Problems for bad values (including what Validate finds).
+//
+// A variable that is set but empty (GAPTRACE_PROBES=) is a problem, as an
+// empty value in the file is: it says something was meant and gives no
+// value; an unset variable leaves the default.
+func Load(cmd Command, args []string, lookupEnv func(string) (string, bool), usageOut io.Writer) (Config, []string, error) {
 	cfg := Defaults(cmd)
 	var problems Problems
 
 	// The file comes before the environment and the flags but is named by
 	// either, so find its name first with a throwaway pass.
-	cfgFile := getenv(EnvPrefix + "CONFIG")
+	cfgFile, ok, err := lookup(lookupEnv, EnvPrefix+"CONFIG")
+	if err != nil {
+		problems = append(problems, fmt.Sprintf("$%s: %v; unset it to read no configuration file", EnvPrefix+"CONFIG", err))
+	}
+	if !ok {
+		cfgFile = ""
+	}
 	{
 		scratch := Defaults(cmd)
 		var ignored Problems
@@ -490,7 +500,11 @@ func Load(cmd Command, args []string, getenv func(string) string, usageOut io.Wr
 			continue
 		}
 		name := EnvName(o.name)
-		if v, ok := lookup(getenv, name); ok {
+		v, ok, err := lookup(lookupEnv, name)
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("$%s: %v; unset it for the default", name, err))
+		case ok:
 			if err := o.set(&cfg, v); err != nil {
 				problems = append(problems, fmt.Sprintf("$%s: %v", name, err))
 			}
@@ -513,9 +527,17 @@ func Load(cmd Command, args []string, getenv func(string) string, usageOut io.Wr
 	return cfg, rest, nil
 }
 
-func lookup(getenv func(string) string, name string) (string, bool) {
-	v := getenv(name)
-	return v, v != ""
+// lookup reads an environment variable: ok when it is set to a value, an
+// error when it is set to nothing (or only blanks).
+func lookup(lookupEnv func(string) (string, bool), name string) (v string, ok bool, err error) {
+	v, set := lookupEnv(name)
+	if !set {
+		return "", false, nil
+	}
+	if strings.TrimSpace(v) == "" {
+		return "", false, fmt.Errorf("empty value")
+	}
+	return v, true, nil
 }
 
 // MaxConfigFile bounds the configuration file: it is read whole, and a
@@ -574,18 +596,22 @@ func loadFile(cmd Command, path string, cfg *Config) Problems {
 	return problems
 }
 
+// readConfigFile reads a regular file of at most MaxConfigFile bytes. It
+// opens without blocking, so a FIFO with no writer cannot hang the start,
+// and checks what it opened (not an earlier stat) before reading.
 func readConfigFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
+	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
 	}
 	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
 	}
 	b, err := io.ReadAll(io.LimitReader(f, MaxConfigFile+1))
 	if err != nil {
@@ -659,21 +685,7 @@ func (c *Config) validate(rest []string) Problems {
 	if c.Command == CmdDemo && c.DemoFor < 5*time.Second {
 		p = append(p, "--demo-duration: must be at least 5s")
 	}
-	for _, f := range []struct{ flag, path string }{
-		{"gaps-out", c.GapsOut}, {"summary-json", c.SummaryJSON}, {"spans-out", c.SpansOut},
-		{"windows-out", c.WindowsOut}, {"perfetto-out", c.PerfettoOut}, {"record", c.Record},
-	} {
-		if f.path == "" {
-			continue
-		}
-		if err := writableDir(filepath.Dir(f.path)); err != nil {
-			p = append(p, fmt.Sprintf("--%s %s: %v", f.flag, f.path, err))
-		} else if err := safefile.Check(f.path); err != nil && (f.flag != "summary-json" || !isSymlink(f.path)) {
-			// The summary replaces its file by rename, so a link there is
-			// replaced, not written through; the streamed files are not.
-			p = append(p, fmt.Sprintf("--%s: %v", f.flag, err))
-		}
-	}
+	p = append(p, c.OutputProblems()...)
 	if c.Command == CmdDemo {
 		if err := creatableDir(c.OutDir); err != nil {
 			p = append(p, fmt.Sprintf("--out %s: %v", c.OutDir, err))
@@ -705,6 +717,41 @@ func (c *Config) validate(rest []string) Problems {
 		p = append(p, "--service-name: must not be empty")
 	}
 	return p
+}
+
+// OutputProblems checks every output file the configuration names
+// (CheckOutput); a command that fills in defaults (demo) checks again.
+func (c *Config) OutputProblems() Problems {
+	var p Problems
+	for _, f := range []struct{ flag, path string }{
+		{"gaps-out", c.GapsOut}, {"summary-json", c.SummaryJSON}, {"spans-out", c.SpansOut},
+		{"windows-out", c.WindowsOut}, {"perfetto-out", c.PerfettoOut}, {"record", c.Record},
+	} {
+		if msg := CheckOutput(f.flag, f.path); msg != "" {
+			p = append(p, msg)
+		}
+	}
+	return p
+}
+
+// CheckOutput says why path cannot be written as the output of --flag
+// ("" when it can, or when path is ""): its directory must exist and be
+// writable, and the path must be nothing safefile refuses (a link, a
+// FIFO, a device, a file with other names). The summary replaces its file
+// by rename, so a symbolic link there is replaced, not written through; a
+// link at any other output is refused, said before anything runs, as the
+// streamed files must never follow one.
+func CheckOutput(flag, path string) string {
+	if path == "" {
+		return ""
+	}
+	if err := writableDir(filepath.Dir(path)); err != nil {
+		return fmt.Sprintf("--%s %s: %v", flag, path, err)
+	}
+	if err := safefile.Check(path); err != nil && (flag != "summary-json" || !isSymlink(path)) {
+		return fmt.Sprintf("--%s: %v", flag, err)
+	}
+	return ""
 }
 
 func isSymlink(path string) bool {

@@ -6,12 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
 
-func env(m map[string]string) func(string) string {
-	return func(k string) string { return m[k] }
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
 
 func TestLayering(t *testing.T) {
@@ -155,10 +156,11 @@ func TestFlagOnlyForOtherCommand(t *testing.T) {
 
 func TestOTLPConfigured(t *testing.T) {
 	c := Defaults(CmdRun)
-	if c.OTLPConfigured(env(nil)) {
+	getenv := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	if c.OTLPConfigured(getenv(nil)) {
 		t.Fatal("no endpoint anywhere, yet configured")
 	}
-	if !c.OTLPConfigured(env(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"})) {
+	if !c.OTLPConfigured(getenv(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"})) {
 		t.Fatal("standard OTEL variable ignored")
 	}
 }
@@ -208,7 +210,7 @@ func TestConfigFileValuesAreNeverSilentlyIgnored(t *testing.T) {
 		if err := os.WriteFile(f, []byte(tc.yaml), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, _, err := Load(CmdRun, []string{"--config", f, "--", "true"}, func(string) string { return "" }, io.Discard)
+		_, _, err := Load(CmdRun, []string{"--config", f, "--", "true"}, env(nil), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want a problem with %q", tc.yaml, err, tc.want)
 		}
@@ -216,7 +218,7 @@ func TestConfigFileValuesAreNeverSilentlyIgnored(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "q.yaml"), []byte("probes: \"null\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, _, err := Load(CmdRun, []string{"--config", filepath.Join(dir, "q.yaml"), "--", "true"}, func(string) string { return "" }, io.Discard)
+	cfg, _, err := Load(CmdRun, []string{"--config", filepath.Join(dir, "q.yaml"), "--", "true"}, env(nil), io.Discard)
 	if err != nil || cfg.Probes != "null" {
 		t.Errorf("quoted null: probes %q, err %v", cfg.Probes, err)
 	}
@@ -227,10 +229,15 @@ func TestConfigFileBounded(t *testing.T) {
 	if err := os.WriteFile(big, []byte("# "+strings.Repeat("x", MaxConfigFile)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for path, want := range map[string]string{"/dev/zero": "not a regular file", big: "larger than"} {
+	// A FIFO with no writer would block an open without O_NONBLOCK forever.
+	fifo := filepath.Join(t.TempDir(), "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{"/dev/zero": "not a regular file", fifo: "not a regular file", big: "larger than"} {
 		done := make(chan error, 1)
 		go func() {
-			_, _, err := Load(CmdRun, []string{"--config", path, "--", "true"}, func(string) string { return "" }, io.Discard)
+			_, _, err := Load(CmdRun, []string{"--config", path, "--", "true"}, env(nil), io.Discard)
 			done <- err
 		}()
 		select {
@@ -315,5 +322,26 @@ func TestRingPoll(t *testing.T) {
 	cfg, _, err := Load(CmdRun, []string{"--", "true"}, env(map[string]string{"GAPTRACE_RING_POLL": "10ms"}), io.Discard)
 	if err != nil || cfg.RingPoll != 10*time.Millisecond {
 		t.Errorf("GAPTRACE_RING_POLL=10ms: %v, %v", cfg.RingPoll, err)
+	}
+}
+
+// A variable set to nothing is a problem, as an empty value in the file
+// is; every one is said at once. Unset, the default holds; a variable of
+// an option the command does not have is not read, empty or not.
+func TestEmptyEnvironmentValues(t *testing.T) {
+	_, _, err := Load(CmdRun, []string{"--", "true"}, env(map[string]string{
+		"GAPTRACE_PROBES": "", "GAPTRACE_MIN_GAP": "  ", "GAPTRACE_CONFIG": "", "GAPTRACE_PID": "",
+	}), io.Discard)
+	for _, want := range []string{"$GAPTRACE_PROBES: empty value", "$GAPTRACE_MIN_GAP: empty value", "$GAPTRACE_CONFIG: empty value"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v, want %q", err, want)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "GAPTRACE_PID") {
+		t.Errorf("run read attach's GAPTRACE_PID: %v", err)
+	}
+	cfg, _, err := Load(CmdRun, []string{"--", "true"}, env(nil), io.Discard)
+	if err != nil || cfg.Probes != "auto" {
+		t.Errorf("unset: probes %q, %v; want the default", cfg.Probes, err)
 	}
 }

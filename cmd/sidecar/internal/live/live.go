@@ -703,6 +703,8 @@ func LogLine(v View) string {
 type Outputs struct {
 	Gaps, Spans, Summary, OTLP, Prometheus string
 	Trace                                  string // --perfetto-out
+	Windows                                string // --windows-out
+	Record                                 string // --record
 }
 
 // Summary renders the final summary of a session.
@@ -723,7 +725,7 @@ func Summary(v View, out Outputs, width int) string {
 	var files []string
 	for _, f := range []struct{ what, path string }{
 		{"gaps", out.Gaps}, {"spans", out.Spans}, {"summary", out.Summary}, {"OTLP", out.OTLP}, {"metrics", out.Prometheus},
-		{"trace", out.Trace},
+		{"trace", out.Trace}, {"windows", out.Windows}, {"record", out.Record},
 	} {
 		if f.path != "" {
 			files = append(files, fmt.Sprintf("  %-8s %s", f.what, Escape(f.path)))

@@ -6,34 +6,35 @@ import (
 	"github.com/gaptrace/gaptrace/event"
 )
 
-// A queue that drains after a few trailing launches.
+// A queue that drains after a few trailing launches or copies.
 //
 // A sync that found the queue empty opens a gap, and the next enqueue ends
 // it. Training loops often launch a few small kernels right after the
 // step's last sync (GradScaler.update after its found_inf read, an
 // optimizer step after loss.item(), a metric accumulated on the device),
-// then spend milliseconds on the host (the next batch, a checkpoint's
-// pickling) before the next step's work. Those kernels end the gap at
-// once, and no later sync says when they finished: the GPU idles for the
+// or copy a batch and then wait for the GIL, then spend milliseconds on
+// the host (the next batch, a checkpoint's pickling, another thread
+// holding the GIL) before the next step's work. That work ends the gap at
+// once, and no later sync says when it finished: the GPU idles for the
 // whole host stretch, unseen.
 //
 // With per-launch probes each CUDA event carries the thread's last launch
 // before it (Event.LastLaunch) and the launches it has not flushed yet
-// (Event.Pending). When the work queued since the queue was last empty is
-// one thread's small burst of launches, and that thread's next CUDA call
-// comes long after its last launch, the queue ran dry when the burst's
-// work was done: about its launches times the usual GPU time per launch
-// after the burst began, and never before the last launch's kernel. The
-// host cannot see a kernel's length: the usual time per launch is a
-// step's average, which its long kernels dominate, while the kernels that
-// trail a step's last sync are nearly always short (a scale update, a
-// memset, a metric), so it counts at most quietPerLaunchMax. A trailing
-// burst of long kernels (a fused optimizer step of a large model after
-// loss.item()) opens its gap too early by what they ran past that. The
-// gap opens there, as if a sync had seen it, and what follows (a copy, an
-// episode, a sync) is handled as in any open gap. A sync that then still
-// waits proves the estimate wrong and rejects the gap, as it rejects any
-// open gap it finds work behind.
+// (Event.Pending), and a launch that comes after a pause of 1 ms is
+// emitted. When the work queued since the queue was last empty is one
+// thread's small burst (a few launches, copies of known size), and that
+// thread's next CUDA call comes long after its last launch, the queue ran
+// dry when the burst's work was done: its launches times the usual GPU
+// time per launch (a step's busy time over its launches, as the windows
+// measured it) plus its bytes at a slow PCIe rate after the burst began,
+// and never before the last launch's kernel. The gap opens there, as if a
+// sync had seen it, and what follows (a copy, an episode, a sync) is
+// handled as in any open gap. A sync that then still waits proves the
+// estimate wrong and rejects the gap, as it rejects any open gap it finds
+// work behind. The host cannot see a kernel's length: a trailing burst of
+// kernels longer than the step's average (a fused optimizer step after
+// loss.item()) opens its gap too early by what they ran past it, one of
+// shorter kernels too late.
 
 const (
 	// quietBurstMax is the most launches a trailing burst may hold: past
@@ -44,44 +45,58 @@ const (
 	quietShare = 4
 	// perLaunchDefault is the GPU time assumed per launch before any step
 	// measured it, and perLaunchMin the least ever assumed.
-	perLaunchDefault  = int64(50 * time.Microsecond)
-	perLaunchMin      = int64(5 * time.Microsecond)
-	quietPerLaunchMax = int64(100 * time.Microsecond)
+	perLaunchDefault = int64(50 * time.Microsecond)
+	perLaunchMin     = int64(5 * time.Microsecond)
+	// burstCopyBps is the rate a burst's copies are assumed to move at: a
+	// slow link's, so that the gap opens late rather than early.
+	burstCopyBps = 10e9
 )
 
 // burst is the work one thread enqueued since the queue was last empty,
 // while nothing else was enqueued: ok is false once anything else was.
 type burst struct {
-	tid   uint32
-	start int64
-	ok    bool
+	tid      uint32
+	start    int64
+	launches uint64 // flushed by the burst's events
+	bytes    uint64 // copied and set by it
+	ok       bool
 }
 
 // noteBurst keeps the burst state current at an enqueue; wasDrained says
 // whether the queue was empty before it.
 func (p *proc) noteBurst(th *thread, ev *event.Event, wasDrained bool) {
+	work := ev.Kind == event.KindMemcpyAsync || ev.Kind == event.KindMemset ||
+		ev.Kind == event.KindEnqueue && ev.CUDA != event.CUGraphLaunch
 	switch {
-	case wasDrained && ev.Kind == event.KindEnqueue && ev.CUDA != event.CUGraphLaunch:
-		p.burst = burst{tid: th.tid, start: ev.Start, ok: true}
-	default:
-		// A second burst, a copy, a memset, a collective or a graph
-		// replay: the queue holds work whose length launches do not say.
+	case !work:
+		// A collective or a graph replay: work whose length the host
+		// does not know.
 		p.burst.ok = false
+	case wasDrained:
+		p.burst = burst{tid: th.tid, start: ev.Start, ok: true}
+	case th.tid != p.burst.tid:
+		p.burst.ok = false
+	}
+	if p.burst.ok && p.burst.tid == th.tid {
+		if ev.Kind == event.KindEnqueue {
+			p.burst.launches += ev.Count
+		} else {
+			p.burst.bytes += ev.Bytes
+		}
 	}
 }
 
-// burstLaunches is how many launches the burst holds, as ev (the thread's
-// next CUDA event) reports them.
-func burstLaunches(ev *event.Event) uint64 {
+// burstLaunches is how many launches the burst held before ev, the
+// thread's next CUDA event.
+func (b burst) launchesBefore(ev *event.Event) uint64 {
 	switch ev.Kind {
 	case event.KindEnqueue:
-		// Its count is the burst's launches since the first (flushed at
-		// the burst's start) plus its own.
-		return ev.Count
+		// Its count is the launches since the last flush and its own.
+		return b.launches + max(ev.Count, 1) - 1
 	case event.KindSync:
-		return 1 + ev.Count
+		return b.launches + ev.Count
 	}
-	return 1 + ev.Pending
+	return b.launches + ev.Pending
 }
 
 // quietDrain opens the gap a trailing burst's drain began, when ev (a CUDA
@@ -89,6 +104,8 @@ func burstLaunches(ev *event.Event) uint64 {
 func (p *proc) quietDrain(x env, th *thread, ev *event.Event) {
 	b := p.burst
 	if !b.ok || b.tid != th.tid || ev.LastLaunch == 0 || p.gap != nil || p.hold != nil || p.allDrained() {
+		// LastLaunch is 0 where launches are not probed (lite) or before
+		// the thread's first launch.
 		return
 	}
 	switch ev.Kind {
@@ -101,19 +118,21 @@ func (p *proc) quietDrain(x env, th *thread, ev *event.Event) {
 	default:
 		return
 	}
-	last := ev.LastLaunch
-	if last < b.start || p.lastEnq > last || x.liteOver(b.start, ev.Start) {
+	if x.liteOver(b.start, ev.Start) || p.lastEnq > max(b.start, ev.LastLaunch) {
 		return
 	}
 	// A trailing burst is a small part of what the loop launches between
 	// its syncs; a step's worth of launches is the CPU running ahead, whose
 	// queued work the windows judge (ahead.go).
-	n := burstLaunches(ev)
+	n := b.launchesBefore(ev)
 	if n > quietBurstMax || p.syncLaunches.n < minHistory || int64(n)*quietShare > p.syncLaunches.high(waitRecent) {
 		return
 	}
-	per := min(p.perLaunch(), quietPerLaunchMax)
-	drained := max(last+per, b.start+int64(n)*per)
+	per := p.perLaunch()
+	drained := b.start + int64(n)*per + int64(float64(b.bytes)/burstCopyBps*1e9)
+	if ev.LastLaunch >= b.start {
+		drained = max(drained, ev.LastLaunch+per)
+	}
 	if ev.Start-drained < x.set.minGap {
 		return
 	}

@@ -29,8 +29,8 @@ type gpuSim struct {
 	flushed map[uint32]bool
 	// lastLaunch: each thread's latest launch (Event.LastLaunch).
 	lastLaunch map[uint32]int64
-	stream  uint64
-	lite    bool
+	stream     uint64
+	lite       bool
 }
 
 func newSim() *gpuSim {

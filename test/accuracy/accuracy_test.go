@@ -131,10 +131,10 @@ func scenarios() []scenario {
 		// A few short kernels follow every step's last sync (GradScaler's
 		// update, an optimizer step after loss.item()): no sync says when
 		// the queue drained before the stall.
-		{name: "trailing-io.read", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 40,
+		{name: "trailing-io.read", kernels: 40, kernelUS: 300, gapUS: 20, streams: 1, steps: 40,
 			extra:  []string{"--trailing-launches", "2"},
 			stalls: []stall{{cause: "io.read", every: 4, ms: 30}}},
-		{name: "trailing-checkpoint", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 40,
+		{name: "trailing-checkpoint", kernels: 40, kernelUS: 300, gapUS: 20, streams: 1, steps: 40,
 			extra:  []string{"--trailing-launches", "2"},
 			stalls: []stall{{cause: "checkpoint", every: 4, ms: 30}}},
 		// Every value is a prime whose products exceed any run's steps, so

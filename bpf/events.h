@@ -71,6 +71,7 @@ enum syscall_class {
 #define EXEC_PATH_LEN 128
 #define COMM_LEN      16
 #define STACK_SP_WORDS 8
+#define WAIT_FDS      4
 
 struct event_hdr {
 	__u32 type;	/* enum event_type */
@@ -122,6 +123,15 @@ struct syscall_event {
 	__s32 fd;    /* -1 when the syscall has no fd argument */
 	__u32 class; /* enum syscall_class */
 	__s32 stack_id; /* user_stacks id of the caller's stack, -1 when none */
+	/* poll, ppoll, select, pselect6: the first fds the call waited on
+	 * (wait_fds[i] for i < min(wait_nfds, WAIT_FDS); a negative one the
+	 * kernel ignores), how many it waited on (poll: nfds; select: the fds
+	 * set in its read and write sets, or nfds when it names fds above 63,
+	 * which are not read), and which of the listed ones were sockets
+	 * (bit i: wait_fds[i]). All zero for other calls. */
+	__s32 wait_fds[WAIT_FDS];
+	__u32 wait_nfds;
+	__u32 wait_socks;
 	/* The words at the user stack pointer: a syscall wrapper without a
 	 * frame pointer hides its caller from the frame-pointer walk, and its
 	 * return address is among these (user space picks it). */

@@ -24,25 +24,52 @@ struct {
 	__type(value, __u32); /* enum syscall_class; SC_UNTRACED when not traced */
 } syscall_classes SEC(".maps");
 
-/* x86-64 numbers of the waits that can be given no file descriptor. */
+/* x86-64 numbers of the waits on file descriptors. */
 #define NR_POLL 7
 #define NR_SELECT 23
 #define NR_PSELECT6 270
 #define NR_PPOLL 271
 
-/* A poll or select on no file descriptor is a sleep: CPython before 3.11
- * sleeps with select(0, NULL, NULL, NULL, &tv) (pselect6 in glibc). */
-static __always_inline bool waits_on_nothing(__u32 nr, struct trace_event_raw_sys_enter *ctx)
+/* At the entry of a poll, ppoll, select or pselect6 (sc_arg0, sc_arg1: its
+ * first two arguments). One on no file descriptor is a sleep: CPython
+ * before 3.11 sleeps with select(0, NULL, NULL, NULL, &tv) (pselect6 in
+ * glibc). select rewrites its sets when it returns (to the ready fds, to
+ * none on a timeout), so the fds it waits on are taken here: the first
+ * word of the read and write sets (fds 0-63, where a select on a socket's
+ * few fds lands), kept in sc_arg1; two reads per select on fds. poll's
+ * array keeps its fds (the kernel writes back only revents), so it is read
+ * at exit, and only for a call long enough to be emitted: entering a poll
+ * costs nothing more. */
+static __always_inline void wait_enter(struct thread_state *t, __u32 nr,
+				       struct trace_event_raw_sys_enter *ctx)
 {
 	switch (nr) {
 	case NR_SELECT:
-	case NR_PSELECT6:
-		return BPF_CORE_READ(ctx, args[0]) == 0; /* nfds */
+	case NR_PSELECT6: {
+		__u32 nfds = (__u32)t->sc_arg0;
+		if (nfds == 0) {
+			t->sc_class = SC_SLEEP;
+			return;
+		}
+		__u64 in = 0, out = 0;
+		void *rd = (void *)t->sc_arg1;
+		void *wr = (void *)BPF_CORE_READ(ctx, args[2]);
+		if (rd)
+			bpf_probe_read_user(&in, sizeof(in), rd);
+		if (wr)
+			bpf_probe_read_user(&out, sizeof(out), wr);
+		__u64 set = in | out;
+		if (nfds < 64)
+			set &= (1ULL << nfds) - 1;
+		t->sc_arg1 = set;
+		return;
+	}
 	case NR_POLL:
 	case NR_PPOLL:
-		return BPF_CORE_READ(ctx, args[1]) == 0; /* nfds */
+		if (t->sc_arg1 == 0) /* nfds */
+			t->sc_class = SC_SLEEP;
+		return;
 	}
-	return false;
 }
 
 SEC("tracepoint/syscalls/sys_enter")
@@ -61,8 +88,6 @@ int sys_enter(struct trace_event_raw_sys_enter *ctx)
 
 	t->sc_nr = nr;
 	t->sc_class = *cls;
-	if (*cls == SC_POLL && waits_on_nothing(nr, ctx))
-		t->sc_class = SC_SLEEP;
 	if (*cls == SC_MMAP) {
 		t->sc_arg0 = BPF_CORE_READ(ctx, args[2]); /* prot */
 		t->sc_arg1 = BPF_CORE_READ(ctx, args[4]); /* fd */
@@ -70,6 +95,8 @@ int sys_enter(struct trace_event_raw_sys_enter *ctx)
 		t->sc_arg0 = BPF_CORE_READ(ctx, args[0]);
 		t->sc_arg1 = BPF_CORE_READ(ctx, args[1]);
 	}
+	if (*cls == SC_POLL)
+		wait_enter(t, nr, ctx);
 	t->waker = 0;
 	t->sc_start = bpf_ktime_get_ns();
 	return 0;
@@ -86,6 +113,75 @@ static __always_inline __s32 fd_of(__u32 cls, __u64 arg0)
 		return (__s32)arg0;
 	}
 	return -1;
+}
+
+struct pollfd {
+	__s32 fd;
+	__s16 events;
+	__s16 revents;
+};
+
+#define S_IFMT	 00170000
+#define S_IFSOCK 0140000
+
+/* The fds an emitted poll, ppoll, select or pselect6 waited on (see
+ * wait_enter), and which of them are sockets: per listed fd three reads
+ * (its slot in the thread's fd table, the file's inode, the inode's mode),
+ * so user space knows a socket for one even when the connection closes
+ * before it resolves the fd. Only here, never for a call that is counted:
+ * poll is hot in some jobs. */
+static __always_inline void wait_fds(struct syscall_event *e, struct thread_state *t)
+{
+	__u32 n = 0;
+	switch (t->sc_nr) {
+	case NR_POLL:
+	case NR_PPOLL: {
+		/* One read of WAIT_FDS entries, the ones past nfds unused; a
+		 * single entry that ends just before an unmapped page is read
+		 * alone. */
+		struct pollfd pf[WAIT_FDS] = {};
+		__u32 nfds = (__u32)t->sc_arg1;
+		__u32 k = nfds < WAIT_FDS ? nfds : WAIT_FDS;
+		if (bpf_probe_read_user(pf, sizeof(pf), (void *)t->sc_arg0) &&
+		    (k > 1 || bpf_probe_read_user(pf, sizeof(pf[0]), (void *)t->sc_arg0)))
+			return;
+		for (int i = 0; i < WAIT_FDS; i++)
+			if (i < k)
+				e->wait_fds[i] = pf[i].fd;
+		e->wait_nfds = nfds;
+		n = k;
+		break;
+	}
+	case NR_SELECT:
+	case NR_PSELECT6: {
+		__u64 set = t->sc_arg1;
+		for (int i = 0; i < WAIT_FDS && set; i++) {
+			e->wait_fds[i] = __builtin_popcountll((set & -set) - 1); /* lowest set bit */
+			set &= set - 1;
+			n++;
+		}
+		__u32 nfds = (__u32)t->sc_arg0;
+		e->wait_nfds = nfds > 64 ? nfds : n + __builtin_popcountll(set);
+		break;
+	}
+	default:
+		return; /* epoll_wait, epoll_pwait: the fds are in the epoll set */
+	}
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct fdtable *fdt = task->files->fdt;
+	__u32 max = fdt->max_fds;
+	struct file **table = fdt->fd;
+	for (int i = 0; i < WAIT_FDS; i++) {
+		if (i >= n)
+			break;
+		__s32 fd = e->wait_fds[i];
+		struct file *f = NULL;
+		if (fd < 0 || (__u32)fd >= max ||
+		    bpf_probe_read_kernel(&f, sizeof(f), &table[fd]) || !f)
+			continue;
+		if ((BPF_CORE_READ(f, f_inode, i_mode) & S_IFMT) == S_IFSOCK)
+			e->wait_socks |= 1U << i;
+	}
 }
 
 static __always_inline void emit_fd(struct thread_state *t, __u64 id, __u64 now, __s64 ret)
@@ -161,9 +257,12 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		e->stack_id = user_stack(ctx);
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 		bpf_probe_read_user(e->sp_words, sizeof(e->sp_words), (void *)regs->sp);
-		/* A blocking socket call: its peer is looked up through the fd,
-		 * which a short-lived connection closes within milliseconds. */
-		if (cls == SC_NET)
+		if (cls == SC_POLL)
+			wait_fds(e, t);
+		/* A blocking socket call (or a poll on a socket): its peer is
+		 * looked up through the fd, which a short-lived connection
+		 * closes within milliseconds. */
+		if (cls == SC_NET || e->wait_socks)
 			submit_now(e);
 		else
 			submit(e);

@@ -117,6 +117,23 @@ struct pid {
 	struct upid numbers[1];
 } __attribute__((preserve_access_index));
 
+struct inode {
+	unsigned short i_mode;
+} __attribute__((preserve_access_index));
+
+struct file {
+	struct inode *f_inode;
+} __attribute__((preserve_access_index));
+
+struct fdtable {
+	unsigned int max_fds;
+	struct file **fd;
+} __attribute__((preserve_access_index));
+
+struct files_struct {
+	struct fdtable *fdt;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	unsigned int __state;
 	pid_t pid;
@@ -124,6 +141,7 @@ struct task_struct {
 	char comm[16];
 	struct pid *thread_pid;
 	struct task_struct *group_leader;
+	struct files_struct *files;
 } __attribute__((preserve_access_index));
 
 struct linux_binprm {

@@ -42,6 +42,13 @@ func baseCause(ev *event.Event) Cause {
 			return CauseIOWrite
 		case event.SysNet:
 			return CauseNet
+		case event.SysPoll:
+			// A poll or select on sockets only (the tracer names one):
+			// a socket with a timeout waits there, not in recv.
+			if ev.FDKind == event.FDSocket {
+				return CauseNet
+			}
+			return CauseOther
 		case event.SysSleep:
 			return CauseSleep
 		}
@@ -61,8 +68,16 @@ func isWait(ev *event.Event) bool {
 		return false
 	}
 	switch ev.Syscall {
-	case event.SysFutex, event.SysPoll:
+	case event.SysFutex:
 		return true
+	case event.SysPoll:
+		if ev.FDKind != event.FDSocket {
+			// Pipes, eventfds, several kinds at once, an epoll set: a
+			// readiness wait on another task.
+			return true
+		}
+		// On sockets only: judged as a recv on that socket.
+		fallthrough
 	case event.SysRead, event.SysNet:
 		if ev.PeerPID != 0 || ev.Name == "connect" {
 			// A conversation with a known peer process (a loopback service)
@@ -74,8 +89,10 @@ func isWait(ev *event.Event) bool {
 			return true
 		case event.FDSocket:
 			// A unix socket (no ip:port peer) is a local channel; a TCP/UDP
-			// peer is the network even when it is a traced process.
-			return ev.PeerAddr == ""
+			// peer is the network even when it is a traced process. A
+			// socket closed before it was resolved (no path) is taken for
+			// the network, as an unresolved recv is.
+			return ev.PeerAddr == "" && ev.Path != ""
 		}
 	}
 	return false

@@ -1233,3 +1233,67 @@ func TestSyncWokenThenWaitedForCPU(t *testing.T) {
 		t.Errorf("a preemption inside a sync opened a gap: %+v", big)
 	}
 }
+
+// A socket with a timeout (Python's http.client, requests, urllib3) waits in
+// poll or select before each non-blocking recv: when the tracer names the
+// socket the wait was on, the wait is the network, like a recv on it, with
+// its peer. Other readiness waits keep their causes: a pipe to a data-loader
+// worker is loader.wait, a unix socket is a local channel, a wait on fds the
+// tracer did not resolve is judged by its waker as before.
+func TestPollOnSockets(t *testing.T) {
+	poll := func(ev event.Event) event.Event {
+		ev.Kind, ev.Syscall = event.KindSyscall, event.SysPoll
+		if ev.Name == "" {
+			ev.Name = "poll"
+		}
+		return ev
+	}
+	for _, tc := range []struct {
+		name string
+		ev   event.Event
+		want Cause
+		peer PeerEvidence
+	}{
+		{"loopback service woke it", poll(event.Event{FD: 5, FDKind: event.FDSocket, Path: "socket:[77]", PeerAddr: "127.0.0.1:8080",
+			PeerPID: workerPID, WakerPID: workerPID, WakerTID: workerPID}), CauseNet, PeerEvidence{Address: "127.0.0.1:8080", PID: workerPID}},
+		{"remote peer", poll(event.Event{Name: "ppoll", FD: 5, FDKind: event.FDSocket, Path: "socket:[78]", PeerAddr: "10.0.0.5:443"}),
+			CauseNet, PeerEvidence{Address: "10.0.0.5:443"}},
+		{"select on a remote peer", poll(event.Event{Name: "pselect6", FD: 6, FDKind: event.FDSocket, Path: "socket:[79]",
+			PeerAddr: "10.0.0.5:443", WakerPID: 555, WakerTID: 555}), CauseNet, PeerEvidence{Address: "10.0.0.5:443"}},
+		{"socket closed before it was resolved", poll(event.Event{FD: 5, FDKind: event.FDSocket, WakerPID: workerPID, WakerTID: workerPID}),
+			CauseNet, PeerEvidence{}},
+		{"unix socket to a worker", poll(event.Event{FD: 5, FDKind: event.FDSocket, Path: "/run/q.sock", WakerPID: workerPID, WakerTID: workerPID}),
+			CauseLoaderWait, PeerEvidence{}},
+		{"pipe to a worker", poll(event.Event{FD: -1, WakerPID: workerPID, WakerTID: workerPID}), CauseLoaderWait, PeerEvidence{}},
+		{"fds of several kinds", poll(event.Event{FD: -1, WakerPID: 555, WakerTID: 555}), CauseOther, PeerEvidence{}},
+		{"epoll_wait", poll(event.Event{Name: "epoll_wait", FD: -1, WakerPID: 555, WakerTID: 555}), CauseOther, PeerEvidence{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := trainer(func(s *gpuSim) {
+				// The loop of a socket with a timeout: a wait, a recv
+				// too short to trace, the wait for the close, a recv.
+				s.block(tc.ev, stallNS-300*us)
+				s.t += 20 * us
+				s.block(tc.ev, 260*us)
+				s.t += 20 * us
+			})
+			c := &collect{}
+			feed(newEngine(c, nil), c, s.evs, nil, s.t+2e9, 20*ms, 0)
+			big := bigGaps(c.gaps)
+			if len(big) != 1 || big[0].Cause != tc.want {
+				t.Fatalf("gaps %+v", big)
+			}
+			g := big[0]
+			if tc.want != CauseNet {
+				return
+			}
+			if share := float64(g.Breakdown[CauseNet]) / float64(g.Duration); share < 0.98 {
+				t.Errorf("net %.3f of the gap, want ≥ 0.98 (breakdown %v)", share, g.Breakdown)
+			}
+			if len(g.Evidence.Peers) != 1 || g.Evidence.Peers[0].Address != tc.peer.Address || g.Evidence.Peers[0].PID != tc.peer.PID ||
+				g.Evidence.Peers[0].Calls != 2 {
+				t.Errorf("peers %+v, want %+v in 2 calls", g.Evidence.Peers, tc.peer)
+			}
+		})
+	}
+}

@@ -34,7 +34,9 @@ const (
 	// KindGroupEnd: ncclGroupEnd, Start..End.
 	KindGroupEnd
 	// KindSyscall: a traced syscall that lasted at least the threshold,
-	// Start..End. Syscall, FD, Ret, Path/PeerAddr, Waker* set.
+	// Start..End. Syscall, FD, Ret, Path/PeerAddr, Waker* set. A poll or
+	// select (SysPoll) that waited only on sockets carries one of them in
+	// FD, FDKind (FDSocket), Path and Peer*; other waits have FD -1.
 	KindSyscall
 	// KindRunqueue: the thread was runnable but not running, Start..End.
 	KindRunqueue
@@ -163,7 +165,7 @@ type FDKind uint8
 const (
 	FDUnknown FDKind = iota
 	FDFile
-	FDSocket // PeerAddr set (tcp/udp "ip:port", unix path)
+	FDSocket // PeerAddr set (tcp/udp "ip:port", unix path); no Path: closed before it was resolved
 	FDPipe
 	FDOther // eventfd, anon inode, device, ...
 )

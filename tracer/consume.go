@@ -394,11 +394,14 @@ func (t *Tracer) handle(d *decoded) {
 		// A slow open: say what was opened (its fd record came first).
 		ev.FD = int32(ev.Ret)
 	}
-	if ev.Kind == event.KindSyscall && ev.FD >= 0 {
+	switch {
+	case ev.Kind == event.KindSyscall && ev.FD >= 0:
 		if ev.Name == "connect" {
 			t.fds.invalidate(ev.PID, ev.FD) // the peer changed
 		}
 		applyFD(ev, t.fds.resolve(ev.PID, ev.FD))
+	case ev.Kind == event.KindSyscall && d.waitSocks != 0:
+		t.waitedSocket(ev, d)
 	}
 	if ev.TaskComm == "" {
 		ev.TaskComm = t.comms.get(ev.PID, ev.TID)
@@ -410,6 +413,56 @@ func (t *Tracer) handle(d *decoded) {
 	if ev.Kind == event.KindExit {
 		t.comms.forget(ev.TID)
 	}
+}
+
+// waitedSocket resolves the socket a poll or select waited on. When every
+// fd it waited on was listed (bpf/events.h WAIT_FDS) and each one the
+// kernel does not ignore is a socket, the call waited on the network as a
+// recv on that socket does (a socket with a timeout polls before it
+// reads), and the event takes that socket's fd, path and peer: the one
+// with a known peer first, then the first listed. One closed before it could
+// be resolved is still a socket, the program saw it: FDSocket without a
+// path. A wait that also named a pipe, an eventfd or a file, or fds not
+// listed, is left as it came: a wait on something else.
+func (t *Tracer) waitedSocket(ev *event.Event, d *decoded) {
+	if int(d.waitN) > len(d.waitFDs) {
+		return
+	}
+	var best fdInfo
+	bestFD, bestRank := int32(-1), -1
+	for i, fd := range d.waitFDs {
+		if fd < 0 {
+			continue
+		}
+		if d.waitSocks&(1<<i) == 0 {
+			return
+		}
+		info := t.fds.resolve(ev.PID, fd)
+		switch info.kind {
+		case event.FDSocket:
+		case event.FDUnknown: // closed already
+			info = fdInfo{kind: event.FDSocket}
+		default:
+			return // the fd number was reused for something else
+		}
+		rank := 0
+		switch {
+		case info.peerPID != 0:
+			rank = 3
+		case info.peerAddr != "":
+			rank = 2
+		case info.path != "":
+			rank = 1
+		}
+		if rank > bestRank {
+			best, bestFD, bestRank = info, fd, rank
+		}
+	}
+	if bestFD < 0 {
+		return
+	}
+	ev.FD = bestFD
+	applyFD(ev, best)
 }
 
 func applyFD(ev *event.Event, info fdInfo) {

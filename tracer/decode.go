@@ -80,6 +80,13 @@ type decoded struct {
 	// until the next read): it belongs to the event that follows.
 	ktime   uint64
 	pyStack []byte
+	// waitFDs, for a poll or select, the fds it waited on as the program
+	// listed them (at most waitFDs' length), waitN how many it waited on
+	// in all and waitSocks which of the listed ones were sockets (bit i:
+	// waitFDs[i]).
+	waitFDs   []int32
+	waitN     uint32
+	waitSocks uint32
 }
 
 // decodeError describes a record that could not be decoded; the tracer
@@ -178,6 +185,10 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.WakerPID, ev.WakerTID = uint32(r.Waker>>32), uint32(r.Waker)
 		d.stackID = r.StackId
 		d.spWords = r.SpWords[:]
+		if r.WaitNfds > 0 && ev.Syscall == event.SysPoll {
+			d.waitFDs = r.WaitFds[:min(int(r.WaitNfds), len(r.WaitFds))]
+			d.waitN, d.waitSocks = r.WaitNfds, r.WaitSocks
+		}
 		d.emit = true
 	case evSched:
 		r := (*rawSched)(unsafe.Pointer(&rec[0]))

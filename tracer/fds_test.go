@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -155,5 +156,74 @@ func TestFDOpenedLongPath(t *testing.T) {
 	r.opened(pid, 9999, full[:probePathMax]) // no such fd: /proc cannot help
 	if info, _ := r.cached(pid, 9999); info.path != full[:probePathMax]+TruncatedMark {
 		t.Errorf("unrestorable cut path cached as %q, want it marked", info.path)
+	}
+}
+
+// A poll or select record takes the socket it waited on when every fd it
+// names is one (fds the kernel ignores aside): the fd, the peer and, on
+// loopback, the process at the other end, as a recv on it would. Any other
+// fd in the set, or fds the program could not list, leave it a plain wait.
+func TestWaitedSocket(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sock, done := fdOf(t, c.(*net.TCPConn))
+	defer done()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	pipe := int32(pr.Fd())
+	const gone = int32(1 << 20) // no such fd: a socket closed before it was resolved
+	pid := uint32(os.Getpid())
+
+	tests := []struct {
+		name   string
+		nr     int32
+		fds    []int32
+		nfds   uint32
+		socks  uint32
+		fd     int32
+		kind   event.FDKind
+		peered bool
+	}{
+		{"poll on a socket", 7, []int32{sock}, 1, 1, sock, event.FDSocket, true},
+		{"ppoll on a socket and an ignored entry", 271, []int32{-1, sock}, 2, 2, sock, event.FDSocket, true},
+		{"select on a closed socket", 23, []int32{gone}, 1, 1, gone, event.FDSocket, false},
+		{"socket and pipe", 7, []int32{sock, pipe}, 2, 1, -1, event.FDUnknown, false},
+		{"pipe only", 7, []int32{pipe}, 1, 0, -1, event.FDUnknown, false},
+		{"more fds than listed", 7, []int32{sock, sock, sock, sock}, 9, 15, -1, event.FDUnknown, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rawSyscall{Hdr: hdr(evSyscall, uint32(event.KindSyscall), pid, pid, tEnd), StartNs: tStart, Ret: 1,
+				Nr: tc.nr, Fd: -1, Class: uint32(event.SysPoll), WaitNfds: tc.nfds, WaitSocks: tc.socks, StackId: -1}
+			copy(r.WaitFds[:], tc.fds)
+			var d decoded
+			if err := decodeRecord(asBytes(&r), &d); err != nil {
+				t.Fatal(err)
+			}
+			if want := tc.fds[:min(len(tc.fds), int(tc.nfds))]; !slices.Equal(d.waitFDs, want) {
+				t.Fatalf("decoded fds %v, want %v", d.waitFDs, want)
+			}
+			tr := newUnloadedTracer()
+			tr.handle(&d)
+			ev := d.ev
+			if ev.FD != tc.fd || ev.FDKind != tc.kind {
+				t.Fatalf("fd %d kind %d, want %d %d (%+v)", ev.FD, ev.FDKind, tc.fd, tc.kind, ev)
+			}
+			if peered := ev.PeerAddr == ln.Addr().String() && ev.PeerPID == pid; peered != tc.peered {
+				t.Errorf("peer %q pid %d, want peer %v", ev.PeerAddr, ev.PeerPID, tc.peered)
+			}
+		})
 	}
 }

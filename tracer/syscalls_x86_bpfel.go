@@ -110,14 +110,17 @@ type syscallsSyscallEvent struct {
 		PidTgid uint64
 		KtimeNs uint64
 	}
-	StartNs uint64
-	Ret     int64
-	Waker   uint64
-	Nr      int32
-	Fd      int32
-	Class   uint32
-	StackId int32
-	SpWords [8]uint64
+	StartNs   uint64
+	Ret       int64
+	Waker     uint64
+	Nr        int32
+	Fd        int32
+	Class     uint32
+	StackId   int32
+	WaitFds   [4]int32
+	WaitNfds  uint32
+	WaitSocks uint32
+	SpWords   [8]uint64
 }
 
 type syscallsThreadState struct {

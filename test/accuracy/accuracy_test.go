@@ -61,12 +61,18 @@ type scenario struct {
 	countSteps bool
 	// probes, when set, are the only probe sets the scenario runs under.
 	probes []string
+	// netShare, when set, also judges the gaps of net stalls on their
+	// breakdown (at least this share net) and their peers (every one names
+	// the server): see NetShare. Other scenarios with net stalls print
+	// the figures.
+	netShare float64
 }
 
 type stall struct {
 	cause     string
 	every, ms int
 	ahead     bool
+	via       string // net: "poll" for a socket with a timeout
 }
 
 func (sc scenario) args() []string {
@@ -89,6 +95,9 @@ func (sc scenario) args() []string {
 		if st.ahead {
 			a += ":at=ahead"
 		}
+		if st.via != "" {
+			a += ":via=" + st.via
+		}
 		v = append(v, "--stall", a)
 	}
 	return append(v, sc.extra...)
@@ -107,10 +116,16 @@ func scenarios() []scenario {
 	// in the late steps, which no trainer does.
 	comm := single("comm", 30)
 	comm.collectives = 2
+	// A metrics post through a socket with a timeout (http.client with
+	// timeout=, requests): the thread waits in poll on the socket, not in
+	// recv.
+	netPoll := single("net", 30)
+	netPoll.name, netPoll.stalls[0].via, netPoll.netShare = "net-poll", "poll", 0.98
 	return []scenario{
 		single("io.read", 30),
 		single("io.write", 30),
 		single("net", 30),
+		netPoll,
 		single("loader.wait.io", 30),
 		single("loader.wait.cpu", 30),
 		comm,
@@ -492,6 +507,7 @@ type row struct {
 	Notes        []string         `json:"notes,omitempty"`
 	Result       *Result          `json:"result"`
 	StepIdle     *StepIdleResult  `json:"step_idle,omitempty"`
+	Net          *NetResult       `json:"net,omitempty"`
 	StepCount    *StepCountResult `json:"step_count,omitempty"`
 	Misses       []string         `json:"misses,omitempty"`
 }
@@ -711,6 +727,20 @@ func score(t *testing.T, j *job) *row {
 				c, cr.Accuracy, minAccuracy, cr.Coverage, confusion(cr))
 		}
 	}
+	r.Net = NetShare(tr, gaps)
+	if j.sc.netShare > 0 {
+		switch nr := r.Net; {
+		case nr == nil || nr.Stalls == 0:
+			miss("net: no gap covers a net stall")
+		default:
+			if nr.Share.Value() < j.sc.netShare {
+				miss("net: %s of the net stalls' gaps attributed net < %.2f", nr.Share, j.sc.netShare)
+			}
+			if nr.Named < nr.Stalls {
+				miss("net: %d of %d net stalls' gaps name the server as their peer", nr.Named, nr.Stalls)
+			}
+		}
+	}
 	if j.sc.countSteps {
 		spans, err := ReadStepSpans(filepath.Join(j.dir, "spans.jsonl"))
 		if err != nil {
@@ -861,6 +891,9 @@ func formatTable(rows []*row) string {
 		for _, c := range sortedCauses(res.Causes) {
 			cr := res.Causes[c]
 			causes = append(causes, fmt.Sprintf("%s %s (%s)", c, pct(cr.Accuracy), pct(cr.Coverage)))
+		}
+		if nr := r.Net; nr != nil {
+			causes = append(causes, fmt.Sprintf("net share %s, peer named %d/%d", pct(nr.Share), nr.Named, nr.Stalls))
 		}
 		if sc := r.StepCount; sc != nil {
 			causes = append(causes, fmt.Sprintf("steps counted %d/%d (%+.1f%%)", sc.Counted, sc.True, 100*sc.SignedErr()))

@@ -211,6 +211,10 @@ type TruthStall struct {
 	// RunDelayNS is the main thread's run-queue wait during the stall (the
 	// machine's own CPU contention), from schedstat.
 	RunDelayNS int64
+	// Peer and ServerPID name a net stall's server (ServerPID 0 when it is
+	// not simtrain's own log server).
+	Peer      string
+	ServerPID uint32
 }
 
 // contentionShare: a stall whose run-queue wait was at least this share of
@@ -291,6 +295,8 @@ func ReadTruth(path string) (*Truth, error) {
 			At        string `json:"at"`
 			WorkerDid string `json:"worker_did"`
 			RunDelay  int64  `json:"run_delay_ns"`
+			Peer      string `json:"peer"`
+			ServerPID uint32 `json:"server_pid"`
 		}
 		if err := json.Unmarshal(line, &r); err != nil {
 			return err
@@ -307,7 +313,7 @@ func ReadTruth(path string) (*Truth, error) {
 			t.Steps = append(t.Steps, TruthStep{Number: r.Step, Interval: iv, RunDelayNS: r.RunDelay})
 		case "stall":
 			t.Stalls = append(t.Stalls, TruthStall{Step: r.Step, Cause: r.Cause, Interval: iv,
-				Ahead: r.At == "ahead", WorkerDid: r.WorkerDid, RunDelayNS: r.RunDelay})
+				Ahead: r.At == "ahead", WorkerDid: r.WorkerDid, RunDelayNS: r.RunDelay, Peer: r.Peer, ServerPID: r.ServerPID})
 		case "busy":
 			if r.Kind == "kernel" || r.Kind == "collective" {
 				busy = append(busy, iv)
@@ -687,6 +693,61 @@ func Evaluate(tr *Truth, gaps []correlate.Gap, minGap int64) *Result {
 	}
 	r.BoundaryP50NS = Percentile(r.BoundaryErrNS, 0.5)
 	r.BoundaryP90NS = Percentile(r.BoundaryErrNS, 0.9)
+	return r
+}
+
+// NetResult judges the gaps of net stalls on more than their dominant
+// cause: how much of them the breakdown gives the network, and whether
+// their evidence names the server.
+type NetResult struct {
+	// Share: over the idle gap that covers most of each net stall, the
+	// breakdown's net time over the gaps' durations less their
+	// cpu.contention. Waiting for a CPU is the machine's own load (on two
+	// shared cores a few ms of a 30 ms stall), which the attribution score
+	// accepts too; every other cause counts against the network.
+	Share Ratio `json:"share"`
+	// Stalls is how many net stalls a gap covers; Named, of those gaps,
+	// how many name the stall's server among their peers (its address and,
+	// for simtrain's own server, its pid).
+	Stalls int `json:"stalls"`
+	Named  int `json:"named"`
+}
+
+// NetShare scores the truth's net stalls against the gaps (nil when the
+// truth has none).
+func NetShare(tr *Truth, gaps []correlate.Gap) *NetResult {
+	var r *NetResult
+	for _, s := range tr.Stalls {
+		if s.Cause != "net" {
+			continue
+		}
+		if r == nil {
+			r = &NetResult{}
+		}
+		var best *correlate.Gap
+		var bestNS int64
+		for i := range gaps {
+			g := &gaps[i]
+			if g.Kind == correlate.GapStall {
+				continue
+			}
+			if ov := min(s.End, g.End) - max(s.Start, g.Start); ov > bestNS {
+				best, bestNS = g, ov
+			}
+		}
+		if best == nil {
+			continue
+		}
+		r.Stalls++
+		r.Share.Num += best.Breakdown[correlate.CauseNet]
+		r.Share.Den += best.Duration - best.Breakdown[correlate.CauseCPUContention]
+		for _, p := range best.Evidence.Peers {
+			if p.Address == s.Peer && (s.ServerPID == 0 || p.PID == s.ServerPID) {
+				r.Named++
+				break
+			}
+		}
+	}
 	return r
 }
 

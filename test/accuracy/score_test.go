@@ -388,3 +388,39 @@ func TestPeriodTime(t *testing.T) {
 		t.Error("pid 7 has no period")
 	}
 }
+
+// NetShare takes, per net stall, the idle gap covering most of it: its net
+// time over its duration less the machine's run-queue waits, and whether
+// its peers name the stall's server (address and, for simtrain's own
+// server, pid).
+func TestNetShare(t *testing.T) {
+	tr := &Truth{Stalls: []TruthStall{
+		{Cause: "net", Interval: iv(10, 40), Peer: "127.0.0.1:9000", ServerPID: 77},
+		{Cause: "net", Interval: iv(100, 130), Peer: "127.0.0.1:9000", ServerPID: 77},
+		{Cause: "net", Interval: iv(200, 230), Peer: "10.0.0.1:443"},
+		{Cause: "sleep", Interval: iv(300, 330)},
+		{Cause: "net", Interval: iv(400, 430), Peer: "127.0.0.1:9000", ServerPID: 77}, // no gap
+	}}
+	peer := func(addr string, pid uint32) correlate.Evidence {
+		return correlate.Evidence{Peers: []correlate.PeerEvidence{{Address: addr, PID: pid}}}
+	}
+	gaps := []correlate.Gap{
+		{Start: 9 * msNS, End: 41 * msNS, Duration: 32 * msNS, Cause: correlate.CauseNet, Evidence: peer("127.0.0.1:9000", 77),
+			Breakdown: map[correlate.Cause]int64{correlate.CauseNet: 28 * msNS, correlate.CauseCPUContention: 3 * msNS, correlate.CauseCPU: msNS}},
+		{Start: 5 * msNS, End: 12 * msNS, Duration: 7 * msNS, Cause: correlate.CauseCPU, // overlaps less
+			Breakdown: map[correlate.Cause]int64{correlate.CauseCPU: 7 * msNS}},
+		{Start: 100 * msNS, End: 130 * msNS, Duration: 30 * msNS, Cause: correlate.CauseOther, Evidence: peer("127.0.0.1:9000", 0),
+			Breakdown: map[correlate.Cause]int64{correlate.CauseOther: 30 * msNS}},
+		{Start: 200 * msNS, End: 230 * msNS, Duration: 30 * msNS, Cause: correlate.CauseNet, Evidence: peer("10.0.0.1:443", 0),
+			Breakdown: map[correlate.Cause]int64{correlate.CauseNet: 30 * msNS}},
+		{Kind: correlate.GapStall, Start: 400 * msNS, End: 430 * msNS, Duration: 30 * msNS, Cause: correlate.CauseNet,
+			Breakdown: map[correlate.Cause]int64{correlate.CauseNet: 30 * msNS}},
+	}
+	r := NetShare(tr, gaps)
+	if r == nil || r.Stalls != 3 || r.Named != 2 || r.Share != (Ratio{58 * msNS, 89 * msNS}) {
+		t.Fatalf("NetShare = %+v, want 3 stalls, 2 named, share 58/89 ms", r)
+	}
+	if NetShare(&Truth{Stalls: tr.Stalls[3:4]}, gaps) != nil {
+		t.Error("a truth without net stalls has a net result")
+	}
+}

@@ -86,6 +86,7 @@ type record struct {
 	Workers          []int            `json:"workers"`
 	Worker           int              `json:"worker"`
 	ServerPid        int              `json:"server_pid"`
+	Via              string           `json:"via"`
 	RunDelayNs       uint64           `json:"run_delay_ns"`
 	At               string           `json:"at"`
 	WorkerRunDelayNs uint64           `json:"worker_run_delay_ns"`
@@ -313,16 +314,20 @@ func TestCopyAPIs(t *testing.T) {
 func TestStallCauses(t *testing.T) {
 	const ms, steps, every = 40, 6, 1
 	causes := []string{
-		"io.read", "io.write", "net", "loader.wait", "loader.wait.io", "loader.wait.cpu",
+		"io.read", "io.write", "net", "net:via=poll", "loader.wait", "loader.wait.io", "loader.wait.cpu",
 		"comm", "cuda.memcpy", "cuda.alloc", "cpu", "cpu.contention", "sleep",
 	}
-	for _, cause := range causes {
-		t.Run(cause, func(t *testing.T) {
+	for _, spec := range causes {
+		cause, opts, _ := strings.Cut(spec, ":")
+		if opts != "" {
+			opts = ":" + opts
+		}
+		t.Run(spec, func(t *testing.T) {
 			if cause == "cpu.contention" && os.Geteuid() != 0 {
 				t.Skip("cpu.contention needs SCHED_FIFO: run as root")
 			}
 			tr := runSimtrain(t, "--steps", strconv.Itoa(steps), "--kernels-per-step", "2",
-				"--kernel-us", "50", "--stall", fmt.Sprintf("%s:every=%d:ms=%d", cause, every, ms))
+				"--kernel-us", "50", "--stall", fmt.Sprintf("%s:every=%d:ms=%d%s", cause, every, ms, opts))
 			if len(tr.stalls) != steps/every {
 				t.Fatalf("got %d stalls, want %d", len(tr.stalls), steps/every)
 			}
@@ -359,7 +364,7 @@ func TestStallCauses(t *testing.T) {
 			if med := durs[len(durs)/2]; med < 0.8*ms || med > 1.2*ms {
 				t.Errorf("median %s stall %.1f ms, want %d ±20%%: %v", cause, med, ms, durs)
 			}
-			checkCauseEvidence(t, cause, tr)
+			checkCauseEvidence(t, spec, tr)
 		})
 	}
 }
@@ -373,9 +378,13 @@ func checkCauseEvidence(t *testing.T, cause string, tr truth) {
 				t.Errorf("%s stall moved no bytes: %+v", cause, s)
 			}
 		}
-	case "net":
-		if tr.stalls[0].ServerPid <= 0 {
-			t.Errorf("net stall names no server pid: %+v", tr.stalls[0])
+	case "net", "net:via=poll":
+		want := "recv"
+		if cause == "net:via=poll" {
+			want = "poll"
+		}
+		if tr.stalls[0].ServerPid <= 0 || tr.stalls[0].Via != want {
+			t.Errorf("net stall names no server pid or not via %s: %+v", want, tr.stalls[0])
 		}
 	case "loader.wait", "loader.wait.io", "loader.wait.cpu":
 		for _, s := range tr.stalls {
@@ -646,6 +655,8 @@ func TestBadArguments(t *testing.T) {
 		{"--steps", "1", "--stall", "sleep:every=1:ms=1:at=after"},
 		{"--steps", "1", "--stall", "comm:every=1:ms=1:at=ahead"},
 		{"--steps", "1", "--stall", "cuda.memcpy:every=1:ms=1:at=ahead"},
+		{"--steps", "1", "--stall", "sleep:every=1:ms=1:via=poll"},
+		{"--steps", "1", "--stall", "net:every=1:ms=1:via=select"},
 		{"--steps", "x"},
 		{"--steps", "1", "--copy-api", "cuMemcpy2D_v2"},
 		{"--bogus"},

@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -97,6 +98,7 @@ struct stall {
 	long every;
 	long ms;
 	int ahead; /* at=ahead: after the step's launches, before its sync */
+	int poll;  /* net via=poll: a socket with a timeout (waits in poll, not in recv) */
 };
 
 enum launch_api { L_KERNEL, L_EX, L_COOP, L_GRAPH, L_PTSZ, L_MIX };
@@ -521,11 +523,17 @@ static void parse_stall(const char *arg)
 			st->ahead = 0;
 		else if (strcmp(kv, "at=ahead") == 0)
 			st->ahead = 1;
+		else if (strcmp(kv, "via=recv") == 0)
+			st->poll = 0;
+		else if (strcmp(kv, "via=poll") == 0)
+			st->poll = 1;
 		else
-			usage_error("invalid --stall field %s in %s (want every=E, ms=M or "
-				    "at=before|ahead)",
+			usage_error("invalid --stall field %s in %s (want every=E, ms=M, "
+				    "at=before|ahead or, for net, via=recv|poll)",
 				    kv, arg);
 	}
+	if (st->poll && st->c != C_NET)
+		usage_error("invalid --stall %s: via=poll is for net only", arg);
 	if (st->every < 0 || st->ms < 0)
 		usage_error("invalid --stall %s: both every=E and ms=M are required", arg);
 	/*
@@ -545,7 +553,7 @@ static void parse_stall(const char *arg)
 static void usage(FILE *f)
 {
 	fputs("usage: simtrain --steps N [--kernels-per-step K] [--kernel-us U] [--launch-gap-us G]\n"
-	      "                [--streams S] [--truth FILE] [--stall CAUSE:every=E:ms=M[:at=before|ahead]]...\n"
+	      "                [--streams S] [--truth FILE] [--stall CAUSE:every=E:ms=M[:at=before|ahead][:via=recv|poll]]...\n"
 	      "                [--device D] [--rank R] [--nranks N] [--collectives C] [--server ADDR]\n"
 	      "                [--workers W] [--data-dir DIR] [--batch-bytes B] [--bucket-bytes B]\n"
 	      "                [--launch-api kernel|ex|cooperative|graph|ptsz|mix] [--copy-api API|all]\n"
@@ -1374,7 +1382,27 @@ static CUdeviceptr dstate;
 static uint64_t pending_comm_delay_ns;
 static const char *pending_comm_name;
 
-static void net_request(long ms)
+/* poll_socket waits in poll(2) until fd is ready for events, as a socket
+ * with a timeout does before each call (CPython's sock_call). */
+static void poll_socket(int fd, short events, int timeout_ms, const char *what)
+{
+	struct pollfd p = {.fd = fd, .events = events};
+	int n;
+	while ((n = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR)
+		;
+	if (n < 0)
+		die("poll for %s: %s", what, strerror(errno));
+	if (n == 0)
+		die("%s: timed out after %d ms", what, timeout_ms);
+}
+
+/* net_request posts one metric and reads the reply, which the server
+ * delays by ms. via_poll: the socket has a timeout, as in
+ * http.client.HTTPConnection(host, port, timeout=10) or requests: it is
+ * non-blocking, a non-blocking connect is finished by a poll for POLLOUT,
+ * and every recv is preceded by a poll for POLLIN, so the thread waits in
+ * poll, never in recv. */
+static void net_request(long ms, int via_poll)
 {
 	char host[128];
 	snprintf(host, sizeof(host), "%s", opt.server ? opt.server : server_addr);
@@ -1385,11 +1413,19 @@ static void net_request(long ms)
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
 	if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
 		die("invalid --server address %s (want an IPv4 address)", host);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int timeout_ms = (int)ms + 10000; /* the reply's delay and then some */
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (via_poll ? SOCK_NONBLOCK : 0), 0);
 	if (fd < 0)
 		die("socket: %s", strerror(errno));
-	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0)
-		die("connect %s:%s: %s", host, colon + 1, strerror(errno));
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+		if (!via_poll || errno != EINPROGRESS)
+			die("connect %s:%s: %s", host, colon + 1, strerror(errno));
+		poll_socket(fd, POLLOUT, timeout_ms, "connect");
+		int err = 0;
+		socklen_t len = sizeof(err);
+		if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)
+			die("connect %s:%s: %s", host, colon + 1, strerror(err ? err : errno));
+	}
 	char body[128], req[512];
 	int bl = snprintf(body, sizeof(body), "{\"pid\":%d,\"metric\":\"loss\",\"value\":0.5}",
 			  (int)getpid());
@@ -1397,12 +1433,22 @@ static void net_request(long ms)
 			  "POST /log?delay_ms=%ld HTTP/1.1\r\nHost: %s\r\nContent-Type: "
 			  "application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 			  ms, host, bl, body);
+	if (via_poll)
+		poll_socket(fd, POLLOUT, timeout_ms, "send to log server");
 	if (send(fd, req, (size_t)rl, MSG_NOSIGNAL) != rl)
 		die("send to log server: %s", strerror(errno));
 	char resp[1024];
 	ssize_t n;
-	while ((n = recv(fd, resp, sizeof(resp), 0)) > 0)
-		;
+	for (;;) {
+		if (via_poll)
+			poll_socket(fd, POLLIN, timeout_ms, "recv from log server");
+		n = recv(fd, resp, sizeof(resp), 0);
+		if (n > 0)
+			continue;
+		if (n < 0 && via_poll && (errno == EAGAIN || errno == EWOULDBLOCK))
+			continue; /* woken without data (a spurious wakeup) */
+		break;
+	}
 	if (n < 0)
 		die("recv from log server: %s", strerror(errno));
 	close(fd);
@@ -1499,9 +1545,10 @@ static void run_stall(const struct stall *st, long step)
 		break;
 	}
 	case C_NET:
-		net_request(st->ms);
-		snprintf(extra, sizeof(extra), ",\"peer\":\"%s\",\"server_pid\":%d",
-			 opt.server ? opt.server : server_addr, opt.server ? 0 : (int)logsrv_pid);
+		net_request(st->ms, st->poll);
+		snprintf(extra, sizeof(extra), ",\"peer\":\"%s\",\"server_pid\":%d,\"via\":\"%s\"",
+			 opt.server ? opt.server : server_addr, opt.server ? 0 : (int)logsrv_pid,
+			 st->poll ? "poll" : "recv");
 		break;
 	case C_LOADER_IO:
 	case C_LOADER_CPU: {
@@ -1768,9 +1815,10 @@ int main(int argc, char **argv)
 			bprintf(&truth_buf, "%s%d", i ? "," : "", (int)workers[i].pid);
 		bprintf(&truth_buf, "],\"stalls\":[");
 		for (int i = 0; i < opt.nstalls; i++)
-			bprintf(&truth_buf, "%s{\"cause\":\"%s\",\"every\":%ld,\"ms\":%ld%s}",
+			bprintf(&truth_buf, "%s{\"cause\":\"%s\",\"every\":%ld,\"ms\":%ld%s%s}",
 				i ? "," : "", opt.stalls[i].name, opt.stalls[i].every,
-				opt.stalls[i].ms, opt.stalls[i].ahead ? ",\"at\":\"ahead\"" : "");
+				opt.stalls[i].ms, opt.stalls[i].ahead ? ",\"at\":\"ahead\"" : "",
+				opt.stalls[i].poll ? ",\"via\":\"poll\"" : "");
 		bprintf(&truth_buf, "]}\n");
 		truth_flush();
 		truth_start_writer();

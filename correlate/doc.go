@@ -46,10 +46,26 @@
 // between (lite: copies to the host and a sync that did not wait), is a
 // host operation's own device traffic (torch.save copies each tensor to
 // the host): it does not end the gap. Such a gap is labelled by the
-// operation's dominant host activity, serialization between the writes of
-// one file counting as writing it, with Evidence.Episode. Anything else the
-// thread does next (a launch, another call) releases the copy as the
-// ordinary enqueue that ends the gap.
+// operation's dominant host activity, serialization from the open of the
+// file it writes counting as writing it, and a checkpoint's own copies too,
+// with Evidence.Episode. Lite needs one copy of real data (over 4 KiB) to
+// start an episode, since a scalar read may follow launches it cannot see;
+// with launches seen, a copy and sync with no launch since the drain is
+// never step work, however small. Anything else the thread does next (a
+// launch, another call) releases the copy as the ordinary enqueue that ends
+// the gap.
+//
+// Full probes also see a queue drain that no sync shows (quiet.go): CUDA
+// events carry the thread's last launch and its launches not yet flushed,
+// and a launch after a 1 ms pause is emitted. When the work queued since
+// the queue was last empty is one thread's small burst (at most 16
+// launches, a quarter of what syncs usually flush, and copies of known
+// size: GradScaler's update after its found_inf read, an optimizer step
+// after loss.item()) and the thread's next CUDA event comes long after its
+// last launch, a gap opens where the burst's work most likely ended: its
+// launches times the steps' busy time per launch, its bytes at 10 GB/s,
+// never before the last launch's kernel. A sync that still waits rejects
+// it, as it rejects any open gap.
 //
 // Per thread it keeps an activity timeline (syscalls, runqueue waits,
 // off-CPU time, CUDA calls). A gap's breakdown is the time-share of what the

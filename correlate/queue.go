@@ -171,7 +171,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	pendingBefore := !p.allDrained()
 	coll, cref := p.drainStreams(ev)
 	if cref.c != nil {
-		cref.c.complete(cref.seq, ev.End)
+		cref.c.complete(cref.seq, ev.End, ev.Start)
 	}
 	if waited && pendingBefore {
 		p.checkStall(x, th, ev, coll, cref)
@@ -214,7 +214,7 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 		p.closeGap(x, th, ev.Start)
 	}
 	if _, cref := p.drainStreams(ev); cref.c != nil {
-		cref.c.complete(cref.seq, ev.End)
+		cref.c.complete(cref.seq, ev.End, ev.Start)
 	}
 	p.endAhead(x.set, ev.End, p.aheadStart < ev.Start, false)
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {

@@ -22,6 +22,17 @@ type world struct {
 	comms   map[commKey]*commInfo
 	groups  map[groupKey]*commGroup
 	commOrd map[commOrdKey]int
+	// rankOf: each process's rank and job size from its environment
+	// (SetRank); refuted: pairs of processes whose communicators were
+	// linked from their collectives and then disagreed (ranklink.go).
+	rankOf  map[uint32]procRank
+	refuted map[pidPair]bool
+}
+
+// procRank is a process's rank and its job's size (0: unknown), as its
+// environment says.
+type procRank struct {
+	rank, size int32
 }
 
 // maxComms bounds the communicator table (a job creates a handful).
@@ -33,6 +44,7 @@ func newWorld() world {
 		procs:   map[uint32]*proc{},
 		threads: map[uint32]*thread{},
 		devs:    map[int]*device{},
+		rankOf:  map[uint32]procRank{},
 	}
 }
 

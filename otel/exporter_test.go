@@ -558,3 +558,30 @@ func TestPageableCopyAttributes(t *testing.T) {
 	}
 	t.Fatal("no gpu.idle span")
 }
+
+// A comm stall on a communicator linked by its collectives, whose
+// process's rank nothing said, still names the late process.
+func TestLatePIDWithoutRank(t *testing.T) {
+	clearEnv(t)
+	path := filepath.Join(t.TempDir(), "spans.jsonl")
+	x, err := otel.New(context.Background(), otel.Config{Rank: -1, SpansFile: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, gaps := synth{pid: 100, t0: time.Now().UnixNano()}.step(3) // comm
+	gaps[0].Evidence.Collective.LateRank = nil
+	x.Gap(gaps[0])
+	x.Step(st)
+	shutdown(t, x)
+	for _, s := range readSpansFile(t, path) {
+		if s.Name != otel.SpanGap {
+			continue
+		}
+		if _, ok := s.Attributes["gpu.collective.late_rank"]; ok || s.Attributes["gpu.collective.late_pid"] != 107.0 ||
+			s.Attributes["gpu.collective.late_by_ms"] != 27.0 {
+			t.Errorf("late attributes of a stall whose late rank is unknown: %v", s.Attributes)
+		}
+		return
+	}
+	t.Fatal("no gpu.idle span")
+}

@@ -393,12 +393,16 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 			}
 			a = append(a, attribute.Int64Slice("gpu.collective.waiting_on_ranks", w))
 		}
+		// The late process is named even where its rank is unknown (its
+		// communicator was linked by its collectives, no RANK said it).
 		if c.LateRank != nil {
-			a = append(a, attribute.Int64("gpu.collective.late_rank", int64(*c.LateRank)),
-				attribute.Float64("gpu.collective.late_by_ms", ms(c.LateByNS)))
-			if c.LatePID != 0 {
-				a = append(a, attribute.Int64("gpu.collective.late_pid", int64(c.LatePID)))
-			}
+			a = append(a, attribute.Int64("gpu.collective.late_rank", int64(*c.LateRank)))
+		}
+		if c.LateRank != nil || c.LatePID != 0 {
+			a = append(a, attribute.Float64("gpu.collective.late_by_ms", ms(c.LateByNS)))
+		}
+		if c.LatePID != 0 {
+			a = append(a, attribute.Int64("gpu.collective.late_pid", int64(c.LatePID)))
 		}
 	}
 	if ev.SMActivity != nil {

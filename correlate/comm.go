@@ -1,6 +1,10 @@
 package correlate
 
-import "github.com/gaptrace/gaptrace/event"
+import (
+	"time"
+
+	"github.com/gaptrace/gaptrace/event"
+)
 
 // stallCand is a comm stall waiting for GPM windows to confirm it.
 // gpmOnly: no baseline set the wait apart from compute (a peer that is
@@ -16,6 +20,10 @@ type stallCand struct {
 	peer      bool
 	ref       collRef
 	by, start int64
+	// undecided: a wait held for the ranks' verdict (judgeStall), its gap
+	// the whole wait so far.
+	undecided bool
+	wait      *heldWait
 }
 
 // baseKey names a sync's place in the step. Whether the pending work
@@ -37,33 +45,17 @@ const maxBaseSlots = 256
 // sequence), spun on a late peer. When every rank of the collective's
 // group is traced here, their timelines decide (ranks.go); otherwise this
 // rank's own history does: the baseline of earlier steps at the same sync
-// slot or, without one, GPM. Only one of the two ever judges a wait.
+// slot or, without one, GPM. Only one of the two ever judges a wait. A
+// wait on a communicator that may soon be linked to other ranks' (its
+// creation was not seen, ranklink.go), or whose peer has not shown the
+// collective yet, waits for that a while (linkWait).
 func (p *proc) checkStall(x env, th *thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
-	set := x.set
-	wait := ev.Duration()
-	stall := func(excess, baseline int64, gpmOnly bool, late *peerLate) {
-		g := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapStall, Start: ev.End - excess, End: ev.End,
-			Duration: excess, Cause: CauseComm, Breakdown: map[Cause]int64{CauseComm: excess}}
-		c := *coll
-		if late != nil {
-			rank := late.rank
-			c.LateRank, c.LatePID, c.LateByNS = &rank, late.pid, late.by
-		}
-		g.Evidence = Evidence{Collective: &c, CUDACall: ev.CUDA.String(), BaselineNS: baseline,
-			Threads: append([]uint32(nil), p.feeders...), Source: "host"}
-		g.Ops = []HostOp{hostOp(ev, th.tid)}
-		sc := stallCand{gap: g, gpmOnly: gpmOnly}
-		if late != nil {
-			sc.peer, sc.ref, sc.by, sc.start = true, ref, excess, ev.Start
-		}
-		p.stalls = append(p.stalls, sc)
-	}
 	// The baseline compares how long the queue ran after the last enqueue,
 	// which a late peer lengthens, rather than the sync's own wait, which
 	// also shrinks by any host delay between the last enqueue and the sync:
 	// one such step would lower the baseline and make every ordinary step
 	// after it look late by that delay.
-	run := wait
+	run := ev.Duration()
 	if p.lastEnq > 0 && p.lastEnq <= ev.Start {
 		run = ev.End - p.lastEnq
 	}
@@ -80,6 +72,46 @@ func (p *proc) checkStall(x env, th *thread, ev *event.Event, coll *CollectiveEv
 			p.base[k] = r
 		}
 	}
+	p.judgeStall(x, th.tid, ev, coll, ref, r, run, true)
+}
+
+// linkWait bounds how long a wait waits for the ranks' verdict (measured
+// from its end, like holdMax, which it leaves room for).
+const linkWait = holdMax - int64(100*time.Millisecond)
+
+// judgeStall is checkStall's verdict on the wait ev of thread tid; r is
+// the baseline of its sync slot (nil: none) and run how long the queue ran
+// after the last enqueue. mayWait: the ranks' verdict may be awaited.
+func (p *proc) judgeStall(x env, tid uint32, ev *event.Event, coll *CollectiveEvidence, ref collRef, r *waitRing, run int64,
+	mayWait bool) {
+	set := x.set
+	wait := ev.Duration()
+	stall := func(excess, baseline int64, gpmOnly bool, late *peerLate) {
+		g := Gap{PID: p.pid, TID: tid, Device: p.dev, Kind: GapStall, Start: ev.End - excess, End: ev.End,
+			Duration: excess, Cause: CauseComm, Breakdown: map[Cause]int64{CauseComm: excess}}
+		c := *coll
+		if c.Rank == nil && ref.c != nil && ref.c.rank >= 0 {
+			// Known since the collective was issued: from the
+			// environment, or what its linked group left.
+			rank := ref.c.rank
+			c.Rank = &rank
+		}
+		if late != nil {
+			if late.rank >= 0 {
+				rank := late.rank
+				c.LateRank = &rank
+			}
+			c.LatePID, c.LateByNS = late.pid, late.by
+		}
+		g.Evidence = Evidence{Collective: &c, CUDACall: ev.CUDA.String(), BaselineNS: baseline,
+			Threads: append([]uint32(nil), p.feeders...), Source: "host"}
+		g.Ops = []HostOp{hostOp(ev, tid)}
+		sc := stallCand{gap: g, gpmOnly: gpmOnly}
+		if late != nil {
+			sc.peer, sc.ref, sc.by, sc.start = true, ref, excess, ev.Start
+		}
+		p.stalls = append(p.stalls, sc)
+	}
 	if coll != nil {
 		if late, ok := x.w.lateness(ref, ev.End); ok {
 			// The last rank issued the collective late.by after this one:
@@ -94,6 +126,14 @@ func (p *proc) checkStall(x env, th *thread, ev *event.Event, coll *CollectiveEv
 			if r != nil {
 				r.push(run - excess)
 			}
+			return
+		}
+		if mayWait && wait >= set.minGap && x.w.awaitsLink(ref) {
+			// Held whole (its start keeps the step open) until the ranks
+			// can judge it or linkWait passed.
+			g := Gap{PID: p.pid, TID: tid, Device: p.dev, Kind: GapStall, Start: ev.Start, End: ev.End}
+			p.stalls = append(p.stalls, stallCand{gap: g, undecided: true, ref: ref, wait: &heldWait{
+				ev: *ev, coll: coll, ring: r, run: run}})
 			return
 		}
 	}
@@ -118,15 +158,51 @@ func (p *proc) checkStall(x env, th *thread, ev *event.Event, coll *CollectiveEv
 	r.push(run)
 }
 
+// heldWait is a wait whose verdict awaits the ranks (judgeStall).
+type heldWait struct {
+	ev   event.Event
+	coll *CollectiveEvidence
+	ring *waitRing
+	run  int64
+}
+
+// resolveHeldWaits judges the waits that awaited the ranks, once they can
+// (their communicator was linked, the peer's collective arrived), no link
+// is to be expected any more, or linkWait passed.
+func (p *proc) resolveHeldWaits(x env, force bool) {
+	var due []stallCand
+	k := 0
+	for _, s := range p.stalls {
+		if s.undecided && (force || x.clk.now >= s.gap.End+linkWait || !x.w.awaitsLink(s.ref)) {
+			due = append(due, s)
+			continue
+		}
+		p.stalls[k] = s
+		k++
+	}
+	clear(p.stalls[k:])
+	p.stalls = p.stalls[:k]
+	for _, s := range due {
+		h := s.wait
+		p.judgeStall(x, s.gap.TID, &h.ev, h.coll, s.ref, h.ring, h.run, false)
+	}
+}
+
 // resolveStalls confirms or rejects the comm stalls whose GPM windows
 // arrived (or that waited long enough).
 func (p *proc) resolveStalls(x env, force bool) {
 	if len(p.stalls) == 0 {
 		return
 	}
+	p.resolveHeldWaits(x, force)
 	d := x.d
 	k := 0
 	for _, s := range p.stalls {
+		if s.undecided {
+			p.stalls[k] = s
+			k++
+			continue
+		}
 		if s.peer {
 			c, all := x.w.completion(s.ref)
 			if !all && !force && x.clk.now < s.gap.End+holdMax {

@@ -146,7 +146,15 @@
 // a stall of kind "stall", cause comm, for the excess, placed at the end of
 // the wait. It needs a step period and four earlier steps. When GPM SM
 // activity covers it, activity above 0.5 rejects it (the GPU was
-// computing); otherwise Evidence.SMActivity confirms it.
+// computing); otherwise Evidence.SMActivity confirms it. When every rank
+// of the collective's communicator is traced by this engine, the ranks'
+// own timelines judge the wait instead (ranks.go): comm for as long as the
+// last rank reached the collective after this one, naming it
+// (CollectiveEvidence.LateRank, LatePID). Communicators are linked across
+// processes from their creation when it was seen, else from their
+// collectives (ranklink.go: the same sequence, collectives completing
+// together on every rank); a wait on one that may still be linked, or
+// whose peer's collective has not arrived, is held up to linkWait.
 //
 // # Steps
 //
@@ -236,7 +244,13 @@
 //	              inside it, and their labels
 //	ahead.go      CPU ahead: a feeder blocked while its queue held work;
 //	              windows decide how much was idle
-//	comm.go       comm stalls: per-slot wait baselines, GPM confirmation
+//	comm.go       comm stalls: per-slot wait baselines, GPM confirmation,
+//	              waits held for the ranks' verdict
+//	ranks.go      communicators and their groups across processes: the
+//	              ranks' verdict on a wait, shared prologue verdicts, step
+//	              numbers from the communicator's sequence
+//	ranklink.go   linking communicators whose creation was not seen, by
+//	              their collectives
 //	emit.go       holding gaps until a step clock runs, delivering them to
 //	              their step
 //	steps.go      the step clock: sync signatures, period detection, fixed

@@ -88,6 +88,25 @@ func (e *Engine) SetDevice(pid uint32, dev int) {
 	}
 }
 
+// SetRank says what process pid's environment says of its place in a
+// distributed job: its rank (RANK) and the job's size (WORLD_SIZE; 0 when
+// unknown). A communicator whose creation the engine did not see is linked
+// to other processes' by its collectives (ranklink.go); the rank names the
+// process in the verdicts on it, and the size says when its group is
+// whole. Call it before the process's first collective.
+func (e *Engine) SetRank(pid uint32, rank, size int) {
+	if rank < 0 {
+		return
+	}
+	r := procRank{rank: int32(rank), size: int32(max(size, 0))}
+	e.rankOf[pid] = r
+	for k, c := range e.comms {
+		if k.pid == pid && c.inferred && c.group == nil {
+			c.rank, c.slot, c.ownRank, c.size = r.rank, r.rank, r.rank, r.size
+		}
+	}
+}
+
 // Event buffers one host event; it is processed once the watermark passes
 // its end.
 func (e *Engine) Event(ev event.Event) {

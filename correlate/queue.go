@@ -173,7 +173,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	pendingBefore := !p.allDrained()
 	coll, cref := p.drainStreams(ev)
 	if cref.c != nil {
-		cref.c.complete(cref.seq, ev.End)
+		cref.c.complete(cref.seq, ev.End, ev.Start)
 	}
 	if waited && pendingBefore {
 		p.checkStall(x, th, ev, coll, cref)
@@ -216,7 +216,7 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 		p.closeGap(x, th, ev.Start)
 	}
 	if _, cref := p.drainStreams(ev); cref.c != nil {
-		cref.c.complete(cref.seq, ev.End)
+		cref.c.complete(cref.seq, ev.End, ev.Start)
 	}
 	p.endAhead(x.set, ev.End, p.aheadStart < ev.Start, false)
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {

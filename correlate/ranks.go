@@ -1,6 +1,11 @@
 package correlate
 
-import "github.com/gaptrace/gaptrace/event"
+import (
+	"maps"
+	"slices"
+
+	"github.com/gaptrace/gaptrace/event"
+)
 
 // Cross-rank matching: when one engine sees several ranks of a job, their
 // own timelines say which rank a collective waited for. NCCL creates one
@@ -13,6 +18,10 @@ import "github.com/gaptrace/gaptrace/event"
 // own readiness, for as long as the last rank began its step's work after
 // it did, or issued the collective after it did, whichever is longer (a
 // late host before the step, or one that launched slowly).
+//
+// Communicators are linked from their creation when it was seen (same
+// size, same place in each process's sequence of creations, distinct
+// ranks), else from their collectives (ranklink.go).
 
 // commKey names one process's communicator: handles are addresses, and two
 // processes forked from one trainer often get the same one.
@@ -23,9 +32,25 @@ type commKey struct {
 
 // commInfo describes one NCCL communicator of one process.
 type commInfo struct {
+	// ranks and rank: from its creation; for one whose creation was not
+	// seen (inferred), ranks is 0 and rank the process's own (RANK in its
+	// environment, SetRank) or -1, and size the job's size there (0:
+	// unknown).
 	ranks, rank int32
-	pid         uint32
-	group       *commGroup
+	size        int32
+	inferred    bool
+	// ownRank is the rank an inferred communicator knows by itself (its
+	// process's environment, else -1); a linked group may tell it more.
+	ownRank int32
+	pid     uint32
+	group   *commGroup
+	// slot is its key in group.members: its rank, or a number below 0
+	// for a member of a linked group whose rank is unknown. off maps its
+	// sequence numbers to the group's: the group's k-th collective is its
+	// (k-off)-th (a linked group's members were first seen at different
+	// points of their sequences).
+	slot int32
+	off  int64
 	// issued holds the issue times of the last collectives, by sequence
 	// number (n counts every collective issued on it).
 	issued [issueRing]int64
@@ -34,8 +59,12 @@ type commInfo struct {
 	first [issueRing]int64
 	n     int64
 	// done holds, by sequence number, the earliest return of a sync of
-	// this process that covered the collective: it had completed by then.
-	done [issueRing]int64
+	// this process that covered the collective: it had completed by then;
+	// doneFrom is when that sync began.
+	done, doneFrom [issueRing]int64
+	// sig holds, by sequence number, what the collective was (operation,
+	// count, bytes, root): linked members must agree on it.
+	sig [issueRing]uint64
 	// occ counts the collectives issued on it by what they are (operation,
 	// size, stream): the k-th all-reduce of a bucket is the same on every
 	// rank, and numbers steps alike in separate sidecars (steps.go).
@@ -50,28 +79,34 @@ const issueRing = 256
 // occKeysMax bounds the kinds of collective counted per communicator.
 const occKeysMax = 1024
 
-func (c *commInfo) issue(t, first int64) int64 {
-	c.issued[c.n%issueRing] = t
-	c.first[c.n%issueRing] = first
-	c.done[c.n%issueRing] = 0
+func (c *commInfo) issue(t, first int64, sig uint64) int64 {
+	i := c.n % issueRing
+	c.issued[i], c.first[i], c.sig[i] = t, first, sig
+	c.done[i], c.doneFrom[i] = 0, 0
 	c.n++
 	return c.n - 1
 }
 
-// complete records that the seq-th collective had completed by t.
-func (c *commInfo) complete(seq, t int64) {
-	if seq < 0 || seq >= c.n || seq < c.n-issueRing {
+// held reports whether the seq-th collective is still in the ring.
+func (c *commInfo) held(seq int64) bool {
+	return seq >= 0 && seq < c.n && seq >= c.n-issueRing
+}
+
+// complete records that the seq-th collective had completed by t, as a
+// sync that began at from showed.
+func (c *commInfo) complete(seq, t, from int64) {
+	if !c.held(seq) {
 		return
 	}
-	if d := &c.done[seq%issueRing]; *d == 0 || t < *d {
-		*d = t
+	if i := seq % issueRing; c.done[i] == 0 || t < c.done[i] {
+		c.done[i], c.doneFrom[i] = t, from
 	}
 }
 
 // completedBy is when a sync of this process saw the seq-th collective
 // complete, if one did.
 func (c *commInfo) completedBy(seq int64) (int64, bool) {
-	if seq < 0 || seq >= c.n || seq < c.n-issueRing || c.done[seq%issueRing] == 0 {
+	if !c.held(seq) || c.done[seq%issueRing] == 0 {
 		return 0, false
 	}
 	return c.done[seq%issueRing], true
@@ -80,10 +115,20 @@ func (c *commInfo) completedBy(seq int64) (int64, bool) {
 // issuedAt is the issue time of the seq-th collective and when the work it
 // ends began, if still held.
 func (c *commInfo) issuedAt(seq int64) (at, first int64, ok bool) {
-	if seq < 0 || seq >= c.n || seq < c.n-issueRing {
+	if !c.held(seq) {
 		return 0, 0, false
 	}
 	return c.issued[seq%issueRing], c.first[seq%issueRing], true
+}
+
+// collSig is what a collective is, as every rank issues it alike: the
+// operation, the element count, the bytes (so the datatype's size) and the
+// root. Streams and communicator handles are addresses of each process.
+func collSig(ev *event.Event) uint64 {
+	h := uint64(ev.Op)<<56 ^ uint64(uint32(ev.PeerRank))<<24
+	h ^= ev.Bytes * 0x9e3779b97f4a7c15
+	h ^= ev.Count * 0xc2b2ae3d27d4eb4f
+	return h
 }
 
 // groupKey links the communicators of one group across processes: the
@@ -104,6 +149,34 @@ type commGroup struct {
 	// ambiguous: two live processes claimed one rank (two jobs of the same
 	// shape traced at once); the group cannot be matched.
 	ambiguous bool
+	// linked: formed from the members' collectives (ranklink.go), not
+	// from their creation; size is the group's size where a member's
+	// environment says it (0: unknown, the members seen are taken as the
+	// whole group).
+	linked bool
+	size   int32
+}
+
+// complete reports whether every rank of the group is a member, as far as
+// the engine can know.
+func (g *commGroup) complete() bool {
+	if g.linked {
+		return len(g.members) >= 2 && (g.size == 0 || len(g.members) == int(g.size))
+	}
+	for _, m := range g.members {
+		return len(g.members) == int(m.ranks)
+	}
+	return false
+}
+
+// sorted is the group's members in slot order: decisions over them must
+// not depend on the order of a map.
+func (g *commGroup) sorted() []*commInfo {
+	out := make([]*commInfo, 0, len(g.members))
+	for _, k := range slices.Sorted(maps.Keys(g.members)) {
+		out = append(out, g.members[k])
+	}
+	return out
 }
 
 // collRef is one collective issued by this process: its communicator,
@@ -114,25 +187,32 @@ type collRef struct {
 	seq       int64
 	at, first int64
 	// occ: how many collectives like this one the communicator issued
-	// before it, counted from its creation.
+	// before it, counted from its creation (-1: not counted, its creation
+	// was not seen).
 	occ int64
 }
 
 // peerLate is the verdict of the ranks' timelines on one collective: the
-// last rank to issue it, and how much later than this rank it did (≤ 0:
-// this rank was the last).
+// last rank to issue it (its process, and its rank where known, else -1),
+// and how much later than this rank it did (≤ 0: this rank was the last).
 type peerLate struct {
 	rank int32
 	pid  uint32
 	by   int64
 }
 
+// initComms makes the communicator tables.
+func (w *world) initComms() {
+	w.comms, w.groups, w.commOrd = map[commKey]*commInfo{}, map[groupKey]*commGroup{}, map[commOrdKey]int{}
+	w.refuted = map[pidPair]bool{}
+}
+
 // addComm records a communicator's creation and links it to its group.
 func (w *world) addComm(ev *event.Event) {
 	if w.comms == nil || len(w.comms) >= maxComms {
-		w.comms, w.groups, w.commOrd = map[commKey]*commInfo{}, map[groupKey]*commGroup{}, map[commOrdKey]int{}
+		w.initComms()
 	}
-	c := &commInfo{ranks: int32(ev.Count), rank: ev.PeerRank, pid: ev.PID}
+	c := &commInfo{ranks: int32(ev.Count), rank: ev.PeerRank, slot: ev.PeerRank, pid: ev.PID}
 	k := commKey{pid: ev.PID, comm: ev.Comm}
 	if old := w.comms[k]; old != nil {
 		w.unlink(old)
@@ -152,12 +232,18 @@ func (w *world) addComm(ev *event.Event) {
 	if m := g.members[c.rank]; m != nil && m.pid != c.pid {
 		// A rank restarted (elastic training) replaces its predecessor;
 		// a second live process with the same rank is another job.
-		if p := w.procs[m.pid]; p != nil && p.exitedAt == 0 {
+		if w.live(m.pid) {
 			g.ambiguous = true
 		}
 	}
 	g.members[c.rank] = c
 	c.group = g
+}
+
+// live reports whether pid is a traced process that has not exited.
+func (w *world) live(pid uint32) bool {
+	p := w.procs[pid]
+	return p != nil && p.exitedAt == 0
 }
 
 // commOrdKey counts one process's communicators of one size.
@@ -168,10 +254,14 @@ type commOrdKey struct {
 
 // unlink takes c out of its group.
 func (w *world) unlink(c *commInfo) {
-	if c.group != nil && c.group.members[c.rank] == c {
-		delete(c.group.members, c.rank)
+	if c.group != nil && c.group.members[c.slot] == c {
+		delete(c.group.members, c.slot)
 	}
-	c.group = nil
+	c.group, c.off = nil, 0
+	if c.inferred {
+		c.rank = c.ownRank
+	}
+	c.slot = c.rank
 }
 
 // forgetComms drops the communicators of a process that is gone.
@@ -187,29 +277,63 @@ func (w *world) forgetComms(pid uint32) {
 			delete(w.commOrd, k)
 		}
 	}
+	for k := range w.refuted {
+		if k.a == pid || k.b == pid {
+			delete(w.refuted, k)
+		}
+	}
+	delete(w.rankOf, pid)
 }
 
 // issueColl records a collective's issue on its communicator; first is
 // when the GPU work it ends began (0: unknown). Sends and receives are left
 // out: ranks issue different ones (a pipeline stage sends where the next
-// receives), so the k-th of them is not one operation on every rank.
+// receives), so the k-th of them is not one operation on every rank. A
+// communicator whose creation was not seen (created before tracing began,
+// or before the probes were in) is known from its first collective on.
 func (w *world) issueColl(ev *event.Event, first int64) collRef {
-	c := w.comms[commKey{pid: ev.PID, comm: ev.Comm}]
-	if c == nil || ev.Op == event.NCCLSend || ev.Op == event.NCCLRecv || ev.Op == event.NCCLNone || ev.Op >= event.NCCLLast {
+	if ev.Op == event.NCCLSend || ev.Op == event.NCCLRecv || ev.Op == event.NCCLNone || ev.Op >= event.NCCLLast {
 		return collRef{}
 	}
-	k, _ := tokenOf(ev)
-	if c.occ == nil {
-		c.occ = map[tokKey]int64{}
+	c := w.comms[commKey{pid: ev.PID, comm: ev.Comm}]
+	if c == nil {
+		if c = w.inferComm(ev); c == nil {
+			return collRef{}
+		}
 	}
-	occ, ok := c.occ[k]
-	if ok || len(c.occ) < occKeysMax {
-		c.occ[k] = occ + 1
-	} else {
-		// Collectives of ever new sizes: none of them clocks a loop.
-		occ = -1
+	occ := int64(-1)
+	if !c.inferred {
+		k, _ := tokenOf(ev)
+		if c.occ == nil {
+			c.occ = map[tokKey]int64{}
+		}
+		n, ok := c.occ[k]
+		if ok || len(c.occ) < occKeysMax {
+			c.occ[k] = n + 1
+			occ = n
+		}
+		// Else collectives of ever new sizes: none of them clocks a loop.
 	}
-	return collRef{c: c, seq: c.issue(ev.Start, first), at: ev.Start, first: first, occ: occ}
+	r := collRef{c: c, seq: c.issue(ev.Start, first, collSig(ev)), at: ev.Start, first: first, occ: occ}
+	w.link(c)
+	return r
+}
+
+// inferComm records a communicator first seen by a collective; nil when
+// the table is full.
+func (w *world) inferComm(ev *event.Event) *commInfo {
+	if w.comms == nil {
+		w.initComms()
+	}
+	if len(w.comms) >= maxComms {
+		return nil
+	}
+	c := &commInfo{rank: -1, slot: -1, ownRank: -1, pid: ev.PID, inferred: true}
+	if r, ok := w.rankOf[ev.PID]; ok {
+		c.rank, c.slot, c.ownRank, c.size = r.rank, r.rank, r.rank, r.size
+	}
+	w.comms[commKey{pid: ev.PID, comm: ev.Comm}] = c
+	return c
 }
 
 // lateness asks the other ranks' timelines about collective r, whose wait
@@ -218,22 +342,25 @@ func (w *world) issueColl(ev *event.Event, first int64) collRef {
 // the caller then falls back to this rank's own history.
 func (w *world) lateness(r collRef, end int64) (peerLate, bool) {
 	c := r.c
-	if c == nil || c.group == nil || c.group.ambiguous || c.group.members[c.rank] != c {
+	if c == nil || c.group == nil || c.group.ambiguous || c.group.members[c.slot] != c || !c.group.complete() {
 		return peerLate{}, false
 	}
+	g := c.group
+	seq := r.seq + c.off
 	late := peerLate{rank: c.rank, pid: c.pid}
-	for rank := int32(0); rank < c.ranks; rank++ {
-		if rank == c.rank {
+	self := true
+	for _, m := range g.sorted() {
+		if m == c {
 			continue
 		}
-		m := c.group.members[rank]
-		if m == nil {
-			return peerLate{}, false
-		}
-		t, first, ok := m.issuedAt(r.seq)
+		j := seq - m.off
+		t, first, ok := m.issuedAt(j)
 		// A peer that issued the collective after this rank's wait on it
 		// ended is impossible: the sequences are misaligned.
 		if !ok || t > end {
+			return peerLate{}, false
+		}
+		if g.linked && c.held(r.seq) && m.sig[j%issueRing] != c.sig[r.seq%issueRing] {
 			return peerLate{}, false
 		}
 		by := t - r.at
@@ -243,8 +370,8 @@ func (w *world) lateness(r collRef, end int64) (peerLate, bool) {
 			// nothing about this step.
 			by = max(by, min(first-r.first, end-r.at))
 		}
-		if late.rank == c.rank || by > late.by {
-			late = peerLate{rank: rank, pid: m.pid, by: by}
+		if self || by > late.by {
+			late, self = peerLate{rank: m.rank, pid: m.pid, by: by}, false
 		}
 	}
 	return late, true
@@ -256,17 +383,13 @@ func (w *world) lateness(r collRef, end int64) (peerLate, bool) {
 // the earliest return says best when it completed.
 func (w *world) completion(r collRef) (int64, bool) {
 	c := r.c
-	if c == nil || c.group == nil {
+	if c == nil || c.group == nil || !c.group.complete() {
 		return 0, false
 	}
 	var first int64
 	all := true
-	for rank := int32(0); rank < c.ranks; rank++ {
-		m := c.group.members[rank]
-		if m == nil {
-			return first, false
-		}
-		t, ok := m.completedBy(r.seq)
+	for _, m := range c.group.sorted() {
+		t, ok := m.completedBy(r.seq + c.off - m.off)
 		if !ok {
 			all = false
 			continue
@@ -311,13 +434,13 @@ func (p *proc) settleVote(x env, force bool) bool {
 	all, any := true, v.sliver
 	for _, c := range x.w.comms {
 		g := c.group
-		if c.pid != p.pid || g == nil || g.ambiguous || g.members[c.rank] != c {
+		if c.pid != p.pid || g == nil || g.ambiguous || g.members[c.slot] != c {
 			continue
 		}
 		if g.prologue == nil {
 			g.prologue = map[int32]bool{}
 		}
-		g.prologue[c.rank] = v.sliver
+		g.prologue[c.slot] = v.sliver
 		for rank, m := range g.members {
 			sliver, ok := g.prologue[rank]
 			if !ok {

@@ -15,7 +15,7 @@ import (
 
 // A recording is the engine's whole input, call by call, as gzip-compressed
 // JSON lines: one header line with the configuration, then one line per
-// Event, Window, Advance, SetDevice and the final Close, in the order the
+// Event, Window, Advance, SetDevice, SetRank and the final Close, in the order the
 // sidecar made them. Replaying it through a fresh Engine gives exactly the
 // gaps, steps and summary of the run (the engine is deterministic in its
 // input), so a user's recording reproduces a mis-attribution offline, and
@@ -29,6 +29,7 @@ type Call struct {
 	Advance int64            `json:"advance,omitempty"`
 	Close   int64            `json:"close,omitempty"`
 	Device  *DeviceCall      `json:"device,omitempty"`
+	Rank    *RankCall        `json:"rank,omitempty"`
 	Probes  *ProbesCall      `json:"probes,omitempty"`
 }
 
@@ -60,6 +61,13 @@ func (h RecordHeader) Config() Config {
 type DeviceCall struct {
 	PID    uint32 `json:"pid"`
 	Device int    `json:"device"`
+}
+
+// RankCall is a recorded SetRank.
+type RankCall struct {
+	PID  uint32 `json:"pid"`
+	Rank int    `json:"rank"`
+	Size int    `json:"size,omitempty"`
 }
 
 // Recorder writes a recording. Its methods mirror the Engine's and are
@@ -102,6 +110,11 @@ func (r *Recorder) Advance(now int64) { r.put(Call{Advance: now}) }
 // SetDevice records an Engine.SetDevice call.
 func (r *Recorder) SetDevice(pid uint32, dev int) {
 	r.put(Call{Device: &DeviceCall{PID: pid, Device: dev}})
+}
+
+// SetRank records an Engine.SetRank call.
+func (r *Recorder) SetRank(pid uint32, rank, size int) {
+	r.put(Call{Rank: &RankCall{PID: pid, Rank: rank, Size: size}})
 }
 
 // ProbesLive records an Engine.ProbesLive call.
@@ -163,6 +176,8 @@ func Replay(cfg Config, sink Sink, calls []Call) Summary {
 			e.Window(*c.Win)
 		case c.Device != nil:
 			e.SetDevice(c.Device.PID, c.Device.Device)
+		case c.Rank != nil:
+			e.SetRank(c.Rank.PID, c.Rank.Rank, c.Rank.Size)
 		case c.Probes != nil:
 			e.ProbesLive(c.Probes.Full, c.Probes.At)
 		case c.Advance != 0:

@@ -161,6 +161,8 @@ func (w *warmup) replay(cfg Config, sink Sink, calls []Call) Summary {
 			e.Window(*c.Win)
 		case c.Device != nil:
 			e.SetDevice(c.Device.PID, c.Device.Device)
+		case c.Rank != nil:
+			e.SetRank(c.Rank.PID, c.Rank.Rank, c.Rank.Size)
 		case c.Advance != 0:
 			e.Advance(c.Advance)
 			last = max(last, c.Advance)

@@ -69,8 +69,10 @@ type CollectiveEvidence struct {
 	Comm     string `json:"comm"` // communicator, hex
 	PeerRank int32  `json:"peer_rank,omitempty"`
 	// Ranks and Rank describe the communicator (from its creation; Ranks
-	// is 0 when it was created before tracing began). WaitingOn lists the
-	// other ranks (up to 8): with two ranks, the peer a stall waited on.
+	// is 0 when it was created before tracing began, and Rank is then the
+	// process's RANK where its environment says it, or the one rank its
+	// linked group leaves). WaitingOn lists the other ranks (up to 8):
+	// with two ranks, the peer a stall waited on.
 	Ranks     int32   `json:"ranks,omitempty"`
 	Rank      *int32  `json:"rank,omitempty"`
 	WaitingOn []int32 `json:"waiting_on_ranks,omitempty"`
@@ -78,7 +80,9 @@ type CollectiveEvidence struct {
 	// LateRank, LatePID and LateByNS name the rank that issued the
 	// collective last and how much later than this rank it did, when the
 	// engine traced every rank of the communicator (one gaptrace for the
-	// job's processes): the wait is comm for that long.
+	// job's processes): the wait is comm for that long. LateRank is nil
+	// where that process's rank is unknown (a communicator linked by its
+	// collectives, no RANK in the environment): LatePID still names it.
 	LateRank *int32 `json:"late_rank,omitempty"`
 	LatePID  uint32 `json:"late_pid,omitempty"`
 	LateByNS int64  `json:"late_by_ns,omitempty"`

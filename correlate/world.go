@@ -26,6 +26,17 @@ type world struct {
 	// maxIntervals (threads hold a pointer to it: the world is never
 	// copied once threads exist).
 	droppedIntervals uint64
+	// rankOf: each process's rank and job size from its environment
+	// (SetRank); refuted: pairs of processes whose communicators were
+	// linked from their collectives and then disagreed (ranklink.go).
+	rankOf  map[uint32]procRank
+	refuted map[pidPair]bool
+}
+
+// procRank is a process's rank and its job's size (0: unknown), as its
+// environment says.
+type procRank struct {
+	rank, size int32
 }
 
 // maxComms bounds the communicator table (a job creates a handful).
@@ -37,6 +48,7 @@ func newWorld() world {
 		procs:   map[uint32]*proc{},
 		threads: map[uint32]*thread{},
 		devs:    map[int]*device{},
+		rankOf:  map[uint32]procRank{},
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,7 +36,7 @@ type Stats struct {
 	ExportErrors uint64 // failed export calls (each drops one batch)
 	QueueLen     int
 	// GapsDropped: gaps that never became spans because the gap buffer was
-	// full or their step never arrived.
+	// full (or the exporter was shut down).
 	GapsDropped uint64
 }
 
@@ -52,23 +53,33 @@ type Exporter struct {
 	metrics *metrics
 	res     *resource.Resource
 
-	mu         sync.Mutex
-	pending    map[stepKey][]correlate.Gap
-	pendingN   int
-	gapDropped atomic.Uint64
-	warnedFull atomic.Bool
-	closed     atomic.Bool
+	mu       sync.Mutex
+	pending  map[stepKey][]correlate.Gap
+	pendingN int
+	// emitted holds the span each recent step's gaps hang under, for a
+	// gap that arrives after its step was emitted; emittedOrder bounds it.
+	emitted      map[stepKey]trace.SpanContext
+	emittedOrder []stepKey
+	gapDropped   atomic.Uint64
+	warnedFull   atomic.Bool
+	closed       atomic.Bool
 
 	rootMu    sync.Mutex
 	roots     map[int64]struct{} // steps whose root this process emitted (job mode)
 	rootOrder []int64
 }
 
+// stepKey names a step of a process. Not its device: one engine gives a
+// process one device at a time, and learns it late (NVML lists a process
+// on its GPU after it created its context): gaps decided before that carry
+// the device the engine assumed, their step the one it knew by then.
 type stepKey struct {
-	pid    uint32
-	device int
-	step   int64
+	pid  uint32
+	step int64
 }
+
+// emittedMax bounds the steps remembered for gaps that arrive late.
+const emittedMax = 4096
 
 // New builds the exporter. It fails on an invalid configuration or when an
 // output cannot be opened; it never waits for a collector to be reachable.
@@ -81,7 +92,8 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 	if err != nil {
 		return nil, err
 	}
-	x := &Exporter{cfg: r, log: r.Logger, res: res, pending: map[stepKey][]correlate.Gap{}}
+	x := &Exporter{cfg: r, log: r.Logger, res: res, pending: map[stepKey][]correlate.Gap{},
+		emitted: map[stepKey]trace.SpanContext{}}
 
 	// The primary output is OTLP when configured, else the spans file. A
 	// spans file next to OTLP is a local copy with its own queue, so a
@@ -301,7 +313,9 @@ func newOTLPTraceExporter(ctx context.Context, r *resolved) (sdktrace.SpanExport
 	}
 }
 
-// Gap buffers a gap until its step arrives. Never blocks.
+// Gap buffers a gap until its step arrives. Never blocks. A gap whose step
+// was already emitted (the correlator decided it after the step, as a wait
+// on another rank can be) joins that step's trace at once.
 func (x *Exporter) Gap(g correlate.Gap) {
 	if x.closed.Load() {
 		x.gapDropped.Add(1)
@@ -309,6 +323,13 @@ func (x *Exporter) Gap(g correlate.Gap) {
 	}
 	x.metrics.gap(context.Background(), g)
 	x.mu.Lock()
+	k := stepKey{g.PID, g.Step}
+	if sc, ok := x.emitted[k]; ok {
+		x.mu.Unlock()
+		base := context.Background()
+		x.emitGap(base, trace.ContextWithRemoteSpanContext(base, sc), &g)
+		return
+	}
 	defer x.mu.Unlock()
 	if x.pendingN >= x.cfg.GapBuffer {
 		x.gapDropped.Add(1)
@@ -318,15 +339,13 @@ func (x *Exporter) Gap(g correlate.Gap) {
 		}
 		return
 	}
-	k := stepKey{g.PID, g.Device, g.Step}
 	x.pending[k] = append(x.pending[k], g)
 	x.pendingN++
 }
 
 // Step emits the step's trace with the gaps buffered for it. Gaps of
-// earlier steps of the same process and device whose Step never came are
-// dropped (and counted): the correlator emits steps in order, so they are
-// orphans.
+// earlier steps of the same process whose Step never came are orphans
+// (the correlator emits steps in order): they are emitted without it.
 func (x *Exporter) Step(s correlate.Step) {
 	if x.closed.Load() {
 		return
@@ -334,19 +353,47 @@ func (x *Exporter) Step(s correlate.Step) {
 	ctx := context.Background()
 	x.metrics.step(ctx, s)
 	x.mu.Lock()
-	k := stepKey{s.PID, s.Device, s.Number}
+	k := stepKey{s.PID, s.Number}
 	gaps := x.pending[k]
 	delete(x.pending, k)
 	x.pendingN -= len(gaps)
+	var orphans []correlate.Gap
 	for ok, og := range x.pending {
-		if ok.pid == s.PID && ok.device == s.Device && ok.step < s.Number {
-			x.gapDropped.Add(uint64(len(og)))
+		if ok.pid == s.PID && ok.step < s.Number {
+			orphans = append(orphans, og...)
 			x.pendingN -= len(og)
 			delete(x.pending, ok)
 		}
 	}
 	x.mu.Unlock()
-	x.emitStep(ctx, s, gaps)
+	sc := x.emitStep(ctx, s, gaps)
+	x.mu.Lock()
+	if _, ok := x.emitted[k]; !ok {
+		x.emittedOrder = append(x.emittedOrder, k)
+		if len(x.emittedOrder) > emittedMax {
+			delete(x.emitted, x.emittedOrder[0])
+			x.emittedOrder = x.emittedOrder[1:]
+		}
+	}
+	x.emitted[k] = sc
+	x.mu.Unlock()
+	x.emitOrphans(ctx, orphans)
+}
+
+// emitOrphans emits gaps whose step never came, in time order: with a
+// job ID under the root its step's trace would have (another rank's
+// sidecar may emit it), else each as the root of a trace of its own.
+func (x *Exporter) emitOrphans(base context.Context, gaps []correlate.Gap) {
+	sort.SliceStable(gaps, func(i, j int) bool { return gaps[i].Start < gaps[j].Start })
+	for i := range gaps {
+		parent := base
+		if job := x.cfg.JobID; job != "" {
+			parent = trace.ContextWithRemoteSpanContext(base, trace.NewSpanContext(trace.SpanContextConfig{
+				TraceID: StepTraceID(job, gaps[i].Step), SpanID: StepRootSpanID(job, gaps[i].Step),
+				TraceFlags: trace.FlagsSampled, Remote: true}))
+		}
+		x.emitGap(base, parent, &gaps[i])
+	}
 }
 
 // Summary updates the metrics with the run's final totals; dropped is the
@@ -384,19 +431,22 @@ func (x *Exporter) Stats() Stats {
 }
 
 // Shutdown flushes spans and metrics within ctx's deadline. Gaps still
-// waiting for a step are counted as dropped. Later Gap/Step calls are
+// waiting for a step become traces of their own. Later Gap/Step calls are
 // ignored.
 func (x *Exporter) Shutdown(ctx context.Context) error {
 	if !x.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	// Gaps whose step never came (the correlator closes every step it
+	// started): traces of their own rather than lost.
 	x.mu.Lock()
-	if x.pendingN > 0 {
-		x.gapDropped.Add(uint64(x.pendingN))
-		x.pending = map[stepKey][]correlate.Gap{}
-		x.pendingN = 0
+	var orphans []correlate.Gap
+	for _, og := range x.pending {
+		orphans = append(orphans, og...)
 	}
+	x.pending, x.pendingN = map[stepKey][]correlate.Gap{}, 0
 	x.mu.Unlock()
+	x.emitOrphans(context.Background(), orphans)
 	// Spans and metrics flush side by side: each gets all of ctx's time,
 	// so a collector that swallows the spans' time still gets the final
 	// metrics (and the reverse).

@@ -196,13 +196,13 @@ func TestFileModeSpanModel(t *testing.T) {
 	}
 }
 
-func TestGapBufferBoundedAndOrphansCounted(t *testing.T) {
+func TestGapBufferBoundedAndOrphansEmitted(t *testing.T) {
 	clearEnv(t)
-	x, err := otel.New(context.Background(), otel.Config{GapBuffer: 3, Rank: -1})
+	path := filepath.Join(t.TempDir(), "spans.jsonl")
+	x, err := otel.New(context.Background(), otel.Config{GapBuffer: 3, Rank: -1, SpansFile: path})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer shutdown(t, x)
 	sy := synth{pid: 1, t0: time.Now().UnixNano()}
 	for n := range int64(5) {
 		_, gaps := sy.step(n)
@@ -211,17 +211,111 @@ func TestGapBufferBoundedAndOrphansCounted(t *testing.T) {
 	if d := x.Stats().GapsDropped; d != 2 {
 		t.Fatalf("buffer of 3 took 5 gaps: dropped %d, want 2", d)
 	}
-	// Step 2 arrives: its gap is emitted, steps 0 and 1 never will be.
+	// Step 2 arrives: its gap is emitted; steps 0 and 1 never will be,
+	// and their gaps are emitted without them.
 	st, _ := sy.step(2)
 	x.Step(st)
-	if d := x.Stats().GapsDropped; d != 4 {
-		t.Errorf("after step 2: dropped %d, want 4 (2 overflow + 2 orphans)", d)
+	if d := x.Stats().GapsDropped; d != 2 {
+		t.Errorf("after step 2: dropped %d, want the 2 of the overflow", d)
 	}
 	// Room again: a new gap is buffered, not dropped.
 	_, gaps := sy.step(3)
 	x.Gap(gaps[0])
-	if d := x.Stats().GapsDropped; d != 4 {
-		t.Errorf("gap after room was made: dropped %d, want 4", d)
+	if d := x.Stats().GapsDropped; d != 2 {
+		t.Errorf("gap after room was made: dropped %d, want 2", d)
+	}
+	shutdown(t, x)
+	byStep := map[int64]otel.FileSpan{}
+	for _, s := range readSpansFile(t, path) {
+		if s.Name == otel.SpanGap {
+			byStep[int64(s.Attributes["gpu.step.number"].(float64))] = s
+		}
+	}
+	for n := range int64(4) {
+		s, ok := byStep[n]
+		switch {
+		case !ok:
+			t.Errorf("the gap of step %d is not in the spans", n)
+		case n != 2 && s.ParentSpanID != "":
+			t.Errorf("the gap of step %d, whose step never came, hangs under %s", n, s.ParentSpanID)
+		}
+	}
+}
+
+// TestLateGapsJoinTheirStep: one exporter for two ranks' processes. The
+// correlator decides some gaps after their step was emitted (a wait on
+// the other rank is judged once that rank's events are in), and learns a
+// process's device late (its first gaps carry device 0, its steps device
+// 1). Every gap must still be a span under its own step's span, none
+// dropped, with or without a job ID (rank spans).
+func TestLateGapsJoinTheirStep(t *testing.T) {
+	for _, job := range []string{"", "job-7"} {
+		clearEnv(t)
+		path := filepath.Join(t.TempDir(), "spans.jsonl")
+		x, err := otel.New(context.Background(), otel.Config{Rank: -1, JobID: job, SpansFile: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now().Add(-time.Minute).UnixNano()
+		ranks := []synth{{pid: 100, device: 0, t0: t0}, {pid: 101, device: 1, t0: t0}}
+		var late []correlate.Gap
+		want := 0
+		for n := range int64(10) {
+			for r, sy := range ranks {
+				st, gaps := sy.step(n)
+				rank := r
+				st.Workload = &correlate.Workload{Rank: &rank}
+				for i := range gaps {
+					gaps[i].Workload = st.Workload
+					if r == 1 && n < 3 {
+						gaps[i].Device = 0 // before NVML listed the process on its GPU
+					}
+					want++
+					if n%3 == 1 {
+						// Decided after the step: a wait on the other rank.
+						late = append(late, gaps[i])
+						continue
+					}
+					x.Gap(gaps[i])
+				}
+				x.Step(st)
+			}
+			// The late gaps of this step come once the other rank's step
+			// was emitted too.
+			for _, g := range late {
+				x.Gap(g)
+			}
+			late = late[:0]
+		}
+		shutdown(t, x)
+		if d := x.Stats().GapsDropped; d != 0 {
+			t.Errorf("job %q: %d gaps dropped", job, d)
+		}
+		spans := readSpansFile(t, path)
+		byID := map[string]otel.FileSpan{}
+		for _, s := range spans {
+			byID[s.SpanID] = s
+		}
+		got := 0
+		for _, s := range spans {
+			if s.Name != otel.SpanGap {
+				continue
+			}
+			got++
+			p, ok := byID[s.ParentSpanID]
+			if !ok {
+				t.Errorf("job %q: gap of step %v (pid %v) has no parent span", job, s.Attributes["gpu.step.number"], s.Attributes["process.pid"])
+				continue
+			}
+			if p.TraceID != s.TraceID || p.Attributes["gpu.step.number"] != s.Attributes["gpu.step.number"] ||
+				p.Attributes["process.pid"] != s.Attributes["process.pid"] {
+				t.Errorf("job %q: gap of pid %v step %v hangs under %s of pid %v step %v", job, s.Attributes["process.pid"],
+					s.Attributes["gpu.step.number"], p.Name, p.Attributes["process.pid"], p.Attributes["gpu.step.number"])
+			}
+		}
+		if got != want {
+			t.Errorf("job %q: %d gap spans, want %d", job, got, want)
+		}
 	}
 }
 
@@ -569,6 +663,33 @@ func TestPageableCopyAttributes(t *testing.T) {
 			a["gpu.gap.copy.gb_per_s"] != 6.0 || a["gpu.gap.copy.pageable"] != true || a["gpu.gap.copy.ms"] != 28.0 ||
 			a["gpu.gap.fix"] != "pin the host buffer (pin_memory=True / cudaHostRegister)" {
 			t.Errorf("copy attrs %v", a)
+		}
+		return
+	}
+	t.Fatal("no gpu.idle span")
+}
+
+// A comm stall on a communicator linked by its collectives, whose
+// process's rank nothing said, still names the late process.
+func TestLatePIDWithoutRank(t *testing.T) {
+	clearEnv(t)
+	path := filepath.Join(t.TempDir(), "spans.jsonl")
+	x, err := otel.New(context.Background(), otel.Config{Rank: -1, SpansFile: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, gaps := synth{pid: 100, t0: time.Now().UnixNano()}.step(3) // comm
+	gaps[0].Evidence.Collective.LateRank = nil
+	x.Gap(gaps[0])
+	x.Step(st)
+	shutdown(t, x)
+	for _, s := range readSpansFile(t, path) {
+		if s.Name != otel.SpanGap {
+			continue
+		}
+		if _, ok := s.Attributes["gpu.collective.late_rank"]; ok || s.Attributes["gpu.collective.late_pid"] != 107.0 ||
+			s.Attributes["gpu.collective.late_by_ms"] != 27.0 {
+			t.Errorf("late attributes of a stall whose late rank is unknown: %v", s.Attributes)
 		}
 		return
 	}

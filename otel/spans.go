@@ -28,7 +28,8 @@ func unix(ns int64) time.Time { return time.Unix(0, ns) }
 // emitStep creates and ends every span of one step. Children are started
 // from contexts built on a clean base so that fixed IDs meant for one span
 // never leak to its children (see withFixedIDs).
-func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []correlate.Gap) {
+// It returns the span the gaps hang under, for gaps that come later.
+func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []correlate.Gap) trace.SpanContext {
 	stepAttrs := append(stepAttributes(s), whatIfAttributes(s, gaps)...)
 	var parent trace.Span
 	// Spans are not compared with ==: some implementations (the
@@ -76,17 +77,21 @@ func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []corre
 			trace.WithTimestamp(unix(s.Start)), trace.WithAttributes(stepAttrs...))
 	}
 	addStepEvents(parent, s)
+	pctx := trace.ContextWithSpan(base, parent)
 	for i := range gaps {
-		x.emitGap(base, parent, &gaps[i])
+		x.emitGap(base, pctx, &gaps[i])
 	}
 	if separateRoot {
 		root.End(trace.WithTimestamp(unix(s.End)))
 	}
 	parent.End(trace.WithTimestamp(unix(s.End)))
+	return parent.SpanContext()
 }
 
-func (x *Exporter) emitGap(base context.Context, parent trace.Span, g *correlate.Gap) {
-	_, sp := x.tracer.Start(trace.ContextWithSpan(base, parent), SpanGap, trace.WithTimestamp(unix(g.Start)),
+// emitGap emits one gap's span as a child of the span in parent (none:
+// the root of a trace of its own), with its host operations.
+func (x *Exporter) emitGap(base, parent context.Context, g *correlate.Gap) {
+	_, sp := x.tracer.Start(parent, SpanGap, trace.WithTimestamp(unix(g.Start)),
 		trace.WithAttributes(gapAttributes(g)...))
 	sp.AddEvent("gpu.queue.drained", trace.WithTimestamp(unix(g.Start)),
 		trace.WithAttributes(attribute.String("gpu.gap.source", g.Evidence.Source)))
@@ -393,12 +398,16 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 			}
 			a = append(a, attribute.Int64Slice("gpu.collective.waiting_on_ranks", w))
 		}
+		// The late process is named even where its rank is unknown (its
+		// communicator was linked by its collectives, no RANK said it).
 		if c.LateRank != nil {
-			a = append(a, attribute.Int64("gpu.collective.late_rank", int64(*c.LateRank)),
-				attribute.Float64("gpu.collective.late_by_ms", ms(c.LateByNS)))
-			if c.LatePID != 0 {
-				a = append(a, attribute.Int64("gpu.collective.late_pid", int64(c.LatePID)))
-			}
+			a = append(a, attribute.Int64("gpu.collective.late_rank", int64(*c.LateRank)))
+		}
+		if c.LateRank != nil || c.LatePID != 0 {
+			a = append(a, attribute.Float64("gpu.collective.late_by_ms", ms(c.LateByNS)))
+		}
+		if c.LatePID != 0 {
+			a = append(a, attribute.Int64("gpu.collective.late_pid", int64(c.LatePID)))
 		}
 	}
 	if ev.SMActivity != nil {

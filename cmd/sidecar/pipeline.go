@@ -61,6 +61,9 @@ type pipeline struct {
 	rec     *correlate.Recorder // --record, nil when off
 	recFile *safefile.Stream
 	work    *workload.Resolver
+	// ranked: processes whose rank the engine was told (or that have
+	// none), at their first collective.
+	ranked map[uint32]bool
 
 	// Probe set auto: the schedule, the attach/detach in flight (one at a
 	// time) and what the toggles cost.
@@ -150,7 +153,8 @@ func (ww *windowsWriter) close() error {
 func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, error) {
 	cfg := pc.Config
 	log := pc.Logger.With("component", "pipeline")
-	p := &pipeline{cfg: &pc, log: log, devices: map[uint32]int{}, work: workload.New("/proc", workload.PodFromEnv(os.Getenv)),
+	p := &pipeline{cfg: &pc, log: log, devices: map[uint32]int{}, ranked: map[uint32]bool{},
+		work:   workload.New("/proc", workload.PodFromEnv(os.Getenv)),
 		events: make(chan []event.Event, eventQueue), windows: make(chan event.GPUWindow, windowQueue)}
 
 	if cfg.WindowsOut != "" {
@@ -372,6 +376,20 @@ func (p *pipeline) event(ev *event.Event) {
 	case ev.Kind == event.KindExec:
 		p.work.Forget(ev.PID)
 		p.work.Of(ev.PID)
+		delete(p.ranked, ev.PID)
+	case ev.Kind == event.KindExit && ev.TID == ev.PID:
+		delete(p.ranked, ev.PID)
+	case ev.Kind == event.KindCollective && !p.ranked[ev.PID]:
+		// A communicator the engine did not see created is linked to
+		// the other ranks' by its collectives; the environment names the
+		// rank and the job's size.
+		p.ranked[ev.PID] = true
+		if rank, size, ok := p.work.RankOf(ev.PID); ok {
+			if p.rec != nil {
+				p.rec.SetRank(ev.PID, rank, size)
+			}
+			p.eng.SetRank(ev.PID, rank, size)
+		}
 	}
 	if p.rec != nil {
 		p.rec.Event(ev)

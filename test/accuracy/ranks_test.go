@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // TestRanksOneGaptrace traces both ranks of a 2-rank job with one gaptrace
@@ -27,6 +28,42 @@ import (
 //
 // GAPTRACE_RANKS_STEPS sets how many steps each rank runs (default 160).
 func TestRanksOneGaptrace(t *testing.T) {
+	runRanks(t, ranksCase{dir: "late-rank-30ms", await: true})
+}
+
+// TestRanksCreatedUnseen: the same job, but gaptrace never sees the
+// communicators created, so their collectives alone link them. attach:
+// the ranks (RANK and WORLD_SIZE in their environment, as torchrun sets
+// them) run for a while before `gaptrace attach --pid` joins them, as in
+// production; run: simtrain creates its communicator at once, before the
+// libnccl probes are in (as a trainer does right after loading libnccl),
+// and nothing says the ranks, so a stall names the late process only
+// (the probes may still see one rank's creation, which names both). The
+// same coverage is required, from the first scored steps, and every gap
+// must be in the spans too.
+func TestRanksCreatedUnseen(t *testing.T) {
+	t.Run("attach", func(t *testing.T) {
+		runRanks(t, ranksCase{dir: "late-rank-30ms-attach", attach: true, env: true})
+	})
+	t.Run("run", func(t *testing.T) {
+		runRanks(t, ranksCase{dir: "late-rank-30ms-unseen"})
+	})
+}
+
+// ranksCase is one way of tracing the 2-rank job.
+type ranksCase struct {
+	dir string
+	// await: simtrain waits for gaptrace's libnccl probe before creating
+	// its communicator, so the creation is seen.
+	await bool
+	// attach: the job starts on its own and gaptrace attaches to it after
+	// its communicators were created.
+	attach bool
+	// env: RANK and WORLD_SIZE are set in the ranks' environment.
+	env bool
+}
+
+func runRanks(t *testing.T, rc ranksCase) {
 	s := need(t)
 	steps := 160
 	if v := os.Getenv("GAPTRACE_RANKS_STEPS"); v != "" {
@@ -34,7 +71,7 @@ func TestRanksOneGaptrace(t *testing.T) {
 			t.Fatalf("GAPTRACE_RANKS_STEPS=%q: want a number ≥ 20", v)
 		}
 	}
-	dir := filepath.Join(s.root, accuracyOutRoot, "ranks", "late-rank-30ms")
+	dir := filepath.Join(s.root, accuracyOutRoot, "ranks", rc.dir)
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -54,29 +91,64 @@ func TestRanksOneGaptrace(t *testing.T) {
 	// it from meeting an earlier run's. simtrain creates its communicator
 	// at once, where a trainer does so seconds in: --await-probes makes it
 	// wait for gaptrace's probe, so that both ranks' communicators are seen.
-	id := fmt.Sprintf("late-%d", time.Now().UnixNano())
+	id := fmt.Sprintf("%s-%d", rc.dir, time.Now().UnixNano())
+	simSteps := steps
+	if rc.attach {
+		// The steps before the attach are not scored, and gaptrace may
+		// take seconds to load beside other tests. A job stopped by a
+		// signal cannot be used: a rank that stops one step before the
+		// other leaves its peer waiting in the all-reduce.
+		simSteps = 2 * steps
+	}
 	rank := func(r int, extra string) string {
-		return fmt.Sprintf("%s --truth %s --rank %d --nranks 2 --device %d --steps %d --collectives 1 "+
-			"--kernels-per-step 9 --kernel-us 1500 --launch-gap-us 20 --comm-id %s --await-probes 60 --workers 0 --quiet %s",
-			filepath.Join(sim, "simtrain"), filepath.Join(dir, fmt.Sprintf("truth%d.jsonl", r)), r, r, steps, id, extra)
+		cmd := fmt.Sprintf("%s --truth %s --rank %d --nranks 2 --device %d --steps %d --collectives 1 "+
+			"--kernels-per-step 9 --kernel-us 1500 --launch-gap-us 20 --comm-id %s --workers 0 --quiet %s",
+			filepath.Join(sim, "simtrain"), filepath.Join(dir, fmt.Sprintf("truth%d.jsonl", r)), r, r, simSteps, id, extra)
+		if rc.await {
+			cmd += " --await-probes 60"
+		}
+		if rc.env {
+			cmd = fmt.Sprintf("RANK=%d WORLD_SIZE=2 %s", r, cmd)
+		}
+		return cmd
 	}
 	script := rank(0, "") + " & " + rank(1, "--stall cpu:every=1:ms=30") + "; wait"
-	args := []string{"run", "--live", "off", "--log-level", "debug",
+	outs := []string{"--live", "off", "--log-level", "debug",
 		"--gaps-out", filepath.Join(dir, "gaps.jsonl"),
 		"--spans-out", filepath.Join(dir, "spans.jsonl"),
 		"--summary-json", filepath.Join(dir, "summary.json"),
-		"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1"),
-		"--", "sh", "-c", script}
+		"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1")}
+	env := append(cleanEnv(), "SIMGPU_DIR="+tl, "SIMGPU_DEVICES=2")
+	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
+	defer cancel()
+	var job *exec.Cmd
+	args := append(append([]string{"run"}, outs...), "--", "sh", "-c", script)
+	if rc.attach {
+		job = exec.CommandContext(ctx, "sh", "-c", script)
+		job.Dir, job.Env = dir, env
+		job.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+		if err := job.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			_ = syscall.Kill(-job.Process.Pid, syscall.SIGKILL)
+			_ = job.Wait()
+		}()
+		if err := raisePriority(job.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+		// Both ranks have met on their communicator and step.
+		time.Sleep(time.Second)
+		args = append([]string{"attach", "--pid", fmt.Sprint(job.Process.Pid)}, outs...)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "command"), []byte(s.bin+" "+strings.Join(args, " ")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
-	defer cancel()
 	cmd := exec.CommandContext(ctx, s.bin, args...)
 	cmd.Dir = dir
-	cmd.Env = append(cleanEnv(), "SIMGPU_DIR="+tl, "SIMGPU_DEVICES=2")
+	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	var out bytes.Buffer
+	var out testutil.LockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -86,9 +158,14 @@ func TestRanksOneGaptrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := cmd.Wait()
-	_ = os.WriteFile(filepath.Join(dir, "gaptrace.log"), out.Bytes(), 0o644)
+	_ = os.WriteFile(filepath.Join(dir, "gaptrace.log"), []byte(out.String()), 0o644)
 	if err != nil {
-		t.Fatalf("gaptrace run: %v (log in %s)", err, dir)
+		t.Fatalf("gaptrace %s: %v (log in %s)", args[0], err, dir)
+	}
+	if rc.attach {
+		if err := job.Wait(); err != nil {
+			t.Fatalf("the job: %v (%s)", err, dir)
+		}
 	}
 	lines := strings.Split(out.String(), "\n")
 
@@ -140,16 +217,35 @@ func TestRanksOneGaptrace(t *testing.T) {
 			first = append(first, st.Interval)
 		}
 	}
+	// A stall names the late rank where the ranks are known: from the
+	// communicators' creation or from the environment. Under run without
+	// either, the probes may still have seen one rank's creation (the
+	// other rank is then the one left), or none: the pid alone.
+	named := func(c *correlate.CollectiveEvidence, rank int32) bool {
+		if c.LateRank == nil {
+			return !rc.await && !rc.env
+		}
+		return *c.LateRank == rank
+	}
 	var reported []Interval
+	seen := 0
 	for _, g := range mine {
 		if g.Kind != correlate.GapStall || g.End <= rng.Start || g.Start >= rng.End {
 			continue
 		}
 		reported = append(reported, Interval{g.Start, g.End})
-		if c := g.Evidence.Collective; g.Cause != correlate.CauseComm || c == nil || c.LateRank == nil ||
-			*c.LateRank != 1 || int(c.LatePID) != tr[1].PID || c.LateByNS < g.Duration {
+		c := g.Evidence.Collective
+		if g.Cause != correlate.CauseComm || c == nil || !named(c, 1) || int(c.LatePID) != tr[1].PID || c.LateByNS < g.Duration {
 			t.Errorf("rank 0 stall does not name rank 1 (pid %d) late by at least its length: %+v %+v", tr[1].PID, g, c)
+			continue
 		}
+		if c.Ranks > 0 {
+			seen++
+		}
+	}
+	t.Logf("rank 0: %d of %d stalls on a communicator seen created", seen, len(reported))
+	if rc.attach && seen > 0 {
+		t.Errorf("attached after the communicators were created, yet %d stalls know the communicator's size", seen)
 	}
 	for i, iv := range first {
 		if got := Intersect(NewSet(iv), NewSet(reported...)).Total(); float64(got) < 0.8*float64(iv.Len()) {
@@ -164,7 +260,7 @@ func TestRanksOneGaptrace(t *testing.T) {
 			continue
 		}
 		theirs = append(theirs, g)
-		if c := g.Evidence.Collective; c == nil || c.LateRank == nil || *c.LateRank != 0 || int(c.LatePID) != tr[0].PID {
+		if c := g.Evidence.Collective; c == nil || !named(c, 0) || int(c.LatePID) != tr[0].PID {
 			t.Errorf("rank 1 stall does not name rank 0 (pid %d): %+v %+v", tr[0].PID, g, c)
 		}
 	}
@@ -173,6 +269,15 @@ func TestRanksOneGaptrace(t *testing.T) {
 	spans, err := ReadStepSpans(filepath.Join(dir, "spans.jsonl"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Every gap is in the spans too, whichever rank's verdict came after
+	// its step was emitted, and whenever a rank's device became known.
+	raw, err := os.ReadFile(filepath.Join(dir, "spans.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(raw, []byte(`"name":"gpu.idle"`)); n != len(gaps) || strings.Contains(out.String(), "spans were lost") {
+		t.Errorf("%d gpu.idle spans for %d gaps (gaptrace.log in %s)", n, len(gaps), dir)
 	}
 	var counted [2]*StepCountResult
 	for r := range tr {

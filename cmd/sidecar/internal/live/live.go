@@ -539,6 +539,8 @@ func Frame(v View, width int) string {
 		fmt.Fprintf(&b, "last gap: %s %s (pid %d tid %d, step %d%s)\n", FormatNS(g.Duration), g.Cause, g.PID, g.TID, g.Step, probes)
 		if c := g.Evidence.Collective; c != nil && c.LateRank != nil {
 			fmt.Fprintf(&b, "  waited on rank %d (pid %d), %s late\n", *c.LateRank, c.LatePID, FormatNS(c.LateByNS))
+		} else if c != nil && c.LatePID != 0 {
+			fmt.Fprintf(&b, "  waited on pid %d (rank unknown), %s late\n", c.LatePID, FormatNS(c.LateByNS))
 		}
 		if d := gapDetail(g); d != "" {
 			b.WriteString("  " + trimRight(Escape(d), max(20, width-2)) + "\n")

@@ -130,6 +130,42 @@ func (r *Resolver) read(pid uint32) *correlate.Workload {
 	return &w
 }
 
+// RankOf is pid's place in a distributed job as its environment says it:
+// RANK and WORLD_SIZE (torchrun, DeepSpeed, Slurm launchers), else
+// LOCAL_RANK and LOCAL_WORLD_SIZE; size is 0 when not said. ok is false
+// when no rank is set. It reads /proc every time: the caller asks once per
+// process, while it runs.
+func (r *Resolver) RankOf(pid uint32) (rank, size int, ok bool) {
+	b, err := os.ReadFile(filepath.Join(r.procRoot, strconv.FormatUint(uint64(pid), 10), "environ"))
+	if err != nil {
+		return 0, 0, false
+	}
+	return RankFromEnviron(b)
+}
+
+// RankFromEnviron reads a rank and a job size from the contents of
+// /proc/PID/environ (see RankOf).
+func RankFromEnviron(environ []byte) (rank, size int, ok bool) {
+	num := func(key string) (int, bool) {
+		v, ok := environValue(environ, key)
+		if !ok {
+			return 0, false
+		}
+		n, err := strconv.Atoi(v)
+		return n, err == nil && n >= 0
+	}
+	for _, keys := range [][2]string{{"RANK", "WORLD_SIZE"}, {"LOCAL_RANK", "LOCAL_WORLD_SIZE"}} {
+		if rank, ok = num(keys[0]); ok {
+			size, _ = num(keys[1])
+			if size <= rank {
+				size = 0
+			}
+			return rank, size, true
+		}
+	}
+	return 0, 0, false
+}
+
 // innermostNSPid returns the last field of the NSpid line: the pid in the
 // process's own (deepest) namespace.
 func innermostNSPid(status []byte) uint32 {

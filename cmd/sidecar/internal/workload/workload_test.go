@@ -99,3 +99,33 @@ func TestResolver(t *testing.T) {
 		t.Errorf("gone process: %+v", w)
 	}
 }
+
+func TestRankFromEnviron(t *testing.T) {
+	env := func(kv ...string) []byte {
+		var b []byte
+		for _, s := range kv {
+			b = append(append(b, s...), 0)
+		}
+		return b
+	}
+	for _, c := range []struct {
+		name       string
+		environ    []byte
+		rank, size int
+		ok         bool
+	}{
+		{"torchrun", env("PATH=/bin", "RANK=3", "WORLD_SIZE=8", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=4"), 3, 8, true},
+		{"rank without size", env("RANK=1"), 1, 0, true},
+		{"local only", env("LOCAL_RANK=2", "LOCAL_WORLD_SIZE=4"), 2, 4, true},
+		{"size not above the rank", env("RANK=4", "WORLD_SIZE=4"), 4, 0, true},
+		{"not a number", env("RANK=first", "LOCAL_RANK=0"), 0, 0, true},
+		{"negative", env("RANK=-1"), 0, 0, false},
+		{"a longer name", env("NODE_RANK=1", "MY_RANK=2"), 0, 0, false},
+		{"none", env("HOME=/root"), 0, 0, false},
+	} {
+		rank, size, ok := RankFromEnviron(c.environ)
+		if rank != c.rank || size != c.size || ok != c.ok {
+			t.Errorf("%s: rank %d size %d ok %v, want %d %d %v", c.name, rank, size, ok, c.rank, c.size, c.ok)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -874,6 +875,57 @@ func pct(r Ratio) string {
 	return fmt.Sprintf("%.3f", r.Value())
 }
 
+// autoAgainstFull says, per scenario that ran under both, how far auto's
+// recall and attribution fell below full's (where each has at least 20 ms
+// to judge), the largest first: auto is meant to stay within 0.02 of full.
+// Both are single runs on a shared machine, so a difference of a few
+// hundredths over a few milliseconds of gaps is as much noise as probes.
+func autoAgainstFull(rows []*row) string {
+	type diff struct {
+		what string
+		d    float64
+	}
+	full := map[string]*row{}
+	for _, r := range rows {
+		if r.Probes == "full" && r.Result != nil {
+			full[r.Scenario] = r
+		}
+	}
+	var ds []diff
+	for _, r := range rows {
+		f := full[r.Scenario]
+		if r.Probes != "auto" || r.Result == nil || f == nil {
+			continue
+		}
+		judged := func(x Ratio) bool { return x.Den >= 20*int64(time.Millisecond) }
+		if a, b := r.Result.Recall, f.Result.Recall; judged(a) && judged(b) {
+			ds = append(ds, diff{r.Scenario + " recall", b.Value() - a.Value()})
+		}
+		for c, ac := range r.Result.Causes {
+			if fc, ok := f.Result.Causes[c]; ok && judged(ac.Accuracy) && judged(fc.Accuracy) {
+				ds = append(ds, diff{r.Scenario + " " + c, fc.Accuracy.Value() - ac.Accuracy.Value()})
+			}
+		}
+	}
+	if len(ds) == 0 {
+		return ""
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i].d > ds[j].d })
+	var b strings.Builder
+	over := 0
+	for _, d := range ds {
+		if d.d > 0.02 {
+			over++
+		}
+	}
+	fmt.Fprintf(&b, "auto against full: %d of %d figures more than 0.02 below full; largest:", over, len(ds))
+	for _, d := range ds[:min(len(ds), 4)] {
+		fmt.Fprintf(&b, " %s %+.3f", d.what, -d.d)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
 // formatTable renders the rows as the table `make accuracy` prints.
 func formatTable(rows []*row) string {
 	var b strings.Builder
@@ -917,6 +969,7 @@ func formatTable(rows []*row) string {
 			strings.Join(causes, ", "), mark)
 	}
 	fmt.Fprintf(&b, "(steps: scored, those that started once the probes were attached and gaptrace had found the step period (warmup: ms between the two), less one; idle ms: true GPU idle over them; gap≥1ms: of it in gaps ≥ 1 ms; stallR/P: comm stalls vs gaps of kind stall; bound: gap boundary error, ms; 'other' is not injectable; recall and precision are judged only over ≥ 20 ms)\n")
+	b.WriteString(autoAgainstFull(rows))
 	misses := 0
 	for _, r := range rows {
 		misses += len(r.Misses)

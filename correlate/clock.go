@@ -902,13 +902,22 @@ func (s *stepper) openSeg() (segFeat, int) {
 
 // splitWindowClock is splitWindow (steps.go) under the clock: the clock's
 // boundaries in the token ring split the open fixed window, after the
-// last gap delivered to it.
+// last gap delivered to it. The window that the loop's first iteration
+// ends in is that iteration, where the ring reaches back to the run's
+// start: a first iteration that compiled for seconds ran the warm-up out
+// into fixed windows, and the gaps already emitted with the window's
+// number keep it from being cut at the iteration's start.
 func (s *stepper) splitWindowClock() {
 	if o := s.openStep(); o == nil || !o.Window {
 		return
 	}
 	c := s.clock
+	from := -1
+	if s.ntok <= tokMax {
+		from = max(s.loopStart(), 0)
+	}
 	var idx int64
+	n := 0 // boundary occurrences from the loop's first
 	for i := range s.toks {
 		tok := &s.toks[i]
 		if tok.key != c.key {
@@ -918,14 +927,48 @@ func (s *stepper) splitWindowClock() {
 		if int((idx-1)%int64(c.m)) != c.phase {
 			continue
 		}
+		if from >= 0 && i >= from {
+			n++
+		}
 		o := s.openStep()
 		if o == nil || tok.t <= o.Start || !s.syncIn(o.Start, tok.t) {
 			continue
 		}
 		if e := s.stepEnd(tok.t); e > o.Start && e > o.lastGap {
+			if o.Window && n == 2 {
+				o.Window = false
+			}
 			s.boundary(e, false)
 		}
 	}
+}
+
+// loopStart is the ring index of the clock's boundary occurrence that
+// opens the loop's first iteration: the last one before the first token
+// known to follow compute, whose work comes after it (a first iteration's
+// batch copy has nothing before it but the setup); -1 when none comes
+// before that token. The occurrences before it (a model's setup copying a
+// parameter the size of the batch) are prologue.
+func (s *stepper) loopStart() int {
+	c := s.clock
+	work := len(s.toks)
+	for i := range s.toks {
+		if !s.toks[i].idle() {
+			work = i
+			break
+		}
+	}
+	var idx int64
+	at := -1
+	for i := 0; i < work; i++ {
+		if s.toks[i].key == c.key {
+			idx++
+			if int((idx-1)%int64(c.m)) == c.phase {
+				at = i
+			}
+		}
+	}
+	return at
 }
 
 // retroClock lays steps over the token history once a clock is found while
@@ -940,18 +983,16 @@ func (s *stepper) retroClock() {
 	// just after the loop's first work) is that iteration, not a window
 	// of its own, so that step N is the loop's iteration N.
 	pending := int64(-1)
-	// No step ends before the first token known to follow compute: the
-	// copies before it (a model's setup) are prologue.
-	setup := true
+	// No step ends before the loop's first iteration (loopStart).
+	lastBefore := s.loopStart()
 	for i := range s.toks {
 		tok := &s.toks[i]
 		c.seg.add(tok)
-		setup = setup && tok.idle()
 		if tok.key != c.key {
 			continue
 		}
 		idx++
-		if int((idx-1)%int64(c.m)) != c.phase || setup {
+		if int((idx-1)%int64(c.m)) != c.phase || i < lastBefore {
 			continue
 		}
 		c.seg = segFeat{counts: map[tokKey]int{}}

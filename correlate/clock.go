@@ -38,9 +38,12 @@ const (
 	clockRecheck = 16
 )
 
-// tokKey identifies an enqueued operation across steps.
+// tokKey identifies an enqueued operation across steps. A copy's
+// direction is part of it: a checkpoint's device-to-host copy of a tensor
+// the size of the batch is not the batch's copy to the device.
 type tokKey struct {
 	kind   event.Kind
+	dir    event.CUDA
 	stream uint64
 	bytes  uint64
 	op     event.NCCLOp
@@ -170,7 +173,7 @@ func tokenOf(ev *event.Event) (tokKey, bool) {
 		if ev.Bytes <= scalarBytes {
 			return tokKey{}, false
 		}
-		return tokKey{kind: ev.Kind, stream: ev.Stream, bytes: ev.Bytes}, true
+		return tokKey{kind: ev.Kind, dir: ev.CopyDir, stream: ev.Stream, bytes: ev.Bytes}, true
 	case event.KindCollective:
 		return tokKey{kind: ev.Kind, stream: ev.Stream, bytes: ev.Bytes, op: ev.Op, comm: ev.Comm}, true
 	}
@@ -503,7 +506,7 @@ func phasesDifferInTime(unit []segSum, m int) bool {
 // hash is the operation's term in a segment's multiset hash.
 func (k tokKey) hash() uint64 {
 	h := uint64(k.kind) + 1
-	for _, v := range [...]uint64{k.stream, k.bytes, uint64(k.op), k.comm} {
+	for _, v := range [...]uint64{uint64(k.dir), k.stream, k.bytes, uint64(k.op), k.comm} {
 		h = mix64(h ^ v)
 	}
 	return h
@@ -1034,6 +1037,12 @@ func (k tokKey) String() string {
 		return fmt.Sprintf("%s %d bytes on stream %#x", k.op, k.bytes, k.stream)
 	case event.KindMemset:
 		return fmt.Sprintf("memset %d bytes on stream %#x", k.bytes, k.stream)
+	}
+	switch k.dir {
+	case event.CUMemcpyHtoD:
+		return fmt.Sprintf("copy %d bytes to the device on stream %#x", k.bytes, k.stream)
+	case event.CUMemcpyDtoH:
+		return fmt.Sprintf("copy %d bytes to the host on stream %#x", k.bytes, k.stream)
 	}
 	return fmt.Sprintf("copy %d bytes on stream %#x", k.bytes, k.stream)
 }

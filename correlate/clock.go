@@ -806,11 +806,19 @@ func (s *stepper) tryClock(set settings) bool {
 			cf.occ++
 		}
 	}
-	if c := s.clock; s.mode == modeClock && c != nil {
+	cf = s.group(toks, cf)
+	if (s.mode == modeUnknown || s.mode == modeWindow) && s.mayGroup(toks, cf) {
+		// Gaps are held, or go to a fixed window that the clock will
+		// split: wait until the ring holds the groups that say whether
+		// these steps are micro-batches of one iteration.
+		return false
+	}
+	if c := s.clock; s.mode == modeClock && c != nil && !(cf.key == c.key && cf.m > c.m && cf.m%c.m == 0) {
 		// A running clock gives way, at two checks in a row, to a clearly
 		// finer one or when it no longer qualifies itself (it was a
 		// warm-up's burst, the loop changed); a long insertion (a
 		// checkpoint) disqualifies the loop's clock for one check at most.
+		// Its grouping into iterations (accum.go) takes over at once.
 		if cf.key == c.key && cf.m == c.m {
 			s.clockStrikes = 0
 			// The loop's steps may grow or shrink (a schedule, a phase).

@@ -120,6 +120,10 @@ type stepper struct {
 	// workGone: a sync that may have covered compute left the history,
 	// which then no longer holds the loop's first iteration.
 	workGone bool
+	// accum: the grouping of a clock's steps into the loop's iterations
+	// (gradient accumulation) that launches showed, carried where they
+	// are not seen (accum.go).
+	accum *accumGroup
 	lite  bool // launches are not seen (set with the clock)
 	// vote: the half-step prologue rule's verdict, shared with the other
 	// ranks of the process's communicators (ranks.go).

@@ -248,3 +248,9 @@ func (s *stepper) mayGroup(toks []token, cf clockFound) bool {
 	}
 	return d >= 2 && d*cf.m <= groupMax && len(segs) < groupMin*d
 }
+
+// groupedBy says whether cf groups the running clock's steps into
+// iterations: the same operation, a whole multiple of its occurrences.
+func (c *clockState) groupedBy(cf clockFound) bool {
+	return cf.key == c.key && cf.m > c.m && cf.m%c.m == 0
+}

@@ -813,7 +813,7 @@ func (s *stepper) tryClock(set settings) bool {
 		// these steps are micro-batches of one iteration.
 		return false
 	}
-	if c := s.clock; s.mode == modeClock && c != nil && !(cf.key == c.key && cf.m > c.m && cf.m%c.m == 0) {
+	if c := s.clock; s.mode == modeClock && c != nil && !c.groupedBy(cf) {
 		// A running clock gives way, at two checks in a row, to a clearly
 		// finer one or when it no longer qualifies itself (it was a
 		// warm-up's burst, the loop changed); a long insertion (a

@@ -38,9 +38,12 @@ const (
 	clockRecheck = 16
 )
 
-// tokKey identifies an enqueued operation across steps.
+// tokKey identifies an enqueued operation across steps. A copy's
+// direction is part of it: a checkpoint's device-to-host copy of a tensor
+// the size of the batch is not the batch's copy to the device.
 type tokKey struct {
 	kind   event.Kind
+	dir    event.CUDA
 	stream uint64
 	bytes  uint64
 	op     event.NCCLOp
@@ -170,7 +173,7 @@ func tokenOf(ev *event.Event) (tokKey, bool) {
 		if ev.Bytes <= scalarBytes {
 			return tokKey{}, false
 		}
-		return tokKey{kind: ev.Kind, stream: ev.Stream, bytes: ev.Bytes}, true
+		return tokKey{kind: ev.Kind, dir: ev.CopyDir, stream: ev.Stream, bytes: ev.Bytes}, true
 	case event.KindCollective:
 		return tokKey{kind: ev.Kind, stream: ev.Stream, bytes: ev.Bytes, op: ev.Op, comm: ev.Comm}, true
 	}
@@ -503,7 +506,7 @@ func phasesDifferInTime(unit []segSum, m int) bool {
 // hash is the operation's term in a segment's multiset hash.
 func (k tokKey) hash() uint64 {
 	h := uint64(k.kind) + 1
-	for _, v := range [...]uint64{k.stream, k.bytes, uint64(k.op), k.comm} {
+	for _, v := range [...]uint64{uint64(k.dir), k.stream, k.bytes, uint64(k.op), k.comm} {
 		h = mix64(h ^ v)
 	}
 	return h
@@ -803,11 +806,19 @@ func (s *stepper) tryClock(set settings) bool {
 			cf.occ++
 		}
 	}
-	if c := s.clock; s.mode == modeClock && c != nil {
+	cf = s.group(toks, cf)
+	if (s.mode == modeUnknown || s.mode == modeWindow) && s.mayGroup(toks, cf) {
+		// Gaps are held, or go to a fixed window that the clock will
+		// split: wait until the ring holds the groups that say whether
+		// these steps are micro-batches of one iteration.
+		return false
+	}
+	if c := s.clock; s.mode == modeClock && c != nil && !c.groupedBy(cf) {
 		// A running clock gives way, at two checks in a row, to a clearly
 		// finer one or when it no longer qualifies itself (it was a
 		// warm-up's burst, the loop changed); a long insertion (a
 		// checkpoint) disqualifies the loop's clock for one check at most.
+		// Its grouping into iterations (accum.go) takes over at once.
 		if cf.key == c.key && cf.m == c.m {
 			s.clockStrikes = 0
 			// The loop's steps may grow or shrink (a schedule, a phase).
@@ -902,13 +913,22 @@ func (s *stepper) openSeg() (segFeat, int) {
 
 // splitWindowClock is splitWindow (steps.go) under the clock: the clock's
 // boundaries in the token ring split the open fixed window, after the
-// last gap delivered to it.
+// last gap delivered to it. The window that the loop's first iteration
+// ends in is that iteration, where the ring reaches back to the run's
+// start: a first iteration that compiled for seconds ran the warm-up out
+// into fixed windows, and the gaps already emitted with the window's
+// number keep it from being cut at the iteration's start.
 func (s *stepper) splitWindowClock() {
 	if o := s.openStep(); o == nil || !o.Window {
 		return
 	}
 	c := s.clock
+	from := -1
+	if s.ntok <= tokMax {
+		from = max(s.loopStart(), 0)
+	}
 	var idx int64
+	n := 0 // boundary occurrences from the loop's first
 	for i := range s.toks {
 		tok := &s.toks[i]
 		if tok.key != c.key {
@@ -918,14 +938,48 @@ func (s *stepper) splitWindowClock() {
 		if int((idx-1)%int64(c.m)) != c.phase {
 			continue
 		}
+		if from >= 0 && i >= from {
+			n++
+		}
 		o := s.openStep()
 		if o == nil || tok.t <= o.Start || !s.syncIn(o.Start, tok.t) {
 			continue
 		}
 		if e := s.stepEnd(tok.t); e > o.Start && e > o.lastGap {
+			if o.Window && n == 2 {
+				o.Window = false
+			}
 			s.boundary(e, false)
 		}
 	}
+}
+
+// loopStart is the ring index of the clock's boundary occurrence that
+// opens the loop's first iteration: the last one before the first token
+// known to follow compute, whose work comes after it (a first iteration's
+// batch copy has nothing before it but the setup); -1 when none comes
+// before that token. The occurrences before it (a model's setup copying a
+// parameter the size of the batch) are prologue.
+func (s *stepper) loopStart() int {
+	c := s.clock
+	work := len(s.toks)
+	for i := range s.toks {
+		if !s.toks[i].idle() {
+			work = i
+			break
+		}
+	}
+	var idx int64
+	at := -1
+	for i := 0; i < work; i++ {
+		if s.toks[i].key == c.key {
+			idx++
+			if int((idx-1)%int64(c.m)) == c.phase {
+				at = i
+			}
+		}
+	}
+	return at
 }
 
 // retroClock lays steps over the token history once a clock is found while
@@ -940,18 +994,16 @@ func (s *stepper) retroClock() {
 	// just after the loop's first work) is that iteration, not a window
 	// of its own, so that step N is the loop's iteration N.
 	pending := int64(-1)
-	// No step ends before the first token known to follow compute: the
-	// copies before it (a model's setup) are prologue.
-	setup := true
+	// No step ends before the loop's first iteration (loopStart).
+	lastBefore := s.loopStart()
 	for i := range s.toks {
 		tok := &s.toks[i]
 		c.seg.add(tok)
-		setup = setup && tok.idle()
 		if tok.key != c.key {
 			continue
 		}
 		idx++
-		if int((idx-1)%int64(c.m)) != c.phase || setup {
+		if int((idx-1)%int64(c.m)) != c.phase || i < lastBefore {
 			continue
 		}
 		c.seg = segFeat{counts: map[tokKey]int{}}
@@ -993,6 +1045,12 @@ func (k tokKey) String() string {
 		return fmt.Sprintf("%s %d bytes on stream %#x", k.op, k.bytes, k.stream)
 	case event.KindMemset:
 		return fmt.Sprintf("memset %d bytes on stream %#x", k.bytes, k.stream)
+	}
+	switch k.dir {
+	case event.CUMemcpyHtoD:
+		return fmt.Sprintf("copy %d bytes to the device on stream %#x", k.bytes, k.stream)
+	case event.CUMemcpyDtoH:
+		return fmt.Sprintf("copy %d bytes to the host on stream %#x", k.bytes, k.stream)
 	}
 	return fmt.Sprintf("copy %d bytes on stream %#x", k.bytes, k.stream)
 }

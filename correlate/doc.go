@@ -161,7 +161,9 @@
 // A step is one iteration of the training loop, however many syncs it
 // holds. Steps are counted by the work clock (clock.go) whenever one is
 // found: an enqueued operation other than a scalar read (a copy or memset
-// over 4 KiB, a collective) that occurs a fixed number of times m per
+// over 4 KiB, a collective; a copy's direction is part of it, so a
+// checkpoint's copies to the host never clock the batch's copies to the
+// device) that occurs a fixed number of times m per
 // step, between two of which the same operations and, in full, about the
 // same number of kernels (within 30%) were enqueued in 80% of the steps,
 // compared with the most common step. A clock must still occur (not a
@@ -183,7 +185,20 @@
 // iteration has no such stretch of work before it, so a loop that never
 // syncs is still clocked from its first iterations. Waiting loses no
 // step: gaps are held meanwhile and the clock, once proven, lays its steps
-// over the ring (or splits the fixed window the warm-up ran out to). A
+// over the ring (or splits the fixed window the warm-up ran out to). The
+// loop's first iteration is a step: it starts at the last boundary
+// occurrence before the first token known to follow compute (loopStart;
+// earlier ones are setup), and the fixed window that the loop's first
+// iteration ends in, while the ring reaches back to the run's start, is
+// that iteration (under the sync period: the window of the first boundary
+// after compute, and a setup whose syncs the history holds is a window up
+// to its last sync). Gradient accumulation (accum.go): g of a clock's
+// steps are one iteration when one of every g holds the group's sync and,
+// where launches are seen, launches over 30% more than the others; lite
+// counts the micro-batches (a loss read every g-th iteration looks the
+// same), auto keeps a grouping its windows learnt while the sync still
+// comes once per group; detection waits for four groups while gaps are
+// held, and a grouping takes over from its running steps at once. A
 // running clock is checked every 16 operations and gives way, at two
 // checks in a row, to a clearly finer one or when it no longer qualifies;
 // many syncs without any operation mean the loop stopped, and steps fall

@@ -117,7 +117,14 @@ type stepper struct {
 	clock     *clockState
 	// clockStrikes: checks in a row that found a better clock.
 	clockStrikes int
-	lite         bool // launches are not seen (set with the clock)
+	// workGone: a sync that may have covered compute left the history,
+	// which then no longer holds the loop's first iteration.
+	workGone bool
+	// accum: the grouping of a clock's steps into the loop's iterations
+	// (gradient accumulation) that launches showed, carried where they
+	// are not seen (accum.go).
+	accum *accumGroup
+	lite  bool // launches are not seen (set with the clock)
 	// vote: the half-step prologue rule's verdict, shared with the other
 	// ranks of the process's communicators (ranks.go).
 	vote *prologueVote
@@ -258,6 +265,7 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 	s.pendSyncs++
 	s.hist = append(s.hist, sig)
 	if len(s.hist) > histMax {
+		s.forget(s.hist[:len(s.hist)-histMax])
 		copy(s.hist, s.hist[len(s.hist)-histMax:])
 		s.hist = s.hist[:histMax]
 	}
@@ -382,8 +390,19 @@ func (s *stepper) retro() {
 				// The prologue is a real first step when the history
 				// reaches back to the first sync and this is the first
 				// boundary; otherwise it is warm-up of unknown shape.
-				firstStep := s.hist[0].idx == 0 && h.idx < int64(s.period)
+				// Where the history holds the setup's syncs too, the
+				// setup is a window of its own up to its last sync, and
+				// the loop's first iteration a step from there.
+				whole := s.hist[0].idx == 0
+				firstStep := whole && h.idx < int64(s.period)
+				setupEnd := int64(0)
+				if whole && from > 0 {
+					setupEnd = s.hist[from-1].end
+				}
 				s.open(s.origin, !firstStep)
+				if setupEnd > s.origin && setupEnd < h.end {
+					s.boundary(setupEnd, false)
+				}
 			}
 		}
 		s.boundary(h.end, false)
@@ -406,19 +425,41 @@ func (s *stepper) splitWindow(set settings) {
 	if o == nil || !o.Window {
 		return
 	}
+	// Where the history holds the loop's first syncs, the window its
+	// first boundary after compute ends in holds the loop's first
+	// iteration's end: it is that iteration (a first iteration that
+	// autotuned for long ran the warm-up out).
+	first := !s.workGone
 	work := false
+	n := 0
 	for i := 0; i+1 < len(s.hist); i++ {
 		h := &s.hist[i]
 		work = work || !h.idle
-		if !work || h.idx < s.retroFrom || int(h.idx%int64(s.period)) != s.phase {
+		first = first && !h.gpmWait
+		if !work || int(h.idx%int64(s.period)) != s.phase {
+			continue
+		}
+		n++
+		if h.idx < s.retroFrom {
 			continue
 		}
 		o := s.openStep()
 		if o == nil || h.end <= o.Start || h.end <= o.lastGap {
 			continue
 		}
+		if o.Window && first && n == 1 {
+			o.Window = false
+		}
 		s.tick(set, h.end)
 		s.boundary(h.end, false)
+	}
+}
+
+// forget notes syncs leaving the history: once one that may have covered
+// compute has, the history no longer holds the loop's first iteration.
+func (s *stepper) forget(h []syncSig) {
+	for i := range h {
+		s.workGone = s.workGone || !h[i].idle
 	}
 }
 
@@ -502,6 +543,7 @@ func (s *stepper) toWindows(t int64) {
 	s.clock = nil
 	s.anchor = nil
 	s.period, s.phase = 0, 0
+	s.forget(s.hist)
 	s.hist = s.hist[:0]
 	s.boundary(t, true)
 }

@@ -189,6 +189,14 @@ func scenarios() []scenario {
 		{name: "steps-streams-comm", kernels: 9, kernelUS: 1500, gapUS: 20, streams: 3, collectives: 2, steps: 48, countSteps: true,
 			extra:  []string{"--extra-syncs", "2", "--batch-copies", "2"},
 			stalls: []stall{{cause: "sleep", every: 5, ms: 30}}},
+		// A checkpoint every 10th step (torch.save of a CUDA state_dict:
+		// per tensor a copy to the host and a sync) whose tensors are the
+		// size of the batch, copied to the device every step on the same
+		// stream: the checkpoint's copies are no steps, and the loop keeps
+		// its clock past them.
+		{name: "steps-checkpoint", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 48, countSteps: true,
+			extra:  []string{"--batch-bytes", "2097152"},
+			stalls: []stall{{cause: "checkpoint", every: 10, ms: 30}}},
 		// A CUDA-graph step: the batch's copies, one replay, scalar reads.
 		{name: "steps-graph", kernels: 1, kernelUS: 2000, gapUS: 20, streams: 1, steps: 48, countSteps: true,
 			extra:  []string{"--launch-api", "graph", "--extra-syncs", "2", "--batch-copies", "2"},

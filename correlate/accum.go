@@ -1,0 +1,256 @@
+package correlate
+
+import "sort"
+
+// Gradient accumulation: an iteration of the loop runs several
+// micro-batches, each copying its batch and running a forward and a
+// backward, then one optimizer step and one loss read. The batch copy
+// clocks the micro-batches; the loop's iteration is a group of them. What
+// tells the two apart is what comes once per group: the optimizer's
+// kernels and the sync. The sync alone does not: a loop that reads its
+// loss only every g-th iteration makes the same copies and syncs, and its
+// iterations are the batch copy's steps. So the grouping is learnt only
+// where launches are seen (full, and the windows of auto): the step of
+// the group that holds its sync launches clearly more than the others.
+// Lite, blind to launches, counts the batch copy's steps (the micro-batches)
+// unless auto's windows learnt the grouping, which its lite stretches
+// keep while the sync still comes once per group at the same place.
+
+const (
+	// groupMax: the most clock steps one iteration is made of.
+	groupMax = 16
+	// groupMin: whole groups compared at least.
+	groupMin = 4
+)
+
+// fineSeg is what one step of a clock held: its launches, its syncs, and
+// whether every launch in it was seen.
+type fineSeg struct {
+	launches uint64
+	syncs    int
+	seen     bool
+}
+
+// fineSegs cuts the ring into the clock's steps (key, m occurrences a
+// step, starting at phase), oldest first: the first starts at the ring's
+// first occurrence at phase.
+func fineSegs(toks []token, key tokKey, m, phase int) []fineSeg {
+	var idx int64
+	var segs []fineSeg
+	var cur fineSeg
+	open := false
+	for i := range toks {
+		tk := &toks[i]
+		if open {
+			cur.launches += tk.launches
+			cur.syncs += tk.syncs
+			cur.seen = cur.seen && tk.seen
+		}
+		if tk.key != key {
+			continue
+		}
+		idx++
+		if int((idx-1)%int64(m)) != phase {
+			continue
+		}
+		if open {
+			segs = append(segs, cur)
+		}
+		cur, open = fineSeg{seen: true}, true
+	}
+	return segs
+}
+
+// syncSlot is the position mod g of the step that holds the group's sync:
+// in every group but one in five a sync comes in that step, and in the
+// other steps nearly never. ok is false when no position does (syncs in
+// every step, or none, or scattered).
+func syncSlot(segs []fineSeg, g int) (r int, ok bool) {
+	if len(segs) < groupMin*g {
+		return 0, false
+	}
+	n := make([]int, g)
+	with := make([]int, g)
+	for j := range segs {
+		n[j%g]++
+		if segs[j].syncs > 0 {
+			with[j%g]++
+		}
+	}
+	best := -1
+	for k := 0; k < g; k++ {
+		if float64(with[k]) >= matchMin*float64(n[k]) {
+			if best >= 0 {
+				return 0, false // two positions sync every time: not one per group
+			}
+			best = k
+		}
+	}
+	if best < 0 {
+		return 0, false
+	}
+	for k := 0; k < g; k++ {
+		if k != best && float64(with[k]) > (1-matchMin)*float64(n[k]) {
+			return 0, false
+		}
+	}
+	return best, true
+}
+
+// groupLaunches says, from the steps where every launch was seen, whether
+// the step holding the sync launches clearly more than the others (the
+// optimizer's kernels), known: enough steps were seen to tell.
+func groupLaunches(segs []fineSeg, g, r int) (more, known bool) {
+	var at, other []uint64
+	for j := range segs {
+		if !segs[j].seen {
+			continue
+		}
+		if j%g == r {
+			at = append(at, segs[j].launches)
+		} else {
+			other = append(other, segs[j].launches)
+		}
+	}
+	if len(at) < groupMin || len(other) < groupMin*(g-1) {
+		return false, false
+	}
+	med := func(v []uint64) float64 {
+		sort.Slice(v, func(a, b int) bool { return v[a] < v[b] })
+		return float64(v[len(v)/2])
+	}
+	a, o := med(at), med(other)
+	return a > (1+clockJitterRel)*o && a-o > launchJitter, true
+}
+
+// accumGroup is a grouping learnt where launches were seen: g steps of
+// the clock (key, m) make one iteration.
+type accumGroup struct {
+	key tokKey
+	m   int
+	g   int
+}
+
+// group coarsens a clock found to the loop's iterations where its steps
+// are micro-batches of gradient accumulation: g of them to one sync, the
+// one holding the sync launching clearly more than the others, as seen
+// now or learnt in an earlier window while the sync still comes once per
+// g steps at one place. Otherwise cf is returned as found, and a grouping
+// that the launches now refute is forgotten.
+func (s *stepper) group(toks []token, cf clockFound) clockFound {
+	segs := fineSegs(toks, cf.key, cf.m, cf.phase)
+	for g := 2; g*cf.m <= groupMax; g++ {
+		r, ok := syncSlot(segs, g)
+		if !ok {
+			continue
+		}
+		more, known := groupLaunches(segs, g, r)
+		switch {
+		case known && more:
+			s.accum = &accumGroup{key: cf.key, m: cf.m, g: g}
+		case known:
+			if a := s.accum; a != nil && a.key == cf.key && a.m == cf.m {
+				s.accum = nil
+			}
+			return cf
+		default:
+			if a := s.accum; a == nil || a.key != cf.key || a.m != cf.m || a.g != g {
+				continue
+			}
+		}
+		return coarsen(cf, segs, g, r)
+	}
+	return cf
+}
+
+// coarsen makes cf's clock one of g of its steps, starting at the step
+// after the one at position r (mod g) that holds the sync.
+func coarsen(cf clockFound, segs []fineSeg, g, r int) clockFound {
+	start := (r + 1) % g
+	out := cf
+	out.m = cf.m * g
+	out.phase = (cf.phase + start*cf.m) % out.m
+	out.segLen = cf.segLen * float64(g)
+	var launches []uint64
+	var syncs []int
+	for j := start; j+g <= len(segs); j += g {
+		var l uint64
+		n := 0
+		seen := true
+		for k := j; k < j+g; k++ {
+			l += segs[k].launches
+			n += segs[k].syncs
+			seen = seen && segs[k].seen
+		}
+		if seen {
+			launches = append(launches, l)
+		}
+		syncs = append(syncs, n)
+	}
+	if len(launches) > 0 {
+		sort.Slice(launches, func(a, b int) bool { return launches[a] < launches[b] })
+		out.launches = float64(launches[len(launches)/2])
+	} else {
+		out.launches = cf.launches * float64(g)
+	}
+	if len(syncs) > 0 {
+		out.syncCounts = syncs[max(0, len(syncs)-syncsRing):]
+		sorted := append([]int(nil), syncs...)
+		sort.Ints(sorted)
+		out.medSyncs = sorted[len(sorted)/2]
+		out.syncsPerStep = syncs[len(syncs)-1]
+		out.syncsVary = false
+		for _, n := range syncs[1:] {
+			if n != syncs[0] {
+				out.syncsVary = true
+			}
+		}
+	}
+	out.work = cf.work * float64(g)
+	return out
+}
+
+// mayGroup says whether cf's steps may still turn out to be micro-batches
+// that the ring does not yet hold enough groups of to tell: launches are
+// seen, syncs come in some steps and not in others, a second one may still
+// come or they come evenly spaced, and the ring is not full yet.
+func (s *stepper) mayGroup(toks []token, cf clockFound) bool {
+	if len(toks) >= tokMax {
+		return false
+	}
+	seen := false
+	for i := range toks {
+		seen = seen || toks[i].seen
+	}
+	if !seen {
+		return false
+	}
+	segs := fineSegs(toks, cf.key, cf.m, cf.phase)
+	var at []int
+	for j := range segs {
+		if segs[j].syncs > 0 {
+			at = append(at, j)
+		}
+	}
+	switch {
+	case len(at) == len(segs):
+		return false
+	case len(at) == 0:
+		return len(segs) < groupMax/cf.m
+	case len(at) == 1:
+		return len(segs)-1-at[0] < groupMax/cf.m
+	}
+	d := at[len(at)-1] - at[len(at)-2]
+	for k := 1; k < len(at); k++ {
+		if at[k]-at[k-1] != d {
+			return false
+		}
+	}
+	return d >= 2 && d*cf.m <= groupMax && len(segs) < groupMin*d
+}
+
+// groupedBy says whether cf groups the running clock's steps into
+// iterations: the same operation, a whole multiple of its occurrences.
+func (c *clockState) groupedBy(cf clockFound) bool {
+	return cf.key == c.key && cf.m > c.m && cf.m%c.m == 0
+}

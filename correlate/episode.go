@@ -152,14 +152,14 @@ func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 	}
 	lite := x.liteOver(p.gap.start, ev.End)
 	big := bulk(h.evs)
-	if (p.gap.ep == nil || !p.gap.ep.bulk) && !big && lite {
+	if (p.gap.ep == nil || !p.gap.ep.bulk) && !big && lite && !th.openedSince(p.gap.start) {
 		// Lite: a scalar read (.item(): a few bytes and a sync) may follow
 		// launches lite cannot see, so it is step work; only a copy of
-		// real data starts a host operation, whose later small tensors
+		// real data, or one made after the thread opened a file in the
+		// gap (torch.save's first tensors can be a bias or BatchNorm's
+		// counter), starts a host operation, whose later small tensors
 		// then belong to it. With launches seen, none came between the
-		// drain and these copies: the GPU computes nothing either way, and
-		// a checkpoint of small tensors (a bias, BatchNorm's counter)
-		// begins with such copies.
+		// drain and these copies: the GPU computes nothing either way.
 		return false
 	}
 	th.wokenSync(ev)
@@ -285,11 +285,12 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 			}
 		}
 	}
-	var between int64
+	// The operation writes its file from the moment it opened it to its
+	// last write or fsync: torch.save pickles the object tree, copies each
+	// tensor to the host, reads what it imports and faults pages in
+	// between. All of that but the waits for a CPU is writing the file.
+	var within, serial, copying int64
 	if best != nil {
-		// The operation writes its file from the moment it opened it:
-		// torch.save pickles the object tree between the open and the
-		// first write.
 		if at, ok := th.openedAt(e.File, a, best.first); ok {
 			best.first = at
 		}
@@ -300,8 +301,20 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 			}
 		}
 		for _, s := range segs {
-			if s.ev == nil && s.a >= best.first && s.b <= best.last {
-				between += s.b - s.a
+			lo, hi := max(s.a, best.first), min(s.b, best.last)
+			if hi <= lo {
+				continue
+			}
+			if ev := s.ev; ev != nil && (ev.Kind == event.KindRunqueue ||
+				ev.Kind == event.KindSyscall && isFile(ev) && (ev.Syscall == event.SysWrite || ev.Syscall == event.SysFsync)) {
+				continue
+			}
+			within += hi - lo
+			switch {
+			case s.ev == nil:
+				serial += hi - lo
+			case s.ev.Kind == event.KindMemcpy || s.ev.Kind == event.KindMemcpyStaged:
+				copying += hi - lo
 			}
 		}
 	}
@@ -310,9 +323,9 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 		ns := bd[c]
 		switch c {
 		case CauseIOWrite:
-			ns += between
+			ns += within
 		case CauseCPU:
-			ns -= between
+			ns -= min(within, ns)
 		}
 		if ns > top {
 			dom, top = c, ns
@@ -321,19 +334,23 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 	e.Kind = "device-copies"
 	if dom == CauseIOWrite {
 		e.Kind = "checkpoint"
-		// What the checkpoint cost is writing it: its serialization and its
-		// own device-to-host copies count as io.write in the totals.
-		move := func(c Cause, ns int64) {
+		// What the checkpoint cost is writing it: the totals count its
+		// serialization, its own device-to-host copies and the rest of its
+		// span as io.write (the evidence keeps the split).
+		move := func(c Cause, ns int64) int64 {
 			if ns = min(ns, bd[c]); ns <= 0 {
-				return
+				return 0
 			}
 			bd[CauseIOWrite] += ns
 			if bd[c] -= ns; bd[c] <= 0 {
 				delete(bd, c)
 			}
+			return ns
 		}
-		move(CauseCPU, between)
-		move(CauseCUDAMemcpy, e.CopyNS)
+		left := within - move(CauseCPU, serial) - move(CauseCUDAMemcpy, copying)
+		for _, c := range []Cause{CauseOther, CauseIORead, CauseLock, CauseSleep} {
+			left -= move(c, left)
+		}
 	}
 	return dom, e
 }

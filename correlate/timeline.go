@@ -42,6 +42,16 @@ func (t *thread) noteOpen(ev *event.Event) {
 	t.nOpen++
 }
 
+// openedSince says whether the thread opened a file at t or later.
+func (t *thread) openedSince(at int64) bool {
+	for i := 0; i < min(t.nOpen, maxOpens); i++ {
+		if o := t.opens[i]; o.path != "" && o.at >= at {
+			return true
+		}
+	}
+	return false
+}
+
 // openedAt is when the thread last opened path within [a, b], if it did.
 func (t *thread) openedAt(path string, a, b int64) (int64, bool) {
 	var at int64

@@ -31,8 +31,10 @@ import (
 
 // episodeHop is how soon after a held copy returns a sync must begin to be
 // the wait for that copy (.cpu() is a copy and a sync back to back); a step
-// puts its launches between.
-const episodeHop = int64(200 * time.Microsecond)
+// puts its launches between. A copy's return is known only when the driver
+// kept the thread in it at least the tracer's staging threshold (200 µs),
+// so the hop counts from its entry and allows for that much of the call.
+const episodeHop = int64(400 * time.Microsecond)
 
 // pageableFix is what a user does about a pageable copy.
 const pageableFix = "pin the host buffer (pin_memory=True / cudaHostRegister)"

@@ -144,21 +144,29 @@ func (p *proc) quietDrain(x env, th *thread, ev *event.Event) {
 	p.gap = &openGap{start: drained, tid: th.tid}
 }
 
-// perLaunch is the usual GPU time per launch: the median over recent
-// steps of their busy time (length less idle, from the windows) per
-// launch.
+// perLaunch is the usual GPU time per launch: the lower quartile over
+// recent steps of their busy time (length less idle, from the windows) per
+// launch, counting steps of at least busyLaunchMin launches. A thread's
+// launches are counted when it next flushes, often in a later step
+// (PyTorch's backward runs on a thread of its own), and the first
+// iterations autotune for long: one step's ratio can be far off, and the
+// kernels that trail a sync are a step's short ones, not its average.
 func (p *proc) perLaunch() int64 {
-	if p.busyPerLaunch.n == 0 {
+	if p.busyPerLaunch.n < minHistory {
 		return perLaunchDefault
 	}
-	return max(p.busyPerLaunch.recentMedian(leadRecent), perLaunchMin)
+	return max(p.busyPerLaunch.low(), perLaunchMin)
 }
+
+// busyLaunchMin is the fewest launches a step must hold for its busy time
+// per launch to count.
+const busyLaunchMin = 32
 
 // noteBusyPerLaunch learns the GPU time per launch from a finished step
 // whose idle the windows measured (windowed).
 func (p *proc) noteBusyPerLaunch(st *stepAcc, windowed bool) {
 	busy := st.End - st.Start - st.IdleNS
-	if !windowed || st.Launches == 0 || busy <= 0 {
+	if !windowed || st.Launches < busyLaunchMin || busy <= 0 {
 		return
 	}
 	p.busyPerLaunch.push(busy / int64(st.Launches))

@@ -167,19 +167,19 @@ func retriedWait(th *thread, ev *event.Event) *event.Event {
 }
 
 // timedOut reports a futex wait that ended by its timeout.
-// pythonLockWait: the stack of a wait whose innermost frames are libc's
-// condition or semaphore wait called straight from Python code (the
-// interpreter's own frames between are replaced by the Python ones): a
-// wait of CPython's, for the GIL (take_gil) or a threading lock. A Python
-// frame names a .py file (or a <frozen …> module).
+// pythonLockWait: the stack of a wait whose innermost frames are system
+// code (libc's condition or semaphore wait, libffi returning from a ctypes
+// call, the interpreter, whose own frames are replaced by the Python ones)
+// called from Python code: a wait of CPython's, for the GIL (take_gil, as
+// a ctypes call takes it back on return) or a threading lock. The frame
+// walk often loses the condition wait itself (libc's internals have no
+// frame pointers, CPython is built without them), so any system frames
+// will do; a native program's own wait has no Python frame above them. A
+// Python frame names a .py file (or a <frozen …> module).
 func pythonLockWait(stack []event.Frame) bool {
-	for i, f := range stack {
-		if strings.HasPrefix(f.Function, "pthread_cond_") || strings.HasPrefix(f.Function, "sem_") {
-			if i+1 < len(stack) {
-				next := stack[i+1].File
-				return strings.HasSuffix(next, ".py") || strings.HasPrefix(next, "<frozen ")
-			}
-			return false
+	for _, f := range stack {
+		if strings.HasSuffix(f.File, ".py") || strings.HasPrefix(f.File, "<frozen ") {
+			return true
 		}
 		if !strings.HasPrefix(f.File, "/") || !event.SystemCode(f.File) {
 			return false // a frame of the job's own code before any wait

@@ -146,8 +146,8 @@ func TestLockHolderComputing(t *testing.T) {
 // TestPythonLockWaitUnseenHolder: the feeder's GIL wait times out (the
 // switch interval) and no sibling was seen at all (a thread that computes
 // emits nothing): the wait is lock when CPython itself waited (a condition
-// wait called from Python code), and stays other for a native program's own
-// timed wait.
+// wait, or any system code, called from Python code), and stays other for a
+// native program's own timed wait.
 func TestPythonLockWaitUnseenHolder(t *testing.T) {
 	libc := "/usr/lib/x86_64-linux-gnu/libc.so.6"
 	for _, c := range []struct {
@@ -157,8 +157,16 @@ func TestPythonLockWaitUnseenHolder(t *testing.T) {
 	}{
 		{"python", []event.Frame{{Function: "libc.so.6+0x85f16", File: libc}, {Function: "pthread_cond_timedwait", File: libc},
 			{Function: "Driver.sync", File: "/srv/job/pytrain.py", Line: 80}, {Function: "main", File: "/srv/job/pytrain.py", Line: 200}}, CauseLock},
+		// A ctypes call taking the GIL back on return: the walk lost the
+		// condition wait (libc's internals, CPython without frame
+		// pointers) and shows libffi under the Python caller.
+		{"ctypes", []event.Frame{{Function: "libc.so.6+0x85f16", File: libc},
+			{Function: "libffi.so.8.1.2+0x640e", File: "/usr/lib/x86_64-linux-gnu/libffi.so.8.1.2"},
+			{Function: "Driver.launch", File: "/srv/job/pytrain.py", Line: 104}}, CauseLock},
 		{"native", []event.Frame{{Function: "pthread_cond_timedwait", File: libc},
 			{Function: "main", File: "/srv/job/trainer"}}, CauseOther},
+		{"native-no-symbol", []event.Frame{{Function: "libc.so.6+0x85f16", File: libc},
+			{Function: "trainer+0x1234", File: "/srv/job/trainer"}}, CauseOther},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := newSim()

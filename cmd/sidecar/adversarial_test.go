@@ -34,6 +34,7 @@ import (
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
@@ -912,5 +913,58 @@ func TestAttachMatchSkipsOtherGaptracesWrappers(t *testing.T) {
 		if tr := pids(p, traced); !slices.Equal(tr, []int{tpid}) {
 			t.Errorf("%s traced %v, want only the target %d\n%s", names[p], tr, tpid, p.stderr)
 		}
+	}
+}
+
+// A data file whose path is longer than the 255 bytes the openat probe
+// copies: every gap that names it names it whole (restored from
+// /proc/PID/fd while the file is open), never the probe's cut prefix
+// passed off as a path.
+func TestLongFilePathKeptWhole(t *testing.T) {
+	need(t)
+	dataDir := t.TempDir()
+	for len(dataDir) <= 300 {
+		dataDir = filepath.Join(dataDir, strings.Repeat("d", 60))
+	}
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(dataDir, "simtrain-data.bin")
+	dir := t.TempDir()
+	gapsPath := filepath.Join(dir, "gaps.jsonl")
+	code, _, stderr := runIn(t, dir, env(t), "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+		"--gaps-out", gapsPath, "--spans-out", filepath.Join(dir, "spans.jsonl"), "--",
+		filepath.Join(simgpuDir, "simtrain"), "--steps", "100", "--kernel-us", "1000", "--stall", "io.read:every=5:ms=20",
+		"--data-dir", dataDir, "--quiet")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	reads, named := 0, 0
+	for _, g := range readGaps(t, gapsPath) {
+		var paths []string
+		for _, f := range g.Evidence.Files {
+			paths = append(paths, f.Path)
+		}
+		for _, w := range g.Evidence.Workers {
+			paths = append(paths, w.Files...)
+		}
+		for _, p := range paths {
+			if p != want && (strings.HasPrefix(want, strings.TrimSuffix(p, "…[truncated]")) || strings.HasSuffix(p, "…[truncated]")) {
+				t.Errorf("gap at step %d (%s) names the data file cut: %q (%d bytes), want %q (%d bytes)", g.Step, g.Cause, p, len(p), want, len(want))
+			}
+		}
+		if g.Cause != correlate.CauseIORead {
+			continue
+		}
+		reads++
+		if slices.Contains(paths, want) {
+			named++
+		}
+	}
+	// 100 steps, a stall every 5th: 20 io.read stalls. How many the engine
+	// reports depends on its view of the steps, not on this test.
+	t.Logf("%d io.read gaps, %d naming %d bytes of path whole", reads, named, len(want))
+	if reads == 0 || named != reads {
+		t.Errorf("%d io.read gaps, %d of them naming the %d-byte data file path whole; want every one of at least one\n%s", reads, named, len(want), stderr)
 	}
 }

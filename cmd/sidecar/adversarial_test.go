@@ -807,6 +807,82 @@ func TestCheckRedactsTheTargetCommandLine(t *testing.T) {
 	}
 }
 
+// check mounts tracefs where none is mounted, to look inside, and unmounts
+// it again: in a mount namespace of its own whose tracefs (and debugfs,
+// whose tracing directory mounts tracefs when looked at) is unmounted,
+// check reports the tracepoints it found inside, says it left tracefs
+// unmounted, and afterwards no tracefs is mounted there. The host's mounts
+// are never touched (the namespace's propagation is private).
+func TestCheckLeavesTracefsUnmounted(t *testing.T) {
+	testutil.NeedRoot(t, "mounts tracefs in a mount namespace")
+	bin := testutil.Gaptrace(t)
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("unshare (util-linux) not installed")
+	}
+	hostBefore := tracefsMounts(t, "/proc/self/mountinfo")
+	// Deepest first: debugfs's tracing automount before debugfs itself.
+	const script = `fs() { awk '{ split($0, a, " - "); split(a[2], b, " "); if (b[1] == "tracefs" || b[1] == "debugfs") print $5 }' /proc/self/mountinfo; }
+for m in $(fs | sort -r); do umount "$m" || exit 99; done
+echo "before: $(fs | tr '\n' ' ')"
+"$0" check
+echo "check exit $?"
+echo "after: $(fs | tr '\n' ' ')"`
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script, bin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("unshare: %v\n%s%s", err, out, &stderr)
+	}
+	report := string(out)
+	line := func(prefix string) string {
+		for _, l := range strings.Split(report, "\n") {
+			if strings.HasPrefix(l, prefix) {
+				return l
+			}
+		}
+		t.Fatalf("no %q line:\n%s%s", prefix, report, &stderr)
+		return ""
+	}
+	if l := line("before:"); strings.TrimSpace(strings.TrimPrefix(l, "before:")) != "" {
+		t.Fatalf("tracefs or debugfs still mounted in the namespace before check (%s): the test proves nothing\n%s", l, report)
+	}
+	if l := line("OK    tracefs "); !strings.Contains(l, "not mounted; it can be") || !strings.Contains(l, "check left it unmounted") {
+		t.Errorf("check's tracefs line does not say it mounted tracefs to look and left it unmounted: %q", l)
+	}
+	// Found inside the tracefs check mounted: it did look.
+	if l := line("OK    tracepoints "); !strings.Contains(l, "present") {
+		t.Errorf("check did not look inside the tracefs it mounted: %q", l)
+	}
+	if l := line("check exit "); l != "check exit 0" && l != "check exit 1" {
+		t.Errorf("check: %s\n%s%s", l, report, &stderr)
+	}
+	if l := line("after:"); strings.TrimSpace(strings.TrimPrefix(l, "after:")) != "" {
+		t.Errorf("check left a mount behind in its namespace (%s)\n%s", l, report)
+	}
+	if hostAfter := tracefsMounts(t, "/proc/self/mountinfo"); !slices.Equal(hostAfter, hostBefore) {
+		t.Errorf("the host's tracefs mounts changed: %v, were %v", hostAfter, hostBefore)
+	}
+}
+
+// tracefsMounts lists the mount points of tracefs and debugfs in a
+// mountinfo file.
+func tracefsMounts(t *testing.T, mountinfo string) []string {
+	t.Helper()
+	b, err := os.ReadFile(mountinfo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var points []string
+	for _, l := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(l, " - ")
+		if f, g := strings.Fields(pre), strings.Fields(post); ok && len(f) > 4 && len(g) > 0 && (g[0] == "tracefs" || g[0] == "debugfs") {
+			points = append(points, f[4])
+		}
+	}
+	return points
+}
+
 // The debug log line of the command run starts: its arguments as given
 // (one of them a whole header), redacted like every other output.
 func TestRunDebugLogRedactsTheCommand(t *testing.T) {

@@ -8,8 +8,17 @@ import (
 	"github.com/cilium/ebpf/link"
 )
 
-// Close detaches every probe in reverse order of attachment and releases
-// every BPF object. It is safe to call more than once.
+// Close detaches every probe and releases every BPF object. It is safe to
+// call more than once.
+//
+// Every link is closed at once: each close waits for an RCU grace period
+// (a tasks-trace one for uprobes and syscall tracepoints, seconds on a
+// loaded or nested kernel), and concurrent waiters share one. In stages
+// (uprobes, then tracepoints) the second stage's closes would not have
+// begun when gaptrace stops waiting for the detach at exit
+// (cli.DetachTimeout); the kernel then releases those as the process
+// exits, one grace period after another, and the exit waits for all of
+// them. Closes already under way when gaptrace exits end together.
 func (t *Tracer) Close() error {
 	t.closeOnce.Do(func() {
 		t.mu.Lock()
@@ -19,11 +28,7 @@ func (t *Tracer) Close() error {
 		t.mu.Unlock()
 		close(t.done)
 		t.wg.Wait()
-		t.detaching.Wait()
 
-		// Uprobes first (all at once: they are independent of each other),
-		// then the tracepoints in reverse order of attachment, then the
-		// reader, programs and maps.
 		var errs []error
 		var uprobes []link.Link
 		for _, ps := range procs {
@@ -32,22 +37,23 @@ func (t *Tracer) Close() error {
 			}
 		}
 		start := time.Now()
-		if err := closeLinksParallel(uprobes); err != nil {
+		// Exited processes' uprobes, closed in the background since they
+		// exited, go on meanwhile; they are independent of the rest.
+		exited := make(chan struct{})
+		go func() {
+			t.detaching.Wait()
+			close(exited)
+		}()
+		if err := closeLinksParallel(append(uprobes, t.tps...)); err != nil {
 			errs = append(errs, err)
 		}
-		t.log.Debug("uprobes detached", "links", len(uprobes), "took", time.Since(start))
-		start = time.Now()
-		// Each tracepoint detach also waits for a grace period: in parallel
-		// too (they are independent; the order among them does not matter).
-		if err := closeLinksParallel(t.tps); err != nil {
-			errs = append(errs, err)
-		}
+		<-exited
+		t.log.Debug("probes detached", "uprobe_links", len(uprobes), "tracepoint_links", len(t.tps), "took", time.Since(start))
 		if t.reader != nil {
 			if err := t.reader.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
 				errs = append(errs, err)
 			}
 		}
-		t.log.Debug("tracepoints detached", "links", len(t.tps), "took", time.Since(start))
 		errs = append(errs, t.closeObjects())
 		t.syms.close()
 		t.closeErr = errors.Join(errs...)

@@ -71,6 +71,8 @@ type pipeline struct {
 	toggles  chan autoToggle
 	toggling bool
 	autoCost autoCost
+
+	detachDelay time.Duration // detachDelayEnv
 }
 
 // withWorkload names the container, pod and rank of each gap's and step's
@@ -156,6 +158,13 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	p := &pipeline{cfg: &pc, log: log, devices: map[uint32]int{}, ranked: map[uint32]bool{},
 		work:   workload.New("/proc", workload.PodFromEnv(os.Getenv)),
 		events: make(chan []event.Event, eventQueue), windows: make(chan event.GPUWindow, windowQueue)}
+	if v := os.Getenv(detachDelayEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("$%s: %q is not a duration", detachDelayEnv, v)
+		}
+		p.detachDelay = d
+	}
 
 	if cfg.WindowsOut != "" {
 		ww, err := newWindowsWriter(cfg.WindowsOut, log)
@@ -568,7 +577,7 @@ func (p *pipeline) Stats() live.Stats {
 // Close finishes correlation and flushes the exporter within ctx, then
 // detaches every probe. Detaching has no deadline: it must complete, or
 // probes of ours would outlive the session.
-func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
+func (p *pipeline) Close(ctx context.Context, detachBy time.Time) (correlate.Summary, error) {
 	st := p.tr.Stats()
 	var errs []error
 	t0 := time.Now()
@@ -606,7 +615,13 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 	flushed := make(chan error, 1)
 	go func() { flushed <- p.exp.Shutdown(ctx) }()
 	p.log.Info("detaching probes")
-	if err := p.tr.Close(); err != nil {
+	detached := make(chan error, 1)
+	go func() {
+		err := p.tr.Close()
+		time.Sleep(p.detachDelay)
+		detached <- err
+	}()
+	if err := awaitDetach(detached, detachBy, p.log); err != nil {
 		errs = append(errs, fmt.Errorf("detach probes: %w", err))
 	}
 	t1 := time.Now()
@@ -626,6 +641,37 @@ func (p *pipeline) Close(ctx context.Context) (correlate.Summary, error) {
 	p.log.Debug("pipeline closed", "detach", t1.Sub(t0), "flush", t2.Sub(t0))
 	return sum, errors.Join(errs...)
 }
+
+// awaitDetach waits for the detach to report on done, or until by (zero:
+// for as long as it takes). Past by the detach goes on in the background:
+// every probe is a file descriptor of gaptrace's, so whatever it has not
+// closed when gaptrace exits the kernel detaches then, and nothing stays
+// attached once the process is gone (cli.DetachTimeout).
+func awaitDetach(done <-chan error, by time.Time, log *slog.Logger) error {
+	if by.IsZero() {
+		return <-done
+	}
+	select {
+	case err := <-done:
+		return err
+	default:
+	}
+	timer := time.NewTimer(time.Until(by))
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-timer.C:
+		log.Warn("probes still detaching at the deadline; not waiting longer: the kernel detaches the rest when gaptrace exits",
+			"deadline", cli.DetachTimeout.String()+" after tracing stopped")
+		return nil
+	}
+}
+
+// detachDelayEnv, not an option, makes the probe detach at exit end a
+// duration late (its closes done, the end not yet reported), for testing
+// that gaptrace exits on time when detaching is slow.
+const detachDelayEnv = "GAPTRACE_TEST_DETACH_DELAY"
 
 // inspectGPU is check's view of NVML.
 func inspectGPU(_ context.Context, libPath string) cli.GPUReport {

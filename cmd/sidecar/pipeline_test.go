@@ -2,10 +2,13 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,5 +83,48 @@ func TestEngineClock(t *testing.T) {
 		if got := engineClock(now, c.delivered); got != c.want {
 			t.Errorf("engineClock(now, now%+v) = now%+v, want now%+v", time.Duration(c.delivered-now), time.Duration(got-now), time.Duration(c.want-now))
 		}
+	}
+}
+
+// awaitDetach stops waiting at its deadline for a detach that never ends,
+// and says that the kernel detaches the rest at exit; a detach that ended
+// reports its own result, even past the deadline; without a deadline it
+// waits for the detach, however long.
+func TestAwaitDetach(t *testing.T) {
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	returned := make(chan error, 1)
+	go func() { returned <- awaitDetach(make(chan error), time.Now().Add(20*time.Millisecond), log) }()
+	select {
+	case err := <-returned:
+		if err != nil {
+			t.Errorf("a detach given up on reported %v; it is not an error: the kernel finishes it", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("awaitDetach still waits, long past its deadline, for a detach that never ends")
+	}
+	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "the kernel detaches the rest when gaptrace exits") {
+		t.Errorf("giving up is not logged as a warning that says who finishes the detach:\n%s", &logs)
+	}
+
+	boom := errors.New("close uprobe link: boom")
+	for _, by := range []time.Time{time.Now().Add(time.Minute), time.Now().Add(-time.Second)} {
+		done := make(chan error, 1)
+		done <- boom
+		if err := awaitDetach(done, by, log); !errors.Is(err, boom) {
+			t.Errorf("deadline in %v: a detach that ended with %v reported %v", time.Until(by).Round(time.Second), boom, err)
+		}
+	}
+
+	done := make(chan error)
+	go func() { returned <- awaitDetach(done, time.Time{}, log) }()
+	select {
+	case err := <-returned:
+		t.Fatalf("without a deadline, awaitDetach returned %v before the detach ended", err)
+	default:
+	}
+	done <- nil
+	if err := <-returned; err != nil {
+		t.Errorf("a clean detach reported %v", err)
 	}
 }

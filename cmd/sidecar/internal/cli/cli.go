@@ -14,7 +14,10 @@
 //	→ summary JSON + printed summary.
 //
 // Invariant: a session that created a Pipeline always Closes it, on every
-// path, so no probe of ours outlives the session.
+// path, so no probe of ours outlives the process: Close detaches every
+// probe, and what it has not detached by DetachTimeout after tracing
+// stopped the kernel removes when gaptrace exits and its file descriptors
+// close.
 package cli
 
 import (
@@ -44,9 +47,19 @@ import (
 )
 
 // FlushTimeout bounds how long exporting what is left may take once the
-// traced job is done: with the GPU drain (1 s) and the detach, gaptrace
-// exits within 5 s of the job even when the collector never answers.
+// traced job is done: with the GPU drain (1 s) and the detach beside it,
+// gaptrace exits within 5 s of the job even when the collector never
+// answers.
 const FlushTimeout = 2 * time.Second
+
+// DetachTimeout bounds how long gaptrace waits for its probes to detach,
+// counted from when tracing stopped (the job exited): closing hundreds of
+// per-process uprobe links can take seconds on a busy or nested kernel.
+// Waiting longer buys nothing: every probe is a file descriptor of
+// gaptrace's, which the kernel closes, detaching the probe, when gaptrace
+// exits. So past it gaptrace stops waiting, writes its summary and exits,
+// and the kernel finishes the detach then.
+const DetachTimeout = 3 * time.Second
 
 // Exit codes of gaptrace itself (run passes the command's through).
 const (
@@ -65,9 +78,12 @@ type Pipeline interface {
 	// Stats reports attach state and counters for the live view.
 	Stats() live.Stats
 	// Close drains what is buffered, detaches every probe, flushes
-	// exporters and returns the final summary. It is called exactly once,
-	// after Run returned.
-	Close(ctx context.Context) (correlate.Summary, error)
+	// exporters and returns the final summary. ctx bounds the flush;
+	// Close waits for the detach until detachBy (zero: for as long as it
+	// takes) and then leaves it to go on in the background, the kernel
+	// finishing it when gaptrace exits (DetachTimeout). It is called
+	// exactly once, after Run returned.
+	Close(ctx context.Context, detachBy time.Time) (correlate.Summary, error)
 }
 
 // PipelineConfig is what a Pipeline is built from.
@@ -529,6 +545,8 @@ func (s *session) finish() error {
 		return nil
 	}
 	s.closed = true
+	// The job exited (or --duration or a signal stopped tracing) just now.
+	detachBy := time.Now().Add(DetachTimeout)
 	var errs []error
 	if s.runCancel != nil {
 		s.runCancel()
@@ -541,7 +559,7 @@ func (s *session) finish() error {
 	s.agg.Stop()
 	stats := s.pipe.Stats()
 	cctx, cancel := context.WithTimeout(context.Background(), FlushTimeout)
-	sum, err := s.pipe.Close(cctx)
+	sum, err := s.pipe.Close(cctx, detachBy)
 	cancel()
 	if err != nil {
 		errs = append(errs, fmt.Errorf("close pipeline: %w", err))

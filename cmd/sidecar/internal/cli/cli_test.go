@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -40,6 +41,7 @@ type fakePipe struct {
 	runs     int
 	closes   int
 	closedAt time.Time
+	detachBy time.Time
 }
 
 func (f *fakePipe) Trace(pid int) error {
@@ -83,11 +85,12 @@ func (f *fakePipe) Stats() live.Stats {
 	return live.Stats{Targets: append([]int(nil), f.traced...), Drops: 2}
 }
 
-func (f *fakePipe) Close(context.Context) (correlate.Summary, error) {
+func (f *fakePipe) Close(_ context.Context, detachBy time.Time) (correlate.Summary, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.closes++
 	f.closedAt = time.Now()
+	f.detachBy = detachBy
 	return correlate.Summary{WallNS: int64(time.Second), GPUIdleNS: int64(400 * time.Millisecond), Steps: 10, Gaps: int64(len(f.gaps)),
 		ByCause: map[correlate.Cause]int64{correlate.CauseIORead: int64(400 * time.Millisecond)},
 		Losses:  correlate.Losses{LateEvents: 7, IncompleteSteps: 1}}, nil
@@ -297,6 +300,32 @@ func TestRunOTLPModeHasNoDefaultSpansFile(t *testing.T) {
 	}
 	if !strings.Contains(h.stdout.String(), "OTLP     http://collector:4318") {
 		t.Errorf("summary does not say where spans went:\n%s", h.stdout)
+	}
+}
+
+// The pipeline is told to stop waiting for the probes to detach
+// DetachTimeout after the job exited, not after whatever came between
+// (the GPU drain, a slow flush): the bound on gaptrace's exit counts from
+// the job's.
+func TestRunBoundsTheDetachFromTheJobsExit(t *testing.T) {
+	h := newHarness(t)
+	ended := filepath.Join(t.TempDir(), "ended")
+	if code := h.main(context.Background(), "run", "--live", "off", "--", "sh", "-c", `date +%s.%N > "$0"`, ended); code != 0 {
+		t.Fatalf("exit %d: %s", code, h.stderr)
+	}
+	b, err := os.ReadFile(ended)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobEnd := time.Unix(0, int64(sec*1e9)).Add(-time.Millisecond) // the float's rounding
+	by, closed := h.pipe.detachBy, h.pipe.closedAt
+	if by.Before(jobEnd.Add(DetachTimeout)) || by.After(closed.Add(DetachTimeout)) {
+		t.Errorf("detach awaited until %v after the job's end, want %v after it (and no later than %v after Close began)",
+			by.Sub(jobEnd), DetachTimeout, DetachTimeout)
 	}
 }
 

@@ -2,8 +2,10 @@
 # Soak: gaptrace traces simtrain at its highest launch rate (1 µs kernels,
 # no launch gap, no stall) for SOAK (default 1h), printing gaptrace's
 # resident memory and CPU every interval (a tenth of the run, at most a
-# minute apart) and a table at the end. A leak shows as RSS that keeps
-# growing after the first interval; a slow path as CPU that climbs.
+# minute apart) and at the end a table of every sample and one of RSS and
+# CPU per 10 minutes (the last interval may be shorter). A leak shows as
+# RSS that keeps growing after the first interval; a slow path as CPU that
+# climbs.
 #
 # Usage: tools/soak.sh            (make soak builds and sets the paths)
 # Env:   SOAK=10m|1h|90s          run length (s, m or h; combined like 1h30m)
@@ -70,10 +72,35 @@ rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status"; }
 
 printf 'soak: gaptrace pid %d on simtrain (100 × 1 µs kernels a step, no gap) for %ds, a sample every %ds\n' "$pid" "$dur" "$interval"
 printf 'soak: outputs and gaptrace log in %s\n' "$out"
+# per10m turns sample rows (elapsed "608s", RSS MiB, CPU %, CPU s so far)
+# into one row per 10 minutes of the run: the samples up to 600 s, up to
+# 1200 s, ...; its CPU is the CPU seconds over its wall time, from the
+# previous interval's last sample (for the first, from the start, at CPU
+# seconds $1: what loading took is not counted).
+per10m() {
+	awk -v prev_cpu="$1" '
+		function flush() {
+			if (n == 0) return
+			printf "%8s %10s %10.1f %10.1f %8.1f %10.1f\n", (k * 10) "-" ((k + 1) * 10) "m", end_el "s", end_rss, max_rss, \
+				(end_el > prev_el ? 100 * (end_cpu - prev_cpu) / (end_el - prev_el) : 0), end_cpu
+			prev_el = end_el; prev_cpu = end_cpu; n = 0
+		}
+		BEGIN { printf "%8s %10s %10s %10s %8s %10s\n", "interval", "to", "rss_MiB", "rss_max", "cpu_%", "cpu_s"; k = -1 }
+		{
+			el = $1; sub(/s$/, "", el); el += 0
+			i = el > 0 ? int((el - 1) / 600) : 0
+			if (i != k) { flush(); k = i; max_rss = 0 }
+			n++; end_el = el; end_rss = $2; end_cpu = $4
+			if ($2 > max_rss) max_rss = $2
+		}
+		END { flush() }'
+}
+
 printf '%8s %10s %8s %10s\n' elapsed rss_MiB cpu_% cpu_s
 start=$(date +%s)
 prev_t=$start
 prev_c=$(cpu_ticks) || die "gaptrace exited at once; its log:$(echo; cat "$log")"
+start_c=$prev_c
 rows=()
 while :; do
 	now=$(date +%s)
@@ -119,6 +146,9 @@ printf '%s\n' "${rows[@]}" | awk '
 		printf "rss MiB: first %.1f, last %.1f, min %.1f, max %.1f (growth after the first sample %+.1f)\n", rss[1], rss[NR], lo, hi, rss[NR] - rss[1]
 		printf "cpu: %.1f%% of one core on average over %d samples\n", cpu / NR, NR
 	}'
+echo
+echo "soak: per 10 minutes (RSS at the end of each and its peak in it, CPU over it)"
+printf '%s\n' "${rows[@]}" | per10m "$(awk -v c="$start_c" -v hz="$hz" 'BEGIN { print c / hz }')"
 grep -E 'steps|lost|dropped' "$log" | tail -5 || true
 echo "gaptrace exit status $code; summary: $out/summary.json"
 exit "$code"

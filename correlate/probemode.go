@@ -124,6 +124,11 @@ func (p *proc) shadowLead(x env, ev *event.Event) {
 	if g == nil || g.start == sh.done || x.liteOver(g.start, ev.Start) {
 		return // lite's own closure records this gap's lead
 	}
+	if g.quiet {
+		// Opened after a trailing burst (quiet.go): lite sees no such
+		// gap, and its leads run from a sync's return.
+		return
+	}
 	if launch {
 		sh.from = g.start
 		return

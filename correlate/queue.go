@@ -17,6 +17,9 @@ type openGap struct {
 	exact bool         // the sync waited, so start is the drain to the µs
 	open  *event.Event // the sync or copy that drained the queue (its stack)
 	ep    *episode     // device copies of a host operation inside it (episode.go)
+	// quiet: opened where a trailing burst's work most likely ended
+	// (quiet.go), not at a sync lite would also see.
+	quiet bool
 }
 
 func (p *proc) stream(id uint64) *stream {

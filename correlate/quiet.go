@@ -141,7 +141,7 @@ func (p *proc) quietDrain(x env, th *thread, ev *event.Event) {
 	}
 	p.burst.ok = false
 	p.aheadStart, p.aheadBlocked = 0, 0
-	p.gap = &openGap{start: drained, tid: th.tid}
+	p.gap = &openGap{start: drained, tid: th.tid, quiet: true}
 }
 
 // perLaunch is the usual GPU time per launch: the lower quartile over

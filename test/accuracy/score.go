@@ -672,17 +672,7 @@ func Evaluate(tr *Truth, gaps []correlate.Gap, minGap int64) *Result {
 
 	// Boundaries and misses.
 	for _, tg := range trueGaps {
-		var best *correlate.Gap
-		var bestNS int64
-		for i := range gaps {
-			g := &gaps[i]
-			if g.Kind == correlate.GapStall {
-				continue
-			}
-			if ov := min(tg.End, g.End) - max(tg.Start, g.Start); ov > bestNS {
-				best, bestNS = g, ov
-			}
-		}
+		best := bestIdleGap(gaps, tg.Start, tg.End)
 		if covered := Intersect(Set{tg}, reportedIdle).Total(); covered*2 < tg.Len() {
 			r.Missed = append(r.Missed, tg)
 		}
@@ -694,6 +684,23 @@ func Evaluate(tr *Truth, gaps []correlate.Gap, minGap int64) *Result {
 	r.BoundaryP50NS = Percentile(r.BoundaryErrNS, 0.5)
 	r.BoundaryP90NS = Percentile(r.BoundaryErrNS, 0.9)
 	return r
+}
+
+// bestIdleGap is the idle gap (not a stall) that overlaps [a, b] most,
+// nil when none does.
+func bestIdleGap(gaps []correlate.Gap, a, b int64) *correlate.Gap {
+	var best *correlate.Gap
+	var bestNS int64
+	for i := range gaps {
+		g := &gaps[i]
+		if g.Kind == correlate.GapStall {
+			continue
+		}
+		if ov := min(b, g.End) - max(a, g.Start); ov > bestNS {
+			best, bestNS = g, ov
+		}
+	}
+	return best
 }
 
 // NetResult judges the gaps of net stalls on more than their dominant
@@ -724,17 +731,7 @@ func NetShare(tr *Truth, gaps []correlate.Gap) *NetResult {
 		if r == nil {
 			r = &NetResult{}
 		}
-		var best *correlate.Gap
-		var bestNS int64
-		for i := range gaps {
-			g := &gaps[i]
-			if g.Kind == correlate.GapStall {
-				continue
-			}
-			if ov := min(s.End, g.End) - max(s.Start, g.Start); ov > bestNS {
-				best, bestNS = g, ov
-			}
-		}
+		best := bestIdleGap(gaps, s.Start, s.End)
 		if best == nil {
 			continue
 		}

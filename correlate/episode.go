@@ -297,12 +297,6 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 			best.first = at
 		}
 		for _, s := range segs {
-			if ev := s.ev; ev != nil && ev.Kind == event.KindSyscall && ev.Syscall == event.SysOpen &&
-				ev.Path == e.File && s.a < best.first {
-				best.first = s.a
-			}
-		}
-		for _, s := range segs {
 			lo, hi := max(s.a, best.first), min(s.b, best.last)
 			if hi <= lo {
 				continue

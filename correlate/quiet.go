@@ -86,7 +86,7 @@ func (p *proc) noteBurst(th *thread, ev *event.Event, wasDrained bool) {
 	}
 }
 
-// burstLaunches is how many launches the burst held before ev, the
+// launchesBefore is how many launches the burst held before ev, the
 // thread's next CUDA event.
 func (b burst) launchesBefore(ev *event.Event) uint64 {
 	switch ev.Kind {

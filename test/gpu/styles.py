@@ -27,7 +27,6 @@ for evaluate.py.
 Usage: styles.py --style amp-cnn|accum|synthetic --steps N [--warmup W] [--truth FILE] [--profile FILE]
 """
 import argparse
-import http.server
 import json
 import os
 import socket
@@ -38,6 +37,8 @@ import time
 
 import torch
 import torch.nn as nn
+
+from trainer import start_log_server  # the slow logging service, in a child process
 
 MONO = time.monotonic_ns
 
@@ -93,34 +94,6 @@ class LM(nn.Module):
         return self.head(self.enc(self.emb(ids), src_key_padding_mask=mask == 0))
 
 
-class MetricsHandler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        time.sleep(0.02)
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *a):
-        pass
-
-
-def metrics_server():
-    """A metrics service in a child process (the other end of a wandb-like logger)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        srv = http.server.HTTPServer(("127.0.0.1", 0), MetricsHandler)
-        os.write(w, str(srv.server_address[1]).encode())
-        srv.serve_forever()
-        os._exit(0)
-    os.close(w)
-    port = int(os.read(r, 16))
-    os.close(r)
-    return pid, port
-
-
 class Logger(threading.Thread):
     """Posts queued metrics from a thread of its own, as wandb's does."""
 
@@ -142,7 +115,7 @@ class Logger(threading.Thread):
             body = json.dumps(d).encode()
             try:
                 s = socket.create_connection(("127.0.0.1", self.port))
-                s.sendall(b"POST /log HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                s.sendall(b"POST /log/20 HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
                 while s.recv(4096):
                     pass
                 s.close()
@@ -230,7 +203,7 @@ def main():
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
         loader = torch.utils.data.DataLoader(Tokens(total * micro * 8, seq, vocab), batch_size=8, num_workers=2,
                                              pin_memory=True, drop_last=True)
-        logsrv, port = metrics_server()
+        logsrv, port = start_log_server()  # answers each post 20 ms late
         logger = Logger(port)
         logger.start()
         lossf = nn.CrossEntropyLoss()

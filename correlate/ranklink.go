@@ -264,13 +264,10 @@ func sizeOf(c *commInfo) int32 {
 func (w *world) join(c, o *commInfo, d int64) bool {
 	g := o.group
 	if g == nil || !g.linked {
+		if !canPair(o, c) {
+			return false
+		}
 		g = &commGroup{members: map[int32]*commInfo{}, linked: true}
-		if !g.fits(o) {
-			return false
-		}
-		if !g.fitsWith(o, c) {
-			return false
-		}
 		w.unlink(o)
 		g.add(o, 0)
 		w.unlink(c)
@@ -346,8 +343,8 @@ func (g *commGroup) fits(c *commInfo) bool {
 	return true
 }
 
-// fitsWith reports whether a and b can form a group.
-func (g *commGroup) fitsWith(a, b *commInfo) bool {
+// canPair reports whether a and b can form a group of their own.
+func canPair(a, b *commInfo) bool {
 	if a.rank >= 0 && a.rank == b.rank {
 		return false
 	}

@@ -39,15 +39,10 @@ func (t *Tracer) Close() error {
 		start := time.Now()
 		// Exited processes' uprobes, closed in the background since they
 		// exited, go on meanwhile; they are independent of the rest.
-		exited := make(chan struct{})
-		go func() {
-			t.detaching.Wait()
-			close(exited)
-		}()
 		if err := closeLinksParallel(append(uprobes, t.tps...)); err != nil {
 			errs = append(errs, err)
 		}
-		<-exited
+		t.detaching.Wait()
 		t.log.Debug("probes detached", "uprobe_links", len(uprobes), "tracepoint_links", len(t.tps), "took", time.Since(start))
 		if t.reader != nil {
 			if err := t.reader.Close(); err != nil && !errors.Is(err, os.ErrClosed) {

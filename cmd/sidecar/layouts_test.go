@@ -382,9 +382,15 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	// untilExit attaches to a job started with many steps, lets it run
+	// 100 steps past gaptrace's first traced second (attaching takes
+	// seconds on a loaded machine: a job of a fixed length raced it) and
+	// interrupts it; simtrain ends its step and exits, and gaptrace with it.
 	untilExit := func(t *testing.T, job *exec.Cmd, truth string, flags ...string) {
 		sum := filepath.Join(t.TempDir(), "summary.json")
 		gt := start(t, env(t), append([]string{"attach", "--pid", strconv.Itoa(job.Process.Pid), "--live", "off", "--nvml-lib", nvml, "--summary-json", sum}, flags...)...)
+		const traced = 100
+		stopAfterTracedSteps(t, gt, truth, job.Process.Pid, traced)
 		code := gt.wait(t, 3*time.Minute)
 		if code != 0 {
 			t.Fatalf("exit %d\n%s", code, gt.stderr)
@@ -401,9 +407,9 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 			t.Fatalf("truth: %v", err)
 		}
 		s, b := readSummary(t, sum)
-		// The job ran 150 steps; it had started before gaptrace, so some
-		// of the first ones are not seen, but most of them are.
-		if s.Steps < 75 || s.ByCause["io.read"] == 0 {
+		// The job had started before gaptrace, so its first steps are not
+		// seen; the ones after the first traced second all are.
+		if s.Steps < traced*9/10 || s.ByCause["io.read"] == 0 {
 			t.Errorf("summary after attaching to a running job: %s\nstderr:\n%s", b, gt.stderr)
 		}
 		if !strings.Contains(gt.stderr.String(), "traced process exited") {
@@ -411,7 +417,7 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 		}
 	}
 	t.Run("until the job exits", func(t *testing.T) {
-		job, truth := startJob(t, 150)
+		job, truth := startJob(t, 100000)
 		untilExit(t, job, truth)
 	})
 	// PyTorch on CUDA 13: torch.cuda.synchronize() is cudaDeviceSynchronize,
@@ -419,7 +425,7 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 	// nothing but syncs and copies (this job copies nothing, as a launch-bound
 	// PyTorch loop), so without that probe it saw no step.
 	t.Run("a job that syncs with cuCtxSynchronize_v2, lite", func(t *testing.T) {
-		job, truth := startJob(t, 150, "--ctx-sync-v2", "--batch-bytes", "0")
+		job, truth := startJob(t, 100000, "--ctx-sync-v2", "--batch-bytes", "0")
 		untilExit(t, job, truth, "--probes", "lite")
 	})
 	// A launcher (torchrun, a shell script) that starts the job after

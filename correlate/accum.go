@@ -99,8 +99,14 @@ func syncSlot(segs []fineSeg, g int) (r int, ok bool) {
 
 // groupLaunches says, from the steps where every launch was seen, whether
 // the step holding the sync launches clearly more than the others (the
-// optimizer's kernels), known: enough steps were seen to tell.
-func groupLaunches(segs []fineSeg, g, r int) (more, known bool) {
+// optimizer's kernels), or (still) at least somewhat more; known: enough
+// steps were seen to tell. Launches reach the tracer late, in batches
+// (lagFit), so a step's count swings by a third around its own: medians
+// of a group that launches 40% more in its last step come out anywhere
+// from equal to 60% apart, for several groups in a row. A grouping learnt
+// is dropped only when its last step launches no more than the others for
+// longer than that (groupMisses).
+func groupLaunches(segs []fineSeg, g, r int) (more, still, known bool) {
 	var at, other []uint64
 	for j := range segs {
 		if !segs[j].seen {
@@ -113,14 +119,14 @@ func groupLaunches(segs []fineSeg, g, r int) (more, known bool) {
 		}
 	}
 	if len(at) < groupMin || len(other) < groupMin*(g-1) {
-		return false, false
+		return false, false, false
 	}
 	med := func(v []uint64) float64 {
 		sort.Slice(v, func(a, b int) bool { return v[a] < v[b] })
 		return float64(v[len(v)/2])
 	}
 	a, o := med(at), med(other)
-	return a > (1+clockJitterRel)*o && a-o > launchJitter, true
+	return a > (1+clockJitterRel)*o && a-o > launchJitter, a-o > launchJitter, true
 }
 
 // accumGroup is a grouping learnt where launches were seen: g steps of
@@ -129,7 +135,14 @@ type accumGroup struct {
 	key tokKey
 	m   int
 	g   int
+	// misses: checks in a row whose launches refuted the grouping; the
+	// lag's swings refute it for a few groups at times (groupLaunches).
+	misses int
 }
+
+// groupMisses: refuting checks in a row, per step of a group, that drop
+// a grouping learnt (checks come with every enqueued token).
+const groupMisses = 2 * groupMin
 
 // group coarsens a clock found to the loop's iterations where its steps
 // are micro-batches of gradient accumulation: g of them to one sync, the
@@ -144,17 +157,23 @@ func (s *stepper) group(toks []token, cf clockFound) clockFound {
 		if !ok {
 			continue
 		}
-		more, known := groupLaunches(segs, g, r)
+		more, still, known := groupLaunches(segs, g, r)
+		a := s.accum
+		learnt := a != nil && a.key == cf.key && a.m == cf.m && a.g == g
 		switch {
 		case known && more:
 			s.accum = &accumGroup{key: cf.key, m: cf.m, g: g}
+		case known && still && learnt:
+			a.misses = 0
+		case known && learnt && a.misses < groupMisses*g*cf.m:
+			a.misses++
 		case known:
-			if a := s.accum; a != nil && a.key == cf.key && a.m == cf.m {
+			if a != nil && a.key == cf.key && a.m == cf.m {
 				s.accum = nil
 			}
 			return cf
 		default:
-			if a := s.accum; a == nil || a.key != cf.key || a.m != cf.m || a.g != g {
+			if !learnt {
 				continue
 			}
 		}

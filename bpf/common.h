@@ -58,6 +58,9 @@ struct thread_state {
 	__u64 waker; /* last waker since the thread last blocked */
 	__s32 sc_nr;
 	__u32 sc_class;
+	/* the call names its file by the path at sc_arg1 (sc_arg0: no fd) */
+	__u32 sc_path;
+	__u32 _pad0;
 	/* scheduling */
 	__u64 off_start; /* switched out at (0: running) */
 	__u64 wake_ns;	 /* woken at, while switched out blocked (0: not yet) */
@@ -141,12 +144,14 @@ const struct syscall_event *unused_syscall_event __attribute__((unused));
 const struct sched_event *unused_sched_event __attribute__((unused));
 const struct proc_event *unused_proc_event __attribute__((unused));
 const struct fd_event *unused_fd_event __attribute__((unused));
+const struct syscall_path_event *unused_syscall_path_event __attribute__((unused));
 const struct short_key *unused_short_key __attribute__((unused));
 /* ... and for the enums user space shares, so it uses bpf2go's constants
  * instead of copies. */
 const enum event_type *unused_event_type __attribute__((unused));
 const enum event_kind *unused_event_kind __attribute__((unused));
 const enum syscall_class *unused_syscall_class __attribute__((unused));
+const enum syscall_class_bits *unused_syscall_class_bits __attribute__((unused));
 const enum sched_flags *unused_sched_flags __attribute__((unused));
 const enum proc_flags *unused_proc_flags __attribute__((unused));
 

@@ -21,6 +21,7 @@ enum event_type {
 	EV_FD = 6,
 	EV_MMAP = 7, /* an executable file mapping appeared: rescan /proc/PID/maps */
 	EV_PYSTACK = 8, /* the Python frames of the event that follows (bpf/python.h) */
+	EV_SYSCALL_PATH = 9, /* a syscall that names its file by path: syscall_path_event */
 };
 
 /* hdr.kind: the event.Kind value (event/event.go), kept numerically equal
@@ -65,6 +66,15 @@ enum syscall_class {
 	SC_LAST = 10,
 	SC_MMAP = 32, /* internal: only watched for new executable mappings */
 	SC_UNTRACED = 255,
+};
+
+/* A syscall_classes value: the class in its low byte and, for a syscall
+ * that names its file by a path rather than an fd, that argument's
+ * position + 1 in the next (rename's new path is its 2nd, unlink's path
+ * its 1st). */
+enum syscall_class_bits {
+	SC_CLASS_MASK = 0xff,
+	SC_PATH_SHIFT = 8,
 };
 
 #define PATH_LEN      256
@@ -170,6 +180,13 @@ struct proc_event {
 enum proc_flags {
 	PROC_F_THREAD = 1,     /* K_FORK: the child is a thread of the parent */
 	PROC_F_GROUP_DEAD = 2, /* K_EXIT: the last thread of the process exited */
+};
+
+/* EV_SYSCALL_PATH: a traced syscall that names its file by a path argument
+ * (rename, unlink, truncate) and lasted at least the threshold; fd is -1. */
+struct syscall_path_event {
+	struct syscall_event sc;
+	char path[PATH_LEN];
 };
 
 /* EV_FD: openat (always) and close (always), for fd cache invalidation. */

@@ -9,6 +9,8 @@
  * close are always emitted so user space can invalidate its fd cache; an
  * executable file mapping (mmap with PROT_EXEC and an fd) is reported so that
  * libraries dlopen'd late get their uprobes.
+ * A call that names its file by path (rename, unlink, truncate: the class
+ * map's value says which argument) is emitted with that path.
  * While a probed CUDA/NCCL call is in flight on the thread, its syscalls are
  * not traced: the driver's own waiting is explained by the call itself.
  */
@@ -79,23 +81,42 @@ int sys_enter(struct trace_event_raw_sys_enter *ctx)
 	if (!enter_traced(&id))
 		return 0;
 	__u32 nr = (__u32)BPF_CORE_READ(ctx, id);
-	__u32 *cls = bpf_map_lookup_elem(&syscall_classes, &nr);
-	if (!cls || *cls == SC_UNTRACED)
+	__u32 *v = bpf_map_lookup_elem(&syscall_classes, &nr);
+	if (!v || *v == SC_UNTRACED)
 		return 0;
 	struct thread_state *t = thread_get(id);
 	if (!t || t->call_depth > 0)
 		return 0;
 
+	__u32 cls = *v & SC_CLASS_MASK;
+	__u32 path_arg = *v >> SC_PATH_SHIFT;
 	t->sc_nr = nr;
-	t->sc_class = *cls;
-	if (*cls == SC_MMAP) {
+	t->sc_class = cls;
+	t->sc_path = path_arg != 0;
+	if (cls == SC_MMAP) {
 		t->sc_arg0 = BPF_CORE_READ(ctx, args[2]); /* prot */
 		t->sc_arg1 = BPF_CORE_READ(ctx, args[4]); /* fd */
+	} else if (path_arg) {
+		t->sc_arg0 = (__u64)-1; /* no fd */
+		switch (path_arg) {
+		case 1:
+			t->sc_arg1 = BPF_CORE_READ(ctx, args[0]);
+			break;
+		case 2:
+			t->sc_arg1 = BPF_CORE_READ(ctx, args[1]);
+			break;
+		case 3:
+			t->sc_arg1 = BPF_CORE_READ(ctx, args[2]);
+			break;
+		default:
+			t->sc_arg1 = BPF_CORE_READ(ctx, args[3]);
+			break;
+		}
 	} else {
 		t->sc_arg0 = BPF_CORE_READ(ctx, args[0]);
 		t->sc_arg1 = BPF_CORE_READ(ctx, args[1]);
 	}
-	if (*cls == SC_POLL)
+	if (cls == SC_POLL)
 		wait_enter(t, nr, ctx);
 	t->waker = 0;
 	t->sc_start = bpf_ktime_get_ns();
@@ -245,9 +266,22 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 	}
 
 	py_stack(id, now);
-	struct syscall_event *e = reserve(sizeof(*e));
+	struct syscall_event *e;
+	if (t->sc_path) {
+		/* The path is still mapped at exit: one record holds the call
+		 * and the file it named. */
+		struct syscall_path_event *pe = reserve(sizeof(*pe));
+		e = (struct syscall_event *)pe;
+		if (pe) {
+			hdr_fill(&pe->sc.hdr, EV_SYSCALL_PATH, K_SYSCALL, id, now);
+			bpf_probe_read_user_str(pe->path, sizeof(pe->path), (void *)t->sc_arg1);
+		}
+	} else {
+		e = reserve(sizeof(*e));
+		if (e)
+			hdr_fill(&e->hdr, EV_SYSCALL, K_SYSCALL, id, now);
+	}
 	if (e) {
-		hdr_fill(&e->hdr, EV_SYSCALL, K_SYSCALL, id, now);
 		e->start_ns = t->sc_start;
 		e->ret = ret;
 		e->waker = t->waker;

@@ -405,6 +405,8 @@ func (at *attribution) file(ev *event.Event) *FileEvidence {
 	switch {
 	case ev.Kind == event.KindOffCPU:
 		op = "fault"
+	case pathOp(ev):
+		op = ev.Name // rename, unlink, truncate
 	case ev.Syscall == event.SysWrite:
 		op = "write"
 	case ev.Syscall == event.SysFsync:

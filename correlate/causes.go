@@ -57,6 +57,14 @@ func baseCause(ev *event.Event) Cause {
 	return CauseCPU
 }
 
+// pathOp reports whether ev is a call that wrote a file's name rather than
+// its contents: a rename (os.replace of a temporary file over a checkpoint),
+// an unlink, a truncate by path. The tracer gives it the path it named and
+// no fd.
+func pathOp(ev *event.Event) bool {
+	return ev.Kind == event.KindSyscall && ev.Syscall == event.SysWrite && ev.FD < 0 && ev.Path != ""
+}
+
 func isFile(ev *event.Event) bool {
 	return ev.FDKind == event.FDFile || (ev.FDKind == event.FDUnknown && len(ev.Path) > 0 && ev.Path[0] == '/')
 }

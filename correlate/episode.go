@@ -254,6 +254,11 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 			e.SerializeNS += s.b - s.a
 		case ev.Kind == event.KindMemcpy || ev.Kind == event.KindMemcpyStaged:
 			e.CopyNS += s.b - s.a
+		case pathOp(ev):
+			// Renaming the written file into place, removing an old
+			// one: part of writing, but not the file whose writes
+			// bound the operation (below).
+			e.WriteNS += s.b - s.a
 		case ev.Kind == event.KindSyscall && isFile(ev) && (ev.Syscall == event.SysWrite || ev.Syscall == event.SysFsync):
 			if ev.Syscall == event.SysFsync {
 				e.FsyncNS += s.b - s.a
@@ -292,12 +297,21 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 	// tensor to the host, reads what it imports and faults pages in
 	// between. All of that but the waits for a CPU is writing the file.
 	var within, serial, copying int64
+	// outside: the gap's host waits before the file's open or after its
+	// last write, by cause; they stay what they were.
+	outside := map[Cause]int64{}
 	if best != nil {
 		if at, ok := th.openedAt(e.File, a, best.first); ok {
 			best.first = at
 		}
+		best.last = pathOpsAfter(segs, best.last)
 		for _, s := range segs {
 			lo, hi := max(s.a, best.first), min(s.b, best.last)
+			if s.ev != nil && s.ev.Kind != event.KindRunqueue {
+				if out := s.b - s.a - max(hi-lo, 0); out > 0 {
+					outside[baseCause(s.ev)] += out
+				}
+			}
 			if hi <= lo {
 				continue
 			}
@@ -334,7 +348,7 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 		// serialization, its own device-to-host copies and the rest of its
 		// span as io.write (the evidence keeps the split).
 		move := func(c Cause, ns int64) int64 {
-			if ns = min(ns, bd[c]); ns <= 0 {
+			if ns = min(ns, bd[c]-outside[c]); ns <= 0 {
 				return 0
 			}
 			bd[CauseIOWrite] += ns
@@ -349,6 +363,42 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 		}
 	}
 	return dom, e
+}
+
+// pathOpTail: the most host time between a file's last write and a rename
+// or unlink that still finishes writing it (closing the file, the Python
+// around os.replace).
+const pathOpTail = int64(5 * time.Millisecond)
+
+// pathOpsAfter extends an operation that ended writing its file at last
+// through the calls on file names that follow it with nothing else between
+// but short host work: os.replace of the temporary file it wrote over the
+// checkpoint, the unlink of an older checkpoint. On ext4 or XFS replacing
+// or removing a large file frees its blocks within the call: milliseconds
+// of the save.
+func pathOpsAfter(segs []segment, last int64) int64 {
+	end := last
+	for _, s := range segs {
+		if s.b <= end {
+			continue
+		}
+		ev := s.ev
+		switch {
+		case ev != nil && pathOp(ev):
+			last, end = s.b, s.b
+		case ev == nil:
+			if s.b-max(s.a, end) > pathOpTail {
+				return last
+			}
+			end = s.b
+		case ev.Kind == event.KindRunqueue || ev.Kind == event.KindOpen || ev.Kind == event.KindClose ||
+			ev.Kind == event.KindSyscall && (ev.Syscall == event.SysClose || ev.Syscall == event.SysOpen):
+			end = s.b
+		default:
+			return last
+		}
+	}
+	return last
 }
 
 // copyEvidence describes the staged copy that took most of a gap.

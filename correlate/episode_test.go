@@ -36,7 +36,9 @@ const ckptPath = "/ckpt/state.pt"
 // checkpoint is torch.save of a CUDA state_dict of n tensors: per tensor a
 // copy to pageable host memory and a sync, 2 ms of pickling and a write;
 // then fsync.
-func checkpoint(s *gpuSim, n int) {
+func checkpoint(s *gpuSim, n int) { checkpointTo(s, n, ckptPath) }
+
+func checkpointTo(s *gpuSim, n int, ckptPath string) {
 	// Truncating a large old checkpoint makes the open slow. The tracer
 	// reports every open as a KindOpen too (the fd's path), and a slow one
 	// as a syscall on the timeline.
@@ -299,5 +301,68 @@ func TestScalarReadsInGapStayStepWork(t *testing.T) {
 	}
 	if matched < 50 {
 		t.Errorf("%d of 60 steps end at a step's last sync (%d steps)", matched, len(c.steps))
+	}
+}
+
+// pathCall is a rename, unlink or truncate as the tracer reports it: the
+// path it named, no fd.
+func pathCall(name, path string) event.Event {
+	ev := fileCall(event.SysWrite, name, path, 0)
+	ev.FD = -1
+	return ev
+}
+
+// TestCheckpointRenameIsWriting: a save to a temporary file renamed over
+// the checkpoint (torch.save, fsync, os.replace) is writing until the
+// rename returns; freeing the old file's blocks makes that milliseconds.
+// A rename after the thread waited on something else is not the save's.
+func TestCheckpointRenameIsWriting(t *testing.T) {
+	const tmp = "/ckpt/.ckpt-x1"
+	for _, lite := range []bool{false, true} {
+		name := map[bool]string{false: "full", true: "lite"}[lite]
+		t.Run(name+"/rename after fsync", func(t *testing.T) {
+			gaps, stalls, _ := runEpisodes(t, lite, func(s *gpuSim) {
+				checkpointTo(s, 12, tmp)
+				s.t += 80 * us // close, Python
+				s.block(pathCall("rename", ckptPath), 4*ms)
+			})
+			if len(gaps) != len(stalls) {
+				t.Fatalf("%d gaps ≥ 1 ms, want one per checkpoint (%d)", len(gaps), len(stalls))
+			}
+			for i, g := range gaps {
+				st := stalls[i]
+				if g.Cause != CauseIOWrite || g.Breakdown[CauseIOWrite] < st[1]-st[0]-200*us || g.Breakdown[CauseOther] != 0 || g.Breakdown[CauseCPU] > 200*us {
+					t.Errorf("gap %d: cause %s, breakdown %v; want io.write through the rename (%d ns)", i, g.Cause, g.Breakdown, st[1]-st[0])
+				}
+				e := g.Evidence.Episode
+				if e == nil || e.File != tmp || !near(e.WriteNS, 12*600*us+4*ms, 10*us) {
+					t.Errorf("gap %d: episode %+v, want the writes of %s and the rename", i, e, tmp)
+				}
+				renamed := false
+				for _, f := range g.Evidence.Files {
+					renamed = renamed || f.Path == ckptPath && f.Op == "rename" && f.NS == 4*ms
+				}
+				if !renamed {
+					t.Errorf("gap %d: files %+v, want the rename to %s", i, g.Evidence.Files, ckptPath)
+				}
+			}
+		})
+		t.Run(name+"/unlink after a wait", func(t *testing.T) {
+			gaps, stalls, _ := runEpisodes(t, lite, func(s *gpuSim) {
+				checkpointTo(s, 12, tmp)
+				s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysPoll, Name: "poll", FD: -1}, 8*ms)
+				s.block(pathCall("unlink", "/ckpt/old.pt"), 3*ms)
+			})
+			if len(gaps) != len(stalls) {
+				t.Fatalf("%d gaps ≥ 1 ms, want one per checkpoint (%d)", len(gaps), len(stalls))
+			}
+			for i, g := range gaps {
+				st := stalls[i]
+				// The unlink is io.write on its own; the wait before it is not.
+				if w := g.Breakdown[CauseIOWrite]; w > st[1]-st[0]-8*ms+200*us || g.Breakdown[CauseOther] < 7*ms {
+					t.Errorf("gap %d: breakdown %v; the 8 ms wait after the save is not writing (stall %d ns)", i, g.Breakdown, st[1]-st[0])
+				}
+			}
+		})
 	}
 }

@@ -112,14 +112,15 @@ const (
 type cudaEventType uint32
 
 const (
-	cudaEventTypeEV_CUDA    cudaEventType = 1
-	cudaEventTypeEV_NCCL    cudaEventType = 2
-	cudaEventTypeEV_SYSCALL cudaEventType = 3
-	cudaEventTypeEV_SCHED   cudaEventType = 4
-	cudaEventTypeEV_PROC    cudaEventType = 5
-	cudaEventTypeEV_FD      cudaEventType = 6
-	cudaEventTypeEV_MMAP    cudaEventType = 7
-	cudaEventTypeEV_PYSTACK cudaEventType = 8
+	cudaEventTypeEV_CUDA         cudaEventType = 1
+	cudaEventTypeEV_NCCL         cudaEventType = 2
+	cudaEventTypeEV_SYSCALL      cudaEventType = 3
+	cudaEventTypeEV_SCHED        cudaEventType = 4
+	cudaEventTypeEV_PROC         cudaEventType = 5
+	cudaEventTypeEV_FD           cudaEventType = 6
+	cudaEventTypeEV_MMAP         cudaEventType = 7
+	cudaEventTypeEV_PYSTACK      cudaEventType = 8
+	cudaEventTypeEV_SYSCALL_PATH cudaEventType = 9
 )
 
 type cudaLaunchLayout uint32
@@ -194,6 +195,8 @@ type cudaThreadState struct {
 	Waker       uint64
 	ScNr        int32
 	ScClass     uint32
+	ScPath      uint32
+	Pad0        uint32
 	OffStart    uint64
 	WakeNs      uint64
 	OffRunnable uint32
@@ -217,49 +220,51 @@ type cudaThreadState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	cudaMapCopyCalls          = "copy_calls"
-	cudaMapEvents             = "events"
-	cudaMapPyProcs            = "py_procs"
-	cudaMapPyScratch          = "py_scratch"
-	cudaMapPyStats            = "py_stats"
-	cudaMapRingDrops          = "ring_drops"
-	cudaMapShortCalls         = "short_calls"
-	cudaMapThreads            = "threads"
-	cudaMapTracedTgids        = "traced_tgids"
-	cudaMapUserStacks         = "user_stacks"
-	cudaProgCudaAsync         = "cuda_async"
-	cudaProgCudaAsyncExit     = "cuda_async_exit"
-	cudaProgCudaBlockEnter    = "cuda_block_enter"
-	cudaProgCudaBlockExit     = "cuda_block_exit"
-	cudaProgCudaLaunch        = "cuda_launch"
-	cudaVarCopyBlockNs        = "copy_block_ns"
-	cudaVarLaunchPauseNs      = "launch_pause_ns"
-	cudaVarNullProbes         = "null_probes"
-	cudaVarPidnsInum          = "pidns_inum"
-	cudaVarPidnsLevelSeen     = "pidns_level_seen"
-	cudaVarThresholdNs        = "threshold_ns"
-	cudaVarUnusedAsyncLayout  = "unused_async_layout"
-	cudaVarUnusedBlockLayout  = "unused_block_layout"
-	cudaVarUnusedCudaEvent    = "unused_cuda_event"
-	cudaVarUnusedCudaFunc     = "unused_cuda_func"
-	cudaVarUnusedEventHdr     = "unused_event_hdr"
-	cudaVarUnusedEventKind    = "unused_event_kind"
-	cudaVarUnusedEventType    = "unused_event_type"
-	cudaVarUnusedFdEvent      = "unused_fd_event"
-	cudaVarUnusedLaunchLayout = "unused_launch_layout"
-	cudaVarUnusedNcclEvent    = "unused_nccl_event"
-	cudaVarUnusedProcEvent    = "unused_proc_event"
-	cudaVarUnusedProcFlags    = "unused_proc_flags"
-	cudaVarUnusedPyFlags      = "unused_py_flags"
-	cudaVarUnusedPyOffsets    = "unused_py_offsets"
-	cudaVarUnusedPyStackEvent = "unused_py_stack_event"
-	cudaVarUnusedPyStat       = "unused_py_stat"
-	cudaVarUnusedSchedEvent   = "unused_sched_event"
-	cudaVarUnusedSchedFlags   = "unused_sched_flags"
-	cudaVarUnusedShortKey     = "unused_short_key"
-	cudaVarUnusedSyscallClass = "unused_syscall_class"
-	cudaVarUnusedSyscallEvent = "unused_syscall_event"
-	cudaVarWakeupBytes        = "wakeup_bytes"
+	cudaMapCopyCalls              = "copy_calls"
+	cudaMapEvents                 = "events"
+	cudaMapPyProcs                = "py_procs"
+	cudaMapPyScratch              = "py_scratch"
+	cudaMapPyStats                = "py_stats"
+	cudaMapRingDrops              = "ring_drops"
+	cudaMapShortCalls             = "short_calls"
+	cudaMapThreads                = "threads"
+	cudaMapTracedTgids            = "traced_tgids"
+	cudaMapUserStacks             = "user_stacks"
+	cudaProgCudaAsync             = "cuda_async"
+	cudaProgCudaAsyncExit         = "cuda_async_exit"
+	cudaProgCudaBlockEnter        = "cuda_block_enter"
+	cudaProgCudaBlockExit         = "cuda_block_exit"
+	cudaProgCudaLaunch            = "cuda_launch"
+	cudaVarCopyBlockNs            = "copy_block_ns"
+	cudaVarLaunchPauseNs          = "launch_pause_ns"
+	cudaVarNullProbes             = "null_probes"
+	cudaVarPidnsInum              = "pidns_inum"
+	cudaVarPidnsLevelSeen         = "pidns_level_seen"
+	cudaVarThresholdNs            = "threshold_ns"
+	cudaVarUnusedAsyncLayout      = "unused_async_layout"
+	cudaVarUnusedBlockLayout      = "unused_block_layout"
+	cudaVarUnusedCudaEvent        = "unused_cuda_event"
+	cudaVarUnusedCudaFunc         = "unused_cuda_func"
+	cudaVarUnusedEventHdr         = "unused_event_hdr"
+	cudaVarUnusedEventKind        = "unused_event_kind"
+	cudaVarUnusedEventType        = "unused_event_type"
+	cudaVarUnusedFdEvent          = "unused_fd_event"
+	cudaVarUnusedLaunchLayout     = "unused_launch_layout"
+	cudaVarUnusedNcclEvent        = "unused_nccl_event"
+	cudaVarUnusedProcEvent        = "unused_proc_event"
+	cudaVarUnusedProcFlags        = "unused_proc_flags"
+	cudaVarUnusedPyFlags          = "unused_py_flags"
+	cudaVarUnusedPyOffsets        = "unused_py_offsets"
+	cudaVarUnusedPyStackEvent     = "unused_py_stack_event"
+	cudaVarUnusedPyStat           = "unused_py_stat"
+	cudaVarUnusedSchedEvent       = "unused_sched_event"
+	cudaVarUnusedSchedFlags       = "unused_sched_flags"
+	cudaVarUnusedShortKey         = "unused_short_key"
+	cudaVarUnusedSyscallClass     = "unused_syscall_class"
+	cudaVarUnusedSyscallClassBits = "unused_syscall_class_bits"
+	cudaVarUnusedSyscallEvent     = "unused_syscall_event"
+	cudaVarUnusedSyscallPathEvent = "unused_syscall_path_event"
+	cudaVarWakeupBytes            = "wakeup_bytes"
 )
 
 // loadCuda returns the embedded CollectionSpec for cuda.
@@ -331,34 +336,36 @@ type cudaMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaVariableSpecs struct {
-	CopyBlockNs        *ebpf.VariableSpec `ebpf:"copy_block_ns"`
-	LaunchPauseNs      *ebpf.VariableSpec `ebpf:"launch_pause_ns"`
-	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
-	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
-	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
-	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
-	UnusedAsyncLayout  *ebpf.VariableSpec `ebpf:"unused_async_layout"`
-	UnusedBlockLayout  *ebpf.VariableSpec `ebpf:"unused_block_layout"`
-	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
-	UnusedCudaFunc     *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
-	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
-	UnusedEventKind    *ebpf.VariableSpec `ebpf:"unused_event_kind"`
-	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
-	UnusedFdEvent      *ebpf.VariableSpec `ebpf:"unused_fd_event"`
-	UnusedLaunchLayout *ebpf.VariableSpec `ebpf:"unused_launch_layout"`
-	UnusedNcclEvent    *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
-	UnusedProcEvent    *ebpf.VariableSpec `ebpf:"unused_proc_event"`
-	UnusedProcFlags    *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
-	UnusedPyFlags      *ebpf.VariableSpec `ebpf:"unused_py_flags"`
-	UnusedPyOffsets    *ebpf.VariableSpec `ebpf:"unused_py_offsets"`
-	UnusedPyStackEvent *ebpf.VariableSpec `ebpf:"unused_py_stack_event"`
-	UnusedPyStat       *ebpf.VariableSpec `ebpf:"unused_py_stat"`
-	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
-	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
-	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
-	UnusedSyscallClass *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
-	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
-	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
+	CopyBlockNs            *ebpf.VariableSpec `ebpf:"copy_block_ns"`
+	LaunchPauseNs          *ebpf.VariableSpec `ebpf:"launch_pause_ns"`
+	NullProbes             *ebpf.VariableSpec `ebpf:"null_probes"`
+	PidnsInum              *ebpf.VariableSpec `ebpf:"pidns_inum"`
+	PidnsLevelSeen         *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
+	ThresholdNs            *ebpf.VariableSpec `ebpf:"threshold_ns"`
+	UnusedAsyncLayout      *ebpf.VariableSpec `ebpf:"unused_async_layout"`
+	UnusedBlockLayout      *ebpf.VariableSpec `ebpf:"unused_block_layout"`
+	UnusedCudaEvent        *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
+	UnusedCudaFunc         *ebpf.VariableSpec `ebpf:"unused_cuda_func"`
+	UnusedEventHdr         *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
+	UnusedEventKind        *ebpf.VariableSpec `ebpf:"unused_event_kind"`
+	UnusedEventType        *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedFdEvent          *ebpf.VariableSpec `ebpf:"unused_fd_event"`
+	UnusedLaunchLayout     *ebpf.VariableSpec `ebpf:"unused_launch_layout"`
+	UnusedNcclEvent        *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
+	UnusedProcEvent        *ebpf.VariableSpec `ebpf:"unused_proc_event"`
+	UnusedProcFlags        *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
+	UnusedPyFlags          *ebpf.VariableSpec `ebpf:"unused_py_flags"`
+	UnusedPyOffsets        *ebpf.VariableSpec `ebpf:"unused_py_offsets"`
+	UnusedPyStackEvent     *ebpf.VariableSpec `ebpf:"unused_py_stack_event"`
+	UnusedPyStat           *ebpf.VariableSpec `ebpf:"unused_py_stat"`
+	UnusedSchedEvent       *ebpf.VariableSpec `ebpf:"unused_sched_event"`
+	UnusedSchedFlags       *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
+	UnusedShortKey         *ebpf.VariableSpec `ebpf:"unused_short_key"`
+	UnusedSyscallClass     *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
+	UnusedSyscallClassBits *ebpf.VariableSpec `ebpf:"unused_syscall_class_bits"`
+	UnusedSyscallEvent     *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
+	UnusedSyscallPathEvent *ebpf.VariableSpec `ebpf:"unused_syscall_path_event"`
+	WakeupBytes            *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // cudaObjects contains all objects after they have been loaded into the kernel.
@@ -412,34 +419,36 @@ func (m *cudaMaps) Close() error {
 //
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaVariables struct {
-	CopyBlockNs        *ebpf.Variable `ebpf:"copy_block_ns"`
-	LaunchPauseNs      *ebpf.Variable `ebpf:"launch_pause_ns"`
-	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
-	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
-	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
-	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
-	UnusedAsyncLayout  *ebpf.Variable `ebpf:"unused_async_layout"`
-	UnusedBlockLayout  *ebpf.Variable `ebpf:"unused_block_layout"`
-	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
-	UnusedCudaFunc     *ebpf.Variable `ebpf:"unused_cuda_func"`
-	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
-	UnusedEventKind    *ebpf.Variable `ebpf:"unused_event_kind"`
-	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
-	UnusedFdEvent      *ebpf.Variable `ebpf:"unused_fd_event"`
-	UnusedLaunchLayout *ebpf.Variable `ebpf:"unused_launch_layout"`
-	UnusedNcclEvent    *ebpf.Variable `ebpf:"unused_nccl_event"`
-	UnusedProcEvent    *ebpf.Variable `ebpf:"unused_proc_event"`
-	UnusedProcFlags    *ebpf.Variable `ebpf:"unused_proc_flags"`
-	UnusedPyFlags      *ebpf.Variable `ebpf:"unused_py_flags"`
-	UnusedPyOffsets    *ebpf.Variable `ebpf:"unused_py_offsets"`
-	UnusedPyStackEvent *ebpf.Variable `ebpf:"unused_py_stack_event"`
-	UnusedPyStat       *ebpf.Variable `ebpf:"unused_py_stat"`
-	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
-	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
-	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
-	UnusedSyscallClass *ebpf.Variable `ebpf:"unused_syscall_class"`
-	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
-	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
+	CopyBlockNs            *ebpf.Variable `ebpf:"copy_block_ns"`
+	LaunchPauseNs          *ebpf.Variable `ebpf:"launch_pause_ns"`
+	NullProbes             *ebpf.Variable `ebpf:"null_probes"`
+	PidnsInum              *ebpf.Variable `ebpf:"pidns_inum"`
+	PidnsLevelSeen         *ebpf.Variable `ebpf:"pidns_level_seen"`
+	ThresholdNs            *ebpf.Variable `ebpf:"threshold_ns"`
+	UnusedAsyncLayout      *ebpf.Variable `ebpf:"unused_async_layout"`
+	UnusedBlockLayout      *ebpf.Variable `ebpf:"unused_block_layout"`
+	UnusedCudaEvent        *ebpf.Variable `ebpf:"unused_cuda_event"`
+	UnusedCudaFunc         *ebpf.Variable `ebpf:"unused_cuda_func"`
+	UnusedEventHdr         *ebpf.Variable `ebpf:"unused_event_hdr"`
+	UnusedEventKind        *ebpf.Variable `ebpf:"unused_event_kind"`
+	UnusedEventType        *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedFdEvent          *ebpf.Variable `ebpf:"unused_fd_event"`
+	UnusedLaunchLayout     *ebpf.Variable `ebpf:"unused_launch_layout"`
+	UnusedNcclEvent        *ebpf.Variable `ebpf:"unused_nccl_event"`
+	UnusedProcEvent        *ebpf.Variable `ebpf:"unused_proc_event"`
+	UnusedProcFlags        *ebpf.Variable `ebpf:"unused_proc_flags"`
+	UnusedPyFlags          *ebpf.Variable `ebpf:"unused_py_flags"`
+	UnusedPyOffsets        *ebpf.Variable `ebpf:"unused_py_offsets"`
+	UnusedPyStackEvent     *ebpf.Variable `ebpf:"unused_py_stack_event"`
+	UnusedPyStat           *ebpf.Variable `ebpf:"unused_py_stat"`
+	UnusedSchedEvent       *ebpf.Variable `ebpf:"unused_sched_event"`
+	UnusedSchedFlags       *ebpf.Variable `ebpf:"unused_sched_flags"`
+	UnusedShortKey         *ebpf.Variable `ebpf:"unused_short_key"`
+	UnusedSyscallClass     *ebpf.Variable `ebpf:"unused_syscall_class"`
+	UnusedSyscallClassBits *ebpf.Variable `ebpf:"unused_syscall_class_bits"`
+	UnusedSyscallEvent     *ebpf.Variable `ebpf:"unused_syscall_event"`
+	UnusedSyscallPathEvent *ebpf.Variable `ebpf:"unused_syscall_path_event"`
+	WakeupBytes            *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // cudaPrograms contains all programs after they have been loaded into the kernel.

@@ -18,6 +18,8 @@ const (
 	evFD      = uint32(cudaEventTypeEV_FD)
 	evMmap    = uint32(cudaEventTypeEV_MMAP)
 	evPyStack = uint32(cudaEventTypeEV_PYSTACK)
+	// evSyscallPath: a syscall record followed by the path the call named.
+	evSyscallPath = uint32(cudaEventTypeEV_SYSCALL_PATH)
 )
 
 // Flags of sched_event and proc_event (enum sched_flags, enum proc_flags).
@@ -34,20 +36,22 @@ type (
 	rawCUDA    = cudaCudaEvent
 	rawNCCL    = ncclNcclEvent
 	rawSyscall = syscallsSyscallEvent
+	rawSysPath = syscallsSyscallPathEvent
 	rawFD      = syscallsFdEvent
 	rawSched   = schedSchedEvent
 	rawProc    = schedProcEvent
 )
 
 var recordSizes = [...]uintptr{
-	evCUDA:    unsafe.Sizeof(rawCUDA{}),
-	evNCCL:    unsafe.Sizeof(rawNCCL{}),
-	evSyscall: unsafe.Sizeof(rawSyscall{}),
-	evSched:   unsafe.Sizeof(rawSched{}),
-	evProc:    unsafe.Sizeof(rawProc{}),
-	evFD:      unsafe.Sizeof(rawFD{}),
-	evMmap:    unsafe.Sizeof(rawHeader{}),
-	evPyStack: unsafe.Sizeof(rawPyStack{}),
+	evCUDA:        unsafe.Sizeof(rawCUDA{}),
+	evNCCL:        unsafe.Sizeof(rawNCCL{}),
+	evSyscall:     unsafe.Sizeof(rawSyscall{}),
+	evSched:       unsafe.Sizeof(rawSched{}),
+	evProc:        unsafe.Sizeof(rawProc{}),
+	evFD:          unsafe.Sizeof(rawFD{}),
+	evMmap:        unsafe.Sizeof(rawHeader{}),
+	evPyStack:     unsafe.Sizeof(rawPyStack{}),
+	evSyscallPath: unsafe.Sizeof(rawSysPath{}),
 }
 
 // maxKtime bounds CLOCK_MONOTONIC values (about 146 years of uptime) so
@@ -168,7 +172,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.PeerRank = r.Peer
 		ev.Ret = int64(r.Ret)
 		d.emit = true
-	case evSyscall:
+	case evSyscall, evSyscallPath:
 		r := (*rawSyscall)(unsafe.Pointer(&rec[0]))
 		if ev.Kind != event.KindSyscall || r.Class >= uint32(event.SysLast) {
 			return fmt.Errorf("decode syscall record: kind %d class %d out of range", h.Kind, r.Class)
@@ -188,6 +192,11 @@ func decodeRecord(rec []byte, d *decoded) error {
 		if r.WaitNfds > 0 && ev.Syscall == event.SysPoll {
 			d.waitFDs = r.WaitFds[:min(int(r.WaitNfds), len(r.WaitFds))]
 			d.waitN, d.waitSocks = r.WaitNfds, r.WaitSocks
+		}
+		if h.Type == evSyscallPath {
+			// rename, unlink, truncate: the file is the path it named.
+			ev.Path = cString((*rawSysPath)(unsafe.Pointer(&rec[0])).Path[:])
+			ev.FD, ev.FDKind = -1, event.FDFile
 		}
 		d.emit = true
 	case evSched:

@@ -133,7 +133,7 @@ func (t *Tracer) load() error {
 		}
 	}
 	for _, s := range tracedSyscalls {
-		if err := t.sys.SyscallClasses.Put(uint32(s.nr), s.class); err != nil {
+		if err := t.sys.SyscallClasses.Put(uint32(s.nr), s.mapValue()); err != nil {
 			return fmt.Errorf("set syscall class of %s: %w", s.name, err)
 		}
 	}

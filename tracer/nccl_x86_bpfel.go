@@ -60,6 +60,8 @@ type ncclThreadState struct {
 	Waker       uint64
 	ScNr        int32
 	ScClass     uint32
+	ScPath      uint32
+	Pad0        uint32
 	OffStart    uint64
 	WakeNs      uint64
 	OffRunnable uint32
@@ -83,37 +85,39 @@ type ncclThreadState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	ncclMapEvents             = "events"
-	ncclMapRingDrops          = "ring_drops"
-	ncclMapShortCalls         = "short_calls"
-	ncclMapThreads            = "threads"
-	ncclMapTracedTgids        = "traced_tgids"
-	ncclMapUserStacks         = "user_stacks"
-	ncclProgNcclColl          = "nccl_coll"
-	ncclProgNcclCommInitEnter = "nccl_comm_init_enter"
-	ncclProgNcclCommInitExit  = "nccl_comm_init_exit"
-	ncclProgNcclGroupEndEnter = "nccl_group_end_enter"
-	ncclProgNcclGroupEndExit  = "nccl_group_end_exit"
-	ncclProgNcclGroupStart    = "nccl_group_start"
-	ncclVarNullProbes         = "null_probes"
-	ncclVarPidnsInum          = "pidns_inum"
-	ncclVarPidnsLevelSeen     = "pidns_level_seen"
-	ncclVarThresholdNs        = "threshold_ns"
-	ncclVarUnusedCudaEvent    = "unused_cuda_event"
-	ncclVarUnusedEventHdr     = "unused_event_hdr"
-	ncclVarUnusedEventKind    = "unused_event_kind"
-	ncclVarUnusedEventType    = "unused_event_type"
-	ncclVarUnusedFdEvent      = "unused_fd_event"
-	ncclVarUnusedNcclEvent    = "unused_nccl_event"
-	ncclVarUnusedNcclOp       = "unused_nccl_op"
-	ncclVarUnusedProcEvent    = "unused_proc_event"
-	ncclVarUnusedProcFlags    = "unused_proc_flags"
-	ncclVarUnusedSchedEvent   = "unused_sched_event"
-	ncclVarUnusedSchedFlags   = "unused_sched_flags"
-	ncclVarUnusedShortKey     = "unused_short_key"
-	ncclVarUnusedSyscallClass = "unused_syscall_class"
-	ncclVarUnusedSyscallEvent = "unused_syscall_event"
-	ncclVarWakeupBytes        = "wakeup_bytes"
+	ncclMapEvents                 = "events"
+	ncclMapRingDrops              = "ring_drops"
+	ncclMapShortCalls             = "short_calls"
+	ncclMapThreads                = "threads"
+	ncclMapTracedTgids            = "traced_tgids"
+	ncclMapUserStacks             = "user_stacks"
+	ncclProgNcclColl              = "nccl_coll"
+	ncclProgNcclCommInitEnter     = "nccl_comm_init_enter"
+	ncclProgNcclCommInitExit      = "nccl_comm_init_exit"
+	ncclProgNcclGroupEndEnter     = "nccl_group_end_enter"
+	ncclProgNcclGroupEndExit      = "nccl_group_end_exit"
+	ncclProgNcclGroupStart        = "nccl_group_start"
+	ncclVarNullProbes             = "null_probes"
+	ncclVarPidnsInum              = "pidns_inum"
+	ncclVarPidnsLevelSeen         = "pidns_level_seen"
+	ncclVarThresholdNs            = "threshold_ns"
+	ncclVarUnusedCudaEvent        = "unused_cuda_event"
+	ncclVarUnusedEventHdr         = "unused_event_hdr"
+	ncclVarUnusedEventKind        = "unused_event_kind"
+	ncclVarUnusedEventType        = "unused_event_type"
+	ncclVarUnusedFdEvent          = "unused_fd_event"
+	ncclVarUnusedNcclEvent        = "unused_nccl_event"
+	ncclVarUnusedNcclOp           = "unused_nccl_op"
+	ncclVarUnusedProcEvent        = "unused_proc_event"
+	ncclVarUnusedProcFlags        = "unused_proc_flags"
+	ncclVarUnusedSchedEvent       = "unused_sched_event"
+	ncclVarUnusedSchedFlags       = "unused_sched_flags"
+	ncclVarUnusedShortKey         = "unused_short_key"
+	ncclVarUnusedSyscallClass     = "unused_syscall_class"
+	ncclVarUnusedSyscallClassBits = "unused_syscall_class_bits"
+	ncclVarUnusedSyscallEvent     = "unused_syscall_event"
+	ncclVarUnusedSyscallPathEvent = "unused_syscall_path_event"
+	ncclVarWakeupBytes            = "wakeup_bytes"
 )
 
 // loadNccl returns the embedded CollectionSpec for nccl.
@@ -182,25 +186,27 @@ type ncclMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ncclVariableSpecs struct {
-	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
-	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
-	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
-	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
-	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
-	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
-	UnusedEventKind    *ebpf.VariableSpec `ebpf:"unused_event_kind"`
-	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
-	UnusedFdEvent      *ebpf.VariableSpec `ebpf:"unused_fd_event"`
-	UnusedNcclEvent    *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
-	UnusedNcclOp       *ebpf.VariableSpec `ebpf:"unused_nccl_op"`
-	UnusedProcEvent    *ebpf.VariableSpec `ebpf:"unused_proc_event"`
-	UnusedProcFlags    *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
-	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
-	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
-	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
-	UnusedSyscallClass *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
-	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
-	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
+	NullProbes             *ebpf.VariableSpec `ebpf:"null_probes"`
+	PidnsInum              *ebpf.VariableSpec `ebpf:"pidns_inum"`
+	PidnsLevelSeen         *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
+	ThresholdNs            *ebpf.VariableSpec `ebpf:"threshold_ns"`
+	UnusedCudaEvent        *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
+	UnusedEventHdr         *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
+	UnusedEventKind        *ebpf.VariableSpec `ebpf:"unused_event_kind"`
+	UnusedEventType        *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedFdEvent          *ebpf.VariableSpec `ebpf:"unused_fd_event"`
+	UnusedNcclEvent        *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
+	UnusedNcclOp           *ebpf.VariableSpec `ebpf:"unused_nccl_op"`
+	UnusedProcEvent        *ebpf.VariableSpec `ebpf:"unused_proc_event"`
+	UnusedProcFlags        *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
+	UnusedSchedEvent       *ebpf.VariableSpec `ebpf:"unused_sched_event"`
+	UnusedSchedFlags       *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
+	UnusedShortKey         *ebpf.VariableSpec `ebpf:"unused_short_key"`
+	UnusedSyscallClass     *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
+	UnusedSyscallClassBits *ebpf.VariableSpec `ebpf:"unused_syscall_class_bits"`
+	UnusedSyscallEvent     *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
+	UnusedSyscallPathEvent *ebpf.VariableSpec `ebpf:"unused_syscall_path_event"`
+	WakeupBytes            *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // ncclObjects contains all objects after they have been loaded into the kernel.
@@ -246,25 +252,27 @@ func (m *ncclMaps) Close() error {
 //
 // It can be passed to loadNcclObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ncclVariables struct {
-	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
-	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
-	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
-	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
-	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
-	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
-	UnusedEventKind    *ebpf.Variable `ebpf:"unused_event_kind"`
-	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
-	UnusedFdEvent      *ebpf.Variable `ebpf:"unused_fd_event"`
-	UnusedNcclEvent    *ebpf.Variable `ebpf:"unused_nccl_event"`
-	UnusedNcclOp       *ebpf.Variable `ebpf:"unused_nccl_op"`
-	UnusedProcEvent    *ebpf.Variable `ebpf:"unused_proc_event"`
-	UnusedProcFlags    *ebpf.Variable `ebpf:"unused_proc_flags"`
-	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
-	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
-	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
-	UnusedSyscallClass *ebpf.Variable `ebpf:"unused_syscall_class"`
-	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
-	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
+	NullProbes             *ebpf.Variable `ebpf:"null_probes"`
+	PidnsInum              *ebpf.Variable `ebpf:"pidns_inum"`
+	PidnsLevelSeen         *ebpf.Variable `ebpf:"pidns_level_seen"`
+	ThresholdNs            *ebpf.Variable `ebpf:"threshold_ns"`
+	UnusedCudaEvent        *ebpf.Variable `ebpf:"unused_cuda_event"`
+	UnusedEventHdr         *ebpf.Variable `ebpf:"unused_event_hdr"`
+	UnusedEventKind        *ebpf.Variable `ebpf:"unused_event_kind"`
+	UnusedEventType        *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedFdEvent          *ebpf.Variable `ebpf:"unused_fd_event"`
+	UnusedNcclEvent        *ebpf.Variable `ebpf:"unused_nccl_event"`
+	UnusedNcclOp           *ebpf.Variable `ebpf:"unused_nccl_op"`
+	UnusedProcEvent        *ebpf.Variable `ebpf:"unused_proc_event"`
+	UnusedProcFlags        *ebpf.Variable `ebpf:"unused_proc_flags"`
+	UnusedSchedEvent       *ebpf.Variable `ebpf:"unused_sched_event"`
+	UnusedSchedFlags       *ebpf.Variable `ebpf:"unused_sched_flags"`
+	UnusedShortKey         *ebpf.Variable `ebpf:"unused_short_key"`
+	UnusedSyscallClass     *ebpf.Variable `ebpf:"unused_syscall_class"`
+	UnusedSyscallClassBits *ebpf.Variable `ebpf:"unused_syscall_class_bits"`
+	UnusedSyscallEvent     *ebpf.Variable `ebpf:"unused_syscall_event"`
+	UnusedSyscallPathEvent *ebpf.Variable `ebpf:"unused_syscall_path_event"`
+	WakeupBytes            *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // ncclPrograms contains all programs after they have been loaded into the kernel.

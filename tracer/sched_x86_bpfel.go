@@ -73,6 +73,8 @@ type schedThreadState struct {
 	Waker       uint64
 	ScNr        int32
 	ScClass     uint32
+	ScPath      uint32
+	Pad0        uint32
 	OffStart    uint64
 	WakeNs      uint64
 	OffRunnable uint32
@@ -96,36 +98,38 @@ type schedThreadState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	schedMapEvents              = "events"
-	schedMapRingDrops           = "ring_drops"
-	schedMapShortCalls          = "short_calls"
-	schedMapThreads             = "threads"
-	schedMapTracedTgids         = "traced_tgids"
-	schedMapUserStacks          = "user_stacks"
-	schedProgOnSchedProcessExec = "on_sched_process_exec"
-	schedProgOnSchedProcessExit = "on_sched_process_exit"
-	schedProgOnSchedProcessFork = "on_sched_process_fork"
-	schedProgOnSchedSwitch      = "on_sched_switch"
-	schedProgOnSchedWakeupNew   = "on_sched_wakeup_new"
-	schedProgOnSchedWaking      = "on_sched_waking"
-	schedVarNullProbes          = "null_probes"
-	schedVarPidnsInum           = "pidns_inum"
-	schedVarPidnsLevelSeen      = "pidns_level_seen"
-	schedVarThresholdNs         = "threshold_ns"
-	schedVarUnusedCudaEvent     = "unused_cuda_event"
-	schedVarUnusedEventHdr      = "unused_event_hdr"
-	schedVarUnusedEventKind     = "unused_event_kind"
-	schedVarUnusedEventType     = "unused_event_type"
-	schedVarUnusedFdEvent       = "unused_fd_event"
-	schedVarUnusedNcclEvent     = "unused_nccl_event"
-	schedVarUnusedProcEvent     = "unused_proc_event"
-	schedVarUnusedProcFlags     = "unused_proc_flags"
-	schedVarUnusedSchedEvent    = "unused_sched_event"
-	schedVarUnusedSchedFlags    = "unused_sched_flags"
-	schedVarUnusedShortKey      = "unused_short_key"
-	schedVarUnusedSyscallClass  = "unused_syscall_class"
-	schedVarUnusedSyscallEvent  = "unused_syscall_event"
-	schedVarWakeupBytes         = "wakeup_bytes"
+	schedMapEvents                 = "events"
+	schedMapRingDrops              = "ring_drops"
+	schedMapShortCalls             = "short_calls"
+	schedMapThreads                = "threads"
+	schedMapTracedTgids            = "traced_tgids"
+	schedMapUserStacks             = "user_stacks"
+	schedProgOnSchedProcessExec    = "on_sched_process_exec"
+	schedProgOnSchedProcessExit    = "on_sched_process_exit"
+	schedProgOnSchedProcessFork    = "on_sched_process_fork"
+	schedProgOnSchedSwitch         = "on_sched_switch"
+	schedProgOnSchedWakeupNew      = "on_sched_wakeup_new"
+	schedProgOnSchedWaking         = "on_sched_waking"
+	schedVarNullProbes             = "null_probes"
+	schedVarPidnsInum              = "pidns_inum"
+	schedVarPidnsLevelSeen         = "pidns_level_seen"
+	schedVarThresholdNs            = "threshold_ns"
+	schedVarUnusedCudaEvent        = "unused_cuda_event"
+	schedVarUnusedEventHdr         = "unused_event_hdr"
+	schedVarUnusedEventKind        = "unused_event_kind"
+	schedVarUnusedEventType        = "unused_event_type"
+	schedVarUnusedFdEvent          = "unused_fd_event"
+	schedVarUnusedNcclEvent        = "unused_nccl_event"
+	schedVarUnusedProcEvent        = "unused_proc_event"
+	schedVarUnusedProcFlags        = "unused_proc_flags"
+	schedVarUnusedSchedEvent       = "unused_sched_event"
+	schedVarUnusedSchedFlags       = "unused_sched_flags"
+	schedVarUnusedShortKey         = "unused_short_key"
+	schedVarUnusedSyscallClass     = "unused_syscall_class"
+	schedVarUnusedSyscallClassBits = "unused_syscall_class_bits"
+	schedVarUnusedSyscallEvent     = "unused_syscall_event"
+	schedVarUnusedSyscallPathEvent = "unused_syscall_path_event"
+	schedVarWakeupBytes            = "wakeup_bytes"
 )
 
 // loadSched returns the embedded CollectionSpec for sched.
@@ -194,24 +198,26 @@ type schedMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type schedVariableSpecs struct {
-	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
-	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
-	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
-	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
-	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
-	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
-	UnusedEventKind    *ebpf.VariableSpec `ebpf:"unused_event_kind"`
-	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
-	UnusedFdEvent      *ebpf.VariableSpec `ebpf:"unused_fd_event"`
-	UnusedNcclEvent    *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
-	UnusedProcEvent    *ebpf.VariableSpec `ebpf:"unused_proc_event"`
-	UnusedProcFlags    *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
-	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
-	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
-	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
-	UnusedSyscallClass *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
-	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
-	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
+	NullProbes             *ebpf.VariableSpec `ebpf:"null_probes"`
+	PidnsInum              *ebpf.VariableSpec `ebpf:"pidns_inum"`
+	PidnsLevelSeen         *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
+	ThresholdNs            *ebpf.VariableSpec `ebpf:"threshold_ns"`
+	UnusedCudaEvent        *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
+	UnusedEventHdr         *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
+	UnusedEventKind        *ebpf.VariableSpec `ebpf:"unused_event_kind"`
+	UnusedEventType        *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedFdEvent          *ebpf.VariableSpec `ebpf:"unused_fd_event"`
+	UnusedNcclEvent        *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
+	UnusedProcEvent        *ebpf.VariableSpec `ebpf:"unused_proc_event"`
+	UnusedProcFlags        *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
+	UnusedSchedEvent       *ebpf.VariableSpec `ebpf:"unused_sched_event"`
+	UnusedSchedFlags       *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
+	UnusedShortKey         *ebpf.VariableSpec `ebpf:"unused_short_key"`
+	UnusedSyscallClass     *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
+	UnusedSyscallClassBits *ebpf.VariableSpec `ebpf:"unused_syscall_class_bits"`
+	UnusedSyscallEvent     *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
+	UnusedSyscallPathEvent *ebpf.VariableSpec `ebpf:"unused_syscall_path_event"`
+	WakeupBytes            *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // schedObjects contains all objects after they have been loaded into the kernel.
@@ -257,24 +263,26 @@ func (m *schedMaps) Close() error {
 //
 // It can be passed to loadSchedObjects or ebpf.CollectionSpec.LoadAndAssign.
 type schedVariables struct {
-	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
-	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
-	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
-	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
-	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
-	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
-	UnusedEventKind    *ebpf.Variable `ebpf:"unused_event_kind"`
-	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
-	UnusedFdEvent      *ebpf.Variable `ebpf:"unused_fd_event"`
-	UnusedNcclEvent    *ebpf.Variable `ebpf:"unused_nccl_event"`
-	UnusedProcEvent    *ebpf.Variable `ebpf:"unused_proc_event"`
-	UnusedProcFlags    *ebpf.Variable `ebpf:"unused_proc_flags"`
-	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
-	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
-	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
-	UnusedSyscallClass *ebpf.Variable `ebpf:"unused_syscall_class"`
-	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
-	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
+	NullProbes             *ebpf.Variable `ebpf:"null_probes"`
+	PidnsInum              *ebpf.Variable `ebpf:"pidns_inum"`
+	PidnsLevelSeen         *ebpf.Variable `ebpf:"pidns_level_seen"`
+	ThresholdNs            *ebpf.Variable `ebpf:"threshold_ns"`
+	UnusedCudaEvent        *ebpf.Variable `ebpf:"unused_cuda_event"`
+	UnusedEventHdr         *ebpf.Variable `ebpf:"unused_event_hdr"`
+	UnusedEventKind        *ebpf.Variable `ebpf:"unused_event_kind"`
+	UnusedEventType        *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedFdEvent          *ebpf.Variable `ebpf:"unused_fd_event"`
+	UnusedNcclEvent        *ebpf.Variable `ebpf:"unused_nccl_event"`
+	UnusedProcEvent        *ebpf.Variable `ebpf:"unused_proc_event"`
+	UnusedProcFlags        *ebpf.Variable `ebpf:"unused_proc_flags"`
+	UnusedSchedEvent       *ebpf.Variable `ebpf:"unused_sched_event"`
+	UnusedSchedFlags       *ebpf.Variable `ebpf:"unused_sched_flags"`
+	UnusedShortKey         *ebpf.Variable `ebpf:"unused_short_key"`
+	UnusedSyscallClass     *ebpf.Variable `ebpf:"unused_syscall_class"`
+	UnusedSyscallClassBits *ebpf.Variable `ebpf:"unused_syscall_class_bits"`
+	UnusedSyscallEvent     *ebpf.Variable `ebpf:"unused_syscall_event"`
+	UnusedSyscallPathEvent *ebpf.Variable `ebpf:"unused_syscall_path_event"`
+	WakeupBytes            *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // schedPrograms contains all programs after they have been loaded into the kernel.

@@ -101,6 +101,13 @@ const (
 	syscallsSyscallClassSC_UNTRACED syscallsSyscallClass = 255
 )
 
+type syscallsSyscallClassBits uint32
+
+const (
+	syscallsSyscallClassBitsSC_CLASS_MASK syscallsSyscallClassBits = 255
+	syscallsSyscallClassBitsSC_PATH_SHIFT syscallsSyscallClassBits = 8
+)
+
 type syscallsSyscallEvent struct {
 	_   structs.HostLayout
 	Hdr struct {
@@ -123,6 +130,12 @@ type syscallsSyscallEvent struct {
 	SpWords   [8]uint64
 }
 
+type syscallsSyscallPathEvent struct {
+	_    structs.HostLayout
+	Sc   syscallsSyscallEvent
+	Path [256]int8
+}
+
 type syscallsThreadState struct {
 	_           structs.HostLayout
 	ScStart     uint64
@@ -131,6 +144,8 @@ type syscallsThreadState struct {
 	Waker       uint64
 	ScNr        int32
 	ScClass     uint32
+	ScPath      uint32
+	Pad0        uint32
 	OffStart    uint64
 	WakeNs      uint64
 	OffRunnable uint32
@@ -154,40 +169,42 @@ type syscallsThreadState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	syscallsMapEvents             = "events"
-	syscallsMapPyProcs            = "py_procs"
-	syscallsMapPyScratch          = "py_scratch"
-	syscallsMapPyStats            = "py_stats"
-	syscallsMapRingDrops          = "ring_drops"
-	syscallsMapShortCalls         = "short_calls"
-	syscallsMapSyscallClasses     = "syscall_classes"
-	syscallsMapThreads            = "threads"
-	syscallsMapTracedTgids        = "traced_tgids"
-	syscallsMapUserStacks         = "user_stacks"
-	syscallsProgSysEnter          = "sys_enter"
-	syscallsProgSysExit           = "sys_exit"
-	syscallsVarNullProbes         = "null_probes"
-	syscallsVarPidnsInum          = "pidns_inum"
-	syscallsVarPidnsLevelSeen     = "pidns_level_seen"
-	syscallsVarThresholdNs        = "threshold_ns"
-	syscallsVarUnusedCudaEvent    = "unused_cuda_event"
-	syscallsVarUnusedEventHdr     = "unused_event_hdr"
-	syscallsVarUnusedEventKind    = "unused_event_kind"
-	syscallsVarUnusedEventType    = "unused_event_type"
-	syscallsVarUnusedFdEvent      = "unused_fd_event"
-	syscallsVarUnusedNcclEvent    = "unused_nccl_event"
-	syscallsVarUnusedProcEvent    = "unused_proc_event"
-	syscallsVarUnusedProcFlags    = "unused_proc_flags"
-	syscallsVarUnusedPyFlags      = "unused_py_flags"
-	syscallsVarUnusedPyOffsets    = "unused_py_offsets"
-	syscallsVarUnusedPyStackEvent = "unused_py_stack_event"
-	syscallsVarUnusedPyStat       = "unused_py_stat"
-	syscallsVarUnusedSchedEvent   = "unused_sched_event"
-	syscallsVarUnusedSchedFlags   = "unused_sched_flags"
-	syscallsVarUnusedShortKey     = "unused_short_key"
-	syscallsVarUnusedSyscallClass = "unused_syscall_class"
-	syscallsVarUnusedSyscallEvent = "unused_syscall_event"
-	syscallsVarWakeupBytes        = "wakeup_bytes"
+	syscallsMapEvents                 = "events"
+	syscallsMapPyProcs                = "py_procs"
+	syscallsMapPyScratch              = "py_scratch"
+	syscallsMapPyStats                = "py_stats"
+	syscallsMapRingDrops              = "ring_drops"
+	syscallsMapShortCalls             = "short_calls"
+	syscallsMapSyscallClasses         = "syscall_classes"
+	syscallsMapThreads                = "threads"
+	syscallsMapTracedTgids            = "traced_tgids"
+	syscallsMapUserStacks             = "user_stacks"
+	syscallsProgSysEnter              = "sys_enter"
+	syscallsProgSysExit               = "sys_exit"
+	syscallsVarNullProbes             = "null_probes"
+	syscallsVarPidnsInum              = "pidns_inum"
+	syscallsVarPidnsLevelSeen         = "pidns_level_seen"
+	syscallsVarThresholdNs            = "threshold_ns"
+	syscallsVarUnusedCudaEvent        = "unused_cuda_event"
+	syscallsVarUnusedEventHdr         = "unused_event_hdr"
+	syscallsVarUnusedEventKind        = "unused_event_kind"
+	syscallsVarUnusedEventType        = "unused_event_type"
+	syscallsVarUnusedFdEvent          = "unused_fd_event"
+	syscallsVarUnusedNcclEvent        = "unused_nccl_event"
+	syscallsVarUnusedProcEvent        = "unused_proc_event"
+	syscallsVarUnusedProcFlags        = "unused_proc_flags"
+	syscallsVarUnusedPyFlags          = "unused_py_flags"
+	syscallsVarUnusedPyOffsets        = "unused_py_offsets"
+	syscallsVarUnusedPyStackEvent     = "unused_py_stack_event"
+	syscallsVarUnusedPyStat           = "unused_py_stat"
+	syscallsVarUnusedSchedEvent       = "unused_sched_event"
+	syscallsVarUnusedSchedFlags       = "unused_sched_flags"
+	syscallsVarUnusedShortKey         = "unused_short_key"
+	syscallsVarUnusedSyscallClass     = "unused_syscall_class"
+	syscallsVarUnusedSyscallClassBits = "unused_syscall_class_bits"
+	syscallsVarUnusedSyscallEvent     = "unused_syscall_event"
+	syscallsVarUnusedSyscallPathEvent = "unused_syscall_path_event"
+	syscallsVarWakeupBytes            = "wakeup_bytes"
 )
 
 // loadSyscalls returns the embedded CollectionSpec for syscalls.
@@ -256,28 +273,30 @@ type syscallsMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type syscallsVariableSpecs struct {
-	NullProbes         *ebpf.VariableSpec `ebpf:"null_probes"`
-	PidnsInum          *ebpf.VariableSpec `ebpf:"pidns_inum"`
-	PidnsLevelSeen     *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
-	ThresholdNs        *ebpf.VariableSpec `ebpf:"threshold_ns"`
-	UnusedCudaEvent    *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
-	UnusedEventHdr     *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
-	UnusedEventKind    *ebpf.VariableSpec `ebpf:"unused_event_kind"`
-	UnusedEventType    *ebpf.VariableSpec `ebpf:"unused_event_type"`
-	UnusedFdEvent      *ebpf.VariableSpec `ebpf:"unused_fd_event"`
-	UnusedNcclEvent    *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
-	UnusedProcEvent    *ebpf.VariableSpec `ebpf:"unused_proc_event"`
-	UnusedProcFlags    *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
-	UnusedPyFlags      *ebpf.VariableSpec `ebpf:"unused_py_flags"`
-	UnusedPyOffsets    *ebpf.VariableSpec `ebpf:"unused_py_offsets"`
-	UnusedPyStackEvent *ebpf.VariableSpec `ebpf:"unused_py_stack_event"`
-	UnusedPyStat       *ebpf.VariableSpec `ebpf:"unused_py_stat"`
-	UnusedSchedEvent   *ebpf.VariableSpec `ebpf:"unused_sched_event"`
-	UnusedSchedFlags   *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
-	UnusedShortKey     *ebpf.VariableSpec `ebpf:"unused_short_key"`
-	UnusedSyscallClass *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
-	UnusedSyscallEvent *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
-	WakeupBytes        *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
+	NullProbes             *ebpf.VariableSpec `ebpf:"null_probes"`
+	PidnsInum              *ebpf.VariableSpec `ebpf:"pidns_inum"`
+	PidnsLevelSeen         *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
+	ThresholdNs            *ebpf.VariableSpec `ebpf:"threshold_ns"`
+	UnusedCudaEvent        *ebpf.VariableSpec `ebpf:"unused_cuda_event"`
+	UnusedEventHdr         *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
+	UnusedEventKind        *ebpf.VariableSpec `ebpf:"unused_event_kind"`
+	UnusedEventType        *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedFdEvent          *ebpf.VariableSpec `ebpf:"unused_fd_event"`
+	UnusedNcclEvent        *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
+	UnusedProcEvent        *ebpf.VariableSpec `ebpf:"unused_proc_event"`
+	UnusedProcFlags        *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
+	UnusedPyFlags          *ebpf.VariableSpec `ebpf:"unused_py_flags"`
+	UnusedPyOffsets        *ebpf.VariableSpec `ebpf:"unused_py_offsets"`
+	UnusedPyStackEvent     *ebpf.VariableSpec `ebpf:"unused_py_stack_event"`
+	UnusedPyStat           *ebpf.VariableSpec `ebpf:"unused_py_stat"`
+	UnusedSchedEvent       *ebpf.VariableSpec `ebpf:"unused_sched_event"`
+	UnusedSchedFlags       *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
+	UnusedShortKey         *ebpf.VariableSpec `ebpf:"unused_short_key"`
+	UnusedSyscallClass     *ebpf.VariableSpec `ebpf:"unused_syscall_class"`
+	UnusedSyscallClassBits *ebpf.VariableSpec `ebpf:"unused_syscall_class_bits"`
+	UnusedSyscallEvent     *ebpf.VariableSpec `ebpf:"unused_syscall_event"`
+	UnusedSyscallPathEvent *ebpf.VariableSpec `ebpf:"unused_syscall_path_event"`
+	WakeupBytes            *ebpf.VariableSpec `ebpf:"wakeup_bytes"`
 }
 
 // syscallsObjects contains all objects after they have been loaded into the kernel.
@@ -331,28 +350,30 @@ func (m *syscallsMaps) Close() error {
 //
 // It can be passed to loadSyscallsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type syscallsVariables struct {
-	NullProbes         *ebpf.Variable `ebpf:"null_probes"`
-	PidnsInum          *ebpf.Variable `ebpf:"pidns_inum"`
-	PidnsLevelSeen     *ebpf.Variable `ebpf:"pidns_level_seen"`
-	ThresholdNs        *ebpf.Variable `ebpf:"threshold_ns"`
-	UnusedCudaEvent    *ebpf.Variable `ebpf:"unused_cuda_event"`
-	UnusedEventHdr     *ebpf.Variable `ebpf:"unused_event_hdr"`
-	UnusedEventKind    *ebpf.Variable `ebpf:"unused_event_kind"`
-	UnusedEventType    *ebpf.Variable `ebpf:"unused_event_type"`
-	UnusedFdEvent      *ebpf.Variable `ebpf:"unused_fd_event"`
-	UnusedNcclEvent    *ebpf.Variable `ebpf:"unused_nccl_event"`
-	UnusedProcEvent    *ebpf.Variable `ebpf:"unused_proc_event"`
-	UnusedProcFlags    *ebpf.Variable `ebpf:"unused_proc_flags"`
-	UnusedPyFlags      *ebpf.Variable `ebpf:"unused_py_flags"`
-	UnusedPyOffsets    *ebpf.Variable `ebpf:"unused_py_offsets"`
-	UnusedPyStackEvent *ebpf.Variable `ebpf:"unused_py_stack_event"`
-	UnusedPyStat       *ebpf.Variable `ebpf:"unused_py_stat"`
-	UnusedSchedEvent   *ebpf.Variable `ebpf:"unused_sched_event"`
-	UnusedSchedFlags   *ebpf.Variable `ebpf:"unused_sched_flags"`
-	UnusedShortKey     *ebpf.Variable `ebpf:"unused_short_key"`
-	UnusedSyscallClass *ebpf.Variable `ebpf:"unused_syscall_class"`
-	UnusedSyscallEvent *ebpf.Variable `ebpf:"unused_syscall_event"`
-	WakeupBytes        *ebpf.Variable `ebpf:"wakeup_bytes"`
+	NullProbes             *ebpf.Variable `ebpf:"null_probes"`
+	PidnsInum              *ebpf.Variable `ebpf:"pidns_inum"`
+	PidnsLevelSeen         *ebpf.Variable `ebpf:"pidns_level_seen"`
+	ThresholdNs            *ebpf.Variable `ebpf:"threshold_ns"`
+	UnusedCudaEvent        *ebpf.Variable `ebpf:"unused_cuda_event"`
+	UnusedEventHdr         *ebpf.Variable `ebpf:"unused_event_hdr"`
+	UnusedEventKind        *ebpf.Variable `ebpf:"unused_event_kind"`
+	UnusedEventType        *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedFdEvent          *ebpf.Variable `ebpf:"unused_fd_event"`
+	UnusedNcclEvent        *ebpf.Variable `ebpf:"unused_nccl_event"`
+	UnusedProcEvent        *ebpf.Variable `ebpf:"unused_proc_event"`
+	UnusedProcFlags        *ebpf.Variable `ebpf:"unused_proc_flags"`
+	UnusedPyFlags          *ebpf.Variable `ebpf:"unused_py_flags"`
+	UnusedPyOffsets        *ebpf.Variable `ebpf:"unused_py_offsets"`
+	UnusedPyStackEvent     *ebpf.Variable `ebpf:"unused_py_stack_event"`
+	UnusedPyStat           *ebpf.Variable `ebpf:"unused_py_stat"`
+	UnusedSchedEvent       *ebpf.Variable `ebpf:"unused_sched_event"`
+	UnusedSchedFlags       *ebpf.Variable `ebpf:"unused_sched_flags"`
+	UnusedShortKey         *ebpf.Variable `ebpf:"unused_short_key"`
+	UnusedSyscallClass     *ebpf.Variable `ebpf:"unused_syscall_class"`
+	UnusedSyscallClassBits *ebpf.Variable `ebpf:"unused_syscall_class_bits"`
+	UnusedSyscallEvent     *ebpf.Variable `ebpf:"unused_syscall_event"`
+	UnusedSyscallPathEvent *ebpf.Variable `ebpf:"unused_syscall_path_event"`
+	WakeupBytes            *ebpf.Variable `ebpf:"wakeup_bytes"`
 }
 
 // syscallsPrograms contains all programs after they have been loaded into the kernel.

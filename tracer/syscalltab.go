@@ -22,6 +22,22 @@ type tracedSyscall struct {
 	class uint32
 }
 
+// pathArgs: the calls that name their file by a path, not by an fd, and
+// which argument (1-based) holds it: the new name of a rename.
+var pathArgs = map[int]uint32{
+	unix.SYS_RENAME:    2,
+	unix.SYS_RENAMEAT:  4,
+	unix.SYS_RENAMEAT2: 4,
+	unix.SYS_UNLINK:    1,
+	unix.SYS_UNLINKAT:  2,
+	unix.SYS_TRUNCATE:  1,
+}
+
+// mapValue is the syscall's entry in the programs' syscall_classes map.
+func (s tracedSyscall) mapValue() uint32 {
+	return s.class | pathArgs[s.nr]<<uint32(syscallsSyscallClassBitsSC_PATH_SHIFT)
+}
+
 // tracedSyscalls lists what a blocked training thread may be doing, by class.
 // Numbers come from x/sys/unix for the architecture being built.
 var tracedSyscalls = []tracedSyscall{
@@ -34,6 +50,18 @@ var tracedSyscalls = []tracedSyscall{
 	{"pwrite64", unix.SYS_PWRITE64, uint32(event.SysWrite)},
 	{"writev", unix.SYS_WRITEV, uint32(event.SysWrite)},
 	{"pwritev2", unix.SYS_PWRITEV2, uint32(event.SysWrite)}, // CPython's os.pwritev
+	// Writing a file's name: saving to a temporary file and renaming it
+	// over the checkpoint (os.replace), removing an old one, truncating.
+	// On ext4 and XFS a rename that replaces a file, or an unlink, frees
+	// the old file's blocks within the call: milliseconds for a checkpoint.
+	{"rename", unix.SYS_RENAME, uint32(event.SysWrite)},
+	{"renameat", unix.SYS_RENAMEAT, uint32(event.SysWrite)},
+	{"renameat2", unix.SYS_RENAMEAT2, uint32(event.SysWrite)},
+	{"unlink", unix.SYS_UNLINK, uint32(event.SysWrite)},
+	{"unlinkat", unix.SYS_UNLINKAT, uint32(event.SysWrite)},
+	{"truncate", unix.SYS_TRUNCATE, uint32(event.SysWrite)},
+	{"ftruncate", unix.SYS_FTRUNCATE, uint32(event.SysWrite)},
+	{"fallocate", unix.SYS_FALLOCATE, uint32(event.SysWrite)},
 	{"fsync", unix.SYS_FSYNC, uint32(event.SysFsync)},
 	{"fdatasync", unix.SYS_FDATASYNC, uint32(event.SysFsync)},
 	{"sendto", unix.SYS_SENDTO, uint32(event.SysNet)},

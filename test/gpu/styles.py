@@ -124,13 +124,18 @@ class Logger(threading.Thread):
 
 
 def save_checkpoint(model, opt, path):
+    """Saves to a temporary file, fsyncs, renames it over path; returns when each part ended."""
     d = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".ckpt-")
     with os.fdopen(fd, "wb") as f:
         torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, f)
         f.flush()
+        saved = MONO()
         os.fsync(f.fileno())
+        synced = MONO()
+    closed = MONO()
     os.replace(tmp, path)
+    return {"saved": saved, "synced": synced, "closed": closed, "replaced": MONO()}
 
 
 def main():
@@ -192,9 +197,9 @@ def main():
                 print(f"step {i} loss {loss.item():.4f}", flush=True)
             if a.ckpt_every and i >= a.warmup and (i + 1) % a.ckpt_every == 0:
                 c0 = MONO()
-                save_checkpoint(model, opt, ckpt)
+                parts = save_checkpoint(model, opt, ckpt)
                 truth.append({"type": "stall", "step": i - a.warmup + 1, "cause": "checkpoint", "start": c0,
-                              "end": MONO(), "tid": tid})
+                              "end": MONO(), "tid": tid, "parts": parts})
             step_done(i, s0)
     elif a.style == "accum":
         vocab, seq, micro = 2000, 128, 4

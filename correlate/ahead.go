@@ -22,6 +22,11 @@ type aheadCand struct {
 	// exact (lite): the feeder had not run since its queue drained, so
 	// the host alone bounds the idle over [lo, hi] (no window caps it).
 	exact bool
+	// await (a preemption lite placed by its ramp, rampQ after its start
+	// pstart): the feeder's next sync says better what the queue held
+	// (settlePreempted); the candidate waits for it.
+	await         bool
+	pstart, rampQ int64
 }
 
 // onBlocking notes a feeder that blocked while its queue held work: the
@@ -67,6 +72,11 @@ func (p *proc) resolveAhead(x env, force bool) {
 	k := 0
 	for _, c := range p.cands {
 		// A device that never sent windows will not start now: no wait.
+		if c.await && !force && x.clk.now < c.hi+holdMax {
+			p.cands[k] = c
+			k++
+			continue
+		}
 		if force || d.maxEnd == 0 || d.maxEnd >= c.hi || x.clk.now >= c.hi+holdMax {
 			p.resolveCand(x, c)
 			continue

@@ -122,7 +122,11 @@
 //     wait or a block outside any call of D that starts after τ of running
 //     time, while the queue holds Q = depth·min(τ/lead, 1) < D, is idle
 //     from its start + Q to its end (the feeder enqueues as soon as it
-//     runs), capped by the windows' idle, labelled by the thread's
+//     runs); Q is at most the usual wait (depth) less the wait of the
+//     feeder's next sync, which waits for what was enqueued after the
+//     preemption less what the GPU ran of its queue meanwhile (a feeder
+//     preempted between steps, before it launched, waits as long as ever:
+//     Q = 0); capped by the windows' idle, labelled by the thread's
 //     timeline (a run-queue wait is cpu.contention), Evidence.Source
 //     "host+gpu". A launch-bound loop thus loses the GPU for every
 //     preemption, while a GPU-bound loop (syncs that wait for most of the

@@ -160,12 +160,16 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 		return
 	}
 	waited := ev.Duration() > x.set.syncWaited
-	p.waits.push(max(ev.Duration()-th.runnable(ev.Start, ev.End), 0))
+	wait := max(ev.Duration()-th.runnable(ev.Start, ev.End), 0)
+	p.waits.push(wait)
+	p.settlePreempted(x, th.tid, ev.Start, wait)
 	if p.gap != nil {
 		switch {
 		case x.liteOver(p.gap.start, ev.Start):
 			// Launches are invisible in lite: the sync says work resumed.
+			p.closeWait = wait
 			p.closeGap(x, th, ev.Start)
+			p.closeWait = -1
 		case waited:
 			// The GPU had work the tracer did not show (lost events): the
 			// open gap is not trustworthy.
@@ -293,11 +297,40 @@ func (p *proc) preempted(x env, th *thread, from, launch, t int64) {
 		if tau := max(ev.Start-launch-th.stopped(launch, ev.Start), 0); lead > 0 && tau < lead {
 			q = int64(float64(depth) * float64(tau) / float64(lead))
 		}
-		lo := ev.Start + q
-		if ev.End-lo < x.set.minGap {
+		c := aheadCand{tid: th.tid, hi: ev.End, preempt: true}
+		switch {
+		case p.closeWait >= 0:
+			q = min(q, queuedBefore(depth, p.closeWait))
+		case q > 0 && ev.End-ev.Start >= x.set.minGap:
+			c.await, c.pstart, c.rampQ = true, ev.Start, q
+		}
+		c.lo = ev.Start + q
+		if !c.await && ev.End-c.lo < x.set.minGap {
 			continue
 		}
-		p.cands = append(p.cands, aheadCand{tid: th.tid, lo: lo, hi: ev.End, preempt: true})
+		p.cands = append(p.cands, c)
+	}
+}
+
+// queuedBefore bounds what a feeder's queue held when it was preempted by
+// the wait of its next sync: that sync waits for what the feeder enqueued
+// after the preemption, less what the GPU ran of its queue meanwhile, so
+// its wait short of the usual one (depth) is the most the queue held. A
+// feeder preempted before it launched anything (between steps) waits as
+// long as ever.
+func queuedBefore(depth, wait int64) int64 { return max(depth-wait, 0) }
+
+// settlePreempted places the preemptions of tid that waited for a sync
+// (preempted) now that its next sync, starting at t, waited wait.
+func (p *proc) settlePreempted(x env, tid uint32, t, wait int64) {
+	depth := p.waits.high(waitRecent)
+	for i := range p.cands {
+		c := &p.cands[i]
+		if !c.await || c.tid != tid || t < c.hi {
+			continue
+		}
+		c.await = false
+		c.lo = c.pstart + min(c.rampQ, queuedBefore(depth, wait))
 	}
 }
 

@@ -366,3 +366,39 @@ func TestCheckpointRenameIsWriting(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckpointPageFaultsStayInItsGap: on a machine short of memory the
+// save pages its own code back in, before its file's open or after its
+// fsync (8 ms blocked on a mapped file, outside any call). The fault is
+// part of the operation's gap, not a gap of its own: lite, which cannot
+// tell a fault inside a launch loop from one in a stall, takes it as the
+// episode's activity.
+func TestCheckpointPageFaultsStayInItsGap(t *testing.T) {
+	fault := func(s *gpuSim) { s.block(event.Event{Kind: event.KindOffCPU, Path: "/usr/bin/python3.12"}, 8*ms) }
+	for _, lite := range []bool{false, true} {
+		for _, after := range []bool{false, true} {
+			name := map[bool]string{false: "full", true: "lite"}[lite] + map[bool]string{false: "/before the open", true: "/after the fsync"}[after]
+			t.Run(name, func(t *testing.T) {
+				gaps, stalls, _ := runEpisodes(t, lite, func(s *gpuSim) {
+					if !after {
+						fault(s)
+					}
+					checkpoint(s, 12)
+					if after {
+						fault(s)
+					}
+				})
+				if len(gaps) != len(stalls) {
+					t.Fatalf("%d gaps ≥ 1 ms, want one per checkpoint (%d): %+v", len(gaps), len(stalls), gaps)
+				}
+				for i, g := range gaps {
+					st := stalls[i]
+					if g.Start > st[0] || g.End < st[1] || g.Cause != CauseIOWrite || g.Breakdown[CauseIORead] != 8*ms {
+						t.Errorf("gap %d: [%d, %d] %s %v, want io.write over [%d, %d] with the 8 ms fault as io.read",
+							i, g.Start-t0, g.End-t0, g.Cause, g.Breakdown, st[0]-t0, st[1]-t0)
+					}
+				}
+			})
+		}
+	}
+}

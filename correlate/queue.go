@@ -235,13 +235,20 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 }
 
 // inferEnd (lite) is where the gap most likely ended: the end of th's last
-// blocking activity inside the gap before t.
-func (p *proc) inferEnd(th *thread, start, t int64) int64 {
+// blocking activity inside the gap before t. In a host operation's gap
+// (episode: torch.save) a fault on a mapped file counts as its activity:
+// the operation pages in its own code and data, where a fault in a step's
+// launch loop says nothing.
+func (p *proc) inferEnd(th *thread, start, t int64, episode bool) int64 {
 	var end int64
 	for i := len(th.tl) - 1; i >= 0; i-- {
 		ev := &th.tl[i]
 		if ev.End <= start {
 			break
+		}
+		if episode && ev.Kind == event.KindOffCPU && ev.Path != "" && ev.End <= t {
+			end = max(end, ev.End)
+			continue
 		}
 		// A preemption (or a thread blocked outside any call: a page
 		// fault) says nothing about when launches resumed: it lands as
@@ -346,7 +353,7 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 		p.leads.push(t - g.start - th.stopped(g.start, t))
 		p.wallLeads.push(t - g.start)
 	case x.liteOver(g.start, t):
-		end = p.inferEnd(th, g.start, t)
+		end = p.inferEnd(th, g.start, t, g.ep != nil && g.ep.bulk)
 		from := max(g.start, end)
 		if end <= g.start {
 			// A feeder that has not run since its sync found the queue

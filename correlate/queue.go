@@ -162,7 +162,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	waited := ev.Duration() > x.set.syncWaited
 	wait := max(ev.Duration()-th.runnable(ev.Start, ev.End), 0)
 	p.waits.push(wait)
-	p.settlePreempted(x, th.tid, ev.Start, wait)
+	p.settlePreempted(th.tid, ev.Start, wait)
 	if p.gap != nil {
 		switch {
 		case x.liteOver(p.gap.start, ev.Start):
@@ -329,7 +329,7 @@ func queuedBefore(depth, wait int64) int64 { return max(depth-wait, 0) }
 
 // settlePreempted places the preemptions of tid that waited for a sync
 // (preempted) now that its next sync, starting at t, waited wait.
-func (p *proc) settlePreempted(x env, tid uint32, t, wait int64) {
+func (p *proc) settlePreempted(tid uint32, t, wait int64) {
 	depth := p.waits.high(waitRecent)
 	for i := range p.cands {
 		c := &p.cands[i]

@@ -244,8 +244,6 @@ func (p *proc) release(x env) {
 // checkpoint cost; the evidence keeps the plain split.
 func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cause, *EpisodeEvidence) {
 	e := &EpisodeEvidence{Copies: ep.copies, CopyBytes: ep.bytes}
-	type span struct{ first, last, ns int64 }
-	files := map[string]*span{}
 	segs := th.segments(a, b, nil)
 	for _, s := range segs {
 		ev := s.ev
@@ -259,26 +257,16 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 			// one: part of writing, but not the file whose writes
 			// bound the operation (below).
 			e.WriteNS += s.b - s.a
-		case ev.Kind == event.KindSyscall && isFile(ev) && (ev.Syscall == event.SysWrite || ev.Syscall == event.SysFsync):
+		case writesFile(ev):
 			if ev.Syscall == event.SysFsync {
 				e.FsyncNS += s.b - s.a
 			} else {
 				e.WriteNS += s.b - s.a
 			}
-			f := files[ev.Path]
-			if f == nil {
-				f = &span{first: s.a}
-				files[ev.Path] = f
-			}
-			f.last, f.ns = s.b, f.ns+s.b-s.a
 		}
 	}
-	var best *span
-	for path, f := range files {
-		if best == nil || f.ns > best.ns || f.ns == best.ns && path < e.File {
-			best, e.File = f, path
-		}
-	}
+	var best *fileSpan
+	e.File, best = writtenFile(th, a, segs)
 	// The thread's own calls: a write of ev counts once however many
 	// segments it was split into.
 	seen := map[*event.Event]bool{}
@@ -301,10 +289,6 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 	// last write, by cause; they stay what they were.
 	outside := map[Cause]int64{}
 	if best != nil {
-		if at, ok := th.openedAt(e.File, a, best.first); ok {
-			best.first = at
-		}
-		best.last = pathOpsAfter(segs, best.last)
 		for _, s := range segs {
 			lo, hi := max(s.a, best.first), min(s.b, best.last)
 			if s.ev != nil && s.ev.Kind != event.KindRunqueue {
@@ -315,8 +299,7 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 			if hi <= lo {
 				continue
 			}
-			if ev := s.ev; ev != nil && (ev.Kind == event.KindRunqueue ||
-				ev.Kind == event.KindSyscall && isFile(ev) && (ev.Syscall == event.SysWrite || ev.Syscall == event.SysFsync)) {
+			if ev := s.ev; ev != nil && (ev.Kind == event.KindRunqueue || writesFile(ev)) {
 				continue
 			}
 			within += hi - lo
@@ -363,6 +346,77 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 		}
 	}
 	return dom, e
+}
+
+// writesFile says whether ev is a write or fsync of a file.
+func writesFile(ev *event.Event) bool {
+	return ev.Kind == event.KindSyscall && isFile(ev) && (ev.Syscall == event.SysWrite || ev.Syscall == event.SysFsync)
+}
+
+// fileSpan is where a host operation wrote one file: from the file's open
+// (or its first write) to its last write, fsync, or the rename or unlink
+// after them; ns is the time in its writes and fsyncs.
+type fileSpan struct{ first, last, ns int64 }
+
+// writtenFile is the file the thread spent longest writing and fsyncing
+// among segs (a gap from a), and where it wrote it; nil when it wrote none.
+func writtenFile(th *thread, a int64, segs []segment) (string, *fileSpan) {
+	files := map[string]*fileSpan{}
+	for _, s := range segs {
+		if ev := s.ev; ev != nil && !pathOp(ev) && writesFile(ev) {
+			f := files[ev.Path]
+			if f == nil {
+				f = &fileSpan{first: s.a}
+				files[ev.Path] = f
+			}
+			f.last, f.ns = s.b, f.ns+s.b-s.a
+		}
+	}
+	var path string
+	var best *fileSpan
+	for p, f := range files {
+		if best == nil || f.ns > best.ns || f.ns == best.ns && p < path {
+			best, path = f, p
+		}
+	}
+	if best == nil {
+		return "", nil
+	}
+	if at, ok := th.openedAt(path, a, best.first); ok {
+		best.first = at
+	}
+	best.last = pathOpsAfter(segs, best.last)
+	return path, best
+}
+
+// episodeSplit is where a checkpoint's gap [a, b) stops being the
+// checkpoint: the end of its file's span, when what follows holds at
+// least minGap of waits on something else (a lock, the next batch's
+// pageable copy, a read, the network) and is a gap itself. A host that
+// saves and then waits for another thread's lock has two causes back to
+// back, and one gap labelled by the larger would hide the other. 0 when
+// the gap is one operation.
+func episodeSplit(th *thread, a, b, minGap int64) int64 {
+	segs := th.segments(a, b, nil)
+	_, f := writtenFile(th, a, segs)
+	if f == nil || b-f.last < minGap {
+		return 0
+	}
+	var waits int64
+	for _, s := range segs {
+		if s.ev == nil || s.b <= f.last || s.ev.Kind == event.KindRunqueue || s.ev.Kind == event.KindOffCPU {
+			continue
+		}
+		switch baseCause(s.ev) {
+		case CauseCPU, CauseCPUContention, CauseIOWrite:
+			continue
+		}
+		waits += s.b - max(s.a, f.last)
+	}
+	if waits < minGap {
+		return 0
+	}
+	return f.last
 }
 
 // pathOpTail: the most host time between a file's last write and a rename

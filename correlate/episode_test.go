@@ -353,14 +353,21 @@ func TestCheckpointRenameIsWriting(t *testing.T) {
 				s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysPoll, Name: "poll", FD: -1}, 8*ms)
 				s.block(pathCall("unlink", "/ckpt/old.pt"), 3*ms)
 			})
-			if len(gaps) != len(stalls) {
-				t.Fatalf("%d gaps ≥ 1 ms, want one per checkpoint (%d)", len(gaps), len(stalls))
+			// The wait after the save is not writing: the save is one
+			// gap, the wait (and the unlink after it) another.
+			if len(gaps) != 2*len(stalls) {
+				t.Fatalf("%d gaps ≥ 1 ms, want two per checkpoint (%d)", len(gaps), len(stalls))
 			}
-			for i, g := range gaps {
-				st := stalls[i]
-				// The unlink is io.write on its own; the wait before it is not.
-				if w := g.Breakdown[CauseIOWrite]; w > st[1]-st[0]-8*ms+200*us || g.Breakdown[CauseOther] < 7*ms {
-					t.Errorf("gap %d: breakdown %v; the 8 ms wait after the save is not writing (stall %d ns)", i, g.Breakdown, st[1]-st[0])
+			for i, st := range stalls {
+				save, wait := gaps[2*i], gaps[2*i+1]
+				if save.Cause != CauseIOWrite || save.Start > st[0] || !near(save.End, st[1]-11*ms, 50*us) || save.Evidence.Episode == nil {
+					t.Errorf("stall %d: save gap [%d, %d] %s, want io.write from %d to the fsync's end %d",
+						i, save.Start-t0, save.End-t0, save.Cause, st[0]-t0, st[1]-11*ms-t0)
+				}
+				if wait.Start != save.End || wait.Cause != CauseOther || !near(wait.Breakdown[CauseOther], 8*ms, 50*us) ||
+					!near(wait.Breakdown[CauseIOWrite], 3*ms, 50*us) {
+					t.Errorf("stall %d: wait gap [%d, %d] %s %v, want other 8 ms then the unlink's 3 ms as io.write",
+						i, wait.Start-t0, wait.End-t0, wait.Cause, wait.Breakdown)
 				}
 			}
 		})
@@ -400,5 +407,42 @@ func TestCheckpointPageFaultsStayInItsGap(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestCheckpointThenLockIsTwoGaps: the host saves a checkpoint, then waits
+// 30 ms for a lock a sibling thread holds (a metrics thread holding the
+// GIL): two causes back to back in one stretch of idle. The save is one
+// io.write gap ending at its fsync, the wait a lock gap after it; one gap
+// labelled by the larger would hide the other.
+func TestCheckpointThenLockIsTwoGaps(t *testing.T) {
+	const sib = 4242
+	for _, lite := range []bool{false, true} {
+		name := map[bool]string{false: "full", true: "lite"}[lite]
+		t.Run(name, func(t *testing.T) {
+			var saved []int64
+			gaps, stalls, _ := runEpisodes(t, lite, func(s *gpuSim) {
+				// The sibling shows once (its name), then computes
+				// holding the lock.
+				s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t, End: s.t + 10*us,
+					Syscall: event.SysSleep, Name: "nanosleep", TaskComm: "bg-metrics"})
+				checkpoint(s, 12)
+				saved = append(saved, s.t)
+				s.t += 300 * us // the Python between the two
+				s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: sib}, 30*ms)
+			})
+			if len(gaps) != 2*len(stalls) {
+				t.Fatalf("%d gaps ≥ 1 ms, want two per stall (%d)", len(gaps), len(stalls))
+			}
+			for i, st := range stalls {
+				save, wait := gaps[2*i], gaps[2*i+1]
+				if save.Cause != CauseIOWrite || save.Start > st[0] || !near(save.End, saved[i], 50*us) {
+					t.Errorf("stall %d: save [%d, %d] %s, want io.write to the fsync's end %d", i, save.Start-t0, save.End-t0, save.Cause, saved[i]-t0)
+				}
+				if wait.Cause != CauseLock || wait.Start != save.End || wait.End < st[1] || wait.Breakdown[CauseLock] < 30*ms {
+					t.Errorf("stall %d: wait [%d, %d] %s %v, want lock to %d", i, wait.Start-t0, wait.End-t0, wait.Cause, wait.Breakdown, st[1]-t0)
+				}
+			}
+		})
 	}
 }

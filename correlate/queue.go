@@ -395,20 +395,36 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 	if end-g.start < x.set.minGap {
 		return
 	}
-	gap := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapIdle, Start: g.start, End: end, Duration: end - g.start}
-	at := newAttribution(x.w)
-	at.thread(th, g.start, end, nil)
-	gap.Cause, gap.Breakdown, gap.Evidence, gap.Ops = at.result()
-	if g.ep != nil && g.ep.bulk {
-		gap.Cause, gap.Evidence.Episode = episodeResult(th, g.start, end, g.ep, gap.Breakdown)
-		if o := at.stackOp(gap.Cause); o != nil {
-			gap.Evidence.Stack, gap.Evidence.StackTruncated = o.ev.Stack, o.ev.StackTruncated
+	build := func(a, b int64, ep *episode) Gap {
+		gap := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapIdle, Start: a, End: b, Duration: b - a}
+		at := newAttribution(x.w)
+		at.thread(th, a, b, nil)
+		gap.Cause, gap.Breakdown, gap.Evidence, gap.Ops = at.result()
+		if ep != nil {
+			gap.Cause, gap.Evidence.Episode = episodeResult(th, a, b, ep, gap.Breakdown)
+			if o := at.stackOp(gap.Cause); o != nil {
+				gap.Evidence.Stack, gap.Evidence.StackTruncated = o.ev.Stack, o.ev.StackTruncated
+			}
+		}
+		if gap.Evidence.Stack == nil && g.open != nil && a == g.start {
+			gap.Evidence.Stack, gap.Evidence.StackTruncated = g.open.Stack, g.open.StackTruncated
+		}
+		gap.Evidence.Source = "host"
+		gap.Evidence.Threads = append([]uint32(nil), p.feeders...)
+		return gap
+	}
+	if g.ep == nil || !g.ep.bulk {
+		p.emit(x, build(g.start, end, nil))
+		return
+	}
+	// A checkpoint followed by a wait on something else (a lock, the next
+	// batch's pageable copy) is two gaps: the save, then the wait.
+	if split := episodeSplit(th, g.start, end, x.set.minGap); split-g.start >= x.set.minGap {
+		if first := build(g.start, split, g.ep); first.Cause == CauseIOWrite {
+			p.emit(x, first)
+			p.emit(x, build(split, end, nil))
+			return
 		}
 	}
-	if gap.Evidence.Stack == nil && g.open != nil {
-		gap.Evidence.Stack, gap.Evidence.StackTruncated = g.open.Stack, g.open.StackTruncated
-	}
-	gap.Evidence.Source = "host"
-	gap.Evidence.Threads = append([]uint32(nil), p.feeders...)
-	p.emit(x, gap)
+	p.emit(x, build(g.start, end, g.ep))
 }

@@ -144,6 +144,11 @@ func scenarios() []scenario {
 		// sync, serialization and a write; then fsync (truth io.write).
 		{name: "checkpoint", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 40,
 			stalls: []stall{{cause: "checkpoint", every: 4, ms: 30}}},
+		// A checkpoint, then a wait for a lock a second thread holds (a
+		// metrics thread holding the GIL), back to back before the same
+		// step: two gaps, io.write then lock.
+		{name: "checkpoint-lock", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 40,
+			stalls: []stall{{cause: "checkpoint", every: 4, ms: 30}, {cause: "lock", every: 4, ms: 30}}},
 		// A few short kernels follow every step's last sync (GradScaler's
 		// update, an optimizer step after loss.item()): no sync says when
 		// the queue drained before the stall.

@@ -390,9 +390,9 @@ func writtenFile(th *thread, a int64, segs []segment) (string, *fileSpan) {
 }
 
 // episodeSplit is where a checkpoint's gap [a, b) stops being the
-// checkpoint: the end of its file's span, when what follows holds at
-// least minGap of waits on something else (a lock, the next batch's
-// pageable copy, a read, the network) and is a gap itself. A host that
+// checkpoint: the end of its file's span, when what follows is mostly,
+// and at least minGap of, waits on something else (a lock, the next
+// batch's pageable copy, a read, the network): a gap of its own. A host that
 // saves and then waits for another thread's lock has two causes back to
 // back, and one gap labelled by the larger would hide the other. 0 when
 // the gap is one operation.
@@ -413,7 +413,10 @@ func episodeSplit(th *thread, a, b, minGap int64) int64 {
 		}
 		waits += s.b - max(s.a, f.last)
 	}
-	if waits < minGap {
+	if waits < minGap || 2*waits < b-f.last {
+		// Host work with short waits between (the loop's bookkeeping
+		// after the save, the next batch's first copy) is no wait of its
+		// own: the gap stays one.
 		return 0
 	}
 	return f.last

@@ -71,12 +71,13 @@ func (p *proc) resolveAhead(x env, force bool) {
 	d := x.d
 	k := 0
 	for _, c := range p.cands {
-		// A device that never sent windows will not start now: no wait.
 		if c.await && !force && x.clk.now < c.hi+holdMax {
+			// Waiting for the feeder's next sync (settlePreempted).
 			p.cands[k] = c
 			k++
 			continue
 		}
+		// A device that never sent windows will not start now: no wait.
 		if force || d.maxEnd == 0 || d.maxEnd >= c.hi || x.clk.now >= c.hi+holdMax {
 			p.resolveCand(x, c)
 			continue

@@ -116,12 +116,8 @@ type proc struct {
 	// waits holds how long recent syncs waited for the GPU (their time
 	// less their run-queue waits): the work the queue held when the feeder
 	// stopped enqueueing, whether or not lite saw that work enqueued.
-	waits waitRing
-	// closeWait (lite) is what the sync closing the open gap waited for
-	// the GPU (less its run-queue time), -1 when the gap closes at other
-	// work: after a preemption, it says what the queue still held.
-	closeWait int64
-	shadow    leadShadow // auto: leads as lite would see them, during windows
+	waits  waitRing
+	shadow leadShadow // auto: leads as lite would see them, during windows
 	// burst is one thread's launches since the queue was last empty, and
 	// busyPerLaunch the recent steps' GPU time per launch (quiet.go).
 	burst         burst
@@ -190,14 +186,13 @@ func (p *proc) settled() bool {
 
 func newProc(pid uint32, dev int, t int64) *proc {
 	return &proc{
-		pid:       pid,
-		dev:       dev,
-		first:     t,
-		tids:      map[uint32]struct{}{},
-		streams:   map[uint64]*stream{},
-		base:      map[baseKey]*waitRing{},
-		st:        stepper{pid: pid, next: 1},
-		closeWait: -1,
+		pid:     pid,
+		dev:     dev,
+		first:   t,
+		tids:    map[uint32]struct{}{},
+		streams: map[uint64]*stream{},
+		base:    map[baseKey]*waitRing{},
+		st:      stepper{pid: pid, next: 1},
 	}
 }
 

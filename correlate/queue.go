@@ -162,14 +162,11 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	waited := ev.Duration() > x.set.syncWaited
 	wait := max(ev.Duration()-th.runnable(ev.Start, ev.End), 0)
 	p.waits.push(wait)
-	p.settlePreempted(th.tid, ev.Start, wait)
 	if p.gap != nil {
 		switch {
 		case x.liteOver(p.gap.start, ev.Start):
 			// Launches are invisible in lite: the sync says work resumed.
-			p.closeWait = wait
 			p.closeGap(x, th, ev.Start)
-			p.closeWait = -1
 		case waited:
 			// The GPU had work the tracer did not show (lost events): the
 			// open gap is not trustworthy.
@@ -177,6 +174,9 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 			p.gap = nil
 		}
 	}
+	// Preemptions before this sync, the gap it closed included: its wait
+	// says what their queue held.
+	p.settlePreempted(th.tid, ev.Start, wait)
 	pendingBefore := !p.allDrained()
 	coll, cref := p.drainStreams(ev)
 	if cref.c != nil {
@@ -304,14 +304,11 @@ func (p *proc) preempted(x env, th *thread, from, launch, t int64) {
 		if tau := max(ev.Start-launch-th.stopped(launch, ev.Start), 0); lead > 0 && tau < lead {
 			q = int64(float64(depth) * float64(tau) / float64(lead))
 		}
-		c := aheadCand{tid: th.tid, hi: ev.End, preempt: true}
-		switch {
-		case p.closeWait >= 0:
-			q = min(q, queuedBefore(depth, p.closeWait))
-		case q > 0 && ev.End-ev.Start >= x.set.minGap:
+		c := aheadCand{tid: th.tid, lo: ev.Start + q, hi: ev.End, preempt: true}
+		if q > 0 && ev.End-ev.Start >= x.set.minGap {
+			// The feeder's next sync says better what the queue held.
 			c.await, c.pstart, c.rampQ = true, ev.Start, q
 		}
-		c.lo = ev.Start + q
 		if !c.await && ev.End-c.lo < x.set.minGap {
 			continue
 		}

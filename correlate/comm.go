@@ -101,7 +101,7 @@ func (p *proc) judgeStall(x env, tid uint32, ev *event.Event, coll *CollectiveEv
 				rank := late.rank
 				c.LateRank = &rank
 			}
-			c.LatePID, c.LateByNS = late.pid, late.by
+			c.LatePID, c.LateByNS, c.LateSidecar = late.pid, late.by, late.from
 		}
 		g.Evidence = Evidence{Collective: &c, CUDACall: ev.CUDA.String(), BaselineNS: baseline,
 			Threads: append([]uint32(nil), p.feeders...), Source: "host"}

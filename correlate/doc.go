@@ -158,7 +158,10 @@
 // processes from their creation when it was seen, else from their
 // collectives (ranklink.go: the same sequence, collectives completing
 // together on every rank); a wait on one that may still be linked, or
-// whose peer's collective has not arrived, is held up to linkWait.
+// whose peer's collective has not arrived, is held up to linkWait. Ranks
+// traced by other sidecars of the job count as traced here once those
+// sidecars send what their engines keep of each communicator (peer.go:
+// Engine.Peer mirrors them, SetPeerOut reports this engine's own).
 //
 // # Steps
 //
@@ -270,6 +273,8 @@
 //	              numbers from the communicator's sequence
 //	ranklink.go   linking communicators whose creation was not seen, by
 //	              their collectives
+//	peer.go       communicators of other sidecars' processes, mirrored
+//	              from their records; this engine's own, reported
 //	emit.go       holding gaps until a step clock runs, delivering them to
 //	              their step
 //	steps.go      the step clock: sync signatures, period detection, fixed

@@ -103,6 +103,7 @@ func (e *Engine) SetRank(pid uint32, rank, size int) {
 	for k, c := range e.comms {
 		if k.pid == pid && c.inferred && c.group == nil {
 			c.rank, c.slot, c.ownRank, c.size = r.rank, r.rank, r.rank, r.size
+			e.own(c, true)
 		}
 	}
 }

@@ -69,6 +69,11 @@ type commInfo struct {
 	// size, stream): the k-th all-reduce of a bucket is the same on every
 	// rank, and numbers steps alike in separate sidecars (steps.go).
 	occ map[tokKey]int64
+	// handle is the ncclComm_t; tell, for a communicator of this engine's
+	// own processes, reports its changes to the job's other sidecars
+	// (peer.go).
+	handle uint64
+	tell   func(PeerRecord)
 }
 
 // issueRing bounds how far one rank may run ahead of another in issued
@@ -84,6 +89,9 @@ func (c *commInfo) issue(t, first int64, sig uint64) int64 {
 	c.issued[i], c.first[i], c.sig[i] = t, first, sig
 	c.done[i], c.doneFrom[i] = 0, 0
 	c.n++
+	if c.tell != nil {
+		c.tell(PeerRecord{Kind: PeerIssue, PID: c.pid, Comm: c.handle, Seq: c.n - 1, At: t, First: first, Sig: sig})
+	}
 	return c.n - 1
 }
 
@@ -100,6 +108,9 @@ func (c *commInfo) complete(seq, t, from int64) {
 	}
 	if i := seq % issueRing; c.done[i] == 0 || t < c.done[i] {
 		c.done[i], c.doneFrom[i] = t, from
+		if c.tell != nil {
+			c.tell(PeerRecord{Kind: PeerDone, PID: c.pid, Comm: c.handle, Seq: seq, At: t, From: from})
+		}
 	}
 }
 
@@ -115,7 +126,8 @@ func (c *commInfo) completedBy(seq int64) (int64, bool) {
 // issuedAt is the issue time of the seq-th collective and when the work it
 // ends began, if still held.
 func (c *commInfo) issuedAt(seq int64) (at, first int64, ok bool) {
-	if !c.held(seq) {
+	if !c.held(seq) || c.issued[seq%issueRing] == 0 {
+		// A mirrored communicator's record lost on the way is unknown.
 		return 0, 0, false
 	}
 	return c.issued[seq%issueRing], c.first[seq%issueRing], true
@@ -198,6 +210,7 @@ type collRef struct {
 type peerLate struct {
 	rank int32
 	pid  uint32
+	from string // the sidecar that traced it, when another one did
 	by   int64
 }
 
@@ -212,12 +225,13 @@ func (w *world) addComm(ev *event.Event) {
 	if w.comms == nil || len(w.comms) >= maxComms {
 		w.initComms()
 	}
-	c := &commInfo{ranks: int32(ev.Count), rank: ev.PeerRank, slot: ev.PeerRank, pid: ev.PID}
+	c := &commInfo{ranks: int32(ev.Count), rank: ev.PeerRank, slot: ev.PeerRank, pid: ev.PID, handle: ev.Comm}
 	k := commKey{pid: ev.PID, comm: ev.Comm}
 	if old := w.comms[k]; old != nil {
 		w.unlink(old)
 	}
 	w.comms[k] = c
+	w.own(c, false)
 	if c.ranks < 2 || c.rank < 0 || c.rank >= c.ranks {
 		return
 	}
@@ -242,6 +256,9 @@ func (w *world) addComm(ev *event.Event) {
 
 // live reports whether pid is a traced process that has not exited.
 func (w *world) live(pid uint32) bool {
+	if m := w.mirrors[pid]; m != nil {
+		return !m.gone
+	}
 	p := w.procs[pid]
 	return p != nil && p.exitedAt == 0
 }
@@ -264,8 +281,28 @@ func (w *world) unlink(c *commInfo) {
 	c.slot = c.rank
 }
 
+// own makes a communicator of this engine's own processes report its
+// changes to the job's other sidecars, starting with itself (again, when
+// again: its rank became known).
+func (w *world) own(c *commInfo, again bool) {
+	if w.peerOut == nil || w.mirrored(c.pid) {
+		return
+	}
+	c.tell = w.peerOut
+	r := PeerRecord{Kind: PeerComm, PID: c.pid, Comm: c.handle, Ranks: c.ranks, Rank: c.rank}
+	if c.inferred {
+		r.Ranks, r.Rank, r.Size, r.Inferred = 0, c.ownRank, c.size, true
+	}
+	if !again || c.inferred {
+		c.tell(r)
+	}
+}
+
 // forgetComms drops the communicators of a process that is gone.
 func (w *world) forgetComms(pid uint32) {
+	if w.peerOut != nil && !w.mirrored(pid) && w.hasComms(pid) {
+		w.peerOut(PeerRecord{Kind: PeerGone, PID: pid})
+	}
 	for k, c := range w.comms {
 		if k.pid == pid {
 			w.unlink(c)
@@ -328,11 +365,12 @@ func (w *world) inferComm(ev *event.Event) *commInfo {
 	if len(w.comms) >= maxComms {
 		return nil
 	}
-	c := &commInfo{rank: -1, slot: -1, ownRank: -1, pid: ev.PID, inferred: true}
+	c := &commInfo{rank: -1, slot: -1, ownRank: -1, pid: ev.PID, inferred: true, handle: ev.Comm}
 	if r, ok := w.rankOf[ev.PID]; ok {
 		c.rank, c.slot, c.ownRank, c.size = r.rank, r.rank, r.rank, r.size
 	}
 	w.comms[commKey{pid: ev.PID, comm: ev.Comm}] = c
+	w.own(c, false)
 	return c
 }
 
@@ -371,7 +409,7 @@ func (w *world) lateness(r collRef, end int64) (peerLate, bool) {
 			by = max(by, min(first-r.first, end-r.at))
 		}
 		if self || by > late.by {
-			late, self = peerLate{rank: m.rank, pid: m.pid, by: by}, false
+			late, self = peerLate{rank: m.rank, pid: w.realPID(m.pid), from: w.sidecarOf(m.pid), by: by}, false
 		}
 	}
 	return late, true
@@ -442,6 +480,11 @@ func (p *proc) settleVote(x env, force bool) bool {
 		}
 		g.prologue[c.slot] = v.sliver
 		for rank, m := range g.members {
+			if x.w.mirrored(m.pid) {
+				// Traced by another sidecar: the anchor numbers steps
+				// alike there (below).
+				continue
+			}
 			sliver, ok := g.prologue[rank]
 			if !ok {
 				// A rank that exited without a clock has no verdict.

@@ -31,12 +31,21 @@ type Call struct {
 	Device  *DeviceCall      `json:"device,omitempty"`
 	Rank    *RankCall        `json:"rank,omitempty"`
 	Probes  *ProbesCall      `json:"probes,omitempty"`
+	Peer    *PeerCall        `json:"peer,omitempty"`
 }
 
 // ProbesCall is a recorded ProbesLive (probe set auto's windows).
 type ProbesCall struct {
 	Full bool  `json:"full"`
 	At   int64 `json:"at"`
+}
+
+// PeerCall is records from another sidecar of the job (Engine.Peer), or
+// its leaving (Left).
+type PeerCall struct {
+	From string       `json:"from"`
+	Recs []PeerRecord `json:"recs,omitempty"`
+	Left bool         `json:"left,omitempty"`
 }
 
 // RecordHeader is the first line of a recording: what the engine was
@@ -117,6 +126,14 @@ func (r *Recorder) SetRank(pid uint32, rank, size int) {
 	r.put(Call{Rank: &RankCall{PID: pid, Rank: rank, Size: size}})
 }
 
+// Peer records an Engine.Peer call.
+func (r *Recorder) Peer(from string, recs []PeerRecord) {
+	r.put(Call{Peer: &PeerCall{From: from, Recs: recs}})
+}
+
+// PeerLeft records Engine.PeerLeft.
+func (r *Recorder) PeerLeft(from string) { r.put(Call{Peer: &PeerCall{From: from, Left: true}}) }
+
 // ProbesLive records an Engine.ProbesLive call.
 func (r *Recorder) ProbesLive(full bool, at int64) {
 	r.put(Call{Probes: &ProbesCall{Full: full, At: at}})
@@ -180,6 +197,10 @@ func Replay(cfg Config, sink Sink, calls []Call) Summary {
 			e.SetRank(c.Rank.PID, c.Rank.Rank, c.Rank.Size)
 		case c.Probes != nil:
 			e.ProbesLive(c.Probes.Full, c.Probes.At)
+		case c.Peer != nil && c.Peer.Left:
+			e.PeerLeft(c.Peer.From)
+		case c.Peer != nil:
+			e.Peer(c.Peer.From, c.Peer.Recs)
 		case c.Advance != 0:
 			e.Advance(c.Advance)
 			last = max(last, c.Advance)

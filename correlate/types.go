@@ -79,13 +79,17 @@ type CollectiveEvidence struct {
 	Stream    string  `json:"stream,omitempty"`
 	// LateRank, LatePID and LateByNS name the rank that issued the
 	// collective last and how much later than this rank it did, when the
-	// engine traced every rank of the communicator (one gaptrace for the
-	// job's processes): the wait is comm for that long. LateRank is nil
+	// engine saw every rank of the communicator (one gaptrace for the
+	// job's processes, or sidecars exchanging their ranks' timelines with
+	// --peers): the wait is comm for that long. LateRank is nil
 	// where that process's rank is unknown (a communicator linked by its
 	// collectives, no RANK in the environment): LatePID still names it.
 	LateRank *int32 `json:"late_rank,omitempty"`
 	LatePID  uint32 `json:"late_pid,omitempty"`
 	LateByNS int64  `json:"late_by_ns,omitempty"`
+	// LateSidecar names the sidecar that traced the late rank when it was
+	// not this one (--peers): LatePID is that rank's pid there.
+	LateSidecar string `json:"late_sidecar,omitempty"`
 }
 
 // Evidence is what a user can check to believe a gap's cause.

@@ -31,6 +31,13 @@ type world struct {
 	// linked from their collectives and then disagreed (ranklink.go).
 	rankOf  map[uint32]procRank
 	refuted map[pidPair]bool
+	// peerOut takes the changes to this engine's communicators for the
+	// other sidecars of the job; mirrors are the processes those traced,
+	// by the pid that stands for them here (peer.go).
+	peerOut    func(PeerRecord)
+	mirrorOf   map[mirrorKey]uint32
+	mirrors    map[uint32]*mirror
+	nextMirror uint32
 }
 
 // procRank is a process's rank and its job's size (0: unknown), as its

@@ -140,6 +140,11 @@ func envFirst(names ...string) string {
 	return ""
 }
 
+// JobID is the job ID spans and metrics carry: cfg, else the first of
+// TORCHELASTIC_RUN_ID, SLURM_JOB_ID and K8S_JOB_NAME set in gaptrace's
+// environment ("" when none is).
+func JobID(cfg string) string { return resolveJobID(cfg) }
+
 // resolveJobID returns the job ID from the config or the environment.
 func resolveJobID(cfg string) string {
 	if cfg != "" {

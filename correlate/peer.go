@@ -196,13 +196,6 @@ func (w *world) peer(from string, r *PeerRecord) {
 	}
 }
 
-// tell reports a change to a communicator of this engine's own processes.
-func (w *world) tell(r PeerRecord) {
-	if w.peerOut != nil {
-		w.peerOut(r)
-	}
-}
-
 // sidecarOf names the sidecar that traces a mirrored process ("" for this
 // engine's own).
 func (w *world) sidecarOf(pid uint32) string {

@@ -160,7 +160,7 @@ func labelsMatch(sel, labels map[string]string) bool {
 
 func TestHelmSidecarSnippet(t *testing.T) {
 	out, stderr, ok := render(t, "mode=sidecar", `match=python.*train\\.py` /* --set unescapes once */, "otlp.metricsExporter=none",
-		"otlp.resourceAttributes=team=ml", "jobID=resnet-42")
+		"otlp.resourceAttributes=team=ml", "jobID=resnet-42", "peers=resnet-42-worker-0:29601")
 	if !ok {
 		t.Fatalf("helm template: %s", stderr)
 	}
@@ -198,6 +198,9 @@ func TestHelmSidecarSnippet(t *testing.T) {
 	}
 	if i := slices.Index(c.Args, "--job-id"); i < 0 || c.Args[i+1] != "resnet-42" {
 		t.Errorf("args %v: want --job-id resnet-42", c.Args)
+	}
+	if i := slices.Index(c.Args, "--peers"); i < 0 || c.Args[i+1] != "resnet-42-worker-0:29601" {
+		t.Errorf("args %v: want --peers resnet-42-worker-0:29601", c.Args)
 	}
 	for env, want := range map[string]string{
 		"OTEL_METRICS_EXPORTER":    "none",

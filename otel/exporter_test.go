@@ -695,3 +695,29 @@ func TestLatePIDWithoutRank(t *testing.T) {
 	}
 	t.Fatal("no gpu.idle span")
 }
+
+// A late rank traced by another sidecar of the job (--peers) is named with
+// that sidecar.
+func TestLateSidecar(t *testing.T) {
+	clearEnv(t)
+	path := filepath.Join(t.TempDir(), "spans.jsonl")
+	x, err := otel.New(context.Background(), otel.Config{Rank: 0, JobID: "j", SpansFile: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, gaps := synth{pid: 100, t0: time.Now().UnixNano()}.step(3) // comm
+	gaps[0].Evidence.Collective.LateSidecar = "worker-1/rank1/7"
+	x.Gap(gaps[0])
+	x.Step(st)
+	shutdown(t, x)
+	for _, s := range readSpansFile(t, path) {
+		if s.Name != otel.SpanGap {
+			continue
+		}
+		if s.Attributes["gpu.collective.late_sidecar"] != "worker-1/rank1/7" || fmt.Sprint(s.Attributes["gpu.collective.late_rank"]) != "1" {
+			t.Errorf("late attributes of a stall on a rank another sidecar traces: %v", s.Attributes)
+		}
+		return
+	}
+	t.Fatal("no gpu.idle span")
+}

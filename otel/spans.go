@@ -409,6 +409,9 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		if c.LatePID != 0 {
 			a = append(a, attribute.Int64("gpu.collective.late_pid", int64(c.LatePID)))
 		}
+		if c.LateSidecar != "" {
+			a = append(a, attribute.String("gpu.collective.late_sidecar", c.LateSidecar))
+		}
 	}
 	if ev.SMActivity != nil {
 		a = append(a, attribute.Float64("gpu.gap.sm_activity", *ev.SMActivity))

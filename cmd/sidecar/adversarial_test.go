@@ -528,6 +528,8 @@ func TestBadSettingsRefusedBeforeLoading(t *testing.T) {
 		{args: endpoint, env: []string{"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT=abc"}, says: "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"},
 		{args: endpoint, env: []string{"OTEL_EXPORTER_OTLP_METRICS_INSECURE=maybe"}, says: "OTEL_EXPORTER_OTLP_METRICS_INSECURE"},
 		{env: []string{"GAPTRACE_PROBES="}, says: "$GAPTRACE_PROBES: empty value"},
+		{args: []string{"--peers", "127.0.0.1:29601"}, says: "--peers 127.0.0.1:29601 needs --job-id"},
+		{args: []string{"--peers", "node0", "--job-id", "j"}, says: `--peers "node0": want HOST:PORT`},
 	})
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/cli"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/peers"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/workload"
 	"github.com/gaptrace/gaptrace/correlate"
@@ -73,6 +74,10 @@ type pipeline struct {
 	autoCost autoCost
 
 	detachDelay time.Duration // detachDelayEnv
+
+	// peers: the exchange with the job's other sidecars (--peers), nil
+	// when off.
+	peers *peers.Exchange
 }
 
 // withWorkload names the container, pod and rank of each gap's and step's
@@ -166,6 +171,8 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		p.detachDelay = d
 	}
 
+	// config refuses --peers without a job ID.
+	job := otel.JobID(cfg.JobID)
 	if cfg.WindowsOut != "" {
 		ww, err := newWindowsWriter(cfg.WindowsOut, log)
 		if err != nil {
@@ -279,6 +286,16 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		sinks = append(sinks, autoSink{p.auto})
 	}
 	p.eng = correlate.New(ccfg, withWorkload{sinks, p.work})
+	if cfg.Peers != "" {
+		x, err := peers.Start(ctx, peers.Config{Addr: cfg.Peers, Job: job, ID: sidecarID(cfg.Rank), Log: pc.Logger})
+		if err != nil {
+			_ = p.tr.Close() // reporting the exchange's error
+			p.closeGPU()
+			return nil, err
+		}
+		p.peers = x
+		p.eng.SetPeerOut(x.Send)
+	}
 	if p.auto != nil {
 		p.probesLive(true, autoOn.At)
 		log.Debug("auto: per-launch probes attached", "at", autoOn.At, "reason", "start")
@@ -463,6 +480,10 @@ func (p *pipeline) Run(ctx context.Context) error {
 	} else {
 		gcancel()
 	}
+	var fromPeers <-chan peers.Batch
+	if p.peers != nil {
+		fromPeers = p.peers.Recv()
+	}
 	advance := time.NewTicker(advanceEvery)
 	defer advance.Stop()
 	lastSnap, lastDev := time.Time{}, time.Time{}
@@ -492,6 +513,12 @@ func (p *pipeline) Run(ctx context.Context) error {
 			p.log.Log(ctx, lvl, "GPU health changed: "+f.Detail, "device", f.Device, "check", f.Check, "fix", f.Fix)
 		case tg := <-p.toggles:
 			p.toggled(tg)
+		case b, ok := <-fromPeers:
+			if !ok {
+				fromPeers = nil
+				continue
+			}
+			p.peerBatch(b)
 		case now := <-advance.C:
 			at := now.UnixNano()
 			if trDone != nil {
@@ -551,6 +578,35 @@ func (p *pipeline) Run(ctx context.Context) error {
 	}
 }
 
+// peerBatch hands another sidecar's records, or its leaving, to the engine.
+func (p *pipeline) peerBatch(b peers.Batch) {
+	if b.Left {
+		if p.rec != nil {
+			p.rec.PeerLeft(b.From)
+		}
+		p.eng.PeerLeft(b.From)
+		return
+	}
+	if p.rec != nil {
+		p.rec.Peer(b.From, b.Recs)
+	}
+	p.eng.Peer(b.From, b.Recs)
+}
+
+// sidecarID names this sidecar to the job's others: the host (a pod's
+// name), the rank where known, and the pid, which tells two sidecars of
+// one host apart.
+func sidecarID(rank int) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	if rank >= 0 {
+		return fmt.Sprintf("%s/rank%d/%d", host, rank, os.Getpid())
+	}
+	return fmt.Sprintf("%s/%d", host, os.Getpid())
+}
+
 func (p *pipeline) window(w event.GPUWindow) {
 	if p.rec != nil {
 		p.rec.Window(&w)
@@ -583,6 +639,14 @@ func (p *pipeline) Close(ctx context.Context, detachBy time.Time) (correlate.Sum
 	t0 := time.Now()
 	now := time.Now().UnixNano()
 	sum := p.eng.Close(now)
+	if p.peers != nil {
+		st := p.peers.Stats()
+		p.log.Info("peer exchange", "role", st.Role, "peers", st.Peers, "sent", st.Sent, "received", st.Received,
+			"dropped", st.Dropped, "clock_offset_us", st.OffsetNS/1000)
+		if err := p.peers.Close(); err != nil {
+			p.log.Warn("close the peer exchange", "err", err)
+		}
+	}
 	if p.rec != nil {
 		err := p.rec.Close(now)
 		var we *safefile.WriteError

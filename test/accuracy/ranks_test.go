@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,9 +51,39 @@ func TestRanksCreatedUnseen(t *testing.T) {
 	})
 }
 
+// TestRanksSidecarPerRank: the same job with one gaptrace per rank (a
+// sidecar per pod), the two exchanging their ranks' collectives through
+// --peers. Neither sees the other rank's process, yet rank 0's stalls must
+// cover ≥ 0.9 of its wait on rank 1 from the first scored steps and name
+// rank 1 and its sidecar, as one gaptrace for both does.
+//
+// attach: each sidecar attaches to its rank after the communicators were
+// created (RANK and WORLD_SIZE in the environment), so they are linked by
+// their collectives across the two sidecars.
+func TestRanksSidecarPerRank(t *testing.T) {
+	t.Run("run", func(t *testing.T) {
+		runRanks(t, ranksCase{dir: "late-rank-30ms-sidecars", await: true, sidecars: true})
+	})
+	t.Run("attach", func(t *testing.T) {
+		runRanks(t, ranksCase{dir: "late-rank-30ms-sidecars-attach", attach: true, env: true, sidecars: true})
+	})
+	// Each rank and its sidecar in a PID namespace of their own, as two
+	// pods: both trainers are the same low pid, each sidecar sees only its
+	// own.
+	t.Run("pid namespaces", func(t *testing.T) {
+		if _, err := exec.LookPath("unshare"); err != nil {
+			t.Skip("unshare (util-linux) not installed")
+		}
+		runRanks(t, ranksCase{dir: "late-rank-30ms-sidecars-pidns", await: true, sidecars: true, pidns: true})
+	})
+}
+
 // ranksCase is one way of tracing the 2-rank job.
 type ranksCase struct {
-	dir string
+	// sidecars: one gaptrace per rank, exchanging through --peers; pidns:
+	// each gaptrace and its rank in a PID namespace of their own.
+	sidecars, pidns bool
+	dir             string
 	// await: simtrain waits for gaptrace's libnccl probe before creating
 	// its communicator, so the creation is seen.
 	await bool
@@ -112,62 +143,73 @@ func runRanks(t *testing.T, rc ranksCase) {
 		}
 		return cmd
 	}
-	script := rank(0, "") + " & " + rank(1, "--stall cpu:every=1:ms=30") + "; wait"
-	outs := []string{"--live", "off", "--log-level", "debug",
-		"--gaps-out", filepath.Join(dir, "gaps.jsonl"),
-		"--spans-out", filepath.Join(dir, "spans.jsonl"),
-		"--summary-json", filepath.Join(dir, "summary.json"),
-		"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1")}
+	ranks := [2]string{rank(0, ""), rank(1, "--stall cpu:every=1:ms=30")}
+	script := ranks[0] + " & " + ranks[1] + "; wait"
+	outsOf := func(sfx string) []string {
+		return []string{"--live", "off", "--log-level", "debug",
+			"--gaps-out", filepath.Join(dir, "gaps"+sfx+".jsonl"),
+			"--spans-out", filepath.Join(dir, "spans"+sfx+".jsonl"),
+			"--summary-json", filepath.Join(dir, "summary"+sfx+".json"),
+			"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1")}
+	}
+	outs := outsOf("")
 	env := append(cleanEnv(), "SIMGPU_DIR="+tl, "SIMGPU_DEVICES=2")
 	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
 	defer cancel()
-	var job *exec.Cmd
-	args := append(append([]string{"run"}, outs...), "--", "sh", "-c", script)
-	if rc.attach {
-		job = exec.CommandContext(ctx, "sh", "-c", script)
-		job.Dir, job.Env = dir, env
-		job.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-		if err := job.Start(); err != nil {
+	var log string
+	var err error
+	if rc.sidecars {
+		log = runSidecars(ctx, t, s.bin, dir, env, id, ranks, outsOf, rc.attach, rc.pidns)
+	} else {
+		var job *exec.Cmd
+		args := append(append([]string{"run"}, outs...), "--", "sh", "-c", script)
+		if rc.attach {
+			job = exec.CommandContext(ctx, "sh", "-c", script)
+			job.Dir, job.Env = dir, env
+			job.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+			if err := job.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				_ = syscall.Kill(-job.Process.Pid, syscall.SIGKILL)
+				_ = job.Wait()
+			}()
+			if err := raisePriority(job.Process.Pid); err != nil {
+				t.Fatal(err)
+			}
+			// Both ranks have met on their communicator and step.
+			time.Sleep(time.Second)
+			args = append([]string{"attach", "--pid", fmt.Sprint(job.Process.Pid)}, outs...)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "command"), []byte(s.bin+" "+strings.Join(args, " ")+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		defer func() {
-			_ = syscall.Kill(-job.Process.Pid, syscall.SIGKILL)
-			_ = job.Wait()
-		}()
-		if err := raisePriority(job.Process.Pid); err != nil {
+		cmd := exec.CommandContext(ctx, s.bin, args...)
+		cmd.Dir = dir
+		cmd.Env = env
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+		var out testutil.LockedBuffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		// Both ranks have met on their communicator and step.
-		time.Sleep(time.Second)
-		args = append([]string{"attach", "--pid", fmt.Sprint(job.Process.Pid)}, outs...)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "command"), []byte(s.bin+" "+strings.Join(args, " ")+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(ctx, s.bin, args...)
-	cmd.Dir = dir
-	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	var out testutil.LockedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := raisePriority(cmd.Process.Pid); err != nil {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		t.Fatal(err)
-	}
-	err := cmd.Wait()
-	_ = os.WriteFile(filepath.Join(dir, "gaptrace.log"), []byte(out.String()), 0o644)
-	if err != nil {
-		t.Fatalf("gaptrace %s: %v (log in %s)", args[0], err, dir)
-	}
-	if rc.attach {
-		if err := job.Wait(); err != nil {
-			t.Fatalf("the job: %v (%s)", err, dir)
+		if err := raisePriority(cmd.Process.Pid); err != nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			t.Fatal(err)
 		}
+		err = cmd.Wait()
+		_ = os.WriteFile(filepath.Join(dir, "gaptrace.log"), []byte(out.String()), 0o644)
+		if err != nil {
+			t.Fatalf("gaptrace %s: %v (log in %s)", args[0], err, dir)
+		}
+		if rc.attach {
+			if err := job.Wait(); err != nil {
+				t.Fatalf("the job: %v (%s)", err, dir)
+			}
+		}
+		log = out.String()
 	}
-	lines := strings.Split(out.String(), "\n")
+	lines := strings.Split(log, "\n")
 
 	var tr [2]*Truth
 	var from int64
@@ -242,6 +284,9 @@ func runRanks(t *testing.T, rc ranksCase) {
 		if c.Ranks > 0 {
 			seen++
 		}
+		if rc.sidecars && !strings.Contains(c.LateSidecar, "/rank1/") {
+			t.Errorf("rank 0 stall does not name rank 1's sidecar: %q", c.LateSidecar)
+		}
 	}
 	t.Logf("rank 0: %d of %d stalls on a communicator seen created", seen, len(reported))
 	if rc.attach && seen > 0 {
@@ -270,13 +315,21 @@ func runRanks(t *testing.T, rc ranksCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if rc.sidecars {
+		// Rank 1's sidecar hangs its steps under rank 0's roots.
+		theirs, err := ReadRankSpans(filepath.Join(dir, "spans1.jsonl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		spans = append(spans, theirs...)
+	}
 	// Every gap is in the spans too, whichever rank's verdict came after
 	// its step was emitted, and whenever a rank's device became known.
 	raw, err := os.ReadFile(filepath.Join(dir, "spans.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := bytes.Count(raw, []byte(`"name":"gpu.idle"`)); n != len(gaps) || strings.Contains(out.String(), "spans were lost") {
+	if n := bytes.Count(raw, []byte(`"name":"gpu.idle"`)); n != len(gaps) || strings.Contains(log, "spans were lost") {
 		t.Errorf("%d gpu.idle spans for %d gaps (gaptrace.log in %s)", n, len(gaps), dir)
 	}
 	var counted [2]*StepCountResult
@@ -288,4 +341,104 @@ func runRanks(t *testing.T, rc ranksCase) {
 			t.Errorf("rank %d: counted %d steps, the trainer ran %d", r, counted[r].Counted, counted[r].True)
 		}
 	}
+}
+
+// runSidecars runs each rank of the job under a gaptrace of its own, the
+// two exchanging through --peers on a free local port, and merges their
+// gaps and spans files into gaps.jsonl and spans.jsonl; it returns both
+// logs. attach: the ranks run on their own for a second, then each
+// gaptrace attaches to its rank.
+func runSidecars(ctx context.Context, t *testing.T, bin, dir string, env []string, job string, ranks [2]string,
+	outsOf func(string) []string, attach, pidns bool) string {
+	t.Helper()
+	var jobs [2]*exec.Cmd
+	if attach {
+		for r := range jobs {
+			j := exec.CommandContext(ctx, "sh", "-c", ranks[r])
+			j.Dir, j.Env = dir, env
+			j.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+			if err := j.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				_ = syscall.Kill(-j.Process.Pid, syscall.SIGKILL)
+				_ = j.Wait()
+			}()
+			if err := raisePriority(j.Process.Pid); err != nil {
+				t.Fatal(err)
+			}
+			jobs[r] = j
+		}
+		time.Sleep(time.Second)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	var cmds [2]*exec.Cmd
+	var outs [2]testutil.LockedBuffer
+	var lines []string
+	for r := range cmds {
+		args := append(append([]string{"run"}, outsOf(fmt.Sprint(r))...),
+			"--job-id", job, "--rank", fmt.Sprint(r), "--peers", addr, "--", "sh", "-c", ranks[r])
+		if attach {
+			args = append(append([]string{"attach", "--pid", fmt.Sprint(jobs[r].Process.Pid)}, outsOf(fmt.Sprint(r))...),
+				"--job-id", job, "--rank", fmt.Sprint(r), "--peers", addr)
+		}
+		argv := append([]string{bin}, args...)
+		if pidns {
+			argv = append([]string{"unshare", "--pid", "--fork", "--mount-proc"}, argv...)
+		}
+		lines = append(lines, strings.Join(argv, " "))
+		c := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		c.Dir, c.Env = dir, env
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+		c.Stdout, c.Stderr = &outs[r], &outs[r]
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }()
+		if err := raisePriority(c.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+		cmds[r] = c
+	}
+	if err := os.WriteFile(filepath.Join(dir, "command"), []byte(strings.Join(lines, " &\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	for r, c := range cmds {
+		err := c.Wait()
+		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("gaptrace%d.log", r)), []byte(outs[r].String()), 0o644)
+		if err != nil {
+			t.Errorf("gaptrace of rank %d: %v (log in %s)", r, err, dir)
+		}
+		logs.WriteString(outs[r].String())
+	}
+	for r, j := range jobs {
+		if j != nil {
+			if err := j.Wait(); err != nil {
+				t.Errorf("rank %d: %v (%s)", r, err, dir)
+			}
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	for _, f := range []string{"gaps", "spans"} {
+		var all []byte
+		for r := range cmds {
+			b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("%s%d.jsonl", f, r)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, b...)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f+".jsonl"), all, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return logs.String()
 }

@@ -414,6 +414,17 @@ func CountSteps(tr *Truth, spans []StepSpan, pid int) *StepCountResult {
 // ReadStepSpans returns the train.step spans of a --spans-out file, in
 // start order.
 func ReadStepSpans(path string) ([]StepSpan, error) {
+	return readStepSpans(path, func(name string) bool { return name == "train.step" })
+}
+
+// ReadRankSpans returns the "rank N" spans of a --spans-out file, in start
+// order: a sidecar that traces rank N > 0 of a job hangs its steps under
+// the trace rank 0's sidecar roots, and emits no train.step of its own.
+func ReadRankSpans(path string) ([]StepSpan, error) {
+	return readStepSpans(path, func(name string) bool { return strings.HasPrefix(name, "rank ") })
+}
+
+func readStepSpans(path string, want func(name string) bool) ([]StepSpan, error) {
 	var out []StepSpan
 	err := readLines(path, func(line []byte) error {
 		var sp struct {
@@ -425,13 +436,13 @@ func ReadStepSpans(path string) ([]StepSpan, error) {
 		if err := json.Unmarshal(line, &sp); err != nil {
 			return err
 		}
-		if sp.Name != "train.step" {
+		if !want(sp.Name) {
 			return nil
 		}
 		num := func(k string) (float64, error) {
 			v, ok := sp.Attrs[k].(float64)
 			if !ok {
-				return 0, fmt.Errorf("train.step span without numeric %s", k)
+				return 0, fmt.Errorf("%s span without numeric %s", sp.Name, k)
 			}
 			return v, nil
 		}

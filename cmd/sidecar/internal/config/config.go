@@ -99,7 +99,8 @@ type Config struct {
 	OTLPInsecureOK bool // OTLPInsecure was set explicitly
 	ServiceName    string
 	JobID          string
-	Rank           int // -1: unknown
+	Rank           int    // -1: unknown
+	Peers          string // HOST:PORT of the job's peer exchange ("": none)
 	Prometheus     string
 
 	// Presentation.
@@ -290,6 +291,9 @@ var options = []option{
 				c.Rank = n
 				return nil
 			}}},
+	{name: "peers", usage: "share the ranks' collectives with the job's other sidecars at `HOST:PORT` (the first that can bind it serves it, the others connect): a rank waiting on a rank another sidecar traces is then told which rank was late and by how much; needs --job-id",
+		cmds:    []Command{CmdRun, CmdAttach},
+		binding: stringVar(func(c *Config) *string { return &c.Peers })},
 	{name: "command-line", usage: "the target's command line in spans, metrics, logs, check and the view: redacted (values of secret-named options and variables, secret headers and URL credentials hidden; docs/security.md lists the rules), none, name (program name only), full",
 		cmds:    []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
 		binding: oneOfVar(func(c *Config) *string { return &c.CommandLine }, "redacted", "none", "name", "full")},
@@ -521,10 +525,27 @@ func Load(cmd Command, args []string, lookupEnv func(string) (string, bool), usa
 		rest = nil
 	}
 	problems = append(problems, cfg.validate(rest)...)
+	if cfg.Peers != "" && cfg.JobID == "" && !anySet(lookupEnv, jobIDEnv) {
+		problems = append(problems, fmt.Sprintf("--peers %s needs --job-id (or $%s): the sidecars of one job share it, and refuse those of another",
+			cfg.Peers, strings.Join(jobIDEnv, ", $")))
+	}
 	if len(problems) > 0 {
 		return cfg, rest, problems
 	}
 	return cfg, rest, nil
+}
+
+// jobIDEnv are the variables a job ID defaults from (otel.JobID).
+var jobIDEnv = []string{"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "K8S_JOB_NAME"}
+
+// anySet reports whether one of the variables is set to a value.
+func anySet(lookupEnv func(string) (string, bool), names []string) bool {
+	for _, n := range names {
+		if v, ok := lookupEnv(n); ok && v != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // lookup reads an environment variable: ok when it is set to a value, an
@@ -689,6 +710,13 @@ func (c *Config) validate(rest []string) Problems {
 	if c.Command == CmdDemo {
 		if err := creatableDir(c.OutDir); err != nil {
 			p = append(p, fmt.Sprintf("--out %s: %v", c.OutDir, err))
+		}
+	}
+	if c.Peers != "" {
+		if _, port, err := net.SplitHostPort(c.Peers); err != nil {
+			p = append(p, fmt.Sprintf("--peers %q: want HOST:PORT, the same for every sidecar of the job: %v", c.Peers, err))
+		} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			p = append(p, fmt.Sprintf("--peers %q: bad port, want 1 to 65535", c.Peers))
 		}
 	}
 	if c.Prometheus != "" {

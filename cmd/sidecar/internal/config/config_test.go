@@ -84,6 +84,7 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 		"--otlp-protocol", "carrier-pigeon",
 		"--gaps-out", "/nonexistent-dir/gaps.jsonl",
 		"--prometheus", "9464",
+		"--peers", "node0:0",
 		"--pid", "12", "--match", "train(",
 	}, env(map[string]string{"GAPTRACE_SYSCALL_THRESHOLD": "fast"}), io.Discard)
 	var p Problems
@@ -92,7 +93,8 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 	}
 	want := []string{
 		"probes", "bogus-key", "--min-gap", "--duration", "--live", "--otlp-protocol",
-		"GAPTRACE_SYSCALL_THRESHOLD", "--gaps-out", "--prometheus", "--pid excludes", "regular expression",
+		"GAPTRACE_SYSCALL_THRESHOLD", "--gaps-out", "--prometheus", `--peers "node0:0": bad port`, "needs --job-id", "--pid excludes",
+		"regular expression",
 	}
 	msg := err.Error()
 	for _, w := range want {

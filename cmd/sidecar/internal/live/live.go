@@ -537,10 +537,17 @@ func Frame(v View, width int) string {
 			probes = ", probes " + g.Probes
 		}
 		fmt.Fprintf(&b, "last gap: %s %s (pid %d tid %d, step %d%s)\n", FormatNS(g.Duration), g.Cause, g.PID, g.TID, g.Step, probes)
-		if c := g.Evidence.Collective; c != nil && c.LateRank != nil {
-			fmt.Fprintf(&b, "  waited on rank %d (pid %d), %s late\n", *c.LateRank, c.LatePID, FormatNS(c.LateByNS))
-		} else if c != nil && c.LatePID != 0 {
-			fmt.Fprintf(&b, "  waited on pid %d (rank unknown), %s late\n", c.LatePID, FormatNS(c.LateByNS))
+		if c := g.Evidence.Collective; c != nil && (c.LatePID != 0 || c.LateRank != nil) {
+			who := fmt.Sprintf("pid %d (rank unknown)", c.LatePID)
+			if c.LateRank != nil {
+				who = fmt.Sprintf("rank %d (pid %d)", *c.LateRank, c.LatePID)
+			}
+			if c.LateSidecar != "" {
+				// Traced by another sidecar of the job (--peers): its pid
+				// is that sidecar's view.
+				who = fmt.Sprintf("%s, sidecar %s", strings.TrimSuffix(who, ")"), c.LateSidecar) + ")"
+			}
+			fmt.Fprintf(&b, "  waited on %s, %s late\n", Escape(who), FormatNS(c.LateByNS))
 		}
 		if d := gapDetail(g); d != "" {
 			b.WriteString("  " + trimRight(Escape(d), max(20, width-2)) + "\n")

@@ -79,6 +79,14 @@ func TestFrameLateRank(t *testing.T) {
 	if !strings.Contains(f, "last gap: 30 ms comm (pid 100 tid 100, step 7)\n  waited on rank 1 (pid 101), 31 ms late") {
 		t.Errorf("frame does not name the late rank:\n%s", f)
 	}
+	// Traced by another sidecar of the job: named with it.
+	a.Gap(correlate.Gap{PID: 100, TID: 100, Step: 8, Kind: correlate.GapStall, Duration: ms(30), Cause: correlate.CauseComm,
+		Breakdown: map[correlate.Cause]int64{correlate.CauseComm: ms(30)},
+		Evidence: correlate.Evidence{Collective: &correlate.CollectiveEvidence{Op: "AllReduce", LateRank: &late, LatePID: 1,
+			LateByNS: ms(31), LateSidecar: "worker-1/rank1/7"}}})
+	if f := Frame(a.View("x"), 80); !strings.Contains(f, "waited on rank 1 (pid 1, sidecar worker-1/rank1/7), 31 ms late") {
+		t.Errorf("frame does not name the late rank's sidecar:\n%s", f)
+	}
 	// Linked by their collectives, with no RANK to say it: the pid alone.
 	a.Gap(correlate.Gap{PID: 100, TID: 100, Step: 8, Kind: correlate.GapStall, Duration: ms(30), Cause: correlate.CauseComm,
 		Breakdown: map[correlate.Cause]int64{correlate.CauseComm: ms(30)},

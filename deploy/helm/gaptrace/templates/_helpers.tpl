@@ -38,6 +38,10 @@ args:
   - --job-id
   - {{ . | quote }}
 {{- end }}
+{{- with .Values.peers }}
+  - --peers
+  - {{ . | quote }}
+{{- end }}
 {{- if .Values.prometheus.enabled }}
   - --prometheus
   - {{ printf "0.0.0.0:%v" .Values.prometheus.port | quote }}

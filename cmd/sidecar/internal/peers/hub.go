@@ -1,0 +1,351 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/gaptrace/gaptrace/correlate"
+)
+
+// hub serves the exchange: it relays every member's records to the others
+// and sends its own to all.
+type hub struct {
+	x   *Exchange
+	ctx context.Context
+	wg  sync.WaitGroup
+
+	mu      sync.Mutex
+	members map[string]*link // welcomed members by ID
+	conns   int              // open connections, handshakes included
+}
+
+// link is the hub's connection to one member.
+type link struct {
+	id     string
+	conn   net.Conn
+	out    chan line      // messages to write
+	queued atomic.Int64   // bytes in out
+	done   chan struct{}  // closed once the reader has stopped
+	lost   *atomic.Uint64 // the Exchange's Dropped
+	heard  atomic.Int64   // when its last message came (time.Now, ns)
+}
+
+// line is an encoded message and the records it carries.
+type line struct {
+	b []byte
+	n int
+}
+
+// serve is the hub's role, on ln, until ctx ends (nil) or ln fails.
+func (x *Exchange) serve(ctx context.Context, ln net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	h := &hub{x: x, ctx: ctx, members: map[string]*link{}}
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	x.setRole(roleHub, nil)
+	defer x.setRole(roleConnecting, nil)
+	x.log.Info("peer exchange: serving at "+x.cfg.Addr, "job", x.cfg.Job, "id", x.cfg.ID)
+
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		h.pump()
+	}()
+	err := h.accept(ln)
+	cancel()
+	ln.Close()
+	h.wg.Wait()
+	return err
+}
+
+// accept takes connections until ln is closed.
+func (h *hub) accept(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if h.ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		if !h.admit() {
+			h.x.log.Debug("peer exchange: too many connections", "remote", c.RemoteAddr())
+			c.Close()
+			continue
+		}
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			defer h.release()
+			h.handle(c)
+		}()
+	}
+}
+
+func (h *hub) admit() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conns >= maxConns {
+		return false
+	}
+	h.conns++
+	return true
+}
+
+func (h *hub) release() {
+	h.mu.Lock()
+	h.conns--
+	h.mu.Unlock()
+}
+
+// handle serves one connection until it fails or the hub stops.
+func (h *hub) handle(c net.Conn) {
+	defer c.Close()
+	stop := context.AfterFunc(h.ctx, func() { c.Close() })
+	defer stop()
+	r := newReader(c)
+	l, err := h.handshake(c, r)
+	if err != nil {
+		h.x.log.Debug("peer exchange: refused connection", "remote", c.RemoteAddr(), "err", err)
+		return
+	}
+	h.x.log.Info("peer exchange: member joined", "id", l.id, "remote", c.RemoteAddr())
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		l.write()
+	}()
+	err = h.read(l, r)
+	if h.remove(l) {
+		h.x.leave(h.ctx, l.id)
+	}
+	close(l.done)
+	c.Close()
+	switch {
+	case h.ctx.Err() != nil:
+	case isClosed(err):
+		h.x.log.Info("peer exchange: member left", "id", l.id)
+	default:
+		h.x.log.Warn("peer exchange: dropped member", "id", l.id, "remote", c.RemoteAddr(), "err", err)
+	}
+}
+
+// isClosed reports whether err is the peer closing its connection.
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// handshake answers the clock pings a member sends first, then its hello.
+func (h *hub) handshake(c net.Conn, r *reader) (*link, error) {
+	deadline := time.Now().Add(h.x.helloTimeout)
+	for pings := 0; ; pings++ {
+		m, err := r.next(deadline)
+		if err != nil {
+			return nil, err
+		}
+		t2 := h.x.now()
+		switch {
+		case m.Type == typeHello:
+			return h.welcome(c, m)
+		case m.Type != typePing:
+			return nil, fmt.Errorf("%q message before hello", m.Type)
+		case pings >= maxHelloPings:
+			return nil, fmt.Errorf("more than %d pings before hello", maxHelloPings)
+		}
+		if err := writeLine(c, encode(&message{Type: typePong, T1: m.T1, T2: t2})); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// welcome admits the member that sent hello, or refuses it.
+func (h *hub) welcome(c net.Conn, hello *message) (*link, error) {
+	l, reason := h.register(c, hello)
+	if reason != "" {
+		// The refusal is all it gets; a write that fails changes nothing.
+		_ = writeLine(c, encode(&message{Type: typeError, Error: reason}))
+		return nil, errors.New(reason)
+	}
+	return l, nil
+}
+
+// register makes the member that sent hello one of the hub's, queueing the
+// welcome and the hub's snapshot for it and telling the others; or returns
+// why not.
+func (h *hub) register(c net.Conn, hello *message) (*link, string) {
+	x := h.x
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case hello.Version != version:
+		return nil, fmt.Sprintf("protocol version %d, this hub speaks %d", hello.Version, version)
+	case hello.Job != x.cfg.Job:
+		return nil, fmt.Sprintf("job %q is not this exchange's job %q", hello.Job, x.cfg.Job)
+	case hello.ID == "" || len(hello.ID) > maxName:
+		return nil, fmt.Sprintf("sidecar ID %q is empty or longer than %d bytes", hello.ID, maxName)
+	case hello.ID == x.cfg.ID:
+		return nil, fmt.Sprintf("sidecar ID %q is already in job %q", hello.ID, x.cfg.Job)
+	}
+	if old := h.members[hello.ID]; old != nil {
+		// The same sidecar again (IDs hold the host and pid) after its old
+		// connection broke on its side, which has not timed out here yet:
+		// the old one has missed two pings. One that is still heard from is
+		// another sidecar under the same name.
+		if time.Since(time.Unix(0, old.heard.Load())) < 2*x.pingEvery {
+			return nil, fmt.Sprintf("sidecar ID %q is already in job %q", hello.ID, x.cfg.Job)
+		}
+		delete(h.members, old.id)
+		old.conn.Close()
+		x.log.Info("peer exchange: member reconnected", "id", old.id)
+	}
+	l := &link{id: hello.ID, conn: c, out: make(chan line, linkQueueLen), done: make(chan struct{}), lost: &x.dropped}
+	l.heard.Store(time.Now().UnixNano())
+	others := make([]string, 0, len(h.members))
+	joined := encode(&message{Type: typeJoined, ID: l.id})
+	for id, o := range h.members {
+		others = append(others, id)
+		o.send(line{b: joined})
+	}
+	l.send(line{b: encode(&message{Type: typeWelcome, ID: x.cfg.ID, Peers: others})})
+	for _, recs := range chunks(x.snap.records()) {
+		l.send(line{b: encode(&message{Type: typeRecs, From: x.cfg.ID, Recs: recs}), n: len(recs)})
+	}
+	h.members[l.id] = l
+	h.setPeers()
+	return l, ""
+}
+
+// remove forgets member l and tells the others; false when it was
+// already replaced.
+func (h *hub) remove(l *link) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.members[l.id] != l {
+		return false
+	}
+	delete(h.members, l.id)
+	h.setPeers()
+	left := encode(&message{Type: typeLeft, ID: l.id})
+	for _, o := range h.members {
+		o.send(line{b: left})
+	}
+	return true
+}
+
+// setPeers publishes the member count; h.mu is held.
+func (h *hub) setPeers() {
+	h.x.mu.Lock()
+	h.x.hubPeers = len(h.members)
+	h.x.mu.Unlock()
+}
+
+// read serves member l's messages until its connection fails.
+func (h *hub) read(l *link, r *reader) error {
+	for {
+		m, err := r.next(time.Now().Add(h.x.idleTimeout))
+		if err != nil {
+			return err
+		}
+		l.heard.Store(time.Now().UnixNano())
+		switch m.Type {
+		case typePing:
+			l.send(line{b: encode(&message{Type: typePong, T1: m.T1, T2: h.x.now()})})
+		case typeRecs:
+			h.relay(l, m.Recs)
+		default:
+			return fmt.Errorf("unexpected %q message", m.Type)
+		}
+	}
+}
+
+// relay hands records of member from to every other member and to Recv.
+func (h *hub) relay(from *link, recs []correlate.PeerRecord) {
+	if len(recs) == 0 {
+		return
+	}
+	b := line{b: encode(&message{Type: typeRecs, From: from.id, Recs: recs}), n: len(recs)}
+	h.mu.Lock()
+	for _, o := range h.members {
+		if o != from {
+			o.send(b)
+		}
+	}
+	h.mu.Unlock()
+	h.x.deliver(from.id, recs)
+}
+
+// pump sends the hub's own records to every member.
+func (h *hub) pump() {
+	b := newBatch()
+	defer b.take()
+	for {
+		select {
+		case <-h.ctx.Done():
+			return
+		case r := <-h.x.out:
+			if b.add(r) {
+				h.broadcast(b.take())
+			}
+		case <-b.due.C:
+			h.broadcast(b.take())
+		}
+	}
+}
+
+// broadcast sends the hub's records to every member; with none they are
+// not needed (a member that joins gets the snapshot).
+func (h *hub) broadcast(recs []correlate.PeerRecord) {
+	b := line{b: encode(&message{Type: typeRecs, From: h.x.cfg.ID, Recs: recs}), n: len(recs)}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.members) == 0 {
+		return
+	}
+	for _, o := range h.members {
+		o.send(b)
+	}
+	h.x.sent.Add(uint64(len(recs)))
+}
+
+// send queues a message for l, dropping it when l's connection is backed
+// up.
+func (l *link) send(m line) {
+	if l.queued.Add(int64(len(m.b))) <= linkQueueBytes {
+		select {
+		case l.out <- m:
+			return
+		default:
+		}
+	}
+	l.queued.Add(-int64(len(m.b)))
+	l.lost.Add(uint64(m.n))
+}
+
+// write writes l's queued messages until l's reader stops.
+func (l *link) write() {
+	for {
+		select {
+		case <-l.done:
+			return
+		case m := <-l.out:
+			l.queued.Add(-int64(len(m.b)))
+			if err := writeLine(l.conn, m.b); err != nil {
+				l.conn.Close() // the reader fails and stops
+				<-l.done
+				return
+			}
+		}
+	}
+}

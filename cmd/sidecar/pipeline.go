@@ -627,6 +627,32 @@ func (p *pipeline) Stats() live.Stats {
 	if p.gpu != nil {
 		s.GPUs = len(p.gpu.Devices())
 	}
+	if p.peers != nil {
+		s.Peers = peersLine(p.cfg.Config.Peers, p.peers.Stats())
+	}
+	return s
+}
+
+// peersLine is the live view's line about the peer exchange.
+func peersLine(addr string, st peers.Stats) string {
+	others := func(n int) string {
+		if n == 1 {
+			return "1 other sidecar"
+		}
+		return fmt.Sprintf("%d other sidecars", n)
+	}
+	var s string
+	switch st.Role {
+	case "hub":
+		s = "serving " + addr + ", " + others(st.Peers)
+	case "member":
+		s = fmt.Sprintf("joined %s, %s, clock offset %s", addr, others(st.Peers), time.Duration(st.OffsetNS).Round(time.Microsecond))
+	default:
+		s = "connecting to " + addr
+	}
+	if st.Dropped > 0 {
+		s += fmt.Sprintf(", %d records dropped", st.Dropped)
+	}
 	return s
 }
 

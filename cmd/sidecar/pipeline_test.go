@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/peers"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -126,5 +127,20 @@ func TestAwaitDetach(t *testing.T) {
 	done <- nil
 	if err := <-returned; err != nil {
 		t.Errorf("a clean detach reported %v", err)
+	}
+}
+
+func TestPeersLine(t *testing.T) {
+	for _, tc := range []struct {
+		st   peers.Stats
+		want string
+	}{
+		{peers.Stats{Role: "hub", Peers: 1}, "serving 10.0.0.5:29601, 1 other sidecar"},
+		{peers.Stats{Role: "member", Peers: 3, OffsetNS: 1500}, "joined 10.0.0.5:29601, 3 other sidecars, clock offset 2µs"},
+		{peers.Stats{Role: "connecting", Dropped: 12}, "connecting to 10.0.0.5:29601, 12 records dropped"},
+	} {
+		if got := peersLine("10.0.0.5:29601", tc.st); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.st, got, tc.want)
+		}
 	}
 }

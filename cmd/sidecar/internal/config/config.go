@@ -713,8 +713,10 @@ func (c *Config) validate(rest []string) Problems {
 		}
 	}
 	if c.Peers != "" {
-		if _, port, err := net.SplitHostPort(c.Peers); err != nil {
+		if host, port, err := net.SplitHostPort(c.Peers); err != nil {
 			p = append(p, fmt.Sprintf("--peers %q: want HOST:PORT, the same for every sidecar of the job: %v", c.Peers, err))
+		} else if host == "" {
+			p = append(p, fmt.Sprintf("--peers %q: no host; want the address every sidecar of the job reaches, e.g. 10.0.0.5:29601", c.Peers))
 		} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 			p = append(p, fmt.Sprintf("--peers %q: bad port, want 1 to 65535", c.Peers))
 		}

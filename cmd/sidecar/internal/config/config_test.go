@@ -84,7 +84,7 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 		"--otlp-protocol", "carrier-pigeon",
 		"--gaps-out", "/nonexistent-dir/gaps.jsonl",
 		"--prometheus", "9464",
-		"--peers", "node0:0",
+		"--peers", ":29601",
 		"--pid", "12", "--match", "train(",
 	}, env(map[string]string{"GAPTRACE_SYSCALL_THRESHOLD": "fast"}), io.Discard)
 	var p Problems
@@ -93,7 +93,7 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 	}
 	want := []string{
 		"probes", "bogus-key", "--min-gap", "--duration", "--live", "--otlp-protocol",
-		"GAPTRACE_SYSCALL_THRESHOLD", "--gaps-out", "--prometheus", `--peers "node0:0": bad port`, "needs --job-id", "--pid excludes",
+		"GAPTRACE_SYSCALL_THRESHOLD", "--gaps-out", "--prometheus", `--peers ":29601": no host`, "needs --job-id", "--pid excludes",
 		"regular expression",
 	}
 	msg := err.Error()

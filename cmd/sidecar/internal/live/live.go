@@ -32,6 +32,10 @@ type Stats struct {
 	EventsRead uint64
 	Drops      uint64 // events lost anywhere between the kernel and correlate
 	GPUs       int    // devices NVML reports; 0 without NVML
+	// Peers says how the exchange with the job's other sidecars stands
+	// (--peers; "" when off), e.g. "serving 10.0.0.5:29601, 3 other
+	// sidecars".
+	Peers string
 }
 
 type fileAgg struct {
@@ -522,6 +526,9 @@ func Frame(v View, width int) string {
 	fmt.Fprintf(&b, "steps %d (%.1f/s)%s   GPU idle %s   gaps %d   dropped events %d\n",
 		v.Steps, v.StepsPerSec, windowsNote(v.Windows), pct(v.IdlePct), v.Gaps, v.Stats.Drops)
 	writeLosses(&b, v.Losses, width)
+	if v.Stats.Peers != "" {
+		fmt.Fprintf(&b, "peers: %s\n", trimRight(Escape(v.Stats.Peers), width-7))
+	}
 	if v.Probes == correlate.ProbesAuto {
 		// Gaps outside the windows are decided as lite decides them.
 		fmt.Fprintf(&b, "probes auto: %.1f%% of the time at full (per-launch probes), the rest lite\n", 100*v.FullShare)

@@ -87,6 +87,11 @@ func TestFrameLateRank(t *testing.T) {
 	if f := Frame(a.View("x"), 80); !strings.Contains(f, "waited on rank 1 (pid 1, sidecar worker-1/rank1/7), 31 ms late") {
 		t.Errorf("frame does not name the late rank's sidecar:\n%s", f)
 	}
+	v := a.View("x")
+	v.Stats.Peers = "serving 10.0.0.5:29601, 1 other sidecar"
+	if f := Frame(v, 80); !strings.Contains(f, "\npeers: serving 10.0.0.5:29601, 1 other sidecar\n") {
+		t.Errorf("frame does not say how the peer exchange stands:\n%s", f)
+	}
 	// Linked by their collectives, with no RANK to say it: the pid alone.
 	a.Gap(correlate.Gap{PID: 100, TID: 100, Step: 8, Kind: correlate.GapStall, Duration: ms(30), Cause: correlate.CauseComm,
 		Breakdown: map[correlate.Cause]int64{correlate.CauseComm: ms(30)},

@@ -13,7 +13,9 @@
  *
  * Launches are aggregated per thread: the first launch after a sync or a
  * blocking event is emitted as K_ENQUEUE, the others only bump a counter
- * that the next emitted enqueue or sync carries in its count.
+ * that the next emitted enqueue or sync carries in its count. Launches are
+ * also counted per function (launch_fns); a launch of a function user space
+ * marked is emitted as K_ENQUEUE too, carrying the handle.
  */
 #include "common.h"
 #include "python.h"
@@ -70,6 +72,46 @@ const volatile __u64 copy_block_ns = 200000;
  * can hold an idle gap of at least MinGap. */
 const volatile __u64 launch_pause_ns = 1000000;
 
+/* Launches per launched function and process, for user space to pick the
+ * functions that clock steps in a loop that enqueues nothing else that
+ * repeats (tracer/marks.go): it reads the counts and sets mark on a few.
+ * LRU: a process's functions age out after it exits. */
+struct launch_fn_key {
+	__u32 tgid;
+	__u32 _pad;
+	__u64 handle;
+};
+
+struct launch_fn {
+	__u64 count;
+	__u32 mark; /* set by user space: emit every launch of it */
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct launch_fn_key);
+	__type(value, struct launch_fn);
+} launch_fns SEC(".maps");
+
+/* count_launch counts a launch of handle by the current process and says
+ * whether user space marked the function. */
+static __always_inline bool count_launch(__u64 id, __u64 handle)
+{
+	if (!handle)
+		return false;
+	struct launch_fn_key k = {.tgid = id >> 32, .handle = handle};
+	struct launch_fn *f = bpf_map_lookup_elem(&launch_fns, &k);
+	if (!f) {
+		struct launch_fn n = {.count = 1};
+		bpf_map_update_elem(&launch_fns, &k, &n, BPF_NOEXIST);
+		return false;
+	}
+	__sync_fetch_and_add(&f->count, 1);
+	return f->mark != 0;
+}
+
 /* An async copy in flight, from its entry probe to its return probe. */
 struct copy_call {
 	__u64 start;
@@ -107,14 +149,24 @@ int cuda_launch(struct pt_regs *ctx)
 	__u64 now = bpf_ktime_get_ns();
 	__u64 prev = t->last_launch;
 	t->last_launch = now;
-	if (t->busy && (prev == 0 || now - prev < launch_pause_ns)) {
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u32 layout = (cookie >> 8) & 0xff;
+	/* The function: cuLaunchKernelEx takes it second, after its config;
+	 * a graph launch's exec is its first argument like a kernel's. */
+	__u64 arg1 = PT_REGS_PARM1(ctx), arg2 = PT_REGS_PARM2(ctx);
+	/* Both loaded as they are: a select between two context offsets
+	 * would be compiled into one load at a computed offset, which the
+	 * verifier refuses. */
+	asm volatile("" : "+r"(arg1), "+r"(arg2));
+	__u64 handle = layout == LL_CONFIG ? arg2 : arg1;
+	bool marked = count_launch(id, handle);
+	if (t->busy && !marked && (prev == 0 || now - prev < launch_pause_ns)) {
 		t->launches++;
 		return 0;
 	}
 
-	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u64 stream = 0;
-	switch ((cookie >> 8) & 0xff) {
+	switch (layout) {
 	case LL_STREAM_ARG9:
 		stream = stack_arg(ctx, 9);
 		break;
@@ -142,6 +194,7 @@ int cuda_launch(struct pt_regs *ctx)
 	e->count = t->launches + 1;
 	e->last_launch_ns = prev;
 	e->func = cookie & 0xff;
+	e->mark = marked ? handle : 0;
 	submit(e);
 	t->launches = 0;
 	t->busy = 1;

@@ -103,6 +103,11 @@ struct cuda_event {
 	 * last flush: together they say when it last fed the GPU and how much. */
 	__u64 last_launch_ns;
 	__u64 pending;
+	/* K_ENQUEUE: the launched function's handle (CUfunction, or the
+	 * CUgraphExec of a graph launch) when user space marked it as one that
+	 * clocks steps (tracer/marks.go), else 0. A marked launch is emitted
+	 * even while the thread is busy, flushing the launches before it. */
+	__u64 mark;
 	__s32 ret;   /* CUresult of blocking calls */
 	__u32 func;  /* event.CUDA */
 	__s32 stack_id; /* blocking calls: user_stacks id of the caller's stack, else -1 */

@@ -234,7 +234,10 @@ func coarsen(cf clockFound, segs []fineSeg, g, r int) clockFound {
 // seen, syncs come in some steps and not in others, a second one may still
 // come or they come evenly spaced, and the ring is not full yet.
 func (s *stepper) mayGroup(toks []token, cf clockFound) bool {
-	if len(toks) >= tokMax {
+	if len(toks) >= tokMax || cf.key.marked() {
+		// A marked launch counts micro-batches only where nothing rarer
+		// is launched once per group: the tracer marks the rarest
+		// functions, the optimizer's among them.
 		return false
 	}
 	seen := false

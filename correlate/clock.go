@@ -48,7 +48,47 @@ type tokKey struct {
 	bytes  uint64
 	op     event.NCCLOp
 	comm   uint64
+	// fn: a marked launch's function (event.Event.Mark), 0 for copies,
+	// memsets and collectives.
+	fn uint64
 }
+
+// markRarer: how many times more rarely than a marked function another
+// may be launched and still count in its steps' operations (rarerMarks):
+// a layer's function launched four times an iteration is judged with the
+// iteration's once-launched ones, a loop's once-launched function without
+// a metric computed every fifth iteration;
+// markMatch: the share of its steps that must match (matchMin for other
+// operations).
+// markWait: marked launches the ring holds at least before the sync
+// period may lock while no step is decided: enough for a clock of
+// clockMaxM occurrences a step to show 2*clockSegMin steps and the first.
+const (
+	markRarer = 4.5
+	markMatch = 0.9
+	markWait  = (2*clockSegMin + 2) * clockMaxM
+)
+
+// awaitMarks says whether marked launches have begun to arrive but are
+// still too few for detectClock to judge them; the sync period waits for
+// them (full probes), since the clock they make lays its steps over the
+// ring, while the sync period's steps could not be taken back.
+func (s *stepper) awaitMarks() bool {
+	n := 0
+	for i := range s.toks {
+		if s.toks[i].key.marked() {
+			n++
+		}
+	}
+	return n > 0 && n < markWait
+}
+
+// marked says whether the operation is a marked launch. The tracer marks
+// a few functions of each rarity it finds (tracer/marks.go), among them
+// functions a loop launches every tenth iteration or once per checkpoint:
+// such launches may clock steps, but like scalar reads they come as host
+// code chooses, so they never make two steps differ.
+func (k tokKey) marked() bool { return k.fn != 0 }
 
 // token is one enqueued operation that can clock steps.
 type token struct {
@@ -176,6 +216,10 @@ func tokenOf(ev *event.Event) (tokKey, bool) {
 		return tokKey{kind: ev.Kind, dir: ev.CopyDir, stream: ev.Stream, bytes: ev.Bytes}, true
 	case event.KindCollective:
 		return tokKey{kind: ev.Kind, stream: ev.Stream, bytes: ev.Bytes, op: ev.Op, comm: ev.Comm}, true
+	case event.KindEnqueue:
+		if ev.Mark != 0 {
+			return tokKey{kind: ev.Kind, stream: ev.Stream, fn: ev.Mark}, true
+		}
 	}
 	return tokKey{}, false
 }
@@ -308,7 +352,10 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 		}
 		occ[k] = append(occ[k], i)
 		launches += toks[i].launches
-		ph[i+1] = ph[i] + k.hash()
+		ph[i+1] = ph[i]
+		if !k.marked() {
+			ph[i+1] += k.hash()
+		}
 		pl[i+1] = pl[i] + toks[i].launches
 		ps[i+1] = ps[i] + toks[i].syncs
 		pi[i+1] = pi[i]
@@ -316,8 +363,9 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 			pi[i+1]++
 		}
 	}
+	opsOf := ph
 	segOf := func(a, b int) segSum { // tokens a+1..b
-		return segSum{ops: ph[b+1] - ph[a+1], launches: pl[b+1] - pl[a+1], syncs: ps[b+1] - ps[a+1], dur: toks[b].t - toks[a].t}
+		return segSum{ops: opsOf[b+1] - opsOf[a+1], launches: pl[b+1] - pl[a+1], syncs: ps[b+1] - ps[a+1], dur: toks[b].t - toks[a].t}
 	}
 	useLaunches := launchesSeen && launches > 0
 	// The most frequent operations first: a run's start (loading weights,
@@ -329,13 +377,37 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 	var cands []clockFound
 	for _, k := range keys {
 		o := occ[k]
+		opsOf = ph
+		if k.marked() {
+			// A marked function's steps hold the other marked functions
+			// launched as rarely or more rarely than it: a function the
+			// loop launches three times an iteration repeats with the same
+			// launches between, but the rarer ones (the iteration's last
+			// kernel) fall into one of its three segments. Until those
+			// have repeated as often as a clock must, it is not judged.
+			var wait bool
+			if opsOf, wait = rarerMarks(toks, occ, k); wait {
+				continue
+			}
+
+		}
 		unit := make([]segSum, max(len(o)-1, 0)) // the segments between consecutive occurrences
 		for i := range unit {
 			unit[i] = segOf(o[i], o[i+1])
 		}
+		segMin, minMatch := clockSegMin, matchMin
+		if k.marked() {
+			// A function launched at several places of an iteration
+			// repeats alike at all but the one before the iteration's
+			// rarer launches (three of four, for a layer's function): a
+			// few segments may all miss that one, and four in five
+			// matching is no proof. Insertions of host code's choice
+			// launch more rarely than markRarer allows for.
+			segMin, minMatch = 2*clockSegMin, markMatch
+		}
 		for m := 1; m <= clockMaxM; m++ {
 			nseg := (len(o) - 1) / m
-			if nseg < clockSegMin {
+			if nseg < segMin {
 				break
 			}
 			if m > 1 && !phasesDiffer(unit, m, launchesSeen) {
@@ -381,7 +453,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 				}
 			}
 			match, ref := modalMatch(feats, launchesSeen)
-			if float64(match) < matchMin*float64(nseg) {
+			if float64(match) < minMatch*float64(nseg) {
 				continue
 			}
 			segLen := float64(o[nseg*m]-o[0]) / float64(nseg)
@@ -422,7 +494,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 	if !useLaunches {
 		sliceShare = 0.25
 	}
-	found := false
+	found, unmarked := false, false
 	for i := range cands {
 		f := &cands[i]
 		if f.concentrated || needSync && f.unproven {
@@ -440,13 +512,64 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 			continue
 		}
 		valid = append(valid, *f)
+		// A copy or collective that clocks the loop wins over marked
+		// launches: it is the loop's own data movement, while the marks
+		// are the functions the tracer found rarest.
+		if found && unmarked && f.key.marked() {
+			continue
+		}
 		// At equal step length the one that occurs once per step, whose
 		// occurrence needs no phase.
-		if !found || f.segLen < best.segLen*0.99 || (f.segLen <= best.segLen*1.01 && f.m < best.m) {
+		if !found || !f.key.marked() && !unmarked || f.segLen < best.segLen*0.99 || (f.segLen <= best.segLen*1.01 && f.m < best.m) {
 			best, found = *f, true
+			unmarked = unmarked || !f.key.marked()
 		}
 	}
 	return best, valid
+}
+
+// rarerMarks is the prefix sum of operation hashes over toks that counts
+// the operations that are not marked launches, and the marked launches
+// that occur as often as k or up to markRarer times more rarely between
+// k's first and last occurrence (occ: each key's positions). Rarer still
+// is host code's choice (a metric computed every tenth iteration, an
+// evaluation), which makes steps no more different than a scalar read
+// does. A function first launched after 2*markRarer of k's occurrences is
+// left out: the tracer may mark one later, and the steps before it would
+// differ from those after. wait: a rarer one counted has not repeated
+// often enough to tell whether k's steps are slices of its own.
+func rarerMarks(toks []token, occ map[tokKey][]int, k tokKey) (ph []uint64, wait bool) {
+	o := occ[k]
+	lo, hi := o[0], o[len(o)-1]
+	n := len(o) - 1
+	rarer := map[tokKey]bool{k: true}
+	for j, oj := range occ {
+		if !j.marked() || j == k || float64(sort.SearchInts(o, oj[0])) > 2*markRarer {
+			continue
+		}
+		c := 0
+		for _, i := range oj {
+			if i > lo && i <= hi {
+				c++
+			}
+		}
+		if float64(c) <= 1.1*float64(n) && float64(c)*markRarer >= float64(n) {
+			rarer[j] = true
+		}
+		// A function launched as often or up to markRarer times more
+		// rarely, seen a few times yet: where the span cut its first and
+		// last iteration short, it may be either.
+		wait = wait || c < n && len(oj) <= 2*clockSegMin && float64(c+2)*markRarer >= float64(n)
+	}
+	ph = make([]uint64, len(toks)+1)
+	for i := range toks {
+		j := toks[i].key
+		ph[i+1] = ph[i]
+		if !j.marked() || rarer[j] {
+			ph[i+1] += j.hash()
+		}
+	}
+	return ph, wait
 }
 
 // segSum is what one candidate step enqueued: its operations as a
@@ -506,7 +629,7 @@ func phasesDifferInTime(unit []segSum, m int) bool {
 // hash is the operation's term in a segment's multiset hash.
 func (k tokKey) hash() uint64 {
 	h := uint64(k.kind) + 1
-	for _, v := range [...]uint64{uint64(k.dir), k.stream, k.bytes, uint64(k.op), k.comm} {
+	for _, v := range [...]uint64{uint64(k.dir), k.stream, k.bytes, uint64(k.op), k.comm, k.fn} {
 		h = mix64(h ^ v)
 	}
 	return h
@@ -737,7 +860,9 @@ func (s *stepper) clockTick(set settings, tok *token) bool {
 func (f *segFeat) add(tok *token) {
 	f.launches += tok.launches
 	f.syncs += tok.syncs
-	f.counts[tok.key]++
+	if !tok.key.marked() {
+		f.counts[tok.key]++
+	}
 }
 
 // stepEnd is where the open step ends given that the next one's clock
@@ -749,6 +874,13 @@ func (f *segFeat) add(tok *token) {
 // read in the middle of the step looks followed by the longest pause, so
 // only the last sync counts.
 func (s *stepper) stepEnd(t int64) int64 {
+	if c := s.clock; s.mode == modeClock && c != nil && c.key.marked() && !c.alwaysSyncs() {
+		// A marked launch may come anywhere in the iteration, the syncs
+		// of a loop that reads its loss every tenth iteration after it:
+		// moving the boundary back to such a sync would make that step
+		// short and the next one two iterations long.
+		return t
+	}
 	lo := s.openStart()
 	var last, best, first, second int64 = 0, 0, -1, -1
 	for i := range s.hist {
@@ -1041,6 +1173,8 @@ func (s *stepper) retroClock() {
 
 func (k tokKey) String() string {
 	switch k.kind {
+	case event.KindEnqueue:
+		return fmt.Sprintf("launch of function %#x on stream %#x", k.fn, k.stream)
 	case event.KindCollective:
 		return fmt.Sprintf("%s %d bytes on stream %#x", k.op, k.bytes, k.stream)
 	case event.KindMemset:

@@ -308,6 +308,9 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 				if s.tryClock(set) {
 					return
 				}
+				if s.mode == modeUnknown && !set.lite && s.awaitMarks() {
+					return
+				}
 				s.period, s.phase, s.retroFrom = P, ph, from
 				set.log.Debug("step period found", "pid", s.pid, "syncs_per_step", P)
 				if s.mode == modeUnknown {

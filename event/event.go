@@ -196,6 +196,11 @@ type Event struct {
 	// say when the thread stopped feeding the GPU and how much it fed.
 	LastLaunch int64  `json:",omitempty"`
 	Pending    uint64 `json:",omitempty"`
+	// Mark (KindEnqueue) is the launched function's handle (CUfunction,
+	// or the CUgraphExec of a graph launch) when the tracer marked it as
+	// one that clocks steps: such a launch is emitted wherever it comes,
+	// its Count flushing the launches before it. 0 for other enqueues.
+	Mark uint64 `json:",omitempty"`
 	// CopyDir (KindMemcpyAsync, KindMemcpyStaged) is the copy's direction
 	// where the entry point says it: CUMemcpyHtoD, CUMemcpyDtoH, or
 	// CUMemcpyOther for the copies that may touch host memory without

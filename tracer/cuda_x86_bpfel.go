@@ -52,6 +52,7 @@ type cudaCudaEvent struct {
 	Count        uint64
 	LastLaunchNs uint64
 	Pending      uint64
+	Mark         uint64
 	Ret          int32
 	Func         uint32
 	StackId      int32
@@ -122,6 +123,20 @@ const (
 	cudaEventTypeEV_PYSTACK      cudaEventType = 8
 	cudaEventTypeEV_SYSCALL_PATH cudaEventType = 9
 )
+
+type cudaLaunchFn struct {
+	_     structs.HostLayout
+	Count uint64
+	Mark  uint32
+	Pad   uint32
+}
+
+type cudaLaunchFnKey struct {
+	_      structs.HostLayout
+	Tgid   uint32
+	Pad    uint32
+	Handle uint64
+}
 
 type cudaLaunchLayout uint32
 
@@ -222,6 +237,7 @@ type cudaThreadState struct {
 const (
 	cudaMapCopyCalls              = "copy_calls"
 	cudaMapEvents                 = "events"
+	cudaMapLaunchFns              = "launch_fns"
 	cudaMapPyProcs                = "py_procs"
 	cudaMapPyScratch              = "py_scratch"
 	cudaMapPyStats                = "py_stats"
@@ -322,6 +338,7 @@ type cudaProgramSpecs struct {
 type cudaMapSpecs struct {
 	CopyCalls   *ebpf.MapSpec `ebpf:"copy_calls"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
+	LaunchFns   *ebpf.MapSpec `ebpf:"launch_fns"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
 	PyStats     *ebpf.MapSpec `ebpf:"py_stats"`
@@ -390,6 +407,7 @@ func (o *cudaObjects) Close() error {
 type cudaMaps struct {
 	CopyCalls   *ebpf.Map `ebpf:"copy_calls"`
 	Events      *ebpf.Map `ebpf:"events"`
+	LaunchFns   *ebpf.Map `ebpf:"launch_fns"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
 	PyStats     *ebpf.Map `ebpf:"py_stats"`
@@ -404,6 +422,7 @@ func (m *cudaMaps) Close() error {
 	return _CudaClose(
 		m.CopyCalls,
 		m.Events,
+		m.LaunchFns,
 		m.PyProcs,
 		m.PyScratch,
 		m.PyStats,

@@ -151,6 +151,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.Bytes = r.Bytes
 		ev.Count = r.Count
 		ev.Pending = r.Pending
+		ev.Mark = r.Mark
 		if r.LastLaunchNs != 0 {
 			ev.LastLaunch = MonotonicToUnix(int64(r.LastLaunchNs))
 		}

@@ -45,7 +45,7 @@ const (
 // recordedRecords covers every record type the programs write.
 func recordedRecords() map[string][]byte {
 	sync := rawCUDA{Hdr: hdr(evCUDA, uint32(event.KindSync), 100, 101, tEnd), StartNs: tStart, Stream: 0x7f00, Count: 42, Func: uint32(event.CUStreamSynchronize)}
-	enq := rawCUDA{Hdr: hdr(evCUDA, uint32(event.KindEnqueue), 100, 101, tEnd), StartNs: tEnd, Stream: 0x7f00, Count: 3, Func: uint32(event.CULaunchKernelEx)}
+	enq := rawCUDA{Hdr: hdr(evCUDA, uint32(event.KindEnqueue), 100, 101, tEnd), StartNs: tEnd, Stream: 0x7f00, Count: 3, Func: uint32(event.CULaunchKernelEx), Mark: 0x7e57}
 	coll := rawNCCL{Hdr: hdr(evNCCL, uint32(event.KindCollective), 100, 101, tEnd), StartNs: tEnd, Count: 1 << 20, Bytes: 4 << 20, Comm: 0xc0, Stream: 0x7f00, Peer: -1, Op: uint32(event.NCCLAllReduce), Datatype: 7}
 	sys := rawSyscall{Hdr: hdr(evSyscall, uint32(event.KindSyscall), 100, 101, tEnd), StartNs: tStart, Ret: 4096, Waker: uint64(200)<<32 | 201, Nr: 17, Fd: 5, Class: uint32(event.SysRead)}
 	rq := rawSched{Hdr: hdr(evSched, uint32(event.KindRunqueue), 100, 101, tEnd), StartNs: tStart}
@@ -78,7 +78,7 @@ func TestDecodeRecords(t *testing.T) {
 		emit bool
 	}{
 		{"sync", event.Event{Kind: event.KindSync, PID: 100, TID: 101, Start: start, End: end, CUDA: event.CUStreamSynchronize, Stream: 0x7f00, Count: 42, FD: -1, PeerRank: -1}, ctlNone, true},
-		{"enqueue", event.Event{Kind: event.KindEnqueue, PID: 100, TID: 101, Start: end, End: end, CUDA: event.CULaunchKernelEx, Stream: 0x7f00, Count: 3, FD: -1, PeerRank: -1}, ctlNone, true},
+		{"enqueue", event.Event{Kind: event.KindEnqueue, PID: 100, TID: 101, Start: end, End: end, CUDA: event.CULaunchKernelEx, Stream: 0x7f00, Count: 3, Mark: 0x7e57, FD: -1, PeerRank: -1}, ctlNone, true},
 		{"collective", event.Event{Kind: event.KindCollective, PID: 100, TID: 101, Start: end, End: end, Op: event.NCCLAllReduce, Count: 1 << 20, Bytes: 4 << 20, Comm: 0xc0, Stream: 0x7f00, FD: -1, PeerRank: -1}, ctlNone, true},
 		{"syscall", event.Event{Kind: event.KindSyscall, PID: 100, TID: 101, Start: start, End: end, Syscall: event.SysRead, SyscallNr: 17, Name: syscallName(17), FD: 5, Ret: 4096, Bytes: 4096, WakerPID: 200, WakerTID: 201, PeerRank: -1}, ctlNone, true},
 		{"runqueue", event.Event{Kind: event.KindRunqueue, PID: 100, TID: 101, Start: start, End: end, FD: -1, PeerRank: -1}, ctlNone, true},

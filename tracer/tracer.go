@@ -174,6 +174,10 @@ func New(cfg Config) (*Tracer, error) {
 	t.reader = rr
 	t.wg.Add(1)
 	go t.rescanLoop()
+	if cfg.Probes == ProbesFull {
+		t.wg.Add(1)
+		go t.markLoop()
+	}
 	uprobeMode := "uprobe_multi links"
 	if !t.multi {
 		uprobeMode = "one perf-event uprobe per function (no uprobe_multi)"

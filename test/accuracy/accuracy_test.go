@@ -207,6 +207,14 @@ func scenarios() []scenario {
 			extra:  []string{"--launch-api", "graph", "--extra-syncs", "2", "--batch-copies", "2"},
 			env:    []string{"SIMGPU_GRAPH_US=12000"},
 			stalls: []stall{{cause: "io.read", every: 4, ms: 30}}},
+		// A benchmark's loop: its input already on the device, nothing
+		// enqueued but kernels of six functions (five cycling, the last
+		// kernel its own), the loss read every 10th step. The launches
+		// of the functions the tracer marks clock it: full probes only,
+		// lite sees nothing but the syncs.
+		{name: "steps-kernels-only", kernels: 24, kernelUS: 500, gapUS: 20, streams: 1, steps: 60, countSteps: true,
+			probes: []string{"full"},
+			extra:  []string{"--batch-bytes", "0", "--kernel-fns", "6", "--sync-every", "10"}},
 	}
 }
 

@@ -133,6 +133,8 @@ static struct {
 	long extra_syncs;  /* most .item()-like reads per step; each step has its own count */
 	long batch_copies; /* async host-to-device copies at the start of each step */
 	long trailing;	   /* short kernels launched after each step's final sync */
+	long kernel_fns;   /* distinct kernel functions a step launches (--kernel-fns) */
+	long sync_every;   /* the step's sync only every Nth step (--sync-every) */
 	int ctx_sync; /* 1: cuCtxSynchronize, 2: cuCtxSynchronize_v2 (CUDA 13's cudaDeviceSynchronize) */
 	int quiet;
 	enum launch_api api;
@@ -157,7 +159,11 @@ static struct {
 	.workers = 2,
 	.batch_bytes = 1 << 20,
 	.bucket_bytes = 25 << 20,
+	.kernel_fns = 1,
+	.sync_every = 1,
 };
+
+#define MAX_KFNS 64 /* --kernel-fns */
 
 static volatile sig_atomic_t stop_requested;
 
@@ -558,7 +564,7 @@ static void usage(FILE *f)
 	      "                [--workers W] [--data-dir DIR] [--batch-bytes B] [--bucket-bytes B]\n"
 	      "                [--launch-api kernel|ex|cooperative|graph|ptsz|mix] [--copy-api API|all]\n"
 	      "                [--ctx-sync|--ctx-sync-v2] [--extra-syncs N] [--batch-copies C] [--comm-id NAME] [--await-probes S]\n"
-	      "                [--trailing-launches T] [--quiet]\n"
+	      "                [--trailing-launches T] [--kernel-fns F] [--sync-every N] [--quiet]\n"
 	      "       simtrain --dump-timeline FROM,TO[,MASK] [--device D]\n"
 	      "causes: io.read io.write net loader.wait loader.wait.io loader.wait.cpu comm\n"
 	      "        cuda.memcpy cuda.alloc cpu cpu.contention sleep\n"
@@ -577,7 +583,7 @@ static void parse_args(int argc, char **argv)
 		O_STEPS = 256, O_KERNELS, O_KUS, O_GAP, O_STREAMS, O_TRUTH, O_STALL, O_DEVICE,
 		O_RANK, O_NRANKS, O_COLL, O_SERVER, O_WORKERS, O_DATADIR, O_QUIET, O_BATCH,
 		O_BUCKET, O_API, O_COPYAPI, O_CTXSYNC, O_CTXSYNC2, O_DUMP, O_HELP, O_EXTRA, O_BCOPIES, O_TRAIL,
-		O_COMMID, O_AWAIT,
+		O_COMMID, O_AWAIT, O_KFNS, O_SYNCEVERY,
 	};
 	static const struct option lo[] = {
 		{"steps", required_argument, 0, O_STEPS},
@@ -605,6 +611,8 @@ static void parse_args(int argc, char **argv)
 		{"extra-syncs", required_argument, 0, O_EXTRA},
 		{"batch-copies", required_argument, 0, O_BCOPIES},
 		{"trailing-launches", required_argument, 0, O_TRAIL},
+		{"kernel-fns", required_argument, 0, O_KFNS},
+		{"sync-every", required_argument, 0, O_SYNCEVERY},
 		{"dump-timeline", required_argument, 0, O_DUMP},
 		{"quiet", no_argument, 0, O_QUIET},
 		{"help", no_argument, 0, O_HELP},
@@ -660,6 +668,8 @@ static void parse_args(int argc, char **argv)
 		case O_EXTRA: opt.extra_syncs = parse_long("--extra-syncs", optarg, 0, 64); break;
 		case O_BCOPIES: opt.batch_copies = parse_long("--batch-copies", optarg, 0, 16); break;
 		case O_TRAIL: opt.trailing = parse_long("--trailing-launches", optarg, 0, 16); break;
+		case O_KFNS: opt.kernel_fns = parse_long("--kernel-fns", optarg, 1, MAX_KFNS); break;
+		case O_SYNCEVERY: opt.sync_every = parse_long("--sync-every", optarg, 1, 1 << 20); break;
 		case O_DUMP: opt.dump_timeline = optarg; break;
 		case O_QUIET: opt.quiet = 1; break;
 		case O_HELP: usage(stdout); exit(0);
@@ -673,6 +683,8 @@ static void parse_args(int argc, char **argv)
 		usage_error("--steps is required");
 	if (opt.rank >= opt.nranks)
 		usage_error("--rank %ld must be below --nranks %ld", opt.rank, opt.nranks);
+	if (opt.kernel_fns > opt.kernels)
+		usage_error("--kernel-fns %ld exceeds --kernels-per-step %ld", opt.kernel_fns, opt.kernels);
 	if (opt.batch_bytes == 0 && opt.copy_api_set)
 		usage_error("--batch-bytes 0 (no batch copy) cannot go with --copy-api");
 	if (opt.comm_id != NULL) {
@@ -1174,7 +1186,10 @@ static void stop_children(void)
 /* The simulated device                                                */
 
 static CUstream streams[MAX_STREAMS];
-static CUfunction kfunc, ktrail;
+/* --kernel-fns: a step's kernels cycle through the first F-1 functions and
+ * its last kernel (the optimizer's, say) has a function of its own, so the
+ * functions repeat a fixed number of times per step, as a model's do. */
+static CUfunction kfunc, ktrail, kfns[MAX_KFNS];
 static CUgraphExec kgraph;
 static CUdeviceptr dbatch, dgrad, dcopy;
 static char *hbatch;
@@ -1207,6 +1222,9 @@ static void setup_device(void)
 	snprintf(name, sizeof(name), "sim_kernel_%ld", opt.kernel_us);
 	check_cu(cuModuleGetFunction(&kfunc, mod, name), "cuModuleGetFunction");
 	check_cu(cuModuleGetFunction(&ktrail, mod, "sim_kernel_20"), "cuModuleGetFunction");
+	kfns[0] = kfunc;
+	for (long i = 1; i < opt.kernel_fns; i++)
+		check_cu(cuModuleGetFunction(&kfns[i], mod, name), "cuModuleGetFunction");
 	CUgraph g;
 	check_cu(cuGraphCreate(&g, 0), "cuGraphCreate");
 	check_cu(cuGraphInstantiateWithFlags(&kgraph, g, 0), "cuGraphInstantiateWithFlags");
@@ -1239,26 +1257,29 @@ static void setup_device(void)
 static const char *launch_one(long i, CUstream s)
 {
 	enum launch_api api = opt.api == L_MIX ? (enum launch_api)(i % 5) : opt.api;
+	CUfunction fn = kfns[0];
+	if (opt.kernel_fns > 1)
+		fn = i == opt.kernels - 1 ? kfns[opt.kernel_fns - 1] : kfns[i % (opt.kernel_fns - 1)];
 	CUlaunchConfig cfg = {.gridDimX = 108, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 256,
 			      .blockDimY = 1, .blockDimZ = 1, .hStream = s};
 	void *params[] = {&dbatch};
 	switch (api) {
 	case L_EX:
-		check_cu(cuLaunchKernelEx(&cfg, kfunc, params, NULL), "cuLaunchKernelEx");
+		check_cu(cuLaunchKernelEx(&cfg, fn, params, NULL), "cuLaunchKernelEx");
 		return "cuLaunchKernelEx";
 	case L_COOP:
-		check_cu(cuLaunchCooperativeKernel(kfunc, 108, 1, 1, 256, 1, 1, 0, s, params),
+		check_cu(cuLaunchCooperativeKernel(fn, 108, 1, 1, 256, 1, 1, 0, s, params),
 			 "cuLaunchCooperativeKernel");
 		return "cuLaunchCooperativeKernel";
 	case L_GRAPH:
 		check_cu(cuGraphLaunch(kgraph, s), "cuGraphLaunch");
 		return "cuGraphLaunch";
 	case L_PTSZ:
-		check_cu(cuLaunchKernel_ptsz(kfunc, 108, 1, 1, 256, 1, 1, 0, s, params, NULL),
+		check_cu(cuLaunchKernel_ptsz(fn, 108, 1, 1, 256, 1, 1, 0, s, params, NULL),
 			 "cuLaunchKernel_ptsz");
 		return "cuLaunchKernel_ptsz";
 	default:
-		check_cu(cuLaunchKernel(kfunc, 108, 1, 1, 256, 1, 1, 0, s, params, NULL),
+		check_cu(cuLaunchKernel(fn, 108, 1, 1, 256, 1, 1, 0, s, params, NULL),
 			 "cuLaunchKernel");
 		return "cuLaunchKernel";
 	}
@@ -1902,7 +1923,10 @@ int main(int argc, char **argv)
 
 		uint64_t comm_sync_start = 0;
 		uint64_t comm_rd0 = pending_comm_delay_ns > 0 ? thread_run_delay_ns() : 0;
-		if (opt.ctx_sync) {
+		if (step % opt.sync_every != 0 && step != opt.steps) {
+			/* --sync-every: a loop that reads its loss only every Nth
+			 * step leaves the others unsynchronized. */
+		} else if (opt.ctx_sync) {
 			uint64_t s = now_ns();
 			if (opt.ctx_sync == 2)
 				check_cu(cuCtxSynchronize_v2(NULL), "cuCtxSynchronize_v2");

@@ -1,0 +1,133 @@
+package correlate
+
+import (
+	"log/slog"
+	"os"
+	"testing"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// kernelFn launches a kernel of function fn. A function the tracer marked
+// is emitted wherever its launch comes, flushing the launches before it,
+// as bpf/cuda.c does; from is the iteration from which marks apply.
+func (s *gpuSim) kernelFn(dur int64, fn uint64, marked bool) {
+	if !marked || s.lite {
+		s.kernel(dur)
+		return
+	}
+	s.t += 5 * us
+	start := max(s.t, s.gpuFree)
+	s.gpuFree = start + dur
+	s.addBusy(start, s.gpuFree)
+	prev := s.lastLaunch[s.tid]
+	s.lastLaunch[s.tid] = s.t
+	s.evs = append(s.evs, event.Event{Kind: event.KindEnqueue, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
+		CUDA: event.CULaunchKernel, Stream: s.stream, Count: s.pending[s.tid] + 1, LastLaunch: prev, Mark: fn})
+	s.pending[s.tid] = 0
+	s.flushed[s.tid] = true
+}
+
+// benchLoop is a benchmark's loop: its input is on the device already, so
+// it enqueues nothing but kernels: a forward of four layers of three
+// functions each, a loss, the backward's functions (each layer's twice),
+// an optimizer kernel, and every tenth iteration a metric's kernel and
+// the loss read (the only sync). Marked holds the functions the tracer
+// marked and markFrom the iteration from which it did. With copy, each
+// iteration first copies a batch to the device. It returns the
+// iterations' ends.
+func benchLoop(s *gpuSim, iters, markFrom int, marked map[uint64]bool, copy bool) []int64 {
+	const (
+		fnLayer  = 0x1000 // + 0..2
+		fnLoss   = 0x2000
+		fnBwd    = 0x3000 // + 0..2
+		fnOptim  = 0x4000
+		fnMetric = 0x5000
+	)
+	var ends []int64
+	for n := 0; n < iters; n++ {
+		mark := func(fn uint64) bool { return n >= markFrom && marked[fn] }
+		k := func(fn uint64) { s.kernelFn(150*us, fn, mark(fn)); s.t += 20 * us }
+		if copy {
+			s.copyAsync(200*us, s.stream)
+		}
+		for l := 0; l < 4; l++ {
+			for f := uint64(0); f < 3; f++ {
+				k(fnLayer + f)
+			}
+		}
+		k(fnLoss)
+		for l := 0; l < 4; l++ {
+			for f := uint64(0); f < 3; f++ {
+				k(fnBwd + f)
+				k(fnBwd + f)
+			}
+		}
+		k(fnOptim)
+		if (n+1)%10 == 0 {
+			k(fnMetric)
+			s.sync()
+		}
+		ends = append(ends, s.t)
+		s.t += 100 * us
+	}
+	return ends
+}
+
+// TestMarkedLaunchesClockSteps: a loop that enqueues only kernels and
+// syncs every tenth iteration is counted by the launches of the functions
+// the tracer marked, one of each rarity: the metric's (every tenth
+// iteration), the loss's (once), a layer's (four times), a backward
+// function's (eight times). Only the loss counts iterations; the layer's
+// repeats alike at three of its four places, the metric's ten times more
+// rarely is host code's choice. A loop that copies its batch keeps the
+// copy's clock, marks or not.
+func TestMarkedLaunchesClockSteps(t *testing.T) {
+	all := map[uint64]bool{0x5000: true, 0x2000: true, 0x1001: true, 0x3002: true}
+	frequent := map[uint64]bool{0x1001: true, 0x3002: true}
+	for _, c := range []struct {
+		name     string
+		marked   map[uint64]bool
+		markFrom int
+		copy     bool
+		probes   string
+		min, max int // steps for 120 iterations
+	}{
+		{"marked from the start", all, 0, false, ProbesFull, 118, 120},
+		// Marks come once the tracer has read the counts: the iterations
+		// before are one window.
+		{"marked from the 12th", all, 11, false, ProbesFull, 108, 110},
+		// No function launched once an iteration is marked: the layer's,
+		// four an iteration, clocks it.
+		{"frequent marks only", frequent, 0, false, ProbesFull, 118, 120},
+		{"copies, marked", all, 0, true, ProbesFull, 120, 120},
+		// Without marks the loop repeats nothing but its syncs.
+		{"unmarked", nil, 0, false, ProbesFull, 0, 12},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSim()
+			s.lite = c.probes == ProbesLite
+			ends := benchLoop(s, 120, c.markFrom, c.marked, c.copy)
+			col := &collect{}
+			e := newEngine(col, func(cfg *Config) {
+				cfg.Probes = c.probes
+				if os.Getenv("GT_DEBUG") != "" {
+					cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+				}
+			})
+			feed(e, col, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+			n, windows := 0, 0
+			for _, st := range col.steps {
+				if st.Window {
+					windows++
+					continue
+				}
+				n++
+			}
+			t.Logf("%d steps, %d windows for 120 iterations (the last ended %.1f ms in)", n, windows, float64(ends[len(ends)-1]-t0)/1e6)
+			if n < c.min || n > c.max {
+				t.Errorf("%d steps for 120 iterations, want %d to %d", n, c.min, c.max)
+			}
+		})
+	}
+}

@@ -15,7 +15,8 @@
  * blocking event is emitted as K_ENQUEUE, the others only bump a counter
  * that the next emitted enqueue or sync carries in its count. Launches are
  * also counted per function (launch_fns); a launch of a function user space
- * marked is emitted as K_ENQUEUE too, carrying the handle.
+ * marked is emitted as K_ENQUEUE too, carrying the handle, and amid a burst
+ * it carries the unflushed launches in pending without flushing them.
  */
 #include "common.h"
 #include "python.h"
@@ -95,11 +96,15 @@ struct {
 	__type(value, struct launch_fn);
 } launch_fns SEC(".maps");
 
+/* Launches are counted per function only under the full probe set, where
+ * user space reads the counts (set before load). */
+const volatile bool count_launches = false;
+
 /* count_launch counts a launch of handle by the current process and says
  * whether user space marked the function. */
 static __always_inline bool count_launch(__u64 id, __u64 handle)
 {
-	if (!handle)
+	if (!count_launches || !handle)
 		return false;
 	struct launch_fn_key k = {.tgid = id >> 32, .handle = handle};
 	struct launch_fn *f = bpf_map_lookup_elem(&launch_fns, &k);
@@ -160,9 +165,11 @@ int cuda_launch(struct pt_regs *ctx)
 	asm volatile("" : "+r"(arg1), "+r"(arg2));
 	__u64 handle = layout == LL_CONFIG ? arg2 : arg1;
 	bool marked = count_launch(id, handle);
-	if (t->busy && !marked && (prev == 0 || now - prev < launch_pause_ns)) {
+	bool busy = t->busy && (prev == 0 || now - prev < launch_pause_ns);
+	if (busy) {
 		t->launches++;
-		return 0;
+		if (!marked)
+			return 0;
 	}
 
 	__u64 stream = 0;
@@ -184,17 +191,26 @@ int cuda_launch(struct pt_regs *ctx)
 	struct cuda_event *e = reserve(sizeof(*e));
 	if (!e) {
 		/* keep the launch in the count so totals stay right */
-		t->launches++;
+		if (!busy)
+			t->launches++;
 		return 0;
 	}
 	hdr_fill(&e->hdr, EV_CUDA, K_ENQUEUE, id, now);
 	e->stack_id = -1;
 	e->start_ns = now;
 	e->stream = stream;
-	e->count = t->launches + 1;
 	e->last_launch_ns = prev;
 	e->func = cookie & 0xff;
 	e->mark = marked ? handle : 0;
+	if (busy) {
+		/* A marked launch amid a burst flushes nothing: it says how many
+		 * launches the thread made since its last flush, itself included,
+		 * as a copy does. */
+		e->pending = t->launches;
+		submit(e);
+		return 0;
+	}
+	e->count = t->launches + 1;
 	submit(e);
 	t->launches = 0;
 	t->busy = 1;

@@ -106,7 +106,9 @@ struct cuda_event {
 	/* K_ENQUEUE: the launched function's handle (CUfunction, or the
 	 * CUgraphExec of a graph launch) when user space marked it as one that
 	 * clocks steps (tracer/marks.go), else 0. A marked launch is emitted
-	 * even while the thread is busy, flushing the launches before it. */
+	 * even while the thread is busy; then it flushes nothing (count 0) and
+	 * pending says how many launches the thread made since its last flush,
+	 * itself included. */
 	__u64 mark;
 	__s32 ret;   /* CUresult of blocking calls */
 	__u32 func;  /* event.CUDA */

@@ -151,6 +151,11 @@ const groupMisses = 2 * groupMin
 // g steps at one place. Otherwise cf is returned as found, and a grouping
 // that the launches now refute is forgotten.
 func (s *stepper) group(toks []token, cf clockFound) clockFound {
+	if cf.key.marked() {
+		// The tracer marks the rarest functions, the optimizer's among
+		// them: a clock on one groups nothing.
+		return cf
+	}
 	segs := fineSegs(toks, cf.key, cf.m, cf.phase)
 	for g := 2; g*cf.m <= groupMax; g++ {
 		r, ok := syncSlot(segs, g)

@@ -99,6 +99,13 @@ type token struct {
 	// seen: every launch since the previous token was seen (full, or a
 	// window of auto), so launches == 0 means none ran.
 	seen bool
+	// mlaunches (marked launches only): the process's kernels launched
+	// since the previous marked launch, exactly: what its threads
+	// flushed and what they reported unflushed (Event.Pending). A marked
+	// launch amid a burst flushes nothing, so launches, counted at
+	// flushes, may lag by a step; a clock on marked launches compares
+	// steps by these.
+	mlaunches uint64
 	// occ: for a collective on a communicator seen from its creation, how
 	// many like it the communicator issued before; -1 otherwise.
 	occ int64
@@ -113,6 +120,9 @@ type token struct {
 // since the previous token, all launches seen, and no collective itself;
 // or, launches unseen, GPM saw no compute on the device meanwhile.
 func (t *token) idle() bool {
+	if t.key.marked() {
+		return false // a launch itself
+	}
 	return t.key.kind != event.KindCollective && (t.quiet || t.seen && t.launches == 0)
 }
 
@@ -343,6 +353,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 	n := len(toks)
 	ph := make([]uint64, n+1)
 	pl := make([]uint64, n+1)
+	pm := make([]uint64, n+1) // marked launches' exact counts
 	ps := make([]int, n+1)
 	pi := make([]int, n+1) // tokens known to follow no compute
 	for i := range toks {
@@ -357,15 +368,16 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 			ph[i+1] += k.hash()
 		}
 		pl[i+1] = pl[i] + toks[i].launches
+		pm[i+1] = pm[i] + toks[i].mlaunches
 		ps[i+1] = ps[i] + toks[i].syncs
 		pi[i+1] = pi[i]
 		if toks[i].idle() {
 			pi[i+1]++
 		}
 	}
-	opsOf := ph
+	opsOf, launchOf := ph, pl
 	segOf := func(a, b int) segSum { // tokens a+1..b
-		return segSum{ops: opsOf[b+1] - opsOf[a+1], launches: pl[b+1] - pl[a+1], syncs: ps[b+1] - ps[a+1], dur: toks[b].t - toks[a].t}
+		return segSum{ops: opsOf[b+1] - opsOf[a+1], launches: launchOf[b+1] - launchOf[a+1], syncs: ps[b+1] - ps[a+1], dur: toks[b].t - toks[a].t}
 	}
 	useLaunches := launchesSeen && launches > 0
 	// The most frequent operations first: a run's start (loading weights,
@@ -377,8 +389,9 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 	var cands []clockFound
 	for _, k := range keys {
 		o := occ[k]
-		opsOf = ph
+		opsOf, launchOf = ph, pl
 		if k.marked() {
+			launchOf = pm
 			// A marked function's steps hold the other marked functions
 			// launched as rarely or more rarely than it: a function the
 			// loop launches three times an iteration repeats with the same
@@ -771,7 +784,34 @@ func clockPhase(toks []token, o []int, m int, posts func(lo, hi int64) int64) in
 }
 
 // onLaunches counts kernels launched, for the clock's step comparison.
-func (s *stepper) onLaunches(n uint64) { s.pendL += n }
+func (s *stepper) onLaunches(n uint64) {
+	s.pendL += n
+	s.flushedAll += n
+}
+
+// notePending takes what a thread's CUDA event says of its launches not
+// flushed yet: none (flush: it flushed them, or its count carried them)
+// or pending; marked launches count positions by them (token.mlaunches).
+func (s *stepper) notePending(tid uint32, pending uint64, flush bool) {
+	if flush {
+		pending = 0
+	}
+	if s.pend == nil {
+		s.pend = map[uint32]uint64{}
+	}
+	old := s.pend[tid]
+	if pending < old && !flush {
+		// A later event cannot report fewer unflushed launches without a
+		// flush in between: one was lost; keep the larger.
+		return
+	}
+	s.pendSum += pending - old
+	if pending == 0 {
+		delete(s.pend, tid)
+		return
+	}
+	s.pend[tid] = pending
+}
 
 // onToken feeds one enqueue that can clock steps; it reports whether a
 // step ended.
@@ -781,6 +821,11 @@ func (s *stepper) onToken(set settings, key tokKey, occ, t int64) bool {
 		from = s.toks[n-1].t
 	}
 	tok := token{key: key, t: t, launches: s.pendL, syncs: s.pendSyncs, seen: set.launchesSeen(from, t), occ: occ, from: from}
+	if key.marked() {
+		pos := s.flushedAll + s.pendSum
+		tok.mlaunches = pos - min(pos, s.markPos)
+		s.markPos = pos
+	}
 	tok.gpmWait = !tok.seen && key.kind != event.KindCollective && s.askGPM(s.dev)
 	s.pendL, s.pendSyncs = 0, 0
 	s.toks = append(s.toks, tok)
@@ -806,7 +851,7 @@ func (s *stepper) onToken(set settings, key tokKey, occ, t int64) bool {
 // occurrence of its operation.
 func (s *stepper) clockTick(set settings, tok *token) bool {
 	c := s.clock
-	c.seg.add(tok)
+	c.seg.add(tok, c.key.marked())
 	if tok.key != c.key {
 		return false
 	}
@@ -857,8 +902,12 @@ func (s *stepper) clockTick(set settings, tok *token) bool {
 	return true
 }
 
-func (f *segFeat) add(tok *token) {
-	f.launches += tok.launches
+func (f *segFeat) add(tok *token, marked bool) {
+	if marked {
+		f.launches += tok.mlaunches
+	} else {
+		f.launches += tok.launches
+	}
 	f.syncs += tok.syncs
 	if !tok.key.marked() {
 		f.counts[tok.key]++
@@ -1031,7 +1080,7 @@ func (s *stepper) openSeg() (segFeat, int) {
 	var idx int64
 	for i := range s.toks {
 		tok := &s.toks[i]
-		seg.add(tok)
+		seg.add(tok, c.key.marked())
 		if tok.key != c.key {
 			continue
 		}
@@ -1130,7 +1179,7 @@ func (s *stepper) retroClock() {
 	lastBefore := s.loopStart()
 	for i := range s.toks {
 		tok := &s.toks[i]
-		c.seg.add(tok)
+		c.seg.add(tok, c.key.marked())
 		if tok.key != c.key {
 			continue
 		}

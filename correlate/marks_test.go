@@ -9,8 +9,9 @@ import (
 )
 
 // kernelFn launches a kernel of function fn. A function the tracer marked
-// is emitted wherever its launch comes, flushing the launches before it,
-// as bpf/cuda.c does; from is the iteration from which marks apply.
+// is emitted wherever its launch comes, as bpf/cuda.c does: amid a burst
+// it flushes nothing and reports the launches not flushed yet, itself
+// included; else it is the burst's first launch, which flushes.
 func (s *gpuSim) kernelFn(dur int64, fn uint64, marked bool) {
 	if !marked || s.lite {
 		s.kernel(dur)
@@ -22,10 +23,17 @@ func (s *gpuSim) kernelFn(dur int64, fn uint64, marked bool) {
 	s.addBusy(start, s.gpuFree)
 	prev := s.lastLaunch[s.tid]
 	s.lastLaunch[s.tid] = s.t
-	s.evs = append(s.evs, event.Event{Kind: event.KindEnqueue, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
-		CUDA: event.CULaunchKernel, Stream: s.stream, Count: s.pending[s.tid] + 1, LastLaunch: prev, Mark: fn})
-	s.pending[s.tid] = 0
-	s.flushed[s.tid] = true
+	ev := event.Event{Kind: event.KindEnqueue, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
+		CUDA: event.CULaunchKernel, Stream: s.stream, LastLaunch: prev, Mark: fn}
+	if s.flushed[s.tid] && (prev == 0 || s.t-prev < ms) {
+		s.pending[s.tid]++
+		ev.Pending = s.pending[s.tid]
+	} else {
+		ev.Count = s.pending[s.tid] + 1
+		s.pending[s.tid] = 0
+		s.flushed[s.tid] = true
+	}
+	s.evs = append(s.evs, ev)
 }
 
 // benchLoop is a benchmark's loop: its input is on the device already, so
@@ -129,5 +137,79 @@ func TestMarkedLaunchesClockSteps(t *testing.T) {
 				t.Errorf("%d steps for 120 iterations, want %d to %d", n, c.min, c.max)
 			}
 		})
+	}
+}
+
+// TestMarkedLaunchesAccumulation: gradient accumulation (accumLoop's
+// shape: four micro-batches of a copy, a forward on the feeder and a
+// backward on the autograd thread, then clip_grad_norm_, a fused AdamW
+// step and the loss read) with the functions the tracer would mark: the
+// optimizer's (once an iteration), the loss's (once a micro-batch), a
+// clip kernel's (six an iteration). Full counts the iterations.
+func TestMarkedLaunchesAccumulation(t *testing.T) {
+	marked := map[uint64]bool{0x4100: true, 0x2000: true, 0x4000: true}
+	if os.Getenv("GT_NOMARK") != "" {
+		marked = nil
+	}
+	const feeder, autograd = 100, 101
+	s := newSim()
+	copyOf := func(bytes uint64, dir event.CUDA) {
+		s.t += 5 * us
+		s.evs = append(s.evs, event.Event{Kind: event.KindMemcpyAsync, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
+			CUDA: event.CUMemcpyAsync, Stream: s.stream, Bytes: bytes, CopyDir: dir, Pending: s.pending[s.tid]})
+		start := max(s.t, s.gpuFree)
+		s.gpuFree = start + 10*us
+		s.addBusy(start, s.gpuFree)
+	}
+	k := func(fn uint64) { s.kernelFn(60*us, fn, marked[fn]); s.t += 15 * us }
+	const iters, micro = 60, 4
+	for n := 0; n < iters; n++ {
+		for m := 0; m < micro; m++ {
+			s.tid = feeder
+			for i := 0; i < 3; i++ {
+				copyOf(8<<10, event.CUMemcpyHtoD)
+			}
+			for i := 0; i < 39; i++ {
+				k(0x1000 + uint64(i%3))
+			}
+			k(0x2000) // the loss
+			t0 := s.t
+			s.tid = autograd
+			s.flushed[autograd] = false
+			for i := 0; i < 85; i++ {
+				k(0x3000 + uint64(i%3))
+			}
+			bwd := s.t - t0
+			s.t = t0
+			s.tid = feeder
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", FDKind: event.FDUnknown}, bwd)
+		}
+		for i := 0; i < 6; i++ {
+			k(0x4000) // clip_grad_norm_'s foreach kernels
+		}
+		k(0x4100) // fused AdamW
+		copyOf(4, event.CUMemcpyDtoH)
+		s.sync()
+		s.t += 300 * us
+	}
+	col := &collect{}
+	e := newEngine(col, func(cfg *Config) {
+		cfg.Probes = ProbesFull
+		if os.Getenv("GT_DEBUG") != "" {
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		}
+	})
+	feed(e, col, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+	n, windows := 0, 0
+	for _, st := range col.steps {
+		if st.Window {
+			windows++
+			continue
+		}
+		n++
+	}
+	t.Logf("%d steps, %d windows for %d iterations", n, windows, iters)
+	if n != iters {
+		t.Errorf("%d steps for %d iterations", n, iters)
 	}
 }

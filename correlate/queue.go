@@ -70,8 +70,12 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 		p.launches += ev.Count
 		p.recLaunches(t, ev.Count)
 		p.st.onLaunches(ev.Count)
+		p.st.notePending(th.tid, ev.Pending, ev.Count > 0)
 	case event.KindMemcpyAsync:
 		p.copies++
+		p.st.notePending(th.tid, ev.Pending, false)
+	case event.KindMemset:
+		p.st.notePending(th.tid, ev.Pending, false)
 	case event.KindCollective:
 		p.colls++
 	}
@@ -151,6 +155,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 		p.recLaunches(ev.Start, ev.Count)
 		p.st.onLaunches(ev.Count)
 	}
+	p.st.notePending(th.tid, 0, true)
 	if x.set.lite {
 		// Lite sees no launches: a trainer that only launches and syncs
 		// (no async copies, no collectives) feeds the GPU all the same.

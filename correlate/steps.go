@@ -108,6 +108,14 @@ type stepper struct {
 	doneNum int64
 	typical int64
 
+	// Launch positions of marked launches (notePending): each thread's
+	// launches reported unflushed, their sum, all launches flushed, and
+	// the position at the last marked launch.
+	pend       map[uint32]uint64
+	pendSum    uint64
+	flushedAll uint64
+	markPos    uint64
+
 	// The work clock (clock.go): enqueue tokens, the launches and syncs
 	// since the last one, and the clock once found.
 	toks      []token

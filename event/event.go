@@ -198,8 +198,10 @@ type Event struct {
 	Pending    uint64 `json:",omitempty"`
 	// Mark (KindEnqueue) is the launched function's handle (CUfunction,
 	// or the CUgraphExec of a graph launch) when the tracer marked it as
-	// one that clocks steps: such a launch is emitted wherever it comes,
-	// its Count flushing the launches before it. 0 for other enqueues.
+	// one that clocks steps: such a launch is emitted wherever it comes.
+	// Amid a burst it flushes nothing: Count is 0 and Pending the thread's
+	// launches since its last flush, itself included. 0 for other
+	// enqueues.
 	Mark uint64 `json:",omitempty"`
 	// CopyDir (KindMemcpyAsync, KindMemcpyStaged) is the copy's direction
 	// where the entry point says it: CUMemcpyHtoD, CUMemcpyDtoH, or

@@ -252,6 +252,7 @@ const (
 	cudaProgCudaBlockExit         = "cuda_block_exit"
 	cudaProgCudaLaunch            = "cuda_launch"
 	cudaVarCopyBlockNs            = "copy_block_ns"
+	cudaVarCountLaunches          = "count_launches"
 	cudaVarLaunchPauseNs          = "launch_pause_ns"
 	cudaVarNullProbes             = "null_probes"
 	cudaVarPidnsInum              = "pidns_inum"
@@ -354,6 +355,7 @@ type cudaMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaVariableSpecs struct {
 	CopyBlockNs            *ebpf.VariableSpec `ebpf:"copy_block_ns"`
+	CountLaunches          *ebpf.VariableSpec `ebpf:"count_launches"`
 	LaunchPauseNs          *ebpf.VariableSpec `ebpf:"launch_pause_ns"`
 	NullProbes             *ebpf.VariableSpec `ebpf:"null_probes"`
 	PidnsInum              *ebpf.VariableSpec `ebpf:"pidns_inum"`
@@ -439,6 +441,7 @@ func (m *cudaMaps) Close() error {
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaVariables struct {
 	CopyBlockNs            *ebpf.Variable `ebpf:"copy_block_ns"`
+	CountLaunches          *ebpf.Variable `ebpf:"count_launches"`
 	LaunchPauseNs          *ebpf.Variable `ebpf:"launch_pause_ns"`
 	NullProbes             *ebpf.Variable `ebpf:"null_probes"`
 	PidnsInum              *ebpf.Variable `ebpf:"pidns_inum"`

@@ -100,6 +100,12 @@ func (t *Tracer) load() error {
 				return fmt.Errorf("%s object: %w", s.name, err)
 			}
 		}
+		if s.name == "cuda" {
+			// Launches are counted per function where marks.go reads them.
+			if err := setVariable(spec, cudaVarCountLaunches, t.cfg.Probes == ProbesFull); err != nil {
+				return fmt.Errorf("%s object: %w", s.name, err)
+			}
+		}
 		if len(t.shared) == 0 {
 			for _, name := range sharedMaps {
 				ms, ok := spec.Maps[name]

@@ -388,24 +388,27 @@ func (c *StepCountResult) RelErr() float64 {
 	return math.Abs(c.SignedErr())
 }
 
-// CountSteps counts pid's train.step spans whose middle lies within the
-// truth's steps (from the first's start to the last's end). gaptrace ends
-// a step at the return of its last sync or at the operation that clocks
-// it, the trainer once the step's code has returned, so a span's end may
-// fall a little past its truth step's; its middle does not leave it unless
-// the boundaries are off by half a step. (Ends within a quarter of the
-// mean step counted before: a loop whose steps are 1 ms apart except the
-// one that syncs for 110 ms every tenth let three short steps past the
-// range into that margin.)
+// CountSteps counts pid's train.step spans that end within the truth's
+// steps (from the first's start to the last's end): gaptrace ends a step
+// at the return of its last sync, the trainer once it has returned, so a
+// margin far shorter than a step covers the difference. The margin is a
+// quarter of the median step, not of the mean: a loop whose steps are
+// 1 ms apart but for the one that syncs for 110 ms every tenth would let
+// three short steps past the range into a quarter of its mean.
 func CountSteps(tr *Truth, spans []StepSpan, pid int) *StepCountResult {
 	r := &StepCountResult{True: len(tr.Steps)}
 	if len(tr.Steps) == 0 {
 		return r
 	}
 	lo, hi := tr.Steps[0].Start, tr.Steps[len(tr.Steps)-1].End
+	d := make([]int64, len(tr.Steps))
+	for i, st := range tr.Steps {
+		d[i] = st.End - st.Start
+	}
+	slices.Sort(d)
+	margin := d[len(d)/2] / 4
 	for _, sp := range spans {
-		mid := sp.Start + (sp.End-sp.Start)/2
-		if sp.PID != int64(pid) || mid < lo || mid > hi {
+		if sp.PID != int64(pid) || sp.End <= lo || sp.End > hi+margin {
 			continue
 		}
 		r.Counted++

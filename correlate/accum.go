@@ -163,6 +163,7 @@ func (s *stepper) group(toks []token, cf clockFound) clockFound {
 			continue
 		}
 		more, still, known := groupLaunches(segs, g, r)
+
 		a := s.accum
 		learnt := a != nil && a.key == cf.key && a.m == cf.m && a.g == g
 		switch {
@@ -239,7 +240,13 @@ func coarsen(cf clockFound, segs []fineSeg, g, r int) clockFound {
 // seen, syncs come in some steps and not in others, a second one may still
 // come or they come evenly spaced, and the ring is not full yet.
 func (s *stepper) mayGroup(toks []token, cf clockFound) bool {
-	if len(toks) >= tokMax || cf.key.marked() {
+	other := 0
+	for i := range toks {
+		if !toks[i].key.marked() {
+			other++
+		}
+	}
+	if other >= tokMax || cf.key.marked() {
 		// A marked launch counts micro-batches only where nothing rarer
 		// is launched once per group: the tracer marks the rarest
 		// functions, the optimizer's among them.

@@ -829,10 +829,7 @@ func (s *stepper) onToken(set settings, key tokKey, occ, t int64) bool {
 	tok.gpmWait = !tok.seen && key.kind != event.KindCollective && s.askGPM(s.dev)
 	s.pendL, s.pendSyncs = 0, 0
 	s.toks = append(s.toks, tok)
-	if len(s.toks) > tokMax {
-		copy(s.toks, s.toks[len(s.toks)-tokMax:])
-		s.toks = s.toks[:tokMax]
-	}
+	s.trimToks()
 	s.ntok++
 	if s.mode == modeClock {
 		ended := s.clockTick(set, &tok)
@@ -845,6 +842,66 @@ func (s *stepper) onToken(set settings, key tokKey, occ, t int64) bool {
 		return false
 	}
 	return s.tryClock(set)
+}
+
+// copiesComing says whether an operation other than a marked launch
+// repeats in toks, still, but too few times yet for detectClock to judge
+// it as a clock of up to clockMaxM occurrences a step.
+func copiesComing(toks []token) bool {
+	n := map[tokKey]int{}
+	last := map[tokKey]int{}
+	for i := range toks {
+		if k := toks[i].key; !k.marked() {
+			n[k]++
+			last[k] = i
+		}
+	}
+	// Still occurring: among the latest tokens (a model's setup copies its
+	// parameters, and that never becomes a clock).
+	recent := len(toks) - 4*clockMaxM*(clockSegMin+1)
+	for k, c := range n {
+		if c >= 2 && c <= clockMaxM*(clockSegMin+1) && last[k] >= recent {
+			return true
+		}
+	}
+	return false
+}
+
+// trimToks keeps the ring within tokMax tokens of each class, marked
+// launches and the rest: a loop's marked launches come several times as
+// often as its batch copies, and would otherwise leave the ring too few
+// copies to tell micro-batches from iterations (accum.go). A token
+// dropped from inside the ring hands its launches and syncs to the next,
+// so that every step still sums what it held.
+func (s *stepper) trimToks() {
+	marked, other := 0, 0
+	for i := range s.toks {
+		if s.toks[i].key.marked() {
+			marked++
+		} else {
+			other++
+		}
+	}
+	for marked > tokMax || other > tokMax {
+		drop := marked > tokMax
+		for i := range s.toks {
+			if s.toks[i].key.marked() != drop {
+				continue
+			}
+			if i+1 < len(s.toks) {
+				s.toks[i+1].launches += s.toks[i].launches
+				s.toks[i+1].syncs += s.toks[i].syncs
+			}
+			s.toks = append(s.toks[:i], s.toks[i+1:]...)
+			break
+		}
+		if drop {
+			marked--
+		} else {
+			other--
+		}
+		s.trimmed = true
+	}
 }
 
 // clockTick advances the clock by one token: a step ends at every m-th
@@ -978,7 +1035,7 @@ func (s *stepper) tryClock(set settings) bool {
 	// anything before them) are left out until it comes; the occurrences
 	// of the clock among them count on.
 	toks := s.settledToks()
-	cf, valid := detectClock(toks, s.pendSyncs, !set.lite, s.mode == modeUnknown, s.ntok <= tokMax, s.maxPost)
+	cf, valid := detectClock(toks, s.pendSyncs, !set.lite, s.mode == modeUnknown, !s.trimmed, s.maxPost)
 	if len(valid) == 0 {
 		return false
 	}
@@ -987,8 +1044,19 @@ func (s *stepper) tryClock(set settings) bool {
 			cf.occ++
 		}
 	}
+	if cf.key.marked() && s.mode != modeClock && copiesComing(toks) {
+		// A copy or collective that repeats may yet clock the loop: marked
+		// launches decide only where none does.
+		return false
+	}
 	cf = s.group(toks, cf)
-	if (s.mode == modeUnknown || s.mode == modeWindow) && s.mayGroup(toks, cf) {
+	undecided := s.mode == modeUnknown || s.mode == modeWindow
+	if c := s.clock; s.mode == modeClock && c != nil && c.key.marked() && !cf.key.marked() {
+		// A copy or collective clock takes over from marked launches
+		// once it is known whether its steps are micro-batches.
+		undecided = true
+	}
+	if undecided && s.mayGroup(toks, cf) {
 		// Gaps are held, or go to a fixed window that the clock will
 		// split: wait until the ring holds the groups that say whether
 		// these steps are micro-batches of one iteration.
@@ -1105,7 +1173,7 @@ func (s *stepper) splitWindowClock() {
 	}
 	c := s.clock
 	from := -1
-	if s.ntok <= tokMax {
+	if !s.trimmed {
 		from = max(s.loopStart(), 0)
 	}
 	var idx int64

@@ -108,7 +108,7 @@ func TestMarkedLaunchesClockSteps(t *testing.T) {
 		// No function launched once an iteration is marked: the layer's,
 		// four an iteration, clocks it.
 		{"frequent marks only", frequent, 0, false, ProbesFull, 118, 120},
-		{"copies, marked", all, 0, true, ProbesFull, 120, 120},
+		{"copies, marked", all, 0, true, ProbesFull, 118, 120},
 		// Without marks the loop repeats nothing but its syncs.
 		{"unmarked", nil, 0, false, ProbesFull, 0, 12},
 	} {

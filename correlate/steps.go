@@ -122,6 +122,9 @@ type stepper struct {
 	pendL     uint64
 	pendSyncs int
 	ntok      int
+	// trimmed: the ring dropped a token (it no longer holds the run's
+	// first).
+	trimmed bool
 	clock     *clockState
 	// clockStrikes: checks in a row that found a better clock.
 	clockStrikes int

@@ -125,7 +125,7 @@ type stepper struct {
 	// trimmed: the ring dropped a token (it no longer holds the run's
 	// first).
 	trimmed bool
-	clock     *clockState
+	clock   *clockState
 	// clockStrikes: checks in a row that found a better clock.
 	clockStrikes int
 	// workGone: a sync that may have covered compute left the history,

@@ -401,6 +401,7 @@ func (e *Engine) finalize(force bool) {
 		}
 	}
 	e.forgetEnded()
+	e.forgetGoneMirrors(e.wm)
 	if e.wm-e.swept > sweepEvery && len(e.procs) > sweepProcs {
 		e.sweep()
 	}

@@ -63,7 +63,13 @@ func (r *PeerRecord) Shift(d int64) {
 type mirror struct {
 	from string // the sidecar that traces it
 	pid  uint32 // its pid there
-	gone bool
+	// gone: the process exited or its sidecar left; its communicators
+	// stay, like an exited process's own, until goneAt (the watermark
+	// when that was first seen here) is windowWait+holdMax behind, so
+	// that the other ranks' last waits are still judged by its timeline;
+	// forgotten: they were dropped.
+	gone, forgotten bool
+	goneAt          int64
 }
 
 type mirrorKey struct {
@@ -96,7 +102,25 @@ func (e *Engine) Peer(from string, recs []PeerRecord) {
 func (e *Engine) PeerLeft(from string) {
 	for k, pid := range e.mirrorOf {
 		if k.from == from {
-			e.forgetMirror(pid)
+			e.mirrorGone(pid)
+		}
+	}
+}
+
+// forgetGoneMirrors drops the communicators of mirrored processes gone for
+// windowWait+holdMax of watermark: every wait on them was decided.
+func (w *world) forgetGoneMirrors(wm int64) {
+	for m, mi := range w.mirrors {
+		if !mi.gone || mi.forgotten {
+			continue
+		}
+		if mi.goneAt == 0 {
+			mi.goneAt = max(wm, 1)
+			continue
+		}
+		if wm-mi.goneAt > windowWait+holdMax {
+			mi.forgotten = true
+			w.forgetComms(m)
 		}
 	}
 }
@@ -120,14 +144,12 @@ func (w *world) mirrorPID(from string, pid uint32) (uint32, bool) {
 	return m, true
 }
 
-// forgetMirror drops a mirrored process's communicators.
-func (w *world) forgetMirror(m uint32) {
-	mi := w.mirrors[m]
-	if mi == nil || mi.gone {
-		return
+// mirrorGone says that a mirrored process is gone: no wait waits for it
+// any longer; forgetGoneMirrors drops its communicators later.
+func (w *world) mirrorGone(m uint32) {
+	if mi := w.mirrors[m]; mi != nil && !mi.gone {
+		mi.gone, mi.goneAt = true, 0
 	}
-	mi.gone = true
-	w.forgetComms(m)
 }
 
 // realPID is the pid a process has where it is traced.
@@ -156,7 +178,14 @@ func (w *world) peer(from string, r *PeerRecord) {
 	c := w.comms[k]
 	switch r.Kind {
 	case PeerComm:
-		w.mirrors[pid].gone = false
+		if mi := w.mirrors[pid]; mi.gone {
+			// Back (a restart reusing its pid): what it had is stale.
+			if !mi.forgotten {
+				w.forgetComms(pid)
+			}
+			mi.gone, mi.forgotten, mi.goneAt = false, false, 0
+			c = nil
+		}
 		if r.Inferred {
 			if c == nil {
 				if c = w.inferComm(&event.Event{PID: pid, Comm: r.Comm}); c == nil {
@@ -192,7 +221,7 @@ func (w *world) peer(from string, r *PeerRecord) {
 			c.complete(r.Seq, r.At, r.From)
 		}
 	case PeerGone:
-		w.forgetMirror(pid)
+		w.mirrorGone(pid)
 	}
 }
 

@@ -51,11 +51,24 @@ func (j *ddpJob) sidecars(t *testing.T, lag int, leave int64, prep func(r int, e
 	for now := int64(t0); now <= until; now += tick {
 		if leave > 0 && now >= leave && !left {
 			left = true
+			if j.leaveClosed {
+				engs[n-1].Close(now)
+				for _, q := range inflight {
+					if q.from == n-1 {
+						for _, e := range engs[:n-1] {
+							e.Peer(fmt.Sprint("sidecar-", q.from), []PeerRecord{q.r})
+						}
+					}
+				}
+			}
 			for _, e := range engs[:n-1] {
 				e.PeerLeft(fmt.Sprint("sidecar-", n-1))
 			}
 		}
 		for r, e := range engs {
+			if left && r == n-1 {
+				continue
+			}
 			cols[r].now = now
 			for next[r] < len(evs[r]) && evs[r][next[r]].End <= now {
 				e.Event(evs[r][next[r]])
@@ -83,14 +96,18 @@ func (j *ddpJob) sidecars(t *testing.T, lag int, leave int64, prep func(r int, e
 			}
 		}
 		inflight = inflight[:k]
-		for _, e := range engs {
-			e.Advance(now)
+		for r, e := range engs {
+			if !left || r < n-1 {
+				e.Advance(now)
+			}
 		}
 		step++
 	}
 	out := make([][]Gap, n)
 	for r, e := range engs {
-		e.Close(until)
+		if !left || r < n-1 {
+			e.Close(until)
+		}
 		for _, g := range cols[r].gaps {
 			if g.Kind == GapStall && g.Cause == CauseComm {
 				out[r] = append(out[r], g)
@@ -204,6 +221,30 @@ func TestPeersLeft(t *testing.T) {
 	}
 }
 
+// The late rank's job ends and its sidecar leaves as soon as it has sent
+// its records of the last step: rank 0's last waits, decided after that,
+// are still judged by the gone rank's timeline and name it, every step's.
+func TestPeersLeftAfterLastStep(t *testing.T) {
+	j := newDDPJob(2)
+	j.run(20, func(rank, step int) int64 {
+		if rank == 1 {
+			return 30 * ms
+		}
+		return 0
+	})
+	j.leaveClosed = true
+	st, _ := j.sidecars(t, 2, j.done[len(j.done)-1]+ms, nil)
+	if len(st[0]) != 20 {
+		t.Fatalf("rank 0: %d comm stalls, want 20", len(st[0]))
+	}
+	for i, g := range st[0] {
+		if c := g.Evidence.Collective; c.LateSidecar != "sidecar-1" || !near(c.LateByNS, 30*ms, ms) {
+			t.Errorf("stall %d (%d ms) names %q late by %d ns, want sidecar-1 late 30 ms", i+1, (g.End-t0)/ms,
+				c.LateSidecar, c.LateByNS)
+		}
+	}
+}
+
 // Records sent again (a sidecar joining late gets every communicator
 // again) and lost on the way (a sequence number skipped) keep the mirror
 // aligned with its rank's sequence.
@@ -238,7 +279,21 @@ func TestPeersMirrorSequence(t *testing.T) {
 		t.Errorf("the collective before the jump is known")
 	}
 	e.Peer("b", []PeerRecord{{Kind: PeerGone, PID: 7}})
-	if e.comms[commKey{pid: m, comm: 0xabc}] != nil || e.live(m) {
-		t.Errorf("a process gone on its sidecar is still mirrored")
+	if e.live(m) {
+		t.Errorf("a process gone on its sidecar is still live")
+	}
+	// Its timeline stays for the other ranks' last waits, then goes.
+	wm := t0 + int64(time.Second)
+	e.forgetGoneMirrors(wm)
+	if e.comms[commKey{pid: m, comm: 0xabc}] == nil {
+		t.Errorf("a process gone on its sidecar was forgotten at once")
+	}
+	e.forgetGoneMirrors(wm + windowWait + holdMax)
+	if e.comms[commKey{pid: m, comm: 0xabc}] == nil {
+		t.Errorf("a gone process's communicators were forgotten before windowWait+holdMax")
+	}
+	e.forgetGoneMirrors(wm + windowWait + holdMax + 1)
+	if e.comms[commKey{pid: m, comm: 0xabc}] != nil {
+		t.Errorf("a process gone on its sidecar is still mirrored after windowWait+holdMax")
 	}
 }

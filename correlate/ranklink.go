@@ -399,7 +399,8 @@ func (w *world) awaitsLink(r collRef) bool {
 	}
 	if g := c.group; g != nil && !g.ambiguous && g.complete() {
 		for _, m := range g.members {
-			if j := r.seq + c.off - m.off; j >= m.n && j < m.n+issueRing {
+			// A rank that is gone issues nothing more.
+			if j := r.seq + c.off - m.off; j >= m.n && j < m.n+issueRing && w.live(m.pid) {
 				return true
 			}
 		}

@@ -28,6 +28,9 @@ type ddpJob struct {
 	begin  func(rank int, s *gpuSim)
 	done   []int64
 	waited [][]int64 // per step, per rank: how long its GPU spun on the others
+	// leaveClosed: the last rank's sidecar leaves (sidecars) as one does
+	// at the end of its job: its engine closed, every record of it sent.
+	leaveClosed bool
 }
 
 const commHandle = 0x7f00c0ffee00 // the same address in every rank: forked trainers

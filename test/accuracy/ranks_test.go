@@ -235,12 +235,25 @@ func runRanks(t *testing.T, rc ranksCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mine []correlate.Gap
-	for _, g := range gaps {
-		if int(g.PID) == tr[0].PID {
-			mine = append(mine, g)
+	// Each rank's gaps: with a sidecar per rank, from that sidecar's file
+	// (in PID namespaces of their own both trainers may have one pid).
+	gapsOf := func(r int) []correlate.Gap {
+		from := gaps
+		if rc.sidecars {
+			var err error
+			if from, err = ReadGaps(filepath.Join(dir, fmt.Sprintf("gaps%d.jsonl", r))); err != nil {
+				t.Fatal(err)
+			}
 		}
+		var out []correlate.Gap
+		for _, g := range from {
+			if int(g.PID) == tr[r].PID {
+				out = append(out, g)
+			}
+		}
+		return out
 	}
+	mine := gapsOf(0)
 	res := Evaluate(tr[0], mine, int64(time.Millisecond))
 	cm := res.Causes["comm"]
 	if cm == nil || cm.Stalls == 0 {
@@ -300,8 +313,8 @@ func runRanks(t *testing.T, rc ranksCase) {
 	// The late rank waits only where the loaded host made rank 0 later
 	// still (its truth records those waits too), and then names rank 0.
 	var theirs []correlate.Gap
-	for _, g := range gaps {
-		if int(g.PID) != tr[1].PID || g.Kind != correlate.GapStall {
+	for _, g := range gapsOf(1) {
+		if g.Kind != correlate.GapStall {
 			continue
 		}
 		theirs = append(theirs, g)
@@ -315,13 +328,16 @@ func runRanks(t *testing.T, rc ranksCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	spansOf := [2][]StepSpan{spans, spans}
 	if rc.sidecars {
-		// Rank 1's sidecar hangs its steps under rank 0's roots.
-		theirs, err := ReadRankSpans(filepath.Join(dir, "spans1.jsonl"))
-		if err != nil {
+		// Rank 1's sidecar hangs its steps under rank 0's roots; each
+		// rank's steps come from its own sidecar's file.
+		if spansOf[0], err = ReadStepSpans(filepath.Join(dir, "spans0.jsonl")); err != nil {
 			t.Fatal(err)
 		}
-		spans = append(spans, theirs...)
+		if spansOf[1], err = ReadRankSpans(filepath.Join(dir, "spans1.jsonl")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// Every gap is in the spans too, whichever rank's verdict came after
 	// its step was emitted, and whenever a rank's device became known.
@@ -334,7 +350,7 @@ func runRanks(t *testing.T, rc ranksCase) {
 	}
 	var counted [2]*StepCountResult
 	for r := range tr {
-		counted[r] = CountSteps(tr[r], spans, tr[r].PID)
+		counted[r] = CountSteps(tr[r], spansOf[r], tr[r].PID)
 		t.Logf("rank %d (pid %d): gaptrace counted %d steps (%d fixed windows), the trainer ran %d",
 			r, tr[r].PID, counted[r].Counted, counted[r].Windows, counted[r].True)
 		if counted[r].RelErr() > 0.1 {

@@ -210,6 +210,12 @@
 // checks in a row, to a clearly finer one or when it no longer qualifies;
 // many syncs without any operation mean the loop stopped, and steps fall
 // back to fixed windows.
+// A loop that enqueues only kernels is clocked, under full, by marked
+// launches (marks.go in tracer: a few of each process's rarest launched
+// functions, Event.Mark): a marked function is a clock operation like a
+// copy, compared by exact launch positions with the marked functions up
+// to 4.5 times rarer; its steps end at the launch unless every step
+// syncs; copies and collectives win over it.
 // A step ends when the next step's clock operation is enqueued: at the
 // sync after which the host clearly paused longest from the call's return
 // (full only), else at the last sync before it; at exit, at the last sync.

@@ -327,6 +327,7 @@ func (p *pipeline) Trace(pid int) error {
 	}
 	for _, q := range append([]int{pid}, proc.Descendants(pid)...) {
 		p.work.Of(uint32(q))
+		p.named(uint32(q), "")
 	}
 	p.mu.Lock()
 	p.targets = append(p.targets, pid)
@@ -393,15 +394,29 @@ func (p *pipeline) mapDevices() {
 	}
 }
 
+// named tells the session a traced process's name (comm; read from /proc
+// when not given) while the process lives.
+func (p *pipeline) named(pid uint32, comm string) {
+	if p.cfg.Named == nil {
+		return
+	}
+	if comm == "" {
+		comm = proc.Comm(int(pid), int(pid))
+	}
+	p.cfg.Named(pid, comm)
+}
+
 // event feeds one host event to the engine. A new or exec'd process's
 // workload is read while it lives: its last gaps are emitted after it exited.
 func (p *pipeline) event(ev *event.Event) {
 	switch {
 	case ev.Kind == event.KindFork && !ev.IsThread:
 		p.work.Of(ev.ChildPID)
+		p.named(ev.ChildPID, "")
 	case ev.Kind == event.KindExec:
 		p.work.Forget(ev.PID)
 		p.work.Of(ev.PID)
+		p.named(ev.PID, ev.TaskComm)
 		delete(p.ranked, ev.PID)
 	case ev.Kind == event.KindExit && ev.TID == ev.PID:
 		delete(p.ranked, ev.PID)

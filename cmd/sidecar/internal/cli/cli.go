@@ -99,6 +99,9 @@ type PipelineConfig struct {
 	TargetPID     int
 	TargetCmdline []string
 	Logger        *slog.Logger
+	// Named, when set, is told each traced process's name (comm) while
+	// the process lives: at the start of tracing, at fork and at exec.
+	Named func(pid uint32, comm string)
 }
 
 // Deps is what the command needs from its environment; tests replace it.
@@ -418,6 +421,7 @@ type session struct {
 	gaps  *gapsWriter
 	trace *perfetto.Writer // --perfetto-out, nil when off
 	procs processes
+	names procNames
 	wi    *whatif.Accumulator
 	pipe  Pipeline
 	spans string
@@ -463,7 +467,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	}
 	if cfg.PerfettoOut != "" {
 		log := s.log
-		t, err := perfetto.Create(cfg.PerfettoOut, perfetto.Options{ProcessName: procComm, ThreadName: threadComm,
+		t, err := perfetto.Create(cfg.PerfettoOut, perfetto.Options{ProcessName: s.names.name, ThreadName: threadComm,
 			OnError: func(err error) {
 				log.Error("trace file write failed; the trace is not written (nothing of it is under its name)", "err", err)
 			}})
@@ -478,7 +482,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	}
 	pipe, err := deps.NewPipeline(ctx, PipelineConfig{
 		Config: cfg, Sink: sinks, Snapshot: s.agg.SetSummary, Spans: s.spans,
-		TargetPID: targetPID, TargetCmdline: s.cmdline, Logger: base,
+		TargetPID: targetPID, TargetCmdline: s.cmdline, Logger: base, Named: s.names.Named,
 	})
 	if err != nil {
 		if s.gaps != nil {

@@ -5,32 +5,50 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/perfetto"
 )
 
-// procComm and threadComm name the tracks of a live session's trace from
-// /proc while the traced processes still exist; "" once they are gone.
-func procComm(pid uint32) string {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.FormatUint(uint64(pid), 10), "comm"))
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
+// procNames names the processes of a live session's trace. The pipeline
+// tells it each traced process's name while the process lives (Named);
+// the trace asks when it first writes of the process, often after a short
+// job exited, so /proc is asked only for a process never told.
+type procNames struct {
+	mu sync.Mutex
+	m  map[uint32]string
 }
 
-func threadComm(pid, tid uint32) string {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.FormatUint(uint64(pid), 10), "task",
-		strconv.FormatUint(uint64(tid), 10), "comm"))
-	if err != nil {
-		return ""
+// maxProcNames bounds the table on a node whose jobs fork without end.
+const maxProcNames = 4096
+
+func (n *procNames) Named(pid uint32, comm string) {
+	if comm == "" {
+		return
 	}
-	return strings.TrimSpace(string(b))
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.m == nil || len(n.m) >= maxProcNames {
+		n.m = map[uint32]string{}
+	}
+	n.m[pid] = comm
 }
+
+func (n *procNames) name(pid uint32) string {
+	n.mu.Lock()
+	s, ok := n.m[pid]
+	n.mu.Unlock()
+	if ok {
+		return s
+	}
+	return proc.Comm(int(pid), int(pid))
+}
+
+// threadComm names a thread's track from /proc while it exists.
+func threadComm(pid, tid uint32) string { return proc.Comm(int(pid), int(tid)) }
 
 const convertUsage = `Usage: gaptrace convert --from FILE --perfetto-out FILE
 

@@ -182,6 +182,16 @@ func stat(pid int) (procfs.ProcStat, error) {
 	return procfs.ProcStat{}, err
 }
 
+// Comm returns the name of pid's thread tid (/proc/PID/task/TID/comm; the
+// process's own name when tid is pid), "" once it is gone.
+func Comm(pid, tid int) string {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", strconv.Itoa(tid), "comm"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
 // Cmdline returns the command line of pid, arguments joined by spaces:
 // for matching only. What is shown of it starts from Argv, since joining
 // loses where one argument ends ("Authorization: Bearer x" is one).

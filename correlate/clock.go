@@ -991,7 +991,7 @@ func (s *stepper) stepEnd(t int64) int64 {
 	var last, best, first, second int64 = 0, 0, -1, -1
 	for i := range s.hist {
 		h := &s.hist[i]
-		if h.end <= lo || h.end > t {
+		if h.end <= lo || h.end > t || h.inOp {
 			continue
 		}
 		last = max(last, h.end)

@@ -550,18 +550,21 @@ func TestClockCheckpointCopies(t *testing.T) {
 		}
 		const iters = 80
 		sizes := []uint64{3, 2, 4, 1, 1, 1, 3, 1, 2, 1, 1, 4}
+		var saves [][2]int64
 		for n := 1; n <= iters; n++ {
 			copyOf(2<<20, event.CUMemcpyHtoD, 100*us) // the batch
 			s.launches(30, 1300*us, 20*us)
 			copyOf(4, event.CUMemcpyDtoH, 2*us) // the loss read
 			s.sync()
 			if n%10 == 0 {
+				saves = append(saves, [2]int64{s.t, 0})
 				for _, mb := range sizes {
 					copyOf(mb<<20, event.CUMemcpyDtoH, int64(mb)*100*us)
 					s.sync()
 					s.t += 3 * ms // crc32 and the zip entry
 				}
 				s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFsync, Name: "fsync", FDKind: event.FDFile, Path: "/ckpt/evckpt.pt"}, 15*ms)
+				saves[len(saves)-1][1] = s.t
 			}
 			s.t += 200 * us // the next batch
 		}
@@ -579,6 +582,21 @@ func TestClockCheckpointCopies(t *testing.T) {
 		}
 		if n != iters || len(c.steps) != iters {
 			t.Errorf("%d steps (%d fixed windows) for %d iterations", n, len(c.steps)-n, iters)
+		}
+		// A save is one host operation between two iterations: no step
+		// ends inside it (at one of its tensors' syncs). Lite cannot tell
+		// a tensor's sync that waited for its copy from the step's own
+		// read, and ends the step at the last of them.
+		for _, st := range c.steps {
+			if s.lite {
+				break
+			}
+			for _, sv := range saves {
+				if st.End > sv[0]+ms && st.End < sv[1]-ms {
+					t.Errorf("step %d ends %.1f ms into a %.1f ms save", st.Number, float64(st.End-sv[0])/1e6,
+						float64(sv[1]-sv[0])/1e6)
+				}
+			}
 		}
 	})
 }

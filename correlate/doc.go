@@ -219,6 +219,8 @@
 // A step ends when the next step's clock operation is enqueued: at the
 // sync after which the host clearly paused longest from the call's return
 // (full only), else at the last sync before it; at exit, at the last sync.
+// A host operation's syncs (a bulk episode's: torch.save) are passed
+// over, and the pause after the sync before it lasts through it.
 // Gaps after the open step's start wait for that, at most holdMax.
 //
 // Without a clock, steps are found from the recurrence of

@@ -197,6 +197,12 @@ func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 		p.stepCopy(x, &h.evs[i])
 	}
 	p.patternSync(x, ev)
+	if n := len(p.st.hist); n > 0 && p.st.hist[n-1].end == ev.End {
+		p.st.hist[n-1].absorbed = true
+	}
+	if ep.bulk {
+		p.st.hostOp(p.gap.start)
+	}
 	// On the timeline the sync is what it waited for: the copies.
 	w := *ev
 	w.Kind = event.KindMemcpy
@@ -204,12 +210,13 @@ func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 	return true
 }
 
-// stepCopy is what an async copy tells the step clock (onEnqueue's part
-// that does not touch the queue model or the gap).
+// stepCopy is what an absorbed async copy tells the step clock
+// (onEnqueue's part that does not touch the queue model or the gap). It
+// reads device data for the host: the host's pause after the last sync
+// goes on.
 func (p *proc) stepCopy(x env, ev *event.Event) {
 	p.copies++
 	t := ev.Start
-	p.st.setPost(t)
 	p.st.dev = x.d
 	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, -1, t) {
 		p.resolveHeld(x, false)

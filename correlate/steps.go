@@ -64,6 +64,12 @@ type syncSig struct {
 	// gpmWait: launches were not seen and GPM has not yet reported on
 	// the span; detection leaves the sync out until it does (gpmWaitMax).
 	gpmWait bool
+	// absorbed: the sync only waited for copies of device data into an
+	// open gap (episode.go); inOp: they were a host operation's (a bulk
+	// episode, torch.save), which lies between two iterations: no step
+	// ends at its syncs, and the pause after the sync before it lasts
+	// through it.
+	absorbed, inOp bool
 }
 
 // gpmWaitMax: how long after a sync's end detection waits for GPM to say
@@ -263,10 +269,28 @@ func (t *thread) returned(sync *event.Event) int64 {
 
 // setPost records, at the first enqueue after the last sync, how long the
 // host took from that sync's return: time spent waiting for a CPU after
-// the wakeup is contention, not the host fetching the next batch.
+// the wakeup is contention, not the host fetching the next batch. A host
+// operation's syncs are passed over: the pause is the last other sync's.
 func (s *stepper) setPost(t int64) {
-	if h := s.hist; len(h) > 0 && h[len(h)-1].post < 0 {
-		h[len(h)-1].post = max(t-h[len(h)-1].ret, 0)
+	for i := len(s.hist) - 1; i >= 0; i-- {
+		h := &s.hist[i]
+		if h.inOp {
+			continue
+		}
+		if h.post < 0 {
+			h.post = max(t-h.ret, 0)
+		}
+		return
+	}
+}
+
+// hostOp says that the syncs absorbed into the gap that began at since
+// were a host operation's (its episode became bulk).
+func (s *stepper) hostOp(since int64) {
+	for i := len(s.hist) - 1; i >= 0 && s.hist[i].end > since; i-- {
+		if h := &s.hist[i]; h.absorbed {
+			h.inOp, h.post = true, 0
+		}
 	}
 }
 

@@ -60,7 +60,7 @@ struct thread_state {
 	__u32 sc_class;
 	/* the call names its file by the path at sc_arg1 (sc_arg0: no fd) */
 	__u32 sc_path;
-	__u32 _pad0;
+	__u32 sc_flags; /* openat: its flags (O_WRONLY, O_CREAT, O_TRUNC, ...) */
 	/* scheduling */
 	__u64 off_start; /* switched out at (0: running) */
 	__u64 wake_ns;	 /* woken at, while switched out blocked (0: not yet) */

@@ -149,6 +149,8 @@ struct syscall_event {
 	__s32 wait_fds[WAIT_FDS];
 	__u32 wait_nfds;
 	__u32 wait_socks;
+	__u32 open_flags; /* openat: its flags (O_WRONLY, O_CREAT, O_TRUNC, ...) */
+	__u32 _pad_flags;
 	/* The words at the user stack pointer: a syscall wrapper without a
 	 * frame pointer hides its caller from the frame-pointer walk, and its
 	 * return address is among these (user space picks it). */

@@ -116,6 +116,7 @@ int sys_enter(struct trace_event_raw_sys_enter *ctx)
 		t->sc_arg0 = BPF_CORE_READ(ctx, args[0]);
 		t->sc_arg1 = BPF_CORE_READ(ctx, args[1]);
 	}
+	t->sc_flags = cls == SC_OPEN ? (__u32)BPF_CORE_READ(ctx, args[2]) : 0;
 	if (cls == SC_POLL)
 		wait_enter(t, nr, ctx);
 	t->waker = 0;
@@ -289,6 +290,7 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		e->fd = fd_of(cls, t->sc_arg0);
 		e->class = cls;
 		e->stack_id = user_stack(ctx);
+		e->open_flags = t->sc_flags;
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 		bpf_probe_read_user(e->sp_words, sizeof(e->sp_words), (void *)regs->sp);
 		if (cls == SC_POLL)

@@ -385,18 +385,28 @@ func (at *attribution) note(th *thread, ev *event.Event, ns int64) {
 	}
 }
 
-// cause is baseCause with what the interval's other calls tell: a slow
-// open is part of the file work that follows it (truncating a checkpoint
-// before rewriting it, a cold lookup before a read).
+// cause is baseCause with what the open's flags or the interval's other
+// calls tell: a slow open is part of the file work that follows it
+// (truncating a checkpoint before rewriting it, a cold lookup before a
+// read). An open for writing (write access, O_CREAT, O_TRUNC, O_APPEND) is
+// writing even where the gap ends before the writes (lite splits a save).
 func (at *attribution) cause(ev *event.Event) Cause {
 	c := baseCause(ev)
 	if c == CauseOther && ev.Kind == event.KindSyscall && ev.Syscall == event.SysOpen && isFile(ev) {
-		if at.written[ev.Path] {
+		if at.written[ev.Path] || opensForWriting(ev.OpenFlags) {
 			return CauseIOWrite
 		}
 		return CauseIORead
 	}
 	return c
+}
+
+// opensForWriting reports whether open flags ask for writing: O_WRONLY,
+// O_RDWR, O_CREAT, O_TRUNC or O_APPEND, by Linux's values (the flags come
+// from the traced kernel, whatever the machine a recording is replayed on).
+func opensForWriting(flags uint32) bool {
+	const w = 0x1 | 0x2 | 0x40 | 0x200 | 0x400
+	return flags&w != 0
 }
 
 // file is the evidence entry of ev's file and operation.

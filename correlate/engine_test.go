@@ -73,6 +73,22 @@ func stallCases() []stallCase {
 				t.Errorf("breakdown = %v: the open belongs to the checkpoint write", g.Breakdown)
 			}
 		}},
+		{"io.write: a slow open for writing alone (the writes in a later gap)", CauseIOWrite, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysOpen, Name: "openat", FDKind: event.FDFile,
+				Path: "/ckpt/state.pt", OpenFlags: 0x1 | 0x40 | 0x200}, stallNS) // O_WRONLY|O_CREAT|O_TRUNC
+		}, func(t *testing.T, g Gap) {
+			if g.Breakdown[CauseIOWrite] < stallNS*9/10 || len(g.Evidence.Files) != 1 || g.Evidence.Files[0].Op != "open" {
+				t.Errorf("breakdown = %v, files %+v: an open for writing is writing", g.Breakdown, g.Evidence.Files)
+			}
+		}},
+		{"io.read: a slow read-only open alone", CauseIORead, func(s *gpuSim) {
+			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysOpen, Name: "openat", FDKind: event.FDFile,
+				Path: "/data/shard-0009.bin", OpenFlags: 0x80000}, stallNS) // O_RDONLY|O_CLOEXEC
+		}, func(t *testing.T, g Gap) {
+			if g.Breakdown[CauseIORead] < stallNS*9/10 {
+				t.Errorf("breakdown = %v: a read-only open is reading", g.Breakdown)
+			}
+		}},
 		{"io.read after a slow open", CauseIORead, func(s *gpuSim) {
 			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysOpen, Name: "openat", FDKind: event.FDFile,
 				Path: "/data/shard-0008.bin"}, stallNS/2)

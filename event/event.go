@@ -215,6 +215,9 @@ type Event struct {
 	Name      string // syscall name ("pread64"), exec'd comm, ...
 	FD        int32
 	Ret       int64
+	// OpenFlags (SysOpen): the flags the file was opened with (O_WRONLY,
+	// O_RDWR, O_CREAT, O_TRUNC, O_APPEND, ...).
+	OpenFlags uint32 `json:",omitempty"`
 	FDKind    FDKind
 	Path      string // file path, "pipe:[ino]", or unix socket path
 	PeerAddr  string // socket peer "ip:port" (tcp/udp) when FDKind == FDSocket

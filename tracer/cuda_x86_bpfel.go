@@ -211,7 +211,7 @@ type cudaThreadState struct {
 	ScNr        int32
 	ScClass     uint32
 	ScPath      uint32
-	Pad0        uint32
+	ScFlags     uint32
 	OffStart    uint64
 	WakeNs      uint64
 	OffRunnable uint32

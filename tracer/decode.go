@@ -184,6 +184,9 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.Name = syscallName(int(r.Nr))
 		ev.FD = r.Fd
 		ev.Ret = r.Ret
+		if ev.Syscall == event.SysOpen {
+			ev.OpenFlags = r.OpenFlags
+		}
 		if r.Ret > 0 && (ev.Syscall == event.SysRead || ev.Syscall == event.SysWrite || ev.Syscall == event.SysNet) {
 			ev.Bytes = uint64(r.Ret)
 		}

@@ -48,6 +48,7 @@ func recordedRecords() map[string][]byte {
 	enq := rawCUDA{Hdr: hdr(evCUDA, uint32(event.KindEnqueue), 100, 101, tEnd), StartNs: tEnd, Stream: 0x7f00, Count: 3, Func: uint32(event.CULaunchKernelEx), Mark: 0x7e57}
 	coll := rawNCCL{Hdr: hdr(evNCCL, uint32(event.KindCollective), 100, 101, tEnd), StartNs: tEnd, Count: 1 << 20, Bytes: 4 << 20, Comm: 0xc0, Stream: 0x7f00, Peer: -1, Op: uint32(event.NCCLAllReduce), Datatype: 7}
 	sys := rawSyscall{Hdr: hdr(evSyscall, uint32(event.KindSyscall), 100, 101, tEnd), StartNs: tStart, Ret: 4096, Waker: uint64(200)<<32 | 201, Nr: 17, Fd: 5, Class: uint32(event.SysRead)}
+	slowOpen := rawSyscall{Hdr: hdr(evSyscall, uint32(event.KindSyscall), 100, 101, tEnd), StartNs: tStart, Ret: 8, Nr: 257, Fd: -100, Class: uint32(event.SysOpen), OpenFlags: 0x241}
 	rq := rawSched{Hdr: hdr(evSched, uint32(event.KindRunqueue), 100, 101, tEnd), StartNs: tStart}
 	woken := rawSched{Hdr: hdr(evSched, uint32(event.KindRunqueue), 100, 101, tEnd), StartNs: tStart, Flags: schedFlagWoken}
 	fork := rawProc{Hdr: hdr(evProc, uint32(event.KindFork), 100, 101, tEnd), ChildPid: 300, ChildTid: 300}
@@ -61,7 +62,7 @@ func recordedRecords() map[string][]byte {
 	putStr(open.Path[:], "/data/shard-00001.tar")
 	mmap := hdr(evMmap, 0, 100, 101, tEnd)
 	return map[string][]byte{
-		"sync": asBytes(&sync), "enqueue": asBytes(&enq), "collective": asBytes(&coll), "syscall": asBytes(&sys),
+		"sync": asBytes(&sync), "enqueue": asBytes(&enq), "collective": asBytes(&coll), "syscall": asBytes(&sys), "slow open": asBytes(&slowOpen),
 		"runqueue": asBytes(&rq), "woken": asBytes(&woken), "fork": asBytes(&fork), "thread": asBytes(&thread), "exec": asBytes(&exec), "exit": asBytes(&exit),
 		"open": asBytes(&open), "mmap": asBytes(&mmap),
 	}
@@ -81,6 +82,7 @@ func TestDecodeRecords(t *testing.T) {
 		{"enqueue", event.Event{Kind: event.KindEnqueue, PID: 100, TID: 101, Start: end, End: end, CUDA: event.CULaunchKernelEx, Stream: 0x7f00, Count: 3, Mark: 0x7e57, FD: -1, PeerRank: -1}, ctlNone, true},
 		{"collective", event.Event{Kind: event.KindCollective, PID: 100, TID: 101, Start: end, End: end, Op: event.NCCLAllReduce, Count: 1 << 20, Bytes: 4 << 20, Comm: 0xc0, Stream: 0x7f00, FD: -1, PeerRank: -1}, ctlNone, true},
 		{"syscall", event.Event{Kind: event.KindSyscall, PID: 100, TID: 101, Start: start, End: end, Syscall: event.SysRead, SyscallNr: 17, Name: syscallName(17), FD: 5, Ret: 4096, Bytes: 4096, WakerPID: 200, WakerTID: 201, PeerRank: -1}, ctlNone, true},
+		{"slow open", event.Event{Kind: event.KindSyscall, PID: 100, TID: 101, Start: start, End: end, Syscall: event.SysOpen, SyscallNr: 257, Name: "openat", FD: -100, Ret: 8, OpenFlags: 0x241, PeerRank: -1}, ctlNone, true},
 		{"runqueue", event.Event{Kind: event.KindRunqueue, PID: 100, TID: 101, Start: start, End: end, FD: -1, PeerRank: -1}, ctlNone, true},
 		{"woken", event.Event{Kind: event.KindRunqueue, PID: 100, TID: 101, Start: start, End: end, FD: -1, PeerRank: -1, Woken: true}, ctlNone, true},
 		{"fork", event.Event{Kind: event.KindFork, PID: 100, TID: 101, Start: end, End: end, ChildPID: 300, TaskComm: "worker", FD: -1, PeerRank: -1}, ctlNewProcess, true},

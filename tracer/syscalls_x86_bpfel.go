@@ -127,6 +127,8 @@ type syscallsSyscallEvent struct {
 	WaitFds   [4]int32
 	WaitNfds  uint32
 	WaitSocks uint32
+	OpenFlags uint32
+	PadFlags  uint32
 	SpWords   [8]uint64
 }
 
@@ -145,7 +147,7 @@ type syscallsThreadState struct {
 	ScNr        int32
 	ScClass     uint32
 	ScPath      uint32
-	Pad0        uint32
+	ScFlags     uint32
 	OffStart    uint64
 	WakeNs      uint64
 	OffRunnable uint32

@@ -112,14 +112,16 @@ func (at *attribution) thread(th *thread, a, b int64, mask []span) {
 // (runnable counts: it held the lock all the same). One that blocked in
 // I/O or on the network was producing what the feeder waited for, and that
 // blocking is the cause, not a lock. A futex call still running at the
-// wait's end (wake) is the unlock that woke the feeder, not a block: the
-// release of a contended lock can take longer than the tracer's threshold.
+// wait's end (wake), or one that woke a waiter (FUTEX_WAKE returns how many
+// it woke) and returned before the feeder, woken in it, got a CPU back, is
+// the unlock that woke the feeder, not a block: the release of a contended
+// lock can take longer than the tracer's threshold.
 func computing(segs []segment, wake int64) bool {
 	for _, ss := range segs {
 		if ss.ev == nil || ss.b <= ss.a || ss.ev.Kind == event.KindRunqueue || baseCause(ss.ev) == CauseCPU {
 			continue
 		}
-		if ss.b >= wake && ss.ev.Kind == event.KindSyscall && ss.ev.Syscall == event.SysFutex {
+		if ss.ev.Kind == event.KindSyscall && ss.ev.Syscall == event.SysFutex && (ss.b >= wake || ss.ev.Ret > 0) {
 			continue
 		}
 		return false

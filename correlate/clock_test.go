@@ -112,9 +112,15 @@ func TestLockHolderComputing(t *testing.T) {
 					Syscall: event.SysRead, Name: "read", FD: 5, FDKind: event.FDPipe})
 		} else if n%4 == 0 {
 			// The holder is preempted for a while: it still holds the lock.
+			// Its unlock's FUTEX_WAKE is slow enough to be traced, and
+			// returns after the feeder's wait, or (n 12, 28: the feeder,
+			// woken in it, got a CPU first) just before.
+			end := s.t + 20*ms + 5*us
+			if n == 12 || n == 28 {
+				end = s.t + 20*ms - 10*us
+			}
 			s.evs = append(s.evs, event.Event{Kind: event.KindRunqueue, PID: s.pid, TID: sib, Start: s.t + 5*ms, End: s.t + 12*ms},
-				// Its unlock's FUTEX_WAKE is slow enough to be traced.
-				event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t + 20*ms - 60*us, End: s.t + 20*ms + 5*us,
+				event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t + 20*ms - 70*us, End: end,
 					Syscall: event.SysFutex, Name: "futex", Ret: 1})
 		}
 		if n%4 == 0 {

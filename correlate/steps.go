@@ -285,9 +285,10 @@ func (s *stepper) setPost(t int64) {
 }
 
 // hostOp says that the syncs absorbed into the gap that began at since
-// were a host operation's (its episode became bulk).
+// were a host operation's (its episode became bulk). Those before the
+// latest one already marked were marked with it.
 func (s *stepper) hostOp(since int64) {
-	for i := len(s.hist) - 1; i >= 0 && s.hist[i].end > since; i-- {
+	for i := len(s.hist) - 1; i >= 0 && s.hist[i].end > since && !s.hist[i].inOp; i-- {
 		if h := &s.hist[i]; h.absorbed {
 			h.inOp, h.post = true, 0
 		}

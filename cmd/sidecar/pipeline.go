@@ -412,7 +412,7 @@ func (p *pipeline) event(ev *event.Event) {
 	switch {
 	case ev.Kind == event.KindFork && !ev.IsThread:
 		p.work.Of(ev.ChildPID)
-		p.named(ev.ChildPID, "")
+		p.named(ev.ChildPID, ev.TaskComm) // the fork record holds the child's comm
 	case ev.Kind == event.KindExec:
 		p.work.Forget(ev.PID)
 		p.work.Of(ev.PID)

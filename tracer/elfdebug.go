@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"time"
 
 	"github.com/ulikunitz/xz"
 
@@ -56,20 +57,52 @@ type lineEntry struct {
 	line int
 }
 
+// lineWait bounds how long a lookup waits for a file's line table on its
+// first use. The table is parsed off the path that reads the ring buffer:
+// a binary with full debug information (a Go program's DWARF holds close
+// to a million rows, 1.3 s to parse here) would otherwise stop every
+// event behind the stack that first named it, the mapping of libcuda
+// among them, and the probes would attach a second late. A small table
+// (a C trainer's) is ready well within lineWait, so its first stack has
+// its lines; a large one's stacks have functions until it is.
+const lineWait = 50 * time.Millisecond
+
 // line returns the source file and line of virtual address vaddr from the
-// file's DWARF line table, read on first use; 0 when unknown.
-func (ef *elfFile) line(vaddr uint64) (string, int) {
-	if !ef.linesRead {
-		ef.linesRead = true
-		if ownCode(ef.path) {
-			ef.lines = readLines(ef.elf)
+// file's DWARF line table, read on first use; 0 when unknown. pending: the
+// table is still being read, so a later lookup may know the line.
+func (ef *elfFile) line(vaddr uint64) (file string, line int, pending bool) {
+	if ef.linesDone == nil {
+		ef.linesDone = make(chan struct{})
+		if ef.noLines || !ownCode(ef.path) {
+			close(ef.linesDone)
+		} else {
+			go func(e *elf.File, done chan struct{}) {
+				ef.lines = readLines(e)
+				close(done)
+			}(ef.elf, ef.linesDone)
+		}
+	}
+	select {
+	case <-ef.linesDone:
+	default:
+		if !ef.waited {
+			ef.waited = true
+			t := time.NewTimer(lineWait)
+			select {
+			case <-ef.linesDone:
+				t.Stop()
+			case <-t.C:
+				return "", 0, true
+			}
+		} else {
+			return "", 0, true
 		}
 	}
 	i := sort.Search(len(ef.lines), func(i int) bool { return ef.lines[i].addr > vaddr }) - 1
 	if i < 0 {
-		return "", 0
+		return "", 0, false
 	}
-	return ef.lines[i].file, ef.lines[i].line
+	return ef.lines[i].file, ef.lines[i].line, false
 }
 
 // ownCode: only the job's own binaries have their line tables read. A

@@ -46,6 +46,17 @@ func buildProg(t *testing.T, dir string) (string, int) {
 	return bin, line
 }
 
+// lineWhenRead is ef.line once the file's line table has been read: on a
+// loaded machine the first lookup may come back before it is.
+func lineWhenRead(ef *elfFile, vaddr uint64) (string, int) {
+	if src, ln, pending := ef.line(vaddr); !pending {
+		return src, ln
+	}
+	<-ef.linesDone
+	src, ln, _ := ef.line(vaddr)
+	return src, ln
+}
+
 func symAddr(t *testing.T, path, name string) uint64 {
 	t.Helper()
 	e, err := elf.Open(path)
@@ -85,7 +96,7 @@ func TestNativeLinesAndMiniDebugInfo(t *testing.T) {
 	if !ok || name != "hidden_work" {
 		t.Fatalf("lookup: %q %v, want hidden_work", name, ok)
 	}
-	src, ln := ef.line(addr + 4)
+	src, ln := lineWhenRead(ef, addr+4)
 	if filepath.Base(src) != "prog.c" || ln < line-4 || ln > line+2 {
 		t.Errorf("line of hidden_work+4: %s:%d, want prog.c near line %d", src, ln, line)
 	}
@@ -114,7 +125,56 @@ func TestNativeLinesAndMiniDebugInfo(t *testing.T) {
 	if name, _, ok := withMini.lookupVaddr(addr + 4); !ok || name != "hidden_work" {
 		t.Errorf("stripped binary with .gnu_debugdata: %q %v, want hidden_work", name, ok)
 	}
-	if _, ln := withMini.line(addr + 4); ln != 0 {
+	if _, ln := lineWhenRead(withMini, addr+4); ln != 0 {
 		t.Errorf("stripped binary has a line %d: it has no line table", ln)
+	}
+}
+
+// TestLargeLineTableReadAside: a line table that takes long to parse (a Go
+// program's DWARF, well over a hundred thousand rows) does not hold up the
+// lookup that first needs it beyond lineWait: the lookup says the line is
+// pending, and once the table is read the same address has its line.
+func TestLargeLineTableReadAside(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("go not installed")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "main.go")
+	if err := os.WriteFile(src, []byte("package main\n\nimport \"fmt\"\n\nfunc main() { fmt.Println(\"loader\") }\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(dir, "loader")
+	cmd := exec.Command(goTool, "build", "-o", exe, src)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=", "GO111MODULE=off", "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	addr := symAddr(t, exe, "main.main")
+
+	ef := loadELF(exe)
+	if ef.err != nil {
+		t.Fatal(ef.err)
+	}
+	ef.path = "/job/bin/loader" // the job's own code: its lines are read
+	_, _, pending := ef.line(addr + 8)
+	<-ef.linesDone
+	if !pending {
+		// Read within lineWait: possible on a fast machine, and what a
+		// small table does; the wait is bounded either way.
+		t.Logf("%d rows read within %v", len(ef.lines), lineWait)
+	}
+	src2, ln, pending := ef.line(addr + 8)
+	if pending || ln == 0 || filepath.Base(src2) != "main.go" {
+		t.Errorf("after the table was read: %s:%d pending %v, want main.go and a line", src2, ln, pending)
+	}
+
+	// gaptrace's own executable (what a job started by gaptrace runs
+	// until its exec): never read, never pending.
+	self := loadELF(exe)
+	self.path, self.noLines = "/job/bin/loader", true
+	if src, ln, pending := self.line(addr + 8); pending || ln != 0 || src != "" {
+		t.Errorf("own executable: %s:%d pending %v, want no line", src, ln, pending)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -51,10 +53,15 @@ type elfFile struct {
 	strtabs []strtab
 	names   map[elfSym]string // names read so far
 	loads   []elf.ProgHeader
-	// lines is the DWARF line table, sorted by address, read at the first
-	// lookup (linesRead) when the file has one.
+	// lines is the DWARF line table, sorted by address, read in the
+	// background from the first lookup on (line) when the file has one;
+	// linesDone is closed once it is. waited: a lookup already waited
+	// lineWait for it. noLines: the table is never read (gaptrace's own
+	// executable, which a job started by gaptrace runs until its exec).
 	lines     []lineEntry
-	linesRead bool
+	linesDone chan struct{}
+	waited    bool
+	noLines   bool
 	elf       *elf.File
 	f         *os.File // for the call-instruction check; nil when unreadable
 	err       error
@@ -93,6 +100,8 @@ type symbolizer struct {
 	// file mapping (a heap word, JIT code) rereads them at most once per
 	// mapsRereadEvery, not once per address.
 	readAt map[uint32]time.Time
+	// self is gaptrace's own executable (device as in maps, inode).
+	self struct{ dev, ino uint64 }
 }
 
 // mapsRereadEvery bounds how often a process's maps are reread for
@@ -121,8 +130,14 @@ type pidStack struct {
 }
 
 func newSymbolizer() *symbolizer {
-	return &symbolizer{procRoot: procRoot, files: map[fileID]*elfFile{}, procs: map[uint32][]*mapping{},
+	s := &symbolizer{procRoot: procRoot, files: map[fileID]*elfFile{}, procs: map[uint32][]*mapping{},
 		raw: map[pidStack][]uint64{}, readAt: map[uint32]time.Time{}, done: map[stackKey]symbolized{}}
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/exe", &st); err == nil {
+		s.self.dev = uint64(unix.Major(st.Dev))<<32 | uint64(unix.Minor(st.Dev))
+		s.self.ino = st.Ino
+	}
+	return s
 }
 
 // forget drops what is known of pid (exec, exit).
@@ -180,8 +195,12 @@ func (s *symbolizer) frames(pid uint32, id int32, ips []uint64, spWords []uint64
 	if d, ok := s.done[key]; ok && id >= 0 {
 		return d.frames, d.truncated
 	}
+	pending := false
 	if id >= 0 {
 		defer func() {
+			if pending {
+				return // a line table still being read: the next time knows more
+			}
 			if len(s.done) >= maxSymbolized {
 				clear(s.done)
 			}
@@ -196,7 +215,9 @@ func (s *symbolizer) frames(pid uint32, id int32, ips []uint64, spWords []uint64
 	}
 	frames = make([]event.Frame, 0, len(ips))
 	for _, ip := range ips {
-		frames = append(frames, s.frame(pid, ip))
+		fr, p := s.frame(pid, ip)
+		frames = append(frames, fr)
+		pending = pending || p
 	}
 	return frames, truncated
 }
@@ -275,25 +296,26 @@ func afterCall(f *os.File, off uint64) bool {
 // frame symbolizes one return address. The address after a call belongs
 // to the caller's next instruction, which may start another function or
 // line: lookups use ip-1, inside the call.
-func (s *symbolizer) frame(pid uint32, ip uint64) event.Frame {
+func (s *symbolizer) frame(pid uint32, ip uint64) (fr event.Frame, pending bool) {
 	m, ok := s.mappingOf(pid, ip)
 	if !ok {
-		return event.Frame{Function: fmt.Sprintf("0x%x", ip)}
+		return event.Frame{Function: fmt.Sprintf("0x%x", ip)}, false
 	}
 	ef := s.file(pid, m)
-	fr := event.Frame{File: m.path}
+	fr = event.Frame{File: m.path}
 	off := ip - m.start + m.off
 	if ef.err == nil {
 		if name, vaddr, ok := ef.lookup(off - 1); ok {
 			fr.Function = name
-			if src, line := ef.line(vaddr); line > 0 {
+			src, line, pending := ef.line(vaddr)
+			if line > 0 {
 				fr.Source, fr.Line = src, line
 			}
-			return fr
+			return fr, pending
 		}
 	}
 	fr.Function = fmt.Sprintf("%s+0x%x", filepath.Base(m.path), off)
-	return fr
+	return fr, false
 }
 
 // lookup finds the function containing file offset off, and its virtual
@@ -413,6 +435,7 @@ func (s *symbolizer) file(pid uint32, m *mapping) *elfFile {
 	if !ok {
 		ef = loadELF(p)
 		ef.path = m.path
+		ef.noLines = m.dev == s.self.dev && m.ino == s.self.ino
 		s.files[id] = ef
 	}
 	m.ef = ef

@@ -101,7 +101,7 @@ func TestCallerFromStackWords(t *testing.T) {
 	ret := uint64(callerPC(make([]uintptr, 1)))
 	heap := new(uint64)
 	frames, _ := s.frames(pid, 2, ips, []uint64{7, uint64(uintptr(unsafe.Pointer(heap))), ret})
-	if len(frames) != 3 || frames[1].File == "" || frames[1].File != s.frame(pid, ret).File {
+	if fr, _ := s.frame(pid, ret); len(frames) != 3 || frames[1].File == "" || frames[1].File != fr.File {
 		t.Fatalf("caller not recovered: %+v", frames)
 	}
 	// A walk that already has the caller gets nothing inserted.

@@ -236,9 +236,12 @@ func tokenOf(ev *event.Event) (tokKey, bool) {
 
 // clockFound is a detected clock and how steps look under it.
 type clockFound struct {
-	key          tokKey
-	m, phase     int
-	segLen       float64 // tokens per step
+	key      tokKey
+	m, phase int
+	segLen   float64 // tokens per step
+	// span: time per step, to compare a marked launch's clock with a
+	// copy's: the marked launches fill the ring at their own density.
+	span         float64
 	syncsVary    bool    // the syncs per step differ between steps
 	syncsPerStep int     // when they do not
 	launches     float64 // a step's launches (median), where seen
@@ -356,6 +359,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 	pm := make([]uint64, n+1) // marked launches' exact counts
 	ps := make([]int, n+1)
 	pi := make([]int, n+1) // tokens known to follow no compute
+	pu := make([]int, n+1) // tokens that are not marked launches
 	for i := range toks {
 		k := toks[i].key
 		if _, ok := occ[k]; !ok {
@@ -373,6 +377,10 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 		pi[i+1] = pi[i]
 		if toks[i].idle() {
 			pi[i+1]++
+		}
+		pu[i+1] = pu[i]
+		if !k.marked() {
+			pu[i+1]++
 		}
 	}
 	opsOf, launchOf := ph, pl
@@ -470,12 +478,22 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 				continue
 			}
 			segLen := float64(o[nseg*m]-o[0]) / float64(nseg)
+			span := float64(toks[o[nseg*m]].t-toks[o[0]].t) / float64(nseg)
 			ns := make([]int, nseg)
 			for i := range feats {
 				ns[i] = feats[i].syncs
 			}
 			sort.Ints(ns)
-			if len(toks)-1-o[len(o)-1] > int(2*segLen)+2 || syncsSince > 4*max(ns[nseg/2], 1)+4 {
+			// Tokens since the last occurrence against tokens per step.
+			// A copy's or collective's steps are measured in the tokens
+			// that are not marked launches: those begin to arrive after
+			// the copies did, and fill the ring at their own density.
+			stepToks, after := segLen, len(toks)-1-o[len(o)-1]
+			if !k.marked() {
+				stepToks = float64(pu[o[nseg*m]+1]-pu[o[0]+1]) / float64(nseg)
+				after = pu[n] - pu[o[len(o)-1]+1]
+			}
+			if after > int(2*stepToks)+2 || syncsSince > 4*max(ns[nseg/2], 1)+4 {
 				// It stopped: a burst (a warm-up's, a checkpoint's), or
 				// the loop moved on to work without it.
 				continue
@@ -490,7 +508,7 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 				// its parameters, before any kernel ran).
 				continue
 			}
-			cands = append(cands, clockFound{key: k, m: m, segLen: segLen, launches: ref,
+			cands = append(cands, clockFound{key: k, m: m, segLen: segLen, span: span, launches: ref,
 				syncsVary:    syncSame < nseg-1,
 				syncsPerStep: feats[nseg-1].syncs, occ: int64(len(o)),
 				unproven: ps[o[len(o)-1]+1]-ps[o[0]+1] == 0 && toks[o[len(o)-1]].t-toks[o[0]].t < toks[o[0]].t-toks[0].t,
@@ -516,6 +534,13 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 		slice := false
 		for j := range cands {
 			c := &cands[j]
+			if c.key.marked() != f.key.marked() {
+				if c.span >= 1.5*f.span && !c.concentrated && f.work < sliceShare*c.work*f.span/c.span {
+					slice = true
+					break
+				}
+				continue
+			}
 			if c.segLen >= 1.5*f.segLen && !c.concentrated && f.work < sliceShare*c.work*f.segLen/c.segLen {
 				slice = true
 				break
@@ -1080,7 +1105,11 @@ func (s *stepper) tryClock(set settings) bool {
 		still := false
 		for _, v := range valid {
 			if v.key == c.key && v.m == c.m {
-				still = cf.segLen*1.5 > v.segLen
+				if v.key.marked() != cf.key.marked() {
+					still = cf.span*1.5 > v.span
+				} else {
+					still = cf.segLen*1.5 > v.segLen
+				}
 			}
 		}
 		if still {

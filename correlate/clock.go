@@ -359,7 +359,6 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 	pm := make([]uint64, n+1) // marked launches' exact counts
 	ps := make([]int, n+1)
 	pi := make([]int, n+1) // tokens known to follow no compute
-	pu := make([]int, n+1) // tokens that are not marked launches
 	for i := range toks {
 		k := toks[i].key
 		if _, ok := occ[k]; !ok {
@@ -377,10 +376,6 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 		pi[i+1] = pi[i]
 		if toks[i].idle() {
 			pi[i+1]++
-		}
-		pu[i+1] = pu[i]
-		if !k.marked() {
-			pu[i+1]++
 		}
 	}
 	opsOf, launchOf := ph, pl
@@ -484,14 +479,16 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 				ns[i] = feats[i].syncs
 			}
 			sort.Ints(ns)
-			// Tokens since the last occurrence against tokens per step.
-			// A copy's or collective's steps are measured in the tokens
-			// that are not marked launches: those begin to arrive after
-			// the copies did, and fill the ring at their own density.
+			// Tokens since the last occurrence against tokens per step
+			// as the ring holds them now: the median of the last steps,
+			// where more than over the ring. Marked launches may begin
+			// to arrive after the copies did, and the ring keeps older
+			// copies longer than marked launches (trimToks).
 			stepToks, after := segLen, len(toks)-1-o[len(o)-1]
-			if !k.marked() {
-				stepToks = float64(pu[o[nseg*m]+1]-pu[o[0]+1]) / float64(nseg)
-				after = pu[n] - pu[o[len(o)-1]+1]
+			if nseg >= 3 {
+				last := []int{o[nseg*m] - o[(nseg-1)*m], o[(nseg-1)*m] - o[(nseg-2)*m], o[(nseg-2)*m] - o[(nseg-3)*m]}
+				sort.Ints(last)
+				stepToks = max(stepToks, float64(last[1]))
 			}
 			if after > int(2*stepToks)+2 || syncsSince > 4*max(ns[nseg/2], 1)+4 {
 				// It stopped: a burst (a warm-up's, a checkpoint's), or

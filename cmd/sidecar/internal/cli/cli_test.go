@@ -439,6 +439,15 @@ func startSleep(t *testing.T, args ...string) *exec.Cmd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reap(t, cmd) })
+	// Start returns when execve has closed the child's close-on-exec
+	// descriptors, which it does before it lays out the new program's
+	// arguments: on a loaded machine /proc/PID/cmdline is empty a while.
+	path := fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if b, err := os.ReadFile(path); err == nil && bytes.HasPrefix(b, []byte("sleep\x00")) {
+			break
+		}
+	}
 	return cmd
 }
 

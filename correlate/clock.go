@@ -240,7 +240,7 @@ type clockFound struct {
 	m, phase int
 	segLen   float64 // tokens per step
 	// span: time per step, to compare a marked launch's clock with a
-	// copy's: the marked launches fill the ring at their own density.
+	// copy's (stepLens).
 	span         float64
 	syncsVary    bool    // the syncs per step differ between steps
 	syncsPerStep int     // when they do not
@@ -531,14 +531,8 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 		slice := false
 		for j := range cands {
 			c := &cands[j]
-			if c.key.marked() != f.key.marked() {
-				if c.span >= 1.5*f.span && !c.concentrated && f.work < sliceShare*c.work*f.span/c.span {
-					slice = true
-					break
-				}
-				continue
-			}
-			if c.segLen >= 1.5*f.segLen && !c.concentrated && f.work < sliceShare*c.work*f.segLen/c.segLen {
+			fl, cl := stepLens(f, c)
+			if cl >= 1.5*fl && !c.concentrated && f.work < sliceShare*c.work*fl/cl {
 				slice = true
 				break
 			}
@@ -561,6 +555,16 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 		}
 	}
 	return best, valid
+}
+
+// stepLens are f's and g's step lengths in a unit both are measured in:
+// tokens, or time where one is a marked launch's clock and the other not
+// (the ring keeps marked launches at their own density).
+func stepLens(f, g *clockFound) (float64, float64) {
+	if f.key.marked() != g.key.marked() {
+		return f.span, g.span
+	}
+	return f.segLen, g.segLen
 }
 
 // rarerMarks is the prefix sum of operation hashes over toks that counts
@@ -1102,11 +1106,8 @@ func (s *stepper) tryClock(set settings) bool {
 		still := false
 		for _, v := range valid {
 			if v.key == c.key && v.m == c.m {
-				if v.key.marked() != cf.key.marked() {
-					still = cf.span*1.5 > v.span
-				} else {
-					still = cf.segLen*1.5 > v.segLen
-				}
+				fl, vl := stepLens(&cf, &v)
+				still = fl*1.5 > vl
 			}
 		}
 		if still {

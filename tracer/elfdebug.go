@@ -85,16 +85,15 @@ func (ef *elfFile) line(vaddr uint64) (file string, line int, pending bool) {
 	select {
 	case <-ef.linesDone:
 	default:
-		if !ef.waited {
-			ef.waited = true
-			t := time.NewTimer(lineWait)
-			select {
-			case <-ef.linesDone:
-				t.Stop()
-			case <-t.C:
-				return "", 0, true
-			}
-		} else {
+		if ef.waited {
+			return "", 0, true
+		}
+		ef.waited = true
+		t := time.NewTimer(lineWait)
+		defer t.Stop()
+		select {
+		case <-ef.linesDone:
+		case <-t.C:
 			return "", 0, true
 		}
 	}

@@ -27,6 +27,8 @@ import sys
 import threading
 import time
 
+from pytrain import load_module
+
 V = ctypes.c_void_p
 
 
@@ -46,7 +48,8 @@ def parse_args():
 
 class Driver:
     def __init__(self, libdir):
-        self.cu = cu = ctypes.CDLL(os.path.join(libdir, "libcuda.so.1"))
+        self.cu, mod, self.image = load_module(libdir, "pyroute", self.check)
+        cu = self.cu
         cu.cuLaunchKernel.argtypes = [V] + [ctypes.c_uint] * 6 + [ctypes.c_uint, V, V, V]
         cu.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, V, ctypes.c_size_t, V]
         cu.cuMemcpyDtoHAsync_v2.argtypes = [V, ctypes.c_uint64, ctypes.c_size_t, V]
@@ -54,15 +57,6 @@ class Driver:
         cu.cuStreamWaitEvent.argtypes = [V, V, ctypes.c_uint]
         cu.cuEventSynchronize.argtypes = [V]
         cu.cuStreamSynchronize.argtypes = [V]
-        self.check(cu.cuInit(0), "cuInit")
-        dev = ctypes.c_int()
-        self.check(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-        ctx = V()
-        self.check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-        self.check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        self.image = ctypes.create_string_buffer(b"simgpu-module")
-        mod = V()
-        self.check(cu.cuModuleLoadData(ctypes.byref(mod), self.image), "cuModuleLoadData")
         self.funcs = []
         for us in (120, 300, 450, 800, 1500, 60):  # five routed, then the step's last
             f = V()

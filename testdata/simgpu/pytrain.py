@@ -66,24 +66,34 @@ def parse_args():
     return a
 
 
+def load_module(libdir, prog, check):
+    """Loads libcuda.so.1 from libdir, makes device 0's primary context
+    current and loads the simulated module: (the library, the module, its
+    image, which the caller keeps alive). check(result, what) judges each
+    call; prog names the program in the error of a library that will not
+    load."""
+    path = os.path.join(libdir, "libcuda.so.1")
+    try:
+        cu = ctypes.CDLL(path)
+    except OSError as e:
+        sys.exit("%s: load %s: %s" % (prog, path, e))
+    check(cu.cuInit(0), "cuInit")
+    dev = ctypes.c_int()
+    check(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    ctx = ctypes.c_void_p()
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    image = ctypes.create_string_buffer(b"simgpu-module")
+    mod = ctypes.c_void_p()
+    check(cu.cuModuleLoadData(ctypes.byref(mod), image), "cuModuleLoadData")
+    return cu, mod, image
+
+
 class Driver:
     """The few driver entry points the loop needs, through ctypes."""
 
     def __init__(self, libdir, kernel_us):
-        path = os.path.join(libdir, "libcuda.so.1")
-        try:
-            self.cu = ctypes.CDLL(path)
-        except OSError as e:
-            sys.exit("pytrain: load %s: %s" % (path, e))
-        self.check(self.cu.cuInit(0), "cuInit")
-        dev = ctypes.c_int()
-        self.check(self.cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
-        ctx = ctypes.c_void_p()
-        self.check(self.cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-        self.check(self.cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        self.image = ctypes.create_string_buffer(b"simgpu-module")
-        mod = ctypes.c_void_p()
-        self.check(self.cu.cuModuleLoadData(ctypes.byref(mod), self.image), "cuModuleLoadData")
+        self.cu, mod, self.image = load_module(libdir, "pytrain", self.check)
         self.func = ctypes.c_void_p()
         name = ("sim_kernel_%d" % kernel_us).encode()
         self.check(self.cu.cuModuleGetFunction(ctypes.byref(self.func), mod, name), "cuModuleGetFunction")

@@ -48,7 +48,7 @@ func insertWindow(l []event.GPUWindow, w event.GPUWindow) []event.GPUWindow {
 func (d *device) addWindow(w event.GPUWindow) {
 	if w.Source == event.SourceGPM && w.SMActivity >= 0 {
 		d.gpm = insertWindow(d.gpm, w)
-		d.gpmEnd = max(d.gpmEnd, w.End)
+		d.gpmEnd = max(d.gpmEnd, w.End-w.Skew)
 		// A slowly decaying peak: what this job's compute looks like to
 		// GPM (halves in ~70 windows, ~7 s at the H200's 100 ms refresh).
 		d.smPeak = max(w.SMActivity, d.smPeak*smPeakDecay)
@@ -265,16 +265,22 @@ func (d *device) noCompute(a, b int64) (none, known bool) {
 	// The margin reaches no further back than GPM's first window: a span
 	// at the very start of sampling is judged by what GPM saw of it.
 	a = max(a-gpmMargin, min(a, d.gpm[0].Start))
+	// A window taken before the sampler aligned to the counter refresh
+	// holds counters up to Skew older than it says: any window that may
+	// hold [a,b] must read zero, and the zeros prove [a,b] idle only up
+	// to the last one's End-Skew.
 	i := sort.Search(len(d.gpm), func(i int) bool { return d.gpm[i].End > a })
-	cov := a
-	for ; i < len(d.gpm) && d.gpm[i].Start < b; i++ {
+	cov, skew := a, int64(0)
+	for ; i < len(d.gpm) && d.gpm[i].Start-d.gpm[i].Skew < b; i++ {
 		w := &d.gpm[i]
 		if w.Start > cov || w.SMActivity > 0 {
 			return false, true
 		}
-		cov = max(cov, w.End)
+		if w.End >= cov {
+			cov, skew = w.End, w.Skew
+		}
 	}
-	return cov >= b, true
+	return cov-skew >= b, true
 }
 
 // smActivity is the mean GPM SM activity over [a,b), -1 when unknown.

@@ -298,6 +298,12 @@ type GPUWindow struct {
 	// high while SM activity falls: correlate uses it to confirm comm stalls.
 	SMActivity     float64
 	TensorActivity float64 // 0..1, -1 when unknown
+	// Skew bounds how much earlier than [Start,End) the GPM counters of
+	// the window may have been taken (ns): up to one refresh period while
+	// the sampler is not aligned to the counter refresh (a GPU idle when
+	// sampling began shows none), 0 once it is. A window that read no SM
+	// activity proves the GPU idle only up to End-Skew.
+	Skew int64
 }
 
 // HWContext is the hardware state of one device over a step.

@@ -79,6 +79,7 @@ type gpmSampler struct {
 	anchor       int64 // Unix ns of the first refresh observed; 0 none
 	calibrations int
 	aligned      bool
+	busyCal      bool // a calibration ran while the GPU was busy
 	lastCal      time.Time
 	lastBusy     bool // the last window showed SM activity
 }
@@ -325,8 +326,14 @@ func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWind
 	defer timer.Stop()
 	for {
 		now := time.Now().UnixNano()
+		// Unaligned, the first window that shows the GPU busy (the job
+		// started computing after the sidecar did) calibrates at once:
+		// until then every window may be up to a period off.
 		due := (g.aligned && time.Since(g.lastCal) > recalAfter(g.calibrations)) ||
-			(!g.aligned && g.lastBusy && time.Since(g.lastCal) > recalUnaligned)
+			(!g.aligned && g.lastBusy && (!g.busyCal || time.Since(g.lastCal) > recalUnaligned))
+		if due && !g.aligned {
+			g.busyCal = true
+		}
 		if due {
 			g.calibrate(ctx)
 			now = time.Now().UnixNano()
@@ -387,8 +394,14 @@ func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWind
 		if w.sm < 0 {
 			continue // SM activity unknown: no idle fraction to report
 		}
+		// Unaligned, a sample holds the counters of the last refresh
+		// before it, up to a period earlier than the read.
+		var skew int64
+		if !g.aligned {
+			skew = int64(g.period)
+		}
 		if !emit(event.GPUWindow{Device: d.info.Index, UUID: d.info.UUID, Start: start, End: end,
-			IdleFraction: 1 - w.sm, Source: event.SourceGPM, SMActivity: w.sm, TensorActivity: w.tensor}) {
+			IdleFraction: 1 - w.sm, Source: event.SourceGPM, SMActivity: w.sm, TensorActivity: w.tensor, Skew: skew}) {
 			return
 		}
 	}

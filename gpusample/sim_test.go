@@ -716,3 +716,53 @@ func TestSimGPMOtherRefreshPeriod(t *testing.T) {
 		t.Errorf("only %d gpm windows after the second calibration", judged)
 	}
 }
+
+// A sidecar started before its job sees an idle GPU, whose GPM counters do
+// not move, and cannot align to their refresh: its windows until the job
+// computes carry the refresh period as Skew (their counters may be that
+// much older than they say). The first window that shows the GPU busy
+// calibrates at once, not recalUnaligned later, and windows from then on
+// sit on the refresh grid with no skew.
+func TestSimGPMAlignsWhenTheJobStarts(t *testing.T) {
+	w := startWriter(t)
+	off := realMinusMono()
+	s := openSim(t, Config{SampleInterval: 30 * time.Millisecond})
+	// Busy from 600 ms after the sampler started, for 3 s.
+	busyFrom := monoNow() + int64(600*time.Millisecond)
+	p := pattern{start: busyFrom, slotLen: int64(50 * time.Millisecond)}
+	for range 60 {
+		p.kernel = append(p.kernel, 0.8)
+		p.coll = append(p.coll, 0)
+	}
+	p.write(w)
+	busyAt := busyFrom + off
+	gp := bySource(collect(t, s, 8*time.Second, func(ws []event.GPUWindow) bool {
+		g := bySource(ws, event.SourceGPM)
+		return len(g) > 0 && g[len(g)-1].End > busyAt+int64(2500*time.Millisecond)
+	}), event.SourceGPM)
+	checkContiguous(t, gp)
+	R := int64(simGPMRefresh)
+	alignedAt := int64(0)
+	for i, win := range gp {
+		switch {
+		case win.Skew == 0 && alignedAt == 0:
+			alignedAt = win.Start
+		case win.Skew != 0 && alignedAt != 0:
+			t.Errorf("gpm window %d [%d,%d) has skew %v after the sampler aligned", i, win.Start, win.End, time.Duration(win.Skew))
+		case win.Skew != 0 && win.Skew != R:
+			t.Errorf("gpm window %d before alignment has skew %v, want the refresh period %v", i, time.Duration(win.Skew), simGPMRefresh)
+		}
+		if win.Skew == 0 && win.End <= busyAt {
+			t.Errorf("gpm window %d [%d,%d) claims alignment before the GPU was ever busy", i, win.Start, win.End)
+		}
+	}
+	if alignedAt == 0 {
+		t.Fatalf("the sampler never aligned in %d windows", len(gp))
+	}
+	// The calibration needs a busy window to start and four refreshes to
+	// finish (its budget is 400 ms); recalUnaligned would wait 5 s.
+	if d := time.Duration(alignedAt - busyAt); d > 1500*time.Millisecond {
+		t.Errorf("aligned %v after the GPU became busy, want within 1.5 s", d)
+	}
+	t.Logf("aligned %v after the GPU became busy; %d windows", time.Duration(alignedAt-busyAt), len(gp))
+}

@@ -115,6 +115,9 @@ type windowJSON struct {
 	IdleFraction   float64 `json:"idle_fraction"`
 	SMActivity     float64 `json:"sm_activity"`
 	TensorActivity float64 `json:"tensor_activity"`
+	// SkewNS: GPM counters taken before the sampler aligned to their
+	// refresh may be up to this much older than the window says.
+	SkewNS int64 `json:"skew_ns,omitempty"`
 }
 
 func newWindowsWriter(path string, log *slog.Logger) (*windowsWriter, error) {
@@ -130,7 +133,7 @@ func newWindowsWriter(path string, log *slog.Logger) (*windowsWriter, error) {
 func (ww *windowsWriter) write(w event.GPUWindow) {
 	if ww.err == nil {
 		ww.err = ww.enc.Encode(windowJSON{Device: w.Device, UUID: w.UUID, Source: w.Source.String(), Start: w.Start,
-			End: w.End, IdleFraction: w.IdleFraction, SMActivity: w.SMActivity, TensorActivity: w.TensorActivity})
+			End: w.End, IdleFraction: w.IdleFraction, SMActivity: w.SMActivity, TensorActivity: w.TensorActivity, SkewNS: w.Skew})
 	}
 	if ww.buf.Len() >= 64<<10 {
 		ww.flush()

@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -483,14 +484,25 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 			// as the ring holds them now: the median of the last steps,
 			// where more than over the ring. Marked launches may begin
 			// to arrive after the copies did, and the ring keeps older
-			// copies longer than marked launches (trimToks).
+			// copies longer than marked launches (trimToks). Where the
+			// marks arrive only now, or the loop's data picks how many
+			// kernels (each a marked launch) a step runs, a step may
+			// hold many more tokens than those before it: it stopped
+			// only if as long in time, against the longest of the steps
+			// but one in ten.
 			stepToks, after := segLen, len(toks)-1-o[len(o)-1]
+			durs := make([]int64, nseg)
+			for s := range durs {
+				durs[s] = toks[o[(s+1)*m]].t - toks[o[s*m]].t
+			}
+			slices.Sort(durs)
+			longAgo := toks[len(toks)-1].t-toks[o[len(o)-1]].t > 2*durs[(nseg-1)*9/10]
 			if nseg >= 3 {
 				last := []int{o[nseg*m] - o[(nseg-1)*m], o[(nseg-1)*m] - o[(nseg-2)*m], o[(nseg-2)*m] - o[(nseg-3)*m]}
 				sort.Ints(last)
 				stepToks = max(stepToks, float64(last[1]))
 			}
-			if after > int(2*stepToks)+2 || syncsSince > 4*max(ns[nseg/2], 1)+4 {
+			if after > int(2*stepToks)+2 && longAgo || syncsSince > 4*max(ns[nseg/2], 1)+4 {
 				// It stopped: a burst (a warm-up's, a checkpoint's), or
 				// the loop moved on to work without it.
 				continue
@@ -712,7 +724,11 @@ func modalMatch(feats []segSum, launchesSeen bool) (int, float64) {
 	}
 	sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
 	ref := float64(l[len(l)/2])
-	if !launchesSeen {
+	if !launchesSeen || !fewCounts(l) {
+		// Without launches, or where the loop's data picks how many
+		// kernels a step launches (a router, sequence-length buckets):
+		// no count is the step's, and the operations alone say which
+		// steps are alike.
 		return len(g), ref
 	}
 	n := 0
@@ -736,6 +752,7 @@ func modalMatch(feats []segSum, launchesSeen bool) (int, float64) {
 // into a graph's input, then the replay).
 func phasesDiffer(unit []segSum, m int, launchesSeen bool) bool {
 	var first, firstL uint64
+	var firstLs []uint64
 	for r := 0; r < m; r++ {
 		var ph []segSum
 		for i := r; i < len(unit); i += m {
@@ -760,15 +777,60 @@ func phasesDiffer(unit []segSum, m int, launchesSeen bool) bool {
 		sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
 		med := l[len(l)/2]
 		if r == 0 {
-			first, firstL = mode, med
+			first, firstL, firstLs = mode, med, l
 			continue
 		}
-		if mode != first || (launchesSeen && !launchesClose(med, firstL)) {
+		if mode != first {
+			return true
+		}
+		// Launch counts tell phases apart when their medians differ and
+		// both positions launch one of few counts: a loop runs the same
+		// kernels at the same place of every iteration (an occurrence
+		// missed or inserted by a checkpoint mixes two of them into a
+		// position), while a loop whose data picks how many kernels a
+		// step launches spreads each position's counts, and their
+		// medians differ by chance.
+		if launchesSeen && !launchesClose(med, firstL) && (fewCounts(l) || fewCounts(firstLs)) {
 			return true
 		}
 	}
 	return !launchesSeen && phasesDifferInTime(unit, m)
 }
+
+// fewCounts says whether sorted launch counts are mostly one or two
+// counts (give or take countSlack of each): at least three in four.
+func fewCounts(l []uint64) bool {
+	taken := make([]bool, len(l))
+	covered := 0
+	for pick := 0; pick < 2; pick++ {
+		best, bestLo, bestHi := 0, 0, 0
+		lo := 0
+		for hi := range l {
+			for l[hi]-l[lo] > 2*countSlack(l[hi]) {
+				lo++
+			}
+			n := 0
+			for k := lo; k <= hi; k++ {
+				if !taken[k] {
+					n++
+				}
+			}
+			if n > best {
+				best, bestLo, bestHi = n, lo, hi
+			}
+		}
+		for k := bestLo; k <= bestHi; k++ {
+			taken[k] = true
+		}
+		covered += best
+	}
+	return 4*covered >= 3*len(l)
+}
+
+// countSlack is how far a loop's launch count at one place may stray
+// between iterations: none for a few launches, a twentieth of many (what
+// a lagging flush moves across a boundary).
+func countSlack(n uint64) uint64 { return n / 20 }
 
 // clockPhase picks which occurrence (mod m) starts a step. A step ends at
 // syncs it always makes (the final loss read, one per stream), while

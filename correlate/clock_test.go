@@ -606,3 +606,42 @@ func TestClockCheckpointCopies(t *testing.T) {
 		}
 	})
 }
+
+// TestPhasesDifferByLaunches: occurrences of a clock's operation, m a
+// step, differ by position when the launches between them do: a loop runs
+// the same kernels at the same place of every iteration, so each position
+// launches one or two counts (an occurrence a checkpoint inserted mixes
+// two positions; a lagging flush moves a few launches across). Counts
+// that the loop's data picks spread at every position, and their medians
+// differ by chance: no phases.
+func TestPhasesDifferByLaunches(t *testing.T) {
+	units := func(counts ...uint64) []segSum {
+		u := make([]segSum, len(counts))
+		for i, n := range counts {
+			u[i] = segSum{ops: 1, launches: n}
+		}
+		return u
+	}
+	for _, c := range []struct {
+		name   string
+		unit   []segSum
+		m      int
+		differ bool
+	}{
+		// A batch copy then a copy into a graph's input: the replay's
+		// launches after the second only.
+		{"graph replay", units(0, 768, 0, 768, 0, 768, 0, 768, 0, 768), 2, true},
+		// An inserted occurrence shifted the positions once.
+		{"shifted by an insertion", units(0, 768, 0, 768, 0, 0, 768, 0, 768, 0, 768, 0, 768, 0, 768, 0, 768, 0), 2, true},
+		// Micro-batches' backward flushed by another thread.
+		{"flush lag", units(0, 86, 0, 125, 0, 125, 0, 171, 0, 125, 0, 2, 0, 125, 0, 86), 2, true},
+		{"alike", units(40, 40, 41, 40, 39, 40, 40, 40, 40, 41), 2, false},
+		// 3 to 24 kernels a step, drawn.
+		{"picked by data", units(4, 17, 9, 22, 13, 6, 24, 11, 3, 19, 15, 8, 21, 5, 12, 18), 2, false},
+		{"picked by data, m=3", units(4, 17, 9, 22, 13, 6, 24, 11, 3, 19, 15, 8, 21, 5, 12, 18, 7, 10), 3, false},
+	} {
+		if got := phasesDiffer(c.unit, c.m, true); got != c.differ {
+			t.Errorf("%s: phases differ %v, want %v", c.name, got, c.differ)
+		}
+	}
+}

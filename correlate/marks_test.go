@@ -1,8 +1,11 @@
 package correlate
 
 import (
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -211,5 +214,99 @@ func TestMarkedLaunchesAccumulation(t *testing.T) {
 	t.Logf("%d steps, %d windows for %d iterations", n, windows, iters)
 	if n != iters {
 		t.Errorf("%d steps for %d iterations", n, iters)
+	}
+}
+
+// TestDataPickedKernels: a loop whose data picks its kernels (a router,
+// buckets of sequence lengths), as testdata/simgpu/pyroute.py runs on the
+// simulated GPU: per iteration a batch copy, 3 to 24 kernels, each but the
+// last of one of five functions, the last of its own, the loss read with
+// a sync; every 7th iteration sleeps 20 ms. The tracer marks all six
+// functions from the 20th iteration on, a few at a time or all at once.
+// The launch counts between two batch copies spread over an eightfold
+// range: no count is the step's, which made the copy's clock fail its
+// launch-count match and coarsen to two or three iterations a step, whose
+// sums spread less; and an iteration of 24 marked launches after a few of
+// 3 held many more tokens than the steps before it, which made the copy's
+// clock look stopped. Every iteration must end exactly one step.
+func TestDataPickedKernels(t *testing.T) {
+	// The iteration from which each function is marked: the tracer marks
+	// one rarity at a time as its counts settle, or all six at once.
+	apart := map[uint64]int{0x2000: 20, 0x1003: 20, 0x1000: 28, 0x1004: 36, 0x1001: 44, 0x1002: 52}
+	together := map[uint64]int{0x2000: 20, 0x1003: 20, 0x1000: 20, 0x1004: 20, 0x1001: 20, 0x1002: 20}
+	for _, c := range []struct {
+		marks    string
+		markFrom map[uint64]int
+		seed     uint64
+	}{
+		{"apart", apart, 1}, {"apart", apart, 2}, {"apart", apart, 3},
+		{"together", together, 5}, {"together", together, 6}, {"together", together, 9},
+	} {
+		markFrom, seed := c.markFrom, c.seed
+		t.Run(fmt.Sprintf("marked %s, seed %d", c.marks, seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			s := newSim()
+			const iters = 300
+			var ends []int64
+			// The routed functions' kernels last 120 µs to 1.5 ms, the last
+			// one 60 µs: the host, 15 µs a launch, runs ahead of the GPU
+			// within an iteration.
+			dur := map[uint64]int64{0x1000: 120 * us, 0x1001: 300 * us, 0x1002: 450 * us, 0x1003: 800 * us, 0x1004: 1500 * us, 0x2000: 60 * us}
+			for n := 0; n < iters; n++ {
+				k := func(fn uint64) {
+					from, ok := markFrom[fn]
+					s.kernelFn(dur[fn], fn, ok && n >= from)
+					s.t += 15 * us
+				}
+				if n%7 == 3 {
+					s.t += 20 * ms // a synchronous logger
+				}
+				s.copyAsync(100*us, s.stream)
+				kn := 3 + rng.IntN(22)
+				for i := 0; i < kn-1; i++ {
+					k(0x1000 + uint64(rng.IntN(5)))
+				}
+				k(0x2000)
+				s.sync()
+				ends = append(ends, s.t)
+				s.t += 200 * us
+			}
+			col := &collect{}
+			e := newEngine(col, func(cfg *Config) {
+				cfg.Probes = ProbesFull
+				if os.Getenv("GT_DEBUG") != "" {
+					cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+				}
+			})
+			feed(e, col, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+			var stepEnds []int64
+			windows := 0
+			for _, st := range col.steps {
+				if st.Window {
+					windows++
+				}
+				stepEnds = append(stepEnds, st.End)
+			}
+			slices.Sort(stepEnds)
+			exact := 0
+			for i, end := range ends {
+				from := t0
+				if i > 0 {
+					from = ends[i-1]
+				}
+				// The step ends at the iteration's sync (give or take its
+				// return), before the next batch's copy.
+				a, _ := slices.BinarySearch(stepEnds, from+us)
+				b, _ := slices.BinarySearch(stepEnds, end+us)
+				if b-a == 1 {
+					exact++
+				}
+			}
+			t.Logf("%d steps (%d windows) for %d iterations, %d ending exactly one", len(col.steps), windows, iters, exact)
+			if len(col.steps) != iters || windows > 0 || exact < iters-1 {
+				t.Errorf("%d steps, %d windows, %d of %d iterations ending exactly one step; want every iteration one step",
+					len(col.steps), windows, exact, iters)
+			}
+		})
 	}
 }

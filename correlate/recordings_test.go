@@ -175,6 +175,8 @@ func scoreSteps(steps []Step, pid uint32, iters []truthIter) stepScore {
 		b := sort.Search(len(ends), func(k int) bool { return ends[k] >= next })
 		if b-a == 1 {
 			sc.exact++
+		} else if os.Getenv("GT_DEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "iteration %d (%.1f ms in, %.2f ms long): %d step ends\n", i, float64(it.start-lo)/1e6, float64(it.end-it.start)/1e6, b-a)
 		}
 	}
 	return sc
@@ -296,6 +298,10 @@ func recordedSteps(t *testing.T, errorf func(string, ...any), rec string, h Reco
 	var sink stepSink
 	cfg := h.Config()
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	if os.Getenv("GT_DEBUG") != "" {
+		// The engine's decisions (clocks found, periods lost) on stderr.
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	if _, err := ReplayAs(cfg, &sink, h, calls, View{Probes: as, Window: 500 * time.Millisecond, WarmupSteps: 5, WarmupMax: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}

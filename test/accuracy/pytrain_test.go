@@ -194,6 +194,13 @@ func readJSONL[T any](path string) ([]T, error) {
 // when GAPTRACE_ACCURACY_ONLY does not select NAME/full.
 func runPytrain(t *testing.T, s setup, name string, args func(dir string) []string) string {
 	t.Helper()
+	return runPython(t, s, name, "pytrain.py", correlate.ProbesFull, args)
+}
+
+// runPython is runPytrain for any Python trainer of testdata/simgpu that
+// takes --lib and --truth, under the given probe set.
+func runPython(t *testing.T, s setup, name, script, probes string, args func(dir string) []string) string {
+	t.Helper()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")
@@ -203,11 +210,11 @@ func runPytrain(t *testing.T, s setup, name string, args func(dir string) []stri
 		if err != nil {
 			t.Fatalf("GAPTRACE_ACCURACY_ONLY: %v", err)
 		}
-		if !re.MatchString(name + "/full") {
-			t.Skipf("GAPTRACE_ACCURACY_ONLY=%s does not select %s/full", only, name)
+		if !re.MatchString(name + "/" + probes) {
+			t.Skipf("GAPTRACE_ACCURACY_ONLY=%s does not select %s/%s", only, name, probes)
 		}
 	}
-	dir := filepath.Join(s.root, accuracyOutRoot, "runs", name)
+	dir := filepath.Join(s.root, accuracyOutRoot, "runs", name+"-"+probes)
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -222,10 +229,10 @@ func runPytrain(t *testing.T, s setup, name string, args func(dir string) []stri
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
 	defer cancel()
-	argv := []string{"run", "--probes", "full", "--live", "off", "--log-level", "debug",
+	argv := []string{"run", "--probes", probes, "--live", "off", "--log-level", "debug",
 		"--gaps-out", filepath.Join(dir, "gaps.jsonl"), "--spans-out", filepath.Join(dir, "spans.jsonl"),
 		"--summary-json", filepath.Join(dir, "summary.json"), "--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1"),
-		"--", py, filepath.Join(s.root, "testdata", "simgpu", "pytrain.py"), "--lib", sim,
+		"--", py, filepath.Join(s.root, "testdata", "simgpu", script), "--lib", sim,
 		"--truth", filepath.Join(dir, "truth.jsonl")}
 	cmd := exec.CommandContext(ctx, s.bin, append(argv, args(dir)...)...)
 	cmd.Dir = dir

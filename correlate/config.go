@@ -51,6 +51,12 @@ type Config struct {
 	// (Losses.ForcedEvents): memory stays bounded however far behind the
 	// reader falls or however fast a probe floods.
 	MaxBuffered int
+	// NoGPUWindows: no GPU windows will come (NVML could not be opened).
+	// What waits for GPM's verdict (lite's setup syncs, copies known to
+	// cover no compute) is judged at once as computing, instead of after
+	// 2 s of event time, by which the loop's first steps went to fixed
+	// windows.
+	NoGPUWindows bool
 	// HW, when set, is called once per finished step.
 	HW func(dev int, start, end int64) *event.HWContext
 	// Logger defaults to slog.Default().

@@ -74,7 +74,7 @@ func New(cfg Config, sink Sink) *Engine {
 		set:    set,
 		sink:   sink,
 		log:    set.log,
-		world:  newWorld(),
+		world:  newWorld(cfg.NoGPUWindows),
 		totals: Summary{ByCause: map[Cause]int64{}},
 	}
 }

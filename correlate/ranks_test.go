@@ -381,7 +381,7 @@ func TestRanksP2PNotMatched(t *testing.T) {
 // (another job of the same shape) makes the group unusable; a rank that
 // restarted after its predecessor exited takes its place.
 func TestRanksGroupLinking(t *testing.T) {
-	w := newWorld()
+	w := newWorld(false)
 	init := func(pid uint32, rank int32) {
 		w.addComm(&event.Event{Kind: event.KindCommInit, PID: pid, TID: pid, Comm: commHandle, Count: 2, PeerRank: rank})
 	}

@@ -54,12 +54,14 @@ type RecordHeader struct {
 	Version string `json:"version,omitempty"` // gaptrace's version
 	Probes  string `json:"probes"`
 	MinGap  int64  `json:"min_gap_ns,omitempty"`
+	// NoGPUWindows: the run had no NVML (Config.NoGPUWindows).
+	NoGPUWindows bool `json:"no_gpu_windows,omitempty"`
 }
 
 // Config is the engine configuration the recording was made with (its
 // Logger left for the caller).
 func (h RecordHeader) Config() Config {
-	cfg := Config{Probes: h.Probes}
+	cfg := Config{Probes: h.Probes, NoGPUWindows: h.NoGPUWindows}
 	if h.MinGap > 0 {
 		cfg.MinGap = time.Duration(h.MinGap)
 	}

@@ -210,7 +210,7 @@ func (p *proc) patternSync(x env, ev *event.Event) {
 // the verdicts.
 func (s *stepper) askGPM(d *device) bool {
 	s.dev = d
-	return d != nil && (d.gpmEnd > 0 || d.maxEnd == 0)
+	return d != nil && !d.noWindows && (d.gpmEnd > 0 || d.maxEnd == 0)
 }
 
 // gpmVerdict settles one span waiting for GPM: quiet where GPM read no SM

@@ -11,6 +11,8 @@ import (
 // it, which the windows' idle totals are reconciled against.
 type device struct {
 	id int
+	// noWindows: it sends no windows at all (Config.NoGPUWindows).
+	noWindows bool
 	// wins are the windows that give idle totals, sorted by start: NVML
 	// utilization samples when there are any (they measure "no kernel
 	// running", the definition of idle), else GPM.

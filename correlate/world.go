@@ -11,10 +11,12 @@ import (
 // wait to the thread or worker that ended it); only the engine adds to it
 // and forgets from it.
 type world struct {
-	devOf   map[uint32]int
-	procs   map[uint32]*proc
-	threads map[uint32]*thread
-	devs    map[int]*device
+	// noWindows: no device sends GPU windows (Config.NoGPUWindows).
+	noWindows bool
+	devOf     map[uint32]int
+	procs     map[uint32]*proc
+	threads   map[uint32]*thread
+	devs      map[int]*device
 	// comms: what each NCCL communicator is (ranks, this process's
 	// rank), from its creation; bounded by maxComms. groups links those of
 	// different processes that are one group (ranks.go); commOrd numbers
@@ -49,20 +51,21 @@ type procRank struct {
 // maxComms bounds the communicator table (a job creates a handful).
 const maxComms = 4096
 
-func newWorld() world {
+func newWorld(noWindows bool) world {
 	return world{
-		devOf:   map[uint32]int{},
-		procs:   map[uint32]*proc{},
-		threads: map[uint32]*thread{},
-		devs:    map[int]*device{},
-		rankOf:  map[uint32]procRank{},
+		noWindows: noWindows,
+		devOf:     map[uint32]int{},
+		procs:     map[uint32]*proc{},
+		threads:   map[uint32]*thread{},
+		devs:      map[int]*device{},
+		rankOf:    map[uint32]procRank{},
 	}
 }
 
 func (w *world) device(id int) *device {
 	d := w.devs[id]
 	if d == nil {
-		d = &device{id: id, bg: -1}
+		d = &device{id: id, bg: -1, noWindows: w.noWindows}
 		w.devs[id] = d
 	}
 	return d

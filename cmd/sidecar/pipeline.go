@@ -266,7 +266,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	if probes == string(tracer.ProbesNull) {
 		probes = string(tracer.ProbesFull) // no events arrive: nothing to correlate
 	}
-	ccfg := correlate.Config{Probes: probes, MinGap: cfg.MinGap, Logger: pc.Logger}
+	ccfg := correlate.Config{Probes: probes, MinGap: cfg.MinGap, NoGPUWindows: p.gpu == nil, Logger: pc.Logger}
 	if p.gpu != nil {
 		ccfg.HW = p.gpu.HWContext
 	}
@@ -281,7 +281,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 			log.Error("recording write failed; nothing more is recorded (the file keeps what was written before)", "err", err)
 		}
 		p.recFile = f
-		p.rec = correlate.NewRecorder(f, correlate.RecordHeader{Version: version, Probes: probes, MinGap: int64(cfg.MinGap)})
+		p.rec = correlate.NewRecorder(f, correlate.RecordHeader{Version: version, Probes: probes, MinGap: int64(cfg.MinGap), NoGPUWindows: p.gpu == nil})
 	}
 	// The exporter first, then the session (live view, gaps file).
 	sinks := correlate.Tee{exp, pc.Sink}

@@ -198,8 +198,9 @@ func runPytrain(t *testing.T, s setup, name string, args func(dir string) []stri
 }
 
 // runPython is runPytrain for any Python trainer of testdata/simgpu that
-// takes --lib and --truth, under the given probe set.
-func runPython(t *testing.T, s setup, name, script, probes string, args func(dir string) []string) string {
+// takes --lib and --truth, under the given probe set, with env added to
+// the environment of gaptrace and the job.
+func runPython(t *testing.T, s setup, name, script, probes string, args func(dir string) []string, env ...string) string {
 	t.Helper()
 	py, err := exec.LookPath("python3")
 	if err != nil {
@@ -236,7 +237,7 @@ func runPython(t *testing.T, s setup, name, script, probes string, args func(dir
 		"--truth", filepath.Join(dir, "truth.jsonl")}
 	cmd := exec.CommandContext(ctx, s.bin, append(argv, args(dir)...)...)
 	cmd.Dir = dir
-	cmd.Env = append(cleanEnv(), "SIMGPU_DIR="+dir)
+	cmd.Env = append(append(cleanEnv(), "SIMGPU_DIR="+dir), env...)
 	out, err := cmd.CombinedOutput()
 	if werr := os.WriteFile(filepath.Join(dir, "gaptrace.log"), out, 0o644); werr != nil {
 		t.Log(werr)

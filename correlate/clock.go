@@ -220,7 +220,7 @@ func launchesClose(x, y uint64) bool {
 // tokenOf is the clock token of an enqueue, if it can be one.
 func tokenOf(ev *event.Event) (tokKey, bool) {
 	switch ev.Kind {
-	case event.KindMemcpyAsync, event.KindMemset:
+	case event.KindMemcpyAsync, event.KindMemset, event.KindMemcpy:
 		if ev.Bytes <= scalarBytes {
 			return tokKey{}, false
 		}
@@ -567,6 +567,39 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 		}
 	}
 	return best, valid
+}
+
+// insertion says whether the running clock only paused for an insertion
+// into its loop (an evaluation's batches every N steps, a burst of copies):
+// it no longer qualifies because it has not occurred for a while, and that
+// while is shorter than the time it ran for in the ring. The clock stays:
+// when the loop resumes it goes on, where a switch would count the
+// insertion's iterations as steps and then lose the loop's until it
+// switched back. A loop that really moved on syncs without its clock and
+// falls back to fixed windows (stopAfter), from which the new clock splits
+// them, or its clock leaves the ring.
+func insertion(toks []token, c *clockState, valid []clockFound) bool {
+	if c.occ < 4*clockSegMin*int64(c.m) {
+		return false // not established: a warm-up's burst gives way
+	}
+	for _, v := range valid {
+		if v.key == c.key {
+			return false // it still repeats: a finer clock's turn
+		}
+	}
+	first, last := -1, -1
+	for i := range toks {
+		if toks[i].key == c.key {
+			if first < 0 {
+				first = i
+			}
+			last = i
+		}
+	}
+	if last < 0 {
+		return false
+	}
+	return toks[len(toks)-1].t-toks[last].t < toks[last].t-toks[first].t
 }
 
 // stepLens are f's and g's step lengths in a unit both are measured in:
@@ -1172,7 +1205,7 @@ func (s *stepper) tryClock(set settings) bool {
 				still = fl*1.5 > vl
 			}
 		}
-		if still {
+		if still || insertion(toks, c, valid) {
 			s.clockStrikes = 0
 			return false
 		}

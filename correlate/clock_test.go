@@ -1,6 +1,7 @@
 package correlate
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -643,5 +644,109 @@ func TestPhasesDifferByLaunches(t *testing.T) {
 		if got := phasesDiffer(c.unit, c.m, true); got != c.differ {
 			t.Errorf("%s: phases differ %v, want %v", c.name, got, c.differ)
 		}
+	}
+}
+
+// syncCopy is a synchronous copy (cuMemcpyHtoD / cuMemcpyDtoH on the
+// legacy stream): it waits for the work queued before it, then copies for
+// dur with the host in the call.
+func (s *gpuSim) syncCopy(dir event.CUDA, bytes uint64, dur int64) {
+	s.t += 5 * us
+	start := s.t
+	from := max(s.t, s.gpuFree)
+	s.gpuFree = from + dur
+	s.addBusy(from, s.gpuFree)
+	end := s.gpuFree + 5*us
+	s.evs = append(s.evs, event.Event{Kind: event.KindMemcpy, PID: s.pid, TID: s.tid, Start: start, End: end,
+		CUDA: dir, CopyDir: dir, Bytes: bytes, Count: s.pending[s.tid], LastLaunch: s.lastLaunch[s.tid]})
+	s.pending[s.tid] = 0
+	s.flushed[s.tid] = false
+	s.t = end
+}
+
+// TestClockSyncCopiesAndEvaluation: a loop written against the driver API
+// copies its batch with cuMemcpyHtoD (synchronous, from pageable memory),
+// runs 27 kernels, reads its loss with cuMemcpyDtoH and every fifth
+// iteration a metric after cuCtxSynchronize; every E iterations it
+// evaluates N batches of another size (a copy, 8 kernels, a read each).
+// The batch copy clocks the steps though it is no async copy, and lite,
+// which sees no launch and so a drained queue at every read, takes the
+// loss reads for the syncs they are. An evaluation pauses the loop's clock:
+// it must not take over (its batches would be steps, and the loop's first
+// iterations after it would be lost until the clock switched back).
+func TestClockSyncCopiesAndEvaluation(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		every, nval int
+	}{
+		{"no evaluation", 0, 0},
+		{"30 batches every 50 iterations", 50, 30},
+		{"60 batches every 40 iterations", 40, 60},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fullAndLite(t, func(t *testing.T, s *gpuSim) {
+				const iters = 300
+				var ends []int64
+				for n := 0; n < iters; n++ {
+					if n%9 == 4 {
+						readStall(s, 10*ms)
+					}
+					s.syncCopy(event.CUMemcpyHtoD, 4<<20, 300*us)
+					for range 27 {
+						s.kernel(250 * us)
+						s.t += 15 * us
+					}
+					s.syncCopy(event.CUMemcpyDtoH, 4, 5*us)
+					if n%5 == 2 {
+						s.sync()
+						s.syncCopy(event.CUMemcpyDtoH, 8, 5*us)
+					}
+					if c.every > 0 && n%c.every == c.every-1 {
+						for range c.nval {
+							s.syncCopy(event.CUMemcpyHtoD, 1<<20, 80*us)
+							for range 8 {
+								s.kernel(250 * us)
+								s.t += 15 * us
+							}
+							s.syncCopy(event.CUMemcpyDtoH, 4, 5*us)
+						}
+					}
+					ends = append(ends, s.t)
+					s.t += 200 * us
+				}
+				col := &collect{}
+				feed(newEngine(col, func(cfg *Config) {
+					if s.lite {
+						cfg.Probes = ProbesLite
+					}
+				}), col, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+				var stepEnds []int64
+				windows := 0
+				for _, st := range col.steps {
+					if st.Window {
+						windows++
+						continue
+					}
+					stepEnds = append(stepEnds, st.End)
+				}
+				slices.Sort(stepEnds)
+				exact := 0
+				for i, end := range ends {
+					from := t0
+					if i > 0 {
+						from = ends[i-1]
+					}
+					a, _ := slices.BinarySearch(stepEnds, from+us)
+					b, _ := slices.BinarySearch(stepEnds, end+us)
+					if b-a == 1 {
+						exact++
+					}
+				}
+				t.Logf("%d steps and %d fixed windows for %d iterations, %d ending exactly one", len(stepEnds), windows, iters, exact)
+				if d := len(stepEnds) - iters; d > iters/50 || -d > iters/50 || exact < iters*9/10 {
+					t.Errorf("%d steps for %d iterations (%d ending exactly one); want within 2%% and nine in ten exact", len(stepEnds), iters, exact)
+				}
+			})
+		})
 	}
 }

@@ -220,8 +220,23 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 // gap it is host activity (cuda.memcpy / cuda.alloc) on the timeline.
 func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 	p.shadowLead(x, ev)
+	// A batch copied synchronously (cuMemcpyHtoD, often from pageable
+	// memory) is the loop's data movement as much as an async one: it
+	// clocks the steps, whether the queue had drained before it or not.
+	if ev.Kind == event.KindMemcpy {
+		p.st.dev = x.d
+		if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, -1, ev.Start) {
+			p.resolveHeld(x, false)
+		}
+	}
 	if !p.everEnq || p.allDrained() {
 		p.onBlocking(th, ev)
+		if p.everEnq && ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
+			// A read of device data (the loss) is a sync to the step
+			// pattern however empty the queue looked: lite sees no
+			// launch, so to it the queue is always drained.
+			p.patternSync(x, ev)
+		}
 		return
 	}
 	if p.gap != nil && x.liteOver(p.gap.start, ev.Start) {

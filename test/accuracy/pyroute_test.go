@@ -52,54 +52,85 @@ func TestPythonRoutedSteps(t *testing.T) {
 					t.Fatalf("NVML was opened after all (log in %s)", dir)
 				}
 			}
-			iters, err := readJSONL[pyrouteStep](filepath.Join(dir, "truth.jsonl"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			iters = slices.DeleteFunc(iters, func(r pyrouteStep) bool { return r.Type != "step" })
-			spans, err := readStepSpans(filepath.Join(dir, "spans.jsonl"), func(name string) bool { return name == "train.step" })
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(iters) != 300 {
-				t.Fatalf("the job recorded %d iterations, want 300 (outputs in %s)", len(iters), dir)
-			}
-			var ends []int64
-			steps, windows := 0, 0
-			for _, sp := range spans {
-				if sp.Window {
-					windows++
-					continue
-				}
-				steps++
-				ends = append(ends, sp.End)
-			}
-			sort.Slice(ends, func(i, j int) bool { return ends[i] < ends[j] })
-			exact := 0
-			for i, it := range iters {
-				next := it.End + 1
-				if i+1 < len(iters) {
-					next = iters[i+1].Start
-				}
-				a := sort.Search(len(ends), func(k int) bool { return ends[k] > it.Start })
-				b := sort.Search(len(ends), func(k int) bool { return ends[k] >= next })
-				if b-a == 1 {
-					exact++
-				}
-			}
-			t.Logf("%s: %d steps and %d fixed windows for %d iterations, %d with exactly one step end", c.name, steps, windows, len(iters), exact)
-			if d := steps - len(iters); d*50 > len(iters) || -d*50 > len(iters) {
-				t.Errorf("%d steps for %d iterations: off by more than 2%% (outputs in %s)", steps, len(iters), dir)
-			}
-			if exact*10 < len(iters)*9 {
-				t.Errorf("only %d of %d iterations hold exactly one step end (outputs in %s)", exact, len(iters), dir)
-			}
+			checkPySteps(t, dir, c.name, 300)
 		})
 	}
 }
 
-// pyrouteStep is a line of pyroute.py's truth (Unix ns).
-type pyrouteStep struct {
+// TestPythonEvalSteps traces testdata/simgpu/pyeval.py under `gaptrace run`
+// in each probe set: a ctypes loop of synchronous copies (cuMemcpyHtoD of
+// the batch from pageable memory, cuMemcpyDtoH of the loss), with a
+// context sync and a metric read every 5th step, that evaluates 60
+// batches of another size every 40 steps, at the end of a step. The
+// synchronous batch copy clocks the steps (async copies alone did: full
+// counted 13 steps an iteration by the marked launches, lite 40 of 300);
+// an evaluation pauses the loop's clock and must not replace it (its
+// batches would be steps, and the loop's first after it lost). Every
+// iteration must be one step, as in TestPythonRoutedSteps.
+func TestPythonEvalSteps(t *testing.T) {
+	s := need(t)
+	for _, probes := range []string{correlate.ProbesFull, correlate.ProbesLite, correlate.ProbesAuto} {
+		t.Run(probes, func(t *testing.T) {
+			dir := runPython(t, s, "pyeval", "pyeval.py", probes, func(string) []string {
+				return []string{"--steps", "300", "--eval-every", "40", "--eval-batches", "60"}
+			})
+			checkPySteps(t, dir, probes, 300)
+		})
+	}
+}
+
+// checkPySteps holds the steps gaptrace wrote to dir/spans.jsonl to the
+// iterations a Python trainer recorded in dir/truth.jsonl (want of them):
+// the count within ±2%, nine in ten iterations holding exactly one step
+// end.
+func checkPySteps(t *testing.T, dir, name string, want int) {
+	t.Helper()
+	iters, err := readJSONL[pyStep](filepath.Join(dir, "truth.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	iters = slices.DeleteFunc(iters, func(r pyStep) bool { return r.Type != "step" })
+	spans, err := readStepSpans(filepath.Join(dir, "spans.jsonl"), func(span string) bool { return span == "train.step" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(iters) != want {
+		t.Fatalf("the job recorded %d iterations, want %d (outputs in %s)", len(iters), want, dir)
+	}
+	var ends []int64
+	steps, windows := 0, 0
+	for _, sp := range spans {
+		if sp.Window {
+			windows++
+			continue
+		}
+		steps++
+		ends = append(ends, sp.End)
+	}
+	sort.Slice(ends, func(i, j int) bool { return ends[i] < ends[j] })
+	exact := 0
+	for i, it := range iters {
+		next := it.End + 1
+		if i+1 < len(iters) {
+			next = iters[i+1].Start
+		}
+		a := sort.Search(len(ends), func(k int) bool { return ends[k] > it.Start })
+		b := sort.Search(len(ends), func(k int) bool { return ends[k] >= next })
+		if b-a == 1 {
+			exact++
+		}
+	}
+	t.Logf("%s: %d steps and %d fixed windows for %d iterations, %d with exactly one step end", name, steps, windows, len(iters), exact)
+	if d := steps - len(iters); d*50 > len(iters) || -d*50 > len(iters) {
+		t.Errorf("%d steps for %d iterations: off by more than 2%% (outputs in %s)", steps, len(iters), dir)
+	}
+	if exact*10 < len(iters)*9 {
+		t.Errorf("only %d of %d iterations hold exactly one step end (outputs in %s)", exact, len(iters), dir)
+	}
+}
+
+// pyStep is a line of a Python trainer's truth (Unix ns).
+type pyStep struct {
 	Type  string `json:"type"`
 	Start int64  `json:"start_unix_nano"`
 	End   int64  `json:"end_unix_nano"`

@@ -571,8 +571,10 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 
 // insertion says whether the running clock only paused for an insertion
 // into its loop (an evaluation's batches every N steps, a burst of copies):
-// it no longer qualifies because it has not occurred for a while, and that
-// while is shorter than the time it ran for in the ring. The clock stays:
+// it no longer qualifies because it has not occurred for a while (more
+// than two of its steps), and that while is shorter than the time it ran
+// for in the ring. A clock that still occurs but no longer qualifies (its
+// steps stopped matching) gives way as before. The clock stays:
 // when the loop resumes it goes on, where a switch would count the
 // insertion's iterations as steps and then lose the loop's until it
 // switched back. A loop that really moved on syncs without its clock and
@@ -587,19 +589,22 @@ func insertion(toks []token, c *clockState, valid []clockFound) bool {
 			return false // it still repeats: a finer clock's turn
 		}
 	}
-	first, last := -1, -1
+	var at []int64
 	for i := range toks {
 		if toks[i].key == c.key {
-			if first < 0 {
-				first = i
-			}
-			last = i
+			at = append(at, toks[i].t)
 		}
 	}
-	if last < 0 {
+	if len(at) < 3 {
 		return false
 	}
-	return toks[len(toks)-1].t-toks[last].t < toks[last].t-toks[first].t
+	steps := make([]int64, 0, len(at)-1)
+	for i := 1; i < len(at); i++ {
+		steps = append(steps, at[i]-at[i-1])
+	}
+	slices.Sort(steps)
+	silent := toks[len(toks)-1].t - at[len(at)-1]
+	return silent > 2*int64(c.m)*steps[len(steps)/2] && silent < at[len(at)-1]-at[0]
 }
 
 // stepLens are f's and g's step lengths in a unit both are measured in:

@@ -134,3 +134,100 @@ func TestAccumulationSteps(t *testing.T) {
 		})
 	}
 }
+
+// prefetchLoop simulates a loop on one thread that double-buffers its
+// batches: each iteration prepares on the host (1–3 ms, so its first
+// launch is flushed), copies the next batch on a copy stream, launches 30
+// kernels and, every logEvery-th iteration, reads the loss (a sync). With
+// micro > 1 an iteration is micro such copies and forwards, then the
+// optimizer's 8 kernels. The sync flushes the iteration's tail, which the
+// next iteration's first launch would otherwise have flushed: counted by
+// flush, the step holding the sync launches twice the others and the next
+// one next to none. It returns the iterations' ends.
+func prefetchLoop(s *gpuSim, iters, micro, logEvery int) []int64 {
+	var ends []int64
+	for n := 0; n < iters; n++ {
+		for k := 0; k < micro; k++ {
+			s.t += int64(1+(n*7+k)%3) * ms // the batch, prepared on the host
+			s.copyAsync(50*us, 2)
+			s.launches(30, 120*us, 20*us)
+		}
+		if micro > 1 {
+			s.launches(8, 60*us, 20*us) // the optimizer
+		}
+		if (n+1)%logEvery == 0 {
+			s.sync()
+			if s.lite {
+				s.evs[len(s.evs)-1].Count = 0
+			}
+		}
+		ends = append(ends, s.t)
+	}
+	return ends
+}
+
+// TestPrefetchLogEvery: a loop on one thread that reads its loss only
+// every 10th iteration is counted per iteration, under every probe set:
+// the step holding the sync launches twice the others counted by flush
+// (the sync flushes the tail that the next step's first launch would
+// have), not by position. An accumulation loop on one thread (4
+// micro-batches, the optimizer's 8 kernels and the loss read once an
+// iteration) is still counted per iteration where launches are seen.
+// The previous engine counted the first loop in steps of 10 under full
+// (16 steps for 160 iterations).
+func TestPrefetchLogEvery(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		micro, logEvery int
+		probes          string
+		perIter         float64
+	}{
+		{"log10-full", 1, 10, ProbesFull, 1},
+		{"log10-auto", 1, 10, ProbesAuto, 1},
+		{"log10-lite", 1, 10, ProbesLite, 1},
+		{"accum-full", 4, 1, ProbesFull, 1},
+		{"accum-lite", 4, 1, ProbesLite, 4},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSim()
+			s.lite = c.probes == ProbesLite
+			iters := 160
+			if c.micro > 1 {
+				iters = 60
+			}
+			ends := prefetchLoop(s, iters, c.micro, c.logEvery)
+			col := &collect{}
+			e := newEngine(col, func(cfg *Config) { cfg.Probes = c.probes })
+			evs := s.evs
+			if c.probes == ProbesAuto {
+				liteFrom := ends[iters/4]
+				e.ProbesLive(true, t0)
+				e.ProbesLive(false, liteFrom)
+				evs = nil
+				for _, ev := range s.evs {
+					if ev.Start > liteFrom && ev.Kind == event.KindEnqueue {
+						continue
+					}
+					if ev.Start > liteFrom && ev.Kind == event.KindSync {
+						ev.Count = 0
+					}
+					evs = append(evs, ev)
+				}
+			}
+			feed(e, col, evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+			n, windows := 0, 0
+			for _, st := range col.steps {
+				if st.Window {
+					windows++
+				} else {
+					n++
+				}
+			}
+			want := int(c.perIter * float64(iters))
+			t.Logf("%d steps (%d fixed windows) for %d iterations", n, windows, iters)
+			if d := n - want; d*50 > want || -d*50 > want || windows > 0 {
+				t.Errorf("%d steps (%d fixed windows) for %d iterations, want %d", n, windows, iters, want)
+			}
+		})
+	}
+}

@@ -107,6 +107,12 @@ type token struct {
 	// flushes, may lag by a step; a clock on marked launches compares
 	// steps by these.
 	mlaunches uint64
+	// pos: the process's launch position at the token, what its threads
+	// flushed and reported unflushed; the difference between two tokens'
+	// is the launches made between them, where launches counts what was
+	// flushed between them (a sync flushes the step's tail early, which
+	// the next step's first launch would have flushed).
+	pos uint64
 	// occ: for a collective on a communicator seen from its creation, how
 	// many like it the communicator issued before; -1 otherwise.
 	occ int64
@@ -265,6 +271,22 @@ const syncsRing = 8
 func (c *clockState) pushSyncs(n int) {
 	c.recent[c.nrecent%syncsRing] = n
 	c.nrecent++
+}
+
+// rarelySyncs says whether fewer than half of the recent steps (four at
+// least) held a sync: a loop that reads its loss every N-th iteration.
+func (c *clockState) rarelySyncs() bool {
+	k := min(c.nrecent, syncsRing)
+	if k < 4 {
+		return false
+	}
+	n := 0
+	for i := 0; i < k; i++ {
+		if c.recent[i] > 0 {
+			n++
+		}
+	}
+	return 2*n < k
 }
 
 // alwaysSyncs says whether every recent step (four at least) held a sync.
@@ -946,9 +968,9 @@ func (s *stepper) onToken(set settings, key tokKey, occ, t int64) bool {
 	if n := len(s.toks); n > 0 {
 		from = s.toks[n-1].t
 	}
-	tok := token{key: key, t: t, launches: s.pendL, syncs: s.pendSyncs, seen: set.launchesSeen(from, t), occ: occ, from: from}
+	pos := s.flushedAll + s.pendSum
+	tok := token{key: key, t: t, launches: s.pendL, syncs: s.pendSyncs, seen: set.launchesSeen(from, t), occ: occ, from: from, pos: pos}
 	if key.marked() {
-		pos := s.flushedAll + s.pendSum
 		tok.mlaunches = pos - min(pos, s.markPos)
 		s.markPos = pos
 	}
@@ -1106,11 +1128,15 @@ func (f *segFeat) add(tok *token, marked bool) {
 // read in the middle of the step looks followed by the longest pause, so
 // only the last sync counts.
 func (s *stepper) stepEnd(t int64) int64 {
-	if c := s.clock; s.mode == modeClock && c != nil && c.key.marked() && !c.alwaysSyncs() {
+	if c := s.clock; s.mode == modeClock && c != nil && (c.key.marked() && !c.alwaysSyncs() || c.rarelySyncs()) {
 		// A marked launch may come anywhere in the iteration, the syncs
 		// of a loop that reads its loss every tenth iteration after it:
 		// moving the boundary back to such a sync would make that step
-		// short and the next one two iterations long.
+		// short and the next one two iterations long. So for any clock
+		// whose steps mostly hold no sync: every other boundary is at the
+		// clock's operation (after the host prepared the batch), and one
+		// in ten at the sync would put two step ends into the iteration
+		// that reads the loss and none into the next.
 		return t
 	}
 	lo := s.openStart()

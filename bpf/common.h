@@ -300,7 +300,9 @@ static __always_inline void submit(void *rec)
 
 /* submit_now wakes the reader at once: for the few records user space must
  * complete from /proc while what they name still exists (a socket's peer,
- * read through its fd before a short-lived connection closes). */
+ * read through its fd before a short-lived connection closes), or act on
+ * before the traced process goes on (a library mapped that probes attach
+ * to). */
 static __always_inline void submit_now(void *rec)
 {
 	bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);

@@ -245,7 +245,11 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 			struct event_hdr *h = reserve(sizeof(*h));
 			if (h) {
 				hdr_fill(h, EV_MMAP, 0, id, now);
-				submit(h);
+				/* A library mapped executable may be libcuda: its probes
+				 * attach after user space rescans the maps, and a loop
+				 * that starts right after loading it (a ctypes trainer)
+				 * runs unseen until then. */
+				submit_now(h);
 			}
 		}
 		return 0;

@@ -203,8 +203,11 @@ func (t *Tracer) requestRescan(pid uint32) {
 	}
 }
 
-// rescanDebounce batches mmap bursts (a dlopen maps several segments).
-const rescanDebounce = 10 * time.Millisecond
+// rescanDebounce batches mmap bursts (a dlopen maps several segments;
+// only the executable one is reported). Short: a loop that starts right
+// after loading libcuda (a ctypes trainer) runs unseen until the scan
+// attaches its probes, and a scan costs well under a millisecond.
+const rescanDebounce = 2 * time.Millisecond
 
 func (t *Tracer) rescanLoop() {
 	defer t.wg.Done()

@@ -69,14 +69,18 @@ func fineSegs(toks []token, key tokKey, m, phase int) []fineSeg {
 // syncSlot is the position mod g of the step that holds the group's sync:
 // in every group but one in five a sync comes in that step, and in the
 // other steps nearly never. ok is false when no position does (syncs in
-// every step, or none, or scattered).
+// every step, or none, or scattered). The steps before the group of the
+// ring's first sync say nothing of where a group syncs (the ring may begin
+// mid-group, the loop's first syncs may come late): they are left out,
+// and groupMin groups are judged from that one on.
 func syncSlot(segs []fineSeg, g int) (r int, ok bool) {
-	if len(segs) < groupMin*g {
+	lo := syncedFrom(segs, g)
+	if len(segs)-lo < groupMin*g {
 		return 0, false
 	}
 	n := make([]int, g)
 	with := make([]int, g)
-	for j := range segs {
+	for j := lo; j < len(segs); j++ {
 		n[j%g]++
 		if segs[j].syncs > 0 {
 			with[j%g]++
@@ -100,6 +104,17 @@ func syncSlot(segs []fineSeg, g int) (r int, ok bool) {
 		}
 	}
 	return best, true
+}
+
+// syncedFrom is the first step of the group that holds the ring's first
+// sync, for a group of g steps ending with it at the latest.
+func syncedFrom(segs []fineSeg, g int) int {
+	for j := range segs {
+		if segs[j].syncs > 0 {
+			return max(0, j-g+1)
+		}
+	}
+	return len(segs)
 }
 
 // groupLaunches says, from the steps where every launch was seen, whether
@@ -306,7 +321,7 @@ func (s *stepper) mayGroup(toks []token, cf clockFound) bool {
 			return false
 		}
 	}
-	return d >= 2 && d*cf.m <= groupMax && len(segs) < groupMin*d
+	return d >= 2 && d*cf.m <= groupMax && len(segs)-syncedFrom(segs, d) < groupMin*d
 }
 
 // groupedBy says whether cf groups the running clock's steps into

@@ -234,9 +234,10 @@ var wholeRun = map[string]bool{
 // see that the step holding the sync launches the optimizer. Under lite
 // (recorded so, or a view) their count is held to the micro-batches.
 var microSteps = map[string]int{
-	"h200-accum-full": 4,
-	"h200-accum-auto": 4,
-	"h200-accum-lite": 4,
+	"h200-accum-full":         4,
+	"h200-accum-auto":         4,
+	"h200-accum-lite":         4,
+	"sim-prefetch-accum-full": 4,
 }
 
 // viewsOff are the recordings whose replay as another probe set misses the

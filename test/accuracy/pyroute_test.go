@@ -79,6 +79,45 @@ func TestPythonEvalSteps(t *testing.T) {
 	}
 }
 
+// TestPythonPrefetchSteps traces testdata/simgpu/pyprefetch.py under
+// `gaptrace run` in each probe set: a ctypes loop on one thread that copies
+// the next batch on a copy stream every iteration and reads its loss only
+// every 10th. The sync flushes that iteration's launches early, so counted
+// by flush the step holding it launched twice the others, as an
+// accumulation loop's optimizer step does: full grouped ten iterations
+// into one step (29 steps for 300 iterations). The loop loads libcuda
+// with ctypes and starts at once: its probes must attach within an
+// iteration or two. Every iteration must be one step, as in
+// TestPythonRoutedSteps; with --accum 4 (and the loss read once an
+// iteration) under full, every iteration of four micro-batches is.
+func TestPythonPrefetchSteps(t *testing.T) {
+	s := need(t)
+	for _, c := range []struct {
+		name, probes    string
+		accum, logEvery string
+	}{
+		{correlate.ProbesFull, correlate.ProbesFull, "1", "10"},
+		{correlate.ProbesLite, correlate.ProbesLite, "1", "10"},
+		{correlate.ProbesAuto, correlate.ProbesAuto, "1", "10"},
+		{"full accumulating", correlate.ProbesFull, "4", "1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			name, steps := "pyprefetch", "300"
+			if c.accum != "1" {
+				name, steps = "pyprefetch-accum", "100"
+			}
+			dir := runPython(t, s, name, "pyprefetch.py", c.probes, func(dir string) []string {
+				return []string{"--steps", steps, "--log-every", c.logEvery, "--accum", c.accum, "--data-dir", dir}
+			})
+			want := 300
+			if c.accum != "1" {
+				want = 100
+			}
+			checkPySteps(t, dir, c.name, want)
+		})
+	}
+}
+
 // checkPySteps holds the steps gaptrace wrote to dir/spans.jsonl to the
 // iterations a Python trainer recorded in dir/truth.jsonl (want of them):
 // the count within ±2%, nine in ten iterations holding exactly one step

@@ -211,7 +211,7 @@ for p in $PHASES; do
     # syncs every 10th step. Steps against the loop's iterations; detection and the checkpoints'
     # attribution against the profiler. STYLES and STYLE_PROBES pick the runs.
     for probes in ${STYLE_PROBES:-auto lite}; do
-    for style in ${STYLES:-amp-cnn accum synthetic}; do
+    for style in ${STYLES:-amp-cnn accum logevery synthetic}; do
       phase "styles style=$style probes=$probes"
       pre=$WORK/style-$style-$probes
       timeout 300 "$G" run --probes "$probes" --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \

@@ -15,6 +15,10 @@ it was not built against:
                autocast, clip_grad_norm_, fused AdamW, an LR scheduler, loss.item() once a step; a
                background thread posts metrics to a local HTTP server every 5 steps (wandb-like,
                off the feeding thread)
+  logevery     a language model fed by a DataLoader with 2 workers and pinned memory, a batch copied
+               non_blocking every iteration, clip_grad_norm_ and fused AdamW every iteration, and the
+               loss read only every 10th iteration (the usual way to keep syncs out of the loop); the
+               same syncs and copies as accum's, one iteration per copy
   synthetic    the benchmark loop: a fixed input already on the device, no host copies at all,
                forward/backward/step, and print(loss.item()) only every 10th step
 
@@ -24,7 +28,7 @@ counts those too), and a stall record for every checkpoint (cause "checkpoint": 
 expected io.write). --profile records the measured steps with the PyTorch profiler (CUDA activity)
 for evaluate.py.
 
-Usage: styles.py --style amp-cnn|accum|synthetic --steps N [--warmup W] [--truth FILE] [--profile FILE]
+Usage: styles.py --style amp-cnn|accum|logevery|synthetic --steps N [--warmup W] [--truth FILE] [--profile FILE]
 """
 import argparse
 import json
@@ -140,7 +144,7 @@ def save_checkpoint(model, opt, path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--style", required=True, choices=["amp-cnn", "accum", "synthetic"])
+    ap.add_argument("--style", required=True, choices=["amp-cnn", "accum", "logevery", "synthetic"])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--truth")
@@ -229,6 +233,28 @@ def main():
             lv = loss.item() * micro
             if i % 5 == 0:
                 logger.log({"step": i, "loss": lv, "lr": sched.get_last_lr()[0]})
+            step_done(i, s0)
+    elif a.style == "logevery":
+        vocab, seq = 2000, 128
+        model = LM(vocab, 384, 3).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+        loader = torch.utils.data.DataLoader(Tokens(total * 8, seq, vocab), batch_size=8, num_workers=2,
+                                             pin_memory=True, drop_last=True)
+        lossf = nn.CrossEntropyLoss()
+        it = iter(loader)
+        for i in range(total):
+            begin(i)
+            s0 = MONO()
+            b = {k: v.to(dev, non_blocking=True) for k, v in next(it).items()}
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(b["input_ids"], b["attention_mask"])
+                loss = lossf(logits.view(-1, vocab).float(), b["labels"].view(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if i % 10 == 9:
+                print(f"step {i} loss {loss.item():.4f}", flush=True)
             step_done(i, s0)
     else:
         model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 4096), nn.GELU(),

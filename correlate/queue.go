@@ -103,6 +103,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 		s.pending = t
 	}
 	s.lastEnq = t
+	th.lastStream, th.enqueued = ev.Stream, true
 	if ev.Kind == event.KindCollective {
 		s.coll, s.ref = coll, ref
 	}
@@ -120,14 +121,26 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 // work predates the synced stream's last work: training loops hand side
 // streams' results (batch copies) to the main stream through events, which
 // are not traced, so that work is done when the main stream is.
-func (p *proc) drainStreams(ev *event.Event) (*CollectiveEvidence, collRef) {
+//
+// An event sync names no stream (cuEventRecord is not probed: PyTorch
+// records events around every cross-stream free and collective). The
+// event is most often recorded right after the work it marks, on the
+// stream the thread last queued to (end.record(); end.synchronize(),
+// a loss copied and its event recorded): the sync covers that stream. A
+// guess wrong the other way (an event of a stream with less work) opens
+// a gap the next sync that still waits rejects.
+func (p *proc) drainStreams(th *thread, ev *event.Event) (*CollectiveEvidence, collRef) {
 	// The legacy default stream (0) is not special here: frameworks create
 	// their side streams non-blocking, so syncing stream 0 does not wait
 	// for them; the rule below covers their earlier work.
 	all := ev.CUDA == event.CUCtxSynchronize || ev.Kind == event.KindFree
+	synced := ev.Stream
+	if ev.CUDA == event.CUEventSynchronize && th.enqueued {
+		synced = th.lastStream
+	}
 	var ref int64
 	if !all {
-		if s := p.streams[ev.Stream]; s != nil {
+		if s := p.streams[synced]; s != nil {
 			ref = s.lastEnq
 		}
 	}
@@ -137,7 +150,7 @@ func (p *proc) drainStreams(ev *event.Event) (*CollectiveEvidence, collRef) {
 		if s.pending == 0 || s.lastEnq > ev.Start {
 			continue
 		}
-		if all || id == ev.Stream || s.lastEnq <= ref {
+		if all || id == synced || s.lastEnq <= ref {
 			if s.coll != nil && (coll == nil || s.ref.at >= cref.at) {
 				coll, cref = s.coll, s.ref
 			}
@@ -183,7 +196,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	// says what their queue held.
 	p.settlePreempted(th.tid, ev.Start, wait)
 	pendingBefore := !p.allDrained()
-	coll, cref := p.drainStreams(ev)
+	coll, cref := p.drainStreams(th, ev)
 	if cref.c != nil {
 		cref.c.complete(cref.seq, ev.End, ev.Start)
 	}
@@ -242,7 +255,7 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 	if p.gap != nil && x.liteOver(p.gap.start, ev.Start) {
 		p.closeGap(x, th, ev.Start)
 	}
-	if _, cref := p.drainStreams(ev); cref.c != nil {
+	if _, cref := p.drainStreams(th, ev); cref.c != nil {
 		cref.c.complete(cref.seq, ev.End, ev.Start)
 	}
 	p.endAhead(x.set, ev.End, p.aheadStart < ev.Start, false)

@@ -23,6 +23,10 @@ type thread struct {
 	// to be on the timeline): where a host operation began writing a file.
 	opens [maxOpens]fileOpen
 	nOpen int
+	// lastStream is the stream of its latest enqueue (enqueued: it made
+	// one), what an event sync of the thread most likely waits for.
+	lastStream uint64
+	enqueued   bool
 }
 
 // maxOpens is how many of a thread's latest opens are kept.

@@ -1,6 +1,10 @@
 package correlate
 
-import "github.com/gaptrace/gaptrace/event"
+import (
+	"math"
+
+	"github.com/gaptrace/gaptrace/event"
+)
 
 // aheadCand is an interval where a feeder blocked while its queue still
 // held work; the GPU windows decide how much of it was idle.
@@ -78,7 +82,11 @@ func (p *proc) resolveAhead(x env, force bool) {
 			continue
 		}
 		// A device that never sent windows will not start now: no wait.
-		if force || d.maxEnd == 0 || d.maxEnd >= c.hi || x.clk.now >= c.hi+holdMax {
+		// The window that holds hi may also hold idle the host explains
+		// after hi (a checkpoint's gap opening 80 ms later): the host's
+		// events through its end must be in first, or that idle lands in
+		// this candidate.
+		if force || d.maxEnd == 0 || d.maxEnd >= c.hi && x.clk.wm >= d.coverEnd(c.hi) || x.clk.now >= c.hi+holdMax {
 			p.resolveCand(x, c)
 			continue
 		}
@@ -88,16 +96,45 @@ func (p *proc) resolveAhead(x env, force bool) {
 	p.cands = p.cands[:k]
 }
 
+// knownIdle is idle of d that the windows hold but no emitted gap does yet:
+// the time before any traced process of d first queued work (a job's
+// setup, the interpreter starting) and the gaps still open. A window
+// (100–200 ms) that holds a checkpoint's first 50 ms, or the loop's start,
+// has that much idle no blocking of the host elsewhere in it explains.
+// Lite cannot see launches: a gap it holds open may hide the next step's
+// first kernels, so only one that absorbed a host operation's copies
+// (episode.go: a checkpoint in progress) counts. Its first work seen can
+// come after launches too, but a job's first GPU work is nearly always a
+// copy (the model's weights), which it sees.
+func (x env) knownIdle(d *device) []span {
+	var l []span
+	first := int64(math.MaxInt64)
+	for _, p := range x.w.procs {
+		if p.dev != d.id || !p.everEnq {
+			continue
+		}
+		first = min(first, p.st.origin)
+		if g := p.gap; g != nil && (!x.liteOver(g.start, x.clk.now) || g.ep != nil && g.ep.bulk) {
+			l = addSpan(l, span{g.start, math.MaxInt64})
+		}
+	}
+	if first < math.MaxInt64 {
+		l = addSpan(l, span{math.MinInt64, first})
+	}
+	return l
+}
+
 func (p *proc) resolveCand(x env, c aheadCand) {
 	d := x.d
-	idle := d.idleWithin(c.lo, c.hi)
+	known := x.knownIdle(d)
+	idle := d.idleWithin(c.lo, c.hi, known)
 	if c.drain > 0 {
 		// A window (100–200 ms) is much longer than a stall: its idle says
 		// how much but not where, and the micro-idle it also holds shifts
 		// the estimate by many ms. The host knows better where the queue
 		// ran dry when the step's queued work runs as long as usual; the
 		// windows still cap what the GPU can have idled.
-		idle = min(max(c.hi-max(c.lo, c.drain), 0), d.idleAtMost(c.lo, c.hi))
+		idle = min(max(c.hi-max(c.lo, c.drain), 0), d.idleAtMost(c.lo, c.hi, known))
 	}
 	a, b := c.hi-idle, c.hi
 	source := "host+gpu"
@@ -105,10 +142,10 @@ func (p *proc) resolveCand(x env, c aheadCand) {
 	case c.exact:
 		idle, a, b, source = c.hi-c.lo, c.lo, c.hi, "host"
 	case c.preempt:
-		idle = min(c.hi-c.lo, d.idleAtMost(c.lo, c.hi))
+		idle = min(c.hi-c.lo, d.idleAtMost(c.lo, c.hi, known))
 		a = c.hi - idle
 	case c.lead > 0:
-		idle = min(max(c.hi-c.lead-c.lo, 0), d.idleAtMost(c.lo, c.hi))
+		idle = min(max(c.hi-c.lead-c.lo, 0), d.idleAtMost(c.lo, c.hi, known))
 		a, b = c.lo, c.lo+idle
 	}
 	if idle < x.set.minGap {

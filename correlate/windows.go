@@ -155,9 +155,9 @@ func (d *device) gapsIn(s, e int64, extra []span) []span {
 // idleWithin estimates how much of [lo,hi) the GPU was idle: the windows'
 // idle, less the gaps already bounded, less the usual micro-idle density
 // over the rest of each window.
-func (d *device) idleWithin(lo, hi int64) int64 {
+func (d *device) idleWithin(lo, hi int64, known []span) int64 {
 	bg := max(d.bg, 0)
-	hid := d.hidden(nil)
+	hid := d.hidden(known)
 	var idle float64
 	for _, w := range d.overlapping(lo, hi) {
 		a, b := max(lo, w.Start), min(hi, w.End)
@@ -178,10 +178,10 @@ func (d *device) idleWithin(lo, hi int64) int64 {
 }
 
 // idleAtMost bounds from above the idle in [lo,hi) that no bounded gap
-// holds: per window, its idle less every bounded gap in it, and never more
-// than the unbounded part of the overlap.
-func (d *device) idleAtMost(lo, hi int64) int64 {
-	hid := d.hidden(nil)
+// (nor known, as for idleWithin) holds: per window, its idle less every
+// bounded gap in it, and never more than the unbounded part of the overlap.
+func (d *device) idleAtMost(lo, hi int64, known []span) int64 {
+	hid := d.hidden(known)
 	var idle float64
 	for _, w := range d.overlapping(lo, hi) {
 		a, b := max(lo, w.Start), min(hi, w.End)

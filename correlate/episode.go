@@ -138,9 +138,8 @@ func (p *proc) releasedBy(th *thread, ev *event.Event) bool {
 // launch released the copies. Lite, where launches are invisible: the
 // copies read device data (device to host, or a staged copy of unknown
 // direction: a step starts with host-to-device batch copies) and the sync
-// did not wait, the copies being done, where a step's sync waits for its
-// compute. In lite a copy to pinned memory makes its sync wait for the
-// transfer, and such an operation splits into gaps as before.
+// waited no longer than their transfer takes, where a step's sync waits for
+// its compute.
 func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 	h := p.hold
 	if h == nil || p.gap == nil || h.tid != th.tid || !h.chained || !th.soonAfter(h.last, ev.Start) {
@@ -166,8 +165,11 @@ func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 	}
 	th.wokenSync(ev)
 	if lite {
-		// Waiting for a CPU inside the call is not waiting for the GPU.
-		if ev.Duration()-th.runnable(ev.Start, ev.End) > x.set.syncWaited {
+		// Waiting for a CPU inside the call is not waiting for the GPU;
+		// waiting for the copies' own transfer (to pinned memory the copy
+		// returns at once and the sync waits for it), at a slow link's
+		// rate, is not waiting for compute either.
+		if ev.Duration()-th.runnable(ev.Start, ev.End) > x.set.syncWaited+transferNS(h.evs) {
 			return false
 		}
 		for i := range h.evs {
@@ -365,6 +367,11 @@ func writesFile(ev *event.Event) bool {
 // after them; ns is the time in its writes and fsyncs.
 type fileSpan struct{ first, last, ns int64 }
 
+// openLookback is how long before a gap the file it writes may have been
+// opened and still be the operation the gap belongs to; a log file opened
+// at the job's start is not.
+const openLookback = int64(2 * time.Second)
+
 // writtenFile is the file the thread spent longest writing and fsyncing
 // among segs (a gap from a), and where it wrote it; nil when it wrote none.
 func writtenFile(th *thread, a int64, segs []segment) (string, *fileSpan) {
@@ -389,8 +396,12 @@ func writtenFile(th *thread, a int64, segs []segment) (string, *fileSpan) {
 	if best == nil {
 		return "", nil
 	}
-	if at, ok := th.openedAt(path, a, best.first); ok {
-		best.first = at
+	// The file may have been opened before the gap: a host ahead of its
+	// queue opens the checkpoint, and the gap begins when the first
+	// tensor's copy waits the queue out. What follows in the gap is the
+	// operation all the same.
+	if at, ok := th.openedAt(path, a-openLookback, best.first); ok {
+		best.first = max(at, a)
 	}
 	best.last = pathOpsAfter(segs, best.last)
 	return path, best
@@ -511,6 +522,15 @@ func (t *thread) runnable(a, b int64) int64 {
 // the two is the machine's load, not the thread's work).
 func (t *thread) soonAfter(a, b int64) bool {
 	return b-a-t.runnable(a, b) <= episodeHop
+}
+
+// transferNS is how long the copies take at most at burstCopyBps.
+func transferNS(evs []event.Event) int64 {
+	var b uint64
+	for i := range evs {
+		b += evs[i].Bytes
+	}
+	return int64(float64(b) / burstCopyBps * 1e9)
 }
 
 // bulk says whether any of the copies moved more than a scalar read does.

@@ -446,3 +446,73 @@ func TestCheckpointThenLockIsTwoGaps(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckpointAheadPinnedIsOneGap: a checkpoint taken with the step's
+// work still queued (no sync before it) opens its file while the GPU
+// computes; the first tensor's copy waits the queue out, and from there
+// each tensor goes to pinned memory (the copy returns at once, its sync
+// waits for the transfer: 400 µs for 4 MiB). One io.write gap per
+// checkpoint from the queue's drain, its pickling counted as writing the
+// file it opened before the gap (it was cpu until the first write), and
+// in lite too, where a sync that waited for its copy's transfer split the
+// operation into a gap per tensor.
+func TestCheckpointAheadPinnedIsOneGap(t *testing.T) {
+	for _, lite := range []bool{false, true} {
+		t.Run(map[bool]string{false: "full", true: "lite"}[lite], func(t *testing.T) {
+			s := newSim()
+			s.lite = lite
+			var stalls [][2]int64
+			for n := 1; n <= 42; n++ {
+				s.pinnedCopy(event.CUMemcpyHtoD, 1<<20)
+				s.launches(8, 2*ms, 20*us)
+				if n%4 != 0 {
+					s.sync()
+					s.t += 100 * us
+					continue
+				}
+				s.evs = append(s.evs, event.Event{Kind: event.KindOpen, PID: s.pid, TID: s.tid, Start: s.t, End: s.t + 3*ms,
+					Syscall: event.SysOpen, Name: "openat", Path: ckptPath, FD: 3, Ret: 3})
+				s.block(fileCall(event.SysOpen, "openat", ckptPath, 3), 3*ms)
+				var drained int64
+				for i := range 8 {
+					s.pinnedCopy(event.CUMemcpyDtoH, 4<<20)
+					s.gpuFree = max(s.gpuFree, s.t) + 400*us // the transfer: no kernel runs
+					s.sync()
+					if i == 0 {
+						drained = s.t
+					}
+					s.t += 2 * ms
+					s.block(fileCall(event.SysWrite, "write", ckptPath, 4<<20), 600*us)
+				}
+				s.block(fileCall(event.SysFsync, "fsync", ckptPath, 0), 10*ms)
+				stalls = append(stalls, [2]int64{drained, s.t})
+			}
+			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+			c := &collect{}
+			feed(newEngine(c, func(cfg *Config) {
+				if lite {
+					cfg.Probes = ProbesLite
+				}
+			}), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+			for i, st := range stalls {
+				var in []Gap
+				for _, g := range bigGaps(c.gaps) {
+					if g.End > st[0] && g.Start < st[1] {
+						in = append(in, g)
+					}
+				}
+				if len(in) != 1 {
+					t.Errorf("checkpoint %d: %d gaps, want one", i, len(in))
+					continue
+				}
+				g := in[0]
+				if g.Cause != CauseIOWrite || g.Start > st[0]+50*us || g.End < st[1] {
+					t.Errorf("checkpoint %d [%d, %d]: gap [%d, %d] %s", i, st[0]-t0, st[1]-t0, g.Start-t0, g.End-t0, g.Cause)
+				}
+				if g.Breakdown[CauseCPU] > 200*us || g.Evidence.Episode == nil || g.Evidence.Episode.Kind != "checkpoint" {
+					t.Errorf("checkpoint %d: breakdown %v, episode %+v", i, g.Breakdown, g.Evidence.Episode)
+				}
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gaptrace/gaptrace/correlate"
 )
@@ -173,4 +174,120 @@ type pyStep struct {
 	Type  string `json:"type"`
 	Start int64  `json:"start_unix_nano"`
 	End   int64  `json:"end_unix_nano"`
+}
+
+// TestPythonPrefetchIdle traces pyprefetch.py reading its loss every 10th
+// iteration through an event and saving a checkpoint every 25th, and holds
+// the gaps to the idle the simulated GPU's own timeline recorded (the
+// kernels it ran, reported to the script). The host prepares each batch
+// with the previous iterations' kernels still queued: the GPU idles only
+// where the queue runs dry, which an event sync (it names no stream) and
+// the checkpoint's first copy reveal. Gaps must be idle (nine in ten of
+// their ns), cover nine in ten ns of the idle stretches of 1 ms or more,
+// and each checkpoint must be one io.write gap: a window's idle that a
+// still-open checkpoint gap or the job's start held was put in the sleeps
+// of a queue that never ran dry (precision 0.76), and the event sync
+// drained no stream, so the log iterations' idle came from the windows.
+func TestPythonPrefetchIdle(t *testing.T) {
+	s := need(t)
+	for _, probes := range []string{correlate.ProbesFull, correlate.ProbesAuto} {
+		t.Run(probes, func(t *testing.T) {
+			dir := runPython(t, s, "pyprefetch-idle", "pyprefetch.py", probes, func(dir string) []string {
+				return []string{"--steps", "110", "--log-every", "10", "--ckpt-every", "25", "--data-dir", dir}
+			})
+			checkPyIdle(t, dir, probes, 4)
+		})
+	}
+}
+
+// pyTruth is a record of a Python trainer's truth file: steps, stalls and
+// the simulated GPU's busy intervals, in Unix ns.
+type pyTruth struct {
+	Type  string `json:"type"`
+	Cause string `json:"cause"`
+	Start int64  `json:"start_unix_nano"`
+	End   int64  `json:"end_unix_nano"`
+}
+
+// checkPyIdle scores dir/gaps.jsonl against the idle of dir/truth.jsonl
+// over the job's iterations, and wants ckpts checkpoints, each one
+// io.write gap.
+func checkPyIdle(t *testing.T, dir, name string, ckpts int) {
+	t.Helper()
+	recs, err := readJSONL[pyTruth](filepath.Join(dir, "truth.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gaps, err := readJSONL[correlate.Gap](filepath.Join(dir, "gaps.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var busy, stalls []Interval
+	run := Interval{Start: -1}
+	for _, r := range recs {
+		switch r.Type {
+		case "busy":
+			busy = append(busy, Interval{r.Start, r.End})
+		case "stall":
+			stalls = append(stalls, Interval{r.Start, r.End})
+		case "step":
+			if run.Start < 0 {
+				run.Start = r.Start
+			}
+			run.End = r.End
+		}
+	}
+	if len(busy) == 0 || run.Start < 0 {
+		t.Fatalf("no kernels or no iterations in the truth (outputs in %s)", dir)
+	}
+	if len(stalls) != ckpts {
+		t.Fatalf("the job recorded %d checkpoints, want %d (outputs in %s)", len(stalls), ckpts, dir)
+	}
+	idle := Complement(NewSet(busy...), run)
+	var long []Interval
+	for _, iv := range idle {
+		if iv.Len() >= int64(time.Millisecond) {
+			long = append(long, iv)
+		}
+	}
+	var ivs []Interval
+	for _, g := range gaps {
+		if g.Kind == correlate.GapIdle {
+			ivs = append(ivs, Interval{max(g.Start, run.Start), min(g.End, run.End)})
+		}
+	}
+	reported := NewSet(ivs...)
+	precision := Ratio{Num: Intersect(reported, idle).Total(), Den: reported.Total()}
+	recall := Ratio{Num: Intersect(reported, NewSet(long...)).Total(), Den: NewSet(long...).Total()}
+	t.Logf("%s: %d gaps, precision %s, recall %s over %d idle stretches of 1 ms or more", name, len(ivs), precision, recall, len(long))
+	if precision.Value() < 0.9 {
+		t.Errorf("precision %s: gaps were reported where the GPU ran kernels (outputs in %s)", precision, dir)
+	}
+	if recall.Value() < 0.9 {
+		t.Errorf("recall %s of the idle stretches of 1 ms or more (outputs in %s)", recall, dir)
+	}
+	for i, st := range stalls {
+		stIdle := Intersect(idle, NewSet(st))
+		var in []correlate.Gap
+		var covered int64
+		for _, g := range gaps {
+			// A gap mostly outside the checkpoint (the next iteration's
+			// sleep, split from it at the fsync's end) is not part of it.
+			if o := min(g.End, st.End) - max(g.Start, st.Start); g.Kind == correlate.GapIdle && 2*o > g.End-g.Start {
+				in = append(in, g)
+				if g.Cause == correlate.CauseIOWrite {
+					covered += Intersect(stIdle, NewSet(Interval{g.Start, g.End})).Total()
+				}
+			}
+		}
+		share := Ratio{Num: covered, Den: stIdle.Total()}
+		if len(in) != 1 || in[0].Cause != correlate.CauseIOWrite || in[0].Evidence.Episode == nil ||
+			in[0].Evidence.Episode.Kind != "checkpoint" || share.Value() < 0.9 {
+			var got []string
+			for _, g := range in {
+				got = append(got, string(g.Cause)+" "+time.Duration(g.Duration).String())
+			}
+			t.Errorf("checkpoint %d: gaps %v, io.write over %s of its idle; want one checkpoint gap over ≥ 0.9 (outputs in %s)", i, got, share, dir)
+		}
+	}
 }

@@ -16,8 +16,11 @@ cuCtxSynchronize. --ckpt-every C saves a checkpoint every C iterations:
 written to a file, then fsync.
 
 --truth FILE writes JSON Lines: a meta record (pid, from_start: every
-iteration of the loop is recorded) and one step record per iteration
-with its start and end in Unix ns (start_unix_nano, end_unix_nano).
+iteration of the loop is recorded), one step record per iteration with its
+start and end in Unix ns (start_unix_nano, end_unix_nano), a stall record
+per checkpoint (cause io.write, its span) and, from the simulated GPU's
+own timeline, a busy record per kernel (when it ran, in Unix ns): the idle
+the job truly had.
 """
 import argparse
 import ctypes
@@ -81,6 +84,19 @@ def main():
         ready.append(e)
     out = ctypes.create_string_buffer(16)
     truth = open(a.truth, "w") if a.truth else None
+    if truth:
+        # The simulated GPU reports each interval it schedules (start and
+        # end in CLOCK_MONOTONIC ns, possibly in the future) on the
+        # launching thread: kernels (kind 1) are what idle is the absence of.
+        busy_fn = ctypes.CFUNCTYPE(None, V, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32)
+        off = time.time_ns() - time.monotonic_ns()
+
+        def on_busy(arg, dev, start, end, kind, stream):
+            if kind == 1:
+                truth.write('{"type": "busy", "kind": "kernel", "start_unix_nano": %d, "end_unix_nano": %d}\n' % (start + off, end + off))
+
+        busy_cb = busy_fn(on_busy)  # kept alive for the run
+        cu.simgpu_set_busy_callback(busy_cb, None)
 
     def record(**kv):
         if truth:
@@ -128,8 +144,12 @@ def main():
             else:
                 check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
         if a.ckpt_every and step % a.ckpt_every == a.ckpt_every - 1:
+            t0 = time.time_ns()
             checkpoint()
+            record(type="stall", cause="io.write", step=step, start_unix_nano=t0, end_unix_nano=time.time_ns())
         record(type="step", step=step, start_unix_nano=start, end_unix_nano=time.time_ns())
+    if truth:
+        truth.close()
 
 
 if __name__ == "__main__":

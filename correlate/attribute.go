@@ -58,8 +58,39 @@ type attribution struct {
 	written map[string]bool
 	// holders: lock holders by TID; holder is the one being charged now
 	// (a sibling whose compute while the feeder waited is lock time).
-	holders map[uint32]*LockHolderEvidence
-	holder  *LockHolderEvidence
+	holders map[uint32]*holderAcc
+	holder  *holderAcc
+}
+
+// holderAcc is a lock holder's evidence and what it did while waited on.
+type holderAcc struct {
+	ev             LockHolderEvidence
+	doing          map[Cause]int64
+	fileNS, peerNS int64
+}
+
+// did notes that the holder spent ns as its own cause c (on file or peer).
+func (h *holderAcc) did(c Cause, ns int64, file, peer string) {
+	h.doing[c] += ns
+	if file != "" && ns > h.fileNS {
+		h.ev.File, h.fileNS = file, ns
+	}
+	if peer != "" && ns > h.peerNS {
+		h.ev.Peer, h.peerNS = peer, ns
+	}
+}
+
+// heldWhile maps what a lock holder did to the waiter's cause: the
+// holder waiting on the job's data (a reader, a loader worker, a peer: a
+// pin-memory thread between the loop and its workers) passes that cause
+// on; computing, waiting for a CPU, sleeping or anything else with the
+// lock held is the lock's time.
+func heldWhile(c Cause) Cause {
+	switch c {
+	case CauseIORead, CauseIOWrite, CauseNet, CauseLoaderWait, CauseCUDAMemcpy, CauseCUDAAlloc, CauseComm:
+		return c
+	}
+	return CauseLock
 }
 
 func newAttribution(w *world) *attribution {
@@ -235,13 +266,13 @@ func (at *attribution) computingSibling(th *thread, a, b int64) *thread {
 }
 
 // lockHolder is the evidence entry of sibling thread th as a lock holder.
-func (at *attribution) lockHolder(th *thread) *LockHolderEvidence {
+func (at *attribution) lockHolder(th *thread) *holderAcc {
 	if at.holders == nil {
-		at.holders = map[uint32]*LockHolderEvidence{}
+		at.holders = map[uint32]*holderAcc{}
 	}
 	h := at.holders[th.tid]
 	if h == nil {
-		h = &LockHolderEvidence{TID: th.tid, Comm: th.comm}
+		h = &holderAcc{ev: LockHolderEvidence{TID: th.tid, Comm: th.comm}, doing: map[Cause]int64{}}
 		at.holders[th.tid] = h
 	}
 	return h
@@ -277,6 +308,7 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 	}
 	if ev == nil {
 		if at.holder != nil {
+			at.holder.did(CauseCPU, ns, "", "")
 			at.byCause[CauseLock] += ns
 			return
 		}
@@ -299,6 +331,9 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 			}
 		}
 		if w != 0 && w != th.pid && at.w.loaderWaker(ev, th.pid) {
+			if at.holder != nil {
+				at.holder.did(CauseLoaderWait, ns, "", "")
+			}
 			at.byCause[CauseLoaderWait] += ns
 			at.note(th, ev, ns)
 			at.worker(w, s.a, s.b)
@@ -308,13 +343,14 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 			if sib := at.w.threads[wtid]; sib != nil && sib.pid == th.pid {
 				// Waiting on a sibling thread: charge what the sibling did
 				// while it was waited on (it held the lock, fed the queue...).
-				// A futex it woke us from is a lock it held: its compute
-				// meanwhile is the lock's time (a mutex, the GIL).
+				// A futex it woke us from is a lock (a mutex, the GIL, a
+				// condition) it held: what it did meanwhile is the lock's
+				// time, unless it waited on the job's data (heldWhile).
 				at.note(th, ev, ns)
 				segs := sib.segments(s.a, s.b, nil)
-				if ev.Syscall == event.SysFutex && computing(segs, s.b) {
+				if ev.Syscall == event.SysFutex {
 					at.holder = at.lockHolder(sib)
-					at.holder.NS += ns
+					at.holder.ev.NS += ns
 				}
 				for _, ss := range segs {
 					at.segment(sib, ss, depth+1)
@@ -337,10 +373,20 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		}
 	}
 	c := at.cause(ev)
-	if at.holder != nil && (c == CauseCPU || ev.Kind == event.KindRunqueue) {
+	if h := at.holder; h != nil {
+		var file, peer string
+		switch c {
+		case CauseIORead, CauseIOWrite:
+			file = ev.Path
+		case CauseNet:
+			if peer = ev.PeerAddr; peer == "" {
+				peer = ev.Path
+			}
+		}
+		h.did(c, ns, file, peer)
 		// A holder waiting for a CPU still holds the lock: the feeder
 		// waits on the lock, and the machine's load only lengthens it.
-		c = CauseLock
+		c = heldWhile(c)
 	}
 	at.byCause[c] += ns
 	at.note(th, ev, ns)
@@ -575,9 +621,16 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 	if len(ev.Workers) > maxWorkers {
 		ev.Workers = ev.Workers[:maxWorkers]
 	}
-	if at.byCause[CauseLock] > 0 {
+	if len(at.holders) > 0 {
 		for _, h := range at.holders {
-			ev.LockHolders = append(ev.LockHolders, *h)
+			e := h.ev
+			var top int64
+			for _, c := range Causes {
+				if ns := h.doing[c]; ns > top {
+					e.Doing, top = c, ns
+				}
+			}
+			ev.LockHolders = append(ev.LockHolders, e)
 		}
 		sort.Slice(ev.LockHolders, func(i, j int) bool {
 			if ev.LockHolders[i].NS != ev.LockHolders[j].NS {

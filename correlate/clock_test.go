@@ -750,3 +750,60 @@ func TestClockSyncCopiesAndEvaluation(t *testing.T) {
 		})
 	}
 }
+
+// TestLockHolderActivity: the feeder waits on a futex a sibling holds
+// while it does something other than compute: sleeps (time.sleep inside
+// `with lock:`), or uploads to a peer. Sleeping with the lock held is the
+// lock's time (it was sleep, as if the feeder slept); an upload is the
+// network's, passed on as a loader thread's read is. Either way the holder
+// is in the evidence with what it did, and its peer.
+func TestLockHolderActivity(t *testing.T) {
+	const sib = 101
+	for _, c := range []struct {
+		name  string
+		held  event.Event
+		cause Cause
+		peer  string
+	}{
+		{"sleeping", event.Event{Kind: event.KindSyscall, Syscall: event.SysSleep, Name: "clock_nanosleep"}, CauseLock, ""},
+		{"uploading", event.Event{Kind: event.KindSyscall, Syscall: event.SysNet, Name: "sendto", FDKind: event.FDSocket,
+			PeerAddr: "10.0.0.7:443"}, CauseNet, "10.0.0.7:443"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSim()
+			s.evs = append(s.evs, event.Event{Kind: event.KindSyscall, PID: s.pid, TID: sib, Start: s.t, End: s.t + 10*us,
+				Syscall: event.SysSleep, Name: "nanosleep", TaskComm: "metrics"})
+			var waits int64
+			for n := int64(1); n <= 40; n++ {
+				if n%4 == 0 {
+					h := c.held
+					h.PID, h.TID, h.Start, h.End = s.pid, sib, s.t+100*us, s.t+20*ms-50*us
+					s.evs = append(s.evs, h)
+					s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", WakerPID: s.pid, WakerTID: sib}, 20*ms)
+					waits += 20 * ms
+				}
+				s.step(8, 500*us, 20*us)
+				s.t += 100 * us
+			}
+			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+			col := &collect{}
+			feed(newEngine(col, nil), col, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+			var got int64
+			for _, g := range bigGaps(col.gaps) {
+				if g.Cause != c.cause {
+					t.Errorf("gap %s %v, want %s", g.Cause, g.Breakdown, c.cause)
+					continue
+				}
+				got += g.Breakdown[c.cause]
+				hs := g.Evidence.LockHolders
+				if len(hs) != 1 || hs[0].TID != sib || hs[0].Comm != "metrics" || hs[0].Peer != c.peer ||
+					hs[0].Doing != map[Cause]Cause{CauseLock: CauseSleep, CauseNet: CauseNet}[c.cause] || hs[0].NS < 19*ms {
+					t.Errorf("lock holders %+v, want thread %d (metrics) and what it did", hs, sib)
+				}
+			}
+			if got < waits*9/10 {
+				t.Errorf("%s %d ns of %d ns waited", c.cause, got, waits)
+			}
+		})
+	}
+}

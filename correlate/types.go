@@ -164,7 +164,13 @@ type EpisodeEvidence struct {
 type LockHolderEvidence struct {
 	TID  uint32 `json:"tid"`
 	Comm string `json:"comm,omitempty"` // its thread name when known
-	NS   int64  `json:"ns"`             // waited on it, while it computed
+	NS   int64  `json:"ns"`             // waited on it
+	// Doing is what it mostly did meanwhile, as its own cause: cpu
+	// (computing while it held the lock), sleep, net, io.write...; File
+	// and Peer the file and peer it spent longest on, when it did I/O.
+	Doing Cause  `json:"doing,omitempty"`
+	File  string `json:"file,omitempty"`
+	Peer  string `json:"peer,omitempty"`
 }
 
 // HostOp is a host operation that explains a gap; otel/ turns each into a

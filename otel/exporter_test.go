@@ -669,6 +669,43 @@ func TestPageableCopyAttributes(t *testing.T) {
 	t.Fatal("no gpu.idle span")
 }
 
+// A lock gap names the thread the feeder waited on and what it did.
+func TestLockHolderAttributes(t *testing.T) {
+	clearEnv(t)
+	path := filepath.Join(t.TempDir(), "spans.jsonl")
+	x, err := otel.New(context.Background(), otel.Config{SpansFile: path, Rank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sy := synth{pid: 7, t0: time.Now().Add(-time.Minute).UnixNano()}
+	st, gaps := sy.step(0)
+	g := gaps[0]
+	g.Cause, g.Evidence.Files, g.Evidence.Syscalls = correlate.CauseLock, nil, nil
+	g.Breakdown = map[correlate.Cause]int64{correlate.CauseLock: 20e6}
+	g.Evidence.LockHolders = []correlate.LockHolderEvidence{
+		{TID: 12, Comm: "metrics", NS: 20e6, Doing: correlate.CauseSleep},
+		{TID: 13, NS: 1e6, Doing: correlate.CauseCPU},
+	}
+	x.Gap(g)
+	x.Step(st)
+	if err := x.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range readSpansFile(t, path) {
+		if s.Name != otel.SpanGap {
+			continue
+		}
+		a := s.Attributes
+		tids, _ := a["gpu.gap.lock.holder.tids"].([]any)
+		if a["gpu.gap.lock.holder.tid"] != 12.0 || a["gpu.gap.lock.holder.name"] != "metrics" ||
+			a["gpu.gap.lock.holder.doing"] != "sleep" || len(tids) != 2 {
+			t.Errorf("lock holder attrs %v", a)
+		}
+		return
+	}
+	t.Fatal("no gpu.idle span")
+}
+
 // A comm stall on a communicator linked by its collectives, whose
 // process's rank nothing said, still names the late process.
 func TestLatePIDWithoutRank(t *testing.T) {

@@ -377,6 +377,28 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 			a = append(a, attribute.StringSlice("gpu.gap.worker.files", files))
 		}
 	}
+	if len(ev.LockHolders) > 0 {
+		// The thread the feeder waited on longest (first), and all of them.
+		h := ev.LockHolders[0]
+		a = append(a, attribute.Int64("gpu.gap.lock.holder.tid", int64(h.TID)))
+		if h.Comm != "" {
+			a = append(a, attribute.String("gpu.gap.lock.holder.name", h.Comm))
+		}
+		if h.Doing != "" {
+			a = append(a, attribute.String("gpu.gap.lock.holder.doing", string(h.Doing)))
+		}
+		if h.File != "" {
+			a = append(a, attribute.String("gpu.gap.lock.holder.file", h.File))
+		}
+		if h.Peer != "" {
+			a = append(a, attribute.String("gpu.gap.lock.holder.peer", h.Peer))
+		}
+		tids := make([]int64, len(ev.LockHolders))
+		for i, h := range ev.LockHolders {
+			tids[i] = int64(h.TID)
+		}
+		a = append(a, attribute.Int64Slice("gpu.gap.lock.holder.tids", tids))
+	}
 	if c := ev.Collective; c != nil {
 		a = append(a, attribute.String("gpu.collective.op", c.Op), attribute.Int64("gpu.collective.bytes", int64(c.Bytes)))
 		if c.Comm != "" {

@@ -47,17 +47,27 @@ type pyRecord struct {
 	Start      int64  `json:"start"`
 	End        int64  `json:"end"`
 	RunDelayNS int64  `json:"run_delay_ns"`
+	BgTID      int    `json:"bg_tid"`
 }
 
 // TestPythonGIL traces testdata/simgpu/pytrain.py under `gaptrace run`: a
 // Python loop drives the simulated GPU through ctypes while a background
 // Python thread computes in bursts holding the GIL, so the main thread
 // waits for the GIL after every driver call (CPython's timed wait, a drop
-// request, the holder's hand-off). That idle must be lock, not other.
+// request, the holder's hand-off). That idle must be lock, not other. In
+// the second run the background thread sleeps holding a threading.Lock
+// the main thread takes to log: lock too (it was sleep), the sleeping
+// thread named as the holder.
 func TestPythonGIL(t *testing.T) {
+	for _, kind := range []string{"gil", "mutex-sleep"} {
+		t.Run(kind, func(t *testing.T) { pythonLock(t, kind) })
+	}
+}
+
+func pythonLock(t *testing.T, kind string) {
 	s := need(t)
-	dir := runPytrain(t, s, "pytrain-gil", func(string) []string {
-		return []string{"--steps", "240", "--burst-every", "4", "--burst-ms", "40"}
+	dir := runPytrain(t, s, "pytrain-"+kind, func(string) []string {
+		return []string{"--steps", "240", "--burst-every", "4", "--burst-ms", "40", "--burst-kind", kind}
 	})
 	truthPath := filepath.Join(dir, "truth.jsonl")
 	gapsPath := filepath.Join(dir, "gaps.jsonl")
@@ -66,12 +76,12 @@ func TestPythonGIL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pid int
+	var pid, bgTID int
 	var bursts, steps []pyRecord
 	for _, r := range recs {
 		switch r.Type {
 		case "meta":
-			pid = r.PID
+			pid, bgTID = r.PID, r.BgTID
 		case "burst":
 			bursts = append(bursts, r)
 		case "step":
@@ -148,6 +158,22 @@ func TestPythonGIL(t *testing.T) {
 	}
 	if other > maxGILOther*all {
 		t.Errorf("other %.3f of all idle > %.2f (outputs in %s)", other/all, maxGILOther, dir)
+	}
+	if kind != "mutex-sleep" {
+		return
+	}
+	// The holder, by thread id, and that it slept.
+	named := 0
+	for _, g := range gaps {
+		if g.Cause != correlate.CauseLock {
+			continue
+		}
+		if hs := g.Evidence.LockHolders; len(hs) > 0 && hs[0].TID == uint32(bgTID) && hs[0].Doing == correlate.CauseSleep {
+			named++
+		}
+	}
+	if named < scored*9/10 {
+		t.Errorf("%d lock gaps name the sleeping holder %d, want %d (outputs in %s)", named, bgTID, scored*9/10, dir)
 	}
 }
 

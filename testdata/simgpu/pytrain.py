@@ -7,7 +7,9 @@ releases the GIL and takes it back on return. A background Python thread
 (a logger, a metrics exporter, a pin-memory thread doing work in Python)
 computes in pure Python in bursts, every E steps for M ms, holding the GIL;
 meanwhile the main thread waits for the GIL after every driver call and the
-GPU starves.
+GPU starves. With --burst-kind mutex-sleep the burst instead holds a
+threading.Lock while it sleeps (an upload or a rate limit under a lock),
+and the main thread, logging under the same lock, waits for it.
 
 --truth FILE writes JSON Lines: a meta record (pid, main and background
 thread ids), one "burst" record per background compute burst and one "step"
@@ -51,6 +53,8 @@ def parse_args():
     p.add_argument("--kernel-us", type=int, default=2000, help="duration of each kernel")
     p.add_argument("--burst-every", type=int, default=4, help="a background burst every E steps")
     p.add_argument("--burst-ms", type=int, default=40, help="length of a background burst")
+    p.add_argument("--burst-kind", choices=("gil", "mutex-sleep"), default="gil",
+                   help="compute holding the GIL, or sleep holding a lock the main thread then takes")
     p.add_argument("--truth", help="write the ground truth here (JSON Lines)")
     p.add_argument("--stall-every", type=int, default=0, help="a host stall after every S-th step (0: none)")
     p.add_argument("--stall-ms", type=int, default=20, help="length of a host stall")
@@ -237,16 +241,28 @@ def run_delay_ns(fd):
         return 0
 
 
-def background(truth, requests, stop, idle):
+def background(truth, requests, stop, idle, held):
     """Computes in pure Python for each requested burst, holding the GIL
-    except when the interpreter's switch interval makes it yield; idle is
-    clear while a burst is requested or runs."""
+    except when the interpreter's switch interval makes it yield, or with
+    held (a lock and an event) sleeps holding the lock; idle is clear while
+    a burst is requested or runs."""
     while True:
         requests.wait()
         requests.clear()
         if stop.is_set():
             return
         step, ms = background.pending
+        if held:
+            mu, taken = held
+            with mu:
+                start = time.time_ns()
+                taken.set()
+                time.sleep(ms / 1000)
+                end = time.time_ns()
+            truth.write({"type": "burst", "step": step, "start": start, "end": end,
+                         "tid": threading.get_native_id()})
+            idle.set()
+            continue
         start = time.time_ns()
         deadline = start + ms * 1000000
         x = 1
@@ -268,13 +284,14 @@ def main():
     requests, stop, idle = threading.Event(), threading.Event(), threading.Event()
     idle.set()
     stalls = Stalls(a.stall_ms, a.data_dir, a.peer, drv, a.pageable) if a.stall_every else None
-    bg = threading.Thread(target=background, args=(truth, requests, stop, idle), name="pytrain-bg", daemon=True)
+    held = (threading.Lock(), threading.Event()) if a.burst_kind == "mutex-sleep" else None
+    bg = threading.Thread(target=background, args=(truth, requests, stop, idle, held), name="pytrain-bg", daemon=True)
     bg.start()
     while bg.native_id is None:
         time.sleep(0.001)
     truth.write({"type": "meta", "pid": os.getpid(), "tid": threading.get_native_id(),
                  "bg_tid": bg.native_id, "kernels": a.kernels, "kernel_us": a.kernel_us,
-                 "burst_every": a.burst_every, "burst_ms": a.burst_ms, "file": __file__,
+                 "burst_every": a.burst_every, "burst_ms": a.burst_ms, "burst_kind": a.burst_kind, "file": __file__,
                  "launch_line": call_line(Driver.launch, "cuLaunchKernel"),
                  "sync_line": call_line(Driver.sync, "cuStreamSynchronize")})
     try:
@@ -289,6 +306,11 @@ def main():
             idle.clear()
             requests.set()
         start, rd0 = time.time_ns(), run_delay_ns(sched_fd)
+        if held and step % a.burst_every == 0:
+            held[1].wait()
+            held[1].clear()
+            with held[0]:  # log a metric under the lock the burst holds
+                pass
         for _ in range(a.kernels):
             drv.launch()
         drv.sync()

@@ -559,8 +559,37 @@ func Frame(v View, width int) string {
 		if d := gapDetail(g); d != "" {
 			b.WriteString("  " + trimRight(Escape(d), max(20, width-2)) + "\n")
 		}
+		if hs := g.Evidence.LockHolders; len(hs) > 0 {
+			b.WriteString("  " + trimRight(Escape(holderLine(hs[0])), max(20, width-2)) + "\n")
+		}
 	}
 	return b.String()
+}
+
+// holderLine says which thread a gap's feeder waited on and what that
+// thread did meanwhile.
+func holderLine(h correlate.LockHolderEvidence) string {
+	who := fmt.Sprintf("tid %d", h.TID)
+	if h.Comm != "" {
+		who += " (" + h.Comm + ")"
+	}
+	d := fmt.Sprintf("waited %s on %s", FormatNS(h.NS), who)
+	switch h.Doing {
+	case "":
+	case correlate.CauseCPU:
+		d += ", which computed holding the lock"
+	case correlate.CauseSleep:
+		d += ", which slept holding the lock"
+	default:
+		d += ", which was in " + string(h.Doing)
+	}
+	switch {
+	case h.File != "":
+		d += " on " + h.File
+	case h.Peer != "":
+		d += " with " + h.Peer
+	}
+	return d
 }
 
 // gapDetail is the one line that says what a gap's copy or host operation

@@ -382,8 +382,9 @@ func TestWhatIf(t *testing.T) {
 	}
 }
 
-// TestFrameLastGapDetail: the last gap's copy or host operation gets a line
-// under it, with the fix for a pageable copy, within the width.
+// TestFrameLastGapDetail: the last gap's copy or host operation, or the
+// thread its feeder waited on, gets a line under it, with the fix for a
+// pageable copy, within the width.
 func TestFrameLastGapDetail(t *testing.T) {
 	for _, tc := range []struct {
 		ev   correlate.Evidence
@@ -395,6 +396,12 @@ func TestFrameLastGapDetail(t *testing.T) {
 		{correlate.Evidence{Episode: &correlate.EpisodeEvidence{Kind: "checkpoint", File: "/ckpt/state.pt", Copies: 12,
 			CopyNS: ms(4), SerializeNS: ms(27), Writes: 12, WriteNS: ms(7), FsyncNS: ms(13)}},
 			"checkpoint /ckpt/state.pt: 12 copies 4 ms, serialization 27 ms, 12 writes"},
+		{correlate.Evidence{LockHolders: []correlate.LockHolderEvidence{{TID: 44, Comm: "metrics", NS: ms(25), Doing: correlate.CauseSleep}}},
+			"waited 25 ms on tid 44 (metrics), which slept holding the lock"},
+		{correlate.Evidence{LockHolders: []correlate.LockHolderEvidence{{TID: 44, NS: ms(25), Doing: correlate.CauseCPU}}},
+			"waited 25 ms on tid 44, which computed holding the lock"},
+		{correlate.Evidence{LockHolders: []correlate.LockHolderEvidence{{TID: 44, NS: ms(25), Doing: correlate.CauseNet, Peer: "10.0.0.7:443"}}},
+			"waited 25 ms on tid 44, which was in net with 10.0.0.7:443"},
 	} {
 		c := &clock{t: time.Unix(1_700_000_000, 0)}
 		a := NewAggregator(c.now)

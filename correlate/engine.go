@@ -369,7 +369,7 @@ func (e *Engine) exit(p *proc, ev *event.Event) {
 	// wait for the GPU windows that cover them (they arrive late); finalize
 	// forgets it once they are out.
 	p.release(e.env(p))
-	p.closeAll(e.set, ev.End)
+	p.closeAll(e.env(p), ev.End)
 	p.exitedAt = ev.End
 	if !p.everEnq {
 		e.forget(p)
@@ -387,7 +387,7 @@ func (e *Engine) finalize(force bool) {
 			// sidecar's exit: a tail window would only count idle the
 			// training loop never saw.
 			p.release(x)
-			p.closeAll(x.set, p.last)
+			p.closeAll(x, p.last)
 			// Under the work clock, gaps of the last step waited for it.
 			p.resolveHeld(x, true)
 		}

@@ -516,3 +516,47 @@ func TestCheckpointAheadPinnedIsOneGap(t *testing.T) {
 		})
 	}
 }
+
+// TestFinalCheckpointAtExit: a job whose last act is saving a checkpoint
+// (torch.save at the end of training) exits with the gap still open: the
+// save is one io.write gap up to its fsync, and the interpreter's exit
+// after it is no gap, in full and lite alike.
+func TestFinalCheckpointAtExit(t *testing.T) {
+	for _, lite := range []bool{false, true} {
+		t.Run(map[bool]string{false: "full", true: "lite"}[lite], func(t *testing.T) {
+			s := newSim()
+			s.lite = lite
+			for range 30 {
+				s.pinnedCopy(event.CUMemcpyHtoD, 1<<20)
+				s.launches(8, 2*ms, 20*us)
+				s.sync()
+				s.t += 100 * us
+			}
+			a := s.t
+			checkpoint(s, 12)
+			saved := s.t
+			s.t += 40 * ms // the interpreter exiting
+			s.evs = append(s.evs, event.Event{Kind: event.KindExit, PID: s.pid, TID: s.pid, Start: s.t, End: s.t})
+			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
+			c := &collect{}
+			feed(newEngine(c, func(cfg *Config) {
+				if lite {
+					cfg.Probes = ProbesLite
+				}
+			}), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+			var found []Gap
+			for _, g := range bigGaps(c.gaps) {
+				if g.End > a {
+					found = append(found, g)
+				}
+			}
+			if len(found) != 1 {
+				t.Fatalf("%d gaps over the final save, want one: %+v", len(found), found)
+			}
+			g := found[0]
+			if g.Cause != CauseIOWrite || g.Start > a+50*us || g.End != saved || g.Evidence.Episode == nil {
+				t.Errorf("gap [%d, %d] %s, want io.write over the save [%d, %d]", g.Start-t0, g.End-t0, g.Cause, a-t0, saved-t0)
+			}
+		})
+	}
+}

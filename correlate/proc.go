@@ -268,7 +268,9 @@ func (p *proc) keepFrom(wm int64) int64 {
 // closeAll ends what the process had open at t (exit or Close). An open gap
 // has no end: the GPU was still idle when tracing stopped, which says
 // nothing about the training loop, so it is dropped.
-func (p *proc) closeAll(set settings, t int64) {
+func (p *proc) closeAll(x env, t int64) {
+	set := x.set
+	p.closeSaveAtExit(x, t)
 	p.gap = nil
 	p.aheadStart, p.aheadBlocked = 0, 0
 	if !p.everEnq {
@@ -284,5 +286,24 @@ func (p *proc) closeAll(set settings, t int64) {
 func (p *proc) tickSteps(set settings, wm int64) {
 	if p.everEnq {
 		p.st.tick(set, wm)
+	}
+}
+
+// closeSaveAtExit ends, at its file's last write, fsync or rename, a gap
+// still open when the trace ends that holds a host operation writing a
+// file (a final checkpoint): the job's last minutes of saving are the
+// GPU's idle like any checkpoint's. The rest of a gap open at the end
+// (the interpreter exiting, the sidecar stopped mid-wait) is no loop's.
+func (p *proc) closeSaveAtExit(x env, t int64) {
+	g := p.gap
+	if g == nil || g.ep == nil || !g.ep.bulk {
+		return
+	}
+	th := x.w.threads[g.tid]
+	if th == nil {
+		return
+	}
+	if _, f := writtenFile(th, g.start, th.segments(g.start, t, nil)); f != nil && f.last > g.start {
+		p.closeGap(x, th, min(f.last, t))
 	}
 }

@@ -184,7 +184,8 @@ type pyStep struct {
 // where the queue runs dry, which an event sync (it names no stream) and
 // the checkpoint's first copy reveal. Gaps must be idle (nine in ten of
 // their ns), cover nine in ten ns of the idle stretches of 1 ms or more,
-// and each checkpoint must be one io.write gap: a window's idle that a
+// and each checkpoint must be one io.write gap, the last one too, which
+// the job exits after (no later work ends its gap): a window's idle that a
 // still-open checkpoint gap or the job's start held was put in the sleeps
 // of a queue that never ran dry (precision 0.76), and the event sync
 // drained no stream, so the log iterations' idle came from the windows.
@@ -193,7 +194,7 @@ func TestPythonPrefetchIdle(t *testing.T) {
 	for _, probes := range []string{correlate.ProbesFull, correlate.ProbesAuto} {
 		t.Run(probes, func(t *testing.T) {
 			dir := runPython(t, s, "pyprefetch-idle", "pyprefetch.py", probes, func(dir string) []string {
-				return []string{"--steps", "110", "--log-every", "10", "--ckpt-every", "25", "--data-dir", dir}
+				return []string{"--steps", "100", "--log-every", "10", "--ckpt-every", "25", "--data-dir", dir}
 			})
 			checkPyIdle(t, dir, probes, 4)
 		})

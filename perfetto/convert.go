@@ -148,6 +148,11 @@ func fromSpans(spans []otel.FileSpan, w *Writer) {
 				g.Evidence.Peers = []correlate.PeerEvidence{{Address: p, Bytes: uint64(integer(a, "gpu.gap.net.bytes")),
 					PID: uint32(integer(a, "gpu.gap.peer.process.pid")), Comm: str(a, "gpu.gap.peer.process.name")}}
 			}
+			if tid := integer(a, "gpu.gap.lock.holder.tid"); tid != 0 {
+				g.Evidence.LockHolders = []correlate.LockHolderEvidence{{TID: uint32(tid), Comm: str(a, "gpu.gap.lock.holder.name"),
+					Doing: correlate.Cause(str(a, "gpu.gap.lock.holder.doing")), File: str(a, "gpu.gap.lock.holder.file"),
+					Peer: str(a, "gpu.gap.lock.holder.peer")}}
+			}
 			if op := str(a, "gpu.collective.op"); op != "" {
 				c := &correlate.CollectiveEvidence{Op: op, Bytes: uint64(integer(a, "gpu.collective.bytes")),
 					Comm: str(a, "gpu.collective.comm"), Ranks: int32(integer(a, "gpu.collective.ranks"))}

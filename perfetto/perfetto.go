@@ -248,6 +248,9 @@ func gapArgs(g *correlate.Gap) map[string]any {
 	if ev.Collective != nil {
 		a["collective"] = ev.Collective
 	}
+	if len(ev.LockHolders) > 0 {
+		a["lock_holders"] = ev.LockHolders
+	}
 	if ev.CUDACall != "" {
 		a["cuda_call"] = ev.CUDACall
 	}

@@ -280,3 +280,52 @@ func TestConvertRejectsOtherFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestLockHolderArgs: a lock gap's slice names the thread its feeder
+// waited on, from a gaps file and through a spans file alike.
+func TestLockHolderArgs(t *testing.T) {
+	_, steps := session()
+	g := correlate.Gap{PID: 100, TID: 101, Step: 0, Kind: correlate.GapIdle, Start: base + 10*ms, End: base + 30*ms,
+		Duration: 20 * ms, Cause: correlate.CauseLock, Breakdown: map[correlate.Cause]int64{correlate.CauseLock: 20 * ms},
+		Evidence: correlate.Evidence{Source: "host", LockHolders: []correlate.LockHolderEvidence{
+			{TID: 102, Comm: "metrics", NS: 20 * ms, Doing: correlate.CauseSleep}}}}
+	path := filepath.Join(t.TempDir(), "spans.jsonl")
+	x, err := otel.New(context.Background(), otel.Config{SpansFile: path, Rank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed(x, []correlate.Gap{g}, steps[:1])
+	if err := x.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	in, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	var direct, converted bytes.Buffer
+	w := perfetto.New(&direct, perfetto.Options{})
+	feed(w, []correlate.Gap{g}, steps[:1])
+	wc := perfetto.New(&converted, perfetto.Options{})
+	if _, err := perfetto.Convert(in, wc); err != nil {
+		t.Fatal(err)
+	}
+	for name, out := range map[string]*bytes.Buffer{"direct": &direct, "from spans": &converted} {
+		if err := map[string]*perfetto.Writer{"direct": w, "from spans": wc}[name].Close(); err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, e := range parse(t, out.Bytes()).TraceEvents {
+			if e.Ph != "X" || e.Name != "lock" {
+				continue
+			}
+			if hs, _ := e.Args["lock_holders"].([]any); len(hs) == 1 {
+				h, _ := hs[0].(map[string]any)
+				found = found || h["tid"] == 102.0 && h["comm"] == "metrics" && h["doing"] == "sleep"
+			}
+		}
+		if !found {
+			t.Errorf("%s: no lock slice naming thread 102 (metrics), which slept", name)
+		}
+	}
+}

@@ -359,6 +359,7 @@ func (t *Tracer) handle(d *decoded) {
 	}
 	switch d.ctl {
 	case ctlRescan:
+		t.syms.mapped(ev.PID)
 		t.requestRescan(ev.PID)
 	case ctlNewProcess:
 		if err := t.addProcess(ev.ChildPID, true); err == nil {

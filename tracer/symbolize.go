@@ -100,6 +100,9 @@ type symbolizer struct {
 	// file mapping (a heap word, JIT code) rereads them at most once per
 	// mapsRereadEvery, not once per address.
 	readAt map[uint32]time.Time
+	// changed: the process mapped executable code since its maps were
+	// last read (a library loaded), so an address they miss may be in it.
+	changed map[uint32]bool
 	// self is gaptrace's own executable (device as in maps, inode).
 	self struct{ dev, ino uint64 }
 }
@@ -109,6 +112,13 @@ type symbolizer struct {
 // rereading them for every stack word that is not code stalled the event
 // consumer for seconds while the job imported its libraries.
 const mapsRereadEvery = time.Second
+
+// mapsRereadChanged is the bound instead once the process mapped code
+// since: ld.so maps libc a few ms after exec, and a stack taken before
+// (the loader's own reads) read maps without it; for a second after,
+// every libc frame was an address. A PyTorch import maps hundreds of
+// libraries: at most 20 rereads a second.
+const mapsRereadChanged = 50 * time.Millisecond
 
 type stackKey struct {
 	pid    uint32
@@ -131,7 +141,7 @@ type pidStack struct {
 
 func newSymbolizer() *symbolizer {
 	s := &symbolizer{procRoot: procRoot, files: map[fileID]*elfFile{}, procs: map[uint32][]*mapping{},
-		raw: map[pidStack][]uint64{}, readAt: map[uint32]time.Time{}, done: map[stackKey]symbolized{}}
+		raw: map[pidStack][]uint64{}, readAt: map[uint32]time.Time{}, changed: map[uint32]bool{}, done: map[stackKey]symbolized{}}
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/self/exe", &st); err == nil {
 		s.self.dev = uint64(unix.Major(st.Dev))<<32 | uint64(unix.Minor(st.Dev))
@@ -146,6 +156,7 @@ func (s *symbolizer) forget(pid uint32) {
 	defer s.mu.Unlock()
 	delete(s.procs, pid)
 	delete(s.readAt, pid)
+	delete(s.changed, pid)
 	for k := range s.done {
 		if k.pid == pid {
 			delete(s.done, k)
@@ -155,6 +166,16 @@ func (s *symbolizer) forget(pid uint32) {
 		if k.pid == pid {
 			delete(s.raw, k)
 		}
+	}
+}
+
+// mapped notes that pid mapped executable code: its maps may be reread
+// sooner for an address they miss.
+func (s *symbolizer) mapped(pid uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.procs[pid]; ok {
+		s.changed[pid] = true
 	}
 }
 
@@ -352,7 +373,8 @@ func (ef *elfFile) lookupVaddr(vaddr uint64) (string, uint64, bool) {
 func (s *symbolizer) mappingOf(pid uint32, addr uint64) (*mapping, bool) {
 	for attempt := 0; attempt < 2; attempt++ {
 		ms, ok := s.procs[pid]
-		if attempt == 1 && time.Since(s.readAt[pid]) < mapsRereadEvery {
+		if since := time.Since(s.readAt[pid]); attempt == 1 && since < mapsRereadEvery &&
+			(!s.changed[pid] || since < mapsRereadChanged) {
 			return nil, false
 		}
 		if !ok || attempt == 1 {
@@ -363,6 +385,7 @@ func (s *symbolizer) mappingOf(pid uint32, addr uint64) (*mapping, bool) {
 			}
 			s.procs[pid] = ms
 			s.readAt[pid] = time.Now()
+			delete(s.changed, pid)
 		}
 		i := sort.Search(len(ms), func(i int) bool { return ms[i].end > addr })
 		if i < len(ms) && ms[i].start <= addr {

@@ -245,6 +245,43 @@ func TestMissesRereadMapsAtMostOncePerInterval(t *testing.T) {
 	}
 }
 
+// A library the process maps after its maps were read (libc, mapped by
+// ld.so right after exec, while a stack of the loader's own reads was
+// symbolized) is found within mapsRereadChanged once the mapping is
+// reported, not only after mapsRereadEvery: every libc frame of the
+// job's first second was an address.
+func TestMappedCodeRereadsMapsSooner(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "42")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	maps := filepath.Join(dir, "maps")
+	write := func(lines ...string) {
+		if err := os.WriteFile(maps, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("400000-401000 r-xp 00000000 fd:01 7 /opt/a")
+	s := newSymbolizer()
+	s.procRoot = root
+	if _, ok := s.mappingOf(42, 0x400100); !ok {
+		t.Fatal("mapped address not found")
+	}
+	write("400000-401000 r-xp 00000000 fd:01 7 /opt/a", "500000-501000 r-xp 00000000 fd:01 8 /opt/libc.so.6")
+	s.mapped(42)
+	s.readAt[42] = time.Now().Add(-2 * mapsRereadChanged)
+	if m, ok := s.mappingOf(42, 0x500010); !ok || m.path != "/opt/libc.so.6" {
+		t.Errorf("a mapping reported since was not found after %v: %+v %v", mapsRereadChanged, m, ok)
+	}
+	// The report is used up: further misses are bounded by mapsRereadEvery.
+	s.readAt[42] = time.Now().Add(-2 * mapsRereadChanged)
+	first := s.readAt[42]
+	if _, ok := s.mappingOf(42, 0x7fff0000); ok || s.readAt[42] != first {
+		t.Error("a miss with no mapping reported since reread the maps within mapsRereadEvery")
+	}
+}
+
 // TestLoadELFNamesStayInFile: the function symbols read from a file name
 // the same functions debug/elf does, while what stays in memory is a few
 // words per symbol, not the names (a PyTorch process maps libraries whose

@@ -373,30 +373,29 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 		}
 	}
 	c := at.cause(ev)
-	if h := at.holder; h != nil {
-		var file, peer string
-		switch c {
-		case CauseIORead, CauseIOWrite:
-			file = ev.Path
-		case CauseNet:
-			if peer = ev.PeerAddr; peer == "" {
-				peer = ev.Path
-			}
-		}
-		h.did(c, ns, file, peer)
+	own := c
+	if at.holder != nil {
 		// A holder waiting for a CPU still holds the lock: the feeder
 		// waits on the lock, and the machine's load only lengthens it.
 		c = heldWhile(c)
 	}
 	at.byCause[c] += ns
 	at.note(th, ev, ns)
+	var file, peer string
 	switch c {
 	case CauseIORead, CauseIOWrite:
-		at.file(ev).NS += ns
+		f := at.file(ev)
+		f.NS += ns
+		file = f.Path
 	case CauseNet:
-		at.peer(ev).NS += ns
+		p := at.peer(ev)
+		p.NS += ns
+		peer = p.Address
 	case CauseCUDAMemcpy, CauseCUDAAlloc, CauseComm:
 		at.cudaNS[opName(ev)] += ns
+	}
+	if at.holder != nil {
+		at.holder.did(own, ns, file, peer)
 	}
 }
 

@@ -473,6 +473,13 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 				if pi[b+1]-pi[a+1] == b-a {
 					idleSegs++
 				}
+				if k.marked() && pm[b+1]-pm[a+1] <= uint64(b-a) {
+					// Nothing launched between but marked launches
+					// themselves: one function launched back to back
+					// (initialising each parameter, an optimizer's
+					// first step creating its state) is a burst.
+					idleSegs++
+				}
 				if useLaunches {
 					work[s] = float64(f.launches)
 				} else {
@@ -536,7 +543,9 @@ func detectClock(toks []token, syncsSince int, launchesSeen, needSync, fromStart
 				// or issues collectives: copies known to have none between
 				// them are a burst inside one (a warm-up's, a
 				// checkpoint's) or no loop at all (a model's setup copying
-				// its parameters, before any kernel ran).
+				// its parameters, before any kernel ran). Likewise a
+				// marked function whose steps hold no launch but marked
+				// ones: an iteration runs more than its rarest kernels.
 				continue
 			}
 			cands = append(cands, clockFound{key: k, m: m, segLen: segLen, span: span, launches: ref,
@@ -1344,7 +1353,7 @@ func (s *stepper) splitWindowClock() {
 			n++
 		}
 		o := s.openStep()
-		if o == nil || tok.t <= o.Start || !s.syncIn(o.Start, tok.t) {
+		if o == nil || tok.t <= o.Start {
 			continue
 		}
 		if e := s.stepEnd(tok.t); e > o.Start && e > o.lastGap {

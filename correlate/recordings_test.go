@@ -237,6 +237,7 @@ var microSteps = map[string]int{
 	"h200-accum-full":         4,
 	"h200-accum-auto":         4,
 	"h200-accum-lite":         4,
+	"h100-accum-full":         4,
 	"sim-prefetch-accum-full": 4,
 }
 

@@ -64,7 +64,8 @@ func CheckView(h RecordHeader, v View) error {
 // them: under lite without the launch events (KindEnqueue) and without the
 // launch counts the syncs carry, and without the recording's own auto
 // windows; under auto at full through the warm-up window, scheduled from
-// the steps the engine finds as the sidecar schedules it, then as lite.
+// the steps the engine finds as the sidecar schedules it, then as lite,
+// and without marked launches throughout (auto marks none).
 // cfg.Probes is set from v.
 func ReplayAs(cfg Config, sink Sink, h RecordHeader, calls []Call, v View) (Summary, error) {
 	if err := CheckView(h, v); err != nil {
@@ -149,6 +150,15 @@ func (w *warmup) replay(cfg Config, sink Sink, calls []Call) Summary {
 			continue // the recording's own windows: auto gets its own
 		case c.Ev != nil:
 			ev := *c.Ev
+			if ev.Kind == event.KindEnqueue && ev.Mark != 0 {
+				// Auto marks no launch (its windows are too short to
+				// learn the rarest functions in): a marked launch that
+				// flushed nothing reaches it in the thread's next flush.
+				if ev.Count == 0 {
+					continue
+				}
+				ev.Mark, ev.Pending = 0, 0
+			}
 			if w.liteFrom >= 0 && ev.Start >= w.liteFrom {
 				var ok bool
 				if ev, ok = asLite(ev); !ok {

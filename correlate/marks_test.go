@@ -310,3 +310,53 @@ func TestDataPickedKernels(t *testing.T) {
 		})
 	}
 }
+
+// TestMarkedBurstIsNoClock: before its loop a PyTorch job launches one
+// kernel per parameter back to back (initialising the model; an
+// optimizer's first step creating its state), and the tracer may mark that
+// function while it runs: it repeats alike, but with nothing launched
+// between, which no iteration does. On the H100 such a burst of 44 became
+// 44 empty steps, the clock was lost right after and the loop's first
+// iterations went to a window (122 steps for 70 iterations). Here the
+// burst's function is marked and launched by the loop too (its kernel
+// zeroes the gradients once an iteration); the loop copies its batch.
+func TestMarkedBurstIsNoClock(t *testing.T) {
+	const fnInit = 0x6000
+	for _, c := range []struct {
+		name string
+		copy bool
+	}{{"copies", true}, {"kernels only", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newSim()
+			for p := 0; p < 44; p++ {
+				s.kernelFn(20*us, fnInit, true)
+			}
+			s.sync()
+			s.t += 5 * ms
+			marked := map[uint64]bool{0x5000: true, 0x2000: true, 0x1001: true, 0x3002: true}
+			ends := benchLoop(s, 120, 0, marked, c.copy)
+			col := &collect{}
+			e := newEngine(col, func(cfg *Config) {
+				cfg.Probes = ProbesFull
+				if os.Getenv("GT_DEBUG") != "" {
+					cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+				}
+			})
+			feed(e, col, s.evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+			n, short := 0, 0
+			for _, st := range col.steps {
+				if st.Window {
+					continue
+				}
+				n++
+				if st.End-st.Start < 500*us {
+					short++
+				}
+			}
+			t.Logf("%d steps (%d under 0.5 ms) for 120 iterations (the last ended %.1f ms in)", n, short, float64(ends[len(ends)-1]-t0)/1e6)
+			if n < 117 || n > 120 || short > 0 {
+				t.Errorf("%d steps, %d of them under 0.5 ms, for 120 iterations of 6 ms: want 117 to 120, none that short", n, short)
+			}
+		})
+	}
+}

@@ -8,9 +8,10 @@ copied with cuMemcpyHtoD_v2 (synchronous; from pageable memory unless
 loss (4 bytes) is read with cuMemcpyDtoH_v2; every 5th step the loop also
 calls cuCtxSynchronize and reads a metric (8 bytes). Every 9th step sleeps
 10 ms (a synchronous logger). Every --eval-every steps, at the end of the
-step, it evaluates --eval-batches batches of 1 MiB: each a copy, 8 kernels
-and a read. Evaluation belongs to the step it ends: it is no iteration of
-the training loop.
+step, it evaluates --eval-batches batches of --eval-mib MiB (1; 4 is the
+training batch's size, as an evaluation that shares the training's collate
+copies): each a copy, 8 kernels and a read. Evaluation belongs to the step
+it ends: it is no iteration of the training loop.
 
 --truth FILE writes JSON Lines: a meta record (pid, from_start: every
 iteration of the loop is recorded) and one step record per training
@@ -35,11 +36,12 @@ def parse_args():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-every", type=int, default=40, help="steps between evaluations (0: none)")
     p.add_argument("--eval-batches", type=int, default=60, help="batches an evaluation runs")
+    p.add_argument("--eval-mib", type=int, default=1, help="MiB an evaluation batch copies (1 to 4)")
     p.add_argument("--pinned", action="store_true", help="copy the batch from pinned memory")
     p.add_argument("--truth", help="write the ground truth here (JSON Lines)")
     a = p.parse_args()
-    if a.steps < 1 or a.eval_every < 0 or a.eval_batches < 0:
-        p.error("want --steps >= 1, --eval-every >= 0, --eval-batches >= 0")
+    if a.steps < 1 or a.eval_every < 0 or a.eval_batches < 0 or not 1 <= a.eval_mib <= 4:
+        p.error("want --steps >= 1, --eval-every >= 0, --eval-batches >= 0, --eval-mib 1 to 4")
     return a
 
 
@@ -81,7 +83,7 @@ def main():
             check(cu.cuLaunchKernel(f, 108, 1, 1, 256, 1, 1, 0, None, params, None), "cuLaunchKernel")
 
     record(type="meta", pid=os.getpid(), from_start=True, steps=a.steps, eval_every=a.eval_every,
-           eval_batches=a.eval_batches)
+           eval_batches=a.eval_batches, eval_mib=a.eval_mib)
     for step in range(a.steps):
         start = time.time_ns()
         if step % 9 == 4:
@@ -98,7 +100,7 @@ def main():
             check(cu.cuMemcpyDtoH_v2(out, dptr.value, 8), "cuMemcpyDtoH_v2")
         if a.eval_every and step % a.eval_every == a.eval_every - 1:
             for _ in range(a.eval_batches):
-                check(cu.cuMemcpyHtoD_v2(dptr.value, host, 1 << 20), "cuMemcpyHtoD_v2")
+                check(cu.cuMemcpyHtoD_v2(dptr.value, host, a.eval_mib << 20), "cuMemcpyHtoD_v2")
                 for i in range(8):
                     launch(funcs[i % 2])
                 check(cu.cuMemcpyDtoH_v2(out, dptr.value, 4), "cuMemcpyDtoH_v2")

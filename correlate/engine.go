@@ -369,6 +369,7 @@ func (e *Engine) exit(p *proc, ev *event.Event) {
 	// wait for the GPU windows that cover them (they arrive late); finalize
 	// forgets it once they are out.
 	p.release(e.env(p))
+	p.closeWaitAtExit(e.env(p), ev.End)
 	p.closeAll(e.env(p), ev.End)
 	p.exitedAt = ev.End
 	if !p.everEnq {

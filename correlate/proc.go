@@ -289,6 +289,40 @@ func (p *proc) tickSteps(set settings, wm int64) {
 	}
 }
 
+// closeWaitAtExit ends, at the feeding thread's last wait on the job's
+// data, a gap still open when the process exits whose thread spent most
+// of it in such waits (network, file reads and writes): a final upload of
+// the model, a logger pushing its last records before the job exits
+// (wandb.finish), the GPU idle for them as for any stall. The interpreter
+// exiting after the last wait, and a gap that held mostly else (teardown
+// with a few writes to stdout), stay dropped; so does a gap open when the
+// trace ends with the job still running (its wait may go on).
+func (p *proc) closeWaitAtExit(x env, t int64) {
+	g := p.gap
+	if g == nil {
+		return
+	}
+	th := x.w.threads[g.tid]
+	if th == nil {
+		return
+	}
+	var waited, last int64
+	for _, sg := range th.segments(g.start, t, nil) {
+		if sg.ev == nil {
+			continue
+		}
+		switch baseCause(sg.ev) {
+		case CauseNet, CauseIORead, CauseIOWrite:
+			waited += sg.b - sg.a
+			last = sg.b
+		}
+	}
+	if waited < x.set.minGap || 2*waited < last-g.start {
+		return
+	}
+	p.closeGap(x, th, min(last, t))
+}
+
 // closeSaveAtExit ends, at its file's last write, fsync or rename, a gap
 // still open when the trace ends that holds a host operation writing a
 // file (a final checkpoint): the job's last minutes of saving are the

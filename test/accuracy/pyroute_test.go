@@ -1,6 +1,7 @@
 package accuracy
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -197,6 +198,56 @@ func TestPythonPrefetchIdle(t *testing.T) {
 				return []string{"--steps", "100", "--log-every", "10", "--ckpt-every", "25", "--data-dir", dir}
 			})
 			checkPyIdle(t, dir, probes, 4)
+		})
+	}
+}
+
+// TestPythonUploadAtExit traces pyprefetch.py uploading its model after
+// the loop (20 chunks over TCP, each acknowledged 10 ms late) and exiting:
+// the GPU idles through the upload, which must be one net gap over nine in
+// ten of it, ending with the upload, not with the interpreter's exit (a
+// gap still open at exit was dropped: the job's last 200 ms went
+// unreported).
+func TestPythonUploadAtExit(t *testing.T) {
+	s := need(t)
+	for _, probes := range []string{correlate.ProbesFull, correlate.ProbesLite} {
+		t.Run(probes, func(t *testing.T) {
+			dir := runPython(t, s, "pyprefetch-upload", "pyprefetch.py", probes, func(dir string) []string {
+				return []string{"--steps", "40", "--log-every", "10", "--upload-at-exit", "200", "--data-dir", dir}
+			})
+			recs, err := readJSONL[pyTruth](filepath.Join(dir, "truth.jsonl"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			gaps, err := readJSONL[correlate.Gap](filepath.Join(dir, "gaps.jsonl"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var up Interval
+			for _, r := range recs {
+				if r.Type == "stall" && r.Cause == "net" {
+					up = Interval{r.Start, r.End}
+				}
+			}
+			if up.Len() <= 0 {
+				t.Fatalf("the job recorded no upload (outputs in %s)", dir)
+			}
+			var got []string
+			var covered int64
+			for _, g := range gaps {
+				if g.Kind != correlate.GapIdle || g.End <= up.Start || g.Start >= up.End {
+					continue
+				}
+				got = append(got, fmt.Sprintf("%s %v ending %v after the upload", g.Cause, time.Duration(g.Duration), time.Duration(g.End-up.End)))
+				if g.Cause == correlate.CauseNet && g.End-up.End < int64(5*time.Millisecond) {
+					covered += Intersect(NewSet(up), NewSet(Interval{g.Start, g.End})).Total()
+				}
+			}
+			share := Ratio{Num: covered, Den: up.Len()}
+			t.Logf("%s: upload of %v: gaps %v, net over %s of it", probes, time.Duration(up.Len()), got, share)
+			if len(got) != 1 || share.Value() < 0.9 {
+				t.Errorf("upload at exit: gaps %v, net over %s of it; want one net gap over ≥ 0.9 ending with it (outputs in %s)", got, share, dir)
+			}
 		})
 	}
 }

@@ -13,12 +13,16 @@ cuMemcpyDtoHAsync and cuEventSynchronize every --log-every iterations (1:
 every iteration), or with --log-sync stream/ctx by cuStreamSynchronize or
 cuCtxSynchronize. --ckpt-every C saves a checkpoint every C iterations:
 8 tensors of 4 MiB each copied to the host (async copy, stream sync) and
-written to a file, then fsync.
+written to a file, then fsync. --upload-at-exit MS uploads the model after
+the loop and exits: 20 chunks sent over TCP to a server (a child forked at
+the start) that acknowledges each MS/20 ms late, as a push of the final
+weights or a logger flushing its last records (wandb.finish) holds the job.
 
 --truth FILE writes JSON Lines: a meta record (pid, from_start: every
 iteration of the loop is recorded), one step record per iteration with its
 start and end in Unix ns (start_unix_nano, end_unix_nano), a stall record
-per checkpoint (cause io.write, its span) and, from the simulated GPU's
+per checkpoint (cause io.write, its span), one for the upload (cause net)
+and, from the simulated GPU's
 own timeline, a busy record per kernel (when it ran, in Unix ns): the idle
 the job truly had.
 """
@@ -27,6 +31,7 @@ import ctypes
 import json
 import os
 import random
+import socket
 import sys
 import time
 
@@ -43,6 +48,8 @@ def parse_args():
     p.add_argument("--log-sync", choices=("event", "stream", "ctx"), default="event", help="how the loss read waits")
     p.add_argument("--accum", type=int, default=1, help="micro-batches an iteration")
     p.add_argument("--ckpt-every", type=int, default=0, help="a checkpoint every C iterations (0: none)")
+    p.add_argument("--upload-at-exit", type=int, default=0, metavar="MS",
+                   help="after the loop, upload to a server that acknowledges 20 chunks MS/20 ms late each")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data-dir", default=".")
     p.add_argument("--truth", help="write the ground truth here (JSON Lines)")
@@ -57,9 +64,40 @@ def check(r, what):
         sys.exit("pyprefetch: %s failed: CUresult %d" % (what, r))
 
 
+def upload_server(ms):
+    """Forks a server that acknowledges each 4 KiB chunk ms/20 ms late; returns (pid, port)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    pid = os.fork()
+    if pid == 0:
+        c, _ = srv.accept()
+        while True:
+            got = 0
+            while got < 4096:
+                d = c.recv(4096 - got)
+                if not d:
+                    os._exit(0)
+                got += len(d)
+            time.sleep(ms / 20 / 1000)
+            c.sendall(b"k")
+    port = srv.getsockname()[1]
+    srv.close()
+    return pid, port
+
+
+def upload(port):
+    s = socket.create_connection(("127.0.0.1", port))
+    for _ in range(20):
+        s.sendall(b"\0" * 4096)
+        s.recv(1)
+    s.close()
+
+
 def main():
     a = parse_args()
     rnd = random.Random(a.seed)
+    server = upload_server(a.upload_at_exit) if a.upload_at_exit else None
     cu, mod, image = load_module(a.lib, "pyprefetch", check)
     funcs = []
     for us in (150, 300, 80, 40):
@@ -148,6 +186,11 @@ def main():
             checkpoint()
             record(type="stall", cause="io.write", step=step, start_unix_nano=t0, end_unix_nano=time.time_ns())
         record(type="step", step=step, start_unix_nano=start, end_unix_nano=time.time_ns())
+    if server:
+        t0 = time.time_ns()
+        upload(server[1])
+        record(type="stall", cause="net", start_unix_nano=t0, end_unix_nano=time.time_ns())
+        os.waitpid(server[0], 0)
     if truth:
         truth.close()
 

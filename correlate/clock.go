@@ -155,6 +155,24 @@ type clockState struct {
 	// how many of them reach the tracer in the next step.
 	launches float64
 	lag      lagFit
+	// lastAt: the previous boundary occurrence of the clock's operation;
+	// deferred: where the step it closed ends, while a clock whose every
+	// step syncs waits for the next occurrence to confirm it (a sync
+	// between them): an evaluation's batches copy like the loop's batch
+	// but do not sync each, so the first of them, which the loop's sync
+	// precedes, ends no step (0: none waiting).
+	lastAt   int64
+	deferred int64
+}
+
+// flushDeferred places the boundary the clock still held back: the loop
+// ended, or the clock is being replaced.
+func (s *stepper) flushDeferred() {
+	if c := s.clock; c != nil && c.deferred != 0 {
+		d := c.deferred
+		c.deferred = 0
+		s.boundary(d, false)
+	}
 }
 
 // segFeat is what one step enqueued, for comparing steps.
@@ -1074,14 +1092,28 @@ func (s *stepper) clockTick(set settings, tok *token) bool {
 	if int(idx%int64(c.m)) != c.phase {
 		return false
 	}
-	if c.alwaysSyncs() && !s.syncIn(s.openStart(), tok.t) {
-		// Every step ends at a sync, and the open step has none yet: it
+	synced := s.syncIn(c.lastAt, tok.t)
+	c.lastAt = tok.t
+	placed := false
+	if d := c.deferred; d != 0 {
+		c.deferred = 0
+		if synced || !c.alwaysSyncs() {
+			s.boundary(d, false)
+			placed = true
+		}
+		// Else the previous occurrence began an insertion of the same
+		// operation without the loop's sync (an evaluation's batches):
+		// the step it would have closed goes on through it.
+	}
+	if c.alwaysSyncs() && (!synced || !s.syncIn(s.openStart(), tok.t)) {
+		// Every step ends at a sync, and none came since the previous
+		// occurrence (an insertion's), or the open step has none yet: it
 		// was opened at the previous step's last sync by the sync period
 		// or a fixed window the clock took over from, and this
 		// occurrence is its own.
 		c.seg = segFeat{counts: map[tokKey]int{}}
 		c.syncs = 0
-		return false
+		return placed
 	}
 	same := true
 	if !set.lite {
@@ -1112,6 +1144,11 @@ func (s *stepper) clockTick(set settings, tok *token) bool {
 	c.seg = segFeat{counts: map[tokKey]int{}}
 	c.pushSyncs(c.syncs)
 	c.syncs = 0
+	if c.alwaysSyncs() {
+		// Confirmed by the next occurrence's sync (above).
+		c.deferred = s.stepEnd(tok.t)
+		return placed
+	}
 	s.boundary(s.stepEnd(tok.t), false)
 	return true
 }
@@ -1255,6 +1292,7 @@ func (s *stepper) tryClock(set settings) bool {
 	}
 	s.clockStrikes = 0
 	prev := s.mode
+	s.flushDeferred()
 	s.lite = set.lite
 	set.log.Debug("step period found", "pid", s.pid, "clock", cf.key.String(), "per_step", cf.m, "syncs_vary", cf.syncsVary)
 	s.clock = &clockState{key: cf.key, m: cf.m, phase: cf.phase, occ: cf.occ, launches: cf.launches,

@@ -218,6 +218,17 @@ func (p *proc) resolveHeld(x env, force bool) {
 			p.st.warming = true
 		}
 	}
+	if c := p.st.clock; c != nil && c.deferred != 0 {
+		// A gap due now must go to its step: a boundary still waiting for
+		// the next occurrence (the loop's last step, a long pause) is
+		// placed first.
+		for i := range p.held {
+			if force || x.clk.now >= p.held[i].End+holdMax {
+				p.st.flushDeferred()
+				break
+			}
+		}
+	}
 	if p.st.mode != modeUnknown && len(p.held) > 0 {
 		held := p.held
 		p.held = nil

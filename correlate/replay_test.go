@@ -25,6 +25,10 @@ import (
 // behaviour, and say so in the commit.
 var updateReplay = flag.Bool("update-replay", false, "re-record testdata/replay and rewrite its golden outputs")
 
+// -update-golden rewrites the golden outputs from the recorded sequences as
+// they are: an engine change, the calls kept.
+var updateGolden = flag.Bool("update-golden", false, "rewrite testdata/replay's golden outputs from its recorded calls")
+
 // replayCall is one recorded call to the Engine (record.go).
 type replayCall = Call
 
@@ -226,7 +230,7 @@ func TestReplayGolden(t *testing.T) {
 			}
 			calls := readCalls(t, in)
 			got := replay(t, sc.lite, calls)
-			if *updateReplay {
+			if *updateReplay || *updateGolden {
 				if err := os.WriteFile(golden, got, 0o644); err != nil {
 					t.Fatal(err)
 				}

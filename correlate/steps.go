@@ -545,6 +545,7 @@ func (s *stepper) boundary(t int64, window bool) {
 }
 
 func (s *stepper) closeOpen(t int64) {
+	s.flushDeferred()
 	switch s.mode {
 	case modeClock:
 		// No next clock operation will come: the last iteration ended at
@@ -578,6 +579,7 @@ func (s *stepper) closeOpen(t int64) {
 
 // toWindows switches to fixed windows starting at t.
 func (s *stepper) toWindows(t int64) {
+	s.flushDeferred()
 	s.mode = modeWindow
 	s.clock = nil
 	s.anchor = nil

@@ -208,13 +208,13 @@ for p in $PHASES; do
   styles)
     # Loops written unlike trainer.py (styles.py): AMP with a GradScaler and a pageable DataLoader,
     # gradient accumulation with a dict batch and a logging thread, a synthetic benchmark loop that
-    # syncs every 10th step. Steps against the loop's iterations; detection and the checkpoints'
-    # attribution against the profiler. STYLES and STYLE_PROBES pick the runs.
+    # syncs every 10th step, a loop that evaluates every 15th. Steps against the loop's iterations; detection and the checkpoints'
+    # attribution against the profiler. STYLES and STYLE_PROBES pick the runs, STYLE_TIMEOUT (s) bounds each.
     for probes in ${STYLE_PROBES:-auto lite}; do
-    for style in ${STYLES:-amp-cnn accum logevery synthetic}; do
+    for style in ${STYLES:-amp-cnn accum logevery synthetic evalloop}; do
       phase "styles style=$style probes=$probes"
       pre=$WORK/style-$style-$probes
-      timeout 300 "$G" run --probes "$probes" --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
+      timeout "${STYLE_TIMEOUT:-300}" "$G" run --probes "$probes" --live off $(rec "$pre") --gaps-out "$pre-gaps.jsonl" --summary-json "$pre-summary.json" \
         --spans-out "$pre-spans.jsonl" -- \
         "$PY" "$HERE/styles.py" --style "$style" --steps "$STEPS" --warmup 10 --truth "$pre-truth.jsonl" \
         --profile "$pre-kineto.json" --data-dir "$WORK" >"$pre-run.log" 2>&1

@@ -21,6 +21,10 @@ it was not built against:
                waiting on a CUDA event that times those ten iterations; one iteration per copy
   synthetic    the benchmark loop: a fixed input already on the device, no host copies at all,
                forward/backward/step, and print(loss.item()) only every 10th step
+  evalloop     a language model trained with loss.item() every iteration (a running mean) and
+               evaluated every 15th iteration: model.eval(), 6 validation batches of the training
+               batches' shape under torch.no_grad() from a second DataLoader, accuracy summed on the
+               device and read once, model.train(); the evaluation belongs to the iteration it ends
 
 Every style writes trainer.py's truth format (CLOCK_MONOTONIC ns): a meta record, one step record
 per measured loop iteration (the meta record's "warmup" says how many ran before them: gaptrace
@@ -28,7 +32,7 @@ counts those too), and a stall record for every checkpoint (cause "checkpoint": 
 expected io.write). --profile records the measured steps with the PyTorch profiler (CUDA activity)
 for evaluate.py.
 
-Usage: styles.py --style amp-cnn|accum|logevery|synthetic --steps N [--warmup W] [--truth FILE] [--profile FILE]
+Usage: styles.py --style amp-cnn|accum|logevery|synthetic|evalloop --steps N [--warmup W] [--truth FILE] [--profile FILE]
 """
 import argparse
 import json
@@ -98,6 +102,20 @@ class LM(nn.Module):
         return self.head(self.enc(self.emb(ids), src_key_padding_mask=mask == 0))
 
 
+def token_loader(n, seq, vocab, **kw):
+    """A DataLoader of n token samples, 8 a batch, from 2 workers into pinned memory."""
+    return torch.utils.data.DataLoader(Tokens(n, seq, vocab), batch_size=8, num_workers=2, pin_memory=True,
+                                       drop_last=True, **kw)
+
+
+def lm_loss(model, lossf, batch, dev, vocab):
+    """Copies a token batch to the device (non_blocking) and returns the LM's loss on it under bf16 autocast."""
+    b = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(b["input_ids"], b["attention_mask"])
+        return lossf(logits.view(-1, vocab).float(), b["labels"].view(-1))
+
+
 class Logger(threading.Thread):
     """Posts queued metrics from a thread of its own, as wandb's does."""
 
@@ -144,7 +162,7 @@ def save_checkpoint(model, opt, path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--style", required=True, choices=["amp-cnn", "accum", "logevery", "synthetic"])
+    ap.add_argument("--style", required=True, choices=["amp-cnn", "accum", "logevery", "synthetic", "evalloop"])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--truth")
@@ -210,8 +228,7 @@ def main():
         model = LM(vocab, 384, 3).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
-        loader = torch.utils.data.DataLoader(Tokens(total * micro * 8, seq, vocab), batch_size=8, num_workers=2,
-                                             pin_memory=True, drop_last=True)
+        loader = token_loader(total * micro * 8, seq, vocab)
         logsrv, port = start_log_server()  # answers each post 20 ms late
         logger = Logger(port)
         logger.start()
@@ -221,10 +238,7 @@ def main():
             begin(i)
             s0 = MONO()
             for _ in range(micro):
-                b = {k: v.to(dev, non_blocking=True) for k, v in next(it).items()}
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    logits = model(b["input_ids"], b["attention_mask"])
-                    loss = lossf(logits.view(-1, vocab).float(), b["labels"].view(-1)) / micro
+                loss = lm_loss(model, lossf, next(it), dev, vocab) / micro
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -238,8 +252,7 @@ def main():
         vocab, seq = 2000, 128
         model = LM(vocab, 384, 3).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
-        loader = torch.utils.data.DataLoader(Tokens(total * 8, seq, vocab), batch_size=8, num_workers=2,
-                                             pin_memory=True, drop_last=True)
+        loader = token_loader(total * 8, seq, vocab)
         lossf = nn.CrossEntropyLoss()
         ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         ev_start.record()
@@ -247,10 +260,7 @@ def main():
         for i in range(total):
             begin(i)
             s0 = MONO()
-            b = {k: v.to(dev, non_blocking=True) for k, v in next(it).items()}
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(b["input_ids"], b["attention_mask"])
-                loss = lossf(logits.view(-1, vocab).float(), b["labels"].view(-1))
+            loss = lm_loss(model, lossf, next(it), dev, vocab)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -264,6 +274,35 @@ def main():
                 print(f"step {i} loss {loss.item():.4f} {ev_start.elapsed_time(ev_end) / 10:.1f} ms/step", flush=True)
             if i % 10 == 0:
                 ev_start.record()
+            step_done(i, s0)
+    elif a.style == "evalloop":
+        vocab, seq, every, nval = 2000, 128, 15, 6
+        model = LM(vocab, 384, 3).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        loader = token_loader(total * 8, seq, vocab)
+        val = token_loader(nval * 8, seq, vocab, persistent_workers=True)
+        lossf = nn.CrossEntropyLoss()
+        running = 0.0
+        it = iter(loader)
+        for i in range(total):
+            begin(i)
+            s0 = MONO()
+            loss = lm_loss(model, lossf, next(it), dev, vocab)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            running = 0.9 * running + 0.1 * loss.item()
+            if (i + 1) % every == 0:
+                model.eval()
+                correct = torch.zeros((), device=dev, dtype=torch.long)
+                with torch.no_grad():
+                    for vb in val:
+                        vb = {k: v.to(dev, non_blocking=True) for k, v in vb.items()}
+                        with torch.autocast("cuda", dtype=torch.bfloat16):
+                            pred = model(vb["input_ids"], vb["attention_mask"]).argmax(-1)
+                        correct += (pred == vb["labels"]).sum()
+                print(f"step {i} loss {running:.4f} val acc {correct.item() / (nval * 8 * seq):.4f}", flush=True)
+                model.train()
             step_done(i, s0)
     else:
         model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 4096), nn.GELU(),

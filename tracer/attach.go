@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -84,6 +85,7 @@ func (t *Tracer) warnMissing(what string, err error) {
 // Failures are warnings: tracing goes on with what attached.
 func (t *Tracer) attachLibrary(pid uint32, path string, lib library) *libAttach {
 	la := &libAttach{lib: lib, path: path}
+	start := time.Now()
 	// The process may live in another mount namespace: reach its file
 	// through its root.
 	file := filepath.Join(procRoot, strconv.Itoa(int(pid)), "root", path)
@@ -112,7 +114,7 @@ func (t *Tracer) attachLibrary(pid uint32, path string, lib library) *libAttach 
 		return la
 	}
 	la.links, la.info = t.attachPlanned(ex, pid, path, lib, planned)
-	t.log.Info("uprobes attached", "library", path, "pid", pid, "probes", len(la.info), "links", len(la.links), "missing", len(missing))
+	t.log.Info("uprobes attached", "library", path, "pid", pid, "probes", len(la.info), "links", len(la.links), "missing", len(missing), "took", time.Since(start).Round(time.Millisecond))
 	if t.cfg.Probes == ProbesAuto && lib == libCUDA {
 		la.file = file
 		t.mu.Lock()

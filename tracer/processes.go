@@ -115,15 +115,17 @@ func (t *Tracer) scanProcess(pid uint32) {
 			}
 		}
 	}
-	// The libraries' probes first: a loop that starts right after loading
-	// libcuda runs unseen until they attach, while reading the
+	// Apart from the scan: a loop that starts right after loading libcuda
+	// runs unseen until the libraries' probes attach, while reading the
 	// interpreter's symbols for its stacks takes tens of milliseconds
-	// (60-75 ms on the 2-core VM) and only names the first stacks.
-	defer func() {
-		if maps != nil {
-			t.pyInspect(pid, maps)
+	// (60-75 ms on the 2-core VM), and a scan after the exec read them
+	// while libcuda's scan waited.
+	if maps != nil {
+		select {
+		case t.pyReq <- pyRequest{pid: pid, maps: maps}:
+		default: // a later scan asks again: the process is not marked tried
 		}
-	}()
+	}
 	t.noteUnmapped(pid, libs)
 	paths := make([]string, 0, len(libs))
 	for p := range libs {

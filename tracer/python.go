@@ -392,8 +392,28 @@ func loadBias(f *elf.File, maps []*procfs.ProcMap) (uint64, error) {
 	return 0, errors.New("no mapping matches a loadable segment")
 }
 
-// pyInspect is called by scanProcess with the process's mappings: a new
-// CPython gets its py_procs entry.
+// pyRequest asks pyLoop to look at a process's mappings.
+type pyRequest struct {
+	pid  uint32
+	maps []*procfs.ProcMap
+}
+
+// pyLoop inspects the processes scanProcess saw, one at a time, apart
+// from the scans that attach probes.
+func (t *Tracer) pyLoop() {
+	defer t.wg.Done()
+	for {
+		select {
+		case <-t.done:
+			return
+		case r := <-t.pyReq:
+			t.pyInspect(r.pid, r.maps)
+		}
+	}
+}
+
+// pyInspect is called by pyLoop with a process's mappings: a new CPython
+// gets its py_procs entry.
 func (t *Tracer) pyInspect(pid uint32, maps []*procfs.ProcMap) {
 	m := t.shared[cudaMapPyProcs]
 	if m == nil || t.py == nil {

@@ -96,7 +96,10 @@ type Tracer struct {
 	caughtUp     atomic.Int64 // see Delivered
 	decodeErrors atomic.Uint64
 
-	rescan    chan uint32
+	rescan chan uint32
+	// pyReq: processes whose mappings pyLoop reads for Python stacks,
+	// apart from the scans (pyInspect).
+	pyReq     chan pyRequest
 	done      chan struct{}
 	free      chan []event.Event // batches handed back by Recycle
 	wg        sync.WaitGroup
@@ -154,6 +157,7 @@ func New(cfg Config) (*Tracer, error) {
 		roots:       make(map[uint32]bool),
 		unmapped:    make(map[uint32]string),
 		rescan:      make(chan uint32, 1024),
+		pyReq:       make(chan pyRequest, 64),
 		done:        make(chan struct{}),
 		free:        make(chan []event.Event, 16),
 	}
@@ -172,8 +176,9 @@ func New(cfg Config) (*Tracer, error) {
 	rr := newRingReader(t.shared[cudaMapEvents], rd, t.cfg.RingPoll, t.log)
 	rr.caughtUp = &t.caughtUp
 	t.reader = rr
-	t.wg.Add(1)
+	t.wg.Add(2)
 	go t.rescanLoop()
+	go t.pyLoop()
 	if cfg.Probes == ProbesFull {
 		t.wg.Add(1)
 		go t.markLoop()

@@ -517,6 +517,20 @@ func TestCheckpointAheadPinnedIsOneGap(t *testing.T) {
 	}
 }
 
+// thirtySteps is a job's loop before its last act: 30 steps of a pinned
+// batch copy, 8 kernels of 2 ms and a sync.
+func thirtySteps(lite bool) *gpuSim {
+	s := newSim()
+	s.lite = lite
+	for range 30 {
+		s.pinnedCopy(event.CUMemcpyHtoD, 1<<20)
+		s.launches(8, 2*ms, 20*us)
+		s.sync()
+		s.t += 100 * us
+	}
+	return s
+}
+
 // TestFinalCheckpointAtExit: a job whose last act is saving a checkpoint
 // (torch.save at the end of training) exits with the gap still open: the
 // save is one io.write gap up to its fsync, and the interpreter's exit
@@ -524,14 +538,7 @@ func TestCheckpointAheadPinnedIsOneGap(t *testing.T) {
 func TestFinalCheckpointAtExit(t *testing.T) {
 	for _, lite := range []bool{false, true} {
 		t.Run(map[bool]string{false: "full", true: "lite"}[lite], func(t *testing.T) {
-			s := newSim()
-			s.lite = lite
-			for range 30 {
-				s.pinnedCopy(event.CUMemcpyHtoD, 1<<20)
-				s.launches(8, 2*ms, 20*us)
-				s.sync()
-				s.t += 100 * us
-			}
+			s := thirtySteps(lite)
 			a := s.t
 			checkpoint(s, 12)
 			saved := s.t
@@ -571,14 +578,7 @@ func TestFinalUploadAtExit(t *testing.T) {
 		for _, upload := range []bool{true, false} {
 			name := map[bool]string{false: "full", true: "lite"}[lite] + map[bool]string{false: "/teardown only", true: "/upload"}[upload]
 			t.Run(name, func(t *testing.T) {
-				s := newSim()
-				s.lite = lite
-				for range 30 {
-					s.pinnedCopy(event.CUMemcpyHtoD, 1<<20)
-					s.launches(8, 2*ms, 20*us)
-					s.sync()
-					s.t += 100 * us
-				}
+				s := thirtySteps(lite)
 				a, sent := s.t, int64(0)
 				if upload {
 					for range 20 {

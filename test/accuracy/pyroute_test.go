@@ -215,14 +215,7 @@ func TestPythonUploadAtExit(t *testing.T) {
 			dir := runPython(t, s, "pyprefetch-upload", "pyprefetch.py", probes, func(dir string) []string {
 				return []string{"--steps", "40", "--log-every", "10", "--upload-at-exit", "200", "--data-dir", dir}
 			})
-			recs, err := readJSONL[pyTruth](filepath.Join(dir, "truth.jsonl"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			gaps, err := readJSONL[correlate.Gap](filepath.Join(dir, "gaps.jsonl"))
-			if err != nil {
-				t.Fatal(err)
-			}
+			recs, gaps := readPyRun(t, dir)
 			var up Interval
 			for _, r := range recs {
 				if r.Type == "stall" && r.Cause == "net" {
@@ -261,10 +254,9 @@ type pyTruth struct {
 	End   int64  `json:"end_unix_nano"`
 }
 
-// checkPyIdle scores dir/gaps.jsonl against the idle of dir/truth.jsonl
-// over the job's iterations, and wants ckpts checkpoints, each one
-// io.write gap.
-func checkPyIdle(t *testing.T, dir, name string, ckpts int) {
+// readPyRun reads a Python trainer's truth and the gaps gaptrace wrote
+// for it in dir.
+func readPyRun(t *testing.T, dir string) ([]pyTruth, []correlate.Gap) {
 	t.Helper()
 	recs, err := readJSONL[pyTruth](filepath.Join(dir, "truth.jsonl"))
 	if err != nil {
@@ -274,6 +266,15 @@ func checkPyIdle(t *testing.T, dir, name string, ckpts int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return recs, gaps
+}
+
+// checkPyIdle scores dir/gaps.jsonl against the idle of dir/truth.jsonl
+// over the job's iterations, and wants ckpts checkpoints, each one
+// io.write gap.
+func checkPyIdle(t *testing.T, dir, name string, ckpts int) {
+	t.Helper()
+	recs, gaps := readPyRun(t, dir)
 	var busy, stalls []Interval
 	run := Interval{Start: -1}
 	for _, r := range recs {

@@ -189,6 +189,10 @@ func (e *Engine) Close(now int64) Summary {
 	e.drain(end)
 	e.now = end + windowWait + holdMax // everything is past its deadline
 	e.finalize(true)
+	if e.realigned > 0 {
+		e.log.Info("communicators realigned by their collectives: a collective was issued before the probes saw it",
+			"realigned", e.realigned)
+	}
 	if l := e.Losses(); l.Any() {
 		e.log.Info("the engine could not use every event in full", "late_events", l.LateEvents, "forced_events", l.ForcedEvents,
 			"dropped_intervals", l.DroppedIntervals, "incomplete_steps", l.IncompleteSteps, "gaps_after_step", l.GapsAfterStep)

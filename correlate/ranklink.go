@@ -189,6 +189,7 @@ func offsetOf(c, o *commInfo, strict bool) (int64, linkScore, bool) {
 // process's communicator, or checks its link again.
 func (w *world) link(c *commInfo) {
 	if !linkable(c) {
+		w.realign(c)
 		return
 	}
 	if c.group != nil && c.group.linked {
@@ -383,6 +384,33 @@ func (w *world) recheck(c *commInfo) {
 			for _, last := range g.members {
 				w.unlink(last)
 			}
+		}
+		return
+	}
+}
+
+// realign checks the sequence of c, a member of a group linked from its
+// communicators' creation, against the other members' and shifts it to
+// the one offset their collectives agree at when they disagree at the
+// creation's: a collective a rank issued before the probe on it was in (a
+// trainer that creates its communicator and at once broadcasts its
+// weights, the probes attaching one by one) or a lost event. Counted from
+// the creation, that rank's k-th collective would be paired with another
+// rank's (k±1)-th: an earlier issue judges every wait on time, a later one
+// sends it to the baseline. Checked at every collective while the
+// sequence is young, then every linkCheckEvery.
+func (w *world) realign(c *commInfo) {
+	g := c.group
+	if g == nil || g.linked || g.ambiguous || c.n < linkTested || c.n > linkEager && c.n%linkCheckEvery != 0 {
+		return
+	}
+	for _, m := range g.sorted() {
+		if m == c || !scorePairs(c, m, c.off-m.off).disagrees() {
+			continue
+		}
+		if d, _, ok := offsetOf(c, m, false); ok {
+			c.off = d + m.off
+			w.realigned++
 		}
 		return
 	}

@@ -33,6 +33,9 @@ type world struct {
 	// linked from their collectives and then disagreed (ranklink.go).
 	rankOf  map[uint32]procRank
 	refuted map[pidPair]bool
+	// realigned: how often a communicator linked from its creation was
+	// shifted to the offset its collectives agree at (ranklink.go).
+	realigned int
 	// peerOut takes the changes to this engine's communicators for the
 	// other sidecars of the job; mirrors are the processes those traced,
 	// by the pid that stands for them here (peer.go).

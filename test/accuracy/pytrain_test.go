@@ -259,6 +259,7 @@ func runPython(t *testing.T, s setup, name, script, probes string, args func(dir
 	argv := []string{"run", "--probes", probes, "--live", "off", "--log-level", "debug",
 		"--gaps-out", filepath.Join(dir, "gaps.jsonl"), "--spans-out", filepath.Join(dir, "spans.jsonl"),
 		"--summary-json", filepath.Join(dir, "summary.json"), "--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1"),
+		"--record", filepath.Join(dir, "run.rec.gz"), // replayable when a figure is off
 		"--", py, filepath.Join(s.root, "testdata", "simgpu", script), "--lib", sim,
 		"--truth", filepath.Join(dir, "truth.jsonl")}
 	cmd := exec.CommandContext(ctx, s.bin, append(argv, args(dir)...)...)

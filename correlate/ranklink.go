@@ -408,7 +408,7 @@ func (w *world) realign(c *commInfo) {
 		if m == c || !scorePairs(c, m, c.off-m.off).disagrees() {
 			continue
 		}
-		if d, _, ok := offsetOf(c, m, false); ok {
+		if d, _, ok := offsetOf(c, m, false); ok && d+m.off != c.off {
 			c.off = d + m.off
 			w.realigned++
 		}

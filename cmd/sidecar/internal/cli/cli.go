@@ -430,6 +430,7 @@ type session struct {
 	cmdline []string
 	title   string
 	closed  bool
+	sum     correlate.Summary // set by finish
 
 	mode string         // live view: "on" (redrawn frame), "log" (periodic lines), "off"
 	term *live.Terminal // when mode is "on"
@@ -584,6 +585,7 @@ func (s *session) finish() error {
 	}
 	sum.Processes = s.procs.list()
 	sum.CallSites = s.agg.CallSites(maxSummaryCallSites)
+	s.sum = sum
 	title := s.title
 	if w := where(sum.Processes); w != "" {
 		title += " · " + w

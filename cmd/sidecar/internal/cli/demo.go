@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
+	"github.com/gaptrace/gaptrace/correlate"
 )
 
 // simgpuFiles must all exist in a simulated-GPU directory.
@@ -184,7 +185,17 @@ func demoCmd(ctx context.Context, args []string, deps Deps) int {
 		fmt.Fprintf(deps.Stdout, " %s", s.cause)
 	}
 	fmt.Fprintf(deps.Stdout, "\n  outputs: %s\n\n", outDir)
-	code = runSession(ctx, &cfg, deps, out, argv, env)
+	var sum correlate.Summary
+	code = runSession(ctx, &cfg, deps, out, argv, env, &sum)
+	if code == ExitOK && sum.Steps == 0 {
+		// The trainer ran its steps: a demo that found none saw nothing of
+		// it, and an empty result is no success.
+		fmt.Fprintf(deps.Stderr, "gaptrace demo: FAILED: the simulated trainer ran, but gaptrace saw %d steps and %d gaps of it: "+
+			"its CUDA calls never reached the probes.\n"+
+			"  Run 'gaptrace check' for what this host lacks, and the demo again with --log-level debug to see what attached;\n"+
+			"  please report it with that output if check finds nothing wrong.\n", sum.Steps, sum.Gaps)
+		return ExitFailure
+	}
 	if code == ExitOK {
 		fmt.Fprintf(deps.Stdout, "\nopen %s for one JSON line per gap, load %s into Jaeger/Tempo (see README),\n"+
 			"or open %s in ui.perfetto.dev\n", cfg.GapsOut, cfg.SpansOut, cfg.PerfettoOut)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
+	"github.com/gaptrace/gaptrace/correlate"
 )
 
 var flagErrHelp = flag.ErrHelp
@@ -33,7 +34,7 @@ func runCmd(ctx context.Context, args []string, deps Deps) int {
 	if err := deps.Privileged(); err != nil {
 		return fail(deps, config.CmdRun, "cannot trace: %v", err)
 	}
-	return runSession(ctx, &cfg, deps, out, cfg.Argv, childEnv(deps.Environ()))
+	return runSession(ctx, &cfg, deps, out, cfg.Argv, childEnv(deps.Environ()), nil)
 }
 
 type exitResult struct {
@@ -42,7 +43,8 @@ type exitResult struct {
 }
 
 // runSession starts argv held at its first instruction, traces it, lets it
-// run and returns its exit code.
+// run and returns its exit code. When sum is not nil it receives the
+// session's summary once tracing stopped.
 //
 // Signals: the command shares gaptrace's process group, so a Ctrl-C typed
 // on the terminal already reaches it; forwarding SIGINT as well would
@@ -52,7 +54,7 @@ type exitResult struct {
 // forwarded, since nothing else delivers it to the command. Either way
 // tracing continues until the command exits, so its shutdown is traced
 // too; a second signal stops tracing at once and leaves without waiting.
-func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, argv, env []string) int {
+func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, argv, env []string, sum *correlate.Summary) int {
 	cmd := cfg.Command
 	log := out.log.With("component", "cli")
 	self, err := deps.Executable()
@@ -112,6 +114,9 @@ func runSession(ctx context.Context, cfg *config.Config, deps Deps, out output, 
 			if err := s.finish(); err != nil {
 				log.Warn("tracing did not stop cleanly", "err", err)
 				finishErr = err
+			}
+			if sum != nil {
+				*sum = s.sum
 			}
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,10 +36,30 @@ const ExecHelperArg = "__exec"
 // releaseFD is the pipe's read end in the helper (ExtraFiles[0]).
 const releaseFD = 3
 
+// The helper must execve from its main thread. Probes attached with a PID
+// filter are bound to the thread-group leader the kernel found for that PID
+// when they were attached; an execve from any other thread makes that
+// thread the new leader and retires the old one (de_thread), and the
+// probes, still bound to the retired task, never fire in the new program.
+// A Go goroutine that blocks (here, on the release pipe) may resume on any
+// thread, so the helper locks its main goroutine to the main thread before
+// main runs: LockOSThread in an init function does that.
+func init() {
+	if len(os.Args) > 1 && os.Args[1] == ExecHelperArg {
+		runtime.LockOSThread()
+	}
+}
+
+// errNotLeader: the helper is about to execve from a thread other than its
+// process's main one.
+var errNotLeader = errors.New("exec helper is not on its main thread: the command would run unseen by the probes")
+
 // ExecHelper is the body of "gaptrace __exec -- CMD ARGS...". It never
 // returns on success. If the parent dies before releasing the helper, the
 // pipe reads EOF and the helper exits 125 without running the command:
-// a command that would run untraced is not what the user asked for.
+// a command that would run untraced is not what the user asked for. For
+// the same reason it refuses to execve from any thread but the main one
+// (see init).
 func ExecHelper(args []string) int {
 	if len(args) > 0 && args[0] == "--" {
 		args = args[1:]
@@ -58,6 +79,10 @@ func ExecHelper(args []string) int {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gaptrace: %v\n", err)
 		return 127
+	}
+	if unix.Gettid() != unix.Getpid() {
+		fmt.Fprintf(os.Stderr, "gaptrace: %v\n", errNotLeader)
+		return 125
 	}
 	err = syscall.Exec(path, args, os.Environ())
 	fmt.Fprintf(os.Stderr, "gaptrace: exec %s: %v\n", path, err)

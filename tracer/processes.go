@@ -173,7 +173,10 @@ func (t *Tracer) noteUnmapped(pid uint32, libs map[string]library) {
 	if _, ok := t.unmapped[pid]; !ok {
 		msg := fmt.Sprintf("libcuda.so.1: not mapped by pid %d (yet); CUDA probes attach when it is", pid)
 		t.unmapped[pid] = msg
-		t.log.Warn("CUDA driver library not mapped by the traced process (yet)", "pid", pid)
+		// Debug: every command started under tracing and every Python
+		// trainer is here before it loads the driver. One that never
+		// does is said in the summary (Stats.Missing, no GPU activity).
+		t.log.Debug("CUDA driver library not mapped by the traced process (yet)", "pid", pid)
 	}
 }
 

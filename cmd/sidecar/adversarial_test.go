@@ -725,7 +725,7 @@ func TestSlowDetachExitWithinFiveSeconds(t *testing.T) {
 while [ ! -e "$3" ]; do sleep 0.05; done
 "$0" --steps 50 --kernel-us 1000 --quiet; date +%s.%N > "$1"`
 	environ := append(env(t), "GAPTRACE_TEST_DETACH_DELAY=1m")
-	p := start(t, environ, "run", "--live", "off", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+	p := start(t, environ, "run", "--live", "off", "--log-level", "debug", "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
 		"--spans-out", filepath.Join(dir, "spans.jsonl"), "--summary-json", sum,
 		"--", "sh", "-c", script, filepath.Join(simgpuDir, "simtrain"), endFile, orphanFile, seenFile)
 	// The trainer and its workers are in gaptrace's process group.

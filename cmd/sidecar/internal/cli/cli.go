@@ -221,19 +221,23 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 	case "replay":
 		return replayCmd(args[1:], deps)
 	}
-	fmt.Fprintf(deps.Stderr, "gaptrace: unknown command %q\n\n%s", args[0], usage)
+	unknownCommand(deps.Stderr, args[0])
 	return ExitUsage
 }
 
 // load parses the configuration of a command and prints every problem.
 func load(cmd config.Command, args []string, deps Deps) (config.Config, int, bool) {
-	cfg, _, err := config.Load(cmd, args, deps.LookupEnv, deps.Stderr)
+	// The flag package prints an error with every option's usage; that
+	// is kept for --help, an error gets a line or two (usageError).
+	var flagOut bytes.Buffer
+	cfg, _, err := config.Load(cmd, args, deps.LookupEnv, &flagOut)
 	var ue *config.UsageError
 	if errors.As(err, &ue) {
 		if errors.Is(ue.Err, flagErrHelp) {
+			deps.Stderr.Write(flagOut.Bytes()) //nolint:errcheck // the help itself
 			return cfg, ExitOK, false
 		}
-		// flag already printed the error and the usage.
+		usageError(deps.Stderr, cmd, ue.Err)
 		return cfg, ExitUsage, false
 	}
 	var p config.Problems

@@ -58,6 +58,9 @@ const (
 	retryBackoffMax = 30 * time.Second
 )
 
+// errLogEvery bounds how often a failing export is logged.
+const errLogEvery = 30 * time.Second
+
 func newBatcher(exp sdktrace.SpanExporter, queueSize, batchSize int, batchTimeout time.Duration, log *slog.Logger) *batcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &batcher{
@@ -174,6 +177,9 @@ func (b *batcher) export(batch []sdktrace.ReadOnlySpan) {
 func (b *batcher) attempt(batch []sdktrace.ReadOnlySpan) bool {
 	err := b.exp.ExportSpans(b.runCtx, batch)
 	if err == nil {
+		if b.failing.Load() {
+			b.log.Info("span export recovered", "failed_exports", b.errors.Load(), "dropped_total", b.dropped.Load())
+		}
 		b.failing.Store(false)
 		b.backoff = retryBackoffMin
 		b.exported.Add(uint64(len(batch)))
@@ -183,11 +189,13 @@ func (b *batcher) attempt(batch []sdktrace.ReadOnlySpan) bool {
 	b.errors.Add(1)
 	b.nextRetry = time.Now().Add(b.backoff)
 	b.backoff = min(2*b.backoff, retryBackoffMax)
-	// A dead collector fails every retry; one line per 30 s is enough.
+	// The first failure is said at once (the exporter does not retry
+	// inside the call, see newOTLPTraceExporter); a dead collector fails
+	// every retry after it, and one line per errLogEvery is enough.
 	now := time.Now().UnixNano()
-	if last := b.lastErrLog.Load(); now-last > int64(30*time.Second) && b.lastErrLog.CompareAndSwap(last, now) {
-		b.log.Warn("span export failed; spans kept for retry (bounded, oldest dropped first)",
-			"spans", len(batch), "retrying", b.retryN+len(batch), "dropped_total", b.dropped.Load(), "err", err)
+	if last := b.lastErrLog.Load(); (last == 0 || now-last > int64(errLogEvery)) && b.lastErrLog.CompareAndSwap(last, now) {
+		b.log.Warn("span export failed; spans kept for retry (bounded, oldest dropped first); said again at most every "+errLogEvery.String()+" while it fails",
+			"spans", len(batch), "retrying", b.retryN+len(batch), "failed_exports", b.errors.Load(), "dropped_total", b.dropped.Load(), "err", err)
 	}
 	return false
 }

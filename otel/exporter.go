@@ -34,7 +34,9 @@ type Stats struct {
 	// queued when Shutdown's deadline passed.
 	SpansDropped uint64
 	ExportErrors uint64 // failed export calls (each drops one batch)
-	QueueLen     int
+	// ExportFailing: the last export failed (spans wait for a retry).
+	ExportFailing bool
+	QueueLen      int
 	// GapsDropped: gaps that never became spans because the gap buffer was
 	// full (or the exporter was shut down).
 	GapsDropped uint64
@@ -264,10 +266,14 @@ var retryConfig = struct {
 }{true, 500 * time.Millisecond, 5 * time.Second, 30 * time.Second}
 
 func newOTLPTraceExporter(ctx context.Context, r *resolved) (sdktrace.SpanExporter, error) {
-	// Retries with exponential backoff stay on (the exporters' default);
-	// each export call, retries included, is bounded by the exporter's
-	// timeout (OTEL_EXPORTER_OTLP_TIMEOUT, default 10 s), so a dead
-	// collector costs queue space, never a blocked tracer.
+	// The batcher retries failed batches itself, with backoff and a
+	// bounded stash (batcher.retry), so the exporter's own retries are
+	// off: they kept each call retrying until the export timeout
+	// (OTEL_EXPORTER_OTLP_TIMEOUT, default 10 s), and a dead collector
+	// went unsaid for that long. Now a refused connection fails the first
+	// export at once and is said at once; a silent one still ends at the
+	// timeout, so a dead collector costs queue space, never a blocked
+	// tracer.
 	switch r.protocol {
 	case ProtocolGRPC:
 		var o []otlptracegrpc.Option
@@ -283,7 +289,7 @@ func newOTLPTraceExporter(ctx context.Context, r *resolved) (sdktrace.SpanExport
 		if len(r.headers) > 0 {
 			o = append(o, otlptracegrpc.WithHeaders(r.headers))
 		}
-		o = append(o, otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig(retryConfig)))
+		o = append(o, otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false}))
 		exp, err := otlptracegrpc.New(ctx, o...)
 		if err != nil {
 			return nil, fmt.Errorf("create otlp grpc span exporter: %w", err)
@@ -304,7 +310,7 @@ func newOTLPTraceExporter(ctx context.Context, r *resolved) (sdktrace.SpanExport
 		if len(r.headers) > 0 {
 			o = append(o, otlptracehttp.WithHeaders(r.headers))
 		}
-		o = append(o, otlptracehttp.WithRetry(otlptracehttp.RetryConfig(retryConfig)))
+		o = append(o, otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: false}))
 		exp, err := otlptracehttp.New(ctx, o...)
 		if err != nil {
 			return nil, fmt.Errorf("create otlp http span exporter: %w", err)
@@ -419,6 +425,7 @@ func (x *Exporter) Stats() Stats {
 		SpansExported: x.batcher.exported.Load(),
 		SpansDropped:  x.batcher.dropped.Load(),
 		ExportErrors:  x.batcher.errors.Load(),
+		ExportFailing: x.batcher.failing.Load(),
 		QueueLen:      len(x.batcher.queue),
 		GapsDropped:   x.gapDropped.Load(),
 	}

@@ -645,6 +645,8 @@ func (p *pipeline) Stats() live.Stats {
 	if p.gpu != nil {
 		s.GPUs = len(p.gpu.Devices())
 	}
+	es := p.exp.Stats()
+	s.Export = live.ExportStats{Exported: es.SpansExported, Dropped: es.SpansDropped, Errors: es.ExportErrors, Failing: es.ExportFailing}
 	if p.peers != nil {
 		s.Peers = peersLine(p.cfg.Config.Peers, p.peers.Stats())
 	}

@@ -304,12 +304,22 @@ func newOutput(cfg *config.Config, deps Deps) output {
 	// Log lines go straight to stderr: on the terminal they scroll in the
 	// region above the view, like the traced command's output.
 	w := deps.Stderr
+	sizeUnknown := false
 	if o.mode == "on" {
 		o.term = &live.Terminal{W: deps.Stdout, Rows: deps.TerminalRows}
+		if !o.term.SizeKnown() {
+			// Nothing could be drawn until the summary: the periodic
+			// line says at least how it goes.
+			o.mode, o.term, sizeUnknown = "log", nil, true
+		}
 	}
 	var lvl slog.Level
 	lvl.UnmarshalText([]byte(cfg.LogLevel)) //nolint:errcheck // validated by config
 	o.log = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
+	if sizeUnknown {
+		o.log.Warn("the terminal reports no size (0 rows), so the live view cannot be drawn: a status line every 5 s instead; "+
+			"give it a size (stty rows 40 cols 120) for the view", "component", "cli")
+	}
 	return o
 }
 
@@ -620,10 +630,22 @@ func (s *session) finish() error {
 		if out.OTLP == "" {
 			out.OTLP = firstNonEmpty(s.deps.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), s.deps.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"))
 		}
-		out.OTLP = otel.RedactURL(out.OTLP)
+		out.OTLP = otel.RedactURL(out.OTLP) + otlpNote(s.pipe.Stats().Export)
 	}
 	fmt.Fprint(s.deps.Stdout, live.Summary(s.agg.View(title), out, width))
 	return errors.Join(errs...)
+}
+
+// otlpNote qualifies the OTLP endpoint in the summary's outputs: one that
+// received nothing is not listed as if it had.
+func otlpNote(e live.ExportStats) string {
+	switch {
+	case e.Exported == 0 && (e.Errors > 0 || e.Dropped > 0):
+		return fmt.Sprintf(" (NOT reached: %d failed exports, %d spans dropped; see the warning above)", e.Errors, e.Dropped)
+	case e.Dropped > 0:
+		return fmt.Sprintf(" (INCOMPLETE: %d spans exported, %d dropped, %d failed exports)", e.Exported, e.Dropped, e.Errors)
+	}
+	return ""
 }
 
 func firstNonEmpty(ss ...string) string {

@@ -380,6 +380,26 @@ func TestLiveViewOnTerminal(t *testing.T) {
 	}
 }
 
+// TestLiveViewUnknownTerminalSize: a terminal of 0 rows (a pty nobody
+// sized) cannot show the frame; the periodic line stands in, said once.
+func TestLiveViewUnknownTerminalSize(t *testing.T) {
+	h := newHarness(t)
+	h.deps.IsTerminal = func() (bool, int) { return true, 100 }
+	h.deps.TerminalRows = func() int { return 0 }
+	if code := h.main(context.Background(), "run", "--live", "on", "--", "sleep", "5.5"); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if n := strings.Count(h.stderr.String(), "the terminal reports no size"); n != 1 {
+		t.Errorf("note said %d times, want once:\n%s", n, h.stderr)
+	}
+	if n := strings.Count(h.stdout.String(), "gaptrace elapsed="); n != 1 {
+		t.Errorf("%d status lines in 5.5 s, want 1:\n%s", n, h.stdout)
+	}
+	if strings.Contains(h.stdout.String(), "\x1b[") {
+		t.Errorf("escape sequences for a frame that cannot be drawn:\n%q", h.stdout)
+	}
+}
+
 func TestBadFlagsReportEverything(t *testing.T) {
 	h := newHarness(t)
 	code := h.main(context.Background(), "run", "--probes", "some", "--min-gap", "x", "--gaps-out", "/nonexistent/g.jsonl", "--", "true")

@@ -5,6 +5,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 )
 
 func TestNearest(t *testing.T) {
@@ -52,5 +54,21 @@ func TestUnknownCommandSuggests(t *testing.T) {
 	if code := Main(context.Background(), []string{"rnu"}, Deps{Stdout: &errb, Stderr: &errb}); code != ExitUsage ||
 		errb.String() != "gaptrace: unknown command \"rnu\"; did you mean run?\nrun 'gaptrace help' for the commands\n" {
 		t.Errorf("exit %d:\n%s", code, errb.String())
+	}
+}
+
+func TestOTLPNote(t *testing.T) {
+	for _, c := range []struct {
+		e    live.ExportStats
+		want string
+	}{
+		{live.ExportStats{Exported: 10}, ""},
+		{live.ExportStats{}, ""},
+		{live.ExportStats{Errors: 3, Dropped: 882, Failing: true}, " (NOT reached: 3 failed exports, 882 spans dropped; see the warning above)"},
+		{live.ExportStats{Exported: 100, Errors: 1, Dropped: 16}, " (INCOMPLETE: 100 spans exported, 16 dropped, 1 failed exports)"},
+	} {
+		if got := otlpNote(c.e); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.e, got, c.want)
+		}
 	}
 }

@@ -36,6 +36,31 @@ type Stats struct {
 	// (--peers; "" when off), e.g. "serving 10.0.0.5:29601, 3 other
 	// sidecars".
 	Peers string
+	// Export counts the spans' primary output (OTLP when configured, else
+	// the spans file).
+	Export ExportStats
+}
+
+// ExportStats are the span export's counters since the start.
+type ExportStats struct {
+	Exported, Dropped, Errors uint64
+	Failing                   bool // the last export failed
+}
+
+// exportLine says how a span export that has failed stands; "" while
+// every export succeeded.
+func exportLine(e ExportStats) string {
+	if e.Errors == 0 && e.Dropped == 0 {
+		return ""
+	}
+	state := "failing"
+	if !e.Failing {
+		state = "working again"
+	}
+	if e.Errors == 0 {
+		state = "queue full"
+	}
+	return fmt.Sprintf("span export %s: %d failed exports, %d spans dropped, %d exported", state, e.Errors, e.Dropped, e.Exported)
 }
 
 type fileAgg struct {
@@ -231,6 +256,15 @@ func (a *Aggregator) SetStats(s Stats) {
 	a.stats = s
 }
 
+// sumNS totals a by-cause map.
+func sumNS(m map[correlate.Cause]int64) int64 {
+	var n int64
+	for _, ns := range m {
+		n += ns
+	}
+	return n
+}
+
 // CauseTime is one cause's share of the lost GPU time.
 type CauseTime struct {
 	Cause correlate.Cause
@@ -366,6 +400,17 @@ func (a *Aggregator) View(title string) View {
 		byCause = a.gapCause
 	}
 	v.LostNS = v.IdleNS + v.StallNS
+	// The engine's snapshot and step totals come every few steps, the gaps
+	// as they are found: a frame between the two could show gaps and the
+	// last of them beside "nothing attributed" and an idle GPU. Until the
+	// totals catch up, the gaps already seen stand in for them.
+	if gapNS := sumNS(a.gapCause); gapNS > v.LostNS && gapNS >= sumNS(byCause) {
+		byCause, v.LostNS = a.gapCause, gapNS
+		v.IdleNS = max(v.IdleNS, gapNS-v.StallNS)
+		if v.WallNS == 0 {
+			v.WallNS = int64(now.Sub(a.start))
+		}
+	}
 	if v.WallNS > 0 {
 		v.IdlePct = min(100, 100*float64(v.LostNS)/float64(v.WallNS))
 	}
@@ -528,6 +573,9 @@ func Frame(v View, width int) string {
 	writeLosses(&b, v.Losses, width)
 	if v.Stats.Peers != "" {
 		fmt.Fprintf(&b, "peers: %s\n", trimRight(Escape(v.Stats.Peers), width-7))
+	}
+	if l := exportLine(v.Stats.Export); l != "" {
+		b.WriteString(l + "\n")
 	}
 	if v.Probes == correlate.ProbesAuto {
 		// Gaps outside the windows are decided as lite decides them.
@@ -712,6 +760,9 @@ func LogLine(v View) string {
 	if v.Windows > 0 {
 		fmt.Fprintf(&b, " windows=%d", v.Windows)
 	}
+	if e := v.Stats.Export; e.Errors > 0 || e.Dropped > 0 {
+		fmt.Fprintf(&b, " export_errors=%d spans_dropped=%d export_failing=%t", e.Errors, e.Dropped, e.Failing)
+	}
 	for _, n := range lossNames {
 		if c := n.n(&v.Losses); c > 0 {
 			fmt.Fprintf(&b, " %s=%d", n.key, c)
@@ -826,6 +877,14 @@ type Terminal struct {
 
 // minOutputRows are kept for the command's output however tall the frame.
 const minOutputRows = 4
+
+// SizeKnown says whether the terminal reports a height the frame can be
+// drawn in. A pseudo-terminal nobody sized (script(1) run without a
+// terminal, some CI runners and serial consoles) reports 0 rows: Draw
+// would draw nothing there.
+func (t *Terminal) SizeKnown() bool {
+	return t.Rows != nil && t.Rows() >= minOutputRows+1
+}
 
 const (
 	saveCursor    = "\x1b7"

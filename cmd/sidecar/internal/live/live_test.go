@@ -469,3 +469,57 @@ func TestWindowsAreNoSteps(t *testing.T) {
 		t.Errorf("lost %d ns, want the windows' idle counted too", v.LostNS)
 	}
 }
+
+// TestFrameNeverContradicts: a snapshot taken before the engine folded the
+// first gaps into its totals (idle 0, no cause) must not leave a frame with
+// gaps and a 44 ms fsync as the last gap beside "nothing attributed yet"
+// and an idle GPU of 0%.
+func TestFrameNeverContradicts(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	a := NewAggregator(c.now)
+	c.t = c.t.Add(2 * time.Second)
+	a.SetSummary(correlate.Summary{WallNS: ms(2000), Steps: 0})
+	for i := range 15 {
+		a.Gap(correlate.Gap{PID: 42, TID: 42, Step: int64(i), Duration: ms(2), Cause: correlate.CauseCPU})
+	}
+	a.Gap(correlate.Gap{PID: 42, TID: 42, Step: 15, Duration: ms(44), Cause: correlate.CauseIOWrite,
+		Breakdown: map[correlate.Cause]int64{correlate.CauseIOWrite: ms(44)}})
+	v := a.View("x")
+	f := Frame(v, 100)
+	if strings.Contains(f, "nothing attributed yet") || v.IdlePct <= 0 {
+		t.Errorf("idle %.1f%% with %d gaps:\n%s", v.IdlePct, v.Gaps, f)
+	}
+	if len(v.ByCause) == 0 || v.ByCause[0].Cause != correlate.CauseIOWrite || v.LostNS != ms(74) {
+		t.Errorf("causes %+v lost %d, want io.write first and the gaps' 74 ms", v.ByCause, v.LostNS)
+	}
+	// Once the engine's totals cover more than the gaps, they win again.
+	a.SetSummary(correlate.Summary{WallNS: ms(3000), GPUIdleNS: ms(600), Steps: 20, Gaps: 16,
+		ByCause: map[correlate.Cause]int64{correlate.CauseIOWrite: ms(400), correlate.CauseCPU: ms(200)}})
+	if v := a.View("x"); v.LostNS != ms(600) || v.IdlePct != 20 {
+		t.Errorf("lost %d idle %.1f%%, want the snapshot's 600 ms, 20%%", v.LostNS, v.IdlePct)
+	}
+	// Without any snapshot or step, the gaps alone are shown against the
+	// time elapsed.
+	b := NewAggregator(c.now)
+	c.t = c.t.Add(time.Second)
+	b.Gap(correlate.Gap{PID: 42, Duration: ms(100), Cause: correlate.CauseSleep})
+	if v := b.View("x"); v.IdlePct != 10 || strings.Contains(Frame(v, 100), "nothing attributed yet") {
+		t.Errorf("gaps only: idle %.1f%%\n%s", v.IdlePct, Frame(v, 100))
+	}
+}
+
+func TestFrameExportLine(t *testing.T) {
+	a := NewAggregator(nil)
+	a.SetStats(Stats{Export: ExportStats{Exported: 0, Dropped: 882, Errors: 7, Failing: true}})
+	v := a.View("x")
+	if f := Frame(v, 100); !strings.Contains(f, "span export failing: 7 failed exports, 882 spans dropped, 0 exported\n") {
+		t.Errorf("no export line:\n%s", f)
+	}
+	if l := LogLine(v); !strings.Contains(l, " export_errors=7 spans_dropped=882 export_failing=true") {
+		t.Errorf("log line: %s", l)
+	}
+	a.SetStats(Stats{Export: ExportStats{Exported: 500}})
+	if f := Frame(a.View("x"), 100); strings.Contains(f, "span export") {
+		t.Errorf("export line while every export succeeded:\n%s", f)
+	}
+}

@@ -16,10 +16,11 @@ GO_BUILD_FLAGS := -trimpath -tags netgo,osusergo -ldflags "-s -w -X main.version
 
 # go build -v names each package it compiles. On a terminal that becomes one
 # line that keeps changing, so a first build (every dependency from source:
-# about 1.5 min on 2 cores) shows that it moves; elsewhere only the count is
-# printed. Anything else go build says (errors, downloads) passes through.
+# about 1.5 min on 2 cores) shows that it moves; elsewhere a line every 100
+# packages (a heartbeat in CI logs) and the count at the end. Anything else
+# go build says (errors, downloads) passes through.
 GO_PROGRESS = awk -v tty="$$tty" ' \
-	/^[[:alnum:]_.\/-]+$$/ { n++; if (tty) printf "\r\033[K  compiling %4d  %s", n, substr($$0, 1, 70); fflush(); next } \
+	/^[[:alnum:]_.\/-]+$$/ { n++; if (tty) printf "\r\033[K  compiling %4d  %s", n, substr($$0, 1, 70); else if (n % 100 == 0) printf "  compiled %d packages so far\n", n; fflush(); next } \
 	{ if (tty && n) printf "\r\033[K"; print; fflush() } \
 	END { if (tty && n) printf "\r\033[K"; if (n) printf "  compiled %d package%s\n", n, (n > 1 ? "s" : "") }'
 
@@ -43,20 +44,25 @@ fmt-bpf: ## Format bpf/*.c and bpf/*.h with clang-format (.clang-format)
 simgpu: ## Build the simulated GPU (libcuda, libnccl, libnvidia-ml, simtrain) into build/simgpu
 	$(MAKE) -C testdata/simgpu OUT=$(abspath $(SIMGPU_DIR))
 
-jaeger: $(JAEGER) ## Build Jaeger v1.76 from its own module file (first build ~5 min)
+# Jaeger and Helm are built once, for the tests; their first builds are
+# the longest part of a first 'make test' (~15 and ~3.3 min on 2 cores),
+# so each says so before it starts and shows its progress as build does.
+jaeger: $(JAEGER) ## Build Jaeger v1.76 from its own module file (first build ~15 min on 2 cores)
 $(JAEGER): tools/jaeger/go.mod
 	@mkdir -p build
-	cd tools/jaeger && $(GO) build -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger
+	@echo "building Jaeger v1.76 for the end-to-end tests (once; ~15 min on 2 cores)"
+	@set -o pipefail; tty=; [ -t 1 ] && tty=1; cd tools/jaeger && $(GO) build -v -o $(abspath $(JAEGER)) github.com/jaegertracing/jaeger/cmd/jaeger 2>&1 | $(GO_PROGRESS)
 
-helm: $(HELM) ## Build Helm v3.22 from its own module file, to render deploy/helm in tests
+helm: $(HELM) ## Build Helm v3.22 from its own module file, to render deploy/helm in tests (~3.3 min)
 $(HELM): tools/helm/go.mod
 	@mkdir -p build
-	cd tools/helm && $(GO) build -o $(abspath $(HELM)) helm.sh/helm/v3/cmd/helm
+	@echo "building Helm v3.22 to render deploy/helm in the tests (once; ~3.3 min on 2 cores)"
+	@set -o pipefail; tty=; [ -t 1 ] && tty=1; cd tools/helm && $(GO) build -v -o $(abspath $(HELM)) helm.sh/helm/v3/cmd/helm 2>&1 | $(GO_PROGRESS)
 
 # -p 1: one test binary at a time. The accuracy and end-to-end tiers time
 # real traced runs; sharing two cores with another package's tests turns
 # scheduling noise into measurement noise.
-test: build simgpu jaeger helm ## Run every test (as root for the eBPF tiers)
+test: build simgpu jaeger helm ## Run every test (root; first run ~42 min on 2 cores, then ~23 min; quick check: make unit)
 	GAPTRACE_BIN=$(abspath $(BIN)) GAPTRACE_SIMGPU=$(abspath $(SIMGPU_DIR)) GAPTRACE_JAEGER=$(abspath $(JAEGER)) GAPTRACE_HELM=$(abspath $(HELM)) \
 		tools/gotest-retry.sh -p 1 -count=1 -timeout 40m ./... ./testdata/simgpu/
 

@@ -202,8 +202,20 @@ func TestSidecarJob(t *testing.T) {
 }
 
 func TestDaemonSet(t *testing.T) {
+	b, err := os.ReadFile("kubernetes/daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := objects(t, string(b))
 	var ds appsv1.DaemonSet
-	decodeStrict(t, "kubernetes/daemonset.yaml", &ds)
+	if err := sigsyaml.UnmarshalStrict(docs["DaemonSet"], &ds); err != nil {
+		t.Fatalf("DaemonSet: %v", err)
+	}
+	var ns corev1.Namespace
+	if err := sigsyaml.UnmarshalStrict(docs["Namespace"], &ns); err != nil || ns.Name == "" || ns.Name != ds.Namespace {
+		t.Errorf("the manifest creates namespace %q (%v), the DaemonSet runs in %q: kubectl apply would fail", ns.Name, err, ds.Namespace)
+	}
+	checkHealthProbes(t, ds.Spec.Template.Spec.Containers[0])
 	if ds.APIVersion != "apps/v1" || ds.Kind != "DaemonSet" {
 		t.Fatalf("%s/%s, want apps/v1 DaemonSet", ds.APIVersion, ds.Kind)
 	}

@@ -76,11 +76,10 @@ type dashboard struct {
 	Panels     []panel `json:"panels"`
 	Templating struct {
 		List []struct {
-			Name  string `json:"name"`
-			Query struct {
-				Query string `json:"query"`
-			} `json:"query"`
-			Datasource datasource `json:"datasource"`
+			Name       string          `json:"name"`
+			Type       string          `json:"type"`
+			Query      json.RawMessage `json:"query"` // an object for a query variable, the plugin id for a datasource one
+			Datasource datasource      `json:"datasource"`
 		} `json:"list"`
 	} `json:"templating"`
 }
@@ -176,7 +175,30 @@ func TestGrafanaDashboard(t *testing.T) {
 		t.Fatalf("dashboard without uid, title or panels: %+v", d)
 	}
 	exported := exportedMetrics(t)
-	dsUIDs := provisionedDatasources(t)
+	// No datasource uid is hard-coded: each type is picked through a
+	// variable (datasource for Prometheus, tempo for Tempo), so the
+	// dashboard imports into any Grafana; the provisioned datasources
+	// offer one of each type.
+	varUID := map[string]string{"prometheus": "${datasource}", "tempo": "${tempo}"}
+	vars := map[string]string{}
+	for _, v := range d.Templating.List {
+		if v.Type == "datasource" {
+			var plugin string
+			if err := json.Unmarshal(v.Query, &plugin); err != nil {
+				t.Errorf("datasource variable %s: query %s is not a plugin id", v.Name, v.Query)
+			}
+			vars[v.Name] = plugin
+		}
+	}
+	if vars["datasource"] != "prometheus" || vars["tempo"] != "tempo" {
+		t.Errorf("datasource variables %v: want datasource (prometheus) and tempo (tempo)", vars)
+	}
+	provisioned := provisionedDatasourceTypes(t)
+	for typ := range varUID {
+		if !provisioned[typ] {
+			t.Errorf("no %s datasource provisioned for the compose demo (%v)", typ, provisioned)
+		}
+	}
 
 	check := func(where, expr string) {
 		ms := promQLMetrics(expr)
@@ -192,10 +214,13 @@ func TestGrafanaDashboard(t *testing.T) {
 	var sawPerCause, sawStep, sawDropped, sawStepLink, sawFiles, sawPeers bool
 	for _, p := range allPanels(d.Panels) {
 		where := "panel " + p.Title
-		if p.Type != "row" && !dsUIDs[p.Datasource.UID] {
-			t.Errorf("%s: datasource uid %q is not provisioned (%v)", where, p.Datasource.UID, dsUIDs)
+		if p.Type != "row" && varUID[p.Datasource.Type] != p.Datasource.UID {
+			t.Errorf("%s: datasource %+v, want its type's variable (%v)", where, p.Datasource, varUID)
 		}
 		for _, tg := range p.Targets {
+			if varUID[tg.Datasource.Type] != tg.Datasource.UID {
+				t.Errorf("%s: target datasource %+v, want its type's variable", where, tg.Datasource)
+			}
 			switch tg.Datasource.Type {
 			case "prometheus":
 				check(where, tg.Expr)
@@ -218,7 +243,16 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 	for _, v := range d.Templating.List {
 		if v.Datasource.Type == "prometheus" {
-			check("variable "+v.Name, strings.NewReplacer("label_values(", "", ", job)", "", ", instance)", "").Replace(v.Query.Query))
+			if v.Datasource.UID != varUID["prometheus"] {
+				t.Errorf("variable %s: datasource %+v, want ${datasource}", v.Name, v.Datasource)
+			}
+			var q struct {
+				Query string `json:"query"`
+			}
+			if err := json.Unmarshal(v.Query, &q); err != nil {
+				t.Errorf("variable %s: query %s", v.Name, v.Query)
+			}
+			check("variable "+v.Name, strings.NewReplacer("label_values(", "", ", job)", "", ", instance)", "").Replace(q.Query))
 		}
 	}
 	for what, ok := range map[string]bool{"idle by cause": sawPerCause, "step time": sawStep, "dropped events": sawDropped,
@@ -247,7 +281,7 @@ func hasTraceLink(p panel) bool {
 			}
 			if pr.ID == "links" && json.Unmarshal(pr.Value, &links) == nil {
 				for _, l := range links {
-					if l.Internal.DatasourceUID == "tempo" && strings.Contains(l.Internal.Query.Query, "${__value.raw}") {
+					if l.Internal.DatasourceUID == "${tempo}" && strings.Contains(l.Internal.Query.Query, "${__value.raw}") {
 						return true
 					}
 				}
@@ -266,7 +300,9 @@ func keys(m map[string]bool) []string {
 	return out
 }
 
-func provisionedDatasources(t *testing.T) map[string]bool {
+// provisionedDatasourceTypes lists the types of the datasources the Tempo
+// compose provisions.
+func provisionedDatasourceTypes(t *testing.T) map[string]bool {
 	t.Helper()
 	b, err := os.ReadFile("tempo/grafana-datasources.yaml")
 	if err != nil {
@@ -274,17 +310,17 @@ func provisionedDatasources(t *testing.T) map[string]bool {
 	}
 	var cfg struct {
 		Datasources []struct {
-			UID string `yaml:"uid"`
+			Type string `yaml:"type"`
 		} `yaml:"datasources"`
 	}
 	if err := yaml.Unmarshal(b, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	uids := map[string]bool{}
+	types := map[string]bool{}
 	for _, d := range cfg.Datasources {
-		uids[d.UID] = true
+		types[d.Type] = true
 	}
-	return uids
+	return types
 }
 
 // TestGrafanaProvisioning checks that the Tempo compose mounts the

@@ -84,6 +84,8 @@ func objects(t *testing.T, stream string) map[string][]byte {
 			into = &corev1.Service{}
 		case "v1/ConfigMap":
 			into = &corev1.ConfigMap{}
+		case "v1/Namespace":
+			into = &corev1.Namespace{}
 		default:
 			t.Fatalf("unexpected object %s %s", meta.APIVersion, meta.Kind)
 		}

@@ -17,7 +17,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* The gaptrace container: the same for both modes but for its targets. */}}
 {{- define "gaptrace.container" -}}
 name: gaptrace
-image: {{ printf "%s:%s" (required "image.repository: no gaptrace image is published; build deploy/Dockerfile, push it, and set image.repository to it (see the README)" .Values.image.repository) .Values.image.tag | quote }}
+image: {{ printf "%s:%s" (required "image.repository: no gaptrace image is published; build deploy/Dockerfile, push it, and set image.repository to it (see the README)" .Values.image.repository) (.Values.image.tag | default .Chart.AppVersion) | quote }}
 imagePullPolicy: {{ .Values.image.pullPolicy }}
 args:
   - attach
@@ -53,6 +53,24 @@ args:
 ports:
   - name: metrics
     containerPort: {{ .Values.prometheus.port }}
+{{- if .Values.prometheus.healthProbes }}
+{{- /* Loading the probes takes seconds (longer on a busy node): ready
+once /metrics answers; restarted only after 3 missed answers 30 s apart. */}}
+readinessProbe:
+  httpGet:
+    path: /metrics
+    port: metrics
+  periodSeconds: 10
+  timeoutSeconds: 5
+livenessProbe:
+  httpGet:
+    path: /metrics
+    port: metrics
+  initialDelaySeconds: 30
+  periodSeconds: 30
+  timeoutSeconds: 10
+  failureThreshold: 3
+{{- end }}
 {{- end }}
 env:
   - name: NODE_NAME

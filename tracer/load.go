@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -28,16 +29,27 @@ func checkEnvironment() error {
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
 		return fmt.Errorf("kernel BTF missing (/sys/kernel/btf/vmlinux; needs CONFIG_DEBUG_INFO_BTF=y): %w", err)
 	}
-	return ensureTracefs()
+	return ensureTracefs(os.Stat)
 }
 
 // ensureTracefs mounts tracefs when neither usual mount point has it: uprobes
 // and tracepoints are created through it on kernels without the PMU path.
-func ensureTracefs() error {
+// One that is mounted but closed to this user (mode 0700, root's: a
+// non-root user holding the capabilities) is said as such, as check says
+// it, not as a failed mount.
+func ensureTracefs(stat func(string) (os.FileInfo, error)) error {
+	var denied error
 	for _, p := range []string{"/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"} {
-		if _, err := os.Stat(p); err == nil {
+		_, err := stat(p)
+		if err == nil {
 			return nil
 		}
+		if denied == nil && errors.Is(err, os.ErrPermission) {
+			denied = fmt.Errorf("%s is mounted but not readable by this user (%w): run as root, or as UID 0 with the capabilities (tracefs is usually mode 0700)", filepath.Dir(p), err)
+		}
+	}
+	if denied != nil {
+		return denied
 	}
 	if err := unix.Mount("nodev", "/sys/kernel/tracing", "tracefs", 0, ""); err != nil {
 		return fmt.Errorf("tracefs not mounted and mounting it on /sys/kernel/tracing failed: %w", err)

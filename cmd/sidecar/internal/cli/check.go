@@ -235,7 +235,7 @@ func RunChecks(ctx context.Context, h Host, cfg *config.Config, gpu GPUInspector
 	switch {
 	case denied != nil:
 		add(Fail, "tracefs", fmt.Sprintf("%s is mounted but not readable by this user (%v)", tracefs, denied),
-			"run as root (tracefs is usually mode 0700)")
+			"run as root, or as UID 0 with the capabilities (tracefs is usually mode 0700)")
 	case tracefsOK && mountedHere:
 		add(OK, "tracefs", "not mounted; it can be, and gaptrace mounts it at "+tracefs+" when it traces (check left it unmounted)", "")
 	case tracefsOK:

@@ -46,7 +46,10 @@
 // is counted) and Step emits the whole trace. Neither ever blocks on the
 // network or the disk: finished spans go to a bounded queue that a single
 // goroutine batches to the exporter; a full queue drops spans and counts
-// them (Stats.SpansDropped). The OTLP exporters retry with exponential
-// backoff inside their per-export timeout. Shutdown flushes what is queued
-// within its context's deadline and counts what it could not send.
+// them (Stats.SpansDropped). A failed export is retried by that goroutine
+// with exponential backoff (1 s to 30 s), its batches kept, bounded, in
+// order; the OTLP trace exporters' own retries are off, so the first
+// failure is logged at once (then at most every 30 s) and counted
+// (Stats.ExportErrors, Stats.ExportFailing). Shutdown flushes what is
+// queued within its context's deadline and counts what it could not send.
 package otel

@@ -94,7 +94,7 @@ func TestDeadOTLPEndpointSaidWhileTracing(t *testing.T) {
 	if n := strings.Count(stderr, `msg="span export failed`); n != 1 {
 		t.Errorf("warned %d times in one run, want once (rate-limited)", n)
 	}
-	if !regexp.MustCompile(`gaptrace elapsed=.* export_errors=[1-9]\d* spans_dropped=\d+ export_failing=true`).MatchString(stdout) {
+	if !regexp.MustCompile(`gaptrace elapsed=.* export_errors=[1-9]\d* export_dropped=\d+ export_failing=true`).MatchString(stdout) {
 		t.Errorf("no status line counts the failing export:\n%s", stdout)
 	}
 	if !regexp.MustCompile(`(?m)^  OTLP +http://` + regexp.QuoteMeta(addr) + ` \(NOT reached: [1-9]\d* failed exports`).MatchString(stdout) {

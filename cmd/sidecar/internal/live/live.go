@@ -730,7 +730,7 @@ func LogLine(v View) string {
 		fmt.Fprintf(&b, " windows=%d", v.Windows)
 	}
 	if e := v.Stats.Export; e.Errors > 0 || e.Dropped > 0 {
-		fmt.Fprintf(&b, " export_errors=%d spans_dropped=%d export_failing=%t", e.Errors, e.Dropped, e.Failing)
+		fmt.Fprintf(&b, " export_errors=%d export_dropped=%d export_failing=%t", e.Errors, e.Dropped, e.Failing)
 	}
 	for _, n := range lossNames {
 		if c := n.n(&v.Losses); c > 0 {

@@ -515,7 +515,7 @@ func TestFrameExportLine(t *testing.T) {
 	if f := Frame(v, 100); !strings.Contains(f, "span export failing: 7 failed exports, 882 spans dropped, 0 exported\n") {
 		t.Errorf("no export line:\n%s", f)
 	}
-	if l := LogLine(v); !strings.Contains(l, " export_errors=7 spans_dropped=882 export_failing=true") {
+	if l := LogLine(v); !strings.Contains(l, " export_errors=7 export_dropped=882 export_failing=true") {
 		t.Errorf("log line: %s", l)
 	}
 	a.SetStats(Stats{Export: ExportStats{Exported: 500}})

@@ -235,7 +235,7 @@ func TestHelmValuesAndErrors(t *testing.T) {
 		sets []string
 		msg  string
 	}{
-		{[]string{"mode=everywhere"}, `mode "everywhere": want daemonset or sidecar`},
+		{[]string{"mode=everywhere"}, `at '/mode': value must be one of 'daemonset', 'sidecar'`}, // values.schema.json
 		{[]string{"mode=sidecar"}, "mode sidecar: set match"},
 	} {
 		if _, stderr, ok := render(t, tc.sets...); ok || !strings.Contains(stderr, tc.msg) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -148,10 +149,11 @@ func TestHelmSchemaAndProbes(t *testing.T) {
 	if !ok {
 		t.Fatalf("helm template: %s", stderr)
 	}
-	if err := sigsyaml.UnmarshalStrict(objects(t, out)["DaemonSet"], &ds); err != nil {
+	var off appsv1.DaemonSet
+	if err := sigsyaml.UnmarshalStrict(objects(t, out)["DaemonSet"], &off); err != nil {
 		t.Fatal(err)
 	}
-	if c := ds.Spec.Template.Spec.Containers[0]; c.LivenessProbe != nil || c.ReadinessProbe != nil {
+	if c := off.Spec.Template.Spec.Containers[0]; c.LivenessProbe != nil || c.ReadinessProbe != nil {
 		t.Error("probes of a metrics endpoint that is off")
 	}
 	for _, tc := range []struct{ set, msg string }{
@@ -164,15 +166,60 @@ func TestHelmSchemaAndProbes(t *testing.T) {
 			t.Errorf("--set %s: ok=%v, stderr %q: want the schema to refuse it", tc.set, ok, stderr)
 		}
 	}
-	var notes bytes.Buffer
-	cmd := exec.Command(helmBin(t), "install", "gt", "helm/gaptrace", "--dry-run=client", "--namespace", "gaptrace",
-		"--set", "image.repository=registry.example/ml/gaptrace")
-	home := t.TempDir()
-	cmd.Env = append(os.Environ(), "HOME="+home, "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home, "KUBECONFIG=/dev/null")
-	cmd.Stdout, cmd.Stderr = &notes, &notes
-	if err := cmd.Run(); err != nil || !strings.Contains(notes.String(), "rollout status daemonset/gt") {
-		t.Errorf("helm install --dry-run=client: %v; NOTES.txt did not render:\n%s", err, notes.String())
+	// helm template leaves NOTES.txt out and helm install needs a cluster
+	// even for a dry run: render it from a copy of the chart, as a named
+	// template put in a ConfigMap.
+	for _, tc := range []struct {
+		sets []string
+		want []string
+	}{
+		{nil, []string{"rollout status daemonset/gt", "Spans go to http://otel-collector.observability.svc:4317", "Metrics: port 9464"}},
+		{[]string{"mode=sidecar", "match=train", "otlp.endpoint="}, []string{"ConfigMap gt-sidecar", "shareProcessNamespace: true"}},
+	} {
+		notes := renderNotes(t, tc.sets...)
+		for _, w := range tc.want {
+			if !strings.Contains(notes, w) {
+				t.Errorf("NOTES.txt with %v lacks %q:\n%s", tc.sets, w, notes)
+			}
+		}
 	}
+}
+
+// renderNotes renders the chart's NOTES.txt with --set values.
+func renderNotes(t *testing.T, sets ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.CopyFS(dir, os.DirFS("helm/gaptrace")); err != nil {
+		t.Fatal(err)
+	}
+	notes, err := os.ReadFile(filepath.Join(dir, "templates", "NOTES.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl := "{{- define \"test.notes\" -}}\n" + string(notes) + "\n{{- end -}}\n"
+	cm := "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n  notes: {{ include \"test.notes\" . | quote }}\n"
+	if os.WriteFile(filepath.Join(dir, "templates", "_notes_test.tpl"), []byte(tpl), 0o644) != nil ||
+		os.WriteFile(filepath.Join(dir, "templates", "notes-test.yaml"), []byte(cm), 0o644) != nil {
+		t.Fatal("write the notes template")
+	}
+	args := []string{"template", "gt", dir, "--namespace", "gaptrace", "--set", "image.repository=registry.example/ml/gaptrace",
+		"--show-only", "templates/notes-test.yaml"}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	var out, errb bytes.Buffer
+	cmd := exec.Command(helmBin(t), args...)
+	home := t.TempDir()
+	cmd.Env = append(os.Environ(), "HOME="+home, "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("render NOTES.txt: %v\n%s", err, errb.String())
+	}
+	var c corev1.ConfigMap
+	if err := sigsyaml.UnmarshalStrict(out.Bytes(), &c); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	return c.Data["notes"]
 }
 
 func indexOf(ss []string, s string) int {

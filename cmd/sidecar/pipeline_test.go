@@ -93,7 +93,7 @@ func TestEngineClock(t *testing.T) {
 // waits for the detach, however long.
 func TestAwaitDetach(t *testing.T) {
 	var logs bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	returned := make(chan error, 1)
 	go func() { returned <- awaitDetach(make(chan error), time.Now().Add(20*time.Millisecond), log) }()
 	select {
@@ -104,8 +104,10 @@ func TestAwaitDetach(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("awaitDetach still waits, long past its deadline, for a detach that never ends")
 	}
-	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "the kernel detaches the rest when gaptrace exits") {
-		t.Errorf("giving up is not logged as a warning that says who finishes the detach:\n%s", &logs)
+	// Debug, not a warning: most runs of a loaded host get here, and
+	// nothing is wrong.
+	if !strings.Contains(logs.String(), "level=DEBUG") || !strings.Contains(logs.String(), "the kernel detaches the rest when gaptrace exits") {
+		t.Errorf("giving up is not logged (at debug level) with who finishes the detach:\n%s", &logs)
 	}
 
 	boom := errors.New("close uprobe link: boom")

@@ -53,6 +53,20 @@ $(HELM): tools/helm/go.mod
 	@mkdir -p build
 	cd tools/helm && $(GO) build -o $(abspath $(HELM)) helm.sh/helm/v3/cmd/helm
 
+# The gateway: an OpenTelemetry Collector built by the Collector Builder
+# (ocb, a tool of tools/otelcol/go.mod) from tools/otelcol/builder-config.yaml.
+# Its generated sources go to build/otelcol-src.
+OTELCOL := build/otelcol
+otelcol: $(OTELCOL) ## Build the gateway (OpenTelemetry Collector) with ocb (first build ~4 min)
+$(OTELCOL): tools/otelcol/go.mod tools/otelcol/builder-config.yaml
+	@mkdir -p build
+	cd tools/otelcol && $(GO) tool builder --config builder-config.yaml --ldflags "-s -w"
+	mv build/otelcol-src/otelcol $(OTELCOL)
+# make test runs the gateway end to end (test/fleet).
+test: otelcol
+test: export GAPTRACE_OTELCOL := $(abspath $(OTELCOL))
+.PHONY: otelcol
+
 # -p 1: one test binary at a time. The accuracy and end-to-end tiers time
 # real traced runs; sharing two cores with another package's tests turns
 # scheduling noise into measurement noise.

@@ -183,6 +183,7 @@ Usage:
   gaptrace convert --from FILE --perfetto-out FILE
                                         turn a saved gaps or spans file into a trace for ui.perfetto.dev
   gaptrace replay FILE                  correlate a run recorded with --record again, offline
+  gaptrace diff BASE NEW                compare two runs' idle per step by cause, with confidence intervals
   gaptrace version
 
 Run 'gaptrace COMMAND -h' for the flags of a command. Every flag is also an
@@ -220,6 +221,8 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 		return convertCmd(args[1:], deps)
 	case "replay":
 		return replayCmd(args[1:], deps)
+	case "diff":
+		return diffCmd(args[1:], deps)
 	}
 	fmt.Fprintf(deps.Stderr, "gaptrace: unknown command %q\n\n%s", args[0], usage)
 	return ExitUsage

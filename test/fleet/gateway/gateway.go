@@ -195,7 +195,9 @@ func (g *Gateway) Logs() string { return g.logs.String() }
 func (g *Gateway) OTLPGRPCEndpoint() string { return "127.0.0.1:" + strconv.Itoa(g.GRPCPort) }
 
 // PromURL is the Prometheus exporter (sidecar and span metrics).
-func (g *Gateway) PromURL() string { return "http://127.0.0.1:" + strconv.Itoa(g.PromPort) + "/metrics" }
+func (g *Gateway) PromURL() string {
+	return "http://127.0.0.1:" + strconv.Itoa(g.PromPort) + "/metrics"
+}
 
 // TelemetryURL is the gateway's own metrics (otelcol_*).
 func (g *Gateway) TelemetryURL() string {

@@ -59,6 +59,7 @@ type report struct {
 	Accepted     float64            `json:"accepted_spans"`
 	Drops        map[string]float64 `json:"drops"`
 	SampledByPol map[string]float64 `json:"traces_sampled_by_policy"`
+	TailSampling map[string]float64 `json:"tail_sampling"`
 	// The gateway's CPU over the whole run, per span.
 	GatewayCPUSeconds float64 `json:"gateway_cpu_seconds"`
 	SpansPerCoreSec   float64 `json:"spans_per_core_second"`
@@ -138,7 +139,11 @@ func (s *sidecar) setPass(pass int) {
 		for _, rs := range req.ResourceSpans {
 			for _, ss := range rs.ScopeSpans {
 				for _, sp := range ss.Spans {
-					binary.BigEndian.PutUint32(sp.TraceId[:4], binary.BigEndian.Uint32(s.orig[i][k][:4])^uint32(pass))
+					// Both halves: the sampler's decision caches key
+					// on the low 8 bytes.
+					for _, at := range []int{0, 8} {
+						binary.BigEndian.PutUint32(sp.TraceId[at:at+4], binary.BigEndian.Uint32(s.orig[i][k][at:at+4])^uint32(pass))
+					}
 					k++
 				}
 			}
@@ -262,7 +267,7 @@ func run(o options) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	r.Drops, r.SampledByPol = map[string]float64{}, map[string]float64{}
+	r.Drops, r.SampledByPol, r.TailSampling = map[string]float64{}, map[string]float64{}, map[string]float64{}
 	for _, s := range tel {
 		switch name := strings.TrimSuffix(s.Name, "_total"); {
 		case strings.HasSuffix(name, "receiver_accepted_spans"):
@@ -274,6 +279,10 @@ func run(o options) (report, error) {
 			r.Drops[strings.TrimPrefix(name, "otelcol_")] += s.Value
 		case strings.HasSuffix(name, "tail_sampling_count_traces_sampled") && s.Labels["sampled"] == "true":
 			r.SampledByPol[s.Labels["policy"]] += s.Value
+		}
+		if i := strings.Index(s.Name, "tail_sampling_"); i >= 0 && !strings.Contains(s.Name, "_bucket") &&
+			!strings.Contains(s.Name, "count_traces_sampled") && !strings.Contains(s.Name, "execution") {
+			r.TailSampling[s.Name[i+len("tail_sampling_"):]+labelSuffix(s.Labels)] += s.Value
 		}
 	}
 	r.SinkSpans, r.SinkTraces = sk.counts()
@@ -353,4 +362,15 @@ func peakRSSMiB(pid int) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("/proc/%d/status: no VmHWM", pid)
+}
+
+// labelSuffix names a series' sampling labels, if any.
+func labelSuffix(l map[string]string) string {
+	out := ""
+	for _, k := range []string{"sampled", "decision"} {
+		if v, ok := l[k]; ok {
+			out += "{" + k + "=" + v + "}"
+		}
+	}
+	return out
 }

@@ -82,6 +82,7 @@ func sidecarSpans(r replayed, dir, job string, rank, ranksPerNode int) ([]otel.F
 	path := filepath.Join(dir, "rank-"+strconv.Itoa(rank)+".jsonl")
 	ctx := context.Background()
 	x, err := otel.New(ctx, otel.Config{SpansFile: path, JobID: job, Rank: rank, QueueSize: 1 << 20,
+		Logger:    slog.New(slog.DiscardHandler),
 		BatchSize: 4096, BatchTimeout: time.Second,
 		Resource: otel.ResourceInfo{TargetPID: 1000 + rank, TargetCmdline: []string{"python3", "train.py"},
 			GPUName: "NVIDIA H100 80GB HBM3", Host: fmt.Sprintf("node-%03d", rank/ranksPerNode)}})

@@ -66,6 +66,13 @@ $(OTELCOL): tools/otelcol/go.mod tools/otelcol/builder-config.yaml
 test: otelcol
 test: export GAPTRACE_OTELCOL := $(abspath $(OTELCOL))
 .PHONY: otelcol
+# Not in CI: 16 sidecars' recorded spans into one gateway; spans/s per
+# gateway core, RSS, drops, what sampling kept. FLEET_FLAGS passes more
+# flags (e.g. -rate 20000 -duration 60s -sample 1).
+FLEET_FLAGS ?=
+fleet: otelcol ## Load one gateway with 16 sidecars' recorded spans (spans/s per core, RSS, drops)
+	$(GO) run ./test/fleet -otelcol $(abspath $(OTELCOL)) $(FLEET_FLAGS)
+.PHONY: fleet
 
 # -p 1: one test binary at a time. The accuracy and end-to-end tiers time
 # real traced runs; sharing two cores with another package's tests turns

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -218,6 +219,27 @@ func TestGatewayEndToEnd(t *testing.T) {
 	}
 	if _, n := gateway.Sum(samples, "gaptrace_gpu_idle_seconds_total", map[string]string{"job": job}); n != 0 {
 		t.Errorf("%d series still carry the training job as label job (the exporter's own label)", n)
+	}
+	// Every series the job dashboard queries is served, under the job's label.
+	root, err := testutil.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dash, err := os.ReadFile(filepath.Join(root, "deploy", "grafana", "gaptrace-job.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range regexp.MustCompile(`gaptrace_[a-z_]+`).FindAllString(string(dash), -1) {
+		match := map[string]string{"gaptrace_job_id": job}
+		switch name {
+		case "gaptrace_job_id":
+			continue
+		case "gaptrace_events_dropped_total", "gaptrace_spans_dropped_total", "gaptrace_gaps_dropped_total":
+			match = nil // process-wide: no job label
+		}
+		if _, n := gateway.Sum(samples, name, match); n == 0 {
+			t.Errorf("the job dashboard queries %s, which the gateway does not serve (labels %v)", name, match)
+		}
 	}
 	steps, _ := gateway.Sum(samples, "gaptrace_steps_total", map[string]string{"gaptrace_job_id": job, "rank": "0"})
 	if int64(steps) != r.sum.Steps+r.sum.Windows {

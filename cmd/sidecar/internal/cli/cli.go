@@ -39,6 +39,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/regress"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/internal/safefile"
 	"github.com/gaptrace/gaptrace/otel"
@@ -387,7 +388,7 @@ func (g *gapsWriter) Close() error {
 // every one the job blocked at.
 const maxSummaryCallSites = 10
 
-func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate) error {
+func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate, steps *regress.StepIdle) error {
 	if s.ByCause == nil {
 		s.ByCause = map[correlate.Cause]int64{}
 	}
@@ -404,7 +405,9 @@ func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate) er
 		// none says nothing was lost.
 		correlate.Losses
 		WhatIf map[correlate.Cause]whatif.JSON `json:"what_if,omitempty"`
-	}{s, s.Losses, whatif.JSONMap(wi)}, "", "  ")
+		// Each cause's per-step idle moments, for gaptrace diff.
+		StepIdle map[string]regress.Moments `json:"step_idle,omitempty"`
+	}{s, s.Losses, whatif.JSONMap(wi), steps.Summary()}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -426,6 +429,7 @@ type session struct {
 	procs processes
 	names procNames
 	wi    *whatif.Accumulator
+	steps regress.StepIdle // per-step idle moments for the summary
 	pipe  Pipeline
 	spans string
 	// cmdline is the target's command line as --command-line and
@@ -459,7 +463,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	}
 	s.wi = whatif.New()
 	s.agg.SetWhatIf(s.wi.Estimates)
-	sinks := correlate.Tee{s.agg, &s.procs, s.wi}
+	sinks := correlate.Tee{s.agg, &s.procs, s.wi, &s.steps}
 	if cfg.GapsOut != "" {
 		g, err := newGapsWriter(cfg.GapsOut, s.log)
 		if err != nil {
@@ -592,7 +596,7 @@ func (s *session) finish() error {
 		title += " · " + w
 	}
 	if s.cfg.SummaryJSON != "" {
-		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum, s.wi.Estimates()); err != nil {
+		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum, s.wi.Estimates(), &s.steps); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -21,9 +21,9 @@ const diffUsage = `Usage: gaptrace diff [flags] BASE NEW
 Compare two runs of a job step by step: per cause, the mean idle per step
 before and after, each with its 95% confidence interval, and the change
 with its 95% interval (Welch's t on the per-step distributions). BASE and
-NEW are each a recording (--record), a spans file (--spans-out) or a gaps
-file (--gaps-out); the kind is told from the content. A summary file
-(--summary-json) holds run totals only and cannot be compared per step.
+NEW are each a summary (--summary-json: its step_idle), a recording
+(--record), a spans file (--spans-out) or a gaps file (--gaps-out); the
+kind is told from the content.
 
 Exit status: 0, or 1 with --fail-on when a cause grew by more than PCT
 percent at 95% confidence (and by at least --min-change ms per step), 2

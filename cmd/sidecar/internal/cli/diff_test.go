@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -156,6 +157,23 @@ func TestDiffSpansAndRecordings(t *testing.T) {
 			t.Errorf("a recording against itself: %+v", c)
 		}
 	}
+
+	// The summary of its replay carries the same per-step figures.
+	sum := filepath.Join(dir, "summary.json")
+	if out, err := exec.Command(testutil.Gaptrace(t), "replay", rec, "--summary-json", sum).CombinedOutput(); err != nil {
+		t.Fatalf("replay: %v\n%s", err, out)
+	}
+	out, stderr, code = gaptraceDiff(t, "--json", sum, rec)
+	var ds diffJSON
+	if err := json.Unmarshal([]byte(out), &ds); err != nil || code != ExitOK || ds.BaseSteps != d.BaseSteps || len(ds.Causes) != len(d.Causes) {
+		t.Fatalf("summary against its recording: exit %d, %v\n%s%s", code, err, out, stderr)
+	}
+	for i, c := range ds.Causes {
+		if r := d.Causes[i]; c.Cause != r.Cause || math.Abs(c.Base.Mean-r.Base.Mean) > 1e-6 || math.Abs(c.Base.Hi-r.Base.Hi) > 1e-6 ||
+			math.Abs(c.Change.Mean) > 1e-6 {
+			t.Errorf("%s: from the summary %+v, from the recording %+v", c.Cause, c.Base, r.Base)
+		}
+	}
 }
 
 func TestDiffBadInput(t *testing.T) {
@@ -181,7 +199,7 @@ func TestDiffBadInput(t *testing.T) {
 		{[]string{gaps}, "want two runs, BASE and NEW, got 1"},
 		{[]string{"--fail-on", "-3", gaps, gaps}, "--fail-on -3: want a percentage >= 0"},
 		{[]string{gaps, filepath.Join(dir, "missing")}, "no such file"},
-		{[]string{summary, gaps}, "holds run totals, not per-step idle: pass the run's recording (--record)"},
+		{[]string{summary, gaps}, "this summary has no step_idle (written before gaptrace kept per-step idle"},
 		{[]string{gaps, junk}, "not a gaptrace recording, spans file, gaps file or summary"},
 		{[]string{badGap, gaps}, "line 1: gap with cause \"io.read\", duration -5 ns"},
 	} {

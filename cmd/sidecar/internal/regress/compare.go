@@ -64,9 +64,8 @@ func tQuantile975(df float64) float64 {
 		(3*z7+19*z5+17*z3-15*z)/(384*df*df*df)
 }
 
-func meanCI(xs []float64) Interval {
-	m, v := meanVar(xs)
-	n := float64(len(xs))
+func meanCI(x Moments) Interval {
+	m, v, n := x.MeanNS, x.SDNS*x.SDNS, float64(x.Steps)
 	if n < 2 {
 		return Interval{m, m, m}
 	}
@@ -76,10 +75,9 @@ func meanCI(xs []float64) Interval {
 }
 
 // welch is the 95% interval of mean(b) - mean(a) by Welch's t.
-func welch(a, b []float64) Interval {
-	ma, va := meanVar(a)
-	mb, vb := meanVar(b)
-	na, nb := float64(len(a)), float64(len(b))
+func welch(a, b Moments) Interval {
+	ma, va, na := a.MeanNS, a.SDNS*a.SDNS, float64(a.Steps)
+	mb, vb, nb := b.MeanNS, b.SDNS*b.SDNS, float64(b.Steps)
 	d := mb - ma
 	sa, sb := va/na, vb/nb
 	se2 := sa + sb
@@ -111,11 +109,11 @@ func Compare(base, cur Run) []Row {
 	}
 	sort.Strings(names)
 	names = append(names, Total)
-	zeros := func(r Run, c string) []float64 {
-		if xs, ok := r.ByCause[c]; ok {
-			return xs
+	zeros := func(r Run, c string) Moments {
+		if m, ok := r.ByCause[c]; ok {
+			return m
 		}
-		return make([]float64, r.Steps)
+		return Moments{Steps: int64(r.Steps)}
 	}
 	rows := make([]Row, 0, len(names))
 	for _, c := range names {

@@ -3,11 +3,13 @@
 // for the change (Welch's t interval on the per-step distributions), so
 // that CI and nightly jobs can fail on a cause that grew.
 //
-// A run is read from what gaptrace writes: a recording (--record, replayed
-// here), a spans file (--spans-out: train.step spans carry idle by cause),
-// or a gaps file (--gaps-out: gaps summed per step; steps between the
-// first and last that have no gap count as 0). A summary file holds run
-// totals only and is refused with a message naming what to pass instead.
+// A run is read from what gaptrace writes: a summary (--summary-json: its
+// step_idle, each cause's per-step moments, kept by StepIdle during the
+// run), a recording (--record, replayed here), a spans file (--spans-out:
+// train.step spans carry idle by cause), or a gaps file (--gaps-out: gaps
+// summed per step; steps between the first and last that have no gap count
+// as 0). A summary written before step_idle existed is refused with a
+// message naming what to pass instead.
 package regress
 
 import (
@@ -38,10 +40,10 @@ type stepKey struct {
 // Run is one run's per-step idle by cause, in nanoseconds. Every step has
 // a value for every cause of the run (0 where it had none).
 type Run struct {
-	Source string // "recording", "spans", "gaps"
+	Source string // "recording", "spans", "gaps", "summary"
 	Steps  int
-	// ByCause[c][i] is step i's idle attributed to c; Total included.
-	ByCause map[string][]float64
+	// ByCause are each cause's per-step idle moments; Total included.
+	ByCause map[string]Moments
 }
 
 func newRun(source string, steps map[stepKey]map[string]float64) (Run, error) {
@@ -66,15 +68,19 @@ func newRun(source string, steps map[stepKey]map[string]float64) (Run, error) {
 		}
 		return a.step < b.step
 	})
-	r := Run{Source: source, Steps: len(keys), ByCause: map[string][]float64{Total: make([]float64, len(keys))}}
+	samples := map[string][]float64{Total: make([]float64, len(keys))}
 	for c := range causes {
-		r.ByCause[c] = make([]float64, len(keys))
+		samples[c] = make([]float64, len(keys))
 	}
 	for i, k := range keys {
 		for c, ns := range steps[k] {
-			r.ByCause[c][i] = ns
-			r.ByCause[Total][i] += ns
+			samples[c][i] = ns
+			samples[Total][i] += ns
 		}
+	}
+	r := Run{Source: source, Steps: len(keys), ByCause: map[string]Moments{}}
+	for c, xs := range samples {
+		r.ByCause[c] = momentsOf(xs)
 	}
 	return r, nil
 }
@@ -108,21 +114,47 @@ func Load(path string, replay func(io.Reader) ([]correlate.Step, error)) (Run, e
 	line, _, _ := strings.Cut(string(first), "\n")
 	if json.Unmarshal([]byte(line), &probe) != nil {
 		if strings.TrimSpace(line) == "{" {
-			return Run{}, errors.New("a summary (--summary-json) holds run totals, not per-step idle: " +
-				"pass the run's recording (--record), spans file (--spans-out) or gaps file (--gaps-out)")
+			return loadSummary(br)
 		}
 		return Run{}, fmt.Errorf("first line is not JSON: %.80q", line)
 	}
 	switch {
 	case probe["wall_ns"] != nil && probe["by_cause"] != nil:
-		return Run{}, errors.New("a summary (--summary-json) holds run totals, not per-step idle: " +
-			"pass the run's recording (--record), spans file (--spans-out) or gaps file (--gaps-out)")
+		return loadSummary(br)
 	case probe["trace_id"] != nil && probe["span_id"] != nil:
 		return loadSpans(br)
 	case probe["cause"] != nil && probe["duration_ns"] != nil:
 		return loadGaps(br)
 	}
 	return Run{}, errors.New("JSON lines that are neither spans (--spans-out) nor gaps (--gaps-out)")
+}
+
+var errNoStepIdle = errors.New("this summary has no step_idle (written before gaptrace kept per-step idle, " +
+	"or by a run without steps): pass the run's recording (--record), spans file (--spans-out) or gaps file (--gaps-out)")
+
+// loadSummary reads a summary file's step_idle: each cause's per-step
+// moments.
+func loadSummary(r io.Reader) (Run, error) {
+	var s struct {
+		WallNS   *int64             `json:"wall_ns"`
+		StepIdle map[string]Moments `json:"step_idle"`
+	}
+	if err := json.NewDecoder(r).Decode(&s); err != nil {
+		return Run{}, fmt.Errorf("summary: %w", err)
+	}
+	if s.WallNS == nil {
+		return Run{}, errors.New("a JSON object that is no gaptrace summary (no wall_ns)")
+	}
+	tot, ok := s.StepIdle[Total]
+	if !ok {
+		return Run{}, errNoStepIdle
+	}
+	for c, m := range s.StepIdle {
+		if m.Steps != tot.Steps || m.MeanNS < 0 || m.SDNS < 0 || math.IsNaN(m.MeanNS+m.SDNS) || math.IsInf(m.MeanNS+m.SDNS, 0) {
+			return Run{}, fmt.Errorf("summary step_idle %q: %+v (want %d steps, a mean and sd >= 0)", c, m, tot.Steps)
+		}
+	}
+	return Run{Source: "summary", Steps: int(tot.Steps), ByCause: s.StepIdle}, nil
 }
 
 func loadRecording(r io.Reader, replay func(io.Reader) ([]correlate.Step, error)) (Run, error) {

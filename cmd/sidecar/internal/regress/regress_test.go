@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/gaptrace/gaptrace/correlate"
 )
 
 // Student's t 97.5% quantiles from tables.
@@ -32,7 +34,7 @@ func TestWelchCoverage(t *testing.T) {
 	for range trials {
 		a := normal(r, 12, 10e6, 1e6)
 		b := normal(r, 40, 13e6, 4e6)
-		iv := welch(a, b)
+		iv := welch(momentsOf(a), momentsOf(b))
 		if iv.Lo <= 3e6 && 3e6 <= iv.Hi {
 			covered++
 		}
@@ -44,19 +46,21 @@ func TestWelchCoverage(t *testing.T) {
 
 func TestCompareAndGrew(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
-	base := Run{Steps: 50, ByCause: map[string][]float64{"io.read": normal(r, 50, 10e6, 1e6), "comm": normal(r, 50, 5e6, 1e6)}}
-	cur := Run{Steps: 60, ByCause: map[string][]float64{"io.read": normal(r, 60, 20e6, 1e6), "comm": normal(r, 60, 5e6, 1e6),
-		"cpu": normal(r, 60, 3e6, 0.5e6)}}
-	for _, run := range []*Run{&base, &cur} {
-		run.ByCause[Total] = make([]float64, run.Steps)
-		for c, xs := range run.ByCause {
-			if c != Total {
-				for i, x := range xs {
-					run.ByCause[Total][i] += x
-				}
+	run := func(n int, by map[string][]float64) Run {
+		r := Run{Steps: n, ByCause: map[string]Moments{}}
+		total := make([]float64, n)
+		for c, xs := range by {
+			r.ByCause[c] = momentsOf(xs)
+			for i, x := range xs {
+				total[i] += x
 			}
 		}
+		r.ByCause[Total] = momentsOf(total)
+		return r
 	}
+	base := run(50, map[string][]float64{"io.read": normal(r, 50, 10e6, 1e6), "comm": normal(r, 50, 5e6, 1e6)})
+	cur := run(60, map[string][]float64{"io.read": normal(r, 60, 20e6, 1e6), "comm": normal(r, 60, 5e6, 1e6),
+		"cpu": normal(r, 60, 3e6, 0.5e6)})
 	rows := Compare(base, cur)
 	by := map[string]Row{}
 	for _, row := range rows {
@@ -77,5 +81,31 @@ func TestCompareAndGrew(t *testing.T) {
 	}
 	if cpu := by["cpu"]; !math.IsInf(cpu.ChangePct, 1) || !cpu.Grew(1000, 0.1) || cpu.Grew(1000, 5) {
 		t.Errorf("cpu (absent before, 3 ms/step now): %+v", cpu)
+	}
+}
+
+// The summary's running sums give the moments the samples do.
+func TestStepIdleMoments(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	var s StepIdle
+	var reads, totals []float64
+	for n := range 200 {
+		read, comm := int64(20e6+4e6*r.NormFloat64()), int64(0)
+		if n%4 == 0 {
+			comm = 7e6
+		}
+		s.Step(correlate.Step{Number: int64(n), ByCause: map[correlate.Cause]int64{correlate.CauseIORead: read, correlate.CauseComm: comm}})
+		reads, totals = append(reads, float64(read)), append(totals, float64(read+comm))
+	}
+	s.Step(correlate.Step{Window: true, ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 1e12}})
+	got := s.Summary()
+	for c, want := range map[string]Moments{"io.read": momentsOf(reads), Total: momentsOf(totals)} {
+		g := got[c]
+		if g.Steps != 200 || math.Abs(g.MeanNS-want.MeanNS) > 1 || math.Abs(g.SDNS-want.SDNS)/want.SDNS > 1e-6 {
+			t.Errorf("%s: %+v, want %+v", c, g, want)
+		}
+	}
+	if c := got["comm"]; c.MeanNS != 7e6/4 {
+		t.Errorf("comm every 4th step: %+v", c)
 	}
 }

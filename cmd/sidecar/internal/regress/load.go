@@ -6,9 +6,10 @@
 // A run is read from what gaptrace writes: a summary (--summary-json: its
 // step_idle, each cause's per-step moments, kept by StepIdle during the
 // run), a recording (--record, replayed here), a spans file (--spans-out:
-// train.step spans carry idle by cause), or a gaps file (--gaps-out: gaps
-// summed per step; steps between the first and last that have no gap count
-// as 0). A summary written before step_idle existed is refused with a
+// train.step spans carry idle by cause), or a gaps file (--gaps-out, an
+// approximation: gaps' breakdowns summed per step; steps between the first
+// and last that have no gap count as 0, steps outside them and micro idle
+// are not seen). A summary written before step_idle existed is refused with a
 // message naming what to pass instead.
 package regress
 
@@ -261,7 +262,17 @@ func loadGaps(r io.Reader) (Run, error) {
 		if m[k] == nil {
 			m[k] = map[string]float64{}
 		}
-		m[k][string(g.Cause)] += float64(g.Duration)
+		// A gap's breakdown splits it between causes as the step's idle
+		// by cause does; a gap without one is its cause's whole.
+		if len(g.Breakdown) == 0 {
+			m[k][string(g.Cause)] += float64(g.Duration)
+		}
+		for c, ns := range g.Breakdown {
+			if ns < 0 {
+				return fmt.Errorf("gap breakdown %s = %d ns", c, ns)
+			}
+			m[k][string(c)] += float64(ns)
+		}
 		pk := stepKey{g.PID, g.Device, 0}
 		rg, ok := ranges[pk]
 		if !ok {

@@ -123,8 +123,7 @@ func runSidecar(t *testing.T, endpoint string, flags []string, steps int) sideca
 		}
 	case <-time.After(4 * time.Minute):
 		_ = cmd.Process.Kill()
-		<-done
-		t.Fatalf("gaptrace run still running after 4 min\n%s", out.String())
+		t.Fatalf("gaptrace run still running after 4 min (killed: %v)\n%s", <-done, out.String())
 	}
 	r := sidecarRun{dir: dir}
 	b, err := os.ReadFile(filepath.Join(dir, "summary.json"))

@@ -59,6 +59,27 @@ $(HELM): tools/helm/go.mod
 	@echo "building Helm v3.22 to render deploy/helm in the tests (once; ~3.3 min on 2 cores)"
 	@set -o pipefail; tty=; [ -t 1 ] && tty=1; cd tools/helm && $(GO) build -v -o $(abspath $(HELM)) helm.sh/helm/v3/cmd/helm 2>&1 | $(GO_PROGRESS)
 
+# The gateway: an OpenTelemetry Collector built by the Collector Builder
+# (ocb, a tool of tools/otelcol/go.mod) from tools/otelcol/builder-config.yaml.
+# Its generated sources go to build/otelcol-src.
+OTELCOL := build/otelcol
+otelcol: $(OTELCOL) ## Build the gateway (OpenTelemetry Collector) with ocb (first build ~4 min)
+$(OTELCOL): tools/otelcol/go.mod tools/otelcol/builder-config.yaml
+	@mkdir -p build
+	cd tools/otelcol && $(GO) tool builder --config builder-config.yaml --ldflags "-s -w"
+	mv build/otelcol-src/otelcol $(OTELCOL)
+# make test runs the gateway end to end (test/fleet).
+test: otelcol
+test: export GAPTRACE_OTELCOL := $(abspath $(OTELCOL))
+.PHONY: otelcol
+# Not in CI: 16 sidecars' recorded spans into one gateway; spans/s per
+# gateway core, RSS, drops, what sampling kept. FLEET_FLAGS passes more
+# flags (e.g. -rate 20000 -duration 60s -sample 1).
+FLEET_FLAGS ?=
+fleet: otelcol ## Load one gateway with 16 sidecars' recorded spans (spans/s per core, RSS, drops)
+	$(GO) run ./test/fleet -otelcol $(abspath $(OTELCOL)) $(FLEET_FLAGS)
+.PHONY: fleet
+
 # -p 1: one test binary at a time. The accuracy and end-to-end tiers time
 # real traced runs; sharing two cores with another package's tests turns
 # scheduling noise into measurement noise.

@@ -39,6 +39,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/regress"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/internal/safefile"
 	"github.com/gaptrace/gaptrace/otel"
@@ -183,6 +184,7 @@ Usage:
   gaptrace convert --from FILE --perfetto-out FILE
                                         turn a saved gaps or spans file into a trace for ui.perfetto.dev
   gaptrace replay FILE                  correlate a run recorded with --record again, offline
+  gaptrace diff BASE NEW                compare two runs' idle per step by cause, with confidence intervals
   gaptrace version
 
 Run 'gaptrace COMMAND -h' for the flags of a command. Every flag is also an
@@ -220,6 +222,8 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 		return convertCmd(args[1:], deps)
 	case "replay":
 		return replayCmd(args[1:], deps)
+	case "diff":
+		return diffCmd(args[1:], deps)
 	}
 	unknownCommand(deps.Stderr, args[0])
 	return ExitUsage
@@ -398,7 +402,7 @@ func (g *gapsWriter) Close() error {
 // every one the job blocked at.
 const maxSummaryCallSites = 10
 
-func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate) error {
+func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate, steps *regress.StepIdle) error {
 	if s.ByCause == nil {
 		s.ByCause = map[correlate.Cause]int64{}
 	}
@@ -415,7 +419,9 @@ func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate) er
 		// none says nothing was lost.
 		correlate.Losses
 		WhatIf map[correlate.Cause]whatif.JSON `json:"what_if,omitempty"`
-	}{s, s.Losses, whatif.JSONMap(wi)}, "", "  ")
+		// Each cause's per-step idle moments, for gaptrace diff.
+		StepIdle map[string]regress.Moments `json:"step_idle,omitempty"`
+	}{s, s.Losses, whatif.JSONMap(wi), steps.Summary()}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -437,6 +443,7 @@ type session struct {
 	procs processes
 	names procNames
 	wi    *whatif.Accumulator
+	steps regress.StepIdle // per-step idle moments for the summary
 	pipe  Pipeline
 	spans string
 	// cmdline is the target's command line as --command-line and
@@ -471,7 +478,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	}
 	s.wi = whatif.New()
 	s.agg.SetWhatIf(s.wi.Estimates)
-	sinks := correlate.Tee{s.agg, &s.procs, s.wi}
+	sinks := correlate.Tee{s.agg, &s.procs, s.wi, &s.steps}
 	if cfg.GapsOut != "" {
 		g, err := newGapsWriter(cfg.GapsOut, s.log)
 		if err != nil {
@@ -605,7 +612,7 @@ func (s *session) finish() error {
 		title += " · " + w
 	}
 	if s.cfg.SummaryJSON != "" {
-		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum, s.wi.Estimates()); err != nil {
+		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum, s.wi.Estimates(), &s.steps); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -625,7 +625,7 @@ func TestDemoWithoutSimGPU(t *testing.T) {
 
 func TestSummaryJSONCarriesSidecarCost(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "summary.json")
-	if err := writeSummaryJSON(path, correlate.Summary{Steps: 3}, nil); err != nil {
+	if err := writeSummaryJSON(path, correlate.Summary{Steps: 3}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(path)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/regress"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/whatif"
 )
@@ -99,7 +100,8 @@ func replayCmd(args []string, deps Deps) int {
 	wi := whatif.New()
 	agg.SetWhatIf(wi.Estimates)
 	var procs processes
-	sinks := correlate.Tee{agg, &procs, wi}
+	var stepIdle regress.StepIdle
+	sinks := correlate.Tee{agg, &procs, wi, &stepIdle}
 	var gw *gapsWriter
 	if *gapsOut != "" {
 		if gw, err = newGapsWriter(*gapsOut, slog.New(slog.DiscardHandler)); err != nil {
@@ -126,7 +128,7 @@ func replayCmd(args []string, deps Deps) int {
 	sum.Processes = procs.list()
 	sum.CallSites = agg.CallSites(maxSummaryCallSites)
 	if *sumOut != "" {
-		errs = append(errs, writeSummaryJSON(*sumOut, sum, wi.Estimates()))
+		errs = append(errs, writeSummaryJSON(*sumOut, sum, wi.Estimates(), &stepIdle))
 	}
 	_, width := deps.IsTerminal()
 	title := fmt.Sprintf("replay of %s (%d calls, probes %s)", files[0], len(calls), cfg.Probes)

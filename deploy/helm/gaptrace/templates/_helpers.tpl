@@ -89,7 +89,7 @@ env:
     valueFrom:
       fieldRef:
         fieldPath: metadata.uid
-{{- with .Values.otlp.endpoint }}
+{{- with include "gaptrace.otlpEndpoint" . }}
   - name: OTEL_EXPORTER_OTLP_ENDPOINT
     value: {{ . | quote }}
   - name: OTEL_EXPORTER_OTLP_INSECURE

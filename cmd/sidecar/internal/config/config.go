@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
 
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/peers"
 	"github.com/gaptrace/gaptrace/internal/safefile"
 )
 
@@ -101,6 +102,7 @@ type Config struct {
 	JobID          string
 	Rank           int    // -1: unknown
 	Peers          string // HOST:PORT of the job's peer exchange ("": none)
+	PeersSecret    string // file holding the exchange's shared secret
 	Prometheus     string
 
 	// Presentation.
@@ -294,6 +296,9 @@ var options = []option{
 	{name: "peers", usage: "share the ranks' collectives with the job's other sidecars at `HOST:PORT` (the first that can bind it serves it, the others connect): a rank waiting on a rank another sidecar traces is then told which rank was late and by how much; needs --job-id",
 		cmds:    []Command{CmdRun, CmdAttach},
 		binding: stringVar(func(c *Config) *string { return &c.Peers })},
+	{name: "peers-secret-file", usage: "`FILE` holding the secret the sidecars of the job share (required with --peers; mode 0600 or 0400, at least 32 bytes): each proves it holds it before the others hear it, and the exchange is encrypted with it; make one with: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE",
+		cmds:    []Command{CmdRun, CmdAttach},
+		binding: stringVar(func(c *Config) *string { return &c.PeersSecret })},
 	{name: "command-line", usage: "the target's command line in spans, metrics, logs, check and the view: redacted (values of secret-named options and variables, secret headers and URL credentials hidden; docs/security.md lists the rules), none, name (program name only), full",
 		cmds:    []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
 		binding: oneOfVar(func(c *Config) *string { return &c.CommandLine }, "redacted", "none", "name", "full")},
@@ -719,6 +724,9 @@ func (c *Config) validate(rest []string) Problems {
 			p = append(p, fmt.Sprintf("--peers %q: no host; want the address every sidecar of the job reaches, e.g. 10.0.0.5:29601", c.Peers))
 		} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 			p = append(p, fmt.Sprintf("--peers %q: bad port, want 1 to 65535", c.Peers))
+		}
+		if _, err := peers.LoadSecret(c.PeersSecret); err != nil {
+			p = append(p, err.Error())
 		}
 	}
 	if c.Prometheus != "" {

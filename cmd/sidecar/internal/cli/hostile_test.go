@@ -112,3 +112,35 @@ func (m *heapPeak) read() {
 	runtime.ReadMemStats(&s)
 	m.total = s.TotalAlloc
 }
+
+// --spans-out none and OTEL_TRACES_EXPORTER=none write no spans file (the
+// default ./gaptrace-spans.jsonl was written all the same); an explicit
+// --spans-out still wins over the variable; /dev/null is accepted.
+func TestSpansOutNone(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{name: "flag none", args: []string{"--spans-out", "none"}, want: ""},
+		{name: "env none", env: map[string]string{"OTEL_TRACES_EXPORTER": "none"}, want: ""},
+		{name: "env none, flag file", args: []string{"--spans-out", "s.jsonl"}, env: map[string]string{"OTEL_TRACES_EXPORTER": "none"}, want: "s.jsonl"},
+		{name: "dev null", args: []string{"--spans-out", "/dev/null"}, want: "/dev/null"},
+		{name: "default", want: "gaptrace-spans.jsonl"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			for k, v := range tc.env {
+				h.env[k] = v
+			}
+			args := append(append([]string{"run", "--live", "off"}, tc.args...), "--", "true")
+			if code := h.main(context.Background(), args...); code != 0 {
+				t.Fatalf("exit %d: %s", code, h.stderr)
+			}
+			if h.pipe.pc.Spans != tc.want {
+				t.Errorf("spans file %q, want %q", h.pipe.pc.Spans, tc.want)
+			}
+		})
+	}
+}

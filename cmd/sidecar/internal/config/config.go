@@ -649,6 +649,26 @@ func readConfigFile(path string) ([]byte, error) {
 	return b, nil
 }
 
+// SpansNone as --spans-out writes no spans file.
+const SpansNone = "none"
+
+// SpansFile is the spans file a tracing command writes, "" for none:
+// --spans-out as given; none with --spans-out none, or when spans go to
+// OTLP, or OTEL_TRACES_EXPORTER=none; else DefaultSpansFile.
+func (c *Config) SpansFile(getenv func(string) string) string {
+	switch {
+	case c.SpansOut == SpansNone:
+		return ""
+	case c.SpansOut != "":
+		return c.SpansOut
+	case c.OTLPConfigured(getenv):
+		return ""
+	case strings.EqualFold(strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER")), "none"):
+		return ""
+	}
+	return DefaultSpansFile
+}
+
 // OTLPConfigured reports whether spans go to an OTLP endpoint (flag, file,
 // GAPTRACE_OTLP_ENDPOINT or the standard OTEL_EXPORTER_OTLP_* variables).
 func (c *Config) OTLPConfigured(getenv func(string) string) bool {
@@ -765,6 +785,9 @@ func (c *Config) OutputProblems() Problems {
 		{"gaps-out", c.GapsOut}, {"summary-json", c.SummaryJSON}, {"spans-out", c.SpansOut},
 		{"windows-out", c.WindowsOut}, {"perfetto-out", c.PerfettoOut}, {"record", c.Record},
 	} {
+		if f.flag == "spans-out" && f.path == SpansNone {
+			continue
+		}
 		if msg := CheckOutput(f.flag, f.path); msg != "" {
 			p = append(p, msg)
 		}
@@ -781,6 +804,13 @@ func (c *Config) OutputProblems() Problems {
 // streamed files must never follow one.
 func CheckOutput(flag, path string) string {
 	if path == "" {
+		return ""
+	}
+	if safefile.Special(path) {
+		// /dev/null, /dev/stdout, /dev/stderr, a FIFO: written as they are.
+		if err := safefile.Check(path); err != nil {
+			return fmt.Sprintf("--%s: %v", flag, err)
+		}
 		return ""
 	}
 	if err := writableDir(filepath.Dir(path)); err != nil {

@@ -195,52 +195,7 @@ func fromSpans(spans []otel.FileSpan, w *Writer) (skipped int) {
 		}
 		switch {
 		case s.Name == otel.SpanGap:
-			g := correlate.Gap{PID: pid, TID: uint32(integer(a, "thread.id")), Device: int(integer(a, "gpu.device")),
-				Step: integer(a, "gpu.step.number"), Kind: correlate.GapKind(str(a, "gpu.gap.kind")),
-				Start: s.StartUnixNano, End: s.EndUnixNano, Cause: correlate.Cause(str(a, "gpu.gap.cause")),
-				Breakdown: map[correlate.Cause]int64{}}
-			if d, ok := num(a, "gpu.gap.duration_ms"); ok {
-				g.Duration = msToNS(d)
-			}
-			for k, v := range a {
-				if c, ok := strings.CutPrefix(k, "gpu.gap.breakdown."); ok {
-					if f, ok := v.(float64); ok {
-						g.Breakdown[correlate.Cause(c)] = msToNS(f)
-					}
-				}
-			}
-			g.Evidence = correlate.Evidence{Source: str(a, "gpu.gap.source"), CUDACall: str(a, "gpu.cuda.call")}
-			if p := str(a, "file.path"); p != "" {
-				g.Evidence.Files = []correlate.FileEvidence{{Path: p, Op: str(a, "gpu.gap.file.op"), Bytes: uint64(integer(a, "gpu.gap.io.bytes"))}}
-			}
-			if p := str(a, "network.peer.address"); p != "" {
-				g.Evidence.Peers = []correlate.PeerEvidence{{Address: p, Bytes: uint64(integer(a, "gpu.gap.net.bytes")),
-					PID: uint32(integer(a, "gpu.gap.peer.process.pid")), Comm: str(a, "gpu.gap.peer.process.name")}}
-			}
-			if tid := integer(a, "gpu.gap.lock.holder.tid"); tid != 0 {
-				g.Evidence.LockHolders = []correlate.LockHolderEvidence{{TID: uint32(tid), Comm: str(a, "gpu.gap.lock.holder.name"),
-					Doing: correlate.Cause(str(a, "gpu.gap.lock.holder.doing")), File: str(a, "gpu.gap.lock.holder.file"),
-					Peer: str(a, "gpu.gap.lock.holder.peer")}}
-			}
-			if op := str(a, "gpu.collective.op"); op != "" {
-				c := &correlate.CollectiveEvidence{Op: op, Bytes: uint64(integer(a, "gpu.collective.bytes")),
-					Comm: str(a, "gpu.collective.comm"), Ranks: int32(integer(a, "gpu.collective.ranks"))}
-				if r, ok := num(a, "gpu.collective.rank"); ok {
-					rank := int32(r)
-					c.Rank = &rank
-				}
-				g.Evidence.Collective = c
-			}
-			for _, c := range children[s.SpanID] {
-				op := correlate.HostOp{Name: c.Name, TID: uint32(integer(c.Attributes, "thread.id")),
-					Start: c.StartUnixNano, End: c.EndUnixNano, Attrs: map[string]string{}}
-				for k, v := range c.Attributes {
-					if k != "thread.id" {
-						op.Attrs[k] = fmt.Sprint(v)
-					}
-				}
-				g.Ops = append(g.Ops, op)
-			}
+			g := gapOf(s, pid, children)
 			if checkGap(&g) != nil {
 				skipped++
 				continue
@@ -295,4 +250,57 @@ func fromSpans(spans []otel.FileSpan, w *Writer) (skipped int) {
 		w.Gap(gaps[gi])
 	}
 	return skipped
+}
+
+// gapOf rebuilds the gap a gpu.idle span stands for, with its host
+// operations (the span's children).
+func gapOf(s *otel.FileSpan, pid uint32, children map[string][]*otel.FileSpan) correlate.Gap {
+	a := s.Attributes
+	g := correlate.Gap{PID: pid, TID: uint32(integer(a, "thread.id")), Device: int(integer(a, "gpu.device")),
+		Step: integer(a, "gpu.step.number"), Kind: correlate.GapKind(str(a, "gpu.gap.kind")),
+		Start: s.StartUnixNano, End: s.EndUnixNano, Cause: correlate.Cause(str(a, "gpu.gap.cause")),
+		Breakdown: map[correlate.Cause]int64{}}
+	if d, ok := num(a, "gpu.gap.duration_ms"); ok {
+		g.Duration = msToNS(d)
+	}
+	for k, v := range a {
+		if c, ok := strings.CutPrefix(k, "gpu.gap.breakdown."); ok {
+			if f, ok := v.(float64); ok {
+				g.Breakdown[correlate.Cause(c)] = msToNS(f)
+			}
+		}
+	}
+	g.Evidence = correlate.Evidence{Source: str(a, "gpu.gap.source"), CUDACall: str(a, "gpu.cuda.call")}
+	if p := str(a, "file.path"); p != "" {
+		g.Evidence.Files = []correlate.FileEvidence{{Path: p, Op: str(a, "gpu.gap.file.op"), Bytes: uint64(integer(a, "gpu.gap.io.bytes"))}}
+	}
+	if p := str(a, "network.peer.address"); p != "" {
+		g.Evidence.Peers = []correlate.PeerEvidence{{Address: p, Bytes: uint64(integer(a, "gpu.gap.net.bytes")),
+			PID: uint32(integer(a, "gpu.gap.peer.process.pid")), Comm: str(a, "gpu.gap.peer.process.name")}}
+	}
+	if tid := integer(a, "gpu.gap.lock.holder.tid"); tid != 0 {
+		g.Evidence.LockHolders = []correlate.LockHolderEvidence{{TID: uint32(tid), Comm: str(a, "gpu.gap.lock.holder.name"),
+			Doing: correlate.Cause(str(a, "gpu.gap.lock.holder.doing")), File: str(a, "gpu.gap.lock.holder.file"),
+			Peer: str(a, "gpu.gap.lock.holder.peer")}}
+	}
+	if op := str(a, "gpu.collective.op"); op != "" {
+		c := &correlate.CollectiveEvidence{Op: op, Bytes: uint64(integer(a, "gpu.collective.bytes")),
+			Comm: str(a, "gpu.collective.comm"), Ranks: int32(integer(a, "gpu.collective.ranks"))}
+		if r, ok := num(a, "gpu.collective.rank"); ok {
+			rank := int32(r)
+			c.Rank = &rank
+		}
+		g.Evidence.Collective = c
+	}
+	for _, c := range children[s.SpanID] {
+		op := correlate.HostOp{Name: c.Name, TID: uint32(integer(c.Attributes, "thread.id")),
+			Start: c.StartUnixNano, End: c.EndUnixNano, Attrs: map[string]string{}}
+		for k, v := range c.Attributes {
+			if k != "thread.id" {
+				op.Attrs[k] = fmt.Sprint(v)
+			}
+		}
+		g.Ops = append(g.Ops, op)
+	}
+	return g
 }

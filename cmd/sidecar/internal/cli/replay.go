@@ -120,14 +120,8 @@ func replayCmd(args []string, deps Deps) int {
 	if err != nil {
 		return fail(deps, "replay", "%v", err) // CheckView passed: not reached
 	}
-	if rerr := rd.Err(); rerr != nil && calls == 0 {
-		return fail(deps, "replay", "%s: %v", files[0], rerr)
-	} else if rerr != nil {
-		fmt.Fprintf(deps.Stderr, "gaptrace replay: warning: %v\n", rerr)
-	}
-	if n := rd.Skipped(); n > 0 {
-		fmt.Fprintf(deps.Stderr, "gaptrace replay: warning: %s: %d calls skipped (a field out of range, or a line over %d MiB)\n",
-			files[0], n, correlate.MaxRecordingLine>>20)
+	if code, ok := recordingRead(deps, files[0], rd, calls); !ok {
+		return code
 	}
 	if *probes != "" {
 		cfg.Probes = *probes
@@ -153,4 +147,19 @@ func replayCmd(args []string, deps Deps) int {
 		return fail(deps, "replay", "%v", err)
 	}
 	return ExitOK
+}
+
+// recordingRead says what reading the recording met: damage (fatal when no
+// call came before it), calls skipped.
+func recordingRead(deps Deps, file string, rd *correlate.RecordingReader, calls int) (int, bool) {
+	if err := rd.Err(); err != nil && calls == 0 {
+		return fail(deps, "replay", "%s: %v", file, err), false
+	} else if err != nil {
+		fmt.Fprintf(deps.Stderr, "gaptrace replay: warning: %v\n", err)
+	}
+	if n := rd.Skipped(); n > 0 {
+		fmt.Fprintf(deps.Stderr, "gaptrace replay: warning: %s: %d calls skipped (a field out of range, or a line over %d MiB)\n",
+			file, n, correlate.MaxRecordingLine>>20)
+	}
+	return 0, true
 }

@@ -395,3 +395,29 @@ func TestPeersSecretFile(t *testing.T) {
 		})
 	}
 }
+
+// An output naming an existing file of another user is refused before
+// anything runs (as root, it was truncated and filled, and its owner could
+// read it); /dev/null and /dev/stdout are accepted, for a non-root user
+// too, though /dev is not theirs to write.
+func TestOutputOwnership(t *testing.T) {
+	if msg := CheckOutput("gaps-out", "/dev/null"); msg != "" {
+		t.Errorf("/dev/null: %s", msg)
+	}
+	if msg := CheckOutput("summary-json", "/dev/stdout"); msg != "" {
+		t.Errorf("/dev/stdout: %s", msg)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give a file to another user")
+	}
+	p := filepath.Join(t.TempDir(), "gaps.jsonl")
+	if err := os.WriteFile(p, []byte("theirs\n"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(p, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if msg := CheckOutput("gaps-out", p); !strings.Contains(msg, "belongs to uid 65534") {
+		t.Errorf("another user's file: %q, want a refusal naming its owner", msg)
+	}
+}

@@ -693,7 +693,7 @@ func (p *pipeline) Close(ctx context.Context, detachBy time.Time) (correlate.Sum
 	if p.peers != nil {
 		st := p.peers.Stats()
 		p.log.Info("peer exchange", "role", st.Role, "peers", st.Peers, "sent", st.Sent, "received", st.Received,
-			"dropped", st.Dropped, "clock_offset_us", st.OffsetNS/1000)
+			"dropped", st.Dropped, "rejected", st.Rejected, "clock_offset_us", st.OffsetNS/1000)
 		if err := p.peers.Close(); err != nil {
 			p.log.Warn("close the peer exchange", "err", err)
 		}

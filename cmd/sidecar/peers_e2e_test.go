@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // writeSecret writes a peers secret file of mode mode and returns its
@@ -151,5 +153,39 @@ func TestPeersImpostorE2E(t *testing.T) {
 	}
 	if strings.Contains(p.stderr.String(), "joined hub") {
 		t.Errorf("the sidecar joined the impostor:\n%s", p.stderr)
+	}
+}
+
+// A run killed with kill -9 leaves the temporary file of its trace
+// (.NAME.PID.*.tmp); the next run on the same output removes it.
+func TestKilledRunTemporaryRemoved(t *testing.T) {
+	need(t)
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "trace.json")
+	p := start(t, env(t), "run", "--live", "off", "--spans-out", "none", "--perfetto-out", trace, "--", "sleep", "60")
+	deadline := time.Now().Add(2 * time.Minute)
+	var left []string
+	for len(left) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no temporary file of the trace appeared\n%s", p.stderr)
+		}
+		left, _ = filepath.Glob(filepath.Join(dir, ".trace.json.*.tmp"))
+		time.Sleep(50 * time.Millisecond)
+	}
+	testutil.KillGroup(t, p.cmd.Process.Pid)
+	p.wait(t, time.Minute)
+	if _, err := os.Lstat(left[0]); err != nil {
+		t.Fatalf("the killed run's temporary file is gone already: %v", err)
+	}
+	gaps := filepath.Join(dir, "gaps.jsonl")
+	if err := os.WriteFile(gaps, []byte(`{"pid":1,"tid":1,"device":0,"step":0,"kind":"idle","start_unix_nano":1700000000000000000,"end_unix_nano":1700000000001000000,"duration_ns":1000000,"cause":"io.read"}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runGaptrace(t, env(t), "convert", "--from", gaps, "--perfetto-out", trace)
+	if code != 0 {
+		t.Fatalf("convert: exit %d\n%s", code, stderr)
+	}
+	if now, _ := filepath.Glob(filepath.Join(dir, ".trace.json.*.tmp")); len(now) != 0 {
+		t.Errorf("temporary files left after the next run: %v", now)
 	}
 }

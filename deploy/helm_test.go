@@ -160,7 +160,7 @@ func labelsMatch(sel, labels map[string]string) bool {
 
 func TestHelmSidecarSnippet(t *testing.T) {
 	out, stderr, ok := render(t, "mode=sidecar", `match=python.*train\\.py` /* --set unescapes once */, "otlp.metricsExporter=none",
-		"otlp.resourceAttributes=team=ml", "jobID=resnet-42", "peers=resnet-42-worker-0:29601")
+		"otlp.resourceAttributes=team=ml", "jobID=resnet-42", "peers=resnet-42-worker-0:29601", "peersSecret=resnet-42-peers")
 	if !ok {
 		t.Fatalf("helm template: %s", stderr)
 	}

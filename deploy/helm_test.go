@@ -141,9 +141,10 @@ func TestHelmDaemonSet(t *testing.T) {
 	}) {
 		t.Errorf("metrics Service %+v does not reach the container's metrics port %+v", svc.Spec, c.Ports)
 	}
-	if i := slices.Index(c.Args, "--prometheus"); i < 0 || c.Args[i+1] != "0.0.0.0:9464" {
-		t.Errorf("args %v: want --prometheus 0.0.0.0:9464", c.Args)
+	if i := slices.Index(c.Args, "--prometheus"); i < 0 || c.Args[i+1] != "$(POD_IP):9464" {
+		t.Errorf("args %v: want --prometheus $(POD_IP):9464, the pod's own address", c.Args)
 	}
+	checkFieldRef(t, c.Env, "POD_IP", "status.podIP")
 }
 
 func labelsMatch(sel, labels map[string]string) bool {

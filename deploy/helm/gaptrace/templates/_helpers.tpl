@@ -47,7 +47,8 @@ args:
 {{- end }}
 {{- if .Values.prometheus.enabled }}
   - --prometheus
-  - {{ printf "0.0.0.0:%v" .Values.prometheus.port | quote }}
+  {{- /* The pod's own address, not 0.0.0.0 (docs/security.md). */}}
+  - {{ printf "$(POD_IP):%v" .Values.prometheus.port | quote }}
 {{- end }}
 {{- range .Values.extraArgs }}
   - {{ . | quote }}
@@ -74,6 +75,10 @@ env:
     valueFrom:
       fieldRef:
         fieldPath: metadata.uid
+  - name: POD_IP
+    valueFrom:
+      fieldRef:
+        fieldPath: status.podIP
 {{- with .Values.otlp.endpoint }}
   - name: OTEL_EXPORTER_OTLP_ENDPOINT
     value: {{ . | quote }}

@@ -290,7 +290,11 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	}
 	p.eng = correlate.New(ccfg, withWorkload{sinks, p.work})
 	if cfg.Peers != "" {
-		x, err := peers.Start(ctx, peers.Config{Addr: cfg.Peers, Job: job, ID: sidecarID(cfg.Rank), Log: pc.Logger})
+		secret, err := peers.LoadSecret(cfg.PeersSecret)
+		var x *peers.Exchange
+		if err == nil {
+			x, err = peers.Start(ctx, peers.Config{Addr: cfg.Peers, Job: job, ID: sidecarID(cfg.Rank), Secret: secret, Log: pc.Logger})
+		}
 		if err != nil {
 			_ = p.tr.Close() // reporting the exchange's error
 			p.closeGPU()
@@ -673,6 +677,9 @@ func peersLine(addr string, st peers.Stats) string {
 	if st.Dropped > 0 {
 		s += fmt.Sprintf(", %d records dropped", st.Dropped)
 	}
+	if st.Rejected > 0 {
+		s += fmt.Sprintf(", %d records rejected", st.Rejected)
+	}
 	return s
 }
 
@@ -688,7 +695,7 @@ func (p *pipeline) Close(ctx context.Context, detachBy time.Time) (correlate.Sum
 	if p.peers != nil {
 		st := p.peers.Stats()
 		p.log.Info("peer exchange", "role", st.Role, "peers", st.Peers, "sent", st.Sent, "received", st.Received,
-			"dropped", st.Dropped, "clock_offset_us", st.OffsetNS/1000)
+			"dropped", st.Dropped, "rejected", st.Rejected, "clock_offset_us", st.OffsetNS/1000)
 		if err := p.peers.Close(); err != nil {
 			p.log.Warn("close the peer exchange", "err", err)
 		}

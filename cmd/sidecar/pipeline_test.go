@@ -140,6 +140,7 @@ func TestPeersLine(t *testing.T) {
 		{peers.Stats{Role: "hub", Peers: 1}, "serving 10.0.0.5:29601, 1 other sidecar"},
 		{peers.Stats{Role: "member", Peers: 3, OffsetNS: 1500}, "joined 10.0.0.5:29601, 3 other sidecars, clock offset 2µs"},
 		{peers.Stats{Role: "connecting", Dropped: 12}, "connecting to 10.0.0.5:29601, 12 records dropped"},
+		{peers.Stats{Role: "hub", Peers: 2, Rejected: 1024}, "serving 10.0.0.5:29601, 2 other sidecars, 1024 records rejected"},
 	} {
 		if got := peersLine("10.0.0.5:29601", tc.st); got != tc.want {
 			t.Errorf("%+v: %q, want %q", tc.st, got, tc.want)

@@ -41,10 +41,14 @@ args:
 {{- with .Values.peers }}
   - --peers
   - {{ . | quote }}
+  - --peers-secret-file
+  - /etc/gaptrace/peers/secret
+{{- $_ := required "peersSecret: --peers needs the job's shared secret; create one with: kubectl create secret generic gaptrace-peers --from-literal=secret=\"$(head -c 32 /dev/urandom | base64)\" and set peersSecret=gaptrace-peers" $.Values.peersSecret }}
 {{- end }}
 {{- if .Values.prometheus.enabled }}
   - --prometheus
-  - {{ printf "0.0.0.0:%v" .Values.prometheus.port | quote }}
+  {{- /* The pod's own address, not 0.0.0.0 (docs/security.md). */}}
+  - {{ printf "$(POD_IP):%v" .Values.prometheus.port | quote }}
 {{- end }}
 {{- range .Values.extraArgs }}
   - {{ . | quote }}
@@ -89,6 +93,10 @@ env:
     valueFrom:
       fieldRef:
         fieldPath: metadata.uid
+  - name: POD_IP
+    valueFrom:
+      fieldRef:
+        fieldPath: status.podIP
 {{- with include "gaptrace.otlpEndpoint" . }}
   - name: OTEL_EXPORTER_OTLP_ENDPOINT
     value: {{ . | quote }}
@@ -144,6 +152,11 @@ volumeMounts:
     mountPath: /sys/kernel/tracing
   - name: gaptrace-tmp
     mountPath: /tmp
+{{- if .Values.peers }}
+  - name: gaptrace-peers-secret
+    mountPath: /etc/gaptrace/peers
+    readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "gaptrace.volumes" -}}
@@ -153,6 +166,15 @@ volumeMounts:
     type: Directory
 - name: gaptrace-tmp
   emptyDir: {}
+{{- if .Values.peers }}
+- name: gaptrace-peers-secret
+  secret:
+    secretName: {{ .Values.peersSecret | quote }}
+    defaultMode: 0400
+    items:
+      - key: secret
+        path: secret
+{{- end }}
 {{- end -}}
 
 {{/* For a parent chart: the native-sidecar init container (Kubernetes

@@ -40,6 +40,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/hang"
 	"github.com/gaptrace/gaptrace/internal/safefile"
 	"github.com/gaptrace/gaptrace/otel"
 	"github.com/gaptrace/gaptrace/perfetto"
@@ -102,6 +103,9 @@ type PipelineConfig struct {
 	// Named, when set, is told each traced process's name (comm) while
 	// the process lives: at the start of tracing, at fork and at exec.
 	Named func(pid uint32, comm string)
+	// Hang, when set, is told each hang as it begins, while it lasts and
+	// when it ends, from the pipeline's hang watcher.
+	Hang func(*hang.Report)
 }
 
 // Deps is what the command needs from its environment; tests replace it.
@@ -183,6 +187,7 @@ Usage:
   gaptrace convert --from FILE --perfetto-out FILE
                                         turn a saved gaps or spans file into a trace for ui.perfetto.dev
   gaptrace replay FILE                  correlate a run recorded with --record again, offline
+  gaptrace dump [--pid PID]             print every traced thread's in-flight call and stacks of a running gaptrace
   gaptrace version
 
 Run 'gaptrace COMMAND -h' for the flags of a command. Every flag is also an
@@ -220,6 +225,8 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 		return convertCmd(args[1:], deps)
 	case "replay":
 		return replayCmd(args[1:], deps)
+	case "dump":
+		return dumpCmd(ctx, args[1:], deps)
 	}
 	fmt.Fprintf(deps.Stderr, "gaptrace: unknown command %q\n\n%s", args[0], usage)
 	return ExitUsage
@@ -419,6 +426,8 @@ type session struct {
 	log   *slog.Logger
 	agg   *live.Aggregator
 	gaps  *gapsWriter
+	hangs hangRecords
+	dump  *dumpServer      // gaptrace dump, SIGUSR1; nil when the pipeline cannot dump
 	trace *perfetto.Writer // --perfetto-out, nil when off
 	procs processes
 	names procNames
@@ -482,7 +491,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	}
 	pipe, err := deps.NewPipeline(ctx, PipelineConfig{
 		Config: cfg, Sink: sinks, Snapshot: s.agg.SetSummary, Spans: s.spans,
-		TargetPID: targetPID, TargetCmdline: s.cmdline, Logger: base, Named: s.names.Named,
+		TargetPID: targetPID, TargetCmdline: s.cmdline, Logger: base, Named: s.names.Named, Hang: s.hangSink,
 	})
 	if err != nil {
 		if s.gaps != nil {
@@ -503,6 +512,9 @@ func (s *session) start(ctx context.Context) {
 	s.runCancel = cancel
 	s.runDone = make(chan error, 1)
 	go func() { s.runDone <- s.pipe.Run(rctx) }()
+	if d, ok := s.pipe.(Dumper); ok {
+		s.dump = startDump(d, s.deps.Getenv, s.log)
+	}
 	s.viewStop = make(chan struct{})
 	s.viewDone = make(chan struct{})
 	go s.render()
@@ -552,6 +564,7 @@ func (s *session) finish() error {
 	// The job exited (or --duration or a signal stopped tracing) just now.
 	detachBy := time.Now().Add(DetachTimeout)
 	var errs []error
+	s.dump.stop()
 	if s.runCancel != nil {
 		s.runCancel()
 		if err := <-s.runDone; err != nil && !errors.Is(err, context.Canceled) {

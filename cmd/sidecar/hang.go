@@ -133,7 +133,7 @@ func (h *hangWatch) exit(ev *event.Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.exited[ev.PID] = hang.Proc{PID: ev.PID, Host: h.host, State: hang.StateExited, Since: ev.Start, Comm: ev.TaskComm,
-		Exit: exitText(ev.PID)}
+		Exit: waitText(int(ev.Ret))}
 }
 
 // peer notes another sidecar's records about its processes' communicators.

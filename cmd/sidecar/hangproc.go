@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gaptrace/gaptrace/event"
 	"github.com/gaptrace/gaptrace/hang"
@@ -217,8 +220,17 @@ func exitText(pid uint32) string {
 	if err != nil {
 		return ""
 	}
+	return waitText(code)
+}
+
+// waitText says an exit code as wait(2) encodes it.
+func waitText(code int) string {
 	if sig := code & 0x7f; sig != 0 {
-		return fmt.Sprintf("killed by signal %d", sig)
+		name := unix.SignalName(syscall.Signal(sig))
+		if name == "" {
+			name = strconv.Itoa(sig)
+		}
+		return "killed by " + name
 	}
 	return fmt.Sprintf("exit status %d", code>>8&0xff)
 }

@@ -42,6 +42,14 @@ func (h *hangWatch) snapshot(now int64) (hang.Snapshot, error) {
 			s.Calls = append(s.Calls, c)
 		}
 	}
+	// A process asleep in a long syscall of a feeding thread is waiting
+	// on that file: what its peers' reports name it by.
+	for _, c := range s.Calls {
+		if p, ok := s.Procs[c.PID]; ok && c.Kind == hang.Syscall && c.Feeder && c.File != "" && p.File == "" {
+			p.File = c.Name + " " + c.File
+			s.Procs[c.PID] = p
+		}
+	}
 	for k, c := range h.comms {
 		rank, ranks := c.rank, c.ranks
 		if ranks == 0 {

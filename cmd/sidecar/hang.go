@@ -308,7 +308,7 @@ func (p *pipeline) watchHangs(ctx context.Context) func() {
 		cancel()
 		<-done
 		if n, mean := p.hangs.cost(); n > 0 {
-			p.log.Debug("hang watch", "ticks", n, "tick_mean", mean)
+			p.log.Info("hang watch", "ticks", n, "tick_mean", mean)
 		}
 	}
 }

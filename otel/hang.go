@@ -12,6 +12,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/hang"
 )
 
@@ -69,7 +70,12 @@ func (x *Exporter) Hang(r *hang.Report, started bool) {
 		return
 	}
 	h := x.hangInstruments()
-	labels := x.metrics.rawLabels(-1, r.PID, nil)
+	var w *correlate.Workload
+	if r.Rank >= 0 {
+		rank := int(r.Rank)
+		w = &correlate.Workload{Rank: &rank}
+	}
+	labels := x.metrics.labels(-1, r.PID, w)
 	h.mu.Lock()
 	h.labels[r.PID] = labels
 	if r.Status == hang.Ongoing {

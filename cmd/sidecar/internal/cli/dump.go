@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -80,6 +81,7 @@ type dumpServer struct {
 	log  *slog.Logger
 	sig  chan os.Signal
 	done chan struct{}
+	once sync.Once
 }
 
 // startDump serves dumps for the session until stop. A failure is said
@@ -170,9 +172,11 @@ func (s *dumpServer) stop() {
 	if s == nil {
 		return
 	}
-	signal.Stop(s.sig)
-	close(s.done)
-	_ = s.ln.Close() // unlinks the socket
+	s.once.Do(func() {
+		signal.Stop(s.sig)
+		close(s.done)
+		_ = s.ln.Close() // unlinks the socket
+	})
 }
 
 // dumpCmd is `gaptrace dump`: ask a running session for its dump.

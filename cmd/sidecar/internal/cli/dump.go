@@ -233,7 +233,7 @@ func pickSocket(dir string, pid int) (string, error) {
 	if pid > 0 {
 		p := filepath.Join(dir, fmt.Sprintf("gaptrace-%d.sock", pid))
 		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("no gaptrace session of pid %d here (%v)", pid, err)
+			return "", fmt.Errorf("no gaptrace session of pid %d here: %w", pid, err)
 		}
 		return p, nil
 	}

@@ -35,7 +35,8 @@ func Convert(r io.Reader, w *Writer) (string, error) {
 	for sc.Scan() {
 		line++
 		b := bytes.TrimSpace(sc.Bytes())
-		if len(b) == 0 {
+		// Hang records share the gaps file; they are not gaps.
+		if len(b) == 0 || bytes.HasPrefix(b, []byte(`{"kind":"hang"`)) {
 			continue
 		}
 		if format == "" {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/hang"
 	"github.com/gaptrace/gaptrace/internal/testutil"
 )
@@ -133,7 +134,7 @@ func ranksJob(t *testing.T, rank1Extra string, extraFlags ...string) (p *gtProc,
 	}
 	gaps, spans = filepath.Join(dir, "gaps.jsonl"), filepath.Join(dir, "spans.jsonl")
 	args := append([]string{"run", "--live", "off", "--hang-after", hangAfter.String(), "--gaps-out", gaps,
-		"--spans-out", spans, "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1")}, extraFlags...)
+		"--spans-out", spans, "--summary-json", filepath.Join(dir, "summary.json"), "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1")}, extraFlags...)
 	args = append(args, "--", "sh", "-c", rank(0, "")+" & "+rank(1, rank1Extra)+"; wait")
 	environ := append(os.Environ(), "SIMGPU_DIR="+tl, "SIMGPU_DEVICES=2", "GAPTRACE_RUN_DIR="+filepath.Join(dir, "run"))
 	p = start(t, environ, args...)
@@ -175,6 +176,7 @@ func checkCollectiveWait(t *testing.T, r *hang.Report) {
 func TestHangRankStopped(t *testing.T) {
 	need(t)
 	p, pids, gaps, spans := ranksJob(t, "", "--prometheus", "127.0.0.1:0")
+	stopAt := time.Now().UnixNano()
 	if err := syscall.Kill(pids[1], syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -208,6 +210,7 @@ func TestHangRankStopped(t *testing.T) {
 	if err := syscall.Kill(pids[1], syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
+	contAt := time.Now().UnixNano()
 	awaitHang(t, p, gaps, 30*time.Second, "the hang ended", func(e *hang.Report) bool {
 		return e.ID == r.ID && e.Status == hang.Ended && e.End > 0 && e.Seconds >= r.Seconds
 	})
@@ -218,6 +221,50 @@ func TestHangRankStopped(t *testing.T) {
 	if !strings.Contains(p.stdout.String(), "hangs: ") {
 		t.Errorf("the summary has no hang line:\n%s", p.stdout)
 	}
+	// The wait is lost time, comm, naming rank 1, though the GPU spun.
+	var comm int64
+	for _, g := range gapsOnly(t, gaps) {
+		c := g.Evidence.Collective
+		if g.PID == uint32(pids[0]) && g.Cause == "comm" && c != nil && c.LatePID == uint32(pids[1]) {
+			comm += max(0, min(g.Start+g.Duration, contAt)-max(g.Start, stopAt))
+		}
+	}
+	if stopped := contAt - stopAt; float64(comm) < 0.8*float64(stopped) {
+		t.Errorf("rank 0's comm time naming rank 1 while it was stopped: %v of %v", time.Duration(comm), time.Duration(stopped))
+	} else {
+		t.Logf("rank 0's comm time naming rank 1: %v of the %v rank 1 was stopped", time.Duration(comm), time.Duration(stopped))
+	}
+	var sum struct {
+		Hangs *struct {
+			Count   int     `json:"count"`
+			Seconds float64 `json:"seconds"`
+		} `json:"hangs"`
+	}
+	b, _ := os.ReadFile(filepath.Join(filepath.Dir(gaps), "summary.json"))
+	if err := json.Unmarshal(b, &sum); err != nil || sum.Hangs == nil || sum.Hangs.Count < 1 || sum.Hangs.Seconds < r.Seconds {
+		t.Errorf("summary file's hangs %+v (%v), want at least this hang's %.1f s:\n%s", sum.Hangs, err, r.Seconds, b)
+	}
+}
+
+// gapsOnly reads the gaps (not the hang records) of a gaps file.
+func gapsOnly(t *testing.T, path string) []correlate.Gap {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []correlate.Gap
+	for _, l := range strings.Split(string(b), "\n") {
+		if l == "" || strings.Contains(l, `"kind":"hang"`) {
+			continue
+		}
+		var g correlate.Gap
+		if err := json.Unmarshal([]byte(l), &g); err != nil {
+			t.Fatalf("gap does not parse: %v\n%s", err, l)
+		}
+		out = append(out, g)
+	}
+	return out
 }
 
 // TestHangRankKilled: rank 1 is killed; rank 0 waits for good. The report

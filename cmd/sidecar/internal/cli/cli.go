@@ -391,7 +391,7 @@ func (g *gapsWriter) Close() error {
 // every one the job blocked at.
 const maxSummaryCallSites = 10
 
-func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate) error {
+func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate, hangs ...live.Hang) error {
 	if s.ByCause == nil {
 		s.ByCause = map[correlate.Cause]int64{}
 	}
@@ -408,7 +408,8 @@ func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate) er
 		// none says nothing was lost.
 		correlate.Losses
 		WhatIf map[correlate.Cause]whatif.JSON `json:"what_if,omitempty"`
-	}{s, s.Losses, whatif.JSONMap(wi)}, "", "  ")
+		Hangs  *hangTotals                     `json:"hangs,omitempty"`
+	}{s, s.Losses, whatif.JSONMap(wi), totalHangs(hangs)}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -602,7 +603,7 @@ func (s *session) finish() error {
 		title += " · " + w
 	}
 	if s.cfg.SummaryJSON != "" {
-		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum, s.wi.Estimates()); err != nil {
+		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum, s.wi.Estimates(), s.agg.View("").Hangs...); err != nil {
 			errs = append(errs, err)
 		}
 	}

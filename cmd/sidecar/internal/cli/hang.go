@@ -57,3 +57,21 @@ func (g *gapsWriter) record(line []byte) {
 	g.buf.Write(line)
 	g.flushLocked()
 }
+
+// hangTotals is the summary file's line for hangs: their time is in no
+// cause's share.
+type hangTotals struct {
+	Count   int     `json:"count"`
+	Seconds float64 `json:"seconds"`
+}
+
+func totalHangs(hs []live.Hang) *hangTotals {
+	if len(hs) == 0 {
+		return nil
+	}
+	t := &hangTotals{Count: len(hs)}
+	for _, h := range hs {
+		t.Seconds += h.Seconds
+	}
+	return t
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -466,4 +467,62 @@ func TestHangStreamNeverDrains(t *testing.T) {
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 	p.wait(t, 2*time.Minute)
+}
+
+// TestHangRankStoppedPeers: one gaptrace per rank, sharing their ranks'
+// collectives through --peers. Rank 1 stops; rank 0's sidecar, which does
+// not see rank 1's process, names it from the other sidecar's records:
+// its rank, its sidecar and its last collective.
+func TestHangRankStoppedPeers(t *testing.T) {
+	need(t)
+	dir, tl := t.TempDir(), t.TempDir()
+	id := fmt.Sprintf("hangp%d", time.Now().UnixNano())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	environ := append(os.Environ(), "SIMGPU_DIR="+tl, "SIMGPU_DEVICES=2")
+	var ps [2]*gtProc
+	var pids [2]int
+	for r := range 2 {
+		truth := filepath.Join(dir, fmt.Sprintf("truth%d.jsonl", r))
+		ps[r] = start(t, append(environ, "RANK="+strconv.Itoa(r), "WORLD_SIZE=2", "GAPTRACE_RUN_DIR="+filepath.Join(dir, "run"+strconv.Itoa(r))),
+			"run", "--live", "off", "--hang-after", hangAfter.String(), "--gaps-out", filepath.Join(dir, fmt.Sprintf("gaps%d.jsonl", r)),
+			"--spans-out", filepath.Join(dir, fmt.Sprintf("spans%d.jsonl", r)), "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
+			"--job-id", id, "--rank", strconv.Itoa(r), "--peers", addr, "--",
+			filepath.Join(simgpuDir, "simtrain"), "--truth", truth, "--rank", strconv.Itoa(r), "--nranks", "2", "--device", strconv.Itoa(r),
+			"--steps", "1000000", "--collectives", "1", "--kernels-per-step", "9", "--kernel-us", "1500", "--comm-id", id,
+			"--workers", "0", "--quiet", "--await-probes", "60")
+	}
+	for r := range 2 {
+		pids[r] = truthPID(t, filepath.Join(dir, fmt.Sprintf("truth%d.jsonl", r)), 20, 90*time.Second)
+	}
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	if err := syscall.Kill(pids[1], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	r := awaitHang(t, ps[0], filepath.Join(dir, "gaps0.jsonl"), hangAfter+30*time.Second, "rank 0 waits on rank 1 of the other sidecar",
+		func(r *hang.Report) bool {
+			return r.PID == uint32(pids[0]) && len(r.Missing) == 1 && r.Missing[0].Rank == 1 && r.Missing[0].Sidecar != ""
+		})
+	checkPrompt(t, &r)
+	checkCollectiveWait(t, &r)
+	if m := r.Missing[0]; m.PID != uint32(pids[1]) || m.Seq >= r.Call.Collective.Seq || !strings.Contains(m.Sidecar, "/rank1/") {
+		t.Errorf("missing %+v, want rank 1 (pid %d) of the rank-1 sidecar, last collective before #%d", m, pids[1], r.Call.Collective.Seq)
+	}
+	t.Logf("%s", r.Reason)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for _, p := range ps {
+		p.wait(t, 2*time.Minute)
+	}
 }

@@ -180,7 +180,7 @@ struct proc_event {
 	__u32 child_pid; /* K_FORK */
 	__u32 child_tid; /* K_FORK */
 	__u32 flags;	 /* PROC_F_* */
-	__u32 _pad;
+	__s32 exit_code; /* K_EXIT: the task's exit_code (status << 8 | signal) */
 	char comm[COMM_LEN];
 	char filename[EXEC_PATH_LEN]; /* K_EXEC */
 };

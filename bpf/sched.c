@@ -164,6 +164,12 @@ int BPF_PROG(on_sched_process_exec, struct task_struct *p, pid_t old_pid, struct
 	return 0;
 }
 
+/* task_struct.exit_code, which the trimmed vmlinux.h leaves out; CO-RE
+ * finds it in the running kernel's BTF. */
+struct task_struct___exit {
+	int exit_code;
+} __attribute__((preserve_access_index));
+
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 {
@@ -179,6 +185,9 @@ int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 		return 0;
 	hdr_fill(&e->hdr, EV_PROC, K_EXIT, id, bpf_ktime_get_ns());
 	e->flags = group_dead ? PROC_F_GROUP_DEAD : 0;
+	/* set by do_exit before this tracepoint: how the process ended, for a
+	 * rank whose peers wait on it */
+	e->exit_code = BPF_CORE_READ((struct task_struct___exit *)p, exit_code);
 	bpf_get_current_comm(&e->comm, sizeof(e->comm));
 	submit(e);
 	return 0;

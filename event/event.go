@@ -47,7 +47,8 @@ const (
 	KindFork
 	// KindExec: PID exec'd TaskComm (Path holds the filename).
 	KindExec
-	// KindExit: thread TID of PID exited (PID == TID: the process).
+	// KindExit: thread TID of PID exited (PID == TID: the process); Ret
+	// is its exit code as wait(2) encodes it (status << 8 | signal).
 	KindExit
 	// KindOpen / KindClose: fd lifecycle (Path holds the opened file).
 	KindOpen

@@ -27,6 +27,13 @@
 // ID, so it keeps or drops whole steps, identically on every rank; metrics
 // always count everything.
 //
+// Hangs (hang.go) are spans of their own, outside the step traces: a
+// gpu.hang span when a hang is detected (ended at detection, status
+// "ongoing", with a gpu.hang.thread event per thread carrying its stacks)
+// and another when it ends, each flushed at once rather than with the next
+// batch; gaptrace_hangs_total counts them and gaptrace_hang_duration_seconds
+// is each process's ongoing hang.
+//
 // # Outputs
 //
 // OTLP when an endpoint is set (Config.Endpoint or the environment); a

@@ -69,6 +69,8 @@ type Exporter struct {
 	rootMu    sync.Mutex
 	roots     map[int64]struct{} // steps whose root this process emitted (job mode)
 	rootOrder []int64
+
+	hangs hangMetrics // hang.go
 }
 
 // stepKey names a step of a process. Not its device: one engine gives a

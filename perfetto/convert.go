@@ -54,7 +54,8 @@ func ConvertCount(r io.Reader, w *Writer) (format string, skipped int, err error
 	for sc.Scan() {
 		line++
 		b := bytes.TrimSpace(sc.Bytes())
-		if len(b) == 0 {
+		// Hang records share the gaps file; they are not gaps.
+		if len(b) == 0 || bytes.HasPrefix(b, []byte(`{"kind":"hang"`)) {
 			continue
 		}
 		if format == "" {

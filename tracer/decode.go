@@ -235,6 +235,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 			if r.Flags&procFlagGroupDead != 0 {
 				d.ctl = ctlProcessGone
 			}
+			ev.Ret = int64(r.ExitCode)
 		default:
 			return fmt.Errorf("decode proc record: kind %d out of range", h.Kind)
 		}

@@ -25,7 +25,7 @@ type schedProcEvent struct {
 	ChildPid uint32
 	ChildTid uint32
 	Flags    uint32
-	Pad      uint32
+	ExitCode int32
 	Comm     [16]int8
 	Filename [128]int8
 }

@@ -88,6 +88,15 @@ var syscallNames = func() map[int]string {
 	for _, s := range tracedSyscalls {
 		m[s.nr] = s.name
 	}
+	// Not traced, but where a stack dump finds threads waiting.
+	for nr, n := range map[int]string{unix.SYS_WAIT4: "wait4", unix.SYS_WAITID: "waitid", unix.SYS_SCHED_YIELD: "sched_yield",
+		unix.SYS_PAUSE: "pause", unix.SYS_RT_SIGSUSPEND: "rt_sigsuspend", unix.SYS_RT_SIGTIMEDWAIT: "rt_sigtimedwait",
+		unix.SYS_ACCEPT: "accept", unix.SYS_ACCEPT4: "accept4", unix.SYS_IOCTL: "ioctl", unix.SYS_FLOCK: "flock",
+		unix.SYS_EPOLL_PWAIT2: "epoll_pwait2", unix.SYS_IO_URING_ENTER: "io_uring_enter", unix.SYS_RESTART_SYSCALL: "restart_syscall"} {
+		if _, ok := m[nr]; !ok {
+			m[nr] = n
+		}
+	}
 	return m
 }()
 

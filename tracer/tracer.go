@@ -12,7 +12,11 @@
 // up; user space then attaches the children's uprobes. Libraries mapped later
 // (dlopen) are noticed through executable-mapping events and a periodic
 // /proc/PID/maps rescan. Run reads the ring buffer, decodes, resolves fds and
-// converts clocks. Close detaches everything in reverse order; nothing is
+// converts clocks. InFlightCalls reads, from user space, the calls every
+// traced thread is inside now (the per-thread pairing state), and
+// ThreadStacks every thread's native and Python stacks, without stopping
+// the process: the hang watch's inputs, at no cost per event. Close
+// detaches everything in reverse order; nothing is
 // pinned, so a killed tracer leaves no probe behind either (every uprobe and
 // link lives as long as the process's file descriptors).
 //

@@ -78,6 +78,8 @@ type pipeline struct {
 	// peers: the exchange with the job's other sidecars (--peers), nil
 	// when off.
 	peers *peers.Exchange
+
+	hangs *hangWatch // hang.go
 }
 
 // withWorkload names the container, pod and rank of each gap's and step's
@@ -289,6 +291,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		sinks = append(sinks, autoSink{p.auto})
 	}
 	p.eng = correlate.New(ccfg, withWorkload{sinks, p.work})
+	p.hangs = newHangWatch(cfg.HangAfter, tr, exp, pc.Hang, p.work, pc.Logger)
 	if cfg.Peers != "" {
 		secret, err := peers.LoadSecret(cfg.PeersSecret)
 		var x *peers.Exchange
@@ -394,6 +397,7 @@ func (p *pipeline) mapDevices() {
 		}
 		p.devices[uint32(pid)] = devs[0]
 		p.eng.SetDevice(uint32(pid), devs[0])
+		p.hangs.setDevice(uint32(pid), devs[0])
 		if p.rec != nil {
 			p.rec.SetDevice(uint32(pid), devs[0])
 		}
@@ -427,7 +431,14 @@ func (p *pipeline) event(ev *event.Event) {
 		delete(p.ranked, ev.PID)
 	case ev.Kind == event.KindExit && ev.TID == ev.PID:
 		delete(p.ranked, ev.PID)
-	case ev.Kind == event.KindCollective && !p.ranked[ev.PID]:
+		p.hangs.exit(ev)
+	case ev.Kind == event.KindCommInit:
+		p.hangs.commInit(ev)
+	case ev.Kind == event.KindCollective:
+		p.hangs.collective(ev)
+		if p.ranked[ev.PID] {
+			break
+		}
 		// A communicator the engine did not see created is linked to
 		// the other ranks' by its collectives; the environment names the
 		// rank and the job's size.
@@ -506,6 +517,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 	if p.peers != nil {
 		fromPeers = p.peers.Recv()
 	}
+	defer p.watchHangs(ctx)()
 	advance := time.NewTicker(advanceEvery)
 	defer advance.Stop()
 	lastSnap, lastDev := time.Time{}, time.Time{}
@@ -602,6 +614,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 
 // peerBatch hands another sidecar's records, or its leaving, to the engine.
 func (p *pipeline) peerBatch(b peers.Batch) {
+	p.hangs.peer(b)
 	if b.Left {
 		if p.rec != nil {
 			p.rec.PeerLeft(b.From)
@@ -634,6 +647,7 @@ func (p *pipeline) window(w event.GPUWindow) {
 		p.rec.Window(&w)
 	}
 	p.eng.Window(w)
+	p.hangs.window(&w)
 	if p.winOut != nil {
 		p.winOut.write(w)
 	}

@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -150,11 +151,15 @@ type sample struct {
 	LaunchNS  float64 // median time per launch
 	Steps     int
 	FullShare float64 // auto: share of the run at full (from its summary)
+	// HangTickNS: the mean time of one check of the hang watch (gaptrace's
+	// log), 0 for an untraced run.
+	HangTickNS float64
 }
 
 type results struct {
 	Ratio, CPU, Launch map[string][]float64
 	FullShare          []float64
+	HangTick           []float64 // ns per check of the hang watch, every traced run
 }
 
 func newResults() *results {
@@ -185,6 +190,9 @@ func runAll(o options) (*results, error) {
 			res.Launch[m] = append(res.Launch[m], s.LaunchNS)
 			if m == "auto" {
 				res.FullShare = append(res.FullShare, s.FullShare)
+			}
+			if s.HangTickNS > 0 {
+				res.HangTick = append(res.HangTick, s.HangTickNS)
 			}
 			fmt.Fprintf(os.Stderr, "bench: %3d/%d %-8s step %.1f µs (untraced %.1f), cpu %.1f µs/step, %.3f µs/launch\n",
 				n, total, m, s.StepNS/1e3, base.StepNS/1e3, s.CPUNS/1e3, s.LaunchNS/1e3)
@@ -253,7 +261,32 @@ func run(o options, mode, name string) (sample, error) {
 	if err != nil {
 		return sample{}, fmt.Errorf("%s: %w (log: %s)", name, err, logf.Name())
 	}
-	return measure(dir, truth, mode, o.skip)
+	s, err := measure(dir, truth, mode, o.skip)
+	if err == nil && mode != "untraced" {
+		s.HangTickNS = hangTick(logf.Name())
+	}
+	return s, err
+}
+
+// hangTickRe reads the hang watch's cost from gaptrace's log.
+var hangTickRe = regexp.MustCompile(`msg="hang watch" .*tick_mean=(\S+)`)
+
+// hangTick is the mean time of one hang check in a run's log; 0 when the
+// log does not say.
+func hangTick(log string) float64 {
+	b, err := os.ReadFile(log)
+	if err != nil {
+		return 0
+	}
+	m := hangTickRe.FindSubmatch(b)
+	if m == nil {
+		return 0
+	}
+	d, err := time.ParseDuration(string(m[1]))
+	if err != nil {
+		return 0
+	}
+	return float64(d)
 }
 
 // truthRec is a line of simtrain's truth file (CLOCK_MONOTONIC ns); a
@@ -347,6 +380,13 @@ func table(o options, res *results) string {
 	}
 	if len(res.FullShare) > 0 {
 		fmt.Fprintf(&b, "auto: median %.1f%% of each traced run at full (per-launch probes attached)\n", 100*stats.Median(res.FullShare))
+	}
+	if len(res.HangTick) > 0 {
+		// The hang watch reads the probes' per-thread state and /proc
+		// once a second, off the traced job's path: its cost is gaptrace's
+		// own CPU, already in the figures above, not a cost per event.
+		fmt.Fprintf(&b, "hang watch: one check a second, median %.0f µs per check (%.3f%% of a core), nothing per event\n",
+			stats.Median(res.HangTick)/1e3, stats.Median(res.HangTick)/1e7)
 	}
 	return b.String()
 }

@@ -30,6 +30,16 @@ a remote data service would be). Each writes a "stall" record: kind, start, end,
 them. The meta record names the lines of Driver.launch and Driver.sync's
 driver calls, where the main thread waits for the GIL after a driver call.
 SIGINT/SIGTERM stop after the current step; exit 0.
+
+--hang-at N makes step N hang for good, as a job does that a hang detector
+must report: --hang-kind loader (the default) forks a data-loader worker
+while another thread holds a lock the worker then takes (the lock stays
+held in the child forever: the classic fork-with-threads deadlock), and the
+main thread blocks reading the worker's pipe in next_batch; --hang-kind
+stream launches one kernel that runs an hour and synchronizes on it in
+drain_stream: a sync on a stream that never drains. A "hang" record (kind,
+step, start, tid, the function and line of the blocking call, the worker's
+pid) is written before the call blocks.
 """
 
 import argparse
@@ -61,12 +71,17 @@ def parse_args():
     p.add_argument("--data-dir", default=".", help="where read_batch keeps its data file")
     p.add_argument("--peer", help="HOST:PORT of the server fetch_remote asks (it answers a line of ms after as many ms)")
     p.add_argument("--pageable", action="store_true", help="copy_pageable takes its turn among the stalls")
+    p.add_argument("--hang-at", type=int, default=0, help="step N hangs for good (0: none)")
+    p.add_argument("--hang-kind", choices=("loader", "stream"), default="loader",
+                   help="how step --hang-at hangs: a deadlocked loader worker, or a stream that never drains")
     a = p.parse_args()
     for name in ("steps", "kernels", "kernel_us", "burst_every", "burst_ms", "stall_ms"):
         if getattr(a, name) < 1:
             p.error("--%s must be at least 1" % name.replace("_", "-"))
     if a.stall_every < 0:
         p.error("--stall-every must be at least 0")
+    if a.hang_at < 0:
+        p.error("--hang-at must be at least 0")
     return a
 
 
@@ -98,6 +113,7 @@ class Driver:
 
     def __init__(self, libdir, kernel_us):
         self.cu, mod, self.image = load_module(libdir, "pytrain", self.check)
+        self.mod = mod
         self.func = ctypes.c_void_p()
         name = ("sim_kernel_%d" % kernel_us).encode()
         self.check(self.cu.cuModuleGetFunction(ctypes.byref(self.func), mod, name), "cuModuleGetFunction")
@@ -120,6 +136,46 @@ class Driver:
 
     def sync(self):
         self.check(self.cu.cuStreamSynchronize(None), "cuStreamSynchronize")
+
+
+def next_batch(truth, step):
+    """A data-loader worker that deadlocks: forked while another thread of
+    this process holds a lock that the worker takes before it answers. The
+    main thread waits for the batch in a read of the worker's pipe."""
+    lock, held, release = threading.Lock(), threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            held.set()
+            release.wait()
+
+    threading.Thread(target=hold, name="pytrain-pin", daemon=True).start()
+    held.wait()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        with lock:  # held by a thread that does not exist in the child: never
+            os.write(w, b"batch")
+        os._exit(0)
+    os.close(w)
+    release.set()
+    line = sys._getframe().f_lineno + 3  # the read's
+    truth.write({"type": "hang", "kind": "loader", "step": step, "start": time.time_ns(), "worker": pid,
+                 "tid": threading.get_native_id(), "function": "next_batch", "file": __file__, "line": line})
+    return os.read(r, 5)
+
+
+def drain_stream(drv, truth, step):
+    """One kernel that runs an hour, then a sync on its stream."""
+    name = b"sim_kernel_3600000000"
+    func = ctypes.c_void_p()
+    drv.check(drv.cu.cuModuleGetFunction(ctypes.byref(func), drv.mod, name), "cuModuleGetFunction")
+    drv.check(drv.cu.cuLaunchKernel(func, 108, 1, 1, 256, 1, 1, 0, None, drv.params, None), "cuLaunchKernel")
+    line = sys._getframe().f_lineno + 3  # the sync's
+    truth.write({"type": "hang", "kind": "stream", "step": step, "start": time.time_ns(),
+                 "tid": threading.get_native_id(), "function": "drain_stream", "file": __file__, "line": line})
+    drv.sync()
 
 
 def here():
@@ -311,8 +367,12 @@ def main():
             held[1].clear()
             with held[0]:  # log a metric under the lock the burst holds
                 pass
+        if step == a.hang_at and a.hang_kind == "loader":
+            next_batch(truth, step)
         for _ in range(a.kernels):
             drv.launch()
+        if step == a.hang_at and a.hang_kind == "stream":
+            drain_stream(drv, truth, step)
         drv.sync()
         truth.write({"type": "step", "step": step, "start": start, "end": time.time_ns(),
                      "run_delay_ns": run_delay_ns(sched_fd) - rd0})

@@ -41,6 +41,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/regress"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/hang"
 	"github.com/gaptrace/gaptrace/internal/safefile"
 	"github.com/gaptrace/gaptrace/otel"
 	"github.com/gaptrace/gaptrace/perfetto"
@@ -103,6 +104,9 @@ type PipelineConfig struct {
 	// Named, when set, is told each traced process's name (comm) while
 	// the process lives: at the start of tracing, at fork and at exec.
 	Named func(pid uint32, comm string)
+	// Hang, when set, is told each hang as it begins, while it lasts and
+	// when it ends, from the pipeline's hang watcher.
+	Hang func(*hang.Report)
 }
 
 // Deps is what the command needs from its environment; tests replace it.
@@ -185,6 +189,7 @@ Usage:
                                         turn a saved gaps or spans file into a trace for ui.perfetto.dev
   gaptrace replay FILE                  correlate a run recorded with --record again, offline
   gaptrace diff BASE NEW                compare two runs' idle per step by cause, with confidence intervals
+  gaptrace dump [--pid PID]             print every traced thread's in-flight call and stacks of a running gaptrace
   gaptrace version
 
 Run 'gaptrace COMMAND -h' for the flags of a command. Every flag is also an
@@ -224,6 +229,8 @@ func Main(ctx context.Context, args []string, deps Deps) int {
 		return replayCmd(args[1:], deps)
 	case "diff":
 		return diffCmd(args[1:], deps)
+	case "dump":
+		return dumpCmd(ctx, args[1:], deps)
 	}
 	unknownCommand(deps.Stderr, args[0])
 	return ExitUsage
@@ -402,7 +409,7 @@ func (g *gapsWriter) Close() error {
 // every one the job blocked at.
 const maxSummaryCallSites = 10
 
-func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate, steps *regress.StepIdle) error {
+func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate, steps *regress.StepIdle, hangs ...live.Hang) error {
 	if s.ByCause == nil {
 		s.ByCause = map[correlate.Cause]int64{}
 	}
@@ -421,7 +428,8 @@ func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate, st
 		WhatIf map[correlate.Cause]whatif.JSON `json:"what_if,omitempty"`
 		// Each cause's per-step idle moments, for gaptrace diff.
 		StepIdle map[string]regress.Moments `json:"step_idle,omitempty"`
-	}{s, s.Losses, whatif.JSONMap(wi), steps.Summary()}, "", "  ")
+		Hangs    *hangTotals                `json:"hangs,omitempty"`
+	}{s, s.Losses, whatif.JSONMap(wi), steps.Summary(), totalHangs(hangs)}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -439,6 +447,8 @@ type session struct {
 	log   *slog.Logger
 	agg   *live.Aggregator
 	gaps  *gapsWriter
+	hangs hangRecords
+	dump  *dumpServer      // gaptrace dump, SIGUSR1; nil when the pipeline cannot dump
 	trace *perfetto.Writer // --perfetto-out, nil when off
 	procs processes
 	names procNames
@@ -498,7 +508,7 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	}
 	pipe, err := deps.NewPipeline(ctx, PipelineConfig{
 		Config: cfg, Sink: sinks, Snapshot: s.agg.SetSummary, Spans: s.spans,
-		TargetPID: targetPID, TargetCmdline: s.cmdline, Logger: base, Named: s.names.Named,
+		TargetPID: targetPID, TargetCmdline: s.cmdline, Logger: base, Named: s.names.Named, Hang: s.hangSink,
 	})
 	if err != nil {
 		if s.gaps != nil {
@@ -519,6 +529,9 @@ func (s *session) start(ctx context.Context) {
 	s.runCancel = cancel
 	s.runDone = make(chan error, 1)
 	go func() { s.runDone <- s.pipe.Run(rctx) }()
+	if d, ok := s.pipe.(Dumper); ok {
+		s.dump = startDump(d, s.deps.Getenv, s.log)
+	}
 	s.viewStop = make(chan struct{})
 	s.viewDone = make(chan struct{})
 	go s.render()
@@ -568,6 +581,7 @@ func (s *session) finish() error {
 	// The job exited (or --duration or a signal stopped tracing) just now.
 	detachBy := time.Now().Add(DetachTimeout)
 	var errs []error
+	s.dump.stop()
 	if s.runCancel != nil {
 		s.runCancel()
 		if err := <-s.runDone; err != nil && !errors.Is(err, context.Canceled) {
@@ -606,7 +620,7 @@ func (s *session) finish() error {
 		title += " · " + w
 	}
 	if s.cfg.SummaryJSON != "" {
-		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum, s.wi.Estimates(), &s.steps); err != nil {
+		if err := writeSummaryJSON(s.cfg.SummaryJSON, sum, s.wi.Estimates(), &s.steps, s.agg.View("").Hangs...); err != nil {
 			errs = append(errs, err)
 		}
 	}

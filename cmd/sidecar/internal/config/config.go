@@ -84,6 +84,7 @@ type Config struct {
 	NVMLLib          string        // libnvidia-ml path override
 	CUDAWait         time.Duration // attach --pid: fail when no libcuda appears in the target within this (0: never fail)
 	RingPoll         time.Duration // how often the event reader looks at the ring buffer on its own
+	HangAfter        time.Duration // a call in flight this long without progress is a hang
 
 	// Outputs.
 	GapsOut        string
@@ -135,6 +136,7 @@ func Defaults(cmd Command) Config {
 		MinGap:           time.Millisecond,
 		CUDAWait:         30 * time.Second,
 		RingPoll:         20 * time.Millisecond,
+		HangAfter:        2 * time.Minute,
 		ServiceName:      "gaptrace",
 		Rank:             -1,
 		Live:             "auto",
@@ -229,6 +231,8 @@ var options = []option{
 		binding: durationVar(func(c *Config) *time.Duration { return &c.RingPoll })},
 	{name: "min-gap", usage: "GPU idle gaps shorter than this are accounted per step instead of reported one by one",
 		binding: durationVar(func(c *Config) *time.Duration { return &c.MinGap })},
+	{name: "hang-after", usage: "report a hang when a traced thread stays this long in one CUDA sync, collective wait or blocking syscall while its process makes no progress on the GPU",
+		binding: durationVar(func(c *Config) *time.Duration { return &c.HangAfter })},
 	{name: "duration", usage: "stop tracing after this long (the traced command keeps running); 0 = until it exits",
 		binding: durationVar(func(c *Config) *time.Duration { return &c.Duration })},
 	{name: "gaps-out", usage: "write every gap as a JSON line to `FILE`",
@@ -716,6 +720,9 @@ func (c *Config) validate(rest []string) Problems {
 	}
 	if c.MinGap <= 0 {
 		p = append(p, "--min-gap: must be positive")
+	}
+	if c.HangAfter < time.Second || c.HangAfter > 24*time.Hour {
+		p = append(p, fmt.Sprintf("--hang-after %s: want 1s to 24h (checked once a second)", c.HangAfter))
 	}
 	if c.RingPoll < time.Millisecond || c.RingPoll > 200*time.Millisecond {
 		p = append(p, fmt.Sprintf("--ring-poll %s: want 1ms to 200ms (gaps are emitted within a second)", c.RingPoll))

@@ -421,3 +421,19 @@ func TestOutputOwnership(t *testing.T) {
 		t.Errorf("another user's file: %q, want a refusal naming its owner", msg)
 	}
 }
+
+func TestHangAfter(t *testing.T) {
+	cfg, _, err := Load(CmdRun, []string{"true"}, env(map[string]string{"GAPTRACE_HANG_AFTER": "30s"}), io.Discard)
+	if err != nil || cfg.HangAfter != 30*time.Second {
+		t.Fatalf("GAPTRACE_HANG_AFTER=30s: %v %v", cfg.HangAfter, err)
+	}
+	if cfg, _, err := Load(CmdRun, []string{"true"}, env(nil), io.Discard); err != nil || cfg.HangAfter != 2*time.Minute {
+		t.Fatalf("default: %v %v", cfg.HangAfter, err)
+	}
+	for _, bad := range []string{"0s", "500ms", "25h"} {
+		_, _, err := Load(CmdRun, []string{"--hang-after", bad, "true"}, env(nil), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--hang-after") {
+			t.Errorf("--hang-after %s: %v, want a problem naming the flag", bad, err)
+		}
+	}
+}

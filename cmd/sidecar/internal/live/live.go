@@ -64,6 +64,7 @@ type Aggregator struct {
 
 	snap     correlate.Summary
 	haveSnap bool
+	hangs    map[string]Hang // SetHang
 	stats    Stats
 
 	steps     int64
@@ -316,6 +317,8 @@ type View struct {
 	// is then the share of the time they were attached (0..1).
 	Probes    string
 	FullShare float64
+	// Hangs: every hang seen, ongoing or ended (SetHang).
+	Hangs []Hang
 }
 
 // View takes a consistent frame. title names what is traced.
@@ -402,6 +405,7 @@ func (a *Aggregator) View(title string) View {
 	if a.whatIf != nil {
 		v.WhatIf = a.whatIf()
 	}
+	v.Hangs = a.hangList()
 	return v
 }
 
@@ -539,6 +543,7 @@ func Frame(v View, width int) string {
 	fmt.Fprintf(&b, "gaptrace · %s · %s\n", Escape(v.Title), formatElapsed(v.Elapsed))
 	fmt.Fprintf(&b, "steps %d (%.1f/s)%s   GPU idle %s   gaps %d   dropped events %d\n",
 		v.Steps, v.StepsPerSec, windowsNote(v.Windows), pct(v.IdlePct), v.Gaps, v.Stats.Drops)
+	writeHangs(&b, v, width)
 	writeLosses(&b, v.Losses, width)
 	if v.Stats.Peers != "" {
 		fmt.Fprintf(&b, "peers: %s\n", trimRight(Escape(v.Stats.Peers), width-7))
@@ -732,6 +737,7 @@ func LogLine(v View) string {
 	if e := v.Stats.Export; e.Errors > 0 || e.Dropped > 0 {
 		fmt.Fprintf(&b, " export_errors=%d export_dropped=%d export_failing=%t", e.Errors, e.Dropped, e.Failing)
 	}
+	b.WriteString(hangsLog(v))
 	for _, n := range lossNames {
 		if c := n.n(&v.Losses); c > 0 {
 			fmt.Fprintf(&b, " %s=%d", n.key, c)

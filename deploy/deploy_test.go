@@ -457,8 +457,14 @@ func TestDockerfile(t *testing.T) {
 // 0.0.0.0), and networkpolicy.yaml lets only Prometheus reach that port
 // of the DaemonSet's pods.
 func TestPrometheusBoundAndFenced(t *testing.T) {
+	b, err := os.ReadFile("kubernetes/daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var ds appsv1.DaemonSet
-	decodeStrict(t, "kubernetes/daemonset.yaml", &ds)
+	if err := sigsyaml.UnmarshalStrict(objects(t, string(b))["DaemonSet"], &ds); err != nil {
+		t.Fatalf("DaemonSet: %v", err)
+	}
 	c := ds.Spec.Template.Spec.Containers[0]
 	if i := slices.Index(c.Args, "--prometheus"); i < 0 || i+1 >= len(c.Args) || c.Args[i+1] != "$(POD_IP):9464" {
 		t.Errorf("args %v: want --prometheus $(POD_IP):9464", c.Args)

@@ -16,6 +16,10 @@ type thread struct {
 	last     int64 // end of its latest event
 	exited   int64 // when it exited, 0 while it lives
 	tl       []event.Event
+	// base is tl's whole array (len == cap), from its first element:
+	// dropFront moves tl's start, and appendTL moves tl back to base's
+	// start rather than growing the array.
+	base []event.Event
 	// dropped counts intervals dropped past maxIntervals, for every
 	// thread of the engine (Losses.DroppedIntervals).
 	dropped *uint64
@@ -75,8 +79,31 @@ func (t *thread) add(ev *event.Event) {
 		t.insert(ev)
 		return
 	}
-	t.tl = append(t.tl, *ev)
+	t.appendTL(ev)
 	t.capTimeline()
+}
+
+// appendTL appends *ev (a zero event when nil). Where the array is full
+// but dropFront left at least a quarter of it free at its front, tl moves
+// back to the array's start (each interval is moved a few times in all)
+// instead of growing into a new array: at the cap, a timeline drops one
+// interval per event it takes.
+func (t *thread) appendTL(ev *event.Event) {
+	n := len(t.tl)
+	if n == cap(t.tl) && n > 0 && cap(t.base)-n > n/4 {
+		copy(t.base, t.tl)
+		clear(t.base[n:])
+		t.tl = t.base[:n]
+	}
+	old := cap(t.tl)
+	if ev != nil {
+		t.tl = append(t.tl, *ev)
+	} else {
+		t.tl = append(t.tl, event.Event{})
+	}
+	if cap(t.tl) != old {
+		t.base = t.tl[:cap(t.tl)]
+	}
 }
 
 // capTimeline drops the oldest intervals past maxIntervals, counted: a
@@ -93,18 +120,20 @@ func (t *thread) capTimeline() {
 
 func (t *thread) insert(ev *event.Event) {
 	i := sort.Search(len(t.tl), func(i int) bool { return t.tl[i].End > ev.End })
-	t.tl = append(t.tl, event.Event{})
+	t.appendTL(nil)
 	copy(t.tl[i+1:], t.tl[i:])
 	t.tl[i] = *ev
 	t.capTimeline()
 }
 
+// dropFront forgets the k oldest intervals by moving the slice's start,
+// not its contents: a timeline at its cap drops one interval per event,
+// and moving 4096 events each time was half the sidecar's CPU on a job of
+// 8 ranks. appendTL reuses the room; what was dropped is cleared for the
+// GC.
 func (t *thread) dropFront(k int) {
-	copy(t.tl, t.tl[k:])
-	for i := len(t.tl) - k; i < len(t.tl); i++ {
-		t.tl[i] = event.Event{}
-	}
-	t.tl = t.tl[:len(t.tl)-k]
+	clear(t.tl[:k])
+	t.tl = t.tl[k:]
 }
 
 // trim forgets intervals that ended before keep.
@@ -120,6 +149,7 @@ func (t *thread) trim(keep int64) {
 	}
 	if cap(t.tl) > 64 && len(t.tl) < cap(t.tl)/4 {
 		t.tl = append(make([]event.Event, 0, 2*len(t.tl)+8), t.tl...)
+		t.base = t.tl[:cap(t.tl)]
 	}
 }
 

@@ -320,6 +320,10 @@ type ProcessSummary struct {
 type SidecarCost struct {
 	CPUNS       int64 `json:"cpu_ns"`
 	MaxRSSBytes int64 `json:"max_rss_bytes"`
+	// Events: the records read from the kernel, and by kind (cuda.launch,
+	// syscall.futex, sched.offcpu, ...: tracer.RecordKind).
+	Events       uint64            `json:"events,omitempty"`
+	EventsByKind map[string]uint64 `json:"events_by_kind,omitempty"`
 }
 
 // Sink receives results as soon as they are final. Calls come from the

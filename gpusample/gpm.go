@@ -71,6 +71,10 @@ type gpmSampler struct {
 
 	prev, cur  nvml.GpmSample // steady-state pair
 	calA, calB nvml.GpmSample // calibration pair, so prev stays valid across a calibration
+	// req is the metrics request, reused under gpmMu: a new one (its
+	// array of every metric, ~2 KiB) on each call was the sidecar's
+	// largest allocation on a job of 8 devices.
+	req nvml.GpmMetricsGetType
 
 	prevT        int64 // Unix ns of the prev sample (midpoint of the call); 0: none
 	lastEnd      int64 // end of the last window emitted
@@ -113,17 +117,19 @@ func (g *gpmSampler) read(smp nvml.GpmSample) (lo, hi int64, ok bool) {
 // metrics computes ids between two samples; an unknown metric is -1. ok
 // is false when the call itself failed.
 func (g *gpmSampler) metrics(a, b nvml.GpmSample, ids []nvml.GpmMetricId) (vals []float64, ok bool) {
-	m := nvml.GpmMetricsGetType{NumMetrics: uint32(len(ids)), Sample1: a, Sample2: b}
+	gpmMu.Lock()
+	m := &g.req
+	*m = nvml.GpmMetricsGetType{NumMetrics: uint32(len(ids)), Sample1: a, Sample2: b}
 	for i, id := range ids {
 		m.Metrics[i].MetricId = uint32(id)
 	}
-	gpmMu.Lock()
-	ret := g.s.lib.GpmMetricsGet(&m)
-	gpmMu.Unlock()
+	ret := g.s.lib.GpmMetricsGet(m)
 	if ret != nvml.SUCCESS {
+		gpmMu.Unlock()
 		g.s.countErr(g.d, "nvmlGpmMetricsGet", ret)
 		return nil, false
 	}
+	defer gpmMu.Unlock()
 	vals = make([]float64, len(ids))
 	for i := range ids {
 		v := m.Metrics[i].Value

@@ -414,6 +414,10 @@ func (x *Exporter) Summary(s correlate.Summary, dropped uint64) {
 // lost, for the live metric; Summary sets the final value.
 func (x *Exporter) DroppedEvents(total uint64) { x.metrics.setDropped(total) }
 
+// Events updates the cumulative count of records the tracer read, by kind
+// (tracer.RecordKind's names), for gaptrace.sidecar.events.
+func (x *Exporter) Events(byKind map[string]uint64) { x.metrics.setEvents(byKind) }
+
 // Losses updates the correlator's cumulative losses (late and forced
 // events, dropped intervals, incomplete steps, gaps after their step), for
 // the live metrics; Summary sets the final values.

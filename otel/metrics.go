@@ -75,6 +75,8 @@ type metrics struct {
 	// losses: the correlator's cumulative counts (correlate.Losses).
 	lossMu sync.Mutex
 	losses correlate.Losses
+	// events: the records the tracer read, by kind (guarded by lossMu).
+	events map[string]uint64
 
 	setsMu sync.Mutex
 	sets   map[labelKey]*labelSets
@@ -250,6 +252,9 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 	sidecarCPU, err := meter.Float64ObservableCounter("gaptrace.sidecar.cpu", metric.WithUnit("s"),
 		metric.WithDescription("CPU time gaptrace itself used (user + system)"))
 	errs = append(errs, err)
+	sidecarEvents, err := meter.Int64ObservableCounter("gaptrace.sidecar.events", metric.WithUnit("{event}"),
+		metric.WithDescription("Records gaptrace read from the kernel, by kind (its rate is the events a second it handles)"))
+	errs = append(errs, err)
 	sidecarRSS, err := meter.Int64ObservableGauge("gaptrace.sidecar.memory.rss", metric.WithUnit("By"),
 		metric.WithDescription("gaptrace's resident memory"))
 	errs = append(errs, err)
@@ -305,6 +310,9 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 		o.ObserveInt64(gapsDropped, int64(st.GapsDropped))
 		m.lossMu.Lock()
 		l := m.losses
+		for k, n := range m.events {
+			o.ObserveInt64(sidecarEvents, int64(n), metric.WithAttributes(attribute.String("kind", k)))
+		}
 		m.lossMu.Unlock()
 		for _, c := range losses {
 			o.ObserveInt64(c.inst, int64(c.n(&l)))
@@ -314,7 +322,7 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 			o.ObserveInt64(sidecarRSS, rss)
 		}
 		return nil
-	}, append(observed, droppedEvents, spansDropped, spansExported, gapsDropped, sidecarCPU, sidecarRSS)...)
+	}, append(observed, droppedEvents, spansDropped, spansExported, gapsDropped, sidecarCPU, sidecarRSS, sidecarEvents)...)
 	if err != nil {
 		return nil, fmt.Errorf("register metric callback: %w", err)
 	}
@@ -454,6 +462,19 @@ func (m *metrics) setLosses(l correlate.Losses) {
 	c.DroppedIntervals = max(c.DroppedIntervals, l.DroppedIntervals)
 	c.IncompleteSteps = max(c.IncompleteSteps, l.IncompleteSteps)
 	c.GapsAfterStep = max(c.GapsAfterStep, l.GapsAfterStep)
+}
+
+// setEvents records the tracer's cumulative records read by kind; a
+// count never goes backwards.
+func (m *metrics) setEvents(byKind map[string]uint64) {
+	m.lossMu.Lock()
+	defer m.lossMu.Unlock()
+	if m.events == nil {
+		m.events = make(map[string]uint64, len(byKind))
+	}
+	for k, n := range byKind {
+		m.events[k] = max(m.events[k], n)
+	}
 }
 
 // setDropped records a cumulative drop total; totals never go backwards.

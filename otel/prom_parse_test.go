@@ -37,6 +37,8 @@ func TestPrometheusPageParsesWithPrometheusParser(t *testing.T) {
 	}
 	x.Step(st)
 	x.Summary(correlate.Summary{Steps: 1}, 3)
+	x.Events(map[string]uint64{"cuda.launch": 7, "syscall.futex": 2})
+	x.Events(map[string]uint64{"cuda.launch": 5}) // a count never goes back
 	resp, err := http.Get("http://" + x.PrometheusAddr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -65,6 +67,7 @@ func TestPrometheusPageParsesWithPrometheusParser(t *testing.T) {
 		"gaptrace_gaps_total":                dto.MetricType_COUNTER,
 		"gaptrace_sidecar_cpu_seconds_total": dto.MetricType_COUNTER,
 		"gaptrace_sidecar_memory_rss_bytes":  dto.MetricType_GAUGE,
+		"gaptrace_sidecar_events_total":      dto.MetricType_COUNTER,
 	}
 	for name, typ := range need {
 		f, ok := families[name]
@@ -86,6 +89,19 @@ func TestPrometheusPageParsesWithPrometheusParser(t *testing.T) {
 	}
 	if f := families["gaptrace_sidecar_memory_rss_bytes"]; f != nil && f.GetMetric()[0].GetGauge().GetValue() < 1<<20 {
 		t.Errorf("sidecar RSS %v bytes: implausibly small", f.GetMetric()[0].GetGauge().GetValue())
+	}
+	byKind := map[string]float64{}
+	if f := families["gaptrace_sidecar_events_total"]; f != nil {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" {
+					byKind[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if byKind["cuda.launch"] != 7 || byKind["syscall.futex"] != 2 {
+		t.Errorf("gaptrace_sidecar_events_total by kind %v, want cuda.launch 7, syscall.futex 2", byKind)
 	}
 	labels := map[string]string{}
 	for _, m := range families["gaptrace_steps_total"].GetMetric() {

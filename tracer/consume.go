@@ -328,6 +328,7 @@ func (t *Tracer) consume(rd recordReader, send func([]event.Event) bool) error {
 			return fmt.Errorf("read ring buffer: %w", err)
 		}
 		t.eventsRead.Add(1)
+		t.eventsByKind[recordKind(rec)].Add(1)
 		if err := decodeRecord(rec, &d); err != nil {
 			if t.decodeErrors.Add(1) <= 10 {
 				t.log.Warn("undecodable record", "error", err)

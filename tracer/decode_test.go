@@ -190,6 +190,9 @@ func TestConsumeDispatch(t *testing.T) {
 	if n := tr.eventsRead.Load(); n != 6 {
 		t.Errorf("%d records read, want 6", n)
 	}
+	if fd, p, other := tr.eventsByKind[RecFD].Load(), tr.eventsByKind[RecProc].Load(), tr.eventsByKind[RecOther].Load(); fd != 2 || p != 2 || other != 1 {
+		t.Errorf("records by kind: fd %d, proc %d, undecodable %d; want 2, 2, 1", fd, p, other)
+	}
 	select {
 	case pid := <-tr.rescan:
 		if pid != 300 {

@@ -27,6 +27,12 @@ func (t *Tracer) Stats() Stats {
 	t.mu.Unlock()
 	s.EventsRead = t.eventsRead.Load()
 	s.DecodeErrors = t.decodeErrors.Load()
+	s.EventsByKind = make(map[string]uint64, recKinds)
+	for k := range recKinds {
+		if n := t.eventsByKind[k].Load(); n > 0 {
+			s.EventsByKind[k.String()] = n
+		}
+	}
 	s.ShortSyscalls = make(map[event.SyscallClass]uint64)
 	if closed {
 		return s

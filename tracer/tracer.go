@@ -50,11 +50,14 @@ type ProbeInfo struct {
 
 // Stats is a snapshot of what the tracer attached and saw.
 type Stats struct {
-	Attached      []ProbeInfo
-	Missing       []string // warnings: library or symbol not found, tracepoint absent
-	RingDrops     uint64   // records lost because the ring buffer was full
-	EventsRead    uint64   // records read from the ring buffer
-	DecodeErrors  uint64   // records that did not decode (never expected)
+	Attached   []ProbeInfo
+	Missing    []string // warnings: library or symbol not found, tracepoint absent
+	RingDrops  uint64   // records lost because the ring buffer was full
+	EventsRead uint64   // records read from the ring buffer
+	// EventsByKind: the records read, by kind (RecordKind's names); they
+	// add up to EventsRead.
+	EventsByKind  map[string]uint64
+	DecodeErrors  uint64 // records that did not decode (never expected)
 	ShortSyscalls map[event.SyscallClass]uint64
 	Processes     int // processes currently traced
 }
@@ -97,6 +100,7 @@ type Tracer struct {
 	closed      bool
 
 	eventsRead   atomic.Uint64
+	eventsByKind [recKinds]atomic.Uint64
 	caughtUp     atomic.Int64 // see Delivered
 	decodeErrors atomic.Uint64
 

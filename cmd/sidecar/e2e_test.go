@@ -306,12 +306,30 @@ func TestRunSimtrainAndExitCodes(t *testing.T) {
 		Steps   int64            `json:"steps"`
 		Gaps    int64            `json:"gaps"`
 		ByCause map[string]int64 `json:"by_cause"`
+		Sidecar struct {
+			CPUNS        int64             `json:"cpu_ns"`
+			Events       uint64            `json:"events"`
+			EventsByKind map[string]uint64 `json:"events_by_kind"`
+		} `json:"sidecar"`
 	}
 	if err := json.Unmarshal(b, &s); err != nil {
 		t.Fatal(err)
 	}
 	if s.WallNS <= 0 || s.ByCause["io.read"] <= 0 {
 		t.Errorf("summary shows no traced io.read stalls: %s", b)
+	}
+	// Its own cost: the records it read, by kind, add up; the stalls'
+	// reads and the step syncs are among them.
+	var byKind uint64
+	for _, n := range s.Sidecar.EventsByKind {
+		byKind += n
+	}
+	if s.Sidecar.CPUNS <= 0 || s.Sidecar.Events == 0 || byKind != s.Sidecar.Events ||
+		s.Sidecar.EventsByKind["syscall"] == 0 || s.Sidecar.EventsByKind["cuda.call"] == 0 {
+		t.Errorf("summary's sidecar cost: %+v", s.Sidecar)
+	}
+	if !strings.Contains(stdout, "gaptrace itself: ") || !strings.Contains(stdout, "% of a core") {
+		t.Errorf("the summary does not say what gaptrace itself cost:\n%s", stdout)
 	}
 	var fields map[string]any
 	if err := json.Unmarshal(b, &fields); err != nil {

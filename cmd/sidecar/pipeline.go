@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/cli"
@@ -577,6 +578,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 				lastSnap = now
 				st := p.tr.Stats()
 				p.exp.DroppedEvents(st.RingDrops)
+				p.exp.Events(st.EventsByKind)
 				p.exp.Losses(p.eng.Losses())
 				if p.cfg.Snapshot != nil {
 					sum := p.eng.Snapshot()
@@ -659,7 +661,12 @@ func (p *pipeline) Stats() live.Stats {
 	targets := slices.Clone(p.targets)
 	p.mu.Unlock()
 	s := live.Stats{Targets: targets, Attached: len(st.Attached), Missing: st.Missing,
-		EventsRead: st.EventsRead, Drops: st.RingDrops}
+		EventsRead: st.EventsRead, EventsByKind: st.EventsByKind, Drops: st.RingDrops}
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		s.CPUNS = ru.Utime.Nano() + ru.Stime.Nano()
+		s.RSSBytes = ru.Maxrss << 10 // KiB
+	}
 	if p.gpu != nil {
 		s.GPUs = len(p.gpu.Devices())
 	}

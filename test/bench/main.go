@@ -1,11 +1,13 @@
-// Command bench measures what tracing costs a launch-bound trainer: it runs
-// simtrain (many short kernels) untraced and under gaptrace's probe sets
-// null, lite, auto and full, each traced run paired with an untraced run
+// Command bench measures what tracing costs simtrain jobs (-jobs, see
+// jobs.go: launch-bound, fed by data-loader workers, 8 ranks): it runs each
+// untraced and under gaptrace's probe sets null, lite, auto and full, each traced run paired with an untraced run
 // right before it (the machine's drift cancels in the pair), for -reps
 // repetitions in a shuffled order, and prints the median and a bootstrap
 // 95% interval of: the wall time per step as a ratio to the paired
 // untraced run, the trainer's own CPU time per step (uprobe traps are
-// charged to the thread that hits them), and the time per kernel launch.
+// charged to the thread that hits them), the time per kernel launch, and
+// gaptrace's own CPU as a share of one core (/proc, from -skip after the
+// job's start to its end) and peak RSS (its summary).
 // The first -skip of every run (auto's first window) is left out of each
 // figure; auto's later windows are not. The trainer's CPU time comes from
 // simtrain itself (CLOCK_PROCESS_CPUTIME_ID at the end of every step).
@@ -24,7 +26,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,6 +36,8 @@ import (
 type options struct {
 	gaptrace, simgpu, out string
 	reps                  int
+	jobs                  []string
+	rankSteps             int
 	modes                 []string
 	runFor                time.Duration
 	kernels               int
@@ -46,7 +50,9 @@ type options struct {
 
 func main() {
 	var o options
-	var modes, autoFlags string
+	var modes, autoFlags, jobs string
+	flag.StringVar(&jobs, "jobs", strings.Join(knownJobs, ","), "jobs to measure, comma-separated: launch, loader, ranks8")
+	flag.IntVar(&o.rankSteps, "rank-steps", 400, "ranks8: steps each rank runs (it stops on its own)")
 	flag.StringVar(&o.gaptrace, "gaptrace", "bin/gaptrace", "the gaptrace binary")
 	flag.StringVar(&o.simgpu, "simgpu", "build/simgpu", "the simulated GPU (simtrain, libcuda, libnvidia-ml)")
 	flag.StringVar(&o.out, "out", "", "where runs write (default: a new directory under /tmp)")
@@ -62,6 +68,7 @@ func main() {
 	flag.StringVar(&merge, "merge", "", "print the table of saved runs (comma-separated files from -save) instead of running")
 	flag.Parse()
 	o.modes = strings.Split(modes, ",")
+	o.jobs = strings.Split(jobs, ",")
 	o.autoFlags = strings.Fields(autoFlags)
 	if merge != "" {
 		res, err := load(strings.Split(merge, ","))
@@ -69,7 +76,10 @@ func main() {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(2)
 		}
-		o.reps = len(res.Ratio[o.modes[0]])
+		o.reps = 0
+		for _, v := range res.Ratio {
+			o.reps = max(o.reps, len(v))
+		}
 		o.merged = strings.Split(merge, ",")
 		fmt.Print(table(o, res))
 		return
@@ -109,6 +119,8 @@ func load(files []string) (*results, error) {
 			all.Ratio[m] = append(all.Ratio[m], v...)
 			all.CPU[m] = append(all.CPU[m], r.CPU[m]...)
 			all.Launch[m] = append(all.Launch[m], r.Launch[m]...)
+			all.SideCPU[m] = append(all.SideCPU[m], r.SideCPU[m]...)
+			all.SideRSS[m] = append(all.SideRSS[m], r.SideRSS[m]...)
 		}
 		all.FullShare = append(all.FullShare, r.FullShare...)
 	}
@@ -122,6 +134,14 @@ func validate(o *options) error {
 		default:
 			return fmt.Errorf("-modes: unknown mode %q (want untraced, null, lite, auto, full)", m)
 		}
+	}
+	for _, j := range o.jobs {
+		if !slices.Contains(knownJobs, j) {
+			return fmt.Errorf("-jobs: unknown job %q (want %s)", j, strings.Join(knownJobs, ", "))
+		}
+	}
+	if o.rankSteps < 20 {
+		return fmt.Errorf("-rank-steps must be at least 20")
 	}
 	if o.reps < 1 || o.kernels < 1 || o.runFor < o.skip+time.Second {
 		return fmt.Errorf("-reps and -kernels must be at least 1, -run at least -skip plus 1s")
@@ -154,63 +174,79 @@ type sample struct {
 	// HangTickNS: the mean time of one check of the hang watch (gaptrace's
 	// log), 0 for an untraced run.
 	HangTickNS float64
+	SideCPU    float64 // gaptrace's CPU, share of one core (-1: untraced or unknown)
+	SideRSS    float64 // gaptrace's peak RSS, MiB (-1: untraced or unknown)
 }
 
+// results are keyed by key(job, mode).
 type results struct {
 	Ratio, CPU, Launch map[string][]float64
+	SideCPU, SideRSS   map[string][]float64
 	FullShare          []float64
 	HangTick           []float64 // ns per check of the hang watch, every traced run
 }
 
 func newResults() *results {
-	return &results{Ratio: map[string][]float64{}, CPU: map[string][]float64{}, Launch: map[string][]float64{}}
+	return &results{Ratio: map[string][]float64{}, CPU: map[string][]float64{}, Launch: map[string][]float64{},
+		SideCPU: map[string][]float64{}, SideRSS: map[string][]float64{}}
 }
 
 func runAll(o options) (*results, error) {
 	res := newResults()
 	r := rand.New(rand.NewPCG(o.seed, 99))
 	n := 0
-	total := o.reps * len(o.modes)
+	total := o.reps * len(o.modes) * len(o.jobs)
 	fmt.Fprintf(os.Stderr, "bench: %d pairs of runs, outputs in %s\n", total, o.out)
 	for rep := 0; rep < o.reps; rep++ {
-		order := append([]string(nil), o.modes...)
+		var order [][2]string
+		for _, j := range o.jobs {
+			for _, m := range o.modes {
+				order = append(order, [2]string{j, m})
+			}
+		}
 		r.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-		for _, m := range order {
+		for _, jm := range order {
+			j, m := jm[0], jm[1]
+			k := key(j, m)
 			n++
-			base, err := run(o, "untraced", fmt.Sprintf("%03d-%s-base", rep, m))
+			base, err := run(o, j, "untraced", fmt.Sprintf("%03d-%s-%s-base", rep, j, m))
 			if err != nil {
 				return nil, err
 			}
-			s, err := run(o, m, fmt.Sprintf("%03d-%s", rep, m))
+			s, err := run(o, j, m, fmt.Sprintf("%03d-%s-%s", rep, j, m))
 			if err != nil {
 				return nil, err
 			}
-			res.Ratio[m] = append(res.Ratio[m], s.StepNS/base.StepNS)
-			res.CPU[m] = append(res.CPU[m], s.CPUNS)
-			res.Launch[m] = append(res.Launch[m], s.LaunchNS)
-			if m == "auto" {
+			res.Ratio[k] = append(res.Ratio[k], s.StepNS/base.StepNS)
+			res.CPU[k] = append(res.CPU[k], s.CPUNS)
+			res.Launch[k] = append(res.Launch[k], s.LaunchNS)
+			if s.SideCPU >= 0 {
+				res.SideCPU[k] = append(res.SideCPU[k], s.SideCPU)
+			}
+			if s.SideRSS >= 0 {
+				res.SideRSS[k] = append(res.SideRSS[k], s.SideRSS)
+			}
+			if m == "auto" && j == "launch" {
 				res.FullShare = append(res.FullShare, s.FullShare)
 			}
 			if s.HangTickNS > 0 {
 				res.HangTick = append(res.HangTick, s.HangTickNS)
 			}
-			fmt.Fprintf(os.Stderr, "bench: %3d/%d %-8s step %.1f µs (untraced %.1f), cpu %.1f µs/step, %.3f µs/launch\n",
-				n, total, m, s.StepNS/1e3, base.StepNS/1e3, s.CPUNS/1e3, s.LaunchNS/1e3)
+			fmt.Fprintf(os.Stderr, "bench: %3d/%d %-14s step %.1f µs (untraced %.1f), cpu %.1f µs/step, %.3f µs/launch, gaptrace %.1f%% of a core, %.0f MiB\n",
+				n, total, k, s.StepNS/1e3, base.StepNS/1e3, s.CPUNS/1e3, s.LaunchNS/1e3, 100*s.SideCPU, s.SideRSS)
 		}
 	}
 	return res, nil
 }
 
-// run runs simtrain once, under gaptrace unless mode is untraced.
-func run(o options, mode, name string) (sample, error) {
+// run runs a job once, under gaptrace unless mode is untraced.
+func run(o options, job, mode, name string) (sample, error) {
 	dir := filepath.Join(o.out, name)
 	if err := os.MkdirAll(filepath.Join(dir, "tl"), 0o755); err != nil {
 		return sample{}, err
 	}
 	truth := filepath.Join(dir, "truth.jsonl")
-	// A small batch: the step is the launches and one sync, not a copy.
-	inner := []string{filepath.Join(o.simgpu, "simtrain"), "--steps", "1000000000", "--kernels-per-step", strconv.Itoa(o.kernels),
-		"--kernel-us", "1", "--launch-gap-us", "0", "--batch-bytes", "4096", "--workers", "0", "--quiet", "--truth", truth}
+	inner, env, signal := jobArgv(o, job, dir, truth)
 	argv := inner
 	if mode != "untraced" {
 		argv = []string{o.gaptrace, "run", "--probes", mode, "--live", "off",
@@ -223,7 +259,7 @@ func run(o options, mode, name string) (sample, error) {
 		argv = append(append(argv, "--"), inner...)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), "SIMGPU_DIR="+filepath.Join(dir, "tl"))
+	cmd.Env = append(append(os.Environ(), "SIMGPU_DIR="+filepath.Join(dir, "tl")), env...)
 	logf, err := os.Create(filepath.Join(dir, "log"))
 	if err != nil {
 		return sample{}, err
@@ -240,18 +276,25 @@ func run(o options, mode, name string) (sample, error) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	started := time.Time{}
+	meter := cpuMeter{pid: cmd.Process.Pid}
 	tick := time.NewTicker(20 * time.Millisecond)
 	for err = nil; ; {
 		select {
 		case err = <-done:
-		case <-tick.C:
-			if started.IsZero() {
+		case now := <-tick.C:
+			switch {
+			case started.IsZero():
 				if _, serr := os.Stat(truth); serr == nil {
-					started = time.Now()
+					started = now
 				}
-			} else if time.Since(started) >= o.runFor {
+			case now.Sub(started) >= o.runFor && signal:
 				_ = cmd.Process.Signal(os.Interrupt)
-				started = time.Now().Add(time.Hour) // once
+				started = now.Add(time.Hour) // once
+				signal = false
+			case now.Sub(started) >= o.skip && mode != "untraced" && signal:
+				meter.read(now)
+			case now.Sub(started) >= o.skip && mode != "untraced" && job == "ranks8":
+				meter.read(now)
 			}
 			continue
 		}
@@ -262,6 +305,10 @@ func run(o options, mode, name string) (sample, error) {
 		return sample{}, fmt.Errorf("%s: %w (log: %s)", name, err, logf.Name())
 	}
 	s, err := measure(dir, truth, mode, o.skip)
+	s.SideCPU, s.SideRSS = -1, -1
+	if mode != "untraced" {
+		s.SideCPU, s.SideRSS = meter.share(), sidecarRSS(dir)
+	}
 	if err == nil && mode != "untraced" {
 		s.HangTickNS = hangTick(logf.Name())
 	}
@@ -355,30 +402,54 @@ func measure(dir, truth, mode string, skip time.Duration) (sample, error) {
 
 func table(o options, res *results) string {
 	var b strings.Builder
+	for _, j := range o.jobs {
+		b.WriteString(jobTable(o, j, res))
+	}
+	return b.String()
+}
+
+func jobTable(o options, job string, res *results) string {
+	var b strings.Builder
 	if o.merged != nil {
 		// The saving script describes its job; here only what the table holds.
-		fmt.Fprintf(&b, "\n%s: interleaved pairs per mode:", strings.Join(o.merged, ", "))
+		fmt.Fprintf(&b, "\n%s, job %s: interleaved pairs per mode:", strings.Join(o.merged, ", "), job)
 		for _, m := range o.modes {
-			fmt.Fprintf(&b, " %s %d", m, len(res.Ratio[m]))
+			fmt.Fprintf(&b, " %s %d", m, len(res.Ratio[key(job, m)]))
 		}
 		fmt.Fprintln(&b)
 	} else {
-		fmt.Fprintf(&b, "\nsimtrain: steps of %d × 1 µs kernels launched back to back; %d interleaved pairs per mode; runs of %v, the first %v of stepping left out\n",
-			o.kernels, o.reps, o.runFor, o.skip)
+		what := map[string]string{
+			"launch": fmt.Sprintf("steps of %d × 1 µs kernels launched back to back", o.kernels),
+			"loader": "2 data-loader worker processes, a batch every step, 8 × 200 µs kernels",
+			"ranks8": fmt.Sprintf("8 ranks, an all-reduce a step, %d steps each", o.rankSteps),
+		}[job]
+		fmt.Fprintf(&b, "\nsimtrain %s: %s; %d interleaved pairs per mode; runs of %v, the first %v of stepping left out\n",
+			job, what, o.reps, o.runFor, o.skip)
 	}
 	fmt.Fprintf(&b, "median [bootstrap 95%% interval]\n")
-	fmt.Fprintf(&b, "%-9s %-26s %-28s %-26s\n", "mode", "wall/step vs untraced", "trainer CPU µs/step", "µs per launch")
+	fmt.Fprintf(&b, "%-9s %-26s %-28s %-26s %-24s %-20s\n", "mode", "wall/step vs untraced", "trainer CPU µs/step", "µs per launch",
+		"gaptrace % of a core", "gaptrace RSS MiB")
 	for i, m := range o.modes {
+		k := key(job, m)
 		seed := o.seed + uint64(i)*7919
-		r := BootstrapMedian(res.Ratio[m], 2000, 0.95, seed)
-		c := BootstrapMedian(res.CPU[m], 2000, 0.95, seed+1)
-		l := BootstrapMedian(res.Launch[m], 2000, 0.95, seed+2)
-		fmt.Fprintf(&b, "%-9s %-26s %-28s %-26s\n", m,
+		r := BootstrapMedian(res.Ratio[k], 2000, 0.95, seed)
+		c := BootstrapMedian(res.CPU[k], 2000, 0.95, seed+1)
+		l := BootstrapMedian(res.Launch[k], 2000, 0.95, seed+2)
+		side, rss := "-", "-"
+		if len(res.SideCPU[k]) > 0 {
+			s := BootstrapMedian(res.SideCPU[k], 2000, 0.95, seed+3)
+			side = fmt.Sprintf("%.1f [%.1f, %.1f]", 100*s.Value, 100*s.Lo, 100*s.Hi)
+		}
+		if len(res.SideRSS[k]) > 0 {
+			s := BootstrapMedian(res.SideRSS[k], 2000, 0.95, seed+4)
+			rss = fmt.Sprintf("%.0f [%.0f, %.0f]", s.Value, s.Lo, s.Hi)
+		}
+		fmt.Fprintf(&b, "%-9s %-26s %-28s %-26s %-24s %-20s\n", m,
 			fmt.Sprintf("%.4f [%.4f, %.4f]", r.Value, r.Lo, r.Hi),
 			fmt.Sprintf("%.1f [%.1f, %.1f]", c.Value/1e3, c.Lo/1e3, c.Hi/1e3),
-			fmt.Sprintf("%.3f [%.3f, %.3f]", l.Value/1e3, l.Lo/1e3, l.Hi/1e3))
+			fmt.Sprintf("%.3f [%.3f, %.3f]", l.Value/1e3, l.Lo/1e3, l.Hi/1e3), side, rss)
 	}
-	if len(res.FullShare) > 0 {
+	if job == "launch" && len(res.FullShare) > 0 {
 		fmt.Fprintf(&b, "auto: median %.1f%% of each traced run at full (per-launch probes attached)\n", 100*stats.Median(res.FullShare))
 	}
 	if len(res.HangTick) > 0 {

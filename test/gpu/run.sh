@@ -2,7 +2,7 @@
 # Validate gaptrace on a real GPU machine. Builds nothing: bin/gaptrace is built beforehand on an
 # x86-64 machine (make build) and shipped with the repository.
 #
-#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead pairs attach-pairs layouts loops styles auto-steady
+#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead pairs cost attach-pairs layouts loops styles auto-steady
 #
 # RECORD=1 adds --record to the traced runs of accuracy, ddp and loops and packs the recordings into
 # OUTDIR/recordings.tar ('gaptrace replay' reproduces those runs offline), with the accuracy runs'
@@ -121,6 +121,11 @@ for p in $PHASES; do
     "$PY" "$HERE/overhead_pairs.py" --gaptrace "$G" --bench "${BENCH:-$ROOT/bin/bench}" --out "$WORK/pairs" \
       --reps "${REPS:-20}" --steps "${PAIR_STEPS:-2000}" --modes "${PAIR_MODES:-untraced,null,lite,auto,full,profiler}" 2>&1 | tee -a "$RES"
     cp "$WORK/pairs/pairs.json" "$OUTDIR/overhead-pairs.json" 2>/dev/null
+    ;;
+  cost)
+    # The sidecar's own cost on a job with a 2-worker pinned DataLoader (cost.sh: interleaved pairs).
+    phase "cost: 2-worker pinned DataLoader, untraced vs traced"
+    WORK=$WORK/cost "$HERE/cost.sh" "$OUTDIR" 2>&1 | tee -a "$RES"
     ;;
   attach-pairs)
     # The same costs in one long-running job: gaptrace attached and detached, the profiler switched on

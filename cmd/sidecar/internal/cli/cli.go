@@ -415,10 +415,13 @@ func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate, st
 	}
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
-		s.Sidecar = &correlate.SidecarCost{
-			CPUNS:       ru.Utime.Nano() + ru.Stime.Nano(),
-			MaxRSSBytes: ru.Maxrss << 10, // Linux reports KiB
+		c := correlate.SidecarCost{}
+		if s.Sidecar != nil {
+			c = *s.Sidecar // the events it handled, from the pipeline
 		}
+		c.CPUNS = ru.Utime.Nano() + ru.Stime.Nano()
+		c.MaxRSSBytes = ru.Maxrss << 10 // Linux reports KiB
+		s.Sidecar = &c
 	}
 	b, err := json.MarshalIndent(struct {
 		correlate.Summary
@@ -599,6 +602,7 @@ func (s *session) finish() error {
 		errs = append(errs, fmt.Errorf("close pipeline: %w", err))
 	}
 	sum.DroppedEvents = max(sum.DroppedEvents, stats.Drops)
+	sum.Sidecar = &correlate.SidecarCost{Events: stats.EventsRead, EventsByKind: stats.EventsByKind}
 	stats.Drops = sum.DroppedEvents
 	s.agg.SetStats(stats)
 	s.agg.SetSummary(sum)

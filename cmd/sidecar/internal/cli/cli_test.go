@@ -625,7 +625,8 @@ func TestDemoWithoutSimGPU(t *testing.T) {
 
 func TestSummaryJSONCarriesSidecarCost(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "summary.json")
-	if err := writeSummaryJSON(path, correlate.Summary{Steps: 3}, nil, nil); err != nil {
+	in := correlate.Summary{Steps: 3, Sidecar: &correlate.SidecarCost{Events: 9, EventsByKind: map[string]uint64{"cuda.launch": 9}}}
+	if err := writeSummaryJSON(path, in, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(path)
@@ -638,6 +639,9 @@ func TestSummaryJSONCarriesSidecarCost(t *testing.T) {
 	}
 	if s.Sidecar == nil || s.Sidecar.CPUNS <= 0 || s.Sidecar.MaxRSSBytes < 1<<20 {
 		t.Fatalf("sidecar cost missing or implausible: %+v", s.Sidecar)
+	}
+	if s.Sidecar.Events != 9 || s.Sidecar.EventsByKind["cuda.launch"] != 9 {
+		t.Errorf("records handled lost: %+v", s.Sidecar)
 	}
 	if s.Steps != 3 || s.ByCause == nil {
 		t.Fatalf("summary fields lost: %+v", s)

@@ -39,6 +39,12 @@ type Stats struct {
 	// Export counts the spans' primary output (OTLP when configured, else
 	// the spans file).
 	Export ExportStats
+	// The sidecar's own cost so far: CPU time (user + system) and peak
+	// resident memory, read when the stats were taken (0: unknown).
+	CPUNS    int64
+	RSSBytes int64
+	// EventsByKind: EventsRead by record kind (tracer.RecordKind's names).
+	EventsByKind map[string]uint64
 }
 
 type fileAgg struct {
@@ -66,6 +72,11 @@ type Aggregator struct {
 	haveSnap bool
 	hangs    map[string]Hang // SetHang
 	stats    Stats
+	// costFrom and costAt: the first stats that carried the sidecar's
+	// CPU time and when they came; its cost is rated from there, past
+	// the start-up's loading of the probes.
+	costFrom Stats
+	costAt   time.Time
 
 	steps     int64
 	windows   int64       // fixed windows (no step period known), not steps
@@ -233,6 +244,9 @@ func (a *Aggregator) SetStats(s Stats) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stats = s
+	if a.costAt.IsZero() && s.CPUNS > 0 {
+		a.costFrom, a.costAt = s, a.now()
+	}
 }
 
 // CauseTime is one cause's share of the lost GPU time.
@@ -319,6 +333,11 @@ type View struct {
 	FullShare float64
 	// Hangs: every hang seen, ongoing or ended (SetHang).
 	Hangs []Hang
+	// CPUPct is the sidecar's CPU time as a share of one core (-1: not
+	// known yet), and EventsPerSec the records it handled a second, both
+	// since its first stats once those are 5 s old, else since the start.
+	CPUPct       float64
+	EventsPerSec float64
 }
 
 // View takes a consistent frame. title names what is traced.
@@ -329,7 +348,15 @@ func (a *Aggregator) View(title string) View {
 	if !a.stopped.IsZero() {
 		now = a.stopped
 	}
-	v := View{Title: title, Elapsed: now.Sub(a.start), Steps: a.steps, Windows: a.windows, Gaps: a.gaps, Stats: a.stats, IdlePct: -1}
+	v := View{Title: title, Elapsed: now.Sub(a.start), Steps: a.steps, Windows: a.windows, Gaps: a.gaps, Stats: a.stats, IdlePct: -1, CPUPct: -1}
+	from, at := a.costFrom, a.costAt
+	if at.IsZero() || now.Sub(at) < 5*time.Second {
+		from, at = Stats{}, a.start // start-up included
+	}
+	if span := now.Sub(at).Seconds(); a.stats.CPUNS > 0 && span >= 1 {
+		v.CPUPct = 100 * float64(a.stats.CPUNS-from.CPUNS) / 1e9 / span
+		v.EventsPerSec = float64(a.stats.EventsRead-from.EventsRead) / span
+	}
 	v.Stats.Missing = slices.Clone(a.stats.Missing)
 	v.Stats.Targets = slices.Clone(a.stats.Targets)
 
@@ -559,6 +586,10 @@ func Frame(v View, width int) string {
 	writeWhatIf(&b, v)
 	writeEvidence(&b, v, width)
 	writeSites(&b, v, width)
+	if v.CPUPct >= 0 {
+		fmt.Fprintf(&b, "gaptrace itself: %.1f%% of a core · %s peak resident · %.0f events/s\n",
+			v.CPUPct, FormatBytes(uint64(max(0, v.Stats.RSSBytes))), v.EventsPerSec)
+	}
 	if v.LastGap != nil {
 		g := v.LastGap
 		probes := ""

@@ -1124,20 +1124,10 @@ func (s *stepper) clockTick(set settings, tok *token) bool {
 			same = false
 			c.lag.reset()
 		}
-		s.checks[s.nchecks%lossRing] = same
-		s.nchecks++
-		if s.nchecks >= lossRing/2 {
-			k, bad := min(s.nchecks, lossRing), 0
-			for i := 0; i < k; i++ {
-				if !s.checks[i] {
-					bad++
-				}
-			}
-			if 2*bad > k {
-				set.log.Info("step pattern lost, falling back to fixed windows", "pid", s.pid)
-				s.toWindows(s.stepEnd(tok.t))
-				return true
-			}
+		if s.lost.record(same) {
+			set.log.Info("step pattern lost, falling back to fixed windows", "pid", s.pid)
+			s.toWindows(s.stepEnd(tok.t))
+			return true
 		}
 	}
 	c.prev, c.havePrev = c.seg, true
@@ -1302,7 +1292,7 @@ func (s *stepper) tryClock(set settings) bool {
 	}
 	s.mode = modeClock
 	s.period, s.phase = 0, 0
-	s.nchecks = 0
+	s.lost.reset()
 	s.anchor = s.findAnchor()
 	switch prev {
 	case modeUnknown:

@@ -98,17 +98,44 @@ type stepAcc struct {
 	lastGap int64
 }
 
+// lossCheck says when a locked step pattern is lost: half of the last
+// lossRing steps (lossRing/2 at least) failed to match it.
+type lossCheck struct {
+	ok [lossRing]bool
+	n  int
+}
+
+// record takes whether the latest step matched; it reports whether the
+// pattern is lost.
+func (l *lossCheck) record(same bool) bool {
+	l.ok[l.n%lossRing] = same
+	l.n++
+	if l.n < lossRing/2 {
+		return false
+	}
+	k, bad := min(l.n, lossRing), 0
+	for i := 0; i < k; i++ {
+		if !l.ok[i] {
+			bad++
+		}
+	}
+	return 2*bad > k
+}
+
+func (l *lossCheck) reset() { l.n = 0 }
+
 // stepper is a process's step clock.
 type stepper struct {
-	pid     uint32 // for logs
-	mode    stepMode
-	origin  int64
-	hist    []syncSig
-	n       int64
-	period  int
-	phase   int
-	checks  [lossRing]bool
-	nchecks int
+	pid    uint32 // for logs
+	mode   stepMode
+	origin int64
+	hist   []syncSig
+	n      int64
+	period int
+	phase  int
+	// lost: whether the recent steps still match the pattern the mode
+	// locked onto (the sync period or the clock).
+	lost    lossCheck
 	steps   []*stepAcc
 	next    int64
 	doneNum int64
@@ -316,20 +343,10 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 		P := s.period
 		h := len(s.hist)
 		if h > P {
-			s.checks[s.nchecks%lossRing] = sigEq(&s.hist[h-1], &s.hist[h-1-P])
-			s.nchecks++
-			if s.nchecks >= lossRing/2 {
-				k, bad := min(s.nchecks, lossRing), 0
-				for i := 0; i < k; i++ {
-					if !s.checks[i] {
-						bad++
-					}
-				}
-				if 2*bad > k {
-					set.log.Info("step pattern lost, falling back to fixed windows", "pid", s.pid)
-					s.toWindows(sig.end)
-					return
-				}
+			if s.lost.record(sigEq(&s.hist[h-1], &s.hist[h-1-P])) {
+				set.log.Info("step pattern lost, falling back to fixed windows", "pid", s.pid)
+				s.toWindows(sig.end)
+				return
 			}
 		}
 		if int(sig.idx%int64(P)) == s.phase {
@@ -360,7 +377,7 @@ func (s *stepper) onSync(set settings, sig syncSig) {
 			s.tick(set, sig.end)
 			s.boundary(sig.end, false)
 			s.mode = modePeriod
-			s.nchecks = 0
+			s.lost.reset()
 		}
 	}
 }
@@ -447,7 +464,7 @@ func (s *stepper) retro() {
 		s.boundary(h.end, false)
 	}
 	s.mode = modePeriod
-	s.nchecks = 0
+	s.lost.reset()
 }
 
 // splitWindow lays the period's boundaries over the open fixed window

@@ -35,8 +35,9 @@ func (p *proc) deliver(set settings, g Gap) {
 		for c, ns := range g.Breakdown {
 			st.ByCause[c] += ns
 		}
+		st.gaps = append(st.gaps, g)
 	} else {
-		g.Step = p.st.doneNum
+		g.Step, g.Late = p.st.doneNum, true
 		if p.st.emitted {
 			// Every step that could hold it is out: the gap counts in
 			// the totals and the gaps file, in no step.

@@ -921,7 +921,7 @@ func TestGapsJSONL(t *testing.T) {
 		Breakdown: map[Cause]int64{CauseIORead: 10}, Evidence: Evidence{Source: "host"}}
 	w.Gap(g)
 	w.Gap(g)
-	w.Step(Step{})
+	w.Step(StepResult{})
 	lines := bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n"))
 	if len(lines) != 2 || w.Err() != nil || w.Written() != 2 {
 		t.Fatalf("%d lines, err %v", len(lines), w.Err())

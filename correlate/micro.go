@@ -97,7 +97,7 @@ func (p *proc) finishStep(x env, st *stepAcc) {
 		st.HW = x.set.hw(p.dev, st.Start, st.End)
 	}
 	p.noteBusyPerLaunch(st, d.maxEnd >= st.End)
-	p.out.step(st.Step, split)
+	p.out.step(st.Step, st.gaps, split)
 }
 
 type causeNS struct {

@@ -518,6 +518,7 @@ func (s *stepper) mergePrologue(num int64) {
 		}
 		a.End, a.closed, a.Window = b.End, b.closed, false
 		a.Gaps += b.Gaps
+		a.gaps = append(a.gaps, b.gaps...)
 		a.StallNS += b.StallNS
 		a.BoundedIdleNS += b.BoundedIdleNS
 		a.Launches += b.Launches

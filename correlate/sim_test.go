@@ -157,7 +157,7 @@ func (c *collect) Gap(g Gap) {
 	c.gapAt = append(c.gapAt, c.now)
 }
 
-func (c *collect) Step(s Step) { c.steps = append(c.steps, s) }
+func (c *collect) Step(s StepResult) { c.steps = append(c.steps, s.Step) }
 
 // feed drives e like the live sidecar: events become visible at their end
 // (plus delay), windows at their end + winLate, Advance every tick.

@@ -96,6 +96,8 @@ type stepAcc struct {
 	// lastGap: the midpoint of the latest gap delivered to it, which
 	// carries its number.
 	lastGap int64
+	// gaps: the gaps delivered to it, emitted with it.
+	gaps []Gap
 }
 
 // lossCheck says when a locked step pattern is lost: half of the last

@@ -81,10 +81,7 @@ func TestFileModeSpanModel(t *testing.T) {
 	const steps = 8
 	for n := range int64(steps) {
 		st, gaps := sy.step(n)
-		for _, g := range gaps {
-			x.Gap(g)
-		}
-		x.Step(st)
+		deliver(x, st, gaps...)
 	}
 	if err := x.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
@@ -196,48 +193,62 @@ func TestFileModeSpanModel(t *testing.T) {
 	}
 }
 
-func TestGapBufferBoundedAndOrphansEmitted(t *testing.T) {
+// TestLateGapsOrphansAndShutdown: the exporter holds no gap. A gap the
+// engine marks late whose step was never emitted here becomes a trace of
+// its own at once; one whose step was emitted hangs under it; a step's
+// own gaps come with it. After Shutdown, the gaps of a step and late gaps
+// are counted dropped.
+func TestLateGapsOrphansAndShutdown(t *testing.T) {
 	clearEnv(t)
 	path := filepath.Join(t.TempDir(), "spans.jsonl")
-	x, err := otel.New(context.Background(), otel.Config{GapBuffer: 3, Rank: -1, SpansFile: path})
+	x, err := otel.New(context.Background(), otel.Config{Rank: -1, SpansFile: path})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sy := synth{pid: 1, t0: time.Now().UnixNano()}
-	for n := range int64(5) {
+	for n := range int64(2) {
 		_, gaps := sy.step(n)
+		gaps[0].Late = true
 		x.Gap(gaps[0])
 	}
-	if d := x.Stats().GapsDropped; d != 2 {
-		t.Fatalf("buffer of 3 took 5 gaps: dropped %d, want 2", d)
-	}
-	// Step 2 arrives: its gap is emitted; steps 0 and 1 never will be,
-	// and their gaps are emitted without them.
-	st, _ := sy.step(2)
-	x.Step(st)
-	if d := x.Stats().GapsDropped; d != 2 {
-		t.Errorf("after step 2: dropped %d, want the 2 of the overflow", d)
-	}
-	// Room again: a new gap is buffered, not dropped.
-	_, gaps := sy.step(3)
-	x.Gap(gaps[0])
-	if d := x.Stats().GapsDropped; d != 2 {
-		t.Errorf("gap after room was made: dropped %d, want 2", d)
+	st, gaps := sy.step(2)
+	deliver(x, st, gaps...)
+	late := gaps[0]
+	late.Start, late.End, late.Late = late.End, late.End+int64(time.Millisecond), true
+	x.Gap(late)
+	if d := x.Stats().GapsDropped; d != 0 {
+		t.Errorf("before shutdown: dropped %d, want 0", d)
 	}
 	shutdown(t, x)
-	byStep := map[int64]otel.FileSpan{}
+	st, gaps = sy.step(3)
+	deliver(x, st, gaps...)
+	gaps[0].Late = true
+	x.Gap(gaps[0])
+	if d := x.Stats().GapsDropped; d != 2 {
+		t.Errorf("after shutdown: dropped %d, want the step's gap and the late one", d)
+	}
+	var stepSpan string
+	var gapSpans []otel.FileSpan
 	for _, s := range readSpansFile(t, path) {
-		if s.Name == otel.SpanGap {
-			byStep[int64(s.Attributes["gpu.step.number"].(float64))] = s
+		switch s.Name {
+		case otel.SpanStep:
+			stepSpan = s.SpanID
+		case otel.SpanGap:
+			gapSpans = append(gapSpans, s)
 		}
 	}
-	for n := range int64(4) {
-		s, ok := byStep[n]
+	if len(gapSpans) != 4 || stepSpan == "" {
+		t.Fatalf("%d gap spans and step span %q, want 4 and step 2's", len(gapSpans), stepSpan)
+	}
+	for _, s := range gapSpans {
+		n := int64(s.Attributes["gpu.step.number"].(float64))
 		switch {
-		case !ok:
-			t.Errorf("the gap of step %d is not in the spans", n)
-		case n != 2 && s.ParentSpanID != "":
-			t.Errorf("the gap of step %d, whose step never came, hangs under %s", n, s.ParentSpanID)
+		case n < 2 && s.ParentSpanID != "":
+			t.Errorf("the late gap of step %d, whose step never came, hangs under %s", n, s.ParentSpanID)
+		case n == 2 && s.ParentSpanID != stepSpan:
+			t.Errorf("a gap of step 2 hangs under %q, not its step %s", s.ParentSpanID, stepSpan)
+		case n > 2:
+			t.Errorf("a gap of step %d delivered after shutdown became a span", n)
 		}
 	}
 }
@@ -265,6 +276,7 @@ func TestLateGapsJoinTheirStep(t *testing.T) {
 				st, gaps := sy.step(n)
 				rank := r
 				st.Workload = &correlate.Workload{Rank: &rank}
+				var carried []correlate.Gap
 				for i := range gaps {
 					gaps[i].Workload = st.Workload
 					if r == 1 && n < 3 {
@@ -273,12 +285,13 @@ func TestLateGapsJoinTheirStep(t *testing.T) {
 					want++
 					if n%3 == 1 {
 						// Decided after the step: a wait on the other rank.
+						gaps[i].Late = true
 						late = append(late, gaps[i])
 						continue
 					}
-					x.Gap(gaps[i])
+					carried = append(carried, gaps[i])
 				}
-				x.Step(st)
+				deliver(x, st, carried...)
 			}
 			// The late gaps of this step come once the other rank's step
 			// was emitted too.
@@ -333,8 +346,7 @@ func TestPrometheusEndpoint(t *testing.T) {
 	sy := synth{pid: 1, t0: time.Now().UnixNano()}
 	for n := range int64(4) {
 		st, gaps := sy.step(n)
-		x.Gap(gaps[0])
-		x.Step(st)
+		deliver(x, st, gaps[0])
 	}
 	// The correlator's losses: a live update, the summary's final counts,
 	// then a stale snapshot that must not lower them.
@@ -395,11 +407,10 @@ func TestPrometheusLabelsPerGPUAndProcess(t *testing.T) {
 		sy := synth{pid: uint32(100 + i), t0: time.Now().UnixNano()}
 		st, gaps := sy.step(0)
 		st.Device, st.Workload = i, w
-		for _, g := range gaps {
-			g.Device, g.Workload = i, w
-			x.Gap(g)
+		for i := range gaps {
+			gaps[i].Device, gaps[i].Workload = i, w
 		}
-		x.Step(st)
+		deliver(x, st, gaps...)
 	}
 	x.Summary(correlate.Summary{Steps: 2}, 0)
 	resp, err := http.Get("http://" + x.PrometheusAddr() + "/metrics")
@@ -454,8 +465,7 @@ func TestSilentCollectorNeverBlocks(t *testing.T) {
 	for n := range int64(500) {
 		st, gaps := sy.step(n)
 		start := time.Now()
-		x.Gap(gaps[0])
-		x.Step(st)
+		deliver(x, st, gaps[0])
 		worst = max(worst, time.Since(start))
 		if q := x.Stats().QueueLen; q > queue {
 			t.Fatalf("queue %d over its bound %d", q, queue)
@@ -607,12 +617,10 @@ func TestUnresolvedEvidenceLeftOut(t *testing.T) {
 	sy := synth{pid: 3, t0: time.Now().UnixNano()}
 	st, gaps := sy.step(1) // net
 	gaps[0].Evidence.Peers = []correlate.PeerEvidence{{Address: "", Bytes: 100, NS: 9e6}, {Address: "10.0.0.9:80", Bytes: 2, NS: 1e6}}
-	x.Gap(gaps[0])
-	x.Step(st)
+	deliver(x, st, gaps[0])
 	st, gaps = sy.step(0) // io.read
 	gaps[0].Evidence.Files = []correlate.FileEvidence{{Path: "", Op: "read", Bytes: 7, NS: 9e6}}
-	x.Gap(gaps[0])
-	x.Step(st)
+	deliver(x, st, gaps[0])
 	if err := x.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -649,8 +657,7 @@ func TestPageableCopyAttributes(t *testing.T) {
 	g.Breakdown = map[correlate.Cause]int64{correlate.CauseCUDAMemcpy: 28e6}
 	g.Evidence.Copy = &correlate.CopyEvidence{Call: "cuMemcpyHtoDAsync", Direction: "htod", Bytes: 168e6, NS: 28e6,
 		GBps: 6, Pageable: true, Fix: "pin the host buffer (pin_memory=True / cudaHostRegister)"}
-	x.Gap(g)
-	x.Step(st)
+	deliver(x, st, g)
 	if err := x.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -686,8 +693,7 @@ func TestLockHolderAttributes(t *testing.T) {
 		{TID: 12, Comm: "metrics", NS: 20e6, Doing: correlate.CauseSleep},
 		{TID: 13, NS: 1e6, Doing: correlate.CauseCPU},
 	}
-	x.Gap(g)
-	x.Step(st)
+	deliver(x, st, g)
 	if err := x.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -717,8 +723,7 @@ func TestLatePIDWithoutRank(t *testing.T) {
 	}
 	st, gaps := synth{pid: 100, t0: time.Now().UnixNano()}.step(3) // comm
 	gaps[0].Evidence.Collective.LateRank = nil
-	x.Gap(gaps[0])
-	x.Step(st)
+	deliver(x, st, gaps[0])
 	shutdown(t, x)
 	for _, s := range readSpansFile(t, path) {
 		if s.Name != otel.SpanGap {
@@ -744,8 +749,7 @@ func TestLateSidecar(t *testing.T) {
 	}
 	st, gaps := synth{pid: 100, t0: time.Now().UnixNano()}.step(3) // comm
 	gaps[0].Evidence.Collective.LateSidecar = "worker-1/rank1/7"
-	x.Gap(gaps[0])
-	x.Step(st)
+	deliver(x, st, gaps[0])
 	shutdown(t, x)
 	for _, s := range readSpansFile(t, path) {
 		if s.Name != otel.SpanGap {

@@ -212,7 +212,9 @@ func fromSpans(spans []otel.FileSpan, w *Writer) {
 			w.Gap(gaps[gi])
 			gi++
 		}
-		w.Step(st)
+		// The writer cuts busy slices by time; which step carries a gap
+		// does not matter to it.
+		w.Step(correlate.StepResult{Step: st})
 	}
 	for ; gi < len(gaps); gi++ {
 		w.Gap(gaps[gi])

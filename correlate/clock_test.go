@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -293,22 +294,22 @@ func TestGILTimedWait(t *testing.T) {
 
 // BenchmarkDetectClock: one detection over a full ring of an eager loop
 // (a batch copy and fifteen per-parameter copies per step); it runs every
-// clockRecheck operations, so it must stay well under a millisecond.
+// stepclock.Recheck operations, so it must stay well under a millisecond.
 func BenchmarkDetectClock(b *testing.B) {
-	var toks []token
-	for i := int64(0); len(toks) < tokMax; i++ {
-		toks = append(toks, token{key: tokKey{kind: event.KindMemcpyAsync, bytes: 16 << 10}, t: i * 1e7, launches: 280, syncs: 2})
+	var toks []stepclock.Token
+	for i := int64(0); len(toks) < stepclock.TokMax; i++ {
+		toks = append(toks, stepclock.Token{Key: stepclock.Key{Kind: event.KindMemcpyAsync, Bytes: 16 << 10}, T: i * 1e7, Launches: 280, Syncs: 2})
 		for k := int64(1); k <= 15; k++ {
-			toks = append(toks, token{key: tokKey{kind: event.KindMemcpyAsync, bytes: 4 << 20}, t: i*1e7 + k*1e5})
+			toks = append(toks, stepclock.Token{Key: stepclock.Key{Kind: event.KindMemcpyAsync, Bytes: 4 << 20}, T: i*1e7 + k*1e5})
 		}
 	}
-	toks = toks[:tokMax]
-	if cf, _ := detectClock(toks, 0, true, false, false, func(lo, hi int64) int64 { return -1 }); cf.key.bytes != 16<<10 {
-		b.Fatalf("clock %s, want the batch copy", cf.key)
+	toks = toks[:stepclock.TokMax]
+	if cf, _ := stepclock.Detect(toks, stepclock.Input{LaunchesSeen: true, Posts: func(lo, hi int64) int64 { return -1 }}); cf.Key.Bytes != 16<<10 {
+		b.Fatalf("clock %s, want the batch copy", cf.Key)
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		detectClock(toks, 0, true, false, false, func(lo, hi int64) int64 { return -1 })
+		stepclock.Detect(toks, stepclock.Input{LaunchesSeen: true, Posts: func(lo, hi int64) int64 { return -1 }})
 	}
 }
 
@@ -616,16 +617,16 @@ func TestClockCheckpointCopies(t *testing.T) {
 // that the loop's data picks spread at every position, and their medians
 // differ by chance: no phases.
 func TestPhasesDifferByLaunches(t *testing.T) {
-	units := func(counts ...uint64) []segSum {
-		u := make([]segSum, len(counts))
+	units := func(counts ...uint64) []stepclock.SegSum {
+		u := make([]stepclock.SegSum, len(counts))
 		for i, n := range counts {
-			u[i] = segSum{ops: 1, launches: n}
+			u[i] = stepclock.SegSum{Ops: 1, Launches: n}
 		}
 		return u
 	}
 	for _, c := range []struct {
 		name   string
-		unit   []segSum
+		unit   []stepclock.SegSum
 		m      int
 		differ bool
 	}{
@@ -641,7 +642,7 @@ func TestPhasesDifferByLaunches(t *testing.T) {
 		{"picked by data", units(4, 17, 9, 22, 13, 6, 24, 11, 3, 19, 15, 8, 21, 5, 12, 18), 2, false},
 		{"picked by data, m=3", units(4, 17, 9, 22, 13, 6, 24, 11, 3, 19, 15, 8, 21, 5, 12, 18, 7, 10), 3, false},
 	} {
-		if got := phasesDiffer(c.unit, c.m, true); got != c.differ {
+		if got := stepclock.PhasesDiffer(c.unit, c.m, true); got != c.differ {
 			t.Errorf("%s: phases differ %v, want %v", c.name, got, c.differ)
 		}
 	}

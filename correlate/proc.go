@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -133,7 +134,7 @@ type proc struct {
 	// enqueues lite sees since the last sync, which returned at
 	// lastSyncEnd; closer is the enqueue closing the gap, when it is the
 	// first such and known quiet.
-	firstOps     map[tokKey]*quietCount
+	firstOps     map[stepclock.Key]*quietCount
 	visSinceSync int
 	lastSyncEnd  int64
 	closer       *event.Event

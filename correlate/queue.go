@@ -1,6 +1,9 @@
 package correlate
 
-import "github.com/gaptrace/gaptrace/event"
+import (
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
+	"github.com/gaptrace/gaptrace/event"
+)
 
 // stream is the queue model of one CUDA stream of a process.
 type stream struct {
@@ -86,7 +89,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 		occ = ref.occ
 	}
 	p.st.dev = x.d
-	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
+	if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
 		p.resolveHeld(x, false)
 	}
 	first := p.learnFirstOp(x, ev, launchesBefore)
@@ -238,7 +241,7 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 	// clocks the steps, whether the queue had drained before it or not.
 	if ev.Kind == event.KindMemcpy {
 		p.st.dev = x.d
-		if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, -1, ev.Start) {
+		if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, -1, ev.Start) {
 			p.resolveHeld(x, false)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -68,7 +69,7 @@ type commInfo struct {
 	// occ counts the collectives issued on it by what they are (operation,
 	// size, stream): the k-th all-reduce of a bucket is the same on every
 	// rank, and numbers steps alike in separate sidecars (steps.go).
-	occ map[tokKey]int64
+	occ map[stepclock.Key]int64
 	// handle is the ncclComm_t; tell, for a communicator of this engine's
 	// own processes, reports its changes to the job's other sidecars
 	// (peer.go).
@@ -340,9 +341,9 @@ func (w *world) issueColl(ev *event.Event, first int64) collRef {
 	}
 	occ := int64(-1)
 	if !c.inferred {
-		k, _ := tokenOf(ev)
+		k, _ := stepclock.TokenOf(ev)
 		if c.occ == nil {
-			c.occ = map[tokKey]int64{}
+			c.occ = map[stepclock.Key]int64{}
 		}
 		n, ok := c.occ[k]
 		if ok || len(c.occ) < occKeysMax {
@@ -549,7 +550,7 @@ func (s *stepper) mergePrologue(num int64) {
 
 // stepAnchor is the collective that numbers a process's steps.
 type stepAnchor struct {
-	key tokKey
+	key stepclock.Key
 	per int64 // occurrences per step
 }
 
@@ -569,7 +570,7 @@ func (s *stepper) findAnchor() *stepAnchor {
 	var bounds []int
 	k := 0
 	for i := range s.toks {
-		if s.toks[i].key != c.key {
+		if s.toks[i].Key != c.key {
 			continue
 		}
 		if k%c.m == 0 {
@@ -583,12 +584,12 @@ func (s *stepper) findAnchor() *stepAnchor {
 	if len(bounds) > anchorSegs+1 {
 		bounds = bounds[len(bounds)-anchorSegs-1:]
 	}
-	var per map[tokKey]int64
+	var per map[stepclock.Key]int64
 	for j := 0; j+1 < len(bounds); j++ {
-		seg := map[tokKey]int64{}
+		seg := map[stepclock.Key]int64{}
 		for i := bounds[j]; i < bounds[j+1]; i++ {
-			if t := &s.toks[i]; t.occ >= 0 {
-				seg[t.key]++
+			if t := &s.toks[i]; t.Occ >= 0 {
+				seg[t.Key]++
 			}
 		}
 		if per == nil {
@@ -612,18 +613,18 @@ func (s *stepper) findAnchor() *stepAnchor {
 
 // anchorBefore orders candidate anchors: the largest (a gradient bucket
 // rather than a loss scalar), then by operation, count and stream.
-func anchorBefore(k tokKey, n int64, b *stepAnchor) bool {
+func anchorBefore(k stepclock.Key, n int64, b *stepAnchor) bool {
 	switch {
-	case k.bytes != b.key.bytes:
-		return k.bytes > b.key.bytes
-	case k.op != b.key.op:
-		return k.op < b.key.op
+	case k.Bytes != b.key.Bytes:
+		return k.Bytes > b.key.Bytes
+	case k.Op != b.key.Op:
+		return k.Op < b.key.Op
 	case n != b.per:
 		return n < b.per
-	case k.stream != b.key.stream:
-		return k.stream < b.key.stream
+	case k.Stream != b.key.Stream:
+		return k.Stream < b.key.Stream
 	}
-	return k.comm < b.key.comm
+	return k.Comm < b.key.Comm
 }
 
 // anchorIn is the first occurrence of the anchor enqueued in [lo, hi), -1
@@ -634,14 +635,14 @@ func (s *stepper) anchorIn(lo, hi int64) int64 {
 	last := int64(-1)
 	for i := range s.toks {
 		t := &s.toks[i]
-		if t.key != a.key || t.occ < 0 {
+		if t.Key != a.key || t.Occ < 0 {
 			continue
 		}
-		if t.t >= lo && (hi < 0 || t.t < hi) {
-			return t.occ
+		if t.T >= lo && (hi < 0 || t.T < hi) {
+			return t.Occ
 		}
-		if t.t < lo {
-			last = t.occ
+		if t.T < lo {
+			last = t.Occ
 		}
 	}
 	if hi < 0 && last >= 0 {

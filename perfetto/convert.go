@@ -126,79 +126,16 @@ func fromSpans(spans []otel.FileSpan, w *Writer) {
 		}
 		switch {
 		case s.Name == otel.SpanGap:
-			g := correlate.Gap{PID: pid, TID: uint32(integer(a, "thread.id")), Device: int(integer(a, "gpu.device")),
-				Step: integer(a, "gpu.step.number"), Kind: correlate.GapKind(str(a, "gpu.gap.kind")),
-				Start: s.StartUnixNano, End: s.EndUnixNano, Cause: correlate.Cause(str(a, "gpu.gap.cause")),
-				Breakdown: map[correlate.Cause]int64{}}
-			if d, ok := num(a, "gpu.gap.duration_ms"); ok {
-				g.Duration = msToNS(d)
-			}
-			for k, v := range a {
-				if c, ok := strings.CutPrefix(k, "gpu.gap.breakdown."); ok {
-					if f, ok := v.(float64); ok {
-						g.Breakdown[correlate.Cause(c)] = msToNS(f)
-					}
-				}
-			}
-			g.Evidence = correlate.Evidence{Source: str(a, "gpu.gap.source"), CUDACall: str(a, "gpu.cuda.call")}
-			if p := str(a, "file.path"); p != "" {
-				g.Evidence.Files = []correlate.FileEvidence{{Path: p, Op: str(a, "gpu.gap.file.op"), Bytes: uint64(integer(a, "gpu.gap.io.bytes"))}}
-			}
-			if p := str(a, "network.peer.address"); p != "" {
-				g.Evidence.Peers = []correlate.PeerEvidence{{Address: p, Bytes: uint64(integer(a, "gpu.gap.net.bytes")),
-					PID: uint32(integer(a, "gpu.gap.peer.process.pid")), Comm: str(a, "gpu.gap.peer.process.name")}}
-			}
-			if tid := integer(a, "gpu.gap.lock.holder.tid"); tid != 0 {
-				g.Evidence.LockHolders = []correlate.LockHolderEvidence{{TID: uint32(tid), Comm: str(a, "gpu.gap.lock.holder.name"),
-					Doing: correlate.Cause(str(a, "gpu.gap.lock.holder.doing")), File: str(a, "gpu.gap.lock.holder.file"),
-					Peer: str(a, "gpu.gap.lock.holder.peer")}}
-			}
-			if op := str(a, "gpu.collective.op"); op != "" {
-				c := &correlate.CollectiveEvidence{Op: op, Bytes: uint64(integer(a, "gpu.collective.bytes")),
-					Comm: str(a, "gpu.collective.comm"), Ranks: int32(integer(a, "gpu.collective.ranks"))}
-				if r, ok := num(a, "gpu.collective.rank"); ok {
-					rank := int32(r)
-					c.Rank = &rank
-				}
-				g.Evidence.Collective = c
-			}
-			for _, c := range children[s.SpanID] {
-				op := correlate.HostOp{Name: c.Name, TID: uint32(integer(c.Attributes, "thread.id")),
-					Start: c.StartUnixNano, End: c.EndUnixNano, Attrs: map[string]string{}}
-				for k, v := range c.Attributes {
-					if k != "thread.id" {
-						op.Attrs[k] = fmt.Sprint(v)
-					}
-				}
-				g.Ops = append(g.Ops, op)
-			}
-			gaps = append(gaps, g)
+			gaps = append(gaps, gapOf(s, pid, children[s.SpanID]))
 		case a["gpu.step.number"] != nil && a["gpu.step.duration_ms"] != nil:
 			// In job mode the root train.step and the rank's span carry
 			// the same step; write it once.
-			st := correlate.Step{PID: pid, Device: int(integer(a, "gpu.device")), Number: integer(a, "gpu.step.number"),
-				Start: s.StartUnixNano, End: s.EndUnixNano, Window: a["gpu.step.window"] == true,
-				ByCause: map[correlate.Cause]int64{}, Gaps: int(integer(a, "gpu.step.gaps")),
-				Launches: uint64(integer(a, "gpu.step.launches"))}
+			st := stepOf(s, pid)
 			k := stepKey{st.PID, st.Device, st.Number}
 			if seenStep[k] {
 				continue
 			}
 			seenStep[k] = true
-			st.IdleRatio, _ = num(a, "gpu.step.idle_ratio")
-			for key, dst := range map[string]*int64{"gpu.step.idle_ms": &st.IdleNS, "gpu.step.bounded_idle_ms": &st.BoundedIdleNS,
-				"gpu.step.micro_idle_ms": &st.MicroIdleNS, "gpu.step.stall_ms": &st.StallNS} {
-				if v, ok := num(a, key); ok {
-					*dst = msToNS(v)
-				}
-			}
-			for k, v := range a {
-				if c, ok := strings.CutPrefix(k, "gpu.step.idle."); ok {
-					if f, ok := v.(float64); ok {
-						st.ByCause[correlate.Cause(c)] = msToNS(f)
-					}
-				}
-			}
 			steps = append(steps, st)
 		}
 	}
@@ -219,4 +156,81 @@ func fromSpans(spans []otel.FileSpan, w *Writer) {
 	for ; gi < len(gaps); gi++ {
 		w.Gap(gaps[gi])
 	}
+}
+
+// gapOf rebuilds a gap from its gpu.idle span and the host-operation spans
+// under it, as far as the attributes carry it.
+func gapOf(s *otel.FileSpan, pid uint32, children []*otel.FileSpan) correlate.Gap {
+	a := s.Attributes
+	g := correlate.Gap{PID: pid, TID: uint32(integer(a, "thread.id")), Device: int(integer(a, "gpu.device")),
+		Step: integer(a, "gpu.step.number"), Kind: correlate.GapKind(str(a, "gpu.gap.kind")),
+		Start: s.StartUnixNano, End: s.EndUnixNano, Cause: correlate.Cause(str(a, "gpu.gap.cause")),
+		Breakdown: map[correlate.Cause]int64{}}
+	if d, ok := num(a, "gpu.gap.duration_ms"); ok {
+		g.Duration = msToNS(d)
+	}
+	for k, v := range a {
+		if c, ok := strings.CutPrefix(k, "gpu.gap.breakdown."); ok {
+			if f, ok := v.(float64); ok {
+				g.Breakdown[correlate.Cause(c)] = msToNS(f)
+			}
+		}
+	}
+	g.Evidence = correlate.Evidence{Source: str(a, "gpu.gap.source"), CUDACall: str(a, "gpu.cuda.call")}
+	if p := str(a, "file.path"); p != "" {
+		g.Evidence.Files = []correlate.FileEvidence{{Path: p, Op: str(a, "gpu.gap.file.op"), Bytes: uint64(integer(a, "gpu.gap.io.bytes"))}}
+	}
+	if p := str(a, "network.peer.address"); p != "" {
+		g.Evidence.Peers = []correlate.PeerEvidence{{Address: p, Bytes: uint64(integer(a, "gpu.gap.net.bytes")),
+			PID: uint32(integer(a, "gpu.gap.peer.process.pid")), Comm: str(a, "gpu.gap.peer.process.name")}}
+	}
+	if tid := integer(a, "gpu.gap.lock.holder.tid"); tid != 0 {
+		g.Evidence.LockHolders = []correlate.LockHolderEvidence{{TID: uint32(tid), Comm: str(a, "gpu.gap.lock.holder.name"),
+			Doing: correlate.Cause(str(a, "gpu.gap.lock.holder.doing")), File: str(a, "gpu.gap.lock.holder.file"),
+			Peer: str(a, "gpu.gap.lock.holder.peer")}}
+	}
+	if op := str(a, "gpu.collective.op"); op != "" {
+		c := &correlate.CollectiveEvidence{Op: op, Bytes: uint64(integer(a, "gpu.collective.bytes")),
+			Comm: str(a, "gpu.collective.comm"), Ranks: int32(integer(a, "gpu.collective.ranks"))}
+		if r, ok := num(a, "gpu.collective.rank"); ok {
+			rank := int32(r)
+			c.Rank = &rank
+		}
+		g.Evidence.Collective = c
+	}
+	for _, c := range children {
+		op := correlate.HostOp{Name: c.Name, TID: uint32(integer(c.Attributes, "thread.id")),
+			Start: c.StartUnixNano, End: c.EndUnixNano, Attrs: map[string]string{}}
+		for k, v := range c.Attributes {
+			if k != "thread.id" {
+				op.Attrs[k] = fmt.Sprint(v)
+			}
+		}
+		g.Ops = append(g.Ops, op)
+	}
+	return g
+}
+
+// stepOf rebuilds a step from its train.step span's attributes.
+func stepOf(s *otel.FileSpan, pid uint32) correlate.Step {
+	a := s.Attributes
+	st := correlate.Step{PID: pid, Device: int(integer(a, "gpu.device")), Number: integer(a, "gpu.step.number"),
+		Start: s.StartUnixNano, End: s.EndUnixNano, Window: a["gpu.step.window"] == true,
+		ByCause: map[correlate.Cause]int64{}, Gaps: int(integer(a, "gpu.step.gaps")),
+		Launches: uint64(integer(a, "gpu.step.launches"))}
+	st.IdleRatio, _ = num(a, "gpu.step.idle_ratio")
+	for key, dst := range map[string]*int64{"gpu.step.idle_ms": &st.IdleNS, "gpu.step.bounded_idle_ms": &st.BoundedIdleNS,
+		"gpu.step.micro_idle_ms": &st.MicroIdleNS, "gpu.step.stall_ms": &st.StallNS} {
+		if v, ok := num(a, key); ok {
+			*dst = msToNS(v)
+		}
+	}
+	for k, v := range a {
+		if c, ok := strings.CutPrefix(k, "gpu.step.idle."); ok {
+			if f, ok := v.(float64); ok {
+				st.ByCause[correlate.Cause(c)] = msToNS(f)
+			}
+		}
+	}
+	return st
 }

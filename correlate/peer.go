@@ -12,7 +12,12 @@ package correlate
 // local one. Times are Unix nanoseconds of the receiving host; the
 // transport shifts them between hosts (cmd/sidecar/internal/peers).
 
-import "github.com/gaptrace/gaptrace/event"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/gaptrace/gaptrace/event"
+)
 
 // PeerKind says what a PeerRecord reports.
 type PeerKind uint8
@@ -83,6 +88,56 @@ const mirrorBase = uint32(1) << 31
 
 // maxMirrors bounds the mirrored processes (a job's ranks, restarts).
 const maxMirrors = 1 << 16
+
+// maxMirrorComms bounds the communicators of mirrored processes: half the
+// table, so that records from other sidecars never fill it and never make
+// it reset (which drops this engine's own communicators).
+const maxMirrorComms = maxComms / 2
+
+// Bounds of a PeerRecord's fields: what any sidecar sends lies within them
+// by far, and arithmetic on them cannot overflow.
+const (
+	maxPeerSeq   = int64(1) << 48 // collectives on one communicator
+	maxPeerRanks = int32(1) << 20 // ranks of one communicator or job
+	maxPeerTime  = int64(1) << 62 // Unix ns (year 2116)
+)
+
+// Check reports whether every field of r lies within what a sidecar sends.
+// Records from the network or a recording are checked before use: the
+// engine ignores one that fails, the transport drops its whole batch.
+func (r *PeerRecord) Check() error {
+	inTime := func(name string, t int64) error {
+		if t < 0 || t >= maxPeerTime {
+			return fmt.Errorf("peer record: %s %d out of range", name, t)
+		}
+		return nil
+	}
+	inSeq := func() error {
+		if r.Seq < 0 || r.Seq >= maxPeerSeq {
+			return fmt.Errorf("peer record: sequence number %d out of range [0, %d)", r.Seq, maxPeerSeq)
+		}
+		return nil
+	}
+	switch r.Kind {
+	case PeerComm:
+		switch {
+		case r.Ranks < 0 || r.Ranks > maxPeerRanks, r.Size < 0 || r.Size > maxPeerRanks:
+			return fmt.Errorf("peer record: %d ranks (size %d) out of range [0, %d]", r.Ranks, r.Size, maxPeerRanks)
+		case r.Rank < -1 || r.Rank >= maxPeerRanks || (r.Ranks > 0 && r.Rank >= r.Ranks):
+			return fmt.Errorf("peer record: rank %d of %d out of range", r.Rank, r.Ranks)
+		case r.Inferred && r.Ranks != 0:
+			return fmt.Errorf("peer record: inferred communicator with %d ranks", r.Ranks)
+		}
+		return nil
+	case PeerIssue:
+		return errors.Join(inSeq(), inTime("issue time", r.At), inTime("work start", r.First))
+	case PeerDone:
+		return errors.Join(inSeq(), inTime("completion time", r.At), inTime("sync start", r.From))
+	case PeerGone:
+		return nil
+	}
+	return fmt.Errorf("peer record: unknown kind %d", r.Kind)
+}
 
 // SetPeerOut makes the engine report every change to its own
 // communicators to out, for the other engines of the job (Peer). out is
@@ -167,6 +222,9 @@ func (w *world) mirrored(pid uint32) bool {
 
 // peer applies one record of sidecar from.
 func (w *world) peer(from string, r *PeerRecord) {
+	if r.Check() != nil {
+		return
+	}
 	pid, ok := w.mirrorPID(from, r.PID)
 	if !ok {
 		return
@@ -186,11 +244,15 @@ func (w *world) peer(from string, r *PeerRecord) {
 			mi.gone, mi.forgotten, mi.goneAt = false, false, 0
 			c = nil
 		}
+		if c == nil && (w.mirrorComms >= maxMirrorComms || len(w.comms) >= maxComms) {
+			return // never at the cost of this engine's own
+		}
 		if r.Inferred {
 			if c == nil {
 				if c = w.inferComm(&event.Event{PID: pid, Comm: r.Comm}); c == nil {
 					return
 				}
+				w.mirrorComms++
 			}
 			if c.inferred && c.group == nil && r.Rank >= 0 {
 				c.rank, c.slot, c.ownRank, c.size = r.Rank, r.Rank, r.Rank, r.Size
@@ -202,6 +264,9 @@ func (w *world) peer(from string, r *PeerRecord) {
 		}
 		w.addComm(&event.Event{Kind: event.KindCommInit, PID: pid, Comm: r.Comm, Count: uint64(max(r.Ranks, 0)),
 			PeerRank: r.Rank})
+		if c == nil {
+			w.mirrorComms++
+		}
 	case PeerIssue:
 		if c == nil || r.Seq < c.n {
 			return // unknown, or already held

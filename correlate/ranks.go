@@ -219,6 +219,7 @@ type peerLate struct {
 func (w *world) initComms() {
 	w.comms, w.groups, w.commOrd = map[commKey]*commInfo{}, map[groupKey]*commGroup{}, map[commOrdKey]int{}
 	w.refuted = map[pidPair]bool{}
+	w.mirrorComms = 0
 }
 
 // addComm records a communicator's creation and links it to its group.
@@ -304,10 +305,14 @@ func (w *world) forgetComms(pid uint32) {
 	if w.peerOut != nil && !w.mirrored(pid) && w.hasComms(pid) {
 		w.peerOut(PeerRecord{Kind: PeerGone, PID: pid})
 	}
+	mirrored := w.mirrored(pid)
 	for k, c := range w.comms {
 		if k.pid == pid {
 			w.unlink(c)
 			delete(w.comms, k)
+			if mirrored {
+				w.mirrorComms--
+			}
 		}
 	}
 	for k := range w.commOrd {

@@ -2,11 +2,14 @@ package correlate
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"iter"
+	"slices"
 	"sync"
 	"time"
 
@@ -154,29 +157,227 @@ func (r *Recorder) Close(now int64) error {
 
 // ReadRecording reads a whole recording. A recording cut short (the
 // sidecar was killed) yields the calls before the damage and an error
-// that says so; a missing Close is not an error (Replay adds one).
+// that says so; a missing Close is not an error (Replay adds one). Calls
+// that fail their checks are left out (RecordingReader).
 func ReadRecording(rd io.Reader) (RecordHeader, []Call, error) {
-	var h RecordHeader
-	zr, err := gzip.NewReader(rd)
+	r, err := NewRecordingReader(rd)
 	if err != nil {
-		return h, nil, fmt.Errorf("not a gaptrace recording (gzip): %w", err)
+		return RecordHeader{}, nil, err
 	}
 	var calls []Call
-	dec := json.NewDecoder(zr)
-	for n := 1; ; n++ {
-		var c Call
-		if err := dec.Decode(&c); err != nil {
-			if errors.Is(err, io.EOF) {
-				return h, calls, nil
-			}
-			return h, calls, fmt.Errorf("recording damaged at line %d (kept the %d calls before it): %w", n, len(calls), err)
-		}
-		if c.Header != nil {
-			h = *c.Header
-			continue
-		}
+	for c := range r.Calls() {
 		calls = append(calls, c)
 	}
+	return r.Header(), calls, r.Err()
+}
+
+// MaxRecordingLine bounds one line of a recording: a longer one is
+// skipped unread (a recorded call is at most a peer batch, ~100 KiB).
+const MaxRecordingLine = 4 << 20
+
+// RecordingReader reads a recording a call at a time, in memory bounded by
+// MaxRecordingLine whatever the file holds. Every call is checked before it
+// is returned (CheckCall); one that fails, or a line too long, is skipped
+// and counted.
+type RecordingReader struct {
+	zr      *gzip.Reader
+	br      *bufio.Reader
+	h       RecordHeader
+	pending *Call // the first call, read with the header
+	line    int   // lines read
+	calls   int   // calls returned
+	skipped int
+	err     error
+	done    bool
+}
+
+// NewRecordingReader starts reading the recording rd; it reads the header
+// line.
+func NewRecordingReader(rd io.Reader) (*RecordingReader, error) {
+	zr, err := gzip.NewReader(rd)
+	if err != nil {
+		return nil, fmt.Errorf("not a gaptrace recording (gzip): %w", err)
+	}
+	r := &RecordingReader{zr: zr, br: bufio.NewReaderSize(zr, 64<<10)}
+	if c, ok := r.next(); ok {
+		r.pending = &c
+	}
+	return r, nil
+}
+
+// Header is the recording's configuration (zero when it has none).
+func (r *RecordingReader) Header() RecordHeader { return r.h }
+
+// Skipped counts the calls left out: a field out of range, a line longer
+// than MaxRecordingLine.
+func (r *RecordingReader) Skipped() int { return r.skipped }
+
+// Err says why reading stopped before the end: the recording is damaged
+// (cut short, not JSON); nil at its end.
+func (r *RecordingReader) Err() error { return r.err }
+
+// Calls yields the recording's calls, header lines aside, until its end or
+// its damage (Err).
+func (r *RecordingReader) Calls() iter.Seq[Call] {
+	return func(yield func(Call) bool) {
+		if c := r.pending; c != nil {
+			r.pending = nil
+			if !yield(*c) {
+				return
+			}
+		}
+		for {
+			c, ok := r.next()
+			if !ok || !yield(c) {
+				return
+			}
+		}
+	}
+}
+
+// next reads the next call to return.
+func (r *RecordingReader) next() (Call, bool) {
+	for !r.done {
+		b, err := r.readLine()
+		switch {
+		case errors.Is(err, errLongLine):
+			r.skipped++
+			continue
+		case errors.Is(err, io.EOF) && len(b) == 0:
+			r.done = true
+			return Call{}, false
+		case err != nil && !errors.Is(err, io.EOF):
+			r.fail(err)
+			return Call{}, false
+		}
+		if len(bytes.TrimSpace(b)) == 0 {
+			continue
+		}
+		var c Call
+		if err := json.Unmarshal(b, &c); err != nil {
+			r.fail(err)
+			return Call{}, false
+		}
+		if c.Header != nil {
+			r.h = *c.Header
+			continue
+		}
+		if CheckCall(&c) != nil {
+			r.skipped++
+			continue
+		}
+		r.calls++
+		return c, true
+	}
+	return Call{}, false
+}
+
+func (r *RecordingReader) fail(err error) {
+	r.done = true
+	r.err = fmt.Errorf("recording damaged at line %d (kept the %d calls before it): %w", r.line, r.calls, err)
+}
+
+var errLongLine = fmt.Errorf("line longer than %d bytes", MaxRecordingLine)
+
+// readLine reads one line, without its newline; a line longer than
+// MaxRecordingLine is read through and reported as errLongLine.
+func (r *RecordingReader) readLine() ([]byte, error) {
+	r.line++
+	var buf []byte
+	long := false
+	for {
+		frag, err := r.br.ReadSlice('\n')
+		if !long {
+			if len(buf)+len(frag) > MaxRecordingLine+1 {
+				long, buf = true, nil
+			} else {
+				buf = append(buf, frag...)
+			}
+		}
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case err != nil && (len(buf) > 0 || long) && errors.Is(err, io.EOF):
+			// A last line without its newline: whole if it parses.
+			if long {
+				return nil, errLongLine
+			}
+			return buf, nil
+		case err != nil:
+			return nil, err
+		case long:
+			return nil, errLongLine
+		}
+		return bytes.TrimSuffix(buf, []byte("\n")), nil
+	}
+}
+
+// Bounds of the fields of a recorded call (see PeerRecord.Check).
+const (
+	maxCallPeerRecs = 1 << 14
+	maxCallName     = 4096
+	maxCallDevice   = 1 << 16
+)
+
+// CheckCall reports whether a recorded call holds exactly one call whose
+// fields lie within what a sidecar records; replay skips one that does not.
+func CheckCall(c *Call) error {
+	inTime := func(what string, t int64) error {
+		if t < 0 || t >= maxPeerTime {
+			return fmt.Errorf("%s time %d out of range", what, t)
+		}
+		return nil
+	}
+	n := 0
+	for _, set := range []bool{c.Ev != nil, c.Win != nil, c.Advance != 0, c.Close != 0, c.Device != nil,
+		c.Rank != nil, c.Probes != nil, c.Peer != nil} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return fmt.Errorf("a recorded line holds %d calls, want 1", n)
+	}
+	switch {
+	case c.Ev != nil:
+		ev := c.Ev
+		if ev.Kind == event.KindInvalid || ev.Kind > event.KindMemcpyStaged {
+			return fmt.Errorf("event kind %d out of range", ev.Kind)
+		}
+		if ev.Kind == event.KindCommInit && (ev.Count > uint64(maxPeerRanks) || ev.PeerRank < -1 || ev.PeerRank >= maxPeerRanks) {
+			return fmt.Errorf("communicator of %d ranks, rank %d, out of range", ev.Count, ev.PeerRank)
+		}
+		return errors.Join(inTime("event start", ev.Start), inTime("event end", ev.End))
+	case c.Win != nil:
+		if c.Win.Device < 0 || c.Win.Device >= maxCallDevice || c.Win.End < c.Win.Start {
+			return fmt.Errorf("GPU window of device %d from %d to %d out of range", c.Win.Device, c.Win.Start, c.Win.End)
+		}
+		return errors.Join(inTime("window start", c.Win.Start), inTime("window end", c.Win.End))
+	case c.Advance != 0:
+		return inTime("advance", c.Advance)
+	case c.Close != 0:
+		return inTime("close", c.Close)
+	case c.Device != nil:
+		if c.Device.Device < 0 || c.Device.Device >= maxCallDevice {
+			return fmt.Errorf("device %d out of range", c.Device.Device)
+		}
+	case c.Rank != nil:
+		if c.Rank.Rank < -1 || c.Rank.Rank >= int(maxPeerRanks) || c.Rank.Size < 0 || c.Rank.Size > int(maxPeerRanks) {
+			return fmt.Errorf("rank %d of %d out of range", c.Rank.Rank, c.Rank.Size)
+		}
+	case c.Probes != nil:
+		return inTime("probes", c.Probes.At)
+	case c.Peer != nil:
+		if len(c.Peer.From) > maxCallName || len(c.Peer.Recs) > maxCallPeerRecs {
+			return fmt.Errorf("peer batch of %d records from a %d-byte name out of range", len(c.Peer.Recs), len(c.Peer.From))
+		}
+		for i := range c.Peer.Recs {
+			if err := c.Peer.Recs[i].Check(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Replay runs calls through a fresh Engine configured by cfg and returns
@@ -184,9 +385,15 @@ func ReadRecording(rd io.Reader) (RecordHeader, []Call, error) {
 // engine is closed one second after the last Advance, like a sidecar's
 // shutdown.
 func Replay(cfg Config, sink Sink, calls []Call) Summary {
+	return ReplaySeq(cfg, sink, slices.Values(calls))
+}
+
+// ReplaySeq is Replay of calls as they come (RecordingReader.Calls), in
+// bounded memory.
+func ReplaySeq(cfg Config, sink Sink, calls iter.Seq[Call]) Summary {
 	e := New(cfg, sink)
 	var last int64
-	for _, c := range calls {
+	for c := range calls {
 		switch {
 		case c.Ev != nil:
 			e.Event(*c.Ev)

@@ -2,6 +2,8 @@ package correlate
 
 import (
 	"fmt"
+	"iter"
+	"slices"
 	"time"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -68,32 +70,40 @@ func CheckView(h RecordHeader, v View) error {
 // and without marked launches throughout (auto marks none).
 // cfg.Probes is set from v.
 func ReplayAs(cfg Config, sink Sink, h RecordHeader, calls []Call, v View) (Summary, error) {
+	return ReplayAsSeq(cfg, sink, h, slices.Values(calls), v)
+}
+
+// ReplayAsSeq is ReplayAs of calls as they come (RecordingReader.Calls).
+func ReplayAsSeq(cfg Config, sink Sink, h RecordHeader, calls iter.Seq[Call], v View) (Summary, error) {
 	if err := CheckView(h, v); err != nil {
 		return Summary{}, err
 	}
 	rec := probesOf(h)
 	if v.Probes == "" || v.Probes == rec {
 		cfg.Probes = rec
-		return Replay(cfg, sink, calls), nil
+		return ReplaySeq(cfg, sink, calls), nil
 	}
 	cfg.Probes = v.Probes
 	if v.Probes == ProbesAuto {
 		return (&warmup{v: v, liteFrom: -1}).replay(cfg, sink, calls), nil
 	}
-	seen := make([]Call, 0, len(calls))
-	for _, c := range calls {
-		switch {
-		case c.Probes != nil:
-			continue // the recording's own windows: lite has none
-		case c.Ev != nil:
-			if ev, ok := asLite(*c.Ev); ok {
-				seen = append(seen, Call{Ev: &ev})
+	seen := func(yield func(Call) bool) {
+		for c := range calls {
+			switch {
+			case c.Probes != nil:
+				continue // the recording's own windows: lite has none
+			case c.Ev != nil:
+				if ev, ok := asLite(*c.Ev); ok && !yield(Call{Ev: &ev}) {
+					return
+				}
+			default:
+				if !yield(c) {
+					return
+				}
 			}
-		default:
-			seen = append(seen, c)
 		}
 	}
-	return Replay(cfg, sink, seen), nil
+	return ReplaySeq(cfg, sink, seen), nil
 }
 
 // asLite is ev as lite's probes emit it, false when they emit nothing.
@@ -135,16 +145,40 @@ func (w *warmup) done(now int64) bool {
 // replay runs calls through an auto engine: the window opens at the first
 // call with a time and the schedule is consulted at every Advance, the
 // sidecar's feed loop tick.
-func (w *warmup) replay(cfg Config, sink Sink, calls []Call) Summary {
+func (w *warmup) replay(cfg Config, sink Sink, calls iter.Seq[Call]) Summary {
 	e := New(cfg, Tee{sink, w})
-	for _, c := range calls {
+	// The window opens at the first call with a time: the calls before it
+	// wait (a few: devices, ranks), at most maxUntimed of them.
+	const maxUntimed = 4096
+	var head []Call
+	next, stop := iter.Pull(calls)
+	defer stop()
+	for len(head) < maxUntimed {
+		c, ok := next()
+		if !ok {
+			break
+		}
+		head = append(head, c)
 		if w.since = callTime(c); w.since != 0 {
 			break
 		}
 	}
 	e.ProbesLive(true, w.since)
+	all := func(yield func(Call) bool) {
+		for _, c := range head {
+			if !yield(c) {
+				return
+			}
+		}
+		for {
+			c, ok := next()
+			if !ok || !yield(c) {
+				return
+			}
+		}
+	}
 	var last int64
-	for _, c := range calls {
+	for c := range all {
 		switch {
 		case c.Probes != nil:
 			continue // the recording's own windows: auto gets its own

@@ -43,6 +43,9 @@ type world struct {
 	mirrorOf   map[mirrorKey]uint32
 	mirrors    map[uint32]*mirror
 	nextMirror uint32
+	// mirrorComms counts the mirrors' communicators in comms (at most
+	// maxMirrorComms).
+	mirrorComms int
 }
 
 // procRank is a process's rank and its job's size (0: unknown), as its

@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	sigsyaml "sigs.k8s.io/yaml"
 )
 
@@ -438,4 +439,36 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("runtime stage copies more than the binary: %s", l)
 		}
 	}
+}
+
+// The DaemonSet serves Prometheus on its pod's own address (not
+// 0.0.0.0), and networkpolicy.yaml lets only Prometheus reach that port
+// of the DaemonSet's pods.
+func TestPrometheusBoundAndFenced(t *testing.T) {
+	var ds appsv1.DaemonSet
+	decodeStrict(t, "kubernetes/daemonset.yaml", &ds)
+	c := ds.Spec.Template.Spec.Containers[0]
+	if i := slices.Index(c.Args, "--prometheus"); i < 0 || i+1 >= len(c.Args) || c.Args[i+1] != "$(POD_IP):9464" {
+		t.Errorf("args %v: want --prometheus $(POD_IP):9464", c.Args)
+	}
+	checkFieldRef(t, c.Env, "POD_IP", "status.podIP")
+	var np networkingv1.NetworkPolicy
+	decodeStrict(t, "kubernetes/networkpolicy.yaml", &np)
+	if np.Namespace != ds.Namespace || !labelsMatchAll(np.Spec.PodSelector.MatchLabels, ds.Spec.Template.Labels) {
+		t.Errorf("the NetworkPolicy selects %v in %q, not the DaemonSet's pods %v in %q",
+			np.Spec.PodSelector.MatchLabels, np.Namespace, ds.Spec.Template.Labels, ds.Namespace)
+	}
+	if len(np.Spec.Ingress) != 1 || len(np.Spec.Ingress[0].From) == 0 || len(np.Spec.Ingress[0].Ports) != 1 ||
+		np.Spec.Ingress[0].Ports[0].Port.IntValue() != 9464 {
+		t.Errorf("ingress %+v: want one rule, from named peers only, to port 9464", np.Spec.Ingress)
+	}
+}
+
+func labelsMatchAll(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return len(sel) > 0
 }

@@ -241,3 +241,35 @@ func TestHelmValuesAndErrors(t *testing.T) {
 		}
 	}
 }
+
+// With peers set, the chart needs peersSecret (the refusal says how to
+// make one) and mounts that Secret read-only, mode 0400, for
+// --peers-secret-file.
+func TestHelmPeersSecret(t *testing.T) {
+	if _, stderr, ok := render(t, "peers=10.0.0.5:29601", "jobID=j"); ok || !strings.Contains(stderr, "kubectl create secret generic") {
+		t.Errorf("peers without peersSecret: ok=%v stderr %q, want a refusal saying how to make one", ok, stderr)
+	}
+	out, stderr, ok := render(t, "peers=10.0.0.5:29601", "jobID=j", "peersSecret=gaptrace-peers")
+	if !ok {
+		t.Fatalf("helm template: %s", stderr)
+	}
+	var ds appsv1.DaemonSet
+	if err := sigsyaml.UnmarshalStrict(objects(t, out)["DaemonSet"], &ds); err != nil {
+		t.Fatalf("DaemonSet: %v", err)
+	}
+	spec := ds.Spec.Template.Spec
+	c := spec.Containers[0]
+	if i := slices.Index(c.Args, "--peers-secret-file"); i < 0 || c.Args[i+1] != "/etc/gaptrace/peers/secret" {
+		t.Errorf("args %v: want --peers-secret-file /etc/gaptrace/peers/secret", c.Args)
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == "gaptrace-peers-secret" && m.MountPath == "/etc/gaptrace/peers" && m.ReadOnly
+	}) {
+		t.Errorf("mounts %+v: want the secret read-only at /etc/gaptrace/peers", c.VolumeMounts)
+	}
+	i := slices.IndexFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == "gaptrace-peers-secret" })
+	if i < 0 || spec.Volumes[i].Secret == nil || spec.Volumes[i].Secret.SecretName != "gaptrace-peers" ||
+		spec.Volumes[i].Secret.DefaultMode == nil || *spec.Volumes[i].Secret.DefaultMode != 0o400 {
+		t.Errorf("volumes %+v: want Secret gaptrace-peers, mode 0400", spec.Volumes)
+	}
+}

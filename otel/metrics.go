@@ -13,7 +13,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
@@ -218,12 +217,11 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 	if ln != nil {
 		reader := sdkmetric.NewManualReader()
 		opts = append(opts, sdkmetric.WithReader(reader))
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promHandler{reader: reader})
 		m.promLn = ln
-		m.promSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		var capped net.Listener
+		m.promSrv, capped = newPromServer(ln, reader)
 		go func() {
-			if err := m.promSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := m.promSrv.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				r.Logger.Error("prometheus endpoint stopped", "addr", ln.Addr().String(), "err", err)
 			}
 		}()

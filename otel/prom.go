@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -251,4 +255,63 @@ func formatFloat(v float64) string {
 		return "NaN"
 	}
 	return strconv.FormatFloat(v, 'g', -1, 64)
+}
+
+// Bounds of the Prometheus endpoint: a scraper needs one connection every
+// few seconds, so anything beyond these is someone else's.
+const (
+	promMaxConns      = 32
+	promReadTimeout   = 10 * time.Second // a whole request, headers and body
+	promWriteTimeout  = 10 * time.Second
+	promIdleTimeout   = 30 * time.Second // a kept-alive connection between scrapes
+	promMaxHeaderSize = 8 << 10
+)
+
+// newPromServer serves reader's metrics at /metrics on ln, within the
+// bounds above: connections past promMaxConns are closed at once, so that
+// idle ones never exhaust this process's file descriptors (which the
+// tracer needs to read the job's /proc).
+func newPromServer(ln net.Listener, reader *sdkmetric.ManualReader) (*http.Server, net.Listener) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promHandler{reader: reader})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: promReadTimeout,
+		WriteTimeout: promWriteTimeout, IdleTimeout: promIdleTimeout, MaxHeaderBytes: promMaxHeaderSize}
+	return srv, &capListener{Listener: ln, max: promMaxConns}
+}
+
+// capListener closes connections accepted past max open ones.
+type capListener struct {
+	net.Listener
+	max     int64
+	open    atomic.Int64
+	refused atomic.Uint64
+}
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.open.Add(1) > l.max {
+			l.open.Add(-1)
+			l.refused.Add(1)
+			c.Close()
+			continue
+		}
+		return &capConn{Conn: c, l: l}, nil
+	}
+}
+
+// capConn gives its slot back once, when closed.
+type capConn struct {
+	net.Conn
+	l    *capListener
+	once sync.Once
+}
+
+func (c *capConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.l.open.Add(-1) })
+	return err
 }

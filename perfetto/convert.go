@@ -21,16 +21,35 @@ const (
 	FormatSpans = "spans" // --spans-out: one otel.FileSpan per line
 )
 
+// Bounds of a converted file: a line (a gap with its operations, a span
+// with its attributes) and, as a spans file is held whole to rebuild gaps
+// from their spans' children, the bytes of a spans file (rotated at
+// --spans-max-size, 256 MiB by default).
+const (
+	MaxLine      = 1 << 20
+	MaxSpansFile = 1 << 30
+	maxTime      = int64(1) << 62 // Unix ns (year 2116)
+	maxDevice    = 1 << 16
+)
+
 // Convert reads a saved gaps or spans file (told apart by its first line)
 // and feeds what it holds to w. It returns the format found. A gaps file
 // has no steps, so its trace has GPU idle and host tracks but no step or
 // busy slices; a spans file has both.
 func Convert(r io.Reader, w *Writer) (string, error) {
-	br := bufio.NewReaderSize(r, 1<<20)
+	format, _, err := ConvertCount(r, w)
+	return format, err
+}
+
+// ConvertCount is Convert that also returns how many gaps or spans it left
+// out: a time, a device or a count out of range. A line that is not JSON,
+// or longer than MaxLine, is an error.
+func ConvertCount(r io.Reader, w *Writer) (format string, skipped int, err error) {
+	br := bufio.NewReaderSize(r, 64<<10)
 	sc := bufio.NewScanner(br)
-	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
-	var format string
+	sc.Buffer(make([]byte, 0, 64<<10), MaxLine)
 	var spans []otel.FileSpan
+	var spanBytes int
 	line := 0
 	for sc.Scan() {
 		line++
@@ -39,44 +58,94 @@ func Convert(r io.Reader, w *Writer) (string, error) {
 			continue
 		}
 		if format == "" {
-			var probe map[string]json.RawMessage
-			if err := json.Unmarshal(b, &probe); err != nil {
-				return "", fmt.Errorf("line %d: not a JSON object (want a gaptrace gaps or spans file): %w", line, err)
-			}
-			switch {
-			case probe["trace_id"] != nil && probe["span_id"] != nil:
-				format = FormatSpans
-			case probe["cause"] != nil && probe["start_unix_nano"] != nil:
-				format = FormatGaps
-			default:
-				return "", fmt.Errorf("line %d: neither a gap (cause, start_unix_nano) nor a span (trace_id, span_id): want a file written by --gaps-out or --spans-out", line)
+			if format, err = sniff(b, line); err != nil {
+				return "", 0, err
 			}
 		}
 		switch format {
 		case FormatGaps:
 			var g correlate.Gap
 			if err := json.Unmarshal(b, &g); err != nil {
-				return format, fmt.Errorf("line %d: bad gap: %w", line, err)
+				return format, skipped, fmt.Errorf("line %d: bad gap: %w", line, err)
+			}
+			if checkGap(&g) != nil {
+				skipped++
+				continue
 			}
 			w.Gap(g)
 		case FormatSpans:
+			if spanBytes += len(b); spanBytes > MaxSpansFile {
+				return format, skipped, fmt.Errorf("line %d: a spans file over %d MiB; convert each rotated file (--spans-max-size) on its own", line, MaxSpansFile>>20)
+			}
 			var s otel.FileSpan
 			if err := json.Unmarshal(b, &s); err != nil {
-				return format, fmt.Errorf("line %d: bad span: %w", line, err)
+				return format, skipped, fmt.Errorf("line %d: bad span: %w", line, err)
+			}
+			if checkTimes(s.StartUnixNano, s.EndUnixNano) != nil {
+				skipped++
+				continue
 			}
 			spans = append(spans, s)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return format, fmt.Errorf("read line %d: %w", line+1, err)
+		if errors.Is(err, bufio.ErrTooLong) {
+			err = fmt.Errorf("longer than %d KiB: not a line gaptrace writes", MaxLine>>10)
+		}
+		return format, skipped, fmt.Errorf("read line %d: %w", line+1, err)
 	}
 	if format == "" {
-		return "", errors.New("empty file: no gaps or spans in it")
+		return "", 0, errors.New("empty file: no gaps or spans in it")
 	}
 	if format == FormatSpans {
-		fromSpans(spans, w)
+		skipped += fromSpans(spans, w)
 	}
-	return format, nil
+	return format, skipped, nil
+}
+
+// sniff tells a gaps file from a spans file by its first line.
+func sniff(b []byte, line int) (string, error) {
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal(b, &probe); err != nil {
+		return "", fmt.Errorf("line %d: not a JSON object (want a gaptrace gaps or spans file): %w", line, err)
+	}
+	switch {
+	case probe["trace_id"] != nil && probe["span_id"] != nil:
+		return FormatSpans, nil
+	case probe["cause"] != nil && probe["start_unix_nano"] != nil:
+		return FormatGaps, nil
+	}
+	return "", fmt.Errorf("line %d: neither a gap (cause, start_unix_nano) nor a span (trace_id, span_id): want a file written by --gaps-out or --spans-out", line)
+}
+
+// checkTimes reports whether start..end is an interval gaptrace writes.
+func checkTimes(start, end int64) error {
+	if start < 0 || start >= maxTime || end < start || end >= maxTime {
+		return fmt.Errorf("interval %d..%d out of range", start, end)
+	}
+	return nil
+}
+
+// checkGap reports whether a gap read from a file lies within what
+// gaptrace writes; one that does not is left out.
+func checkGap(g *correlate.Gap) error {
+	if g.Device < 0 || g.Device >= maxDevice {
+		return fmt.Errorf("device %d out of range", g.Device)
+	}
+	if g.Duration < 0 || g.Duration >= maxTime {
+		return fmt.Errorf("duration %d out of range", g.Duration)
+	}
+	if err := checkTimes(g.Start, g.End); err != nil {
+		return err
+	}
+	for _, op := range g.Ops {
+		if op.Start != 0 || op.End != 0 {
+			if err := checkTimes(op.Start, op.End); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func num(m map[string]any, k string) (float64, bool) {
@@ -99,7 +168,7 @@ func msToNS(ms float64) int64 { return int64(math.Round(ms * 1e6)) }
 // fromSpans rebuilds gaps (with their host operations, the gpu.idle span's
 // children) and steps from the spans' attributes, then writes them in time
 // order. Evidence comes back as far as the span attributes carry it.
-func fromSpans(spans []otel.FileSpan, w *Writer) {
+func fromSpans(spans []otel.FileSpan, w *Writer) (skipped int) {
 	children := map[string][]*otel.FileSpan{}
 	for i := range spans {
 		if p := spans[i].ParentSpanID; p != "" {
@@ -126,12 +195,21 @@ func fromSpans(spans []otel.FileSpan, w *Writer) {
 		}
 		switch {
 		case s.Name == otel.SpanGap:
-			gaps = append(gaps, gapOf(s, pid, children[s.SpanID]))
+			g := gapOf(s, pid, children[s.SpanID])
+			if checkGap(&g) != nil {
+				skipped++
+				continue
+			}
+			gaps = append(gaps, g)
 		case a["gpu.step.number"] != nil && a["gpu.step.duration_ms"] != nil:
 			// In job mode the root train.step and the rank's span carry
 			// the same step; write it once.
 			st := stepOf(s, pid)
 			k := stepKey{st.PID, st.Device, st.Number}
+			if st.Device < 0 || st.Device >= maxDevice {
+				skipped++
+				continue
+			}
 			if seenStep[k] {
 				continue
 			}
@@ -156,6 +234,7 @@ func fromSpans(spans []otel.FileSpan, w *Writer) {
 	for ; gi < len(gaps); gi++ {
 		w.Gap(gaps[gi])
 	}
+	return skipped
 }
 
 // gapOf rebuilds a gap from its gpu.idle span and the host-operation spans

@@ -157,15 +157,15 @@ func New(w io.Writer, opts Options) *Writer {
 // us renders nanoseconds since the epoch as exact decimal microseconds: a
 // float64 would lose the last digits of a 2020s timestamp.
 func us(ns int64) json.Number {
-	neg := ns < 0
-	if neg {
-		ns = -ns
+	mag := uint64(ns)
+	if ns < 0 {
+		mag = -mag // two's complement: exact for math.MinInt64 too
 	}
-	s := strconv.FormatInt(ns/1000, 10)
-	if r := ns % 1000; r != 0 {
+	s := strconv.FormatUint(mag/1000, 10)
+	if r := mag % 1000; r != 0 {
 		s += fmt.Sprintf(".%03d", r)
 	}
-	if neg {
+	if ns < 0 {
 		s = "-" + s
 	}
 	return json.Number(s)

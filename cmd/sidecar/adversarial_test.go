@@ -195,12 +195,17 @@ func TestUnsafeOutputsUnderDemoAndReplayExitTwo(t *testing.T) {
 	victim := victimFile(t)
 	out := t.TempDir()
 	symlink(t, victim, filepath.Join(out, "gaptrace-trace.json"))
-	if err := syscall.Mkfifo(filepath.Join(out, "gaptrace-gaps.jsonl"), 0o600); err != nil {
+	// A FIFO is written as it is when it is the user's own (a reader on
+	// purpose); another user's is refused.
+	if err := syscall.Mkfifo(filepath.Join(out, "gaptrace-gaps.jsonl"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(out, "gaptrace-gaps.jsonl"), 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
 	code, _, stderr := runIn(t, t.TempDir(), env(t), "demo", "--live", "off", "--out", out)
 	if code != 2 || !strings.Contains(stderr, "gaptrace-trace.json is a symbolic link") ||
-		!strings.Contains(stderr, "gaptrace-gaps.jsonl exists and is not a regular file") ||
+		!strings.Contains(stderr, "gaptrace-gaps.jsonl belongs to uid 65534") ||
 		strings.Contains(stderr, "tracing the simulated trainer") {
 		t.Errorf("demo --out with a link and a FIFO at its files: exit %d, want 2 naming both before anything runs\n%s", code, stderr)
 	}

@@ -293,7 +293,11 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	}
 	p.eng = correlate.New(ccfg, withWorkload{sinks, p.work})
 	if cfg.Peers != "" {
-		x, err := peers.Start(ctx, peers.Config{Addr: cfg.Peers, Job: job, ID: sidecarID(cfg.Rank), Log: pc.Logger})
+		secret, err := peers.LoadSecret(cfg.PeersSecret)
+		var x *peers.Exchange
+		if err == nil {
+			x, err = peers.Start(ctx, peers.Config{Addr: cfg.Peers, Job: job, ID: sidecarID(cfg.Rank), Secret: secret, Log: pc.Logger})
+		}
 		if err != nil {
 			_ = p.tr.Close() // reporting the exchange's error
 			p.closeGPU()
@@ -673,6 +677,9 @@ func peersLine(addr string, st peers.Stats) string {
 	}
 	if st.Dropped > 0 {
 		s += fmt.Sprintf(", %d records dropped", st.Dropped)
+	}
+	if st.Rejected > 0 {
+		s += fmt.Sprintf(", %d records rejected", st.Rejected)
 	}
 	return s
 }

@@ -26,9 +26,14 @@ const Perm os.FileMode = 0o640
 var ErrUnsafe = errors.New("unsafe output path")
 
 // Check reports whether path may be created or replaced as an output: it
-// must not exist, or be a regular file with one link. Lstat never follows
-// the final component, so a symbolic link is reported as one.
+// must not exist, or be a regular file of this user with one link, or be
+// an output written as it is (Special: /dev/null, /dev/stdout,
+// /dev/stderr, a FIFO of this user). Lstat never follows the final
+// component, so a symbolic link is reported as one.
 func Check(path string) error {
+	if stdStream(path) >= 0 {
+		return nil
+	}
 	st, err := os.Lstat(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -45,13 +50,17 @@ func checkMode(path string, st os.FileInfo) error {
 		target, _ := os.Readlink(path)
 		return fmt.Errorf("%w: %s is a symbolic link (to %s); refusing to write through it, remove it or name another file",
 			ErrUnsafe, path, target)
+	case isDevNull(st):
+		return nil
+	case st.Mode()&os.ModeNamedPipe != 0:
+		return owner(path, st)
 	case !st.Mode().IsRegular():
 		return fmt.Errorf("%w: %s exists and is not a regular file (%s)", ErrUnsafe, path, st.Mode().Type())
 	}
 	if s, ok := st.Sys().(*syscall.Stat_t); ok && s.Nlink > 1 {
 		return fmt.Errorf("%w: %s has %d hard links; refusing to truncate a file shared with another path", ErrUnsafe, path, s.Nlink)
 	}
-	return nil
+	return owner(path, st)
 }
 
 // Create creates or truncates path for writing. It does not follow a
@@ -62,6 +71,9 @@ func Create(path string) (*os.File, error) {
 	// below are what holds against a path swapped in between.
 	if err := Check(path); err != nil {
 		return nil, err
+	}
+	if f, ok, err := createSpecial(path); ok {
+		return f, err
 	}
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, uint32(Perm))
 	if err != nil {
@@ -102,7 +114,7 @@ func checkOpened(path string, st os.FileInfo) error {
 	if s, ok := st.Sys().(*syscall.Stat_t); ok && s.Nlink > 1 {
 		return fmt.Errorf("%w: %s has %d hard links; refusing to truncate a file shared with another path", ErrUnsafe, path, s.Nlink)
 	}
-	return nil
+	return owner(path, st)
 }
 
 // WriteAtomic writes data to path through a new temporary file in the same
@@ -133,10 +145,11 @@ func isSymlinkErr(path string) bool {
 // fails is kept: later writes do nothing, OnError hears of it at once,
 // and Close removes the temporary file and leaves path as it was.
 type Atomic struct {
-	f    *os.File
-	path string
-	err  error
-	done bool
+	f      *os.File
+	path   string
+	err    error
+	done   bool
+	direct bool // a Special output: written as it is, no temporary file
 
 	// OnError, when set, is called once with the first write error, when
 	// it happens (the caller says so then, not only at exit).
@@ -150,11 +163,20 @@ func CreateAtomic(path string) (*Atomic, error) {
 	if err := Check(path); err != nil && !isSymlinkErr(path) {
 		return nil, err
 	}
+	if Special(path) {
+		f, err := Create(path)
+		if err != nil {
+			return nil, err
+		}
+		return &Atomic{f: f, path: path, direct: true}, nil
+	}
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
 	}
-	f, err := os.CreateTemp(dir, "."+base+".*.tmp") // O_EXCL, mode 0600
+	removeStale(dir, base)
+	// The pid in the name tells a later run whether its writer is gone.
+	f, err := os.CreateTemp(dir, fmt.Sprintf(".%s.%d.*.tmp", base, os.Getpid())) // O_EXCL, mode 0600
 	if err != nil {
 		return nil, &WriteError{Path: path, Err: err, NotWritten: true}
 	}
@@ -204,6 +226,12 @@ func (a *Atomic) Close() error {
 		return a.err
 	}
 	a.done = true
+	if a.direct {
+		if err := a.f.Close(); err != nil {
+			a.fail(err)
+		}
+		return a.err
+	}
 	if a.err == nil {
 		if err := a.f.Sync(); err != nil {
 			a.fail(err)
@@ -231,7 +259,9 @@ func (a *Atomic) Abort() {
 	}
 	a.done = true
 	a.f.Close()
-	os.Remove(a.f.Name())
+	if !a.direct {
+		os.Remove(a.f.Name())
+	}
 }
 
 // Stream is an output written in place as one stream whose reader copes
@@ -293,10 +323,11 @@ func (s *Stream) Close() error {
 // whole record, so a reader never finds half a line, and keeps failing:
 // what is in the file is whole, and the error says what was lost.
 type Writer struct {
-	f    *os.File
-	path string
-	good int64 // size after the last whole record
-	err  error
+	f       *os.File
+	path    string
+	good    int64 // size after the last whole record
+	err     error
+	special bool // a Special output: never rotated nor cut back
 
 	// MaxSize, when positive, caps the file: a write that would take it
 	// past MaxSize first rotates it to path.1 (path.1 to path.2, … up to
@@ -304,8 +335,10 @@ type Writer struct {
 	// disk holds at most (Keep+1)·MaxSize plus one record.
 	MaxSize int64
 	Keep    int
-	// Rotated counts rotations.
-	Rotated int
+	// Rotated counts rotations; RotateErr is why one failed: the file is
+	// then written on past MaxSize, its records kept, and not rotated again.
+	Rotated   int
+	RotateErr error
 }
 
 // NewWriter creates path with Create.
@@ -314,7 +347,12 @@ func NewWriter(path string) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Writer{f: f, path: path}, nil
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &Writer{f: f, path: path, special: !st.Mode().IsRegular()}, nil
 }
 
 // Name is the file's path.
@@ -332,15 +370,21 @@ func (w *Writer) WriteRecords(p []byte) error {
 	if w.err != nil {
 		return w.err
 	}
-	if w.MaxSize > 0 && w.good > 0 && w.good+int64(len(p)) > w.MaxSize {
-		if err := w.rotate(); err != nil {
-			w.err = &WriteError{Path: w.path, Err: fmt.Errorf("rotate: %w", err)}
+	if w.MaxSize > 0 && !w.special && w.good > 0 && w.good+int64(len(p)) > w.MaxSize && w.RotateErr == nil {
+		// A rotation that fails keeps the records in the file as it is,
+		// past its cap: never lost.
+		w.RotateErr = w.rotate()
+		if w.err != nil {
 			return w.err
 		}
 	}
 	n, err := w.f.Write(p)
 	if err == nil && n < len(p) {
 		err = io.ErrShortWrite
+	}
+	if err != nil && w.special {
+		w.err = &WriteError{Path: w.f.Name(), Err: err}
+		return w.err
 	}
 	if err != nil {
 		if terr := w.f.Truncate(w.good); terr != nil {
@@ -401,38 +445,6 @@ func FailedPaths(err error) []string {
 	}
 	walk(err)
 	return out
-}
-
-// rotate shifts path.N to path.N+1 (the last one is removed), path to
-// path.1, and opens a new path. Renames move links, never write through
-// them, and the new file is made by Create.
-func (w *Writer) rotate() error {
-	if err := w.f.Close(); err != nil {
-		return err
-	}
-	keep := max(w.Keep, 0)
-	if keep == 0 {
-		if err := os.Remove(w.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-	} else {
-		for i := keep - 1; i >= 1; i-- {
-			err := os.Rename(fmt.Sprintf("%s.%d", w.path, i), fmt.Sprintf("%s.%d", w.path, i+1))
-			if err != nil && !errors.Is(err, os.ErrNotExist) {
-				return err
-			}
-		}
-		if err := os.Rename(w.path, w.path+".1"); err != nil {
-			return err
-		}
-	}
-	f, err := Create(w.path)
-	if err != nil {
-		return err
-	}
-	w.f, w.good = f, 0
-	w.Rotated++
-	return nil
 }
 
 // Close closes the file; it returns the first write error, if any.

@@ -393,15 +393,16 @@ func runSidecars(ctx context.Context, t *testing.T, bin, dir string, env []strin
 	}
 	addr := l.Addr().String()
 	_ = l.Close()
+	secret := peersSecret(t)
 	var cmds [2]*exec.Cmd
 	var outs [2]testutil.LockedBuffer
 	var lines []string
 	for r := range cmds {
 		args := append(append([]string{"run"}, outsOf(fmt.Sprint(r))...),
-			"--job-id", job, "--rank", fmt.Sprint(r), "--peers", addr, "--", "sh", "-c", ranks[r])
+			"--job-id", job, "--rank", fmt.Sprint(r), "--peers", addr, "--peers-secret-file", secret, "--", "sh", "-c", ranks[r])
 		if attach {
 			args = append(append([]string{"attach", "--pid", fmt.Sprint(jobs[r].Process.Pid)}, outsOf(fmt.Sprint(r))...),
-				"--job-id", job, "--rank", fmt.Sprint(r), "--peers", addr)
+				"--job-id", job, "--rank", fmt.Sprint(r), "--peers", addr, "--peers-secret-file", secret)
 		}
 		argv := append([]string{bin}, args...)
 		if pidns {
@@ -505,7 +506,7 @@ func TestRanksSidecarKilled(t *testing.T) {
 			"--gaps-out", filepath.Join(dir, fmt.Sprintf("gaps%d.jsonl", r)),
 			"--spans-out", filepath.Join(dir, fmt.Sprintf("spans%d.jsonl", r)),
 			"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1"),
-			"--job-id", id, "--rank", fmt.Sprint(r), "--peers", addr, "--", "sh", "-c", rank)
+			"--job-id", id, "--rank", fmt.Sprint(r), "--peers", addr, "--peers-secret-file", peersSecret(t), "--", "sh", "-c", rank)
 		c.Dir, c.Env = dir, env
 		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		c.Stdout, c.Stderr = &outs[r], &outs[r]
@@ -564,4 +565,15 @@ func waitLog(t *testing.T, out *testutil.LockedBuffer, msg, dir string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// peersSecret writes a secret for a job's --peers exchange (mode 0600)
+// and returns its path.
+func peersSecret(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "peers.secret")
+	if err := os.WriteFile(path, []byte("accuracy-test-secret-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

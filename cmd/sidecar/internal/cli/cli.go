@@ -263,7 +263,7 @@ func checkOutputs(cfg *config.Config, deps Deps) config.Problems {
 	}
 	var p config.Problems
 	tracesHere := cfg.Command == config.CmdRun || cfg.Command == config.CmdAttach // demo writes under --out
-	if tracesHere && cfg.SpansOut == "" && !cfg.OTLPConfigured(deps.Getenv) {
+	if tracesHere && cfg.SpansOut == "" && cfg.SpansFile(deps.Getenv) == config.DefaultSpansFile {
 		if err := safefile.Check(config.DefaultSpansFile); err != nil {
 			p = append(p, fmt.Sprintf("default spans file ./%s: %v (or set --spans-out)", config.DefaultSpansFile, err))
 		}
@@ -446,14 +446,8 @@ func openSession(ctx context.Context, cfg *config.Config, deps Deps, out output,
 	base := out.log
 	s := &session{cmd: cfg.Command, cfg: cfg, deps: deps, log: base.With("component", "cli"), agg: live.NewAggregator(nil),
 		mode: out.mode, term: out.term, cmdline: redactCmdline(cfg, argv)}
-	if !cfg.OTLPConfigured(deps.Getenv) {
-		s.spans = cfg.SpansOut
-		if s.spans == "" {
-			s.spans = config.DefaultSpansFile
-		}
-	} else {
-		s.spans = cfg.SpansOut // both: OTLP and a local copy
-	}
+	// An OTLP endpoint with --spans-out: both, OTLP and a local copy.
+	s.spans = cfg.SpansFile(deps.Getenv)
 	s.wi = whatif.New()
 	s.agg.SetWhatIf(s.wi.Estimates)
 	sinks := correlate.Tee{s.agg, &s.procs, s.wi}

@@ -107,10 +107,13 @@ func convertCmd(args []string, deps Deps) int {
 	if err != nil {
 		return fail(deps, "convert", "%v", err)
 	}
-	format, cerr := perfetto.Convert(in, w)
+	format, skipped, cerr := perfetto.ConvertCount(in, w)
 	if cerr != nil {
 		w.Abort()
 		return fail(deps, "convert", "%s: %v", *from, cerr)
+	}
+	if skipped > 0 {
+		fmt.Fprintf(deps.Stderr, "gaptrace convert: warning: %s: %d lines left out (a time, device or count out of range)\n", *from, skipped)
 	}
 	if err := w.Close(); err != nil {
 		return fail(deps, "convert", "%v", err)

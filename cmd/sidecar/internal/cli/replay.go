@@ -78,13 +78,22 @@ func replayCmd(args []string, deps Deps) int {
 	if err != nil {
 		return fail(deps, "replay", "%v", err)
 	}
-	h, calls, rerr := correlate.ReadRecording(f)
-	f.Close()
-	if rerr != nil && len(calls) == 0 {
-		return fail(deps, "replay", "%s: %v", files[0], rerr)
+	defer f.Close()
+	// Read as it is replayed: memory is bounded by a line, whatever the
+	// recording's size.
+	rd, err := correlate.NewRecordingReader(f)
+	if err != nil {
+		return fail(deps, "replay", "%s: %v", files[0], err)
 	}
-	if rerr != nil {
-		fmt.Fprintf(deps.Stderr, "gaptrace replay: warning: %v\n", rerr)
+	h := rd.Header()
+	calls := 0
+	seq := func(yield func(correlate.Call) bool) {
+		for c := range rd.Calls() {
+			calls++
+			if !yield(c) {
+				return
+			}
+		}
 	}
 	view := correlate.View{Probes: *probes, Window: config.DefaultAutoWindow,
 		WarmupSteps: config.AutoWarmupSteps, WarmupMax: config.AutoWarmupWindows * config.DefaultAutoWindow}
@@ -107,9 +116,18 @@ func replayCmd(args []string, deps Deps) int {
 		}
 		sinks = append(sinks, gw)
 	}
-	sum, err := correlate.ReplayAs(cfg, sinks, h, calls, view)
+	sum, err := correlate.ReplayAsSeq(cfg, sinks, h, seq, view)
 	if err != nil {
 		return fail(deps, "replay", "%v", err) // CheckView passed: not reached
+	}
+	if rerr := rd.Err(); rerr != nil && calls == 0 {
+		return fail(deps, "replay", "%s: %v", files[0], rerr)
+	} else if rerr != nil {
+		fmt.Fprintf(deps.Stderr, "gaptrace replay: warning: %v\n", rerr)
+	}
+	if n := rd.Skipped(); n > 0 {
+		fmt.Fprintf(deps.Stderr, "gaptrace replay: warning: %s: %d calls skipped (a field out of range, or a line over %d MiB)\n",
+			files[0], n, correlate.MaxRecordingLine>>20)
 	}
 	if *probes != "" {
 		cfg.Probes = *probes
@@ -129,7 +147,7 @@ func replayCmd(args []string, deps Deps) int {
 		errs = append(errs, writeSummaryJSON(*sumOut, sum, wi.Estimates()))
 	}
 	_, width := deps.IsTerminal()
-	title := fmt.Sprintf("replay of %s (%d calls, probes %s)", files[0], len(calls), cfg.Probes)
+	title := fmt.Sprintf("replay of %s (%d calls, probes %s)", files[0], calls, cfg.Probes)
 	fmt.Fprint(deps.Stdout, live.Summary(agg.View(title), live.Outputs{Gaps: *gapsOut, Summary: *sumOut}, width))
 	if err := errors.Join(errs...); err != nil {
 		return fail(deps, "replay", "%v", err)

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
 
+	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/peers"
 	"github.com/gaptrace/gaptrace/internal/safefile"
 )
 
@@ -101,6 +102,7 @@ type Config struct {
 	JobID          string
 	Rank           int    // -1: unknown
 	Peers          string // HOST:PORT of the job's peer exchange ("": none)
+	PeersSecret    string // file holding the exchange's shared secret
 	Prometheus     string
 
 	// Presentation.
@@ -294,6 +296,9 @@ var options = []option{
 	{name: "peers", usage: "share the ranks' collectives with the job's other sidecars at `HOST:PORT` (the first that can bind it serves it, the others connect): a rank waiting on a rank another sidecar traces is then told which rank was late and by how much; needs --job-id",
 		cmds:    []Command{CmdRun, CmdAttach},
 		binding: stringVar(func(c *Config) *string { return &c.Peers })},
+	{name: "peers-secret-file", usage: "`FILE` holding the secret the sidecars of the job share (required with --peers; mode 0600 or 0400, at least 32 bytes): each proves it holds it before the others hear it, and the exchange is encrypted with it; make one with: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE",
+		cmds:    []Command{CmdRun, CmdAttach},
+		binding: stringVar(func(c *Config) *string { return &c.PeersSecret })},
 	{name: "command-line", usage: "the target's command line in spans, metrics, logs, check and the view: redacted (values of secret-named options and variables, secret headers and URL credentials hidden; docs/security.md lists the rules), none, name (program name only), full",
 		cmds:    []Command{CmdRun, CmdAttach, CmdDemo, CmdCheck},
 		binding: oneOfVar(func(c *Config) *string { return &c.CommandLine }, "redacted", "none", "name", "full")},
@@ -644,6 +649,26 @@ func readConfigFile(path string) ([]byte, error) {
 	return b, nil
 }
 
+// SpansNone as --spans-out writes no spans file.
+const SpansNone = "none"
+
+// SpansFile is the spans file a tracing command writes, "" for none:
+// --spans-out as given; none with --spans-out none, or when spans go to
+// OTLP, or OTEL_TRACES_EXPORTER=none; else DefaultSpansFile.
+func (c *Config) SpansFile(getenv func(string) string) string {
+	switch {
+	case c.SpansOut == SpansNone:
+		return ""
+	case c.SpansOut != "":
+		return c.SpansOut
+	case c.OTLPConfigured(getenv):
+		return ""
+	case strings.EqualFold(strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER")), "none"):
+		return ""
+	}
+	return DefaultSpansFile
+}
+
 // OTLPConfigured reports whether spans go to an OTLP endpoint (flag, file,
 // GAPTRACE_OTLP_ENDPOINT or the standard OTEL_EXPORTER_OTLP_* variables).
 func (c *Config) OTLPConfigured(getenv func(string) string) bool {
@@ -720,6 +745,9 @@ func (c *Config) validate(rest []string) Problems {
 		} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 			p = append(p, fmt.Sprintf("--peers %q: bad port, want 1 to 65535", c.Peers))
 		}
+		if _, err := peers.LoadSecret(c.PeersSecret); err != nil {
+			p = append(p, err.Error())
+		}
 	}
 	if c.Prometheus != "" {
 		if _, port, err := net.SplitHostPort(c.Prometheus); err != nil {
@@ -757,6 +785,9 @@ func (c *Config) OutputProblems() Problems {
 		{"gaps-out", c.GapsOut}, {"summary-json", c.SummaryJSON}, {"spans-out", c.SpansOut},
 		{"windows-out", c.WindowsOut}, {"perfetto-out", c.PerfettoOut}, {"record", c.Record},
 	} {
+		if f.flag == "spans-out" && f.path == SpansNone {
+			continue
+		}
 		if msg := CheckOutput(f.flag, f.path); msg != "" {
 			p = append(p, msg)
 		}
@@ -773,6 +804,13 @@ func (c *Config) OutputProblems() Problems {
 // streamed files must never follow one.
 func CheckOutput(flag, path string) string {
 	if path == "" {
+		return ""
+	}
+	if safefile.Special(path) {
+		// /dev/null, /dev/stdout, /dev/stderr, a FIFO: written as they are.
+		if err := safefile.Check(path); err != nil {
+			return fmt.Sprintf("--%s: %v", flag, err)
+		}
 		return ""
 	}
 	if err := writableDir(filepath.Dir(path)); err != nil {

@@ -93,7 +93,7 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 	}
 	want := []string{
 		"probes", "bogus-key", "--min-gap", "--duration", "--live", "--otlp-protocol",
-		"GAPTRACE_SYSCALL_THRESHOLD", "--gaps-out", "--prometheus", `--peers ":29601": no host`, "needs --job-id", "--pid excludes",
+		"GAPTRACE_SYSCALL_THRESHOLD", "--gaps-out", "--prometheus", `--peers ":29601": no host`, "--peers needs --peers-secret-file", "needs --job-id", "--pid excludes",
 		"regular expression",
 	}
 	msg := err.Error()
@@ -345,5 +345,53 @@ func TestEmptyEnvironmentValues(t *testing.T) {
 	cfg, _, err := Load(CmdRun, []string{"--", "true"}, env(nil), io.Discard)
 	if err != nil || cfg.Probes != "auto" {
 		t.Errorf("unset: probes %q, %v; want the default", cfg.Probes, err)
+	}
+}
+
+// --peers needs a secret file, from the flag, the environment or the
+// configuration file: one that exists, only its owner may read, of at
+// least 32 bytes; each refusal says how to make one.
+func TestPeersSecretFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good", "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LXNlY3JldA==\n", 0o600)
+	yaml := write("gaptrace.yaml", "peers: 127.0.0.1:29601\njob-id: j\npeers-secret-file: "+good+"\n", 0o644)
+	base := []string{"--peers", "127.0.0.1:29601", "--job-id", "j", "--pid", "1"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string // "" accepted
+	}{
+		{name: "none", args: base, want: "head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE"},
+		{name: "flag", args: append(base, "--peers-secret-file", good)},
+		{name: "env", args: base, env: map[string]string{"GAPTRACE_PEERS_SECRET_FILE": good}},
+		{name: "yaml", args: []string{"--config", yaml, "--pid", "1"}},
+		{name: "missing", args: append(base, "--peers-secret-file", filepath.Join(dir, "nope")), want: "no such file"},
+		{name: "group readable", args: append(base, "--peers-secret-file", write("g", strings.Repeat("s", 40), 0o640)), want: "chmod 600"},
+		{name: "world readable", args: append(base, "--peers-secret-file", write("w", strings.Repeat("s", 40), 0o604)), want: "mode 0604"},
+		{name: "short", args: append(base, "--peers-secret-file", write("s", "tiny\n", 0o600)), want: "at least 32"},
+		{name: "directory", args: append(base, "--peers-secret-file", dir), want: "not a regular file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, _, err := Load(CmdAttach, tc.args, env(tc.env), io.Discard)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want == "" && cfg.PeersSecret != good:
+				t.Errorf("secret file %q, want %q", cfg.PeersSecret, good)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("err %v, want %q in it", err, tc.want)
+			}
+		})
 	}
 }

@@ -13,18 +13,41 @@
 //
 // # Wire protocol
 //
-// A connection carries newline-delimited JSON objects, each with a type
-// "t". A member first sends 8 pings {t1} that the hub answers with pongs
-// {t1, t2}, then hello {job, id, v}. The hub answers welcome {id, peers}
-// (its own ID, the other members), or error {err} and closes: for another
-// job, another protocol version, or an ID already in the exchange. A
-// hello under the ID of a member not heard from for two pings replaces
-// that member: the same sidecar back on a new connection, its old one
-// broken on its side and not yet timed out at the hub. After
-// that either side sends recs {from, recs}; the member pings every 5 s;
-// the hub sends joined {id} and left {id} as members come and go. A line
-// over 4 MiB, a message that does not parse, or 30 s without one drops
-// the connection.
+// A connection carries newline-delimited messages, each a JSON object with
+// a type "t". The sidecars of a job share a secret K (--peers-secret-file,
+// at least 32 bytes; auth.go). A member first sends auth {v, n}: the
+// protocol version and a fresh 32-byte nonce Nm. The hub answers
+// challenge {n, mac}: its own fresh nonce Nh and HMAC-SHA256(K, "hub",
+// job, Nm, Nh), or error {err} and closes for another protocol version
+// (nothing else is ever answered before the member proved K). A member
+// that finds the proof wrong (another job, another secret, another program
+// on the port) leaves without another word and retries every 5 s. From
+// then on every message each way is sealed with AES-256-GCM under a key
+// drawn from K, the job and both nonces, one per direction, its GCM nonce
+// the message's number, and base64-encoded: a message that does not open
+// (no K, a replayed or reordered message) drops the connection unanswered.
+// The member then sends 8 pings {t1} that the hub answers with pongs {t1,
+// t2}, then hello {id, mac} with HMAC-SHA256(K, "member", job, Nh, Nm,
+// id). The hub answers welcome {id, peers} (its own ID, the other
+// members), or error {err} and closes: an ID already in the exchange, the
+// exchange full (1,024 members). A hello under the ID of a member not
+// heard from for two pings replaces that member: the same sidecar back on
+// a new connection, its old one broken on its side and not yet timed out
+// at the hub. After that either side sends recs {from, recs}; the member
+// pings every 5 s; the hub sends joined {id} and left {id} as members come
+// and go.
+//
+// Every message is checked as it is decoded (wire.go): IDs at most 256
+// bytes, at most 1,024 members and 512 records a message, clock readings
+// and every record within range (correlate.PeerRecord.Check). A batch
+// with a bad record, or past a member's rate (20,000 records a second,
+// bursts of a full snapshot), is dropped and counted in Stats.Rejected; a
+// member keeps at most 1,024 others in its list. A line over 1 KiB before
+// the proof or 1 MiB after it, a message that does not parse, no proof
+// within 3 s of connecting, no hello within 10 s of the proof, or 30 s
+// without a message drops the connection. The hub holds at most 64
+// connections that have not proved K yet (a new one closes the oldest),
+// so idle or slow sockets never keep a member out.
 //
 // # Clocks
 //

@@ -79,6 +79,14 @@ type peer struct {
 
 type option func(*Exchange)
 
+// testSecret is the secret the sidecars under test share.
+var testSecret = []byte("0123456789abcdef0123456789abcdef-test")
+
+// withSecret gives a sidecar another secret.
+func withSecret(secret string) option {
+	return func(x *Exchange) { x.cfg.Secret = []byte(secret) }
+}
+
 // startPeer starts an exchange of job on addr, closed when t ends.
 func startPeer(t *testing.T, addr, job, id string, opts ...option) *peer {
 	t.Helper()
@@ -87,7 +95,7 @@ func startPeer(t *testing.T, addr, job, id string, opts ...option) *peer {
 	if testing.Verbose() {
 		w = io.MultiWriter(p.logs, testWriter{t, id})
 	}
-	x, err := newExchange(Config{Addr: addr, Job: job, ID: id,
+	x, err := newExchange(Config{Addr: addr, Job: job, ID: id, Secret: testSecret,
 		Log: slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
@@ -203,4 +211,54 @@ func inOrder(recs []correlate.PeerRecord, pid uint32, n int) bool {
 		}
 	}
 	return true
+}
+
+// rawMember is a hand-driven member: it proves secret for job at addr and,
+// with id set, says hello; the hub's welcome comes back. Tests play a
+// hostile or broken member with it.
+type rawMember struct {
+	c  net.Conn
+	w  *conn
+	nm []byte
+	nh []byte
+}
+
+func dialRaw(t *testing.T, addr string) *rawMember {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawMember{c: c, w: newConn(c)}
+}
+
+// prove runs the handshake up to the sealed channel.
+func (r *rawMember) prove(t *testing.T, job string, secret []byte) {
+	t.Helper()
+	r.nm = newNonce()
+	if err := r.w.send(&message{Type: typeAuth, Version: version, Nonce: b64(r.nm)}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := r.w.next(time.Now().Add(patience))
+	if err != nil || m.Type != typeChallenge {
+		t.Fatalf("challenge: %+v %v", m, err)
+	}
+	if r.nh, err = decodeNonce(m.Nonce); err != nil || !checkProof(m.MAC, hubProof(secret, job, r.nm, r.nh)) {
+		t.Fatalf("the hub's proof does not check: %+v %v", m, err)
+	}
+	r.w.seal(newSealer(secret, labelHubKey, job, r.nm, r.nh), newSealer(secret, labelMembeKey, job, r.nm, r.nh))
+}
+
+// hello says hello as id and returns the hub's answer.
+func (r *rawMember) hello(t *testing.T, job string, secret []byte, id string) *message {
+	t.Helper()
+	if err := r.w.send(&message{Type: typeHello, ID: id, MAC: b64(memberProof(secret, job, r.nm, r.nh, id))}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := r.w.next(time.Now().Add(patience))
+	if err != nil {
+		t.Fatalf("answer to hello: %v", err)
+	}
+	return m
 }

@@ -21,15 +21,19 @@ type hub struct {
 	ctx context.Context
 	wg  sync.WaitGroup
 
-	mu      sync.Mutex
-	members map[string]*link // welcomed members by ID
-	conns   int              // open connections, handshakes included
+	mu       sync.Mutex
+	members  map[string]*link       // welcomed members by ID
+	conns    int                    // open connections, handshakes included
+	unproven map[net.Conn]time.Time // connections yet to prove the secret, by arrival
 }
 
 // link is the hub's connection to one member.
 type link struct {
 	id     string
 	conn   net.Conn
+	w      *conn
+	recs   bucket         // its records' rate
+	warned bool           // a rejected batch of it was logged
 	out    chan line      // messages to write
 	queued atomic.Int64   // bytes in out
 	done   chan struct{}  // closed once the reader has stopped
@@ -47,7 +51,7 @@ type line struct {
 func (x *Exchange) serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	h := &hub{x: x, ctx: ctx, members: map[string]*link{}}
+	h := &hub{x: x, ctx: ctx, members: map[string]*link{}, unproven: map[net.Conn]time.Time{}}
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	x.setRole(roleHub, nil)
@@ -110,13 +114,41 @@ func (h *hub) release() {
 	h.mu.Unlock()
 }
 
+// arrived counts c among the connections that have not proved the secret,
+// closing the oldest of them when there are too many.
+func (h *hub) arrived(c net.Conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.unproven) >= maxUnproven {
+		var oldest net.Conn
+		var at time.Time
+		for o, t := range h.unproven {
+			if oldest == nil || t.Before(at) {
+				oldest, at = o, t
+			}
+		}
+		delete(h.unproven, oldest)
+		oldest.Close()
+	}
+	h.unproven[c] = time.Now()
+}
+
+// proven takes c out of the connections yet to prove the secret.
+func (h *hub) proven(c net.Conn) {
+	h.mu.Lock()
+	delete(h.unproven, c)
+	h.mu.Unlock()
+}
+
 // handle serves one connection until it fails or the hub stops.
 func (h *hub) handle(c net.Conn) {
 	defer c.Close()
 	stop := context.AfterFunc(h.ctx, func() { c.Close() })
 	defer stop()
-	r := newReader(c)
-	l, err := h.handshake(c, r)
+	h.arrived(c)
+	defer h.proven(c)
+	w := newConn(c)
+	l, err := h.handshake(c, w)
 	if err != nil {
 		h.x.log.Debug("peer exchange: refused connection", "remote", c.RemoteAddr(), "err", err)
 		return
@@ -127,7 +159,7 @@ func (h *hub) handle(c net.Conn) {
 		defer h.wg.Done()
 		l.write()
 	}()
-	err = h.read(l, r)
+	err = h.read(l)
 	if h.remove(l) {
 		h.x.leave(h.ctx, l.id)
 	}
@@ -147,35 +179,67 @@ func isClosed(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
 }
 
-// handshake answers the clock pings a member sends first, then its hello.
-func (h *hub) handshake(c net.Conn, r *reader) (*link, error) {
-	deadline := time.Now().Add(h.x.helloTimeout)
+// handshake proves the secret to the member and has it prove it, then
+// answers the clock pings the member sends and its hello. Nothing but a
+// version mismatch is answered before the member proved the secret.
+func (h *hub) handshake(c net.Conn, w *conn) (*link, error) {
+	x := h.x
+	m, err := w.next(time.Now().Add(x.proofTimeout))
+	switch {
+	case err != nil:
+		return nil, err
+	case m.Type != typeAuth:
+		return nil, fmt.Errorf("%q message before auth", m.Type)
+	case m.Version != version:
+		// The refusal is all it gets; a write that fails changes nothing.
+		reason := fmt.Sprintf("protocol version %d, this hub speaks %d", m.Version, version)
+		_ = w.send(&message{Type: typeError, Error: reason})
+		return nil, errors.New(reason)
+	}
+	nm, err := decodeNonce(m.Nonce)
+	if err != nil {
+		return nil, err
+	}
+	nh := newNonce()
+	if err := w.send(&message{Type: typeChallenge, Nonce: b64(nh), MAC: b64(hubProof(x.cfg.Secret, x.cfg.Job, nm, nh))}); err != nil {
+		return nil, err
+	}
+	w.seal(newSealer(x.cfg.Secret, labelMembeKey, x.cfg.Job, nm, nh), newSealer(x.cfg.Secret, labelHubKey, x.cfg.Job, nm, nh))
+	deadline := time.Now().Add(x.proofTimeout)
 	for pings := 0; ; pings++ {
-		m, err := r.next(deadline)
+		m, err := w.next(deadline)
 		if err != nil {
 			return nil, err
 		}
-		t2 := h.x.now()
+		if pings == 0 {
+			// It opened: the member holds the secret.
+			h.proven(c)
+			deadline = time.Now().Add(x.helloTimeout)
+		}
+		t2 := x.now()
 		switch {
 		case m.Type == typeHello:
-			return h.welcome(c, m)
+			if m.ID == "" || !checkProof(m.MAC, memberProof(x.cfg.Secret, x.cfg.Job, nm, nh, m.ID)) {
+				return nil, errors.New("hello without the member's proof")
+			}
+			return h.welcome(c, w, m)
 		case m.Type != typePing:
 			return nil, fmt.Errorf("%q message before hello", m.Type)
 		case pings >= maxHelloPings:
 			return nil, fmt.Errorf("more than %d pings before hello", maxHelloPings)
 		}
-		if err := writeLine(c, encode(&message{Type: typePong, T1: m.T1, T2: t2})); err != nil {
+		if err := w.send(&message{Type: typePong, T1: m.T1, T2: t2}); err != nil {
 			return nil, err
 		}
 	}
 }
 
 // welcome admits the member that sent hello, or refuses it.
-func (h *hub) welcome(c net.Conn, hello *message) (*link, error) {
-	l, reason := h.register(c, hello)
+func (h *hub) welcome(c net.Conn, w *conn, hello *message) (*link, error) {
+	l, reason := h.register(c, w, hello)
 	if reason != "" {
 		// The refusal is all it gets; a write that fails changes nothing.
-		_ = writeLine(c, encode(&message{Type: typeError, Error: reason}))
+		_ = w.send(&message{Type: typeError, Error: reason})
 		return nil, errors.New(reason)
 	}
 	return l, nil
@@ -184,19 +248,15 @@ func (h *hub) welcome(c net.Conn, hello *message) (*link, error) {
 // register makes the member that sent hello one of the hub's, queueing the
 // welcome and the hub's snapshot for it and telling the others; or returns
 // why not.
-func (h *hub) register(c net.Conn, hello *message) (*link, string) {
+func (h *hub) register(c net.Conn, w *conn, hello *message) (*link, string) {
 	x := h.x
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
-	case hello.Version != version:
-		return nil, fmt.Sprintf("protocol version %d, this hub speaks %d", hello.Version, version)
-	case hello.Job != x.cfg.Job:
-		return nil, fmt.Sprintf("job %q is not this exchange's job %q", hello.Job, x.cfg.Job)
-	case hello.ID == "" || len(hello.ID) > maxName:
-		return nil, fmt.Sprintf("sidecar ID %q is empty or longer than %d bytes", hello.ID, maxName)
 	case hello.ID == x.cfg.ID:
 		return nil, fmt.Sprintf("sidecar ID %q is already in job %q", hello.ID, x.cfg.Job)
+	case h.members[hello.ID] == nil && len(h.members) >= maxMembers:
+		return nil, fmt.Sprintf("the exchange is full (%d members)", maxMembers)
 	}
 	if old := h.members[hello.ID]; old != nil {
 		// The same sidecar again (IDs hold the host and pid) after its old
@@ -210,7 +270,7 @@ func (h *hub) register(c net.Conn, hello *message) (*link, string) {
 		old.conn.Close()
 		x.log.Info("peer exchange: member reconnected", "id", old.id)
 	}
-	l := &link{id: hello.ID, conn: c, out: make(chan line, linkQueueLen), done: make(chan struct{}), lost: &x.dropped}
+	l := &link{id: hello.ID, conn: c, w: w, out: make(chan line, linkQueueLen), done: make(chan struct{}), lost: &x.dropped}
 	l.heard.Store(time.Now().UnixNano())
 	others := make([]string, 0, len(h.members))
 	joined := encode(&message{Type: typeJoined, ID: l.id})
@@ -252,21 +312,41 @@ func (h *hub) setPeers() {
 }
 
 // read serves member l's messages until its connection fails.
-func (h *hub) read(l *link, r *reader) error {
+func (h *hub) read(l *link) error {
 	for {
-		m, err := r.next(time.Now().Add(h.x.idleTimeout))
+		m, err := l.w.next(time.Now().Add(h.x.idleTimeout))
+		if errors.Is(err, errBadRecords) {
+			h.reject(l, len(m.Recs), err)
+			continue
+		}
 		if err != nil {
 			return err
 		}
-		l.heard.Store(time.Now().UnixNano())
+		now := time.Now()
+		l.heard.Store(now.UnixNano())
 		switch m.Type {
 		case typePing:
 			l.send(line{b: encode(&message{Type: typePong, T1: m.T1, T2: h.x.now()})})
 		case typeRecs:
+			if !l.recs.take(len(m.Recs), now) {
+				h.reject(l, len(m.Recs), fmt.Errorf("over %d records a second", recRate))
+				continue
+			}
 			h.relay(l, m.Recs)
 		default:
 			return fmt.Errorf("unexpected %q message", m.Type)
 		}
+	}
+}
+
+// reject counts a batch of member l refused as it came, and logs the
+// first.
+func (h *hub) reject(l *link, n int, why error) {
+	h.x.rejected.Add(uint64(n))
+	if !l.warned {
+		l.warned = true
+		h.x.log.Warn("peer exchange: rejected a batch of records from a member (more are only counted)",
+			"id", l.id, "records", n, "err", why)
 	}
 }
 
@@ -341,7 +421,7 @@ func (l *link) write() {
 			return
 		case m := <-l.out:
 			l.queued.Add(-int64(len(m.b)))
-			if err := writeLine(l.conn, m.b); err != nil {
+			if err := l.w.write(m.b); err != nil {
 				l.conn.Close() // the reader fails and stops
 				<-l.done
 				return

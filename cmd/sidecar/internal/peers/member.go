@@ -2,6 +2,7 @@ package peers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync/atomic"
@@ -14,8 +15,9 @@ import (
 type session struct {
 	x      *Exchange
 	conn   net.Conn
-	r      *reader
+	w      *conn
 	est    estimator
+	warned bool          // a rejected batch was logged
 	ping   atomic.Int64  // T1 of the ping awaiting its pong
 	resend chan struct{} // a member joined: re-send the snapshot
 }
@@ -33,7 +35,7 @@ func (x *Exchange) join(ctx context.Context) (joined bool, err error) {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 
-	s := &session{x: x, conn: c, r: newReader(c), resend: make(chan struct{}, 1)}
+	s := &session{x: x, conn: c, w: newConn(c), resend: make(chan struct{}, 1)}
 	w, err := s.handshake()
 	if err != nil {
 		return false, err
@@ -53,13 +55,28 @@ func (x *Exchange) join(ctx context.Context) (joined bool, err error) {
 	return true, err
 }
 
-// handshake measures the hub's clock, then says hello; it returns the
-// hub's welcome.
+// handshake has the hub prove the job's secret, proves it in turn,
+// measures the hub's clock, then says hello; it returns the hub's welcome.
 func (s *session) handshake() (*message, error) {
-	deadline := time.Now().Add(s.x.helloTimeout)
+	x := s.x
+	deadline := time.Now().Add(x.proofTimeout)
+	nm := newNonce()
+	if err := s.w.send(&message{Type: typeAuth, Version: version, Nonce: b64(nm)}); err != nil {
+		return nil, err
+	}
+	m, err := s.expect(deadline, typeChallenge)
+	if err != nil {
+		return nil, err
+	}
+	nh, err := decodeNonce(m.Nonce)
+	if err != nil || !checkProof(m.MAC, hubProof(x.cfg.Secret, x.cfg.Job, nm, nh)) {
+		return nil, &proofError{addr: x.cfg.Addr}
+	}
+	s.w.seal(newSealer(x.cfg.Secret, labelHubKey, x.cfg.Job, nm, nh), newSealer(x.cfg.Secret, labelMembeKey, x.cfg.Job, nm, nh))
+	deadline = time.Now().Add(x.helloTimeout)
 	for range syncPings {
-		t1 := s.x.now()
-		if err := writeLine(s.conn, encode(&message{Type: typePing, T1: t1})); err != nil {
+		t1 := x.now()
+		if err := s.w.send(&message{Type: typePing, T1: t1}); err != nil {
 			return nil, err
 		}
 		m, err := s.expect(deadline, typePong)
@@ -69,10 +86,10 @@ func (s *session) handshake() (*message, error) {
 		if m.T1 != t1 {
 			return nil, fmt.Errorf("pong for ping %d, sent %d", m.T1, t1)
 		}
-		s.est.add(t1, m.T2, s.x.now())
+		s.est.add(t1, m.T2, x.now())
 	}
-	hello := &message{Type: typeHello, Job: s.x.cfg.Job, ID: s.x.cfg.ID, Version: version}
-	if err := writeLine(s.conn, encode(hello)); err != nil {
+	hello := &message{Type: typeHello, ID: x.cfg.ID, MAC: b64(memberProof(x.cfg.Secret, x.cfg.Job, nm, nh, x.cfg.ID))}
+	if err := s.w.send(hello); err != nil {
 		return nil, err
 	}
 	return s.expect(deadline, typeWelcome)
@@ -80,7 +97,7 @@ func (s *session) handshake() (*message, error) {
 
 // expect reads a message of type typ; a hub's error message is a refusal.
 func (s *session) expect(deadline time.Time, typ string) (*message, error) {
-	m, err := s.r.next(deadline)
+	m, err := s.w.next(deadline)
 	switch {
 	case err != nil:
 		return nil, err
@@ -122,7 +139,11 @@ func (s *session) run(ctx context.Context) error {
 func (s *session) read() error {
 	x := s.x
 	for {
-		m, err := s.r.next(time.Now().Add(x.idleTimeout))
+		m, err := s.w.next(time.Now().Add(x.idleTimeout))
+		if errors.Is(err, errBadRecords) {
+			s.reject(len(m.Recs), err)
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -159,7 +180,9 @@ func (s *session) know(id string, in bool) {
 		return
 	}
 	if in {
-		x.known[id] = true
+		if len(x.known) < maxMembers {
+			x.known[id] = true
+		}
 	} else {
 		delete(x.known, id)
 	}
@@ -174,8 +197,23 @@ func (s *session) receive(m *message) {
 	off := s.x.offset.Load()
 	for i := range m.Recs {
 		m.Recs[i].Shift(-off)
+		if err := m.Recs[i].Check(); err != nil {
+			s.reject(len(m.Recs), err)
+			return
+		}
 	}
 	s.x.deliver(m.From, m.Recs)
+}
+
+// reject counts a batch from the hub refused as it came, and logs the
+// first.
+func (s *session) reject(n int, why error) {
+	s.x.rejected.Add(uint64(n))
+	if !s.warned {
+		s.warned = true
+		s.x.log.Warn("peer exchange: rejected a batch of records from the hub (more are only counted)",
+			"records", n, "err", why)
+	}
 }
 
 // write sends the snapshot, then this sidecar's records as they come, and
@@ -224,7 +262,7 @@ func (s *session) send(recs []correlate.PeerRecord) error {
 	for i := range recs {
 		recs[i].Shift(off)
 	}
-	err := writeLine(s.conn, encode(&message{Type: typeRecs, From: s.x.cfg.ID, Recs: recs}))
+	err := s.w.send(&message{Type: typeRecs, From: s.x.cfg.ID, Recs: recs})
 	if err != nil {
 		s.x.dropped.Add(uint64(len(recs)))
 		return err
@@ -246,5 +284,5 @@ func (s *session) sendSnapshot() error {
 func (s *session) sendPing() error {
 	t1 := s.x.now()
 	s.ping.Store(t1)
-	return writeLine(s.conn, encode(&message{Type: typePing, T1: t1}))
+	return s.w.send(&message{Type: typePing, T1: t1})
 }

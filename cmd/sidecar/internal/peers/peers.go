@@ -23,6 +23,9 @@ type Config struct {
 	Job  string       // job ID (--job-id); sidecars of another job are refused
 	ID   string       // this sidecar's name, unique in the job (e.g. hostname/pid)
 	Log  *slog.Logger // nil: slog.Default()
+	// Secret is the job's shared secret (LoadSecret): a sidecar proves it
+	// holds it before it is heard, and a hub before it is joined.
+	Secret []byte
 }
 
 // Batch is records from one other sidecar, times already in this host's
@@ -48,10 +51,12 @@ type Stats struct {
 	// snapshots re-sent included; Received the records that came from
 	// other sidecars; Dropped the records lost on the way: the outgoing
 	// queue full, a slow Recv consumer, a member's connection backed up
-	// (hub), a batch pending when a connection broke.
-	Sent, Received, Dropped uint64
-	OffsetNS                int64 // member: estimated hub clock − this clock; hub: 0
-	RTTNS                   int64 // best round trip of the offset estimate (0 for the hub)
+	// (hub), a batch pending when a connection broke. Rejected counts
+	// the records of batches refused as they came: a record out of range,
+	// a sidecar over its rate.
+	Sent, Received, Dropped, Rejected uint64
+	OffsetNS                          int64 // member: estimated hub clock − this clock; hub: 0
+	RTTNS                             int64 // best round trip of the offset estimate (0 for the hub)
 }
 
 // Roles, as Stats reports them.
@@ -72,11 +77,22 @@ const (
 	backoffMax     = 2 * time.Second
 	refusedRetry   = 5 * time.Second
 	dialTimeout    = time.Second
+	proofTimeout   = 3 * time.Second // from connecting to proving the secret
 	helloTimeout   = 10 * time.Second
 	idleTimeout    = 30 * time.Second
 	writeTimeout   = 10 * time.Second
-	maxConns       = 4096          // connections a hub holds, handshakes included
-	maxHelloPings  = 4 * syncPings // pings a hub answers before hello
+	maxMembers     = 1024 // members of one hub
+	// maxUnproven bounds the connections that have not proved the secret
+	// yet; a new one past it closes the oldest, so that idle or slow
+	// sockets never keep a sidecar of the job from joining.
+	maxUnproven   = 64
+	maxConns      = maxMembers + maxUnproven + 64 // connections a hub holds, handshakes included
+	maxHelloPings = 4 * syncPings                 // pings a hub answers before hello
+	// A member's records: at most recRate a second on average, bursts of
+	// recBurst (a snapshot of every communicator); beyond, its batches
+	// are rejected.
+	recRate  = 20_000
+	recBurst = maxSnapshot + 4*maxBatch
 )
 
 // Exchange is this sidecar's part in its job's peer exchange.
@@ -90,6 +106,7 @@ type Exchange struct {
 	// Tunables, set before start; tests change them.
 	now          func() int64 // this host's clock, Unix ns
 	dialTimeout  time.Duration
+	proofTimeout time.Duration
 	helloTimeout time.Duration
 	idleTimeout  time.Duration
 	pingEvery    time.Duration
@@ -98,8 +115,8 @@ type Exchange struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when every goroutine has stopped
 
-	sent, received, dropped atomic.Uint64
-	offset, rtt             atomic.Int64 // member's clock estimate
+	sent, received, dropped, rejected atomic.Uint64
+	offset, rtt                       atomic.Int64 // member's clock estimate
 
 	mu       sync.Mutex
 	role     string
@@ -134,6 +151,7 @@ func newExchange(cfg Config) (*Exchange, error) {
 		recv:         make(chan Batch, recvLen),
 		now:          func() int64 { return time.Now().UnixNano() },
 		dialTimeout:  dialTimeout,
+		proofTimeout: proofTimeout,
 		helloTimeout: helloTimeout,
 		idleTimeout:  idleTimeout,
 		pingEvery:    pingEvery,
@@ -156,6 +174,8 @@ func checkConfig(cfg *Config) error {
 		return errors.New("--peers: empty sidecar ID")
 	case len(cfg.ID) > maxName:
 		return fmt.Errorf("--peers: sidecar ID %q longer than %d bytes", cfg.ID, maxName)
+	case len(cfg.Secret) < minSecret:
+		return fmt.Errorf("--peers: a shared secret of at least %d bytes is required (--peers-secret-file); %s", minSecret, SecretHint)
 	}
 	return nil
 }
@@ -207,7 +227,7 @@ func (x *Exchange) Stats() Stats {
 		s.Peers = len(x.known) + 1
 	}
 	x.mu.Unlock()
-	s.Sent, s.Received, s.Dropped = x.sent.Load(), x.received.Load(), x.dropped.Load()
+	s.Sent, s.Received, s.Dropped, s.Rejected = x.sent.Load(), x.received.Load(), x.dropped.Load(), x.rejected.Load()
 	if s.Role == roleMember {
 		s.OffsetNS, s.RTTNS = x.offset.Load(), x.rtt.Load()
 	}
@@ -242,12 +262,19 @@ func (x *Exchange) run(ctx context.Context) {
 		x.log.Debug("peer exchange: cannot serve here", "addr", x.cfg.Addr, "err", err)
 		joined, err := x.join(ctx)
 		var ref *refusedError
+		var pe *proofError
 		switch {
 		case ctx.Err() != nil:
 		case joined:
 			x.log.Warn("peer exchange: lost hub at "+x.cfg.Addr, "err", err)
 			back.reset()
 			refusal = ""
+		case errors.As(err, &pe):
+			if refusal != pe.Error() {
+				x.log.Error("peer exchange: "+pe.Error(), "job", x.cfg.Job)
+				refusal = pe.Error()
+			}
+			sleep(ctx, x.refusedRetry)
 		case errors.As(err, &ref):
 			if ref.reason != refusal {
 				x.log.Error("peer exchange: refused by hub at "+x.cfg.Addr, "job", x.cfg.Job, "id", x.cfg.ID,
@@ -319,6 +346,36 @@ func (x *Exchange) deliver(from string, recs []correlate.PeerRecord) {
 type refusedError struct{ reason string }
 
 func (e *refusedError) Error() string { return "refused by hub: " + e.reason }
+
+// proofError: what listens at the exchange's address did not prove the
+// job's secret.
+type proofError struct{ addr string }
+
+func (e *proofError) Error() string {
+	return "the server at " + e.addr + " did not prove the peers secret of this job: not joining it " +
+		"(another job's exchange, another secret, or another program on the port: use a port below 1024, which only root can bind)"
+}
+
+// bucket is a token bucket: rate tokens a second, at most burst held.
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+// take spends n tokens if there are that many.
+func (b *bucket) take(n int, now time.Time) bool {
+	if b.last.IsZero() {
+		b.tokens = recBurst
+	} else {
+		b.tokens = min(recBurst, b.tokens+now.Sub(b.last).Seconds()*recRate)
+	}
+	b.last = now
+	if b.tokens < float64(n) {
+		return false
+	}
+	b.tokens -= float64(n)
+	return true
+}
 
 // backoff spaces out attempts to join a hub: from backoffMin, doubling up to
 // backoffMax, with some jitter so that sidecars do not retry in step.

@@ -1,10 +1,8 @@
 package peers
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"slices"
@@ -21,6 +19,8 @@ func TestStartChecksConfig(t *testing.T) {
 		cfg  Config
 		want string
 	}{
+		{Config{Addr: "10.0.0.5:29601", Job: "j", ID: "a"}, "head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE"},
+		{Config{Addr: "10.0.0.5:29601", Job: "j", ID: "a", Secret: []byte("short")}, "--peers-secret-file"},
 		{Config{Addr: "10.0.0.5", Job: "j", ID: "a"}, `--peers "10.0.0.5"`},
 		{Config{Addr: ":29601", Job: "j", ID: "a"}, `--peers ":29601": no host`},
 		{Config{Addr: "10.0.0.5:http", Job: "j", ID: "a"}, `--peers "10.0.0.5:http": port`},
@@ -240,7 +240,7 @@ func TestRefused(t *testing.T) {
 		p    *peer
 		want []string
 	}{
-		{other, []string{"train-alpha", "train-beta"}},
+		{other, []string{"did not prove the peers secret"}},
 		{dup, []string{`\"b\"`, "already"}},
 	} {
 		eventually(t, tc.p.id+" logs the refusal", func() bool {
@@ -279,62 +279,79 @@ func containsAll(s string, subs []string) bool {
 	return true
 }
 
-// Test 6: a client that sends garbage, an overlong line or nothing at all
-// is dropped; the hub keeps serving.
+// Test 6: a client that sends garbage, an overlong line or nothing at all,
+// before or after proving the secret, is dropped; one that cannot prove it
+// hears nothing but the hub's challenge; the hub keeps serving.
 func TestHubDropsBadClients(t *testing.T) {
 	noLeaks(t)
 	addr := freeAddr(t)
-	hub := startPeer(t, addr, "job", "hub", func(x *Exchange) { x.helloTimeout = 300 * time.Millisecond })
+	hub := startPeer(t, addr, "job", "hub", func(x *Exchange) { x.helloTimeout, x.proofTimeout = 300*time.Millisecond, 300*time.Millisecond })
 	eventually(t, "hub serving", func() bool { return hub.Stats().Role == roleHub })
 
-	hello := `{"t":"hello","job":"job","id":"raw","v":1}` + "\n"
-	big := strings.Repeat("x", maxLine+10)
+	auth := encode(&message{Type: typeAuth, Version: version, Nonce: b64(newNonce())})
 	for _, tc := range []struct {
-		name string
-		send []string // lines the hub must answer with a welcome
-		bad  string
+		name   string
+		proved bool   // the client proves the secret first
+		hello  bool   // and is welcomed
+		bad    []byte // then sends this (sealed when proved)
 	}{
-		{"garbage", nil, "not json at all\n"},
-		{"wrong field type", nil, `{"t":"ping","t1":"soon"}` + "\n"},
-		{"recs before hello", nil, `{"t":"recs","from":"x","recs":[{"k":3}]}` + "\n"},
-		{"overlong before hello", nil, big},
-		{"overlong after hello", []string{hello}, big},
-		{"garbage after hello", []string{hello}, "{{{\n"},
-		{"bad records after hello", []string{hello}, `{"t":"recs","recs":[{"k":"x"}]}` + "\n"},
-		{"too many records after hello", []string{hello},
-			`{"t":"recs","recs":[` + strings.Repeat(`{"k":3},`, maxBatch) + `{"k":3}]}` + "\n"},
-		{"hello again", []string{hello}, hello},
-		{"silent", nil, ""},
+		{name: "garbage", bad: []byte("not json at all")},
+		{name: "old hello", bad: []byte(`{"t":"hello","job":"job","id":"raw","v":1}`)},
+		{name: "wrong field type", bad: []byte(`{"t":"auth","v":"2"}`)},
+		{name: "overlong before auth", bad: []byte(strings.Repeat("x", maxOpenLine+10))},
+		{name: "unsealed after auth", bad: append(append(auth, '\n'), `{"t":"ping","t1":5}`...)},
+		{name: "wrong secret after auth", bad: auth},
+		{name: "silent"},
+		{name: "garbage after proof", proved: true, bad: []byte("{{{")},
+		{name: "recs before hello", proved: true, bad: []byte(`{"t":"recs","from":"x","recs":[{"k":4}]}`)},
+		{name: "overlong after hello", proved: true, hello: true, bad: []byte(strings.Repeat("x", maxLine))},
+		{name: "too many records after hello", proved: true, hello: true,
+			bad: []byte(`{"t":"recs","recs":[` + strings.Repeat(`{"k":4},`, maxBatch) + `{"k":4}]}`)},
+		{name: "hello again", proved: true, hello: true,
+			bad: encode(&message{Type: typeHello, ID: "raw"})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
+			r := dialRaw(t, addr)
+			if err := r.c.SetDeadline(time.Now().Add(patience)); err != nil {
 				t.Fatal(err)
 			}
-			defer c.Close()
-			if err := c.SetDeadline(time.Now().Add(patience)); err != nil {
-				t.Fatal(err)
+			if tc.proved {
+				r.prove(t, "job", testSecret)
 			}
-			r := bufio.NewReader(c)
-			for _, l := range tc.send {
-				if _, err := io.WriteString(c, l); err != nil {
+			if tc.hello {
+				if m := r.hello(t, "job", testSecret, "raw"); m.Type != typeWelcome {
+					t.Fatalf("answer to hello: %+v", m)
+				}
+			}
+			if tc.name == "wrong secret after auth" {
+				// It gets the challenge, cannot check it, answers under
+				// another secret: the hub says nothing more.
+				if err := r.w.write(tc.bad); err != nil {
 					t.Fatal(err)
 				}
-				if a, err := r.ReadString('\n'); err != nil || !strings.Contains(a, `"t":"welcome"`) {
-					t.Fatalf("answer to %q: %q, %v", l, a, err)
+				m, err := r.w.next(time.Now().Add(patience))
+				if err != nil || m.Type != typeChallenge {
+					t.Fatalf("challenge: %+v %v", m, err)
 				}
+				nh, _ := decodeNonce(m.Nonce)
+				var nm []byte
+				r.w.seal(newSealer([]byte("another secret entirely, 32+ bytes"), labelHubKey, "job", nm, nh),
+					newSealer([]byte("another secret entirely, 32+ bytes"), labelMembeKey, "job", nm, nh))
+				tc.bad = encode(&message{Type: typePing, T1: 5})
 			}
-			go func() { _, _ = io.WriteString(c, tc.bad) }() // fails once the hub hangs up
+			if tc.bad != nil {
+				go func() { _ = r.w.write(tc.bad) }() // fails once the hub hangs up
+			}
 			for {
-				l, err := r.ReadString('\n')
+				l, err := r.w.readLine(time.Now().Add(patience))
 				if err != nil {
 					if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 						t.Fatal("the hub kept the connection")
 					}
 					break
 				}
-				if !strings.Contains(l, `"t":"error"`) && !strings.Contains(l, `"t":"joined"`) {
-					t.Errorf("hub sent %q", l)
+				if s := string(l); !tc.proved && !strings.Contains(s, `"t":"challenge"`) {
+					t.Errorf("hub sent %q to a client that did not prove the secret", s)
 				}
 			}
 		})
@@ -386,7 +403,7 @@ func TestSendNeverBlocks(t *testing.T) {
 // A consumer that does not keep up loses batches, counted; the network
 // reader never waits for it.
 func TestSlowConsumer(t *testing.T) {
-	x, err := newExchange(Config{Addr: "127.0.0.1:1", Job: "job", ID: "a"})
+	x, err := newExchange(Config{Addr: "127.0.0.1:1", Job: "job", ID: "a", Secret: testSecret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +434,7 @@ func TestLinkBackedUp(t *testing.T) {
 func TestContextEnds(t *testing.T) {
 	noLeaks(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	x, err := Start(ctx, Config{Addr: freeAddr(t), Job: "job", ID: "a", Log: slog.New(slog.DiscardHandler)})
+	x, err := Start(ctx, Config{Addr: freeAddr(t), Job: "job", ID: "a", Secret: testSecret, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,19 +496,10 @@ func TestReconnectReplacesSilentLink(t *testing.T) {
 	addr := freeAddr(t)
 	hub := startPeer(t, addr, "job", "hub", func(x *Exchange) { x.pingEvery = 100 * time.Millisecond })
 	eventually(t, "hub serving", func() bool { return hub.Stats().Role == roleHub })
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.SetDeadline(time.Now().Add(patience)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.WriteString(c, `{"t":"hello","job":"job","id":"b","v":1}`+"\n"); err != nil {
-		t.Fatal(err)
-	}
-	if l, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.Contains(l, `"t":"welcome"`) {
-		t.Fatalf("welcome: %q %v", l, err)
+	r := dialRaw(t, addr)
+	r.prove(t, "job", testSecret)
+	if m := r.hello(t, "job", testSecret, "b"); m.Type != typeWelcome {
+		t.Fatalf("welcome: %+v", m)
 	}
 	// Silent from now on, as a connection whose far end is gone.
 	time.Sleep(300 * time.Millisecond)

@@ -41,6 +41,9 @@ args:
 {{- with .Values.peers }}
   - --peers
   - {{ . | quote }}
+  - --peers-secret-file
+  - /etc/gaptrace/peers/secret
+{{- $_ := required "peersSecret: --peers needs the job's shared secret; create one with: kubectl create secret generic gaptrace-peers --from-literal=secret=\"$(head -c 32 /dev/urandom | base64)\" and set peersSecret=gaptrace-peers" $.Values.peersSecret }}
 {{- end }}
 {{- if .Values.prometheus.enabled }}
   - --prometheus
@@ -126,6 +129,11 @@ volumeMounts:
     mountPath: /sys/kernel/tracing
   - name: gaptrace-tmp
     mountPath: /tmp
+{{- if .Values.peers }}
+  - name: gaptrace-peers-secret
+    mountPath: /etc/gaptrace/peers
+    readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "gaptrace.volumes" -}}
@@ -135,6 +143,15 @@ volumeMounts:
     type: Directory
 - name: gaptrace-tmp
   emptyDir: {}
+{{- if .Values.peers }}
+- name: gaptrace-peers-secret
+  secret:
+    secretName: {{ .Values.peersSecret | quote }}
+    defaultMode: 0400
+    items:
+      - key: secret
+        path: secret
+{{- end }}
 {{- end -}}
 
 {{/* For a parent chart: the native-sidecar init container (Kubernetes

@@ -298,7 +298,8 @@
 //	comm.go       comm stalls: per-slot wait baselines, GPM confirmation,
 //	              waits held for the ranks' verdict
 //	ranks.go      communicators and their groups across processes: the
-//	              ranks' verdict on a wait, shared prologue verdicts, step
+//	              ranks' verdict on a wait
+//	rankstep.go   steps the ranks agree on: shared prologue verdicts, step
 //	              numbers from the communicator's sequence
 //	ranklink.go   linking communicators whose creation was not seen, by
 //	              their collectives

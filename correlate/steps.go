@@ -111,10 +111,10 @@ type stepper struct {
 	accum *accumGroup
 	lite  bool // launches are not seen (set with the clock)
 	// vote: the half-step prologue rule's verdict, shared with the other
-	// ranks of the process's communicators (ranks.go).
+	// ranks of the process's communicators (rankstep.go).
 	vote *prologueVote
 	// anchor: the collective whose occurrences number the steps under the
-	// clock, nil when the loop issues none (ranks.go).
+	// clock, nil when the loop issues none (rankstep.go).
 	anchor *stepAnchor
 	// emitted: a step was emitted (doneNum holds its number).
 	emitted bool

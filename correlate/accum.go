@@ -1,8 +1,9 @@
 package correlate
 
 import (
-	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"sort"
+
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
 )
 
 // Gradient accumulation: an iteration of the loop runs several

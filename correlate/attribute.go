@@ -4,6 +4,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -110,7 +111,7 @@ func newAttribution(w *world) *attribution {
 const absorbNS = int64(100 * time.Microsecond)
 
 // thread adds what th did over [a,b) outside mask.
-func (at *attribution) thread(th *thread, a, b int64, mask []span) {
+func (at *attribution) thread(th *thread, a, b int64, mask []interval.Span) {
 	segs := th.segments(a, b, mask)
 	for _, s := range segs {
 		if ev := s.ev; ev != nil && ev.Kind == event.KindSyscall && ev.Path != "" &&

@@ -259,6 +259,8 @@
 //   - correlate/stepclock: pure functions from the sequence of enqueued
 //     operations and syncs to step boundaries (the work clock and the sync
 //     period). No state across calls; the stepper keeps the ring.
+//   - correlate/interval: sorted lists of disjoint intervals, pure
+//     functions over values the caller owns.
 //
 // Every package under correlate imports only event, the standard library
 // and correlate's own sub-packages (the linter's depguard rule says so),
@@ -319,7 +321,6 @@
 //	micro.go      micro idle of a finished step and its cause split; launch
 //	              records that weigh the windows' busy time
 //	windows.go    device: GPU windows, idle and SM activity over intervals
-//	span.go       sorted disjoint interval lists
 //	timeline.go   thread: its activity timeline and what dominates when
 //	causes.go     what cause one host interval is, and its name
 //	attribute.go  attribution: accumulating one interval's activity,
@@ -335,6 +336,7 @@
 //	replayas.go   replaying a full recording as lite or auto would have
 //	              seen it
 //	stepclock/    Detect, DetectPeriod and the types they compare
+//	interval/     sorted disjoint interval lists (Span, Add, Overlap)
 //
 // # Memory
 //

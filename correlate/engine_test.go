@@ -556,29 +556,3 @@ func TestHWContextPerStepAndStats(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
-
-func TestSpanHelpers(t *testing.T) {
-	var l []span
-	for _, s := range []span{{10, 20}, {30, 40}, {15, 32}, {50, 60}, {45, 46}, {60, 61}} {
-		l = addSpan(l, s)
-	}
-	want := []span{{10, 40}, {45, 46}, {50, 61}}
-	if len(l) != len(want) {
-		t.Fatalf("addSpan: %v", l)
-	}
-	for i := range want {
-		if l[i] != want[i] {
-			t.Fatalf("addSpan: %v", l)
-		}
-	}
-	m := mergeSpans([]span{{0, 5}, {20, 25}}, []span{{3, 8}, {9, 10}, {24, 30}})
-	if len(m) != 3 || m[0] != (span{0, 8}) || m[1] != (span{9, 10}) || m[2] != (span{20, 30}) {
-		t.Errorf("mergeSpans: %v", m)
-	}
-	if n := overlapLen(l, 35, 55); n != 5+1+5 {
-		t.Errorf("overlapLen = %d", n)
-	}
-	if c := clip(l, 41, 50); len(c) != 1 || c[0] != (span{45, 46}) {
-		t.Errorf("clip = %v", c)
-	}
-}

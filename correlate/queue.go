@@ -1,6 +1,7 @@
 package correlate
 
 import (
+	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -206,7 +207,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	if waited && pendingBefore {
 		p.checkStall(x, th, ev, coll, cref)
 		d := x.d
-		d.busy = addSpan(d.busy, span{ev.Start, ev.End})
+		d.busy = interval.Add(d.busy, interval.Span{A: ev.Start, B: ev.End})
 		if p.lastEnq > 0 && p.lastEnq <= ev.Start {
 			p.drains.push(ev.End - p.lastEnq)
 		}

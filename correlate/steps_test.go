@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -604,7 +605,7 @@ func TestSetupIsNotSteps(t *testing.T) {
 						return 0
 					}
 					a = max(a, loop)
-					return float64(overlapLen(s.busy, a, b)) / float64(100*ms)
+					return float64(interval.Overlap(s.busy, a, b)) / float64(100*ms)
 				})...)
 			}
 			if probes == ProbesAuto {

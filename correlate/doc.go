@@ -261,6 +261,8 @@
 //     period). No state across calls; the stepper keeps the ring.
 //   - correlate/interval: sorted lists of disjoint intervals, pure
 //     functions over values the caller owns.
+//   - correlate/reorder: the reorder buffer, a type that owns its events
+//     and knows nothing of what they mean.
 //
 // Every package under correlate imports only event, the standard library
 // and correlate's own sub-packages (the linter's depguard rule says so),
@@ -279,7 +281,6 @@
 //	engine.go     Engine: the public API, event dispatch, finalize, apply
 //	              (outbox → totals and Sink), sweeping silent processes
 //	config.go     Config, its validation, settings, the internal tunables
-//	order.go      eventQueue: events held until the watermark, end order
 //	world.go      world: processes, threads, devices, communicators; who
 //	              is a loader worker; collective evidence
 //	proc.go       proc: one process's state, its outbox, what it must keep,
@@ -337,6 +338,7 @@
 //	              seen it
 //	stepclock/    Detect, DetectPeriod and the types they compare
 //	interval/     sorted disjoint interval lists (Span, Add, Overlap)
+//	reorder/      Queue: events held until the watermark, end order
 //
 // # Memory
 //

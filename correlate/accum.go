@@ -1,6 +1,10 @@
 package correlate
 
-import "sort"
+import (
+	"sort"
+
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
+)
 
 // Gradient accumulation: an iteration of the loop runs several
 // micro-batches, each copying its batch and running a forward and a
@@ -37,7 +41,7 @@ type fineSeg struct {
 // fineSegs cuts the ring into the clock's steps (key, m occurrences a
 // step, starting at phase), oldest first: the first starts at the ring's
 // first occurrence at phase.
-func fineSegs(toks []token, key tokKey, m, phase int) []fineSeg {
+func fineSegs(toks []stepclock.Token, key stepclock.Key, m, phase int) []fineSeg {
 	var idx int64
 	var segs []fineSeg
 	var cur fineSeg
@@ -46,11 +50,11 @@ func fineSegs(toks []token, key tokKey, m, phase int) []fineSeg {
 	for i := range toks {
 		tk := &toks[i]
 		if open {
-			cur.launches += tk.launches
-			cur.syncs += tk.syncs
-			cur.seen = cur.seen && tk.seen
+			cur.launches += tk.Launches
+			cur.syncs += tk.Syncs
+			cur.seen = cur.seen && tk.Seen
 		}
-		if tk.key != key {
+		if tk.Key != key {
 			continue
 		}
 		idx++
@@ -58,10 +62,10 @@ func fineSegs(toks []token, key tokKey, m, phase int) []fineSeg {
 			continue
 		}
 		if open {
-			cur.exact = tk.pos - min(tk.pos, from)
+			cur.exact = tk.Pos - min(tk.Pos, from)
 			segs = append(segs, cur)
 		}
-		cur, open, from = fineSeg{seen: true}, true, tk.pos
+		cur, open, from = fineSeg{seen: true}, true, tk.Pos
 	}
 	return segs
 }
@@ -88,7 +92,7 @@ func syncSlot(segs []fineSeg, g int) (r int, ok bool) {
 	}
 	best := -1
 	for k := 0; k < g; k++ {
-		if float64(with[k]) >= matchMin*float64(n[k]) {
+		if float64(with[k]) >= stepclock.MatchMin*float64(n[k]) {
 			if best >= 0 {
 				return 0, false // two positions sync every time: not one per group
 			}
@@ -99,7 +103,7 @@ func syncSlot(segs []fineSeg, g int) (r int, ok bool) {
 		return 0, false
 	}
 	for k := 0; k < g; k++ {
-		if k != best && float64(with[k]) > (1-matchMin)*float64(n[k]) {
+		if k != best && float64(with[k]) > (1-stepclock.MatchMin)*float64(n[k]) {
 			return 0, false
 		}
 	}
@@ -121,7 +125,7 @@ func syncedFrom(segs []fineSeg, g int) int {
 // the step holding the sync launches clearly more than the others (the
 // optimizer's kernels), or (still) at least somewhat more; known: enough
 // steps were seen to tell. Launches reach the tracer late, in batches
-// (lagFit), so a step's count swings by a third around its own: medians
+// (stepclock.LagFit), so a step's count swings by a third around its own: medians
 // of a group that launches 40% more in its last step come out anywhere
 // from equal to 60% apart, for several groups in a row. A grouping learnt
 // is dropped only when its last step launches no more than the others for
@@ -160,8 +164,8 @@ func groupLaunches(segs []fineSeg, g, r int) (more, still, known bool) {
 	}
 	a, o := med(at), med(other)
 	xa, xo := med(xat), med(xother)
-	byPos := xa-xo > max(launchJitter, exactMore*xo)
-	return a > (1+clockJitterRel)*o && a-o > launchJitter && byPos, a-o > launchJitter, true
+	byPos := xa-xo > max(stepclock.LaunchJitter, exactMore*xo)
+	return a > (1+stepclock.JitterRel)*o && a-o > stepclock.LaunchJitter && byPos, a-o > stepclock.LaunchJitter, true
 }
 
 // exactMore: how much more, by position, the step holding the sync must
@@ -173,7 +177,7 @@ const exactMore = 0.02
 // accumGroup is a grouping learnt where launches were seen: g steps of
 // the clock (key, m) make one iteration.
 type accumGroup struct {
-	key tokKey
+	key stepclock.Key
 	m   int
 	g   int
 	// misses: checks in a row whose launches refuted the grouping; the
@@ -191,14 +195,14 @@ const groupMisses = 2 * groupMin
 // now or learnt in an earlier window while the sync still comes once per
 // g steps at one place. Otherwise cf is returned as found, and a grouping
 // that the launches now refute is forgotten.
-func (s *stepper) group(toks []token, cf clockFound) clockFound {
-	if cf.key.marked() {
+func (s *stepper) group(toks []stepclock.Token, cf stepclock.Found) stepclock.Found {
+	if cf.Key.Marked() {
 		// The tracer marks the rarest functions, the optimizer's among
 		// them: a clock on one groups nothing.
 		return cf
 	}
-	segs := fineSegs(toks, cf.key, cf.m, cf.phase)
-	for g := 2; g*cf.m <= groupMax; g++ {
+	segs := fineSegs(toks, cf.Key, cf.M, cf.Phase)
+	for g := 2; g*cf.M <= groupMax; g++ {
 		r, ok := syncSlot(segs, g)
 		if !ok {
 			continue
@@ -206,16 +210,16 @@ func (s *stepper) group(toks []token, cf clockFound) clockFound {
 		more, still, known := groupLaunches(segs, g, r)
 
 		a := s.accum
-		learnt := a != nil && a.key == cf.key && a.m == cf.m && a.g == g
+		learnt := a != nil && a.key == cf.Key && a.m == cf.M && a.g == g
 		switch {
 		case known && more:
-			s.accum = &accumGroup{key: cf.key, m: cf.m, g: g}
+			s.accum = &accumGroup{key: cf.Key, m: cf.M, g: g}
 		case known && still && learnt:
 			a.misses = 0
-		case known && learnt && a.misses < groupMisses*g*cf.m:
+		case known && learnt && a.misses < groupMisses*g*cf.M:
 			a.misses++
 		case known:
-			if a != nil && a.key == cf.key && a.m == cf.m {
+			if a != nil && a.key == cf.Key && a.m == cf.M {
 				s.accum = nil
 			}
 			return cf
@@ -231,12 +235,12 @@ func (s *stepper) group(toks []token, cf clockFound) clockFound {
 
 // coarsen makes cf's clock one of g of its steps, starting at the step
 // after the one at position r (mod g) that holds the sync.
-func coarsen(cf clockFound, segs []fineSeg, g, r int) clockFound {
+func coarsen(cf stepclock.Found, segs []fineSeg, g, r int) stepclock.Found {
 	start := (r + 1) % g
 	out := cf
-	out.m = cf.m * g
-	out.phase = (cf.phase + start*cf.m) % out.m
-	out.segLen = cf.segLen * float64(g)
+	out.M = cf.M * g
+	out.Phase = (cf.Phase + start*cf.M) % out.M
+	out.SegLen = cf.SegLen * float64(g)
 	var launches []uint64
 	var syncs []int
 	for j := start; j+g <= len(segs); j += g {
@@ -255,24 +259,24 @@ func coarsen(cf clockFound, segs []fineSeg, g, r int) clockFound {
 	}
 	if len(launches) > 0 {
 		sort.Slice(launches, func(a, b int) bool { return launches[a] < launches[b] })
-		out.launches = float64(launches[len(launches)/2])
+		out.Launches = float64(launches[len(launches)/2])
 	} else {
-		out.launches = cf.launches * float64(g)
+		out.Launches = cf.Launches * float64(g)
 	}
 	if len(syncs) > 0 {
-		out.syncCounts = syncs[max(0, len(syncs)-syncsRing):]
+		out.SyncCounts = syncs[max(0, len(syncs)-stepclock.SyncsRing):]
 		sorted := append([]int(nil), syncs...)
 		sort.Ints(sorted)
-		out.medSyncs = sorted[len(sorted)/2]
-		out.syncsPerStep = syncs[len(syncs)-1]
-		out.syncsVary = false
+		out.MedSyncs = sorted[len(sorted)/2]
+		out.SyncsPerStep = syncs[len(syncs)-1]
+		out.SyncsVary = false
 		for _, n := range syncs[1:] {
 			if n != syncs[0] {
-				out.syncsVary = true
+				out.SyncsVary = true
 			}
 		}
 	}
-	out.work = cf.work * float64(g)
+	out.Work = cf.Work * float64(g)
 	return out
 }
 
@@ -280,14 +284,14 @@ func coarsen(cf clockFound, segs []fineSeg, g, r int) clockFound {
 // that the ring does not yet hold enough groups of to tell: launches are
 // seen, syncs come in some steps and not in others, a second one may still
 // come or they come evenly spaced, and the ring is not full yet.
-func (s *stepper) mayGroup(toks []token, cf clockFound) bool {
+func (s *stepper) mayGroup(toks []stepclock.Token, cf stepclock.Found) bool {
 	other := 0
 	for i := range toks {
-		if !toks[i].key.marked() {
+		if !toks[i].Key.Marked() {
 			other++
 		}
 	}
-	if other >= tokMax || cf.key.marked() {
+	if other >= stepclock.TokMax || cf.Key.Marked() {
 		// A marked launch counts micro-batches only where nothing rarer
 		// is launched once per group: the tracer marks the rarest
 		// functions, the optimizer's among them.
@@ -295,12 +299,12 @@ func (s *stepper) mayGroup(toks []token, cf clockFound) bool {
 	}
 	seen := false
 	for i := range toks {
-		seen = seen || toks[i].seen
+		seen = seen || toks[i].Seen
 	}
 	if !seen {
 		return false
 	}
-	segs := fineSegs(toks, cf.key, cf.m, cf.phase)
+	segs := fineSegs(toks, cf.Key, cf.M, cf.Phase)
 	var at []int
 	for j := range segs {
 		if segs[j].syncs > 0 {
@@ -311,9 +315,9 @@ func (s *stepper) mayGroup(toks []token, cf clockFound) bool {
 	case len(at) == len(segs):
 		return false
 	case len(at) == 0:
-		return len(segs) < groupMax/cf.m
+		return len(segs) < groupMax/cf.M
 	case len(at) == 1:
-		return len(segs)-1-at[0] < groupMax/cf.m
+		return len(segs)-1-at[0] < groupMax/cf.M
 	}
 	d := at[len(at)-1] - at[len(at)-2]
 	for k := 1; k < len(at); k++ {
@@ -321,11 +325,11 @@ func (s *stepper) mayGroup(toks []token, cf clockFound) bool {
 			return false
 		}
 	}
-	return d >= 2 && d*cf.m <= groupMax && len(segs)-syncedFrom(segs, d) < groupMin*d
+	return d >= 2 && d*cf.M <= groupMax && len(segs)-syncedFrom(segs, d) < groupMin*d
 }
 
 // groupedBy says whether cf groups the running clock's steps into
 // iterations: the same operation, a whole multiple of its occurrences.
-func (c *clockState) groupedBy(cf clockFound) bool {
-	return cf.key == c.key && cf.m > c.m && cf.m%c.m == 0
+func (c *clockState) groupedBy(cf stepclock.Found) bool {
+	return cf.Key == c.key && cf.M > c.m && cf.M%c.m == 0
 }

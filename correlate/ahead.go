@@ -3,6 +3,7 @@ package correlate
 import (
 	"math"
 
+	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -106,8 +107,8 @@ func (p *proc) resolveAhead(x env, force bool) {
 // (episode.go: a checkpoint in progress) counts. Its first work seen can
 // come after launches too, but a job's first GPU work is nearly always a
 // copy (the model's weights), which it sees.
-func (x env) knownIdle(d *device) []span {
-	var l []span
+func (x env) knownIdle(d *device) []interval.Span {
+	var l []interval.Span
 	first := int64(math.MaxInt64)
 	for _, p := range x.w.procs {
 		if p.dev != d.id || !p.everEnq {
@@ -115,11 +116,11 @@ func (x env) knownIdle(d *device) []span {
 		}
 		first = min(first, p.st.origin)
 		if g := p.gap; g != nil && (!x.liteOver(g.start, x.clk.now) || g.ep != nil && g.ep.bulk) {
-			l = addSpan(l, span{g.start, math.MaxInt64})
+			l = interval.Add(l, interval.Span{A: g.start, B: math.MaxInt64})
 		}
 	}
 	if first < math.MaxInt64 {
-		l = addSpan(l, span{math.MinInt64, first})
+		l = interval.Add(l, interval.Span{A: math.MinInt64, B: first})
 	}
 	return l
 }

@@ -3,6 +3,7 @@ package correlate
 import (
 	"testing"
 
+	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -45,7 +46,7 @@ func TestEventSyncDrainsItsStream(t *testing.T) {
 		t.Run(map[bool]string{false: "full", true: "lite"}[lite], func(t *testing.T) {
 			s := newSim()
 			s.lite = lite
-			var reads []span
+			var reads []interval.Span
 			for n := 0; n < 60; n++ {
 				s.copyAsync(300*us, 9) // the next batch, on the copy stream
 				s.launches(20, 200*us, 20*us)
@@ -53,7 +54,7 @@ func TestEventSyncDrainsItsStream(t *testing.T) {
 				s.eventSync()
 				a := s.t
 				readStall(s, 4*ms)
-				reads = append(reads, span{a, s.t})
+				reads = append(reads, interval.Span{A: a, B: s.t})
 			}
 			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
 			c := &collect{}
@@ -65,7 +66,7 @@ func TestEventSyncDrainsItsStream(t *testing.T) {
 			exact := 0
 			for _, r := range reads[5:] {
 				for _, g := range c.gaps {
-					if g.Cause == CauseIORead && g.Evidence.Source == "host" && g.Start <= r.a+100*us && g.End >= r.b-100*us {
+					if g.Cause == CauseIORead && g.Evidence.Source == "host" && g.Start <= r.A+100*us && g.End >= r.B-100*us {
 						exact++
 						break
 					}

@@ -166,11 +166,11 @@
 // # Steps
 //
 // A step is one iteration of the training loop, however many syncs it
-// holds. Steps are counted by the work clock (clock.go) whenever one is
-// found: an enqueued operation other than a scalar read (a copy or memset
-// over 4 KiB, a collective; a copy's direction is part of it, so a
-// checkpoint's copies to the host never clock the batch's copies to the
-// device) that occurs a fixed number of times m per
+// holds. Steps are counted by the work clock (clock.go, stepclock)
+// whenever one is found: an enqueued operation other than a scalar read
+// (a copy or memset over 4 KiB, a collective; a copy's direction is part
+// of it, so a checkpoint's copies to the host never clock the batch's
+// copies to the device) that occurs a fixed number of times m per
 // step, between two of which the same operations and, in full, about the
 // same number of kernels (within 30%) were enqueued in 80% of the steps,
 // compared with the most common step. A clock must still occur (not a
@@ -248,19 +248,39 @@
 //
 // # Layout
 //
-// Data flows down, decisions flow up, and only engine.go calls the Sink.
+// The engine is a thin layer over models that each own their state, and
+// over sub-packages that hold what needs no engine state at all. Each
+// package follows one rule, which its doc.go states and
+// docs/architecture.md lists:
+//
+//   - correlate (this package): the engine and the per-process models.
+//     Data flows down, decisions flow up, and only engine.go calls the
+//     Sink.
+//   - correlate/stepclock: pure functions from the sequence of enqueued
+//     operations and syncs to step boundaries (the work clock and the sync
+//     period). No state across calls; the stepper keeps the ring.
+//   - correlate/interval: sorted lists of disjoint intervals, pure
+//     functions over values the caller owns.
+//   - correlate/reorder: the reorder buffer, a type that owns its events
+//     and knows nothing of what they mean.
+//
+// Every package under correlate imports only event, the standard library
+// and correlate's own sub-packages (the linter's depguard rule says so),
+// and no sub-package imports correlate.
+//
 // The Engine owns everything; it hands each call into a process's models
 // an env: the settings (an immutable value resolved once from Config), the
 // clock (now and the watermark), the process's device and the world, which
 // models read but never change. Models leave the gaps and steps they
 // decide, and the candidates they reject, in the process's outbox; the
 // engine applies it after every call, so totals and sink calls happen in
-// decision order and in one place. No model holds the Engine.
+// decision order and in one place. No model holds the Engine. A step
+// leaves with the gaps it holds (StepResult), so no consumer rebuilds the
+// join; a gap no step will carry is marked Late.
 //
 //	engine.go     Engine: the public API, event dispatch, finalize, apply
 //	              (outbox → totals and Sink), sweeping silent processes
 //	config.go     Config, its validation, settings, the internal tunables
-//	order.go      eventQueue: events held until the watermark, end order
 //	world.go      world: processes, threads, devices, communicators; who
 //	              is a loader worker; collective evidence
 //	proc.go       proc: one process's state, its outbox, what it must keep,
@@ -269,6 +289,10 @@
 //	              copies drain streams, open and close host-bounded gaps
 //	              (lite: where the gap most likely ended, what a feeder
 //	              that could not run cost)
+//	quiet.go      a queue that drains after a thread's small trailing
+//	              burst, with no sync to show it (full probes)
+//	firstop.go    which operation is the first GPU work after a sync, so
+//	              that lite ends a gap there as full would
 //	episode.go    copies issued into a gap: pageable copies that end it at
 //	              their return, host operations whose copies and syncs stay
 //	              inside it, and their labels
@@ -277,7 +301,8 @@
 //	comm.go       comm stalls: per-slot wait baselines, GPM confirmation,
 //	              waits held for the ranks' verdict
 //	ranks.go      communicators and their groups across processes: the
-//	              ranks' verdict on a wait, shared prologue verdicts, step
+//	              ranks' verdict on a wait
+//	rankstep.go   steps the ranks agree on: shared prologue verdicts, step
 //	              numbers from the communicator's sequence
 //	ranklink.go   linking communicators whose creation was not seen, by
 //	              their collectives
@@ -285,20 +310,35 @@
 //	              from their records; this engine's own, reported
 //	emit.go       holding gaps until a step clock runs, delivering them to
 //	              their step
-//	steps.go      the step clock: sync signatures, period detection, fixed
-//	              windows, when a step is final
-//	clock.go      the work clock: steps counted by an enqueued operation
-//	              that repeats once or m times per iteration
+//	steps.go      the stepper: sync history, fixed windows, the mode it
+//	              counts steps by (the detection itself is stepclock's)
+//	final.go      when a step is final, and emitting it
+//	clock.go      the stepper under the work clock: the token ring,
+//	              detection, laying a clock's steps over the ring
+//	clockstate.go the running clock: its recent steps' syncs, insertions
+//	accum.go      gradient accumulation: a clock's steps grouped into the
+//	              loop's iterations
+//	probemode.go  under auto, which probe set decided each span of time
 //	micro.go      micro idle of a finished step and its cause split; launch
 //	              records that weigh the windows' busy time
 //	windows.go    device: GPU windows, idle and SM activity over intervals
-//	span.go       sorted disjoint interval lists
 //	timeline.go   thread: its activity timeline and what dominates when
 //	causes.go     what cause one host interval is, and its name
-//	attribute.go  attribution: breakdown and evidence of one interval,
+//	attribute.go  attribution: accumulating one interval's activity,
 //	              following wakers to siblings and loader workers
-//	types.go      the results (Gap, Step, Summary) and Sink
+//	evidence.go   an attribution's result: cause, breakdown, evidence and
+//	              host operations, bounded to the top entries
+//	stack.go      the code location behind gaps, and the summary's call
+//	              sites
+//	types.go      the results (Gap, Step, StepResult, Summary) and Sink
 //	jsonl.go      the --gaps-out writer and Tee
+//	record.go     the recording format (the engine's input call by call)
+//	              and Replay
+//	replayas.go   replaying a full recording as lite or auto would have
+//	              seen it
+//	stepclock/    Detect, DetectPeriod and the types they compare
+//	interval/     sorted disjoint interval lists (Span, Add, Overlap)
+//	reorder/      Queue: events held until the watermark, end order
 //
 // # Memory
 //

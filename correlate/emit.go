@@ -1,5 +1,7 @@
 package correlate
 
+import "github.com/gaptrace/gaptrace/correlate/interval"
+
 // emit records a gap on the device and delivers it once its step is known.
 func (p *proc) emit(x env, g Gap) {
 	if x.set.modes != nil {
@@ -7,9 +9,9 @@ func (p *proc) emit(x env, g Gap) {
 	}
 	d := x.d
 	if g.Kind == GapStall {
-		d.stalls = addSpan(d.stalls, span{g.Start, g.End})
+		d.stalls = interval.Add(d.stalls, interval.Span{A: g.Start, B: g.End})
 	} else {
-		d.gaps = addSpan(d.gaps, span{g.Start, g.End})
+		d.gaps = interval.Add(d.gaps, interval.Span{A: g.Start, B: g.End})
 	}
 	if p.st.undecided(g.Start + g.Duration/2) {
 		p.held = append(p.held, g)
@@ -35,8 +37,9 @@ func (p *proc) deliver(set settings, g Gap) {
 		for c, ns := range g.Breakdown {
 			st.ByCause[c] += ns
 		}
+		st.gaps = append(st.gaps, g)
 	} else {
-		g.Step = p.st.doneNum
+		g.Step, g.Late = p.st.doneNum, true
 		if p.st.emitted {
 			// Every step that could hold it is out: the gap counts in
 			// the totals and the gaps file, in no step.

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/reorder"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -30,7 +31,7 @@ type Engine struct {
 	log  *slog.Logger
 	world
 
-	queue eventQueue
+	queue reorder.Queue
 	wm    int64 // watermark: every event ending at or before it is processed
 	now   int64
 	first int64
@@ -136,8 +137,8 @@ func (e *Engine) Event(ev event.Event) {
 		e.processLate(ev)
 		return
 	}
-	e.queue.push(ev)
-	if e.queue.len() > e.set.maxBuf {
+	e.queue.Push(ev)
+	if e.queue.Len() > e.set.maxBuf {
 		e.force()
 	}
 }
@@ -147,9 +148,9 @@ func (e *Engine) Event(ev event.Event) {
 // probe flooding). The watermark moves to their end, as if Advance had
 // come, so one that ends earlier and arrives later is late.
 func (e *Engine) force() {
-	n := e.queue.len()
-	e.drain(e.queue.minEnd())
-	e.lost.ForcedEvents += uint64(n - e.queue.len())
+	n := e.queue.Len()
+	e.drain(e.queue.MinEnd())
+	e.lost.ForcedEvents += uint64(n - e.queue.Len())
 	if e.forcedWarn == 0 || e.wm-e.forcedWarn >= lossWarnEvery {
 		e.forcedWarn = e.wm
 		e.log.Warn("event queue full: the oldest events are processed before their watermark",
@@ -245,13 +246,13 @@ type Stats struct {
 
 // Stats returns the engine's counters.
 func (e *Engine) Stats() Stats {
-	return Stats{LateEvents: e.lost.LateEvents, Rejected: e.rejected, Buffered: e.queue.len(), Processes: len(e.procs), Threads: len(e.threads)}
+	return Stats{LateEvents: e.lost.LateEvents, Rejected: e.rejected, Buffered: e.queue.Len(), Processes: len(e.procs), Threads: len(e.threads)}
 }
 
 // drain processes buffered events up to wm in end order.
 func (e *Engine) drain(wm int64) {
 	for {
-		ev, ok := e.queue.pop(wm)
+		ev, ok := e.queue.Pop(wm)
 		if !ok {
 			break
 		}

@@ -3,6 +3,7 @@ package correlate
 import (
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -199,8 +200,8 @@ func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 		p.stepCopy(x, &h.evs[i])
 	}
 	p.patternSync(x, ev)
-	if n := len(p.st.hist); n > 0 && p.st.hist[n-1].end == ev.End {
-		p.st.hist[n-1].absorbed = true
+	if n := len(p.st.hist); n > 0 && p.st.hist[n-1].End == ev.End {
+		p.st.hist[n-1].Absorbed = true
 	}
 	if ep.bulk {
 		p.st.hostOp(p.gap.start)
@@ -220,7 +221,7 @@ func (p *proc) stepCopy(x env, ev *event.Event) {
 	p.copies++
 	t := ev.Start
 	p.st.dev = x.d
-	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, -1, t) {
+	if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, -1, t) {
 		p.resolveHeld(x, false)
 	}
 }
@@ -536,7 +537,7 @@ func transferNS(evs []event.Event) int64 {
 // bulk says whether any of the copies moved more than a scalar read does.
 func bulk(evs []event.Event) bool {
 	for i := range evs {
-		if evs[i].Bytes > scalarBytes {
+		if evs[i].Bytes > stepclock.ScalarBytes {
 			return true
 		}
 	}

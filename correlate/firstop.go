@@ -1,6 +1,9 @@
 package correlate
 
-import "github.com/gaptrace/gaptrace/event"
+import (
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
+	"github.com/gaptrace/gaptrace/event"
+)
 
 // First operations after a sync. Lite cannot see kernel launches, so a gap
 // that opens at a sync's return ends, as far as it knows, anywhere up to
@@ -24,8 +27,8 @@ const (
 
 // firstOpKey identifies the operation: its kind, stream and size (a
 // batch copy has the same size every step), or the collective.
-func firstOpKey(ev *event.Event) tokKey {
-	return tokKey{kind: ev.Kind, stream: ev.Stream, bytes: ev.Bytes, op: ev.Op, comm: ev.Comm}
+func firstOpKey(ev *event.Event) stepclock.Key {
+	return stepclock.Key{Kind: ev.Kind, Stream: ev.Stream, Bytes: ev.Bytes, Op: ev.Op, Comm: ev.Comm}
 }
 
 // liteVisible says whether lite sees the enqueue: everything but kernel
@@ -49,12 +52,12 @@ func (p *proc) learnFirstOp(x env, ev *event.Event, launchesBefore uint64) bool 
 		return first
 	}
 	if p.firstOps == nil {
-		p.firstOps = map[tokKey]*quietCount{}
+		p.firstOps = map[stepclock.Key]*quietCount{}
 	}
 	k := firstOpKey(ev)
 	q := p.firstOps[k]
 	if q == nil {
-		if len(p.firstOps) >= clockKeys*4 {
+		if len(p.firstOps) >= stepclock.MaxKeys*4 {
 			return first // a loop has few; a flood of sizes learns nothing
 		}
 		q = &quietCount{}

@@ -34,7 +34,7 @@ func (j *GapsJSONL) Gap(g Gap) {
 }
 
 // Step implements Sink; steps are not part of --gaps-out.
-func (j *GapsJSONL) Step(Step) {}
+func (j *GapsJSONL) Step(StepResult) {}
 
 // Err returns the first write error.
 func (j *GapsJSONL) Err() error { return j.err }
@@ -53,7 +53,7 @@ func (t Tee) Gap(g Gap) {
 }
 
 // Step implements Sink.
-func (t Tee) Step(st Step) {
+func (t Tee) Step(st StepResult) {
 	for _, s := range t {
 		s.Step(st)
 	}

@@ -70,8 +70,8 @@ func (s *dayStream) next() {
 
 type countSink struct{ gaps, steps int64 }
 
-func (c *countSink) Gap(Gap)   { c.gaps++ }
-func (c *countSink) Step(Step) { c.steps++ }
+func (c *countSink) Gap(Gap)         { c.gaps++ }
+func (c *countSink) Step(StepResult) { c.steps++ }
 
 func heapNow() uint64 {
 	runtime.GC()

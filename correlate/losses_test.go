@@ -176,9 +176,9 @@ func (o *orderSink) Gap(g Gap) {
 	o.order = append(o.order, g)
 }
 
-func (o *orderSink) Step(s Step) {
+func (o *orderSink) Step(s StepResult) {
 	o.collect.Step(s)
-	o.order = append(o.order, s)
+	o.order = append(o.order, s.Step)
 }
 
 // afterStep counts gaps emitted after the step holding their midpoint.
@@ -193,6 +193,9 @@ func (o *orderSink) afterStep() uint64 {
 			mid := v.Start + v.Duration/2
 			for _, st := range done {
 				if st.PID == v.PID && st.Start <= mid && mid < st.End {
+					if !v.Late {
+						panic("a gap delivered after its step is not marked Late")
+					}
 					n++
 					break
 				}

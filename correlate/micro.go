@@ -1,6 +1,10 @@
 package correlate
 
-import "sort"
+import (
+	"sort"
+
+	"github.com/gaptrace/gaptrace/correlate/interval"
+)
 
 type tcount struct {
 	t int64
@@ -27,8 +31,8 @@ func (p *proc) recLaunches(t int64, n uint64) {
 // previous record (no launch happens inside a gap); past the last record
 // (launches not flushed yet) the average density of the records continues.
 // It is what the GPU's busy time is split by.
-func (p *proc) launchWeight(a, b int64, hid []span) float64 {
-	nonGap := func(x, y int64) int64 { return (y - x) - overlapLen(hid, x, y) }
+func (p *proc) launchWeight(a, b int64, hid []interval.Span) float64 {
+	nonGap := func(x, y int64) int64 { return (y - x) - interval.Overlap(hid, x, y) }
 	prev := p.recFrom
 	var w float64
 	var n uint64
@@ -57,9 +61,9 @@ func (p *proc) launchWeight(a, b int64, hid []span) float64 {
 // finishStep computes the step's micro idle and emits it.
 func (p *proc) finishStep(x env, st *stepAcc) {
 	d := x.d
-	var open []span
+	var open []interval.Span
 	if p.gap != nil && p.gap.start < x.clk.wm {
-		open = append(open, span{p.gap.start, x.clk.wm})
+		open = append(open, interval.Span{A: p.gap.start, B: x.clk.wm})
 	}
 	micro, nonGap := d.micro(st.Start, st.End, open, p.launchWeight)
 	var split []causeNS
@@ -97,7 +101,7 @@ func (p *proc) finishStep(x env, st *stepAcc) {
 		st.HW = x.set.hw(p.dev, st.Start, st.End)
 	}
 	p.noteBusyPerLaunch(st, d.maxEnd >= st.End)
-	p.out.step(st.Step, split)
+	p.out.step(st.Step, st.gaps, split)
 }
 
 type causeNS struct {

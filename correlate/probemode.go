@@ -1,6 +1,9 @@
 package correlate
 
-import "github.com/gaptrace/gaptrace/event"
+import (
+	"github.com/gaptrace/gaptrace/correlate/interval"
+	"github.com/gaptrace/gaptrace/event"
+)
 
 // Probe sets as the engine sees them per span of time under ProbesAuto: the
 // per-launch probes are attached only for sampled windows, so a gap is
@@ -17,29 +20,29 @@ const maxWindows = 256
 // probeModes is the timeline of full windows: spans closed in order, the
 // last possibly open (end 0).
 type probeModes struct {
-	wins []span
+	wins []interval.Span
 	// closedNS is the full time of windows already forgotten.
 	closedNS int64
 }
 
-func (m *probeModes) open() bool { return len(m.wins) > 0 && m.wins[len(m.wins)-1].b == 0 }
+func (m *probeModes) open() bool { return len(m.wins) > 0 && m.wins[len(m.wins)-1].B == 0 }
 
 // set records that the per-launch probes were live (full) or not from at.
 // Repeats and times going backwards are ignored.
 func (m *probeModes) set(full bool, at int64) {
 	switch {
 	case full && !m.open():
-		if n := len(m.wins); n > 0 && at < m.wins[n-1].b {
-			at = m.wins[n-1].b
+		if n := len(m.wins); n > 0 && at < m.wins[n-1].B {
+			at = m.wins[n-1].B
 		}
 		if len(m.wins) == maxWindows {
-			m.closedNS += m.wins[0].b - m.wins[0].a
+			m.closedNS += m.wins[0].B - m.wins[0].A
 			m.wins = append(m.wins[:0], m.wins[1:]...)
 		}
-		m.wins = append(m.wins, span{at, 0})
+		m.wins = append(m.wins, interval.Span{A: at, B: 0})
 	case !full && m.open():
 		w := &m.wins[len(m.wins)-1]
-		w.b = max(at, w.a)
+		w.B = max(at, w.A)
 	}
 }
 
@@ -47,8 +50,8 @@ func (m *probeModes) set(full bool, at int64) {
 func (m *probeModes) fullOver(lo, hi int64) bool {
 	for i := len(m.wins) - 1; i >= 0; i-- {
 		w := m.wins[i]
-		if w.a <= lo {
-			return w.b == 0 || hi <= w.b
+		if w.A <= lo {
+			return w.B == 0 || hi <= w.B
 		}
 	}
 	return false
@@ -58,11 +61,11 @@ func (m *probeModes) fullOver(lo, hi int64) bool {
 func (m *probeModes) fullNS(lo, hi int64) int64 {
 	var n int64
 	for _, w := range m.wins {
-		end := w.b
+		end := w.B
 		if end == 0 {
 			end = hi
 		}
-		if a, b := max(w.a, lo), min(end, hi); b > a {
+		if a, b := max(w.A, lo), min(end, hi); b > a {
 			n += b - a
 		}
 	}

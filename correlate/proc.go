@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -133,7 +134,7 @@ type proc struct {
 	// enqueues lite sees since the last sync, which returned at
 	// lastSyncEnd; closer is the enqueue closing the gap, when it is the
 	// first such and known quiet.
-	firstOps     map[tokKey]*quietCount
+	firstOps     map[stepclock.Key]*quietCount
 	visSinceSync int
 	lastSyncEnd  int64
 	closer       *event.Event
@@ -160,18 +161,18 @@ type outbox struct {
 	incomplete, afterStep uint64
 }
 
-// decision is one result: a gap, or a step with the cause split of its
-// micro idle (the part of its ByCause no gap delivered).
+// decision is one result: a gap, or a step with its gaps and the cause
+// split of its micro idle (the part of its ByCause no gap delivered).
 type decision struct {
 	gap   *Gap
-	step  *Step
+	step  *StepResult
 	micro []causeNS
 }
 
 func (o *outbox) gap(g Gap) { o.ds = append(o.ds, decision{gap: &g}) }
 
-func (o *outbox) step(st Step, micro []causeNS) {
-	o.ds = append(o.ds, decision{step: &st, micro: micro})
+func (o *outbox) step(st Step, gaps []Gap, micro []causeNS) {
+	o.ds = append(o.ds, decision{step: &StepResult{Step: st, GapList: gaps}, micro: micro})
 }
 
 func (o *outbox) reset() {

@@ -1,6 +1,10 @@
 package correlate
 
-import "github.com/gaptrace/gaptrace/event"
+import (
+	"github.com/gaptrace/gaptrace/correlate/interval"
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
+	"github.com/gaptrace/gaptrace/event"
+)
 
 // stream is the queue model of one CUDA stream of a process.
 type stream struct {
@@ -86,7 +90,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 		occ = ref.occ
 	}
 	p.st.dev = x.d
-	if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
+	if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
 		p.resolveHeld(x, false)
 	}
 	first := p.learnFirstOp(x, ev, launchesBefore)
@@ -203,7 +207,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	if waited && pendingBefore {
 		p.checkStall(x, th, ev, coll, cref)
 		d := x.d
-		d.busy = addSpan(d.busy, span{ev.Start, ev.End})
+		d.busy = interval.Add(d.busy, interval.Span{A: ev.Start, B: ev.End})
 		if p.lastEnq > 0 && p.lastEnq <= ev.Start {
 			p.drains.push(ev.End - p.lastEnq)
 		}
@@ -238,7 +242,7 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 	// clocks the steps, whether the queue had drained before it or not.
 	if ev.Kind == event.KindMemcpy {
 		p.st.dev = x.d
-		if key, ok := tokenOf(ev); ok && p.st.onToken(x.set, key, -1, ev.Start) {
+		if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, -1, ev.Start) {
 			p.resolveHeld(x, false)
 		}
 	}

@@ -195,8 +195,8 @@ func stepsBefore(steps []Step, pid uint32, t int64) int {
 
 type stepSink struct{ steps []Step }
 
-func (s *stepSink) Gap(Gap)      {}
-func (s *stepSink) Step(st Step) { s.steps = append(s.steps, st) }
+func (s *stepSink) Gap(Gap)            {}
+func (s *stepSink) Step(st StepResult) { s.steps = append(s.steps, st.Step) }
 
 // replayFile replays a recording into sink with the configuration it was
 // made with.

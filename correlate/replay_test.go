@@ -195,8 +195,8 @@ func record(evs []event.Event, wins []event.GPUWindow, until, tick, winLate int6
 
 type replaySink struct{ out []replayOut }
 
-func (r *replaySink) Gap(g Gap)   { r.out = append(r.out, replayOut{Gap: &g}) }
-func (r *replaySink) Step(s Step) { r.out = append(r.out, replayOut{Step: &s}) }
+func (r *replaySink) Gap(g Gap)         { r.out = append(r.out, replayOut{Gap: &g}) }
+func (r *replaySink) Step(s StepResult) { r.out = append(r.out, replayOut{Step: &s.Step}) }
 
 // replay runs calls through a fresh engine and returns its output as JSON
 // lines.

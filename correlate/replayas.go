@@ -127,7 +127,7 @@ type warmup struct {
 }
 
 func (w *warmup) Gap(Gap) {}
-func (w *warmup) Step(st Step) {
+func (w *warmup) Step(st StepResult) {
 	if w.active == 0 {
 		w.active = st.End
 	}

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -21,7 +22,7 @@ type gpuSim struct {
 	pid     uint32
 	tid     uint32
 	gpuFree int64
-	busy    []span
+	busy    []interval.Span
 	evs     []event.Event
 	// per thread: launches since the last flushed event, and whether the
 	// first launch after a sync/blocking event was flushed.
@@ -39,11 +40,11 @@ func newSim() *gpuSim {
 }
 
 func (s *gpuSim) addBusy(a, b int64) {
-	if n := len(s.busy); n > 0 && s.busy[n-1].b >= a {
-		s.busy[n-1].b = max(s.busy[n-1].b, b)
+	if n := len(s.busy); n > 0 && s.busy[n-1].B >= a {
+		s.busy[n-1].B = max(s.busy[n-1].B, b)
 		return
 	}
-	s.busy = append(s.busy, span{a, b})
+	s.busy = append(s.busy, interval.Span{A: a, B: b})
 }
 
 // kernel launches one kernel of dur GPU time (5 µs of host time).
@@ -126,7 +127,7 @@ func (s *gpuSim) step(k int, kdur, cpu int64) {
 
 // idle is the true GPU idle time in [a,b).
 func (s *gpuSim) idle(a, b int64) int64 {
-	return (b - a) - overlapLen(s.busy, a, b)
+	return (b - a) - interval.Overlap(s.busy, a, b)
 }
 
 // windows returns NVML-like windows of period p covering [from,to).
@@ -157,7 +158,7 @@ func (c *collect) Gap(g Gap) {
 	c.gapAt = append(c.gapAt, c.now)
 }
 
-func (c *collect) Step(s Step) { c.steps = append(c.steps, s) }
+func (c *collect) Step(s StepResult) { c.steps = append(c.steps, s.Step) }
 
 // feed drives e like the live sidecar: events become visible at their end
 // (plus delay), windows at their end + winLate, Advance every tick.

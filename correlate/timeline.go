@@ -4,6 +4,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -216,7 +217,7 @@ type segment struct {
 
 // segments splits [a,b) of t's time by the dominant interval, skipping the
 // spans in mask (sorted, non-overlapping).
-func (t *thread) segments(a, b int64, mask []span) []segment {
+func (t *thread) segments(a, b int64, mask []interval.Span) []segment {
 	if b <= a {
 		return nil
 	}
@@ -232,11 +233,11 @@ func (t *thread) segments(a, b int64, mask []span) []segment {
 		}
 	}
 	for _, m := range mask {
-		if m.a > a && m.a < b {
-			pts = append(pts, m.a)
+		if m.A > a && m.A < b {
+			pts = append(pts, m.A)
 		}
-		if m.b > a && m.b < b {
-			pts = append(pts, m.b)
+		if m.B > a && m.B < b {
+			pts = append(pts, m.B)
 		}
 	}
 	sort.Slice(pts, func(i, j int) bool { return pts[i] < pts[j] })
@@ -247,10 +248,10 @@ func (t *thread) segments(a, b int64, mask []span) []segment {
 		if y <= x {
 			continue
 		}
-		for mi < len(mask) && mask[mi].b <= x {
+		for mi < len(mask) && mask[mi].B <= x {
 			mi++
 		}
-		if mi < len(mask) && mask[mi].a <= x && mask[mi].b >= y {
+		if mi < len(mask) && mask[mi].A <= x && mask[mi].B >= y {
 			continue
 		}
 		var best *event.Event

@@ -219,6 +219,12 @@ type Gap struct {
 	// "full" inside a window of per-launch probes, else "lite". Empty under
 	// a fixed set (Summary.Probes names it).
 	Probes string `json:"probes,omitempty"`
+	// Late is true for a gap that no StepResult will carry: the step that
+	// held it was already emitted, or no step holds it (it came before
+	// the first). It counts in the totals and the gaps file; consumers
+	// that join gaps to steps place it themselves (Losses.GapsAfterStep
+	// counts the first kind). Not part of the JSON contract.
+	Late bool `json:"-"`
 }
 
 // Step is one training step (or a fixed window when no period is found).
@@ -326,9 +332,21 @@ type SidecarCost struct {
 	EventsByKind map[string]uint64 `json:"events_by_kind,omitempty"`
 }
 
+// StepResult is a finished step together with the gaps it holds: the one
+// value a consumer needs to put gaps under their step (a trace, a what-if
+// estimate), so that none of them rebuilds the join.
+type StepResult struct {
+	Step
+	// GapList holds the gaps counted in the step (Step.Gaps of them, in
+	// the order they were decided), each as Sink.Gap received it.
+	GapList []Gap
+}
+
 // Sink receives results as soon as they are final. Calls come from the
-// goroutine that feeds the Engine.
+// goroutine that feeds the Engine. Gap comes for every gap as soon as it
+// is decided, before the StepResult that carries it; a gap no step will
+// carry has Late set.
 type Sink interface {
 	Gap(Gap)
-	Step(Step)
+	Step(StepResult)
 }

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -22,11 +23,11 @@ type device struct {
 	// gpm are windows with SM activity, for confirming comm stalls.
 	gpm    []event.GPUWindow
 	gpmEnd int64
-	gaps   []span // emitted idle gaps
-	stalls []span // emitted comm stalls
+	gaps   []interval.Span // emitted idle gaps
+	stalls []interval.Span // emitted comm stalls
 	// busy are waits in syncs that found work queued: the host was
 	// blocked, the queue only drained, so the GPU was busy throughout.
-	busy []span
+	busy []interval.Span
 	// smPeak is the recent peak of GPM SM activity, the reference for
 	// how busy this job's compute keeps the SMs.
 	smPeak float64
@@ -68,16 +69,16 @@ func (d *device) addWindow(w event.GPUWindow) {
 
 // hidden returns the spans the idle windows must not count as unbounded
 // idle: the gaps, and for GPM (SM idle) also the comm stalls.
-func (d *device) hidden(extra []span) []span {
+func (d *device) hidden(extra []interval.Span) []interval.Span {
 	if len(extra) == 0 && d.nvml {
 		return d.gaps
 	}
 	l := d.gaps
 	if !d.nvml {
-		l = mergeSpans(l, d.stalls)
+		l = interval.Merge(l, d.stalls)
 	}
 	if len(extra) > 0 {
-		l = mergeSpans(l, extra)
+		l = interval.Merge(l, extra)
 	}
 	return l
 }
@@ -99,27 +100,27 @@ func (d *device) overlapping(a, b int64) []event.GPUWindow {
 // window differ in length. Without launch counts (lite), the window's idle
 // minus its gaps is spread evenly over its non-gap time. nonGap is the
 // window-covered non-gap time of [s,e).
-func (d *device) micro(s, e int64, extra []span, weight func(a, b int64, hid []span) float64) (micro, free int64) {
+func (d *device) micro(s, e int64, extra []interval.Span, weight func(a, b int64, hid []interval.Span) float64) (micro, free int64) {
 	wins := d.overlapping(s, e)
 	if len(wins) == 0 {
 		return 0, 0
 	}
 	lo, hi := wins[0].Start, wins[len(wins)-1].End
-	hid := clip(d.hidden(extra), lo, hi)
+	hid := interval.Clip(d.hidden(extra), lo, hi)
 	// known: time whose state the host already knows (gaps idle; sync
 	// waits, and for NVML comm stalls, busy).
-	known := mergeSpans(hid, clip(d.busy, lo, hi))
+	known := interval.Merge(hid, interval.Clip(d.busy, lo, hi))
 	if d.nvml {
-		known = mergeSpans(known, clip(d.stalls, lo, hi))
+		known = interval.Merge(known, interval.Clip(d.stalls, lo, hi))
 	}
 	var m float64
 	for _, w := range wins {
 		wl := w.End - w.Start
 		a, b := max(s, w.Start), min(e, w.End)
-		g := overlapLen(hid, w.Start, w.End)
-		k := overlapLen(known, w.Start, w.End) - g // known busy
+		g := interval.Overlap(hid, w.Start, w.End)
+		k := interval.Overlap(known, w.Start, w.End) - g // known busy
 		wfree := wl - g - k
-		in := (b - a) - overlapLen(known, a, b)
+		in := (b - a) - interval.Overlap(known, a, b)
 		if wfree <= 0 || in <= 0 {
 			continue
 		}
@@ -141,13 +142,13 @@ func (d *device) micro(s, e int64, extra []span, weight func(a, b int64, hid []s
 }
 
 // gapsIn returns the hidden spans clipped to [s,e).
-func (d *device) gapsIn(s, e int64, extra []span) []span {
-	var out []span
+func (d *device) gapsIn(s, e int64, extra []interval.Span) []interval.Span {
+	var out []interval.Span
 	for _, h := range d.hidden(extra) {
-		if h.b <= s || h.a >= e {
+		if h.B <= s || h.A >= e {
 			continue
 		}
-		out = append(out, span{max(h.a, s), min(h.b, e)})
+		out = append(out, interval.Span{A: max(h.A, s), B: min(h.B, e)})
 	}
 	return out
 }
@@ -155,7 +156,7 @@ func (d *device) gapsIn(s, e int64, extra []span) []span {
 // idleWithin estimates how much of [lo,hi) the GPU was idle: the windows'
 // idle, less the gaps already bounded, less the usual micro-idle density
 // over the rest of each window.
-func (d *device) idleWithin(lo, hi int64, known []span) int64 {
+func (d *device) idleWithin(lo, hi int64, known []interval.Span) int64 {
 	bg := max(d.bg, 0)
 	hid := d.hidden(known)
 	var idle float64
@@ -163,12 +164,12 @@ func (d *device) idleWithin(lo, hi int64, known []span) int64 {
 		a, b := max(lo, w.Start), min(hi, w.End)
 		o := b - a
 		wl := w.End - w.Start
-		gAll := overlapLen(hid, w.Start, w.End)
-		gIn := overlapLen(hid, a, b)
+		gAll := interval.Overlap(hid, w.Start, w.End)
+		gIn := interval.Overlap(hid, a, b)
 		gOut := gAll - gIn
 		// Outside the interval, sync waits were busy: only the rest can
 		// hold background micro-gaps.
-		kOut := overlapLen(d.busy, w.Start, w.End) - overlapLen(d.busy, a, b)
+		kOut := interval.Overlap(d.busy, w.Start, w.End) - interval.Overlap(d.busy, a, b)
 		out := max(wl-o-gOut-kOut, 0)
 		in := w.IdleFraction*float64(wl) - float64(gAll) - bg*float64(out)
 		in = min(max(in, 0), float64(o-gIn))
@@ -180,14 +181,14 @@ func (d *device) idleWithin(lo, hi int64, known []span) int64 {
 // idleAtMost bounds from above the idle in [lo,hi) that no bounded gap
 // (nor known, as for idleWithin) holds: per window, its idle less every
 // bounded gap in it, and never more than the unbounded part of the overlap.
-func (d *device) idleAtMost(lo, hi int64, known []span) int64 {
+func (d *device) idleAtMost(lo, hi int64, known []interval.Span) int64 {
 	hid := d.hidden(known)
 	var idle float64
 	for _, w := range d.overlapping(lo, hi) {
 		a, b := max(lo, w.Start), min(hi, w.End)
 		wl := w.End - w.Start
-		gAll := overlapLen(hid, w.Start, w.End)
-		gIn := overlapLen(hid, a, b)
+		gAll := interval.Overlap(hid, w.Start, w.End)
+		gIn := interval.Overlap(hid, a, b)
 		idle += min(max(w.IdleFraction*float64(wl)-float64(gAll), 0), float64(b-a-gIn))
 	}
 	return int64(idle + 0.5)
@@ -320,9 +321,9 @@ func (d *device) noteDensity(x float64) {
 func (d *device) trim(keep int64) {
 	d.wins = trimWins(d.wins, keep)
 	d.gpm = trimWins(d.gpm, keep)
-	d.gaps = trimSpans(d.gaps, keep)
-	d.stalls = trimSpans(d.stalls, keep)
-	d.busy = trimSpans(d.busy, keep)
+	d.gaps = interval.Trim(d.gaps, keep)
+	d.stalls = interval.Trim(d.stalls, keep)
+	d.busy = interval.Trim(d.busy, keep)
 }
 
 func trimWins(l []event.GPUWindow, keep int64) []event.GPUWindow {

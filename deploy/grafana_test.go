@@ -38,8 +38,8 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	now := time.Now().UnixNano()
 	g := correlate.Gap{PID: 1, TID: 1, Step: 0, Start: now, End: now + 5e6, Duration: 5e6, Cause: correlate.CauseIORead}
 	x.Gap(g)
-	x.Step(correlate.Step{PID: 1, Number: 0, Start: now - 1e7, End: now + 2e7, IdleNS: 5e6, IdleRatio: 0.2,
-		ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 5e6}, Gaps: 1})
+	x.Step(correlate.StepResult{Step: correlate.Step{PID: 1, Number: 0, Start: now - 1e7, End: now + 2e7, IdleNS: 5e6, IdleRatio: 0.2,
+		ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 5e6}, Gaps: 1}, GapList: []correlate.Gap{g}})
 	x.DroppedEvents(3)
 	x.Summary(correlate.Summary{Steps: 1, Gaps: 1, ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 5e6}}, 3)
 

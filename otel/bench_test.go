@@ -43,8 +43,7 @@ func benchExport(b *testing.B, cfg otel.Config) {
 	spans := 0
 	for n := range int64(b.N) {
 		st, gaps := sy.step(n)
-		x.Gap(gaps[0])
-		x.Step(st)
+		deliver(x, st, gaps[0])
 		spans += 2 + len(gaps[0].Ops)
 		// Keep the producer within the queue so the figure is throughput,
 		// not the rate of dropping.

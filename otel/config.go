@@ -30,9 +30,6 @@ const (
 	DefaultQueueSize    = 4096
 	DefaultBatchSize    = 512
 	DefaultBatchTimeout = 2 * time.Second
-	// DefaultGapBuffer bounds the gaps held while their step is still open,
-	// summed over every (process, device).
-	DefaultGapBuffer = 8192
 	// MaxOpsPerGap bounds host-operation spans under one gpu.idle span; the
 	// rest are counted in gpu.gap.ops.omitted.
 	MaxOpsPerGap = 32
@@ -105,8 +102,6 @@ type Config struct {
 	// BatchSize and BatchTimeout shape exports (defaults 512, 2s).
 	BatchSize    int
 	BatchTimeout time.Duration
-	// GapBuffer bounds the gaps held until their step arrives (default 8192).
-	GapBuffer int
 	// MetricsInterval is the OTLP metrics push period (default
 	// OTEL_METRIC_EXPORT_INTERVAL or 60s).
 	MetricsInterval time.Duration
@@ -174,11 +169,8 @@ func resolve(cfg Config) (*resolved, error) {
 	if r.BatchTimeout == 0 {
 		r.BatchTimeout = DefaultBatchTimeout
 	}
-	if r.GapBuffer == 0 {
-		r.GapBuffer = DefaultGapBuffer
-	}
-	if r.QueueSize < 0 || r.BatchSize < 0 || r.GapBuffer < 0 || r.BatchTimeout < 0 {
-		errs = append(errs, errors.New("queue size, batch size, gap buffer and batch timeout must not be negative"))
+	if r.QueueSize < 0 || r.BatchSize < 0 || r.BatchTimeout < 0 {
+		errs = append(errs, errors.New("queue size, batch size and batch timeout must not be negative"))
 	}
 	if r.Rank < -1 {
 		errs = append(errs, fmt.Errorf("rank %d: must be -1 (unknown) or a rank", r.Rank))

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/otel"
 )
 
@@ -58,7 +59,7 @@ func TestDeadCollectorSaidAtOnce(t *testing.T) {
 			for n := range int64(40) {
 				st, gaps := sy.step(n)
 				x.Gap(gaps[0])
-				x.Step(st)
+				x.Step(correlate.StepResult{Step: st, GapList: gaps})
 			}
 			deadline := sent.Add(5 * time.Second)
 			for !strings.Contains(logs.String(), "span export failed") && time.Now().Before(deadline) {

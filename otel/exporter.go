@@ -37,14 +37,16 @@ type Stats struct {
 	// ExportFailing: the last export failed (spans wait for a retry).
 	ExportFailing bool
 	QueueLen      int
-	// GapsDropped: gaps that never became spans because the gap buffer was
-	// full (or the exporter was shut down).
+	// GapsDropped: gaps that never became spans because they came after
+	// Shutdown.
 	GapsDropped uint64
 }
 
 // Exporter maps correlate results to spans and metrics. It implements
-// correlate.Sink. Gap and Step must be called from one goroutine; Stats,
-// Summary and Shutdown are safe from any.
+// correlate.Sink: a step's trace is emitted with the gaps its StepResult
+// carries, so the exporter holds no gap waiting for its step. Gap and Step
+// must be called from one goroutine; Stats, Summary and Shutdown are safe
+// from any.
 type Exporter struct {
 	cfg     *resolved
 	log     *slog.Logger
@@ -55,15 +57,12 @@ type Exporter struct {
 	metrics *metrics
 	res     *resource.Resource
 
-	mu       sync.Mutex
-	pending  map[stepKey][]correlate.Gap
-	pendingN int
+	mu sync.Mutex
 	// emitted holds the span each recent step's gaps hang under, for a
 	// gap that arrives after its step was emitted; emittedOrder bounds it.
 	emitted      map[stepKey]trace.SpanContext
 	emittedOrder []stepKey
 	gapDropped   atomic.Uint64
-	warnedFull   atomic.Bool
 	closed       atomic.Bool
 
 	rootMu    sync.Mutex
@@ -96,8 +95,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 	if err != nil {
 		return nil, err
 	}
-	x := &Exporter{cfg: r, log: r.Logger, res: res, pending: map[stepKey][]correlate.Gap{},
-		emitted: map[stepKey]trace.SpanContext{}}
+	x := &Exporter{cfg: r, log: r.Logger, res: res, emitted: map[stepKey]trace.SpanContext{}}
 
 	// The primary output is OTLP when configured, else the spans file. A
 	// spans file next to OTLP is a local copy with its own queue, so a
@@ -321,60 +319,44 @@ func newOTLPTraceExporter(ctx context.Context, r *resolved) (sdktrace.SpanExport
 	}
 }
 
-// Gap buffers a gap until its step arrives. Never blocks. A gap whose step
-// was already emitted (the correlator decided it after the step, as a wait
-// on another rank can be) joins that step's trace at once.
+// Gap updates the gap metrics. A gap a StepResult will carry becomes a
+// span with its step (Step). A late one, which no step carries, becomes a
+// span at once: under its step's span when that step was emitted (the
+// correlator decided it after the step, as a wait on another rank can
+// be), else an orphan.
 func (x *Exporter) Gap(g correlate.Gap) {
 	if x.closed.Load() {
-		x.gapDropped.Add(1)
+		if g.Late {
+			x.gapDropped.Add(1)
+		}
 		return
 	}
 	x.metrics.gap(context.Background(), g)
+	if !g.Late {
+		return
+	}
 	x.mu.Lock()
-	k := stepKey{g.PID, g.Step}
-	if sc, ok := x.emitted[k]; ok {
-		x.mu.Unlock()
-		base := context.Background()
+	sc, ok := x.emitted[stepKey{g.PID, g.Step}]
+	x.mu.Unlock()
+	base := context.Background()
+	if ok {
 		x.emitGap(base, trace.ContextWithRemoteSpanContext(base, sc), &g)
 		return
 	}
-	defer x.mu.Unlock()
-	if x.pendingN >= x.cfg.GapBuffer {
-		x.gapDropped.Add(1)
-		if x.warnedFull.CompareAndSwap(false, true) {
-			x.log.Warn("gap buffer full: gaps waiting for their step are dropped from the spans (metrics still count them)",
-				"cap", x.cfg.GapBuffer)
-		}
-		return
-	}
-	x.pending[k] = append(x.pending[k], g)
-	x.pendingN++
+	x.emitOrphans(base, []correlate.Gap{g})
 }
 
-// Step emits the step's trace with the gaps buffered for it. Gaps of
-// earlier steps of the same process whose Step never came are orphans
-// (the correlator emits steps in order): they are emitted without it.
-func (x *Exporter) Step(s correlate.Step) {
+// Step emits the step's trace with the gaps it carries and remembers its
+// span for the late gaps of that step.
+func (x *Exporter) Step(s correlate.StepResult) {
 	if x.closed.Load() {
+		x.gapDropped.Add(uint64(len(s.GapList)))
 		return
 	}
 	ctx := context.Background()
-	x.metrics.step(ctx, s)
-	x.mu.Lock()
+	x.metrics.step(ctx, s.Step)
+	sc := x.emitStep(ctx, s.Step, s.GapList)
 	k := stepKey{s.PID, s.Number}
-	gaps := x.pending[k]
-	delete(x.pending, k)
-	x.pendingN -= len(gaps)
-	var orphans []correlate.Gap
-	for ok, og := range x.pending {
-		if ok.pid == s.PID && ok.step < s.Number {
-			orphans = append(orphans, og...)
-			x.pendingN -= len(og)
-			delete(x.pending, ok)
-		}
-	}
-	x.mu.Unlock()
-	sc := x.emitStep(ctx, s, gaps)
 	x.mu.Lock()
 	if _, ok := x.emitted[k]; !ok {
 		x.emittedOrder = append(x.emittedOrder, k)
@@ -385,11 +367,10 @@ func (x *Exporter) Step(s correlate.Step) {
 	}
 	x.emitted[k] = sc
 	x.mu.Unlock()
-	x.emitOrphans(ctx, orphans)
 }
 
-// emitOrphans emits gaps whose step never came, in time order: with a
-// job ID under the root its step's trace would have (another rank's
+// emitOrphans emits gaps whose step was not emitted here, in time order:
+// with a job ID under the root its step's trace would have (another rank's
 // sidecar may emit it), else each as the root of a trace of its own.
 func (x *Exporter) emitOrphans(base context.Context, gaps []correlate.Gap) {
 	sort.SliceStable(gaps, func(i, j int) bool { return gaps[i].Start < gaps[j].Start })
@@ -443,23 +424,12 @@ func (x *Exporter) Stats() Stats {
 	return st
 }
 
-// Shutdown flushes spans and metrics within ctx's deadline. Gaps still
-// waiting for a step become traces of their own. Later Gap/Step calls are
-// ignored.
+// Shutdown flushes spans and metrics within ctx's deadline. Later Gap and
+// Step calls are ignored (their gaps counted in GapsDropped).
 func (x *Exporter) Shutdown(ctx context.Context) error {
 	if !x.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	// Gaps whose step never came (the correlator closes every step it
-	// started): traces of their own rather than lost.
-	x.mu.Lock()
-	var orphans []correlate.Gap
-	for _, og := range x.pending {
-		orphans = append(orphans, og...)
-	}
-	x.pending, x.pendingN = map[stepKey][]correlate.Gap{}, 0
-	x.mu.Unlock()
-	x.emitOrphans(context.Background(), orphans)
 	// Spans and metrics flush side by side: each gets all of ctx's time,
 	// so a collector that swallows the spans' time still gets the final
 	// metrics (and the reverse).

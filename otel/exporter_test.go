@@ -81,10 +81,7 @@ func TestFileModeSpanModel(t *testing.T) {
 	const steps = 8
 	for n := range int64(steps) {
 		st, gaps := sy.step(n)
-		for _, g := range gaps {
-			x.Gap(g)
-		}
-		x.Step(st)
+		deliver(x, st, gaps...)
 	}
 	if err := x.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
@@ -196,129 +193,6 @@ func TestFileModeSpanModel(t *testing.T) {
 	}
 }
 
-func TestGapBufferBoundedAndOrphansEmitted(t *testing.T) {
-	clearEnv(t)
-	path := filepath.Join(t.TempDir(), "spans.jsonl")
-	x, err := otel.New(context.Background(), otel.Config{GapBuffer: 3, Rank: -1, SpansFile: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sy := synth{pid: 1, t0: time.Now().UnixNano()}
-	for n := range int64(5) {
-		_, gaps := sy.step(n)
-		x.Gap(gaps[0])
-	}
-	if d := x.Stats().GapsDropped; d != 2 {
-		t.Fatalf("buffer of 3 took 5 gaps: dropped %d, want 2", d)
-	}
-	// Step 2 arrives: its gap is emitted; steps 0 and 1 never will be,
-	// and their gaps are emitted without them.
-	st, _ := sy.step(2)
-	x.Step(st)
-	if d := x.Stats().GapsDropped; d != 2 {
-		t.Errorf("after step 2: dropped %d, want the 2 of the overflow", d)
-	}
-	// Room again: a new gap is buffered, not dropped.
-	_, gaps := sy.step(3)
-	x.Gap(gaps[0])
-	if d := x.Stats().GapsDropped; d != 2 {
-		t.Errorf("gap after room was made: dropped %d, want 2", d)
-	}
-	shutdown(t, x)
-	byStep := map[int64]otel.FileSpan{}
-	for _, s := range readSpansFile(t, path) {
-		if s.Name == otel.SpanGap {
-			byStep[int64(s.Attributes["gpu.step.number"].(float64))] = s
-		}
-	}
-	for n := range int64(4) {
-		s, ok := byStep[n]
-		switch {
-		case !ok:
-			t.Errorf("the gap of step %d is not in the spans", n)
-		case n != 2 && s.ParentSpanID != "":
-			t.Errorf("the gap of step %d, whose step never came, hangs under %s", n, s.ParentSpanID)
-		}
-	}
-}
-
-// TestLateGapsJoinTheirStep: one exporter for two ranks' processes. The
-// correlator decides some gaps after their step was emitted (a wait on
-// the other rank is judged once that rank's events are in), and learns a
-// process's device late (its first gaps carry device 0, its steps device
-// 1). Every gap must still be a span under its own step's span, none
-// dropped, with or without a job ID (rank spans).
-func TestLateGapsJoinTheirStep(t *testing.T) {
-	for _, job := range []string{"", "job-7"} {
-		clearEnv(t)
-		path := filepath.Join(t.TempDir(), "spans.jsonl")
-		x, err := otel.New(context.Background(), otel.Config{Rank: -1, JobID: job, SpansFile: path})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t0 := time.Now().Add(-time.Minute).UnixNano()
-		ranks := []synth{{pid: 100, device: 0, t0: t0}, {pid: 101, device: 1, t0: t0}}
-		var late []correlate.Gap
-		want := 0
-		for n := range int64(10) {
-			for r, sy := range ranks {
-				st, gaps := sy.step(n)
-				rank := r
-				st.Workload = &correlate.Workload{Rank: &rank}
-				for i := range gaps {
-					gaps[i].Workload = st.Workload
-					if r == 1 && n < 3 {
-						gaps[i].Device = 0 // before NVML listed the process on its GPU
-					}
-					want++
-					if n%3 == 1 {
-						// Decided after the step: a wait on the other rank.
-						late = append(late, gaps[i])
-						continue
-					}
-					x.Gap(gaps[i])
-				}
-				x.Step(st)
-			}
-			// The late gaps of this step come once the other rank's step
-			// was emitted too.
-			for _, g := range late {
-				x.Gap(g)
-			}
-			late = late[:0]
-		}
-		shutdown(t, x)
-		if d := x.Stats().GapsDropped; d != 0 {
-			t.Errorf("job %q: %d gaps dropped", job, d)
-		}
-		spans := readSpansFile(t, path)
-		byID := map[string]otel.FileSpan{}
-		for _, s := range spans {
-			byID[s.SpanID] = s
-		}
-		got := 0
-		for _, s := range spans {
-			if s.Name != otel.SpanGap {
-				continue
-			}
-			got++
-			p, ok := byID[s.ParentSpanID]
-			if !ok {
-				t.Errorf("job %q: gap of step %v (pid %v) has no parent span", job, s.Attributes["gpu.step.number"], s.Attributes["process.pid"])
-				continue
-			}
-			if p.TraceID != s.TraceID || p.Attributes["gpu.step.number"] != s.Attributes["gpu.step.number"] ||
-				p.Attributes["process.pid"] != s.Attributes["process.pid"] {
-				t.Errorf("job %q: gap of pid %v step %v hangs under %s of pid %v step %v", job, s.Attributes["process.pid"],
-					s.Attributes["gpu.step.number"], p.Name, p.Attributes["process.pid"], p.Attributes["gpu.step.number"])
-			}
-		}
-		if got != want {
-			t.Errorf("job %q: %d gap spans, want %d", job, got, want)
-		}
-	}
-}
-
 func TestPrometheusEndpoint(t *testing.T) {
 	clearEnv(t)
 	x, err := otel.New(context.Background(), otel.Config{PrometheusAddr: "127.0.0.1:0", Rank: -1})
@@ -333,8 +207,7 @@ func TestPrometheusEndpoint(t *testing.T) {
 	sy := synth{pid: 1, t0: time.Now().UnixNano()}
 	for n := range int64(4) {
 		st, gaps := sy.step(n)
-		x.Gap(gaps[0])
-		x.Step(st)
+		deliver(x, st, gaps[0])
 	}
 	// The correlator's losses: a live update, the summary's final counts,
 	// then a stale snapshot that must not lower them.
@@ -395,11 +268,10 @@ func TestPrometheusLabelsPerGPUAndProcess(t *testing.T) {
 		sy := synth{pid: uint32(100 + i), t0: time.Now().UnixNano()}
 		st, gaps := sy.step(0)
 		st.Device, st.Workload = i, w
-		for _, g := range gaps {
-			g.Device, g.Workload = i, w
-			x.Gap(g)
+		for i := range gaps {
+			gaps[i].Device, gaps[i].Workload = i, w
 		}
-		x.Step(st)
+		deliver(x, st, gaps...)
 	}
 	x.Summary(correlate.Summary{Steps: 2}, 0)
 	resp, err := http.Get("http://" + x.PrometheusAddr() + "/metrics")
@@ -454,8 +326,7 @@ func TestSilentCollectorNeverBlocks(t *testing.T) {
 	for n := range int64(500) {
 		st, gaps := sy.step(n)
 		start := time.Now()
-		x.Gap(gaps[0])
-		x.Step(st)
+		deliver(x, st, gaps[0])
 		worst = max(worst, time.Since(start))
 		if q := x.Stats().QueueLen; q > queue {
 			t.Fatalf("queue %d over its bound %d", q, queue)
@@ -593,168 +464,4 @@ func TestTraceIDRatioSamplingKeepsWholeStepsOnEveryRank(t *testing.T) {
 			t.Errorf("trace %s kept partially: %v", tid, names)
 		}
 	}
-}
-
-// Evidence the correlator could not resolve ("" path or address) must not
-// become an empty file.path or network.peer.address.
-func TestUnresolvedEvidenceLeftOut(t *testing.T) {
-	clearEnv(t)
-	path := filepath.Join(t.TempDir(), "spans.jsonl")
-	x, err := otel.New(context.Background(), otel.Config{SpansFile: path, Rank: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sy := synth{pid: 3, t0: time.Now().UnixNano()}
-	st, gaps := sy.step(1) // net
-	gaps[0].Evidence.Peers = []correlate.PeerEvidence{{Address: "", Bytes: 100, NS: 9e6}, {Address: "10.0.0.9:80", Bytes: 2, NS: 1e6}}
-	x.Gap(gaps[0])
-	x.Step(st)
-	st, gaps = sy.step(0) // io.read
-	gaps[0].Evidence.Files = []correlate.FileEvidence{{Path: "", Op: "read", Bytes: 7, NS: 9e6}}
-	x.Gap(gaps[0])
-	x.Step(st)
-	if err := x.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range readSpansFile(t, path) {
-		if s.Name != otel.SpanGap {
-			continue
-		}
-		switch s.Attributes["gpu.gap.cause"] {
-		case "net":
-			if s.Attributes["network.peer.address"] != "10.0.0.9:80" || s.Attributes["gpu.gap.net.bytes"] != 102.0 {
-				t.Errorf("net gap: %v", s.Attributes)
-			}
-		case "io.read":
-			if _, ok := s.Attributes["file.path"]; ok || s.Attributes["gpu.gap.io.bytes"] != 7.0 {
-				t.Errorf("io.read gap with only an unresolved file: %v", s.Attributes)
-			}
-		}
-	}
-}
-
-// TestPageableCopyAttributes: a cuda.memcpy gap's copy evidence and fix
-// reach its gpu.idle span.
-func TestPageableCopyAttributes(t *testing.T) {
-	clearEnv(t)
-	path := filepath.Join(t.TempDir(), "spans.jsonl")
-	x, err := otel.New(context.Background(), otel.Config{SpansFile: path, Rank: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sy := synth{pid: 7, t0: time.Now().Add(-time.Minute).UnixNano()}
-	st, gaps := sy.step(0)
-	g := gaps[0]
-	g.Cause, g.Evidence.Files, g.Evidence.Syscalls = correlate.CauseCUDAMemcpy, nil, nil
-	g.Breakdown = map[correlate.Cause]int64{correlate.CauseCUDAMemcpy: 28e6}
-	g.Evidence.Copy = &correlate.CopyEvidence{Call: "cuMemcpyHtoDAsync", Direction: "htod", Bytes: 168e6, NS: 28e6,
-		GBps: 6, Pageable: true, Fix: "pin the host buffer (pin_memory=True / cudaHostRegister)"}
-	x.Gap(g)
-	x.Step(st)
-	if err := x.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range readSpansFile(t, path) {
-		if s.Name != otel.SpanGap {
-			continue
-		}
-		a := s.Attributes
-		if a["gpu.gap.copy.call"] != "cuMemcpyHtoDAsync" || a["gpu.gap.copy.direction"] != "htod" || a["gpu.gap.copy.bytes"] != 168e6 ||
-			a["gpu.gap.copy.gb_per_s"] != 6.0 || a["gpu.gap.copy.pageable"] != true || a["gpu.gap.copy.ms"] != 28.0 ||
-			a["gpu.gap.fix"] != "pin the host buffer (pin_memory=True / cudaHostRegister)" {
-			t.Errorf("copy attrs %v", a)
-		}
-		return
-	}
-	t.Fatal("no gpu.idle span")
-}
-
-// A lock gap names the thread the feeder waited on and what it did.
-func TestLockHolderAttributes(t *testing.T) {
-	clearEnv(t)
-	path := filepath.Join(t.TempDir(), "spans.jsonl")
-	x, err := otel.New(context.Background(), otel.Config{SpansFile: path, Rank: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sy := synth{pid: 7, t0: time.Now().Add(-time.Minute).UnixNano()}
-	st, gaps := sy.step(0)
-	g := gaps[0]
-	g.Cause, g.Evidence.Files, g.Evidence.Syscalls = correlate.CauseLock, nil, nil
-	g.Breakdown = map[correlate.Cause]int64{correlate.CauseLock: 20e6}
-	g.Evidence.LockHolders = []correlate.LockHolderEvidence{
-		{TID: 12, Comm: "metrics", NS: 20e6, Doing: correlate.CauseSleep},
-		{TID: 13, NS: 1e6, Doing: correlate.CauseCPU},
-	}
-	x.Gap(g)
-	x.Step(st)
-	if err := x.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range readSpansFile(t, path) {
-		if s.Name != otel.SpanGap {
-			continue
-		}
-		a := s.Attributes
-		tids, _ := a["gpu.gap.lock.holder.tids"].([]any)
-		if a["gpu.gap.lock.holder.tid"] != 12.0 || a["gpu.gap.lock.holder.name"] != "metrics" ||
-			a["gpu.gap.lock.holder.doing"] != "sleep" || len(tids) != 2 {
-			t.Errorf("lock holder attrs %v", a)
-		}
-		return
-	}
-	t.Fatal("no gpu.idle span")
-}
-
-// A comm stall on a communicator linked by its collectives, whose
-// process's rank nothing said, still names the late process.
-func TestLatePIDWithoutRank(t *testing.T) {
-	clearEnv(t)
-	path := filepath.Join(t.TempDir(), "spans.jsonl")
-	x, err := otel.New(context.Background(), otel.Config{Rank: -1, SpansFile: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, gaps := synth{pid: 100, t0: time.Now().UnixNano()}.step(3) // comm
-	gaps[0].Evidence.Collective.LateRank = nil
-	x.Gap(gaps[0])
-	x.Step(st)
-	shutdown(t, x)
-	for _, s := range readSpansFile(t, path) {
-		if s.Name != otel.SpanGap {
-			continue
-		}
-		if _, ok := s.Attributes["gpu.collective.late_rank"]; ok || s.Attributes["gpu.collective.late_pid"] != 107.0 ||
-			s.Attributes["gpu.collective.late_by_ms"] != 27.0 {
-			t.Errorf("late attributes of a stall whose late rank is unknown: %v", s.Attributes)
-		}
-		return
-	}
-	t.Fatal("no gpu.idle span")
-}
-
-// A late rank traced by another sidecar of the job (--peers) is named with
-// that sidecar.
-func TestLateSidecar(t *testing.T) {
-	clearEnv(t)
-	path := filepath.Join(t.TempDir(), "spans.jsonl")
-	x, err := otel.New(context.Background(), otel.Config{Rank: 0, JobID: "j", SpansFile: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, gaps := synth{pid: 100, t0: time.Now().UnixNano()}.step(3) // comm
-	gaps[0].Evidence.Collective.LateSidecar = "worker-1/rank1/7"
-	x.Gap(gaps[0])
-	x.Step(st)
-	shutdown(t, x)
-	for _, s := range readSpansFile(t, path) {
-		if s.Name != otel.SpanGap {
-			continue
-		}
-		if s.Attributes["gpu.collective.late_sidecar"] != "worker-1/rank1/7" || fmt.Sprint(s.Attributes["gpu.collective.late_rank"]) != "1" {
-			t.Errorf("late attributes of a stall on a rank another sidecar traces: %v", s.Attributes)
-		}
-		return
-	}
-	t.Fatal("no gpu.idle span")
 }

@@ -67,8 +67,10 @@ func TestExportersNone(t *testing.T) {
 				t.Fatal(err)
 			}
 			now := time.Now().UnixNano()
-			x.Gap(correlate.Gap{PID: 1, TID: 1, Start: now, End: now + 2e6, Duration: 2e6, Cause: correlate.CauseNet})
-			x.Step(correlate.Step{PID: 1, Start: now - 1e6, End: now + 5e6, ByCause: map[correlate.Cause]int64{correlate.CauseNet: 2e6}})
+			g := correlate.Gap{PID: 1, TID: 1, Start: now, End: now + 2e6, Duration: 2e6, Cause: correlate.CauseNet}
+			x.Gap(g)
+			x.Step(correlate.StepResult{Step: correlate.Step{PID: 1, Start: now - 1e6, End: now + 5e6,
+				ByCause: map[correlate.Cause]int64{correlate.CauseNet: 2e6}}, GapList: []correlate.Gap{g}})
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			err = x.Shutdown(sctx) // flushes both signals once

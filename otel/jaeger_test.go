@@ -26,10 +26,7 @@ func spansOfStep(n int64) int {
 func emit(x *otel.Exporter, sy synth, from, to int64) (spans int) {
 	for n := from; n < to; n++ {
 		st, gaps := sy.step(n)
-		for _, g := range gaps {
-			x.Gap(g)
-		}
-		x.Step(st)
+		deliver(x, st, gaps...)
 		spans += 2 + len(gaps[0].Ops)
 	}
 	return spans

@@ -230,8 +230,15 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 		r.Logger.Info("prometheus metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	}
 	m.mp = sdkmetric.NewMeterProvider(opts...)
-	meter := m.mp.Meter(instrumentationName)
+	if err := m.instruments(m.mp.Meter(instrumentationName), stats); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
 
+// instruments creates the metric instruments and registers the callback
+// that observes the counters kept elsewhere (stats, losses, own cost).
+func (m *metrics) instruments(meter metric.Meter, stats func() Stats) error {
 	var err error
 	var errs []error
 	m.idle, err = meter.Float64Counter("gaptrace.gpu.idle", metric.WithUnit("s"),
@@ -271,7 +278,7 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 		metric.WithDescription("Spans exported"))
 	errs = append(errs, err)
 	gapsDropped, err := meter.Int64ObservableCounter("gaptrace.gaps.dropped", metric.WithUnit("{gap}"),
-		metric.WithDescription("Gaps not turned into spans: buffer full or their step never arrived"))
+		metric.WithDescription("Gaps not turned into spans: they came after shutdown"))
 	errs = append(errs, err)
 	type lossCounter struct {
 		inst metric.Int64ObservableCounter
@@ -300,7 +307,7 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 		observed = append(observed, inst)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("create instruments: %w", err)
+		return fmt.Errorf("create instruments: %w", err)
 	}
 	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		st := stats()
@@ -324,9 +331,9 @@ func newMetrics(ctx context.Context, r *resolved, res *resource.Resource, stats 
 		return nil
 	}, append(observed, droppedEvents, spansDropped, spansExported, gapsDropped, sidecarCPU, sidecarRSS, sidecarEvents)...)
 	if err != nil {
-		return nil, fmt.Errorf("register metric callback: %w", err)
+		return fmt.Errorf("register metric callback: %w", err)
 	}
-	return m, nil
+	return nil
 }
 
 func newOTLPMetricExporter(ctx context.Context, r *resolved) (sdkmetric.Exporter, error) {

@@ -31,11 +31,10 @@ func TestPrometheusPageParsesWithPrometheusParser(t *testing.T) {
 	sy := synth{pid: 4242, t0: time.Now().UnixNano()}
 	st, gaps := sy.step(0)
 	st.Workload = &correlate.Workload{Rank: &rank, ContainerID: "abc"}
-	for _, g := range gaps {
-		g.Workload = st.Workload
-		x.Gap(g)
+	for i := range gaps {
+		gaps[i].Workload = st.Workload
 	}
-	x.Step(st)
+	deliver(x, st, gaps...)
 	x.Summary(correlate.Summary{Steps: 1}, 3)
 	x.Events(map[string]uint64{"cuda.launch": 7, "syscall.futex": 2})
 	x.Events(map[string]uint64{"cuda.launch": 5}) // a count never goes back

@@ -300,6 +300,33 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		}
 	}
 	ev := &g.Evidence
+	a = stackAttributes(a, ev)
+	a = fileAttributes(a, ev)
+	a = peerAttributes(a, ev)
+	a = workerAttributes(a, ev)
+	a = lockAttributes(a, ev)
+	a = collectiveAttributes(a, ev.Collective)
+	if ev.SMActivity != nil {
+		a = append(a, attribute.Float64("gpu.gap.sm_activity", *ev.SMActivity))
+	}
+	if ev.BaselineNS > 0 {
+		a = append(a, attribute.Float64("gpu.gap.baseline_ms", ms(ev.BaselineNS)))
+	}
+	if ev.CUDACall != "" {
+		a = append(a, attribute.String("gpu.cuda.call", ev.CUDACall))
+	}
+	a = copyAttributes(a, ev)
+	for _, k := range sortedKeys(ev.Syscalls) {
+		a = append(a, attribute.Int("gpu.gap.syscalls."+k, ev.Syscalls[k]))
+	}
+	if len(ev.Threads) > 0 {
+		a = append(a, attribute.Int64Slice("gpu.gap.threads", u32s(ev.Threads)))
+	}
+	return a
+}
+
+// stackAttributes adds the code location behind the gap (semconv code.*).
+func stackAttributes(a []attribute.KeyValue, ev *correlate.Evidence) []attribute.KeyValue {
 	if f, ok := correlate.SiteFrame(ev.Stack); ok {
 		a = append(a, attribute.String("code.function.name", f.Function),
 			attribute.String("code.stacktrace", correlate.FormatStack(ev.Stack, ev.StackTruncated)))
@@ -310,6 +337,11 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 			a = append(a, attribute.Int("code.line.number", f.Line))
 		}
 	}
+	return a
+}
+
+// fileAttributes adds the files the feeder read or wrote.
+func fileAttributes(a []attribute.KeyValue, ev *correlate.Evidence) []attribute.KeyValue {
 	// Items whose path or address could not be resolved carry "" and are
 	// left out: an empty file.path is worse than none.
 	top := -1
@@ -333,7 +365,12 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 	if len(ev.Files) > 0 {
 		a = append(a, attribute.Int64("gpu.gap.io.bytes", int64(bytes)))
 	}
-	top = -1
+	return a
+}
+
+// peerAttributes adds the socket peers the feeder talked to.
+func peerAttributes(a []attribute.KeyValue, ev *correlate.Evidence) []attribute.KeyValue {
+	top := -1
 	var peers []string
 	var netBytes uint64
 	for i, p := range ev.Peers {
@@ -360,6 +397,11 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 	if len(ev.Peers) > 0 {
 		a = append(a, attribute.Int64("gpu.gap.net.bytes", int64(netBytes)))
 	}
+	return a
+}
+
+// workerAttributes adds what the data-loader workers did.
+func workerAttributes(a []attribute.KeyValue, ev *correlate.Evidence) []attribute.KeyValue {
 	if len(ev.Workers) > 0 {
 		pids := make([]int64, len(ev.Workers))
 		acts := make([]string, len(ev.Workers))
@@ -377,6 +419,11 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 			a = append(a, attribute.StringSlice("gpu.gap.worker.files", files))
 		}
 	}
+	return a
+}
+
+// lockAttributes adds the threads that held the lock the feeder waited on.
+func lockAttributes(a []attribute.KeyValue, ev *correlate.Evidence) []attribute.KeyValue {
 	if len(ev.LockHolders) > 0 {
 		// The thread the feeder waited on longest (first), and all of them.
 		h := ev.LockHolders[0]
@@ -399,51 +446,54 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		}
 		a = append(a, attribute.Int64Slice("gpu.gap.lock.holder.tids", tids))
 	}
-	if c := ev.Collective; c != nil {
-		a = append(a, attribute.String("gpu.collective.op", c.Op), attribute.Int64("gpu.collective.bytes", int64(c.Bytes)))
-		if c.Comm != "" {
-			a = append(a, attribute.String("gpu.collective.comm", c.Comm))
-		}
-		if c.PeerRank != 0 {
-			a = append(a, attribute.Int64("gpu.collective.peer_rank", int64(c.PeerRank)))
-		}
-		if c.Stream != "" {
-			a = append(a, attribute.String("gpu.collective.stream", c.Stream))
-		}
-		if c.Ranks > 0 && c.Rank != nil {
-			a = append(a, attribute.Int64("gpu.collective.ranks", int64(c.Ranks)), attribute.Int64("gpu.collective.rank", int64(*c.Rank)))
-		}
-		if len(c.WaitingOn) > 0 {
-			w := make([]int64, len(c.WaitingOn))
-			for i, r := range c.WaitingOn {
-				w[i] = int64(r)
-			}
-			a = append(a, attribute.Int64Slice("gpu.collective.waiting_on_ranks", w))
-		}
-		// The late process is named even where its rank is unknown (its
-		// communicator was linked by its collectives, no RANK said it).
-		if c.LateRank != nil {
-			a = append(a, attribute.Int64("gpu.collective.late_rank", int64(*c.LateRank)))
-		}
-		if c.LateRank != nil || c.LatePID != 0 {
-			a = append(a, attribute.Float64("gpu.collective.late_by_ms", ms(c.LateByNS)))
-		}
-		if c.LatePID != 0 {
-			a = append(a, attribute.Int64("gpu.collective.late_pid", int64(c.LatePID)))
-		}
-		if c.LateSidecar != "" {
-			a = append(a, attribute.String("gpu.collective.late_sidecar", c.LateSidecar))
-		}
+	return a
+}
+
+// collectiveAttributes adds the collective a stall waited on.
+func collectiveAttributes(a []attribute.KeyValue, c *correlate.CollectiveEvidence) []attribute.KeyValue {
+	if c == nil {
+		return a
 	}
-	if ev.SMActivity != nil {
-		a = append(a, attribute.Float64("gpu.gap.sm_activity", *ev.SMActivity))
+	a = append(a, attribute.String("gpu.collective.op", c.Op), attribute.Int64("gpu.collective.bytes", int64(c.Bytes)))
+	if c.Comm != "" {
+		a = append(a, attribute.String("gpu.collective.comm", c.Comm))
 	}
-	if ev.BaselineNS > 0 {
-		a = append(a, attribute.Float64("gpu.gap.baseline_ms", ms(ev.BaselineNS)))
+	if c.PeerRank != 0 {
+		a = append(a, attribute.Int64("gpu.collective.peer_rank", int64(c.PeerRank)))
 	}
-	if ev.CUDACall != "" {
-		a = append(a, attribute.String("gpu.cuda.call", ev.CUDACall))
+	if c.Stream != "" {
+		a = append(a, attribute.String("gpu.collective.stream", c.Stream))
 	}
+	if c.Ranks > 0 && c.Rank != nil {
+		a = append(a, attribute.Int64("gpu.collective.ranks", int64(c.Ranks)), attribute.Int64("gpu.collective.rank", int64(*c.Rank)))
+	}
+	if len(c.WaitingOn) > 0 {
+		w := make([]int64, len(c.WaitingOn))
+		for i, r := range c.WaitingOn {
+			w[i] = int64(r)
+		}
+		a = append(a, attribute.Int64Slice("gpu.collective.waiting_on_ranks", w))
+	}
+	// The late process is named even where its rank is unknown (its
+	// communicator was linked by its collectives, no RANK said it).
+	if c.LateRank != nil {
+		a = append(a, attribute.Int64("gpu.collective.late_rank", int64(*c.LateRank)))
+	}
+	if c.LateRank != nil || c.LatePID != 0 {
+		a = append(a, attribute.Float64("gpu.collective.late_by_ms", ms(c.LateByNS)))
+	}
+	if c.LatePID != 0 {
+		a = append(a, attribute.Int64("gpu.collective.late_pid", int64(c.LatePID)))
+	}
+	if c.LateSidecar != "" {
+		a = append(a, attribute.String("gpu.collective.late_sidecar", c.LateSidecar))
+	}
+	return a
+}
+
+// copyAttributes adds the staged copy and the host operation that moved
+// device data inside the gap.
+func copyAttributes(a []attribute.KeyValue, ev *correlate.Evidence) []attribute.KeyValue {
 	if c := ev.Copy; c != nil {
 		a = append(a, attribute.String("gpu.gap.copy.call", c.Call), attribute.String("gpu.gap.copy.direction", c.Direction),
 			attribute.Int64("gpu.gap.copy.bytes", int64(c.Bytes)), attribute.Float64("gpu.gap.copy.ms", ms(c.NS)),
@@ -461,12 +511,6 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		if e.File != "" {
 			a = append(a, attribute.String("gpu.gap.episode.file", e.File))
 		}
-	}
-	for _, k := range sortedKeys(ev.Syscalls) {
-		a = append(a, attribute.Int("gpu.gap.syscalls."+k, ev.Syscalls[k]))
-	}
-	if len(ev.Threads) > 0 {
-		a = append(a, attribute.Int64Slice("gpu.gap.threads", u32s(ev.Threads)))
 	}
 	return a
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/otel"
 )
 
 // synth builds a step and its gaps the way the correlator would: a 100 ms
@@ -84,4 +85,13 @@ func (s synth) step(n int64) (correlate.Step, []correlate.Gap) {
 		st.StallNS = 28e6
 	}
 	return st, []correlate.Gap{g}
+}
+
+// deliver feeds x as the engine does: each gap as it is decided, then the
+// step that carries them.
+func deliver(x *otel.Exporter, st correlate.Step, gaps ...correlate.Gap) {
+	for _, g := range gaps {
+		x.Gap(g)
+	}
+	x.Step(correlate.StepResult{Step: st, GapList: gaps})
 }

@@ -136,10 +136,9 @@ func TestInvalidUTF8NeverDropsABatch(t *testing.T) {
 					for j := range gaps[i].Ops {
 						gaps[i].Ops[j].Attrs = map[string]string{"file.path": "/data/\xc3(bad"}
 					}
-					x.Gap(gaps[i])
 					total += 1 + len(gaps[i].Ops)
 				}
-				x.Step(st)
+				deliver(x, st, gaps...)
 				total++
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -359,9 +358,8 @@ func TestInvalidUTF8NeverDropsAMetricExport(t *testing.T) {
 				st.Workload = w
 				for i := range gaps {
 					gaps[i].Workload = w
-					x.Gap(gaps[i])
 				}
-				x.Step(st)
+				deliver(x, st, gaps...)
 			}
 
 			resp, err := http.Get("http://" + x.PrometheusAddr() + "/metrics")

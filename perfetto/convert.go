@@ -196,7 +196,7 @@ func fromSpans(spans []otel.FileSpan, w *Writer) (skipped int) {
 		}
 		switch {
 		case s.Name == otel.SpanGap:
-			g := gapOf(s, pid, children)
+			g := gapOf(s, pid, children[s.SpanID])
 			if checkGap(&g) != nil {
 				skipped++
 				continue
@@ -205,10 +205,7 @@ func fromSpans(spans []otel.FileSpan, w *Writer) (skipped int) {
 		case a["gpu.step.number"] != nil && a["gpu.step.duration_ms"] != nil:
 			// In job mode the root train.step and the rank's span carry
 			// the same step; write it once.
-			st := correlate.Step{PID: pid, Device: int(integer(a, "gpu.device")), Number: integer(a, "gpu.step.number"),
-				Start: s.StartUnixNano, End: s.EndUnixNano, Window: a["gpu.step.window"] == true,
-				ByCause: map[correlate.Cause]int64{}, Gaps: int(integer(a, "gpu.step.gaps")),
-				Launches: uint64(integer(a, "gpu.step.launches"))}
+			st := stepOf(s, pid)
 			k := stepKey{st.PID, st.Device, st.Number}
 			if st.Device < 0 || st.Device >= maxDevice {
 				skipped++
@@ -218,20 +215,6 @@ func fromSpans(spans []otel.FileSpan, w *Writer) (skipped int) {
 				continue
 			}
 			seenStep[k] = true
-			st.IdleRatio, _ = num(a, "gpu.step.idle_ratio")
-			for key, dst := range map[string]*int64{"gpu.step.idle_ms": &st.IdleNS, "gpu.step.bounded_idle_ms": &st.BoundedIdleNS,
-				"gpu.step.micro_idle_ms": &st.MicroIdleNS, "gpu.step.stall_ms": &st.StallNS} {
-				if v, ok := num(a, key); ok {
-					*dst = msToNS(v)
-				}
-			}
-			for k, v := range a {
-				if c, ok := strings.CutPrefix(k, "gpu.step.idle."); ok {
-					if f, ok := v.(float64); ok {
-						st.ByCause[correlate.Cause(c)] = msToNS(f)
-					}
-				}
-			}
 			steps = append(steps, st)
 		}
 	}
@@ -245,7 +228,9 @@ func fromSpans(spans []otel.FileSpan, w *Writer) (skipped int) {
 			w.Gap(gaps[gi])
 			gi++
 		}
-		w.Step(st)
+		// The writer cuts busy slices by time; which step carries a gap
+		// does not matter to it.
+		w.Step(correlate.StepResult{Step: st})
 	}
 	for ; gi < len(gaps); gi++ {
 		w.Gap(gaps[gi])
@@ -253,9 +238,9 @@ func fromSpans(spans []otel.FileSpan, w *Writer) (skipped int) {
 	return skipped
 }
 
-// gapOf rebuilds the gap a gpu.idle span stands for, with its host
-// operations (the span's children).
-func gapOf(s *otel.FileSpan, pid uint32, children map[string][]*otel.FileSpan) correlate.Gap {
+// gapOf rebuilds a gap from its gpu.idle span and the host-operation spans
+// under it, as far as the attributes carry it.
+func gapOf(s *otel.FileSpan, pid uint32, children []*otel.FileSpan) correlate.Gap {
 	a := s.Attributes
 	g := correlate.Gap{PID: pid, TID: uint32(integer(a, "thread.id")), Device: int(integer(a, "gpu.device")),
 		Step: integer(a, "gpu.step.number"), Kind: correlate.GapKind(str(a, "gpu.gap.kind")),
@@ -293,7 +278,7 @@ func gapOf(s *otel.FileSpan, pid uint32, children map[string][]*otel.FileSpan) c
 		}
 		g.Evidence.Collective = c
 	}
-	for _, c := range children[s.SpanID] {
+	for _, c := range children {
 		op := correlate.HostOp{Name: c.Name, TID: uint32(integer(c.Attributes, "thread.id")),
 			Start: c.StartUnixNano, End: c.EndUnixNano, Attrs: map[string]string{}}
 		for k, v := range c.Attributes {
@@ -304,4 +289,28 @@ func gapOf(s *otel.FileSpan, pid uint32, children map[string][]*otel.FileSpan) c
 		g.Ops = append(g.Ops, op)
 	}
 	return g
+}
+
+// stepOf rebuilds a step from its train.step span's attributes.
+func stepOf(s *otel.FileSpan, pid uint32) correlate.Step {
+	a := s.Attributes
+	st := correlate.Step{PID: pid, Device: int(integer(a, "gpu.device")), Number: integer(a, "gpu.step.number"),
+		Start: s.StartUnixNano, End: s.EndUnixNano, Window: a["gpu.step.window"] == true,
+		ByCause: map[correlate.Cause]int64{}, Gaps: int(integer(a, "gpu.step.gaps")),
+		Launches: uint64(integer(a, "gpu.step.launches"))}
+	st.IdleRatio, _ = num(a, "gpu.step.idle_ratio")
+	for key, dst := range map[string]*int64{"gpu.step.idle_ms": &st.IdleNS, "gpu.step.bounded_idle_ms": &st.BoundedIdleNS,
+		"gpu.step.micro_idle_ms": &st.MicroIdleNS, "gpu.step.stall_ms": &st.StallNS} {
+		if v, ok := num(a, key); ok {
+			*dst = msToNS(v)
+		}
+	}
+	for k, v := range a {
+		if c, ok := strings.CutPrefix(k, "gpu.step.idle."); ok {
+			if f, ok := v.(float64); ok {
+				st.ByCause[correlate.Cause(c)] = msToNS(f)
+			}
+		}
+	}
+	return st
 }

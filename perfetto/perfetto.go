@@ -347,8 +347,11 @@ func (x *Writer) hostSlice(pid, tid uint32, name string, start, end int64, args 
 	x.emit(Event{Name: name, Cat: CatHost, Ph: "X", TS: us(start), Dur: us(end - start), PID: pid, TID: tid, Args: args})
 }
 
-// Step implements correlate.Sink.
-func (x *Writer) Step(s correlate.Step) {
+// Step implements correlate.Sink. The step's gaps are on the track
+// already (Gap): a step's busy slices are cut by time, around every gap of
+// its GPU, whichever step carries it.
+func (x *Writer) Step(r correlate.StepResult) {
+	s := r.Step
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	p := x.proc(s.PID)

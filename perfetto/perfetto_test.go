@@ -57,12 +57,14 @@ func session() ([]correlate.Gap, []correlate.Step) {
 // feed sends a step's gaps before the step, as the engine does.
 func feed(sink correlate.Sink, gaps []correlate.Gap, steps []correlate.Step) {
 	for _, s := range steps {
+		r := correlate.StepResult{Step: s}
 		for _, g := range gaps {
 			if g.PID == s.PID && g.Step == s.Number {
 				sink.Gap(g)
+				r.GapList = append(r.GapList, g)
 			}
 		}
-		sink.Step(s)
+		sink.Step(r)
 	}
 }
 

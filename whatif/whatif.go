@@ -137,12 +137,11 @@ type JSON struct {
 	MaxNS          int64   `json:"max_step_saved_ns"`
 }
 
-// Accumulator is a correlate.Sink that adds up ForStep over every step.
-// It keeps the stalls of steps not yet emitted (the engine delivers a
-// step's gaps before the step) and nothing else. Safe for concurrent use.
+// Accumulator is a correlate.Sink that adds up ForStep over every step,
+// each with the gaps its StepResult carries; it keeps nothing of a step
+// once added. Safe for concurrent use.
 type Accumulator struct {
 	mu     sync.Mutex
-	stalls map[stepKey][]correlate.Gap
 	steps  int64
 	wallNS int64
 	saved  map[correlate.Cause]int64
@@ -150,46 +149,22 @@ type Accumulator struct {
 	maxNS  map[correlate.Cause]int64
 }
 
-type stepKey struct {
-	pid    uint32
-	device int
-	step   int64
-}
-
-// maxPending bounds the stalls held for steps that never arrive.
-const maxPending = 4096
-
 // New returns an empty Accumulator.
 func New() *Accumulator {
-	return &Accumulator{stalls: map[stepKey][]correlate.Gap{}, saved: map[correlate.Cause]int64{},
+	return &Accumulator{saved: map[correlate.Cause]int64{},
 		hits: map[correlate.Cause]int64{}, maxNS: map[correlate.Cause]int64{}}
 }
 
-// Gap implements correlate.Sink.
-func (a *Accumulator) Gap(g correlate.Gap) {
-	if g.Kind != correlate.GapStall {
-		return // idle gaps are in their step's ByCause already
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.stalls) >= maxPending {
-		// Steps stopped coming for some process: their stalls can no
-		// longer refine anything, and memory must stay bounded.
-		clear(a.stalls)
-	}
-	k := stepKey{g.PID, g.Device, g.Step}
-	g.Ops, g.Evidence.Files, g.Evidence.Peers = nil, nil, nil
-	a.stalls[k] = append(a.stalls[k], g)
-}
+// Gap implements correlate.Sink. A gap counts through the step that
+// carries it; one no step carries (Late) is in no step's ByCause either.
+func (a *Accumulator) Gap(correlate.Gap) {}
 
 // Step implements correlate.Sink.
-func (a *Accumulator) Step(s correlate.Step) {
+func (a *Accumulator) Step(s correlate.StepResult) {
+	saved := ForStep(s.Step, s.GapList)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	k := stepKey{s.PID, s.Device, s.Number}
-	gaps := a.stalls[k]
-	delete(a.stalls, k)
-	for c, ns := range ForStep(s, gaps) {
+	for c, ns := range saved {
 		a.saved[c] += ns
 		a.hits[c]++
 		a.maxNS[c] = max(a.maxNS[c], ns)

@@ -92,7 +92,7 @@ func TestAccumulatorAmortizesPeriodicCauses(t *testing.T) {
 			by[correlate.CauseIOWrite] = 30 * ms
 			dur += 30 * ms
 		}
-		a.Step(step(n, dur, by))
+		a.Step(correlate.StepResult{Step: step(n, dur, by)})
 	}
 	es := a.Estimates()
 	if len(es) != 2 || es[0].Cause != correlate.CauseIOWrite || es[1].Cause != correlate.CauseCPU {
@@ -115,23 +115,29 @@ func TestAccumulatorAmortizesPeriodicCauses(t *testing.T) {
 	}
 }
 
-// Stalls delivered before their step refine it; idle gaps are taken from
-// the step's ByCause, never counted twice.
+// The stalls a step carries refine it; idle gaps are taken from the
+// step's ByCause, never counted twice; a late stall (carried by no step)
+// changes nothing.
 func TestAccumulatorUsesStallsOfTheirStep(t *testing.T) {
 	a := New()
 	act := 0.25
-	a.Gap(correlate.Gap{PID: 7, Step: 1, Kind: correlate.GapIdle, Breakdown: map[correlate.Cause]int64{correlate.CauseIORead: 10 * ms}})
-	a.Gap(correlate.Gap{PID: 7, Step: 1, Kind: correlate.GapStall, Breakdown: map[correlate.Cause]int64{correlate.CauseComm: 40 * ms},
-		Evidence: correlate.Evidence{SMActivity: &act}})
-	a.Step(step(1, 100*ms, map[correlate.Cause]int64{correlate.CauseIORead: 10 * ms, correlate.CauseComm: 40 * ms}))
+	gaps := []correlate.Gap{
+		{PID: 7, Step: 1, Kind: correlate.GapIdle, Breakdown: map[correlate.Cause]int64{correlate.CauseIORead: 10 * ms}},
+		{PID: 7, Step: 1, Kind: correlate.GapStall, Breakdown: map[correlate.Cause]int64{correlate.CauseComm: 40 * ms},
+			Evidence: correlate.Evidence{SMActivity: &act}},
+	}
+	for _, g := range gaps {
+		a.Gap(g)
+	}
+	a.Gap(correlate.Gap{PID: 7, Step: 1, Kind: correlate.GapStall, Late: true,
+		Breakdown: map[correlate.Cause]int64{correlate.CauseComm: 40 * ms}})
+	a.Step(correlate.StepResult{Step: step(1, 100*ms, map[correlate.Cause]int64{correlate.CauseIORead: 10 * ms, correlate.CauseComm: 40 * ms}),
+		GapList: gaps})
 	got := map[correlate.Cause]int64{}
 	for _, e := range a.Estimates() {
 		got[e.Cause] = e.SavedNSPerStep
 	}
 	if got[correlate.CauseIORead] != 10*ms || got[correlate.CauseComm] != 30*ms {
 		t.Errorf("saved %v, want io.read 10 ms, comm 30 ms", got)
-	}
-	if len(a.stalls) != 0 {
-		t.Errorf("stalls of an emitted step are still held: %v", a.stalls)
 	}
 }

@@ -210,8 +210,8 @@ func (a *autoSchedule) tick(now time.Time) (change, full bool, reason string) {
 // autoSink passes steps to the schedule.
 type autoSink struct{ a *autoSchedule }
 
-func (s autoSink) Gap(correlate.Gap)      {}
-func (s autoSink) Step(st correlate.Step) { s.a.step(st) }
+func (s autoSink) Gap(correlate.Gap)            {}
+func (s autoSink) Step(st correlate.StepResult) { s.a.step(st.Step) }
 
 // autoToggle is a finished attach or detach of the per-launch probes.
 type autoToggle struct {

@@ -95,8 +95,11 @@ func (w withWorkload) Gap(g correlate.Gap) {
 	w.next.Gap(g)
 }
 
-func (w withWorkload) Step(s correlate.Step) {
+func (w withWorkload) Step(s correlate.StepResult) {
 	s.Workload = w.work.Of(s.PID)
+	for i := range s.GapList {
+		s.GapList[i].Workload = s.Workload
+	}
 	w.next.Step(s)
 }
 

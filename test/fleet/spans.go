@@ -31,13 +31,20 @@ type replayed struct {
 	loose []correlate.Gap   // gaps after their step, or in none
 }
 
-type collector struct {
-	steps []correlate.Step
-	gaps  []correlate.Gap
+// collector keeps each step with the gaps the engine delivered in it, and
+// the gaps no step carries (Late).
+type collector struct{ r replayed }
+
+func (c *collector) Gap(g correlate.Gap) {
+	if g.Late {
+		c.r.loose = append(c.r.loose, g)
+	}
 }
 
-func (c *collector) Gap(g correlate.Gap)   { c.gaps = append(c.gaps, g) }
-func (c *collector) Step(s correlate.Step) { c.steps = append(c.steps, s) }
+func (c *collector) Step(s correlate.StepResult) {
+	c.r.steps = append(c.r.steps, s.Step)
+	c.r.gaps = append(c.r.gaps, s.GapList)
+}
 
 // replayRecording correlates a recording (--record) again.
 func replayRecording(path string) (replayed, error) {
@@ -56,18 +63,7 @@ func replayRecording(path string) (replayed, error) {
 	if _, err := correlate.ReplayAs(cfg, &c, h, calls, correlate.View{}); err != nil {
 		return replayed{}, fmt.Errorf("%s: %w", path, err)
 	}
-	r := replayed{steps: c.steps, gaps: make([][]correlate.Gap, len(c.steps))}
-	idx := map[[3]int64]int{}
-	for i, s := range c.steps {
-		idx[[3]int64{int64(s.PID), int64(s.Device), s.Number}] = i
-	}
-	for _, g := range c.gaps {
-		if i, ok := idx[[3]int64{int64(g.PID), int64(g.Device), g.Step}]; ok {
-			r.gaps[i] = append(r.gaps[i], g)
-		} else {
-			r.loose = append(r.loose, g)
-		}
-	}
+	r := c.r
 	if len(r.steps) == 0 {
 		return r, fmt.Errorf("%s: no steps", path)
 	}
@@ -93,7 +89,7 @@ func sidecarSpans(r replayed, dir, job string, rank, ranksPerNode int) ([]otel.F
 		for _, g := range r.gaps[i] {
 			x.Gap(g)
 		}
-		x.Step(s)
+		x.Step(correlate.StepResult{Step: s, GapList: r.gaps[i]})
 	}
 	for _, g := range r.loose {
 		x.Gap(g)

@@ -391,7 +391,7 @@ func (g *gapsWriter) flushLocked() {
 	}
 }
 
-func (g *gapsWriter) Step(correlate.Step) {}
+func (g *gapsWriter) Step(correlate.StepResult) {}
 
 func (g *gapsWriter) Close() error {
 	g.mu.Lock()

@@ -73,8 +73,8 @@ func (f *fakePipe) Run(ctx context.Context) error {
 	for _, g := range f.gaps {
 		f.pc.Sink.Gap(g)
 	}
-	f.pc.Sink.Step(correlate.Step{PID: 1, Number: 1, Start: 0, End: int64(100 * time.Millisecond), IdleNS: int64(40 * time.Millisecond),
-		ByCause: map[correlate.Cause]int64{correlate.CauseIORead: int64(40 * time.Millisecond)}})
+	f.pc.Sink.Step(correlate.StepResult{Step: correlate.Step{PID: 1, Number: 1, Start: 0, End: int64(100 * time.Millisecond), IdleNS: int64(40 * time.Millisecond),
+		ByCause: map[correlate.Cause]int64{correlate.CauseIORead: int64(40 * time.Millisecond)}}})
 	<-ctx.Done()
 	return nil
 }

@@ -36,7 +36,7 @@ Flags:
 type stepCollector struct{ steps []correlate.Step }
 
 func (c *stepCollector) Gap(correlate.Gap)     {}
-func (c *stepCollector) Step(s correlate.Step) { c.steps = append(c.steps, s) }
+func (c *stepCollector) Step(s correlate.StepResult) { c.steps = append(c.steps, s.Step) }
 
 // replaySteps correlates a recording again, as `gaptrace replay` does, and
 // returns its steps.

@@ -43,7 +43,7 @@ func (p *processes) Gap(g correlate.Gap) {
 	p.get(g.PID, g.Workload).Gaps++
 }
 
-func (p *processes) Step(s correlate.Step) {
+func (p *processes) Step(s correlate.StepResult) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ps := p.get(s.PID, s.Workload)

@@ -12,11 +12,11 @@ func TestProcessesInSummary(t *testing.T) {
 	rank := 1
 	w := &correlate.Workload{ContainerID: strings.Repeat("ab", 32), PodName: "train-0", PodNamespace: "ml", ContainerName: "trainer", Rank: &rank}
 	for range 3 {
-		p.Step(correlate.Step{PID: 7, Workload: w})
+		p.Step(correlate.StepResult{Step: correlate.Step{PID: 7, Workload: w}})
 	}
 	p.Gap(correlate.Gap{PID: 7, Workload: w})
 	p.Gap(correlate.Gap{PID: 3, Workload: &correlate.Workload{ContainerID: strings.Repeat("cd", 32)}})
-	p.Step(correlate.Step{PID: 9})
+	p.Step(correlate.StepResult{Step: correlate.Step{PID: 9}})
 	ps := p.list()
 	if len(ps) != 3 || ps[0].PID != 3 || ps[1].PID != 7 || ps[1].Steps != 3 || ps[1].Gaps != 1 || ps[1].Workload != w {
 		t.Fatalf("processes %+v", ps)

@@ -29,7 +29,7 @@ func TestTargetStringsAreInertOnTheTerminal(t *testing.T) {
 		Files: []correlate.FileEvidence{{Path: hostile, Op: "read\x1b[2J", NS: 5e6}},
 		Peers: []correlate.PeerEvidence{{Address: "10.0.0.1:80", PID: 9, Comm: "evil\x1b]0;t\x07", NS: 4e6}},
 	}})
-	a.Step(correlate.Step{Start: 0, End: int64(time.Second), IdleNS: 5e6, ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 5e6}})
+	a.Step(correlate.StepResult{Step: correlate.Step{Start: 0, End: int64(time.Second), IdleNS: 5e6, ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 5e6}}})
 	a.SetStats(Stats{Missing: []string{"/lib/\x1b[2Jlibcuda.so: symbol cuX\x1b]0;t\x07"}})
 	v := a.View("pid 1 train \x1b]0;title\x07 --x")
 	assertInert(t, "frame", Frame(v, 100))

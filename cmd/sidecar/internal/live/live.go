@@ -202,7 +202,7 @@ func (a *Aggregator) Gap(g correlate.Gap) {
 }
 
 // Step implements correlate.Sink.
-func (a *Aggregator) Step(s correlate.Step) {
+func (a *Aggregator) Step(s correlate.StepResult) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if s.Window {

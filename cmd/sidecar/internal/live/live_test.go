@@ -20,8 +20,8 @@ func feed(a *Aggregator, c *clock) {
 	base := time.Unix(1_700_000_000, 0).UnixNano()
 	for i := range int64(20) {
 		c.t = c.t.Add(100 * time.Millisecond)
-		a.Step(correlate.Step{PID: 42, Number: i + 1, Start: base + i*ms(100), End: base + (i+1)*ms(100),
-			IdleNS: ms(40), ByCause: map[correlate.Cause]int64{correlate.CauseIORead: ms(30), correlate.CauseCPU: ms(10)}})
+		a.Step(correlate.StepResult{Step: correlate.Step{PID: 42, Number: i + 1, Start: base + i*ms(100), End: base + (i+1)*ms(100),
+			IdleNS: ms(40), ByCause: map[correlate.Cause]int64{correlate.CauseIORead: ms(30), correlate.CauseCPU: ms(10)}}})
 	}
 	a.Gap(correlate.Gap{PID: 42, TID: 43, Step: 7, Duration: ms(38), Cause: correlate.CauseIORead,
 		Breakdown: map[correlate.Cause]int64{correlate.CauseIORead: ms(38)},
@@ -356,8 +356,8 @@ func TestWhatIf(t *testing.T) {
 			s.ByCause[correlate.CauseIOWrite] = 210e6
 			s.End += 210e6
 		}
-		a.Step(s)
-		acc.Step(s)
+		a.Step(correlate.StepResult{Step: s})
+		acc.Step(correlate.StepResult{Step: s})
 	}
 	v := a.View("x")
 	frame := Frame(v, 100)
@@ -447,13 +447,13 @@ func TestWindowsAreNoSteps(t *testing.T) {
 	c := &clock{t: time.Unix(1_700_000_000, 0)}
 	a := NewAggregator(c.now)
 	for i := int64(1); i <= 3; i++ {
-		a.Step(correlate.Step{PID: 42, Number: i, Window: true, Start: i * ms(1000), End: (i + 1) * ms(1000), IdleNS: ms(900),
-			ByCause: map[correlate.Cause]int64{correlate.CauseCPU: ms(900)}})
+		a.Step(correlate.StepResult{Step: correlate.Step{PID: 42, Number: i, Window: true, Start: i * ms(1000), End: (i + 1) * ms(1000), IdleNS: ms(900),
+			ByCause: map[correlate.Cause]int64{correlate.CauseCPU: ms(900)}}})
 	}
 	c.t = c.t.Add(time.Second)
 	for i := int64(4); i <= 13; i++ {
-		a.Step(correlate.Step{PID: 42, Number: i, Start: i * ms(100), End: (i + 1) * ms(100), IdleNS: ms(10),
-			ByCause: map[correlate.Cause]int64{correlate.CauseIORead: ms(10)}})
+		a.Step(correlate.StepResult{Step: correlate.Step{PID: 42, Number: i, Start: i * ms(100), End: (i + 1) * ms(100), IdleNS: ms(10),
+			ByCause: map[correlate.Cause]int64{correlate.CauseIORead: ms(10)}}})
 	}
 	v := a.View("pid 42 python train.py")
 	if v.Steps != 10 || v.Windows != 3 {

@@ -35,7 +35,8 @@ type StepIdle struct {
 func (s *StepIdle) Gap(correlate.Gap) {}
 
 // Step implements correlate.Sink.
-func (s *StepIdle) Step(st correlate.Step) {
+func (s *StepIdle) Step(r correlate.StepResult) {
+	st := r.Step
 	if st.Window {
 		return
 	}

@@ -94,10 +94,10 @@ func TestStepIdleMoments(t *testing.T) {
 		if n%4 == 0 {
 			comm = 7e6
 		}
-		s.Step(correlate.Step{Number: int64(n), ByCause: map[correlate.Cause]int64{correlate.CauseIORead: read, correlate.CauseComm: comm}})
+		s.Step(correlate.StepResult{Step: correlate.Step{Number: int64(n), ByCause: map[correlate.Cause]int64{correlate.CauseIORead: read, correlate.CauseComm: comm}}})
 		reads, totals = append(reads, float64(read)), append(totals, float64(read+comm))
 	}
-	s.Step(correlate.Step{Window: true, ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 1e12}})
+	s.Step(correlate.StepResult{Step: correlate.Step{Window: true, ByCause: map[correlate.Cause]int64{correlate.CauseIORead: 1e12}}})
 	got := s.Summary()
 	for c, want := range map[string]Moments{"io.read": momentsOf(reads), Total: momentsOf(totals)} {
 		g := got[c]

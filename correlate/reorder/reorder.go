@@ -1,4 +1,13 @@
-package correlate
+// Package reorder holds host events until a watermark passes their end and
+// gives them back in end order, so that the engine decides a gap with
+// every host event that ended before it already seen.
+//
+// # Rule
+//
+// A buffer that owns its events and knows nothing of what they mean: no
+// engine state, only event and the standard library. The engine bounds it
+// (Config.MaxBuffered) and moves the watermark.
+package reorder
 
 import (
 	"container/heap"
@@ -6,11 +15,11 @@ import (
 	"github.com/gaptrace/gaptrace/event"
 )
 
-// eventQueue holds events until the watermark passes their end, and
+// Queue holds events until the watermark passes their end, and
 // gives them back in end order: a gap is decided with every host event
 // that ended before it already seen. The engine bounds it
 // (Config.MaxBuffered): past the bound it takes the oldest out early.
-type eventQueue struct {
+type Queue struct {
 	h    evHeap
 	slab []event.Event // buffered events; h orders their slots
 	free []int32
@@ -21,7 +30,8 @@ type eventQueue struct {
 // once the queue is empty.
 const slabKeep = 4096
 
-func (q *eventQueue) push(ev event.Event) {
+// Push buffers ev.
+func (q *Queue) Push(ev event.Event) {
 	q.seq++
 	var slot int32
 	if n := len(q.free); n > 0 {
@@ -35,8 +45,8 @@ func (q *eventQueue) push(ev event.Event) {
 	heap.Push(&q.h, queued{end: ev.End, start: ev.Start, seq: q.seq, slot: slot})
 }
 
-// pop returns the next event ending at or before wm.
-func (q *eventQueue) pop(wm int64) (event.Event, bool) {
+// Pop returns the next event ending at or before wm.
+func (q *Queue) Pop(wm int64) (event.Event, bool) {
 	if q.h.Len() == 0 || q.h[0].end > wm {
 		if q.h.Len() == 0 && cap(q.slab) > slabKeep {
 			// A burst is over: give its memory back.
@@ -51,13 +61,14 @@ func (q *eventQueue) pop(wm int64) (event.Event, bool) {
 	return ev, true
 }
 
-func (q *eventQueue) len() int { return q.h.Len() }
+// Len is the number of events buffered.
+func (q *Queue) Len() int { return q.h.Len() }
 
-// minEnd is the end of the next event pop returns; the queue must not be
+// MinEnd is the end of the next event Pop returns; the queue must not be
 // empty.
-func (q *eventQueue) minEnd() int64 { return q.h[0].end }
+func (q *Queue) MinEnd() int64 { return q.h[0].end }
 
-// queued orders one buffered event (kept in eventQueue.slab, so the heap
+// queued orders one buffered event (kept in Queue.slab, so the heap
 // moves small pointer-free keys); seq keeps arrival order among equal keys.
 type queued struct {
 	end, start int64

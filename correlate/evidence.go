@@ -1,0 +1,258 @@
+package correlate
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// An attribution's result: the dominant cause, the breakdown, and the
+// evidence a user checks it by, bounded to the top entries.
+
+// result turns the accumulators into a dominant cause, a breakdown and
+// capped evidence.
+func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
+	dom, best := CauseCPU, int64(-1)
+	bd := make(map[Cause]int64, len(at.byCause))
+	for _, c := range Causes {
+		if ns := at.byCause[c]; ns > 0 {
+			bd[c] = ns
+			if ns > best {
+				dom, best = c, ns
+			}
+		}
+	}
+	var ev Evidence
+	// A staged copy is named whatever won: preempted on a loaded host it
+	// is contention, and still a copy from pageable memory to fix.
+	var top *opAcc
+	for _, o := range at.ops {
+		if o.ev.Kind == event.KindMemcpyStaged && (top == nil || o.ns > top.ns || o.ns == top.ns && o.ev.Start < top.ev.Start) {
+			top = o
+		}
+	}
+	if top != nil {
+		ev.Copy = copyEvidence(top.ev)
+	}
+	if o := at.stackOp(dom); o != nil {
+		ev.Stack, ev.StackTruncated = o.ev.Stack, o.ev.StackTruncated
+	} else if top != nil && len(top.ev.Stack) > 0 && (dom == CauseCPUContention || dom == CauseCPU) {
+		// The host was staging that copy when it lost its CPU: the copy's
+		// line is the one to change.
+		ev.Stack, ev.StackTruncated = top.ev.Stack, top.ev.StackTruncated
+	}
+	at.filesAndPeers(&ev)
+	at.workerEvidence(&ev)
+	at.lockHolders(&ev)
+	var cbest int64
+	for name, ns := range at.cudaNS {
+		if ns > cbest || (ns == cbest && name < ev.CUDACall) {
+			ev.CUDACall, cbest = name, ns
+		}
+	}
+	at.syscallCounts(&ev)
+	hops := at.hostOps()
+	return dom, bd, ev, hops
+}
+
+// filesAndPeers lists the files and socket peers the interval touched, the
+// longest first, up to maxFiles and maxPeers.
+func (at *attribution) filesAndPeers(ev *Evidence) {
+	for _, f := range at.files {
+		ev.Files = append(ev.Files, *f)
+	}
+	sort.Slice(ev.Files, func(i, j int) bool {
+		if ev.Files[i].NS != ev.Files[j].NS {
+			return ev.Files[i].NS > ev.Files[j].NS
+		}
+		if ev.Files[i].Path != ev.Files[j].Path {
+			return ev.Files[i].Path < ev.Files[j].Path
+		}
+		return ev.Files[i].Op < ev.Files[j].Op
+	})
+	if len(ev.Files) > maxFiles {
+		ev.Files = ev.Files[:maxFiles]
+	}
+	for _, p := range at.peers {
+		ev.Peers = append(ev.Peers, *p)
+	}
+	sort.Slice(ev.Peers, func(i, j int) bool {
+		if ev.Peers[i].NS != ev.Peers[j].NS {
+			return ev.Peers[i].NS > ev.Peers[j].NS
+		}
+		return ev.Peers[i].Address < ev.Peers[j].Address
+	})
+	if len(ev.Peers) > maxPeers {
+		ev.Peers = ev.Peers[:maxPeers]
+	}
+}
+
+// workerEvidence says what each loader worker waited on did, by pid.
+func (at *attribution) workerEvidence(ev *Evidence) {
+	for _, w := range at.workers {
+		we := WorkerEvidence{PID: w.pid, Activity: "cpu", IONS: w.ioNS}
+		if w.waitNS > 0 && 2*w.ioNS >= w.waitNS {
+			we.Activity = "io"
+		}
+		type fns struct {
+			p  string
+			ns int64
+		}
+		var fs []fns
+		for p, ns := range w.files {
+			fs = append(fs, fns{p, ns})
+		}
+		sort.Slice(fs, func(i, j int) bool {
+			if fs[i].ns != fs[j].ns {
+				return fs[i].ns > fs[j].ns
+			}
+			return fs[i].p < fs[j].p
+		})
+		for i := 0; i < len(fs) && i < maxWFiles; i++ {
+			if fs[i].p != "" {
+				we.Files = append(we.Files, fs[i].p)
+			}
+		}
+		ev.Workers = append(ev.Workers, we)
+	}
+	sort.Slice(ev.Workers, func(i, j int) bool { return ev.Workers[i].PID < ev.Workers[j].PID })
+	if len(ev.Workers) > maxWorkers {
+		ev.Workers = ev.Workers[:maxWorkers]
+	}
+}
+
+// lockHolders lists the threads that held the lock waited on, the longest
+// wait first, each with what it mostly did.
+func (at *attribution) lockHolders(ev *Evidence) {
+	if len(at.holders) > 0 {
+		for _, h := range at.holders {
+			e := h.ev
+			var top int64
+			for _, c := range Causes {
+				if ns := h.doing[c]; ns > top {
+					e.Doing, top = c, ns
+				}
+			}
+			ev.LockHolders = append(ev.LockHolders, e)
+		}
+		sort.Slice(ev.LockHolders, func(i, j int) bool {
+			if ev.LockHolders[i].NS != ev.LockHolders[j].NS {
+				return ev.LockHolders[i].NS > ev.LockHolders[j].NS
+			}
+			return ev.LockHolders[i].TID < ev.LockHolders[j].TID
+		})
+		if len(ev.LockHolders) > maxWorkers {
+			ev.LockHolders = ev.LockHolders[:maxWorkers]
+		}
+	}
+}
+
+// syscallCounts keeps the maxSyscalls most frequent syscalls.
+func (at *attribution) syscallCounts(ev *Evidence) {
+	if len(at.syscalls) > 0 {
+		ev.Syscalls = make(map[string]int, len(at.syscalls))
+		type nc struct {
+			n string
+			c int
+		}
+		var l []nc
+		for n, c := range at.syscalls {
+			l = append(l, nc{n, c})
+		}
+		sort.Slice(l, func(i, j int) bool {
+			if l[i].c != l[j].c {
+				return l[i].c > l[j].c
+			}
+			return l[i].n < l[j].n
+		})
+		for i := 0; i < len(l) && i < maxSyscalls; i++ {
+			ev.Syscalls[l[i].n] = l[i].c
+		}
+	}
+}
+
+// hostOps are the maxOps longest host operations, in time order.
+func (at *attribution) hostOps() []HostOp {
+	ops := make([]*opAcc, 0, len(at.ops))
+	for _, o := range at.ops {
+		ops = append(ops, o)
+	}
+	sort.Slice(ops, func(i, j int) bool {
+		if ops[i].ns != ops[j].ns {
+			return ops[i].ns > ops[j].ns
+		}
+		a, b := ops[i], ops[j]
+		if a.ev.Start != b.ev.Start {
+			return a.ev.Start < b.ev.Start
+		}
+		if a.ev.End != b.ev.End {
+			return a.ev.End < b.ev.End
+		}
+		return a.tid < b.tid
+	})
+	if len(ops) > maxOps {
+		ops = ops[:maxOps]
+	}
+	var hops []HostOp
+	for _, o := range ops {
+		hops = append(hops, hostOp(o.ev, o.tid))
+	}
+	sort.SliceStable(hops, func(i, j int) bool { return hops[i].Start < hops[j].Start })
+	return hops
+}
+
+func hostOp(ev *event.Event, tid uint32) HostOp {
+	op := HostOp{Name: opName(ev), TID: tid, Start: ev.Start, End: ev.End}
+	attrs := map[string]string{}
+	if ev.Path != "" {
+		attrs["file.path"] = ev.Path
+	}
+	if ev.PeerAddr != "" {
+		attrs["network.peer.address"] = ev.PeerAddr
+	}
+	if ev.PeerPID != 0 {
+		attrs["network.peer.pid"] = strconv.FormatUint(uint64(ev.PeerPID), 10)
+	}
+	if ev.WakerPID != 0 {
+		attrs["waker.pid"] = strconv.FormatUint(uint64(ev.WakerPID), 10)
+	}
+	if ev.Kind == event.KindSyscall && ev.Ret > 0 {
+		attrs["bytes"] = strconv.FormatInt(ev.Ret, 10)
+	} else if ev.Bytes > 0 {
+		attrs["bytes"] = strconv.FormatUint(ev.Bytes, 10)
+	}
+	if ev.Stream != 0 {
+		attrs["cuda.stream"] = fmt.Sprintf("0x%x", ev.Stream)
+	}
+	if len(attrs) > 0 {
+		op.Attrs = attrs
+	}
+	return op
+}
+
+// stackOp is the blocking call whose stack explains the interval: the one
+// with a stack that took most of the dominant cause's time (ties: the
+// earliest). nil when no call of that cause has a stack (a cpu gap): then
+// the gap takes the stack of the call that opened it, not that of an
+// unrelated short call inside it. A lock or a data-loader wait is charged
+// through the thread that woke the wait, not by the call itself: the
+// wait is its call (the GIL taken back after time.sleep(0), the queue
+// get inside next(loader)).
+func (at *attribution) stackOp(dom Cause) *opAcc {
+	var best *opAcc
+	for _, o := range at.ops {
+		if len(o.ev.Stack) == 0 {
+			continue
+		}
+		waitedOn := isWait(o.ev) && (dom == CauseLock || dom == CauseLoaderWait)
+		if at.cause(o.ev) != dom && !waitedOn {
+			continue
+		}
+		if best == nil || o.ns > best.ns || o.ns == best.ns && o.ev.Start < best.ev.Start {
+			best = o
+		}
+	}
+	return best
+}

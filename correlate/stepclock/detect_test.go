@@ -1,0 +1,67 @@
+package stepclock
+
+import (
+	"testing"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// BenchmarkDetectClock: one detection over a full ring of an eager loop
+// (a batch copy and fifteen per-parameter copies per step); it runs every
+// Recheck operations, so it must stay well under a millisecond.
+func BenchmarkDetectClock(b *testing.B) {
+	var toks []Token
+	for i := int64(0); len(toks) < TokMax; i++ {
+		toks = append(toks, Token{Key: Key{Kind: event.KindMemcpyAsync, Bytes: 16 << 10}, T: i * 1e7, Launches: 280, Syncs: 2})
+		for k := int64(1); k <= 15; k++ {
+			toks = append(toks, Token{Key: Key{Kind: event.KindMemcpyAsync, Bytes: 4 << 20}, T: i*1e7 + k*1e5})
+		}
+	}
+	toks = toks[:TokMax]
+	if cf, _ := Detect(toks, Input{LaunchesSeen: true, Posts: func(lo, hi int64) int64 { return -1 }}); cf.Key.Bytes != 16<<10 {
+		b.Fatalf("clock %s, want the batch copy", cf.Key)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		Detect(toks, Input{LaunchesSeen: true, Posts: func(lo, hi int64) int64 { return -1 }})
+	}
+}
+
+// TestPhasesDifferByLaunches: occurrences of a clock's operation, m a
+// step, differ by position when the launches between them do: a loop runs
+// the same kernels at the same place of every iteration, so each position
+// launches one or two counts (an occurrence a checkpoint inserted mixes
+// two positions; a lagging flush moves a few launches across). Counts
+// that the loop's data picks spread at every position, and their medians
+// differ by chance: no phases.
+func TestPhasesDifferByLaunches(t *testing.T) {
+	units := func(counts ...uint64) []SegSum {
+		u := make([]SegSum, len(counts))
+		for i, n := range counts {
+			u[i] = SegSum{Ops: 1, Launches: n}
+		}
+		return u
+	}
+	for _, c := range []struct {
+		name   string
+		unit   []SegSum
+		m      int
+		differ bool
+	}{
+		// A batch copy then a copy into a graph's input: the replay's
+		// launches after the second only.
+		{"graph replay", units(0, 768, 0, 768, 0, 768, 0, 768, 0, 768), 2, true},
+		// An inserted occurrence shifted the positions once.
+		{"shifted by an insertion", units(0, 768, 0, 768, 0, 0, 768, 0, 768, 0, 768, 0, 768, 0, 768, 0, 768, 0), 2, true},
+		// Micro-batches' backward flushed by another thread.
+		{"flush lag", units(0, 86, 0, 125, 0, 125, 0, 171, 0, 125, 0, 2, 0, 125, 0, 86), 2, true},
+		{"alike", units(40, 40, 41, 40, 39, 40, 40, 40, 40, 41), 2, false},
+		// 3 to 24 kernels a step, drawn.
+		{"picked by data", units(4, 17, 9, 22, 13, 6, 24, 11, 3, 19, 15, 8, 21, 5, 12, 18), 2, false},
+		{"picked by data, m=3", units(4, 17, 9, 22, 13, 6, 24, 11, 3, 19, 15, 8, 21, 5, 12, 18, 7, 10), 3, false},
+	} {
+		if got := PhasesDiffer(c.unit, c.m, true); got != c.differ {
+			t.Errorf("%s: phases differ %v, want %v", c.name, got, c.differ)
+		}
+	}
+}

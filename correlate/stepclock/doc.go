@@ -1,0 +1,24 @@
+// Package stepclock holds the pure part of the step clock: functions from
+// the sequence of a process's enqueued operations (Token, Key) and
+// synchronisations (Sync) to step boundaries. Detect finds the work clock,
+// the operation that occurs a fixed number of times per iteration with
+// the same work between; DetectPeriod finds the sync period, the number of
+// syncs per step, where no clock is found; Seg, LagFit and SameSync
+// compare one step with the next.
+//
+// # Rule
+//
+// Nothing here holds state across calls: every function is deterministic
+// in its arguments, and the types are values the caller owns. The engine's
+// stepper (correlate/steps.go, clock.go) keeps the token ring, the sync
+// history and the running clock, and asks this package what they mean.
+// The package imports only event and the standard library.
+//
+// # Files
+//
+//	tokens.go    Key, Token, Seg, LagFit, Found: what the clock compares
+//	detect.go    Detect: the clock in a token ring, judged operation by
+//	             operation
+//	segments.go  what the segments between occurrences hold, compared
+//	period.go    Sync, SameSync, DetectPeriod: the sync period and its phase
+package stepclock

@@ -35,7 +35,7 @@ Flags:
 // stepCollector keeps the steps a replay emits.
 type stepCollector struct{ steps []correlate.Step }
 
-func (c *stepCollector) Gap(correlate.Gap)     {}
+func (c *stepCollector) Gap(correlate.Gap)           {}
 func (c *stepCollector) Step(s correlate.StepResult) { c.steps = append(c.steps, s.Step) }
 
 // replaySteps correlates a recording again, as `gaptrace replay` does, and

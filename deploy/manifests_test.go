@@ -61,7 +61,7 @@ func TestChartDefaultsMatchTheBinary(t *testing.T) {
 		_ = cmd.Run()
 		for flag, want := range map[string]string{"probes": "auto", "min-gap": "1ms"} {
 			re := regexp.MustCompile(`(?s)  -` + flag + ` .*?\(default ([^)]*)\)`)
-			if m := re.FindStringSubmatch(out.String()); m == nil || m[1] != want {
+			if m := re.FindStringSubmatch(out.String()); len(m) < 2 || m[1] != want {
 				t.Errorf("gaptrace attach --%s default %v, the chart's %s", flag, m, want)
 			}
 		}

@@ -22,7 +22,7 @@ func TestPromConnectionCap(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	srv, capped := newPromServer(ln, reader)
-	go srv.Serve(capped)
+	go func() { _ = srv.Serve(capped) }()
 	defer srv.Close()
 	if srv.ReadTimeout <= 0 || srv.IdleTimeout <= 0 || srv.ReadHeaderTimeout <= 0 || srv.WriteTimeout <= 0 || srv.MaxHeaderBytes <= 0 {
 		t.Errorf("server without a bound: %+v", srv)
@@ -53,7 +53,7 @@ func TestPromConnectionCap(t *testing.T) {
 	if err != nil {
 		t.Fatalf("scrape after the idle connections went: %v", err)
 	}
-	io.Copy(io.Discard, resp.Body)
+	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("scrape: %s", resp.Status)

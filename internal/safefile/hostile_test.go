@@ -85,7 +85,7 @@ func TestSpecialOutputsAccepted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Write([]byte("{}\n"))
+	_, _ = a.Write([]byte("{}\n"))
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestSpecialOutputsAccepted(t *testing.T) {
 	if err := cat.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cat.Wait()
+	defer func() { _ = cat.Wait() }()
 	var fw *Writer
 	deadline := time.Now().Add(10 * time.Second)
 	for {

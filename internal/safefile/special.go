@@ -69,7 +69,7 @@ func createSpecial(path string) (f *os.File, ok bool, err error) {
 		return os.NewFile(uintptr(d), path), true, nil
 	}
 	st, err := os.Lstat(path)
-	if err != nil || !(isDevNull(st) || st.Mode()&os.ModeNamedPipe != 0) {
+	if err != nil || (!isDevNull(st) && st.Mode()&os.ModeNamedPipe == 0) {
 		return nil, false, nil
 	}
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)

@@ -34,7 +34,7 @@ func writeGz(t *testing.T, dir, name string, write func(w io.Writer)) string {
 // skipped and said so.
 func TestReplayHostileRecording(t *testing.T) {
 	rec := writeGz(t, t.TempDir(), "evil.rec.gz", func(w io.Writer) {
-		io.WriteString(w, `{"header":{"probes":"full"}}
+		_, _ = io.WriteString(w, `{"header":{"probes":"full"}}
 {"peer":{"from":"evil","recs":[{"k":1,"p":7,"c":2748,"n":2,"r":1}]}}
 {"peer":{"from":"evil","recs":[{"k":2,"p":7,"c":2748,"r":0,"q":9223372036854775807,"a":1000}]}}
 {"peer":{"from":"evil","recs":[{"k":2,"p":7,"c":2748,"r":0,"q":-9223372036854775807,"a":2000}]}}
@@ -57,12 +57,12 @@ func TestReplayHugeLineBounded(t *testing.T) {
 		t.Skip("inflates 1 GiB")
 	}
 	rec := writeGz(t, t.TempDir(), "big.rec.gz", func(w io.Writer) {
-		io.WriteString(w, "{\"header\":{\"probes\":\"full\"}}\n{\"advance\":1700000000000000000}\n{\"peer\":{\"from\":\"")
+		_, _ = io.WriteString(w, "{\"header\":{\"probes\":\"full\"}}\n{\"advance\":1700000000000000000}\n{\"peer\":{\"from\":\"")
 		chunk := strings.Repeat("a", 1<<20)
 		for range 1024 {
-			io.WriteString(w, chunk)
+			_, _ = io.WriteString(w, chunk)
 		}
-		io.WriteString(w, "\"}}\n{\"advance\":1700000001000000000}\n")
+		_, _ = io.WriteString(w, "\"}}\n{\"advance\":1700000001000000000}\n")
 	})
 	h := newHarness(t)
 	var before, after heapPeak

@@ -37,8 +37,8 @@ func TestOutsiderLearnsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	io.WriteString(c, `{"t":"hello","job":"wrongjob","id":"x","v":1}`+"\n")
-	io.WriteString(c, `{"t":"hello","job":"secretjob-42","id":"x","v":1}`+"\n")
+	_, _ = io.WriteString(c, `{"t":"hello","job":"wrongjob","id":"x","v":1}`+"\n")
+	_, _ = io.WriteString(c, `{"t":"hello","job":"secretjob-42","id":"x","v":1}`+"\n")
 	if got := readAll(c, patience); got != "" {
 		t.Errorf("an old hello was answered: %q", got)
 	}
@@ -48,8 +48,8 @@ func TestOutsiderLearnsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	io.WriteString(c2, string(encode(&message{Type: typeAuth, Version: version, Nonce: b64(newNonce())}))+"\n")
-	io.WriteString(c2, `{"t":"hello","job":"secretjob-42","id":"x"}`+"\n")
+	_, _ = io.WriteString(c2, string(encode(&message{Type: typeAuth, Version: version, Nonce: b64(newNonce())}))+"\n")
+	_, _ = io.WriteString(c2, `{"t":"hello","job":"secretjob-42","id":"x"}`+"\n")
 	got := readAll(c2, patience)
 	if strings.Count(got, "\n") != 1 || !strings.Contains(got, `"t":"challenge"`) {
 		t.Errorf("answer to an auth not followed by the proof: %q, want the challenge alone", got)
@@ -178,8 +178,8 @@ func TestImpostorHubNotJoined(t *testing.T) {
 				l, _ := br.ReadString('\n')
 				heard <- l
 				// A challenge with a made-up proof, then what an old hub said.
-				io.WriteString(c, string(encode(&message{Type: typeChallenge, Nonce: b64(newNonce()), MAC: b64(newNonce())}))+"\n")
-				io.WriteString(c, `{"t":"pong","t1":1,"t2":3600000000000}`+"\n")
+				_, _ = io.WriteString(c, string(encode(&message{Type: typeChallenge, Nonce: b64(newNonce()), MAC: b64(newNonce())}))+"\n")
+				_, _ = io.WriteString(c, `{"t":"pong","t1":1,"t2":3600000000000}`+"\n")
 				rest, _ := io.ReadAll(br)
 				heard <- string(rest)
 			}()
@@ -314,7 +314,7 @@ func TestJoinedFloodBounded(t *testing.T) {
 		}
 		nm, _ := decodeNonce(m.Nonce)
 		nh := newNonce()
-		w.send(&message{Type: typeChallenge, Nonce: b64(nh), MAC: b64(hubProof(testSecret, "job", nm, nh))})
+		_ = w.send(&message{Type: typeChallenge, Nonce: b64(nh), MAC: b64(hubProof(testSecret, "job", nm, nh))})
 		w.seal(newSealer(testSecret, labelMembeKey, "job", nm, nh), newSealer(testSecret, labelHubKey, "job", nm, nh))
 		for {
 			m, err := w.next(time.Now().Add(patience))
@@ -322,12 +322,12 @@ func TestJoinedFloodBounded(t *testing.T) {
 				return
 			}
 			if m.Type == typePing {
-				w.send(&message{Type: typePong, T1: m.T1, T2: time.Now().UnixNano()})
+				_ = w.send(&message{Type: typePong, T1: m.T1, T2: time.Now().UnixNano()})
 				continue
 			}
 			break
 		}
-		w.send(&message{Type: typeWelcome, ID: "fakehub"})
+		_ = w.send(&message{Type: typeWelcome, ID: "fakehub"})
 		for i := range 3 * maxMembers {
 			if w.send(&message{Type: typeJoined, ID: "member-" + strconv.Itoa(i)}) != nil {
 				return
@@ -340,5 +340,33 @@ func TestJoinedFloodBounded(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if n := p.Stats().Peers; n > maxMembers+1 {
 		t.Errorf("the member holds %d peers, want at most %d", n, maxMembers+1)
+	}
+}
+
+// A member holding another secret cannot join the job's hub: the
+// sidecars that share the secret exchange their records meanwhile, and
+// none of its records reach them, nor theirs it. (An outsider that holds
+// the port first is TestImpostorHubNotJoined.)
+func TestWrongSecretNeverJoins(t *testing.T) {
+	noLeaks(t)
+	addr := freeAddr(t)
+	a := startPeer(t, addr, "job", "a")
+	eventually(t, "a serves", func() bool { return a.Stats().Role == roleHub })
+	x := startPeer(t, addr, "job", "x", withSecret("another secret entirely, 32+ bytes long"))
+	b := startPeer(t, addr, "job", "b")
+	const n = 200
+	issues(a, 100, n)
+	issues(x, 101, n)
+	issues(b, 102, n)
+	eventually(t, "a and b have each other's records", func() bool {
+		return len(a.from("b")) >= n && len(b.from("a")) >= n
+	})
+	for _, p := range []*peer{a, b} {
+		if got := p.from("x"); len(got) != 0 {
+			t.Errorf("%s received %d records from the sidecar with another secret", p.id, len(got))
+		}
+	}
+	if got := x.senders(); len(got) != 0 {
+		t.Errorf("the sidecar with another secret received from %v", got)
 	}
 }

@@ -86,7 +86,7 @@ func decode(b []byte) (*message, error) {
 	}
 	for i := range m.Recs {
 		if err := m.Recs[i].Check(); err != nil {
-			return m, fmt.Errorf("%w: %v", errBadRecords, err)
+			return m, fmt.Errorf("%w: %w", errBadRecords, err)
 		}
 	}
 	return m, nil

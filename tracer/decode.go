@@ -174,35 +174,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.Ret = int64(r.Ret)
 		d.emit = true
 	case evSyscall, evSyscallPath:
-		r := (*rawSyscall)(unsafe.Pointer(&rec[0]))
-		if ev.Kind != event.KindSyscall || r.Class >= uint32(event.SysLast) {
-			return fmt.Errorf("decode syscall record: kind %d class %d out of range", h.Kind, r.Class)
-		}
-		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
-		ev.Syscall = event.SyscallClass(r.Class)
-		ev.SyscallNr = r.Nr
-		ev.Name = syscallName(int(r.Nr))
-		ev.FD = r.Fd
-		ev.Ret = r.Ret
-		if ev.Syscall == event.SysOpen {
-			ev.OpenFlags = r.OpenFlags
-		}
-		if r.Ret > 0 && (ev.Syscall == event.SysRead || ev.Syscall == event.SysWrite || ev.Syscall == event.SysNet) {
-			ev.Bytes = uint64(r.Ret)
-		}
-		ev.WakerPID, ev.WakerTID = uint32(r.Waker>>32), uint32(r.Waker)
-		d.stackID = r.StackId
-		d.spWords = r.SpWords[:]
-		if r.WaitNfds > 0 && ev.Syscall == event.SysPoll {
-			d.waitFDs = r.WaitFds[:min(int(r.WaitNfds), len(r.WaitFds))]
-			d.waitN, d.waitSocks = r.WaitNfds, r.WaitSocks
-		}
-		if h.Type == evSyscallPath {
-			// rename, unlink, truncate: the file is the path it named.
-			ev.Path = cString((*rawSysPath)(unsafe.Pointer(&rec[0])).Path[:])
-			ev.FD, ev.FDKind = -1, event.FDFile
-		}
-		d.emit = true
+		return decodeSyscall(rec, h, d)
 	case evSched:
 		r := (*rawSched)(unsafe.Pointer(&rec[0]))
 		if ev.Kind != event.KindRunqueue && ev.Kind != event.KindOffCPU {
@@ -213,60 +185,109 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.Woken = ev.Kind == event.KindRunqueue && r.Flags&schedFlagWoken != 0
 		d.emit = true
 	case evProc:
-		r := (*rawProc)(unsafe.Pointer(&rec[0]))
-		ev.TaskComm = cString(r.Comm[:])
-		switch ev.Kind {
-		case event.KindFork:
-			ev.IsThread = r.Flags&procFlagThread != 0
-			// A new thread is known by its own id: its waits and wake-ups
-			// name it, not the process.
-			ev.ChildPID = r.ChildPid
-			if ev.IsThread {
-				ev.ChildPID = r.ChildTid
-			}
-			if !ev.IsThread {
-				d.ctl = ctlNewProcess
-			}
-		case event.KindExec:
-			ev.Path = cString(r.Filename[:])
-			ev.Name = ev.TaskComm
-			d.ctl = ctlExec
-		case event.KindExit:
-			if r.Flags&procFlagGroupDead != 0 {
-				d.ctl = ctlProcessGone
-			}
-			ev.Ret = int64(r.ExitCode)
-		default:
-			return fmt.Errorf("decode proc record: kind %d out of range", h.Kind)
-		}
-		d.emit = true
+		return decodeProc(rec, h, d)
 	case evFD:
-		r := (*rawFD)(unsafe.Pointer(&rec[0]))
-		switch ev.Kind {
-		case event.KindOpen:
-			ev.Syscall = event.SysOpen
-			ev.Name = "openat"
-			ev.Path = cString(r.Path[:])
-		case event.KindClose:
-			ev.Syscall = event.SysClose
-			ev.Name = "close"
-		default:
-			return fmt.Errorf("decode fd record: kind %d out of range", h.Kind)
-		}
-		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
-		ev.FD = r.Fd
-		ev.Ret = r.Ret
-		if ev.Kind == event.KindOpen && r.Ret < 0 {
-			ev.FD = -1 // failed open: no fd changed
-			break
-		}
-		d.ctl = ctlFDChanged
-		d.emit = true
+		return decodeFD(rec, h, d)
 	case evMmap:
 		d.ctl = ctlRescan
 	case evPyStack:
 		d.pyStack = rec
 	}
+	return nil
+}
+
+// decodeSyscall decodes a syscall record (evSyscall, evSyscallPath) into d.
+func decodeSyscall(rec []byte, h *rawHeader, d *decoded) error {
+	ev := &d.ev
+	r := (*rawSyscall)(unsafe.Pointer(&rec[0]))
+	if ev.Kind != event.KindSyscall || r.Class >= uint32(event.SysLast) {
+		return fmt.Errorf("decode syscall record: kind %d class %d out of range", h.Kind, r.Class)
+	}
+	ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
+	ev.Syscall = event.SyscallClass(r.Class)
+	ev.SyscallNr = r.Nr
+	ev.Name = syscallName(int(r.Nr))
+	ev.FD = r.Fd
+	ev.Ret = r.Ret
+	if ev.Syscall == event.SysOpen {
+		ev.OpenFlags = r.OpenFlags
+	}
+	if r.Ret > 0 && (ev.Syscall == event.SysRead || ev.Syscall == event.SysWrite || ev.Syscall == event.SysNet) {
+		ev.Bytes = uint64(r.Ret)
+	}
+	ev.WakerPID, ev.WakerTID = uint32(r.Waker>>32), uint32(r.Waker)
+	d.stackID = r.StackId
+	d.spWords = r.SpWords[:]
+	if r.WaitNfds > 0 && ev.Syscall == event.SysPoll {
+		d.waitFDs = r.WaitFds[:min(int(r.WaitNfds), len(r.WaitFds))]
+		d.waitN, d.waitSocks = r.WaitNfds, r.WaitSocks
+	}
+	if h.Type == evSyscallPath {
+		// rename, unlink, truncate: the file is the path it named.
+		ev.Path = cString((*rawSysPath)(unsafe.Pointer(&rec[0])).Path[:])
+		ev.FD, ev.FDKind = -1, event.FDFile
+	}
+	d.emit = true
+	return nil
+}
+
+// decodeProc decodes a process record (fork, exec, exit) into d.
+func decodeProc(rec []byte, h *rawHeader, d *decoded) error {
+	ev := &d.ev
+	r := (*rawProc)(unsafe.Pointer(&rec[0]))
+	ev.TaskComm = cString(r.Comm[:])
+	switch ev.Kind {
+	case event.KindFork:
+		ev.IsThread = r.Flags&procFlagThread != 0
+		// A new thread is known by its own id: its waits and wake-ups
+		// name it, not the process.
+		ev.ChildPID = r.ChildPid
+		if ev.IsThread {
+			ev.ChildPID = r.ChildTid
+		}
+		if !ev.IsThread {
+			d.ctl = ctlNewProcess
+		}
+	case event.KindExec:
+		ev.Path = cString(r.Filename[:])
+		ev.Name = ev.TaskComm
+		d.ctl = ctlExec
+	case event.KindExit:
+		if r.Flags&procFlagGroupDead != 0 {
+			d.ctl = ctlProcessGone
+		}
+		ev.Ret = int64(r.ExitCode)
+	default:
+		return fmt.Errorf("decode proc record: kind %d out of range", h.Kind)
+	}
+	d.emit = true
+	return nil
+}
+
+// decodeFD decodes an fd record (open, close) into d.
+func decodeFD(rec []byte, h *rawHeader, d *decoded) error {
+	ev := &d.ev
+	r := (*rawFD)(unsafe.Pointer(&rec[0]))
+	switch ev.Kind {
+	case event.KindOpen:
+		ev.Syscall = event.SysOpen
+		ev.Name = "openat"
+		ev.Path = cString(r.Path[:])
+	case event.KindClose:
+		ev.Syscall = event.SysClose
+		ev.Name = "close"
+	default:
+		return fmt.Errorf("decode fd record: kind %d out of range", h.Kind)
+	}
+	ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
+	ev.FD = r.Fd
+	ev.Ret = r.Ret
+	if ev.Kind == event.KindOpen && r.Ret < 0 {
+		ev.FD = -1 // failed open: no fd changed
+		return nil
+	}
+	d.ctl = ctlFDChanged
+	d.emit = true
 	return nil
 }
 

@@ -87,16 +87,10 @@ func TestSocketWaitsCarryPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	type wait struct {
-		What string `json:"what"`
-		PID  uint32 `json:"pid"`
-		TID  uint32 `json:"tid"`
-		FD   int32  `json:"fd"`
-	}
-	var waits []wait
+	var waits []netWait
 	sc := bufio.NewScanner(stdout)
 	for len(waits) < 3 && sc.Scan() {
-		var w wait
+		var w netWait
 		if err := json.Unmarshal(sc.Bytes(), &w); err != nil {
 			t.Fatalf("netwait.py line %q: %v", sc.Text(), err)
 		}
@@ -107,7 +101,31 @@ func TestSocketWaitsCarryPeer(t *testing.T) {
 	}
 	// The waits ended while the script still holds its sockets: find each
 	// one's event before letting it exit.
-	long := func(ev event.Event, w wait) bool {
+	found := findNetWaits(&mu, &events, waits, delay)
+	_ = stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("netwait.py: %v\n%s", err, stderr.String())
+	}
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	checkSocketWaits(t, waits, found, addr, delay)
+}
+
+// netWait is one wait testdata/netwait.py reports having made.
+type netWait struct {
+	What string `json:"what"`
+	PID  uint32 `json:"pid"`
+	TID  uint32 `json:"tid"`
+	FD   int32  `json:"fd"`
+}
+
+// findNetWaits finds, within 30 s, the event of each of waits among the
+// traced events (appended under mu): the first readiness wait of the
+// thread that lasted most of delay, after the previous wait's.
+func findNetWaits(mu *sync.Mutex, events *[]event.Event, waits []netWait, delay time.Duration) map[string]event.Event {
+	long := func(ev event.Event, w netWait) bool {
 		return ev.Kind == event.KindSyscall && ev.Syscall == event.SysPoll && ev.PID == w.PID && ev.TID == w.TID &&
 			ev.Duration() >= int64(delay)*3/4
 	}
@@ -115,6 +133,7 @@ func TestSocketWaitsCarryPeer(t *testing.T) {
 	for deadline := time.Now().Add(30 * time.Second); len(found) < len(waits) && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 		mu.Lock()
+		evs := *events
 		for _, w := range waits {
 			if _, ok := found[w.What]; ok {
 				continue
@@ -128,7 +147,7 @@ func TestSocketWaitsCarryPeer(t *testing.T) {
 				}
 				after = max(after, found[prev.What].End)
 			}
-			for _, ev := range events {
+			for _, ev := range evs {
 				if long(ev, w) && ev.Start >= after {
 					found[w.What] = ev
 					break
@@ -137,14 +156,14 @@ func TestSocketWaitsCarryPeer(t *testing.T) {
 		}
 		mu.Unlock()
 	}
-	_ = stdin.Close()
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("netwait.py: %v\n%s", err, stderr.String())
-	}
-	cancel()
-	if err := <-runErr; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	return found
+}
+
+// checkSocketWaits checks the events found for each wait: the socket waits
+// carry the socket's fd, the peer address addr and this process as the
+// peer; the pipe's stays a wait on no resolved fd.
+func checkSocketWaits(t *testing.T, waits []netWait, found map[string]event.Event, addr string, delay time.Duration) {
+	t.Helper()
 	self := uint32(os.Getpid())
 	for _, w := range waits {
 		ev, ok := found[w.What]

@@ -129,6 +129,15 @@ func tracePyStacks(t *testing.T, py string) {
 	if truth.PID != pid {
 		t.Fatalf("truth pid %d, traced %d", truth.PID, pid)
 	}
+	checkPyStacks(t, events, pid, truth, naps)
+}
+
+// checkPyStacks checks the sleeps of pystacks.py's threads against its
+// truth: the main thread's naps name nap and outer at their lines, the
+// churn thread's frames name gen functions at theirs, and the deep
+// thread's stacks are flagged truncated.
+func checkPyStacks(t *testing.T, events []event.Event, pid uint32, truth pyTruth, naps int) {
+	t.Helper()
 	genRe := regexp.MustCompile(`^gen_(\d+)$`)
 	var napsEarly, napsSeen, napsNamed, churnStacks, churnFrames, churnTrunc, deepStacks, deepTrunc int
 	for _, ev := range events {

@@ -154,22 +154,8 @@ func RunChecks(ctx context.Context, h Host, cfg *config.Config, gpu GPUInspector
 		fs = append(fs, Finding{Level: l, Name: name, Detail: detail, Fix: fix})
 	}
 
-	rel := h.Release
-	if rel == "" {
-		var u unix.Utsname
-		if err := unix.Uname(&u); err == nil {
-			rel = unix.ByteSliceToString(u.Release[:])
-		}
-	}
-	// The BPF ring buffer (5.8) is the floor; CAP_BPF/CAP_PERFMON also
-	// arrived in 5.8.
-	if major, minor, ok := parseRelease(rel); !ok {
-		add(Warn, "kernel", fmt.Sprintf("cannot parse release %q", rel), "")
-	} else if major < 5 || (major == 5 && minor < 8) {
-		add(Fail, "kernel", fmt.Sprintf("Linux %s is older than 5.8 (BPF ring buffer, CAP_BPF)", rel), "run on Linux 5.8 or newer")
-	} else {
-		add(OK, "kernel", "Linux "+rel, "")
-	}
+	rel, kfs := kernelChecks(h)
+	fs = append(fs, kfs...)
 
 	if h.exists("/sys/kernel/btf/vmlinux") {
 		add(OK, "BTF", "/sys/kernel/btf/vmlinux present", "")
@@ -177,34 +163,7 @@ func RunChecks(ctx context.Context, h Host, cfg *config.Config, gpu GPUInspector
 		add(Fail, "BTF", "/sys/kernel/btf/vmlinux missing: probes cannot be relocated for this kernel", "use a kernel built with CONFIG_DEBUG_INFO_BTF=y")
 	}
 
-	privileged := true
-	if h.Caps != nil {
-		caps, err := h.Caps()
-		switch {
-		case err != nil:
-			add(Warn, "privileges", fmt.Sprintf("cannot read capabilities: %v", err), "")
-		case len(proc.MissingTracingCaps(caps)) > 0:
-			privileged = false
-			add(Fail, "privileges", "missing "+strings.Join(proc.MissingTracingCaps(caps), ", "),
-				"run as root, or grant CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_SYS_RESOURCE (docker --cap-add, Kubernetes securityContext.capabilities.add)")
-		default:
-			detail := "CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE"
-			if caps.Has(proc.CapSysAdmin) {
-				detail = "CAP_SYS_ADMIN (root)"
-			}
-			// Before 5.11 BPF memory counts against RLIMIT_MEMLOCK, which
-			// only CAP_SYS_RESOURCE may raise; later kernels charge the
-			// memory cgroup instead.
-			if major, minor, ok := parseRelease(rel); !caps.Has(proc.CapSysResource) && ok && (major < 5 || major == 5 && minor < 11) {
-				add(Warn, "privileges", detail+"; CAP_SYS_RESOURCE missing", "grant CAP_SYS_RESOURCE: before Linux 5.11 BPF maps need a raised memlock limit")
-			} else {
-				add(OK, "privileges", detail, "")
-			}
-		}
-	}
-	if privileged && h.Features != nil {
-		fs = append(fs, h.Features()...)
-	}
+	fs = append(fs, privilegeChecks(h, rel)...)
 
 	tracefs := "/sys/kernel/tracing"
 	mountedHere := false
@@ -270,28 +229,7 @@ func RunChecks(ctx context.Context, h Host, cfg *config.Config, gpu GPUInspector
 		add(OK, "kprobes", "not available — not required: syscalls are traced with tracepoints", "")
 	}
 
-	if gpu == nil {
-		add(Warn, "NVML", "not built in", "")
-	} else {
-		r := gpu(ctx, cfg.NVMLLib)
-		switch {
-		case r.Err != nil:
-			add(Warn, "NVML", fmt.Sprintf("%v — idle windows will come from host events only", r.Err), r.Fix)
-		case len(r.Devices) == 0:
-			add(Warn, "NVML", "no GPU devices", r.Fix)
-		default:
-			var names []string
-			for _, d := range r.Devices {
-				names = append(names, fmt.Sprintf("%d:%s", d.Index, d.Name))
-			}
-			lib := ""
-			if r.Lib != "" {
-				lib = " (" + r.Lib + ")"
-			}
-			add(OK, "NVML", fmt.Sprintf("%d device(s): %s%s", len(r.Devices), strings.Join(names, ", "), lib), "")
-		}
-		fs = append(fs, r.Findings...)
-	}
+	fs = append(fs, gpuChecks(ctx, cfg, gpu)...)
 
 	if cfg.PID != 0 {
 		fs = append(fs, targetChecks(cfg, cfg.PID)...)
@@ -351,5 +289,100 @@ func bpfFeatures() []Finding {
 	probe("bpf ring buffer", features.HaveMapType(ebpf.RingBuf), "Linux 5.8+")
 	probe("bpf uprobe programs", features.HaveProgramType(ebpf.Kprobe), "CONFIG_BPF_EVENTS=y")
 	probe("bpf tracepoints", features.HaveProgramType(ebpf.TracePoint), "CONFIG_BPF_EVENTS=y")
+	return fs
+}
+
+// kernelChecks finds the kernel release (h.Release, else uname) and checks
+// it against the oldest kernel gaptrace runs on.
+func kernelChecks(h Host) (rel string, fs []Finding) {
+	add := func(l Level, name, detail, fix string) {
+		fs = append(fs, Finding{Level: l, Name: name, Detail: detail, Fix: fix})
+	}
+
+	rel = h.Release
+	if rel == "" {
+		var u unix.Utsname
+		if err := unix.Uname(&u); err == nil {
+			rel = unix.ByteSliceToString(u.Release[:])
+		}
+	}
+	// The BPF ring buffer (5.8) is the floor; CAP_BPF/CAP_PERFMON also
+	// arrived in 5.8.
+	if major, minor, ok := parseRelease(rel); !ok {
+		add(Warn, "kernel", fmt.Sprintf("cannot parse release %q", rel), "")
+	} else if major < 5 || (major == 5 && minor < 8) {
+		add(Fail, "kernel", fmt.Sprintf("Linux %s is older than 5.8 (BPF ring buffer, CAP_BPF)", rel), "run on Linux 5.8 or newer")
+	} else {
+		add(OK, "kernel", "Linux "+rel, "")
+	}
+	return rel, fs
+}
+
+// privilegeChecks checks the capabilities gaptrace needs to trace and,
+// when they are there, the BPF features the host reports.
+func privilegeChecks(h Host, rel string) (fs []Finding) {
+	add := func(l Level, detail, fix string) {
+		fs = append(fs, Finding{Level: l, Name: "privileges", Detail: detail, Fix: fix})
+	}
+
+	privileged := true
+	if h.Caps != nil {
+		caps, err := h.Caps()
+		switch {
+		case err != nil:
+			add(Warn, fmt.Sprintf("cannot read capabilities: %v", err), "")
+		case len(proc.MissingTracingCaps(caps)) > 0:
+			privileged = false
+			add(Fail, "missing "+strings.Join(proc.MissingTracingCaps(caps), ", "),
+				"run as root, or grant CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_SYS_RESOURCE (docker --cap-add, Kubernetes securityContext.capabilities.add)")
+		default:
+			detail := "CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE"
+			if caps.Has(proc.CapSysAdmin) {
+				detail = "CAP_SYS_ADMIN (root)"
+			}
+			// Before 5.11 BPF memory counts against RLIMIT_MEMLOCK, which
+			// only CAP_SYS_RESOURCE may raise; later kernels charge the
+			// memory cgroup instead.
+			if major, minor, ok := parseRelease(rel); !caps.Has(proc.CapSysResource) && ok && (major < 5 || major == 5 && minor < 11) {
+				add(Warn, detail+"; CAP_SYS_RESOURCE missing", "grant CAP_SYS_RESOURCE: before Linux 5.11 BPF maps need a raised memlock limit")
+			} else {
+				add(OK, detail, "")
+			}
+		}
+	}
+	if privileged && h.Features != nil {
+		fs = append(fs, h.Features()...)
+	}
+	return fs
+}
+
+// gpuChecks reports what NVML sees of the GPUs.
+func gpuChecks(ctx context.Context, cfg *config.Config, gpu GPUInspector) (fs []Finding) {
+	add := func(l Level, detail, fix string) {
+		fs = append(fs, Finding{Level: l, Name: "NVML", Detail: detail, Fix: fix})
+	}
+
+	if gpu == nil {
+		add(Warn, "not built in", "")
+	} else {
+		r := gpu(ctx, cfg.NVMLLib)
+		switch {
+		case r.Err != nil:
+			add(Warn, fmt.Sprintf("%v — idle windows will come from host events only", r.Err), r.Fix)
+		case len(r.Devices) == 0:
+			add(Warn, "no GPU devices", r.Fix)
+		default:
+			var names []string
+			for _, d := range r.Devices {
+				names = append(names, fmt.Sprintf("%d:%s", d.Index, d.Name))
+			}
+			lib := ""
+			if r.Lib != "" {
+				lib = " (" + r.Lib + ")"
+			}
+			add(OK, fmt.Sprintf("%d device(s): %s%s", len(r.Devices), strings.Join(names, ", "), lib), "")
+		}
+		fs = append(fs, r.Findings...)
+	}
 	return fs
 }

@@ -52,17 +52,19 @@ type pipeline struct {
 	tr      *tracer.Tracer
 	lagged  bool              // the reader was once maxReaderLag behind (logged once)
 	gpu     *gpusample.Source // nil without NVML
-	eng     *correlate.Engine
+	eng     *correlate.Engine // its outputs: snapshots, losses, peer records
+	in      correlate.Input   // its inputs: the engine, or it recorded (--record)
 	exp     *otel.Exporter
 	events  chan []event.Event
 	windows chan event.GPUWindow
 	devices map[uint32]int
 	mu      sync.Mutex
 	targets []int
-	winOut  *windowsWriter      // --windows-out, nil when off
-	rec     *correlate.Recorder // --record, nil when off
-	recFile *safefile.Stream
-	work    *workload.Resolver
+	winOut  *windowsWriter // --windows-out, nil when off
+	// endRecording closes the --record file and returns what recording
+	// met; it does nothing when not recording.
+	endRecording func(now int64) error
+	work         *workload.Resolver
 	// ranked: processes whose rank the engine was told (or that have
 	// none), at their first collective.
 	ranked map[uint32]bool
@@ -276,6 +278,8 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	if p.gpu != nil {
 		ccfg.HW = p.gpu.HWContext
 	}
+	p.endRecording = func(int64) error { return nil }
+	var rec *correlate.Recorder
 	if cfg.Record != "" {
 		f, err := safefile.CreateStream(cfg.Record)
 		if err != nil {
@@ -286,8 +290,8 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		f.OnError = func(err error) {
 			log.Error("recording write failed; nothing more is recorded (the file keeps what was written before)", "err", err)
 		}
-		p.recFile = f
-		p.rec = correlate.NewRecorder(f, correlate.RecordHeader{Version: version, Probes: probes, MinGap: int64(cfg.MinGap), NoGPUWindows: p.gpu == nil})
+		rec = correlate.NewRecorder(f, correlate.RecordHeader{Version: version, Probes: probes, MinGap: int64(cfg.MinGap), NoGPUWindows: p.gpu == nil})
+		p.endRecording = func(now int64) error { return closeRecording(rec, f, cfg.Record, now) }
 	}
 	// The exporter first, then the session (live view, gaps file).
 	sinks := correlate.Tee{exp, pc.Sink}
@@ -295,6 +299,10 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		sinks = append(sinks, autoSink{p.auto})
 	}
 	p.eng = correlate.New(ccfg, withWorkload{sinks, p.work})
+	p.in = p.eng
+	if rec != nil {
+		p.in = correlate.Recording(p.eng, rec)
+	}
 	p.hangs = newHangWatch(cfg.HangAfter, tr, exp, pc.Hang, p.work, pc.Logger)
 	if cfg.Peers != "" {
 		secret, err := peers.LoadSecret(cfg.PeersSecret)
@@ -400,11 +408,8 @@ func (p *pipeline) mapDevices() {
 			continue
 		}
 		p.devices[uint32(pid)] = devs[0]
-		p.eng.SetDevice(uint32(pid), devs[0])
+		p.in.SetDevice(uint32(pid), devs[0])
 		p.hangs.setDevice(uint32(pid), devs[0])
-		if p.rec != nil {
-			p.rec.SetDevice(uint32(pid), devs[0])
-		}
 		p.log.Debug("process uses GPU", "pid", pid, "device", devs[0])
 	}
 }
@@ -448,16 +453,10 @@ func (p *pipeline) event(ev *event.Event) {
 		// rank and the job's size.
 		p.ranked[ev.PID] = true
 		if rank, size, ok := p.work.RankOf(ev.PID); ok {
-			if p.rec != nil {
-				p.rec.SetRank(ev.PID, rank, size)
-			}
-			p.eng.SetRank(ev.PID, rank, size)
+			p.in.SetRank(ev.PID, rank, size)
 		}
 	}
-	if p.rec != nil {
-		p.rec.Event(ev)
-	}
-	p.eng.Event(*ev)
+	p.in.Event(*ev)
 }
 
 // batch feeds a batch of the tracer's events to the engine and hands the
@@ -567,10 +566,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 				at = p.delivered(at)
 			}
 			if at > 0 {
-				if p.rec != nil {
-					p.rec.Advance(at)
-				}
-				p.eng.Advance(at)
+				p.in.Advance(at)
 			}
 			p.autoTick(now)
 			if now.Sub(lastDev) >= deviceEvery {
@@ -621,16 +617,10 @@ func (p *pipeline) Run(ctx context.Context) error {
 func (p *pipeline) peerBatch(b peers.Batch) {
 	p.hangs.peer(b)
 	if b.Left {
-		if p.rec != nil {
-			p.rec.PeerLeft(b.From)
-		}
-		p.eng.PeerLeft(b.From)
+		p.in.PeerLeft(b.From)
 		return
 	}
-	if p.rec != nil {
-		p.rec.Peer(b.From, b.Recs)
-	}
-	p.eng.Peer(b.From, b.Recs)
+	p.in.Peer(b.From, b.Recs)
 }
 
 // sidecarID names this sidecar to the job's others: the host (a pod's
@@ -648,10 +638,7 @@ func sidecarID(rank int) string {
 }
 
 func (p *pipeline) window(w event.GPUWindow) {
-	if p.rec != nil {
-		p.rec.Window(&w)
-	}
-	p.eng.Window(w)
+	p.in.Window(w)
 	p.hangs.window(&w)
 	if p.winOut != nil {
 		p.winOut.write(w)
@@ -715,7 +702,7 @@ func (p *pipeline) Close(ctx context.Context, detachBy time.Time) (correlate.Sum
 	var errs []error
 	t0 := time.Now()
 	now := time.Now().UnixNano()
-	sum := p.eng.Close(now)
+	sum := p.in.Close(now)
 	if p.peers != nil {
 		st := p.peers.Stats()
 		p.log.Info("peer exchange", "role", st.Role, "peers", st.Peers, "sent", st.Sent, "received", st.Received,
@@ -724,17 +711,8 @@ func (p *pipeline) Close(ctx context.Context, detachBy time.Time) (correlate.Sum
 			p.log.Warn("close the peer exchange", "err", err)
 		}
 	}
-	if p.rec != nil {
-		err := p.rec.Close(now)
-		var we *safefile.WriteError
-		if ferr := p.recFile.Close(); ferr != nil {
-			err = ferr // what the recorder met writing, said once
-		} else if err != nil && !errors.As(err, &we) {
-			err = &safefile.WriteError{Path: p.cfg.Config.Record, Err: err}
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("recording: %w", err))
-		}
+	if err := p.endRecording(now); err != nil {
+		errs = append(errs, fmt.Errorf("recording: %w", err))
 	}
 	if sum.Probes == "" {
 		sum.Probes = p.cfg.Config.Probes
@@ -843,4 +821,18 @@ func inspectGPU(_ context.Context, libPath string) cli.GPUReport {
 		r.Findings = append(r.Findings, cli.Finding{Level: lvl, Name: name, Detail: f.Detail, Fix: f.Fix})
 	}
 	return r
+}
+
+// closeRecording closes rec (already closed with the engine's inputs: this
+// returns what it met) and then its file, and says once what went wrong,
+// naming the file.
+func closeRecording(rec *correlate.Recorder, f *safefile.Stream, path string, now int64) error {
+	err := rec.Close(now)
+	var we *safefile.WriteError
+	if ferr := f.Close(); ferr != nil {
+		err = ferr // what the recorder met writing, said once
+	} else if err != nil && !errors.As(err, &we) {
+		err = &safefile.WriteError{Path: path, Err: err}
+	}
+	return err
 }

@@ -24,7 +24,11 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/peers"
+	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/hang"
 	"github.com/gaptrace/gaptrace/internal/safefile"
+	"github.com/gaptrace/gaptrace/otel"
+	"github.com/gaptrace/gaptrace/tracer"
 )
 
 // Command names the subcommand a Config is for; some options only exist
@@ -57,6 +61,11 @@ const (
 	DefaultAutoWindow = 500 * time.Millisecond
 	DefaultAutoEvery  = time.Minute
 )
+
+// DefaultCUDAWait is how long attach --pid waits for libcuda to appear in
+// its target. The other defaults are the owning packages' (tracer,
+// correlate, hang, otel): Defaults names them rather than retyping them.
+const DefaultCUDAWait = 30 * time.Second
 
 // The auto warm-up window: the per-launch probes stay attached from the
 // start until AutoWarmupSteps steps were measured and a --auto-window
@@ -129,15 +138,15 @@ type Config struct {
 func Defaults(cmd Command) Config {
 	c := Config{
 		Command:          cmd,
-		Probes:           "auto",
+		Probes:           string(tracer.ProbesAuto),
 		AutoWindow:       DefaultAutoWindow,
 		AutoEvery:        DefaultAutoEvery,
-		SyscallThreshold: 50 * time.Microsecond,
-		MinGap:           time.Millisecond,
-		CUDAWait:         30 * time.Second,
-		RingPoll:         20 * time.Millisecond,
-		HangAfter:        2 * time.Minute,
-		ServiceName:      "gaptrace",
+		SyscallThreshold: tracer.DefaultSyscallThreshold,
+		MinGap:           correlate.DefaultMinGap,
+		CUDAWait:         DefaultCUDAWait,
+		RingPoll:         tracer.DefaultRingPoll,
+		HangAfter:        hang.DefaultAfter,
+		ServiceName:      otel.DefaultServiceName,
 		Rank:             -1,
 		Live:             "auto",
 		LogLevel:         "info",

@@ -5,6 +5,11 @@
 // wherever it is written. Parsing never stops at the first bad value:
 // every problem is collected and Validate adds the cross-field ones, so a
 // user fixes all of them in one round.
+//
+// Files: config.go the Config and its defaults (the packages' own where
+// they have one: tracer, correlate, hang and otel export them), options.go
+// the option table and its parsers, load.go precedence and the YAML file,
+// validate.go the cross-field and output checks.
 package config
 
 import (

@@ -332,6 +332,8 @@
 //	              sites
 //	types.go      the results (Gap, Step, StepResult, Summary) and Sink
 //	jsonl.go      the --gaps-out writer and Tee
+//	input.go      Input, the engine's inputs as one interface, and
+//	              Recording, which records each call before passing it on
 //	record.go     the recording format (the engine's input call by call)
 //	              and Replay
 //	replayas.go   replaying a full recording as lite or auto would have

@@ -93,6 +93,9 @@ type Recorder struct {
 	bw  *bufio.Writer
 	enc *json.Encoder
 	err error
+
+	closed bool  // Close has run
+	result error // what the first Close returned
 }
 
 // NewRecorder starts a recording on w with its header.
@@ -145,14 +148,20 @@ func (r *Recorder) ProbesLive(full bool, at int64) {
 }
 
 // Close records the Engine.Close call at now and flushes the recording; it
-// returns the first error met while recording.
+// returns the first error met while recording. A later Close records
+// nothing and returns the first one's result, so the owner of the
+// recording's file can ask for it after the engine's inputs were closed.
 func (r *Recorder) Close(now int64) error {
 	r.put(Call{Close: now})
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	err := r.err
+	if r.closed {
+		return r.result
+	}
+	r.closed = true
+	r.result = errors.Join(r.err, r.zw.Close(), r.bw.Flush())
 	r.err = errors.New("recording closed")
-	return errors.Join(err, r.zw.Close(), r.bw.Flush())
+	return r.result
 }
 
 // ReadRecording reads a whole recording. A recording cut short (the
@@ -391,7 +400,12 @@ func Replay(cfg Config, sink Sink, calls []Call) Summary {
 // ReplaySeq is Replay of calls as they come (RecordingReader.Calls), in
 // bounded memory.
 func ReplaySeq(cfg Config, sink Sink, calls iter.Seq[Call]) Summary {
-	e := New(cfg, sink)
+	return feedCalls(New(cfg, sink), calls)
+}
+
+// feedCalls makes calls on e in order and closes it, at the recorded Close or
+// one second after the last Advance.
+func feedCalls(e Input, calls iter.Seq[Call]) Summary {
 	var last int64
 	for c := range calls {
 		switch {

@@ -49,13 +49,14 @@ func TestRecordingHostilePeerReplays(t *testing.T) {
 func TestRecordingLongLineBounded(t *testing.T) {
 	var b bytes.Buffer
 	zw, _ := gzip.NewWriterLevel(&b, gzip.BestCompression)
+	// Writes to a bytes.Buffer through gzip do not fail.
 	_, _ = io.WriteString(zw, "{\"header\":{\"probes\":\"full\"}}\n{\"advance\":5}\n{\"peer\":{\"from\":\"")
 	chunk := strings.Repeat("a", 1<<20)
 	for range 256 { // 256 MiB: enough to show the bound, quick to inflate
 		_, _ = io.WriteString(zw, chunk)
 	}
 	_, _ = io.WriteString(zw, "\"}}\n{\"advance\":7}\n")
-	zw.Close()
+	_ = zw.Close()
 	r, err := NewRecordingReader(bytes.NewReader(b.Bytes()))
 	if err != nil {
 		t.Fatal(err)

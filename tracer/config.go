@@ -43,11 +43,15 @@ type Config struct {
 	Logger   *slog.Logger
 }
 
+// Defaults for a zero Config field; the sidecar's options show them.
 const (
-	defaultThreshold      = 50 * time.Microsecond
+	DefaultSyscallThreshold = 50 * time.Microsecond
+	DefaultRingPoll         = 20 * time.Millisecond
+)
+
+const (
 	defaultRingBufferSize = 8 << 20
 	defaultRescanInterval = time.Second
-	defaultRingPoll       = 20 * time.Millisecond
 )
 
 func (c Config) withDefaults() Config {
@@ -55,7 +59,7 @@ func (c Config) withDefaults() Config {
 		c.Probes = ProbesFull
 	}
 	if c.SyscallThreshold == 0 {
-		c.SyscallThreshold = defaultThreshold
+		c.SyscallThreshold = DefaultSyscallThreshold
 	}
 	if c.RingBufferBytes == 0 {
 		c.RingBufferBytes = defaultRingBufferSize
@@ -64,7 +68,7 @@ func (c Config) withDefaults() Config {
 		c.RescanInterval = defaultRescanInterval
 	}
 	if c.RingPoll <= 0 {
-		c.RingPoll = defaultRingPoll
+		c.RingPoll = DefaultRingPoll
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

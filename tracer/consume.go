@@ -64,7 +64,7 @@ type ringReader struct {
 
 func newRingReader(m *ebpf.Map, rd *ringbuf.Reader, every time.Duration, log *slog.Logger) *ringReader {
 	if every <= 0 {
-		every = defaultRingPoll
+		every = DefaultRingPoll
 	}
 	r := &ringReader{rd: rd, wake: make(chan struct{}), every: every}
 	fd, err := unix.FcntlInt(uintptr(m.FD()), unix.F_DUPFD_CLOEXEC, 0)

@@ -39,7 +39,7 @@ func TestRingReaderWaitsInRuntimePoller(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(3 * defaultRingPoll) // let it park a few times
+	time.Sleep(3 * DefaultRingPoll) // let it park a few times
 	if err := rr.Flush(); err != nil {
 		t.Fatal(err)
 	}

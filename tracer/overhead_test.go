@@ -130,7 +130,7 @@ func overheadRun(b *testing.B, mode string, args []string) (float64, Stats) {
 	}
 	var st Stats
 	if tr != nil {
-		time.Sleep(2 * defaultRingPoll) // let the reader take what is pending
+		time.Sleep(2 * DefaultRingPoll) // let the reader take what is pending
 		st = tr.Stats()
 		if err := tr.Close(); err != nil {
 			b.Fatal(err)

@@ -279,11 +279,8 @@ func meanDur(d time.Duration, n int) time.Duration {
 	return d / time.Duration(n)
 }
 
-// probesLive tells the engine, and the recording when there is one, where
-// a window of per-launch probes begins or ends.
+// probesLive tells the engine (recorded with --record) where a window of
+// per-launch probes begins or ends.
 func (p *pipeline) probesLive(full bool, at int64) {
-	if p.rec != nil {
-		p.rec.ProbesLive(full, at)
-	}
-	p.eng.ProbesLive(full, at)
+	p.in.ProbesLive(full, at)
 }

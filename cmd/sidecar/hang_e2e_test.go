@@ -484,6 +484,7 @@ func TestHangRankStoppedPeers(t *testing.T) {
 	addr := l.Addr().String()
 	_ = l.Close()
 	environ := append(os.Environ(), "SIMGPU_DIR="+tl, "SIMGPU_DEVICES=2")
+	secret := writeSecret(t, "aGFuZy1zZWNyZXQtaGFuZy1zZWNyZXQtaGFuZy1zZWNyZXQK\n", 0o600)
 	var ps [2]*gtProc
 	var pids [2]int
 	for r := range 2 {
@@ -491,7 +492,7 @@ func TestHangRankStoppedPeers(t *testing.T) {
 		ps[r] = start(t, append(environ, "RANK="+strconv.Itoa(r), "WORLD_SIZE=2", "GAPTRACE_RUN_DIR="+filepath.Join(dir, "run"+strconv.Itoa(r))),
 			"run", "--live", "off", "--hang-after", hangAfter.String(), "--gaps-out", filepath.Join(dir, fmt.Sprintf("gaps%d.jsonl", r)),
 			"--spans-out", filepath.Join(dir, fmt.Sprintf("spans%d.jsonl", r)), "--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"),
-			"--job-id", id, "--rank", strconv.Itoa(r), "--peers", addr, "--",
+			"--job-id", id, "--rank", strconv.Itoa(r), "--peers", addr, "--peers-secret-file", secret, "--",
 			filepath.Join(simgpuDir, "simtrain"), "--truth", truth, "--rank", strconv.Itoa(r), "--nranks", "2", "--device", strconv.Itoa(r),
 			"--steps", "1000000", "--collectives", "1", "--kernels-per-step", "9", "--kernel-us", "1500", "--comm-id", id,
 			"--workers", "0", "--quiet", "--await-probes", "60")

@@ -6,7 +6,9 @@
 //
 // The command line, configuration and session lifecycle live in
 // internal/cli; this package wires the tracing machinery (tracer, GPU
-// sampler, correlation engine, exporter) into it, see pipeline.go.
+// sampler, correlation engine, exporter) into it: pipeline.go sets it up,
+// pipeline_feed.go runs the event loop, pipeline_peers.go talks to the
+// job's other sidecars and pipeline_close.go ends it.
 package main
 
 import (

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -52,17 +49,19 @@ type pipeline struct {
 	tr      *tracer.Tracer
 	lagged  bool              // the reader was once maxReaderLag behind (logged once)
 	gpu     *gpusample.Source // nil without NVML
-	eng     *correlate.Engine
+	eng     *correlate.Engine // its outputs: snapshots, losses, peer records
+	in      correlate.Input   // its inputs: the engine, or it recorded (--record)
 	exp     *otel.Exporter
 	events  chan []event.Event
 	windows chan event.GPUWindow
 	devices map[uint32]int
 	mu      sync.Mutex
 	targets []int
-	winOut  *windowsWriter      // --windows-out, nil when off
-	rec     *correlate.Recorder // --record, nil when off
-	recFile *safefile.Stream
-	work    *workload.Resolver
+	winOut  *windowsWriter // --windows-out, nil when off
+	// endRecording closes the --record file and returns what recording
+	// met; it does nothing when not recording.
+	endRecording func(now int64) error
+	work         *workload.Resolver
 	// ranked: processes whose rank the engine was told (or that have
 	// none), at their first collective.
 	ranked map[uint32]bool
@@ -103,69 +102,6 @@ func (w withWorkload) Step(s correlate.StepResult) {
 	w.next.Step(s)
 }
 
-// windowsWriter writes --windows-out: one JSON object per GPU window.
-type windowsWriter struct {
-	f   *safefile.Writer
-	log *slog.Logger
-	buf bytes.Buffer
-	enc *json.Encoder
-	err error
-}
-
-type windowJSON struct {
-	Device         int     `json:"device"`
-	UUID           string  `json:"uuid,omitempty"`
-	Source         string  `json:"source"`
-	Start          int64   `json:"start_unix_nano"`
-	End            int64   `json:"end_unix_nano"`
-	IdleFraction   float64 `json:"idle_fraction"`
-	SMActivity     float64 `json:"sm_activity"`
-	TensorActivity float64 `json:"tensor_activity"`
-	// SkewNS: GPM counters taken before the sampler aligned to their
-	// refresh may be up to this much older than the window says.
-	SkewNS int64 `json:"skew_ns,omitempty"`
-}
-
-func newWindowsWriter(path string, log *slog.Logger) (*windowsWriter, error) {
-	f, err := safefile.NewWriter(path)
-	if err != nil {
-		return nil, fmt.Errorf("windows file: %w", err)
-	}
-	ww := &windowsWriter{f: f, log: log}
-	ww.enc = json.NewEncoder(&ww.buf)
-	return ww, nil
-}
-
-func (ww *windowsWriter) write(w event.GPUWindow) {
-	if ww.err == nil {
-		ww.err = ww.enc.Encode(windowJSON{Device: w.Device, UUID: w.UUID, Source: w.Source.String(), Start: w.Start,
-			End: w.End, IdleFraction: w.IdleFraction, SMActivity: w.SMActivity, TensorActivity: w.TensorActivity, SkewNS: w.Skew})
-	}
-	if ww.buf.Len() >= 64<<10 {
-		ww.flush()
-	}
-}
-
-// flush writes whole lines only; a write error is sticky in f, said when
-// it happens and returned by close.
-func (ww *windowsWriter) flush() {
-	if ww.buf.Len() > 0 {
-		failed := ww.f.Err() != nil
-		if err := ww.f.WriteRecords(ww.buf.Bytes()); err != nil && !failed {
-			ww.log.Error("windows file write failed; no more windows are written to it", "err", err)
-		}
-	}
-	ww.buf.Reset()
-}
-
-func (ww *windowsWriter) close() error {
-	ww.flush()
-	if err := errors.Join(ww.err, ww.f.Close()); err != nil {
-		return fmt.Errorf("windows file %s: %w", ww.f.Name(), err)
-	}
-	return nil
-}
-
 func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, error) {
 	cfg := pc.Config
 	log := pc.Logger.With("component", "pipeline")
@@ -189,22 +125,89 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		}
 		p.winOut = ww
 	}
-	src, err := gpusample.Open(gpusample.Config{LibPath: cfg.NVMLLib, Logger: pc.Logger})
+	p.openGPU(cfg.NVMLLib, pc.Logger)
+	autoOn, err := p.openTracer(pc)
 	if err != nil {
-		f := gpusample.Unavailable(err)
-		log.Warn(f.Detail, "fix", f.Fix)
-	} else {
-		p.gpu = src
-		for _, d := range src.Devices() {
-			log.Info("GPU", "index", d.Index, "name", d.Name, "uuid", d.UUID, "gpm", d.GPMSupported)
-		}
-		for _, f := range src.Health() {
-			if f.Level != gpusample.OK {
-				log.Warn("GPU health: "+f.Detail, "device", f.Device, "check", f.Check, "fix", f.Fix)
-			}
-		}
+		p.closeGPU()
+		return nil, err
+	}
+	tr := p.tr
+
+	exp, err := otel.New(ctx, p.exporterConfig(pc))
+	if err != nil {
+		_ = p.tr.Close() // reporting the exporter error
+		p.closeGPU()
+		return nil, fmt.Errorf("exporter: %w", err)
+	}
+	p.exp = exp
+
+	probes := cfg.Probes
+	if probes == string(tracer.ProbesNull) {
+		probes = string(tracer.ProbesFull) // no events arrive: nothing to correlate
+	}
+	ccfg := correlate.Config{Probes: probes, MinGap: cfg.MinGap, NoGPUWindows: p.gpu == nil, Logger: pc.Logger}
+	if p.gpu != nil {
+		ccfg.HW = p.gpu.HWContext
+	}
+	rec, err := p.openRecording(cfg.Record, correlate.RecordHeader{Version: version, Probes: probes, MinGap: int64(cfg.MinGap), NoGPUWindows: p.gpu == nil})
+	if err != nil {
+		_ = p.tr.Close() // reporting the recording's error
+		p.closeGPU()
+		return nil, err
+	}
+	// The exporter first, then the session (live view, gaps file).
+	sinks := correlate.Tee{exp, pc.Sink}
+	if p.auto != nil {
+		sinks = append(sinks, autoSink{p.auto})
+	}
+	p.eng = correlate.New(ccfg, withWorkload{sinks, p.work})
+	p.in = p.eng
+	if rec != nil {
+		p.in = correlate.Recording(p.eng, rec)
+	}
+	p.hangs = newHangWatch(cfg.HangAfter, tr, exp, pc.Hang, p.work, pc.Logger)
+	if err := p.startPeers(ctx, job, pc.Logger); err != nil {
+		_ = p.tr.Close() // reporting the exchange's error
+		p.closeGPU()
+		return nil, err
+	}
+	if p.auto != nil {
+		p.probesLive(true, autoOn.At)
+		log.Debug("auto: per-launch probes attached", "at", autoOn.At, "reason", "start")
 	}
 
+	var attached []string
+	for _, a := range tr.Stats().Attached {
+		attached = append(attached, a.Symbol)
+	}
+	log.Debug("probes attached", "count", len(attached))
+	return p, nil
+}
+
+// openGPU opens NVML for GPU sampling; without it gaptrace traces the
+// host alone and says why.
+func (p *pipeline) openGPU(lib string, logger *slog.Logger) {
+	src, err := gpusample.Open(gpusample.Config{LibPath: lib, Logger: logger})
+	if err != nil {
+		f := gpusample.Unavailable(err)
+		p.log.Warn(f.Detail, "fix", f.Fix)
+		return
+	}
+	p.gpu = src
+	for _, d := range src.Devices() {
+		p.log.Info("GPU", "index", d.Index, "name", d.Name, "uuid", d.UUID, "gpm", d.GPMSupported)
+	}
+	for _, f := range src.Health() {
+		if f.Level != gpusample.OK {
+			p.log.Warn("GPU health: "+f.Detail, "device", f.Device, "check", f.Check, "fix", f.Fix)
+		}
+	}
+}
+
+// openTracer loads the probes and, for the auto probe set, attaches the
+// per-launch ones from the start; it returns when they went live.
+func (p *pipeline) openTracer(pc cli.PipelineConfig) (tracer.LaunchToggle, error) {
+	cfg := pc.Config
 	tr, err := tracer.New(tracer.Config{
 		Probes:           tracer.ProbeSet(cfg.Probes),
 		SyscallThreshold: cfg.SyscallThreshold,
@@ -214,23 +217,27 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 		Logger:           pc.Logger,
 	})
 	if err != nil {
-		p.closeGPU()
-		return nil, fmt.Errorf("load probes: %w", err)
+		return tracer.LaunchToggle{}, fmt.Errorf("load probes: %w", err)
 	}
-	p.tr = tr
 	var autoOn tracer.LaunchToggle
 	if cfg.Probes == string(tracer.ProbesAuto) {
 		// Full from the start: the probes of the libraries Trace finds
 		// attach with the per-launch ones.
 		if autoOn, err = tr.SetLaunchProbes(true); err != nil {
 			_ = tr.Close() // reporting the toggle error
-			p.closeGPU()
-			return nil, fmt.Errorf("auto probes: %w", err)
+			return tracer.LaunchToggle{}, fmt.Errorf("auto probes: %w", err)
 		}
-		p.auto = newAutoSchedule(cfg.AutoWindow, cfg.AutoEvery, time.Now(), log)
+		p.auto = newAutoSchedule(cfg.AutoWindow, cfg.AutoEvery, time.Now(), p.log)
 		p.toggles = make(chan autoToggle, 1)
 	}
+	p.tr = tr
+	return autoOn, nil
+}
 
+// exporterConfig is the exporter's configuration: the options, the
+// traced target and the GPUs NVML found.
+func (p *pipeline) exporterConfig(pc cli.PipelineConfig) otel.Config {
+	cfg := pc.Config
 	res := otel.ResourceInfo{TargetPID: pc.TargetPID, TargetCmdline: pc.TargetCmdline}
 	if p.gpu != nil {
 		if ds := p.gpu.Devices(); len(ds) > 0 {
@@ -260,67 +267,26 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	if cfg.OTLPInsecureOK {
 		ocfg.Insecure = &cfg.OTLPInsecure
 	}
-	exp, err := otel.New(ctx, ocfg)
+	return ocfg
+}
+
+// openRecording starts the --record file (path "": none, a nil recorder)
+// and sets what Close does with it.
+func (p *pipeline) openRecording(path string, h correlate.RecordHeader) (*correlate.Recorder, error) {
+	p.endRecording = func(int64) error { return nil }
+	if path == "" {
+		return nil, nil
+	}
+	f, err := safefile.CreateStream(path)
 	if err != nil {
-		_ = p.tr.Close() // reporting the exporter error
-		p.closeGPU()
-		return nil, fmt.Errorf("exporter: %w", err)
+		return nil, fmt.Errorf("recording: %w", err)
 	}
-	p.exp = exp
-
-	probes := cfg.Probes
-	if probes == string(tracer.ProbesNull) {
-		probes = string(tracer.ProbesFull) // no events arrive: nothing to correlate
+	f.OnError = func(err error) {
+		p.log.Error("recording write failed; nothing more is recorded (the file keeps what was written before)", "err", err)
 	}
-	ccfg := correlate.Config{Probes: probes, MinGap: cfg.MinGap, NoGPUWindows: p.gpu == nil, Logger: pc.Logger}
-	if p.gpu != nil {
-		ccfg.HW = p.gpu.HWContext
-	}
-	if cfg.Record != "" {
-		f, err := safefile.CreateStream(cfg.Record)
-		if err != nil {
-			_ = p.tr.Close() // reporting the recording's error
-			p.closeGPU()
-			return nil, fmt.Errorf("recording: %w", err)
-		}
-		f.OnError = func(err error) {
-			log.Error("recording write failed; nothing more is recorded (the file keeps what was written before)", "err", err)
-		}
-		p.recFile = f
-		p.rec = correlate.NewRecorder(f, correlate.RecordHeader{Version: version, Probes: probes, MinGap: int64(cfg.MinGap), NoGPUWindows: p.gpu == nil})
-	}
-	// The exporter first, then the session (live view, gaps file).
-	sinks := correlate.Tee{exp, pc.Sink}
-	if p.auto != nil {
-		sinks = append(sinks, autoSink{p.auto})
-	}
-	p.eng = correlate.New(ccfg, withWorkload{sinks, p.work})
-	p.hangs = newHangWatch(cfg.HangAfter, tr, exp, pc.Hang, p.work, pc.Logger)
-	if cfg.Peers != "" {
-		secret, err := peers.LoadSecret(cfg.PeersSecret)
-		var x *peers.Exchange
-		if err == nil {
-			x, err = peers.Start(ctx, peers.Config{Addr: cfg.Peers, Job: job, ID: sidecarID(cfg.Rank), Secret: secret, Log: pc.Logger})
-		}
-		if err != nil {
-			_ = p.tr.Close() // reporting the exchange's error
-			p.closeGPU()
-			return nil, err
-		}
-		p.peers = x
-		p.eng.SetPeerOut(x.Send)
-	}
-	if p.auto != nil {
-		p.probesLive(true, autoOn.At)
-		log.Debug("auto: per-launch probes attached", "at", autoOn.At, "reason", "start")
-	}
-
-	var attached []string
-	for _, a := range tr.Stats().Attached {
-		attached = append(attached, a.Symbol)
-	}
-	log.Debug("probes attached", "count", len(attached))
-	return p, nil
+	rec := correlate.NewRecorder(f, h)
+	p.endRecording = func(now int64) error { return closeRecording(rec, f, path, now) }
+	return rec, nil
 }
 
 func (p *pipeline) closeGPU() {
@@ -400,11 +366,8 @@ func (p *pipeline) mapDevices() {
 			continue
 		}
 		p.devices[uint32(pid)] = devs[0]
-		p.eng.SetDevice(uint32(pid), devs[0])
+		p.in.SetDevice(uint32(pid), devs[0])
 		p.hangs.setDevice(uint32(pid), devs[0])
-		if p.rec != nil {
-			p.rec.SetDevice(uint32(pid), devs[0])
-		}
 		p.log.Debug("process uses GPU", "pid", pid, "device", devs[0])
 	}
 }
@@ -419,243 +382,6 @@ func (p *pipeline) named(pid uint32, comm string) {
 		comm = proc.Comm(int(pid), int(pid))
 	}
 	p.cfg.Named(pid, comm)
-}
-
-// event feeds one host event to the engine. A new or exec'd process's
-// workload is read while it lives: its last gaps are emitted after it exited.
-func (p *pipeline) event(ev *event.Event) {
-	switch {
-	case ev.Kind == event.KindFork && !ev.IsThread:
-		p.work.Of(ev.ChildPID)
-		p.named(ev.ChildPID, ev.TaskComm) // the fork record holds the child's comm
-	case ev.Kind == event.KindExec:
-		p.work.Forget(ev.PID)
-		p.work.Of(ev.PID)
-		p.named(ev.PID, ev.TaskComm)
-		delete(p.ranked, ev.PID)
-	case ev.Kind == event.KindExit && ev.TID == ev.PID:
-		delete(p.ranked, ev.PID)
-		p.hangs.exit(ev)
-	case ev.Kind == event.KindCommInit:
-		p.hangs.commInit(ev)
-	case ev.Kind == event.KindCollective:
-		p.hangs.collective(ev)
-		if p.ranked[ev.PID] {
-			break
-		}
-		// A communicator the engine did not see created is linked to
-		// the other ranks' by its collectives; the environment names the
-		// rank and the job's size.
-		p.ranked[ev.PID] = true
-		if rank, size, ok := p.work.RankOf(ev.PID); ok {
-			if p.rec != nil {
-				p.rec.SetRank(ev.PID, rank, size)
-			}
-			p.eng.SetRank(ev.PID, rank, size)
-		}
-	}
-	if p.rec != nil {
-		p.rec.Event(ev)
-	}
-	p.eng.Event(*ev)
-}
-
-// batch feeds a batch of the tracer's events to the engine and hands the
-// slice back for reuse.
-func (p *pipeline) batch(evs []event.Event) {
-	for i := range evs {
-		p.event(&evs[i])
-	}
-	p.tr.Recycle(evs)
-}
-
-// delivered is the latest time, at most now, before which the engine has
-// every traced event: the tracer's delivered bound, once the events it had
-// sent into p.events (sent before it set that bound) are taken. 0 while the
-// tracer has not yet caught up with its ring buffer.
-func (p *pipeline) delivered(now int64) int64 {
-	d := p.tr.Delivered()
-	for range len(p.events) {
-		p.batch(<-p.events)
-	}
-	at := engineClock(now, d)
-	if at != min(now, d) && !p.lagged {
-		p.lagged = true
-		p.log.Warn("the ring buffer reader has not caught up for "+maxReaderLag.String()+
-			"; the engine's clock trails the wall clock by that much, and later events count as late",
-			"delivered_ns", d)
-	}
-	return at
-}
-
-// maxReaderLag bounds how far the engine's clock trails the wall clock for
-// a reader that never finds the ring buffer empty (a probe firing faster
-// than it is read, or an attach that lands in a burst): the engine then
-// still emits steps and gaps, a window behind.
-const maxReaderLag = 2 * time.Second
-
-// engineClock is the engine's time at wall-clock now when the tracer has
-// delivered every event that ended before delivered (0: not yet known).
-func engineClock(now, delivered int64) int64 {
-	return min(now, max(delivered, now-int64(maxReaderLag)))
-}
-
-func (p *pipeline) Run(ctx context.Context) error {
-	trDone := make(chan error, 1)
-	go func() { trDone <- p.tr.RunBatches(ctx, p.events) }()
-	var gpuDone chan error
-	var changes <-chan gpusample.Finding
-	// GPU sampling outlives ctx by windowDrain, so that the windows
-	// covering the last steps still reach the engine.
-	gctx, gcancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer gcancel()
-	stopping, drained := ctx.Done(), (<-chan time.Time)(nil)
-	if p.gpu != nil {
-		gpuDone = make(chan error, 1)
-		go func() { gpuDone <- p.gpu.Run(gctx, p.windows) }()
-		changes = p.gpu.Changes()
-	} else {
-		gcancel()
-	}
-	var fromPeers <-chan peers.Batch
-	if p.peers != nil {
-		fromPeers = p.peers.Recv()
-	}
-	defer p.watchHangs(ctx)()
-	advance := time.NewTicker(advanceEvery)
-	defer advance.Stop()
-	lastSnap, lastDev := time.Time{}, time.Time{}
-	p.mapDevices()
-
-	var runErr error
-	for trDone != nil || gpuDone != nil {
-		select {
-		case evs := <-p.events:
-			p.batch(evs)
-		case w := <-p.windows:
-			p.window(w)
-		case <-stopping:
-			stopping, drained = nil, time.After(windowDrain)
-		case <-drained:
-			drained = nil
-			gcancel()
-		case f, ok := <-changes:
-			if !ok {
-				changes = nil
-				continue
-			}
-			lvl := slog.LevelInfo
-			if f.Level != gpusample.OK {
-				lvl = slog.LevelWarn
-			}
-			p.log.Log(ctx, lvl, "GPU health changed: "+f.Detail, "device", f.Device, "check", f.Check, "fix", f.Fix)
-		case tg := <-p.toggles:
-			p.toggled(tg)
-		case b, ok := <-fromPeers:
-			if !ok {
-				fromPeers = nil
-				continue
-			}
-			p.peerBatch(b)
-		case now := <-advance.C:
-			at := now.UnixNano()
-			if trDone != nil {
-				// While the tracer runs, the engine's clock is what it
-				// has delivered: on a busy host the reader lags the wall
-				// clock, and events behind the watermark come too late
-				// to move the queue model.
-				at = p.delivered(at)
-			}
-			if at > 0 {
-				if p.rec != nil {
-					p.rec.Advance(at)
-				}
-				p.eng.Advance(at)
-			}
-			p.autoTick(now)
-			if now.Sub(lastDev) >= deviceEvery {
-				lastDev = now
-				p.mapDevices()
-			}
-			if now.Sub(lastSnap) >= snapshotEvery {
-				lastSnap = now
-				st := p.tr.Stats()
-				p.exp.DroppedEvents(st.RingDrops)
-				p.exp.Events(st.EventsByKind)
-				p.exp.Losses(p.eng.Losses())
-				if p.cfg.Snapshot != nil {
-					sum := p.eng.Snapshot()
-					sum.DroppedEvents = st.RingDrops
-					p.cfg.Snapshot(sum)
-				}
-			}
-		case err := <-trDone:
-			trDone = nil
-			if err != nil {
-				p.log.Error("tracer stopped", "err", err)
-				runErr = errors.Join(runErr, err)
-			}
-		case err := <-gpuDone:
-			gpuDone = nil
-			if err != nil && ctx.Err() == nil {
-				// The GPU view is an accuracy aid, not a requirement:
-				// keep tracing with host evidence.
-				p.log.Warn("GPU sampling stopped; continuing with host evidence only", "err", err)
-			}
-		}
-	}
-	// Both producers have returned: what they queued is all there is.
-	for {
-		select {
-		case evs := <-p.events:
-			p.batch(evs)
-		case w := <-p.windows:
-			p.window(w)
-		default:
-			return runErr
-		}
-	}
-}
-
-// peerBatch hands another sidecar's records, or its leaving, to the engine.
-func (p *pipeline) peerBatch(b peers.Batch) {
-	p.hangs.peer(b)
-	if b.Left {
-		if p.rec != nil {
-			p.rec.PeerLeft(b.From)
-		}
-		p.eng.PeerLeft(b.From)
-		return
-	}
-	if p.rec != nil {
-		p.rec.Peer(b.From, b.Recs)
-	}
-	p.eng.Peer(b.From, b.Recs)
-}
-
-// sidecarID names this sidecar to the job's others: the host (a pod's
-// name), the rank where known, and the pid, which tells two sidecars of
-// one host apart.
-func sidecarID(rank int) string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "localhost"
-	}
-	if rank >= 0 {
-		return fmt.Sprintf("%s/rank%d/%d", host, rank, os.Getpid())
-	}
-	return fmt.Sprintf("%s/%d", host, os.Getpid())
-}
-
-func (p *pipeline) window(w event.GPUWindow) {
-	if p.rec != nil {
-		p.rec.Window(&w)
-	}
-	p.eng.Window(w)
-	p.hangs.window(&w)
-	if p.winOut != nil {
-		p.winOut.write(w)
-	}
 }
 
 func (p *pipeline) Stats() live.Stats {
@@ -680,141 +406,6 @@ func (p *pipeline) Stats() live.Stats {
 	}
 	return s
 }
-
-// peersLine is the live view's line about the peer exchange.
-func peersLine(addr string, st peers.Stats) string {
-	others := func(n int) string {
-		if n == 1 {
-			return "1 other sidecar"
-		}
-		return fmt.Sprintf("%d other sidecars", n)
-	}
-	var s string
-	switch st.Role {
-	case "hub":
-		s = "serving " + addr + ", " + others(st.Peers)
-	case "member":
-		s = fmt.Sprintf("joined %s, %s, clock offset %s", addr, others(st.Peers), time.Duration(st.OffsetNS).Round(time.Microsecond))
-	default:
-		s = "connecting to " + addr
-	}
-	if st.Dropped > 0 {
-		s += fmt.Sprintf(", %d records dropped", st.Dropped)
-	}
-	if st.Rejected > 0 {
-		s += fmt.Sprintf(", %d records rejected", st.Rejected)
-	}
-	return s
-}
-
-// Close finishes correlation and flushes the exporter within ctx, then
-// detaches every probe. Detaching has no deadline: it must complete, or
-// probes of ours would outlive the session.
-func (p *pipeline) Close(ctx context.Context, detachBy time.Time) (correlate.Summary, error) {
-	st := p.tr.Stats()
-	var errs []error
-	t0 := time.Now()
-	now := time.Now().UnixNano()
-	sum := p.eng.Close(now)
-	if p.peers != nil {
-		st := p.peers.Stats()
-		p.log.Info("peer exchange", "role", st.Role, "peers", st.Peers, "sent", st.Sent, "received", st.Received,
-			"dropped", st.Dropped, "rejected", st.Rejected, "clock_offset_us", st.OffsetNS/1000)
-		if err := p.peers.Close(); err != nil {
-			p.log.Warn("close the peer exchange", "err", err)
-		}
-	}
-	if p.rec != nil {
-		err := p.rec.Close(now)
-		var we *safefile.WriteError
-		if ferr := p.recFile.Close(); ferr != nil {
-			err = ferr // what the recorder met writing, said once
-		} else if err != nil && !errors.As(err, &we) {
-			err = &safefile.WriteError{Path: p.cfg.Config.Record, Err: err}
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("recording: %w", err))
-		}
-	}
-	if sum.Probes == "" {
-		sum.Probes = p.cfg.Config.Probes
-	}
-	if p.auto != nil {
-		c := p.autoCost
-		share := 0.0
-		if sum.WallNS > 0 {
-			share = float64(sum.ProbesFullNS) / float64(sum.WallNS)
-		}
-		p.log.Info("auto: per-launch probe windows", "windows", c.attaches+1, "full_share", fmt.Sprintf("%.3f", share),
-			"attach_mean", meanDur(c.attach, c.attaches), "detach_mean", meanDur(c.detach, c.detaches))
-	}
-	sum.DroppedEvents = max(sum.DroppedEvents, st.RingDrops)
-	p.exp.Summary(sum, sum.DroppedEvents)
-	// The engine has emitted everything: flushing the exporter and
-	// detaching the probes (which can take seconds on a busy kernel) run
-	// side by side, so the exit waits for the longer one, not the sum.
-	flushed := make(chan error, 1)
-	go func() { flushed <- p.exp.Shutdown(ctx) }()
-	p.log.Info("detaching probes")
-	detached := make(chan error, 1)
-	go func() {
-		err := p.tr.Close()
-		time.Sleep(p.detachDelay)
-		detached <- err
-	}()
-	if err := awaitDetach(detached, detachBy, p.log); err != nil {
-		errs = append(errs, fmt.Errorf("detach probes: %w", err))
-	}
-	t1 := time.Now()
-	if err := <-flushed; err != nil {
-		errs = append(errs, fmt.Errorf("flush exporter: %w", err))
-	}
-	if es := p.exp.Stats(); es.SpansDropped > 0 || es.GapsDropped > 0 {
-		p.log.Warn("exporter dropped data", "spans_dropped", es.SpansDropped, "gaps_dropped", es.GapsDropped, "export_errors", es.ExportErrors)
-	}
-	t2 := time.Now()
-	p.closeGPU()
-	if p.winOut != nil {
-		if err := p.winOut.close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	p.log.Debug("pipeline closed", "detach", t1.Sub(t0), "flush", t2.Sub(t0))
-	return sum, errors.Join(errs...)
-}
-
-// awaitDetach waits for the detach to report on done, or until by (zero:
-// for as long as it takes). Past by the detach goes on in the background:
-// every probe is a file descriptor of gaptrace's, so whatever it has not
-// closed when gaptrace exits the kernel detaches then, and nothing stays
-// attached once the process is gone (cli.DetachTimeout).
-func awaitDetach(done <-chan error, by time.Time, log *slog.Logger) error {
-	if by.IsZero() {
-		return <-done
-	}
-	select {
-	case err := <-done:
-		return err
-	default:
-	}
-	timer := time.NewTimer(time.Until(by))
-	defer timer.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-timer.C:
-		// Nothing is wrong: closing the probes' descriptors at exit ends
-		// the detach, on a loaded host most runs get here.
-		log.Debug("probes still detaching at the deadline; not waiting longer: the kernel detaches the rest when gaptrace exits",
-			"deadline", cli.DetachTimeout.String()+" after tracing stopped")
-		return nil
-	}
-}
-
-// detachDelayEnv, not an option, makes the probe detach at exit end a
-// duration late (its closes done, the end not yet reported), for testing
-// that gaptrace exits on time when detaching is slow.
-const detachDelayEnv = "GAPTRACE_TEST_DETACH_DELAY"
 
 // inspectGPU is check's view of NVML.
 func inspectGPU(_ context.Context, libPath string) cli.GPUReport {

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -69,19 +68,9 @@ func diffCmd(args []string, deps Deps) int {
 		fmt.Fprint(fs.Output(), diffUsage)
 		fs.PrintDefaults()
 	}
-	var files []string
-	for rest := args; ; {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return ExitOK
-			}
-			return ExitUsage
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		files = append(files, fs.Arg(0))
-		rest = fs.Args()[1:]
+	files, code, ok := parseInterspersed(fs, args)
+	if !ok {
+		return code
 	}
 	var problems []string
 	if len(files) != 2 {

@@ -42,20 +42,9 @@ func replayCmd(args []string, deps Deps) int {
 		fmt.Fprint(fs.Output(), replayUsage)
 		fs.PrintDefaults()
 	}
-	// Flags may follow the file name.
-	var files []string
-	for rest := args; ; {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return ExitOK
-			}
-			return ExitUsage
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		files = append(files, fs.Arg(0))
-		rest = fs.Args()[1:]
+	files, code, ok := parseInterspersed(fs, args)
+	if !ok {
+		return code
 	}
 	var problems []string
 	if len(files) != 1 {
@@ -164,4 +153,24 @@ func recordingRead(deps Deps, file string, rd *correlate.RecordingReader, calls 
 			file, n, correlate.MaxRecordingLine>>20)
 	}
 	return 0, true
+}
+
+// parseInterspersed parses args with fs where flags may follow the
+// positional arguments (gaptrace replay FILE --gaps-out X), and returns
+// those arguments in order. When parsing stops (--help, a bad flag), ok
+// is false and code is the exit status to return.
+func parseInterspersed(fs *flag.FlagSet, args []string) (files []string, code int, ok bool) {
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, ExitOK, false
+			}
+			return nil, ExitUsage, false
+		}
+		if fs.NArg() == 0 {
+			return files, 0, true
+		}
+		files = append(files, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
 }

@@ -60,28 +60,6 @@ type Jaeger struct {
 	stopOnce sync.Once
 }
 
-// freePorts reserves n distinct loopback ports by binding them at once and
-// releasing them just before Jaeger binds them; another process could take
-// one in between, which Start reports as a start failure with the logs.
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("reserve a loopback port: %w", err)
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
 // Start runs Jaeger and waits until it is healthy and its query API answers.
 func Start(t testing.TB) *Jaeger {
 	t.Helper()
@@ -94,7 +72,7 @@ func Start(t testing.TB) *Jaeger {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ports, err := freePorts(5)
+	ports, err := testutil.FreePorts(5)
 	if err != nil {
 		t.Fatal(err)
 	}

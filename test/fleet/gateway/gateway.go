@@ -79,25 +79,6 @@ type Gateway struct {
 	stopOnce sync.Once
 }
 
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("reserve a loopback port: %w", err)
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
 // Start runs the gateway on fresh loopback ports and waits, up to
 // timeout, until its receivers accept and both metrics endpoints answer.
 func Start(bin string, o Options, timeout time.Duration) (*Gateway, error) {
@@ -105,7 +86,7 @@ func Start(bin string, o Options, timeout time.Duration) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(4)
+	ports, err := testutil.FreePorts(4)
 	if err != nil {
 		return nil, err
 	}

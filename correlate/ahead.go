@@ -43,7 +43,7 @@ func (p *proc) onBlocking(th *attribute.Thread, ev *event.Event) {
 	if !p.everEnq || !p.feeders.has(th.TID) {
 		return
 	}
-	if p.gap != nil || p.allDrained() || ev.Start < p.lastEnq {
+	if p.gap != nil || p.q.AllDrained() || ev.Start < p.q.LastEnqueue() {
 		return
 	}
 	if p.aheadStart == 0 || ev.Start < p.aheadStart {
@@ -58,8 +58,8 @@ func (p *proc) onBlocking(th *attribute.Thread, ev *event.Event) {
 func (p *proc) endAhead(set settings, hi int64, ok, needDrain bool) {
 	if p.aheadStart != 0 && ok && hi > p.aheadStart && p.aheadBlocked >= set.minGap {
 		c := aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: hi}
-		if p.drains.n >= minHistory && p.lastEnq > 0 {
-			c.drain = p.lastEnq + p.drains.recentMedian(drainRecent)
+		if p.drains.n >= minHistory && p.q.LastEnqueue() > 0 {
+			c.drain = p.q.LastEnqueue() + p.drains.recentMedian(drainRecent)
 		}
 		if c.drain > 0 || !needDrain {
 			p.cands = append(p.cands, c)

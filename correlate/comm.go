@@ -57,8 +57,8 @@ func (p *proc) checkStall(x env, th *attribute.Thread, ev *event.Event, coll *Co
 	// one such step would lower the baseline and make every ordinary step
 	// after it look late by that delay.
 	run := ev.Duration()
-	if p.lastEnq > 0 && p.lastEnq <= ev.Start {
-		run = ev.End - p.lastEnq
+	if p.q.LastEnqueue() > 0 && p.q.LastEnqueue() <= ev.Start {
+		run = ev.End - p.q.LastEnqueue()
 	}
 	slot := p.st.slot()
 	var r *waitRing

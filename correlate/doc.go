@@ -263,6 +263,9 @@
 //     functions over values the caller owns.
 //   - correlate/reorder: the reorder buffer, a type that owns its events
 //     and knows nothing of what they mean.
+//   - correlate/queue: the GPU queue model (Streams): per stream, work
+//     enqueued since the last drain; a type that owns its state and
+//     decides no gap.
 //   - correlate/attribute: why the host left the GPU idle over an
 //     interval. Thread owns its activity timeline; an Attribution reads
 //     the timelines and the world (attribute.World, which correlate's
@@ -291,8 +294,9 @@
 //	              attribution reads (attribute.World)
 //	proc.go       proc: one process's state, its outbox, what it must keep,
 //	              closing at exit; waitRing statistics
-//	queue.go      per-stream queue model: enqueues, syncs and synchronous
-//	              copies drain streams, open and close host-bounded gaps
+//	queue.go      the queue model's events: enqueues fill the streams
+//	              (queue.Streams), syncs and synchronous copies drain them;
+//	              open and close host-bounded gaps
 //	              (lite: where the gap most likely ended, what a feeder
 //	              that could not run cost)
 //	quiet.go      a queue that drains after a thread's small trailing
@@ -343,6 +347,7 @@
 //	stepclock/    Detect, DetectPeriod and the types they compare
 //	interval/     sorted disjoint interval lists (Span, Add, Overlap)
 //	reorder/      Queue: events held until the watermark, end order
+//	queue/        Streams: per-stream pending work and drains
 //	attribute/    Thread (activity timelines), causes, Attribution and its
 //	              Result (cause, breakdown, evidence), stacks
 //

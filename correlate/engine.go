@@ -326,7 +326,7 @@ func (e *Engine) process(ev *event.Event) {
 		var coll *CollectiveEvidence
 		var ref collRef
 		if ev.Kind == event.KindCollective {
-			coll, ref = e.collEvidence(ev), e.issueColl(ev, p.workSince(ev.Start))
+			coll, ref = e.collEvidence(ev), e.issueColl(ev, p.q.WorkSince(ev.Start))
 		}
 		p.onEnqueue(e.env(p), th, ev, coll, ref)
 	case event.KindSync:

@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/gaptrace/gaptrace/correlate/attribute"
+	"github.com/gaptrace/gaptrace/correlate/queue"
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -98,11 +99,12 @@ type proc struct {
 	tids    map[uint32]struct{}
 	feeders tidSet
 
-	streams map[uint64]*stream
+	// q is the GPU queue model: per stream, work enqueued since it was
+	// last drained (queue.Streams).
+	q       queue.Streams[queuedColl]
 	everEnq bool
 	gap     *openGap
 	hold    *heldCopies // async copies issued into gap, undecided (episode.go)
-	lastEnq int64
 
 	aheadStart int64
 	aheadTID   uint32
@@ -188,13 +190,12 @@ func (p *proc) settled() bool {
 
 func newProc(pid uint32, dev int, t int64) *proc {
 	return &proc{
-		pid:     pid,
-		dev:     dev,
-		first:   t,
-		tids:    map[uint32]struct{}{},
-		streams: map[uint64]*stream{},
-		base:    map[baseKey]*waitRing{},
-		st:      stepper{pid: pid, next: 1},
+		pid:   pid,
+		dev:   dev,
+		first: t,
+		tids:  map[uint32]struct{}{},
+		base:  map[baseKey]*waitRing{},
+		st:    stepper{pid: pid, next: 1},
 	}
 }
 

@@ -7,12 +7,11 @@ import (
 	"github.com/gaptrace/gaptrace/event"
 )
 
-// stream is the queue model of one CUDA stream of a process.
-type stream struct {
-	pending int64 // first enqueue since the stream was last drained; 0 when drained
-	lastEnq int64
-	coll    *CollectiveEvidence // last collective enqueued since the drain
-	ref     collRef             // and its place in its communicator's sequence
+// queuedColl is what the queue model keeps of a collective it holds: its
+// evidence and its place in its communicator's sequence.
+type queuedColl struct {
+	ev  *CollectiveEvidence
+	ref collRef
 }
 
 // openGap is a drained queue waiting for its next enqueue.
@@ -27,36 +26,6 @@ type openGap struct {
 	quiet bool
 }
 
-func (p *proc) stream(id uint64) *stream {
-	s := p.streams[id]
-	if s == nil {
-		s = &stream{}
-		p.streams[id] = s
-	}
-	return s
-}
-
-func (p *proc) allDrained() bool {
-	for _, s := range p.streams {
-		if s.pending != 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// workSince is when the GPU work queued now began: the first enqueue since
-// its stream drained, earliest over the streams with work pending; t when
-// none has any (work enqueued at t begins it).
-func (p *proc) workSince(t int64) int64 {
-	for _, s := range p.streams {
-		if s.pending != 0 && s.pending < t {
-			t = s.pending
-		}
-	}
-	return t
-}
-
 func (p *proc) startGPU(t int64) {
 	if !p.everEnq {
 		p.everEnq = true
@@ -68,7 +37,7 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 	p.shadowLead(x, ev)
 	p.feeders.add(th.TID)
 	t := ev.Start
-	wasDrained := p.allDrained()
+	wasDrained := p.q.AllDrained()
 	launchesBefore := p.launches + p.colls
 	switch ev.Kind {
 	case event.KindEnqueue:
@@ -103,66 +72,21 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 		p.closer = nil
 	}
 	p.endAhead(x.set, t, true, false)
-	s := p.stream(ev.Stream)
-	if s.pending == 0 {
-		s.pending = t
-	}
-	s.lastEnq = t
+	p.q.Enqueue(ev.Stream, t)
 	th.LastStream, th.Enqueued = ev.Stream, true
 	if ev.Kind == event.KindCollective {
-		s.coll, s.ref = coll, ref
-	}
-	if t > p.lastEnq {
-		p.lastEnq = t
+		p.q.Collective(ev.Stream, queuedColl{coll, ref}, ref.at)
 	}
 	p.noteBurst(th, ev, wasDrained)
 	p.startGPU(t)
 }
 
-// drainStreams marks the streams a sync covers as drained and returns the
-// collective their pending work held, if any (the last one enqueued: it
-// completes last). Work enqueued after the sync
-// began is not covered. A stream sync also covers other streams whose last
-// work predates the synced stream's last work: training loops hand side
-// streams' results (batch copies) to the main stream through events, which
-// are not traced, so that work is done when the main stream is.
-//
-// An event sync names no stream (cuEventRecord is not probed: PyTorch
-// records events around every cross-stream free and collective). The
-// event is most often recorded right after the work it marks, on the
-// stream the thread last queued to (end.record(); end.synchronize(),
-// a loss copied and its event recorded): the sync covers that stream. A
-// guess wrong the other way (an event of a stream with less work) opens
-// a gap the next sync that still waits rejects.
+// drainStreams marks the streams the sync ev of th covers as drained
+// (queue.Streams.Drain: an event sync covers the stream th last queued
+// to) and returns the collective their pending work held, if any.
 func (p *proc) drainStreams(th *attribute.Thread, ev *event.Event) (*CollectiveEvidence, collRef) {
-	// The legacy default stream (0) is not special here: frameworks create
-	// their side streams non-blocking, so syncing stream 0 does not wait
-	// for them; the rule below covers their earlier work.
-	all := ev.CUDA == event.CUCtxSynchronize || ev.Kind == event.KindFree
-	synced := ev.Stream
-	if ev.CUDA == event.CUEventSynchronize && th.Enqueued {
-		synced = th.LastStream
-	}
-	var ref int64
-	if !all {
-		if s := p.streams[synced]; s != nil {
-			ref = s.lastEnq
-		}
-	}
-	var coll *CollectiveEvidence
-	var cref collRef
-	for id, s := range p.streams {
-		if s.pending == 0 || s.lastEnq > ev.Start {
-			continue
-		}
-		if all || id == synced || s.lastEnq <= ref {
-			if s.coll != nil && (coll == nil || s.ref.at >= cref.at) {
-				coll, cref = s.coll, s.ref
-			}
-			s.pending, s.coll, s.ref = 0, nil, collRef{}
-		}
-	}
-	return coll, cref
+	c, _ := p.q.Drain(ev, th.LastStream, th.Enqueued)
+	return c.ev, c.ref
 }
 
 func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
@@ -200,7 +124,7 @@ func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 	// Preemptions before this sync, the gap it closed included: its wait
 	// says what their queue held.
 	p.settlePreempted(th.TID, ev.Start, wait)
-	pendingBefore := !p.allDrained()
+	pendingBefore := !p.q.AllDrained()
 	coll, cref := p.drainStreams(th, ev)
 	if cref.c != nil {
 		cref.c.complete(cref.seq, ev.End, ev.Start)
@@ -209,8 +133,8 @@ func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 		p.checkStall(x, th, ev, coll, cref)
 		d := x.d
 		d.busy = interval.Add(d.busy, interval.Span{A: ev.Start, B: ev.End})
-		if p.lastEnq > 0 && p.lastEnq <= ev.Start {
-			p.drains.push(ev.End - p.lastEnq)
+		if p.q.LastEnqueue() > 0 && p.q.LastEnqueue() <= ev.Start {
+			p.drains.push(ev.End - p.q.LastEnqueue())
 		}
 	}
 	// A sync that returned at once found the queue empty: the GPU idled
@@ -228,7 +152,7 @@ func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 	}
 	p.patternSync(x, ev)
 	p.visSinceSync, p.lastSyncEnd = 0, ev.End
-	if p.gap == nil && p.allDrained() {
+	if p.gap == nil && p.q.AllDrained() {
 		p.gap = &openGap{start: ev.End, tid: th.TID, exact: waited, open: ev}
 	}
 }
@@ -247,7 +171,7 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 			p.resolveHeld(x, false)
 		}
 	}
-	if !p.everEnq || p.allDrained() {
+	if !p.everEnq || p.q.AllDrained() {
 		p.onBlocking(th, ev)
 		if p.everEnq && ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
 			// A read of device data (the loss) is a sync to the step
@@ -267,7 +191,7 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
 		p.patternSync(x, ev)
 	}
-	if p.gap == nil && p.allDrained() {
+	if p.gap == nil && p.q.AllDrained() {
 		p.gap = &openGap{start: ev.End, tid: th.TID, exact: true, open: ev}
 	}
 }

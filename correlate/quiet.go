@@ -104,7 +104,7 @@ func (b burst) launchesBefore(ev *event.Event) uint64 {
 // event of th) shows th stopped launching long enough before it.
 func (p *proc) quietDrain(x env, th *attribute.Thread, ev *event.Event) {
 	b := p.burst
-	if !b.ok || b.tid != th.TID || ev.LastLaunch == 0 || p.gap != nil || p.hold != nil || p.allDrained() {
+	if !b.ok || b.tid != th.TID || ev.LastLaunch == 0 || p.gap != nil || p.hold != nil || p.q.AllDrained() {
 		// LastLaunch is 0 where launches are not probed (lite) or before
 		// the thread's first launch.
 		return
@@ -119,7 +119,7 @@ func (p *proc) quietDrain(x env, th *attribute.Thread, ev *event.Event) {
 	default:
 		return
 	}
-	if x.liteOver(b.start, ev.Start) || p.lastEnq > max(b.start, ev.LastLaunch) {
+	if x.liteOver(b.start, ev.Start) || p.q.LastEnqueue() > max(b.start, ev.LastLaunch) {
 		return
 	}
 	// A trailing burst is a small part of what the loop launches between
@@ -137,9 +137,7 @@ func (p *proc) quietDrain(x env, th *attribute.Thread, ev *event.Event) {
 	if ev.Start-drained < x.set.minGap {
 		return
 	}
-	for _, s := range p.streams {
-		s.pending, s.coll, s.ref = 0, nil, collRef{}
-	}
+	p.q.DrainAll()
 	p.burst.ok = false
 	p.aheadStart, p.aheadBlocked = 0, 0
 	p.gap = &openGap{start: drained, tid: th.TID, quiet: true}

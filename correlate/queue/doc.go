@@ -1,0 +1,22 @@
+// Package queue holds the GPU queue model of a process: per CUDA stream,
+// whether work was enqueued since the stream was last known drained
+// (Streams). Enqueues (launches, async copies, memsets, collectives) fill
+// a stream; a synchronisation drains the streams it covers (Drain: a
+// context sync or a free all of them, a stream sync its stream and the
+// side streams' older work, an event sync the stream its thread last
+// queued to). When every stream is drained the GPU has nothing to do: the
+// engine opens a gap there.
+//
+// # Rule
+//
+// A type that owns its state and decides only what the queue holds: no
+// engine state, no gaps, no attribution. The caller says what happened
+// (an enqueue at t, a sync) and asks what is pending; what it keeps of a
+// collective is its own (the type parameter). The package imports only
+// event and the standard library, never correlate.
+//
+// # Files
+//
+//	streams.go  Streams: per-stream pending work, drains, the collective
+//	            a drain completes
+package queue

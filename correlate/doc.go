@@ -263,9 +263,9 @@
 //     functions over values the caller owns.
 //   - correlate/reorder: the reorder buffer, a type that owns its events
 //     and knows nothing of what they mean.
-//   - correlate/queue: the GPU queue model (Streams): per stream, work
-//     enqueued since the last drain; a type that owns its state and
-//     decides no gap.
+//   - correlate/queue: the GPU queue model (Streams: per stream, work
+//     enqueued since the last drain; Burst; FirstOps): types that own
+//     their state and decide no gap.
 //   - correlate/attribute: why the host left the GPU idle over an
 //     interval. Thread owns its activity timeline; an Attribution reads
 //     the timelines and the world (attribute.World, which correlate's
@@ -301,8 +301,6 @@
 //	              that could not run cost)
 //	quiet.go      a queue that drains after a thread's small trailing
 //	              burst, with no sync to show it (full probes)
-//	firstop.go    which operation is the first GPU work after a sync, so
-//	              that lite ends a gap there as full would
 //	episode.go    copies issued into a gap: pageable copies that end it at
 //	              their return, host operations whose copies and syncs stay
 //	              inside it, and their labels
@@ -347,7 +345,9 @@
 //	stepclock/    Detect, DetectPeriod and the types they compare
 //	interval/     sorted disjoint interval lists (Span, Add, Overlap)
 //	reorder/      Queue: events held until the watermark, end order
-//	queue/        Streams: per-stream pending work and drains
+//	queue/        Streams: per-stream pending work and drains; Burst, a
+//	              thread's trailing work; FirstOps, which operation is the
+//	              first GPU work after a sync (lite ends a gap there)
 //	attribute/    Thread (activity timelines), causes, Attribution and its
 //	              Result (cause, breakdown, evidence), stacks
 //

@@ -6,7 +6,6 @@ import (
 
 	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/queue"
-	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -124,7 +123,7 @@ type proc struct {
 	shadow leadShadow // auto: leads as lite would see them, during windows
 	// burst is one thread's launches since the queue was last empty, and
 	// busyPerLaunch the recent steps' GPU time per launch (quiet.go).
-	burst         burst
+	burst         queue.Burst
 	busyPerLaunch waitRing
 	// syncLaunches: launches between recent syncs that had any.
 	syncLaunches waitRing
@@ -133,17 +132,13 @@ type proc struct {
 	held         []Gap
 
 	launches, copies, colls uint64
-	// firstOps: what follows a sync (firstop.go); visSinceSync counts the
-	// enqueues lite sees since the last sync, which returned at
-	// lastSyncEnd; closer is the enqueue closing the gap, when it is the
-	// first such and known quiet.
-	firstOps     map[stepclock.Key]*quietCount
-	visSinceSync int
-	lastSyncEnd  int64
-	closer       *event.Event
-	launchRec    []tcount // flushed launch counts, by time
-	recFrom      int64    // start of the interval of launchRec[0]
-	base         map[baseKey]*waitRing
+	// firstOps: what follows a sync (queue.FirstOps); closer is the
+	// enqueue closing the gap, when it is the first such and known quiet.
+	firstOps  queue.FirstOps
+	closer    *event.Event
+	launchRec []tcount // flushed launch counts, by time
+	recFrom   int64    // start of the interval of launchRec[0]
+	base      map[baseKey]*waitRing
 
 	st stepper
 

@@ -63,9 +63,9 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 	if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
 		p.resolveHeld(x, false)
 	}
-	first := p.learnFirstOp(x, ev, launchesBefore)
+	first := p.firstOps.Learn(ev, launchesBefore, x.set.launchesSeen)
 	if p.gap != nil {
-		if first && p.gap.start == p.lastSyncEnd && p.quietFirst(ev) {
+		if first && p.gap.start == p.firstOps.SyncEnd() && p.firstOps.Quiet(ev) {
 			p.closer = ev
 		}
 		p.closeGap(x, th, t)
@@ -77,7 +77,7 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 	if ev.Kind == event.KindCollective {
 		p.q.Collective(ev.Stream, queuedColl{coll, ref}, ref.at)
 	}
-	p.noteBurst(th, ev, wasDrained)
+	p.burst.Note(th.TID, ev, wasDrained)
 	p.startGPU(t)
 }
 
@@ -151,7 +151,7 @@ func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 		p.endAhead(x.set, ev.Start, false, false)
 	}
 	p.patternSync(x, ev)
-	p.visSinceSync, p.lastSyncEnd = 0, ev.End
+	p.firstOps.Sync(ev.End)
 	if p.gap == nil && p.q.AllDrained() {
 		p.gap = &openGap{start: ev.End, tid: th.TID, exact: waited, open: ev}
 	}

@@ -53,58 +53,11 @@ const (
 	burstCopyBps = 10e9
 )
 
-// burst is the work one thread enqueued since the queue was last empty,
-// while nothing else was enqueued: ok is false once anything else was.
-type burst struct {
-	tid      uint32
-	start    int64
-	launches uint64 // flushed by the burst's events
-	bytes    uint64 // copied and set by it
-	ok       bool
-}
-
-// noteBurst keeps the burst state current at an enqueue; wasDrained says
-// whether the queue was empty before it.
-func (p *proc) noteBurst(th *attribute.Thread, ev *event.Event, wasDrained bool) {
-	work := ev.Kind == event.KindMemcpyAsync || ev.Kind == event.KindMemset ||
-		ev.Kind == event.KindEnqueue && ev.CUDA != event.CUGraphLaunch
-	switch {
-	case !work:
-		// A collective or a graph replay: work whose length the host
-		// does not know.
-		p.burst.ok = false
-	case wasDrained:
-		p.burst = burst{tid: th.TID, start: ev.Start, ok: true}
-	case th.TID != p.burst.tid:
-		p.burst.ok = false
-	}
-	if p.burst.ok && p.burst.tid == th.TID {
-		if ev.Kind == event.KindEnqueue {
-			p.burst.launches += ev.Count
-		} else {
-			p.burst.bytes += ev.Bytes
-		}
-	}
-}
-
-// launchesBefore is how many launches the burst held before ev, the
-// thread's next CUDA event.
-func (b burst) launchesBefore(ev *event.Event) uint64 {
-	switch ev.Kind {
-	case event.KindEnqueue:
-		// Its count is the launches since the last flush and its own.
-		return b.launches + max(ev.Count, 1) - 1
-	case event.KindSync:
-		return b.launches + ev.Count
-	}
-	return b.launches + ev.Pending
-}
-
 // quietDrain opens the gap a trailing burst's drain began, when ev (a CUDA
 // event of th) shows th stopped launching long enough before it.
 func (p *proc) quietDrain(x env, th *attribute.Thread, ev *event.Event) {
-	b := p.burst
-	if !b.ok || b.tid != th.TID || ev.LastLaunch == 0 || p.gap != nil || p.hold != nil || p.q.AllDrained() {
+	start, bytes, ok := p.burst.Of(th.TID)
+	if !ok || ev.LastLaunch == 0 || p.gap != nil || p.hold != nil || p.q.AllDrained() {
 		// LastLaunch is 0 where launches are not probed (lite) or before
 		// the thread's first launch.
 		return
@@ -119,26 +72,26 @@ func (p *proc) quietDrain(x env, th *attribute.Thread, ev *event.Event) {
 	default:
 		return
 	}
-	if x.liteOver(b.start, ev.Start) || p.q.LastEnqueue() > max(b.start, ev.LastLaunch) {
+	if x.liteOver(start, ev.Start) || p.q.LastEnqueue() > max(start, ev.LastLaunch) {
 		return
 	}
 	// A trailing burst is a small part of what the loop launches between
 	// its syncs; a step's worth of launches is the CPU running ahead, whose
 	// queued work the windows judge (ahead.go).
-	n := b.launchesBefore(ev)
+	n := p.burst.LaunchesBefore(ev)
 	if n > quietBurstMax || p.syncLaunches.n < minHistory || int64(n)*quietShare > p.syncLaunches.high(waitRecent) {
 		return
 	}
 	per := p.perLaunch()
-	drained := b.start + int64(n)*per + int64(float64(b.bytes)/burstCopyBps*1e9)
-	if ev.LastLaunch >= b.start {
+	drained := start + int64(n)*per + int64(float64(bytes)/burstCopyBps*1e9)
+	if ev.LastLaunch >= start {
 		drained = max(drained, ev.LastLaunch+per)
 	}
 	if ev.Start-drained < x.set.minGap {
 		return
 	}
 	p.q.DrainAll()
-	p.burst.ok = false
+	p.burst.End()
 	p.aheadStart, p.aheadBlocked = 0, 0
 	p.gap = &openGap{start: drained, tid: th.TID, quiet: true}
 }

@@ -5,7 +5,10 @@
 // context sync or a free all of them, a stream sync its stream and the
 // side streams' older work, an event sync the stream its thread last
 // queued to). When every stream is drained the GPU has nothing to do: the
-// engine opens a gap there.
+// engine opens a gap there. Burst is one thread's work since the queue
+// was last empty (a trailing burst whose drain no sync shows), and
+// FirstOps learns which operations lite sees are the first GPU work after
+// a sync, so that a gap lite sees can end there as full's would.
 //
 // # Rule
 //
@@ -13,10 +16,14 @@
 // engine state, no gaps, no attribution. The caller says what happened
 // (an enqueue at t, a sync) and asks what is pending; what it keeps of a
 // collective is its own (the type parameter). The package imports only
-// event and the standard library, never correlate.
+// event, correlate/stepclock (the operation keys) and the standard
+// library, never correlate.
 //
 // # Files
 //
 //	streams.go  Streams: per-stream pending work, drains, the collective
 //	            a drain completes
+//	burst.go    Burst: one thread's trailing work since the queue was empty
+//	firstop.go  FirstOps: which operation is the first GPU work after a
+//	            sync
 package queue

@@ -1,4 +1,4 @@
-package correlate
+package queue
 
 import (
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
@@ -14,6 +14,16 @@ import (
 // Where launches are seen (full, and auto's windows) the engine learns,
 // per operation, whether it is the first GPU work after a sync; auto's
 // lite stretches then end such a gap at that operation, as full would.
+
+// FirstOps learns which operations lite sees are the first GPU work after
+// a sync. The zero value has learnt nothing and seen no sync.
+type FirstOps struct {
+	ops map[stepclock.Key]*quietCount
+	// sinceSync counts the enqueues lite sees since the last sync, which
+	// returned at syncEnd.
+	sinceSync int
+	syncEnd   int64
+}
 
 const (
 	// firstOpMin observations at least, with at most one in
@@ -39,29 +49,38 @@ func liteVisible(ev *event.Event) bool {
 
 type quietCount struct{ quiet, loud int }
 
-// learnFirstOp records, for an enqueue that lite sees and that is the
-// first such since the last sync, whether kernels were launched before it
-// where launches are seen. It reports whether ev is that first operation.
-func (p *proc) learnFirstOp(x env, ev *event.Event, launchesBefore uint64) bool {
+// Sync notes a sync that returned at end: the next operation lite sees is
+// the first after it.
+func (f *FirstOps) Sync(end int64) { f.sinceSync, f.syncEnd = 0, end }
+
+// SyncEnd is when the last sync returned, 0 before the first.
+func (f *FirstOps) SyncEnd() int64 { return f.syncEnd }
+
+// Learn records, for an enqueue that lite sees and that is the first such
+// since the last sync, whether kernels were launched before it
+// (launchesBefore of them) where launches are seen over the time from the
+// sync's return to it (launchesSeen). It reports whether ev is that first
+// operation.
+func (f *FirstOps) Learn(ev *event.Event, launchesBefore uint64, launchesSeen func(from, to int64) bool) bool {
 	if !liteVisible(ev) {
 		return false
 	}
-	first := p.visSinceSync == 0 && p.lastSyncEnd > 0
-	p.visSinceSync++
-	if !first || !x.set.launchesSeen(p.lastSyncEnd, ev.Start) {
+	first := f.sinceSync == 0 && f.syncEnd > 0
+	f.sinceSync++
+	if !first || !launchesSeen(f.syncEnd, ev.Start) {
 		return first
 	}
-	if p.firstOps == nil {
-		p.firstOps = map[stepclock.Key]*quietCount{}
+	if f.ops == nil {
+		f.ops = map[stepclock.Key]*quietCount{}
 	}
 	k := firstOpKey(ev)
-	q := p.firstOps[k]
+	q := f.ops[k]
 	if q == nil {
-		if len(p.firstOps) >= stepclock.MaxKeys*4 {
+		if len(f.ops) >= stepclock.MaxKeys*4 {
 			return first // a loop has few; a flood of sizes learns nothing
 		}
 		q = &quietCount{}
-		p.firstOps[k] = q
+		f.ops[k] = q
 	}
 	if launchesBefore == 0 {
 		q.quiet++
@@ -74,9 +93,9 @@ func (p *proc) learnFirstOp(x env, ev *event.Event, launchesBefore uint64) bool 
 	return first
 }
 
-// quietFirst says whether ev, the first operation lite sees after a sync,
-// is known to follow no launch since it: the GPU idled until it.
-func (p *proc) quietFirst(ev *event.Event) bool {
-	q := p.firstOps[firstOpKey(ev)]
+// Quiet says whether ev, the first operation lite sees after a sync, is
+// known to follow no launch since it: the GPU idled until it.
+func (f *FirstOps) Quiet(ev *event.Event) bool {
+	q := f.ops[firstOpKey(ev)]
 	return q != nil && q.quiet >= firstOpMin && q.loud*firstOpLoudRatio <= q.quiet
 }

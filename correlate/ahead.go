@@ -46,18 +46,15 @@ func (p *proc) onBlocking(th *attribute.Thread, ev *event.Event) {
 	if p.gap != nil || p.q.AllDrained() || ev.Start < p.q.LastEnqueue() {
 		return
 	}
-	if p.aheadStart == 0 || ev.Start < p.aheadStart {
-		p.aheadStart, p.aheadTID = ev.Start, th.TID
-	}
-	p.aheadBlocked += ev.Duration()
+	p.ahead.Block(th.TID, ev.Start, ev.Duration())
 }
 
 // endAhead ends a possible CPU-ahead interval at hi: it is a candidate when
 // ok and the feeder was blocked for at least MinGap in all since it began;
 // when needDrain, only if the usual drain time is known.
 func (p *proc) endAhead(set settings, hi int64, ok, needDrain bool) {
-	if p.aheadStart != 0 && ok && hi > p.aheadStart && p.aheadBlocked >= set.minGap {
-		c := aheadCand{tid: p.aheadTID, lo: p.aheadStart, hi: hi}
+	if tid, lo, found := p.ahead.End(hi, ok, set.minGap); found {
+		c := aheadCand{tid: tid, lo: lo, hi: hi}
 		if p.drains.n >= minHistory && p.q.LastEnqueue() > 0 {
 			c.drain = p.q.LastEnqueue() + p.drains.recentMedian(drainRecent)
 		}
@@ -65,7 +62,6 @@ func (p *proc) endAhead(set settings, hi int64, ok, needDrain bool) {
 			p.cands = append(p.cands, c)
 		}
 	}
-	p.aheadStart, p.aheadBlocked = 0, 0
 }
 
 // resolveAhead decides the CPU-ahead candidates whose windows arrived

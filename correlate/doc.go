@@ -264,8 +264,8 @@
 //   - correlate/reorder: the reorder buffer, a type that owns its events
 //     and knows nothing of what they mean.
 //   - correlate/queue: the GPU queue model (Streams: per stream, work
-//     enqueued since the last drain; Burst; FirstOps): types that own
-//     their state and decide no gap.
+//     enqueued since the last drain; Burst; FirstOps; Ahead): types that
+//     own their state and decide no gap.
 //   - correlate/attribute: why the host left the GPU idle over an
 //     interval. Thread owns its activity timeline; an Attribution reads
 //     the timelines and the world (attribute.World, which correlate's
@@ -347,7 +347,8 @@
 //	reorder/      Queue: events held until the watermark, end order
 //	queue/        Streams: per-stream pending work and drains; Burst, a
 //	              thread's trailing work; FirstOps, which operation is the
-//	              first GPU work after a sync (lite ends a gap there)
+//	              first GPU work after a sync (lite ends a gap there);
+//	              Ahead, blocking while the queue held work
 //	attribute/    Thread (activity timelines), causes, Attribution and its
 //	              Result (cause, breakdown, evidence), stacks
 //

@@ -39,7 +39,7 @@ func (p *proc) ready(x env, st *stepAcc) bool {
 			return false
 		}
 	}
-	if p.aheadStart != 0 && p.aheadStart < st.End {
+	if a := p.ahead.Start(); a != 0 && a < st.End {
 		return false
 	}
 	if wEnd := x.d.coverEnd(st.End); wEnd > 0 && x.clk.wm >= wEnd {

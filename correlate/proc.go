@@ -105,10 +105,9 @@ type proc struct {
 	gap     *openGap
 	hold    *heldCopies // async copies issued into gap, undecided (episode.go)
 
-	aheadStart int64
-	aheadTID   uint32
-	// aheadBlocked is how long the feeder was blocked since aheadStart.
-	aheadBlocked int64
+	// ahead is a feeder's blocking while its queue held work, a possible
+	// CPU-ahead stall (queue.Ahead, ahead.go).
+	ahead queue.Ahead
 	// drains holds, for recent syncs that waited, the time from the last
 	// enqueue to the drain: how long the queued work of a step runs.
 	drains waitRing
@@ -281,7 +280,7 @@ func (p *proc) closeAll(x env, t int64) {
 	set := x.set
 	p.closeSaveAtExit(x, t)
 	p.gap = nil
-	p.aheadStart, p.aheadBlocked = 0, 0
+	p.ahead.Reset()
 	if !p.everEnq {
 		return
 	}

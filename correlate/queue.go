@@ -187,7 +187,7 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 	if _, cref := p.drainStreams(th, ev); cref.c != nil {
 		cref.c.complete(cref.seq, ev.End, ev.Start)
 	}
-	p.endAhead(x.set, ev.End, p.aheadStart < ev.Start, false)
+	p.endAhead(x.set, ev.End, p.ahead.Start() < ev.Start, false)
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
 		p.patternSync(x, ev)
 	}

@@ -92,7 +92,7 @@ func (p *proc) quietDrain(x env, th *attribute.Thread, ev *event.Event) {
 	}
 	p.q.DrainAll()
 	p.burst.End()
-	p.aheadStart, p.aheadBlocked = 0, 0
+	p.ahead.Reset()
 	p.gap = &openGap{start: drained, tid: th.TID, quiet: true}
 }
 

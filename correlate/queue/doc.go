@@ -8,7 +8,9 @@
 // engine opens a gap there. Burst is one thread's work since the queue
 // was last empty (a trailing burst whose drain no sync shows), and
 // FirstOps learns which operations lite sees are the first GPU work after
-// a sync, so that a gap lite sees can end there as full's would.
+// a sync, so that a gap lite sees can end there as full's would. Ahead
+// tracks a feeder blocked while its queue still held work: a possible
+// CPU-ahead stall, which the engine's windows then judge.
 //
 // # Rule
 //
@@ -24,6 +26,7 @@
 //	streams.go  Streams: per-stream pending work, drains, the collective
 //	            a drain completes
 //	burst.go    Burst: one thread's trailing work since the queue was empty
+//	ahead.go    Ahead: blocking while the queue held work, in total
 //	firstop.go  FirstOps: which operation is the first GPU work after a
 //	            sync
 package queue

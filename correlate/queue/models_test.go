@@ -102,3 +102,41 @@ func TestFirstOpsLearnsQuietOperations(t *testing.T) {
 		t.Error("still quiet after as many loud observations")
 	}
 }
+
+// A CPU-ahead candidate spans from the first blocking to its end, and
+// only when the feeders blocked for minGap in all.
+func TestAheadCountsBlockingInTotal(t *testing.T) {
+	var a Ahead
+	if _, _, found := a.End(100, true, 10); found {
+		t.Fatal("a candidate from nothing")
+	}
+	a.Block(7, 200, 4) // a read loop: no call reaches minGap
+	a.Block(8, 150, 4) // an earlier blocking of another feeder
+	a.Block(7, 220, 4)
+	if a.Start() != 150 {
+		t.Errorf("Start %d, want 150", a.Start())
+	}
+	if tid, lo, found := a.End(300, true, 10); !found || tid != 8 || lo != 150 {
+		t.Errorf("candidate %d [%d, 300] %v, want thread 8 from 150", tid, lo, found)
+	}
+	if a.Start() != 0 {
+		t.Error("End kept tracking")
+	}
+	a.Block(7, 400, 9)
+	if _, _, found := a.End(500, true, 10); found {
+		t.Error("a candidate blocked less than minGap")
+	}
+	a.Block(7, 600, 20)
+	if _, _, found := a.End(700, false, 10); found {
+		t.Error("a candidate the caller ruled out")
+	}
+	a.Block(7, 800, 20)
+	if _, _, found := a.End(800, true, 10); found {
+		t.Error("a candidate ending at its start")
+	}
+	a.Block(7, 900, 20)
+	a.Reset()
+	if a.Start() != 0 {
+		t.Error("Reset kept tracking")
+	}
+}

@@ -154,8 +154,8 @@ func (p *proc) resolveCand(x env, c aheadCand) {
 		return
 	}
 	g := Gap{PID: p.pid, TID: c.tid, Device: p.dev, Kind: GapIdle, Start: a, End: b, Duration: idle}
-	at := attribute.New(x.w)
-	at.Add(th, a, b, nil)
+	at := attribute.New()
+	at.Add(x.w, th, a, b, nil)
 	g.Cause, g.Breakdown, g.Evidence, g.Ops = at.Result()
 	g.Evidence.Source = source
 	g.Evidence.Threads = append([]uint32(nil), p.feeders...)

@@ -70,10 +70,10 @@ func (p *proc) finishStep(x env, st *stepAcc) {
 	var split []causeNS
 	if micro > 0 {
 		mask := d.gapsIn(st.Start, st.End, open)
-		at := attribute.NewMicro(x.w)
+		at := attribute.NewMicro()
 		for _, tid := range p.feeders {
 			if th := x.w.threads[tid]; th != nil {
-				at.Add(th, st.Start, st.End, mask)
+				at.Add(x.w, th, st.Start, st.End, mask)
 			}
 		}
 		split = spread(micro, at.ByCause())

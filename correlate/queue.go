@@ -356,8 +356,8 @@ func (p *proc) closeGap(x env, th *attribute.Thread, t int64) {
 	}
 	build := func(a, b int64, ep *episode) Gap {
 		gap := Gap{PID: p.pid, TID: th.TID, Device: p.dev, Kind: GapIdle, Start: a, End: b, Duration: b - a}
-		at := attribute.New(x.w)
-		at.Add(th, a, b, nil)
+		at := attribute.New()
+		at.Add(x.w, th, a, b, nil)
 		gap.Cause, gap.Breakdown, gap.Evidence, gap.Ops = at.Result()
 		if ep != nil {
 			gap.Cause, gap.Evidence.Episode = episodeResult(th, a, b, ep, gap.Breakdown)

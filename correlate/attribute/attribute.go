@@ -55,7 +55,6 @@ type World interface {
 // Attribution accumulates the breakdown and evidence of one interval: Add
 // the time of the threads that explain it, then take the Result.
 type Attribution struct {
-	w        World
 	byCause  map[Cause]int64
 	files    map[fileKey]*FileEvidence
 	peers    map[string]*PeerEvidence
@@ -109,10 +108,9 @@ func heldWhile(c Cause) Cause {
 	return CauseLock
 }
 
-// New is an empty attribution reading w.
-func New(w World) *Attribution {
+// New is an empty attribution.
+func New() *Attribution {
 	return &Attribution{
-		w:        w,
 		byCause:  map[Cause]int64{},
 		files:    map[fileKey]*FileEvidence{},
 		peers:    map[string]*PeerEvidence{},
@@ -131,8 +129,8 @@ const absorbNS = int64(100 * time.Microsecond)
 
 // NewMicro is an attribution that weighs feeders for micro-gap
 // attribution (the micro field): read its ByCause, not its Result.
-func NewMicro(w World) *Attribution {
-	at := New(w)
+func NewMicro() *Attribution {
+	at := New()
 	at.micro = true
 	return at
 }
@@ -140,8 +138,11 @@ func NewMicro(w World) *Attribution {
 // ByCause is the time added so far, by cause.
 func (at *Attribution) ByCause() map[Cause]int64 { return at.byCause }
 
-// Add adds what th did over [a,b) outside mask.
-func (at *Attribution) Add(th *Thread, a, b int64, mask []interval.Span) {
+// Add adds what th did over [a,b) outside mask, following its waits
+// through world. The world is an argument, not a field: an interface
+// reached through the Attribution would make the compiler move all of its
+// maps to the heap.
+func (at *Attribution) Add(world World, th *Thread, a, b int64, mask []interval.Span) {
 	segs := th.Segments(a, b, mask)
 	for _, s := range segs {
 		if ev := s.Ev; ev != nil && ev.Kind == event.KindSyscall && ev.Path != "" &&
@@ -155,7 +156,7 @@ func (at *Attribution) Add(th *Thread, a, b int64, mask []interval.Span) {
 	for i, s := range segs {
 		if s.Ev == nil && s.B-s.A <= absorbNS && i > 0 && i+1 < len(segs) &&
 			segs[i-1].Ev != nil && segs[i+1].Ev != nil && segs[i-1].B == s.A && segs[i+1].A == s.B {
-			if c := at.quickCause(th, segs[i-1].Ev); c != "" && c == at.quickCause(th, segs[i+1].Ev) {
+			if c := at.quickCause(world, th, segs[i-1].Ev); c != "" && c == at.quickCause(world, th, segs[i+1].Ev) {
 				if !at.micro || c != CauseOther {
 					at.byCause[c] += s.B - s.A
 					at.total += s.B - s.A
@@ -163,7 +164,7 @@ func (at *Attribution) Add(th *Thread, a, b int64, mask []interval.Span) {
 				continue
 			}
 		}
-		at.segment(th, s, 0)
+		at.segment(world, th, s, 0)
 	}
 }
 
@@ -260,15 +261,15 @@ func timedOut(ev *event.Event) bool {
 // retry was too short to be traced (the holder dropped the lock at once
 // on request) has no waker: the thread that held the CPU meanwhile is the
 // holder.
-func (at *Attribution) computingSibling(th *Thread, a, b int64) *Thread {
-	tids := at.w.TIDs(th.PID)
+func (at *Attribution) computingSibling(world World, th *Thread, a, b int64) *Thread {
+	tids := world.TIDs(th.PID)
 	if tids == nil {
 		return nil
 	}
 	var best *Thread
 	var bestCPU int64
 	for tid := range tids {
-		sib := at.w.Thread(tid)
+		sib := world.Thread(tid)
 		if sib == nil || sib == th || sib.PID != th.PID || sib.Last <= a {
 			continue
 		}
@@ -308,13 +309,13 @@ func (at *Attribution) lockHolder(th *Thread) *holderAcc {
 
 // quickCause is the cause segment gives ev without recording evidence;
 // "" when it depends on another thread.
-func (at *Attribution) quickCause(th *Thread, ev *event.Event) Cause {
+func (at *Attribution) quickCause(world World, th *Thread, ev *event.Event) Cause {
 	if ev.Kind == event.KindSync {
 		return ""
 	}
 	if isWait(ev) {
 		w := ev.WakerPID
-		if w != 0 && w != th.PID && !timedOut(ev) && at.w.LoaderWaker(ev, th.PID) {
+		if w != 0 && w != th.PID && !timedOut(ev) && world.LoaderWaker(ev, th.PID) {
 			return CauseLoaderWait
 		}
 		return ""
@@ -322,7 +323,7 @@ func (at *Attribution) quickCause(th *Thread, ev *event.Event) Cause {
 	return BaseCause(ev)
 }
 
-func (at *Attribution) segment(th *Thread, s Segment, depth int) {
+func (at *Attribution) segment(world World, th *Thread, s Segment, depth int) {
 	ns := s.B - s.A
 	if ns <= 0 {
 		return
@@ -353,35 +354,35 @@ func (at *Attribution) segment(th *Thread, s Segment, depth int) {
 			if depth == 0 {
 				if r := retriedWait(th, ev); r != nil {
 					w, wtid = r.WakerPID, r.WakerTID
-				} else if sib := at.computingSibling(th, s.A, s.B); sib != nil {
+				} else if sib := at.computingSibling(world, th, s.A, s.B); sib != nil {
 					w, wtid = th.PID, sib.TID
 				}
 			}
 		}
-		if w != 0 && w != th.PID && at.w.LoaderWaker(ev, th.PID) {
+		if w != 0 && w != th.PID && world.LoaderWaker(ev, th.PID) {
 			if at.holder != nil {
 				at.holder.did(CauseLoaderWait, ns, "", "")
 			}
 			at.byCause[CauseLoaderWait] += ns
-			at.note(th, ev, ns)
-			at.worker(w, s.A, s.B)
+			at.note(world, th, ev, ns)
+			at.worker(world, w, s.A, s.B)
 			return
 		}
 		if depth == 0 && w == th.PID && wtid != 0 && wtid != th.TID {
-			if sib := at.w.Thread(wtid); sib != nil && sib.PID == th.PID {
+			if sib := world.Thread(wtid); sib != nil && sib.PID == th.PID {
 				// Waiting on a sibling thread: charge what the sibling did
 				// while it was waited on (it held the lock, fed the queue...).
 				// A futex it woke us from is a lock (a mutex, the GIL, a
 				// condition) it held: what it did meanwhile is the lock's
 				// time, unless it waited on the job's data (heldWhile).
-				at.note(th, ev, ns)
+				at.note(world, th, ev, ns)
 				segs := sib.Segments(s.A, s.B, nil)
 				if ev.Syscall == event.SysFutex {
 					at.holder = at.lockHolder(sib)
 					at.holder.ev.NS += ns
 				}
 				for _, ss := range segs {
-					at.segment(sib, ss, depth+1)
+					at.segment(world, sib, ss, depth+1)
 				}
 				at.holder = nil
 				return
@@ -393,7 +394,7 @@ func (at *Attribution) segment(th *Thread, s Segment, depth int) {
 			// timeout: the GIL's switch-interval wait, or a threading lock
 			// acquired with a timeout. The wait is the lock's.
 			at.byCause[CauseLock] += ns
-			at.note(th, ev, ns)
+			at.note(world, th, ev, ns)
 			return
 		}
 		if at.micro {
@@ -408,7 +409,7 @@ func (at *Attribution) segment(th *Thread, s Segment, depth int) {
 		c = heldWhile(c)
 	}
 	at.byCause[c] += ns
-	at.note(th, ev, ns)
+	at.note(world, th, ev, ns)
 	var file, peer string
 	switch c {
 	case CauseIORead, CauseIOWrite:
@@ -416,7 +417,7 @@ func (at *Attribution) segment(th *Thread, s Segment, depth int) {
 		f.NS += ns
 		file = f.Path
 	case CauseNet:
-		p := at.peer(ev)
+		p := at.peer(world, ev)
 		p.NS += ns
 		peer = p.Address
 	case CauseCUDAMemcpy, CauseCUDAAlloc, CauseComm:
@@ -428,7 +429,7 @@ func (at *Attribution) segment(th *Thread, s Segment, depth int) {
 }
 
 // note counts a blocking interval once (calls, bytes) and its share of time.
-func (at *Attribution) note(th *Thread, ev *event.Event, ns int64) {
+func (at *Attribution) note(world World, th *Thread, ev *event.Event, ns int64) {
 	o := at.ops[ev]
 	first := o == nil
 	if first {
@@ -454,7 +455,7 @@ func (at *Attribution) note(th *Thread, ev *event.Event, ns int64) {
 		f.Calls++
 		f.Bytes += bytes
 	case CauseNet:
-		p := at.peer(ev)
+		p := at.peer(world, ev)
 		p.Calls++
 		p.Bytes += bytes
 	}
@@ -509,7 +510,7 @@ func (at *Attribution) file(ev *event.Event) *FileEvidence {
 }
 
 // peer is the evidence entry of ev's socket peer.
-func (at *Attribution) peer(ev *event.Event) *PeerEvidence {
+func (at *Attribution) peer(world World, ev *event.Event) *PeerEvidence {
 	addr := ev.PeerAddr
 	if addr == "" {
 		addr = ev.Path
@@ -517,7 +518,7 @@ func (at *Attribution) peer(ev *event.Event) *PeerEvidence {
 	p := at.peers[addr]
 	if p == nil {
 		p = &PeerEvidence{Address: addr, PID: ev.PeerPID}
-		if comm, ok := at.w.ProcComm(ev.PeerPID); ok && ev.PeerPID != 0 {
+		if comm, ok := world.ProcComm(ev.PeerPID); ok && ev.PeerPID != 0 {
 			p.Comm = comm
 		}
 		at.peers[addr] = p
@@ -527,15 +528,15 @@ func (at *Attribution) peer(ev *event.Event) *PeerEvidence {
 
 // worker records what loader worker process pid did over [a,b): time in
 // file I/O decides whether it was reading or computing.
-func (at *Attribution) worker(pid uint32, a, b int64) {
+func (at *Attribution) worker(world World, pid uint32, a, b int64) {
 	w := at.workers[pid]
 	if w == nil {
 		w = &workerAcc{pid: pid, files: map[string]int64{}, visited: map[*event.Event]bool{}}
 		at.workers[pid] = w
 	}
 	w.waitNS += b - a
-	for tid := range at.w.TIDs(pid) {
-		th := at.w.Thread(tid)
+	for tid := range world.TIDs(pid) {
+		th := world.Thread(tid)
 		if th == nil || th.PID != pid {
 			continue
 		}

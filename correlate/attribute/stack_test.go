@@ -38,7 +38,7 @@ func TestUserFrameSkipsLibrariesAndInterpreter(t *testing.T) {
 }
 
 func TestEvidenceStackIsTheDominantCallsStack(t *testing.T) {
-	at := New(nil) // result reads no world
+	at := New()
 	read := &event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Path: "/data", Start: 1,
 		Stack: []event.Frame{{Function: "load_batch", File: "/job/train.py", Line: 7}}}
 	sleep := &event.Event{Kind: event.KindSyscall, Syscall: event.SysSleep, Start: 2,

@@ -263,10 +263,15 @@
 //     functions over values the caller owns.
 //   - correlate/reorder: the reorder buffer, a type that owns its events
 //     and knows nothing of what they mean.
+//   - correlate/record: the recording and replay format, above the
+//     engine: it wraps the engine's Input and replays into an Engine; the
+//     engine knows nothing of recordings.
 //
 // Every package under correlate imports only event, the standard library
-// and correlate's own sub-packages (the linter's depguard rule says so),
-// and no sub-package imports correlate.
+// and correlate's own sub-packages (the linter's depguard rule says so).
+// No sub-package imports correlate except record, which is a client of
+// the engine, not a part of it; the tests that replay recordings are
+// external (package correlate_test) for the same reason.
 //
 // The Engine owns everything; it hands each call into a process's models
 // an env: the settings (an immutable value resolved once from Config), the
@@ -332,15 +337,12 @@
 //	              sites
 //	types.go      the results (Gap, Step, StepResult, Summary) and Sink
 //	jsonl.go      the --gaps-out writer and Tee
-//	input.go      Input, the engine's inputs as one interface, and
-//	              Recording, which records each call before passing it on
-//	record.go     the recording format (the engine's input call by call)
-//	              and Replay
-//	replayas.go   replaying a full recording as lite or auto would have
-//	              seen it
+//	input.go      Input, the engine's inputs as one interface
 //	stepclock/    Detect, DetectPeriod and the types they compare
 //	interval/     sorted disjoint interval lists (Span, Add, Overlap)
 //	reorder/      Queue: events held until the watermark, end order
+//	record/       the recording format, Writer, Reader, Replay, ReplayAs
+//	              and Wrap, which records each input before passing it on
 //
 // # Memory
 //

@@ -268,10 +268,15 @@
 //     the timelines and the world (attribute.World, which correlate's
 //     world implements) and changes neither; where a gap begins and ends
 //     is not its to decide.
+//   - correlate/record: the recording and replay format, above the
+//     engine: it wraps the engine's Input and replays into an Engine; the
+//     engine knows nothing of recordings.
 //
 // Every package under correlate imports only event, the standard library
-// and correlate's own sub-packages (the linter's depguard rule says so),
-// and no sub-package imports correlate.
+// and correlate's own sub-packages (the linter's depguard rule says so).
+// No sub-package imports correlate except record, which is a client of
+// the engine, not a part of it; the tests that replay recordings are
+// external (package correlate_test) for the same reason.
 //
 // The Engine owns everything; it hands each call into a process's models
 // an env: the settings (an immutable value resolved once from Config), the
@@ -334,17 +339,14 @@
 //	              Cause and the evidence types, attribute's under their
 //	              correlate names
 //	jsonl.go      the --gaps-out writer and Tee
-//	input.go      Input, the engine's inputs as one interface, and
-//	              Recording, which records each call before passing it on
-//	record.go     the recording format (the engine's input call by call)
-//	              and Replay
-//	replayas.go   replaying a full recording as lite or auto would have
-//	              seen it
+//	input.go      Input, the engine's inputs as one interface
 //	stepclock/    Detect, DetectPeriod and the types they compare
 //	interval/     sorted disjoint interval lists (Span, Add, Overlap)
 //	reorder/      Queue: events held until the watermark, end order
 //	attribute/    Thread (activity timelines), causes, Attribution and its
 //	              Result (cause, breakdown, evidence), stacks
+//	record/       the recording format, Writer, Reader, Replay, ReplayAs
+//	              and Wrap, which records each input before passing it on
 //
 // # Memory
 //

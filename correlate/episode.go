@@ -3,6 +3,7 @@ package correlate
 import (
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/ranks"
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -242,7 +243,7 @@ func (p *proc) release(x env) {
 	for i := range h.evs {
 		ev := h.evs[i]
 		ev.Start = ev.End
-		p.onEnqueue(x, th, &ev, nil, collRef{})
+		p.onEnqueue(x, th, &ev, nil, ranks.Ref{})
 	}
 }
 

@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"github.com/gaptrace/gaptrace/correlate/interval"
+	"github.com/gaptrace/gaptrace/correlate/ranks"
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -11,7 +12,7 @@ type stream struct {
 	pending int64 // first enqueue since the stream was last drained; 0 when drained
 	lastEnq int64
 	coll    *CollectiveEvidence // last collective enqueued since the drain
-	ref     collRef             // and its place in its communicator's sequence
+	ref     ranks.Ref           // and its place in its communicator's sequence
 }
 
 // openGap is a drained queue waiting for its next enqueue.
@@ -63,7 +64,7 @@ func (p *proc) startGPU(t int64) {
 	}
 }
 
-func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
+func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvidence, ref ranks.Ref) {
 	p.shadowLead(x, ev)
 	p.feeders.add(th.tid)
 	t := ev.Start
@@ -86,8 +87,8 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 	p.st.setPost(t)
 	// Before the gap this enqueue closes is delivered: it may end a step.
 	occ := int64(-1)
-	if ref.c != nil {
-		occ = ref.occ
+	if ref.Valid() {
+		occ = ref.Occ()
 	}
 	p.st.dev = x.d
 	if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
@@ -133,7 +134,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 // a loss copied and its event recorded): the sync covers that stream. A
 // guess wrong the other way (an event of a stream with less work) opens
 // a gap the next sync that still waits rejects.
-func (p *proc) drainStreams(th *thread, ev *event.Event) (*CollectiveEvidence, collRef) {
+func (p *proc) drainStreams(th *thread, ev *event.Event) (*CollectiveEvidence, ranks.Ref) {
 	// The legacy default stream (0) is not special here: frameworks create
 	// their side streams non-blocking, so syncing stream 0 does not wait
 	// for them; the rule below covers their earlier work.
@@ -149,16 +150,16 @@ func (p *proc) drainStreams(th *thread, ev *event.Event) (*CollectiveEvidence, c
 		}
 	}
 	var coll *CollectiveEvidence
-	var cref collRef
+	var cref ranks.Ref
 	for id, s := range p.streams {
 		if s.pending == 0 || s.lastEnq > ev.Start {
 			continue
 		}
 		if all || id == synced || s.lastEnq <= ref {
-			if s.coll != nil && (coll == nil || s.ref.at >= cref.at) {
+			if s.coll != nil && (coll == nil || s.ref.At() >= cref.At()) {
 				coll, cref = s.coll, s.ref
 			}
-			s.pending, s.coll, s.ref = 0, nil, collRef{}
+			s.pending, s.coll, s.ref = 0, nil, ranks.Ref{}
 		}
 	}
 	return coll, cref
@@ -201,8 +202,8 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	p.settlePreempted(th.tid, ev.Start, wait)
 	pendingBefore := !p.allDrained()
 	coll, cref := p.drainStreams(th, ev)
-	if cref.c != nil {
-		cref.c.complete(cref.seq, ev.End, ev.Start)
+	if cref.Valid() {
+		cref.Complete(ev.End, ev.Start)
 	}
 	if waited && pendingBefore {
 		p.checkStall(x, th, ev, coll, cref)
@@ -259,8 +260,8 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 	if p.gap != nil && x.liteOver(p.gap.start, ev.Start) {
 		p.closeGap(x, th, ev.Start)
 	}
-	if _, cref := p.drainStreams(th, ev); cref.c != nil {
-		cref.c.complete(cref.seq, ev.End, ev.Start)
+	if _, cref := p.drainStreams(th, ev); cref.Valid() {
+		cref.Complete(ev.End, ev.Start)
 	}
 	p.endAhead(x.set, ev.End, p.aheadStart < ev.Start, false)
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {

@@ -3,6 +3,7 @@ package correlate
 import (
 	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/interval"
+	"github.com/gaptrace/gaptrace/correlate/ranks"
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -12,7 +13,7 @@ type stream struct {
 	pending int64 // first enqueue since the stream was last drained; 0 when drained
 	lastEnq int64
 	coll    *CollectiveEvidence // last collective enqueued since the drain
-	ref     collRef             // and its place in its communicator's sequence
+	ref     ranks.Ref           // and its place in its communicator's sequence
 }
 
 // openGap is a drained queue waiting for its next enqueue.
@@ -64,7 +65,7 @@ func (p *proc) startGPU(t int64) {
 	}
 }
 
-func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
+func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *CollectiveEvidence, ref ranks.Ref) {
 	p.shadowLead(x, ev)
 	p.feeders.add(th.TID)
 	t := ev.Start
@@ -87,8 +88,8 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 	p.st.setPost(t)
 	// Before the gap this enqueue closes is delivered: it may end a step.
 	occ := int64(-1)
-	if ref.c != nil {
-		occ = ref.occ
+	if ref.Valid() {
+		occ = ref.Occ()
 	}
 	p.st.dev = x.d
 	if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
@@ -134,7 +135,7 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 // a loss copied and its event recorded): the sync covers that stream. A
 // guess wrong the other way (an event of a stream with less work) opens
 // a gap the next sync that still waits rejects.
-func (p *proc) drainStreams(th *attribute.Thread, ev *event.Event) (*CollectiveEvidence, collRef) {
+func (p *proc) drainStreams(th *attribute.Thread, ev *event.Event) (*CollectiveEvidence, ranks.Ref) {
 	// The legacy default stream (0) is not special here: frameworks create
 	// their side streams non-blocking, so syncing stream 0 does not wait
 	// for them; the rule below covers their earlier work.
@@ -150,16 +151,16 @@ func (p *proc) drainStreams(th *attribute.Thread, ev *event.Event) (*CollectiveE
 		}
 	}
 	var coll *CollectiveEvidence
-	var cref collRef
+	var cref ranks.Ref
 	for id, s := range p.streams {
 		if s.pending == 0 || s.lastEnq > ev.Start {
 			continue
 		}
 		if all || id == synced || s.lastEnq <= ref {
-			if s.coll != nil && (coll == nil || s.ref.at >= cref.at) {
+			if s.coll != nil && (coll == nil || s.ref.At() >= cref.At()) {
 				coll, cref = s.coll, s.ref
 			}
-			s.pending, s.coll, s.ref = 0, nil, collRef{}
+			s.pending, s.coll, s.ref = 0, nil, ranks.Ref{}
 		}
 	}
 	return coll, cref
@@ -202,8 +203,8 @@ func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 	p.settlePreempted(th.TID, ev.Start, wait)
 	pendingBefore := !p.allDrained()
 	coll, cref := p.drainStreams(th, ev)
-	if cref.c != nil {
-		cref.c.complete(cref.seq, ev.End, ev.Start)
+	if cref.Valid() {
+		cref.Complete(ev.End, ev.Start)
 	}
 	if waited && pendingBefore {
 		p.checkStall(x, th, ev, coll, cref)
@@ -260,8 +261,8 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 	if p.gap != nil && x.liteOver(p.gap.start, ev.Start) {
 		p.closeGap(x, th, ev.Start)
 	}
-	if _, cref := p.drainStreams(th, ev); cref.c != nil {
-		cref.c.complete(cref.seq, ev.End, ev.Start)
+	if _, cref := p.drainStreams(th, ev); cref.Valid() {
+		cref.Complete(ev.End, ev.Start)
 	}
 	p.endAhead(x.set, ev.End, p.aheadStart < ev.Start, false)
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/gaptrace/gaptrace/correlate/attribute"
+	"github.com/gaptrace/gaptrace/correlate/ranks"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -138,7 +139,7 @@ func (p *proc) quietDrain(x env, th *attribute.Thread, ev *event.Event) {
 		return
 	}
 	for _, s := range p.streams {
-		s.pending, s.coll, s.ref = 0, nil, collRef{}
+		s.pending, s.coll, s.ref = 0, nil, ranks.Ref{}
 	}
 	p.burst.ok = false
 	p.aheadStart, p.aheadBlocked = 0, 0

@@ -20,8 +20,9 @@
 // # Rule
 //
 // This package sits above the engine: it imports correlate (the Input it
-// wraps, the Engine it replays into) and event, and the engine knows
-// nothing of recordings. It owns the format and its checks; it decides
+// wraps, the Engine it replays into), correlate/ranks (the bounds a peer
+// record is checked against) and event, and the engine knows nothing of
+// recordings. It owns the format and its checks; it decides
 // nothing about gaps or steps.
 //
 // # Files

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/correlate/ranks"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -313,7 +314,7 @@ func (r *Reader) readLine() ([]byte, error) {
 	}
 }
 
-// Bounds of the fields of a recorded call (see correlate.PeerRecord.Check).
+// Bounds of the fields of a recorded call (see ranks.Record.Check).
 const (
 	maxCallPeerRecs = 1 << 14
 	maxCallName     = 4096
@@ -324,7 +325,7 @@ const (
 // fields lie within what a sidecar records; replay skips one that does not.
 func Check(c *Call) error {
 	inTime := func(what string, t int64) error {
-		if t < 0 || t >= correlate.MaxPeerTime {
+		if t < 0 || t >= ranks.MaxTime {
 			return fmt.Errorf("%s time %d out of range", what, t)
 		}
 		return nil
@@ -345,7 +346,7 @@ func Check(c *Call) error {
 		if ev.Kind == event.KindInvalid || ev.Kind > event.KindMemcpyStaged {
 			return fmt.Errorf("event kind %d out of range", ev.Kind)
 		}
-		if ev.Kind == event.KindCommInit && (ev.Count > uint64(correlate.MaxPeerRanks) || ev.PeerRank < -1 || ev.PeerRank >= correlate.MaxPeerRanks) {
+		if ev.Kind == event.KindCommInit && (ev.Count > uint64(ranks.MaxRanks) || ev.PeerRank < -1 || ev.PeerRank >= ranks.MaxRanks) {
 			return fmt.Errorf("communicator of %d ranks, rank %d, out of range", ev.Count, ev.PeerRank)
 		}
 		return errors.Join(inTime("event start", ev.Start), inTime("event end", ev.End))
@@ -363,7 +364,7 @@ func Check(c *Call) error {
 			return fmt.Errorf("device %d out of range", c.Device.Device)
 		}
 	case c.Rank != nil:
-		if c.Rank.Rank < -1 || c.Rank.Rank >= int(correlate.MaxPeerRanks) || c.Rank.Size < 0 || c.Rank.Size > int(correlate.MaxPeerRanks) {
+		if c.Rank.Rank < -1 || c.Rank.Rank >= int(ranks.MaxRanks) || c.Rank.Size < 0 || c.Rank.Size > int(ranks.MaxRanks) {
 			return fmt.Errorf("rank %d of %d out of range", c.Rank.Rank, c.Rank.Size)
 		}
 	case c.Probes != nil:

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/gaptrace/gaptrace/correlate/attribute"
+	"github.com/gaptrace/gaptrace/correlate/ranks"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -14,12 +15,12 @@ import (
 type stallCand struct {
 	gap     Gap
 	gpmOnly bool
-	// peer: the ranks' timelines found the wait (ranks.go); the stall
+	// peer: the ranks' timelines found the wait (correlate/ranks); the stall
 	// is placed once the other ranks' syncs show when the collective
 	// completed. by is how late the last rank issued it, from the wait's
 	// start at the earliest.
 	peer      bool
-	ref       collRef
+	ref       ranks.Ref
 	by, start int64
 	// undecided: a wait held for the ranks' verdict (judgeStall), its gap
 	// the whole wait so far.
@@ -44,13 +45,13 @@ const maxBaseSlots = 256
 // checkStall decides whether the wait ev, which drained pending work that
 // held the collective coll (ref: its place in its communicator's
 // sequence), spun on a late peer. When every rank of the collective's
-// group is traced here, their timelines decide (ranks.go); otherwise this
+// group is traced here, their timelines decide (correlate/ranks); otherwise this
 // rank's own history does: the baseline of earlier steps at the same sync
 // slot or, without one, GPM. Only one of the two ever judges a wait. A
 // wait on a communicator that may soon be linked to other ranks' (its
-// creation was not seen, ranklink.go), or whose peer has not shown the
+// creation was not seen, correlate/ranks), or whose peer has not shown the
 // collective yet, waits for that a while (linkWait).
-func (p *proc) checkStall(x env, th *attribute.Thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
+func (p *proc) checkStall(x env, th *attribute.Thread, ev *event.Event, coll *CollectiveEvidence, ref ranks.Ref) {
 	// The baseline compares how long the queue ran after the last enqueue,
 	// which a late peer lengthens, rather than the sync's own wait, which
 	// also shrinks by any host delay between the last enqueue and the sync:
@@ -83,26 +84,25 @@ const linkWait = holdMax - int64(100*time.Millisecond)
 // judgeStall is checkStall's verdict on the wait ev of thread tid; r is
 // the baseline of its sync slot (nil: none) and run how long the queue ran
 // after the last enqueue. mayWait: the ranks' verdict may be awaited.
-func (p *proc) judgeStall(x env, tid uint32, ev *event.Event, coll *CollectiveEvidence, ref collRef, r *waitRing, run int64,
+func (p *proc) judgeStall(x env, tid uint32, ev *event.Event, coll *CollectiveEvidence, ref ranks.Ref, r *waitRing, run int64,
 	mayWait bool) {
 	set := x.set
 	wait := ev.Duration()
-	stall := func(excess, baseline int64, gpmOnly bool, late *peerLate) {
+	stall := func(excess, baseline int64, gpmOnly bool, late *ranks.Late) {
 		g := Gap{PID: p.pid, TID: tid, Device: p.dev, Kind: GapStall, Start: ev.End - excess, End: ev.End,
 			Duration: excess, Cause: CauseComm, Breakdown: map[Cause]int64{CauseComm: excess}}
 		c := *coll
-		if c.Rank == nil && ref.c != nil && ref.c.rank >= 0 {
+		if rank := ref.Rank(); c.Rank == nil && rank >= 0 {
 			// Known since the collective was issued: from the
 			// environment, or what its linked group left.
-			rank := ref.c.rank
 			c.Rank = &rank
 		}
 		if late != nil {
-			if late.rank >= 0 {
-				rank := late.rank
+			if late.Rank >= 0 {
+				rank := late.Rank
 				c.LateRank = &rank
 			}
-			c.LatePID, c.LateByNS, c.LateSidecar = late.pid, late.by, late.from
+			c.LatePID, c.LateByNS, c.LateSidecar = late.PID, late.By, late.From
 		}
 		g.Evidence = Evidence{Collective: &c, CUDACall: ev.CUDA.String(), BaselineNS: baseline,
 			Threads: append([]uint32(nil), p.feeders...), Source: "host"}
@@ -114,13 +114,13 @@ func (p *proc) judgeStall(x env, tid uint32, ev *event.Event, coll *CollectiveEv
 		p.stalls = append(p.stalls, sc)
 	}
 	if coll != nil {
-		if late, ok := x.w.lateness(ref, ev.End); ok {
-			// The last rank issued the collective late.by after this one:
+		if late, ok := x.w.ranks.Lateness(ref, ev.End); ok {
+			// The last rank issued the collective late.By after this one:
 			// until then this rank could only wait, whatever its own
 			// history says. A peer that was on time makes the whole wait
 			// compute. The baseline learns the compute only, for when a
 			// rank drops out of sight.
-			excess := min(max(late.by, 0), wait)
+			excess := min(max(late.By, 0), wait)
 			if excess >= set.minGap {
 				stall(excess, wait-excess, false, &late)
 			}
@@ -129,7 +129,7 @@ func (p *proc) judgeStall(x env, tid uint32, ev *event.Event, coll *CollectiveEv
 			}
 			return
 		}
-		if mayWait && wait >= set.minGap && x.w.awaitsLink(ref) {
+		if mayWait && wait >= set.minGap && x.w.ranks.AwaitsLink(ref) {
 			// Held whole (its start keeps the step open) until the ranks
 			// can judge it or linkWait passed.
 			g := Gap{PID: p.pid, TID: tid, Device: p.dev, Kind: GapStall, Start: ev.Start, End: ev.End}
@@ -174,7 +174,7 @@ func (p *proc) resolveHeldWaits(x env, force bool) {
 	var due []stallCand
 	k := 0
 	for _, s := range p.stalls {
-		if s.undecided && (force || x.clk.now >= s.gap.End+linkWait || !x.w.awaitsLink(s.ref)) {
+		if s.undecided && (force || x.clk.now >= s.gap.End+linkWait || !x.w.ranks.AwaitsLink(s.ref)) {
 			due = append(due, s)
 			continue
 		}
@@ -205,7 +205,7 @@ func (p *proc) resolveStalls(x env, force bool) {
 			continue
 		}
 		if s.peer {
-			c, all := x.w.completion(s.ref)
+			c, all := x.w.ranks.Completion(s.ref)
 			if !all && !force && x.clk.now < s.gap.End+holdMax {
 				p.stalls[k] = s
 				k++

@@ -152,15 +152,15 @@
 // activity covers it, activity above 0.5 rejects it (the GPU was
 // computing); otherwise Evidence.SMActivity confirms it. When every rank
 // of the collective's communicator is traced by this engine, the ranks'
-// own timelines judge the wait instead (ranks.go): comm for as long as the
+// own timelines judge the wait instead (correlate/ranks): comm for as long as the
 // last rank reached the collective after this one, naming it
 // (CollectiveEvidence.LateRank, LatePID). Communicators are linked across
 // processes from their creation when it was seen, else from their
-// collectives (ranklink.go: the same sequence, collectives completing
+// collectives (ranks/link.go: the same sequence, collectives completing
 // together on every rank); a wait on one that may still be linked, or
 // whose peer's collective has not arrived, is held up to linkWait. Ranks
 // traced by other sidecars of the job count as traced here once those
-// sidecars send what their engines keep of each communicator (peer.go:
+// sidecars send what their engines keep of each communicator (ranks/mirror.go:
 // Engine.Peer mirrors them, SetPeerOut reports this engine's own).
 //
 // # Steps
@@ -271,10 +271,18 @@
 //     the timelines and the world (attribute.World, which correlate's
 //     world implements) and changes neither; where a gap begins and ends
 //     is not its to decide.
+//   - correlate/ranks: the communicators' registry, a type that owns
+//     every communicator, group and mirror; the engine holds Refs to
+//     collectives and asks it for the ranks' verdict.
+//   - correlate/record: the recording and replay format, above the
+//     engine: it wraps the engine's Input and replays into an Engine; the
+//     engine knows nothing of recordings.
 //
 // Every package under correlate imports only event, the standard library
-// and correlate's own sub-packages (the linter's depguard rule says so),
-// and no sub-package imports correlate.
+// and correlate's own sub-packages (the linter's depguard rule says so).
+// No sub-package imports correlate except record, which is a client of
+// the engine, not a part of it; the tests that replay recordings are
+// external (package correlate_test) for the same reason.
 //
 // The Engine owns everything; it hands each call into a process's models
 // an env: the settings (an immutable value resolved once from Config), the
@@ -289,9 +297,9 @@
 //	engine.go     Engine: the public API, event dispatch, finalize, apply
 //	              (outbox → totals and Sink), sweeping silent processes
 //	config.go     Config, its validation, settings, the internal tunables
-//	world.go      world: processes, threads, devices, communicators; who
-//	              is a loader worker; collective evidence; the view an
-//	              attribution reads (attribute.World)
+//	world.go      world: processes, threads, devices, the communicators'
+//	              registry (ranks); who is a loader worker; collective
+//	              evidence; the view an attribution reads (attribute.World)
 //	proc.go       proc: one process's state, its outbox, what it must keep,
 //	              closing at exit; waitRing statistics
 //	queue.go      the queue model's events: enqueues fill the streams
@@ -308,14 +316,10 @@
 //	              windows decide how much was idle
 //	comm.go       comm stalls: per-slot wait baselines, GPM confirmation,
 //	              waits held for the ranks' verdict
-//	ranks.go      communicators and their groups across processes: the
-//	              ranks' verdict on a wait
 //	rankstep.go   steps the ranks agree on: shared prologue verdicts, step
 //	              numbers from the communicator's sequence
-//	ranklink.go   linking communicators whose creation was not seen, by
-//	              their collectives
-//	peer.go       communicators of other sidecars' processes, mirrored
-//	              from their records; this engine's own, reported
+//	peer.go       the engine's side of the exchange with other sidecars:
+//	              PeerRecord (ranks.Record), SetPeerOut, Peer, PeerLeft
 //	emit.go       holding gaps until a step clock runs, delivering them to
 //	              their step
 //	steps.go      the stepper: sync history, fixed windows, the mode it
@@ -336,12 +340,7 @@
 //	              Cause and the evidence types, attribute's under their
 //	              correlate names
 //	jsonl.go      the --gaps-out writer and Tee
-//	input.go      Input, the engine's inputs as one interface, and
-//	              Recording, which records each call before passing it on
-//	record.go     the recording format (the engine's input call by call)
-//	              and Replay
-//	replayas.go   replaying a full recording as lite or auto would have
-//	              seen it
+//	input.go      Input, the engine's inputs as one interface
 //	stepclock/    Detect, DetectPeriod and the types they compare
 //	interval/     sorted disjoint interval lists (Span, Add, Overlap)
 //	reorder/      Queue: events held until the watermark, end order
@@ -351,6 +350,11 @@
 //	              Ahead, blocking while the queue held work
 //	attribute/    Thread (activity timelines), causes, Attribution and its
 //	              Result (cause, breakdown, evidence), stacks
+//	record/       the recording format, Writer, Reader, Replay, ReplayAs
+//	              and Wrap, which records each input before passing it on
+//	ranks/        Registry: communicators and their groups across
+//	              processes, collective matching and lateness, linking by
+//	              collectives, peers' mirrored communicators
 //
 // # Memory
 //

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gaptrace/gaptrace/correlate/attribute"
+	"github.com/gaptrace/gaptrace/correlate/ranks"
 	"github.com/gaptrace/gaptrace/correlate/reorder"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -93,21 +94,14 @@ func (e *Engine) SetDevice(pid uint32, dev int) {
 // SetRank says what process pid's environment says of its place in a
 // distributed job: its rank (RANK) and the job's size (WORLD_SIZE; 0 when
 // unknown). A communicator whose creation the engine did not see is linked
-// to other processes' by its collectives (ranklink.go); the rank names the
+// to other processes' by its collectives (correlate/ranks); the rank names the
 // process in the verdicts on it, and the size says when its group is
 // whole. Call it before the process's first collective.
 func (e *Engine) SetRank(pid uint32, rank, size int) {
 	if rank < 0 {
 		return
 	}
-	r := procRank{rank: int32(rank), size: int32(max(size, 0))}
-	e.rankOf[pid] = r
-	for k, c := range e.comms {
-		if k.pid == pid && c.inferred && c.group == nil {
-			c.rank, c.slot, c.ownRank, c.size = r.rank, r.rank, r.rank, r.size
-			e.own(c, true)
-		}
-	}
+	e.ranks.SetRank(pid, int32(rank), int32(max(size, 0)))
 }
 
 // Event buffers one host event; it is processed once the watermark passes
@@ -116,7 +110,7 @@ func (e *Engine) Event(ev event.Event) {
 	if ev.Kind == event.KindCommInit {
 		// Order does not matter: a communicator is created long before
 		// anything waits on it.
-		e.addComm(&ev)
+		e.ranks.Add(&ev)
 		return
 	}
 	if ev.End < ev.Start {
@@ -191,9 +185,9 @@ func (e *Engine) Close(now int64) Summary {
 	e.drain(end)
 	e.now = end + windowWait + holdMax // everything is past its deadline
 	e.finalize(true)
-	if e.realigned > 0 {
+	if n := e.ranks.Realigned(); n > 0 {
 		e.log.Info("communicators realigned by their collectives: a collective was issued before the probes saw it",
-			"realigned", e.realigned)
+			"realigned", n)
 	}
 	if l := e.Losses(); l.Any() {
 		e.log.Info("the engine could not use every event in full", "late_events", l.LateEvents, "forced_events", l.ForcedEvents,
@@ -324,9 +318,9 @@ func (e *Engine) process(ev *event.Event) {
 	switch ev.Kind {
 	case event.KindEnqueue, event.KindMemcpyAsync, event.KindMemset, event.KindCollective:
 		var coll *CollectiveEvidence
-		var ref collRef
+		var ref ranks.Ref
 		if ev.Kind == event.KindCollective {
-			coll, ref = e.collEvidence(ev), e.issueColl(ev, p.q.WorkSince(ev.Start))
+			coll, ref = e.collEvidence(ev), e.ranks.Issue(ev, p.q.WorkSince(ev.Start))
 		}
 		p.onEnqueue(e.env(p), th, ev, coll, ref)
 	case event.KindSync:
@@ -359,7 +353,7 @@ func (e *Engine) processLate(ev event.Event) {
 		// Too late to move the queue model, but it still takes its place
 		// in its communicator's sequence: the k-th collective of every
 		// rank must stay the same collective.
-		e.issueColl(&ev, 0)
+		e.ranks.Issue(&ev, 0)
 	}
 }
 
@@ -408,7 +402,7 @@ func (e *Engine) finalize(force bool) {
 		}
 	}
 	e.forgetEnded()
-	e.forgetGoneMirrors(e.wm)
+	e.ranks.ForgetGoneMirrors(e.wm, windowWait+holdMax)
 	if e.wm-e.swept > sweepEvery && len(e.procs) > sweepProcs {
 		e.sweep()
 	}
@@ -476,7 +470,7 @@ func (e *Engine) sweep() {
 			}
 		}
 		delete(e.procs, pid)
-		e.forgetComms(pid)
+		e.ranks.Forget(pid)
 	}
 	for tid, th := range e.threads {
 		if th.Last < cut && th.Len() == 0 {

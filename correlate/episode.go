@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/gaptrace/gaptrace/correlate/attribute"
+	"github.com/gaptrace/gaptrace/correlate/ranks"
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -240,7 +241,7 @@ func (p *proc) release(x env) {
 	for i := range h.evs {
 		ev := h.evs[i]
 		ev.Start = ev.End
-		p.onEnqueue(x, th, &ev, nil, collRef{})
+		p.onEnqueue(x, th, &ev, nil, ranks.Ref{})
 	}
 }
 

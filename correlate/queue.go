@@ -3,6 +3,7 @@ package correlate
 import (
 	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/interval"
+	"github.com/gaptrace/gaptrace/correlate/ranks"
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -11,7 +12,7 @@ import (
 // evidence and its place in its communicator's sequence.
 type queuedColl struct {
 	ev  *CollectiveEvidence
-	ref collRef
+	ref ranks.Ref
 }
 
 // openGap is a drained queue waiting for its next enqueue.
@@ -33,7 +34,7 @@ func (p *proc) startGPU(t int64) {
 	}
 }
 
-func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
+func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *CollectiveEvidence, ref ranks.Ref) {
 	p.shadowLead(x, ev)
 	p.feeders.add(th.TID)
 	t := ev.Start
@@ -56,8 +57,8 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 	p.st.setPost(t)
 	// Before the gap this enqueue closes is delivered: it may end a step.
 	occ := int64(-1)
-	if ref.c != nil {
-		occ = ref.occ
+	if ref.Valid() {
+		occ = ref.Occ()
 	}
 	p.st.dev = x.d
 	if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
@@ -75,7 +76,7 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 	p.q.Enqueue(ev.Stream, t)
 	th.LastStream, th.Enqueued = ev.Stream, true
 	if ev.Kind == event.KindCollective {
-		p.q.Collective(ev.Stream, queuedColl{coll, ref}, ref.at)
+		p.q.Collective(ev.Stream, queuedColl{coll, ref}, ref.At())
 	}
 	p.burst.Note(th.TID, ev, wasDrained)
 	p.startGPU(t)
@@ -84,7 +85,7 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 // drainStreams marks the streams the sync ev of th covers as drained
 // (queue.Streams.Drain: an event sync covers the stream th last queued
 // to) and returns the collective their pending work held, if any.
-func (p *proc) drainStreams(th *attribute.Thread, ev *event.Event) (*CollectiveEvidence, collRef) {
+func (p *proc) drainStreams(th *attribute.Thread, ev *event.Event) (*CollectiveEvidence, ranks.Ref) {
 	c, _ := p.q.Drain(ev, th.LastStream, th.Enqueued)
 	return c.ev, c.ref
 }
@@ -126,8 +127,8 @@ func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 	p.settlePreempted(th.TID, ev.Start, wait)
 	pendingBefore := !p.q.AllDrained()
 	coll, cref := p.drainStreams(th, ev)
-	if cref.c != nil {
-		cref.c.complete(cref.seq, ev.End, ev.Start)
+	if cref.Valid() {
+		cref.Complete(ev.End, ev.Start)
 	}
 	if waited && pendingBefore {
 		p.checkStall(x, th, ev, coll, cref)
@@ -184,8 +185,8 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 	if p.gap != nil && x.liteOver(p.gap.start, ev.Start) {
 		p.closeGap(x, th, ev.Start)
 	}
-	if _, cref := p.drainStreams(th, ev); cref.c != nil {
-		cref.c.complete(cref.seq, ev.End, ev.Start)
+	if _, cref := p.drainStreams(th, ev); cref.Valid() {
+		cref.Complete(ev.End, ev.Start)
 	}
 	p.endAhead(x.set, ev.End, p.ahead.Start() < ev.Start, false)
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {

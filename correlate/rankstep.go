@@ -32,32 +32,10 @@ func (p *proc) settleVote(x env, force bool) bool {
 	if v.since == 0 {
 		v.since = x.clk.wm
 	}
-	all, any := true, v.sliver
-	for _, c := range x.w.comms {
-		g := c.group
-		if c.pid != p.pid || g == nil || g.ambiguous || g.members[c.slot] != c {
-			continue
-		}
-		if g.prologue == nil {
-			g.prologue = map[int32]bool{}
-		}
-		g.prologue[c.slot] = v.sliver
-		for rank, m := range g.members {
-			if x.w.mirrored(m.pid) {
-				// Traced by another sidecar: the anchor numbers steps
-				// alike there (below).
-				continue
-			}
-			sliver, ok := g.prologue[rank]
-			if !ok {
-				// A rank that exited without a clock has no verdict.
-				if mp := x.w.procs[m.pid]; mp == nil || mp.exitedAt == 0 {
-					all = false
-				}
-			}
-			any = any || sliver
-		}
-	}
+	all, any := x.w.ranks.Vote(p.pid, v.sliver, func(pid uint32) bool {
+		mp := x.w.procs[pid]
+		return mp != nil && mp.exitedAt != 0
+	})
 	if any && !v.sliver {
 		p.st.mergePrologue(v.num)
 		v.sliver = true

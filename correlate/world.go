@@ -4,13 +4,14 @@ import (
 	"fmt"
 
 	"github.com/gaptrace/gaptrace/correlate/attribute"
+	"github.com/gaptrace/gaptrace/correlate/ranks"
 	"github.com/gaptrace/gaptrace/event"
 )
 
 // world is everything the engine knows exists: processes, threads,
-// devices and NCCL communicators. Models read it (attribution follows a
-// wait to the thread or worker that ended it); only the engine adds to it
-// and forgets from it.
+// devices and NCCL communicators (a ranks.Registry). Models read it
+// (attribution follows a wait to the thread or worker that ended it); only
+// the engine adds to it and forgets from it.
 type world struct {
 	// noWindows: no device sends GPU windows (Config.NoGPUWindows).
 	noWindows bool
@@ -18,54 +19,27 @@ type world struct {
 	procs     map[uint32]*proc
 	threads   map[uint32]*attribute.Thread
 	devs      map[int]*device
-	// comms: what each NCCL communicator is (ranks, this process's
-	// rank), from its creation; bounded by maxComms. groups links those of
-	// different processes that are one group (ranks.go); commOrd numbers
-	// each process's communicators of one size in creation order.
-	comms   map[commKey]*commInfo
-	groups  map[groupKey]*commGroup
-	commOrd map[commOrdKey]int
+	// ranks: the NCCL communicators of every traced process, and of the
+	// processes other sidecars of the job trace (correlate/ranks).
+	ranks *ranks.Registry
 	// droppedIntervals: timeline intervals every thread dropped past
 	// attribute.MaxIntervals (threads hold a pointer to it: the world is never
 	// copied once threads exist).
 	droppedIntervals uint64
-	// rankOf: each process's rank and job size from its environment
-	// (SetRank); refuted: pairs of processes whose communicators were
-	// linked from their collectives and then disagreed (ranklink.go).
-	rankOf  map[uint32]procRank
-	refuted map[pidPair]bool
-	// realigned: how often a communicator linked from its creation was
-	// shifted to the offset its collectives agree at (ranklink.go).
-	realigned int
-	// peerOut takes the changes to this engine's communicators for the
-	// other sidecars of the job; mirrors are the processes those traced,
-	// by the pid that stands for them here (peer.go).
-	peerOut    func(PeerRecord)
-	mirrorOf   map[mirrorKey]uint32
-	mirrors    map[uint32]*mirror
-	nextMirror uint32
-	// mirrorComms counts the mirrors' communicators in comms (at most
-	// maxMirrorComms).
-	mirrorComms int
 }
-
-// procRank is a process's rank and its job's size (0: unknown), as its
-// environment says.
-type procRank struct {
-	rank, size int32
-}
-
-// maxComms bounds the communicator table (a job creates a handful).
-const maxComms = 4096
 
 func newWorld(noWindows bool) world {
+	procs := map[uint32]*proc{}
 	return world{
 		noWindows: noWindows,
 		devOf:     map[uint32]int{},
-		procs:     map[uint32]*proc{},
+		procs:     procs,
 		threads:   map[uint32]*attribute.Thread{},
 		devs:      map[int]*device{},
-		rankOf:    map[uint32]procRank{},
+		ranks: ranks.New(func(pid uint32) bool {
+			p := procs[pid]
+			return p != nil && p.exitedAt == 0
+		}),
 	}
 }
 
@@ -113,7 +87,7 @@ func (w *world) forget(p *proc) {
 		}
 	}
 	delete(w.procs, p.pid)
-	w.forgetComms(p.pid)
+	w.ranks.Forget(p.pid)
 }
 
 // isWorker reports whether process wp can be a data-loader worker of
@@ -178,15 +152,14 @@ func (w *world) ProcComm(pid uint32) (string, bool) {
 // collEvidence describes the collective ev enqueued.
 func (w *world) collEvidence(ev *event.Event) *CollectiveEvidence {
 	c := &CollectiveEvidence{Op: ev.Op.String(), Bytes: ev.Bytes, Comm: fmt.Sprintf("0x%x", ev.Comm)}
-	if ci := w.comms[commKey{pid: ev.PID, comm: ev.Comm}]; ci != nil && ci.ranks > 0 {
-		rank := ci.rank
-		c.Ranks, c.Rank = ci.ranks, &rank
+	if rank, n, ok := w.ranks.RankIn(ev.PID, ev.Comm); ok {
+		c.Ranks, c.Rank = n, &rank
 		// Whom a collective waits on: every other rank. With two ranks
 		// that is the late peer itself; with more, the late one is the
 		// rank whose own span in the job's shared trace shows no wait.
-		if ci.ranks <= maxWaitingOn {
-			for r := int32(0); r < ci.ranks; r++ {
-				if r != ci.rank {
+		if n <= maxWaitingOn {
+			for r := int32(0); r < n; r++ {
+				if r != rank {
 					c.WaitingOn = append(c.WaitingOn, r)
 				}
 			}

@@ -1,4 +1,4 @@
-package correlate
+package ranks
 
 import (
 	"cmp"
@@ -187,14 +187,14 @@ func offsetOf(c, o *commInfo, strict bool) (int64, linkScore, bool) {
 
 // link tries to link c, which just issued a collective, with another
 // process's communicator, or checks its link again.
-func (w *world) link(c *commInfo) {
+func (reg *Registry) link(c *commInfo) {
 	if !linkable(c) {
-		w.realign(c)
+		reg.realign(c)
 		return
 	}
 	if c.group != nil && c.group.linked {
 		if c.n%linkCheckEvery == 0 {
-			w.recheck(c)
+			reg.recheck(c)
 		}
 		return
 	}
@@ -207,14 +207,14 @@ func (w *world) link(c *commInfo) {
 		s linkScore
 	}
 	var cands []cand
-	for k, o := range w.comms {
-		if k.pid == c.pid || o.n < linkTested || !linkable(o) || !w.live(o.pid) {
+	for k, o := range reg.comms {
+		if k.pid == c.pid || o.n < linkTested || !linkable(o) || !reg.live(o.pid) {
 			continue
 		}
 		if g := o.group; g != nil && g.linked && g.has(c.pid) {
 			continue
 		}
-		d, s, ok := offsetOf(c, o, w.refuted[pairOf(c.pid, o.pid)])
+		d, s, ok := offsetOf(c, o, reg.refuted[pairOf(c.pid, o.pid)])
 		if ok {
 			cands = append(cands, cand{o, d, s})
 		}
@@ -234,7 +234,7 @@ func (w *world) link(c *commInfo) {
 		return cmp.Compare(a.o.n, b.o.n)
 	})
 	for _, k := range cands {
-		if w.join(c, k.o, k.d) {
+		if reg.join(c, k.o, k.d) {
 			return
 		}
 	}
@@ -262,16 +262,16 @@ func sizeOf(c *commInfo) int32 {
 // join links c with o, whose (i+d)-th collective is c's i-th: into o's
 // linked group when c agrees with every member and its rank and size fit,
 // else into a new group of the two.
-func (w *world) join(c, o *commInfo, d int64) bool {
+func (reg *Registry) join(c, o *commInfo, d int64) bool {
 	g := o.group
 	if g == nil || !g.linked {
 		if !canPair(o, c) {
 			return false
 		}
 		g = &commGroup{members: map[int32]*commInfo{}, linked: true}
-		w.unlink(o)
+		reg.unlink(o)
 		g.add(o, 0)
-		w.unlink(c)
+		reg.unlink(c)
 		g.add(c, d)
 		g.lastRank()
 		return true
@@ -281,14 +281,14 @@ func (w *world) join(c, o *commInfo, d int64) bool {
 	}
 	strict := false
 	for _, m := range g.members {
-		strict = strict || w.refuted[pairOf(c.pid, m.pid)]
+		strict = strict || reg.refuted[pairOf(c.pid, m.pid)]
 	}
 	for _, m := range g.sorted() {
 		if m != o && !scorePairs(c, m, d+o.off-m.off).accepts(strict) {
 			return false
 		}
 	}
-	w.unlink(c)
+	reg.unlink(c)
 	g.add(c, d+o.off)
 	g.lastRank()
 	return true
@@ -372,17 +372,17 @@ func (g *commGroup) add(c *commInfo, off int64) {
 // recheck drops c from its linked group when its recent collectives
 // disagree with a member's: lost events shifted a sequence, or two jobs
 // that stepped together for a while drifted apart.
-func (w *world) recheck(c *commInfo) {
+func (reg *Registry) recheck(c *commInfo) {
 	g := c.group
 	for _, m := range g.sorted() {
 		if m == c || !scorePairs(c, m, c.off-m.off).disagrees() {
 			continue
 		}
-		w.refuted[pairOf(c.pid, m.pid)] = true
-		w.unlink(c)
+		reg.refuted[pairOf(c.pid, m.pid)] = true
+		reg.unlink(c)
 		if len(g.members) == 1 {
 			for _, last := range g.members {
-				w.unlink(last)
+				reg.unlink(last)
 			}
 		}
 		return
@@ -399,7 +399,7 @@ func (w *world) recheck(c *commInfo) {
 // rank's (k±1)-th: an earlier issue judges every wait on time, a later one
 // sends it to the baseline. Checked at every collective while the
 // sequence is young, then every linkCheckEvery.
-func (w *world) realign(c *commInfo) {
+func (reg *Registry) realign(c *commInfo) {
 	g := c.group
 	if g == nil || g.linked || g.ambiguous || c.n < linkTested || c.n > linkEager && c.n%linkCheckEvery != 0 {
 		return
@@ -410,37 +410,8 @@ func (w *world) realign(c *commInfo) {
 		}
 		if d, _, ok := offsetOf(c, m, false); ok && d+m.off != c.off {
 			c.off = d + m.off
-			w.realigned++
+			reg.realigned++
 		}
 		return
 	}
-}
-
-// awaitsLink reports whether a verdict on a wait on collective r is best
-// left for a while to the ranks: its communicator may soon be linked to
-// another traced process's, or a member of its group has not shown the
-// collective yet (its event arrives late).
-func (w *world) awaitsLink(r collRef) bool {
-	c := r.c
-	if c == nil {
-		return false
-	}
-	if g := c.group; g != nil && !g.ambiguous && g.complete() {
-		for _, m := range g.members {
-			// A rank that is gone issues nothing more.
-			if j := r.seq + c.off - m.off; j >= m.n && j < m.n+issueRing && w.live(m.pid) {
-				return true
-			}
-		}
-		return false
-	}
-	if !linkable(c) || c.n > linkEager {
-		return false
-	}
-	for k, o := range w.comms {
-		if k.pid != c.pid && linkable(o) && w.live(o.pid) {
-			return true
-		}
-	}
-	return false
 }

@@ -1,0 +1,270 @@
+package stepclock
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"unicode"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Call sites: the code that runs the loop says where an iteration ends
+// more surely than the timing of what it enqueues. A training loop reads
+// its loss (or syncs otherwise) from one line of its own code once per
+// iteration; a checkpoint's per-tensor copies, an evaluation's batches, a
+// metric read every N iterations and a background thread's copies come
+// from other lines or other threads. PickSite finds that line in the
+// stream of a process's sited calls (the syncs and blocking copies whose
+// stacks the tracer captured) and enqueued tokens; Spec is a site the
+// user declared.
+
+// Step sources, strongest first.
+const (
+	SourceDeclared  = "declared"  // --step-at
+	SourceFramework = "framework" // a framework's own per-step marker
+	SourceCallSite  = "call_site" // the sync site that recurs once an iteration
+	SourceWork      = "work_pattern"
+)
+
+// Site tuning.
+const (
+	// SiteDepth: user frames that make a site's key, innermost first (one
+	// helper called from the loop and from the evaluation is two sites).
+	SiteDepth = 3
+	// SiteMinRuns: intervals between a site's calls before it may clock.
+	SiteMinRuns = 6
+	// SiteGood: the least share of those intervals that must hold one
+	// iteration's work (work, and no token twice).
+	SiteGood = 0.75
+	// SiteRing: stream items a stepper keeps for PickSite.
+	SiteRing = 512
+	// SiteRepeat: the most times one token may come between two calls of
+	// a site that clocks iterations (an iteration may copy its input and
+	// its target of one size; a site read every tenth iteration sees the
+	// batch copy ten times, an accumulation's four micro-batches four).
+	SiteRepeat = 2
+)
+
+// Site is where a call was made: Key tells sites apart, Name is the
+// innermost frame of the job's own code as a person finds it.
+type Site struct {
+	Key  string
+	Name string
+}
+
+// SiteOf is the site of a stack: its innermost frames of the job's own
+// code (event.SystemCode tells the job's from the libraries'); the zero
+// Site when the stack holds none.
+func SiteOf(stack []event.Frame) Site {
+	var s Site
+	n := 0
+	for _, f := range stack {
+		if event.SystemCode(f.File) {
+			continue
+		}
+		where := filepath.Base(f.Where())
+		if n == 0 {
+			s.Name = frameName(f)
+		} else {
+			s.Key += "<"
+		}
+		s.Key += where + ":" + strconv.Itoa(f.Line) + " " + f.Function
+		if n++; n == SiteDepth {
+			break
+		}
+	}
+	return s
+}
+
+func frameName(f event.Frame) string {
+	base := filepath.Base(f.Where())
+	if f.Line > 0 {
+		return fmt.Sprintf("%s:%d %s", base, f.Line, f.Function)
+	}
+	return base + " " + f.Function
+}
+
+// Item is one entry of the stream PickSite reads: a sited call (Site set:
+// a sync or blocking copy with the thread's launches since its previous
+// flushed event) or a token (Site zero: a copy, collective or marked
+// launch enqueued by any thread).
+type Item struct {
+	Site     Site
+	TID      uint32
+	Key      Key
+	Launches uint64
+}
+
+// Pick is the call site PickSite chose.
+type Pick struct {
+	Site Site
+	TID  uint32
+	// Runs: the intervals between its calls that held one iteration.
+	Runs int
+}
+
+type siteCand struct {
+	site      Site
+	tid       uint32
+	at        []int // item indexes
+	good, all int
+}
+
+// PickSite finds the call site that recurs once per iteration in items
+// (oldest first): among the sites on one thread, the one with the most
+// intervals between consecutive calls that hold work (the thread launched,
+// or a token came) and no token more than SiteRepeat times (a site that
+// syncs every tenth iteration sees the batch copy ten times; one that
+// copies each tensor of a checkpoint sees no work at all), at least
+// SiteMinRuns of them and a SiteGood share. A site on the process's main
+// thread (tid == pid) wins over other threads' (a background saver). Ties
+// go to the site called last (a loop's last sync ends its iteration).
+func PickSite(items []Item, pid uint32) (Pick, bool) {
+	var cands []*siteCand
+	idx := map[string]*siteCand{}
+	for i := range items {
+		it := &items[i]
+		if it.Site.Key == "" {
+			continue
+		}
+		k := strconv.FormatUint(uint64(it.TID), 10) + "|" + it.Site.Key
+		c := idx[k]
+		if c == nil {
+			c = &siteCand{site: it.Site, tid: it.TID}
+			idx[k] = c
+			cands = append(cands, c)
+		}
+		c.at = append(c.at, i)
+	}
+	var best *siteCand
+	for _, c := range cands {
+		for j := 1; j < len(c.at); j++ {
+			c.all++
+			if oneIteration(items[c.at[j-1]+1:c.at[j]+1], c.tid) {
+				c.good++
+			}
+		}
+		if c.good < SiteMinRuns || float64(c.good) < SiteGood*float64(c.all) {
+			continue
+		}
+		if best == nil || better(c, best, pid) {
+			best = c
+		}
+	}
+	if best == nil {
+		return Pick{}, false
+	}
+	return Pick{Site: best.site, TID: best.tid, Runs: best.good}, true
+}
+
+func better(c, b *siteCand, pid uint32) bool {
+	if cm, bm := c.tid == pid, b.tid == pid; cm != bm {
+		return cm
+	}
+	if c.good != b.good {
+		return c.good > b.good
+	}
+	return c.at[len(c.at)-1] > b.at[len(b.at)-1]
+}
+
+// oneIteration says whether the items after one call of a site on tid up
+// to and including the next hold one iteration's work: the thread
+// launched, or a token came, and no token came more than SiteRepeat
+// times. A sited call that is also a copy is no token: a checkpoint's
+// per-tensor copies hold no work between them.
+func oneIteration(span []Item, tid uint32) bool {
+	work := false
+	seen := map[Key]int{}
+	for i := range span {
+		it := &span[i]
+		if it.Site.Key != "" {
+			work = work || it.TID == tid && it.Launches > 0
+			continue
+		}
+		if seen[it.Key]++; seen[it.Key] > SiteRepeat {
+			return false
+		}
+		work = true
+	}
+	return work
+}
+
+// Spec is a declared step site: FILE:LINE or a function name.
+type Spec struct {
+	File string // "" for a function
+	Line int
+	Func string
+}
+
+// ParseSpec reads a declared step site: FILE:LINE (train.py:142, a path
+// suffix of the frame's file) or a function name (train_step,
+// Trainer.train_step, a native symbol).
+func ParseSpec(v string) (Spec, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return Spec{}, errors.New("empty: give FILE:LINE (train.py:142) or a function name (train_step)")
+	}
+	if strings.IndexFunc(v, unicode.IsSpace) >= 0 {
+		return Spec{}, fmt.Errorf("%q holds a space: give FILE:LINE (train.py:142) or a function name (train_step)", v)
+	}
+	if i := strings.LastIndexByte(v, ':'); i >= 0 && i+1 < len(v) && allDigits(v[i+1:]) {
+		line, err := strconv.Atoi(v[i+1:])
+		if err != nil || line <= 0 {
+			return Spec{}, fmt.Errorf("%q: line must be a positive number", v)
+		}
+		if i == 0 {
+			return Spec{}, fmt.Errorf("%q: no file before the line", v)
+		}
+		return Spec{File: v[:i], Line: line}, nil
+	}
+	if strings.HasSuffix(v, ":") {
+		return Spec{}, fmt.Errorf("%q: no line after the colon (train.py:142)", v)
+	}
+	if strings.ContainsAny(v, "/\\") || strings.HasSuffix(v, ".py") {
+		return Spec{}, fmt.Errorf("%q names a file without a line: give FILE:LINE (train.py:142)", v)
+	}
+	return Spec{Func: v}, nil
+}
+
+func allDigits(s string) bool {
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+func (s Spec) String() string {
+	if s.File != "" {
+		return s.File + ":" + strconv.Itoa(s.Line)
+	}
+	return s.Func
+}
+
+// Match is the frame of stack that the spec names, ok false when none.
+func (s Spec) Match(stack []event.Frame) (event.Frame, bool) {
+	for _, f := range stack {
+		if s.File != "" {
+			if f.Line == s.Line && pathSuffix(f.Where(), s.File) {
+				return f, true
+			}
+			continue
+		}
+		if f.Function == s.Func || strings.HasSuffix(f.Function, "."+s.Func) || strings.HasSuffix(f.Function, "::"+s.Func) {
+			return f, true
+		}
+	}
+	return event.Frame{}, false
+}
+
+// pathSuffix says whether file is suffix, or ends with "/"+suffix.
+func pathSuffix(file, suffix string) bool {
+	return file == suffix || strings.HasSuffix(file, "/"+strings.TrimPrefix(suffix, "./"))
+}
+
+// MatchName is how a summary names the frame a declared spec matched.
+func MatchName(f event.Frame) string { return frameName(f) }

@@ -57,13 +57,18 @@ type Site struct {
 
 // SiteOf is the site of a stack: its innermost frames of the job's own
 // code (event.SystemCode tells the job's from the libraries'); the zero
-// Site when the stack holds none.
+// Site when the stack holds none, or its innermost has no line (native
+// code built without -g names only the function, and two syncs in one
+// function would be one site: the work pattern serves such code).
 func SiteOf(stack []event.Frame) Site {
 	var s Site
 	n := 0
 	for _, f := range stack {
 		if event.SystemCode(f.File) {
 			continue
+		}
+		if n == 0 && f.Line <= 0 {
+			return Site{}
 		}
 		where := filepath.Base(f.Where())
 		if n == 0 {
@@ -96,6 +101,7 @@ type Item struct {
 	TID      uint32
 	Key      Key
 	Launches uint64
+	T        int64 // when the call returned, or the token was enqueued
 }
 
 // Pick is the call site PickSite chose.
@@ -104,6 +110,9 @@ type Pick struct {
 	TID  uint32
 	// Runs: the intervals between its calls that held one iteration.
 	Runs int
+	// Rival: another site on the thread that recurs as well, apart from
+	// it (PickSite then reports no pick).
+	Rival Site
 }
 
 type siteCand struct {
@@ -122,6 +131,9 @@ type siteCand struct {
 // SiteMinRuns of them and a SiteGood share. A site on the process's main
 // thread (tid == pid) wins over other threads' (a background saver). Ties
 // go to the site called last (a loop's last sync ends its iteration).
+// Where another site of the thread qualifies too, with half its runs at
+// least, and is not called in lockstep with it, there is no pick
+// (Pick.Rival names it).
 func PickSite(items []Item, pid uint32) (Pick, bool) {
 	var cands []*siteCand
 	idx := map[string]*siteCand{}
@@ -140,6 +152,7 @@ func PickSite(items []Item, pid uint32) (Pick, bool) {
 		c.at = append(c.at, i)
 	}
 	var best *siteCand
+	var ok []*siteCand
 	for _, c := range cands {
 		for j := 1; j < len(c.at); j++ {
 			c.all++
@@ -150,6 +163,7 @@ func PickSite(items []Item, pid uint32) (Pick, bool) {
 		if c.good < SiteMinRuns || float64(c.good) < SiteGood*float64(c.all) {
 			continue
 		}
+		ok = append(ok, c)
 		if best == nil || better(c, best, pid) {
 			best = c
 		}
@@ -157,7 +171,53 @@ func PickSite(items []Item, pid uint32) (Pick, bool) {
 	if best == nil {
 		return Pick{}, false
 	}
+	for _, c := range ok {
+		if c != best && (c.tid == pid) == (best.tid == pid) && 2*c.good >= best.good && !lockstep(best, c) {
+			// Two loops on the thread that recur apart (training and an
+			// evaluation with more batches than the training's steps
+			// between them): the stream alone does not say which is the
+			// iteration. The work pattern decides, or --step-at.
+			return Pick{Site: best.site, TID: best.tid, Runs: best.good, Rival: c.site}, false
+		}
+	}
 	return Pick{Site: best.site, TID: best.tid, Runs: best.good}, true
+}
+
+// Qualifies says whether the site key on tid still recurs once per
+// iteration in items, as PickSite requires of a pick (its rivals aside).
+func Qualifies(items []Item, key string, tid uint32) bool {
+	c := &siteCand{tid: tid}
+	for i := range items {
+		if items[i].Site.Key == key && items[i].TID == tid {
+			c.at = append(c.at, i)
+		}
+	}
+	for j := 1; j < len(c.at); j++ {
+		c.all++
+		if oneIteration(items[c.at[j-1]+1:c.at[j]+1], tid) {
+			c.good++
+		}
+	}
+	return c.good >= SiteMinRuns && float64(c.good) >= SiteGood*float64(c.all)
+}
+
+// lockstep says whether c is called once between most consecutive calls
+// of b: two syncs of one iteration (a loss read and an accuracy read).
+func lockstep(b, c *siteCand) bool {
+	k, once := 0, 0
+	for j := 1; j < len(b.at); j++ {
+		n := 0
+		for k < len(c.at) && c.at[k] < b.at[j] {
+			if c.at[k] > b.at[j-1] {
+				n++
+			}
+			k++
+		}
+		if n == 1 {
+			once++
+		}
+	}
+	return float64(once) >= SiteGood*float64(len(b.at)-1)
 }
 
 func better(c, b *siteCand, pid uint32) bool {
@@ -173,8 +233,9 @@ func better(c, b *siteCand, pid uint32) bool {
 // oneIteration says whether the items after one call of a site on tid up
 // to and including the next hold one iteration's work: the thread
 // launched, or a token came, and no token came more than SiteRepeat
-// times. A sited call that is also a copy is no token: a checkpoint's
-// per-tensor copies hold no work between them.
+// times. A copy to the host is the read of a sited call, no work of its
+// own (a checkpoint's per-tensor copies, each with its sync, hold no
+// work between them), and neither is a sited call that is a copy.
 func oneIteration(span []Item, tid uint32) bool {
 	work := false
 	seen := map[Key]int{}
@@ -182,6 +243,9 @@ func oneIteration(span []Item, tid uint32) bool {
 		it := &span[i]
 		if it.Site.Key != "" {
 			work = work || it.TID == tid && it.Launches > 0
+			continue
+		}
+		if it.Key.Dir == event.CUMemcpyDtoH {
 			continue
 		}
 		if seen[it.Key]++; seen[it.Key] > SiteRepeat {

@@ -90,14 +90,14 @@ func TestPickSiteNoneEveryTenth(t *testing.T) {
 
 func TestPickSiteCallerTellsApart(t *testing.T) {
 	// One helper (line 10) syncs for the training step (called from line
-	// 40) and for each evaluation batch (called from line 70, eight
+	// 40) and for each evaluation batch (called from line 70, four
 	// batches every 10 iterations): the caller tells them apart.
 	var s stream
 	for i := 0; i < 50; i++ {
 		s.tok(4096)
 		s.call(pid, 50, 10, 40)
 		if i%10 == 9 {
-			for k := 0; k < 8; k++ {
+			for k := 0; k < 4; k++ {
 				s.tok(2048)
 				s.call(pid, 20, 10, 70)
 			}
@@ -178,5 +178,61 @@ func TestSpecMatch(t *testing.T) {
 		if f, ok := s.Match(st); ok {
 			t.Errorf("%s matches %+v", v, f)
 		}
+	}
+}
+
+func TestSiteOfNativeWithoutLines(t *testing.T) {
+	st := []event.Frame{{Function: "cuStreamSynchronize", File: "/usr/lib/libcuda.so.1"}, {Function: "main", File: "/job/simtrain"}}
+	if s := SiteOf(st); s.Key != "" {
+		t.Fatalf("site %+v of a native frame without a line, want none", s)
+	}
+	st[1].Line, st[1].Source = 88, "/src/simtrain.c"
+	if s := SiteOf(st); s.Name != "simtrain.c:88 main" {
+		t.Fatalf("site %+v, want simtrain.c:88 main", s)
+	}
+}
+
+func TestPickSiteRivalLoops(t *testing.T) {
+	// An evaluation every 10 iterations runs 15 batches, each read at its
+	// own line: more calls than the training's, apart from them. No pick:
+	// the stream alone cannot say which loop is the iteration.
+	var s stream
+	for i := 0; i < 60; i++ {
+		s.tok(4096)
+		s.call(pid, 27, 97, 100)
+		if i%10 == 9 {
+			for k := 0; k < 15; k++ {
+				s.tok(1024)
+				s.call(pid, 8, 104, 100)
+			}
+		}
+	}
+	p, ok := PickSite(s.items, pid)
+	if ok || p.Rival.Key == "" {
+		t.Fatalf("picked %+v %v, want none with a rival", p, ok)
+	}
+}
+
+func TestPickSiteCheckpointAsyncReads(t *testing.T) {
+	// Lite: each tensor of a checkpoint is an async copy to the host and
+	// a sync at line 264; the loop's loss read is at line 120.
+	var s stream
+	d2h := func(b uint64) {
+		s.items = append(s.items, Item{Key: Key{Kind: event.KindMemcpyAsync, Dir: event.CUMemcpyDtoH, Bytes: b}})
+	}
+	for i := 0; i < 40; i++ {
+		s.tok(4096)
+		d2h(4)
+		s.call(pid, 0, 120, 300)
+		if i%4 == 3 {
+			for k := 0; k < 8; k++ {
+				d2h(uint64(1000 + k))
+				s.call(pid, 0, 264, 300)
+			}
+		}
+	}
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Name != "train.py:120 main" {
+		t.Fatalf("picked %+v %v, want train.py:120", p, ok)
 	}
 }

@@ -114,6 +114,7 @@ func (s *stepper) checkSite(set settings) bool {
 		return false
 	}
 	p, ok := stepclock.PickSite(c.items, s.pid)
+	set.log.Debug("step site check", "pid", s.pid, "site", p.Site.Name, "runs", p.Runs, "rival", p.Rival.Name, "ok", ok)
 	if s.mode == modeSite {
 		if c.strikes++; c.strikes < siteStrikes {
 			return false
@@ -134,7 +135,7 @@ func (s *stepper) checkSite(set settings) bool {
 			ends = append(ends, it.T)
 		}
 	}
-	c.source, c.key, c.tid, c.name, c.strikes = stepclock.SourceCallSite, p.Site.Key, p.TID, p.Site.Name, 0
+	c.source, c.key, c.tid, c.name, c.strikes = stepclock.SourceCallSite, p.Site.Key, p.TID, p.Pin, 0
 	c.lastAt = ends[len(ends)-1]
 	set.log.Info("steps end at a call site", "pid", s.pid, "site", c.name, "tid", p.TID)
 	s.enterSite(ends)

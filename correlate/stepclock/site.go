@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -53,6 +54,8 @@ const (
 type Site struct {
 	Key  string
 	Name string
+	// Frames: the key's frames as a person names them, innermost first.
+	Frames []string
 }
 
 // SiteOf is the site of a stack: its innermost frames of the job's own
@@ -76,6 +79,7 @@ func SiteOf(stack []event.Frame) Site {
 		} else {
 			s.Key += "<"
 		}
+		s.Frames = append(s.Frames, frameName(f))
 		s.Key += where + ":" + strconv.Itoa(f.Line) + " " + f.Function
 		if n++; n == SiteDepth {
 			break
@@ -113,6 +117,11 @@ type Pick struct {
 	// Rival: another site on the thread that recurs as well, apart from
 	// it (PickSite then reports no pick).
 	Rival Site
+	// Pin names the site's innermost frame that no other site in the
+	// stream holds ("train.py:42 main"; a helper that reads the loss for
+	// the training and the evaluation is pinned at its caller): what
+	// --step-at takes, as FILE:LINE.
+	Pin string
 }
 
 type siteCand struct {
@@ -180,7 +189,25 @@ func PickSite(items []Item, pid uint32) (Pick, bool) {
 			return Pick{Site: best.site, TID: best.tid, Runs: best.good, Rival: c.site}, false
 		}
 	}
-	return Pick{Site: best.site, TID: best.tid, Runs: best.good}, true
+	return Pick{Site: best.site, TID: best.tid, Runs: best.good, Pin: pin(best.site, cands)}, true
+}
+
+// pin is the innermost frame of s that no other site of cands holds, its
+// outermost when each is shared.
+func pin(s Site, cands []*siteCand) string {
+	for _, f := range s.Frames {
+		shared := false
+		for _, c := range cands {
+			if c.site.Key != s.Key && slices.Contains(c.site.Frames, f) {
+				shared = true
+				break
+			}
+		}
+		if !shared {
+			return f
+		}
+	}
+	return s.Frames[len(s.Frames)-1]
 }
 
 // Qualifies says whether the site key on tid still recurs once per
@@ -233,7 +260,9 @@ func better(c, b *siteCand, pid uint32) bool {
 // oneIteration says whether the items after one call of a site on tid up
 // to and including the next hold one iteration's work: the thread
 // launched, or a token came, and no token came more than SiteRepeat
-// times. A copy to the host is the read of a sited call, no work of its
+// times (marked launches count as work, not as repeats: a function may
+// be launched any number of times an iteration). A copy to the host is
+// the read of a sited call, no work of its
 // own (a checkpoint's per-tensor copies, each with its sync, hold no
 // work between them), and neither is a sited call that is a copy.
 func oneIteration(span []Item, tid uint32) bool {
@@ -248,10 +277,15 @@ func oneIteration(span []Item, tid uint32) bool {
 		if it.Key.Dir == event.CUMemcpyDtoH {
 			continue
 		}
+		work = true
+		if it.Key.Fn != 0 {
+			// A marked launch: a function an iteration may launch any
+			// number of times.
+			continue
+		}
 		if seen[it.Key]++; seen[it.Key] > SiteRepeat {
 			return false
 		}
-		work = true
 	}
 	return work
 }

@@ -48,7 +48,7 @@ func TestPickSiteLossRead(t *testing.T) {
 		}
 	}
 	p, ok := PickSite(s.items, pid)
-	if !ok || p.Site.Name != "train.py:40 main" || p.TID != pid {
+	if !ok || p.Site.Name != "train.py:40 main" || p.TID != pid || p.Pin != "train.py:40 main" {
 		t.Fatalf("picked %+v %v, want train.py:40 on the main thread", p, ok)
 	}
 }
@@ -104,8 +104,8 @@ func TestPickSiteCallerTellsApart(t *testing.T) {
 		}
 	}
 	p, ok := PickSite(s.items, pid)
-	if !ok || p.Site.Key != SiteOf(pyStack(10, 40)).Key {
-		t.Fatalf("picked %+v %v, want the helper as called from line 40", p, ok)
+	if !ok || p.Site.Key != SiteOf(pyStack(10, 40)).Key || p.Pin != "train.py:40 main" {
+		t.Fatalf("picked %+v %v, want the helper as called from line 40, pinned there", p, ok)
 	}
 }
 

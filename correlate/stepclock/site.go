@@ -129,6 +129,8 @@ type siteCand struct {
 	tid       uint32
 	at        []int // item indexes
 	good, all int
+	// launches: the thread's launches in each interval, in order.
+	launches []uint64
 }
 
 // PickSite finds the call site that recurs once per iteration in items
@@ -165,11 +167,13 @@ func PickSite(items []Item, pid uint32) (Pick, bool) {
 	for _, c := range cands {
 		for j := 1; j < len(c.at); j++ {
 			c.all++
-			if oneIteration(items[c.at[j-1]+1:c.at[j]+1], c.tid) {
+			span := items[c.at[j-1]+1 : c.at[j]+1]
+			if oneIteration(span, c.tid) {
 				c.good++
 			}
+			c.launches = append(c.launches, threadLaunches(span, c.tid))
 		}
-		if c.good < SiteMinRuns || float64(c.good) < SiteGood*float64(c.all) {
+		if c.good < SiteMinRuns || float64(c.good) < SiteGood*float64(c.all) || microBatches(c.launches) {
 			continue
 		}
 		ok = append(ok, c)
@@ -226,6 +230,44 @@ func Qualifies(items []Item, key string, tid uint32) bool {
 		}
 	}
 	return c.good >= SiteMinRuns && float64(c.good) >= SiteGood*float64(c.all)
+}
+
+func threadLaunches(span []Item, tid uint32) uint64 {
+	var n uint64
+	for i := range span {
+		if span[i].Site.Key != "" && span[i].TID == tid {
+			n += span[i].Launches
+		}
+	}
+	return n
+}
+
+// microBatches says whether the launches between a site's calls show
+// gradient accumulation: every g-th interval (g from 2 to 8) launches
+// more than every other one (the optimizer step), over three groups at
+// least. Such a site reads each micro-batch's loss; a step is one
+// optimizer step, which the work pattern groups (lite, blind to launches,
+// cannot tell).
+func microBatches(l []uint64) bool {
+	for g := 2; g <= 8; g++ {
+		if len(l) < 3*g {
+			break
+		}
+		for ph := 0; ph < g; ph++ {
+			var heavyMin, restMax uint64 = ^uint64(0), 0
+			for i, n := range l {
+				if i%g == ph {
+					heavyMin = min(heavyMin, n)
+				} else {
+					restMax = max(restMax, n)
+				}
+			}
+			if restMax > 0 && heavyMin > restMax+restMax/10 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // lockstep says whether c is called once between most consecutive calls

@@ -236,3 +236,21 @@ func TestPickSiteCheckpointAsyncReads(t *testing.T) {
 		t.Fatalf("picked %+v %v, want train.py:120", p, ok)
 	}
 }
+
+func TestPickSiteMicroBatches(t *testing.T) {
+	// Four micro-batches an iteration, the loss read after each, the
+	// optimizer's launches after the fourth: the read's site counts
+	// micro-batches, so it is no step site.
+	var s stream
+	for i := 0; i < 40; i++ {
+		s.tok(4096)
+		n := uint64(20)
+		if i%4 == 3 {
+			n += 6
+		}
+		s.call(pid, n, 50, 100)
+	}
+	if p, ok := PickSite(s.items, pid); ok {
+		t.Fatalf("picked %+v, want none", p)
+	}
+}

@@ -41,6 +41,31 @@ type siteClock struct {
 	name    string
 	strikes int
 	lastAt  int64 // its latest call's return
+	// pend: each thread's launches a copy reported pending, which its
+	// next sync counts again (newLaunches).
+	pend map[uint32]uint64
+}
+
+// newLaunches is how many launches ev's thread made since its previous
+// sited call: a sync's count (launches since its last flush) less those
+// a copy in between already reported pending.
+func (c *siteClock) newLaunches(ev *event.Event) uint64 {
+	if c.pend == nil {
+		c.pend = map[uint32]uint64{}
+	}
+	prev := c.pend[ev.TID]
+	if ev.Kind != event.KindSync {
+		c.pend[ev.TID] = ev.Pending
+		if ev.Pending >= prev {
+			return ev.Pending - prev
+		}
+		return ev.Pending
+	}
+	delete(c.pend, ev.TID)
+	if ev.Count >= prev {
+		return ev.Count - prev
+	}
+	return ev.Count
 }
 
 // siteToken notes one enqueued token in the stream.
@@ -81,7 +106,7 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 	if site.Key == "" {
 		return false
 	}
-	it := stepclock.Item{Site: site, TID: ev.TID, Launches: ev.Count + ev.Pending, T: ev.End}
+	it := stepclock.Item{Site: site, TID: ev.TID, Launches: c.newLaunches(ev), T: ev.End}
 	if n := len(c.items); n > 0 && ev.Kind == event.KindMemcpy {
 		// The copy came as a token just before: it is this call.
 		if k, ok := stepclock.TokenOf(ev); ok && c.items[n-1].Site.Key == "" && c.items[n-1].Key == k {
@@ -116,6 +141,11 @@ func (s *stepper) checkSite(set settings) bool {
 	p, ok := stepclock.PickSite(c.items, s.pid)
 	set.log.Debug("step site check", "pid", s.pid, "site", p.Site.Name, "runs", p.Runs, "rival", p.Rival.Name, "ok", ok)
 	if s.mode == modeSite {
+		if !ok && c.recent() {
+			// Still called lately, and nothing else recurs: a phase (an
+			// evaluation) holds the stream for now.
+			return false
+		}
 		if c.strikes++; c.strikes < siteStrikes {
 			return false
 		}
@@ -140,6 +170,17 @@ func (s *stepper) checkSite(set settings) bool {
 	set.log.Info("steps end at a call site", "pid", s.pid, "site", c.name, "tid", p.TID)
 	s.enterSite(ends)
 	return true
+}
+
+// recent says whether the running site was called in the later half of
+// the stream.
+func (c *siteClock) recent() bool {
+	for i := len(c.items) / 2; i < len(c.items); i++ {
+		if it := &c.items[i]; it.Site.Key == c.key && it.TID == c.tid {
+			return true
+		}
+	}
+	return false
 }
 
 // enterSite hands the steps to the site: the steps the other clocks laid

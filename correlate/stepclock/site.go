@@ -144,7 +144,9 @@ type siteCand struct {
 // go to the site called last (a loop's last sync ends its iteration).
 // Where another site of the thread qualifies too, with half its runs at
 // least, and is not called in lockstep with it, there is no pick
-// (Pick.Rival names it).
+// (Pick.Rival names it). A pick's calls span the stream (the first in its
+// first quarter, the last in its last): an evaluation's batches, however
+// many, are a phase of it.
 func PickSite(items []Item, pid uint32) (Pick, bool) {
 	var cands []*siteCand
 	idx := map[string]*siteCand{}
@@ -174,6 +176,11 @@ func PickSite(items []Item, pid uint32) (Pick, bool) {
 			c.launches = append(c.launches, threadLaunches(span, c.tid))
 		}
 		if c.good < SiteMinRuns || float64(c.good) < SiteGood*float64(c.all) || microBatches(c.launches) {
+			continue
+		}
+		if 4*c.at[0] >= len(items) || 4*c.at[len(c.at)-1] < 3*len(items) {
+			// Its calls do not span the stream: a phase (an evaluation's
+			// batches), not the loop.
 			continue
 		}
 		ok = append(ok, c)

@@ -49,6 +49,8 @@ class Loop:
         self.rnd = random.Random(a.seed)
         cu, mod, self.image = load_module(a.lib, "pysteps", check)
         self.cu = cu
+        self.ctx = V()
+        check(cu.cuCtxGetCurrent(ctypes.byref(self.ctx)), "cuCtxGetCurrent")
         self.funcs = []
         for us in (150, 300, 80, 40):
             f = V()
@@ -85,11 +87,16 @@ class Loop:
 def saver(loop, stop):
     """A background thread that saves the model every 30 ms, tensor by tensor."""
     cu = loop.cu
-    s = V()
-    check(cu.cuStreamCreate(ctypes.byref(s), 1), "cuStreamCreate")
-    while not stop.wait(0.03):
-        for _ in range(8):
-            loop.read(2 << 20, s)
+    try:
+        check(cu.cuCtxSetCurrent(loop.ctx), "cuCtxSetCurrent")  # the context is current per thread
+        s = V()
+        check(cu.cuStreamCreate(ctypes.byref(s), 1), "cuStreamCreate")
+        while not stop.wait(0.03):
+            for _ in range(8):
+                loop.read(2 << 20, s)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        os._exit(1)  # a thread's exit would go unnoticed
 
 
 def main():

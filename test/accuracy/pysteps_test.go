@@ -24,6 +24,9 @@ import (
 // count within ±2% of the job's own, nine in ten iterations holding one
 // step end), and where the loop reads its loss every iteration under full
 // probes, steps must come from that call site (the summary's step_clock).
+// The graph loop runs once more under full with host stalls (CPU work, a
+// sleep, a pageable copy): the work pattern, clocked by the saver
+// thread's copies, counted 150 steps for its 300 iterations.
 func TestPythonStepSources(t *testing.T) {
 	s := need(t)
 	const steps, attachSteps = 300, 1000
@@ -54,6 +57,15 @@ func TestPythonStepSources(t *testing.T) {
 			})
 		}
 	}
+	t.Run("graph-stalls/full", func(t *testing.T) {
+		dir := runPython(t, s, "pysteps-graph-stalls", "pysteps.py", correlate.ProbesFull, func(string) []string {
+			return []string{"--job", "graph", "--stalls", "--steps", fmt.Sprint(steps)}
+		})
+		checkPySteps(t, dir, "graph-stalls/full", steps)
+		if clock := readStepClock(t, dir); clock.Source != "call_site" {
+			t.Errorf("steps counted by %s (%s), want the loss read's call site (outputs in %s)", clock.Source, clock.Site, dir)
+		}
+	})
 }
 
 // TestPythonDeclaredStepSite traces the checkpoint loop with --step-at at

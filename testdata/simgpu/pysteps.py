@@ -19,6 +19,9 @@ seeded) and copying it to the device (4 MiB, pinned, async):
   accum     4 micro-batches an iteration (each its batch copy and 20
             launches), then the optimizer (6 launches) and the loss read.
 
+--stalls stalls the host now and then (CPU work, a sleep, a pageable copy).
+--sync-reads makes every read a synchronous cuMemcpyDtoH.
+
 --truth FILE writes JSON Lines: a meta record (pid, from_start), then one
 step record per iteration (start_unix_nano, end_unix_nano), and the
 count of iterations the job ran (type "done").
@@ -62,6 +65,7 @@ class Loop:
         cu.cuLaunchKernel.argtypes = [V] + [ctypes.c_uint] * 6 + [ctypes.c_uint, V, V, V]
         cu.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, V, ctypes.c_size_t, V]
         cu.cuMemcpyDtoHAsync_v2.argtypes = [V, ctypes.c_uint64, ctypes.c_size_t, V]
+        cu.cuMemcpyDtoH_v2.argtypes = [V, ctypes.c_uint64, ctypes.c_size_t]
         self.host = V()
         check(cu.cuMemAllocHost_v2(ctypes.byref(self.host), ctypes.c_size_t(16 << 20)), "cuMemAllocHost_v2")
         self.comp = V()
@@ -78,6 +82,9 @@ class Loop:
         check(self.cu.cuMemcpyHtoDAsync_v2(self.dptr.value, self.host, mib << 20, self.comp), "cuMemcpyHtoDAsync_v2")
 
     def read(self, nbytes=4, stream=None):
+        if self.a.sync_reads:
+            check(self.cu.cuMemcpyDtoH_v2(self.out if nbytes <= 16 else self.host, self.dptr.value, nbytes), "cuMemcpyDtoH_v2")
+            return
         s = stream if stream is not None else self.comp
         check(self.cu.cuMemcpyDtoHAsync_v2(self.out if nbytes <= 16 else self.host, self.dptr.value, nbytes, s),
               "cuMemcpyDtoHAsync_v2")
@@ -105,6 +112,8 @@ def main():
     p.add_argument("--job", choices=JOBS, required=True)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--stalls", action="store_true", help="stall the host: 15 ms of CPU every 7th iteration, a 20 ms sleep every 11th, a pageable 8 MiB copy every 13th")
+    p.add_argument("--sync-reads", action="store_true", help="read with cuMemcpyDtoH (synchronous) instead of an async copy and a stream sync")
     p.add_argument("--truth", help="write the ground truth here (JSON Lines)")
     a = p.parse_args()
     if a.steps < 1:
@@ -129,8 +138,18 @@ def main():
         bg = threading.Thread(target=saver, args=(loop, stop), name="saver", daemon=True)
         bg.start()
     record(type="meta", pid=os.getpid(), from_start=True, job=a.job, steps=a.steps)
+    pageable = ctypes.create_string_buffer(8 << 20)
+    cu.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, V, ctypes.c_size_t]
     for step in range(a.steps):
         start = time.time_ns()
+        if a.stalls and step % 7 == 3:
+            end = time.monotonic() + 0.015
+            while time.monotonic() < end:
+                pass
+        if a.stalls and step % 11 == 5:
+            time.sleep(0.02)
+        if a.stalls and step % 13 == 8:
+            check(cu.cuMemcpyHtoD_v2(loop.dptr.value, pageable, 8 << 20), "cuMemcpyHtoD_v2")
         if a.job == "graph":
             loop.batch()
             check(cu.cuGraphLaunch(gexec, loop.comp), "cuGraphLaunch")

@@ -136,6 +136,11 @@ func (s *stepper) checkSite(set settings) bool {
 		// The running site still recurs: a rival (an evaluation's
 		// batches) does not unseat it.
 		c.strikes = 0
+		if c.source == stepclock.SourceCallSite {
+			if pin := stepclock.PinIn(c.items, c.key); pin != "" {
+				c.name = pin
+			}
+		}
 		return false
 	}
 	p, ok := stepclock.PickSite(c.items, s.pid)

@@ -203,6 +203,31 @@ func PickSite(items []Item, pid uint32) (Pick, bool) {
 	return Pick{Site: best.site, TID: best.tid, Runs: best.good, Pin: pin(best.site, cands)}, true
 }
 
+// PinIn is the pin of the site key in items (Pick.Pin), "" when items
+// hold no call of it: as the stream shows the same helper called from
+// elsewhere (an evaluation reading through it), the pin moves out to the
+// caller that tells them apart.
+func PinIn(items []Item, key string) string {
+	var s *Site
+	seen := map[string]bool{}
+	var cands []*siteCand
+	for i := range items {
+		it := &items[i]
+		if it.Site.Key == "" || seen[it.Site.Key] {
+			continue
+		}
+		seen[it.Site.Key] = true
+		cands = append(cands, &siteCand{site: it.Site})
+		if it.Site.Key == key {
+			s = &it.Site
+		}
+	}
+	if s == nil {
+		return ""
+	}
+	return pin(*s, cands)
+}
+
 // pin is the innermost frame of s that no other site of cands holds, its
 // outermost when each is shared.
 func pin(s Site, cands []*siteCand) string {

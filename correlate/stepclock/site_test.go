@@ -254,3 +254,19 @@ func TestPickSiteMicroBatches(t *testing.T) {
 		t.Fatalf("picked %+v, want none", p)
 	}
 }
+
+func TestPinInMovesOut(t *testing.T) {
+	var s stream
+	s.call(pid, 5, 10, 40)
+	key := s.items[0].Site.Key
+	if p := PinIn(s.items, key); p != "train.py:10 main" {
+		t.Fatalf("pin %q alone, want the helper's line", p)
+	}
+	s.call(pid, 5, 10, 70) // the same helper, called from an evaluation
+	if p := PinIn(s.items, key); p != "train.py:40 main" {
+		t.Fatalf("pin %q beside another caller, want the loop's call", p)
+	}
+	if p := PinIn(s.items, "none"); p != "" {
+		t.Fatalf("pin %q of a key not in the stream", p)
+	}
+}

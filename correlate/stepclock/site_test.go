@@ -138,7 +138,6 @@ func TestParseSpec(t *testing.T) {
 		"train_step":                    {Func: "train_step"},
 		"Trainer.train_step":            {Func: "Trainer.train_step"},
 		"ns::Loop::step":                {Func: "ns::Loop::step"},
-		" run_iteration ":               {Func: "run_iteration"},
 		"_ZN4loop4stepEv":               {Func: "_ZN4loop4stepEv"},
 		"simtrain.c:88":                 {File: "simtrain.c", Line: 88},
 		"dir/with:colon/f.py:3":         {File: "dir/with:colon/f.py", Line: 3},
@@ -148,6 +147,7 @@ func TestParseSpec(t *testing.T) {
 		"ns::f":                         {Func: "ns::f"},
 		"Trainer.train_step.<locals>.f": {Func: "Trainer.train_step.<locals>.f"},
 	}
+	good["\trun_iteration "] = Spec{Func: "run_iteration"} // spaces around are trimmed
 	for in, want := range good {
 		got, err := ParseSpec(in)
 		if err != nil || got != want {

@@ -76,6 +76,7 @@ func (s *stepper) onToken(set settings, key stepclock.Key, occ, t int64) bool {
 	if n := len(s.toks); n > 0 {
 		from = s.toks[n-1].T
 	}
+	s.siteToken(key, t)
 	pos := s.flushedAll + s.pendSum
 	tok := stepclock.Token{Key: key, T: t, Launches: s.pendL, Syncs: s.pendSyncs, Seen: set.launchesSeen(from, t), Occ: occ, From: from, Pos: pos}
 	if key.Marked() {
@@ -87,6 +88,9 @@ func (s *stepper) onToken(set settings, key stepclock.Key, occ, t int64) bool {
 	s.toks = append(s.toks, tok)
 	s.trimToks()
 	s.ntok++
+	if s.mode == modeSite {
+		return false
+	}
 	if s.mode == modeClock {
 		ended := s.clockTick(set, &tok)
 		if s.mode == modeClock && s.ntok%stepclock.Recheck == 0 {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -46,6 +47,10 @@ type Config struct {
 	EmitDelay time.Duration
 	// StepWindow: fixed window length when no step period is found.
 	StepWindow time.Duration
+	// StepAt: a declared step site, FILE:LINE or a function name
+	// (stepclock.ParseSpec); a step ends at each sync or blocking copy
+	// with it on the stack. Empty: the site is found (stepsite.go).
+	StepAt string
 	// MaxBuffered bounds the events held for the watermark (reorder
 	// queue). Past it the oldest are processed at once and counted
 	// (Losses.ForcedEvents): memory stays bounded however far behind the
@@ -139,6 +144,11 @@ func (c Config) Validate() error {
 	if c.MaxBuffered < 0 {
 		errs = append(errs, fmt.Errorf("max buffered %d is negative", c.MaxBuffered))
 	}
+	if c.StepAt != "" {
+		if _, err := stepclock.ParseSpec(c.StepAt); err != nil {
+			errs = append(errs, fmt.Errorf("step site: %w", err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -176,6 +186,7 @@ type settings struct {
 	syncWaited int64
 	emitDelay  int64
 	stepWindow int64
+	stepAt     *stepclock.Spec // declared step site, nil when none
 	maxBuf     int
 	hw         func(dev int, start, end int64) *event.HWContext
 	log        *slog.Logger
@@ -189,10 +200,24 @@ func newSettings(c Config) settings {
 		syncWaited: int64(c.SyncWaited),
 		emitDelay:  int64(c.EmitDelay),
 		stepWindow: int64(c.StepWindow),
+		stepAt:     stepSpec(c.StepAt),
 		maxBuf:     c.MaxBuffered,
 		hw:         c.HW,
 		log:        c.Logger.With("component", "correlate"),
 	}
+}
+
+// stepSpec is the declared step site, nil when none (or invalid: Validate
+// reports that).
+func stepSpec(v string) *stepclock.Spec {
+	if v == "" {
+		return nil
+	}
+	sp, err := stepclock.ParseSpec(v)
+	if err != nil {
+		return nil
+	}
+	return &sp
 }
 
 func autoModes(probes string) *probeModes {

@@ -166,8 +166,31 @@
 // # Steps
 //
 // A step is one iteration of the training loop, however many syncs it
-// holds. Steps are counted by the work clock (clock.go, stepclock)
-// whenever one is found: an enqueued operation other than a scalar read
+// holds; under gradient accumulation, one optimizer step, however many
+// micro-batches it holds. The step clock takes the strongest source it
+// has (stepsite.go), and reports which (StepClock, Step.ClockSource):
+//
+//   - declared: Config.StepAt (--step-at), FILE:LINE or a function; a step
+//     ends at each sync or blocking copy with it on the stack (the tracer
+//     captures stacks there, not at async copies, graph launches or
+//     collectives).
+//   - call_site: the site of the main thread's sync that recurs once an
+//     iteration (stepclock.PickSite): its own frames, up to three, tell
+//     a helper called from the loop from the same helper called from an
+//     evaluation; between two of its calls the thread launched or a copy
+//     or collective was enqueued, none more than twice; a checkpoint's
+//     per-tensor reads hold no work between them, a read every tenth
+//     iteration ten batch copies, a saver thread is not the main thread.
+//     Where two sites of the thread recur apart with comparable counts
+//     (training and an evaluation longer than the training between), the
+//     stream does not say which is the iteration: the work pattern
+//     decides. A running site gives way only after three checks in a row
+//     find it no longer recurring.
+//   - work_pattern: the rules below, for code with no usable site
+//     (stripped native loops, stacks not captured).
+//
+// Under the work pattern, steps are counted by the work clock (clock.go,
+// stepclock) whenever one is found: an enqueued operation other than a scalar read
 // (a copy or memset over 4 KiB, a collective; a copy's direction is part
 // of it, so a checkpoint's copies to the host never clock the batch's
 // copies to the device) that occurs a fixed number of times m per
@@ -325,6 +348,8 @@
 //	steps.go      the stepper: sync history, fixed windows, the mode it
 //	              counts steps by (the detection itself is stepclock's)
 //	final.go      when a step is final, and emitting it
+//	stepsite.go   the step site: declared or found in the calls' stacks,
+//	              the step clock each process's steps came from
 //	clock.go      the stepper under the work clock: the token ring,
 //	              detection, laying a clock's steps over the ring
 //	clockstate.go the running clock: its recent steps' syncs, insertions

@@ -32,6 +32,9 @@ type Engine struct {
 	sink Sink
 	log  *slog.Logger
 	world
+	// clocks: each process's step clock, by the steps it emitted
+	// (stepsite.go).
+	clocks map[uint32]*StepClock
 
 	queue reorder.Queue
 	wm    int64 // watermark: every event ending at or before it is processed
@@ -214,6 +217,7 @@ func (e *Engine) Snapshot() Summary {
 		s.WallNS = e.last - e.first
 	}
 	s.Losses = e.Losses()
+	s.StepClocks = e.stepClocks()
 	if m := e.set.modes; m != nil {
 		s.Probes = ProbesAuto
 		if s.WallNS > 0 {
@@ -536,6 +540,7 @@ func (e *Engine) apply(p *proc) {
 			} else {
 				e.totals.Steps++
 			}
+			e.noteClock(&d.step.Step)
 			if e.sink != nil {
 				e.sink.Step(*d.step)
 			}

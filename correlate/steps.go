@@ -14,6 +14,7 @@ const (
 	modeWindow                  // fixed windows of StepWindow
 	modePeriod                  // steps bounded by every P-th sync
 	modeClock                   // steps counted by an enqueued operation (clock.go)
+	modeSite                    // steps end at the step site's calls (stepsite.go)
 )
 
 const (
@@ -128,6 +129,9 @@ type stepper struct {
 	// clock has been found since; splitWindow or splitWindowClock may
 	// still cut the open window, so gaps in it are held.
 	warming bool
+	// sites: the step site, declared or found in the calls' stacks
+	// (stepsite.go); under modeSite it ends the steps.
+	sites siteClock
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
@@ -170,6 +174,9 @@ func (p *proc) patternSync(x env, ev *event.Event) {
 	}
 	p.launches, p.copies, p.colls = 0, 0, 0
 	p.st.onSync(x.set, sig)
+	if p.st.onSiteCall(x.set, ev) {
+		p.resolveHeld(x, false)
+	}
 }
 
 // askGPM says whether to wait for GPM's verdict on a span where launches
@@ -259,6 +266,8 @@ func (s *stepper) onSync(set settings, sig stepclock.Sync) {
 		s.hist = s.hist[:histMax]
 	}
 	switch s.mode {
+	case modeSite:
+		// The site's calls end the steps (onSiteCall).
 	case modeClock:
 		s.clock.syncs++
 		if s.pendSyncs > s.clock.stopAfter {
@@ -430,6 +439,7 @@ func (s *stepper) boundary(t int64, window bool) {
 			return
 		}
 		o.End, o.closed = t, true
+		o.ClockSource, o.ClockSite = s.clockSource()
 		if !o.Window {
 			d := t - o.Start
 			if s.typical == 0 {
@@ -452,6 +462,10 @@ func (s *stepper) closeOpen(t int64) {
 		// No next clock operation will come: the last iteration ended at
 		// its last sync, like every other one.
 		t = s.stepEnd(t)
+	case modeSite:
+		// The last iteration ended at the site's last call; what came
+		// after is teardown.
+		t = s.sites.lastAt
 	case modePeriod:
 		// Every step ends at a sync: after the loop's last one the
 		// process tears down, which is no iteration (none when no sync
@@ -472,6 +486,7 @@ func (s *stepper) closeOpen(t int64) {
 			return
 		}
 		o.End, o.closed = t, true
+		o.ClockSource, o.ClockSite = s.clockSource()
 		if s.anchor != nil {
 			s.renumber(n - 1)
 		}
@@ -512,6 +527,15 @@ func (s *stepper) tick(set settings, t int64) {
 		for o.Start+w <= t {
 			s.boundary(o.Start+w, true)
 			o = s.steps[len(s.steps)-1]
+		}
+	case modeSite:
+		// A declared site holds however long an iteration takes; a found
+		// one gives way to fixed windows like the work pattern (the loop
+		// ended, or moved on), and is found again when it resumes.
+		if s.sites.source == stepclock.SourceCallSite && s.typical > 0 && t-o.Start > max(siteLost*s.typical, periodLost) {
+			set.log.Info("no step at the call site for long, falling back to fixed windows", "pid", s.pid, "site", s.sites.name)
+			s.sites.key, s.sites.source = "", ""
+			s.toWindows(t)
 		}
 	case modePeriod, modeClock:
 		if s.typical > 0 && t-o.Start > max(10*s.typical, periodLost) {

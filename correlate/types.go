@@ -117,6 +117,11 @@ type Step struct {
 	Launches      uint64           `json:"launches"`
 	HW            *event.HWContext `json:"hw,omitempty"`
 	Workload      *Workload        `json:"workload,omitempty"`
+	// ClockSource and ClockSite: the step clock that ended the step
+	// (stepclock.Source*) and where (the site, or what the work pattern
+	// counted); on the train.step span and in the summary's step_clock.
+	ClockSource string `json:"-"`
+	ClockSite   string `json:"-"`
 }
 
 // Summary is the --summary-json contract, written at exit.
@@ -150,6 +155,10 @@ type Summary struct {
 	// CallSites are the code locations with the most idle time behind
 	// their gaps; filled by the command at exit.
 	CallSites []CallSiteSummary `json:"call_sites,omitempty"`
+	// StepClocks: what each process's steps were counted by, most steps
+	// first. Like Losses, outside Summary's own encoding; the summary
+	// file writes them (step_clock).
+	StepClocks []StepClock `json:"-"`
 }
 
 // Losses count what the engine received but could not use as it should,

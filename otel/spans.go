@@ -183,6 +183,14 @@ func stepAttributes(s correlate.Step) []attribute.KeyValue {
 	if s.Window {
 		a = append(a, attribute.Bool("gpu.step.window", true))
 	}
+	if s.ClockSource != "" {
+		// What ended the step: the step site (declared or found), a
+		// framework's marker, or the work pattern's operation.
+		a = append(a, attribute.String("gpu.step.clock.source", s.ClockSource))
+		if s.ClockSite != "" {
+			a = append(a, attribute.String("gpu.step.clock.site", s.ClockSite))
+		}
+	}
 	for _, c := range correlate.Causes {
 		if ns := s.ByCause[c]; ns > 0 {
 			a = append(a, attribute.Float64("gpu.step.idle."+string(c), ms(ns)))

@@ -146,7 +146,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	if probes == string(tracer.ProbesNull) {
 		probes = string(tracer.ProbesFull) // no events arrive: nothing to correlate
 	}
-	ccfg := correlate.Config{Probes: probes, MinGap: cfg.MinGap, NoGPUWindows: p.gpu == nil, Logger: pc.Logger}
+	ccfg := correlate.Config{Probes: probes, MinGap: cfg.MinGap, StepAt: cfg.StepAt, NoGPUWindows: p.gpu == nil, Logger: pc.Logger}
 	if p.gpu != nil {
 		ccfg.HW = p.gpu.HWContext
 	}

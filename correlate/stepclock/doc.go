@@ -4,7 +4,9 @@
 // the operation that occurs a fixed number of times per iteration with
 // the same work between; DetectPeriod finds the sync period, the number of
 // syncs per step, where no clock is found; Seg, LagFit and SameSync
-// compare one step with the next.
+// compare one step with the next. PickSite finds the call site that
+// recurs once an iteration in a stream of sited calls and tokens, and
+// Spec is a step site the user declared (site.go).
 //
 // # Rule
 //
@@ -21,4 +23,5 @@
 //	             operation
 //	segments.go  what the segments between occurrences hold, compared
 //	period.go    Sync, SameSync, DetectPeriod: the sync period and its phase
+//	site.go      Site, PickSite, Spec: steps from the code's call sites
 package stepclock

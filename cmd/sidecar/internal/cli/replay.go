@@ -13,6 +13,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/regress"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/correlate/record"
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/whatif"
 )
 
@@ -30,6 +31,9 @@ replayed as lite (without them) or auto (at full through the warm-up
 window, then lite), to compare the probe sets without running the job
 again. A lite recording replays only as lite.
 
+--step-at ends each step at the syncs made from a site, as a run given it
+would have: pin the site a summary's step_clock names and see the steps.
+
 Flags:
 `
 
@@ -39,6 +43,7 @@ func replayCmd(args []string, deps Deps) int {
 	gapsOut := fs.String("gaps-out", "", "write every gap as a JSON line to `FILE`")
 	sumOut := fs.String("summary-json", "", "write the summary as JSON to `FILE`")
 	probes := fs.String("probes", "", "replay as probe set `SET` saw the run: full, lite or auto (default: the recording's own)")
+	stepAt := fs.String("step-at", "", "end each step at the syncs made with `SITE` on their stack (FILE:LINE or a function), as run --step-at would have")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), replayUsage)
 		fs.PrintDefaults()
@@ -55,6 +60,11 @@ func replayCmd(args []string, deps Deps) int {
 	case "", correlate.ProbesFull, correlate.ProbesLite, correlate.ProbesAuto:
 	default:
 		problems = append(problems, fmt.Sprintf("--probes %q: want %s, %s or %s", *probes, correlate.ProbesFull, correlate.ProbesLite, correlate.ProbesAuto))
+	}
+	if *stepAt != "" {
+		if _, err := stepclock.ParseSpec(*stepAt); err != nil {
+			problems = append(problems, fmt.Sprintf("--step-at: %v", err))
+		}
 	}
 	for _, o := range []struct{ flag, path string }{{"gaps-out", *gapsOut}, {"summary-json", *sumOut}} {
 		if msg := config.CheckOutput(o.flag, o.path); msg != "" {
@@ -94,6 +104,7 @@ func replayCmd(args []string, deps Deps) int {
 	}
 	cfg := h.Config()
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.StepAt = *stepAt
 
 	agg := live.NewAggregator(nil)
 	wi := whatif.New()

@@ -39,7 +39,11 @@ func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate, st
 		// Each cause's per-step idle moments, for gaptrace diff.
 		StepIdle map[string]regress.Moments `json:"step_idle,omitempty"`
 		Hangs    *hangTotals                `json:"hangs,omitempty"`
-	}{s, s.Losses, whatif.JSONMap(wi), steps.Summary(), totalHangs(hangs)}, "", "  ")
+		// What the steps were counted by: the process with the most
+		// steps, and every process where several had steps.
+		StepClock  *correlate.StepClock  `json:"step_clock,omitempty"`
+		StepClocks []correlate.StepClock `json:"step_clocks,omitempty"`
+	}{s, s.Losses, whatif.JSONMap(wi), steps.Summary(), totalHangs(hangs), firstClock(s.StepClocks), manyClocks(s.StepClocks)}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -47,4 +51,18 @@ func writeSummaryJSON(path string, s correlate.Summary, wi []whatif.Estimate, st
 		return fmt.Errorf("write summary %s: %w", path, err)
 	}
 	return nil
+}
+
+func firstClock(cs []correlate.StepClock) *correlate.StepClock {
+	if len(cs) == 0 {
+		return nil
+	}
+	return &cs[0]
+}
+
+func manyClocks(cs []correlate.StepClock) []correlate.StepClock {
+	if len(cs) < 2 {
+		return nil
+	}
+	return cs
 }

@@ -86,6 +86,7 @@ type Config struct {
 	CUDAWait         time.Duration // attach --pid: fail when no libcuda appears in the target within this (0: never fail)
 	RingPoll         time.Duration // how often the event reader looks at the ring buffer on its own
 	HangAfter        time.Duration // a call in flight this long without progress is a hang
+	StepAt           string        // declared step site: FILE:LINE or a function name ("": found)
 
 	// Outputs.
 	GapsOut        string

@@ -437,3 +437,28 @@ func TestHangAfter(t *testing.T) {
 		}
 	}
 }
+
+func TestStepAt(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string // the value, or the error's words
+		bad  bool
+	}{
+		{[]string{"--step-at", "train.py:142", "true"}, nil, "train.py:142", false},
+		{[]string{"--step-at", "train_step", "true"}, nil, "train_step", false},
+		{[]string{"true"}, map[string]string{"GAPTRACE_STEP_AT": "Trainer.step"}, "Trainer.step", false},
+		{[]string{"--step-at", "train.py:0", "true"}, nil, "line must be a positive number", true},
+		{[]string{"--step-at", "train.py", "true"}, nil, "FILE:LINE", true},
+		{[]string{"--step-at", "train.py:", "true"}, nil, "no line after the colon", true},
+		{[]string{"true"}, map[string]string{"GAPTRACE_STEP_AT": "a b"}, "holds a space", true},
+	} {
+		cfg, _, err := Load(CmdRun, tc.args, env(tc.env), io.Discard)
+		switch {
+		case tc.bad && (err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(strings.ToLower(err.Error()), "step")):
+			t.Errorf("%v %v: error %v, want one naming step-at and %q", tc.args, tc.env, err, tc.want)
+		case !tc.bad && (err != nil || cfg.StepAt != tc.want):
+			t.Errorf("%v %v: StepAt %q, %v; want %q", tc.args, tc.env, cfg.StepAt, err, tc.want)
+		}
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
 )
 
 // option is one setting, written the same way as a flag, an environment
@@ -87,6 +89,17 @@ var options = []option{
 		binding: durationVar(func(c *Config) *time.Duration { return &c.SyscallThreshold })},
 	{name: "ring-poll", usage: "how often the event reader looks at the kernel's ring buffer on its own (the probes wake it only when a quarter of it is full): each look wakes the sidecar, and events wait up to this long",
 		binding: durationVar(func(c *Config) *time.Duration { return &c.RingPoll })},
+	{name: "step-at", usage: "a step ends at each sync or blocking copy made with `SITE` on its stack: FILE:LINE (train.py:142) or a function name (train_step); the summary's step_clock names the site found when none is given",
+		binding: binding{
+			set: func(c *Config, v string) error {
+				if _, err := stepclock.ParseSpec(v); err != nil {
+					return err
+				}
+				c.StepAt = strings.TrimSpace(v)
+				return nil
+			},
+			get: func(c *Config) string { return c.StepAt },
+		}},
 	{name: "min-gap", usage: "GPU idle gaps shorter than this are accounted per step instead of reported one by one",
 		binding: durationVar(func(c *Config) *time.Duration { return &c.MinGap })},
 	{name: "hang-after", usage: "report a hang when a traced thread stays this long in one CUDA sync, collective wait or blocking syscall while its process makes no progress on the GPU",

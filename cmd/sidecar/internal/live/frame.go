@@ -15,6 +15,7 @@ func Frame(v View, width int) string {
 	fmt.Fprintf(&b, "gaptrace · %s · %s\n", Escape(v.Title), formatElapsed(v.Elapsed))
 	fmt.Fprintf(&b, "steps %d (%.1f/s)%s   GPU idle %s   gaps %d   dropped events %d\n",
 		v.Steps, v.StepsPerSec, windowsNote(v.Windows), pct(v.IdlePct), v.Gaps, v.Stats.Drops)
+	writeStepClock(&b, v, width)
 	writeHangs(&b, v, width)
 	writeLosses(&b, v.Losses, width)
 	if v.Stats.Peers != "" {
@@ -200,4 +201,35 @@ func windowsNote(n int64) string {
 		return " + 1 window"
 	}
 	return fmt.Sprintf(" + %d windows", n)
+}
+
+// writeStepClock names what the steps are counted by, for the process
+// with the most steps: the site a user can pin with --step-at, or the
+// work pattern's operation.
+func writeStepClock(b *strings.Builder, v View, width int) {
+	if len(v.StepClocks) == 0 {
+		return
+	}
+	c := v.StepClocks[0]
+	line := "step clock: " + c.Source
+	if c.Site != "" {
+		line += " · " + c.Site
+	}
+	if pin := PinSite(c); pin != "" && c.Source == "call_site" {
+		line += " (pin with --step-at " + pin + ")"
+	}
+	if n := len(v.StepClocks); n > 1 {
+		line += fmt.Sprintf(" · %d processes", n)
+	}
+	b.WriteString(trimRight(Escape(line), width) + "\n")
+}
+
+// PinSite is the --step-at value that names a step clock's site
+// ("train.py:42" of "train.py:42 main"), "" when it has no line.
+func PinSite(c correlate.StepClock) string {
+	at, _, ok := strings.Cut(c.Site, " ")
+	if !ok || !strings.Contains(at, ":") {
+		return ""
+	}
+	return at
 }

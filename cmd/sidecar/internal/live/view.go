@@ -93,6 +93,9 @@ type View struct {
 	// is then the share of the time they were attached (0..1).
 	Probes    string
 	FullShare float64
+	// StepClocks: what each process's steps are counted by (the step
+	// site found, for --step-at), most steps first.
+	StepClocks []correlate.StepClock
 	// Hangs: every hang seen, ongoing or ended (SetHang).
 	Hangs []Hang
 	// CPUPct is the sidecar's CPU time as a share of one core (-1: not
@@ -151,6 +154,7 @@ func (a *Aggregator) View(title string) View {
 		}
 		byCause = a.snap.ByCause
 		v.Steps = max(v.Steps, a.snap.Steps)
+		v.StepClocks = slices.Clone(a.snap.StepClocks)
 		v.Windows = max(v.Windows, a.snap.Windows)
 		v.Gaps = max(v.Gaps, a.snap.Gaps)
 		v.Stats.Drops = max(v.Stats.Drops, a.snap.DroppedEvents)

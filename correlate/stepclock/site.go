@@ -1,0 +1,442 @@
+package stepclock
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Call sites: the code that runs the loop says where an iteration ends
+// more surely than the timing of what it enqueues. A training loop reads
+// its loss (or syncs otherwise) from one line of its own code once per
+// iteration; a checkpoint's per-tensor copies, an evaluation's batches, a
+// metric read every N iterations and a background thread's copies come
+// from other lines or other threads. PickSite finds that line in the
+// stream of a process's sited calls (the syncs and blocking copies whose
+// stacks the tracer captured) and enqueued tokens; Spec is a site the
+// user declared.
+
+// Step sources, strongest first.
+const (
+	SourceDeclared  = "declared"  // --step-at
+	SourceFramework = "framework" // a framework's own per-step marker
+	SourceCallSite  = "call_site" // the sync site that recurs once an iteration
+	SourceWork      = "work_pattern"
+)
+
+// Site tuning.
+const (
+	// SiteDepth: user frames that make a site's key, innermost first (one
+	// helper called from the loop and from the evaluation is two sites).
+	SiteDepth = 3
+	// SiteMinRuns: intervals between a site's calls before it may clock.
+	SiteMinRuns = 6
+	// SiteGood: the least share of those intervals that must hold one
+	// iteration's work (work, and no token twice).
+	SiteGood = 0.75
+	// SiteRing: stream items a stepper keeps for PickSite.
+	SiteRing = 512
+	// SiteRepeat: the most times one token may come between two calls of
+	// a site that clocks iterations (an iteration may copy its input and
+	// its target of one size; a site read every tenth iteration sees the
+	// batch copy ten times, an accumulation's four micro-batches four).
+	SiteRepeat = 2
+)
+
+// Site is where a call was made: Key tells sites apart, Name is the
+// innermost frame of the job's own code as a person finds it.
+type Site struct {
+	Key  string
+	Name string
+	// Frames: the key's frames as a person names them, innermost first.
+	Frames []string
+}
+
+// SiteOf is the site of a stack: its innermost frames of the job's own
+// code (event.SystemCode tells the job's from the libraries'); the zero
+// Site when the stack holds none, or its innermost has no line (native
+// code built without -g names only the function, and two syncs in one
+// function would be one site: the work pattern serves such code).
+func SiteOf(stack []event.Frame) Site {
+	var s Site
+	n := 0
+	for _, f := range stack {
+		if event.SystemCode(f.File) {
+			continue
+		}
+		if n == 0 && f.Line <= 0 {
+			return Site{}
+		}
+		where := filepath.Base(f.Where())
+		if n == 0 {
+			s.Name = frameName(f)
+		} else {
+			s.Key += "<"
+		}
+		s.Frames = append(s.Frames, frameName(f))
+		s.Key += where + ":" + strconv.Itoa(f.Line) + " " + f.Function
+		if n++; n == SiteDepth {
+			break
+		}
+	}
+	return s
+}
+
+func frameName(f event.Frame) string {
+	base := filepath.Base(f.Where())
+	if f.Line > 0 {
+		return fmt.Sprintf("%s:%d %s", base, f.Line, f.Function)
+	}
+	return base + " " + f.Function
+}
+
+// Item is one entry of the stream PickSite reads: a sited call (Site set:
+// a sync or blocking copy with the thread's launches since its previous
+// flushed event) or a token (Site zero: a copy, collective or marked
+// launch enqueued by any thread).
+type Item struct {
+	Site     Site
+	TID      uint32
+	Key      Key
+	Launches uint64
+	T        int64 // when the call returned, or the token was enqueued
+}
+
+// Pick is the call site PickSite chose.
+type Pick struct {
+	Site Site
+	TID  uint32
+	// Runs: the intervals between its calls that held one iteration.
+	Runs int
+	// Rival: another site on the thread that recurs as well, apart from
+	// it (PickSite then reports no pick).
+	Rival Site
+	// Pin names the site's innermost frame that no other site in the
+	// stream holds ("train.py:42 main"; a helper that reads the loss for
+	// the training and the evaluation is pinned at its caller): what
+	// --step-at takes, as FILE:LINE.
+	Pin string
+}
+
+type siteCand struct {
+	site      Site
+	tid       uint32
+	at        []int // item indexes
+	good, all int
+	// launches: the thread's launches in each interval, in order.
+	launches []uint64
+}
+
+// PickSite finds the call site that recurs once per iteration in items
+// (oldest first): among the sites on one thread, the one with the most
+// intervals between consecutive calls that hold work (the thread launched,
+// or a token came) and no token more than SiteRepeat times (a site that
+// syncs every tenth iteration sees the batch copy ten times; one that
+// copies each tensor of a checkpoint sees no work at all), at least
+// SiteMinRuns of them and a SiteGood share. A site on the process's main
+// thread (tid == pid) wins over other threads' (a background saver). Ties
+// go to the site called last (a loop's last sync ends its iteration).
+// Where another site of the thread qualifies too, with half its runs at
+// least, and is not called in lockstep with it, there is no pick
+// (Pick.Rival names it). A pick's calls span the stream (the first in its
+// first quarter, the last in its last): an evaluation's batches, however
+// many, are a phase of it.
+func PickSite(items []Item, pid uint32) (Pick, bool) {
+	var cands []*siteCand
+	idx := map[string]*siteCand{}
+	for i := range items {
+		it := &items[i]
+		if it.Site.Key == "" {
+			continue
+		}
+		k := strconv.FormatUint(uint64(it.TID), 10) + "|" + it.Site.Key
+		c := idx[k]
+		if c == nil {
+			c = &siteCand{site: it.Site, tid: it.TID}
+			idx[k] = c
+			cands = append(cands, c)
+		}
+		c.at = append(c.at, i)
+	}
+	var best *siteCand
+	var ok []*siteCand
+	for _, c := range cands {
+		for j := 1; j < len(c.at); j++ {
+			c.all++
+			span := items[c.at[j-1]+1 : c.at[j]+1]
+			if oneIteration(span, c.tid) {
+				c.good++
+			}
+			c.launches = append(c.launches, threadLaunches(span, c.tid))
+		}
+		if c.good < SiteMinRuns || float64(c.good) < SiteGood*float64(c.all) || microBatches(c.launches) {
+			continue
+		}
+		if 4*c.at[0] >= len(items) || 4*c.at[len(c.at)-1] < 3*len(items) {
+			// Its calls do not span the stream: a phase (an evaluation's
+			// batches), not the loop.
+			continue
+		}
+		ok = append(ok, c)
+		if best == nil || better(c, best, pid) {
+			best = c
+		}
+	}
+	if best == nil {
+		return Pick{}, false
+	}
+	for _, c := range ok {
+		if c != best && (c.tid == pid) == (best.tid == pid) && 2*c.good >= best.good && !lockstep(best, c) {
+			// Two loops on the thread that recur apart (training and an
+			// evaluation with more batches than the training's steps
+			// between them): the stream alone does not say which is the
+			// iteration. The work pattern decides, or --step-at.
+			return Pick{Site: best.site, TID: best.tid, Runs: best.good, Rival: c.site}, false
+		}
+	}
+	return Pick{Site: best.site, TID: best.tid, Runs: best.good, Pin: pin(best.site, cands)}, true
+}
+
+// PinIn is the pin of the site key in items (Pick.Pin), "" when items
+// hold no call of it: as the stream shows the same helper called from
+// elsewhere (an evaluation reading through it), the pin moves out to the
+// caller that tells them apart.
+func PinIn(items []Item, key string) string {
+	var s *Site
+	seen := map[string]bool{}
+	var cands []*siteCand
+	for i := range items {
+		it := &items[i]
+		if it.Site.Key == "" || seen[it.Site.Key] {
+			continue
+		}
+		seen[it.Site.Key] = true
+		cands = append(cands, &siteCand{site: it.Site})
+		if it.Site.Key == key {
+			s = &it.Site
+		}
+	}
+	if s == nil {
+		return ""
+	}
+	return pin(*s, cands)
+}
+
+// pin is the innermost frame of s that no other site of cands holds, its
+// outermost when each is shared.
+func pin(s Site, cands []*siteCand) string {
+	for _, f := range s.Frames {
+		shared := false
+		for _, c := range cands {
+			if c.site.Key != s.Key && slices.Contains(c.site.Frames, f) {
+				shared = true
+				break
+			}
+		}
+		if !shared {
+			return f
+		}
+	}
+	return s.Frames[len(s.Frames)-1]
+}
+
+// Qualifies says whether the site key on tid still recurs once per
+// iteration in items, as PickSite requires of a pick (its rivals aside).
+func Qualifies(items []Item, key string, tid uint32) bool {
+	c := &siteCand{tid: tid}
+	for i := range items {
+		if items[i].Site.Key == key && items[i].TID == tid {
+			c.at = append(c.at, i)
+		}
+	}
+	for j := 1; j < len(c.at); j++ {
+		c.all++
+		if oneIteration(items[c.at[j-1]+1:c.at[j]+1], tid) {
+			c.good++
+		}
+	}
+	return c.good >= SiteMinRuns && float64(c.good) >= SiteGood*float64(c.all)
+}
+
+func threadLaunches(span []Item, tid uint32) uint64 {
+	var n uint64
+	for i := range span {
+		if span[i].Site.Key != "" && span[i].TID == tid {
+			n += span[i].Launches
+		}
+	}
+	return n
+}
+
+// microBatches says whether the launches between a site's calls show
+// gradient accumulation: every g-th interval (g from 2 to 8) launches
+// more than every other one (the optimizer step), over three groups at
+// least. Such a site reads each micro-batch's loss; a step is one
+// optimizer step, which the work pattern groups (lite, blind to launches,
+// cannot tell).
+func microBatches(l []uint64) bool {
+	for g := 2; g <= 8; g++ {
+		if len(l) < 3*g {
+			break
+		}
+		for ph := 0; ph < g; ph++ {
+			var heavyMin, restMax uint64 = ^uint64(0), 0
+			for i, n := range l {
+				if i%g == ph {
+					heavyMin = min(heavyMin, n)
+				} else {
+					restMax = max(restMax, n)
+				}
+			}
+			if restMax > 0 && heavyMin > restMax+restMax/10 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// lockstep says whether c is called once between most consecutive calls
+// of b: two syncs of one iteration (a loss read and an accuracy read).
+func lockstep(b, c *siteCand) bool {
+	k, once := 0, 0
+	for j := 1; j < len(b.at); j++ {
+		n := 0
+		for k < len(c.at) && c.at[k] < b.at[j] {
+			if c.at[k] > b.at[j-1] {
+				n++
+			}
+			k++
+		}
+		if n == 1 {
+			once++
+		}
+	}
+	return float64(once) >= SiteGood*float64(len(b.at)-1)
+}
+
+func better(c, b *siteCand, pid uint32) bool {
+	if cm, bm := c.tid == pid, b.tid == pid; cm != bm {
+		return cm
+	}
+	if c.good != b.good {
+		return c.good > b.good
+	}
+	return c.at[len(c.at)-1] > b.at[len(b.at)-1]
+}
+
+// oneIteration says whether the items after one call of a site on tid up
+// to and including the next hold one iteration's work: the thread
+// launched, or a token came, and no token came more than SiteRepeat
+// times (marked launches count as work, not as repeats: a function may
+// be launched any number of times an iteration). A copy to the host is
+// the read of a sited call, no work of its
+// own (a checkpoint's per-tensor copies, each with its sync, hold no
+// work between them), and neither is a sited call that is a copy.
+func oneIteration(span []Item, tid uint32) bool {
+	work := false
+	seen := map[Key]int{}
+	for i := range span {
+		it := &span[i]
+		if it.Site.Key != "" {
+			work = work || it.TID == tid && it.Launches > 0
+			continue
+		}
+		if it.Key.Dir == event.CUMemcpyDtoH {
+			continue
+		}
+		work = true
+		if it.Key.Fn != 0 {
+			// A marked launch: a function an iteration may launch any
+			// number of times.
+			continue
+		}
+		if seen[it.Key]++; seen[it.Key] > SiteRepeat {
+			return false
+		}
+	}
+	return work
+}
+
+// Spec is a declared step site: FILE:LINE or a function name.
+type Spec struct {
+	File string // "" for a function
+	Line int
+	Func string
+}
+
+// ParseSpec reads a declared step site: FILE:LINE (train.py:142, a path
+// suffix of the frame's file) or a function name (train_step,
+// Trainer.train_step, a native symbol).
+func ParseSpec(v string) (Spec, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return Spec{}, errors.New("empty: give FILE:LINE (train.py:142) or a function name (train_step)")
+	}
+	if strings.IndexFunc(v, unicode.IsSpace) >= 0 {
+		return Spec{}, fmt.Errorf("%q holds a space: give FILE:LINE (train.py:142) or a function name (train_step)", v)
+	}
+	if i := strings.LastIndexByte(v, ':'); i >= 0 && i+1 < len(v) && allDigits(v[i+1:]) {
+		line, err := strconv.Atoi(v[i+1:])
+		if err != nil || line <= 0 {
+			return Spec{}, fmt.Errorf("%q: line must be a positive number", v)
+		}
+		if i == 0 {
+			return Spec{}, fmt.Errorf("%q: no file before the line", v)
+		}
+		return Spec{File: v[:i], Line: line}, nil
+	}
+	if strings.HasSuffix(v, ":") {
+		return Spec{}, fmt.Errorf("%q: no line after the colon (train.py:142)", v)
+	}
+	if strings.ContainsAny(v, "/\\") || strings.HasSuffix(v, ".py") {
+		return Spec{}, fmt.Errorf("%q names a file without a line: give FILE:LINE (train.py:142)", v)
+	}
+	return Spec{Func: v}, nil
+}
+
+func allDigits(s string) bool {
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+func (s Spec) String() string {
+	if s.File != "" {
+		return s.File + ":" + strconv.Itoa(s.Line)
+	}
+	return s.Func
+}
+
+// Match is the frame of stack that the spec names, ok false when none.
+func (s Spec) Match(stack []event.Frame) (event.Frame, bool) {
+	for _, f := range stack {
+		if s.File != "" {
+			if f.Line == s.Line && pathSuffix(f.Where(), s.File) {
+				return f, true
+			}
+			continue
+		}
+		if f.Function == s.Func || strings.HasSuffix(f.Function, "."+s.Func) || strings.HasSuffix(f.Function, "::"+s.Func) {
+			return f, true
+		}
+	}
+	return event.Frame{}, false
+}
+
+// pathSuffix says whether file is suffix, or ends with "/"+suffix.
+func pathSuffix(file, suffix string) bool {
+	return file == suffix || strings.HasSuffix(file, "/"+strings.TrimPrefix(suffix, "./"))
+}
+
+// MatchName is how a summary names the frame a declared spec matched.
+func MatchName(f event.Frame) string { return frameName(f) }

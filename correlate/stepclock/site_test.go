@@ -1,0 +1,272 @@
+package stepclock
+
+import (
+	"testing"
+
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// A call stream as a trainer makes it, built line by line.
+type stream struct{ items []Item }
+
+func pyStack(lines ...int) []event.Frame {
+	var st []event.Frame
+	st = append(st, event.Frame{Function: "cuStreamSynchronize", File: "/usr/lib/x86_64-linux-gnu/libcuda.so.1"})
+	for _, l := range lines {
+		st = append(st, event.Frame{Function: "main", File: "/job/train.py", Line: l})
+	}
+	return st
+}
+
+func (s *stream) call(tid uint32, launches uint64, lines ...int) {
+	s.items = append(s.items, Item{Site: SiteOf(pyStack(lines...)), TID: tid, Launches: launches})
+}
+
+func (s *stream) tok(bytes uint64) {
+	s.items = append(s.items, Item{Key: Key{Kind: event.KindMemcpyAsync, Dir: event.CUMemcpyHtoD, Bytes: bytes}})
+}
+
+const pid = 100
+
+func TestPickSiteLossRead(t *testing.T) {
+	// Eager loop: batch copy, launches, loss read at line 40; a metric
+	// read every 5 iterations at line 44; a checkpoint copying 30 tensors
+	// one by one at line 60 every 12 iterations; a background thread
+	// saving at line 80 once an iteration.
+	var s stream
+	for i := 0; i < 60; i++ {
+		s.tok(4096)
+		s.call(pid, 50, 40, 100)
+		if i%5 == 4 {
+			s.call(pid, 0, 44, 100)
+		}
+		s.call(pid+1, 0, 80, 200)
+		if i%12 == 11 {
+			for k := 0; k < 30; k++ {
+				s.call(pid, 0, 60, 100)
+			}
+		}
+	}
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Name != "train.py:40 main" || p.TID != pid || p.Pin != "train.py:40 main" {
+		t.Fatalf("picked %+v %v, want train.py:40 on the main thread", p, ok)
+	}
+}
+
+func TestPickSiteLiteNoLaunches(t *testing.T) {
+	// Lite sees no launches: the batch copy token between loss reads is
+	// the iteration's work; the checkpoint's copies have none.
+	var s stream
+	for i := 0; i < 40; i++ {
+		s.tok(4096)
+		s.tok(4096) // input and target of one size
+		s.call(pid, 0, 40, 100)
+		if i%10 == 9 {
+			for k := 0; k < 50; k++ {
+				s.call(pid, 0, 60, 100)
+			}
+		}
+	}
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Name != "train.py:40 main" {
+		t.Fatalf("picked %+v %v, want train.py:40", p, ok)
+	}
+}
+
+func TestPickSiteNoneEveryTenth(t *testing.T) {
+	// The loop reads its loss every tenth iteration only: that site holds
+	// ten iterations and must not clock steps; nothing else recurs.
+	var s stream
+	for i := 0; i < 200; i++ {
+		s.tok(4096)
+		if i%10 == 9 {
+			s.call(pid, 500, 40, 100)
+		}
+	}
+	if p, ok := PickSite(s.items, pid); ok {
+		t.Fatalf("picked %+v, want none", p)
+	}
+}
+
+func TestPickSiteCallerTellsApart(t *testing.T) {
+	// One helper (line 10) syncs for the training step (called from line
+	// 40) and for each evaluation batch (called from line 70, four
+	// batches every 10 iterations): the caller tells them apart.
+	var s stream
+	for i := 0; i < 50; i++ {
+		s.tok(4096)
+		s.call(pid, 50, 10, 40)
+		if i%10 == 9 {
+			for k := 0; k < 4; k++ {
+				s.tok(2048)
+				s.call(pid, 20, 10, 70)
+			}
+		}
+	}
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Key != SiteOf(pyStack(10, 40)).Key || p.Pin != "train.py:40 main" {
+		t.Fatalf("picked %+v %v, want the helper as called from line 40, pinned there", p, ok)
+	}
+}
+
+func TestPickSiteLastOfTwo(t *testing.T) {
+	// Two reads an iteration: the later one ends it.
+	var s stream
+	for i := 0; i < 20; i++ {
+		s.tok(4096)
+		s.call(pid, 30, 40, 100)
+		s.call(pid, 1, 41, 100)
+	}
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Name != "train.py:41 main" {
+		t.Fatalf("picked %+v %v, want train.py:41", p, ok)
+	}
+}
+
+func TestSiteOfSystemOnly(t *testing.T) {
+	st := []event.Frame{{Function: "cudaStreamSynchronize", File: "/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13"},
+		{Function: "copy_", File: "/venv/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so"}}
+	if s := SiteOf(st); s.Key != "" {
+		t.Fatalf("site %+v of library frames only, want none", s)
+	}
+}
+
+func TestParseSpec(t *testing.T) {
+	good := map[string]Spec{
+		"train.py:142":                  {File: "train.py", Line: 142},
+		"/job/src/train.py:7":           {File: "/job/src/train.py", Line: 7},
+		"train_step":                    {Func: "train_step"},
+		"Trainer.train_step":            {Func: "Trainer.train_step"},
+		"ns::Loop::step":                {Func: "ns::Loop::step"},
+		"_ZN4loop4stepEv":               {Func: "_ZN4loop4stepEv"},
+		"simtrain.c:88":                 {File: "simtrain.c", Line: 88},
+		"dir/with:colon/f.py:3":         {File: "dir/with:colon/f.py", Line: 3},
+		"train.py:0001":                 {File: "train.py", Line: 1},
+		"a:b":                           {Func: "a:b"},
+		"step_fn_2":                     {Func: "step_fn_2"},
+		"ns::f":                         {Func: "ns::f"},
+		"Trainer.train_step.<locals>.f": {Func: "Trainer.train_step.<locals>.f"},
+	}
+	good["\trun_iteration "] = Spec{Func: "run_iteration"} // spaces around are trimmed
+	for in, want := range good {
+		got, err := ParseSpec(in)
+		if err != nil || got != want {
+			t.Errorf("ParseSpec(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "  ", "train.py:", "train.py:0", ":12", "train py:3", "train.py", "src/train", "train.py:99999999999999999999"} {
+		if s, err := ParseSpec(in); err == nil {
+			t.Errorf("ParseSpec(%q) = %+v, want an error", in, s)
+		}
+	}
+}
+
+func TestSpecMatch(t *testing.T) {
+	st := []event.Frame{
+		{Function: "cuStreamSynchronize", File: "/usr/lib/libcuda.so.1"},
+		{Function: "Trainer.train_step", File: "/job/src/train.py", Line: 42},
+		{Function: "main", File: "/job/src/train.py", Line: 90},
+	}
+	for _, v := range []string{"train.py:42", "src/train.py:90", "/job/src/train.py:42", "train_step", "Trainer.train_step", "main"} {
+		s, _ := ParseSpec(v)
+		if _, ok := s.Match(st); !ok {
+			t.Errorf("%s does not match", v)
+		}
+	}
+	for _, v := range []string{"train.py:43", "ain.py:42", "step", "rain_step"} {
+		s, _ := ParseSpec(v)
+		if f, ok := s.Match(st); ok {
+			t.Errorf("%s matches %+v", v, f)
+		}
+	}
+}
+
+func TestSiteOfNativeWithoutLines(t *testing.T) {
+	st := []event.Frame{{Function: "cuStreamSynchronize", File: "/usr/lib/libcuda.so.1"}, {Function: "main", File: "/job/simtrain"}}
+	if s := SiteOf(st); s.Key != "" {
+		t.Fatalf("site %+v of a native frame without a line, want none", s)
+	}
+	st[1].Line, st[1].Source = 88, "/src/simtrain.c"
+	if s := SiteOf(st); s.Name != "simtrain.c:88 main" {
+		t.Fatalf("site %+v, want simtrain.c:88 main", s)
+	}
+}
+
+func TestPickSiteRivalLoops(t *testing.T) {
+	// An evaluation every 10 iterations runs 15 batches, each read at its
+	// own line: more calls than the training's, apart from them. No pick:
+	// the stream alone cannot say which loop is the iteration.
+	var s stream
+	for i := 0; i < 60; i++ {
+		s.tok(4096)
+		s.call(pid, 27, 97, 100)
+		if i%10 == 9 {
+			for k := 0; k < 15; k++ {
+				s.tok(1024)
+				s.call(pid, 8, 104, 100)
+			}
+		}
+	}
+	p, ok := PickSite(s.items, pid)
+	if ok || p.Rival.Key == "" {
+		t.Fatalf("picked %+v %v, want none with a rival", p, ok)
+	}
+}
+
+func TestPickSiteCheckpointAsyncReads(t *testing.T) {
+	// Lite: each tensor of a checkpoint is an async copy to the host and
+	// a sync at line 264; the loop's loss read is at line 120.
+	var s stream
+	d2h := func(b uint64) {
+		s.items = append(s.items, Item{Key: Key{Kind: event.KindMemcpyAsync, Dir: event.CUMemcpyDtoH, Bytes: b}})
+	}
+	for i := 0; i < 40; i++ {
+		s.tok(4096)
+		d2h(4)
+		s.call(pid, 0, 120, 300)
+		if i%4 == 3 {
+			for k := 0; k < 8; k++ {
+				d2h(uint64(1000 + k))
+				s.call(pid, 0, 264, 300)
+			}
+		}
+	}
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Name != "train.py:120 main" {
+		t.Fatalf("picked %+v %v, want train.py:120", p, ok)
+	}
+}
+
+func TestPickSiteMicroBatches(t *testing.T) {
+	// Four micro-batches an iteration, the loss read after each, the
+	// optimizer's launches after the fourth: the read's site counts
+	// micro-batches, so it is no step site.
+	var s stream
+	for i := 0; i < 40; i++ {
+		s.tok(4096)
+		n := uint64(20)
+		if i%4 == 3 {
+			n += 6
+		}
+		s.call(pid, n, 50, 100)
+	}
+	if p, ok := PickSite(s.items, pid); ok {
+		t.Fatalf("picked %+v, want none", p)
+	}
+}
+
+func TestPinInMovesOut(t *testing.T) {
+	var s stream
+	s.call(pid, 5, 10, 40)
+	key := s.items[0].Site.Key
+	if p := PinIn(s.items, key); p != "train.py:10 main" {
+		t.Fatalf("pin %q alone, want the helper's line", p)
+	}
+	s.call(pid, 5, 10, 70) // the same helper, called from an evaluation
+	if p := PinIn(s.items, key); p != "train.py:40 main" {
+		t.Fatalf("pin %q beside another caller, want the loop's call", p)
+	}
+	if p := PinIn(s.items, "none"); p != "" {
+		t.Fatalf("pin %q of a key not in the stream", p)
+	}
+}

@@ -1,0 +1,284 @@
+package correlate
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Steps from the code: a step ends at each sync or blocking copy made from
+// the step site, the line of the job's own code that ends an iteration.
+// The site is declared (Config.StepAt) or found (stepclock.PickSite: the
+// site of the main thread's sync that recurs once per iteration); either
+// wins over the work pattern (clock.go, steps.go), which serves code with
+// no usable site (stripped native loops, stacks not captured). The step
+// clock each process's steps came from is reported (StepClock).
+
+const (
+	// siteEvery: sited calls between two PickSite checks.
+	siteEvery = 16
+	// siteStrikes: checks in a row that must disagree with the running
+	// site (another site, or none) before it gives way: an evaluation
+	// phase fills the stream with its own batches for a while.
+	siteStrikes = 3
+	// siteLost: typical steps without a call of the found site after
+	// which it gives way to fixed windows (an evaluation phase or a
+	// checkpoint may last ten steps; the site's own checks judge those).
+	siteLost = 50
+)
+
+// siteClock is a stepper's call-site state.
+type siteClock struct {
+	items []stepclock.Item // the stream PickSite reads, oldest first
+	calls int              // sited calls since the last check
+	// The running site: its source (declared or call site), key and
+	// thread (call site), and the name of the frame it was found at.
+	source  string
+	key     string
+	tid     uint32
+	name    string
+	strikes int
+	lastAt  int64 // its latest call's return
+	// pend: each thread's launches a copy reported pending, which its
+	// next sync counts again (newLaunches).
+	pend map[uint32]uint64
+}
+
+// newLaunches is how many launches ev's thread made since its previous
+// sited call: a sync's count (launches since its last flush) less those
+// a copy in between already reported pending.
+func (c *siteClock) newLaunches(ev *event.Event) uint64 {
+	if c.pend == nil {
+		c.pend = map[uint32]uint64{}
+	}
+	prev := c.pend[ev.TID]
+	if ev.Kind != event.KindSync {
+		c.pend[ev.TID] = ev.Pending
+		if ev.Pending >= prev {
+			return ev.Pending - prev
+		}
+		return ev.Pending
+	}
+	delete(c.pend, ev.TID)
+	if ev.Count >= prev {
+		return ev.Count - prev
+	}
+	return ev.Count
+}
+
+// siteToken notes one enqueued token in the stream.
+func (s *stepper) siteToken(key stepclock.Key, t int64) {
+	s.sites.push(stepclock.Item{Key: key, T: t})
+}
+
+func (c *siteClock) push(it stepclock.Item) {
+	c.items = append(c.items, it)
+	if n := len(c.items); n > stepclock.SiteRing {
+		copy(c.items, c.items[n-stepclock.SiteRing:])
+		c.items = c.items[:stepclock.SiteRing]
+	}
+}
+
+// onSiteCall takes a sync or blocking copy with its stack; it reports
+// whether a step ended at it.
+func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
+	if len(ev.Stack) == 0 {
+		return false
+	}
+	c := &s.sites
+	if sp := set.stepAt; sp != nil {
+		f, ok := sp.Match(ev.Stack)
+		if !ok {
+			return false
+		}
+		c.lastAt = ev.End
+		if s.mode != modeSite {
+			c.source, c.name = stepclock.SourceDeclared, stepclock.MatchName(f)
+			set.log.Info("steps end at the declared site", "pid", s.pid, "site", c.name)
+			s.enterSite(nil)
+		}
+		s.boundary(ev.End, false)
+		return true
+	}
+	site := stepclock.SiteOf(ev.Stack)
+	if site.Key == "" {
+		return false
+	}
+	it := stepclock.Item{Site: site, TID: ev.TID, Launches: c.newLaunches(ev), T: ev.End}
+	if n := len(c.items); n > 0 && ev.Kind == event.KindMemcpy {
+		// The copy came as a token just before: it is this call.
+		if k, ok := stepclock.TokenOf(ev); ok && c.items[n-1].Site.Key == "" && c.items[n-1].Key == k {
+			c.items = c.items[:n-1]
+		}
+	}
+	c.push(it)
+	c.calls++
+	ended := false
+	if s.mode == modeSite && site.Key == c.key && ev.TID == c.tid {
+		c.lastAt = ev.End
+		s.boundary(ev.End, false)
+		ended = true
+	}
+	if c.calls >= siteEvery {
+		c.calls = 0
+		ended = s.checkSite(set) || ended
+	}
+	return ended
+}
+
+// checkSite runs PickSite over the stream: it enters the site found, or
+// gives the running one up after siteStrikes checks that disagree.
+func (s *stepper) checkSite(set settings) bool {
+	c := &s.sites
+	if s.mode == modeSite && stepclock.Qualifies(c.items, c.key, c.tid) {
+		// The running site still recurs: a rival (an evaluation's
+		// batches) does not unseat it.
+		c.strikes = 0
+		if c.source == stepclock.SourceCallSite {
+			if pin := stepclock.PinIn(c.items, c.key); pin != "" {
+				c.name = pin
+			}
+		}
+		return false
+	}
+	p, ok := stepclock.PickSite(c.items, s.pid)
+	set.log.Debug("step site check", "pid", s.pid, "site", p.Site.Name, "runs", p.Runs, "rival", p.Rival.Name, "ok", ok)
+	if s.mode == modeSite {
+		if !ok && c.recent() {
+			// Still called lately, and nothing else recurs: a phase (an
+			// evaluation) holds the stream for now.
+			return false
+		}
+		if c.strikes++; c.strikes < siteStrikes {
+			return false
+		}
+		c.strikes = 0
+		if !ok {
+			set.log.Info("step site no longer recurs, back to the work pattern", "pid", s.pid, "site", c.name)
+			c.key, c.source = "", ""
+			s.toWindows(c.lastAt)
+			return true
+		}
+	} else if !ok {
+		return false
+	}
+	var ends []int64
+	for i := range c.items {
+		if it := &c.items[i]; it.Site.Key == p.Site.Key && it.TID == p.TID {
+			ends = append(ends, it.T)
+		}
+	}
+	c.source, c.key, c.tid, c.name, c.strikes = stepclock.SourceCallSite, p.Site.Key, p.TID, p.Pin, 0
+	c.lastAt = ends[len(ends)-1]
+	set.log.Info("steps end at a call site", "pid", s.pid, "site", c.name, "tid", p.TID)
+	s.enterSite(ends)
+	return true
+}
+
+// recent says whether the running site was called in the later half of
+// the stream.
+func (c *siteClock) recent() bool {
+	for i := len(c.items) / 2; i < len(c.items); i++ {
+		if it := &c.items[i]; it.Site.Key == c.key && it.TID == c.tid {
+			return true
+		}
+	}
+	return false
+}
+
+// enterSite hands the steps to the site: the steps the other clocks laid
+// give way to the site's calls in the stream (ends) after the last gap
+// delivered to the open step, or, where gaps were held, after a prologue
+// window from the process's first enqueue.
+func (s *stepper) enterSite(ends []int64) {
+	s.flushDeferred()
+	if s.mode == modeUnknown {
+		s.open(s.origin, true)
+	}
+	s.mode = modeSite
+	s.clock, s.anchor = nil, nil
+	s.period, s.phase = 0, 0
+	s.warming = false
+	s.lost.reset()
+	for _, e := range ends {
+		o := s.openStep()
+		if o == nil || e <= o.Start || e <= o.lastGap {
+			continue
+		}
+		s.boundary(e, false)
+	}
+}
+
+// clockSource is the step clock steps end by now: its source and site
+// (declared, call site) or what the work pattern counts.
+func (s *stepper) clockSource() (source, site string) {
+	switch s.mode {
+	case modeSite:
+		return s.sites.source, s.sites.name
+	case modeClock:
+		if c := s.clock; c != nil {
+			return stepclock.SourceWork, fmt.Sprintf("%s ×%d", c.key.String(), c.m)
+		}
+	case modePeriod:
+		return stepclock.SourceWork, fmt.Sprintf("every %d syncs", s.period)
+	}
+	return stepclock.SourceWork, "fixed windows"
+}
+
+// StepClock says what a process's steps were counted by: the source
+// (declared, framework, call_site, work_pattern) and the site it found,
+// for a user to pin with --step-at, or what the work pattern counted.
+type StepClock struct {
+	PID    uint32 `json:"pid"`
+	Source string `json:"source"`
+	Site   string `json:"site,omitempty"`
+	Steps  int64  `json:"steps"`
+	// BySource: the steps each source ended, where more than one did.
+	BySource map[string]int64 `json:"by_source,omitempty"`
+}
+
+// noteClock counts an emitted step to its process's step clock.
+func (e *Engine) noteClock(st *Step) {
+	if st.Window {
+		return
+	}
+	if e.clocks == nil {
+		e.clocks = map[uint32]*StepClock{}
+	}
+	c := e.clocks[st.PID]
+	if c == nil {
+		c = &StepClock{PID: st.PID, BySource: map[string]int64{}}
+		e.clocks[st.PID] = c
+	}
+	c.Steps++
+	c.BySource[st.ClockSource]++
+	if c.Source == st.ClockSource || c.BySource[st.ClockSource] > c.BySource[c.Source] {
+		// The source that ended the most steps, at its latest site.
+		c.Source, c.Site = st.ClockSource, st.ClockSite
+	}
+}
+
+// stepClocks lists the processes' step clocks, most steps first.
+func (e *Engine) stepClocks() []StepClock {
+	out := make([]StepClock, 0, len(e.clocks))
+	for _, c := range e.clocks {
+		v := *c
+		v.BySource = nil
+		if len(c.BySource) > 1 {
+			v.BySource = make(map[string]int64, len(c.BySource))
+			for k, n := range c.BySource {
+				v.BySource[k] = n
+			}
+		}
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Steps != out[j].Steps {
+			return out[i].Steps > out[j].Steps
+		}
+		return out[i].PID < out[j].PID
+	})
+	return out
+}

@@ -105,7 +105,7 @@ func buildJobs(cfg *Config, jobs []Job, bin string) error {
 			args = append([]string{"-g"}, args...)
 		}
 		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("build %s: %v\n%s", j.Source, err, out)
+			return fmt.Errorf("build %s: %w\n%s", j.Source, err, out)
 		}
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -73,7 +74,7 @@ func setup(gaptrace, sim, out, jobs, modes string) (*Config, []Job, []string, er
 	var ms []string
 	for _, m := range strings.Split(modes, ",") {
 		m = strings.TrimSpace(m)
-		if !strings.Contains(" full auto lite attach ", " "+m+" ") {
+		if !slices.Contains(Modes, m) {
 			return nil, nil, nil, fmt.Errorf("unknown mode %q (modes: full,auto,lite,attach)", m)
 		}
 		ms = append(ms, m)

@@ -77,7 +77,7 @@ func runJob(cfg *Config, j Job, mode string) (*RunOut, error) {
 			err = werr
 		}
 		if err != nil {
-			err = fmt.Errorf("gaptrace run: %v (log %s)", err, ro.Log)
+			err = fmt.Errorf("gaptrace run: %w (log %s)", err, ro.Log)
 		}
 	}
 	if err != nil {
@@ -125,8 +125,8 @@ func runAttached(ctx context.Context, cfg *Config, ro *RunOut, argv, common, env
 	case jobErr = <-jobDone:
 	case err := <-gtDone:
 		_ = job.Process.Kill()
-		<-jobDone
-		return fmt.Errorf("gaptrace attach exited before the job: %v (log %s)", err, ro.Log)
+		killed := <-jobDone
+		return fmt.Errorf("gaptrace attach exited before the job (stopped: %w): %w (log %s)", killed, err, ro.Log)
 	}
 	// gaptrace ends once its target has exited; give it a deadline, then
 	// ask it to stop.
@@ -137,10 +137,10 @@ func runAttached(ctx context.Context, cfg *Config, ro *RunOut, argv, common, env
 		err = <-gtDone
 	}
 	if jobErr != nil {
-		return fmt.Errorf("job %s: %v (log %s)", argv[0], jobErr, jobLog.Name())
+		return fmt.Errorf("job %s: %w (log %s)", argv[0], jobErr, jobLog.Name())
 	}
 	if err != nil {
-		return fmt.Errorf("gaptrace attach: %v (log %s)", err, ro.Log)
+		return fmt.Errorf("gaptrace attach: %w (log %s)", err, ro.Log)
 	}
 	return nil
 }
@@ -156,7 +156,7 @@ func waitSteps(ctx context.Context, truth string, n int, done <-chan error) erro
 		}
 		select {
 		case err := <-done:
-			return fmt.Errorf("job exited (%v) before %d steps", err, n)
+			return fmt.Errorf("job exited (%w) before %d steps", err, n)
 		case <-ctx.Done():
 			return fmt.Errorf("job wrote fewer than %d steps in %v", n, runDeadline)
 		case <-tick.C:
@@ -188,7 +188,7 @@ func attachTime(logPath string, pid int) (int64, error) {
 	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
 	for sc.Scan() {
 		m := attachRE.FindStringSubmatch(sc.Text())
-		if m == nil || m[2] != strconv.Itoa(pid) {
+		if len(m) < 3 || m[2] != strconv.Itoa(pid) {
 			continue
 		}
 		t, err := time.Parse(time.RFC3339Nano, m[1])

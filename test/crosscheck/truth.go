@@ -112,7 +112,7 @@ func readTruth(path string) (*JobTruth, error) {
 // tracedFrom keeps what a tracer attached at `at` can be judged on: the
 // steps that started after it less the first, and the stalls inside them.
 func (t *JobTruth) tracedFrom(at int64) {
-	t.Truth.TracedFrom(at)
+	t.TracedFrom(at)
 	rng := t.Range()
 	t.Stalls = slices.DeleteFunc(t.Stalls, func(s Stall) bool { return s.Start < rng.Start || s.End > rng.End })
 }

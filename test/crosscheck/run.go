@@ -126,7 +126,7 @@ func runAttached(ctx context.Context, cfg *Config, ro *RunOut, argv, common, env
 	case err := <-gtDone:
 		_ = job.Process.Kill()
 		killed := <-jobDone
-		return fmt.Errorf("gaptrace attach exited before the job (stopped: %w): %w (log %s)", killed, err, ro.Log)
+		return fmt.Errorf("gaptrace attach exited before the job: %w (log %s)", errors.Join(err, killed), ro.Log)
 	}
 	// gaptrace ends once its target has exited; give it a deadline, then
 	// ask it to stop.

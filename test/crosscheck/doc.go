@@ -24,7 +24,8 @@
 // after its uprobes attached, less the first) and scored:
 //
 //   - steps: train.step spans of the job's pid ending within the truth's
-//     steps, against the truth's count; target within 2%.
+//     steps, against the truth's count; target within 2%. Fixed windows
+//     (no step found) count too, and the table says how many ("win").
 //   - cause share, per stall kind (cause/first code name): over the gaps
 //     overlapping each stall, each gap's breakdown spread evenly over it and
 //     clipped to the stall, the time given the expected cause over all the

@@ -147,6 +147,10 @@ func printTable(w io.Writer, scores []*Score) (met, missed int) {
 		if sc.TrueSteps > 0 {
 			ratio = fmt.Sprintf("%.3f", float64(sc.Steps)/float64(sc.TrueSteps))
 		}
+		steps := fmt.Sprint(sc.Steps)
+		if sc.Windows > 0 {
+			steps += fmt.Sprintf(" (%d win)", sc.Windows)
+		}
 		var cells []string
 		for _, k := range sc.Kinds {
 			share := "—"
@@ -163,7 +167,7 @@ func printTable(w io.Writer, scores []*Score) (met, missed int) {
 		if sc.IdleNS > 0 {
 			other = fmt.Sprintf("%.3f", sc.OtherNS/sc.IdleNS)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", sc.Job, sc.Mode, sc.TrueSteps, sc.Steps, ratio,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", sc.Job, sc.Mode, sc.TrueSteps, steps, ratio,
 			sc.Clock, strings.Join(cells, "; "), other)
 		met += len(sc.Met)
 		missed += len(sc.Missed)

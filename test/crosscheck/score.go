@@ -65,6 +65,7 @@ type Score struct {
 	Err         error
 	TrueSteps   int
 	Steps       int
+	Windows     int // of Steps, fixed windows, not detected steps
 	Clock       string
 	Kinds       []*KindScore
 	OtherNS     float64
@@ -102,7 +103,7 @@ func scoreRun(j Job, mode string, ro *RunOut) *Score {
 	}
 	sc.Clock = stepClock(ro.Summary)
 	c := accuracy.CountSteps(&tr.Truth, spans, tr.PID)
-	sc.TrueSteps, sc.Steps = c.True, c.Counted
+	sc.TrueSteps, sc.Steps, sc.Windows = c.True, c.Counted, c.Windows
 	sc.Kinds = scoreStalls(tr, gaps, raws)
 	rng := tr.Range()
 	for _, g := range gaps {

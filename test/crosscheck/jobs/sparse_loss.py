@@ -77,6 +77,10 @@ class Trainer:
                 f.flush()
                 os.fsync(f.fileno())
 
+    def backoff(self):
+        with xtruth.timed_stall(self.truth, "sleep", "backoff"):
+            time.sleep(0.02)
+
     def iteration(self, it):
         cu, s = self.cu, self.stream
         simcu.ok(cu.cuMemcpyHtoDAsync_v2(self.batch, self.pinned, 1 << 20, s), "upload")
@@ -91,8 +95,7 @@ class Trainer:
     def fit(self, iterations):
         for it in range(1, iterations + 1):
             if it % 17 == 0:
-                with xtruth.timed_stall(self.truth, "sleep", "backoff"):
-                    time.sleep(0.02)
+                self.backoff()
             t0 = time.time_ns()
             self.iteration(it)
             self.truth.step(it, t0, time.time_ns())

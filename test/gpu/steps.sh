@@ -39,7 +39,7 @@ one() {
     local pid=$!
     # Attach once the job has run a few steps (its first records).
     for _ in $(seq 1 600); do
-      [ "$(grep -c '"step"' "$d/truth.jsonl" 2>/dev/null)" -ge 20 ] && break
+      [ "$(cat "$d/truth.jsonl" 2>/dev/null | grep -c "\"step\"")" -ge 20 ] && break
       kill -0 $pid 2>/dev/null || break
       sleep 0.1
     done
@@ -88,4 +88,4 @@ for job in $JOBS; do
   done
   wait
 done
-column -t -s "$(printf '\t')" "$TSV"
+if command -v column >/dev/null; then column -t -s "$(printf '\t')" "$TSV"; else cat "$TSV"; fi

@@ -131,8 +131,9 @@ int BPF_PROG(on_sched_process_fork, struct task_struct *parent, struct task_stru
 		return 0; /* cloned into a namespace gaptrace does not see */
 	bool thread = ctgid == ptgid;
 	if (!thread) {
-		__u32 one = 1;
-		bpf_map_update_elem(&traced_tgids, &ctgid, &one, BPF_ANY);
+		/* Not TGID_GPU: a child feeds the GPU once it calls it. */
+		__u32 traced = TGID_TRACED;
+		bpf_map_update_elem(&traced_tgids, &ctgid, &traced, BPF_ANY);
 	}
 	struct proc_event *e = reserve(sizeof(*e));
 	if (!e)

@@ -270,7 +270,10 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		return 0;
 	}
 
-	py_stack(id, now);
+	/* Stacks only where a gap may need them (see TGID_GPU). */
+	bool stacks = feeds_gpu(id >> 32);
+	if (stacks)
+		py_stack(id, now);
 	struct syscall_event *e;
 	if (t->sc_path) {
 		/* The path is still mapped at exit: one record holds the call
@@ -293,10 +296,14 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		e->nr = t->sc_nr;
 		e->fd = fd_of(cls, t->sc_arg0);
 		e->class = cls;
-		e->stack_id = user_stack(ctx);
+		e->stack_id = -1;
 		e->open_flags = t->sc_flags;
-		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-		bpf_probe_read_user(e->sp_words, sizeof(e->sp_words), (void *)regs->sp);
+		if (stacks) {
+			e->stack_id = user_stack(ctx);
+			struct pt_regs *regs =
+				(struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+			bpf_probe_read_user(e->sp_words, sizeof(e->sp_words), (void *)regs->sp);
+		}
 		if (cls == SC_POLL)
 			wait_fds(e, t);
 		/* A blocking socket call (or a poll on a socket): its peer is

@@ -4,7 +4,7 @@
  *
  * sched_switch: a traced thread switched out while still runnable was
  * preempted; when it runs again after at least threshold_ns that wait is a
- * K_RUNQUEUE event. A thread that blocked outside any traced syscall or probed
+ * K_RUNQUEUE event, for the threads of processes that feed the GPU. A thread that blocked outside any traced syscall or probed
  * call (page fault on a mapped file, ...) for at least threshold_ns is
  * K_OFFCPU.
  * sched_waking, sched_wakeup_new: the waker is recorded in the wakee's state, so the
@@ -41,7 +41,9 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	}
 
 	__u64 nid = btf_task_id(next);
-	if (!traced(nid >> 32))
+	__u32 ntgid = nid >> 32;
+	__u32 *nflags = bpf_map_lookup_elem(&traced_tgids, &ntgid);
+	if (!nflags)
 		return 0;
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &nid);
 	if (!t || t->off_start == 0)
@@ -52,6 +54,11 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	t->wake_ns = 0;
 	__u32 kind, flags = 0;
 	if (t->off_runnable) {
+		/* A process that does not feed the GPU (TGID_GPU) reaches a gap
+		 * only through the I/O its calls did: its waits for a CPU are
+		 * not emitted. */
+		if (!(*nflags & TGID_GPU))
+			return 0;
 		kind = K_RUNQUEUE;
 	} else if (t->sc_start == 0 && t->call_depth == 0) {
 		kind = K_OFFCPU;

@@ -5,7 +5,8 @@
  * One enter and one exit program are attached to every traced syscall's
  * tracepoint; user space fills syscall_classes (syscall number → class) for
  * the architecture it runs on. Enter and exit pair in the per-thread state.
- * A call shorter than threshold_ns is only counted (short_calls); openat and
+ * A call shorter than threshold_ns, or a futex, poll or sleep of a process
+ * that does not feed the GPU (TGID_GPU), is only counted (short_calls); openat and
  * close are always emitted so user space can invalidate its fd cache; an
  * executable file mapping (mmap with PROT_EXEC and an fd) is reported so that
  * libraries dlopen'd late get their uprobes.
@@ -257,7 +258,12 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 	if (cls == SC_OPEN || cls == SC_CLOSE)
 		emit_fd(t, id, now, ret);
 
-	if (dur < threshold_ns) {
+	/* A process that does not feed the GPU (TGID_GPU: a loader worker, a
+	 * logging subprocess) reaches a gap only through the I/O its calls
+	 * did: its waits on futexes, polls and sleeps are counted like short
+	 * calls, not emitted, and its other calls take no stacks. */
+	bool gpu = feeds_gpu(id >> 32);
+	if (dur < threshold_ns || (!gpu && (cls == SC_FUTEX || cls == SC_POLL || cls == SC_SLEEP))) {
 		t->sc_start = 0;
 		struct short_key k = { .pid_tgid = id, .class = cls };
 		__u64 *n = bpf_map_lookup_elem(&short_calls, &k);
@@ -270,9 +276,7 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		return 0;
 	}
 
-	/* Stacks only where a gap may need them (see TGID_GPU). */
-	bool stacks = feeds_gpu(id >> 32);
-	if (stacks)
+	if (gpu)
 		py_stack(id, now);
 	struct syscall_event *e;
 	if (t->sc_path) {
@@ -298,7 +302,7 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		e->class = cls;
 		e->stack_id = -1;
 		e->open_flags = t->sc_flags;
-		if (stacks) {
+		if (gpu) {
 			e->stack_id = user_stack(ctx);
 			struct pt_regs *regs =
 				(struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());

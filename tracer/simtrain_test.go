@@ -196,7 +196,8 @@ func testSimtrain(t *testing.T, set ProbeSet) {
 
 // checkStacksFeedersOnly: the main process feeds the GPU and its long
 // syscalls take stacks; the loader workers never call the GPU, their long
-// syscalls (cold reads) are emitted without one (TGID_GPU).
+// syscalls (cold reads) are emitted without one, and their waits (futex,
+// poll, sleep) and run-queue waits not at all (TGID_GPU).
 func checkStacksFeedersOnly(t *testing.T, r simRun) {
 	t.Helper()
 	workers := map[uint32]bool{}
@@ -205,6 +206,11 @@ func checkStacksFeedersOnly(t *testing.T, r simRun) {
 	}
 	var mainN, mainStacks, workerN int
 	for _, ev := range r.events {
+		if workers[ev.PID] && (ev.Kind == event.KindRunqueue ||
+			ev.Kind == event.KindSyscall && (ev.Syscall == event.SysFutex || ev.Syscall == event.SysPoll || ev.Syscall == event.SysSleep)) {
+			t.Errorf("worker %d: %v %s emitted: workers never call the GPU", ev.PID, ev.Kind, ev.Name)
+			return
+		}
 		if ev.Kind != event.KindSyscall {
 			continue
 		}

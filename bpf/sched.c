@@ -4,9 +4,9 @@
  *
  * sched_switch: a traced thread switched out while still runnable was
  * preempted; when it runs again after at least threshold_ns that wait is a
- * K_RUNQUEUE event, for the threads of processes that feed the GPU. A thread that blocked outside any traced syscall or probed
- * call (page fault on a mapped file, ...) for at least threshold_ns is
- * K_OFFCPU.
+ * K_RUNQUEUE event, for the threads of processes that feed the GPU. A
+ * thread that blocked outside any traced syscall or probed call (page fault
+ * on a mapped file, ...) for at least threshold_ns is K_OFFCPU.
  * sched_waking, sched_wakeup_new: the waker is recorded in the wakee's state, so the
  * syscall or off-CPU event that ends says who ended it (data-loader worker,
  * logging thread, ...). A thread blocked inside a probed CUDA/NCCL call

@@ -6,10 +6,10 @@
  * tracepoint; user space fills syscall_classes (syscall number → class) for
  * the architecture it runs on. Enter and exit pair in the per-thread state.
  * A call shorter than threshold_ns, or a futex, poll or sleep of a process
- * that does not feed the GPU (TGID_GPU), is only counted (short_calls); openat and
- * close are always emitted so user space can invalidate its fd cache; an
- * executable file mapping (mmap with PROT_EXEC and an fd) is reported so that
- * libraries dlopen'd late get their uprobes.
+ * that does not feed the GPU (TGID_GPU), is only counted (short_calls);
+ * openat and close are always emitted so user space can invalidate its fd
+ * cache; an executable file mapping (mmap with PROT_EXEC and an fd) is
+ * reported so that libraries dlopen'd late get their uprobes.
  * A call that names its file by path (rename, unlink, truncate: the class
  * map's value says which argument) is emitted with that path.
  * While a probed CUDA/NCCL call is in flight on the thread, its syscalls are

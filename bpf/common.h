@@ -85,11 +85,22 @@ struct thread_state {
 	__s32 init_rank;
 };
 
+/* traced_tgids values: bits. */
+#define TGID_TRACED 1
+/* The process made a probed CUDA or NCCL call (set by the programs of
+ * cuda.c and nccl.c on its first one), or user space named it when it was
+ * asked to trace it. Only such a process feeds the GPU: its blocking events
+ * may open or explain a gap and take stacks. A process forked without it
+ * that never calls the GPU (a data-loader worker, a tokenizer or logging
+ * subprocess) reaches a gap only through its I/O time and files, which no
+ * stack serves, so its long syscalls take none. */
+#define TGID_GPU 2
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u32); /* tgid */
-	__type(value, __u32);
+	__type(value, __u32); /* TGID_* */
 } traced_tgids SEC(".maps");
 
 struct {
@@ -235,6 +246,13 @@ static __always_inline bool traced(__u32 tgid)
 	return bpf_map_lookup_elem(&traced_tgids, &tgid) != 0;
 }
 
+/* Whether traced process tgid feeds the GPU (TGID_GPU). */
+static __always_inline bool feeds_gpu(__u32 tgid)
+{
+	__u32 *v = bpf_map_lookup_elem(&traced_tgids, &tgid);
+	return v && (*v & TGID_GPU);
+}
+
 static __always_inline struct thread_state *thread_get(__u64 id)
 {
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
@@ -253,7 +271,20 @@ static __always_inline bool enter_traced(__u64 *id)
 	if (null_probes)
 		return false;
 	*id = current_id();
+#ifdef GAPTRACE_GPU_PROBES
+	/* A probe on the GPU's libraries: the process feeds the GPU. The
+	 * value is the one traced() looks up, so marking costs one store, once
+	 * (a plain one: racing threads of the process store the same bits). */
+	__u32 tgid = *id >> 32;
+	__u32 *v = bpf_map_lookup_elem(&traced_tgids, &tgid);
+	if (!v)
+		return false;
+	if (!(*v & TGID_GPU))
+		*v |= TGID_GPU;
+	return true;
+#else
 	return traced(*id >> 32);
+#endif
 }
 
 /* enter_traced, then the thread's state, created on first use. NULL when the

@@ -18,6 +18,8 @@
  * marked is emitted as K_ENQUEUE too, carrying the handle, and amid a burst
  * it carries the unflushed launches in pending without flushing them.
  */
+/* Probes on the GPU's libraries: entering one marks the process TGID_GPU. */
+#define GAPTRACE_GPU_PROBES 1
 #include "common.h"
 #include "python.h"
 

@@ -9,6 +9,8 @@
  * and probing both names would count every call twice.
  * ncclCommGetAsyncError is never probed (a watchdog calls it ~1000/s).
  */
+/* Probes on the GPU's libraries: entering one marks the process TGID_GPU. */
+#define GAPTRACE_GPU_PROBES 1
 #include "common.h"
 
 /* event.NCCLOp (event/event.go), kept numerically equal

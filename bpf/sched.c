@@ -4,9 +4,9 @@
  *
  * sched_switch: a traced thread switched out while still runnable was
  * preempted; when it runs again after at least threshold_ns that wait is a
- * K_RUNQUEUE event. A thread that blocked outside any traced syscall or probed
- * call (page fault on a mapped file, ...) for at least threshold_ns is
- * K_OFFCPU.
+ * K_RUNQUEUE event, for the threads of processes that feed the GPU. A
+ * thread that blocked outside any traced syscall or probed call (page fault
+ * on a mapped file, ...) for at least threshold_ns is K_OFFCPU.
  * sched_waking, sched_wakeup_new: the waker is recorded in the wakee's state, so the
  * syscall or off-CPU event that ends says who ended it (data-loader worker,
  * logging thread, ...). A thread blocked inside a probed CUDA/NCCL call
@@ -41,7 +41,9 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	}
 
 	__u64 nid = btf_task_id(next);
-	if (!traced(nid >> 32))
+	__u32 ntgid = nid >> 32;
+	__u32 *nflags = bpf_map_lookup_elem(&traced_tgids, &ntgid);
+	if (!nflags)
 		return 0;
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &nid);
 	if (!t || t->off_start == 0)
@@ -52,6 +54,11 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	t->wake_ns = 0;
 	__u32 kind, flags = 0;
 	if (t->off_runnable) {
+		/* A process that does not feed the GPU (TGID_GPU) reaches a gap
+		 * only through the I/O its calls did: its waits for a CPU are
+		 * not emitted. */
+		if (!(*nflags & TGID_GPU))
+			return 0;
 		kind = K_RUNQUEUE;
 	} else if (t->sc_start == 0 && t->call_depth == 0) {
 		kind = K_OFFCPU;
@@ -131,8 +138,9 @@ int BPF_PROG(on_sched_process_fork, struct task_struct *parent, struct task_stru
 		return 0; /* cloned into a namespace gaptrace does not see */
 	bool thread = ctgid == ptgid;
 	if (!thread) {
-		__u32 one = 1;
-		bpf_map_update_elem(&traced_tgids, &ctgid, &one, BPF_ANY);
+		/* Not TGID_GPU: a child feeds the GPU once it calls it. */
+		__u32 traced = TGID_TRACED;
+		bpf_map_update_elem(&traced_tgids, &ctgid, &traced, BPF_ANY);
 	}
 	struct proc_event *e = reserve(sizeof(*e));
 	if (!e)

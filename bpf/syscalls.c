@@ -5,10 +5,11 @@
  * One enter and one exit program are attached to every traced syscall's
  * tracepoint; user space fills syscall_classes (syscall number → class) for
  * the architecture it runs on. Enter and exit pair in the per-thread state.
- * A call shorter than threshold_ns is only counted (short_calls); openat and
- * close are always emitted so user space can invalidate its fd cache; an
- * executable file mapping (mmap with PROT_EXEC and an fd) is reported so that
- * libraries dlopen'd late get their uprobes.
+ * A call shorter than threshold_ns, or a futex, poll or sleep of a process
+ * that does not feed the GPU (TGID_GPU), is only counted (short_calls);
+ * openat and close are always emitted so user space can invalidate its fd
+ * cache; an executable file mapping (mmap with PROT_EXEC and an fd) is
+ * reported so that libraries dlopen'd late get their uprobes.
  * A call that names its file by path (rename, unlink, truncate: the class
  * map's value says which argument) is emitted with that path.
  * While a probed CUDA/NCCL call is in flight on the thread, its syscalls are
@@ -257,7 +258,12 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 	if (cls == SC_OPEN || cls == SC_CLOSE)
 		emit_fd(t, id, now, ret);
 
-	if (dur < threshold_ns) {
+	/* A process that does not feed the GPU (TGID_GPU: a loader worker, a
+	 * logging subprocess) reaches a gap only through the I/O its calls
+	 * did: its waits on futexes, polls and sleeps are counted like short
+	 * calls, not emitted, and its other calls take no stacks. */
+	bool gpu = feeds_gpu(id >> 32);
+	if (dur < threshold_ns || (!gpu && (cls == SC_FUTEX || cls == SC_POLL || cls == SC_SLEEP))) {
 		t->sc_start = 0;
 		struct short_key k = { .pid_tgid = id, .class = cls };
 		__u64 *n = bpf_map_lookup_elem(&short_calls, &k);
@@ -270,7 +276,8 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		return 0;
 	}
 
-	py_stack(id, now);
+	if (gpu)
+		py_stack(id, now);
 	struct syscall_event *e;
 	if (t->sc_path) {
 		/* The path is still mapped at exit: one record holds the call
@@ -293,10 +300,14 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		e->nr = t->sc_nr;
 		e->fd = fd_of(cls, t->sc_arg0);
 		e->class = cls;
-		e->stack_id = user_stack(ctx);
+		e->stack_id = -1;
 		e->open_flags = t->sc_flags;
-		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-		bpf_probe_read_user(e->sp_words, sizeof(e->sp_words), (void *)regs->sp);
+		if (gpu) {
+			e->stack_id = user_stack(ctx);
+			struct pt_regs *regs =
+				(struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+			bpf_probe_read_user(e->sp_words, sizeof(e->sp_words), (void *)regs->sp);
+		}
 		if (cls == SC_POLL)
 			wait_fds(e, t);
 		/* A blocking socket call (or a poll on a socket): its peer is

@@ -33,7 +33,7 @@ type Config struct {
 	Probes           ProbeSet      // default full
 	SyscallThreshold time.Duration // default 50µs; also the runqueue/off-CPU threshold
 	LibCUDA, LibNCCL string        // explicit library paths; default: found in each traced process's /proc/PID/maps
-	RingBufferBytes  int           // default 8 MiB; rounded up to a power of two of at least one page
+	RingBufferBytes  int           // default 4 MiB; rounded up to a power of two of at least one page
 	RescanInterval   time.Duration // /proc/PID/maps rescan fallback, default 1s (mmap events trigger rescans sooner)
 	// RingPoll is how often the reader looks at the ring buffer on its own
 	// (the programs wake it only when a quarter of it is pending), default
@@ -50,7 +50,12 @@ const (
 )
 
 const (
-	defaultRingBufferSize = 8 << 20
+	// The ring's data pages are mapped twice into the sidecar (so a
+	// record that wraps reads as one), and both count in its RSS once
+	// the ring has wrapped: 8 MiB cost 16 MiB. The reader looks every
+	// RingPoll and is woken at a quarter full; 4 MiB is seconds of the
+	// busiest jobs measured (8 ranks: ~0.6 MB/s of records).
+	defaultRingBufferSize = 4 << 20
 	defaultRescanInterval = time.Second
 )
 

@@ -48,6 +48,15 @@ func (t *Tracer) Trace(pid int) error {
 	return nil
 }
 
+// traced_tgids values (TGID_* in bpf/common.h).
+const (
+	tgidTraced uint32 = 1
+	// tgidGPU: the process feeds the GPU (made a probed CUDA or NCCL call,
+	// or was named): its long syscalls take stacks. A child forked by a
+	// traced process starts without it.
+	tgidGPU uint32 = 2
+)
+
 // addProcess tracks pid in user space and, unless the kernel already did
 // (forked children are added by the fork program), in traced_tgids.
 func (t *Tracer) addProcess(pid uint32, inKernel bool) error {
@@ -57,7 +66,9 @@ func (t *Tracer) addProcess(pid uint32, inKernel bool) error {
 		return errors.New("tracer closed")
 	}
 	if !inKernel {
-		if err := t.shared[cudaMapTracedTgids].Put(pid, uint32(1)); err != nil {
+		// A process the user named is the job itself: it takes stacks
+		// from its first event, before its first GPU call marks it.
+		if err := t.shared[cudaMapTracedTgids].Put(pid, tgidTraced|tgidGPU); err != nil {
 			return fmt.Errorf("add to traced_tgids: %w", err)
 		}
 	}

@@ -191,6 +191,46 @@ func testSimtrain(t *testing.T, set ProbeSet) {
 	}
 
 	checkSimtrainProcs(t, r)
+	checkStacksFeedersOnly(t, r)
+}
+
+// checkStacksFeedersOnly: the main process feeds the GPU and its long
+// syscalls take stacks; the loader workers never call the GPU, their long
+// syscalls (cold reads) are emitted without one, and their waits (futex,
+// poll, sleep) and run-queue waits not at all (TGID_GPU).
+func checkStacksFeedersOnly(t *testing.T, r simRun) {
+	t.Helper()
+	workers := map[uint32]bool{}
+	for _, w := range r.meta.Workers {
+		workers[uint32(w)] = true
+	}
+	var mainN, mainStacks, workerN int
+	for _, ev := range r.events {
+		if workers[ev.PID] && (ev.Kind == event.KindRunqueue ||
+			ev.Kind == event.KindSyscall && (ev.Syscall == event.SysFutex || ev.Syscall == event.SysPoll || ev.Syscall == event.SysSleep)) {
+			t.Errorf("worker %d: %v %s emitted: workers never call the GPU", ev.PID, ev.Kind, ev.Name)
+			return
+		}
+		if ev.Kind != event.KindSyscall {
+			continue
+		}
+		switch {
+		case ev.PID == r.meta.PID:
+			mainN++
+			if len(ev.Stack) > 0 {
+				mainStacks++
+			}
+		case workers[ev.PID]:
+			workerN++
+			if len(ev.Stack) > 0 {
+				t.Errorf("worker %d's %s took a stack: workers never call the GPU", ev.PID, ev.Name)
+				return
+			}
+		}
+	}
+	if workerN == 0 || mainStacks == 0 {
+		t.Errorf("long syscalls: %d of the workers, %d of %d of the main process with a stack; want some of each", workerN, mainStacks, mainN)
+	}
 }
 
 // checkSimtrainCUDA checks the CUDA side of a simtrain run: syncs against

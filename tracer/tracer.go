@@ -56,8 +56,11 @@ type Stats struct {
 	EventsRead uint64   // records read from the ring buffer
 	// EventsByKind: the records read, by kind (RecordKind's names); they
 	// add up to EventsRead.
-	EventsByKind  map[string]uint64
-	DecodeErrors  uint64 // records that did not decode (never expected)
+	EventsByKind map[string]uint64
+	DecodeErrors uint64 // records that did not decode (never expected)
+	// ShortSyscalls: syscalls counted, not emitted, by class: shorter
+	// than the threshold, or waits (futex, poll, sleep) of a process
+	// that makes no GPU call (a data-loader worker).
 	ShortSyscalls map[event.SyscallClass]uint64
 	Processes     int // processes currently traced
 }

@@ -118,6 +118,11 @@ func (e *Engine) Event(ev event.Event) {
 		e.addComm(&ev)
 		return
 	}
+	if ev.Kind == event.KindCPUSample {
+		// Kept aside for the gaps decided later: a sample moves no model.
+		e.samples.add(&ev)
+		return
+	}
 	if ev.End < ev.Start {
 		ev.End = ev.Start
 	}

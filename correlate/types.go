@@ -171,6 +171,8 @@ type LockHolderEvidence struct {
 	Doing Cause  `json:"doing,omitempty"`
 	File  string `json:"file,omitempty"`
 	Peer  string `json:"peer,omitempty"`
+	// Code is where CPU samples found it while the waiter waited.
+	Code []CodeSample `json:"code,omitempty"`
 }
 
 // HostOp is a host operation that explains a gap; otel/ turns each into a
@@ -215,6 +217,11 @@ type Gap struct {
 	Evidence  Evidence        `json:"evidence"`
 	Ops       []HostOp        `json:"ops,omitempty"`
 	Workload  *Workload       `json:"workload,omitempty"`
+	// Code is the code CPU samples found running during the gap, for a
+	// gap charged (in part) to cpu, cpu.contention, lock or loader.wait:
+	// its own thread's, each lock holder's and each data-loader worker's,
+	// most sampled first within each.
+	Code []CodeSample `json:"code,omitempty"`
 	// Probes, under the auto probe set, is the set that decided the gap:
 	// "full" inside a window of per-launch probes, else "lite". Empty under
 	// a fixed set (Summary.Probes names it).
@@ -282,6 +289,24 @@ type Summary struct {
 	// CallSites are the code locations with the most idle time behind
 	// their gaps; filled by the command at exit.
 	CallSites []CallSiteSummary `json:"call_sites,omitempty"`
+	// CPUCode is the code that burned the most of the gaps' CPU time
+	// ("top code in cpu gaps"): the sites of their samples, by samples;
+	// filled by the command at exit.
+	CPUCode []CodeSummary `json:"cpu_code,omitempty"`
+}
+
+// CodeSummary is one code location over every gap its samples fell in.
+type CodeSummary struct {
+	Site     string `json:"site"`
+	Function string `json:"function"`
+	File     string `json:"file,omitempty"`
+	Line     int    `json:"line,omitempty"`
+	Samples  int64  `json:"samples"`
+	Gaps     int64  `json:"gaps"`
+	// Role: "feeder", "holder" or "worker", as in the gaps (the first
+	// seen when a site ran in several).
+	Role string `json:"role"`
+	GC   bool   `json:"gc,omitempty"`
 }
 
 // Losses count what the engine received but could not use as it should,

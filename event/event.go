@@ -64,11 +64,18 @@ const (
 	// direction: CUMemcpyHtoD, CUMemcpyDtoH or CUMemcpyOther (not decoded);
 	// Bytes and Stream as on the async copy.
 	KindMemcpyStaged
+	// KindCPUSample: a CPU-clock timer found the thread running (Start ==
+	// End): Stack is where it was, Python frames included, innermost
+	// first (a sample inside CPython's garbage collector has the frame
+	// "gc.collect" innermost). The tracer takes them at a fixed rate per
+	// CPU (tracer.Config.CPUSampleHz), for every thread of the traced
+	// processes; they say which code burned a gap charged to the CPU.
+	KindCPUSample
 )
 
 var kindNames = [...]string{"invalid", "enqueue", "memcpy_async", "memset", "memcpy", "sync", "alloc", "free",
 	"collective", "group_end", "syscall", "runqueue", "offcpu", "fork", "exec", "exit", "open", "close", "comm_init",
-	"memcpy_staged"}
+	"memcpy_staged", "cpu_sample"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {

@@ -373,9 +373,11 @@ func (t *Tracer) handle(d *decoded) {
 		t.fds.forgetProcess(ev.PID)
 		t.syms.forget(ev.PID)
 		t.pyForget(ev.PID)
+		t.fmaps.forget(ev.PID)
 		t.comms.set(ev.TID, ev.TaskComm)
 		t.requestRescan(ev.PID)
 	case ctlProcessGone:
+		t.fmaps.forget(ev.PID)
 		t.dropProcess(ev.PID)
 		t.syms.forget(ev.PID)
 		t.pyForget(ev.PID)
@@ -407,6 +409,17 @@ func (t *Tracer) handle(d *decoded) {
 	}
 	if ev.TaskComm == "" {
 		ev.TaskComm = t.comms.get(ev.PID, ev.TID)
+	}
+	if ev.Kind == event.KindCPUSample {
+		t.sample(ev, d)
+		return
+	}
+	if d.faultAddr != 0 {
+		// Blocked in a page fault: on a mapped file, a read of it.
+		ev.Path = t.fmaps.file(ev.PID, d.faultAddr)
+		if ev.Path != "" {
+			ev.FDKind = event.FDFile
+		}
 	}
 	if d.stackID >= 0 {
 		ev.Stack, ev.StackTruncated = t.syms.frames(ev.PID, d.stackID, t.stackIPs(ev.PID, d.stackID), d.spWords)

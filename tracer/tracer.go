@@ -72,6 +72,7 @@ type Tracer struct {
 	nccl   ncclObjects
 	sys    syscallsObjects
 	sched  schedObjects
+	prof   profileObjects
 	tps    []link.Link // tracepoints, in attach order
 	reader recordReader
 
@@ -79,6 +80,7 @@ type Tracer struct {
 	comms *taskComms
 	syms  *symbolizer
 	py    *pyStacks
+	fmaps *fileMaps // page faults: address → mapped file
 	// multi: uprobes are attached as one uprobe_multi link per program and
 	// process instead of one perf-event link per function. Decided once at
 	// load; it matters because every single uprobe costs an RCU grace
@@ -160,6 +162,7 @@ func New(cfg Config) (*Tracer, error) {
 		comms:       &taskComms{procRoot: procRoot},
 		syms:        newSymbolizer(),
 		py:          newPyStacks(),
+		fmaps:       newFileMaps(),
 		procs:       make(map[uint32]*procState),
 		missingSeen: make(map[string]bool),
 		roots:       make(map[uint32]bool),
@@ -175,6 +178,9 @@ func New(cfg Config) (*Tracer, error) {
 		return nil, errors.Join(err, t.closeObjects())
 	}
 	if err := t.attachTracepoints(); err != nil {
+		return nil, errors.Join(err, closeLinksParallel(t.tps), t.closeObjects())
+	}
+	if err := t.attachSampler(); err != nil {
 		return nil, errors.Join(err, closeLinksParallel(t.tps), t.closeObjects())
 	}
 	rd, err := ringbuf.NewReader(t.shared[cudaMapEvents])
@@ -197,6 +203,6 @@ func New(cfg Config) (*Tracer, error) {
 	}
 	t.log.Info("tracer loaded", "probes", string(cfg.Probes), "syscall_threshold", cfg.SyscallThreshold,
 		"ring_buffer_bytes", ringSize(cfg.RingBufferBytes), "tracepoints", len(t.tpInfo), "uprobes", uprobeMode,
-		"pid_namespace", pidnsName(t.pidns))
+		"pid_namespace", pidnsName(t.pidns), "cpu_sample_hz", max(cfg.CPUSampleHz, 0))
 	return t, nil
 }

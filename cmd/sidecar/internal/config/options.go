@@ -55,6 +55,20 @@ func durationVar(dst func(*Config) *time.Duration) binding {
 	}
 }
 
+func intVar(dst func(*Config) *int) binding {
+	return binding{
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("not a whole number: %q", v)
+			}
+			*dst(c) = n
+			return nil
+		},
+		get: func(c *Config) string { return strconv.Itoa(*dst(c)) },
+	}
+}
+
 func stringVar(dst func(*Config) *string) binding {
 	return binding{
 		set: func(c *Config, v string) error { *dst(c) = v; return nil },
@@ -87,6 +101,8 @@ var options = []option{
 		binding: durationVar(func(c *Config) *time.Duration { return &c.SyscallThreshold })},
 	{name: "ring-poll", usage: "how often the event reader looks at the kernel's ring buffer on its own (the probes wake it only when a quarter of it is full): each look wakes the sidecar, and events wait up to this long",
 		binding: durationVar(func(c *Config) *time.Duration { return &c.RingPoll })},
+	{name: "cpu-sample-hz", usage: "how often per second each CPU samples the traced thread running on it (native and Python stack), to name the code that burned the gaps charged to the CPU or a lock; 0 turns sampling off",
+		binding: intVar(func(c *Config) *int { return &c.CPUSampleHz })},
 	{name: "min-gap", usage: "GPU idle gaps shorter than this are accounted per step instead of reported one by one",
 		binding: durationVar(func(c *Config) *time.Duration { return &c.MinGap })},
 	{name: "hang-after", usage: "report a hang when a traced thread stays this long in one CUDA sync, collective wait or blocking syscall while its process makes no progress on the GPU",

@@ -31,6 +31,7 @@ func Frame(v View, width int) string {
 	writeWhatIf(&b, v)
 	writeEvidence(&b, v, width)
 	writeSites(&b, v, width)
+	writeCode(&b, v, width)
 	if v.CPUPct >= 0 {
 		fmt.Fprintf(&b, "gaptrace itself: %.1f%% of a core · %s peak resident · %.0f events/s\n",
 			v.CPUPct, FormatBytes(uint64(max(0, v.Stats.RSSBytes))), v.EventsPerSec)

@@ -17,7 +17,8 @@
  * faulting instruction) is kept per thread; a K_OFFCPU block whose thread
  * comes back with its user registers still at that instruction was spent
  * inside the fault (reading a page of a mapped file in), and its event
- * carries the address, which user space maps to the file.
+ * carries the address, which user space maps to the file. Such a block is
+ * emitted however short: each is a read.
  * sched_process_fork: children of traced processes are traced from their
  * first instruction (added to traced_tgids here, before user space knows).
  * sched_process_exit: per-thread state is dropped; the last thread of a
@@ -98,7 +99,11 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	} else {
 		return 0; /* blocked inside a traced syscall: its event covers it */
 	}
-	if (now - start < threshold_ns)
+	/* A block inside a page fault is a read of the page (a mapped file's,
+	 * or swap): emitted whatever its length, since a random walk through
+	 * a mapped dataset blocks tens of µs per page, each one I/O. */
+	__u64 fault = kind == K_OFFCPU ? fault_blocked(next, nid) : 0;
+	if (now - start < threshold_ns && !fault)
 		return 0;
 
 	struct sched_event *e = reserve(sizeof(*e));
@@ -107,7 +112,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	hdr_fill(&e->hdr, EV_SCHED, kind, nid, now);
 	e->start_ns = start;
 	e->waker = kind == K_OFFCPU ? t->waker : 0;
-	e->fault_addr = kind == K_OFFCPU ? fault_blocked(next, nid) : 0;
+	e->fault_addr = fault;
 	e->flags = flags;
 	submit(e);
 	arm_enqueue(t);

@@ -157,7 +157,9 @@ func codeCause(c Cause) bool {
 
 // attachCode names the code that burned g: the samples of its thread
 // during it, when part of it was charged to the CPU, to runqueue waits or
-// to a lock, and those of each lock holder while the thread waited on it.
+// to a lock, or when no blocking call's stack names it (an off-CPU block
+// in a page fault has none), and those of each lock holder and data-loader
+// worker meanwhile.
 func (s *samples) attachCode(g *Gap) {
 	if len(s.byTID) == 0 {
 		return
@@ -168,7 +170,7 @@ func (s *samples) attachCode(g *Gap) {
 			charged = true
 		}
 	}
-	if !charged {
+	if !charged && len(g.Evidence.Stack) > 0 {
 		return
 	}
 	g.Code = s.code(g.TID, g.Start, g.End, RoleFeeder, maxGapCode)

@@ -404,6 +404,10 @@ func (t *Tracer) handle(d *decoded) {
 			t.fds.invalidate(ev.PID, ev.FD) // the peer changed
 		}
 		applyFD(ev, t.fds.resolve(ev.PID, ev.FD))
+		if ev.FDKind == event.FDPipe && ev.Syscall == event.SysWrite {
+			// Blocked writing into a pipe: its reader is who was slow.
+			ev.Path, ev.PeerPID = t.pipes.describe(ev.PID, ev.Path)
+		}
 	case ev.Kind == event.KindSyscall && d.waitSocks != 0:
 		t.waitedSocket(ev, d)
 	}

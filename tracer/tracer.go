@@ -81,6 +81,7 @@ type Tracer struct {
 	syms  *symbolizer
 	py    *pyStacks
 	fmaps *fileMaps // page faults: address → mapped file
+	pipes *pipeReaders
 	// multi: uprobes are attached as one uprobe_multi link per program and
 	// process instead of one perf-event link per function. Decided once at
 	// load; it matters because every single uprobe costs an RCU grace
@@ -163,6 +164,7 @@ func New(cfg Config) (*Tracer, error) {
 		syms:        newSymbolizer(),
 		py:          newPyStacks(),
 		fmaps:       newFileMaps(),
+		pipes:       newPipeReaders(),
 		procs:       make(map[uint32]*procState),
 		missingSeen: make(map[string]bool),
 		roots:       make(map[uint32]bool),

@@ -44,8 +44,9 @@ class Causes:
     MAPPED_BYTES = 64 << 20
     PIPE_BYTES = 1 << 16  # Linux's default pipe capacity
 
-    def __init__(self, ms, data_dir):
+    def __init__(self, ms, data_dir, child_ms=None):
         self.ms, self.ns = ms, ms * 1000000
+        self.child_ms = child_ms or ms
         self.reader = subprocess.Popen([sys.executable, "-c", READER, str(ms / 1000.0)],
                                        stdin=subprocess.PIPE, close_fds=True)
         self.log_fd = self.reader.stdin.fileno()
@@ -81,7 +82,7 @@ class Causes:
 
     def run_child(self):
         site = here()
-        subprocess.run(["sleep", "%.3f" % (self.ms / 1000.0)], check=True)
+        subprocess.run(["sleep", "%.3f" % (self.child_ms / 1000.0)], check=True)
         return site
 
     def touch_mapped(self):

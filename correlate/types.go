@@ -18,13 +18,17 @@ const (
 	CauseSleep         Cause = "sleep"
 	// CauseLock: the feeder waited on a lock (a mutex, the CPython GIL)
 	// that another thread of its process held while computing.
-	CauseLock  Cause = "lock"
-	CauseOther Cause = "other"
+	CauseLock Cause = "lock"
+	// CauseSubprocess: the feeder waited for a child process to end
+	// (subprocess.run, os.system: wait4, waitid); evidence: the child's
+	// command.
+	CauseSubprocess Cause = "subprocess"
+	CauseOther      Cause = "other"
 )
 
 // Causes lists every cause in display order.
 var Causes = []Cause{CauseIORead, CauseLoaderWait, CauseIOWrite, CauseNet, CauseComm, CauseCUDAMemcpy,
-	CauseCUDAAlloc, CauseCPU, CauseCPUContention, CauseSleep, CauseLock, CauseOther}
+	CauseCUDAAlloc, CauseCPU, CauseCPUContention, CauseSleep, CauseLock, CauseSubprocess, CauseOther}
 
 // GapKind distinguishes a GPU that did nothing from one that was busy but
 // not useful (a collective spinning on a late peer).

@@ -119,7 +119,8 @@ var GCFrame = event.Frame{Function: "gc.collect", File: "<gc>"}
 // frame that left the interpreter's C code for Python's eval loop.
 func inGC(native []event.Frame, interp string) bool {
 	for _, f := range native {
-		if gcFunctions[f.Function] {
+		if gcFunctions[f.Function] || (strings.HasSuffix(f.Function, "_traverse") && (f.File == interp || isInterpreterFile(f.File))) {
+			// A type's tp_traverse: the collector's own walk.
 			return true
 		}
 		if strings.HasPrefix(f.Function, "_PyEval_EvalFrame") || f.Function == "PyEval_EvalCode" {

@@ -61,6 +61,9 @@ func Frame(v View, width int) string {
 		if hs := g.Evidence.LockHolders; len(hs) > 0 {
 			b.WriteString("  " + trimRight(Escape(holderLine(hs[0])), max(20, width-2)) + "\n")
 		}
+		if l := codeLine(g); l != "" {
+			b.WriteString("  " + trimRight(Escape(l), max(20, width-2)) + "\n")
+		}
 	}
 	return b.String()
 }
@@ -88,7 +91,30 @@ func holderLine(h correlate.LockHolderEvidence) string {
 	case h.Peer != "":
 		d += " with " + h.Peer
 	}
+	if len(h.Code) > 0 {
+		d += fmt.Sprintf(", in %s (%d samples)", h.Code[0].Site(), h.Code[0].Samples)
+	}
 	return d
+}
+
+// codeLine names the code the samples found running in a gap: "code:
+// train.py:88 collate (6 samples), gc.collect (3)".
+func codeLine(g *correlate.Gap) string {
+	var parts []string
+	for _, c := range g.Code {
+		if c.Role != correlate.RoleFeeder || len(parts) == 3 {
+			continue
+		}
+		site := c.Site()
+		if c.GC {
+			site += " in gc.collect"
+		}
+		parts = append(parts, fmt.Sprintf("%s (%d samples)", site, c.Samples))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "code: " + strings.Join(parts, ", ")
 }
 
 // gapDetail is the one line that says what a gap's copy or host operation

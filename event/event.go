@@ -232,7 +232,7 @@ type Event struct {
 	PeerPID   uint32 // loopback: pid that owns the other end, when known
 	WakerPID  uint32 // for blocking events: the last thread that woke this one
 	WakerTID  uint32
-	ChildPID  uint32 // KindFork
+	ChildPID  uint32 // KindFork; a wait4 that reaped a child: the child (Path: its command line)
 	IsThread  bool   // KindFork: the child is a thread of PID
 	// Woken (KindRunqueue): the thread was blocked inside a probed CUDA/NCCL
 	// call and Start is when it was woken; it then waited for a CPU until

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -374,6 +375,7 @@ func (t *Tracer) handle(d *decoded) {
 		t.syms.forget(ev.PID)
 		t.pyForget(ev.PID)
 		t.fmaps.forget(ev.PID)
+		t.children.exec(ev.PID, ev.Path)
 		t.comms.set(ev.TID, ev.TaskComm)
 		t.requestRescan(ev.PID)
 	case ctlProcessGone:
@@ -393,6 +395,11 @@ func (t *Tracer) handle(d *decoded) {
 			t.fds.opened(ev.PID, ev.FD, ev.Path)
 			ev.FDKind = event.FDFile
 		}
+	}
+	if ev.Kind == event.KindSyscall && ev.SyscallNr == unix.SYS_WAIT4 && ev.Ret > 0 && ev.Ret <= math.MaxUint32 {
+		// A wait for a child that ended: which one, and what it ran.
+		ev.ChildPID = uint32(ev.Ret)
+		ev.Path = t.children.reaped(ev.ChildPID)
 	}
 	if ev.Kind == event.KindSyscall && ev.Syscall == event.SysOpen && ev.Ret >= 0 {
 		// A slow open: say what was opened (its fd record came first).

@@ -144,3 +144,44 @@ func readComm(path string) string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+// childCommands remembers the command line each traced process exec'd
+// (/proc/PID/cmdline, read when its exec is seen), so that a wait for a
+// child (wait4 returns its pid, after which /proc has forgotten it) names
+// what the child ran.
+type childCommands struct {
+	procRoot string
+	mu       sync.Mutex
+	m        map[uint32]string
+}
+
+func newChildCommands() *childCommands {
+	return &childCommands{procRoot: procRoot, m: make(map[uint32]string)}
+}
+
+// exec records pid's command line; filename stands in when /proc no longer
+// has it.
+func (c *childCommands) exec(pid uint32, filename string) {
+	cmd := filename
+	if b, err := os.ReadFile(filepath.Join(c.procRoot, strconv.Itoa(int(pid)), "cmdline")); err == nil && len(b) > 0 {
+		cmd = strings.TrimSpace(strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " "))
+	}
+	if len(cmd) > 256 {
+		cmd = cmd[:256]
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= 4096 {
+		clear(c.m)
+	}
+	c.m[pid] = cmd
+}
+
+// reaped returns and forgets pid's command line.
+func (c *childCommands) reaped(pid uint32) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cmd := c.m[pid]
+	delete(c.m, pid)
+	return cmd
+}

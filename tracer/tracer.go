@@ -82,6 +82,8 @@ type Tracer struct {
 	py    *pyStacks
 	fmaps *fileMaps // page faults: address → mapped file
 	pipes *pipeReaders
+	// children: what each traced process exec'd, for waits on it.
+	children *childCommands
 	// multi: uprobes are attached as one uprobe_multi link per program and
 	// process instead of one perf-event link per function. Decided once at
 	// load; it matters because every single uprobe costs an RCU grace
@@ -165,6 +167,7 @@ func New(cfg Config) (*Tracer, error) {
 		py:          newPyStacks(),
 		fmaps:       newFileMaps(),
 		pipes:       newPipeReaders(),
+		children:    newChildCommands(),
 		procs:       make(map[uint32]*procState),
 		missingSeen: make(map[string]bool),
 		roots:       make(map[uint32]bool),

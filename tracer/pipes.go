@@ -53,7 +53,7 @@ func pipeInode(path string) (uint64, bool) {
 // pid 456 (logger)"; the path alone when no reader is found.
 func (p *pipeReaders) describe(writer uint32, path string) (string, uint32) {
 	ino, ok := pipeInode(path)
-	if !ok {
+	if !ok || p == nil {
 		return path, 0
 	}
 	r := p.reader(writer, ino)
@@ -162,6 +162,9 @@ func newChildCommands() *childCommands {
 // exec records pid's command line; filename stands in when /proc no longer
 // has it.
 func (c *childCommands) exec(pid uint32, filename string) {
+	if c == nil {
+		return // a tracer fed recorded records
+	}
 	cmd := filename
 	if b, err := os.ReadFile(filepath.Join(c.procRoot, strconv.Itoa(int(pid)), "cmdline")); err == nil && len(b) > 0 {
 		cmd = strings.TrimSpace(strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " "))
@@ -179,6 +182,9 @@ func (c *childCommands) exec(pid uint32, filename string) {
 
 // reaped returns and forgets pid's command line.
 func (c *childCommands) reaped(pid uint32) string {
+	if c == nil {
+		return ""
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cmd := c.m[pid]

@@ -140,12 +140,14 @@ func (t *Tracer) sample(ev *event.Event, d *decoded) {
 	native, trunc := t.syms.frames(ev.PID, -1, d.sampleIPs, nil)
 	ev.Stack, ev.StackTruncated = native, trunc
 	t.pyMerge(ev, d.ktime)
-	t.py.mu.Lock()
 	var interp string
-	if p := t.py.procs[ev.PID]; p != nil {
-		interp = p.binary
+	if t.py != nil {
+		t.py.mu.Lock()
+		if p := t.py.procs[ev.PID]; p != nil {
+			interp = p.binary
+		}
+		t.py.mu.Unlock()
 	}
-	t.py.mu.Unlock()
 	if inGC(native, interp) && (len(ev.Stack) == 0 || ev.Stack[0] != GCFrame) {
 		ev.Stack = append([]event.Frame{GCFrame}, ev.Stack...)
 	}
@@ -168,6 +170,9 @@ func newFileMaps() *fileMaps {
 // memory, a process gone). The maps are read again when addr is not in
 // them and the copy is older than 100 ms.
 func (f *fileMaps) file(pid uint32, addr uint64) string {
+	if f == nil {
+		return "" // a tracer fed recorded records
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for attempt := 0; attempt < 2; attempt++ {
@@ -196,6 +201,9 @@ func (f *fileMaps) file(pid uint32, addr uint64) string {
 }
 
 func (f *fileMaps) forget(pid uint32) {
+	if f == nil {
+		return
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.procs, pid)

@@ -3,6 +3,7 @@ package correlate
 import (
 	"math"
 
+	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -38,15 +39,15 @@ type aheadCand struct {
 // start of a possible CPU-ahead stall. The blocking counts in total, not
 // per call: a data read is a loop of calls of a fraction of a millisecond
 // each (256 KiB O_DIRECT reads: 0.3–1 ms), no one of which reaches MinGap.
-func (p *proc) onBlocking(th *thread, ev *event.Event) {
-	if !p.everEnq || !p.feeders.has(th.tid) {
+func (p *proc) onBlocking(th *attribute.Thread, ev *event.Event) {
+	if !p.everEnq || !p.feeders.has(th.TID) {
 		return
 	}
 	if p.gap != nil || p.allDrained() || ev.Start < p.lastEnq {
 		return
 	}
 	if p.aheadStart == 0 || ev.Start < p.aheadStart {
-		p.aheadStart, p.aheadTID = ev.Start, th.tid
+		p.aheadStart, p.aheadTID = ev.Start, th.TID
 	}
 	p.aheadBlocked += ev.Duration()
 }
@@ -157,9 +158,9 @@ func (p *proc) resolveCand(x env, c aheadCand) {
 		return
 	}
 	g := Gap{PID: p.pid, TID: c.tid, Device: p.dev, Kind: GapIdle, Start: a, End: b, Duration: idle}
-	at := newAttribution(x.w)
-	at.thread(th, a, b, nil)
-	g.Cause, g.Breakdown, g.Evidence, g.Ops = at.result()
+	at := attribute.New(x.w)
+	at.Add(th, a, b, nil)
+	g.Cause, g.Breakdown, g.Evidence, g.Ops = at.Result()
 	g.Evidence.Source = source
 	g.Evidence.Threads = append([]uint32(nil), p.feeders...)
 	p.emit(x, g)

@@ -3,6 +3,7 @@ package correlate
 import (
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -49,7 +50,7 @@ const maxBaseSlots = 256
 // wait on a communicator that may soon be linked to other ranks' (its
 // creation was not seen, ranklink.go), or whose peer has not shown the
 // collective yet, waits for that a while (linkWait).
-func (p *proc) checkStall(x env, th *thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
+func (p *proc) checkStall(x env, th *attribute.Thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
 	// The baseline compares how long the queue ran after the last enqueue,
 	// which a late peer lengthens, rather than the sync's own wait, which
 	// also shrinks by any host delay between the last enqueue and the sync:
@@ -72,7 +73,7 @@ func (p *proc) checkStall(x env, th *thread, ev *event.Event, coll *CollectiveEv
 			p.base[k] = r
 		}
 	}
-	p.judgeStall(x, th.tid, ev, coll, ref, r, run, true)
+	p.judgeStall(x, th.TID, ev, coll, ref, r, run, true)
 }
 
 // linkWait bounds how long a wait waits for the ranks' verdict (measured
@@ -105,7 +106,7 @@ func (p *proc) judgeStall(x env, tid uint32, ev *event.Event, coll *CollectiveEv
 		}
 		g.Evidence = Evidence{Collective: &c, CUDACall: ev.CUDA.String(), BaselineNS: baseline,
 			Threads: append([]uint32(nil), p.feeders...), Source: "host"}
-		g.Ops = []HostOp{hostOp(ev, tid)}
+		g.Ops = []HostOp{attribute.HostOpOf(ev, tid)}
 		sc := stallCand{gap: g, gpmOnly: gpmOnly}
 		if late != nil {
 			sc.peer, sc.ref, sc.by, sc.start = true, ref, excess, ev.Start

@@ -94,8 +94,6 @@ const (
 	windowWait = int64(1500 * time.Millisecond)
 	// retain: how long timelines of non-feeder threads are kept.
 	retain = int64(3 * time.Second)
-	// maxIntervals caps one thread's timeline.
-	maxIntervals = 4096
 	// maxPendingSteps caps steps waiting for a decision per process.
 	maxPendingSteps = 1024
 	// sweepEvery / forgetAfter: how often silent processes and threads

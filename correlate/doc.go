@@ -263,10 +263,20 @@
 //     functions over values the caller owns.
 //   - correlate/reorder: the reorder buffer, a type that owns its events
 //     and knows nothing of what they mean.
+//   - correlate/attribute: why the host left the GPU idle over an
+//     interval. Thread owns its activity timeline; an Attribution reads
+//     the timelines and the world (attribute.World, which correlate's
+//     world implements) and changes neither; where a gap begins and ends
+//     is not its to decide.
+//   - correlate/record: the recording and replay format, above the
+//     engine: it wraps the engine's Input and replays into an Engine; the
+//     engine knows nothing of recordings.
 //
 // Every package under correlate imports only event, the standard library
-// and correlate's own sub-packages (the linter's depguard rule says so),
-// and no sub-package imports correlate.
+// and correlate's own sub-packages (the linter's depguard rule says so).
+// No sub-package imports correlate except record, which is a client of
+// the engine, not a part of it; the tests that replay recordings are
+// external (package correlate_test) for the same reason.
 //
 // The Engine owns everything; it hands each call into a process's models
 // an env: the settings (an immutable value resolved once from Config), the
@@ -282,7 +292,8 @@
 //	              (outbox → totals and Sink), sweeping silent processes
 //	config.go     Config, its validation, settings, the internal tunables
 //	world.go      world: processes, threads, devices, communicators; who
-//	              is a loader worker; collective evidence
+//	              is a loader worker; collective evidence; the view an
+//	              attribution reads (attribute.World)
 //	proc.go       proc: one process's state, its outbox, what it must keep,
 //	              closing at exit; waitRing statistics
 //	queue.go      per-stream queue model: enqueues, syncs and synchronous
@@ -322,25 +333,20 @@
 //	micro.go      micro idle of a finished step and its cause split; launch
 //	              records that weigh the windows' busy time
 //	windows.go    device: GPU windows, idle and SM activity over intervals
-//	timeline.go   thread: its activity timeline and what dominates when
-//	causes.go     what cause one host interval is, and its name
-//	attribute.go  attribution: accumulating one interval's activity,
-//	              following wakers to siblings and loader workers
-//	evidence.go   an attribution's result: cause, breakdown, evidence and
-//	              host operations, bounded to the top entries
-//	stack.go      the code location behind gaps, and the summary's call
-//	              sites
-//	types.go      the results (Gap, Step, StepResult, Summary) and Sink
+//	stack.go      the summary's call sites (CallSiteSummary) and the
+//	              stack helpers attribute defines, under correlate's name
+//	types.go      the results (Gap, Step, StepResult, Summary) and Sink;
+//	              Cause and the evidence types, attribute's under their
+//	              correlate names
 //	jsonl.go      the --gaps-out writer and Tee
-//	input.go      Input, the engine's inputs as one interface, and
-//	              Recording, which records each call before passing it on
-//	record.go     the recording format (the engine's input call by call)
-//	              and Replay
-//	replayas.go   replaying a full recording as lite or auto would have
-//	              seen it
+//	input.go      Input, the engine's inputs as one interface
 //	stepclock/    Detect, DetectPeriod and the types they compare
 //	interval/     sorted disjoint interval lists (Span, Add, Overlap)
 //	reorder/      Queue: events held until the watermark, end order
+//	attribute/    Thread (activity timelines), causes, Attribution and its
+//	              Result (cause, breakdown, evidence), stacks
+//	record/       the recording format, Writer, Reader, Replay, ReplayAs
+//	              and Wrap, which records each input before passing it on
 //
 // # Memory
 //

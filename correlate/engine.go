@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/reorder"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -41,7 +42,7 @@ type Engine struct {
 	// ended: threads that exited, kept for retain so that a gap decided
 	// later can still follow a wait to them (a thread that held the GIL
 	// and exited), in exit order.
-	ended    []*thread
+	ended    []*attribute.Thread
 	totals   Summary
 	rejected uint64
 	// lost counts what arrived but could not be used in full; lateWarn
@@ -300,14 +301,14 @@ func (e *Engine) process(ev *event.Event) {
 		e.exit(p, ev)
 		return
 	case event.KindOpen:
-		e.thread(ev).noteOpen(ev)
+		e.thread(ev).NoteOpen(ev)
 		return
 	case event.KindClose, event.KindInvalid:
 		return
 	}
 	th := e.thread(ev)
-	if ev.End > th.last {
-		th.last = ev.End
+	if ev.End > th.Last {
+		th.Last = ev.End
 	}
 	if ev.WakerPID == ev.PID && ev.WakerTID != 0 && ev.WakerTID != ev.TID {
 		e.waker(p, ev)
@@ -334,14 +335,14 @@ func (e *Engine) process(ev *event.Event) {
 		}
 		p.onEnqueue(e.env(p), th, ev, coll, ref)
 	case event.KindSync:
-		th.wokenSync(ev)
-		th.add(ev)
+		th.WokenSync(ev)
+		th.Add(ev)
 		p.onSync(e.env(p), th, ev)
 	case event.KindMemcpy, event.KindFree:
-		th.add(ev)
+		th.Add(ev)
 		p.onSyncCopy(e.env(p), th, ev)
 	case event.KindAlloc, event.KindGroupEnd, event.KindSyscall, event.KindRunqueue, event.KindOffCPU:
-		th.add(ev)
+		th.Add(ev)
 		p.onBlocking(th, ev)
 	}
 	e.apply(p)
@@ -356,7 +357,7 @@ func (e *Engine) processLate(ev event.Event) {
 		event.KindMemcpy, event.KindFree, event.KindSync, event.KindMemcpyStaged:
 		e.proc(ev.PID, ev.Start)
 		th := e.thread(&ev)
-		th.insert(&ev)
+		th.Insert(&ev)
 	case event.KindFork, event.KindExec, event.KindExit:
 		e.process(&ev)
 	case event.KindCollective:
@@ -369,8 +370,8 @@ func (e *Engine) processLate(ev event.Event) {
 
 func (e *Engine) exit(p *proc, ev *event.Event) {
 	if ev.TID != ev.PID {
-		if th := e.threads[ev.TID]; th != nil && th.pid == ev.PID && !p.feeders.has(ev.TID) && th.exited == 0 {
-			th.exited = max(ev.End, 1)
+		if th := e.threads[ev.TID]; th != nil && th.PID == ev.PID && !p.feeders.has(ev.TID) && th.Exited == 0 {
+			th.Exited = max(ev.End, 1)
 			e.ended = append(e.ended, th)
 		}
 		return
@@ -435,26 +436,26 @@ func (e *Engine) finalize(force bool) {
 // feeder is often both. Known only from this wake-up, it is kept for
 // retain like a thread that exited, unless it shows up itself.
 func (e *Engine) waker(p *proc, ev *event.Event) {
-	if th := e.threads[ev.WakerTID]; th != nil && th.pid == ev.PID {
-		th.last = max(th.last, ev.End)
+	if th := e.threads[ev.WakerTID]; th != nil && th.PID == ev.PID {
+		th.Last = max(th.Last, ev.End)
 		return
 	}
 	th := e.newThread(ev.WakerTID, ev.PID)
-	th.last, th.exited = ev.End, ev.End
-	e.threads[th.tid] = th
-	p.tids[th.tid] = struct{}{}
+	th.Last, th.Exited = ev.End, ev.End
+	e.threads[th.TID] = th
+	p.tids[th.TID] = struct{}{}
 	e.ended = append(e.ended, th)
 }
 
 // forgetEnded forgets the threads that exited more than retain ago.
 func (e *Engine) forgetEnded() {
 	n := 0
-	for n < len(e.ended) && e.ended[n].exited < e.wm-retain {
+	for n < len(e.ended) && e.ended[n].Exited < e.wm-retain {
 		th := e.ended[n]
-		if e.threads[th.tid] == th {
-			delete(e.threads, th.tid)
-			if p := e.procs[th.pid]; p != nil {
-				delete(p.tids, th.tid)
+		if e.threads[th.TID] == th {
+			delete(e.threads, th.TID)
+			if p := e.procs[th.PID]; p != nil {
+				delete(p.tids, th.TID)
 			}
 		}
 		n++
@@ -475,7 +476,7 @@ func (e *Engine) sweep() {
 			continue
 		}
 		for tid := range p.tids {
-			if th := e.threads[tid]; th != nil && th.pid == pid {
+			if th := e.threads[tid]; th != nil && th.PID == pid {
 				delete(e.threads, tid)
 			}
 		}
@@ -483,12 +484,12 @@ func (e *Engine) sweep() {
 		e.forgetComms(pid)
 	}
 	for tid, th := range e.threads {
-		if th.last < cut && len(th.tl) == 0 {
-			if p := e.procs[th.pid]; p != nil && p.feeders.has(tid) {
+		if th.Last < cut && th.Len() == 0 {
+			if p := e.procs[th.PID]; p != nil && p.feeders.has(tid) {
 				continue
 			}
 			delete(e.threads, tid)
-			if p := e.procs[th.pid]; p != nil {
+			if p := e.procs[th.PID]; p != nil {
 				delete(p.tids, tid)
 			}
 		}
@@ -497,14 +498,14 @@ func (e *Engine) sweep() {
 
 // trimThread bounds a timeline: feeders keep what their process's pending
 // steps still need; everyone else keeps retain.
-func (e *Engine) trimThread(th *thread, p *proc) {
+func (e *Engine) trimThread(th *attribute.Thread, p *proc) {
 	keep := e.wm - retain
-	if p.feeders.has(th.tid) {
+	if p.feeders.has(th.TID) {
 		if k := p.keepFrom(e.wm); k < keep {
 			keep = k
 		}
 	}
-	th.trim(keep)
+	th.Trim(keep)
 }
 
 // env is what a call into p's models may read: the settings, the world,

@@ -3,6 +3,7 @@ package correlate
 import (
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -37,9 +38,6 @@ import (
 // so the hop counts from its entry and allows for that much of the call.
 const episodeHop = int64(400 * time.Microsecond)
 
-// pageableFix is what a user does about a pageable copy.
-const pageableFix = "pin the host buffer (pin_memory=True / cudaHostRegister)"
-
 // heldCopies are async copies one thread issued into an open gap, not yet
 // known to be step work or part of a host operation.
 type heldCopies struct {
@@ -66,20 +64,20 @@ type episode struct {
 // episodeEvent handles the events of an open gap's host operations and
 // releases held copies that turn out to be step work. It reports whether
 // ev was consumed here (the engine then does nothing else with it).
-func (p *proc) episodeEvent(x env, th *thread, ev *event.Event) bool {
+func (p *proc) episodeEvent(x env, th *attribute.Thread, ev *event.Event) bool {
 	switch ev.Kind {
 	case event.KindMemcpyStaged:
-		th.add(ev)
+		th.Add(ev)
 		p.onStaged(th, ev)
 		return true
 	case event.KindMemcpyAsync:
-		if p.hold != nil && p.hold.tid != th.tid {
+		if p.hold != nil && p.hold.tid != th.TID {
 			p.release(x)
 		}
 		if p.gap != nil && p.everEnq {
 			if p.hold == nil {
-				p.hold = &heldCopies{tid: th.tid, chained: true}
-			} else if !th.soonAfter(p.hold.last, ev.Start) {
+				p.hold = &heldCopies{tid: th.TID, chained: true}
+			} else if !soonAfter(th, p.hold.last, ev.Start) {
 				p.hold.chained = false
 			}
 			p.hold.evs = append(p.hold.evs, *ev)
@@ -101,8 +99,8 @@ func (p *proc) episodeEvent(x env, th *thread, ev *event.Event) bool {
 // onStaged: a copy kept its thread in the call. A held copy's gap lasts
 // through it; a copy that was already enqueued (the queue held work) made
 // its thread block like any other blocking call.
-func (p *proc) onStaged(th *thread, ev *event.Event) {
-	if h := p.hold; h != nil && h.tid == th.tid {
+func (p *proc) onStaged(th *attribute.Thread, ev *event.Event) {
+	if h := p.hold; h != nil && h.tid == th.TID {
 		for i := range h.evs {
 			if h.evs[i].Start == ev.Start {
 				h.evs[i].End = ev.End
@@ -117,8 +115,8 @@ func (p *proc) onStaged(th *thread, ev *event.Event) {
 // releasedBy says whether ev shows that the held copies were step work:
 // any call of their thread other than scheduling facts, or GPU work or a
 // sync of another thread.
-func (p *proc) releasedBy(th *thread, ev *event.Event) bool {
-	if th.tid == p.hold.tid {
+func (p *proc) releasedBy(th *attribute.Thread, ev *event.Event) bool {
+	if th.TID == p.hold.tid {
 		switch ev.Kind {
 		case event.KindRunqueue, event.KindOffCPU:
 			return false
@@ -141,9 +139,9 @@ func (p *proc) releasedBy(th *thread, ev *event.Event) bool {
 // direction: a step starts with host-to-device batch copies) and the sync
 // waited no longer than their transfer takes, where a step's sync waits for
 // its compute.
-func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
+func (p *proc) absorbSync(x env, th *attribute.Thread, ev *event.Event) bool {
 	h := p.hold
-	if h == nil || p.gap == nil || h.tid != th.tid || !h.chained || !th.soonAfter(h.last, ev.Start) {
+	if h == nil || p.gap == nil || h.tid != th.TID || !h.chained || !soonAfter(th, h.last, ev.Start) {
 		return false
 	}
 	// Launches the sync flushes (full) were made between the copies and the
@@ -154,7 +152,7 @@ func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 	}
 	lite := x.liteOver(p.gap.start, ev.End)
 	big := bulk(h.evs)
-	if (p.gap.ep == nil || !p.gap.ep.bulk) && !big && lite && !th.openedSince(p.gap.start) {
+	if (p.gap.ep == nil || !p.gap.ep.bulk) && !big && lite && !th.OpenedSince(p.gap.start) {
 		// Lite: a scalar read (.item(): a few bytes and a sync) may follow
 		// launches lite cannot see, so it is step work; only a copy of
 		// real data, or one made after the thread opened a file in the
@@ -164,13 +162,13 @@ func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 		// drain and these copies: the GPU computes nothing either way.
 		return false
 	}
-	th.wokenSync(ev)
+	th.WokenSync(ev)
 	if lite {
 		// Waiting for a CPU inside the call is not waiting for the GPU;
 		// waiting for the copies' own transfer (to pinned memory the copy
 		// returns at once and the sync waits for it), at a slow link's
 		// rate, is not waiting for compute either.
-		if ev.Duration()-th.runnable(ev.Start, ev.End) > x.set.syncWaited+transferNS(h.evs) {
+		if ev.Duration()-th.Runnable(ev.Start, ev.End) > x.set.syncWaited+transferNS(h.evs) {
 			return false
 		}
 		for i := range h.evs {
@@ -209,7 +207,7 @@ func (p *proc) absorbSync(x env, th *thread, ev *event.Event) bool {
 	// On the timeline the sync is what it waited for: the copies.
 	w := *ev
 	w.Kind = event.KindMemcpy
-	th.add(&w)
+	th.Add(&w)
 	return true
 }
 
@@ -252,26 +250,26 @@ func (p *proc) release(x env) {
 // tensor, writes it, pickles the next). When writing wins, bd counts that
 // serialization as io.write too, so that totals by cause say what the
 // checkpoint cost; the evidence keeps the plain split.
-func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cause, *EpisodeEvidence) {
+func episodeResult(th *attribute.Thread, a, b int64, ep *episode, bd map[Cause]int64) (Cause, *EpisodeEvidence) {
 	e := &EpisodeEvidence{Copies: ep.copies, CopyBytes: ep.bytes}
-	segs := th.segments(a, b, nil)
+	segs := th.Segments(a, b, nil)
 	for _, s := range segs {
-		ev := s.ev
+		ev := s.Ev
 		switch {
 		case ev == nil:
-			e.SerializeNS += s.b - s.a
+			e.SerializeNS += s.B - s.A
 		case ev.Kind == event.KindMemcpy || ev.Kind == event.KindMemcpyStaged:
-			e.CopyNS += s.b - s.a
-		case pathOp(ev):
+			e.CopyNS += s.B - s.A
+		case attribute.PathOp(ev):
 			// Renaming the written file into place, removing an old
 			// one: part of writing, but not the file whose writes
 			// bound the operation (below).
-			e.WriteNS += s.b - s.a
+			e.WriteNS += s.B - s.A
 		case writesFile(ev):
 			if ev.Syscall == event.SysFsync {
-				e.FsyncNS += s.b - s.a
+				e.FsyncNS += s.B - s.A
 			} else {
-				e.WriteNS += s.b - s.a
+				e.WriteNS += s.B - s.A
 			}
 		}
 	}
@@ -281,7 +279,7 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 	// segments it was split into.
 	seen := map[*event.Event]bool{}
 	for _, s := range segs {
-		if ev := s.ev; ev != nil && !seen[ev] && ev.Kind == event.KindSyscall && ev.Path == e.File &&
+		if ev := s.Ev; ev != nil && !seen[ev] && ev.Kind == event.KindSyscall && ev.Path == e.File &&
 			ev.Syscall == event.SysWrite && e.File != "" {
 			seen[ev] = true
 			e.Writes++
@@ -300,23 +298,23 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 	outside := map[Cause]int64{}
 	if best != nil {
 		for _, s := range segs {
-			lo, hi := max(s.a, best.first), min(s.b, best.last)
-			if s.ev != nil && s.ev.Kind != event.KindRunqueue {
-				if out := s.b - s.a - max(hi-lo, 0); out > 0 {
-					outside[baseCause(s.ev)] += out
+			lo, hi := max(s.A, best.first), min(s.B, best.last)
+			if s.Ev != nil && s.Ev.Kind != event.KindRunqueue {
+				if out := s.B - s.A - max(hi-lo, 0); out > 0 {
+					outside[attribute.BaseCause(s.Ev)] += out
 				}
 			}
 			if hi <= lo {
 				continue
 			}
-			if ev := s.ev; ev != nil && (ev.Kind == event.KindRunqueue || writesFile(ev)) {
+			if ev := s.Ev; ev != nil && (ev.Kind == event.KindRunqueue || writesFile(ev)) {
 				continue
 			}
 			within += hi - lo
 			switch {
-			case s.ev == nil:
+			case s.Ev == nil:
 				serial += hi - lo
-			case s.ev.Kind == event.KindMemcpy || s.ev.Kind == event.KindMemcpyStaged:
+			case s.Ev.Kind == event.KindMemcpy || s.Ev.Kind == event.KindMemcpyStaged:
 				copying += hi - lo
 			}
 		}
@@ -360,7 +358,7 @@ func episodeResult(th *thread, a, b int64, ep *episode, bd map[Cause]int64) (Cau
 
 // writesFile says whether ev is a write or fsync of a file.
 func writesFile(ev *event.Event) bool {
-	return ev.Kind == event.KindSyscall && isFile(ev) && (ev.Syscall == event.SysWrite || ev.Syscall == event.SysFsync)
+	return ev.Kind == event.KindSyscall && attribute.IsFile(ev) && (ev.Syscall == event.SysWrite || ev.Syscall == event.SysFsync)
 }
 
 // fileSpan is where a host operation wrote one file: from the file's open
@@ -375,16 +373,16 @@ const openLookback = int64(2 * time.Second)
 
 // writtenFile is the file the thread spent longest writing and fsyncing
 // among segs (a gap from a), and where it wrote it; nil when it wrote none.
-func writtenFile(th *thread, a int64, segs []segment) (string, *fileSpan) {
+func writtenFile(th *attribute.Thread, a int64, segs []attribute.Segment) (string, *fileSpan) {
 	files := map[string]*fileSpan{}
 	for _, s := range segs {
-		if ev := s.ev; ev != nil && !pathOp(ev) && writesFile(ev) {
+		if ev := s.Ev; ev != nil && !attribute.PathOp(ev) && writesFile(ev) {
 			f := files[ev.Path]
 			if f == nil {
-				f = &fileSpan{first: s.a}
+				f = &fileSpan{first: s.A}
 				files[ev.Path] = f
 			}
-			f.last, f.ns = s.b, f.ns+s.b-s.a
+			f.last, f.ns = s.B, f.ns+s.B-s.A
 		}
 	}
 	var path string
@@ -401,7 +399,7 @@ func writtenFile(th *thread, a int64, segs []segment) (string, *fileSpan) {
 	// queue opens the checkpoint, and the gap begins when the first
 	// tensor's copy waits the queue out. What follows in the gap is the
 	// operation all the same.
-	if at, ok := th.openedAt(path, a-openLookback, best.first); ok {
+	if at, ok := th.OpenedAt(path, a-openLookback, best.first); ok {
 		best.first = max(at, a)
 	}
 	best.last = pathOpsAfter(segs, best.last)
@@ -415,22 +413,22 @@ func writtenFile(th *thread, a int64, segs []segment) (string, *fileSpan) {
 // saves and then waits for another thread's lock has two causes back to
 // back, and one gap labelled by the larger would hide the other. 0 when
 // the gap is one operation.
-func episodeSplit(th *thread, a, b, minGap int64) int64 {
-	segs := th.segments(a, b, nil)
+func episodeSplit(th *attribute.Thread, a, b, minGap int64) int64 {
+	segs := th.Segments(a, b, nil)
 	_, f := writtenFile(th, a, segs)
 	if f == nil || b-f.last < minGap {
 		return 0
 	}
 	var waits int64
 	for _, s := range segs {
-		if s.ev == nil || s.b <= f.last || s.ev.Kind == event.KindRunqueue || s.ev.Kind == event.KindOffCPU {
+		if s.Ev == nil || s.B <= f.last || s.Ev.Kind == event.KindRunqueue || s.Ev.Kind == event.KindOffCPU {
 			continue
 		}
-		switch baseCause(s.ev) {
+		switch attribute.BaseCause(s.Ev) {
 		case CauseCPU, CauseCPUContention, CauseIOWrite:
 			continue
 		}
-		waits += s.b - max(s.a, f.last)
+		waits += s.B - max(s.A, f.last)
 	}
 	if waits < minGap || 2*waits < b-f.last {
 		// Host work with short waits between (the loop's bookkeeping
@@ -452,24 +450,24 @@ const pathOpTail = int64(5 * time.Millisecond)
 // checkpoint, the unlink of an older checkpoint. On ext4 or XFS replacing
 // or removing a large file frees its blocks within the call: milliseconds
 // of the save.
-func pathOpsAfter(segs []segment, last int64) int64 {
+func pathOpsAfter(segs []attribute.Segment, last int64) int64 {
 	end := last
 	for _, s := range segs {
-		if s.b <= end {
+		if s.B <= end {
 			continue
 		}
-		ev := s.ev
+		ev := s.Ev
 		switch {
-		case ev != nil && pathOp(ev):
-			last, end = s.b, s.b
+		case ev != nil && attribute.PathOp(ev):
+			last, end = s.B, s.B
 		case ev == nil:
-			if s.b-max(s.a, end) > pathOpTail {
+			if s.B-max(s.A, end) > pathOpTail {
 				return last
 			}
-			end = s.b
+			end = s.B
 		case ev.Kind == event.KindRunqueue || ev.Kind == event.KindOpen || ev.Kind == event.KindClose ||
 			ev.Kind == event.KindSyscall && (ev.Syscall == event.SysClose || ev.Syscall == event.SysOpen):
-			end = s.b
+			end = s.B
 		default:
 			return last
 		}
@@ -477,52 +475,11 @@ func pathOpsAfter(segs []segment, last int64) int64 {
 	return last
 }
 
-// copyEvidence describes the staged copy that took most of a gap.
-func copyEvidence(ev *event.Event) *CopyEvidence {
-	c := &CopyEvidence{Call: stagedName(ev), Bytes: ev.Bytes, NS: ev.Duration(), Pageable: true, Fix: pageableFix}
-	switch ev.CopyDir {
-	case event.CUMemcpyHtoD:
-		c.Direction = "htod"
-	case event.CUMemcpyDtoH:
-		c.Direction = "dtoh"
-	default:
-		c.Direction = "unknown"
-	}
-	if c.NS > 0 && c.Bytes > 0 {
-		c.GBps = float64(c.Bytes) / float64(c.NS)
-	}
-	return c
-}
-
-// stagedName is the driver call behind a KindMemcpyStaged.
-func stagedName(ev *event.Event) string {
-	switch ev.CopyDir {
-	case event.CUMemcpyHtoD:
-		return "cuMemcpyHtoDAsync"
-	case event.CUMemcpyDtoH:
-		return "cuMemcpyDtoHAsync"
-	}
-	return "cuMemcpyAsync"
-}
-
-// runnable is how long t waited for a CPU within [a,b): its run-queue
-// intervals there (they end before a call around them does, so they are
-// on the timeline when the call is processed).
-func (t *thread) runnable(a, b int64) int64 {
-	var ns int64
-	for _, i := range t.overlapping(a, b) {
-		if ev := &t.tl[i]; ev.Kind == event.KindRunqueue {
-			ns += min(ev.End, b) - max(ev.Start, a)
-		}
-	}
-	return ns
-}
-
 // soonAfter says whether t's call at b followed its call that returned at
 // a back to back: within episodeHop of running time (a preemption between
 // the two is the machine's load, not the thread's work).
-func (t *thread) soonAfter(a, b int64) bool {
-	return b-a-t.runnable(a, b) <= episodeHop
+func soonAfter(t *attribute.Thread, a, b int64) bool {
+	return b-a-t.Runnable(a, b) <= episodeHop
 }
 
 // transferNS is how long the copies take at most at burstCopyBps.

@@ -3,6 +3,7 @@ package correlate
 import (
 	"testing"
 
+	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -111,7 +112,7 @@ func TestPageableCopyEndsGapAtReturn(t *testing.T) {
 					t.Fatalf("gap %d: no copy evidence: %+v", i, g.Evidence)
 				}
 				if !c.Pageable || c.Direction != "htod" || c.Call != "cuMemcpyHtoDAsync" || c.Bytes != 180e6 ||
-					c.NS != 30*ms || c.GBps < 5.9 || c.GBps > 6.1 || c.Fix != pageableFix {
+					c.NS != 30*ms || c.GBps < 5.9 || c.GBps > 6.1 || c.Fix != attribute.PageableFix {
 					t.Errorf("gap %d: copy evidence %+v", i, *c)
 				}
 				if g.Evidence.CUDACall != "cuMemcpyHtoDAsync" {

@@ -100,7 +100,7 @@ func TestPythonLockWaitUnseenHolder(t *testing.T) {
 			var waits int64
 			for n := int64(1); n <= 40; n++ {
 				if n%4 == 0 {
-					s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", Ret: etimedout, Stack: c.stack}, 5*ms)
+					s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysFutex, Name: "futex", Ret: -110 /* -ETIMEDOUT */, Stack: c.stack}, 5*ms)
 					waits += 5 * ms
 				}
 				s.step(8, 500*us, 20*us)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -80,26 +81,26 @@ func TestLateEventsCounted(t *testing.T) {
 	}
 }
 
-// TestTimelineDropsCounted: a thread that blocks more than maxIntervals
+// TestTimelineDropsCounted: a thread that blocks more than attribute.MaxIntervals
 // times within what its timeline must keep loses its oldest intervals;
 // each one is counted.
 func TestTimelineDropsCounted(t *testing.T) {
 	c := &collect{}
 	e := newEngine(c, nil)
-	const n = maxIntervals + 904
+	const n = attribute.MaxIntervals + 904
 	for i := range int64(n) {
 		at := t0 + i*100*us
 		e.Event(event.Event{Kind: event.KindSyscall, PID: 100, TID: 101, Start: at, End: at + 50*us, Syscall: event.SysRead,
 			Name: "read", FDKind: event.FDFile, Path: "/d"})
 	}
 	e.Advance(t0 + n*100*us + 2e9) // within retain of every read
-	if got := len(e.threads[101].tl); got != maxIntervals {
-		t.Fatalf("timeline holds %d intervals, want the cap %d", got, maxIntervals)
+	if got := e.threads[101].Len(); got != attribute.MaxIntervals {
+		t.Fatalf("timeline holds %d intervals, want the cap %d", got, attribute.MaxIntervals)
 	}
-	if l := e.Losses(); l.DroppedIntervals != n-maxIntervals {
-		t.Errorf("dropped intervals %d, want %d", l.DroppedIntervals, n-maxIntervals)
+	if l := e.Losses(); l.DroppedIntervals != n-attribute.MaxIntervals {
+		t.Errorf("dropped intervals %d, want %d", l.DroppedIntervals, n-attribute.MaxIntervals)
 	}
-	if sum := e.Close(t0 + n*100*us + 3e9); sum.Losses.DroppedIntervals != n-maxIntervals {
+	if sum := e.Close(t0 + n*100*us + 3e9); sum.Losses.DroppedIntervals != n-attribute.MaxIntervals {
 		t.Errorf("summary losses %+v", sum.Losses)
 	}
 }
@@ -233,8 +234,8 @@ func TestEventQueueBound(t *testing.T) {
 		if want := t0 + 11*ms + 100*us; e.wm != want {
 			t.Errorf("watermark %d, want the end of the 12th oldest (%d)", e.wm-t0, want-t0)
 		}
-		if n := e.threads[100].tl; len(n) != 12 || n[0].Start != t0 || n[11].Start != t0+11*ms {
-			t.Errorf("timeline %d intervals, want the 12 oldest in end order", len(n))
+		if th := e.threads[100]; th.Len() != 12 || th.At(0).Start != t0 || th.At(11).Start != t0+11*ms {
+			t.Errorf("timeline %d intervals, want the 12 oldest in end order", th.Len())
 		}
 		if logs.count(slog.LevelWarn, "event queue full: the oldest events are processed before their watermark") != 1 {
 			t.Errorf("want one warning when forcing began")
@@ -245,8 +246,8 @@ func TestEventQueueBound(t *testing.T) {
 			t.Errorf("an event behind the forced watermark: late %d, want 1", l.LateEvents)
 		}
 		sum := e.Close(t0 + 3e9)
-		if sum.Losses.ForcedEvents != 12 || e.Stats().Buffered != 0 || len(e.threads[100].tl) != 21 {
-			t.Errorf("after close: losses %+v, buffered %d, timeline %d", sum.Losses, e.Stats().Buffered, len(e.threads[100].tl))
+		if sum.Losses.ForcedEvents != 12 || e.Stats().Buffered != 0 || e.threads[100].Len() != 21 {
+			t.Errorf("after close: losses %+v, buffered %d, timeline %d", sum.Losses, e.Stats().Buffered, e.threads[100].Len())
 		}
 	})
 	t.Run("default bound", func(t *testing.T) {

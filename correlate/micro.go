@@ -3,6 +3,7 @@ package correlate
 import (
 	"sort"
 
+	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/interval"
 )
 
@@ -69,14 +70,13 @@ func (p *proc) finishStep(x env, st *stepAcc) {
 	var split []causeNS
 	if micro > 0 {
 		mask := d.gapsIn(st.Start, st.End, open)
-		at := newAttribution(x.w)
-		at.micro = true
+		at := attribute.NewMicro(x.w)
 		for _, tid := range p.feeders {
 			if th := x.w.threads[tid]; th != nil {
-				at.thread(th, st.Start, st.End, mask)
+				at.Add(th, st.Start, st.End, mask)
 			}
 		}
-		split = spread(micro, at.byCause)
+		split = spread(micro, at.ByCause())
 		for _, c := range split {
 			st.ByCause[c.c] += c.ns
 		}

@@ -95,11 +95,14 @@ const maxMirrors = 1 << 16
 const maxMirrorComms = maxComms / 2
 
 // Bounds of a PeerRecord's fields: what any sidecar sends lies within them
-// by far, and arithmetic on them cannot overflow.
+// by far, and arithmetic on them cannot overflow. A recording's calls are
+// held to the same bounds (record.Check).
 const (
-	maxPeerSeq   = int64(1) << 48 // collectives on one communicator
-	maxPeerRanks = int32(1) << 20 // ranks of one communicator or job
-	maxPeerTime  = int64(1) << 62 // Unix ns (year 2116)
+	maxPeerSeq = int64(1) << 48 // collectives on one communicator
+	// MaxPeerRanks bounds the ranks of one communicator or job.
+	MaxPeerRanks = int32(1) << 20
+	// MaxPeerTime bounds a time: Unix ns (year 2116).
+	MaxPeerTime = int64(1) << 62
 )
 
 // Check reports whether every field of r lies within what a sidecar sends.
@@ -107,7 +110,7 @@ const (
 // engine ignores one that fails, the transport drops its whole batch.
 func (r *PeerRecord) Check() error {
 	inTime := func(name string, t int64) error {
-		if t < 0 || t >= maxPeerTime {
+		if t < 0 || t >= MaxPeerTime {
 			return fmt.Errorf("peer record: %s %d out of range", name, t)
 		}
 		return nil
@@ -121,9 +124,9 @@ func (r *PeerRecord) Check() error {
 	switch r.Kind {
 	case PeerComm:
 		switch {
-		case r.Ranks < 0 || r.Ranks > maxPeerRanks, r.Size < 0 || r.Size > maxPeerRanks:
-			return fmt.Errorf("peer record: %d ranks (size %d) out of range [0, %d]", r.Ranks, r.Size, maxPeerRanks)
-		case r.Rank < -1 || r.Rank >= maxPeerRanks || (r.Ranks > 0 && r.Rank >= r.Ranks):
+		case r.Ranks < 0 || r.Ranks > MaxPeerRanks, r.Size < 0 || r.Size > MaxPeerRanks:
+			return fmt.Errorf("peer record: %d ranks (size %d) out of range [0, %d]", r.Ranks, r.Size, MaxPeerRanks)
+		case r.Rank < -1 || r.Rank >= MaxPeerRanks || (r.Ranks > 0 && r.Rank >= r.Ranks):
 			return fmt.Errorf("peer record: rank %d of %d out of range", r.Rank, r.Ranks)
 		case r.Inferred && r.Ranks != 0:
 			return fmt.Errorf("peer record: inferred communicator with %d ranks", r.Ranks)

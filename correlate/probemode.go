@@ -146,7 +146,7 @@ func (p *proc) shadowLead(x env, ev *event.Event) {
 func (p *proc) running(x env, ev *event.Event, from int64) int64 {
 	d := ev.Start - from
 	if th := x.w.threads[ev.TID]; th != nil {
-		d -= th.stopped(from, ev.Start)
+		d -= th.Stopped(from, ev.Start)
 	}
 	return d
 }

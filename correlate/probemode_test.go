@@ -1,7 +1,6 @@
 package correlate
 
 import (
-	"bytes"
 	"testing"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -137,50 +136,5 @@ func TestAutoPureCPUStallAfterWindow(t *testing.T) {
 	g := big[0]
 	if !near(g.Start, at, 50*us) || !near(g.Duration, truth, 500*us) || g.Cause != CauseCPU || g.Probes != ProbesLite {
 		t.Errorf("gap %d..%d (%d) %s probes %q, want %d..+%d cpu lite", g.Start-t0, g.End-t0, g.Duration, g.Cause, g.Probes, at-t0, truth)
-	}
-}
-
-// TestAutoRecordReplay: a recording carries auto's windows, so its replay
-// decides the same gaps as full or lite as the live engine did.
-func TestAutoRecordReplay(t *testing.T) {
-	s := newSim()
-	s.lite = true
-	for i := 0; i < 10; i++ {
-		s.launches(20, 2*ms, 100*us)
-		s.copyAsync(ms, 1)
-		s.sync()
-	}
-	on := s.t
-	s.lite = false
-	for i := 0; i < 6; i++ {
-		s.launches(20, 2*ms, 100*us)
-		s.sync()
-		if i == 2 {
-			s.block(event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Name: "read", FDKind: event.FDFile, Path: "/d"}, stallNS)
-		}
-	}
-	off := s.t
-	var buf bytes.Buffer
-	rec := NewRecorder(&buf, RecordHeader{Probes: ProbesAuto})
-	rec.ProbesLive(true, on)
-	rec.ProbesLive(false, off)
-	for i := range s.evs {
-		rec.Event(&s.evs[i])
-	}
-	if err := rec.Close(s.t + 2e9); err != nil {
-		t.Fatal(err)
-	}
-	h, calls, err := ReadRecording(&buf)
-	if err != nil || h.Probes != ProbesAuto {
-		t.Fatalf("read recording: %v, header %+v", err, h)
-	}
-	c := &collect{}
-	sum := Replay(Config{Probes: h.Probes, Logger: quiet()}, c, calls)
-	big := bigGaps(c.gaps)
-	if len(big) != 1 || big[0].Probes != ProbesFull || big[0].Cause != CauseIORead {
-		t.Fatalf("replayed gaps %+v, want one io.read decided as full", big)
-	}
-	if sum.ProbesFullNS != off-on {
-		t.Errorf("replayed time at full %d, want %d", sum.ProbesFullNS, off-on)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -319,14 +320,14 @@ func (p *proc) closeWaitAtExit(x env, t int64) {
 		return
 	}
 	var waited, last int64
-	for _, sg := range th.segments(g.start, t, nil) {
-		if sg.ev == nil {
+	for _, sg := range th.Segments(g.start, t, nil) {
+		if sg.Ev == nil {
 			continue
 		}
-		switch baseCause(sg.ev) {
+		switch attribute.BaseCause(sg.Ev) {
 		case CauseNet, CauseIORead, CauseIOWrite:
-			waited += sg.b - sg.a
-			last = sg.b
+			waited += sg.B - sg.A
+			last = sg.B
 		}
 	}
 	if waited < x.set.minGap || 2*waited < last-g.start {
@@ -349,7 +350,7 @@ func (p *proc) closeSaveAtExit(x env, t int64) {
 	if th == nil {
 		return
 	}
-	if _, f := writtenFile(th, g.start, th.segments(g.start, t, nil)); f != nil && f.last > g.start {
+	if _, f := writtenFile(th, g.start, th.Segments(g.start, t, nil)); f != nil && f.last > g.start {
 		p.closeGap(x, th, min(f.last, t))
 	}
 }

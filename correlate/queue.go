@@ -1,6 +1,7 @@
 package correlate
 
 import (
+	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
@@ -63,9 +64,9 @@ func (p *proc) startGPU(t int64) {
 	}
 }
 
-func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
+func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *CollectiveEvidence, ref collRef) {
 	p.shadowLead(x, ev)
-	p.feeders.add(th.tid)
+	p.feeders.add(th.TID)
 	t := ev.Start
 	wasDrained := p.allDrained()
 	launchesBefore := p.launches + p.colls
@@ -74,12 +75,12 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 		p.launches += ev.Count
 		p.recLaunches(t, ev.Count)
 		p.st.onLaunches(ev.Count)
-		p.st.notePending(th.tid, ev.Pending, ev.Count > 0)
+		p.st.notePending(th.TID, ev.Pending, ev.Count > 0)
 	case event.KindMemcpyAsync:
 		p.copies++
-		p.st.notePending(th.tid, ev.Pending, false)
+		p.st.notePending(th.TID, ev.Pending, false)
 	case event.KindMemset:
-		p.st.notePending(th.tid, ev.Pending, false)
+		p.st.notePending(th.TID, ev.Pending, false)
 	case event.KindCollective:
 		p.colls++
 	}
@@ -107,7 +108,7 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 		s.pending = t
 	}
 	s.lastEnq = t
-	th.lastStream, th.enqueued = ev.Stream, true
+	th.LastStream, th.Enqueued = ev.Stream, true
 	if ev.Kind == event.KindCollective {
 		s.coll, s.ref = coll, ref
 	}
@@ -133,14 +134,14 @@ func (p *proc) onEnqueue(x env, th *thread, ev *event.Event, coll *CollectiveEvi
 // a loss copied and its event recorded): the sync covers that stream. A
 // guess wrong the other way (an event of a stream with less work) opens
 // a gap the next sync that still waits rejects.
-func (p *proc) drainStreams(th *thread, ev *event.Event) (*CollectiveEvidence, collRef) {
+func (p *proc) drainStreams(th *attribute.Thread, ev *event.Event) (*CollectiveEvidence, collRef) {
 	// The legacy default stream (0) is not special here: frameworks create
 	// their side streams non-blocking, so syncing stream 0 does not wait
 	// for them; the rule below covers their earlier work.
 	all := ev.CUDA == event.CUCtxSynchronize || ev.Kind == event.KindFree
 	synced := ev.Stream
-	if ev.CUDA == event.CUEventSynchronize && th.enqueued {
-		synced = th.lastStream
+	if ev.CUDA == event.CUEventSynchronize && th.Enqueued {
+		synced = th.LastStream
 	}
 	var ref int64
 	if !all {
@@ -164,15 +165,15 @@ func (p *proc) drainStreams(th *thread, ev *event.Event) (*CollectiveEvidence, c
 	return coll, cref
 }
 
-func (p *proc) onSync(x env, th *thread, ev *event.Event) {
+func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 	p.shadowLead(x, ev)
-	p.feeders.add(th.tid)
+	p.feeders.add(th.TID)
 	if ev.Count > 0 {
 		p.launches += ev.Count
 		p.recLaunches(ev.Start, ev.Count)
 		p.st.onLaunches(ev.Count)
 	}
-	p.st.notePending(th.tid, 0, true)
+	p.st.notePending(th.TID, 0, true)
 	if x.set.lite {
 		// Lite sees no launches: a trainer that only launches and syncs
 		// (no async copies, no collectives) feeds the GPU all the same.
@@ -182,7 +183,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 		return
 	}
 	waited := ev.Duration() > x.set.syncWaited
-	wait := max(ev.Duration()-th.runnable(ev.Start, ev.End), 0)
+	wait := max(ev.Duration()-th.Runnable(ev.Start, ev.End), 0)
 	p.waits.push(wait)
 	if p.gap != nil {
 		switch {
@@ -198,7 +199,7 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	}
 	// Preemptions before this sync, the gap it closed included: its wait
 	// says what their queue held.
-	p.settlePreempted(th.tid, ev.Start, wait)
+	p.settlePreempted(th.TID, ev.Start, wait)
 	pendingBefore := !p.allDrained()
 	coll, cref := p.drainStreams(th, ev)
 	if cref.c != nil {
@@ -228,14 +229,14 @@ func (p *proc) onSync(x env, th *thread, ev *event.Event) {
 	p.patternSync(x, ev)
 	p.visSinceSync, p.lastSyncEnd = 0, ev.End
 	if p.gap == nil && p.allDrained() {
-		p.gap = &openGap{start: ev.End, tid: th.tid, exact: waited, open: ev}
+		p.gap = &openGap{start: ev.End, tid: th.TID, exact: waited, open: ev}
 	}
 }
 
 // onSyncCopy handles a synchronous copy or a free. While work is pending it
 // completes after that work, so it drains the queue like a sync; inside a
 // gap it is host activity (cuda.memcpy / cuda.alloc) on the timeline.
-func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
+func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 	p.shadowLead(x, ev)
 	// A batch copied synchronously (cuMemcpyHtoD, often from pageable
 	// memory) is the loop's data movement as much as an async one: it
@@ -267,7 +268,7 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 		p.patternSync(x, ev)
 	}
 	if p.gap == nil && p.allDrained() {
-		p.gap = &openGap{start: ev.End, tid: th.tid, exact: true, open: ev}
+		p.gap = &openGap{start: ev.End, tid: th.TID, exact: true, open: ev}
 	}
 }
 
@@ -276,10 +277,10 @@ func (p *proc) onSyncCopy(x env, th *thread, ev *event.Event) {
 // (episode: torch.save) a fault on a mapped file counts as its activity:
 // the operation pages in its own code and data, where a fault in a step's
 // launch loop says nothing.
-func (p *proc) inferEnd(th *thread, start, t int64, episode bool) int64 {
+func (p *proc) inferEnd(th *attribute.Thread, start, t int64, episode bool) int64 {
 	var end int64
-	for i := len(th.tl) - 1; i >= 0; i-- {
-		ev := &th.tl[i]
+	for i := th.Len() - 1; i >= 0; i-- {
+		ev := th.At(i)
 		if ev.End <= start {
 			break
 		}
@@ -292,8 +293,8 @@ func (p *proc) inferEnd(th *thread, start, t int64, episode bool) int64 {
 		// often in the launch loop as in a stall (preempted decides what
 		// it cost). Nor does a call that mostly waited for a CPU (a staged
 		// copy preempted in the driver).
-		if ev.Kind == event.KindSync || offRun(ev) || ev.End > t || ev.Start < start ||
-			2*th.runnable(ev.Start, ev.End) >= ev.Duration() {
+		if ev.Kind == event.KindSync || attribute.OffRun(ev) || ev.End > t || ev.Start < start ||
+			2*th.Runnable(ev.Start, ev.End) >= ev.Duration() {
 			continue
 		}
 		if ev.End > end {
@@ -318,7 +319,7 @@ func (p *proc) inferEnd(th *thread, start, t int64, episode bool) int64 {
 // wait long) keeps a preemption inside its launches unseen unless it
 // outlasts the queue; a launch-bound loop (syncs that find the queue
 // about empty) loses the GPU for every preemption.
-func (p *proc) preempted(x env, th *thread, from, launch, t int64) {
+func (p *proc) preempted(x env, th *attribute.Thread, from, launch, t int64) {
 	if p.waits.n < minHistory {
 		return
 	}
@@ -332,16 +333,16 @@ func (p *proc) preempted(x env, th *thread, from, launch, t int64) {
 	if p.leads.n >= minHistory {
 		lead = p.leads.recentMedian(leadRecent)
 	}
-	for _, i := range th.overlapping(from, t) {
-		ev := &th.tl[i]
-		if !offRun(ev) || ev.Start < from || ev.End > t {
+	for _, i := range th.Overlapping(from, t) {
+		ev := th.At(i)
+		if !attribute.OffRun(ev) || ev.Start < from || ev.End > t {
 			continue
 		}
 		q := depth
-		if tau := max(ev.Start-launch-th.stopped(launch, ev.Start), 0); lead > 0 && tau < lead {
+		if tau := max(ev.Start-launch-th.Stopped(launch, ev.Start), 0); lead > 0 && tau < lead {
 			q = int64(float64(depth) * float64(tau) / float64(lead))
 		}
-		c := aheadCand{tid: th.tid, lo: ev.Start + q, hi: ev.End, preempt: true}
+		c := aheadCand{tid: th.TID, lo: ev.Start + q, hi: ev.End, preempt: true}
 		if q > 0 && ev.End-ev.Start >= x.set.minGap {
 			// The feeder's next sync says better what the queue held.
 			c.await, c.pstart, c.rampQ = true, ev.Start, q
@@ -375,7 +376,7 @@ func (p *proc) settlePreempted(tid uint32, t, wait int64) {
 	}
 }
 
-func (p *proc) closeGap(x env, th *thread, t int64) {
+func (p *proc) closeGap(x env, th *attribute.Thread, t int64) {
 	g := p.gap
 	p.gap = nil
 	end := t
@@ -384,7 +385,7 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 		// The first operation after the sync, which the loop launches
 		// nothing before (learnt where launches were seen): the GPU
 		// idled until it.
-		p.leads.push(t - g.start - th.stopped(g.start, t))
+		p.leads.push(t - g.start - th.Stopped(g.start, t))
 		p.wallLeads.push(t - g.start)
 	case x.liteOver(g.start, t):
 		end = p.inferEnd(th, g.start, t, g.ep != nil && g.ep.bulk)
@@ -393,9 +394,9 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 			// A feeder that has not run since its sync found the queue
 			// empty enqueued nothing: the host alone bounds that idle (the
 			// wait for a CPU after the sync's wakeup), as at full.
-			from = th.stoppedFrom(g.start, t)
+			from = th.StoppedFrom(g.start, t)
 			if from-g.start >= x.set.minGap {
-				p.resolveCand(x, aheadCand{tid: th.tid, lo: g.start, hi: from, exact: true})
+				p.resolveCand(x, aheadCand{tid: th.TID, lo: g.start, hi: from, exact: true})
 			}
 		}
 		// The lead is the feeder's running time from the sync's return
@@ -403,7 +404,7 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 		// stretches it); the invisible launches take its last part.
 		launch := from
 		if p.leads.n >= minHistory {
-			launch = th.ranBack(from, t, p.leads.recentMedian(leadRecent))
+			launch = th.RanBack(from, t, p.leads.recentMedian(leadRecent))
 		}
 		// A loop paced by the clock (or by its own compute) takes the
 		// same time per step but runs less when preempted; one paced by
@@ -417,27 +418,27 @@ func (p *proc) closeGap(x env, th *thread, t int64) {
 			// No blocking explains the gap (the feeder computed): the
 			// usual lead says where the invisible launches began, the
 			// windows how much of it the GPU idled.
-			p.cands = append(p.cands, aheadCand{tid: th.tid, lo: from, hi: t, lead: t - from - pre})
+			p.cands = append(p.cands, aheadCand{tid: th.TID, lo: from, hi: t, lead: t - from - pre})
 			from += pre
 		}
 		// Where the feeder stopped after that, its queue's depth says
 		// what it cost.
 		p.preempted(x, th, from, launch, t)
-		p.leads.push(t - g.start - th.stopped(g.start, t))
+		p.leads.push(t - g.start - th.Stopped(g.start, t))
 		p.wallLeads.push(t - g.start)
 	}
 	if end-g.start < x.set.minGap {
 		return
 	}
 	build := func(a, b int64, ep *episode) Gap {
-		gap := Gap{PID: p.pid, TID: th.tid, Device: p.dev, Kind: GapIdle, Start: a, End: b, Duration: b - a}
-		at := newAttribution(x.w)
-		at.thread(th, a, b, nil)
-		gap.Cause, gap.Breakdown, gap.Evidence, gap.Ops = at.result()
+		gap := Gap{PID: p.pid, TID: th.TID, Device: p.dev, Kind: GapIdle, Start: a, End: b, Duration: b - a}
+		at := attribute.New(x.w)
+		at.Add(th, a, b, nil)
+		gap.Cause, gap.Breakdown, gap.Evidence, gap.Ops = at.Result()
 		if ep != nil {
 			gap.Cause, gap.Evidence.Episode = episodeResult(th, a, b, ep, gap.Breakdown)
-			if o := at.stackOp(gap.Cause); o != nil {
-				gap.Evidence.Stack, gap.Evidence.StackTruncated = o.ev.Stack, o.ev.StackTruncated
+			if stack, truncated, ok := at.Stack(gap.Cause); ok {
+				gap.Evidence.Stack, gap.Evidence.StackTruncated = stack, truncated
 			}
 		}
 		if gap.Evidence.Stack == nil && g.open != nil && a == g.start {

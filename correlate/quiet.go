@@ -3,6 +3,7 @@ package correlate
 import (
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -64,7 +65,7 @@ type burst struct {
 
 // noteBurst keeps the burst state current at an enqueue; wasDrained says
 // whether the queue was empty before it.
-func (p *proc) noteBurst(th *thread, ev *event.Event, wasDrained bool) {
+func (p *proc) noteBurst(th *attribute.Thread, ev *event.Event, wasDrained bool) {
 	work := ev.Kind == event.KindMemcpyAsync || ev.Kind == event.KindMemset ||
 		ev.Kind == event.KindEnqueue && ev.CUDA != event.CUGraphLaunch
 	switch {
@@ -73,11 +74,11 @@ func (p *proc) noteBurst(th *thread, ev *event.Event, wasDrained bool) {
 		// does not know.
 		p.burst.ok = false
 	case wasDrained:
-		p.burst = burst{tid: th.tid, start: ev.Start, ok: true}
-	case th.tid != p.burst.tid:
+		p.burst = burst{tid: th.TID, start: ev.Start, ok: true}
+	case th.TID != p.burst.tid:
 		p.burst.ok = false
 	}
-	if p.burst.ok && p.burst.tid == th.tid {
+	if p.burst.ok && p.burst.tid == th.TID {
 		if ev.Kind == event.KindEnqueue {
 			p.burst.launches += ev.Count
 		} else {
@@ -101,9 +102,9 @@ func (b burst) launchesBefore(ev *event.Event) uint64 {
 
 // quietDrain opens the gap a trailing burst's drain began, when ev (a CUDA
 // event of th) shows th stopped launching long enough before it.
-func (p *proc) quietDrain(x env, th *thread, ev *event.Event) {
+func (p *proc) quietDrain(x env, th *attribute.Thread, ev *event.Event) {
 	b := p.burst
-	if !b.ok || b.tid != th.tid || ev.LastLaunch == 0 || p.gap != nil || p.hold != nil || p.allDrained() {
+	if !b.ok || b.tid != th.TID || ev.LastLaunch == 0 || p.gap != nil || p.hold != nil || p.allDrained() {
 		// LastLaunch is 0 where launches are not probed (lite) or before
 		// the thread's first launch.
 		return
@@ -141,7 +142,7 @@ func (p *proc) quietDrain(x env, th *thread, ev *event.Event) {
 	}
 	p.burst.ok = false
 	p.aheadStart, p.aheadBlocked = 0, 0
-	p.gap = &openGap{start: drained, tid: th.tid, quiet: true}
+	p.gap = &openGap{start: drained, tid: th.TID, quiet: true}
 }
 
 // perLaunch is the usual GPU time per launch: the lower quartile over

@@ -1,7 +1,6 @@
 package correlate
 
 import (
-	"bytes"
 	"sort"
 	"testing"
 
@@ -313,54 +312,6 @@ func TestRanksOneCreationSeen(t *testing.T) {
 	j.run(20, lateRank1)
 	st, _ := traceJobs(t, []jobFeed{{j: j}}, -1, nil)
 	checkLinkedStalls(t, j, st, 20, 1, true)
-}
-
-// TestRanksRecordedRank: a recording keeps SetRank, so its replay names
-// the late rank as the live engine did.
-func TestRanksRecordedRank(t *testing.T) {
-	j := unseenJob(2, 100, 0)
-	j.run(12, lateRank1)
-	var buf bytes.Buffer
-	rec := NewRecorder(&buf, RecordHeader{Probes: "full"})
-	var evs []event.Event
-	for r, s := range j.ranks {
-		rec.SetDevice(s.pid, r)
-		rec.SetRank(s.pid, r, 2)
-		evs = append(evs, s.evs...)
-	}
-	sort.SliceStable(evs, func(a, b int) bool { return evs[a].End < evs[b].End })
-	until := j.ranks[0].t + 2e9
-	i := 0
-	for now := t0; now <= until; now += 20 * ms {
-		for ; i < len(evs) && evs[i].End <= now; i++ {
-			rec.Event(&evs[i])
-		}
-		rec.Advance(now)
-	}
-	if err := rec.Close(until); err != nil {
-		t.Fatal(err)
-	}
-	h, calls, err := ReadRecording(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := h.Config()
-	cfg.Logger = quiet()
-	c := &collect{}
-	Replay(cfg, c, calls)
-	n := 0
-	for _, g := range c.gaps {
-		if g.Kind != GapStall || g.PID != 100 {
-			continue
-		}
-		n++
-		if lr := g.Evidence.Collective.LateRank; lr == nil || *lr != 1 {
-			t.Fatalf("replayed stall names rank %v, want 1", lr)
-		}
-	}
-	if n != 12 {
-		t.Errorf("%d replayed stalls of rank 0, want 12", n)
-	}
 }
 
 // TestRanksCreationSeenFirstCollectiveMissed: both ranks' creations were

@@ -1,4 +1,4 @@
-package correlate
+package correlate_test
 
 import (
 	"bufio"
@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/gaptrace/gaptrace/correlate"
 )
 
 // Recordings of real PyTorch runs on an H200 (testdata/recordings, made
@@ -14,9 +16,9 @@ import (
 // trainer's truth file says when each injected stall ran.
 
 // trainerCause maps test/gpu/trainer.py's stall names to causes.
-var trainerCause = map[string]Cause{
-	"io.read": CauseIORead, "io.write": CauseIOWrite, "net": CauseNet, "cpu": CauseCPU,
-	"loader.wait": CauseLoaderWait, "checkpoint": CauseIOWrite, "lock": CauseLock, "pageable": CauseCUDAMemcpy,
+var trainerCause = map[string]correlate.Cause{
+	"io.read": correlate.CauseIORead, "io.write": correlate.CauseIOWrite, "net": correlate.CauseNet, "cpu": correlate.CauseCPU,
+	"loader.wait": correlate.CauseLoaderWait, "checkpoint": correlate.CauseIOWrite, "lock": correlate.CauseLock, "pageable": correlate.CauseCUDAMemcpy,
 }
 
 type truthStall struct {
@@ -56,9 +58,9 @@ func readStalls(t *testing.T, path string) []truthStall {
 }
 
 // replayGaps replays a committed recording and returns its gaps.
-func replayGaps(t *testing.T, path string) []Gap {
+func replayGaps(t *testing.T, path string) []correlate.Gap {
 	t.Helper()
-	c := &collect{}
+	c := &gapSink{}
 	replayFile(t, path, c)
 	return c.gaps
 }
@@ -70,7 +72,7 @@ func replayGaps(t *testing.T, path string) []Gap {
 // the gap overlapped stalls of that kind. (The stall's own length would
 // count time the GPU was still busy draining its queue; the recording
 // holds no GPU truth.)
-func causeShare(stalls []truthStall, gaps []Gap) map[string]float64 {
+func causeShare(stalls []truthStall, gaps []correlate.Gap) map[string]float64 {
 	got, total := map[string]float64{}, map[string]float64{}
 	for _, g := range gaps {
 		over := map[string]int64{}

@@ -1,4 +1,4 @@
-package correlate
+package correlate_test
 
 import (
 	"bufio"
@@ -12,6 +12,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/correlate/record"
 )
 
 // The recordings tier replays whole runs of real jobs (testdata/recordings:
@@ -45,7 +48,7 @@ type truthRun struct {
 // scoredFrom drops the iterations that started before the first step the
 // engine bounded by a period, and the first after it (the queue state at
 // its start was not known yet), as the accuracy suite does.
-func scoredFrom(steps []Step, pid uint32, iters []truthIter) []truthIter {
+func scoredFrom(steps []correlate.Step, pid uint32, iters []truthIter) []truthIter {
 	for i := range steps {
 		if steps[i].PID != pid || steps[i].Window {
 			continue
@@ -148,7 +151,7 @@ func (s stepScore) String() string {
 // one falls before the range. The run's last step ends at its last sync,
 // which may come after the last iteration (a checkpoint after it, a sync
 // before exit): a step that holds the range's end counts too.
-func scoreSteps(steps []Step, pid uint32, iters []truthIter) stepScore {
+func scoreSteps(steps []correlate.Step, pid uint32, iters []truthIter) stepScore {
 	sc := stepScore{truth: len(iters)}
 	lo, hi := iters[0].start, iters[len(iters)-1].end
 	var ends []int64
@@ -183,7 +186,7 @@ func scoreSteps(steps []Step, pid uint32, iters []truthIter) stepScore {
 }
 
 // stepsBefore counts the steps of pid (not fixed windows) that ended by t.
-func stepsBefore(steps []Step, pid uint32, t int64) int {
+func stepsBefore(steps []correlate.Step, pid uint32, t int64) int {
 	n := 0
 	for i := range steps {
 		if st := &steps[i]; st.PID == pid && !st.Window && st.End <= t {
@@ -193,27 +196,27 @@ func stepsBefore(steps []Step, pid uint32, t int64) int {
 	return n
 }
 
-type stepSink struct{ steps []Step }
+type stepSink struct{ steps []correlate.Step }
 
-func (s *stepSink) Gap(Gap)            {}
-func (s *stepSink) Step(st StepResult) { s.steps = append(s.steps, st.Step) }
+func (s *stepSink) Gap(correlate.Gap)            {}
+func (s *stepSink) Step(st correlate.StepResult) { s.steps = append(s.steps, st.Step) }
 
 // replayFile replays a recording into sink with the configuration it was
 // made with.
-func replayFile(t *testing.T, path string, sink Sink) RecordHeader {
+func replayFile(t *testing.T, path string, sink correlate.Sink) record.Header {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	h, calls, err := ReadRecording(f)
+	h, calls, err := record.Read(f)
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
 	cfg := h.Config()
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	Replay(cfg, sink, calls)
+	record.Replay(cfg, sink, calls)
 	return h
 }
 
@@ -259,7 +262,7 @@ func TestRecordedSteps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, calls, err := ReadRecording(f)
+		h, calls, err := record.Read(f)
 		f.Close()
 		if err != nil {
 			t.Fatalf("%s: %v", rec, err)
@@ -268,11 +271,11 @@ func TestRecordedSteps(t *testing.T) {
 		// have seen of the same run (replay --probes): each is held to
 		// the job's iterations too.
 		views := []string{""}
-		switch probesOf(h) {
-		case ProbesFull:
-			views = append(views, ProbesLite, ProbesAuto)
-		case ProbesAuto:
-			views = append(views, ProbesLite)
+		switch h.ProbeSet() {
+		case correlate.ProbesFull:
+			views = append(views, correlate.ProbesLite, correlate.ProbesAuto)
+		case correlate.ProbesAuto:
+			views = append(views, correlate.ProbesLite)
 		}
 		for _, as := range views {
 			sub := name
@@ -294,7 +297,7 @@ func TestRecordedSteps(t *testing.T) {
 
 // recordedSteps replays one recording as probe set as ("" as recorded) and
 // holds its steps to the job's iterations.
-func recordedSteps(t *testing.T, errorf func(string, ...any), rec string, h RecordHeader, calls []Call, as string) {
+func recordedSteps(t *testing.T, errorf func(string, ...any), rec string, h record.Header, calls []record.Call, as string) {
 	name := strings.TrimSuffix(filepath.Base(rec), ".rec.gz")
 	tr := readTruth(t, strings.TrimSuffix(rec, ".rec.gz")+".truth.jsonl")
 	var sink stepSink
@@ -304,7 +307,7 @@ func recordedSteps(t *testing.T, errorf func(string, ...any), rec string, h Reco
 		// The engine's decisions (clocks found, periods lost) on stderr.
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	if _, err := ReplayAs(cfg, &sink, h, calls, View{Probes: as, Window: 500 * time.Millisecond, WarmupSteps: 5, WarmupMax: 10 * time.Second}); err != nil {
+	if _, err := record.ReplayAs(cfg, &sink, h, calls, record.View{Probes: as, Window: 500 * time.Millisecond, WarmupSteps: 5, WarmupMax: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if as != "" {
@@ -344,7 +347,7 @@ func recordedSteps(t *testing.T, errorf func(string, ...any), rec string, h Reco
 		sc := scoreSteps(steps, pid, iters)
 		t.Logf("%s (probes %s) pid %d: %s", name, h.Probes, pid, sc)
 		per := 1
-		if h.Probes == ProbesLite && microSteps[name] > 0 {
+		if h.Probes == correlate.ProbesLite && microSteps[name] > 0 {
 			// Micro-batches: each iteration holds per step ends.
 			per = microSteps[name]
 			t.Logf("pid %d: lite counts micro-batches, %d an iteration", pid, per)

@@ -1,8 +1,10 @@
-package correlate
+package correlate_test
 
 import (
 	"path/filepath"
 	"testing"
+
+	"github.com/gaptrace/gaptrace/correlate"
 )
 
 // resultSink checks, call by call, that each StepResult carries exactly
@@ -10,7 +12,7 @@ import (
 // marked Late.
 type resultSink struct {
 	t       *testing.T
-	pending map[gapID]Gap // delivered, not Late, not yet carried by a step
+	pending map[gapID]correlate.Gap // delivered, not Late, not yet carried by a step
 	steps   int
 	carried int
 	late    int
@@ -18,11 +20,11 @@ type resultSink struct {
 
 type gapID struct {
 	pid        uint32
-	kind       GapKind
+	kind       correlate.GapKind
 	start, end int64
 }
 
-func (r *resultSink) Gap(g Gap) {
+func (r *resultSink) Gap(g correlate.Gap) {
 	if g.Late {
 		r.late++
 		return
@@ -34,7 +36,7 @@ func (r *resultSink) Gap(g Gap) {
 	r.pending[k] = g
 }
 
-func (r *resultSink) Step(s StepResult) {
+func (r *resultSink) Step(s correlate.StepResult) {
 	r.steps++
 	if len(s.GapList) != s.Gaps {
 		r.t.Errorf("pid %d step %d: Gaps %d, GapList holds %d", s.PID, s.Number, s.Gaps, len(s.GapList))
@@ -49,7 +51,7 @@ func (r *resultSink) Step(s StepResult) {
 		if g.PID != s.PID || g.Step != s.Number || g.Late {
 			r.t.Errorf("step %d/%d carries gap of pid %d step %d late %v", s.PID, s.Number, g.PID, g.Step, g.Late)
 		}
-		if g.Kind == GapStall {
+		if g.Kind == correlate.GapStall {
 			stall += g.Duration
 		} else {
 			idle += g.Duration
@@ -69,7 +71,7 @@ func (r *resultSink) Step(s StepResult) {
 func TestStepResultCarriesItsGaps(t *testing.T) {
 	for _, name := range []string{"sim-ddp-sidecar-full", "h200-accum-full", "h100-logevery-lite"} {
 		t.Run(name, func(t *testing.T) {
-			r := &resultSink{t: t, pending: map[gapID]Gap{}}
+			r := &resultSink{t: t, pending: map[gapID]correlate.Gap{}}
 			replayFile(t, filepath.Join("testdata", "recordings", name+".rec.gz"), r)
 			if r.steps == 0 || r.carried == 0 {
 				t.Fatalf("%d steps carried %d gaps: the recording no longer exercises the join", r.steps, r.carried)

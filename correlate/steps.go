@@ -154,7 +154,7 @@ func (p *proc) patternSync(x env, ev *event.Event) {
 	sig := stepclock.Sync{CUDA: ev.CUDA, Stream: ev.Stream, Launches: p.launches, Copies: p.copies, Colls: p.colls,
 		End: ev.End, Ret: ev.End, Wait: ev.Duration(), Post: -1}
 	if th := x.w.threads[ev.TID]; th != nil {
-		sig.Ret = th.returned(ev)
+		sig.Ret = th.Returned(ev)
 	}
 	from := ev.Start
 	if h := p.st.hist; len(h) > 0 {
@@ -218,21 +218,6 @@ func (s *stepper) settled() []stepclock.Sync {
 		}
 	}
 	return s.hist
-}
-
-// returned is when a sync returned to its caller: a sync ended at its
-// wakeup (wokenSync) returned once the thread got a CPU back.
-func (t *thread) returned(sync *event.Event) int64 {
-	for i := len(t.tl) - 1; i >= 0; i-- {
-		r := &t.tl[i]
-		if r.End <= sync.Start {
-			break
-		}
-		if r.Kind == event.KindRunqueue && r.Woken && r.Start == sync.End {
-			return r.End
-		}
-	}
-	return sync.End
 }
 
 // setPost records, at the first enqueue after the last sync, how long the

@@ -3,6 +3,7 @@ package correlate
 import (
 	"fmt"
 
+	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -17,7 +18,7 @@ type world struct {
 	noWindows bool
 	devOf     map[uint32]int
 	procs     map[uint32]*proc
-	threads   map[uint32]*thread
+	threads   map[uint32]*attribute.Thread
 	devs      map[int]*device
 	// comms: what each NCCL communicator is (ranks, this process's
 	// rank), from its creation; bounded by maxComms. groups links those of
@@ -27,7 +28,7 @@ type world struct {
 	groups  map[groupKey]*commGroup
 	commOrd map[commOrdKey]int
 	// droppedIntervals: timeline intervals every thread dropped past
-	// maxIntervals (threads hold a pointer to it: the world is never
+	// attribute.MaxIntervals (threads hold a pointer to it: the world is never
 	// copied once threads exist).
 	droppedIntervals uint64
 	// rankOf: each process's rank and job size from its environment
@@ -64,7 +65,7 @@ func newWorld(noWindows bool) world {
 		noWindows: noWindows,
 		devOf:     map[uint32]int{},
 		procs:     map[uint32]*proc{},
-		threads:   map[uint32]*thread{},
+		threads:   map[uint32]*attribute.Thread{},
 		devs:      map[int]*device{},
 		rankOf:    map[uint32]procRank{},
 	}
@@ -88,28 +89,28 @@ func (w *world) proc(pid uint32, t int64) *proc {
 	return p
 }
 
-func (w *world) thread(ev *event.Event) *thread {
+func (w *world) thread(ev *event.Event) *attribute.Thread {
 	th := w.threads[ev.TID]
 	// A thread id reused after its thread exited is a new thread.
-	if th == nil || th.pid != ev.PID || (th.exited != 0 && ev.Start >= th.exited) {
+	if th == nil || th.PID != ev.PID || (th.Exited != 0 && ev.Start >= th.Exited) {
 		th = w.newThread(ev.TID, ev.PID)
 		w.threads[ev.TID] = th
 		w.proc(ev.PID, ev.Start).tids[ev.TID] = struct{}{}
 	}
 	if ev.TaskComm != "" {
-		th.comm = ev.TaskComm
+		th.Comm = ev.TaskComm
 	}
 	return th
 }
 
 // newThread is a thread whose timeline drops count in the world's total.
-func (w *world) newThread(tid, pid uint32) *thread {
-	return &thread{tid: tid, pid: pid, dropped: &w.droppedIntervals}
+func (w *world) newThread(tid, pid uint32) *attribute.Thread {
+	return attribute.NewThread(tid, pid, &w.droppedIntervals)
 }
 
 func (w *world) forget(p *proc) {
 	for tid := range p.tids {
-		if th := w.threads[tid]; th != nil && th.pid == p.pid {
+		if th := w.threads[tid]; th != nil && th.PID == p.pid {
 			delete(w.threads, tid)
 		}
 	}
@@ -144,14 +145,36 @@ func (w *world) ancestor(a, pid uint32) bool {
 // pids must not hang the engine).
 const maxAncestry = 64
 
-// loaderWaker reports whether the wait ev of a thread of process pid ended
+// LoaderWaker reports whether the wait ev of a thread of process pid ended
 // because a data-loader worker woke it. A pipe writer not seen yet counts
 // too: when attaching to a running trainer, workers forked before the
 // attach are known only once they emit something, and a worker that only
 // computes emits nothing.
-func (w *world) loaderWaker(ev *event.Event, pid uint32) bool {
+func (w *world) LoaderWaker(ev *event.Event, pid uint32) bool {
 	wp := ev.WakerPID
 	return w.isWorker(wp, pid) || (ev.FDKind == event.FDPipe && w.procs[wp] == nil)
+}
+
+// The world as attribution reads it (attribute.World).
+var _ attribute.World = (*world)(nil)
+
+// Thread is the thread tid, nil when unknown.
+func (w *world) Thread(tid uint32) *attribute.Thread { return w.threads[tid] }
+
+// TIDs are the threads of process pid, nil when the process is unknown.
+func (w *world) TIDs(pid uint32) map[uint32]struct{} {
+	if p := w.procs[pid]; p != nil {
+		return p.tids
+	}
+	return nil
+}
+
+// ProcComm is process pid's command name, ok when the process is known.
+func (w *world) ProcComm(pid uint32) (string, bool) {
+	if p := w.procs[pid]; p != nil {
+		return p.comm, true
+	}
+	return "", false
 }
 
 // collEvidence describes the collective ev enqueued.

@@ -17,6 +17,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/proc"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/workload"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/correlate/record"
 	"github.com/gaptrace/gaptrace/event"
 	"github.com/gaptrace/gaptrace/gpusample"
 	"github.com/gaptrace/gaptrace/internal/safefile"
@@ -150,7 +151,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	if p.gpu != nil {
 		ccfg.HW = p.gpu.HWContext
 	}
-	rec, err := p.openRecording(cfg.Record, correlate.RecordHeader{Version: version, Probes: probes, MinGap: int64(cfg.MinGap), NoGPUWindows: p.gpu == nil})
+	rec, err := p.openRecording(cfg.Record, record.Header{Version: version, Probes: probes, MinGap: int64(cfg.MinGap), NoGPUWindows: p.gpu == nil})
 	if err != nil {
 		_ = p.tr.Close() // reporting the recording's error
 		p.closeGPU()
@@ -164,7 +165,7 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	p.eng = correlate.New(ccfg, withWorkload{sinks, p.work})
 	p.in = p.eng
 	if rec != nil {
-		p.in = correlate.Recording(p.eng, rec)
+		p.in = record.Wrap(p.eng, rec)
 	}
 	p.hangs = newHangWatch(cfg.HangAfter, tr, exp, pc.Hang, p.work, pc.Logger)
 	if err := p.startPeers(ctx, job, pc.Logger); err != nil {
@@ -274,7 +275,7 @@ func (p *pipeline) exporterConfig(pc cli.PipelineConfig) otel.Config {
 
 // openRecording starts the --record file (path "": none, a nil recorder)
 // and sets what Close does with it.
-func (p *pipeline) openRecording(path string, h correlate.RecordHeader) (*correlate.Recorder, error) {
+func (p *pipeline) openRecording(path string, h record.Header) (*record.Writer, error) {
 	p.endRecording = func(int64) error { return nil }
 	if path == "" {
 		return nil, nil
@@ -286,7 +287,7 @@ func (p *pipeline) openRecording(path string, h correlate.RecordHeader) (*correl
 	f.OnError = func(err error) {
 		p.log.Error("recording write failed; nothing more is recorded (the file keeps what was written before)", "err", err)
 	}
-	rec := correlate.NewRecorder(f, h)
+	rec := record.NewWriter(f, h)
 	p.endRecording = func(now int64) error { return closeRecording(rec, f, path, now) }
 	return rec, nil
 }

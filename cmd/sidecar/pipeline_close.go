@@ -9,6 +9,7 @@ import (
 
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/cli"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/correlate/record"
 	"github.com/gaptrace/gaptrace/internal/safefile"
 )
 
@@ -115,7 +116,7 @@ const detachDelayEnv = "GAPTRACE_TEST_DETACH_DELAY"
 // closeRecording closes rec (already closed with the engine's inputs: this
 // returns what it met) and then its file, and says once what went wrong,
 // naming the file.
-func closeRecording(rec *correlate.Recorder, f *safefile.Stream, path string, now int64) error {
+func closeRecording(rec *record.Writer, f *safefile.Stream, path string, now int64) error {
 	err := rec.Close(now)
 	var we *safefile.WriteError
 	if ferr := f.Close(); ferr != nil {

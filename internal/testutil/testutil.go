@@ -183,6 +183,32 @@ func locateGaptrace() (string, error) {
 	return p, nil
 }
 
+// ErrNoTool says that a built tool (Jaeger, the gateway) was neither named
+// by its environment variable nor found under build/.
+var ErrNoTool = errors.New("tool binary missing")
+
+// ToolBinary returns a tool that `make NAME` builds into build/NAME: the
+// path environment variable env names, which must exist, or build/NAME
+// under the repository root. When neither exists the error wraps
+// ErrNoTool and says how to get it (how: the make target's description).
+func ToolBinary(env, name, how string) (string, error) {
+	if p := os.Getenv(env); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("%s=%s: %w (run `make %s`)", env, p, err, name)
+		}
+		return p, nil
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(root, "build", name)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%w: %s: run `make %s` (%s) or set %s", ErrNoTool, p, name, how, env)
+	}
+	return p, nil
+}
+
 // Poll calls cond every interval until it holds or timeout passes, and
 // reports whether it held. cond runs at least once, and once more at the
 // deadline, so a slow machine that let the deadline pass during a sleep

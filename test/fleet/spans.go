@@ -20,6 +20,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/correlate/record"
 	"github.com/gaptrace/gaptrace/otel"
 )
 
@@ -53,14 +54,14 @@ func replayRecording(path string) (replayed, error) {
 		return replayed{}, err
 	}
 	defer f.Close()
-	h, calls, err := correlate.ReadRecording(f)
+	h, calls, err := record.Read(f)
 	if err != nil && len(calls) == 0 {
 		return replayed{}, fmt.Errorf("%s: %w", path, err)
 	}
 	cfg := h.Config()
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	var c collector
-	if _, err := correlate.ReplayAs(cfg, &c, h, calls, correlate.View{}); err != nil {
+	if _, err := record.ReplayAs(cfg, &c, h, calls, record.View{}); err != nil {
 		return replayed{}, fmt.Errorf("%s: %w", path, err)
 	}
 	r := c.r

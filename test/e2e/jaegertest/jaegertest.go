@@ -33,21 +33,7 @@ import (
 
 // Binary returns the Jaeger binary to run or an error that says how to get it.
 func Binary() (string, error) {
-	if p := os.Getenv("GAPTRACE_JAEGER"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("GAPTRACE_JAEGER=%s: %w (run `make jaeger`)", p, err)
-		}
-		return p, nil
-	}
-	root, err := testutil.RepoRoot()
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Join(root, "build", "jaeger")
-	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("jaeger binary %s missing: run `make jaeger` (builds Jaeger v1.76 from tools/jaeger/go.mod) or set GAPTRACE_JAEGER", p)
-	}
-	return p, nil
+	return testutil.ToolBinary("GAPTRACE_JAEGER", "jaeger", "builds Jaeger v1.76 from tools/jaeger/go.mod")
 }
 
 // Jaeger is one running all-in-one instance.

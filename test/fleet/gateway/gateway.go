@@ -28,27 +28,13 @@ import (
 )
 
 // ErrNoBinary says that no gateway binary was named and none was built.
-var ErrNoBinary = errors.New("no gateway binary")
+var ErrNoBinary = testutil.ErrNoTool
 
 // Binary returns the gateway binary: $GAPTRACE_OTELCOL, which must exist,
 // or build/otelcol. Neither: an error wrapping ErrNoBinary that says how
 // to build it.
 func Binary() (string, error) {
-	if p := os.Getenv("GAPTRACE_OTELCOL"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("GAPTRACE_OTELCOL=%s: %w (run `make otelcol`)", p, err)
-		}
-		return p, nil
-	}
-	root, err := testutil.RepoRoot()
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Join(root, "build", "otelcol")
-	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("%w: %s missing: run `make otelcol` (the Collector Builder on tools/otelcol) or set GAPTRACE_OTELCOL", ErrNoBinary, p)
-	}
-	return p, nil
+	return testutil.ToolBinary("GAPTRACE_OTELCOL", "otelcol", "the Collector Builder on tools/otelcol")
 }
 
 // Config is the deployed gateway configuration, deploy/otel-collector/config.yaml.

@@ -13,6 +13,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/config"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/regress"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/correlate/record"
 )
 
 const diffUsage = `Usage: gaptrace diff [flags] BASE NEW
@@ -40,19 +41,19 @@ func (c *stepCollector) Step(s correlate.StepResult) { c.steps = append(c.steps,
 // replaySteps correlates a recording again, as `gaptrace replay` does, and
 // returns its steps.
 func replaySteps(r io.Reader) ([]correlate.Step, error) {
-	h, calls, err := correlate.ReadRecording(r)
+	h, calls, err := record.Read(r)
 	if err != nil && len(calls) == 0 {
 		return nil, err
 	}
-	view := correlate.View{Window: config.DefaultAutoWindow, WarmupSteps: config.AutoWarmupSteps,
+	view := record.View{Window: config.DefaultAutoWindow, WarmupSteps: config.AutoWarmupSteps,
 		WarmupMax: config.AutoWarmupWindows * config.DefaultAutoWindow}
-	if err := correlate.CheckView(h, view); err != nil {
+	if err := record.CheckView(h, view); err != nil {
 		return nil, err
 	}
 	cfg := h.Config()
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	var c stepCollector
-	if _, err := correlate.ReplayAs(cfg, &c, h, calls, view); err != nil {
+	if _, err := record.ReplayAs(cfg, &c, h, calls, view); err != nil {
 		return nil, err
 	}
 	return c.steps, nil

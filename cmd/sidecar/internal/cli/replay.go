@@ -12,6 +12,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/live"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/regress"
 	"github.com/gaptrace/gaptrace/correlate"
+	"github.com/gaptrace/gaptrace/correlate/record"
 	"github.com/gaptrace/gaptrace/whatif"
 )
 
@@ -71,13 +72,13 @@ func replayCmd(args []string, deps Deps) int {
 	defer f.Close()
 	// Read as it is replayed: memory is bounded by a line, whatever the
 	// recording's size.
-	rd, err := correlate.NewRecordingReader(f)
+	rd, err := record.NewReader(f)
 	if err != nil {
 		return fail(deps, "replay", "%s: %v", files[0], err)
 	}
 	h := rd.Header()
 	calls := 0
-	seq := func(yield func(correlate.Call) bool) {
+	seq := func(yield func(record.Call) bool) {
 		for c := range rd.Calls() {
 			calls++
 			if !yield(c) {
@@ -85,9 +86,9 @@ func replayCmd(args []string, deps Deps) int {
 			}
 		}
 	}
-	view := correlate.View{Probes: *probes, Window: config.DefaultAutoWindow,
+	view := record.View{Probes: *probes, Window: config.DefaultAutoWindow,
 		WarmupSteps: config.AutoWarmupSteps, WarmupMax: config.AutoWarmupWindows * config.DefaultAutoWindow}
-	if err := correlate.CheckView(h, view); err != nil {
+	if err := record.CheckView(h, view); err != nil {
 		fmt.Fprintf(deps.Stderr, "gaptrace replay: %s: %v\n", files[0], err)
 		return ExitUsage
 	}
@@ -107,7 +108,7 @@ func replayCmd(args []string, deps Deps) int {
 		}
 		sinks = append(sinks, gw)
 	}
-	sum, err := correlate.ReplayAsSeq(cfg, sinks, h, seq, view)
+	sum, err := record.ReplayAsSeq(cfg, sinks, h, seq, view)
 	if err != nil {
 		return fail(deps, "replay", "%v", err) // CheckView passed: not reached
 	}
@@ -143,7 +144,7 @@ func replayCmd(args []string, deps Deps) int {
 
 // recordingRead says what reading the recording met: damage (fatal when no
 // call came before it), calls skipped.
-func recordingRead(deps Deps, file string, rd *correlate.RecordingReader, calls int) (int, bool) {
+func recordingRead(deps Deps, file string, rd *record.Reader, calls int) (int, bool) {
 	if err := rd.Err(); err != nil && calls == 0 {
 		return fail(deps, "replay", "%s: %v", file, err), false
 	} else if err != nil {
@@ -151,7 +152,7 @@ func recordingRead(deps Deps, file string, rd *correlate.RecordingReader, calls 
 	}
 	if n := rd.Skipped(); n > 0 {
 		fmt.Fprintf(deps.Stderr, "gaptrace replay: warning: %s: %d calls skipped (a field out of range, or a line over %d MiB)\n",
-			file, n, correlate.MaxRecordingLine>>20)
+			file, n, record.MaxLine>>20)
 	}
 	return 0, true
 }

@@ -1,21 +1,22 @@
-package correlate
+package record
 
 import (
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/event"
 )
 
-func readRecording(t *testing.T, name string) (RecordHeader, []Call) {
+func readRecording(t *testing.T, name string) (Header, []Call) {
 	t.Helper()
-	f, err := os.Open(filepath.Join("testdata", "recordings", name))
+	f, err := os.Open(filepath.Join("..", "testdata", "recordings", name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	h, calls, err := ReadRecording(f)
+	h, calls, err := Read(f)
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -69,21 +70,22 @@ func TestLiteViewIsWhatLiteSaw(t *testing.T) {
 }
 
 func TestCheckView(t *testing.T) {
+	full, lite, auto := correlate.ProbesFull, correlate.ProbesLite, correlate.ProbesAuto
 	for _, c := range []struct {
 		rec, as string
 		ok      bool
 	}{
-		{"", ProbesLite, true}, {ProbesFull, ProbesLite, true}, {ProbesFull, ProbesAuto, true}, {ProbesFull, "", true},
-		{ProbesAuto, ProbesLite, true}, {ProbesAuto, ProbesAuto, true}, {ProbesLite, ProbesLite, true},
-		{ProbesLite, ProbesFull, false}, {ProbesLite, ProbesAuto, false}, {ProbesAuto, ProbesFull, false},
-		{ProbesFull, "null", false},
+		{"", lite, true}, {full, lite, true}, {full, auto, true}, {full, "", true},
+		{auto, lite, true}, {auto, auto, true}, {lite, lite, true},
+		{lite, full, false}, {lite, auto, false}, {auto, full, false},
+		{full, "null", false},
 	} {
-		err := CheckView(RecordHeader{Probes: c.rec}, View{Probes: c.as, Window: 1, WarmupSteps: 1, WarmupMax: 1})
+		err := CheckView(Header{Probes: c.rec}, View{Probes: c.as, Window: 1, WarmupSteps: 1, WarmupMax: 1})
 		if (err == nil) != c.ok {
 			t.Errorf("recorded %q, replayed as %q: error %v, want ok %v", c.rec, c.as, err, c.ok)
 		}
 	}
-	if CheckView(RecordHeader{Probes: ProbesFull}, View{Probes: ProbesAuto}) == nil {
+	if CheckView(Header{Probes: full}, View{Probes: auto}) == nil {
 		t.Errorf("auto without a warm-up window: no error")
 	}
 }

@@ -1,4 +1,4 @@
-package correlate
+package attribute
 
 import (
 	"strings"
@@ -35,9 +35,27 @@ type workerAcc struct {
 	visited map[*event.Event]bool
 }
 
-// attribution accumulates the breakdown and evidence of one interval.
-type attribution struct {
-	w        *world
+// World is what an attribution reads of everything the engine knows: a
+// wait is followed to the thread or the process that ended it. The
+// attribution never changes it.
+type World interface {
+	// Thread is the thread tid, nil when unknown.
+	Thread(tid uint32) *Thread
+	// TIDs are the threads of process pid (nil when the process is
+	// unknown); a thread id may have been reused by another process, so
+	// each thread's PID is checked.
+	TIDs(pid uint32) map[uint32]struct{}
+	// ProcComm is process pid's command name, ok when the process is known.
+	ProcComm(pid uint32) (comm string, ok bool)
+	// LoaderWaker says whether the wait ev of a thread of process pid
+	// ended because a data-loader worker woke it.
+	LoaderWaker(ev *event.Event, pid uint32) bool
+}
+
+// Attribution accumulates the breakdown and evidence of one interval: Add
+// the time of the threads that explain it, then take the Result.
+type Attribution struct {
+	w        World
 	byCause  map[Cause]int64
 	files    map[fileKey]*FileEvidence
 	peers    map[string]*PeerEvidence
@@ -91,8 +109,9 @@ func heldWhile(c Cause) Cause {
 	return CauseLock
 }
 
-func newAttribution(w *world) *attribution {
-	return &attribution{
+// New is an empty attribution reading w.
+func New(w World) *Attribution {
+	return &Attribution{
 		w:        w,
 		byCause:  map[Cause]int64{},
 		files:    map[fileKey]*FileEvidence{},
@@ -110,11 +129,22 @@ func newAttribution(w *world) *attribution {
 // never arrive, so its loop shows holes that are not computation.
 const absorbNS = int64(100 * time.Microsecond)
 
-// thread adds what th did over [a,b) outside mask.
-func (at *attribution) thread(th *thread, a, b int64, mask []interval.Span) {
-	segs := th.segments(a, b, mask)
+// NewMicro is an attribution that weighs feeders for micro-gap
+// attribution (the micro field): read its ByCause, not its Result.
+func NewMicro(w World) *Attribution {
+	at := New(w)
+	at.micro = true
+	return at
+}
+
+// ByCause is the time added so far, by cause.
+func (at *Attribution) ByCause() map[Cause]int64 { return at.byCause }
+
+// Add adds what th did over [a,b) outside mask.
+func (at *Attribution) Add(th *Thread, a, b int64, mask []interval.Span) {
+	segs := th.Segments(a, b, mask)
 	for _, s := range segs {
-		if ev := s.ev; ev != nil && ev.Kind == event.KindSyscall && ev.Path != "" &&
+		if ev := s.Ev; ev != nil && ev.Kind == event.KindSyscall && ev.Path != "" &&
 			(ev.Syscall == event.SysWrite || ev.Syscall == event.SysFsync) {
 			if at.written == nil {
 				at.written = map[string]bool{}
@@ -123,12 +153,12 @@ func (at *attribution) thread(th *thread, a, b int64, mask []interval.Span) {
 		}
 	}
 	for i, s := range segs {
-		if s.ev == nil && s.b-s.a <= absorbNS && i > 0 && i+1 < len(segs) &&
-			segs[i-1].ev != nil && segs[i+1].ev != nil && segs[i-1].b == s.a && segs[i+1].a == s.b {
-			if c := at.quickCause(th, segs[i-1].ev); c != "" && c == at.quickCause(th, segs[i+1].ev) {
+		if s.Ev == nil && s.B-s.A <= absorbNS && i > 0 && i+1 < len(segs) &&
+			segs[i-1].Ev != nil && segs[i+1].Ev != nil && segs[i-1].B == s.A && segs[i+1].A == s.B {
+			if c := at.quickCause(th, segs[i-1].Ev); c != "" && c == at.quickCause(th, segs[i+1].Ev) {
 				if !at.micro || c != CauseOther {
-					at.byCause[c] += s.b - s.a
-					at.total += s.b - s.a
+					at.byCause[c] += s.B - s.A
+					at.total += s.B - s.A
 				}
 				continue
 			}
@@ -145,12 +175,12 @@ func (at *attribution) thread(th *thread, a, b int64, mask []interval.Span) {
 // it woke) and returned before the feeder, woken in it, got a CPU back, is
 // the unlock that woke the feeder, not a block: the release of a contended
 // lock can take longer than the tracer's threshold.
-func computing(segs []segment, wake int64) bool {
+func computing(segs []Segment, wake int64) bool {
 	for _, ss := range segs {
-		if ss.ev == nil || ss.b <= ss.a || ss.ev.Kind == event.KindRunqueue || baseCause(ss.ev) == CauseCPU {
+		if ss.Ev == nil || ss.B <= ss.A || ss.Ev.Kind == event.KindRunqueue || BaseCause(ss.Ev) == CauseCPU {
 			continue
 		}
-		if ss.ev.Kind == event.KindSyscall && ss.ev.Syscall == event.SysFutex && (ss.b >= wake || ss.ev.Ret > 0) {
+		if ss.Ev.Kind == event.KindSyscall && ss.Ev.Syscall == event.SysFutex && (ss.B >= wake || ss.Ev.Ret > 0) {
 			continue
 		}
 		return false
@@ -172,14 +202,14 @@ const maxRetries = 8
 // followed within absorbNS by another futex wait (through more timeouts)
 // is part of the wait that one ended in: that wait is returned when its
 // waker is another thread of the same process, else nil.
-func retriedWait(th *thread, ev *event.Event) *event.Event {
+func retriedWait(th *Thread, ev *event.Event) *event.Event {
 	cur := ev
 	for range maxRetries {
 		if cur.Kind != event.KindSyscall || cur.Syscall != event.SysFutex || cur.Ret != etimedout {
 			return nil
 		}
 		var next *event.Event
-		for _, i := range th.overlapping(cur.End, cur.End+absorbNS) {
+		for _, i := range th.Overlapping(cur.End, cur.End+absorbNS) {
 			c := &th.tl[i]
 			if c != cur && c.Kind == event.KindSyscall && c.Syscall == event.SysFutex &&
 				c.Start >= cur.End && c.Start-cur.End <= absorbNS && (next == nil || c.Start < next.Start) {
@@ -189,7 +219,7 @@ func retriedWait(th *thread, ev *event.Event) *event.Event {
 		if next == nil {
 			return nil
 		}
-		if next.WakerPID == th.pid && next.WakerTID != 0 && next.WakerTID != th.tid {
+		if next.WakerPID == th.PID && next.WakerTID != 0 && next.WakerTID != th.TID {
 			return next
 		}
 		cur = next
@@ -230,33 +260,33 @@ func timedOut(ev *event.Event) bool {
 // retry was too short to be traced (the holder dropped the lock at once
 // on request) has no waker: the thread that held the CPU meanwhile is the
 // holder.
-func (at *attribution) computingSibling(th *thread, a, b int64) *thread {
-	p := at.w.procs[th.pid]
-	if p == nil {
+func (at *Attribution) computingSibling(th *Thread, a, b int64) *Thread {
+	tids := at.w.TIDs(th.PID)
+	if tids == nil {
 		return nil
 	}
-	var best *thread
+	var best *Thread
 	var bestCPU int64
-	for tid := range p.tids {
-		sib := at.w.threads[tid]
-		if sib == nil || sib == th || sib.pid != th.pid || sib.last <= a {
+	for tid := range tids {
+		sib := at.w.Thread(tid)
+		if sib == nil || sib == th || sib.PID != th.PID || sib.Last <= a {
 			continue
 		}
-		segs := sib.segments(a, b, nil)
+		segs := sib.Segments(a, b, nil)
 		if !computing(segs, b) {
 			continue
 		}
 		var cpu int64
 		for _, ss := range segs {
 			// Runnable counts: a holder starved of a CPU still holds the lock.
-			if ss.ev == nil || ss.ev.Kind == event.KindRunqueue {
-				cpu += ss.b - ss.a
+			if ss.Ev == nil || ss.Ev.Kind == event.KindRunqueue {
+				cpu += ss.B - ss.A
 			}
 		}
 		if 2*cpu < b-a {
 			continue
 		}
-		if best == nil || cpu > bestCPU || (cpu == bestCPU && sib.tid < best.tid) {
+		if best == nil || cpu > bestCPU || (cpu == bestCPU && sib.TID < best.TID) {
 			best, bestCPU = sib, cpu
 		}
 	}
@@ -264,43 +294,43 @@ func (at *attribution) computingSibling(th *thread, a, b int64) *thread {
 }
 
 // lockHolder is the evidence entry of sibling thread th as a lock holder.
-func (at *attribution) lockHolder(th *thread) *holderAcc {
+func (at *Attribution) lockHolder(th *Thread) *holderAcc {
 	if at.holders == nil {
 		at.holders = map[uint32]*holderAcc{}
 	}
-	h := at.holders[th.tid]
+	h := at.holders[th.TID]
 	if h == nil {
-		h = &holderAcc{ev: LockHolderEvidence{TID: th.tid, Comm: th.comm}, doing: map[Cause]int64{}}
-		at.holders[th.tid] = h
+		h = &holderAcc{ev: LockHolderEvidence{TID: th.TID, Comm: th.Comm}, doing: map[Cause]int64{}}
+		at.holders[th.TID] = h
 	}
 	return h
 }
 
-// quickCause is the cause segment() gives ev without recording evidence;
+// quickCause is the cause segment gives ev without recording evidence;
 // "" when it depends on another thread.
-func (at *attribution) quickCause(th *thread, ev *event.Event) Cause {
+func (at *Attribution) quickCause(th *Thread, ev *event.Event) Cause {
 	if ev.Kind == event.KindSync {
 		return ""
 	}
 	if isWait(ev) {
 		w := ev.WakerPID
-		if w != 0 && w != th.pid && !timedOut(ev) && at.w.loaderWaker(ev, th.pid) {
+		if w != 0 && w != th.PID && !timedOut(ev) && at.w.LoaderWaker(ev, th.PID) {
 			return CauseLoaderWait
 		}
 		return ""
 	}
-	return baseCause(ev)
+	return BaseCause(ev)
 }
 
-func (at *attribution) segment(th *thread, s segment, depth int) {
-	ns := s.b - s.a
+func (at *Attribution) segment(th *Thread, s Segment, depth int) {
+	ns := s.B - s.A
 	if ns <= 0 {
 		return
 	}
 	if depth == 0 {
 		at.total += ns
 	}
-	ev := s.ev
+	ev := s.Ev
 	if ev != nil && at.micro && ev.Kind == event.KindSync {
 		return
 	}
@@ -315,7 +345,7 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 	}
 	if isWait(ev) {
 		w, wtid := ev.WakerPID, ev.WakerTID
-		if timedOut(ev) && (w != th.pid || wtid == th.tid) {
+		if timedOut(ev) && (w != th.PID || wtid == th.TID) {
 			// A timer ended it: the task it interrupted is recorded as the
 			// waker. A sibling was at least on a CPU then; anyone else woke
 			// nobody.
@@ -323,29 +353,29 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 			if depth == 0 {
 				if r := retriedWait(th, ev); r != nil {
 					w, wtid = r.WakerPID, r.WakerTID
-				} else if sib := at.computingSibling(th, s.a, s.b); sib != nil {
-					w, wtid = th.pid, sib.tid
+				} else if sib := at.computingSibling(th, s.A, s.B); sib != nil {
+					w, wtid = th.PID, sib.TID
 				}
 			}
 		}
-		if w != 0 && w != th.pid && at.w.loaderWaker(ev, th.pid) {
+		if w != 0 && w != th.PID && at.w.LoaderWaker(ev, th.PID) {
 			if at.holder != nil {
 				at.holder.did(CauseLoaderWait, ns, "", "")
 			}
 			at.byCause[CauseLoaderWait] += ns
 			at.note(th, ev, ns)
-			at.worker(w, s.a, s.b)
+			at.worker(w, s.A, s.B)
 			return
 		}
-		if depth == 0 && w == th.pid && wtid != 0 && wtid != th.tid {
-			if sib := at.w.threads[wtid]; sib != nil && sib.pid == th.pid {
+		if depth == 0 && w == th.PID && wtid != 0 && wtid != th.TID {
+			if sib := at.w.Thread(wtid); sib != nil && sib.PID == th.PID {
 				// Waiting on a sibling thread: charge what the sibling did
 				// while it was waited on (it held the lock, fed the queue...).
 				// A futex it woke us from is a lock (a mutex, the GIL, a
 				// condition) it held: what it did meanwhile is the lock's
 				// time, unless it waited on the job's data (heldWhile).
 				at.note(th, ev, ns)
-				segs := sib.segments(s.a, s.b, nil)
+				segs := sib.Segments(s.A, s.B, nil)
 				if ev.Syscall == event.SysFutex {
 					at.holder = at.lockHolder(sib)
 					at.holder.ev.NS += ns
@@ -398,11 +428,11 @@ func (at *attribution) segment(th *thread, s segment, depth int) {
 }
 
 // note counts a blocking interval once (calls, bytes) and its share of time.
-func (at *attribution) note(th *thread, ev *event.Event, ns int64) {
+func (at *Attribution) note(th *Thread, ev *event.Event, ns int64) {
 	o := at.ops[ev]
 	first := o == nil
 	if first {
-		o = &opAcc{ev: ev, tid: th.tid}
+		o = &opAcc{ev: ev, tid: th.TID}
 		at.ops[ev] = o
 	}
 	o.ns += ns
@@ -430,14 +460,14 @@ func (at *attribution) note(th *thread, ev *event.Event, ns int64) {
 	}
 }
 
-// cause is baseCause with what the open's flags or the interval's other
+// cause is BaseCause with what the open's flags or the interval's other
 // calls tell: a slow open is part of the file work that follows it
 // (truncating a checkpoint before rewriting it, a cold lookup before a
 // read). An open for writing (write access, O_CREAT, O_TRUNC, O_APPEND) is
 // writing even where the gap ends before the writes (lite splits a save).
-func (at *attribution) cause(ev *event.Event) Cause {
-	c := baseCause(ev)
-	if c == CauseOther && ev.Kind == event.KindSyscall && ev.Syscall == event.SysOpen && isFile(ev) {
+func (at *Attribution) cause(ev *event.Event) Cause {
+	c := BaseCause(ev)
+	if c == CauseOther && ev.Kind == event.KindSyscall && ev.Syscall == event.SysOpen && IsFile(ev) {
 		if at.written[ev.Path] || opensForWriting(ev.OpenFlags) {
 			return CauseIOWrite
 		}
@@ -455,12 +485,12 @@ func opensForWriting(flags uint32) bool {
 }
 
 // file is the evidence entry of ev's file and operation.
-func (at *attribution) file(ev *event.Event) *FileEvidence {
+func (at *Attribution) file(ev *event.Event) *FileEvidence {
 	op := "read"
 	switch {
 	case ev.Kind == event.KindOffCPU:
 		op = "fault"
-	case pathOp(ev):
+	case PathOp(ev):
 		op = ev.Name // rename, unlink, truncate
 	case ev.Syscall == event.SysWrite:
 		op = "write"
@@ -479,7 +509,7 @@ func (at *attribution) file(ev *event.Event) *FileEvidence {
 }
 
 // peer is the evidence entry of ev's socket peer.
-func (at *attribution) peer(ev *event.Event) *PeerEvidence {
+func (at *Attribution) peer(ev *event.Event) *PeerEvidence {
 	addr := ev.PeerAddr
 	if addr == "" {
 		addr = ev.Path
@@ -487,8 +517,8 @@ func (at *attribution) peer(ev *event.Event) *PeerEvidence {
 	p := at.peers[addr]
 	if p == nil {
 		p = &PeerEvidence{Address: addr, PID: ev.PeerPID}
-		if pp := at.w.procs[ev.PeerPID]; pp != nil && ev.PeerPID != 0 {
-			p.Comm = pp.comm
+		if comm, ok := at.w.ProcComm(ev.PeerPID); ok && ev.PeerPID != 0 {
+			p.Comm = comm
 		}
 		at.peers[addr] = p
 	}
@@ -497,31 +527,27 @@ func (at *attribution) peer(ev *event.Event) *PeerEvidence {
 
 // worker records what loader worker process pid did over [a,b): time in
 // file I/O decides whether it was reading or computing.
-func (at *attribution) worker(pid uint32, a, b int64) {
+func (at *Attribution) worker(pid uint32, a, b int64) {
 	w := at.workers[pid]
 	if w == nil {
 		w = &workerAcc{pid: pid, files: map[string]int64{}, visited: map[*event.Event]bool{}}
 		at.workers[pid] = w
 	}
 	w.waitNS += b - a
-	p := at.w.procs[pid]
-	if p == nil {
-		return
-	}
-	for tid := range p.tids {
-		th := at.w.threads[tid]
-		if th == nil || th.pid != pid {
+	for tid := range at.w.TIDs(pid) {
+		th := at.w.Thread(tid)
+		if th == nil || th.PID != pid {
 			continue
 		}
-		for _, s := range th.segments(a, b, nil) {
-			if s.ev == nil {
+		for _, s := range th.Segments(a, b, nil) {
+			if s.Ev == nil {
 				continue
 			}
-			if c := baseCause(s.ev); c == CauseIORead || c == CauseIOWrite {
-				w.ioNS += s.b - s.a
-				w.files[s.ev.Path] += s.b - s.a
-				if !w.visited[s.ev] {
-					w.visited[s.ev] = true
+			if c := BaseCause(s.Ev); c == CauseIORead || c == CauseIOWrite {
+				w.ioNS += s.B - s.A
+				w.files[s.Ev.Path] += s.B - s.A
+				if !w.visited[s.Ev] {
+					w.visited[s.Ev] = true
 					w.calls++
 				}
 			}

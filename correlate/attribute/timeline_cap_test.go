@@ -1,4 +1,4 @@
-package correlate
+package attribute
 
 import (
 	"testing"
@@ -6,26 +6,26 @@ import (
 	"github.com/gaptrace/gaptrace/event"
 )
 
-// A timeline at its cap keeps exactly the latest maxIntervals intervals, in
+// A timeline at its cap keeps exactly the latest MaxIntervals intervals, in
 // order, and reuses its array: dropping one interval per event neither
 // moves the whole timeline each time nor grows the array without bound.
 func TestTimelineAtCapReusesArray(t *testing.T) {
 	var dropped uint64
-	th := &thread{dropped: &dropped}
-	const n = 5 * maxIntervals
+	th := NewThread(0, 0, &dropped)
+	const n = 5 * MaxIntervals
 	for i := range n {
 		ev := event.Event{Kind: event.KindRunqueue, Start: int64(i) * 10, End: int64(i)*10 + 5}
 		if i%7 == 3 {
 			// Out of order: ends before the latest one.
 			ev.Start, ev.End = int64(i)*10-12, int64(i)*10-11
 		}
-		th.add(&ev)
-		if len(th.tl) > maxIntervals {
-			t.Fatalf("after %d events: %d intervals, cap %d", i+1, len(th.tl), maxIntervals)
+		th.Add(&ev)
+		if len(th.tl) > MaxIntervals {
+			t.Fatalf("after %d events: %d intervals, cap %d", i+1, len(th.tl), MaxIntervals)
 		}
 	}
-	if len(th.tl) != maxIntervals || dropped != n-maxIntervals {
-		t.Fatalf("%d intervals, %d dropped; want %d, %d", len(th.tl), dropped, maxIntervals, n-maxIntervals)
+	if len(th.tl) != MaxIntervals || dropped != n-MaxIntervals {
+		t.Fatalf("%d intervals, %d dropped; want %d, %d", len(th.tl), dropped, MaxIntervals, n-MaxIntervals)
 	}
 	for i := 1; i < len(th.tl); i++ {
 		if th.tl[i].End < th.tl[i-1].End {
@@ -35,13 +35,13 @@ func TestTimelineAtCapReusesArray(t *testing.T) {
 	if last := th.tl[len(th.tl)-1].End; last != int64(n-1)*10+5 {
 		t.Errorf("latest interval ends at %d, want %d", last, int64(n-1)*10+5)
 	}
-	if c := cap(th.base); c > 2*maxIntervals {
-		t.Errorf("array of %d events for a cap of %d", c, maxIntervals)
+	if c := cap(th.base); c > 2*MaxIntervals {
+		t.Errorf("array of %d events for a cap of %d", c, MaxIntervals)
 	}
 	allocs := testing.AllocsPerRun(1000, func() {
-		ev := event.Event{Kind: event.KindRunqueue, Start: th.last + 10, End: th.last + 15}
-		th.last = ev.End
-		th.add(&ev)
+		ev := event.Event{Kind: event.KindRunqueue, Start: th.Last + 10, End: th.Last + 15}
+		th.Last = ev.End
+		th.Add(&ev)
 	})
 	if allocs > 0.01 {
 		t.Errorf("%.2f allocations per interval at the cap, want none", allocs)

@@ -1,4 +1,4 @@
-package correlate
+package record
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/gaptrace/gaptrace/correlate"
 )
 
 func gzipped(t testing.TB, s string) []byte {
@@ -32,13 +34,13 @@ func TestRecordingHostilePeerReplays(t *testing.T) {
 {"peer":{"from":"evil","recs":[{"k":2,"p":7,"c":2748,"r":0,"q":-9223372036854775807,"a":2000}]}}
 {"advance":5000}
 `
-	r, err := NewRecordingReader(bytes.NewReader(gzipped(t, rec)))
+	r, err := NewReader(bytes.NewReader(gzipped(t, rec)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := r.Header().Config()
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	ReplaySeq(cfg, &collect{}, r.Calls())
+	ReplaySeq(cfg, correlate.Tee{}, r.Calls())
 	if r.Err() != nil || r.Skipped() != 2 {
 		t.Errorf("err %v, %d calls skipped, want none and 2", r.Err(), r.Skipped())
 	}
@@ -57,7 +59,7 @@ func TestRecordingLongLineBounded(t *testing.T) {
 	}
 	_, _ = io.WriteString(zw, "\"}}\n{\"advance\":7}\n")
 	_ = zw.Close()
-	r, err := NewRecordingReader(bytes.NewReader(b.Bytes()))
+	r, err := NewReader(bytes.NewReader(b.Bytes()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +91,7 @@ func FuzzRecording(f *testing.F) {
 	f.Add(`{"win":{"Device":0,"Start":` + "9223372036854775807" + `,"End":1}}`)
 	f.Add("{\"advance\":1}\n\n\n{")
 	f.Fuzz(func(t *testing.T, rec string) {
-		r, err := NewRecordingReader(bytes.NewReader(gzipped(t, rec)))
+		r, err := NewReader(bytes.NewReader(gzipped(t, rec)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -97,13 +99,13 @@ func FuzzRecording(f *testing.F) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 		n := 0
 		for c := range r.Calls() {
-			if err := CheckCall(&c); err != nil {
+			if err := Check(&c); err != nil {
 				t.Fatalf("returned a call that fails its check: %v", err)
 			}
 			n++
 		}
-		r2, _ := NewRecordingReader(bytes.NewReader(gzipped(t, rec)))
-		ReplaySeq(cfg, &collect{}, r2.Calls())
+		r2, _ := NewReader(bytes.NewReader(gzipped(t, rec)))
+		ReplaySeq(cfg, correlate.Tee{}, r2.Calls())
 	})
 }
 

@@ -1,4 +1,4 @@
-package correlate
+package attribute
 
 import (
 	"fmt"
@@ -11,9 +11,9 @@ import (
 // An attribution's result: the dominant cause, the breakdown, and the
 // evidence a user checks it by, bounded to the top entries.
 
-// result turns the accumulators into a dominant cause, a breakdown and
-// capped evidence.
-func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
+// Result turns the accumulators into a dominant cause, a breakdown and
+// capped evidence (its Source and Threads are the caller's to set).
+func (at *Attribution) Result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 	dom, best := CauseCPU, int64(-1)
 	bd := make(map[Cause]int64, len(at.byCause))
 	for _, c := range Causes {
@@ -59,7 +59,7 @@ func (at *attribution) result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 
 // filesAndPeers lists the files and socket peers the interval touched, the
 // longest first, up to maxFiles and maxPeers.
-func (at *attribution) filesAndPeers(ev *Evidence) {
+func (at *Attribution) filesAndPeers(ev *Evidence) {
 	for _, f := range at.files {
 		ev.Files = append(ev.Files, *f)
 	}
@@ -90,7 +90,7 @@ func (at *attribution) filesAndPeers(ev *Evidence) {
 }
 
 // workerEvidence says what each loader worker waited on did, by pid.
-func (at *attribution) workerEvidence(ev *Evidence) {
+func (at *Attribution) workerEvidence(ev *Evidence) {
 	for _, w := range at.workers {
 		we := WorkerEvidence{PID: w.pid, Activity: "cpu", IONS: w.ioNS}
 		if w.waitNS > 0 && 2*w.ioNS >= w.waitNS {
@@ -125,7 +125,7 @@ func (at *attribution) workerEvidence(ev *Evidence) {
 
 // lockHolders lists the threads that held the lock waited on, the longest
 // wait first, each with what it mostly did.
-func (at *attribution) lockHolders(ev *Evidence) {
+func (at *Attribution) lockHolders(ev *Evidence) {
 	if len(at.holders) > 0 {
 		for _, h := range at.holders {
 			e := h.ev
@@ -150,7 +150,7 @@ func (at *attribution) lockHolders(ev *Evidence) {
 }
 
 // syscallCounts keeps the maxSyscalls most frequent syscalls.
-func (at *attribution) syscallCounts(ev *Evidence) {
+func (at *Attribution) syscallCounts(ev *Evidence) {
 	if len(at.syscalls) > 0 {
 		ev.Syscalls = make(map[string]int, len(at.syscalls))
 		type nc struct {
@@ -174,7 +174,7 @@ func (at *attribution) syscallCounts(ev *Evidence) {
 }
 
 // hostOps are the maxOps longest host operations, in time order.
-func (at *attribution) hostOps() []HostOp {
+func (at *Attribution) hostOps() []HostOp {
 	ops := make([]*opAcc, 0, len(at.ops))
 	for _, o := range at.ops {
 		ops = append(ops, o)
@@ -197,13 +197,14 @@ func (at *attribution) hostOps() []HostOp {
 	}
 	var hops []HostOp
 	for _, o := range ops {
-		hops = append(hops, hostOp(o.ev, o.tid))
+		hops = append(hops, HostOpOf(o.ev, o.tid))
 	}
 	sort.SliceStable(hops, func(i, j int) bool { return hops[i].Start < hops[j].Start })
 	return hops
 }
 
-func hostOp(ev *event.Event, tid uint32) HostOp {
+// HostOpOf is thread tid's blocking call ev as a host operation.
+func HostOpOf(ev *event.Event, tid uint32) HostOp {
 	op := HostOp{Name: opName(ev), TID: tid, Start: ev.Start, End: ev.End}
 	attrs := map[string]string{}
 	if ev.Path != "" {
@@ -240,7 +241,7 @@ func hostOp(ev *event.Event, tid uint32) HostOp {
 // through the thread that woke the wait, not by the call itself: the
 // wait is its call (the GIL taken back after time.sleep(0), the queue
 // get inside next(loader)).
-func (at *attribution) stackOp(dom Cause) *opAcc {
+func (at *Attribution) stackOp(dom Cause) *opAcc {
 	var best *opAcc
 	for _, o := range at.ops {
 		if len(o.ev.Stack) == 0 {
@@ -255,4 +256,45 @@ func (at *attribution) stackOp(dom Cause) *opAcc {
 		}
 	}
 	return best
+}
+
+// PageableFix is what a user does about a pageable copy.
+const PageableFix = "pin the host buffer (pin_memory=True / cudaHostRegister)"
+
+// copyEvidence describes the staged copy that took most of a gap.
+func copyEvidence(ev *event.Event) *CopyEvidence {
+	c := &CopyEvidence{Call: stagedName(ev), Bytes: ev.Bytes, NS: ev.Duration(), Pageable: true, Fix: PageableFix}
+	switch ev.CopyDir {
+	case event.CUMemcpyHtoD:
+		c.Direction = "htod"
+	case event.CUMemcpyDtoH:
+		c.Direction = "dtoh"
+	default:
+		c.Direction = "unknown"
+	}
+	if c.NS > 0 && c.Bytes > 0 {
+		c.GBps = float64(c.Bytes) / float64(c.NS)
+	}
+	return c
+}
+
+// stagedName is the driver call behind a KindMemcpyStaged.
+func stagedName(ev *event.Event) string {
+	switch ev.CopyDir {
+	case event.CUMemcpyHtoD:
+		return "cuMemcpyHtoDAsync"
+	case event.CUMemcpyDtoH:
+		return "cuMemcpyDtoHAsync"
+	}
+	return "cuMemcpyAsync"
+}
+
+// Stack is the stack of the blocking call that explains cause c (stackOp):
+// ok is false when no call of that cause has one.
+func (at *Attribution) Stack(c Cause) (stack []event.Frame, truncated, ok bool) {
+	o := at.stackOp(c)
+	if o == nil {
+		return nil, false, false
+	}
+	return o.ev.Stack, o.ev.StackTruncated, true
 }

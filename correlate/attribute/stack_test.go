@@ -1,4 +1,4 @@
-package correlate
+package attribute
 
 import (
 	"testing"
@@ -38,8 +38,7 @@ func TestUserFrameSkipsLibrariesAndInterpreter(t *testing.T) {
 }
 
 func TestEvidenceStackIsTheDominantCallsStack(t *testing.T) {
-	w := &world{}
-	at := newAttribution(w)
+	at := New(nil) // result reads no world
 	read := &event.Event{Kind: event.KindSyscall, Syscall: event.SysRead, Path: "/data", Start: 1,
 		Stack: []event.Frame{{Function: "load_batch", File: "/job/train.py", Line: 7}}}
 	sleep := &event.Event{Kind: event.KindSyscall, Syscall: event.SysSleep, Start: 2,
@@ -48,7 +47,7 @@ func TestEvidenceStackIsTheDominantCallsStack(t *testing.T) {
 	at.ops[sleep] = &opAcc{ev: sleep, ns: 5}
 	at.byCause[CauseSleep] = 50 // sleep dominates though the read took longer
 	at.byCause[CauseIORead] = 10
-	_, _, ev, _ := at.result()
+	_, _, ev, _ := at.Result()
 	if len(ev.Stack) != 1 || ev.Stack[0].Function != "nap" {
 		t.Errorf("stack %+v, want the dominant cause's call", ev.Stack)
 	}

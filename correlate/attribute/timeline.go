@@ -1,4 +1,4 @@
-package correlate
+package attribute
 
 import (
 	"sort"
@@ -8,31 +8,49 @@ import (
 	"github.com/gaptrace/gaptrace/event"
 )
 
-// thread is one traced thread and its recent activity timeline: blocking
+// Thread is one traced thread and its recent activity timeline: blocking
 // intervals (syscalls, runqueue waits, off-CPU, CUDA calls), kept sorted by
 // end time. Time not covered by any interval is on-CPU.
-type thread struct {
-	tid, pid uint32
-	comm     string
-	last     int64 // end of its latest event
-	exited   int64 // when it exited, 0 while it lives
-	tl       []event.Event
+type Thread struct {
+	TID, PID uint32
+	Comm     string
+	Last     int64 // end of its latest event
+	Exited   int64 // when it exited, 0 while it lives
+	// LastStream is the stream of its latest enqueue (Enqueued: it made
+	// one), what an event sync of the thread most likely waits for.
+	LastStream uint64
+	Enqueued   bool
+
+	tl []event.Event
 	// base is tl's whole array (len == cap), from its first element:
 	// dropFront moves tl's start, and appendTL moves tl back to base's
 	// start rather than growing the array.
 	base []event.Event
-	// dropped counts intervals dropped past maxIntervals, for every
+	// dropped counts intervals dropped past MaxIntervals, for every
 	// thread of the engine (Losses.DroppedIntervals).
 	dropped *uint64
 	// opens are the thread's latest file opens (most opens are too short
 	// to be on the timeline): where a host operation began writing a file.
 	opens [maxOpens]fileOpen
 	nOpen int
-	// lastStream is the stream of its latest enqueue (enqueued: it made
-	// one), what an event sync of the thread most likely waits for.
-	lastStream uint64
-	enqueued   bool
 }
+
+// MaxIntervals caps one thread's timeline.
+const MaxIntervals = 4096
+
+// NewThread is thread tid of process pid with an empty timeline; the
+// intervals it drops past MaxIntervals are added to *dropped (the
+// engine's total; nil: not counted).
+func NewThread(tid, pid uint32, dropped *uint64) *Thread {
+	return &Thread{TID: tid, PID: pid, dropped: dropped}
+}
+
+// Len is how many intervals the timeline holds.
+func (t *Thread) Len() int { return len(t.tl) }
+
+// At is the timeline's i-th interval by end time (0: the oldest held).
+// The caller must not change its times: the timeline stays sorted.
+func (t *Thread) At(i int) *event.Event { return &t.tl[i] }
 
 // maxOpens is how many of a thread's latest opens are kept.
 const maxOpens = 8
@@ -42,8 +60,8 @@ type fileOpen struct {
 	at   int64
 }
 
-// noteOpen keeps ev, an open of a file, among the thread's latest opens.
-func (t *thread) noteOpen(ev *event.Event) {
+// NoteOpen keeps ev, an open of a file, among the thread's latest opens.
+func (t *Thread) NoteOpen(ev *event.Event) {
 	if ev.Path == "" {
 		return
 	}
@@ -51,8 +69,8 @@ func (t *thread) noteOpen(ev *event.Event) {
 	t.nOpen++
 }
 
-// openedSince says whether the thread opened a file at t or later.
-func (t *thread) openedSince(at int64) bool {
+// OpenedSince says whether the thread opened a file at t or later.
+func (t *Thread) OpenedSince(at int64) bool {
 	for i := 0; i < min(t.nOpen, maxOpens); i++ {
 		if o := t.opens[i]; o.path != "" && o.at >= at {
 			return true
@@ -61,8 +79,8 @@ func (t *thread) openedSince(at int64) bool {
 	return false
 }
 
-// openedAt is when the thread last opened path within [a, b], if it did.
-func (t *thread) openedAt(path string, a, b int64) (int64, bool) {
+// OpenedAt is when the thread last opened path within [a, b], if it did.
+func (t *Thread) OpenedAt(path string, a, b int64) (int64, bool) {
 	var at int64
 	found := false
 	for i := 0; i < min(t.nOpen, maxOpens); i++ {
@@ -74,10 +92,11 @@ func (t *thread) openedAt(path string, a, b int64) (int64, bool) {
 	return at, found
 }
 
-func (t *thread) add(ev *event.Event) {
+// Add puts ev on the timeline in end order.
+func (t *Thread) Add(ev *event.Event) {
 	n := len(t.tl)
 	if n > 0 && t.tl[n-1].End > ev.End {
-		t.insert(ev)
+		t.Insert(ev)
 		return
 	}
 	t.appendTL(ev)
@@ -89,7 +108,7 @@ func (t *thread) add(ev *event.Event) {
 // back to the array's start (each interval is moved a few times in all)
 // instead of growing into a new array: at the cap, a timeline drops one
 // interval per event it takes.
-func (t *thread) appendTL(ev *event.Event) {
+func (t *Thread) appendTL(ev *event.Event) {
 	n := len(t.tl)
 	if n == cap(t.tl) && n > 0 && cap(t.base)-n > n/4 {
 		copy(t.base, t.tl)
@@ -107,11 +126,11 @@ func (t *thread) appendTL(ev *event.Event) {
 	}
 }
 
-// capTimeline drops the oldest intervals past maxIntervals, counted: a
+// capTimeline drops the oldest intervals past MaxIntervals, counted: a
 // thread that blocks that often within one pending step loses the
 // evidence of its oldest calls, which then count as on-CPU time.
-func (t *thread) capTimeline() {
-	if k := len(t.tl) - maxIntervals; k > 0 {
+func (t *Thread) capTimeline() {
+	if k := len(t.tl) - MaxIntervals; k > 0 {
 		t.dropFront(k)
 		if t.dropped != nil {
 			*t.dropped += uint64(k)
@@ -119,7 +138,8 @@ func (t *thread) capTimeline() {
 	}
 }
 
-func (t *thread) insert(ev *event.Event) {
+// Insert puts ev, which ends before the latest interval, in its place.
+func (t *Thread) Insert(ev *event.Event) {
 	i := sort.Search(len(t.tl), func(i int) bool { return t.tl[i].End > ev.End })
 	t.appendTL(nil)
 	copy(t.tl[i+1:], t.tl[i:])
@@ -132,13 +152,13 @@ func (t *thread) insert(ev *event.Event) {
 // and moving 4096 events each time was half the sidecar's CPU on a job of
 // 8 ranks. appendTL reuses the room; what was dropped is cleared for the
 // GC.
-func (t *thread) dropFront(k int) {
+func (t *Thread) dropFront(k int) {
 	clear(t.tl[:k])
 	t.tl = t.tl[k:]
 }
 
-// trim forgets intervals that ended before keep.
-func (t *thread) trim(keep int64) {
+// Trim forgets intervals that ended before keep.
+func (t *Thread) Trim(keep int64) {
 	k := 0
 	for k < len(t.tl) && t.tl[k].End < keep {
 		k++
@@ -159,12 +179,12 @@ func (t *thread) trim(keep int64) {
 // the driver returns a few µs after it runs again.
 const wokenReturn = int64(500 * time.Microsecond)
 
-// wokenSync ends a sync at its wakeup when the thread slept in it, was
+// WokenSync ends a sync at its wakeup when the thread slept in it, was
 // woken, and then waited for a CPU (a run-queue event marked Woken, which
 // ends before the sync and so is already on the timeline): the GPU's work
 // was done at the wakeup, and the wait for a CPU after it is contention
 // inside the gap that follows, not time the GPU was busy.
-func (t *thread) wokenSync(sync *event.Event) {
+func (t *Thread) WokenSync(sync *event.Event) {
 	for i := len(t.tl) - 1; i >= 0; i-- {
 		r := &t.tl[i]
 		if r.End <= sync.Start {
@@ -178,8 +198,36 @@ func (t *thread) wokenSync(sync *event.Event) {
 	}
 }
 
-// overlapping returns the indexes of intervals that overlap [a,b).
-func (t *thread) overlapping(a, b int64) []int {
+// Returned is when a sync returned to its caller: a sync ended at its
+// wakeup (WokenSync) returned once the thread got a CPU back.
+func (t *Thread) Returned(sync *event.Event) int64 {
+	for i := len(t.tl) - 1; i >= 0; i-- {
+		r := &t.tl[i]
+		if r.End <= sync.Start {
+			break
+		}
+		if r.Kind == event.KindRunqueue && r.Woken && r.Start == sync.End {
+			return r.End
+		}
+	}
+	return sync.End
+}
+
+// Runnable is how long t waited for a CPU within [a,b): its run-queue
+// intervals there (they end before a call around them does, so they are
+// on the timeline when the call is processed).
+func (t *Thread) Runnable(a, b int64) int64 {
+	var ns int64
+	for _, i := range t.Overlapping(a, b) {
+		if ev := &t.tl[i]; ev.Kind == event.KindRunqueue {
+			ns += min(ev.End, b) - max(ev.Start, a)
+		}
+	}
+	return ns
+}
+
+// Overlapping returns the indexes of intervals that overlap [a,b).
+func (t *Thread) Overlapping(a, b int64) []int {
 	i := sort.Search(len(t.tl), func(i int) bool { return t.tl[i].End > a })
 	var out []int
 	for ; i < len(t.tl); i++ {
@@ -209,19 +257,19 @@ func priority(ev *event.Event) int {
 	return 0
 }
 
-// segment is a piece of a thread's time: ev is nil for on-CPU time.
-type segment struct {
-	a, b int64
-	ev   *event.Event
+// Segment is a piece of a thread's time: Ev is nil for on-CPU time.
+type Segment struct {
+	A, B int64
+	Ev   *event.Event
 }
 
-// segments splits [a,b) of t's time by the dominant interval, skipping the
+// Segments splits [a,b) of t's time by the dominant interval, skipping the
 // spans in mask (sorted, non-overlapping).
-func (t *thread) segments(a, b int64, mask []interval.Span) []segment {
+func (t *Thread) Segments(a, b int64, mask []interval.Span) []Segment {
 	if b <= a {
 		return nil
 	}
-	idx := t.overlapping(a, b)
+	idx := t.Overlapping(a, b)
 	pts := make([]int64, 0, 2*len(idx)+2)
 	pts = append(pts, a, b)
 	for _, i := range idx {
@@ -241,7 +289,7 @@ func (t *thread) segments(a, b int64, mask []interval.Span) []segment {
 		}
 	}
 	sort.Slice(pts, func(i, j int) bool { return pts[i] < pts[j] })
-	var out []segment
+	var out []Segment
 	mi := 0
 	for k := 0; k+1 < len(pts); k++ {
 		x, y := pts[k], pts[k+1]
@@ -264,38 +312,38 @@ func (t *thread) segments(a, b int64, mask []interval.Span) []segment {
 				}
 			}
 		}
-		if n := len(out); n > 0 && out[n-1].ev == best && out[n-1].b == x {
-			out[n-1].b = y
+		if n := len(out); n > 0 && out[n-1].Ev == best && out[n-1].B == x {
+			out[n-1].B = y
 			continue
 		}
-		out = append(out, segment{a: x, b: y, ev: best})
+		out = append(out, Segment{A: x, B: y, Ev: best})
 	}
 	return out
 }
 
-// offRun says whether ev is time its thread could not run outside any
+// OffRun says whether ev is time its thread could not run outside any
 // call: a wait for a CPU, or blocking outside any traced call.
-func offRun(ev *event.Event) bool {
+func OffRun(ev *event.Event) bool {
 	return ev.Kind == event.KindRunqueue || ev.Kind == event.KindOffCPU
 }
 
-// stopped is how long t could not run outside its calls within [a,b).
-func (t *thread) stopped(a, b int64) int64 {
+// Stopped is how long t could not run outside its calls within [a,b).
+func (t *Thread) Stopped(a, b int64) int64 {
 	var ns int64
-	for _, i := range t.overlapping(a, b) {
-		if ev := &t.tl[i]; offRun(ev) {
+	for _, i := range t.Overlapping(a, b) {
+		if ev := &t.tl[i]; OffRun(ev) {
 			ns += min(ev.End, b) - max(ev.Start, a)
 		}
 	}
 	return ns
 }
 
-// stoppedFrom is when t first ran at or after a, before b: the end of the
+// StoppedFrom is when t first ran at or after a, before b: the end of the
 // chain of times it could not run that begins at a.
-func (t *thread) stoppedFrom(a, b int64) int64 {
-	for _, i := range t.overlapping(a, b) {
+func (t *Thread) StoppedFrom(a, b int64) int64 {
+	for _, i := range t.Overlapping(a, b) {
 		ev := &t.tl[i]
-		if !offRun(ev) {
+		if !OffRun(ev) {
 			continue
 		}
 		if ev.Start > a {
@@ -306,15 +354,15 @@ func (t *thread) stoppedFrom(a, b int64) int64 {
 	return a
 }
 
-// ranBack is when t's last `run` ns of running time before `to` began:
+// RanBack is when t's last `run` ns of running time before `to` began:
 // the time it could not run in between does not count. No earlier than
 // from.
-func (t *thread) ranBack(from, to, run int64) int64 {
+func (t *Thread) RanBack(from, to, run int64) int64 {
 	x := to
-	idx := t.overlapping(from, to)
+	idx := t.Overlapping(from, to)
 	for k := len(idx) - 1; k >= 0; k-- {
 		ev := &t.tl[idx[k]]
-		if !offRun(ev) {
+		if !OffRun(ev) {
 			continue
 		}
 		a, b := max(ev.Start, from), min(ev.End, x)

@@ -1,4 +1,4 @@
-package correlate
+package record
 
 import (
 	"bufio"
@@ -9,24 +9,16 @@ import (
 	"fmt"
 	"io"
 	"iter"
-	"slices"
 	"sync"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/event"
 )
 
-// A recording is the engine's whole input, call by call, as gzip-compressed
-// JSON lines: one header line with the configuration, then one line per
-// Event, Window, Advance, SetDevice, SetRank and the final Close, in the order the
-// sidecar made them. Replaying it through a fresh Engine gives exactly the
-// gaps, steps and summary of the run (the engine is deterministic in its
-// input), so a user's recording reproduces a mis-attribution offline, and
-// the golden replay tests use the same format.
-
 // Call is one recorded call to an Engine; exactly one field is set.
 type Call struct {
-	Header  *RecordHeader    `json:"header,omitempty"`
+	Header  *Header          `json:"header,omitempty"`
 	Ev      *event.Event     `json:"ev,omitempty"`
 	Win     *event.GPUWindow `json:"win,omitempty"`
 	Advance int64            `json:"advance,omitempty"`
@@ -46,25 +38,25 @@ type ProbesCall struct {
 // PeerCall is records from another sidecar of the job (Engine.Peer), or
 // its leaving (Left).
 type PeerCall struct {
-	From string       `json:"from"`
-	Recs []PeerRecord `json:"recs,omitempty"`
-	Left bool         `json:"left,omitempty"`
+	From string                 `json:"from"`
+	Recs []correlate.PeerRecord `json:"recs,omitempty"`
+	Left bool                   `json:"left,omitempty"`
 }
 
-// RecordHeader is the first line of a recording: what the engine was
+// Header is the first line of a recording: what the engine was
 // configured with.
-type RecordHeader struct {
+type Header struct {
 	Version string `json:"version,omitempty"` // gaptrace's version
 	Probes  string `json:"probes"`
 	MinGap  int64  `json:"min_gap_ns,omitempty"`
-	// NoGPUWindows: the run had no NVML (Config.NoGPUWindows).
+	// NoGPUWindows: the run had no NVML (correlate.Config.NoGPUWindows).
 	NoGPUWindows bool `json:"no_gpu_windows,omitempty"`
 }
 
 // Config is the engine configuration the recording was made with (its
 // Logger left for the caller).
-func (h RecordHeader) Config() Config {
-	cfg := Config{Probes: h.Probes, NoGPUWindows: h.NoGPUWindows}
+func (h Header) Config() correlate.Config {
+	cfg := correlate.Config{Probes: h.Probes, NoGPUWindows: h.NoGPUWindows}
 	if h.MinGap > 0 {
 		cfg.MinGap = time.Duration(h.MinGap)
 	}
@@ -84,10 +76,10 @@ type RankCall struct {
 	Size int    `json:"size,omitempty"`
 }
 
-// Recorder writes a recording. Its methods mirror the Engine's and are
+// Writer writes a recording. Its methods mirror the Engine's and are
 // safe for concurrent use; the first write error is kept and returned by
 // Close, and later calls are dropped, so recording never stops tracing.
-type Recorder struct {
+type Writer struct {
 	mu  sync.Mutex
 	zw  *gzip.Writer
 	bw  *bufio.Writer
@@ -98,16 +90,16 @@ type Recorder struct {
 	result error // what the first Close returned
 }
 
-// NewRecorder starts a recording on w with its header.
-func NewRecorder(w io.Writer, h RecordHeader) *Recorder {
+// NewWriter starts a recording on w with its header.
+func NewWriter(w io.Writer, h Header) *Writer {
 	bw := bufio.NewWriterSize(w, 256<<10)
 	zw, _ := gzip.NewWriterLevel(bw, gzip.BestSpeed) // level is valid
-	r := &Recorder{zw: zw, bw: bw, enc: json.NewEncoder(zw)}
+	r := &Writer{zw: zw, bw: bw, enc: json.NewEncoder(zw)}
 	r.put(Call{Header: &h})
 	return r
 }
 
-func (r *Recorder) put(c Call) {
+func (r *Writer) put(c Call) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.err == nil {
@@ -116,34 +108,34 @@ func (r *Recorder) put(c Call) {
 }
 
 // Event records an Engine.Event call.
-func (r *Recorder) Event(ev *event.Event) { r.put(Call{Ev: ev}) }
+func (r *Writer) Event(ev *event.Event) { r.put(Call{Ev: ev}) }
 
 // Window records an Engine.Window call.
-func (r *Recorder) Window(w *event.GPUWindow) { r.put(Call{Win: w}) }
+func (r *Writer) Window(w *event.GPUWindow) { r.put(Call{Win: w}) }
 
 // Advance records an Engine.Advance call.
-func (r *Recorder) Advance(now int64) { r.put(Call{Advance: now}) }
+func (r *Writer) Advance(now int64) { r.put(Call{Advance: now}) }
 
 // SetDevice records an Engine.SetDevice call.
-func (r *Recorder) SetDevice(pid uint32, dev int) {
+func (r *Writer) SetDevice(pid uint32, dev int) {
 	r.put(Call{Device: &DeviceCall{PID: pid, Device: dev}})
 }
 
 // SetRank records an Engine.SetRank call.
-func (r *Recorder) SetRank(pid uint32, rank, size int) {
+func (r *Writer) SetRank(pid uint32, rank, size int) {
 	r.put(Call{Rank: &RankCall{PID: pid, Rank: rank, Size: size}})
 }
 
 // Peer records an Engine.Peer call.
-func (r *Recorder) Peer(from string, recs []PeerRecord) {
+func (r *Writer) Peer(from string, recs []correlate.PeerRecord) {
 	r.put(Call{Peer: &PeerCall{From: from, Recs: recs}})
 }
 
 // PeerLeft records Engine.PeerLeft.
-func (r *Recorder) PeerLeft(from string) { r.put(Call{Peer: &PeerCall{From: from, Left: true}}) }
+func (r *Writer) PeerLeft(from string) { r.put(Call{Peer: &PeerCall{From: from, Left: true}}) }
 
 // ProbesLive records an Engine.ProbesLive call.
-func (r *Recorder) ProbesLive(full bool, at int64) {
+func (r *Writer) ProbesLive(full bool, at int64) {
 	r.put(Call{Probes: &ProbesCall{Full: full, At: at}})
 }
 
@@ -151,7 +143,7 @@ func (r *Recorder) ProbesLive(full bool, at int64) {
 // returns the first error met while recording. A later Close records
 // nothing and returns the first one's result, so the owner of the
 // recording's file can ask for it after the engine's inputs were closed.
-func (r *Recorder) Close(now int64) error {
+func (r *Writer) Close(now int64) error {
 	r.put(Call{Close: now})
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -164,14 +156,14 @@ func (r *Recorder) Close(now int64) error {
 	return r.result
 }
 
-// ReadRecording reads a whole recording. A recording cut short (the
+// Read reads a whole recording. A recording cut short (the
 // sidecar was killed) yields the calls before the damage and an error
 // that says so; a missing Close is not an error (Replay adds one). Calls
-// that fail their checks are left out (RecordingReader).
-func ReadRecording(rd io.Reader) (RecordHeader, []Call, error) {
-	r, err := NewRecordingReader(rd)
+// that fail their checks are left out (Reader).
+func Read(rd io.Reader) (Header, []Call, error) {
+	r, err := NewReader(rd)
 	if err != nil {
-		return RecordHeader{}, nil, err
+		return Header{}, nil, err
 	}
 	var calls []Call
 	for c := range r.Calls() {
@@ -180,18 +172,18 @@ func ReadRecording(rd io.Reader) (RecordHeader, []Call, error) {
 	return r.Header(), calls, r.Err()
 }
 
-// MaxRecordingLine bounds one line of a recording: a longer one is
+// MaxLine bounds one line of a recording: a longer one is
 // skipped unread (a recorded call is at most a peer batch, ~100 KiB).
-const MaxRecordingLine = 4 << 20
+const MaxLine = 4 << 20
 
-// RecordingReader reads a recording a call at a time, in memory bounded by
-// MaxRecordingLine whatever the file holds. Every call is checked before it
-// is returned (CheckCall); one that fails, or a line too long, is skipped
+// Reader reads a recording a call at a time, in memory bounded by
+// MaxLine whatever the file holds. Every call is checked before it
+// is returned (Check); one that fails, or a line too long, is skipped
 // and counted.
-type RecordingReader struct {
+type Reader struct {
 	zr      *gzip.Reader
 	br      *bufio.Reader
-	h       RecordHeader
+	h       Header
 	pending *Call // the first call, read with the header
 	line    int   // lines read
 	calls   int   // calls returned
@@ -200,14 +192,14 @@ type RecordingReader struct {
 	done    bool
 }
 
-// NewRecordingReader starts reading the recording rd; it reads the header
+// NewReader starts reading the recording rd; it reads the header
 // line.
-func NewRecordingReader(rd io.Reader) (*RecordingReader, error) {
+func NewReader(rd io.Reader) (*Reader, error) {
 	zr, err := gzip.NewReader(rd)
 	if err != nil {
 		return nil, fmt.Errorf("not a gaptrace recording (gzip): %w", err)
 	}
-	r := &RecordingReader{zr: zr, br: bufio.NewReaderSize(zr, 64<<10)}
+	r := &Reader{zr: zr, br: bufio.NewReaderSize(zr, 64<<10)}
 	if c, ok := r.next(); ok {
 		r.pending = &c
 	}
@@ -215,19 +207,19 @@ func NewRecordingReader(rd io.Reader) (*RecordingReader, error) {
 }
 
 // Header is the recording's configuration (zero when it has none).
-func (r *RecordingReader) Header() RecordHeader { return r.h }
+func (r *Reader) Header() Header { return r.h }
 
 // Skipped counts the calls left out: a field out of range, a line longer
-// than MaxRecordingLine.
-func (r *RecordingReader) Skipped() int { return r.skipped }
+// than MaxLine.
+func (r *Reader) Skipped() int { return r.skipped }
 
 // Err says why reading stopped before the end: the recording is damaged
 // (cut short, not JSON); nil at its end.
-func (r *RecordingReader) Err() error { return r.err }
+func (r *Reader) Err() error { return r.err }
 
 // Calls yields the recording's calls, header lines aside, until its end or
 // its damage (Err).
-func (r *RecordingReader) Calls() iter.Seq[Call] {
+func (r *Reader) Calls() iter.Seq[Call] {
 	return func(yield func(Call) bool) {
 		if c := r.pending; c != nil {
 			r.pending = nil
@@ -245,7 +237,7 @@ func (r *RecordingReader) Calls() iter.Seq[Call] {
 }
 
 // next reads the next call to return.
-func (r *RecordingReader) next() (Call, bool) {
+func (r *Reader) next() (Call, bool) {
 	for !r.done {
 		b, err := r.readLine()
 		switch {
@@ -271,7 +263,7 @@ func (r *RecordingReader) next() (Call, bool) {
 			r.h = *c.Header
 			continue
 		}
-		if CheckCall(&c) != nil {
+		if Check(&c) != nil {
 			r.skipped++
 			continue
 		}
@@ -281,23 +273,23 @@ func (r *RecordingReader) next() (Call, bool) {
 	return Call{}, false
 }
 
-func (r *RecordingReader) fail(err error) {
+func (r *Reader) fail(err error) {
 	r.done = true
 	r.err = fmt.Errorf("recording damaged at line %d (kept the %d calls before it): %w", r.line, r.calls, err)
 }
 
-var errLongLine = fmt.Errorf("line longer than %d bytes", MaxRecordingLine)
+var errLongLine = fmt.Errorf("line longer than %d bytes", MaxLine)
 
 // readLine reads one line, without its newline; a line longer than
-// MaxRecordingLine is read through and reported as errLongLine.
-func (r *RecordingReader) readLine() ([]byte, error) {
+// MaxLine is read through and reported as errLongLine.
+func (r *Reader) readLine() ([]byte, error) {
 	r.line++
 	var buf []byte
 	long := false
 	for {
 		frag, err := r.br.ReadSlice('\n')
 		if !long {
-			if len(buf)+len(frag) > MaxRecordingLine+1 {
+			if len(buf)+len(frag) > MaxLine+1 {
 				long, buf = true, nil
 			} else {
 				buf = append(buf, frag...)
@@ -321,18 +313,18 @@ func (r *RecordingReader) readLine() ([]byte, error) {
 	}
 }
 
-// Bounds of the fields of a recorded call (see PeerRecord.Check).
+// Bounds of the fields of a recorded call (see correlate.PeerRecord.Check).
 const (
 	maxCallPeerRecs = 1 << 14
 	maxCallName     = 4096
 	maxCallDevice   = 1 << 16
 )
 
-// CheckCall reports whether a recorded call holds exactly one call whose
+// Check reports whether a recorded call holds exactly one call whose
 // fields lie within what a sidecar records; replay skips one that does not.
-func CheckCall(c *Call) error {
+func Check(c *Call) error {
 	inTime := func(what string, t int64) error {
-		if t < 0 || t >= maxPeerTime {
+		if t < 0 || t >= correlate.MaxPeerTime {
 			return fmt.Errorf("%s time %d out of range", what, t)
 		}
 		return nil
@@ -353,7 +345,7 @@ func CheckCall(c *Call) error {
 		if ev.Kind == event.KindInvalid || ev.Kind > event.KindMemcpyStaged {
 			return fmt.Errorf("event kind %d out of range", ev.Kind)
 		}
-		if ev.Kind == event.KindCommInit && (ev.Count > uint64(maxPeerRanks) || ev.PeerRank < -1 || ev.PeerRank >= maxPeerRanks) {
+		if ev.Kind == event.KindCommInit && (ev.Count > uint64(correlate.MaxPeerRanks) || ev.PeerRank < -1 || ev.PeerRank >= correlate.MaxPeerRanks) {
 			return fmt.Errorf("communicator of %d ranks, rank %d, out of range", ev.Count, ev.PeerRank)
 		}
 		return errors.Join(inTime("event start", ev.Start), inTime("event end", ev.End))
@@ -371,7 +363,7 @@ func CheckCall(c *Call) error {
 			return fmt.Errorf("device %d out of range", c.Device.Device)
 		}
 	case c.Rank != nil:
-		if c.Rank.Rank < -1 || c.Rank.Rank >= int(maxPeerRanks) || c.Rank.Size < 0 || c.Rank.Size > int(maxPeerRanks) {
+		if c.Rank.Rank < -1 || c.Rank.Rank >= int(correlate.MaxPeerRanks) || c.Rank.Size < 0 || c.Rank.Size > int(correlate.MaxPeerRanks) {
 			return fmt.Errorf("rank %d of %d out of range", c.Rank.Rank, c.Rank.Size)
 		}
 	case c.Probes != nil:
@@ -387,49 +379,4 @@ func CheckCall(c *Call) error {
 		}
 	}
 	return nil
-}
-
-// Replay runs calls through a fresh Engine configured by cfg and returns
-// its summary; gaps and steps go to sink. Without a recorded Close the
-// engine is closed one second after the last Advance, like a sidecar's
-// shutdown.
-func Replay(cfg Config, sink Sink, calls []Call) Summary {
-	return ReplaySeq(cfg, sink, slices.Values(calls))
-}
-
-// ReplaySeq is Replay of calls as they come (RecordingReader.Calls), in
-// bounded memory.
-func ReplaySeq(cfg Config, sink Sink, calls iter.Seq[Call]) Summary {
-	return feedCalls(New(cfg, sink), calls)
-}
-
-// feedCalls makes calls on e in order and closes it, at the recorded Close or
-// one second after the last Advance.
-func feedCalls(e Input, calls iter.Seq[Call]) Summary {
-	var last int64
-	for c := range calls {
-		switch {
-		case c.Ev != nil:
-			e.Event(*c.Ev)
-			last = max(last, c.Ev.End)
-		case c.Win != nil:
-			e.Window(*c.Win)
-		case c.Device != nil:
-			e.SetDevice(c.Device.PID, c.Device.Device)
-		case c.Rank != nil:
-			e.SetRank(c.Rank.PID, c.Rank.Rank, c.Rank.Size)
-		case c.Probes != nil:
-			e.ProbesLive(c.Probes.Full, c.Probes.At)
-		case c.Peer != nil && c.Peer.Left:
-			e.PeerLeft(c.Peer.From)
-		case c.Peer != nil:
-			e.Peer(c.Peer.From, c.Peer.Recs)
-		case c.Advance != 0:
-			e.Advance(c.Advance)
-			last = max(last, c.Advance)
-		case c.Close != 0:
-			return e.Close(c.Close)
-		}
-	}
-	return e.Close(last + int64(time.Second))
 }

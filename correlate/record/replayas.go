@@ -1,4 +1,4 @@
-package correlate
+package record
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -28,35 +29,35 @@ type View struct {
 	WarmupMax   time.Duration
 }
 
-// probesOf is the probe set a recording header names ("" is full: the
+// ProbeSet is the probe set the recording was made with ("" is full: the
 // headers of the first recordings left it out).
-func probesOf(h RecordHeader) string {
+func (h Header) ProbeSet() string {
 	if h.Probes == "" {
-		return ProbesFull
+		return correlate.ProbesFull
 	}
 	return h.Probes
 }
 
 // CheckView reports whether a recording made with h's probe set holds what
 // v's probe set would have seen.
-func CheckView(h RecordHeader, v View) error {
-	rec := probesOf(h)
+func CheckView(h Header, v View) error {
+	rec := h.ProbeSet()
 	switch v.Probes {
 	case "", rec:
 		return nil
-	case ProbesFull, ProbesLite, ProbesAuto:
+	case correlate.ProbesFull, correlate.ProbesLite, correlate.ProbesAuto:
 	default:
-		return fmt.Errorf("probes %q: want %q, %q or %q", v.Probes, ProbesFull, ProbesLite, ProbesAuto)
+		return fmt.Errorf("probes %q: want %q, %q or %q", v.Probes, correlate.ProbesFull, correlate.ProbesLite, correlate.ProbesAuto)
 	}
 	switch {
-	case rec == ProbesFull:
-	case rec == ProbesAuto && v.Probes == ProbesLite:
-	case rec == ProbesAuto:
+	case rec == correlate.ProbesFull:
+	case rec == correlate.ProbesAuto && v.Probes == correlate.ProbesLite:
+	case rec == correlate.ProbesAuto:
 		return fmt.Errorf("the recording was made with --probes auto: it holds kernel launches only inside its windows, so it cannot be replayed as %s; replay it as auto or lite", v.Probes)
 	default:
 		return fmt.Errorf("the recording was made with --probes %s: it holds no kernel launches, so it cannot be replayed as %s; replay it as %s", rec, v.Probes, rec)
 	}
-	if v.Probes == ProbesAuto && (v.Window <= 0 || v.WarmupSteps <= 0 || v.WarmupMax <= 0) {
+	if v.Probes == correlate.ProbesAuto && (v.Window <= 0 || v.WarmupSteps <= 0 || v.WarmupMax <= 0) {
 		return fmt.Errorf("replay as auto: the warm-up window (%v, %d steps, at most %v) must be positive", v.Window, v.WarmupSteps, v.WarmupMax)
 	}
 	return nil
@@ -69,22 +70,22 @@ func CheckView(h RecordHeader, v View) error {
 // the steps the engine finds as the sidecar schedules it, then as lite,
 // and without marked launches throughout (auto marks none).
 // cfg.Probes is set from v.
-func ReplayAs(cfg Config, sink Sink, h RecordHeader, calls []Call, v View) (Summary, error) {
+func ReplayAs(cfg correlate.Config, sink correlate.Sink, h Header, calls []Call, v View) (correlate.Summary, error) {
 	return ReplayAsSeq(cfg, sink, h, slices.Values(calls), v)
 }
 
-// ReplayAsSeq is ReplayAs of calls as they come (RecordingReader.Calls).
-func ReplayAsSeq(cfg Config, sink Sink, h RecordHeader, calls iter.Seq[Call], v View) (Summary, error) {
+// ReplayAsSeq is ReplayAs of calls as they come (Reader.Calls).
+func ReplayAsSeq(cfg correlate.Config, sink correlate.Sink, h Header, calls iter.Seq[Call], v View) (correlate.Summary, error) {
 	if err := CheckView(h, v); err != nil {
-		return Summary{}, err
+		return correlate.Summary{}, err
 	}
-	rec := probesOf(h)
+	rec := h.ProbeSet()
 	if v.Probes == "" || v.Probes == rec {
 		cfg.Probes = rec
 		return ReplaySeq(cfg, sink, calls), nil
 	}
 	cfg.Probes = v.Probes
-	if v.Probes == ProbesAuto {
+	if v.Probes == correlate.ProbesAuto {
 		return (&warmup{v: v, liteFrom: -1}).replay(cfg, sink, calls), nil
 	}
 	seen := func(yield func(Call) bool) {
@@ -126,8 +127,8 @@ type warmup struct {
 	liteFrom int64 // when the per-launch probes went; -1 while attached
 }
 
-func (w *warmup) Gap(Gap) {}
-func (w *warmup) Step(st StepResult) {
+func (w *warmup) Gap(correlate.Gap) {}
+func (w *warmup) Step(st correlate.StepResult) {
 	if w.active == 0 {
 		w.active = st.End
 	}
@@ -145,8 +146,8 @@ func (w *warmup) done(now int64) bool {
 // replay runs calls through an auto engine: the window opens at the first
 // call with a time and the schedule is consulted at every Advance, the
 // sidecar's feed loop tick.
-func (w *warmup) replay(cfg Config, sink Sink, calls iter.Seq[Call]) Summary {
-	e := New(cfg, Tee{sink, w})
+func (w *warmup) replay(cfg correlate.Config, sink correlate.Sink, calls iter.Seq[Call]) correlate.Summary {
+	e := correlate.New(cfg, correlate.Tee{sink, w})
 	// The window opens at the first call with a time: the calls before it
 	// wait (a few: devices, ranks), at most maxUntimed of them.
 	const maxUntimed = 4096

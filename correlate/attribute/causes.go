@@ -1,9 +1,9 @@
-package correlate
+package attribute
 
 import "github.com/gaptrace/gaptrace/event"
 
-// baseCause maps one blocking interval to a cause, before following wakers.
-func baseCause(ev *event.Event) Cause {
+// BaseCause maps one blocking interval to a cause, before following wakers.
+func BaseCause(ev *event.Event) Cause {
 	switch ev.Kind {
 	case event.KindMemcpy, event.KindMemcpyStaged:
 		return CauseCUDAMemcpy
@@ -24,7 +24,7 @@ func baseCause(ev *event.Event) Cause {
 		switch ev.Syscall {
 		case event.SysRead:
 			switch {
-			case isFile(ev):
+			case IsFile(ev):
 				return CauseIORead
 			case ev.FDKind == event.FDSocket:
 				return CauseNet
@@ -32,7 +32,7 @@ func baseCause(ev *event.Event) Cause {
 			return CauseOther
 		case event.SysWrite:
 			switch {
-			case isFile(ev):
+			case IsFile(ev):
 				return CauseIOWrite
 			case ev.FDKind == event.FDSocket:
 				return CauseNet
@@ -61,11 +61,11 @@ func baseCause(ev *event.Event) Cause {
 // its contents: a rename (os.replace of a temporary file over a checkpoint),
 // an unlink, a truncate by path. The tracer gives it the path it named and
 // no fd.
-func pathOp(ev *event.Event) bool {
+func PathOp(ev *event.Event) bool {
 	return ev.Kind == event.KindSyscall && ev.Syscall == event.SysWrite && ev.FD < 0 && ev.Path != ""
 }
 
-func isFile(ev *event.Event) bool {
+func IsFile(ev *event.Event) bool {
 	return ev.FDKind == event.FDFile || (ev.FDKind == event.FDUnknown && len(ev.Path) > 0 && ev.Path[0] == '/')
 }
 

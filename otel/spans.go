@@ -305,6 +305,16 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 	a = peerAttributes(a, ev)
 	a = workerAttributes(a, ev)
 	a = lockAttributes(a, ev)
+	if len(ev.Children) > 0 {
+		// The child process waited for longest (cause subprocess).
+		c := ev.Children[0]
+		if c.PID != 0 {
+			a = append(a, attribute.Int64("gpu.gap.child.pid", int64(c.PID)))
+		}
+		if c.Command != "" {
+			a = append(a, attribute.String("gpu.gap.child.command", c.Command))
+		}
+	}
 	a = collectiveAttributes(a, ev.Collective)
 	if ev.SMActivity != nil {
 		a = append(a, attribute.Float64("gpu.gap.sm_activity", *ev.SMActivity))

@@ -59,6 +59,7 @@ type Attribution struct {
 	byCause  map[Cause]int64
 	files    map[fileKey]*FileEvidence
 	peers    map[string]*PeerEvidence
+	children map[uint32]*ChildEvidence
 	workers  map[uint32]*workerAcc
 	syscalls map[string]int
 	cudaNS   map[string]int64
@@ -116,6 +117,7 @@ func New(w World) *Attribution {
 		byCause:  map[Cause]int64{},
 		files:    map[fileKey]*FileEvidence{},
 		peers:    map[string]*PeerEvidence{},
+		children: map[uint32]*ChildEvidence{},
 		workers:  map[uint32]*workerAcc{},
 		syscalls: map[string]int{},
 		cudaNS:   map[string]int64{},
@@ -419,6 +421,8 @@ func (at *Attribution) segment(th *Thread, s Segment, depth int) {
 		p := at.peer(ev)
 		p.NS += ns
 		peer = p.Address
+	case CauseSubprocess:
+		at.child(ev).NS += ns
 	case CauseCUDAMemcpy, CauseCUDAAlloc, CauseComm:
 		at.cudaNS[opName(ev)] += ns
 	}
@@ -457,7 +461,20 @@ func (at *Attribution) note(th *Thread, ev *event.Event, ns int64) {
 		p := at.peer(ev)
 		p.Calls++
 		p.Bytes += bytes
+	case CauseSubprocess:
+		at.child(ev).Calls++
 	}
+}
+
+// child is the evidence entry of the child process ev waited for: wait4
+// names it and its command (the tracer, from its exec).
+func (at *Attribution) child(ev *event.Event) *ChildEvidence {
+	c := at.children[ev.ChildPID]
+	if c == nil {
+		c = &ChildEvidence{PID: ev.ChildPID, Command: ev.Path}
+		at.children[ev.ChildPID] = c
+	}
+	return c
 }
 
 // cause is BaseCause with what the open's flags or the interval's other

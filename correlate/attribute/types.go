@@ -89,8 +89,10 @@ type CollectiveEvidence struct {
 
 // Evidence is what a user can check to believe a gap's cause.
 type Evidence struct {
-	Files      []FileEvidence      `json:"files,omitempty"`
-	Peers      []PeerEvidence      `json:"peers,omitempty"`
+	Files []FileEvidence `json:"files,omitempty"`
+	Peers []PeerEvidence `json:"peers,omitempty"`
+	// Children are the child processes waited for (cause subprocess).
+	Children   []ChildEvidence     `json:"children,omitempty"`
 	Workers    []WorkerEvidence    `json:"workers,omitempty"`
 	Collective *CollectiveEvidence `json:"collective,omitempty"`
 	CUDACall   string              `json:"cuda_call,omitempty"`
@@ -178,4 +180,12 @@ type HostOp struct {
 	Start int64             `json:"start_unix_nano"`
 	End   int64             `json:"end_unix_nano"`
 	Attrs map[string]string `json:"attrs,omitempty"` // file.path, network.peer.address, ...
+}
+
+// ChildEvidence is a child process a thread waited for to end.
+type ChildEvidence struct {
+	PID     uint32 `json:"pid,omitempty"` // 0 when the wait did not say (waitid)
+	Command string `json:"command,omitempty"`
+	Calls   int    `json:"calls"`
+	NS      int64  `json:"ns"`
 }

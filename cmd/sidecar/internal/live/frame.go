@@ -130,6 +130,9 @@ func gapDetail(g *correlate.Gap) string {
 		}
 		return d
 	}
+	if cs := g.Evidence.Children; len(cs) > 0 {
+		return fmt.Sprintf("waited for child pid %d: %s", cs[0].PID, cs[0].Command)
+	}
 	if e := g.Evidence.Episode; e != nil {
 		return fmt.Sprintf("%s %s: %d copies %s, serialization %s, %d writes %s, fsync %s", e.Kind, e.File,
 			e.Copies, FormatNS(e.CopyNS), FormatNS(e.SerializeNS), e.Writes, FormatNS(e.WriteNS), FormatNS(e.FsyncNS))

@@ -19,8 +19,13 @@ const (
 	RoleWorker = attribute.RoleWorker
 )
 
-// maxGapCode bounds the code locations one gap lists.
-const maxGapCode = 5
+// maxGapCode bounds the code locations one gap lists. holderReach is how
+// far around a short lock wait a computing holder's samples are looked for
+// (a sampling period at the default rate).
+const (
+	maxGapCode  = 5
+	holderReach = int64(10e6)
+)
 
 // sample is one CPU sample kept for the gaps to come: its time and the
 // frame it is charged to.
@@ -160,6 +165,16 @@ func (s *samples) attachCode(g *Gap) {
 	for i := range g.Evidence.LockHolders {
 		h := &g.Evidence.LockHolders[i]
 		h.Code = s.code(h.TID, g.Start, g.End, RoleHolder, maxGapCode)
+		if len(h.Code) == 0 && (h.Doing == CauseCPU || h.Doing == CauseCPUContention) {
+			// A wait shorter than the sampling period often holds no
+			// sample of the holder; one that computed holding the lock
+			// (or waited for a CPU meanwhile, on a loaded machine) did
+			// so before and after the wait too: its samples around
+			// the wait, as far again on either side (at least
+			// holderReach), name that computation.
+			reach := max(g.Duration, holderReach)
+			h.Code = s.code(h.TID, g.Start-reach, g.End+reach, RoleHolder, maxGapCode)
+		}
 		g.Code = append(g.Code, h.Code...)
 	}
 	for i := range g.Evidence.Workers {

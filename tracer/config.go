@@ -51,7 +51,7 @@ type Config struct {
 const (
 	DefaultSyscallThreshold = 50 * time.Microsecond
 	DefaultRingPoll         = 20 * time.Millisecond
-	DefaultCPUSampleHz      = 99
+	DefaultCPUSampleHz      = 199
 )
 
 const (

@@ -100,8 +100,9 @@ func (s *samples) add(ev *event.Event) {
 	}
 }
 
-// code counts tid's samples in [a, b) by site, most first, at most max.
-func (s *samples) code(tid uint32, a, b int64, role string, max int) []CodeSample {
+// code counts tid's samples in [a, b) by site, most first, at most
+// maxGapCode.
+func (s *samples) code(tid uint32, a, b int64, role string) []CodeSample {
 	l := s.byTID[tid]
 	i, _ := slices.BinarySearchFunc(l, a, func(x sample, t int64) int { return cmp.Compare(x.at, t) })
 	type key struct {
@@ -123,8 +124,8 @@ func (s *samples) code(tid uint32, a, b int64, role string, max int) []CodeSampl
 		out = append(out, CodeSample{Function: k.fn, File: k.file, Line: k.line, Samples: counts[k], TID: tid, Role: role, GC: k.gc})
 	}
 	slices.SortStableFunc(out, func(x, y CodeSample) int { return cmp.Compare(y.Samples, x.Samples) })
-	if len(out) > max {
-		out = out[:max]
+	if len(out) > maxGapCode {
+		out = out[:maxGapCode]
 	}
 	return out
 }
@@ -161,10 +162,10 @@ func (s *samples) attachCode(g *Gap) {
 	if !charged && len(g.Evidence.Stack) > 0 {
 		return
 	}
-	g.Code = s.code(g.TID, g.Start, g.End, RoleFeeder, maxGapCode)
+	g.Code = s.code(g.TID, g.Start, g.End, RoleFeeder)
 	for i := range g.Evidence.LockHolders {
 		h := &g.Evidence.LockHolders[i]
-		h.Code = s.code(h.TID, g.Start, g.End, RoleHolder, maxGapCode)
+		h.Code = s.code(h.TID, g.Start, g.End, RoleHolder)
 		if len(h.Code) == 0 && (h.Doing == CauseCPU || h.Doing == CauseCPUContention) {
 			// A wait shorter than the sampling period often holds no
 			// sample of the holder; one that computed holding the lock
@@ -173,14 +174,14 @@ func (s *samples) attachCode(g *Gap) {
 			// the wait, as far again on either side (at least
 			// holderReach), name that computation.
 			reach := max(g.Duration, holderReach)
-			h.Code = s.code(h.TID, g.Start-reach, g.End+reach, RoleHolder, maxGapCode)
+			h.Code = s.code(h.TID, g.Start-reach, g.End+reach, RoleHolder)
 		}
 		g.Code = append(g.Code, h.Code...)
 	}
 	for i := range g.Evidence.Workers {
 		// A data-loader worker process computes on its main thread.
 		w := &g.Evidence.Workers[i]
-		g.Code = append(g.Code, s.code(w.PID, g.Start, g.End, RoleWorker, maxGapCode)...)
+		g.Code = append(g.Code, s.code(w.PID, g.Start, g.End, RoleWorker)...)
 	}
 	if len(g.Code) == 0 {
 		g.Code = nil

@@ -125,8 +125,8 @@ func scoreCauses(stalls []causeStall, gaps []correlate.Gap, probes string) ([]ca
 			}
 			frac := float64(ov) / float64(g.End-g.Start)
 			for c, ns := range g.Breakdown {
-				switch {
-				case c == correlate.CauseCPUContention:
+				switch c {
+				case correlate.CauseCPUContention:
 					contention += float64(ns) * frac
 				default:
 					total[st.Kind] += float64(ns) * frac

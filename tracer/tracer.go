@@ -1,10 +1,12 @@
 // Package tracer attaches gaptrace's BPF programs to a training process and
 // its descendants and delivers a stream of event.Event.
 //
-// Lifecycle: New loads every BPF object (the four objects built from
-// bpf/{cuda,nccl,syscalls,sched}.c share their maps: traced processes,
+// Lifecycle: New loads every BPF object (the five objects built from
+// bpf/{cuda,nccl,syscalls,sched,profile}.c share their maps: traced processes,
 // per-thread state, the ring buffer, the drop and short-syscall counters) and
-// attaches the tracepoints, which cost nothing until a process is traced.
+// attaches the tracepoints, which cost nothing until a process is traced,
+// and the CPU sampler (one CPU-clock perf event per CPU, Config.CPUSampleHz),
+// which keeps samples of traced processes only.
 // Trace adds a process: its tgid goes into traced_tgids (every program checks
 // that map first), and uprobes are attached, filtered to that process, on
 // the libcuda/libnccl it maps. From then on the kernel adds forked children

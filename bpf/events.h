@@ -22,6 +22,7 @@ enum event_type {
 	EV_MMAP = 7, /* an executable file mapping appeared: rescan /proc/PID/maps */
 	EV_PYSTACK = 8, /* the Python frames of the event that follows (bpf/python.h) */
 	EV_SYSCALL_PATH = 9, /* a syscall that names its file by path: syscall_path_event */
+	EV_CPU_SAMPLE = 10, /* a timer sample of a traced thread on a CPU: cpu_sample_event */
 };
 
 /* hdr.kind: the event.Kind value (event/event.go), kept numerically equal
@@ -48,6 +49,8 @@ enum event_kind {
 	/* An async copy that kept the host in the call (the driver staged
 	 * pageable memory through a pinned buffer): start_ns..ktime_ns. */
 	K_MEMCPY_STAGED = 19,
+	/* A CPU-clock timer fired while the thread ran (bpf/profile.c). */
+	K_CPU_SAMPLE = 20,
 };
 
 /* Syscall classes: event.SyscallClass values (tracer/enums_test.go checks),
@@ -82,6 +85,7 @@ enum syscall_class_bits {
 #define COMM_LEN      16
 #define STACK_SP_WORDS 8
 #define WAIT_FDS      4
+#define SAMPLE_DEPTH  32
 
 struct event_hdr {
 	__u32 type;	/* enum event_type */
@@ -162,6 +166,10 @@ struct sched_event {
 	struct event_hdr hdr;
 	__u64 start_ns;
 	__u64 waker;
+	/* K_OFFCPU: the user address whose page fault the thread was blocked
+	 * in (its user registers still stood at the faulting instruction when
+	 * it ran again), 0 when it was not blocked in a fault. */
+	__u64 fault_addr;
 	__u32 flags; /* SCHED_F_* */
 	__u32 _pad;
 };
@@ -206,6 +214,18 @@ struct fd_event {
 	__s32 fd; /* the opened fd (ret) or the closed one */
 	__u32 _pad;
 	char path[PATH_LEN];
+};
+
+/* EV_CPU_SAMPLE: the user stack of a traced thread a CPU-clock timer found
+ * running, innermost first (ips[0] is the interrupted instruction, or the
+ * return address into user code when the thread was in the kernel). The
+ * Python frames, for a CPython thread, come just before in an EV_PYSTACK
+ * record of the same thread and time. */
+struct cpu_sample_event {
+	struct event_hdr hdr;
+	__u32 depth;  /* frames in ips */
+	__u32 kernel; /* the timer fired while the thread ran in the kernel */
+	__u64 ips[SAMPLE_DEPTH];
 };
 
 #endif /* GAPTRACE_EVENTS_H */

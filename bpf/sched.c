@@ -13,6 +13,12 @@
  * that waits for a CPU after its wakeup for at least threshold_ns gets a
  * K_RUNQUEUE event from the wakeup (SCHED_F_WOKEN): a sync's wait for the
  * GPU ended there, not at its return.
+ * page_fault_user: a traced thread's latest user page fault (address and
+ * faulting instruction) is kept per thread; a K_OFFCPU block whose thread
+ * comes back with its user registers still at that instruction was spent
+ * inside the fault (reading a page of a mapped file in), and its event
+ * carries the address, which user space maps to the file. Such a block is
+ * emitted however short: each is a read.
  * sched_process_fork: children of traced processes are traced from their
  * first instruction (added to traced_tgids here, before user space knows).
  * sched_process_exit: per-thread state is dropped; the last thread of a
@@ -21,6 +27,34 @@
 #include "common.h"
 
 #define TASK_RUNNING 0
+
+/* A thread's latest user page fault. */
+struct fault {
+	__u64 addr; /* the faulting address */
+	__u64 ip;   /* the faulting instruction */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64); /* pid_tgid */
+	__type(value, struct fault);
+} faults SEC(".maps");
+
+/* The address of the fault task (id) was blocked in: its user registers
+ * stand at the instruction of its latest fault. 0 otherwise (blocked in
+ * an untraced syscall, or no fault seen). */
+static __always_inline __u64 fault_blocked(struct task_struct *task, __u64 id)
+{
+	struct fault *f = bpf_map_lookup_elem(&faults, &id);
+	if (!f)
+		return 0;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (!regs)
+		return 0;
+	__u64 ip = BPF_CORE_READ(regs, ip);
+	return ip == f->ip ? f->addr : 0;
+}
 
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -72,7 +106,11 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	} else {
 		return 0; /* blocked inside a traced syscall: its event covers it */
 	}
-	if (now - start < threshold_ns)
+	/* A block inside a page fault is a read of the page (a mapped file's,
+	 * or swap): emitted whatever its length, since a random walk through
+	 * a mapped dataset blocks tens of µs per page, each one I/O. */
+	__u64 fault = kind == K_OFFCPU ? fault_blocked(next, nid) : 0;
+	if (now - start < threshold_ns && !fault)
 		return 0;
 
 	struct sched_event *e = reserve(sizeof(*e));
@@ -81,9 +119,21 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	hdr_fill(&e->hdr, EV_SCHED, kind, nid, now);
 	e->start_ns = start;
 	e->waker = kind == K_OFFCPU ? t->waker : 0;
+	e->fault_addr = fault;
 	e->flags = flags;
 	submit(e);
 	arm_enqueue(t);
+	return 0;
+}
+
+SEC("tp_btf/page_fault_user")
+int BPF_PROG(on_page_fault_user, unsigned long address, struct pt_regs *regs, unsigned long error_code)
+{
+	__u64 id;
+	if (!enter_traced(&id))
+		return 0;
+	struct fault f = {.addr = address, .ip = regs->ip};
+	bpf_map_update_elem(&faults, &id, &f, BPF_ANY);
 	return 0;
 }
 
@@ -186,6 +236,7 @@ int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 		return 0;
 	__u32 tgid = id >> 32;
 	bpf_map_delete_elem(&threads, &id);
+	bpf_map_delete_elem(&faults, &id);
 	if (group_dead)
 		bpf_map_delete_elem(&traced_tgids, &tgid);
 	struct proc_event *e = reserve(sizeof(*e));

@@ -13,6 +13,11 @@
 //
 // # Pipeline
 //
+// CPU samples (event.KindCPUSample) skip the queue: each thread's recent
+// samples are kept apart (samples.go), move no model, and name, when a gap
+// is emitted, the code its thread, its lock holders and its data-loader
+// workers ran during it (Gap.Code).
+//
 // Events may arrive out of order across threads by up to EmitDelay. They
 // are buffered in a heap and processed in order of their end time once the
 // watermark (now - EmitDelay) passes them; a gap is therefore decided with

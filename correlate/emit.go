@@ -7,6 +7,7 @@ func (p *proc) emit(x env, g Gap) {
 	if x.set.modes != nil {
 		g.Probes = x.probesOver(g.Start, g.End)
 	}
+	x.w.samples.attachCode(&g)
 	d := x.d
 	if g.Kind == GapStall {
 		d.stalls = interval.Add(d.stalls, interval.Span{A: g.Start, B: g.End})

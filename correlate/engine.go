@@ -116,6 +116,11 @@ func (e *Engine) Event(ev event.Event) {
 		e.ranks.Add(&ev)
 		return
 	}
+	if ev.Kind == event.KindCPUSample {
+		// Kept aside for the gaps decided later: a sample moves no model.
+		e.samples.add(&ev)
+		return
+	}
 	if ev.End < ev.Start {
 		ev.End = ev.Start
 	}

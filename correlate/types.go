@@ -23,6 +23,7 @@ const (
 	CauseCPUContention = attribute.CauseCPUContention
 	CauseSleep         = attribute.CauseSleep
 	CauseLock          = attribute.CauseLock
+	CauseSubprocess    = attribute.CauseSubprocess
 	CauseOther         = attribute.CauseOther
 )
 
@@ -83,6 +84,12 @@ type Gap struct {
 	Evidence  Evidence        `json:"evidence"`
 	Ops       []HostOp        `json:"ops,omitempty"`
 	Workload  *Workload       `json:"workload,omitempty"`
+	// Code is the code CPU samples found running during the gap, for a
+	// gap charged (in part) to cpu, cpu.contention, lock or loader.wait,
+	// or without a blocking call's stack: its own thread's, each lock
+	// holder's and each data-loader worker's, most sampled first within
+	// each.
+	Code []CodeSample `json:"code,omitempty"`
 	// Probes, under the auto probe set, is the set that decided the gap:
 	// "full" inside a window of per-launch probes, else "lite". Empty under
 	// a fixed set (Summary.Probes names it).
@@ -159,6 +166,24 @@ type Summary struct {
 	// first. Like Losses, outside Summary's own encoding; the summary
 	// file writes them (step_clock).
 	StepClocks []StepClock `json:"-"`
+	// CPUCode is the code that burned the most of the gaps' CPU time
+	// ("top code in cpu gaps"): the sites of their samples, by samples;
+	// filled by the command at exit.
+	CPUCode []CodeSummary `json:"cpu_code,omitempty"`
+}
+
+// CodeSummary is one code location over every gap its samples fell in.
+type CodeSummary struct {
+	Site     string `json:"site"`
+	Function string `json:"function"`
+	File     string `json:"file,omitempty"`
+	Line     int    `json:"line,omitempty"`
+	Samples  int64  `json:"samples"`
+	Gaps     int64  `json:"gaps"`
+	// Role: "feeder", "holder" or "worker", as in the gaps (the first
+	// seen when a site ran in several).
+	Role string `json:"role"`
+	GC   bool   `json:"gc,omitempty"`
 }
 
 // Losses count what the engine received but could not use as it should,

@@ -13,6 +13,8 @@ import (
 // (attribution follows a wait to the thread or worker that ended it); only
 // the engine adds to it and forgets from it.
 type world struct {
+	// samples: every traced thread's recent CPU samples (samples.go).
+	samples samples
 	// noWindows: no device sends GPU windows (Config.NoGPUWindows).
 	noWindows bool
 	devOf     map[uint32]int

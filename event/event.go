@@ -64,11 +64,18 @@ const (
 	// direction: CUMemcpyHtoD, CUMemcpyDtoH or CUMemcpyOther (not decoded);
 	// Bytes and Stream as on the async copy.
 	KindMemcpyStaged
+	// KindCPUSample: a CPU-clock timer found the thread running (Start ==
+	// End): Stack is where it was, Python frames included, innermost
+	// first (a sample inside CPython's garbage collector has the frame
+	// "gc.collect" innermost). The tracer takes them at a fixed rate per
+	// CPU (tracer.Config.CPUSampleHz), for every thread of the traced
+	// processes; they say which code burned a gap charged to the CPU.
+	KindCPUSample
 )
 
 var kindNames = [...]string{"invalid", "enqueue", "memcpy_async", "memset", "memcpy", "sync", "alloc", "free",
 	"collective", "group_end", "syscall", "runqueue", "offcpu", "fork", "exec", "exit", "open", "close", "comm_init",
-	"memcpy_staged"}
+	"memcpy_staged", "cpu_sample"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
@@ -225,7 +232,7 @@ type Event struct {
 	PeerPID   uint32 // loopback: pid that owns the other end, when known
 	WakerPID  uint32 // for blocking events: the last thread that woke this one
 	WakerTID  uint32
-	ChildPID  uint32 // KindFork
+	ChildPID  uint32 // KindFork; a wait4 that reaped a child: the child (Path: its command line)
 	IsThread  bool   // KindFork: the child is a thread of PID
 	// Woken (KindRunqueue): the thread was blocked inside a probed CUDA/NCCL
 	// call and Start is when it was woken; it then waited for a CPU until

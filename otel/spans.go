@@ -308,11 +308,21 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 		}
 	}
 	ev := &g.Evidence
-	a = stackAttributes(a, ev)
+	a = codeAttributes(a, g)
 	a = fileAttributes(a, ev)
 	a = peerAttributes(a, ev)
 	a = workerAttributes(a, ev)
 	a = lockAttributes(a, ev)
+	if len(ev.Children) > 0 {
+		// The child process waited for longest (cause subprocess).
+		c := ev.Children[0]
+		if c.PID != 0 {
+			a = append(a, attribute.Int64("gpu.gap.child.pid", int64(c.PID)))
+		}
+		if c.Command != "" {
+			a = append(a, attribute.String("gpu.gap.child.command", c.Command))
+		}
+	}
 	a = collectiveAttributes(a, ev.Collective)
 	if ev.SMActivity != nil {
 		a = append(a, attribute.Float64("gpu.gap.sm_activity", *ev.SMActivity))
@@ -447,6 +457,10 @@ func lockAttributes(a []attribute.KeyValue, ev *correlate.Evidence) []attribute.
 		}
 		if h.Peer != "" {
 			a = append(a, attribute.String("gpu.gap.lock.holder.peer", h.Peer))
+		}
+		if len(h.Code) > 0 {
+			a = append(a, attribute.String("gpu.gap.lock.holder.code", h.Code[0].Site()),
+				attribute.Int("gpu.gap.lock.holder.code.samples", h.Code[0].Samples))
 		}
 		tids := make([]int64, len(ev.LockHolders))
 		for i, h := range ev.LockHolders {

@@ -43,6 +43,8 @@ func (t *Tracer) attachTracepoints() error {
 		{"sched_process_fork", t.sched.OnSchedProcessFork},
 		{"sched_process_exec", t.sched.OnSchedProcessExec},
 		{"sched_process_exit", t.sched.OnSchedProcessExit},
+		// Which fault an off-CPU block was in (bpf/sched.c).
+		{"page_fault_user", t.sched.OnPageFaultUser},
 	} {
 		l, err := link.AttachTracing(link.TracingOptions{Program: p.prog})
 		if err != nil {

@@ -40,13 +40,18 @@ type Config struct {
 	// 20ms: each look is a wake-up of the sidecar; events wait up to this
 	// long.
 	RingPoll time.Duration
-	Logger   *slog.Logger
+	// CPUSampleHz is how often each CPU's timer samples the traced thread
+	// running on it (its native and Python stack), default
+	// DefaultCPUSampleHz; negative turns the sampler off.
+	CPUSampleHz int
+	Logger      *slog.Logger
 }
 
 // Defaults for a zero Config field; the sidecar's options show them.
 const (
 	DefaultSyscallThreshold = 50 * time.Microsecond
 	DefaultRingPoll         = 20 * time.Millisecond
+	DefaultCPUSampleHz      = 199
 )
 
 const (
@@ -75,6 +80,9 @@ func (c Config) withDefaults() Config {
 	if c.RingPoll <= 0 {
 		c.RingPoll = DefaultRingPoll
 	}
+	if c.CPUSampleHz == 0 {
+		c.CPUSampleHz = DefaultCPUSampleHz
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -95,6 +103,9 @@ func (c Config) Validate() error {
 	}
 	if c.RingBufferBytes < 0 || c.RingBufferBytes > 1<<30 {
 		errs = append(errs, fmt.Errorf("ring buffer: %d bytes out of range (0..1GiB)", c.RingBufferBytes))
+	}
+	if c.CPUSampleHz > 10000 {
+		errs = append(errs, fmt.Errorf("cpu sample rate: %d Hz out of range (at most 10000; negative turns sampling off)", c.CPUSampleHz))
 	}
 	if c.RescanInterval < 0 {
 		errs = append(errs, fmt.Errorf("rescan interval: %v is negative", c.RescanInterval))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -373,9 +374,12 @@ func (t *Tracer) handle(d *decoded) {
 		t.fds.forgetProcess(ev.PID)
 		t.syms.forget(ev.PID)
 		t.pyForget(ev.PID)
+		t.fmaps.forget(ev.PID)
+		t.children.exec(ev.PID, ev.Path)
 		t.comms.set(ev.TID, ev.TaskComm)
 		t.requestRescan(ev.PID)
 	case ctlProcessGone:
+		t.fmaps.forget(ev.PID)
 		t.dropProcess(ev.PID)
 		t.syms.forget(ev.PID)
 		t.pyForget(ev.PID)
@@ -392,6 +396,11 @@ func (t *Tracer) handle(d *decoded) {
 			ev.FDKind = event.FDFile
 		}
 	}
+	if ev.Kind == event.KindSyscall && ev.SyscallNr == unix.SYS_WAIT4 && ev.Ret > 0 && ev.Ret <= math.MaxUint32 {
+		// A wait for a child that ended: which one, and what it ran.
+		ev.ChildPID = uint32(ev.Ret)
+		ev.Path = t.children.reaped(ev.ChildPID)
+	}
 	if ev.Kind == event.KindSyscall && ev.Syscall == event.SysOpen && ev.Ret >= 0 {
 		// A slow open: say what was opened (its fd record came first).
 		ev.FD = int32(ev.Ret)
@@ -402,11 +411,26 @@ func (t *Tracer) handle(d *decoded) {
 			t.fds.invalidate(ev.PID, ev.FD) // the peer changed
 		}
 		applyFD(ev, t.fds.resolve(ev.PID, ev.FD))
+		if ev.FDKind == event.FDPipe && ev.Syscall == event.SysWrite {
+			// Blocked writing into a pipe: its reader is who was slow.
+			ev.Path, ev.PeerPID = t.pipes.describe(ev.PID, ev.Path)
+		}
 	case ev.Kind == event.KindSyscall && d.waitSocks != 0:
 		t.waitedSocket(ev, d)
 	}
 	if ev.TaskComm == "" {
 		ev.TaskComm = t.comms.get(ev.PID, ev.TID)
+	}
+	if ev.Kind == event.KindCPUSample {
+		t.sample(ev, d)
+		return
+	}
+	if d.faultAddr != 0 {
+		// Blocked in a page fault: on a mapped file, a read of it.
+		ev.Path = t.fmaps.file(ev.PID, d.faultAddr)
+		if ev.Path != "" {
+			ev.FDKind = event.FDFile
+		}
 	}
 	if d.stackID >= 0 {
 		ev.Stack, ev.StackTruncated = t.syms.frames(ev.PID, d.stackID, t.stackIPs(ev.PID, d.stackID), d.spWords)

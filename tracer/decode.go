@@ -20,6 +20,7 @@ const (
 	evPyStack = uint32(cudaEventTypeEV_PYSTACK)
 	// evSyscallPath: a syscall record followed by the path the call named.
 	evSyscallPath = uint32(cudaEventTypeEV_SYSCALL_PATH)
+	evCPUSample   = uint32(cudaEventTypeEV_CPU_SAMPLE)
 )
 
 // Flags of sched_event and proc_event (enum sched_flags, enum proc_flags).
@@ -40,6 +41,7 @@ type (
 	rawFD      = syscallsFdEvent
 	rawSched   = schedSchedEvent
 	rawProc    = schedProcEvent
+	rawSample  = profileCpuSampleEvent
 )
 
 var recordSizes = [...]uintptr{
@@ -52,6 +54,7 @@ var recordSizes = [...]uintptr{
 	evMmap:        unsafe.Sizeof(rawHeader{}),
 	evPyStack:     unsafe.Sizeof(rawPyStack{}),
 	evSyscallPath: unsafe.Sizeof(rawSysPath{}),
+	evCPUSample:   unsafe.Sizeof(rawSample{}),
 }
 
 // maxKtime bounds CLOCK_MONOTONIC values (about 146 years of uptime) so
@@ -91,6 +94,10 @@ type decoded struct {
 	waitFDs   []int32
 	waitN     uint32
 	waitSocks uint32
+	// sampleIPs, for a CPU sample, its user stack as the record holds it;
+	// faultAddr, for an off-CPU block inside a page fault, the address.
+	sampleIPs []uint64
+	faultAddr uint64
 }
 
 // decodeError describes a record that could not be decoded; the tracer
@@ -183,6 +190,9 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.Start = startOf(r.StartNs, h.KtimeNs, ev.End)
 		ev.WakerPID, ev.WakerTID = uint32(r.Waker>>32), uint32(r.Waker)
 		ev.Woken = ev.Kind == event.KindRunqueue && r.Flags&schedFlagWoken != 0
+		if ev.Kind == event.KindOffCPU {
+			d.faultAddr = r.FaultAddr
+		}
 		d.emit = true
 	case evProc:
 		return decodeProc(rec, h, d)
@@ -192,6 +202,14 @@ func decodeRecord(rec []byte, d *decoded) error {
 		d.ctl = ctlRescan
 	case evPyStack:
 		d.pyStack = rec
+	case evCPUSample:
+		r := (*rawSample)(unsafe.Pointer(&rec[0]))
+		if ev.Kind != event.KindCPUSample || r.Depth > uint32(len(r.Ips)) {
+			return fmt.Errorf("decode cpu sample record: kind %d depth %d out of range", h.Kind, r.Depth)
+		}
+		ev.Start = ev.End
+		d.sampleIPs = r.Ips[:r.Depth]
+		d.emit = true
 	}
 	return nil
 }

@@ -22,6 +22,7 @@ const (
 	RecPyStack                    // the Python frames of the event after it
 	RecFD                         // an open or close, for the fd cache
 	RecProc                       // fork, exec, exit, executable mapping
+	RecSample                     // a CPU sample of a running thread
 	RecOther                      // a record that did not decode
 	recKinds
 )
@@ -29,7 +30,7 @@ const (
 var recordKindNames = [recKinds]string{
 	RecLaunch: "cuda.launch", RecCUDA: "cuda.call", RecNCCL: "nccl", RecFutex: "syscall.futex",
 	RecSyscall: "syscall", RecRunqueue: "sched.runqueue", RecOffCPU: "sched.offcpu",
-	RecPyStack: "python.stack", RecFD: "fd", RecProc: "proc", RecOther: "undecodable",
+	RecPyStack: "python.stack", RecFD: "fd", RecProc: "proc", RecSample: "cpu.sample", RecOther: "undecodable",
 }
 
 func (k RecordKind) String() string {
@@ -71,6 +72,8 @@ func recordKind(rec []byte) RecordKind {
 		return RecFD
 	case evProc, evMmap:
 		return RecProc
+	case evCPUSample:
+		return RecSample
 	}
 	return RecOther
 }

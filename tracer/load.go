@@ -74,6 +74,7 @@ func (t *Tracer) load() error {
 		{"nccl", loadNccl, &t.nccl},
 		{"syscalls", loadSyscalls, &t.sys},
 		{"sched", loadSched, &t.sched},
+		{"profile", loadProfile, &t.prof},
 	}
 	pidns, err := pidNamespace(procRoot)
 	if err != nil {

@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type schedFault struct {
+	_    structs.HostLayout
+	Addr uint64
+	Ip   uint64
+}
+
 type schedProcEvent struct {
 	_   structs.HostLayout
 	Hdr struct {
@@ -46,10 +52,11 @@ type schedSchedEvent struct {
 		PidTgid uint64
 		KtimeNs uint64
 	}
-	StartNs uint64
-	Waker   uint64
-	Flags   uint32
-	Pad     uint32
+	StartNs   uint64
+	Waker     uint64
+	FaultAddr uint64
+	Flags     uint32
+	Pad       uint32
 }
 
 type schedSchedFlags uint32
@@ -99,11 +106,13 @@ type schedThreadState struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	schedMapEvents                 = "events"
+	schedMapFaults                 = "faults"
 	schedMapRingDrops              = "ring_drops"
 	schedMapShortCalls             = "short_calls"
 	schedMapThreads                = "threads"
 	schedMapTracedTgids            = "traced_tgids"
 	schedMapUserStacks             = "user_stacks"
+	schedProgOnPageFaultUser       = "on_page_fault_user"
 	schedProgOnSchedProcessExec    = "on_sched_process_exec"
 	schedProgOnSchedProcessExit    = "on_sched_process_exit"
 	schedProgOnSchedProcessFork    = "on_sched_process_fork"
@@ -174,6 +183,7 @@ type schedSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type schedProgramSpecs struct {
+	OnPageFaultUser    *ebpf.ProgramSpec `ebpf:"on_page_fault_user"`
 	OnSchedProcessExec *ebpf.ProgramSpec `ebpf:"on_sched_process_exec"`
 	OnSchedProcessExit *ebpf.ProgramSpec `ebpf:"on_sched_process_exit"`
 	OnSchedProcessFork *ebpf.ProgramSpec `ebpf:"on_sched_process_fork"`
@@ -187,6 +197,7 @@ type schedProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type schedMapSpecs struct {
 	Events      *ebpf.MapSpec `ebpf:"events"`
+	Faults      *ebpf.MapSpec `ebpf:"faults"`
 	RingDrops   *ebpf.MapSpec `ebpf:"ring_drops"`
 	ShortCalls  *ebpf.MapSpec `ebpf:"short_calls"`
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
@@ -241,6 +252,7 @@ func (o *schedObjects) Close() error {
 // It can be passed to loadSchedObjects or ebpf.CollectionSpec.LoadAndAssign.
 type schedMaps struct {
 	Events      *ebpf.Map `ebpf:"events"`
+	Faults      *ebpf.Map `ebpf:"faults"`
 	RingDrops   *ebpf.Map `ebpf:"ring_drops"`
 	ShortCalls  *ebpf.Map `ebpf:"short_calls"`
 	Threads     *ebpf.Map `ebpf:"threads"`
@@ -251,6 +263,7 @@ type schedMaps struct {
 func (m *schedMaps) Close() error {
 	return _SchedClose(
 		m.Events,
+		m.Faults,
 		m.RingDrops,
 		m.ShortCalls,
 		m.Threads,
@@ -289,6 +302,7 @@ type schedVariables struct {
 //
 // It can be passed to loadSchedObjects or ebpf.CollectionSpec.LoadAndAssign.
 type schedPrograms struct {
+	OnPageFaultUser    *ebpf.Program `ebpf:"on_page_fault_user"`
 	OnSchedProcessExec *ebpf.Program `ebpf:"on_sched_process_exec"`
 	OnSchedProcessExit *ebpf.Program `ebpf:"on_sched_process_exit"`
 	OnSchedProcessFork *ebpf.Program `ebpf:"on_sched_process_fork"`
@@ -299,6 +313,7 @@ type schedPrograms struct {
 
 func (p *schedPrograms) Close() error {
 	return _SchedClose(
+		p.OnPageFaultUser,
 		p.OnSchedProcessExec,
 		p.OnSchedProcessExit,
 		p.OnSchedProcessFork,

@@ -81,6 +81,10 @@ var tracedSyscalls = []tracedSyscall{
 	{"openat", unix.SYS_OPENAT, uint32(event.SysOpen)},
 	{"close", unix.SYS_CLOSE, uint32(event.SysClose)},
 	{"mmap", unix.SYS_MMAP, classMmap},
+	// Waiting for a child process (subprocess.run, os.system): the
+	// returned pid names the child, whose exec says what it ran.
+	{"wait4", unix.SYS_WAIT4, uint32(event.SysOther)},
+	{"waitid", unix.SYS_WAITID, uint32(event.SysOther)},
 }
 
 var syscallNames = func() map[int]string {

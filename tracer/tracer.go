@@ -1,10 +1,12 @@
 // Package tracer attaches gaptrace's BPF programs to a training process and
 // its descendants and delivers a stream of event.Event.
 //
-// Lifecycle: New loads every BPF object (the four objects built from
-// bpf/{cuda,nccl,syscalls,sched}.c share their maps: traced processes,
+// Lifecycle: New loads every BPF object (the five objects built from
+// bpf/{cuda,nccl,syscalls,sched,profile}.c share their maps: traced processes,
 // per-thread state, the ring buffer, the drop and short-syscall counters) and
-// attaches the tracepoints, which cost nothing until a process is traced.
+// attaches the tracepoints, which cost nothing until a process is traced,
+// and the CPU sampler (one CPU-clock perf event per CPU, Config.CPUSampleHz),
+// which keeps samples of traced processes only.
 // Trace adds a process: its tgid goes into traced_tgids (every program checks
 // that map first), and uprobes are attached, filtered to that process, on
 // the libcuda/libnccl it maps. From then on the kernel adds forked children
@@ -75,6 +77,7 @@ type Tracer struct {
 	nccl   ncclObjects
 	sys    syscallsObjects
 	sched  schedObjects
+	prof   profileObjects
 	tps    []link.Link // tracepoints, in attach order
 	reader recordReader
 
@@ -82,6 +85,10 @@ type Tracer struct {
 	comms *taskComms
 	syms  *symbolizer
 	py    *pyStacks
+	fmaps *fileMaps // page faults: address → mapped file
+	pipes *pipeReaders
+	// children: what each traced process exec'd, for waits on it.
+	children *childCommands
 	// multi: uprobes are attached as one uprobe_multi link per program and
 	// process instead of one perf-event link per function. Decided once at
 	// load; it matters because every single uprobe costs an RCU grace
@@ -163,6 +170,9 @@ func New(cfg Config) (*Tracer, error) {
 		comms:       &taskComms{procRoot: procRoot},
 		syms:        newSymbolizer(),
 		py:          newPyStacks(),
+		fmaps:       newFileMaps(),
+		pipes:       newPipeReaders(),
+		children:    newChildCommands(),
 		procs:       make(map[uint32]*procState),
 		missingSeen: make(map[string]bool),
 		roots:       make(map[uint32]bool),
@@ -178,6 +188,9 @@ func New(cfg Config) (*Tracer, error) {
 		return nil, errors.Join(err, t.closeObjects())
 	}
 	if err := t.attachTracepoints(); err != nil {
+		return nil, errors.Join(err, closeLinksParallel(t.tps), t.closeObjects())
+	}
+	if err := t.attachSampler(); err != nil {
 		return nil, errors.Join(err, closeLinksParallel(t.tps), t.closeObjects())
 	}
 	rd, err := ringbuf.NewReader(t.shared[cudaMapEvents])
@@ -200,6 +213,6 @@ func New(cfg Config) (*Tracer, error) {
 	}
 	t.log.Info("tracer loaded", "probes", string(cfg.Probes), "syscall_threshold", cfg.SyscallThreshold,
 		"ring_buffer_bytes", ringSize(cfg.RingBufferBytes), "tracepoints", len(t.tpInfo), "uprobes", uprobeMode,
-		"pid_namespace", pidnsName(t.pidns))
+		"pid_namespace", pidnsName(t.pidns), "cpu_sample_hz", max(cfg.CPUSampleHz, 0))
 	return t, nil
 }

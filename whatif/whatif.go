@@ -52,6 +52,7 @@ var fixes = map[correlate.Cause]string{
 	correlate.CauseCPUContention: "give the trainer its own cores (fewer threads, CPU pinning)",
 	correlate.CauseSleep:         "remove sleeps from the training loop",
 	correlate.CauseLock:          "move work off threads that hold the GIL or the lock",
+	correlate.CauseSubprocess:    "run the subprocess in the background (Popen) or off the training loop",
 	correlate.CauseOther:         "unattributed: read the gaps' evidence",
 }
 

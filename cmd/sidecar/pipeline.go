@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -215,6 +216,7 @@ func (p *pipeline) openTracer(pc cli.PipelineConfig) (tracer.LaunchToggle, error
 		LibCUDA:          cfg.CUDALib,
 		LibNCCL:          cfg.NCCLLib,
 		RingPoll:         cfg.RingPoll,
+		CPUSampleHz:      cmp.Or(cfg.CPUSampleHz, -1), // 0: off
 		Logger:           pc.Logger,
 	})
 	if err != nil {

@@ -58,6 +58,7 @@ type Attribution struct {
 	byCause  map[Cause]int64
 	files    map[fileKey]*FileEvidence
 	peers    map[string]*PeerEvidence
+	children map[uint32]*ChildEvidence
 	workers  map[uint32]*workerAcc
 	syscalls map[string]int
 	cudaNS   map[string]int64
@@ -114,6 +115,7 @@ func New() *Attribution {
 		byCause:  map[Cause]int64{},
 		files:    map[fileKey]*FileEvidence{},
 		peers:    map[string]*PeerEvidence{},
+		children: map[uint32]*ChildEvidence{},
 		workers:  map[uint32]*workerAcc{},
 		syscalls: map[string]int{},
 		cudaNS:   map[string]int64{},
@@ -420,6 +422,8 @@ func (at *Attribution) segment(world World, th *Thread, s Segment, depth int) {
 		p := at.peer(world, ev)
 		p.NS += ns
 		peer = p.Address
+	case CauseSubprocess:
+		at.child(ev).NS += ns
 	case CauseCUDAMemcpy, CauseCUDAAlloc, CauseComm:
 		at.cudaNS[opName(ev)] += ns
 	}
@@ -458,7 +462,20 @@ func (at *Attribution) note(world World, th *Thread, ev *event.Event, ns int64) 
 		p := at.peer(world, ev)
 		p.Calls++
 		p.Bytes += bytes
+	case CauseSubprocess:
+		at.child(ev).Calls++
 	}
+}
+
+// child is the evidence entry of the child process ev waited for: wait4
+// names it and its command (the tracer, from its exec).
+func (at *Attribution) child(ev *event.Event) *ChildEvidence {
+	c := at.children[ev.ChildPID]
+	if c == nil {
+		c = &ChildEvidence{PID: ev.ChildPID, Command: ev.Path}
+		at.children[ev.ChildPID] = c
+	}
+	return c
 }
 
 // cause is BaseCause with what the open's flags or the interval's other

@@ -36,6 +36,11 @@ func BaseCause(ev *event.Event) Cause {
 				return CauseIOWrite
 			case ev.FDKind == event.FDSocket:
 				return CauseNet
+			case ev.FDKind == event.FDPipe:
+				// Writing into a pipe blocks while its reader lags
+				// (stdout into a log collector): where the logs go is
+				// what changes it; the tracer names the reader.
+				return CauseIOWrite
 			}
 			return CauseOther
 		case event.SysFsync:
@@ -51,6 +56,10 @@ func BaseCause(ev *event.Event) Cause {
 			return CauseOther
 		case event.SysSleep:
 			return CauseSleep
+		case event.SysOther:
+			if isChildWait(ev) {
+				return CauseSubprocess
+			}
 		}
 		return CauseOther
 	}
@@ -131,4 +140,10 @@ func opName(ev *event.Event) string {
 		return ev.CUDA.String()
 	}
 	return ev.Kind.String()
+}
+
+// isChildWait reports whether ev is a wait for a child process to end
+// (subprocess.run and os.system wait in wait4; waitid).
+func isChildWait(ev *event.Event) bool {
+	return ev.Kind == event.KindSyscall && (ev.Name == "wait4" || ev.Name == "waitid")
 }

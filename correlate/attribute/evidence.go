@@ -87,6 +87,18 @@ func (at *Attribution) filesAndPeers(ev *Evidence) {
 	if len(ev.Peers) > maxPeers {
 		ev.Peers = ev.Peers[:maxPeers]
 	}
+	for _, c := range at.children {
+		ev.Children = append(ev.Children, *c)
+	}
+	sort.Slice(ev.Children, func(i, j int) bool {
+		if ev.Children[i].NS != ev.Children[j].NS {
+			return ev.Children[i].NS > ev.Children[j].NS
+		}
+		return ev.Children[i].PID < ev.Children[j].PID
+	})
+	if len(ev.Children) > maxPeers {
+		ev.Children = ev.Children[:maxPeers]
+	}
 }
 
 // workerEvidence says what each loader worker waited on did, by pid.
@@ -207,7 +219,16 @@ func (at *Attribution) hostOps() []HostOp {
 func HostOpOf(ev *event.Event, tid uint32) HostOp {
 	op := HostOp{Name: opName(ev), TID: tid, Start: ev.Start, End: ev.End}
 	attrs := map[string]string{}
-	if ev.Path != "" {
+	switch {
+	case isChildWait(ev):
+		// The child waited for, and what it ran.
+		if ev.ChildPID != 0 {
+			attrs["process.child.pid"] = strconv.FormatUint(uint64(ev.ChildPID), 10)
+		}
+		if ev.Path != "" {
+			attrs["process.command_line"] = ev.Path
+		}
+	case ev.Path != "":
 		attrs["file.path"] = ev.Path
 	}
 	if ev.PeerAddr != "" {

@@ -18,13 +18,17 @@ const (
 	CauseSleep         Cause = "sleep"
 	// CauseLock: the feeder waited on a lock (a mutex, the CPython GIL)
 	// that another thread of its process held while computing.
-	CauseLock  Cause = "lock"
-	CauseOther Cause = "other"
+	CauseLock Cause = "lock"
+	// CauseSubprocess: the feeder waited for a child process to end
+	// (subprocess.run, os.system: wait4, waitid); evidence: the child's
+	// command.
+	CauseSubprocess Cause = "subprocess"
+	CauseOther      Cause = "other"
 )
 
 // Causes lists every cause in display order.
 var Causes = []Cause{CauseIORead, CauseLoaderWait, CauseIOWrite, CauseNet, CauseComm, CauseCUDAMemcpy,
-	CauseCUDAAlloc, CauseCPU, CauseCPUContention, CauseSleep, CauseLock, CauseOther}
+	CauseCUDAAlloc, CauseCPU, CauseCPUContention, CauseSleep, CauseLock, CauseSubprocess, CauseOther}
 
 // FileEvidence is one file a blocked thread read or wrote during a gap.
 type FileEvidence struct {
@@ -85,8 +89,10 @@ type CollectiveEvidence struct {
 
 // Evidence is what a user can check to believe a gap's cause.
 type Evidence struct {
-	Files      []FileEvidence      `json:"files,omitempty"`
-	Peers      []PeerEvidence      `json:"peers,omitempty"`
+	Files []FileEvidence `json:"files,omitempty"`
+	Peers []PeerEvidence `json:"peers,omitempty"`
+	// Children are the child processes waited for (cause subprocess).
+	Children   []ChildEvidence     `json:"children,omitempty"`
 	Workers    []WorkerEvidence    `json:"workers,omitempty"`
 	Collective *CollectiveEvidence `json:"collective,omitempty"`
 	CUDACall   string              `json:"cuda_call,omitempty"`
@@ -162,6 +168,8 @@ type LockHolderEvidence struct {
 	Doing Cause  `json:"doing,omitempty"`
 	File  string `json:"file,omitempty"`
 	Peer  string `json:"peer,omitempty"`
+	// Code is where CPU samples found it while the waiter waited.
+	Code []CodeSample `json:"code,omitempty"`
 }
 
 // HostOp is a host operation that explains a gap; otel/ turns each into a
@@ -172,4 +180,12 @@ type HostOp struct {
 	Start int64             `json:"start_unix_nano"`
 	End   int64             `json:"end_unix_nano"`
 	Attrs map[string]string `json:"attrs,omitempty"` // file.path, network.peer.address, ...
+}
+
+// ChildEvidence is a child process a thread waited for to end.
+type ChildEvidence struct {
+	PID     uint32 `json:"pid,omitempty"` // 0 when the wait did not say (waitid)
+	Command string `json:"command,omitempty"`
+	Calls   int    `json:"calls"`
+	NS      int64  `json:"ns"`
 }

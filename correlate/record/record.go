@@ -343,7 +343,7 @@ func Check(c *Call) error {
 	switch {
 	case c.Ev != nil:
 		ev := c.Ev
-		if ev.Kind == event.KindInvalid || ev.Kind > event.KindMemcpyStaged {
+		if ev.Kind == event.KindInvalid || ev.Kind > event.KindCPUSample {
 			return fmt.Errorf("event kind %d out of range", ev.Kind)
 		}
 		if ev.Kind == event.KindCommInit && (ev.Count > uint64(ranks.MaxRanks) || ev.PeerRank < -1 || ev.PeerRank >= ranks.MaxRanks) {

@@ -71,6 +71,9 @@ def parse_args():
     p.add_argument("--data-dir", default=".", help="where read_batch keeps its data file")
     p.add_argument("--peer", help="HOST:PORT of the server fetch_remote asks (it answers a line of ms after as many ms)")
     p.add_argument("--pageable", action="store_true", help="copy_pageable takes its turn among the stalls")
+    p.add_argument("--causes", action="store_true",
+                   help="only the stalls of pycauses.py take turns: Python on the main thread, a pipe with a slow "
+                   "reader, a subprocess, cold pages of a mapped file, gc.collect")
     p.add_argument("--hang-at", type=int, default=0, help="step N hangs for good (0: none)")
     p.add_argument("--hang-kind", choices=("loader", "stream"), default="loader",
                    help="how step --hang-at hangs: a deadlocked loader worker, or a stream that never drains")
@@ -202,8 +205,16 @@ class Stalls:
     CHUNK = 1 << 20
     PAGEABLE_BYTES = 4 << 20
 
-    def __init__(self, ms, data_dir, peer, drv, pageable):
+    def __init__(self, ms, data_dir, peer, drv, pageable, causes=False):
         self.ms, self.ns = ms, ms * 1000000
+        self.file = __file__
+        if causes:
+            import pycauses
+            self.more = pycauses.Causes(ms, data_dir)
+            self.kinds, self.file = self.more.kinds, pycauses.__file__
+            self.n = 0
+            return
+        self.more = None
         self.path = os.path.join(data_dir, "pytrain-data.bin")
         with open(self.path, "wb") as f:
             f.write(os.urandom(self.DATA_BYTES))
@@ -263,10 +274,25 @@ class Stalls:
     def run(self, truth, step):
         kind, fn = self.kinds[self.n % len(self.kinds)]
         self.n += 1
-        start = time.time_ns()
-        function, line = fn()
+        sched_fd = getattr(self, "sched_fd", None)
+        if sched_fd is None:
+            try:
+                sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                sched_fd = -1
+            self.sched_fd = sched_fd
+        start, rd0 = time.time_ns(), run_delay_ns(sched_fd)
+        site = fn()
+        function, line = site[:2]
+        if len(site) > 2:
+            start = site[2]  # the stall proper began after its setup
         truth.write({"type": "stall", "kind": kind, "step": step, "start": start, "end": time.time_ns(),
-                     "function": function, "file": __file__, "line": line, "tid": threading.get_native_id()})
+                     "function": function, "file": self.file, "line": line, "tid": threading.get_native_id(),
+                     "run_delay_ns": run_delay_ns(sched_fd) - rd0})
+
+    def close(self):
+        if self.more is not None:
+            self.more.close()
 
 
 class Truth:
@@ -339,7 +365,7 @@ def main():
     truth = Truth(a.truth)
     requests, stop, idle = threading.Event(), threading.Event(), threading.Event()
     idle.set()
-    stalls = Stalls(a.stall_ms, a.data_dir, a.peer, drv, a.pageable) if a.stall_every else None
+    stalls = Stalls(a.stall_ms, a.data_dir, a.peer, drv, a.pageable, a.causes) if a.stall_every else None
     held = (threading.Lock(), threading.Event()) if a.burst_kind == "mutex-sleep" else None
     bg = threading.Thread(target=background, args=(truth, requests, stop, idle, held), name="pytrain-bg", daemon=True)
     bg.start()
@@ -382,6 +408,8 @@ def main():
     stop.set()
     requests.set()
     bg.join()
+    if stalls:
+        stalls.close()
     truth.write({"type": "end", "steps": step})
     truth.close()
     print("pytrain: %d steps" % step)

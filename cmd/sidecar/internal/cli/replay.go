@@ -140,6 +140,7 @@ func replayCmd(args []string, deps Deps) int {
 	}
 	sum.Processes = procs.list()
 	sum.CallSites = agg.CallSites(maxSummaryCallSites)
+	sum.CPUCode = agg.CPUCode(maxSummaryCallSites)
 	if *sumOut != "" {
 		errs = append(errs, writeSummaryJSON(*sumOut, sum, wi.Estimates(), &stepIdle))
 	}

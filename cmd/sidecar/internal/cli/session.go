@@ -195,6 +195,7 @@ func (s *session) finish() error {
 	}
 	sum.Processes = s.procs.list()
 	sum.CallSites = s.agg.CallSites(maxSummaryCallSites)
+	sum.CPUCode = s.agg.CPUCode(maxSummaryCallSites)
 	s.sum = sum
 	title := s.title
 	if w := where(sum.Processes); w != "" {

@@ -85,6 +85,7 @@ type Config struct {
 	NVMLLib          string        // libnvidia-ml path override
 	CUDAWait         time.Duration // attach --pid: fail when no libcuda appears in the target within this (0: never fail)
 	RingPoll         time.Duration // how often the event reader looks at the ring buffer on its own
+	CPUSampleHz      int           // CPU samples per second per CPU; 0: off
 	HangAfter        time.Duration // a call in flight this long without progress is a hang
 	StepAt           string        // declared step site: FILE:LINE or a function name ("": found)
 
@@ -138,6 +139,7 @@ func Defaults(cmd Command) Config {
 		MinGap:           correlate.DefaultMinGap,
 		CUDAWait:         DefaultCUDAWait,
 		RingPoll:         tracer.DefaultRingPoll,
+		CPUSampleHz:      tracer.DefaultCPUSampleHz,
 		HangAfter:        hang.DefaultAfter,
 		ServiceName:      otel.DefaultServiceName,
 		Rank:             -1,

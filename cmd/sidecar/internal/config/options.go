@@ -57,6 +57,20 @@ func durationVar(dst func(*Config) *time.Duration) binding {
 	}
 }
 
+func intVar(dst func(*Config) *int) binding {
+	return binding{
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("not a whole number: %q", v)
+			}
+			*dst(c) = n
+			return nil
+		},
+		get: func(c *Config) string { return strconv.Itoa(*dst(c)) },
+	}
+}
+
 func stringVar(dst func(*Config) *string) binding {
 	return binding{
 		set: func(c *Config, v string) error { *dst(c) = v; return nil },
@@ -100,6 +114,8 @@ var options = []option{
 			},
 			get: func(c *Config) string { return c.StepAt },
 		}},
+	{name: "cpu-sample-hz", usage: "how often per second each CPU samples the traced thread running on it (native and Python stack), to name the code that burned the gaps charged to the CPU or a lock; 0 turns sampling off",
+		binding: intVar(func(c *Config) *int { return &c.CPUSampleHz })},
 	{name: "min-gap", usage: "GPU idle gaps shorter than this are accounted per step instead of reported one by one",
 		binding: durationVar(func(c *Config) *time.Duration { return &c.MinGap })},
 	{name: "hang-after", usage: "report a hang when a traced thread stays this long in one CUDA sync, collective wait or blocking syscall while its process makes no progress on the GPU",

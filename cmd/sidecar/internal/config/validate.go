@@ -60,6 +60,9 @@ func (c *Config) validate(rest []string) Problems {
 	if c.HangAfter < time.Second || c.HangAfter > 24*time.Hour {
 		p = append(p, fmt.Sprintf("--hang-after %s: want 1s to 24h (checked once a second)", c.HangAfter))
 	}
+	if c.CPUSampleHz < 0 || c.CPUSampleHz > 1000 {
+		p = append(p, fmt.Sprintf("--cpu-sample-hz %d: want 0 (off) to 1000", c.CPUSampleHz))
+	}
 	if c.RingPoll < time.Millisecond || c.RingPoll > 200*time.Millisecond {
 		p = append(p, fmt.Sprintf("--ring-poll %s: want 1ms to 200ms (gaps are emitted within a second)", c.RingPoll))
 	}

@@ -32,6 +32,7 @@ func Frame(v View, width int) string {
 	writeWhatIf(&b, v)
 	writeEvidence(&b, v, width)
 	writeSites(&b, v, width)
+	writeCode(&b, v, width)
 	if v.CPUPct >= 0 {
 		fmt.Fprintf(&b, "gaptrace itself: %.1f%% of a core · %s peak resident · %.0f events/s\n",
 			v.CPUPct, FormatBytes(uint64(max(0, v.Stats.RSSBytes))), v.EventsPerSec)
@@ -61,6 +62,9 @@ func Frame(v View, width int) string {
 		if hs := g.Evidence.LockHolders; len(hs) > 0 {
 			b.WriteString("  " + trimRight(Escape(holderLine(hs[0])), max(20, width-2)) + "\n")
 		}
+		if l := codeLine(g); l != "" {
+			b.WriteString("  " + trimRight(Escape(l), max(20, width-2)) + "\n")
+		}
 	}
 	return b.String()
 }
@@ -88,7 +92,30 @@ func holderLine(h correlate.LockHolderEvidence) string {
 	case h.Peer != "":
 		d += " with " + h.Peer
 	}
+	if len(h.Code) > 0 {
+		d += fmt.Sprintf(", in %s (%d samples)", h.Code[0].Site(), h.Code[0].Samples)
+	}
 	return d
+}
+
+// codeLine names the code the samples found running in a gap: "code:
+// train.py:88 collate (6 samples), gc.collect (3)".
+func codeLine(g *correlate.Gap) string {
+	var parts []string
+	for _, c := range g.Code {
+		if c.Role != correlate.RoleFeeder || len(parts) == 3 {
+			continue
+		}
+		site := c.Site()
+		if c.GC {
+			site += " in gc.collect"
+		}
+		parts = append(parts, fmt.Sprintf("%s (%d samples)", site, c.Samples))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "code: " + strings.Join(parts, ", ")
 }
 
 // gapDetail is the one line that says what a gap's copy or host operation
@@ -103,6 +130,9 @@ func gapDetail(g *correlate.Gap) string {
 			d += ": " + c.Fix
 		}
 		return d
+	}
+	if cs := g.Evidence.Children; len(cs) > 0 {
+		return fmt.Sprintf("waited for child pid %d: %s", cs[0].PID, cs[0].Command)
 	}
 	if e := g.Evidence.Episode; e != nil {
 		return fmt.Sprintf("%s %s: %d copies %s, serialization %s, %d writes %s, fsync %s", e.Kind, e.File,

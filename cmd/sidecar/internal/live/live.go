@@ -95,7 +95,10 @@ type Aggregator struct {
 	// sites: idle time by call site (sites.go), bounded like files.
 	sites      map[string]*siteAgg
 	otherSites otherAgg
-	whatIf     func() []whatif.Estimate
+	// code: CPU samples in gaps by site (code.go), bounded like sites.
+	code      map[string]*correlate.CodeSummary
+	otherCode otherAgg
+	whatIf    func() []whatif.Estimate
 }
 
 // maxTracked bounds the files and the peers the view keeps by name.
@@ -193,6 +196,7 @@ func (a *Aggregator) Gap(g correlate.Gap) {
 		pa.calls += p.Calls
 	}
 	a.addSite(&g)
+	a.addCode(&g)
 	gc := g
 	a.lastGap = &gc
 }

@@ -47,5 +47,8 @@ func LogLine(v View) string {
 	if len(v.TopSites) > 0 {
 		fmt.Fprintf(&b, " top_site=%s", logValue(v.TopSites[0].Name))
 	}
+	if len(v.TopCode) > 0 {
+		fmt.Fprintf(&b, " top_cpu_code=%s", logValue(v.TopCode[0].Name))
+	}
 	return b.String()
 }

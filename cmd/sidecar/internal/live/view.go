@@ -79,8 +79,11 @@ type View struct {
 	// TopSites are the call sites with the most idle time (Note: gaps
 	// and causes).
 	TopSites []TopItem
-	LastGap  *correlate.Gap
-	Stats    Stats
+	// TopCode are the sites CPU samples found most often in gaps charged
+	// to the CPU, a lock or a loader's work (Note: samples and gaps).
+	TopCode []TopItem
+	LastGap *correlate.Gap
+	Stats   Stats
 	// Losses: what the engine got but could not use in full (late and
 	// forced events, dropped intervals, incomplete steps, gaps after their
 	// step), from its latest snapshot.
@@ -190,6 +193,9 @@ func (a *Aggregator) View(title string) View {
 	v.TopPeers, v.OtherPeers = topAndRest(v.TopPeers, 3, a.otherPeers, "peers")
 	for _, cs := range a.topSites(3) {
 		v.TopSites = append(v.TopSites, siteItem(cs))
+	}
+	for _, cs := range a.topCode(3) {
+		v.TopCode = append(v.TopCode, codeItem(cs))
 	}
 	if a.lastGap != nil {
 		g := *a.lastGap

@@ -35,6 +35,10 @@ const (
 	PeerDone
 	// PeerGone: process PID exited; its communicators are gone.
 	PeerGone
+	// PeerProc: process PID's state since At (State, and WChan, File,
+	// Exit where they apply), for the hang reports of the other sidecars;
+	// engines ignore it (peerproc.go).
+	PeerProc
 )
 
 // PeerRecord is one change to a communicator of a process traced by
@@ -52,6 +56,11 @@ type PeerRecord struct {
 	First    int64    `json:"f,omitempty"`
 	From     int64    `json:"b,omitempty"`
 	Sig      uint64   `json:"g,omitempty"`
+	// PeerProc's: the process state and what it waits on (peerproc.go).
+	State string `json:"st,omitempty"`
+	WChan string `json:"w,omitempty"`
+	File  string `json:"fl,omitempty"`
+	Exit  string `json:"x,omitempty"`
 }
 
 // Shift moves the record's times by d nanoseconds (from one host's clock
@@ -118,6 +127,9 @@ func (r *PeerRecord) Check() error {
 		}
 		return nil
 	}
+	if r.Kind != PeerProc && r.State+r.WChan+r.File+r.Exit != "" {
+		return fmt.Errorf("peer record: kind %d carries a process state", r.Kind)
+	}
 	switch r.Kind {
 	case PeerComm:
 		switch {
@@ -135,6 +147,8 @@ func (r *PeerRecord) Check() error {
 		return errors.Join(inSeq(), inTime("completion time", r.At), inTime("sync start", r.From))
 	case PeerGone:
 		return nil
+	case PeerProc:
+		return errors.Join(inTime("state time", r.At), r.checkProc())
 	}
 	return fmt.Errorf("peer record: unknown kind %d", r.Kind)
 }
@@ -222,7 +236,7 @@ func (w *world) mirrored(pid uint32) bool {
 
 // peer applies one record of sidecar from.
 func (w *world) peer(from string, r *PeerRecord) {
-	if r.Check() != nil {
+	if r.Kind == PeerProc || r.Check() != nil {
 		return
 	}
 	pid, ok := w.mirrorPID(from, r.PID)

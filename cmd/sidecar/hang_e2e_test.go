@@ -472,7 +472,7 @@ func TestHangStreamNeverDrains(t *testing.T) {
 // TestHangRankStoppedPeers: one gaptrace per rank, sharing their ranks'
 // collectives through --peers. Rank 1 stops; rank 0's sidecar, which does
 // not see rank 1's process, names it from the other sidecar's records:
-// its rank, its sidecar and its last collective.
+// its rank, pid, host, state (stopped), sidecar and last collective.
 func TestHangRankStoppedPeers(t *testing.T) {
 	need(t)
 	dir, tl := t.TempDir(), t.TempDir()
@@ -511,12 +511,19 @@ func TestHangRankStoppedPeers(t *testing.T) {
 	}
 	r := awaitHang(t, ps[0], filepath.Join(dir, "gaps0.jsonl"), hangAfter+30*time.Second, "rank 0 waits on rank 1 of the other sidecar",
 		func(r *hang.Report) bool {
-			return r.PID == uint32(pids[0]) && len(r.Missing) == 1 && r.Missing[0].Rank == 1 && r.Missing[0].Sidecar != ""
+			return r.PID == uint32(pids[0]) && len(r.Missing) == 1 && r.Missing[0].Rank == 1 && r.Missing[0].Sidecar != "" &&
+				r.Missing[0].State == hang.StateStopped
 		})
 	checkPrompt(t, &r)
 	checkCollectiveWait(t, &r)
-	if m := r.Missing[0]; m.PID != uint32(pids[1]) || m.Seq >= r.Call.Collective.Seq || !strings.Contains(m.Sidecar, "/rank1/") {
-		t.Errorf("missing %+v, want rank 1 (pid %d) of the rank-1 sidecar, last collective before #%d", m, pids[1], r.Call.Collective.Seq)
+	host, _ := os.Hostname()
+	if m := r.Missing[0]; m.PID != uint32(pids[1]) || m.Seq >= r.Call.Collective.Seq || !strings.Contains(m.Sidecar, "/rank1/") ||
+		m.Host != host {
+		t.Errorf("missing %+v, want rank 1 (pid %d on %s) of the rank-1 sidecar, last collective before #%d", m, pids[1], host,
+			r.Call.Collective.Seq)
+	}
+	if !strings.Contains(r.Reason, fmt.Sprintf("rank 1 (pid %d on %s, stopped", pids[1], host)) {
+		t.Errorf("reason %q does not name rank 1's pid, host and state", r.Reason)
 	}
 	t.Logf("%s", r.Reason)
 	for _, pid := range pids {

@@ -63,7 +63,7 @@ func (h *hangWatch) snapshot(now int64) (hang.Snapshot, error) {
 		}
 	}
 	for _, m := range h.remote {
-		s.Members = append(s.Members, *m)
+		s.Members = append(s.Members, h.remoteMember(*m))
 	}
 	return s, nil
 }

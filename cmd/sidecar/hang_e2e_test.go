@@ -534,3 +534,50 @@ func TestHangRankStoppedPeers(t *testing.T) {
 		p.wait(t, 2*time.Minute)
 	}
 }
+
+// TestHangRankDiskSleep: rank 1 reads its data from a filesystem whose
+// server stops answering (a FUSE one, as a stuck network filesystem): its
+// read waits for the page in uninterruptible sleep. Rank 0's report names
+// rank 1 in D on that file; rank 1's own names its read, and its thread's
+// state D in the stacks. Both end once the server answers.
+func TestHangRankDiskSleep(t *testing.T) {
+	need(t)
+	fs := mountStallFS(t, "simtrain-data.bin", 64<<20)
+	p, pids, gaps, _ := ranksJob(t, "--data-dir "+fs.dir+" --stall io.read:every=25:ms=100")
+	fs.setStalled(true)
+	r := awaitHang(t, p, gaps, hangAfter+60*time.Second, "rank 0 waits on rank 1 in D",
+		waitingOn(pids[0], pids[1], hang.StateDisk))
+	checkPrompt(t, &r)
+	checkCollectiveWait(t, &r)
+	file := filepath.Join(fs.dir, "simtrain-data.bin")
+	if m := r.Missing[0]; !strings.Contains(m.File, file) {
+		t.Errorf("missing rank %+v, want it in D on %s", m, file)
+	}
+	if !strings.Contains(r.Reason, "disk-sleep on ") || !strings.Contains(r.Reason, file) {
+		t.Errorf("reason %q does not name D and the file", r.Reason)
+	}
+	t.Logf("detected %v after the sync began (--hang-after %v): %s", time.Duration(r.Detected-r.Since), hangAfter, r.Reason)
+	own := awaitHang(t, p, gaps, 10*time.Second, "rank 1 in its read", func(o *hang.Report) bool {
+		return o.PID == uint32(pids[1]) && o.Call.Kind == hang.Syscall && o.Status == hang.Ongoing
+	})
+	if !strings.HasPrefix(own.Call.Name, "pread") || own.Call.File != file {
+		t.Errorf("rank 1's call %+v, want a pread of %s", own.Call, file)
+	}
+	inD := false
+	for _, st := range own.Stacks {
+		for _, th := range st.Threads {
+			inD = inD || st.PID == uint32(pids[1]) && th.TID == own.TID && th.State == hang.StateDisk
+		}
+	}
+	if !inD {
+		t.Errorf("rank 1's reading thread is not in D in the report's stacks: %+v", own.Stacks)
+	}
+	fs.setStalled(false)
+	awaitHang(t, p, gaps, 30*time.Second, "rank 0's hang ended", func(e *hang.Report) bool {
+		return e.ID == r.ID && e.Status == hang.Ended
+	})
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	p.wait(t, 2*time.Minute)
+}

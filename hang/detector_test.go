@@ -149,18 +149,18 @@ func sockWait(name string, peer uint32, state1 string) Snapshot {
 // A wait outside NCCL names its socket's other end, whatever its state;
 // without one (a helper thread polls), the socket peers that cannot answer.
 func TestSocketWaitNamesThePeer(t *testing.T) {
-	st, _ := New(2*time.Second).Check(sockWait("recvfrom", 30, StateStopped))
+	st, _ := New(2 * time.Second).Check(sockWait("recvfrom", 30, StateStopped))
 	if len(st) != 1 || len(st[0].Missing) != 1 || st[0].Missing[0].PID != 30 || st[0].Missing[0].Rank != 2 {
 		t.Fatalf("recv from pid 30: %+v", st)
 	}
 	if r := st[0].Reason; !strings.Contains(r, "to 127.0.0.1:4000") || !strings.Contains(r, "missing: rank 2 (pid 30, running)") {
 		t.Errorf("reason %q", r)
 	}
-	st, _ = New(2*time.Second).Check(sockWait("futex", 0, StateStopped))
+	st, _ = New(2 * time.Second).Check(sockWait("futex", 0, StateStopped))
 	if len(st) != 1 || len(st[0].Missing) != 1 || st[0].Missing[0].PID != 20 || st[0].Missing[0].State != StateStopped {
 		t.Fatalf("futex with a stopped socket peer: %+v", st)
 	}
-	st, _ = New(2*time.Second).Check(sockWait("futex", 0, StateRunning))
+	st, _ = New(2 * time.Second).Check(sockWait("futex", 0, StateRunning))
 	if len(st) != 1 || len(st[0].Missing) != 0 {
 		t.Fatalf("futex with running socket peers: %+v", st)
 	}

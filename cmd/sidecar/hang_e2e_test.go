@@ -169,6 +169,28 @@ func checkCollectiveWait(t *testing.T, r *hang.Report) {
 	if r.Rank != 0 || len(r.Arrived) != 1 || r.Arrived[0].Rank != 0 {
 		t.Errorf("rank %d arrived %+v", r.Rank, r.Arrived)
 	}
+	checkWaiterStack(t, r, "rdv_settle") // the simulated NCCL kernel's spin
+}
+
+// checkWaiterStack: the waiting thread's native stack, taken at detection
+// while it spins in its sync (as NCCL's does), holds fn.
+func checkWaiterStack(t *testing.T, r *hang.Report, fn string) {
+	t.Helper()
+	for _, st := range r.Stacks {
+		for _, th := range st.Threads {
+			if st.PID != r.PID || th.TID != r.TID {
+				continue
+			}
+			for _, f := range th.Native {
+				if f.Function == fn {
+					return
+				}
+			}
+			t.Errorf("the waiting thread's native stack (state %s, %s) lacks %s: %v", th.State, th.Err, fn, th.Native)
+			return
+		}
+	}
+	t.Errorf("the waiting thread %d is not in the report's stacks", r.TID)
 }
 
 // TestHangRankStopped: rank 1 is stopped (SIGSTOP) mid-run; rank 0 waits

@@ -179,8 +179,9 @@ func split(c *Collective, waiter uint32, s Snapshot) (arrived, missing []Member,
 // socketPeers names the ranks a wait outside NCCL waits for: the traced
 // process at the other end of the socket the call waits in, whatever its
 // state; else, those of the process's socket peers that cannot answer
-// (stopped, in D, gone), as a collective over gloo waits in a helper
-// thread's poll, not in a socket call of its own.
+// (stopped, in D, gone, or in a call of their own begun before this one),
+// as a collective over gloo waits in a helper thread's poll, not in a
+// socket call of its own.
 func socketPeers(r *Report, s Snapshot) []Member {
 	var pids []uint32
 	if p := r.Call.PeerPID; p != 0 && p != r.PID {
@@ -189,10 +190,22 @@ func socketPeers(r *Report, s Snapshot) []Member {
 		}
 	}
 	if pids == nil {
+		// A peer stuck itself: in a call (a feeding thread's) begun
+		// before this one.
+		stuckSince := map[uint32]int64{}
+		for _, c := range s.Calls {
+			if v, ok := stuckSince[c.PID]; (c.Kind != Syscall || c.Feeder) && (!ok || c.Since < v) {
+				stuckSince[c.PID] = c.Since
+			}
+		}
 		for _, p := range s.Connected[r.PID] {
 			switch s.Procs[p].State {
 			case StateStopped, StateDisk, StateZombie, StateExited:
 				pids = append(pids, p)
+			default:
+				if since, ok := stuckSince[p]; ok && since <= r.Call.Since {
+					pids = append(pids, p)
+				}
 			}
 		}
 	}

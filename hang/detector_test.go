@@ -164,7 +164,13 @@ func TestSocketWaitNamesThePeer(t *testing.T) {
 	if len(st) != 1 || len(st[0].Missing) != 0 {
 		t.Fatalf("futex with running socket peers: %+v", st)
 	}
-	s := sockWait("recvfrom", 99, StateRunning) // an untraced process
+	s := sockWait("futex", 0, StateSleeping) // pid 20 blocked in a read since before
+	s.Calls = append(s.Calls, Call{PID: 20, TID: 20, Kind: Syscall, Name: "read", Since: 9 * sec, Feeder: true})
+	st, _ = New(2 * time.Second).Check(s)
+	if len(st) < 1 || st[0].PID != 10 || len(st[0].Missing) != 1 || st[0].Missing[0].PID != 20 {
+		t.Fatalf("futex with a socket peer stuck in a read since before: %+v", st)
+	}
+	s = sockWait("recvfrom", 99, StateRunning) // an untraced process
 	s.Connected = nil
 	if st, _ := New(2 * time.Second).Check(s); len(st) != 1 || len(st[0].Missing) != 0 {
 		t.Fatalf("recv from an untraced process: %+v", st)

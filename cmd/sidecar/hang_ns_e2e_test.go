@@ -77,7 +77,9 @@ func TestHangInPIDNamespaceBesideCPUHog(t *testing.T) {
 	dir := t.TempDir()
 	id := fmt.Sprintf("hangns%d", time.Now().UnixNano())
 	gaps, runDir := filepath.Join(dir, "gaps.jsonl"), filepath.Join(dir, "run")
-	rank := func(r int) string { return "RANK=" + strconv.Itoa(r) + " WORLD_SIZE=2 " + strings.Join(rankArgv(dir, id, r), " ") }
+	rank := func(r int) string {
+		return "RANK=" + strconv.Itoa(r) + " WORLD_SIZE=2 " + strings.Join(rankArgv(dir, id, r), " ")
+	}
 	argv := []string{"unshare", "--pid", "--fork", "--mount-proc", gaptraceBin, "run", "--live", "off", "--hang-after",
 		hangAfter.String(), "--gaps-out", gaps, "--spans-out", filepath.Join(dir, "spans.jsonl"),
 		"--nvml-lib", filepath.Join(simgpuDir, "libnvidia-ml.so.1"), "--", "sh", "-c", rank(0) + " & " + rank(1) + "; wait"}

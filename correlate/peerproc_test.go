@@ -48,7 +48,7 @@ func TestPeerProcCheck(t *testing.T) {
 func TestPeerProcIgnoredByEngine(t *testing.T) {
 	e := newEngine(&collect{}, nil)
 	e.Peer("host/rank1/7", []PeerRecord{procRec(nil)})
-	if n := len(e.world.mirrors); n != 0 {
+	if n := len(e.mirrors); n != 0 {
 		t.Errorf("%d mirrored processes after a state record, want 0", n)
 	}
 	var buf bytes.Buffer

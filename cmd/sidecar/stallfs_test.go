@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/gaptrace/gaptrace/internal/testutil"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
 // stallFS is a FUSE filesystem of one read-only file whose reads the test

@@ -79,16 +79,6 @@ func mountStallFS(t *testing.T, name string, size uint64) *stallFS {
 		t.Skipf("cannot mount FUSE: %v", err)
 	}
 	go s.serve()
-	errc := make(chan error, 1)
-	go func() { _, err := os.Stat(filepath.Join(s.dir, name)); errc <- err }()
-	select {
-	case err := <-errc:
-		if err != nil {
-			t.Fatalf("stallfs: %v (server: %v)", err, s.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("stallfs: no answer within 10 s (server: %v)", s.err)
-	}
 	t.Cleanup(func() {
 		s.setStalled(false)
 		_ = unix.Unmount(s.dir, unix.MNT_DETACH)
@@ -100,6 +90,16 @@ func mountStallFS(t *testing.T, name string, size uint64) *stallFS {
 		}
 		_ = unix.Close(s.fd)
 	})
+	errc := make(chan error, 1)
+	go func() { _, err := os.Stat(filepath.Join(s.dir, name)); errc <- err }()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("stallfs: %v (server: %v)", err, s.serveErr())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("stallfs: no answer within 10 s (server: %v)", s.serveErr())
+	}
 	return s
 }
 
@@ -114,6 +114,13 @@ func (s *stallFS) setStalled(on bool) {
 	for _, r := range held {
 		s.reply(r.unique, 0, make([]byte, r.size))
 	}
+}
+
+// serveErr is why the server stopped (nil while it serves).
+func (s *stallFS) serveErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
 }
 
 // heldReads is how many reads wait unanswered.
@@ -132,7 +139,9 @@ func (s *stallFS) serve() {
 			if errors.Is(err, syscall.EINTR) || errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.ENOENT) {
 				continue // an interrupted or vanished request
 			}
+			s.mu.Lock()
 			s.err = err // unmounted (ENODEV) or closed
+			s.mu.Unlock()
 			return
 		}
 		if n < fuseInHeader {
@@ -261,7 +270,7 @@ func TestStallFSDState(t *testing.T) {
 		return i > 0 && len(b) > i+2 && b[i+2] == 'D'
 	}) {
 		b, _ := os.ReadFile(stat)
-		t.Fatalf("the reader is not in D with %d reads held (server: %v): %s", fs.heldReads(), fs.err, b)
+		t.Fatalf("the reader is not in D with %d reads held (server: %v): %s", fs.heldReads(), fs.serveErr(), b)
 	}
 	fs.setStalled(false)
 	if err := cmd.Wait(); err != nil {

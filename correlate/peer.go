@@ -20,7 +20,13 @@ const (
 	PeerIssue = ranks.KindIssue
 	PeerDone  = ranks.KindDone
 	PeerGone  = ranks.KindGone
+	// PeerProc: a process's state, for the other sidecars' hang reports;
+	// engines ignore it.
+	PeerProc = ranks.KindProc
 )
+
+// PeerStates are the process states a PeerProc record may carry.
+var PeerStates = ranks.States
 
 // SetPeerOut makes the engine report every change to its own
 // communicators to out, for the other engines of the job (Peer). out is

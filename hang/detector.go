@@ -29,6 +29,9 @@ type Snapshot struct {
 	// communicator says it (absent: unknown).
 	Rank map[uint32]int32
 	Host string
+	// Connected: per process with a long call, the traced processes at
+	// the other end of its sockets (a rank's peers over gloo or TCP).
+	Connected map[uint32][]uint32
 }
 
 // Detector keeps the hangs in progress between ticks. Not safe for
@@ -126,6 +129,8 @@ func (d *Detector) describe(r *Report, s Snapshot) {
 		if r.Rank < 0 {
 			r.Rank = c.Rank
 		}
+	} else if c == nil {
+		r.Missing = socketPeers(r, s)
 	}
 	r.Reason = reason(r)
 }
@@ -171,6 +176,52 @@ func split(c *Collective, waiter uint32, s Snapshot) (arrived, missing []Member,
 	return arrived, missing, untraced
 }
 
+// socketPeers names the ranks a wait outside NCCL waits for: the traced
+// process at the other end of the socket the call waits in, whatever its
+// state; else, those of the process's socket peers that cannot answer
+// (stopped, in D, gone, or in a call of their own begun before this one),
+// as a collective over gloo waits in a helper thread's poll, not in a
+// socket call of its own.
+func socketPeers(r *Report, s Snapshot) []Member {
+	var pids []uint32
+	if p := r.Call.PeerPID; p != 0 && p != r.PID {
+		if _, traced := s.Procs[p]; traced {
+			pids = []uint32{p}
+		}
+	}
+	if pids == nil {
+		// A peer stuck itself: in a call (a feeding thread's) begun
+		// before this one.
+		stuckSince := map[uint32]int64{}
+		for _, c := range s.Calls {
+			if v, ok := stuckSince[c.PID]; (c.Kind != Syscall || c.Feeder) && (!ok || c.Since < v) {
+				stuckSince[c.PID] = c.Since
+			}
+		}
+		for _, p := range s.Connected[r.PID] {
+			switch s.Procs[p].State {
+			case StateStopped, StateDisk, StateZombie, StateExited:
+				pids = append(pids, p)
+			default:
+				if since, ok := stuckSince[p]; ok && since <= r.Call.Since {
+					pids = append(pids, p)
+				}
+			}
+		}
+	}
+	slices.Sort(pids)
+	var out []Member
+	for _, p := range pids {
+		m := Member{Proc: s.Procs[p], Rank: -1, Seq: -1}
+		m.PID = p
+		if rk, ok := s.Rank[p]; ok {
+			m.Rank = rk
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
 func mergeProc(m, p Proc) Proc {
 	if m.Host == "" {
 		m.Host = p.Host
@@ -193,6 +244,9 @@ func reason(r *Report) string {
 	if c.File != "" {
 		fmt.Fprintf(&b, " on %s", c.File)
 	}
+	if c.PeerAddr != "" {
+		fmt.Fprintf(&b, " to %s", c.PeerAddr)
+	}
 	fmt.Fprintf(&b, " for %.0fs", r.Seconds)
 	if k := c.Collective; k != nil {
 		fmt.Fprintf(&b, ", waiting for %s #%d on comm %#x (%d bytes)", k.Op, k.Seq, k.Comm, k.Bytes)
@@ -212,7 +266,11 @@ func reason(r *Report) string {
 
 func memberText(m Member) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "rank %d (pid %d", m.Rank, m.PID)
+	if m.Rank >= 0 {
+		fmt.Fprintf(&b, "rank %d (pid %d", m.Rank, m.PID)
+	} else {
+		fmt.Fprintf(&b, "process (pid %d", m.PID)
+	}
 	if m.Host != "" {
 		fmt.Fprintf(&b, " on %s", m.Host)
 	}
@@ -227,7 +285,10 @@ func memberText(m Member) string {
 	if m.Exit != "" {
 		b.WriteString(", " + m.Exit)
 	}
-	fmt.Fprintf(&b, ", last collective #%d)", m.Seq)
+	if m.Seq >= 0 {
+		fmt.Fprintf(&b, ", last collective #%d", m.Seq)
+	}
+	b.WriteString(")")
 	return b.String()
 }
 

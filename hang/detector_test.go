@@ -130,3 +130,49 @@ func TestUntracedRanks(t *testing.T) {
 		t.Fatalf("got %+v", st)
 	}
 }
+
+// sockWait: pid 10 (rank 0) waits 3 s in a recv or a futex; pid 20 (rank
+// 1, in state1) and pid 30 (rank 2, running) are its socket peers.
+func sockWait(name string, peer uint32, state1 string) Snapshot {
+	return Snapshot{
+		Now: 13 * sec,
+		Calls: []Call{{PID: 10, TID: 10, Kind: Syscall, Name: name, Since: 10 * sec, Feeder: true, FD: 5,
+			File: "socket:[77]", PeerAddr: "127.0.0.1:4000", PeerPID: peer}},
+		Progress: map[uint32]int64{10: 9 * sec},
+		Procs: map[uint32]Proc{10: {PID: 10, State: StateSleeping}, 20: {PID: 20, State: state1},
+			30: {PID: 30, State: StateRunning}},
+		Rank:      map[uint32]int32{10: 0, 20: 1, 30: 2},
+		Connected: map[uint32][]uint32{10: {30, 20}},
+	}
+}
+
+// A wait outside NCCL names its socket's other end, whatever its state;
+// without one (a helper thread polls), the socket peers that cannot answer.
+func TestSocketWaitNamesThePeer(t *testing.T) {
+	st, _ := New(2 * time.Second).Check(sockWait("recvfrom", 30, StateStopped))
+	if len(st) != 1 || len(st[0].Missing) != 1 || st[0].Missing[0].PID != 30 || st[0].Missing[0].Rank != 2 {
+		t.Fatalf("recv from pid 30: %+v", st)
+	}
+	if r := st[0].Reason; !strings.Contains(r, "to 127.0.0.1:4000") || !strings.Contains(r, "missing: rank 2 (pid 30, running)") {
+		t.Errorf("reason %q", r)
+	}
+	st, _ = New(2 * time.Second).Check(sockWait("futex", 0, StateStopped))
+	if len(st) != 1 || len(st[0].Missing) != 1 || st[0].Missing[0].PID != 20 || st[0].Missing[0].State != StateStopped {
+		t.Fatalf("futex with a stopped socket peer: %+v", st)
+	}
+	st, _ = New(2 * time.Second).Check(sockWait("futex", 0, StateRunning))
+	if len(st) != 1 || len(st[0].Missing) != 0 {
+		t.Fatalf("futex with running socket peers: %+v", st)
+	}
+	s := sockWait("futex", 0, StateSleeping) // pid 20 blocked in a read since before
+	s.Calls = append(s.Calls, Call{PID: 20, TID: 20, Kind: Syscall, Name: "read", Since: 9 * sec, Feeder: true})
+	st, _ = New(2 * time.Second).Check(s)
+	if len(st) < 1 || st[0].PID != 10 || len(st[0].Missing) != 1 || st[0].Missing[0].PID != 20 {
+		t.Fatalf("futex with a socket peer stuck in a read since before: %+v", st)
+	}
+	s = sockWait("recvfrom", 99, StateRunning) // an untraced process
+	s.Connected = nil
+	if st, _ := New(2 * time.Second).Check(s); len(st) != 1 || len(st[0].Missing) != 0 {
+		t.Fatalf("recv from an untraced process: %+v", st)
+	}
+}

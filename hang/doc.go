@@ -21,6 +21,15 @@
 // each with its pid, host and state: running, sleeping, stopped (T), in
 // uninterruptible sleep (D, with the file it waits on) or exited.
 //
+// A wait outside NCCL (gloo, an all-reduce over TCP) has no collective:
+// its ranks are named by sockets instead. A call blocked in a socket names
+// the traced process at the other end of that socket (Call.PeerPID, a
+// loopback TCP connection), whatever its state; any other long call names
+// those of its process's socket peers that cannot answer (stopped, in D,
+// gone), as gloo waits in a helper thread's poll, not in the caller. A
+// rank traced by another sidecar is named with the state that sidecar
+// tells (--peers).
+//
 // A hang is reported once when it begins (Started) and once when its call
 // returns or its process goes (Ended); Active lists those in progress,
 // with their duration, for the metrics and the live view.

@@ -34,6 +34,10 @@ type Call struct {
 	// refers to (a path, "pipe:[ino]", a socket's peer address).
 	FD   int32  `json:"fd,omitempty"`
 	File string `json:"file,omitempty"`
+	// PeerAddr and PeerPID: for a socket, the address of its other end
+	// and the process that holds it, where it is on this host (0: unknown).
+	PeerAddr string `json:"peer_addr,omitempty"`
+	PeerPID  uint32 `json:"peer_pid,omitempty"`
 	// Feeder: the thread has fed the GPU (launched or synchronized); a
 	// syscall hang is judged only on such threads, as every job has
 	// helper threads that wait forever by design.

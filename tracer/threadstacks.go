@@ -24,7 +24,8 @@ import (
 // before the first frame record (a saved frame pointer that points higher
 // up the stack next to a return address), then follows the frame-pointer
 // chain from that record. A thread running in user space at that moment
-// has no such entry ("running"): its native stack is left out, and said so.
+// has no such entry ("running"): its native stack comes from one perf
+// sample of the thread as it runs (spinstack.go).
 //
 // Python: for a CPython process (the same detection and layouts as the
 // BPF walk, python.go), the interpreter's thread states are walked from
@@ -128,7 +129,7 @@ func (t *Tracer) nativeStack(pid uint32, dir string) (frames []event.Frame, sysc
 		time.Sleep(runningRetry)
 	}
 	if len(f) == 0 || f[0] == "running" {
-		return nil, "", "running in user space: no stack without stopping it"
+		return t.spinningStack(pid, dir) // spinstack.go
 	}
 	if len(f) < 3 {
 		return nil, "", "syscall: " + strings.TrimSpace(string(b))

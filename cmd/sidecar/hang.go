@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/peers"
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/workload"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/event"
@@ -49,6 +47,13 @@ type hangWatch struct {
 	windows map[windowKey]event.GPUWindow
 	devices map[uint32]int
 	ranks   map[uint32]int32 // from the environment (-1: none), read once
+
+	// The process states told to and heard from the other sidecars
+	// (hangpeers.go); send is nil without --peers.
+	send        func(correlate.PeerRecord)
+	told        map[uint32]toldState
+	lastRefresh int64
+	remoteProcs map[procKey]hang.Proc
 
 	// checkCost: the time each tick took, for the bench and the logs.
 	ticks     int64
@@ -93,7 +98,7 @@ func newHangWatch(after time.Duration, tr *tracer.Tracer, exp *otel.Exporter, ou
 	return &hangWatch{log: log.With("component", "hang"), tr: tr, det: hang.New(after), exp: exp, out: out, work: work,
 		host: host, comms: map[commKey]*commState{}, streams: map[streamKey]commKey{}, exited: map[uint32]hang.Proc{},
 		remote: map[remoteKey]*hang.Member{}, windows: map[windowKey]event.GPUWindow{}, devices: map[uint32]int{},
-		ranks: map[uint32]int32{}}
+		ranks: map[uint32]int32{}, told: map[uint32]toldState{}, remoteProcs: map[procKey]hang.Proc{}}
 }
 
 // collective notes a collective issued (engine goroutine).
@@ -136,43 +141,6 @@ func (h *hangWatch) exit(ev *event.Event) {
 		Exit: waitText(int(ev.Ret))}
 }
 
-// peer notes another sidecar's records about its processes' communicators.
-func (h *hangWatch) peer(b peers.Batch) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	host, _, _ := strings.Cut(b.From, "/")
-	for k, m := range h.remote {
-		if k.from == b.From && b.Left && m.State != hang.StateExited {
-			m.State = "sidecar left"
-		}
-	}
-	for _, r := range b.Recs {
-		k := remoteKey{b.From, r.PID, r.Comm}
-		switch r.Kind {
-		case correlate.PeerComm:
-			m := h.remote[k]
-			if m == nil {
-				m = &hang.Member{Proc: hang.Proc{PID: r.PID, Host: host, Sidecar: b.From}, Seq: -1}
-				h.remote[k] = m
-			}
-			m.Rank, m.Ranks = r.Rank, r.Ranks
-			if r.Ranks == 0 {
-				m.Ranks = r.Size
-			}
-		case correlate.PeerIssue:
-			if m := h.remote[k]; m != nil && r.Seq >= m.Seq {
-				m.Seq, m.LastIssued = r.Seq, r.At
-			}
-		case correlate.PeerGone:
-			for rk, m := range h.remote {
-				if rk.from == b.From && rk.pid == r.PID {
-					m.State, m.Since = hang.StateExited, r.At
-				}
-			}
-		}
-	}
-}
-
 // window keeps the latest GPU window of each device and source.
 func (h *hangWatch) window(w *event.GPUWindow) {
 	h.mu.Lock()
@@ -212,6 +180,7 @@ func (h *hangWatch) tick(now time.Time) {
 		return
 	}
 	started, ended := h.det.Check(s)
+	h.tellStates(s.Procs, s.Now)
 	h.mu.Lock()
 	h.ticks++
 	h.tickNanos += time.Since(t0).Nanoseconds()

@@ -169,6 +169,28 @@ func checkCollectiveWait(t *testing.T, r *hang.Report) {
 	if r.Rank != 0 || len(r.Arrived) != 1 || r.Arrived[0].Rank != 0 {
 		t.Errorf("rank %d arrived %+v", r.Rank, r.Arrived)
 	}
+	checkWaiterStack(t, r, "rdv_settle") // the simulated NCCL kernel's spin
+}
+
+// checkWaiterStack: the waiting thread's native stack, taken at detection
+// while it spins in its sync (as NCCL's does), holds fn.
+func checkWaiterStack(t *testing.T, r *hang.Report, fn string) {
+	t.Helper()
+	for _, st := range r.Stacks {
+		for _, th := range st.Threads {
+			if st.PID != r.PID || th.TID != r.TID {
+				continue
+			}
+			for _, f := range th.Native {
+				if f.Function == fn {
+					return
+				}
+			}
+			t.Errorf("the waiting thread's native stack (state %s, %s) lacks %s: %v", th.State, th.Err, fn, th.Native)
+			return
+		}
+	}
+	t.Errorf("the waiting thread %d is not in the report's stacks", r.TID)
 }
 
 // TestHangRankStopped: rank 1 is stopped (SIGSTOP) mid-run; rank 0 waits
@@ -472,7 +494,7 @@ func TestHangStreamNeverDrains(t *testing.T) {
 // TestHangRankStoppedPeers: one gaptrace per rank, sharing their ranks'
 // collectives through --peers. Rank 1 stops; rank 0's sidecar, which does
 // not see rank 1's process, names it from the other sidecar's records:
-// its rank, its sidecar and its last collective.
+// its rank, pid, host, state (stopped), sidecar and last collective.
 func TestHangRankStoppedPeers(t *testing.T) {
 	need(t)
 	dir, tl := t.TempDir(), t.TempDir()
@@ -511,12 +533,19 @@ func TestHangRankStoppedPeers(t *testing.T) {
 	}
 	r := awaitHang(t, ps[0], filepath.Join(dir, "gaps0.jsonl"), hangAfter+30*time.Second, "rank 0 waits on rank 1 of the other sidecar",
 		func(r *hang.Report) bool {
-			return r.PID == uint32(pids[0]) && len(r.Missing) == 1 && r.Missing[0].Rank == 1 && r.Missing[0].Sidecar != ""
+			return r.PID == uint32(pids[0]) && len(r.Missing) == 1 && r.Missing[0].Rank == 1 && r.Missing[0].Sidecar != "" &&
+				r.Missing[0].State == hang.StateStopped
 		})
 	checkPrompt(t, &r)
 	checkCollectiveWait(t, &r)
-	if m := r.Missing[0]; m.PID != uint32(pids[1]) || m.Seq >= r.Call.Collective.Seq || !strings.Contains(m.Sidecar, "/rank1/") {
-		t.Errorf("missing %+v, want rank 1 (pid %d) of the rank-1 sidecar, last collective before #%d", m, pids[1], r.Call.Collective.Seq)
+	host, _ := os.Hostname()
+	if m := r.Missing[0]; m.PID != uint32(pids[1]) || m.Seq >= r.Call.Collective.Seq || !strings.Contains(m.Sidecar, "/rank1/") ||
+		m.Host != host {
+		t.Errorf("missing %+v, want rank 1 (pid %d on %s) of the rank-1 sidecar, last collective before #%d", m, pids[1], host,
+			r.Call.Collective.Seq)
+	}
+	if !strings.Contains(r.Reason, fmt.Sprintf("rank 1 (pid %d on %s, stopped", pids[1], host)) {
+		t.Errorf("reason %q does not name rank 1's pid, host and state", r.Reason)
 	}
 	t.Logf("%s", r.Reason)
 	for _, pid := range pids {
@@ -526,4 +555,51 @@ func TestHangRankStoppedPeers(t *testing.T) {
 	for _, p := range ps {
 		p.wait(t, 2*time.Minute)
 	}
+}
+
+// TestHangRankDiskSleep: rank 1 reads its data from a filesystem whose
+// server stops answering (a FUSE one, as a stuck network filesystem): its
+// read waits for the page in uninterruptible sleep. Rank 0's report names
+// rank 1 in D on that file; rank 1's own names its read, and its thread's
+// state D in the stacks. Both end once the server answers.
+func TestHangRankDiskSleep(t *testing.T) {
+	need(t)
+	fs := mountStallFS(t, "simtrain-data.bin", 64<<20)
+	p, pids, gaps, _ := ranksJob(t, "--data-dir "+fs.dir+" --stall io.read:every=25:ms=100")
+	fs.setStalled(true)
+	r := awaitHang(t, p, gaps, hangAfter+60*time.Second, "rank 0 waits on rank 1 in D",
+		waitingOn(pids[0], pids[1], hang.StateDisk))
+	checkPrompt(t, &r)
+	checkCollectiveWait(t, &r)
+	file := filepath.Join(fs.dir, "simtrain-data.bin")
+	if m := r.Missing[0]; !strings.Contains(m.File, file) {
+		t.Errorf("missing rank %+v, want it in D on %s", m, file)
+	}
+	if !strings.Contains(r.Reason, "disk-sleep on ") || !strings.Contains(r.Reason, file) {
+		t.Errorf("reason %q does not name D and the file", r.Reason)
+	}
+	t.Logf("detected %v after the sync began (--hang-after %v): %s", time.Duration(r.Detected-r.Since), hangAfter, r.Reason)
+	own := awaitHang(t, p, gaps, 10*time.Second, "rank 1 in its read", func(o *hang.Report) bool {
+		return o.PID == uint32(pids[1]) && o.Call.Kind == hang.Syscall && o.Status == hang.Ongoing
+	})
+	if !strings.HasPrefix(own.Call.Name, "pread") || own.Call.File != file {
+		t.Errorf("rank 1's call %+v, want a pread of %s", own.Call, file)
+	}
+	inD := false
+	for _, st := range own.Stacks {
+		for _, th := range st.Threads {
+			inD = inD || st.PID == uint32(pids[1]) && th.TID == own.TID && th.State == hang.StateDisk
+		}
+	}
+	if !inD {
+		t.Errorf("rank 1's reading thread is not in D in the report's stacks: %+v", own.Stacks)
+	}
+	fs.setStalled(false)
+	awaitHang(t, p, gaps, 30*time.Second, "rank 0's hang ended", func(e *hang.Report) bool {
+		return e.ID == r.ID && e.Status == hang.Ended
+	})
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	p.wait(t, 2*time.Minute)
 }

@@ -63,9 +63,42 @@ func (h *hangWatch) snapshot(now int64) (hang.Snapshot, error) {
 		}
 	}
 	for _, m := range h.remote {
-		s.Members = append(s.Members, *m)
+		s.Members = append(s.Members, h.remoteMember(*m))
 	}
+	h.socketPeers(&s, pids, after)
 	return s, nil
+}
+
+// socketPeers fills what the detector needs to name the ranks a wait
+// outside NCCL waits for (h.mu held): the rank of every traced process from
+// its environment, and for each process with a call past half the
+// threshold, the traced processes at the other end of its sockets.
+func (h *hangWatch) socketPeers(s *hang.Snapshot, pids []int, after int64) {
+	for _, pid := range pids {
+		if _, ok := s.Rank[uint32(pid)]; !ok && h.work != nil {
+			if rk, n := h.envRank(uint32(pid)); n > 0 {
+				s.Rank[uint32(pid)] = rk
+			}
+		}
+	}
+	for _, c := range s.Calls {
+		if s.Now-c.Since < after/2 || c.Collective != nil || c.PeerPID != 0 {
+			continue
+		}
+		if _, done := s.Connected[c.PID]; done {
+			continue
+		}
+		if s.Connected == nil {
+			s.Connected = map[uint32][]uint32{}
+		}
+		var peers []uint32
+		for p := range h.tr.SocketPeers(c.PID) {
+			if _, traced := s.Procs[p]; traced {
+				peers = append(peers, p)
+			}
+		}
+		s.Connected[c.PID] = peers
+	}
 }
 
 // call turns one thread's in-flight state into the detector's Call: the
@@ -91,6 +124,9 @@ func (h *hangWatch) call(f *tracer.InFlight, now, after int64) (hang.Call, bool)
 	}
 	if c.Kind == hang.Syscall && c.FD >= 0 {
 		c.File = fdTarget(c.PID, c.FD)
+		if strings.HasPrefix(c.File, "socket:[") {
+			c.PeerAddr, c.PeerPID = h.tr.SocketPeer(c.PID, c.FD)
+		}
 	}
 	if c.Kind == hang.Sync {
 		c.Collective = h.waitedCollective(&c)

@@ -27,6 +27,7 @@ func (p *pipeline) startPeers(ctx context.Context, job string, logger *slog.Logg
 	}
 	p.peers = x
 	p.eng.SetPeerOut(x.Send)
+	p.hangs.send = x.Send
 	return nil
 }
 

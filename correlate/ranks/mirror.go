@@ -123,7 +123,7 @@ func (reg *Registry) Mirrored(pid uint32) bool {
 
 // peer applies one record of sidecar from.
 func (reg *Registry) peer(from string, r *Record) {
-	if r.Check() != nil {
+	if r.Kind == KindProc || r.Check() != nil {
 		return
 	}
 	pid, ok := reg.mirrorPID(from, r.PID)

@@ -21,6 +21,10 @@ const (
 	KindDone
 	// KindGone: process PID exited; its communicators are gone.
 	KindGone
+	// KindProc: process PID's state since At (State, and WChan, File,
+	// Exit where they apply), for the hang reports of the other sidecars;
+	// the registry ignores it (proc.go).
+	KindProc
 )
 
 // Record is one change to a communicator of a process traced by
@@ -38,6 +42,11 @@ type Record struct {
 	First    int64  `json:"f,omitempty"`
 	From     int64  `json:"b,omitempty"`
 	Sig      uint64 `json:"g,omitempty"`
+	// KindProc's: the process state and what it waits on (proc.go).
+	State string `json:"st,omitempty"`
+	WChan string `json:"w,omitempty"`
+	File  string `json:"fl,omitempty"`
+	Exit  string `json:"x,omitempty"`
 }
 
 // Shift moves the record's times by d nanoseconds (from one host's clock
@@ -77,6 +86,9 @@ func (r *Record) Check() error {
 		}
 		return nil
 	}
+	if r.Kind != KindProc && r.State+r.WChan+r.File+r.Exit != "" {
+		return fmt.Errorf("peer record: kind %d carries a process state", r.Kind)
+	}
 	switch r.Kind {
 	case KindComm:
 		switch {
@@ -94,6 +106,8 @@ func (r *Record) Check() error {
 		return errors.Join(inSeq(), inTime("completion time", r.At), inTime("sync start", r.From))
 	case KindGone:
 		return nil
+	case KindProc:
+		return errors.Join(inTime("state time", r.At), r.checkProc())
 	}
 	return fmt.Errorf("peer record: unknown kind %d", r.Kind)
 }

@@ -68,7 +68,9 @@
 // (PeerGone). A member re-sends them whenever it connects and when the hub
 // says another member joined; the hub sends its own to each member that
 // joins. A sidecar that joins late thus learns every communicator that
-// exists; receivers drop what they already hold.
+// exists; receivers drop what they already hold. Process states
+// (PeerProc) are not kept here: their sender tells them all again every
+// 5 s.
 //
 // A sidecar that goes is reported on Recv as a Batch with Left set: on the
 // hub when the member's connection ends, on the members when the hub says

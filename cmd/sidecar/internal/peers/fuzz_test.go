@@ -12,7 +12,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"t":"recs","from":"a","recs":[{"k":1,"p":7,"c":2748,"n":2,"r":1},{"k":2,"p":7,"c":2748,"q":9223372036854775807,"a":1}]}`))
 	f.Add([]byte(`{"t":"welcome","id":"hub","peers":["a","b",""]}`))
 	f.Add([]byte(`{"t":"pong","t1":-1,"t2":9223372036854775807}`))
-	f.Add([]byte(`{"t":"auth","v":2,"n":"AAAA"}`))
+	f.Add([]byte(`{"t":"auth","v":3,"n":"AAAA"}`))
 	f.Add([]byte(`{"t":"challenge","n":"` + b64(make([]byte, nonceLen)) + `","mac":"x"}`))
 	f.Add([]byte(`{"t":"hello","id":"x","mac":"` + b64(make([]byte, 32)) + `"}`))
 	f.Add([]byte(`{"t":"recs","recs":[{"k":3,"p":1,"q":1,"a":-5,"b":4611686018427387904}]}`))

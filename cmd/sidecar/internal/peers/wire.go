@@ -11,8 +11,10 @@ import (
 
 const (
 	// version is the wire protocol's version; a hub refuses any other.
-	// 2: authenticated and sealed.
-	version = 2
+	// 2: authenticated and sealed. 3: process state records (PeerProc),
+	// which a version 2 sidecar would take for bad records, dropping the
+	// batches that hold them: the two refuse each other instead.
+	version = 3
 	// maxName bounds a job or sidecar ID.
 	maxName = 256
 )

@@ -61,6 +61,8 @@ def score(truth, gaps, mode, expect):
             seen = set()
             contention = 0.0
             for g in gaps:
+                if g.get("kind") == "hang" or "end_unix_nano" not in g:
+                    continue  # a hang record, not a gap
                 ga, gb = g["start_unix_nano"], g["end_unix_nano"]
                 ov = min(b, gb) - max(a, ga)
                 if ov <= 0 or gb <= ga:

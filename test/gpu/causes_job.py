@@ -25,6 +25,7 @@ kind, start and end (CLOCK_REALTIME ns), the function that blocks or burns,
 the thread and its run-queue wait during the stall (run_delay_ns).
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -153,6 +154,11 @@ def main():
                 start = site[2]
             record(kind, start, site[0], rd0)
     torch.cuda.synchronize()
+    # The DataLoader's worker was forked after the log pipe was made, so it
+    # holds the pipe's write end too: stop it before closing the pipe, or
+    # the reader never sees EOF and close() waits for it forever.
+    del it, loader
+    gc.collect()
     more.close()
     truth.close()
     print("causes_job: %d steps" % a.steps)

@@ -66,6 +66,12 @@ type episode struct {
 // releases held copies that turn out to be step work. It reports whether
 // ev was consumed here (the engine then does nothing else with it).
 func (p *proc) episodeEvent(x env, th *attribute.Thread, ev *event.Event) bool {
+	if ev.Kind != event.KindMemcpyStaged && p.aside(th, ev) {
+		// Another thread's copies (a saver beside the loop) are its own
+		// activity: they neither join the loop's gap nor release the
+		// loop's held copies (loopthread.go).
+		return false
+	}
 	switch ev.Kind {
 	case event.KindMemcpyStaged:
 		th.Add(ev)

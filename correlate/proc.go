@@ -97,6 +97,8 @@ type proc struct {
 	last    int64
 	tids    map[uint32]struct{}
 	feeders tidSet
+	// loop names the thread that feeds the step clock (loopthread.go).
+	loop loopThreads
 
 	// q is the GPU queue model: per stream, work enqueued since it was
 	// last drained (queue.Streams).

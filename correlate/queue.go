@@ -37,6 +37,12 @@ func (p *proc) startGPU(t int64) {
 func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *CollectiveEvidence, ref ranks.Ref) {
 	p.shadowLead(x, ev)
 	p.feeders.add(th.TID)
+	// Another thread's copy inside the loop's gap leaves the gap open
+	// (loopthread.go); its work stays pending on its stream.
+	aside := p.aside(th, ev)
+	if ev.Kind == event.KindEnqueue {
+		p.loop.note(th.TID, ev.Count)
+	}
 	t := ev.Start
 	wasDrained := p.q.AllDrained()
 	launchesBefore := p.launches + p.colls
@@ -65,7 +71,7 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 		p.resolveHeld(x, false)
 	}
 	first := p.firstOps.Learn(ev, launchesBefore, x.set.launchesSeen)
-	if p.gap != nil {
+	if p.gap != nil && !aside {
 		if first && p.gap.start == p.firstOps.SyncEnd() && p.firstOps.Quiet(ev) {
 			p.closer = ev
 		}
@@ -93,6 +99,8 @@ func (p *proc) drainStreams(th *attribute.Thread, ev *event.Event) (*CollectiveE
 func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 	p.shadowLead(x, ev)
 	p.feeders.add(th.TID)
+	aside := p.aside(th, ev)
+	p.loop.note(th.TID, ev.Count)
 	if ev.Count > 0 {
 		p.launches += ev.Count
 		p.recLaunches(ev.Start, ev.Count)
@@ -110,7 +118,9 @@ func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 	waited := ev.Duration() > x.set.syncWaited
 	wait := max(ev.Duration()-th.Runnable(ev.Start, ev.End), 0)
 	p.waits.push(wait)
-	if p.gap != nil {
+	// Another thread's sync drains its own copies: the loop's gap stays
+	// open, whether it waited or not (loopthread.go).
+	if p.gap != nil && !aside {
 		switch {
 		case x.liteOver(p.gap.start, ev.Start):
 			// Launches are invisible in lite: the sync says work resumed.
@@ -182,7 +192,7 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 		}
 		return
 	}
-	if p.gap != nil && x.liteOver(p.gap.start, ev.Start) {
+	if p.gap != nil && x.liteOver(p.gap.start, ev.Start) && !p.aside(th, ev) {
 		p.closeGap(x, th, ev.Start)
 	}
 	if _, cref := p.drainStreams(th, ev); cref.Valid() {

@@ -16,29 +16,69 @@ func (s *stepper) siteTID() (uint32, bool) {
 	return c.tid, true
 }
 
-// loopThreads counts each thread's kernel launches (enqueued, or flushed
-// by a sync where lite sees no enqueue) to name the process's main
-// feeder: the thread with the most, the first to reach a count keeping it.
+// loopThreads names the process's main feeder and the threads that feed
+// the GPU at all. A thread feeds it by a launch, a memset, a collective
+// or a copy other than a read of device data; one that only reads device
+// data and waits (a checkpoint saver, a metrics reader) is a reader. The
+// main feeder is the thread with the most launches, or where the probes
+// see none (lite), the most feeding calls, or where none fed (a CUDA
+// graph replayed by a loop that reads its loss, in lite), the most GPU
+// calls. The first thread to reach a count keeps it, so the choice does
+// not flip on ties.
 type loopThreads struct {
-	launches map[uint32]uint64
-	main     uint32
+	launches, feeds, calls map[uint32]uint64
+	byLaunch, byFeed       uint32 // 0 before any
+	byCalls                uint32
 }
 
-func (l *loopThreads) note(tid uint32, n uint64) {
-	if n == 0 {
+// feeds says whether ev gives the GPU work other than reading its data.
+func feeds(ev *event.Event) bool {
+	switch ev.Kind {
+	case event.KindEnqueue, event.KindMemset, event.KindCollective:
+		return true
+	case event.KindMemcpyAsync:
+		return ev.CopyDir != event.CUMemcpyDtoH
+	case event.KindSync:
+		return ev.Count > 0
+	}
+	return false
+}
+
+func bump(m map[uint32]uint64, best *uint32, tid uint32, n uint64) {
+	m[tid] += n
+	if *best == 0 || m[tid] > m[*best] {
+		*best = tid
+	}
+}
+
+// note counts ev, a GPU call (enqueue, copy, memset, collective or sync).
+func (l *loopThreads) note(ev *event.Event) {
+	if l.calls == nil {
+		l.launches, l.feeds, l.calls = map[uint32]uint64{}, map[uint32]uint64{}, map[uint32]uint64{}
+	}
+	bump(l.calls, &l.byCalls, ev.TID, 1)
+	if !feeds(ev) {
 		return
 	}
-	if l.launches == nil {
-		l.launches = map[uint32]uint64{}
-	}
-	l.launches[tid] += n
-	if l.main == 0 || l.launches[tid] > l.launches[l.main] {
-		l.main = tid
+	bump(l.feeds, &l.byFeed, ev.TID, 1)
+	if ev.Count > 0 && (ev.Kind == event.KindEnqueue || ev.Kind == event.KindSync) {
+		bump(l.launches, &l.byLaunch, ev.TID, ev.Count)
 	}
 }
 
-// launched says whether tid ever launched a kernel.
-func (l *loopThreads) launched(tid uint32) bool { return l.launches[tid] > 0 }
+// main is the main feeder, 0 before any call.
+func (l *loopThreads) main() uint32 {
+	switch {
+	case l.byLaunch != 0:
+		return l.byLaunch
+	case l.byFeed != 0:
+		return l.byFeed
+	}
+	return l.byCalls
+}
+
+// reader says whether tid never fed the GPU.
+func (l *loopThreads) reader(tid uint32) bool { return l.feeds[tid] == 0 }
 
 // loopTID is the thread that feeds the step clock: the running call
 // site's thread, else the main feeder.
@@ -46,26 +86,20 @@ func (p *proc) loopTID() (uint32, bool) {
 	if tid, ok := p.st.siteTID(); ok {
 		return tid, true
 	}
-	return p.loop.main, p.loop.main != 0
+	main := p.loop.main()
+	return main, main != 0
 }
 
-// aside says whether th's activity ev is another thread's while the
-// loop's gap is open: a thread that never launched a kernel (a checkpoint
-// saver's copies and syncs, a metrics reader) beside the known loop
-// thread. Such activity neither ends the gap nor rejects it nor becomes
-// its feeder; it stays on th's own timeline. A thread that launches
-// kernels feeds the GPU (autograd's backward thread, a second launcher):
-// its work ends the gap as before.
+// aside says whether ev, a reader's GPU call, is another thread's activity
+// while the loop's gap is open: the loop thread is known and th is a
+// reader beside it (loopThreads). Its copies and syncs neither end the
+// gap nor reject it nor become its feeder; they stay on th's own timeline
+// and its tid in the gap's threads. A thread that feeds the GPU
+// (autograd's backward thread, a second launcher) ends the gap as before.
 func (p *proc) aside(th *attribute.Thread, ev *event.Event) bool {
-	if p.gap == nil {
+	if p.gap == nil || feeds(ev) || !p.loop.reader(th.TID) {
 		return false
 	}
 	loop, ok := p.loopTID()
-	if !ok || th.TID == loop || p.loop.launched(th.TID) {
-		return false
-	}
-	if ev.Kind == event.KindEnqueue && ev.Count > 0 {
-		return false
-	}
-	return true
+	return ok && th.TID != loop
 }

@@ -40,9 +40,7 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 	// Another thread's copy inside the loop's gap leaves the gap open
 	// (loopthread.go); its work stays pending on its stream.
 	aside := p.aside(th, ev)
-	if ev.Kind == event.KindEnqueue {
-		p.loop.note(th.TID, ev.Count)
-	}
+	p.loop.note(ev)
 	t := ev.Start
 	wasDrained := p.q.AllDrained()
 	launchesBefore := p.launches + p.colls
@@ -100,7 +98,7 @@ func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 	p.shadowLead(x, ev)
 	p.feeders.add(th.TID)
 	aside := p.aside(th, ev)
-	p.loop.note(th.TID, ev.Count)
+	p.loop.note(ev)
 	if ev.Count > 0 {
 		p.launches += ev.Count
 		p.recLaunches(ev.Start, ev.Count)

@@ -44,6 +44,20 @@ type siteClock struct {
 	// pend: each thread's launches a copy reported pending, which its
 	// next sync counts again (newLaunches).
 	pend map[uint32]uint64
+	// mainBare: when the main thread's latest syncs with no site of the
+	// job's code returned (its stack not captured), oldest first.
+	mainBare []int64
+}
+
+// mainSyncs is how many syncs the main thread made with no site since t.
+func (c *siteClock) mainSyncs(t int64) int {
+	n := 0
+	for _, at := range c.mainBare {
+		if at >= t {
+			n++
+		}
+	}
+	return n
 }
 
 // newLaunches is how many launches ev's thread made since its previous
@@ -84,10 +98,15 @@ func (c *siteClock) push(it stepclock.Item) {
 // onSiteCall takes a sync or blocking copy with its stack; it reports
 // whether a step ended at it.
 func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
+	c := &s.sites
+	if ev.TID == s.pid && set.stepAt == nil && stepclock.SiteOf(ev.Stack).Key == "" {
+		if c.mainBare = append(c.mainBare, ev.End); len(c.mainBare) > stepclock.SiteRing {
+			c.mainBare = c.mainBare[1:]
+		}
+	}
 	if len(ev.Stack) == 0 {
 		return false
 	}
-	c := &s.sites
 	if sp := set.stepAt; sp != nil {
 		f, ok := sp.Match(ev.Stack)
 		if !ok {
@@ -144,6 +163,12 @@ func (s *stepper) checkSite(set settings) bool {
 		return false
 	}
 	p, ok := stepclock.PickSite(c.items, s.pid)
+	if ok && p.TID != s.pid && c.mainSyncs(c.items[0].T) >= stepclock.SiteMinRuns {
+		// The main thread syncs on its own, from code whose site is not
+		// known: the other thread's site is a background one's (a saver),
+		// which never owns the step clock.
+		ok = false
+	}
 	set.log.Debug("step site check", "pid", s.pid, "site", p.Site.Name, "runs", p.Runs, "rival", p.Rival.Name, "ok", ok)
 	if s.mode == modeSite {
 		if !ok && c.recent() {

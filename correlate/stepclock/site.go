@@ -380,9 +380,9 @@ func threadLaunches(span []Item, tid uint32) uint64 {
 }
 
 // microBatches is g where the launches between a site's calls show
-// gradient accumulation: every g-th interval (g from 2 to 8) launches
-// more than every other one (the optimizer step), over three groups at
-// least; 0 otherwise. Such a site reads each micro-batch's loss; a step
+// gradient accumulation: most g-th intervals (g from 2 to 8) launch more
+// than most others (the optimizer step), over three groups at least; 0
+// otherwise. Such a site reads each micro-batch's loss; a step
 // is one optimizer step, which the site called once a group (encloses)
 // or the work pattern groups (lite, blind to launches, cannot tell).
 func microBatches(l []uint64) int {
@@ -391,15 +391,32 @@ func microBatches(l []uint64) int {
 			break
 		}
 		for ph := 0; ph < g; ph++ {
-			var heavyMin, restMax uint64 = ^uint64(0), 0
+			var rest []uint64
 			for i, n := range l {
-				if i%g == ph {
-					heavyMin = min(heavyMin, n)
-				} else {
-					restMax = max(restMax, n)
+				if i%g != ph {
+					rest = append(rest, n)
 				}
 			}
-			if restMax > 0 && heavyMin > restMax+restMax/10 {
+			slices.Sort(rest)
+			med := rest[len(rest)/2]
+			if med == 0 {
+				continue
+			}
+			// Most of the phase's intervals launch more than most
+			// others: a stall, an evaluation or a lost launch count in
+			// a few of them does not hide the optimizer's launches.
+			heavy, over := 0, 0
+			for i, n := range l {
+				if n > med+med/10 {
+					if i%g == ph {
+						heavy++
+					} else {
+						over++
+					}
+				}
+			}
+			groups := (len(l) - ph + g - 1) / g
+			if float64(heavy) >= SiteGood*float64(groups) && float64(over) <= (1-SiteGood)*float64(len(rest)) {
 				return g
 			}
 		}

@@ -358,3 +358,28 @@ func TestPickSiteBareTwoLoopsNone(t *testing.T) {
 		t.Fatalf("picked %+v, want none", p)
 	}
 }
+
+func TestMicroBatchesDespiteOutliers(t *testing.T) {
+	// Four micro-batches, the optimizer's launches in the fourth interval;
+	// one stall lost a count and one evaluation added launches elsewhere.
+	var l []uint64
+	for i := 0; i < 40; i++ {
+		n := uint64(3)
+		if i%4 == 3 {
+			n = 5
+		}
+		l = append(l, n)
+	}
+	l[7], l[13] = 2, 13
+	if g := microBatches(l); g != 4 {
+		t.Fatalf("microBatches = %d, want 4", g)
+	}
+	flat := make([]uint64, 40)
+	for i := range flat {
+		flat[i] = 3
+	}
+	flat[9] = 7
+	if g := microBatches(flat); g != 0 {
+		t.Fatalf("microBatches of a flat loop = %d, want 0", g)
+	}
+}

@@ -27,6 +27,9 @@ const (
 	// which it gives way to fixed windows (an evaluation phase or a
 	// checkpoint may last ten steps; the site's own checks judge those).
 	siteLost = 50
+	// siteHold: PickSite checks the sync period waits for while the
+	// stream holds sited calls and no step has been laid yet.
+	siteHold = 2
 )
 
 // siteClock is a stepper's call-site state.
@@ -40,16 +43,17 @@ type siteClock struct {
 	tid     uint32
 	name    string
 	strikes int
+	checks  int   // PickSite checks run
 	lastAt  int64 // its latest call's return
 	// pend: each thread's launches a copy reported pending, which its
 	// next sync counts again (newLaunches).
 	pend map[uint32]uint64
-	// mainBare: when the main thread's latest syncs with no site of the
-	// job's code returned (its stack not captured), oldest first.
+	// mainBare: when the main thread's latest syncs returned, sited or
+	// not (its stack not captured), oldest first.
 	mainBare []int64
 }
 
-// mainSyncs is how many syncs the main thread made with no site since t.
+// mainSyncs is how many syncs the main thread made since t.
 func (c *siteClock) mainSyncs(t int64) int {
 	n := 0
 	for _, at := range c.mainBare {
@@ -82,6 +86,23 @@ func (c *siteClock) newLaunches(ev *event.Event) uint64 {
 	return ev.Count
 }
 
+// awaitSite says whether sited calls have begun to arrive but PickSite
+// has not judged them yet (siteHold checks): the sync period waits for
+// it, since the site lays its steps over the stream while the period's
+// steps could not be taken back.
+func (s *stepper) awaitSite() bool {
+	c := &s.sites
+	if c.checks >= siteHold {
+		return false
+	}
+	for i := range c.items {
+		if c.items[i].Site.Key != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // siteToken notes one enqueued token in the stream.
 func (s *stepper) siteToken(key stepclock.Key, t int64) {
 	s.sites.push(stepclock.Item{Key: key, T: t})
@@ -99,7 +120,7 @@ func (c *siteClock) push(it stepclock.Item) {
 // whether a step ended at it.
 func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 	c := &s.sites
-	if ev.TID == s.pid && set.stepAt == nil && stepclock.SiteOf(ev.Stack).Key == "" {
+	if ev.TID == s.pid && set.stepAt == nil {
 		if c.mainBare = append(c.mainBare, ev.End); len(c.mainBare) > stepclock.SiteRing {
 			c.mainBare = c.mainBare[1:]
 		}
@@ -151,7 +172,8 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 // gives the running one up after siteStrikes checks that disagree.
 func (s *stepper) checkSite(set settings) bool {
 	c := &s.sites
-	if s.mode == modeSite && stepclock.Qualifies(c.items, c.key, c.tid) {
+	c.checks++
+	if s.mode == modeSite && stepclock.Qualifies(c.items, c.key, c.tid) && !s.mainTakesOver() {
 		// The running site still recurs: a rival (an evaluation's
 		// batches) does not unseat it.
 		c.strikes = 0
@@ -164,9 +186,10 @@ func (s *stepper) checkSite(set settings) bool {
 	}
 	p, ok := stepclock.PickSite(c.items, s.pid)
 	if ok && p.TID != s.pid && c.mainSyncs(c.items[0].T) >= stepclock.SiteMinRuns {
-		// The main thread syncs on its own, from code whose site is not
-		// known: the other thread's site is a background one's (a saver),
-		// which never owns the step clock.
+		// The main thread syncs on its own, recurrently (from a site
+		// that does not qualify, or whose stack was not captured): the
+		// other thread's site is a background one's (a saver), which
+		// never owns the step clock.
 		ok = false
 	}
 	set.log.Debug("step site check", "pid", s.pid, "site", p.Site.Name, "runs", p.Runs, "rival", p.Rival.Name, "ok", ok)
@@ -200,6 +223,19 @@ func (s *stepper) checkSite(set settings) bool {
 	set.log.Info("steps end at a call site", "pid", s.pid, "site", c.name, "tid", p.TID)
 	s.enterSite(ends)
 	return true
+}
+
+// mainTakesOver says whether a running call site on another thread than
+// the main one gives way to a site PickSite now finds on the main thread:
+// a background thread's burst (a saver's copies) that filled the stream
+// when the site was first looked for never owns the step clock.
+func (s *stepper) mainTakesOver() bool {
+	c := &s.sites
+	if c.source != stepclock.SourceCallSite || c.tid == s.pid {
+		return false
+	}
+	p, ok := stepclock.PickSite(c.items, s.pid)
+	return ok && p.TID == s.pid
 }
 
 // recent says whether the running site was called in the later half of

@@ -48,6 +48,8 @@ type siteClock struct {
 	// pend: each thread's launches a copy reported pending, which its
 	// next sync counts again (newLaunches).
 	pend map[uint32]uint64
+	// micro: the sites known to read micro-batches (stepclock.MicroSites).
+	micro map[string]bool
 	// mainBare: when the main thread's latest syncs returned, sited or
 	// not (its stack not captured), oldest first.
 	mainBare []int64
@@ -173,6 +175,20 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 func (s *stepper) checkSite(set settings) bool {
 	c := &s.sites
 	c.checks++
+	for _, id := range stepclock.MicroSites(c.items) {
+		if c.micro == nil {
+			c.micro = map[string]bool{}
+		}
+		c.micro[id] = true
+	}
+	if s.mode == modeSite && c.source == stepclock.SourceCallSite && c.tid != s.pid && c.mainSyncs(c.items[0].T) >= stepclock.SiteMinRuns {
+		// The main thread now syncs recurrently: the running site is a
+		// background thread's (a saver's burst filled the stream when it
+		// was found), which never owns the step clock.
+		set.log.Info("step site is a background thread's, back to the work pattern", "pid", s.pid, "site", c.name)
+		c.key, c.source = "", ""
+		s.toWindows(c.lastAt)
+	}
 	if s.mode == modeSite && stepclock.Qualifies(c.items, c.key, c.tid) && !s.mainTakesOver() {
 		// The running site still recurs: a rival (an evaluation's
 		// batches) does not unseat it.
@@ -185,6 +201,10 @@ func (s *stepper) checkSite(set settings) bool {
 		return false
 	}
 	p, ok := stepclock.PickSite(c.items, s.pid)
+	if ok && c.micro[stepclock.SiteID(p.TID, p.Site.Key)] {
+		// It reads micro-batches, as launches showed earlier: no step.
+		ok = false
+	}
 	if ok && p.TID != s.pid && c.mainSyncs(c.items[0].T) >= stepclock.SiteMinRuns {
 		// The main thread syncs on its own, recurrently (from a site
 		// that does not qualify, or whose stack was not captured): the

@@ -193,7 +193,7 @@ func scoreSites(items []Item) []*siteCand {
 		if it.Site.Key == "" {
 			continue
 		}
-		k := strconv.FormatUint(uint64(it.TID), 10) + "|" + it.Site.Key
+		k := SiteID(it.TID, it.Site.Key)
 		c := idx[k]
 		if c == nil {
 			c = &siteCand{site: it.Site, tid: it.TID}
@@ -280,6 +280,25 @@ func onlyLoop(c *siteCand, cands []*siteCand) bool {
 		}
 	}
 	return true
+}
+
+// MicroSites lists the sites in items (as "TID|KEY") whose calls read
+// each micro-batch's loss, as the launches between them show
+// (microBatches): a stepper keeps them off the step clock once known,
+// through stretches where launches are not seen (auto's lite ones).
+func MicroSites(items []Item) []string {
+	var out []string
+	for _, c := range scoreSites(items) {
+		if c.micro > 0 {
+			out = append(out, SiteID(c.tid, c.site.Key))
+		}
+	}
+	return out
+}
+
+// SiteID names a site on a thread, as MicroSites lists it.
+func SiteID(tid uint32, key string) string {
+	return strconv.FormatUint(uint64(tid), 10) + "|" + key
 }
 
 // qualified says whether c recurs once per iteration over a stream of n

@@ -321,6 +321,11 @@ func (p *proc) closeWaitAtExit(x env, t int64) {
 		if sg.Ev == nil {
 			continue
 		}
+		if sg.Ev.FDKind == event.FDPipe {
+			// stdout and stderr into a pipe: the exiting interpreter's
+			// last log lines, not the job's data.
+			continue
+		}
 		switch attribute.BaseCause(sg.Ev) {
 		case CauseNet, CauseIORead, CauseIOWrite:
 			waited += sg.B - sg.A

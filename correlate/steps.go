@@ -296,7 +296,7 @@ func (s *stepper) onSync(set settings, sig stepclock.Sync) {
 				if s.tryClock(set) {
 					return
 				}
-				if s.mode == modeUnknown && !set.lite && s.awaitMarks() {
+				if s.mode == modeUnknown && (!set.lite && s.awaitMarks() || s.awaitSite()) {
 					return
 				}
 				s.period, s.phase, s.retroFrom = P, ph, from

@@ -27,6 +27,9 @@ const (
 	// which it gives way to fixed windows (an evaluation phase or a
 	// checkpoint may last ten steps; the site's own checks judge those).
 	siteLost = 50
+	// siteHold: PickSite checks the sync period waits for while the
+	// stream holds sited calls and no step has been laid yet.
+	siteHold = 2
 )
 
 // siteClock is a stepper's call-site state.
@@ -40,10 +43,27 @@ type siteClock struct {
 	tid     uint32
 	name    string
 	strikes int
+	checks  int   // PickSite checks run
 	lastAt  int64 // its latest call's return
 	// pend: each thread's launches a copy reported pending, which its
 	// next sync counts again (newLaunches).
 	pend map[uint32]uint64
+	// micro: the sites known to read micro-batches (stepclock.MicroSites).
+	micro map[string]bool
+	// mainBare: when the main thread's latest syncs returned, sited or
+	// not (its stack not captured), oldest first.
+	mainBare []int64
+}
+
+// mainSyncs is how many syncs the main thread made since t.
+func (c *siteClock) mainSyncs(t int64) int {
+	n := 0
+	for _, at := range c.mainBare {
+		if at >= t {
+			n++
+		}
+	}
+	return n
 }
 
 // newLaunches is how many launches ev's thread made since its previous
@@ -68,6 +88,23 @@ func (c *siteClock) newLaunches(ev *event.Event) uint64 {
 	return ev.Count
 }
 
+// awaitSite says whether sited calls have begun to arrive but PickSite
+// has not judged them yet (siteHold checks): the sync period waits for
+// it, since the site lays its steps over the stream while the period's
+// steps could not be taken back.
+func (s *stepper) awaitSite() bool {
+	c := &s.sites
+	if c.checks >= siteHold {
+		return false
+	}
+	for i := range c.items {
+		if c.items[i].Site.Key != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // siteToken notes one enqueued token in the stream.
 func (s *stepper) siteToken(key stepclock.Key, t int64) {
 	s.sites.push(stepclock.Item{Key: key, T: t})
@@ -84,10 +121,15 @@ func (c *siteClock) push(it stepclock.Item) {
 // onSiteCall takes a sync or blocking copy with its stack; it reports
 // whether a step ended at it.
 func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
+	c := &s.sites
+	if ev.TID == s.pid && set.stepAt == nil {
+		if c.mainBare = append(c.mainBare, ev.End); len(c.mainBare) > stepclock.SiteRing {
+			c.mainBare = c.mainBare[1:]
+		}
+	}
 	if len(ev.Stack) == 0 {
 		return false
 	}
-	c := &s.sites
 	if sp := set.stepAt; sp != nil {
 		f, ok := sp.Match(ev.Stack)
 		if !ok {
@@ -132,7 +174,22 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 // gives the running one up after siteStrikes checks that disagree.
 func (s *stepper) checkSite(set settings) bool {
 	c := &s.sites
-	if s.mode == modeSite && stepclock.Qualifies(c.items, c.key, c.tid) {
+	c.checks++
+	for _, id := range stepclock.MicroSites(c.items) {
+		if c.micro == nil {
+			c.micro = map[string]bool{}
+		}
+		c.micro[id] = true
+	}
+	if s.mode == modeSite && c.source == stepclock.SourceCallSite && c.tid != s.pid && c.mainSyncs(c.items[0].T) >= stepclock.SiteMinRuns {
+		// The main thread now syncs recurrently: the running site is a
+		// background thread's (a saver's burst filled the stream when it
+		// was found), which never owns the step clock.
+		set.log.Info("step site is a background thread's, back to the work pattern", "pid", s.pid, "site", c.name)
+		c.key, c.source = "", ""
+		s.toWindows(c.lastAt)
+	}
+	if s.mode == modeSite && stepclock.Qualifies(c.items, c.key, c.tid) && !s.mainTakesOver() {
 		// The running site still recurs: a rival (an evaluation's
 		// batches) does not unseat it.
 		c.strikes = 0
@@ -144,6 +201,17 @@ func (s *stepper) checkSite(set settings) bool {
 		return false
 	}
 	p, ok := stepclock.PickSite(c.items, s.pid)
+	if ok && c.micro[stepclock.SiteID(p.TID, p.Site.Key)] {
+		// It reads micro-batches, as launches showed earlier: no step.
+		ok = false
+	}
+	if ok && p.TID != s.pid && c.mainSyncs(c.items[0].T) >= stepclock.SiteMinRuns {
+		// The main thread syncs on its own, recurrently (from a site
+		// that does not qualify, or whose stack was not captured): the
+		// other thread's site is a background one's (a saver), which
+		// never owns the step clock.
+		ok = false
+	}
 	set.log.Debug("step site check", "pid", s.pid, "site", p.Site.Name, "runs", p.Runs, "rival", p.Rival.Name, "ok", ok)
 	if s.mode == modeSite {
 		if !ok && c.recent() {
@@ -175,6 +243,19 @@ func (s *stepper) checkSite(set settings) bool {
 	set.log.Info("steps end at a call site", "pid", s.pid, "site", c.name, "tid", p.TID)
 	s.enterSite(ends)
 	return true
+}
+
+// mainTakesOver says whether a running call site on another thread than
+// the main one gives way to a site PickSite now finds on the main thread:
+// a background thread's burst (a saver's copies) that filled the stream
+// when the site was first looked for never owns the step clock.
+func (s *stepper) mainTakesOver() bool {
+	c := &s.sites
+	if c.source != stepclock.SourceCallSite || c.tid == s.pid {
+		return false
+	}
+	p, ok := stepclock.PickSite(c.items, s.pid)
+	return ok && p.TID == s.pid
 }
 
 // recent says whether the running site was called in the later half of

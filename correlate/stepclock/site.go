@@ -131,6 +131,12 @@ type siteCand struct {
 	good, all int
 	// launches: the thread's launches in each interval, in order.
 	launches []uint64
+	// micro: the micro-batches an optimizer step groups, where the
+	// launches show the site reads each micro-batch's loss (microBatches).
+	micro int
+	// bare: the intervals that showed nothing at all (no launch, no
+	// token): lite, or a CUDA graph's replays, which lite does not see.
+	bare int
 }
 
 // PickSite finds the call site that recurs once per iteration in items
@@ -146,41 +152,15 @@ type siteCand struct {
 // least, and is not called in lockstep with it, there is no pick
 // (Pick.Rival names it). A pick's calls span the stream (the first in its
 // first quarter, the last in its last): an evaluation's batches, however
-// many, are a phase of it.
+// many, are a phase of it. A site that reads each micro-batch's loss
+// never clocks; the site called once after each group of them (the
+// optimizer step's sync) does (encloses).
 func PickSite(items []Item, pid uint32) (Pick, bool) {
-	var cands []*siteCand
-	idx := map[string]*siteCand{}
-	for i := range items {
-		it := &items[i]
-		if it.Site.Key == "" {
-			continue
-		}
-		k := strconv.FormatUint(uint64(it.TID), 10) + "|" + it.Site.Key
-		c := idx[k]
-		if c == nil {
-			c = &siteCand{site: it.Site, tid: it.TID}
-			idx[k] = c
-			cands = append(cands, c)
-		}
-		c.at = append(c.at, i)
-	}
+	cands := scoreSites(items)
 	var best *siteCand
 	var ok []*siteCand
 	for _, c := range cands {
-		for j := 1; j < len(c.at); j++ {
-			c.all++
-			span := items[c.at[j-1]+1 : c.at[j]+1]
-			if oneIteration(span, c.tid) {
-				c.good++
-			}
-			c.launches = append(c.launches, threadLaunches(span, c.tid))
-		}
-		if c.good < SiteMinRuns || float64(c.good) < SiteGood*float64(c.all) || microBatches(c.launches) {
-			continue
-		}
-		if 4*c.at[0] >= len(items) || 4*c.at[len(c.at)-1] < 3*len(items) {
-			// Its calls do not span the stream: a phase (an evaluation's
-			// batches), not the loop.
+		if !qualified(c, len(items)) {
 			continue
 		}
 		ok = append(ok, c)
@@ -201,6 +181,157 @@ func PickSite(items []Item, pid uint32) (Pick, bool) {
 		}
 	}
 	return Pick{Site: best.site, TID: best.tid, Runs: best.good, Pin: pin(best.site, cands)}, true
+}
+
+// scoreSites groups items' sited calls by thread and site, and counts
+// each site's intervals and those that hold one iteration.
+func scoreSites(items []Item) []*siteCand {
+	var cands []*siteCand
+	idx := map[string]*siteCand{}
+	for i := range items {
+		it := &items[i]
+		if it.Site.Key == "" {
+			continue
+		}
+		k := SiteID(it.TID, it.Site.Key)
+		c := idx[k]
+		if c == nil {
+			c = &siteCand{site: it.Site, tid: it.TID}
+			idx[k] = c
+			cands = append(cands, c)
+		}
+		c.at = append(c.at, i)
+	}
+	for _, c := range cands {
+		for j := 1; j < len(c.at); j++ {
+			c.all++
+			span := items[c.at[j-1]+1 : c.at[j]+1]
+			if oneIteration(span, c.tid, SiteRepeat) {
+				c.good++
+			} else if bareSpan(span, c.tid) {
+				c.bare++
+			}
+			c.launches = append(c.launches, threadLaunches(span, c.tid))
+		}
+		c.micro = microBatches(c.launches)
+	}
+	for _, c := range cands {
+		if c.bare > 0 && blind(items) && !qualified(c, len(items)) && onlyLoop(c, cands) {
+			// The thread's one loop, and nothing in the stream shows
+			// what its calls enclose: each call ends an iteration.
+			c.good += c.bare
+		}
+	}
+	for _, b := range cands {
+		if b.micro == 0 {
+			continue
+		}
+		for _, c := range cands {
+			if c != b && c.tid == b.tid && c.micro == 0 && !qualified(c, len(items)) {
+				encloses(items, c, b)
+			}
+		}
+	}
+	return cands
+}
+
+// bareSpan says whether span shows nothing between two calls on tid: no
+// launch of the thread, no token but copies to the host (the reads).
+func bareSpan(span []Item, tid uint32) bool {
+	for i := range span {
+		it := &span[i]
+		if it.Site.Key != "" {
+			if it.TID == tid && it.Launches > 0 {
+				return false
+			}
+			continue
+		}
+		if it.Key.Dir != event.CUMemcpyDtoH {
+			return false
+		}
+	}
+	return true
+}
+
+// blind says whether the stream holds no token but copies to the host
+// and marked launches: the job copies nothing to the device and makes no
+// collective, so nothing tells one interval's work from another's (a
+// CUDA graph's replays under lite). Where a token does come (a batch
+// copy), intervals without it hold no iteration.
+func blind(items []Item) bool {
+	for i := range items {
+		if it := &items[i]; it.Site.Key == "" && it.Key.Dir != event.CUMemcpyDtoH && it.Key.Fn == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// onlyLoop says whether every other site of c's thread that recurs
+// (SiteMinRuns calls at least) is called in lockstep with c: the thread
+// runs one loop, and c's calls are its iterations' (a loss read and its
+// copy). A checkpoint copying tensor by tensor, or an evaluation, is a
+// second loop: where nothing between calls shows work, the stream cannot
+// tell which one is the training's.
+func onlyLoop(c *siteCand, cands []*siteCand) bool {
+	for _, o := range cands {
+		if o != c && o.tid == c.tid && len(o.at) >= SiteMinRuns && !lockstep(c, o) {
+			return false
+		}
+	}
+	return true
+}
+
+// MicroSites lists the sites in items (as "TID|KEY") whose calls read
+// each micro-batch's loss, as the launches between them show
+// (microBatches): a stepper keeps them off the step clock once known,
+// through stretches where launches are not seen (auto's lite ones).
+func MicroSites(items []Item) []string {
+	var out []string
+	for _, c := range scoreSites(items) {
+		if c.micro > 0 {
+			out = append(out, SiteID(c.tid, c.site.Key))
+		}
+	}
+	return out
+}
+
+// SiteID names a site on a thread, as MicroSites lists it.
+func SiteID(tid uint32, key string) string {
+	return strconv.FormatUint(uint64(tid), 10) + "|" + key
+}
+
+// qualified says whether c recurs once per iteration over a stream of n
+// items: enough good intervals, no micro-batches, calls that span it.
+func qualified(c *siteCand, n int) bool {
+	if c.good < SiteMinRuns || float64(c.good) < SiteGood*float64(c.all) || c.micro > 0 {
+		return false
+	}
+	// Calls that do not span the stream are a phase (an evaluation's
+	// batches), not the loop.
+	return 4*c.at[0] < n && 4*c.at[len(c.at)-1] >= 3*n
+}
+
+// encloses rescores c as the optimizer step of b's micro-batches where
+// most of c's intervals hold exactly b.micro calls of b: the g
+// micro-batches' tokens then come g times (their batch copies), which is
+// one iteration, not a site read every g-th iteration (that one encloses
+// no site that microBatches tells by the optimizer's launches).
+func encloses(items []Item, c, b *siteCand) {
+	good, k := 0, 0
+	for j := 1; j < len(c.at); j++ {
+		n := 0
+		for k < len(b.at) && b.at[k] < c.at[j] {
+			if b.at[k] > c.at[j-1] {
+				n++
+			}
+			k++
+		}
+		if n == b.micro && oneIteration(items[c.at[j-1]+1:c.at[j]+1], c.tid, b.micro*SiteRepeat) {
+			good++
+		}
+	}
+	c.good = max(c.good, good)
 }
 
 // PinIn is the pin of the site key in items (Pick.Pin), "" when items
@@ -249,19 +380,12 @@ func pin(s Site, cands []*siteCand) string {
 // Qualifies says whether the site key on tid still recurs once per
 // iteration in items, as PickSite requires of a pick (its rivals aside).
 func Qualifies(items []Item, key string, tid uint32) bool {
-	c := &siteCand{tid: tid}
-	for i := range items {
-		if items[i].Site.Key == key && items[i].TID == tid {
-			c.at = append(c.at, i)
+	for _, c := range scoreSites(items) {
+		if c.site.Key == key && c.tid == tid {
+			return c.good >= SiteMinRuns && float64(c.good) >= SiteGood*float64(c.all) && c.micro == 0
 		}
 	}
-	for j := 1; j < len(c.at); j++ {
-		c.all++
-		if oneIteration(items[c.at[j-1]+1:c.at[j]+1], tid) {
-			c.good++
-		}
-	}
-	return c.good >= SiteMinRuns && float64(c.good) >= SiteGood*float64(c.all)
+	return false
 }
 
 func threadLaunches(span []Item, tid uint32) uint64 {
@@ -274,32 +398,49 @@ func threadLaunches(span []Item, tid uint32) uint64 {
 	return n
 }
 
-// microBatches says whether the launches between a site's calls show
-// gradient accumulation: every g-th interval (g from 2 to 8) launches
-// more than every other one (the optimizer step), over three groups at
-// least. Such a site reads each micro-batch's loss; a step is one
-// optimizer step, which the work pattern groups (lite, blind to launches,
-// cannot tell).
-func microBatches(l []uint64) bool {
+// microBatches is g where the launches between a site's calls show
+// gradient accumulation: most g-th intervals (g from 2 to 8) launch more
+// than most others (the optimizer step), over three groups at least; 0
+// otherwise. Such a site reads each micro-batch's loss; a step
+// is one optimizer step, which the site called once a group (encloses)
+// or the work pattern groups (lite, blind to launches, cannot tell).
+func microBatches(l []uint64) int {
 	for g := 2; g <= 8; g++ {
 		if len(l) < 3*g {
 			break
 		}
 		for ph := 0; ph < g; ph++ {
-			var heavyMin, restMax uint64 = ^uint64(0), 0
+			var rest []uint64
 			for i, n := range l {
-				if i%g == ph {
-					heavyMin = min(heavyMin, n)
-				} else {
-					restMax = max(restMax, n)
+				if i%g != ph {
+					rest = append(rest, n)
 				}
 			}
-			if restMax > 0 && heavyMin > restMax+restMax/10 {
-				return true
+			slices.Sort(rest)
+			med := rest[len(rest)/2]
+			if med == 0 {
+				continue
+			}
+			// Most of the phase's intervals launch more than most
+			// others: a stall, an evaluation or a lost launch count in
+			// a few of them does not hide the optimizer's launches.
+			heavy, over := 0, 0
+			for i, n := range l {
+				if n > med+med/10 {
+					if i%g == ph {
+						heavy++
+					} else {
+						over++
+					}
+				}
+			}
+			groups := (len(l) - ph + g - 1) / g
+			if float64(heavy) >= SiteGood*float64(groups) && float64(over) <= (1-SiteGood)*float64(len(rest)) {
+				return g
 			}
 		}
 	}
-	return false
+	return 0
 }
 
 // lockstep says whether c is called once between most consecutive calls
@@ -333,13 +474,12 @@ func better(c, b *siteCand, pid uint32) bool {
 
 // oneIteration says whether the items after one call of a site on tid up
 // to and including the next hold one iteration's work: the thread
-// launched, or a token came, and no token came more than SiteRepeat
-// times (marked launches count as work, not as repeats: a function may
+// launched, or a token came, and no token came more than repeat times (marked launches count as work, not as repeats: a function may
 // be launched any number of times an iteration). A copy to the host is
 // the read of a sited call, no work of its
 // own (a checkpoint's per-tensor copies, each with its sync, hold no
 // work between them), and neither is a sited call that is a copy.
-func oneIteration(span []Item, tid uint32) bool {
+func oneIteration(span []Item, tid uint32, repeat int) bool {
 	work := false
 	seen := map[Key]int{}
 	for i := range span {
@@ -357,7 +497,7 @@ func oneIteration(span []Item, tid uint32) bool {
 			// number of times.
 			continue
 		}
-		if seen[it.Key]++; seen[it.Key] > SiteRepeat {
+		if seen[it.Key]++; seen[it.Key] > repeat {
 			return false
 		}
 	}

@@ -270,3 +270,116 @@ func TestPinInMovesOut(t *testing.T) {
 		t.Fatalf("pin %q of a key not in the stream", p)
 	}
 }
+
+func TestPickSiteOptimizerStepEnclosesMicroBatches(t *testing.T) {
+	// Four micro-batches a step, each copying its batch and reading its
+	// loss at line 50; then the optimizer's launches and an event wait at
+	// line 70; every 15 steps an evaluation of 10 batches at line 90. The
+	// update's site is the step: its intervals hold the batch copy four
+	// times, one per micro-batch read, not a read every fourth iteration.
+	var s stream
+	for i := 0; i < 30; i++ {
+		for k := 0; k < 4; k++ {
+			s.tok(1 << 20)
+			s.call(pid+1, 3, 50, 100)
+		}
+		s.call(pid+1, 2, 70, 100)
+		if i%15 == 14 {
+			for k := 0; k < 10; k++ {
+				s.tok(1 << 20)
+				s.call(pid+1, 1, 90, 100)
+			}
+		}
+	}
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Name != "train.py:70 main" || p.TID != pid+1 {
+		t.Fatalf("picked %+v %v, want the update's train.py:70", p, ok)
+	}
+	if !Qualifies(s.items, p.Site.Key, p.TID) {
+		t.Fatal("the picked update site does not qualify on the same stream")
+	}
+}
+
+func TestPickSiteMetricEveryNthNotEnclosing(t *testing.T) {
+	// A loss read every iteration at line 40, launches alike each time,
+	// and a metric read every fourth at line 44: the metric's site holds
+	// four iterations, and no micro-batches tell it is an optimizer step.
+	var s stream
+	for i := 0; i < 60; i++ {
+		s.tok(4096)
+		s.call(pid, 20, 40, 100)
+		if i%4 == 3 {
+			s.call(pid, 0, 44, 100)
+		}
+	}
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Name != "train.py:40 main" {
+		t.Fatalf("picked %+v %v, want train.py:40", p, ok)
+	}
+}
+
+func TestPickSiteBareGraphReplays(t *testing.T) {
+	// Lite does not see a CUDA graph's replays: the loss copy (line 75)
+	// and sync (line 76) of the main thread show nothing between them; a
+	// saver thread copies twelve tensors every 20 iterations. The main
+	// thread's one loop is the step site.
+	var s stream
+	for i := 0; i < 80; i++ {
+		s.call(pid, 0, 75, 100)
+		s.call(pid, 0, 76, 100)
+		if i%20 == 19 {
+			for k := 0; k < 12; k++ {
+				s.items = append(s.items, Item{Key: Key{Kind: event.KindMemcpyAsync, Dir: event.CUMemcpyDtoH, Bytes: 4 << 20}})
+				s.call(pid+1, 0, 40, 200)
+			}
+		}
+	}
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Name != "train.py:76 main" || p.TID != pid {
+		t.Fatalf("picked %+v %v, want train.py:76 on the main thread", p, ok)
+	}
+}
+
+func TestPickSiteBareTwoLoopsNone(t *testing.T) {
+	// Nothing seen between calls, and the main thread runs two loops: the
+	// loss read at line 130 and a checkpoint's per-tensor copies at line
+	// 71 every 25 iterations. The stream cannot tell which is the
+	// training's: no pick.
+	var s stream
+	for i := 0; i < 100; i++ {
+		s.call(pid, 0, 130, 100)
+		if i%25 == 24 {
+			for k := 0; k < 48; k++ {
+				s.call(pid, 0, 71, 100)
+			}
+		}
+	}
+	if p, ok := PickSite(s.items, pid); ok {
+		t.Fatalf("picked %+v, want none", p)
+	}
+}
+
+func TestMicroBatchesDespiteOutliers(t *testing.T) {
+	// Four micro-batches, the optimizer's launches in the fourth interval;
+	// one stall lost a count and one evaluation added launches elsewhere.
+	var l []uint64
+	for i := 0; i < 40; i++ {
+		n := uint64(3)
+		if i%4 == 3 {
+			n = 5
+		}
+		l = append(l, n)
+	}
+	l[7], l[13] = 2, 13
+	if g := microBatches(l); g != 4 {
+		t.Fatalf("microBatches = %d, want 4", g)
+	}
+	flat := make([]uint64, 40)
+	for i := range flat {
+		flat[i] = 3
+	}
+	flat[9] = 7
+	if g := microBatches(flat); g != 0 {
+		t.Fatalf("microBatches of a flat loop = %d, want 0", g)
+	}
+}

@@ -42,6 +42,17 @@
 // Gaps at least MinGap long are attributed and emitted (Evidence.Source
 // "host"); shorter ones are micro-gaps and only count through the windows.
 //
+// The loop's thread owns its gaps (loopthread.go): the running call
+// site's thread, else the process's main feeder (most launches; in lite,
+// where none is seen, most calls that give the GPU work: launches,
+// memsets, collectives, copies other than reads to the host). A thread
+// that never fed the GPU (only device-to-host copies and syncs: a
+// checkpoint saver, a metrics reader) does not end, reject or absorb into
+// an open gap of another thread; its copies drain on its own stream, its
+// events stay on its timeline and its tid among the gap's threads. A
+// thread that feeds the GPU (autograd's backward thread) ends it as
+// before.
+//
 // An async copy issued while the queue is drained is held until its thread
 // shows what it was (episode.go). A copy from pageable memory keeps the host
 // in the call while the driver stages it (KindMemcpyStaged, from the
@@ -337,6 +348,8 @@
 //	              that could not run cost)
 //	quiet.go      a queue that drains after a thread's small trailing
 //	              burst, with no sync to show it (full probes)
+//	loopthread.go the loop's thread (call site's or main feeder) and the
+//	              readers whose copies and syncs stay out of its gaps
 //	episode.go    copies issued into a gap: pageable copies that end it at
 //	              their return, host operations whose copies and syncs stay
 //	              inside it, and their labels

@@ -22,6 +22,7 @@ enum event_type {
 	EV_MMAP = 7, /* an executable file mapping appeared: rescan /proc/PID/maps */
 	EV_PYSTACK = 8, /* the Python frames of the event that follows (bpf/python.h) */
 	EV_SYSCALL_PATH = 9, /* a syscall that names its file by path: syscall_path_event */
+	EV_MARKER = 40, /* a framework step marker: marker_event (bpf/marker.c) */
 };
 
 /* hdr.kind: the event.Kind value (event/event.go), kept numerically equal
@@ -48,6 +49,7 @@ enum event_kind {
 	/* An async copy that kept the host in the call (the driver staged
 	 * pageable memory through a pinned buffer): start_ns..ktime_ns. */
 	K_MEMCPY_STAGED = 19,
+	K_MARKER = 40, /* a framework step marker (bpf/marker.c) */
 };
 
 /* Syscall classes: event.SyscallClass values (tracer/enums_test.go checks),

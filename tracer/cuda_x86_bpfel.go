@@ -108,6 +108,7 @@ const (
 	cudaEventKindK_CLOSE         cudaEventKind = 17
 	cudaEventKindK_COMM_INIT     cudaEventKind = 18
 	cudaEventKindK_MEMCPY_STAGED cudaEventKind = 19
+	cudaEventKindK_MARKER        cudaEventKind = 40
 )
 
 type cudaEventType uint32
@@ -122,6 +123,7 @@ const (
 	cudaEventTypeEV_MMAP         cudaEventType = 7
 	cudaEventTypeEV_PYSTACK      cudaEventType = 8
 	cudaEventTypeEV_SYSCALL_PATH cudaEventType = 9
+	cudaEventTypeEV_MARKER       cudaEventType = 40
 )
 
 type cudaLaunchFn struct {

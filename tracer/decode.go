@@ -20,6 +20,8 @@ const (
 	evPyStack = uint32(cudaEventTypeEV_PYSTACK)
 	// evSyscallPath: a syscall record followed by the path the call named.
 	evSyscallPath = uint32(cudaEventTypeEV_SYSCALL_PATH)
+	// evMarker: a framework step marker (bpf/marker.c).
+	evMarker = uint32(markerEventTypeEV_MARKER)
 )
 
 // Flags of sched_event and proc_event (enum sched_flags, enum proc_flags).
@@ -40,6 +42,7 @@ type (
 	rawFD      = syscallsFdEvent
 	rawSched   = schedSchedEvent
 	rawProc    = schedProcEvent
+	rawMarker  = markerMarkerEvent
 )
 
 var recordSizes = [...]uintptr{
@@ -52,6 +55,7 @@ var recordSizes = [...]uintptr{
 	evMmap:        unsafe.Sizeof(rawHeader{}),
 	evPyStack:     unsafe.Sizeof(rawPyStack{}),
 	evSyscallPath: unsafe.Sizeof(rawSysPath{}),
+	evMarker:      unsafe.Sizeof(rawMarker{}),
 }
 
 // maxKtime bounds CLOCK_MONOTONIC values (about 146 years of uptime) so
@@ -192,6 +196,8 @@ func decodeRecord(rec []byte, d *decoded) error {
 		d.ctl = ctlRescan
 	case evPyStack:
 		d.pyStack = rec
+	case evMarker:
+		return decodeMarker(rec, h, d)
 	}
 	return nil
 }

@@ -74,6 +74,7 @@ func (t *Tracer) load() error {
 		{"nccl", loadNccl, &t.nccl},
 		{"syscalls", loadSyscalls, &t.sys},
 		{"sched", loadSched, &t.sched},
+		{"marker", loadMarker, &t.marker},
 	}
 	pidns, err := pidNamespace(procRoot)
 	if err != nil {

@@ -16,9 +16,13 @@ type library uint8
 const (
 	libCUDA library = iota
 	libNCCL
+	libMarker // a library defining the framework marker function (marker.go)
 )
 
 func (l library) String() string {
+	if l == libMarker {
+		return "record_function"
+	}
 	if l == libNCCL {
 		return "libnccl.so.2"
 	}

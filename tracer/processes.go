@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -112,6 +113,9 @@ func (t *Tracer) scanProcess(pid uint32) {
 			}
 			if lib, ok := t.libraryOf(m.Pathname); ok {
 				libs[m.Pathname] = lib
+			} else if _, ok := libs[m.Pathname]; !ok && m.Perms != nil && m.Perms.Execute &&
+				definesMarker.defines(filepath.Join(procRoot, strconv.Itoa(int(pid)), "root", m.Pathname), m.Dev, m.Inode) {
+				libs[m.Pathname] = libMarker
 			}
 		}
 	}

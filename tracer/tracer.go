@@ -70,6 +70,7 @@ type Tracer struct {
 	shared map[string]*ebpf.Map
 	cuda   cudaObjects
 	nccl   ncclObjects
+	marker markerObjects
 	sys    syscallsObjects
 	sched  schedObjects
 	tps    []link.Link // tracepoints, in attach order

@@ -132,6 +132,9 @@ type stepper struct {
 	// sites: the step site, declared or found in the calls' stacks
 	// (stepsite.go); under modeSite it ends the steps.
 	sites siteClock
+	// fw: the framework marker that clocks the steps once one came
+	// (marker.go); it holds modeSite against the call sites.
+	fw stepclock.FrameworkClock
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.

@@ -84,7 +84,7 @@ func (c *siteClock) push(it stepclock.Item) {
 // onSiteCall takes a sync or blocking copy with its stack; it reports
 // whether a step ended at it.
 func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
-	if len(ev.Stack) == 0 {
+	if len(ev.Stack) == 0 || s.fw.On() && set.stepAt == nil {
 		return false
 	}
 	c := &s.sites

@@ -1,0 +1,47 @@
+package correlate
+
+import (
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
+	"github.com/gaptrace/gaptrace/event"
+)
+
+// Steps from framework markers (event.KindMarker): once a process enters
+// PyTorch's optimizer step (or, without one, the profiler's step), each
+// such marker ends a step, wherever the syncs come from. A step is one
+// optimizer step: a gradient-accumulation loop reads its loss once per
+// micro-batch, so its call site recurs several times per step, while its
+// optimizer steps once. stepclock.FrameworkClock picks the marker; the
+// stepper runs under modeSite with the framework as the source, which a
+// call site does not unseat. A declared site (--step-at) wins over it.
+
+// onMarker feeds one framework marker to p's step clock.
+func (p *proc) onMarker(x env, ev *event.Event) {
+	if p.st.onMarker(x.set, ev) {
+		p.resolveHeld(x, false)
+	}
+}
+
+// onMarker reports whether a step ended at the marker.
+func (s *stepper) onMarker(set settings, ev *event.Event) bool {
+	if set.stepAt != nil {
+		return false
+	}
+	prev := s.fw
+	var ends bool
+	s.fw, ends = s.fw.Take(stepclock.Marker{TID: ev.TID, Name: ev.Name, T: ev.End})
+	if !ends {
+		return false
+	}
+	c := &s.sites
+	if s.fw != prev || s.mode != modeSite || c.source != stepclock.SourceFramework {
+		c.source, c.name, c.key, c.strikes = stepclock.SourceFramework, s.fw.Name, "", 0
+		set.log.Info("steps end at a framework marker", "pid", s.pid, "marker", c.name, "tid", ev.TID)
+		s.enterSite(nil)
+	}
+	if o := s.openStep(); o == nil || ev.End <= o.Start || ev.End <= o.lastGap {
+		return false
+	}
+	c.lastAt = ev.End
+	s.boundary(ev.End, false)
+	return true
+}

@@ -38,9 +38,13 @@ func (s *stepper) onMarker(set settings, ev *event.Event) bool {
 		set.log.Info("steps end at a framework marker", "pid", s.pid, "marker", c.name, "tid", ev.TID)
 		s.enterSite(nil)
 	}
-	if o := s.openStep(); o == nil || ev.End <= o.Start || ev.End <= o.lastGap {
+	o := s.openStep()
+	if o == nil || ev.End <= o.Start || ev.End <= o.lastGap {
 		return false
 	}
+	// The marker ends the iteration the open step holds, a fixed window
+	// until now (the clock's first marker): it is a step.
+	o.Window = false
 	c.lastAt = ev.End
 	s.boundary(ev.End, false)
 	return true

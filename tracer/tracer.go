@@ -1,13 +1,15 @@
 // Package tracer attaches gaptrace's BPF programs to a training process and
 // its descendants and delivers a stream of event.Event.
 //
-// Lifecycle: New loads every BPF object (the four objects built from
-// bpf/{cuda,nccl,syscalls,sched}.c share their maps: traced processes,
+// Lifecycle: New loads every BPF object (the five objects built from
+// bpf/{cuda,nccl,syscalls,sched,marker}.c share their maps: traced processes,
 // per-thread state, the ring buffer, the drop and short-syscall counters) and
 // attaches the tracepoints, which cost nothing until a process is traced.
 // Trace adds a process: its tgid goes into traced_tgids (every program checks
 // that map first), and uprobes are attached, filtered to that process, on
-// the libcuda/libnccl it maps. From then on the kernel adds forked children
+// the libcuda/libnccl it maps and on any library whose dynamic symbols
+// define PyTorch's record_function entry (marker.go: framework step
+// markers). From then on the kernel adds forked children
 // to traced_tgids itself, so no child runs untraced while user space catches
 // up; user space then attaches the children's uprobes. Libraries mapped later
 // (dlopen) are noticed through executable-mapping events and a periodic

@@ -16,7 +16,8 @@ import (
 // `gaptrace attach --pid` mid-run, a step is one optimizer step (within
 // ±2% of the job's count, nine in ten holding one step end) and the
 // summary says the framework counted them, at the marker's name. The loss
-// read's call site alone counts four steps an optimizer step.
+// read's call site alone counts four steps an optimizer step. Once more
+// under full with the profiler's ProfilerStep#N marker instead.
 func TestPythonOptimizerSteps(t *testing.T) {
 	s := need(t)
 	const steps, attachSteps = 200, 600
@@ -40,4 +41,15 @@ func TestPythonOptimizerSteps(t *testing.T) {
 			}
 		})
 	}
+	// The profiler's step marker, where no optimizer step comes: its
+	// names ("ProfilerStep#12") fit std::string's inline buffer.
+	t.Run("profiler/full", func(t *testing.T) {
+		dir := runPython(t, s, "pyoptim-profiler", "pyoptim.py", correlate.ProbesFull, func(string) []string {
+			return []string{"--torch", lib, "--marker", "profiler", "--steps", fmt.Sprint(steps)}
+		})
+		checkPySteps(t, dir, "pyoptim-profiler/full", steps)
+		if clock := readStepClock(t, dir); clock.Source != "framework" || clock.Site != "ProfilerStep#N" {
+			t.Errorf("step_clock %+v, want the framework at ProfilerStep#N (outputs in %s)", clock, dir)
+		}
+	})
 }

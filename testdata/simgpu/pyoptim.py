@@ -9,7 +9,10 @@ PyTorch does, through the simulated libtorch (--torch, libsimtorch.so):
 "## forward ##" for each micro-batch (a user region, not a step marker),
 "Optimizer.step#SGD.step" once per optimizer step and
 "Optimizer.zero_grad#SGD.zero_grad" after it. A step is one optimizer
-step: the loss read recurs four times as often.
+step: the loss read recurs four times as often. --marker profiler enters
+"ProfilerStep#N" at the end of each iteration instead of the optimizer's
+regions, as torch.profiler's schedule does with prof.step() (a name short
+enough for std::string's inline buffer).
 
 --truth FILE writes JSON Lines: a meta record (pid, from_start), then one
 step record per optimizer step (start_unix_nano, end_unix_nano), and the
@@ -33,6 +36,7 @@ def main():
     p.add_argument("--torch", required=True, help="path of the simulated libtorch (libsimtorch.so)")
     p.add_argument("--steps", type=int, default=200, help="optimizer steps")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--marker", choices=("optimizer", "profiler"), default="optimizer", help="the step marker entered")
     p.add_argument("--truth", help="write the ground truth here (JSON Lines)")
     a = p.parse_args()
     if a.steps < 1:
@@ -59,9 +63,13 @@ def main():
             loop.batch()
             loop.launch(20)
             loop.read()  # loss.item() of the micro-batch
-        torch.sim_record_function(b"Optimizer.step#SGD.step")
+        if a.marker == "optimizer":
+            torch.sim_record_function(b"Optimizer.step#SGD.step")
         loop.launch(6, loop.funcs[3])  # the optimizer
-        torch.sim_record_function(b"Optimizer.zero_grad#SGD.zero_grad")
+        if a.marker == "optimizer":
+            torch.sim_record_function(b"Optimizer.zero_grad#SGD.zero_grad")
+        else:
+            torch.sim_record_function(b"ProfilerStep#%d" % (step + 1))
         record(type="step", step=step, start_unix_nano=start, end_unix_nano=time.time_ns())
     record(type="done", steps=a.steps)
     if truth:

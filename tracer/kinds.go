@@ -23,6 +23,7 @@ const (
 	RecFD                         // an open or close, for the fd cache
 	RecProc                       // fork, exec, exit, executable mapping
 	RecOther                      // a record that did not decode
+	RecMarker                     // a framework step marker (marker.go)
 	recKinds
 )
 
@@ -30,6 +31,7 @@ var recordKindNames = [recKinds]string{
 	RecLaunch: "cuda.launch", RecCUDA: "cuda.call", RecNCCL: "nccl", RecFutex: "syscall.futex",
 	RecSyscall: "syscall", RecRunqueue: "sched.runqueue", RecOffCPU: "sched.offcpu",
 	RecPyStack: "python.stack", RecFD: "fd", RecProc: "proc", RecOther: "undecodable",
+	RecMarker: "marker",
 }
 
 func (k RecordKind) String() string {
@@ -71,6 +73,8 @@ func recordKind(rec []byte) RecordKind {
 		return RecFD
 	case evProc, evMmap:
 		return RecProc
+	case evMarker:
+		return RecMarker
 	}
 	return RecOther
 }

@@ -31,6 +31,9 @@ func TestDecodeMarker(t *testing.T) {
 	if !d.emit || d.ev.Kind != event.KindMarker || d.ev.Name != name || d.ev.PID != 7 || d.ev.TID != 8 {
 		t.Fatalf("decoded %+v", d.ev)
 	}
+	if k := recordKind(markerRecord(uint32(event.KindMarker), markerOptimizerStep, name, uint32(len(name)))); k != RecMarker {
+		t.Errorf("record kind %v, want marker", k)
+	}
 	for _, c := range []struct {
 		what      string
 		kind, cls uint32

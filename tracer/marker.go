@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"unicode/utf8"
 	"unsafe"
 
@@ -51,60 +52,84 @@ func decodeMarker(rec []byte, h *rawHeader, d *decoded) error {
 	return nil
 }
 
-// markerLibs remembers, per mapped file (path, device, inode), whether its
-// dynamic symbol table defines markerSymbol: a Python process maps a
-// hundred libraries and every rescan sees them all again.
+// markerLibs remembers, per file (path, device, inode, size, mtime),
+// where its dynamic symbol table defines markerSymbol (0: it does not): a
+// Python process maps a hundred libraries, every rescan sees them all
+// again, and libtorch_cpu.so's table holds hundreds of thousands of
+// symbols, read once per file rather than once per process (DataLoader
+// workers map it too).
 type markerLibs struct {
 	mu   sync.Mutex
-	seen map[markerKey]bool
+	seen map[markerKey]uint64
 }
 
 type markerKey struct {
-	path     string
-	dev, ino uint64
+	path       string
+	dev, ino   uint64
+	size, time int64
 }
 
-var definesMarker = markerLibs{seen: make(map[markerKey]bool)}
+var definesMarker = markerLibs{seen: make(map[markerKey]uint64)}
 
-// defines says whether the library at file (reached through the process's
-// root) defines markerSymbol in its dynamic symbols, the exported one a
-// uprobe by name resolves: libtorch_python.so lists it undefined and
-// libtorch_cpu.so defines it.
-func (m *markerLibs) defines(file string, dev, ino uint64) bool {
-	k := markerKey{file, dev, ino}
+// addr is where the library at file (reached through the process's root)
+// defines markerSymbol in its dynamic symbols, the exported one a uprobe
+// by name resolves (libtorch_python.so lists it undefined, libtorch_cpu.so
+// defines it); 0 when it does not, or file is no regular ELF file.
+func (m *markerLibs) addr(file string) uint64 {
+	st, err := os.Stat(file)
+	if err != nil || !st.Mode().IsRegular() {
+		return 0
+	}
+	k := markerKey{path: file, size: st.Size(), time: st.ModTime().UnixNano()}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		k.dev, k.ino = sys.Dev, sys.Ino
+	}
 	m.mu.Lock()
 	v, ok := m.seen[k]
 	m.mu.Unlock()
 	if ok {
 		return v
 	}
-	v = dynDefines(file, markerSymbol)
+	v = dynDefined(file, markerSymbol)
 	m.mu.Lock()
 	m.seen[k] = v
 	m.mu.Unlock()
 	return v
 }
 
-func dynDefines(file, symbol string) bool {
-	if st, err := os.Stat(file); err != nil || !st.Mode().IsRegular() {
-		return false
-	}
+// dynDefined is the address of symbol among file's defined dynamic
+// function symbols (a versioned "name@VER" too), 0 when absent.
+func dynDefined(file, symbol string) uint64 {
 	f, err := elf.Open(file)
 	if err != nil {
-		return false
+		return 0
 	}
 	defer func() { _ = f.Close() }() // read-only
 	syms, err := f.DynamicSymbols()
 	if err != nil {
-		return false
+		return 0
 	}
 	for _, s := range syms {
 		if s.Section != elf.SHN_UNDEF && s.Value != 0 && elf.ST_TYPE(s.Info) == elf.STT_FUNC &&
 			strings.HasPrefix(s.Name, symbol) && (len(s.Name) == len(symbol) || s.Name[len(symbol)] == '@') {
-			return true
+			return s.Value
 		}
 	}
-	return false
+	return 0
 }
 
-func init() { allProbes = append(allProbes, markerSpec) }
+// planMarker plans the one marker probe on a library (planProbes for
+// libMarker), from the cached lookup rather than a read of every symbol.
+func planMarker(path string) ([]plannedProbe, []string, error) {
+	addr := definesMarker.addr(path)
+	if addr == 0 {
+		return nil, nil, fmt.Errorf("%s: no defined %s", path, markerSpec.name)
+	}
+	return []plannedProbe{{spec: &allProbes[markerProbe], symbol: markerSymbol, addr: addr}}, nil, nil
+}
+
+// markerProbe is markerSpec's index in allProbes.
+var markerProbe = func() int {
+	allProbes = append(allProbes, markerSpec)
+	return len(allProbes) - 1
+}()

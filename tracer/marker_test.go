@@ -56,11 +56,14 @@ func TestDecodeMarker(t *testing.T) {
 // libcuda does not.
 func TestDefinesMarker(t *testing.T) {
 	dir := simgpu(t)
-	if !dynDefines(filepath.Join(dir, "libsimtorch.so"), markerSymbol) {
+	if definesMarker.addr(filepath.Join(dir, "libsimtorch.so")) == 0 {
 		t.Error("libsimtorch.so: marker function not found")
 	}
-	if dynDefines(filepath.Join(dir, "libcuda.so.1"), markerSymbol) {
+	if definesMarker.addr(filepath.Join(dir, "libcuda.so.1")) != 0 {
 		t.Error("libcuda.so.1 said to define the marker function")
+	}
+	if definesMarker.addr(dir) != 0 {
+		t.Error("a directory said to define the marker function")
 	}
 	planned, missing, err := planProbes(filepath.Join(dir, "libsimtorch.so"), libMarker, ProbesLite)
 	if err != nil || len(planned) != 1 || len(missing) != 0 || planned[0].symbol != markerSymbol {

@@ -114,7 +114,7 @@ func (t *Tracer) scanProcess(pid uint32) {
 			if lib, ok := t.libraryOf(m.Pathname); ok {
 				libs[m.Pathname] = lib
 			} else if _, ok := libs[m.Pathname]; !ok && m.Perms != nil && m.Perms.Execute &&
-				definesMarker.defines(filepath.Join(procRoot, strconv.Itoa(int(pid)), "root", m.Pathname), m.Dev, m.Inode) {
+				definesMarker.addr(filepath.Join(procRoot, strconv.Itoa(int(pid)), "root", m.Pathname)) != 0 {
 				libs[m.Pathname] = libMarker
 			}
 		}

@@ -32,6 +32,7 @@ func (s *stepper) onMarker(set settings, ev *event.Event) bool {
 	if !ends {
 		return false
 	}
+	s.fwMost, s.fwCalls = max(s.fwMost, s.fwCalls), 0
 	c := &s.sites
 	if s.fw != prev || s.mode != modeSite || c.source != stepclock.SourceFramework {
 		c.source, c.name, c.key, c.strikes = stepclock.SourceFramework, s.fw.Name, "", 0
@@ -47,5 +48,42 @@ func (s *stepper) onMarker(set settings, ev *event.Event) bool {
 	o.Window = false
 	c.lastAt = ev.End
 	s.boundary(ev.End, false)
+	return true
+}
+
+// fwLostCalls: sited calls without a marker after which the framework
+// clock gives way to the call sites, at least; more where the loop makes
+// more between two markers (fwLostPer times the most seen); fwLostBare
+// where no sited call came between two markers yet. A CUDA-graph loop
+// steps its optimizer eagerly in its warm-up and its capture, with no
+// read between, then only replays: the markers stop while the loss reads
+// go on, and the iterations until the call site takes over are one step.
+const (
+	fwLostCalls = 32
+	fwLostPer   = 4
+	fwLostBare  = 4
+)
+
+// frameworkSiteCall takes a sited call under the framework clock: it ends
+// no step, unless the markers stopped coming while the calls go on; then
+// the call sites take over (a found site, or fixed windows until one is
+// found) and a marker that comes later takes the steps back.
+func (s *stepper) frameworkSiteCall(set settings, t int64) bool {
+	if set.stepAt != nil {
+		return false
+	}
+	limit := fwLostBare
+	if s.fwMost > 0 {
+		limit = max(fwLostCalls, fwLostPer*s.fwMost)
+	}
+	if s.fwCalls++; s.fwCalls <= limit {
+		return false
+	}
+	c := &s.sites
+	set.log.Info("framework markers stopped, steps from the call sites", "pid", s.pid, "marker", c.name, "calls", s.fwCalls)
+	s.fw, s.fwCalls, s.fwMost = stepclock.FrameworkClock{}, 0, 0
+	c.source, c.key, c.name, c.calls, c.strikes = "", "", "", 0, 0
+	s.toWindows(t)
+	s.checkSite(set)
 	return true
 }

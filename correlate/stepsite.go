@@ -84,7 +84,7 @@ func (c *siteClock) push(it stepclock.Item) {
 // onSiteCall takes a sync or blocking copy with its stack; it reports
 // whether a step ended at it.
 func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
-	if len(ev.Stack) == 0 || s.fw.On() && set.stepAt == nil {
+	if len(ev.Stack) == 0 {
 		return false
 	}
 	c := &s.sites
@@ -114,6 +114,9 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 		}
 	}
 	c.push(it)
+	if s.fw.On() {
+		return s.frameworkSiteCall(set, ev.End)
+	}
 	c.calls++
 	ended := false
 	if s.mode == modeSite && site.Key == c.key && ev.TID == c.tid {

@@ -41,6 +41,18 @@ func TestPythonOptimizerSteps(t *testing.T) {
 			}
 		})
 	}
+	// A CUDA-graph loop: markers in its 4 warm-up and capture
+	// iterations only, then replays with a loss read each: the call site
+	// takes the steps over.
+	t.Run("capture/full", func(t *testing.T) {
+		dir := runPython(t, s, "pyoptim-capture", "pyoptim.py", correlate.ProbesFull, func(string) []string {
+			return []string{"--torch", lib, "--capture", "4", "--steps", "300"}
+		})
+		checkPySteps(t, dir, "pyoptim-capture/full", 300)
+		if clock := readStepClock(t, dir); clock.Source != "call_site" {
+			t.Errorf("step_clock %+v, want the loss read's call site (outputs in %s)", clock, dir)
+		}
+	})
 	// The profiler's step marker, where no optimizer step comes: its
 	// names ("ProfilerStep#12") fit std::string's inline buffer.
 	t.Run("profiler/full", func(t *testing.T) {

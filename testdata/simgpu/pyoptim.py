@@ -37,6 +37,7 @@ def main():
     p.add_argument("--steps", type=int, default=200, help="optimizer steps")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--marker", choices=("optimizer", "profiler"), default="optimizer", help="the step marker entered")
+    p.add_argument("--capture", type=int, default=0, help="a CUDA-graph loop: the first N iterations step the optimizer (marked) with no read, the rest read their loss once and enter no marker")
     p.add_argument("--truth", help="write the ground truth here (JSON Lines)")
     a = p.parse_args()
     if a.steps < 1:
@@ -58,6 +59,15 @@ def main():
     record(type="meta", pid=os.getpid(), from_start=True, job="accum-optimizer", steps=a.steps)
     for step in range(a.steps):
         start = time.time_ns()
+        if a.capture:
+            loop.batch()
+            loop.launch(20)
+            if step < a.capture:
+                torch.sim_record_function(b"Optimizer.step#SGD.step")  # warm-up and capture
+            else:
+                loop.read()  # replay, then loss.item()
+            record(type="step", step=step, start_unix_nano=start, end_unix_nano=time.time_ns())
+            continue
         for _ in range(MICRO):
             torch.sim_record_function(b"## forward ##")
             loop.batch()

@@ -61,7 +61,7 @@ func (s *stepper) onMarker(set settings, ev *event.Event) bool {
 const (
 	fwLostCalls = 32
 	fwLostPer   = 4
-	fwLostBare  = 4
+	fwLostBare  = 2
 )
 
 // frameworkSiteCall takes a sited call under the framework clock: it ends

@@ -32,7 +32,11 @@ func (s *stepper) onMarker(set settings, ev *event.Event) bool {
 	if !ends {
 		return false
 	}
-	s.fwMost, s.fwCalls = max(s.fwMost, s.fwCalls), 0
+	if s.fw == prev {
+		// A whole interval between two markers of the running clock.
+		s.fwMost, s.fwSpans = max(s.fwMost, s.fwCalls), s.fwSpans+1
+	}
+	s.fwCalls = 0
 	c := &s.sites
 	if s.fw != prev || s.mode != modeSite || c.source != stepclock.SourceFramework {
 		c.source, c.name, c.key, c.strikes = stepclock.SourceFramework, s.fw.Name, "", 0
@@ -62,6 +66,7 @@ const (
 	fwLostCalls = 32
 	fwLostPer   = 4
 	fwLostBare  = 2
+	fwBareSpans = 2 // intervals between markers seen before fwLostBare applies
 )
 
 // frameworkSiteCall takes a sited call under the framework clock: it ends
@@ -72,16 +77,16 @@ func (s *stepper) frameworkSiteCall(set settings, t int64) bool {
 	if set.stepAt != nil {
 		return false
 	}
-	limit := fwLostBare
-	if s.fwMost > 0 {
-		limit = max(fwLostCalls, fwLostPer*s.fwMost)
+	limit := max(fwLostCalls, fwLostPer*s.fwMost)
+	if s.fwMost == 0 && s.fwSpans >= fwBareSpans {
+		limit = fwLostBare
 	}
 	if s.fwCalls++; s.fwCalls <= limit {
 		return false
 	}
 	c := &s.sites
 	set.log.Info("framework markers stopped, steps from the call sites", "pid", s.pid, "marker", c.name, "calls", s.fwCalls)
-	s.fw, s.fwCalls, s.fwMost = stepclock.FrameworkClock{}, 0, 0
+	s.fw, s.fwCalls, s.fwMost, s.fwSpans = stepclock.FrameworkClock{}, 0, 0, 0
 	c.source, c.key, c.name, c.calls, c.strikes = "", "", "", 0, 0
 	s.toWindows(t)
 	s.checkSite(set)

@@ -43,10 +43,10 @@ def main():
     if a.steps < 1:
         p.error("want --steps >= 1")
     a.sync_reads = False
-    # The framework library is loaded after the process started, as
-    # `import torch` loads libtorch_cpu.so.
-    loop = Loop(a)
+    # The framework library is loaded after the process started and before
+    # the model's setup, as `import torch` loads libtorch_cpu.so.
     torch = ctypes.CDLL(a.torch)
+    loop = Loop(a)
     torch.sim_record_function.argtypes = [ctypes.c_char_p]
     torch.sim_record_function.restype = None
     truth = open(a.truth, "w") if a.truth else None

@@ -23,6 +23,7 @@ enum event_type {
 	EV_PYSTACK = 8, /* the Python frames of the event that follows (bpf/python.h) */
 	EV_SYSCALL_PATH = 9, /* a syscall that names its file by path: syscall_path_event */
 	EV_CPU_SAMPLE = 10, /* a timer sample of a traced thread on a CPU: cpu_sample_event */
+	EV_MARKER = 40, /* a framework step marker: marker_event (bpf/marker.c) */
 };
 
 /* hdr.kind: the event.Kind value (event/event.go), kept numerically equal
@@ -51,6 +52,7 @@ enum event_kind {
 	K_MEMCPY_STAGED = 19,
 	/* A CPU-clock timer fired while the thread ran (bpf/profile.c). */
 	K_CPU_SAMPLE = 20,
+	K_MARKER = 40, /* a framework step marker (bpf/marker.c) */
 };
 
 /* Syscall classes: event.SyscallClass values (tracer/enums_test.go checks),

@@ -190,6 +190,11 @@
 //     ends at each sync or blocking copy with it on the stack (the tracer
 //     captures stacks there, not at async copies, graph launches or
 //     collectives).
+//   - framework: a framework's own per-step marker (marker.go,
+//     stepclock.FrameworkClock): PyTorch's "Optimizer.step#<Class>.step"
+//     region, or its profiler's "ProfilerStep#N" where no optimizer step
+//     comes; each ends a step, so gradient accumulation counts optimizer
+//     steps, not micro-batches.
 //   - call_site: the site of the main thread's sync that recurs once an
 //     iteration (stepclock.PickSite): its own frames, up to three, tell
 //     a helper called from the loop from the same helper called from an
@@ -373,6 +378,7 @@
 //	clockstate.go the running clock: its recent steps' syncs, insertions
 //	accum.go      gradient accumulation: a clock's steps grouped into the
 //	              loop's iterations
+//	marker.go     framework markers (PyTorch's optimizer step) ending steps
 //	probemode.go  under auto, which probe set decided each span of time
 //	micro.go      micro idle of a finished step and its cause split; launch
 //	              records that weigh the windows' busy time

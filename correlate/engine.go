@@ -303,6 +303,10 @@ func (e *Engine) process(ev *event.Event) {
 		return
 	case event.KindClose, event.KindInvalid:
 		return
+	case event.KindMarker:
+		p.onMarker(e.env(p), ev)
+		e.apply(p)
+		return
 	}
 	th := e.thread(ev)
 	if ev.End > th.Last {

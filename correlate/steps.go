@@ -132,6 +132,13 @@ type stepper struct {
 	// sites: the step site, declared or found in the calls' stacks
 	// (stepsite.go); under modeSite it ends the steps.
 	sites siteClock
+	// fw: the framework marker that clocks the steps once one came
+	// (marker.go); it holds modeSite against the call sites.
+	fw stepclock.FrameworkClock
+	// fwCalls: sited calls since the latest marker; fwMost: the most
+	// between two markers so far (marker.go).
+	fwCalls, fwMost int
+	fwSpans         int // whole intervals between two markers seen
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
@@ -532,7 +539,8 @@ func (s *stepper) tick(set settings, t int64) {
 		// A declared site holds however long an iteration takes; a found
 		// one gives way to fixed windows like the work pattern (the loop
 		// ended, or moved on), and is found again when it resumes.
-		if s.sites.source == stepclock.SourceCallSite && s.typical > 0 && t-o.Start > max(siteLost*s.typical, periodLost) {
+		if s.sites.source != stepclock.SourceDeclared && s.typical > 0 && t-o.Start > max(siteLost*s.typical, periodLost) {
+			s.fw, s.fwCalls, s.fwMost, s.fwSpans = stepclock.FrameworkClock{}, 0, 0, 0
 			set.log.Info("no step at the call site for long, falling back to fixed windows", "pid", s.pid, "site", s.sites.name)
 			s.sites.key, s.sites.source = "", ""
 			s.toWindows(t)

@@ -156,6 +156,9 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 		}
 	}
 	c.push(it)
+	if s.fw.On() {
+		return s.frameworkSiteCall(set, ev.End)
+	}
 	c.calls++
 	ended := false
 	if s.mode == modeSite && site.Key == c.key && ev.TID == c.tid {

@@ -73,11 +73,27 @@ const (
 	KindCPUSample
 )
 
+// KindMarker: a framework step marker entered (point event): Name is the
+// marker's name as the framework passed it, at most its first 64 bytes
+// ("Optimizer.step#SGD.step", "ProfilerStep#12"). Its number stands apart
+// from the sequence above.
+const KindMarker Kind = 40
+
+// Marker name prefixes the tracer keeps (bpf/marker.c): PyTorch's
+// optimizer step region and the profiler's per-iteration region.
+const (
+	MarkerOptimizerStep = "Optimizer.step#"
+	MarkerProfilerStep  = "ProfilerStep#"
+)
+
 var kindNames = [...]string{"invalid", "enqueue", "memcpy_async", "memset", "memcpy", "sync", "alloc", "free",
 	"collective", "group_end", "syscall", "runqueue", "offcpu", "fork", "exec", "exit", "open", "close", "comm_init",
 	"memcpy_staged", "cpu_sample"}
 
 func (k Kind) String() string {
+	if k == KindMarker {
+		return "marker"
+	}
 	if int(k) < len(kindNames) {
 		return kindNames[k]
 	}

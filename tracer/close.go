@@ -57,7 +57,7 @@ func (t *Tracer) Close() error {
 }
 
 func (t *Tracer) closeObjects() error {
-	errs := []error{t.prof.Close(), t.sched.Close(), t.sys.Close(), t.nccl.Close(), t.cuda.Close()}
+	errs := []error{t.prof.Close(), t.sched.Close(), t.sys.Close(), t.nccl.Close(), t.marker.Close(), t.cuda.Close()}
 	for _, name := range sharedMaps {
 		if m := t.shared[name]; m != nil {
 			errs = append(errs, m.Close())

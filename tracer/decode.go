@@ -21,6 +21,8 @@ const (
 	// evSyscallPath: a syscall record followed by the path the call named.
 	evSyscallPath = uint32(cudaEventTypeEV_SYSCALL_PATH)
 	evCPUSample   = uint32(cudaEventTypeEV_CPU_SAMPLE)
+	// evMarker: a framework step marker (bpf/marker.c).
+	evMarker = uint32(markerEventTypeEV_MARKER)
 )
 
 // Flags of sched_event and proc_event (enum sched_flags, enum proc_flags).
@@ -42,6 +44,7 @@ type (
 	rawSched   = schedSchedEvent
 	rawProc    = schedProcEvent
 	rawSample  = profileCpuSampleEvent
+	rawMarker  = markerMarkerEvent
 )
 
 var recordSizes = [...]uintptr{
@@ -55,6 +58,7 @@ var recordSizes = [...]uintptr{
 	evPyStack:     unsafe.Sizeof(rawPyStack{}),
 	evSyscallPath: unsafe.Sizeof(rawSysPath{}),
 	evCPUSample:   unsafe.Sizeof(rawSample{}),
+	evMarker:      unsafe.Sizeof(rawMarker{}),
 }
 
 // maxKtime bounds CLOCK_MONOTONIC values (about 146 years of uptime) so
@@ -210,6 +214,8 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.Start = ev.End
 		d.sampleIPs = r.Ips[:r.Depth]
 		d.emit = true
+	case evMarker:
+		return decodeMarker(rec, h, d)
 	}
 	return nil
 }

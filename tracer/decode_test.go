@@ -350,7 +350,7 @@ func FuzzDecode(f *testing.F) {
 // TestLayout compares every generated Go record struct with the C struct in
 // the BTF of the object it came from: size and every field offset.
 func TestLayout(t *testing.T) {
-	specs := map[string]func() (*ebpf.CollectionSpec, error){"cuda": loadCuda, "nccl": loadNccl, "syscalls": loadSyscalls, "sched": loadSched}
+	specs := map[string]func() (*ebpf.CollectionSpec, error){"cuda": loadCuda, "nccl": loadNccl, "syscalls": loadSyscalls, "sched": loadSched, "marker": loadMarker}
 	check := []struct {
 		obj, ctype string
 		goType     any
@@ -364,6 +364,7 @@ func TestLayout(t *testing.T) {
 		{"syscalls", "fd_event", rawFD{}},
 		{"sched", "sched_event", rawSched{}},
 		{"sched", "proc_event", rawProc{}},
+		{"marker", "marker_event", rawMarker{}},
 	}
 	for _, c := range check {
 		spec, err := specs[c.obj]()
@@ -395,8 +396,8 @@ func TestLayout(t *testing.T) {
 		}
 	}
 	// Every record type user space accepts has its size from those structs.
-	for typ, size := range recordSizes {
-		if typ != 0 && size == 0 {
+	for _, typ := range []uint32{evCUDA, evNCCL, evSyscall, evSched, evProc, evFD, evMmap, evPyStack, evSyscallPath, evMarker} {
+		if recordSizes[typ] == 0 {
 			t.Errorf("record type %d has no size", typ)
 		}
 	}

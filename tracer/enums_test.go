@@ -38,6 +38,7 @@ var cEnumsOfEvent = map[string]map[string]uint64{
 		"K_COMM_INIT":     uint64(event.KindCommInit),
 		"K_MEMCPY_STAGED": uint64(event.KindMemcpyStaged),
 		"K_CPU_SAMPLE":    uint64(event.KindCPUSample),
+		"K_MARKER":        uint64(event.KindMarker),
 	},
 	"cuda_func": {
 		"CU_LAUNCH_KERNEL":             uint64(event.CULaunchKernel),
@@ -88,14 +89,14 @@ var internalMembers = map[string]map[string]uint64{
 // goCounts is how many values each Go type has above its zero value, so a
 // Go value with no C member fails too.
 var goCounts = map[string]int{
-	"event_kind":    int(event.KindCPUSample),
+	"event_kind":    int(event.KindCPUSample) + 1, // and KindMarker, apart
 	"cuda_func":     int(event.CUDALast) - 1,
 	"nccl_op":       int(event.NCCLLast) - 1,
 	"syscall_class": int(event.SysLast) + 1, // SC_OTHER..SC_CLOSE and SC_LAST
 }
 
 func TestCEnumsMatchEvent(t *testing.T) {
-	objects := []string{"cuda_x86_bpfel.o", "nccl_x86_bpfel.o", "syscalls_x86_bpfel.o", "sched_x86_bpfel.o", "profile_x86_bpfel.o"}
+	objects := []string{"cuda_x86_bpfel.o", "nccl_x86_bpfel.o", "syscalls_x86_bpfel.o", "sched_x86_bpfel.o", "profile_x86_bpfel.o", "marker_x86_bpfel.o"}
 	found := make(map[string]int)
 	for _, obj := range objects {
 		spec, err := btf.LoadSpec(obj)

@@ -24,6 +24,7 @@ const (
 	RecProc                       // fork, exec, exit, executable mapping
 	RecSample                     // a CPU sample of a running thread
 	RecOther                      // a record that did not decode
+	RecMarker                     // a framework step marker (marker.go)
 	recKinds
 )
 
@@ -31,6 +32,7 @@ var recordKindNames = [recKinds]string{
 	RecLaunch: "cuda.launch", RecCUDA: "cuda.call", RecNCCL: "nccl", RecFutex: "syscall.futex",
 	RecSyscall: "syscall", RecRunqueue: "sched.runqueue", RecOffCPU: "sched.offcpu",
 	RecPyStack: "python.stack", RecFD: "fd", RecProc: "proc", RecSample: "cpu.sample", RecOther: "undecodable",
+	RecMarker: "marker",
 }
 
 func (k RecordKind) String() string {
@@ -74,6 +76,8 @@ func recordKind(rec []byte) RecordKind {
 		return RecProc
 	case evCPUSample:
 		return RecSample
+	case evMarker:
+		return RecMarker
 	}
 	return RecOther
 }

@@ -75,6 +75,7 @@ func (t *Tracer) load() error {
 		{"syscalls", loadSyscalls, &t.sys},
 		{"sched", loadSched, &t.sched},
 		{"profile", loadProfile, &t.prof},
+		{"marker", loadMarker, &t.marker},
 	}
 	pidns, err := pidNamespace(procRoot)
 	if err != nil {

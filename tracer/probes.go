@@ -16,9 +16,13 @@ type library uint8
 const (
 	libCUDA library = iota
 	libNCCL
+	libMarker // a library defining the framework marker function (marker.go)
 )
 
 func (l library) String() string {
+	if l == libMarker {
+		return "record_function"
+	}
 	if l == libNCCL {
 		return "libnccl.so.2"
 	}
@@ -184,6 +188,12 @@ const probesLaunch ProbeSet = "launch"
 // ncclAllReduce/pncclAllReduce are probed once) and the names of functions
 // that the library does not export at all.
 func planProbes(path string, lib library, set ProbeSet) (planned []plannedProbe, missing []string, err error) {
+	if lib == libMarker {
+		if set == probesLaunch {
+			return nil, nil, nil
+		}
+		return planMarker(path)
+	}
 	syms, err := elfFunctions(path)
 	if err != nil {
 		return nil, nil, err

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -123,6 +124,9 @@ func (t *Tracer) scanProcess(pid uint32) {
 			}
 			if lib, ok := t.libraryOf(m.Pathname); ok {
 				libs[m.Pathname] = lib
+			} else if _, ok := libs[m.Pathname]; !ok && m.Perms != nil && m.Perms.Execute &&
+				definesMarker.addr(filepath.Join(procRoot, strconv.Itoa(int(pid)), "root", m.Pathname)) != 0 {
+				libs[m.Pathname] = libMarker
 			}
 		}
 	}

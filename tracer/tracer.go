@@ -2,14 +2,16 @@
 // its descendants and delivers a stream of event.Event.
 //
 // Lifecycle: New loads every BPF object (the five objects built from
-// bpf/{cuda,nccl,syscalls,sched,profile}.c share their maps: traced processes,
+// bpf/{cuda,nccl,syscalls,sched,profile,marker}.c share their maps: traced processes,
 // per-thread state, the ring buffer, the drop and short-syscall counters) and
 // attaches the tracepoints, which cost nothing until a process is traced,
 // and the CPU sampler (one CPU-clock perf event per CPU, Config.CPUSampleHz),
 // which keeps samples of traced processes only.
 // Trace adds a process: its tgid goes into traced_tgids (every program checks
 // that map first), and uprobes are attached, filtered to that process, on
-// the libcuda/libnccl it maps. From then on the kernel adds forked children
+// the libcuda/libnccl it maps and on any library whose dynamic symbols
+// define PyTorch's record_function entry (marker.go: framework step
+// markers). From then on the kernel adds forked children
 // to traced_tgids itself, so no child runs untraced while user space catches
 // up; user space then attaches the children's uprobes. Libraries mapped later
 // (dlopen) are noticed through executable-mapping events and a periodic
@@ -75,6 +77,7 @@ type Tracer struct {
 	shared map[string]*ebpf.Map
 	cuda   cudaObjects
 	nccl   ncclObjects
+	marker markerObjects
 	sys    syscallsObjects
 	sched  schedObjects
 	prof   profileObjects

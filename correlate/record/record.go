@@ -14,6 +14,7 @@ import (
 
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/correlate/ranks"
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -319,6 +320,7 @@ const (
 	maxCallPeerRecs = 1 << 14
 	maxCallName     = 4096
 	maxCallDevice   = 1 << 16
+	maxMarkerName   = 64 // what the tracer reads of a marker's name
 )
 
 // Check reports whether a recorded call holds exactly one call whose
@@ -343,8 +345,11 @@ func Check(c *Call) error {
 	switch {
 	case c.Ev != nil:
 		ev := c.Ev
-		if ev.Kind == event.KindInvalid || ev.Kind > event.KindCPUSample {
+		if ev.Kind == event.KindInvalid || ev.Kind > event.KindCPUSample && ev.Kind != event.KindMarker {
 			return fmt.Errorf("event kind %d out of range", ev.Kind)
+		}
+		if ev.Kind == event.KindMarker && (len(ev.Name) > maxMarkerName || stepclock.ClassOf(ev.Name) == stepclock.MarkerNone) {
+			return fmt.Errorf("marker %.80q is not a step marker of at most %d bytes", ev.Name, maxMarkerName)
 		}
 		if ev.Kind == event.KindCommInit && (ev.Count > uint64(ranks.MaxRanks) || ev.PeerRank < -1 || ev.PeerRank >= ranks.MaxRanks) {
 			return fmt.Errorf("communicator of %d ranks, rank %d, out of range", ev.Count, ev.PeerRank)

@@ -5,8 +5,9 @@
 // the same work between; DetectPeriod finds the sync period, the number of
 // syncs per step, where no clock is found; Seg, LagFit and SameSync
 // compare one step with the next. PickSite finds the call site that
-// recurs once an iteration in a stream of sited calls and tokens, and
-// Spec is a step site the user declared (site.go).
+// recurs once an iteration in a stream of sited calls and tokens,
+// Spec is a step site the user declared (site.go), and FrameworkClock
+// says which framework marker ends steps (framework.go).
 //
 // # Rule
 //
@@ -24,4 +25,6 @@
 //	segments.go  what the segments between occurrences hold, compared
 //	period.go    Sync, SameSync, DetectPeriod: the sync period and its phase
 //	site.go      Site, PickSite, Spec: steps from the code's call sites
+//	framework.go FrameworkClock: steps from a framework's own markers
+//	             (PyTorch's optimizer step, its profiler step)
 package stepclock

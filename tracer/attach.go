@@ -135,7 +135,7 @@ func (t *Tracer) attachPlanned(ex *link.Executable, pid uint32, path string, lib
 		return t.attachMulti(ex, pid, path, lib, planned)
 	}
 	for _, pp := range planned {
-		opts := &link.UprobeOptions{PID: int(pid), Cookie: pp.spec.cookie}
+		opts := &link.UprobeOptions{PID: int(pid), Cookie: pp.spec.cookie, Address: pp.off}
 		if pp.spec.entry != nil {
 			l, err := ex.Uprobe(pp.symbol, pp.spec.entry(t), opts)
 			if err != nil {
@@ -169,6 +169,7 @@ func (t *Tracer) attachMulti(ex *link.Executable, pid uint32, path string, lib l
 		ret     bool
 		symbols []string
 		cookies []uint64
+		offs    []uint64 // every probe's file offset, or nil: by symbol
 	}
 	var order []*group
 	groups := make(map[*ebpf.Program]*group)
@@ -178,6 +179,11 @@ func (t *Tracer) attachMulti(ex *link.Executable, pid uint32, path string, lib l
 			g = &group{prog: prog, ret: ret}
 			groups[prog] = g
 			order = append(order, g)
+		}
+		if pp.off != 0 && len(g.offs) == len(g.symbols) {
+			g.offs = append(g.offs, pp.off)
+		} else {
+			g.offs = nil
 		}
 		g.symbols = append(g.symbols, pp.symbol)
 		g.cookies = append(g.cookies, pp.spec.cookie)
@@ -196,7 +202,12 @@ func (t *Tracer) attachMulti(ex *link.Executable, pid uint32, path string, lib l
 		if g.ret {
 			kind, attach = "uretprobe", ex.UretprobeMulti
 		}
-		l, err := attach(g.symbols, g.prog, opts)
+		syms := g.symbols
+		if len(g.offs) == len(g.symbols) {
+			// Offsets the plan resolved: the attach reads no symbols.
+			syms, opts.Addresses = nil, g.offs
+		}
+		l, err := attach(syms, g.prog, opts)
 		if err != nil {
 			t.log.Warn("attach "+kind+"s", "symbols", g.symbols, "library", path, "pid", pid, "error", err)
 			t.warnMissing(fmt.Sprintf("%s %s: %s %s: %v", lib, path, kind, strings.Join(g.symbols, ","), err), nil)

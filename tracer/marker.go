@@ -71,8 +71,8 @@ type markerKey struct {
 
 var definesMarker = markerLibs{seen: make(map[markerKey]uint64)}
 
-// addr is where the library at file (reached through the process's root)
-// defines markerSymbol in its dynamic symbols, the exported one a uprobe
+// addr is the file offset at which the library at file (reached through
+// the process's root) defines markerSymbol in its dynamic symbols, the exported one a uprobe
 // by name resolves (libtorch_python.so lists it undefined, libtorch_cpu.so
 // defines it); 0 when it does not, or file is no regular ELF file.
 func (m *markerLibs) addr(file string) uint64 {
@@ -97,7 +97,7 @@ func (m *markerLibs) addr(file string) uint64 {
 	return v
 }
 
-// dynDefined is the address of symbol among file's defined dynamic
+// dynDefined is the file offset of symbol among file's defined dynamic
 // function symbols (a versioned "name@VER" too), 0 when absent.
 func dynDefined(file, symbol string) uint64 {
 	f, err := elf.Open(file)
@@ -112,7 +112,21 @@ func dynDefined(file, symbol string) uint64 {
 	for _, s := range syms {
 		if s.Section != elf.SHN_UNDEF && s.Value != 0 && elf.ST_TYPE(s.Info) == elf.STT_FUNC &&
 			strings.HasPrefix(s.Name, symbol) && (len(s.Name) == len(symbol) || s.Name[len(symbol)] == '@') {
-			return s.Value
+			return fileOffset(f, s.Value)
+		}
+	}
+	return 0
+}
+
+// fileOffset is where the loadable segment holding vaddr keeps it in the
+// file (what a uprobe takes), 0 when no executable segment holds it. A
+// probe attached at this offset spares the attach a read of the library's
+// whole symbol table (libtorch_cpu.so: hundreds of thousands of symbols,
+// once for each process that maps it).
+func fileOffset(f *elf.File, vaddr uint64) uint64 {
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 && vaddr >= p.Vaddr && vaddr-p.Vaddr < p.Memsz {
+			return vaddr - p.Vaddr + p.Off
 		}
 	}
 	return 0
@@ -125,7 +139,7 @@ func planMarker(path string) ([]plannedProbe, []string, error) {
 	if addr == 0 {
 		return nil, nil, fmt.Errorf("%s: no defined %s", path, markerSpec.name)
 	}
-	return []plannedProbe{{spec: &allProbes[markerProbe], symbol: markerSymbol, addr: addr}}, nil, nil
+	return []plannedProbe{{spec: &allProbes[markerProbe], symbol: markerSymbol, addr: addr, off: addr}}, nil, nil
 }
 
 // markerProbe is markerSpec's index in allProbes.

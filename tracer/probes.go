@@ -177,6 +177,9 @@ type plannedProbe struct {
 	spec   *probeSpec
 	symbol string
 	addr   uint64
+	// off: where the probe goes in the file, when the plan resolved it
+	// itself (the marker); 0: the attach resolves symbol.
+	off uint64
 }
 
 // probesLaunch is planProbes's selection of the per-launch probes alone:

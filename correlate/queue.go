@@ -4,7 +4,6 @@ import (
 	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/correlate/ranks"
-	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -37,6 +36,7 @@ func (p *proc) startGPU(t int64) {
 func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *CollectiveEvidence, ref ranks.Ref) {
 	p.shadowLead(x, ev)
 	p.feeders.add(th.TID)
+	p.st.noteFeed(th.TID, ev)
 	t := ev.Start
 	wasDrained := p.q.AllDrained()
 	launchesBefore := p.launches + p.colls
@@ -61,9 +61,7 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 		occ = ref.Occ()
 	}
 	p.st.dev = x.d
-	if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
-		p.resolveHeld(x, false)
-	}
+	p.stepToken(x, ev, occ, t)
 	first := p.firstOps.Learn(ev, launchesBefore, x.set.launchesSeen)
 	if p.gap != nil {
 		if first && p.gap.start == p.firstOps.SyncEnd() && p.firstOps.Quiet(ev) {
@@ -168,9 +166,7 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 	// clocks the steps, whether the queue had drained before it or not.
 	if ev.Kind == event.KindMemcpy {
 		p.st.dev = x.d
-		if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, -1, ev.Start) {
-			p.resolveHeld(x, false)
-		}
+		p.stepToken(x, ev, -1, ev.Start)
 	}
 	if !p.everEnq || p.q.AllDrained() {
 		p.onBlocking(th, ev)

@@ -132,6 +132,32 @@ type stepper struct {
 	// sites: the step site, declared or found in the calls' stacks
 	// (stepsite.go); under modeSite it ends the steps.
 	sites siteClock
+	// loopMain: the main thread feeds the GPU itself (noteFeed); the
+	// work pattern then takes only its syncs.
+	loopMain bool
+}
+
+// noteFeed takes one enqueue of thread tid. Once the process's main
+// thread issues launches or host-to-device copies itself it is the
+// loop's thread: other threads' syncs (a model-averaging or saver
+// thread that copies and syncs its own stream) then neither end steps
+// nor break the sync period. A loop run from another thread leaves the
+// main thread without launches, and every thread's syncs count as before.
+func (s *stepper) noteFeed(tid uint32, ev *event.Event) {
+	if s.loopMain || tid != s.pid {
+		return
+	}
+	switch ev.Kind {
+	case event.KindEnqueue:
+		s.loopMain = ev.Count > 0
+	case event.KindMemcpyAsync:
+		s.loopMain = ev.CopyDir == event.CUMemcpyHtoD
+	}
+}
+
+// loopSync says whether a sync of thread tid is the loop's.
+func (s *stepper) loopSync(tid uint32) bool {
+	return !s.loopMain || tid == s.pid
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
@@ -155,6 +181,14 @@ func (s *stepper) slot() int {
 
 // patternSync feeds one synchronisation to step detection.
 func (p *proc) patternSync(x env, ev *event.Event) {
+	if !p.st.loopSync(ev.TID) {
+		// Another thread's sync: its launches and copies stay counted
+		// for the loop's next sync.
+		if p.st.onSiteCall(x.set, ev) {
+			p.resolveHeld(x, false)
+		}
+		return
+	}
 	sig := stepclock.Sync{CUDA: ev.CUDA, Stream: ev.Stream, Launches: p.launches, Copies: p.copies, Colls: p.colls,
 		End: ev.End, Ret: ev.End, Wait: ev.Duration(), Post: -1}
 	if th := x.w.threads[ev.TID]; th != nil {
@@ -175,6 +209,26 @@ func (p *proc) patternSync(x env, ev *event.Event) {
 	p.launches, p.copies, p.colls = 0, 0, 0
 	p.st.onSync(x.set, sig)
 	if p.st.onSiteCall(x.set, ev) {
+		p.resolveHeld(x, false)
+	}
+}
+
+// stepToken feeds ev to the work clock where it can clock steps. Once the
+// main thread is the loop's (noteFeed), another thread's reads of device
+// data (a saver's or model-averaging copies out) do not enter the clock's
+// ring, where they would crowd out the loop's copies and add a rival key;
+// the call-site stream still sees them. Other threads' copies in (a
+// loader's batches), launches and collectives still clock the loop.
+func (p *proc) stepToken(x env, ev *event.Event, occ, t int64) {
+	key, ok := stepclock.TokenOf(ev)
+	if !ok {
+		return
+	}
+	if key.Dir == event.CUMemcpyDtoH && !p.st.loopSync(ev.TID) {
+		p.st.siteToken(key, t)
+		return
+	}
+	if p.st.onToken(x.set, key, occ, t) {
 		p.resolveHeld(x, false)
 	}
 }

@@ -226,9 +226,7 @@ func (p *proc) stepCopy(x env, ev *event.Event) {
 	p.copies++
 	t := ev.Start
 	p.st.dev = x.d
-	if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, -1, t) {
-		p.resolveHeld(x, false)
-	}
+	p.stepToken(x, ev, -1, t)
 }
 
 // release hands the held copies to the queue model as the enqueues they

@@ -4,7 +4,6 @@ import (
 	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/interval"
 	"github.com/gaptrace/gaptrace/correlate/ranks"
-	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -41,6 +40,7 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 	// (loopthread.go); its work stays pending on its stream.
 	aside := p.aside(th, ev)
 	p.loop.note(ev)
+	p.st.noteFeed(th.TID, ev)
 	t := ev.Start
 	wasDrained := p.q.AllDrained()
 	launchesBefore := p.launches + p.colls
@@ -65,9 +65,7 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 		occ = ref.Occ()
 	}
 	p.st.dev = x.d
-	if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, occ, t) {
-		p.resolveHeld(x, false)
-	}
+	p.stepToken(x, ev, occ, t)
 	first := p.firstOps.Learn(ev, launchesBefore, x.set.launchesSeen)
 	if p.gap != nil && !aside {
 		if first && p.gap.start == p.firstOps.SyncEnd() && p.firstOps.Quiet(ev) {
@@ -176,9 +174,7 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 	// clocks the steps, whether the queue had drained before it or not.
 	if ev.Kind == event.KindMemcpy {
 		p.st.dev = x.d
-		if key, ok := stepclock.TokenOf(ev); ok && p.st.onToken(x.set, key, -1, ev.Start) {
-			p.resolveHeld(x, false)
-		}
+		p.stepToken(x, ev, -1, ev.Start)
 	}
 	if !p.everEnq || p.q.AllDrained() {
 		p.onBlocking(th, ev)

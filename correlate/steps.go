@@ -139,6 +139,9 @@ type stepper struct {
 	// between two markers so far (marker.go).
 	fwCalls, fwMost int
 	fwSpans         int // whole intervals between two markers seen
+	// loopMain: the main thread feeds the GPU itself (noteFeed); the
+	// work pattern then takes only its syncs.
+	loopMain bool
 }
 
 // slot is the position of the next sync within a step, -1 when unknown.
@@ -162,6 +165,14 @@ func (s *stepper) slot() int {
 
 // patternSync feeds one synchronisation to step detection.
 func (p *proc) patternSync(x env, ev *event.Event) {
+	if !p.st.loopSync(ev.TID) {
+		// Another thread's sync: its launches and copies stay counted
+		// for the loop's next sync.
+		if p.st.onSiteCall(x.set, ev) {
+			p.resolveHeld(x, false)
+		}
+		return
+	}
 	sig := stepclock.Sync{CUDA: ev.CUDA, Stream: ev.Stream, Launches: p.launches, Copies: p.copies, Colls: p.colls,
 		End: ev.End, Ret: ev.End, Wait: ev.Duration(), Post: -1}
 	if th := x.w.threads[ev.TID]; th != nil {

@@ -157,6 +157,11 @@ func (s *stepper) slot() int {
 		}
 		return stepclock.MaxPeriod + min(c.syncs, stepclock.MaxPeriod)
 	}
+	if s.mode == modeSite {
+		// Under a step site (or marker): syncs since the step's end,
+		// numbered apart from the other clocks' slots.
+		return 2*stepclock.MaxPeriod + min(s.sites.syncs, stepclock.MaxPeriod)
+	}
 	if s.mode != modePeriod || s.period == 0 {
 		return -1
 	}
@@ -286,6 +291,7 @@ func (s *stepper) onSync(set settings, sig stepclock.Sync) {
 	switch s.mode {
 	case modeSite:
 		// The site's calls end the steps (onSiteCall).
+		s.sites.syncs++
 	case modeClock:
 		s.clock.syncs++
 		if s.pendSyncs > s.clock.stopAfter {
@@ -450,6 +456,7 @@ func (s *stepper) open(t int64, window bool) {
 
 // boundary closes the open step at t and opens the next one.
 func (s *stepper) boundary(t int64, window bool) {
+	s.sites.syncs = 0
 	if n := len(s.steps); n > 0 && !s.steps[n-1].closed {
 		o := s.steps[n-1]
 		if t <= o.Start {

@@ -45,6 +45,9 @@ type siteClock struct {
 	strikes int
 	checks  int   // PickSite checks run
 	lastAt  int64 // its latest call's return
+	// syncs: syncs since the latest step end under the site: a sync's
+	// place in its step, for the comm baselines (stepper.slot).
+	syncs int
 	// pend: each thread's launches a copy reported pending, which its
 	// next sync counts again (newLaunches).
 	pend map[uint32]uint64

@@ -36,6 +36,7 @@ type baseKey struct {
 	cuda   event.CUDA
 	stream uint64
 	slot   int
+	site   string // the sync's call site, where slots count per site
 }
 
 // maxBaseSlots bounds the baseline table: more distinct sync slots than
@@ -61,10 +62,10 @@ func (p *proc) checkStall(x env, th *attribute.Thread, ev *event.Event, coll *Co
 	if p.q.LastEnqueue() > 0 && p.q.LastEnqueue() <= ev.Start {
 		run = ev.End - p.q.LastEnqueue()
 	}
-	slot := p.st.slot()
+	slot, site := p.st.slot(ev)
 	var r *waitRing
 	if slot >= 0 {
-		k := baseKey{cuda: ev.CUDA, stream: ev.Stream, slot: slot}
+		k := baseKey{cuda: ev.CUDA, stream: ev.Stream, slot: slot, site: site}
 		r = p.base[k]
 		if r == nil {
 			if len(p.base) > maxBaseSlots {

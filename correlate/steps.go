@@ -144,8 +144,9 @@ type stepper struct {
 	loopMain bool
 }
 
-// slot is the position of the next sync within a step, -1 when unknown.
-func (s *stepper) slot() int {
+// slot is the position of the sync ev within its step, -1 when unknown,
+// and the call site it is counted at ("" where positions count all syncs).
+func (s *stepper) slot(ev *event.Event) (int, string) {
 	if c := s.clock; s.mode == modeClock && c != nil {
 		// Under the clock: syncs since the step's clock operation,
 		// numbered apart from the sync period's slots so that baselines
@@ -153,19 +154,25 @@ func (s *stepper) slot() int {
 		// syncs per step vary (scalar reads here and there) a position
 		// names different syncs in different steps: no baseline.
 		if !c.fixedSyncs() {
-			return -1
+			return -1, ""
 		}
-		return stepclock.MaxPeriod + min(c.syncs, stepclock.MaxPeriod)
+		return stepclock.MaxPeriod + min(c.syncs, stepclock.MaxPeriod), ""
 	}
 	if s.mode == modeSite {
-		// Under a step site (or marker): syncs since the step's end,
-		// numbered apart from the other clocks' slots.
-		return 2*stepclock.MaxPeriod + min(s.sites.syncs, stepclock.MaxPeriod)
+		// Under a step site (or marker): the sync's own call site and
+		// its calls before it in the step, so that scalar reads made
+		// some steps and not others do not shift the step's other
+		// syncs; without a site, syncs since the step's end, numbered
+		// apart from the other clocks' slots.
+		if k := stepclock.SiteOf(ev.Stack).Key; k != "" {
+			return min(s.sites.seen[k], stepclock.MaxPeriod), k
+		}
+		return 2*stepclock.MaxPeriod + min(s.sites.syncs, stepclock.MaxPeriod), ""
 	}
 	if s.mode != modePeriod || s.period == 0 {
-		return -1
+		return -1, ""
 	}
-	return int(s.n % int64(s.period))
+	return int(s.n % int64(s.period)), ""
 }
 
 // patternSync feeds one synchronisation to step detection.
@@ -457,6 +464,7 @@ func (s *stepper) open(t int64, window bool) {
 // boundary closes the open step at t and opens the next one.
 func (s *stepper) boundary(t int64, window bool) {
 	s.sites.syncs = 0
+	clear(s.sites.seen)
 	if n := len(s.steps); n > 0 && !s.steps[n-1].closed {
 		o := s.steps[n-1]
 		if t <= o.Start {

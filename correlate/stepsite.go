@@ -48,6 +48,10 @@ type siteClock struct {
 	// syncs: syncs since the latest step end under the site: a sync's
 	// place in its step, for the comm baselines (stepper.slot).
 	syncs int
+	// seen: each sync site's calls since the latest step end: a sync's
+	// place in its step by its own call site, which scalar reads made a
+	// varying number of times per step do not shift (stepper.slot).
+	seen map[string]int
 	// pend: each thread's launches a copy reported pending, which its
 	// next sync counts again (newLaunches).
 	pend map[uint32]uint64
@@ -133,6 +137,17 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 	if len(ev.Stack) == 0 {
 		return false
 	}
+	site := stepclock.SiteOf(ev.Stack)
+	if site.Key != "" {
+		// Counted once any step it ends has begun: the next call of
+		// the site in the step is its first.
+		defer func() {
+			if c.seen == nil {
+				c.seen = map[string]int{}
+			}
+			c.seen[site.Key]++
+		}()
+	}
 	if sp := set.stepAt; sp != nil {
 		f, ok := sp.Match(ev.Stack)
 		if !ok {
@@ -147,7 +162,6 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 		s.boundary(ev.End, false)
 		return true
 	}
-	site := stepclock.SiteOf(ev.Stack)
 	if site.Key == "" {
 		return false
 	}

@@ -134,6 +134,8 @@ type siteCand struct {
 	// micro: the micro-batches an optimizer step groups, where the
 	// launches show the site reads each micro-batch's loss (microBatches).
 	micro int
+	// tokened: the good intervals that held a token (not a read).
+	tokened int
 	// bare: the intervals that showed nothing at all (no launch, no
 	// token): lite, or a CUDA graph's replays, which lite does not see.
 	bare int
@@ -208,12 +210,22 @@ func scoreSites(items []Item) []*siteCand {
 			span := items[c.at[j-1]+1 : c.at[j]+1]
 			if oneIteration(span, c.tid, SiteRepeat) {
 				c.good++
+				if tokened(span) {
+					c.tokened++
+				}
 			} else if bareSpan(span, c.tid) {
 				c.bare++
 			}
 			c.launches = append(c.launches, threadLaunches(span, c.tid))
 		}
 		c.micro = microBatches(c.launches)
+		if c.tokened > 0 && c.tokened < c.good {
+			// Some intervals hold the iteration's tokens (its batch
+			// copies) and others only launches: the site is called
+			// within iterations too (a scalar read made some steps and
+			// not others), and only the former hold one iteration.
+			c.good = c.tokened
+		}
 	}
 	for _, c := range cands {
 		if c.bare > 0 && blind(items) && !qualified(c, len(items)) && onlyLoop(c, cands) {
@@ -502,6 +514,17 @@ func oneIteration(span []Item, tid uint32, repeat int) bool {
 		}
 	}
 	return work
+}
+
+// tokened says whether span holds a token other than a read or a marked
+// launch (which an iteration may make anywhere, any number of times).
+func tokened(span []Item) bool {
+	for i := range span {
+		if it := &span[i]; it.Site.Key == "" && it.Key.Dir != event.CUMemcpyDtoH && it.Key.Fn == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Spec is a declared step site: FILE:LINE or a function name.

@@ -383,3 +383,25 @@ func TestMicroBatchesDespiteOutliers(t *testing.T) {
 		t.Fatalf("microBatches of a flat loop = %d, want 0", g)
 	}
 }
+
+func TestPickSiteNoneScalarReadsSomeSteps(t *testing.T) {
+	// Scalar reads at line 50, made 0, 1 or 2 times a step after some
+	// launches; each step ends with a sync per stream at line 70 (three
+	// calls in a row, no work between). The reads recur about once a
+	// step, but intervals within a step hold launches only while those
+	// across steps hold the batch copies: they are no iteration.
+	var s stream
+	for i := 0; i < 90; i++ {
+		s.tok(4096)
+		s.tok(2048)
+		for k := 0; k < (i*7+i/3)%3; k++ {
+			s.call(pid, 3, 50, 100)
+		}
+		for k := 0; k < 3; k++ {
+			s.call(pid, 0, 70, 100)
+		}
+	}
+	if p, ok := PickSite(s.items, pid); ok && p.Site.Name == "train.py:50 main" {
+		t.Fatalf("picked the scalar read %+v", p)
+	}
+}

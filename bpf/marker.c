@@ -60,7 +60,10 @@ int marker_enter(struct pt_regs *ctx)
 		__u64 ptr;
 		__u64 len;
 	} str = {};
-	if (bpf_probe_read_user(&str, sizeof(str), (void *)PT_REGS_PARM1(ctx)) != 0)
+	/* The function returns a c10::intrusive_ptr, which is not trivially
+	 * copyable: the Itanium C++ ABI passes the return slot's address
+	 * first (rdi), so the name is the second argument. */
+	if (bpf_probe_read_user(&str, sizeof(str), (void *)PT_REGS_PARM2(ctx)) != 0)
 		return 0;
 	/* Shorter than either prefix, or absurd: not a marker. */
 	if (str.len < PROFILER_PREFIX_LEN || str.len > 4096 || str.ptr == 0)

@@ -10,7 +10,9 @@
 // (no C++ compiler needed to build the simulated GPU): the arguments are
 // libstdc++'s std::string (data pointer, length, then a 16-byte local
 // buffer or the capacity) and std::optional of one (the string, then the
-// engaged flag), passed by reference as the C++ ABI passes them. A trainer
+// engaged flag), passed by reference as the C++ ABI passes them, after the
+// return slot of the intrusive_ptr it returns (checked against PyTorch
+// 2.11's libtorch_cpu.so: the name arrives in rsi, not rdi). A trainer
 // driven from Python through ctypes calls sim_record_function(name), which
 // builds the string and calls the function as PyTorch's binding does.
 #include <stdbool.h>
@@ -35,13 +37,23 @@ struct cxx_optional_string {
 // The regions entered, so the call cannot be optimised away.
 unsigned long sim_regions;
 
+// c10::intrusive_ptr<PythonRecordFunction>, what the function returns: one
+// pointer, but not trivially copyable, so the C++ ABI returns it through a
+// slot whose address the caller passes first (rdi), ahead of the name.
+struct intrusive_ptr {
+	void *target;
+};
+
 __attribute__((noinline, visibility("default"))) void
-sim_record_function_enter_new(const struct cxx_string *name, const struct cxx_optional_string *args) __asm__(
+sim_record_function_enter_new(struct intrusive_ptr *ret, const struct cxx_string *name,
+			      const struct cxx_optional_string *args) __asm__(
 	"_ZN5torch8autograd8profiler25record_function_enter_newERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEERKSt8optionalIS7_E");
 
-void sim_record_function_enter_new(const struct cxx_string *name, const struct cxx_optional_string *args)
+void sim_record_function_enter_new(struct intrusive_ptr *ret, const struct cxx_string *name,
+				   const struct cxx_optional_string *args)
 {
 	__atomic_fetch_add(&sim_regions, name->len + (args->engaged ? args->value.len : 0), __ATOMIC_RELAXED);
+	ret->target = &sim_regions;
 }
 
 __attribute__((visibility("default"))) void sim_record_function(const char *name)
@@ -62,6 +74,7 @@ __attribute__((visibility("default"))) void sim_record_function(const char *name
 		s.u.cap = n;
 	}
 	s.len = n;
-	sim_record_function_enter_new(&s, &none);
+	struct intrusive_ptr rec;
+	sim_record_function_enter_new(&rec, &s, &none);
 	free(heap);
 }

@@ -6,7 +6,7 @@
 // syncs per step, where no clock is found; Seg, LagFit and SameSync
 // compare one step with the next. PickSite finds the call site that
 // recurs once an iteration in a stream of sited calls and tokens,
-// Spec is a step site the user declared (site.go), and FrameworkClock
+// Spec is a step site the user declared (spec.go), and FrameworkClock
 // says which framework marker ends steps (framework.go).
 //
 // # Rule
@@ -24,7 +24,8 @@
 //	             operation
 //	segments.go  what the segments between occurrences hold, compared
 //	period.go    Sync, SameSync, DetectPeriod: the sync period and its phase
-//	site.go      Site, PickSite, Spec: steps from the code's call sites
+//	site.go      Site, PickSite: steps from the code's call sites
+//	spec.go      Spec, ParseSpec: a step site the user declared
 //	framework.go FrameworkClock: steps from a framework's own markers
 //	             (PyTorch's optimizer step, its profiler step)
 package stepclock

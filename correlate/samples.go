@@ -30,9 +30,10 @@ const (
 // sample is one CPU sample kept for the gaps to come: its time and the
 // frame it is charged to.
 type sample struct {
-	at    int64
-	frame event.Frame
-	gc    bool
+	at     int64
+	frame  event.Frame
+	caller string // the job's frame that called frame's function
+	gc     bool
 }
 
 // samples keeps each thread's recent CPU samples, in time order, for the
@@ -58,6 +59,10 @@ func (s *samples) add(ev *event.Event) {
 	if !ok {
 		return
 	}
+	caller := ""
+	if i := attribute.UserFrame(ev.Stack); i >= 0 {
+		caller = attribute.CallerOf(ev.Stack, i)
+	}
 	gc := false
 	for _, fr := range ev.Stack {
 		if fr.Function == GCFunction && fr.File == GCFile {
@@ -68,6 +73,7 @@ func (s *samples) add(ev *event.Event) {
 	if gc && f.Function == GCFunction {
 		// Nothing of the job's own code above the collector.
 		f = event.Frame{Function: GCFunction}
+		caller = ""
 	}
 	if s.byTID == nil {
 		s.byTID = make(map[uint32][]sample)
@@ -76,9 +82,9 @@ func (s *samples) add(ev *event.Event) {
 	if n := len(l); n > 0 && l[n-1].at > ev.End {
 		// Out of order (another CPU's batch): keep the list sorted.
 		i, _ := slices.BinarySearchFunc(l, ev.End, func(x sample, t int64) int { return cmp.Compare(x.at, t) })
-		l = slices.Insert(l, i, sample{at: ev.End, frame: f, gc: gc})
+		l = slices.Insert(l, i, sample{at: ev.End, frame: f, caller: caller, gc: gc})
 	} else {
-		l = append(l, sample{at: ev.End, frame: f, gc: gc})
+		l = append(l, sample{at: ev.End, frame: f, caller: caller, gc: gc})
 	}
 	drop := 0
 	newest := l[len(l)-1].at
@@ -106,14 +112,14 @@ func (s *samples) code(tid uint32, a, b int64, role string) []CodeSample {
 	l := s.byTID[tid]
 	i, _ := slices.BinarySearchFunc(l, a, func(x sample, t int64) int { return cmp.Compare(x.at, t) })
 	type key struct {
-		fn, file string
-		line     int
-		gc       bool
+		fn, file, caller string
+		line             int
+		gc               bool
 	}
 	counts := map[key]int{}
 	var order []key
 	for ; i < len(l) && l[i].at < b; i++ {
-		k := key{l[i].frame.Function, l[i].frame.Where(), l[i].frame.Line, l[i].gc}
+		k := key{l[i].frame.Function, l[i].frame.Where(), l[i].caller, l[i].frame.Line, l[i].gc}
 		if counts[k] == 0 {
 			order = append(order, k)
 		}
@@ -121,7 +127,8 @@ func (s *samples) code(tid uint32, a, b int64, role string) []CodeSample {
 	}
 	out := make([]CodeSample, 0, len(order))
 	for _, k := range order {
-		out = append(out, CodeSample{Function: k.fn, File: k.file, Line: k.line, Samples: counts[k], TID: tid, Role: role, GC: k.gc})
+		out = append(out, CodeSample{Function: k.fn, File: k.file, Line: k.line, Samples: counts[k], TID: tid, Role: role, GC: k.gc,
+			Caller: k.caller})
 	}
 	slices.SortStableFunc(out, func(x, y CodeSample) int { return cmp.Compare(y.Samples, x.Samples) })
 	if len(out) > maxGapCode {

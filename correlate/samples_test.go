@@ -95,3 +95,46 @@ func TestSamplesBounded(t *testing.T) {
 		t.Errorf("%d samples kept, want only the newest", len(l))
 	}
 }
+
+// TestCodeNamesCaller: a helper that burns the time for two callers is
+// listed once per caller, each named (the site reads "burn ← caller"); a
+// sample whose stack holds no frame of the job's code above the helper
+// has no caller.
+func TestCodeNamesCaller(t *testing.T) {
+	var s samples
+	stack := func(caller string) []event.Frame {
+		st := []event.Frame{
+			{Function: "PyObject_Call", File: "/usr/lib/libpython3.12.so.1.0"},
+			{Function: "burn", File: "/job/util.py", Line: 30},
+		}
+		if caller != "" {
+			st = append(st, event.Frame{Function: caller, File: "/job/train.py", Line: 84},
+				event.Frame{Function: "main", File: "/job/train.py", Line: 120})
+		}
+		return st
+	}
+	for i, at := range []int64{11, 12, 13, 14, 15, 16} {
+		caller := "tokenize_batch"
+		switch {
+		case i == 5:
+			caller = ""
+		case i >= 3:
+			caller = "summarize"
+		}
+		ev := event.Event{Kind: event.KindCPUSample, PID: 1, TID: 7, Start: at, End: at, Stack: stack(caller)}
+		s.add(&ev)
+	}
+	got := s.code(7, 10, 20, RoleFeeder)
+	want := []string{"util.py:30 burn ← tokenize_batch", "util.py:30 burn ← summarize", "util.py:30 burn"}
+	if len(got) != len(want) {
+		t.Fatalf("code %+v, want sites %q", got, want)
+	}
+	for i, w := range want {
+		if got[i].Site() != w {
+			t.Errorf("code[%d] site %q, want %q", i, got[i].Site(), w)
+		}
+	}
+	if got[0].Caller != "train.py:84 tokenize_batch" || got[0].Samples != 3 {
+		t.Errorf("code[0] = %+v, want caller train.py:84 tokenize_batch ×3", got[0])
+	}
+}

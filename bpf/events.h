@@ -227,6 +227,8 @@ struct cpu_sample_event {
 	struct event_hdr hdr;
 	__u32 depth;  /* frames in ips */
 	__u32 kernel; /* the timer fired while the thread ran in the kernel */
+	/* In the kernel inside a user page fault: the faulting address. */
+	__u64 fault_addr;
 	__u64 ips[SAMPLE_DEPTH];
 };
 

@@ -25,36 +25,9 @@
  * process removes it from traced_tgids.
  */
 #include "common.h"
+#include "fault.h"
 
 #define TASK_RUNNING 0
-
-/* A thread's latest user page fault. */
-struct fault {
-	__u64 addr; /* the faulting address */
-	__u64 ip;   /* the faulting instruction */
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64); /* pid_tgid */
-	__type(value, struct fault);
-} faults SEC(".maps");
-
-/* The address of the fault task (id) was blocked in: its user registers
- * stand at the instruction of its latest fault. 0 otherwise (blocked in
- * an untraced syscall, or no fault seen). */
-static __always_inline __u64 fault_blocked(struct task_struct *task, __u64 id)
-{
-	struct fault *f = bpf_map_lookup_elem(&faults, &id);
-	if (!f)
-		return 0;
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	if (!regs)
-		return 0;
-	__u64 ip = BPF_CORE_READ(regs, ip);
-	return ip == f->ip ? f->addr : 0;
-}
 
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -109,7 +82,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	/* A block inside a page fault is a read of the page (a mapped file's,
 	 * or swap): emitted whatever its length, since a random walk through
 	 * a mapped dataset blocks tens of µs per page, each one I/O. */
-	__u64 fault = kind == K_OFFCPU ? fault_blocked(next, nid) : 0;
+	__u64 fault = kind == K_OFFCPU ? fault_in(next, nid) : 0;
 	if (now - start < threshold_ns && !fault)
 		return 0;
 

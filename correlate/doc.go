@@ -368,6 +368,10 @@
 //	              PeerRecord (ranks.Record), SetPeerOut, Peer, PeerLeft
 //	emit.go       holding gaps until a step clock runs, delivering them to
 //	              their step
+//	samples.go    each thread's recent CPU samples; the code (and its
+//	              caller) they name in a gap
+//	faultreads.go a gap's cpu time sampled in a mapped file's page-fault
+//	              handler, given to io.read of that file
 //	steps.go      the stepper: sync history, fixed windows, the mode it
 //	              counts steps by (the detection itself is stepclock's)
 //	final.go      when a step is final, and emitting it

@@ -7,6 +7,7 @@ func (p *proc) emit(x env, g Gap) {
 	if x.set.modes != nil {
 		g.Probes = x.probesOver(g.Start, g.End)
 	}
+	x.w.samples.mappedReads(&g)
 	x.w.samples.attachCode(&g)
 	d := x.d
 	if g.Kind == GapStall {

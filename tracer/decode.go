@@ -99,7 +99,8 @@ type decoded struct {
 	waitN     uint32
 	waitSocks uint32
 	// sampleIPs, for a CPU sample, its user stack as the record holds it;
-	// faultAddr, for an off-CPU block inside a page fault, the address.
+	// faultAddr, for an off-CPU block inside a page fault or a CPU
+	// sample taken in the fault's handler, the address.
 	sampleIPs []uint64
 	faultAddr uint64
 }
@@ -213,6 +214,9 @@ func decodeRecord(rec []byte, d *decoded) error {
 		}
 		ev.Start = ev.End
 		d.sampleIPs = r.Ips[:r.Depth]
+		if r.Kernel != 0 {
+			d.faultAddr = r.FaultAddr
+		}
 		d.emit = true
 	case evMarker:
 		return decodeMarker(rec, h, d)

@@ -61,8 +61,11 @@ func ensureTracefs(stat func(string) (os.FileInfo, error)) error {
 // taken on kernels without uprobe_multi (tests exercise it here).
 var disableUprobeMulti bool
 
-// sharedMaps are declared by every object (bpf/common.h) and created once.
-var sharedMaps = []string{cudaMapTracedTgids, cudaMapThreads, cudaMapEvents, cudaMapRingDrops, cudaMapShortCalls, cudaMapUserStacks, cudaMapPyProcs}
+// sharedMaps are declared by every object (bpf/common.h), or by those
+// that use them (py_procs: bpf/python.h; faults: bpf/fault.h), and created
+// once, from the first object that declares each.
+var sharedMaps = []string{cudaMapTracedTgids, cudaMapThreads, cudaMapEvents, cudaMapRingDrops, cudaMapShortCalls, cudaMapUserStacks, cudaMapPyProcs,
+	schedMapFaults}
 
 func (t *Tracer) load() error {
 	specs := []struct {
@@ -120,18 +123,19 @@ func (t *Tracer) load() error {
 				return fmt.Errorf("%s object: %w", s.name, err)
 			}
 		}
-		if len(t.shared) == 0 {
-			for _, name := range sharedMaps {
-				ms, ok := spec.Maps[name]
-				if !ok {
-					return fmt.Errorf("%s object: map %s missing (stale generated object? run make generate)", s.name, name)
-				}
-				m, err := ebpf.NewMap(ms)
-				if err != nil {
-					return fmt.Errorf("create map %s: %w", name, explainPerm(err))
-				}
-				t.shared[name] = m
+		for _, name := range sharedMaps {
+			ms, ok := spec.Maps[name]
+			if _, made := t.shared[name]; made || !ok {
+				continue
 			}
+			m, err := ebpf.NewMap(ms)
+			if err != nil {
+				return fmt.Errorf("create map %s: %w", name, explainPerm(err))
+			}
+			t.shared[name] = m
+		}
+		if _, ok := t.shared[cudaMapTracedTgids]; !ok {
+			return fmt.Errorf("%s object: map %s missing (stale generated object? run make generate)", s.name, cudaMapTracedTgids)
 		}
 		opts := t.objectOptions(spec)
 		if err := spec.LoadAndAssign(s.objs, opts); err != nil {

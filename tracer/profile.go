@@ -151,6 +151,14 @@ func (t *Tracer) sample(ev *event.Event, d *decoded) {
 	if inGC(native, interp) && (len(ev.Stack) == 0 || ev.Stack[0] != GCFrame) {
 		ev.Stack = append([]event.Frame{GCFrame}, ev.Stack...)
 	}
+	if d.faultAddr != 0 {
+		// Sampled in the kernel handling a page fault: on a mapped
+		// file, the thread was reading it in (anonymous memory: "").
+		ev.Path = t.fmaps.file(ev.PID, d.faultAddr)
+		if ev.Path != "" {
+			ev.FDKind = event.FDFile
+		}
+	}
 }
 
 // fileMaps caches, per process, the file mappings of /proc/PID/maps (all

@@ -22,9 +22,16 @@ type profileCpuSampleEvent struct {
 		PidTgid uint64
 		KtimeNs uint64
 	}
-	Depth  uint32
-	Kernel uint32
-	Ips    [32]uint64
+	Depth     uint32
+	Kernel    uint32
+	FaultAddr uint64
+	Ips       [32]uint64
+}
+
+type profileFault struct {
+	_    structs.HostLayout
+	Addr uint64
+	Ip   uint64
 }
 
 type profilePyOffsets struct {
@@ -115,6 +122,7 @@ type profileThreadState struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	profileMapEvents                 = "events"
+	profileMapFaults                 = "faults"
 	profileMapPyProcs                = "py_procs"
 	profileMapPyScratch              = "py_scratch"
 	profileMapPyStats                = "py_stats"
@@ -201,6 +209,7 @@ type profileProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type profileMapSpecs struct {
 	Events      *ebpf.MapSpec `ebpf:"events"`
+	Faults      *ebpf.MapSpec `ebpf:"faults"`
 	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
 	PyStats     *ebpf.MapSpec `ebpf:"py_stats"`
@@ -263,6 +272,7 @@ func (o *profileObjects) Close() error {
 // It can be passed to loadProfileObjects or ebpf.CollectionSpec.LoadAndAssign.
 type profileMaps struct {
 	Events      *ebpf.Map `ebpf:"events"`
+	Faults      *ebpf.Map `ebpf:"faults"`
 	PyProcs     *ebpf.Map `ebpf:"py_procs"`
 	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
 	PyStats     *ebpf.Map `ebpf:"py_stats"`
@@ -276,6 +286,7 @@ type profileMaps struct {
 func (m *profileMaps) Close() error {
 	return _ProfileClose(
 		m.Events,
+		m.Faults,
 		m.PyProcs,
 		m.PyScratch,
 		m.PyStats,

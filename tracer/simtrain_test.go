@@ -418,7 +418,11 @@ func checkStall(t *testing.T, r simRun, st truthRec) {
 			}
 		}
 		if !found {
-			fail("no socket event with peer pid %d: %+v", st.ServerPID, evs[0])
+			var seen []string
+			for _, ev := range evs {
+				seen = append(seen, fmt.Sprintf("%s fd %d kind %d path %q peer %d %q", ev.Name, ev.FD, ev.FDKind, ev.Path, ev.PeerPID, ev.PeerAddr))
+			}
+			fail("no socket event with peer pid %d among %d: %s", st.ServerPID, len(evs), strings.Join(seen, "; "))
 		}
 	case "loader.wait.io", "loader.wait.cpu", "loader.wait":
 		evs := r.within(st, 0, st.TID, sys(event.SysRead))

@@ -1,0 +1,86 @@
+package correlate
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/gaptrace/gaptrace/correlate/attribute"
+)
+
+// mappedReads gives io.read the share of g's cpu time that CPU samples of
+// its thread caught inside the kernel's page-fault handler for a mapped
+// file: touching cold pages of a memory-mapped dataset costs the handler's
+// CPU (finding, reading ahead and mapping the pages) as well as the blocks
+// the scheduler shows (those are io.read already), and both are what a
+// user changes by reading the file differently. The share is the fault
+// samples over all of the thread's samples in the gap (each one a
+// sampling period of its CPU time); each file gets its samples' part in
+// the evidence (op "fault"). The dominant cause is chosen again.
+func (s *samples) mappedReads(g *Gap) {
+	cpu := g.Breakdown[CauseCPU]
+	l := s.byTID[g.TID]
+	if cpu <= 0 || len(l) == 0 {
+		return
+	}
+	i, _ := slices.BinarySearchFunc(l, g.Start, func(x sample, t int64) int { return cmp.Compare(x.at, t) })
+	n := 0
+	byFile := map[string]int{}
+	var files []string
+	for ; i < len(l) && l[i].at < g.End; i++ {
+		n++
+		if f := l[i].fault; f != "" {
+			if byFile[f] == 0 {
+				files = append(files, f)
+			}
+			byFile[f]++
+		}
+	}
+	if len(files) == 0 {
+		return
+	}
+	moved := int64(0)
+	for _, f := range files {
+		ns := cpu * int64(byFile[f]) / int64(n)
+		if ns <= 0 {
+			continue
+		}
+		moved += ns
+		addFileNS(&g.Evidence, attribute.FileEvidence{Path: f, Op: "fault", Calls: byFile[f], NS: ns})
+	}
+	if moved <= 0 {
+		return
+	}
+	if g.Breakdown[CauseCPU] -= moved; g.Breakdown[CauseCPU] <= 0 {
+		delete(g.Breakdown, CauseCPU)
+	}
+	g.Breakdown[CauseIORead] += moved
+	g.Cause = dominant(g.Breakdown)
+}
+
+// addFileNS merges f into ev's files (same path and op: calls and time
+// add up), longest first.
+func addFileNS(ev *Evidence, f attribute.FileEvidence) {
+	for i := range ev.Files {
+		if e := &ev.Files[i]; e.Path == f.Path && e.Op == f.Op {
+			e.Calls += f.Calls
+			e.NS += f.NS
+			f = *e
+			ev.Files = slices.Delete(ev.Files, i, i+1)
+			break
+		}
+	}
+	ev.Files = append(ev.Files, f)
+	slices.SortStableFunc(ev.Files, func(a, b attribute.FileEvidence) int { return cmp.Compare(b.NS, a.NS) })
+}
+
+// dominant is the cause with the most time in bd, in the order of
+// attribute.Causes on ties (as Attribution.Result picks it).
+func dominant(bd map[Cause]int64) Cause {
+	dom, best := CauseCPU, int64(-1)
+	for _, c := range attribute.Causes {
+		if ns := bd[c]; ns > best && ns > 0 {
+			dom, best = c, ns
+		}
+	}
+	return dom
+}

@@ -8,7 +8,9 @@ stream and a cuCtxSynchronize per step. Every 15 steps, in turn:
     collector (a child that reads 8 KiB every 2 ms): the write blocks until
     the collector drains it. Expected label io.write (the loop writes).
   - run_hook runs subprocess.run(["sleep", "0.08"]) and waits for it.
-    Expected label sleep (what the child did while the loop waited).
+    Expected label subprocess (README's cause table: the loop's own call
+    is what a user changes, by not waiting for the child; the child's
+    command, and so what it did, is the gap's children evidence).
   - scan_index touches one byte per page of 6 MiB of a memory-mapped file
     whose pages were dropped from the page cache: page faults that read
     the file. Expected label io.read.
@@ -78,7 +80,7 @@ def main():
             log.flush()
 
     def run_hook():
-        with xtruth.timed_stall(truth, "sleep", "run_hook", child="sleep 0.08"):
+        with xtruth.timed_stall(truth, "subprocess", "run_hook", child="sleep 0.08"):
             subprocess.run(["sleep", "0.08"], check=True)
 
     def scan_index():

@@ -97,27 +97,6 @@ func (m *markerLibs) addr(file string) uint64 {
 	return v
 }
 
-// dynDefined is the file offset of symbol among file's defined dynamic
-// function symbols (a versioned "name@VER" too), 0 when absent.
-func dynDefined(file, symbol string) uint64 {
-	f, err := elf.Open(file)
-	if err != nil {
-		return 0
-	}
-	defer func() { _ = f.Close() }() // read-only
-	syms, err := f.DynamicSymbols()
-	if err != nil {
-		return 0
-	}
-	for _, s := range syms {
-		if s.Section != elf.SHN_UNDEF && s.Value != 0 && elf.ST_TYPE(s.Info) == elf.STT_FUNC &&
-			strings.HasPrefix(s.Name, symbol) && (len(s.Name) == len(symbol) || s.Name[len(symbol)] == '@') {
-			return fileOffset(f, s.Value)
-		}
-	}
-	return 0
-}
-
 // fileOffset is where the loadable segment holding vaddr keeps it in the
 // file (what a uprobe takes), 0 when no executable segment holds it. A
 // probe attached at this offset spares the attach a read of the library's

@@ -55,9 +55,8 @@ func decodeMarker(rec []byte, h *rawHeader, d *decoded) error {
 // markerLibs remembers, per file (path, device, inode, size, mtime),
 // where its dynamic symbol table defines markerSymbol (0: it does not): a
 // Python process maps a hundred libraries, every rescan sees them all
-// again, and libtorch_cpu.so's table holds hundreds of thousands of
-// symbols, read once per file rather than once per process (DataLoader
-// workers map it too).
+// again, and DataLoader workers map libtorch_cpu.so too. The answer comes
+// from the library's hash table (dynhash.go), not its whole table.
 type markerLibs struct {
 	mu   sync.Mutex
 	seen map[markerKey]uint64

@@ -16,7 +16,8 @@ import (
 // entries and tens of MB of names, read for every library a process maps
 // to see whether it defines one function). The file is outside input:
 // every count and offset read from it is checked against the sections it
-// must lie in, and a chain that leaves them ends the lookup.
+// must lie in, and a table that does not hold (a chain that leaves them)
+// finds nothing.
 
 // dynTables are a file's dynamic symbol table and its strings, checked to
 // lie within the file.
@@ -33,7 +34,7 @@ type dynTables struct {
 type hashResult int
 
 const (
-	hashUnusable hashResult = iota // no table, or one malformed: read .dynsym instead
+	hashUnusable hashResult = iota // malformed: try the other table, else not found
 	hashAbsent                     // the table says the name is not defined
 	hashFound
 )
@@ -41,7 +42,7 @@ const (
 // dynDefined is the file offset of symbol among file's defined dynamic
 // function symbols (a versioned "name@VER" too), 0 when absent. It looks
 // the name up through the file's hash table and reads the whole table only
-// when the file has no usable one.
+// when the file has none.
 func dynDefined(file, symbol string) uint64 {
 	f, err := os.Open(file)
 	if err != nil {
@@ -56,22 +57,27 @@ func dynDefined(file, symbol string) uint64 {
 	if err != nil {
 		return 0
 	}
-	if t, ok := dynTablesOf(e, f, uint64(st.Size())); ok {
-		res, value := hashResult(hashUnusable), uint64(0)
-		if h := sectionOfType(e, elf.SHT_GNU_HASH); h != nil {
-			res, value = t.gnuLookup(h, symbol)
-		}
-		if h := sectionOfType(e, elf.SHT_HASH); res == hashUnusable && h != nil {
-			res, value = t.sysvLookup(h, symbol)
-		}
-		switch res {
-		case hashFound:
-			return fileOffset(e, value)
-		case hashAbsent:
-			return 0
-		}
+	gnu, sysv := sectionOfType(e, elf.SHT_GNU_HASH), sectionOfType(e, elf.SHT_HASH)
+	if gnu == nil && sysv == nil {
+		return dynDefinedFull(e, symbol)
 	}
-	return dynDefinedFull(e, symbol)
+	// A table the file has but that does not hold (malformed, or a
+	// .dynsym outside the file) finds nothing, as it would for ld.so.
+	t, ok := dynTablesOf(e, f, uint64(st.Size()))
+	if !ok {
+		return 0
+	}
+	res, value := hashResult(hashUnusable), uint64(0)
+	if gnu != nil {
+		res, value = t.gnuLookup(gnu, symbol)
+	}
+	if res == hashUnusable && sysv != nil {
+		res, value = t.sysvLookup(sysv, symbol)
+	}
+	if res != hashFound {
+		return 0
+	}
+	return fileOffset(e, value)
 }
 
 // dynDefinedFull is dynDefined by a read of every dynamic symbol.

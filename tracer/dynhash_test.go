@@ -133,8 +133,9 @@ func TestHashLookupMatchesFullRead(t *testing.T) {
 }
 
 // TestHashLookupMalformed: a truncated file, a .dynsym that runs past the
-// file's end and random bytes in the hash table give 0 or the true
-// answer, never a panic or another symbol's offset.
+// file's end and a hash header that does not hold give 0; random bytes
+// in the hash table give 0 or the true answer, never a panic or another
+// symbol's offset.
 func TestHashLookupMalformed(t *testing.T) {
 	path := hashLibs(t)[0]
 	orig, err := os.ReadFile(path)
@@ -180,12 +181,29 @@ func TestHashLookupMalformed(t *testing.T) {
 	if got := dynDefined(write(bad), name); got != 0 {
 		t.Errorf(".dynsym past the end of the file: %#x, want 0", got)
 	}
-	// Random bytes over the GNU hash table: the lookup may fail, fall back
-	// to the full read or find the name, never name another symbol.
 	h := sectionOfType(e, elf.SHT_GNU_HASH)
 	if h == nil {
 		t.Fatal("no GNU hash table")
 	}
+	// A hash table whose header does not hold (no buckets; Bloom words
+	// past the section's end) finds nothing, as for the dynamic linker,
+	// without a read of the whole .dynsym.
+	for _, hdr := range [][2]uint32{{0, 1}, {1, 0xffffffff}} {
+		bad := append([]byte(nil), orig...)
+		binary.LittleEndian.PutUint32(bad[h.Offset:], hdr[0])
+		binary.LittleEndian.PutUint32(bad[h.Offset+8:], hdr[1])
+		if sectionOfType(e, elf.SHT_HASH) == nil {
+			if got := dynDefined(write(bad), name); got != 0 {
+				t.Errorf("GNU hash header %v: %#x, want 0", hdr, got)
+			}
+		}
+		tabs, _ := dynTablesOf(e, bytesReaderAt(bad), uint64(len(bad)))
+		if res, _ := tabs.gnuLookup(h, name); res != hashUnusable {
+			t.Errorf("GNU hash header %v: %v, want unusable", hdr, res)
+		}
+	}
+	// Random bytes over the GNU hash table: the lookup may fail or find
+	// the name, never name another symbol.
 	rng := rand.New(rand.NewPCG(5, 6))
 	for round := 0; round < 300; round++ {
 		b := append([]byte(nil), orig...)

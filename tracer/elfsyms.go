@@ -1,40 +1,37 @@
 package tracer
 
 import (
-	"bufio"
 	"bytes"
-	"cmp"
 	"debug/elf"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
 )
 
-// elfSym is one function symbol, [addr, addr+size) in link-time addresses.
-// Its name stays in the file until a frame needs it: a PyTorch process maps
-// libraries with a million C++ symbols whose names alone would take a few
-// hundred MB (read with debug/elf's Symbols, 49 MB live and 400 MB at peak
-// in one H200 run), of which a stack ever shows a few hundred.
+// elfSym is one function symbol, [base+off, base+off+size) in link-time
+// addresses (symindex.go). Its name stays in the file until a frame needs
+// it: a PyTorch process maps libraries with a million C++ symbols whose
+// names alone would take a few hundred MB (read with debug/elf's Symbols,
+// 49 MB live and 400 MB at peak in one H200 run), of which a stack ever
+// shows a few hundred. Twelve bytes a symbol: the index of libtorch_cpu.so
+// is held once for every process that maps it.
 type elfSym struct {
-	addr uint64
+	off  uint32 // address less the file's base
 	size uint32 // 0: unknown (or above 4 GiB: the next symbol bounds it)
-	name uint32 // offset in the string table strtabs[tab]
-	tab  uint8
-	seq  uint32 // order read (in the struct's padding): the first wins an address
+	name uint32 // offset in the file's string tables, one after the other
 }
 
 // elfFile is what symbolization needs of one ELF file.
 type elfFile struct {
 	path    string
-	syms    []elfSym // sorted by addr
+	base    uint64   // the lowest loadable address: elfSym.off counts from it
+	syms    []elfSym // sorted by address, one per address
 	strtabs []strtab
-	names   map[elfSym]string // names read so far
+	names   map[uint32]string // names read so far, by elfSym.name
 	loads   []elf.ProgHeader
 	// lines is the DWARF line table, sorted by address, read in the
 	// background from the first lookup on (line) when the file has one;
@@ -76,12 +73,16 @@ func (ef *elfFile) lookup(off uint64) (string, uint64, bool) {
 
 // lookupVaddr finds the function containing virtual address vaddr.
 func (ef *elfFile) lookupVaddr(vaddr uint64) (string, uint64, bool) {
-	i := sort.Search(len(ef.syms), func(i int) bool { return ef.syms[i].addr > vaddr }) - 1
+	if vaddr < ef.base || vaddr-ef.base > math.MaxUint32 {
+		return "", 0, false
+	}
+	off := uint32(vaddr - ef.base)
+	i := sort.Search(len(ef.syms), func(i int) bool { return ef.syms[i].off > off }) - 1
 	if i < 0 {
 		return "", 0, false
 	}
 	sym := ef.syms[i]
-	if sym.size != 0 && vaddr >= sym.addr+uint64(sym.size) {
+	if sym.size != 0 && uint64(off) >= uint64(sym.off)+uint64(sym.size) {
 		return "", 0, false
 	}
 	return ef.symName(sym), vaddr, true
@@ -134,96 +135,46 @@ func loadELF(path string) *elfFile {
 	// stripped binary may carry them in .gnu_debugdata (MiniDebugInfo: an
 	// xz-compressed ELF holding only a .symtab), as Fedora's and RHEL's
 	// packages do.
-	ef.addSymbols(e, f, elf.SHT_SYMTAB)
-	if mini, b, err := miniDebugELF(e); err == nil {
-		ef.addSymbols(mini, bytes.NewReader(b), elf.SHT_SYMTAB)
+	var size uint64
+	if st, err := f.Stat(); err == nil && st.Size() > 0 {
+		size = uint64(st.Size())
+	}
+	b := symBuilder{base: math.MaxUint64}
+	for _, p := range ef.loads {
+		b.base = min(b.base, p.Vaddr)
+	}
+	if len(ef.loads) == 0 {
+		b.base = 0
+	}
+	b.add(e, f, size, elf.SHT_SYMTAB)
+	if mini, data, err := miniDebugELF(e); err == nil {
+		b.add(mini, bytes.NewReader(data), uint64(len(data)), elf.SHT_SYMTAB)
 	}
 	ef.elf = e
-	ef.addSymbols(e, f, elf.SHT_DYNSYM)
-	// Among symbols at one address the one read first (the earlier
-	// table's) comes first; pdqsort with that order, not a stable sort,
-	// which took 0.4 s of CPU for a PyTorch process's libraries.
-	slices.SortFunc(ef.syms, func(a, b elfSym) int {
-		return cmp.Or(cmp.Compare(a.addr, b.addr), cmp.Compare(a.seq, b.seq))
-	})
-	ef.syms = slices.CompactFunc(ef.syms, func(a, b elfSym) bool { return a.addr == b.addr })
-	ef.syms = slices.Clip(ef.syms)
+	b.add(e, f, size, elf.SHT_DYNSYM)
+	ef.base = b.base
+	ef.syms, ef.strtabs = b.build()
 	return ef
-}
-
-// strtab is a string table left in its file, read at r from off.
-type strtab struct {
-	r         io.ReaderAt
-	off, size uint64
-}
-
-// maxSymName bounds a symbol name read from a file (mangled C++ names run
-// to a few KiB; a longer one is cut).
-const maxSymName = 4096
-
-// addSymbols appends the function symbols of e's first section of type typ
-// to ef.syms, reading the table in one pass without keeping it or its
-// names; r reads e's file.
-func (ef *elfFile) addSymbols(e *elf.File, r io.ReaderAt, typ elf.SectionType) {
-	var sec *elf.Section
-	for _, s := range e.Sections {
-		if s.Type == typ {
-			sec = s
-			break
-		}
-	}
-	if sec == nil || sec.Link == 0 || int(sec.Link) >= len(e.Sections) || len(ef.strtabs) == 255 {
-		return
-	}
-	str := e.Sections[sec.Link]
-	tab := uint8(len(ef.strtabs))
-	ef.strtabs = append(ef.strtabs, strtab{r: r, off: str.Offset, size: str.Size})
-	entSize := 24
-	if e.Class == elf.ELFCLASS32 {
-		entSize = 16
-	}
-	br := bufio.NewReaderSize(sec.Open(), 64<<10)
-	ent := make([]byte, entSize)
-	if _, err := io.ReadFull(br, ent); err != nil { // entry 0 is the null symbol
-		return
-	}
-	bo := e.ByteOrder
-	for {
-		if _, err := io.ReadFull(br, ent); err != nil {
-			return
-		}
-		var name uint32
-		var info byte
-		var shndx uint16
-		var value, size uint64
-		if entSize == 24 {
-			name, info, shndx = bo.Uint32(ent[0:]), ent[4], bo.Uint16(ent[6:])
-			value, size = bo.Uint64(ent[8:]), bo.Uint64(ent[16:])
-		} else {
-			name, value, size = bo.Uint32(ent[0:]), uint64(bo.Uint32(ent[4:])), uint64(bo.Uint32(ent[8:]))
-			info, shndx = ent[12], bo.Uint16(ent[14:])
-		}
-		t := elf.ST_TYPE(info)
-		if (t != elf.STT_FUNC && t != elf.STT_GNU_IFUNC) || value == 0 || elf.SectionIndex(shndx) == elf.SHN_UNDEF ||
-			uint64(name) >= str.Size {
-			continue
-		}
-		if size > math.MaxUint32 {
-			size = 0
-		}
-		ef.syms = append(ef.syms, elfSym{addr: value, size: uint32(size), name: name, tab: tab, seq: uint32(len(ef.syms))})
-	}
 }
 
 // symName reads sym's name from its string table, once.
 func (ef *elfFile) symName(sym elfSym) string {
-	if n, ok := ef.names[sym]; ok {
+	if n, ok := ef.names[sym.name]; ok {
 		return n
 	}
-	st := ef.strtabs[sym.tab]
+	var st strtab
+	for _, t := range ef.strtabs {
+		if sym.name >= t.start && uint64(sym.name-t.start) < t.size {
+			st = t
+			break
+		}
+	}
+	if st.r == nil {
+		return ""
+	}
 	var name []byte
 	buf := make([]byte, 256)
-	for off := st.off + uint64(sym.name); len(name) < maxSymName && off < st.off+st.size; {
+	for off := st.off + uint64(sym.name-st.start); len(name) < maxSymName && off < st.off+st.size; {
 		n, err := st.r.ReadAt(buf, int64(off))
 		if i := bytes.IndexByte(buf[:n], 0); i >= 0 {
 			name = append(name, buf[:i]...)
@@ -240,9 +191,9 @@ func (ef *elfFile) symName(sym elfSym) string {
 		s = s[:i] // "read@@GLIBC_2.2.5"
 	}
 	if ef.names == nil {
-		ef.names = make(map[elfSym]string)
+		ef.names = make(map[uint32]string)
 	}
-	ef.names[sym] = s
+	ef.names[sym.name] = s
 	return s
 }
 

@@ -55,9 +55,8 @@ func decodeMarker(rec []byte, h *rawHeader, d *decoded) error {
 // markerLibs remembers, per file (path, device, inode, size, mtime),
 // where its dynamic symbol table defines markerSymbol (0: it does not): a
 // Python process maps a hundred libraries, every rescan sees them all
-// again, and libtorch_cpu.so's table holds hundreds of thousands of
-// symbols, read once per file rather than once per process (DataLoader
-// workers map it too).
+// again, and DataLoader workers map libtorch_cpu.so too. The answer comes
+// from the library's hash table (dynhash.go), not its whole table.
 type markerLibs struct {
 	mu   sync.Mutex
 	seen map[markerKey]uint64
@@ -95,27 +94,6 @@ func (m *markerLibs) addr(file string) uint64 {
 	m.seen[k] = v
 	m.mu.Unlock()
 	return v
-}
-
-// dynDefined is the file offset of symbol among file's defined dynamic
-// function symbols (a versioned "name@VER" too), 0 when absent.
-func dynDefined(file, symbol string) uint64 {
-	f, err := elf.Open(file)
-	if err != nil {
-		return 0
-	}
-	defer func() { _ = f.Close() }() // read-only
-	syms, err := f.DynamicSymbols()
-	if err != nil {
-		return 0
-	}
-	for _, s := range syms {
-		if s.Section != elf.SHN_UNDEF && s.Value != 0 && elf.ST_TYPE(s.Info) == elf.STT_FUNC &&
-			strings.HasPrefix(s.Name, symbol) && (len(s.Name) == len(symbol) || s.Name[len(symbol)] == '@') {
-			return fileOffset(f, s.Value)
-		}
-	}
-	return 0
 }
 
 // fileOffset is where the loadable segment holding vaddr keeps it in the

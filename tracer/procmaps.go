@@ -25,9 +25,12 @@ type mapping struct {
 func (s *symbolizer) mappingOf(pid uint32, addr uint64) (*mapping, bool) {
 	for attempt := 0; attempt < 2; attempt++ {
 		ms, ok := s.procs[pid]
-		if since := time.Since(s.readAt[pid]); attempt == 1 && since < mapsRereadEvery &&
-			(!s.changed[pid] || since < mapsRereadChanged) {
-			return nil, false
+		if attempt == 1 {
+			// The clock is read on a miss only: every frame of every
+			// sample comes through here.
+			if since := time.Since(s.readAt[pid]); since < mapsRereadEvery && (!s.changed[pid] || since < mapsRereadChanged) {
+				return nil, false
+			}
 		}
 		if !ok || attempt == 1 {
 			var err error

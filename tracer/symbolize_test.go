@@ -311,7 +311,7 @@ func TestLoadELFNamesStayInFile(t *testing.T) {
 				t.Fatalf("%d function symbols", len(ef.syms))
 			}
 			kept := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-			if per := kept / int64(len(ef.syms)); per > 48 {
+			if per := kept / int64(len(ef.syms)); per > 20 { // 12 bytes an elfSym, and the file's handles
 				t.Errorf("%d bytes kept for %d symbols (%d per symbol): names held in memory?", kept, len(ef.syms), per)
 			}
 			// Every function debug/elf names at an address is named the same
@@ -340,10 +340,10 @@ func TestLoadELFNamesStayInFile(t *testing.T) {
 			}
 			checked := 0
 			for i := 0; i < len(ef.syms); i += 1 + len(ef.syms)/500 {
-				s := ef.syms[i]
-				got, _, ok := ef.lookupVaddr(s.addr)
-				if !ok || got != want[s.addr] {
-					t.Fatalf("at %#x: %q, debug/elf says %q", s.addr, got, want[s.addr])
+				addr := ef.base + uint64(ef.syms[i].off)
+				got, _, ok := ef.lookupVaddr(addr)
+				if !ok || got != want[addr] {
+					t.Fatalf("at %#x: %q, debug/elf says %q", addr, got, want[addr])
 				}
 				checked++
 			}
@@ -353,7 +353,7 @@ func TestLoadELFNamesStayInFile(t *testing.T) {
 }
 
 func TestElfSymSize(t *testing.T) {
-	if n := unsafe.Sizeof(elfSym{}); n != 24 {
-		t.Errorf("elfSym is %d bytes, want 24 (a million of them in a PyTorch process)", n)
+	if n := unsafe.Sizeof(elfSym{}); n != 12 {
+		t.Errorf("elfSym is %d bytes, want 12 (a million of them in a PyTorch process)", n)
 	}
 }

@@ -664,9 +664,9 @@ func TestSimExportsEverything(t *testing.T) {
 	}
 }
 
-// nvml.c is checked against the official prototypes and layouts: built
-// with go-nvml's nvml.h instead of its own declarations, any signature that
-// differs fails to compile.
+// The simulated NVML's files (nvml*.c) are checked against the official
+// prototypes and layouts: built with go-nvml's nvml.h instead of their own
+// declarations, any signature that differs fails to compile.
 func TestSimNVMLMatchesHeader(t *testing.T) {
 	needSim(t)
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/go-nvml").Output()
@@ -675,10 +675,14 @@ func TestSimNVMLMatchesHeader(t *testing.T) {
 	}
 	inc := filepath.Join(strings.TrimSpace(string(out)), "pkg", "nvml")
 	src, _ := filepath.Abs("../testdata/simgpu")
-	cmd := exec.Command("gcc", "-std=gnu11", "-Wall", "-Werror", "-Wno-deprecated-declarations", "-fsyntax-only",
-		"-DSIMGPU_CHECK_NVML_H", "-DNVML_NO_UNVERSIONED_FUNC_DEFS", "-I"+inc, "-I"+src, filepath.Join(src, "nvml.c"))
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("nvml.c against %s/nvml.h: %v\n%s", inc, err, b)
+	files, err := filepath.Glob(filepath.Join(src, "nvml*.c"))
+	if err != nil || len(files) < 2 {
+		t.Fatalf("simulated NVML sources in %s: %v %v", src, files, err)
+	}
+	args := append([]string{"-std=gnu11", "-Wall", "-Werror", "-Wno-deprecated-declarations", "-fsyntax-only",
+		"-DSIMGPU_CHECK_NVML_H", "-DNVML_NO_UNVERSIONED_FUNC_DEFS", "-I" + inc, "-I" + src}, files...)
+	if b, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("%v against %s/nvml.h: %v\n%s", files, inc, err, b)
 	}
 }
 

@@ -259,13 +259,6 @@ type row struct {
 // selects runs while investigating.
 func TestAccuracy(t *testing.T) {
 	s := need(t)
-	var only *regexp.Regexp
-	if expr := os.Getenv("GAPTRACE_ACCURACY_ONLY"); expr != "" {
-		var err error
-		if only, err = regexp.Compile(expr); err != nil {
-			t.Fatalf("GAPTRACE_ACCURACY_ONLY: %v", err)
-		}
-	}
 	outDir := filepath.Join(s.root, accuracyOutRoot)
 	runsDir := filepath.Join(outDir, "runs")
 	// One suite at a time per checkout: runs share out/accuracy, and two
@@ -277,22 +270,7 @@ func TestAccuracy(t *testing.T) {
 	defer unlock()
 	dataDir := filepath.Join(t.TempDir(), "data") // shared: the 64 MiB data file is written once
 
-	var jobs []*job
-	for _, sc := range scenarios() {
-		for _, p := range probeSets {
-			if sc.probes != nil && !slices.Contains(sc.probes, p) {
-				continue
-			}
-			j := &job{sc: sc, probes: p, dir: filepath.Join(runsDir, sc.name+"-"+p)}
-			if only != nil && !only.MatchString(j.id()) {
-				continue
-			}
-			jobs = append(jobs, j)
-		}
-	}
-	if len(jobs) == 0 {
-		t.Fatalf("GAPTRACE_ACCURACY_ONLY=%s selects no run", only)
-	}
+	jobs := selectJobs(t, runsDir)
 	t.Cleanup(func() {
 		for _, j := range jobs {
 			if j.cmd != nil && j.cmd.Process != nil && j.done != nil {
@@ -360,6 +338,48 @@ func TestAccuracy(t *testing.T) {
 		t.Logf("%s: first run missed %d target(s), the second %d", j.id(), len(first), len(r.Misses))
 		rows[i] = r
 	}
+	writeResults(t, outDir, rows)
+	for _, r := range rows {
+		for _, m := range r.Misses {
+			t.Errorf("%s/%s: %s (outputs in %s)", r.Scenario, r.Probes, m, r.Dir)
+		}
+	}
+}
+
+// selectJobs is every scenario under each of its probe sets, narrowed by
+// GAPTRACE_ACCURACY_ONLY (a regular expression over "scenario/probes").
+func selectJobs(t *testing.T, runsDir string) []*job {
+	t.Helper()
+	var only *regexp.Regexp
+	if expr := os.Getenv("GAPTRACE_ACCURACY_ONLY"); expr != "" {
+		var err error
+		if only, err = regexp.Compile(expr); err != nil {
+			t.Fatalf("GAPTRACE_ACCURACY_ONLY: %v", err)
+		}
+	}
+	var jobs []*job
+	for _, sc := range scenarios() {
+		for _, p := range probeSets {
+			if sc.probes != nil && !slices.Contains(sc.probes, p) {
+				continue
+			}
+			j := &job{sc: sc, probes: p, dir: filepath.Join(runsDir, sc.name+"-"+p)}
+			if only != nil && !only.MatchString(j.id()) {
+				continue
+			}
+			jobs = append(jobs, j)
+		}
+	}
+	if len(jobs) == 0 {
+		t.Fatalf("GAPTRACE_ACCURACY_ONLY=%s selects no run", only)
+	}
+	return jobs
+}
+
+// writeResults prints the table and writes it, with the rows and targets
+// as JSON, to outDir.
+func writeResults(t *testing.T, outDir string, rows []*row) {
+	t.Helper()
 	table := formatTable(rows)
 	fmt.Print(table)
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
@@ -378,10 +398,5 @@ func TestAccuracy(t *testing.T) {
 	}
 	if err := os.WriteFile(filepath.Join(outDir, "accuracy.txt"), []byte(table), 0o644); err != nil {
 		t.Fatal(err)
-	}
-	for _, r := range rows {
-		for _, m := range r.Misses {
-			t.Errorf("%s/%s: %s (outputs in %s)", r.Scenario, r.Probes, m, r.Dir)
-		}
 	}
 }

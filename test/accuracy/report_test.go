@@ -116,32 +116,39 @@ func score(t *testing.T, j *job) *row {
 		}
 	}
 	if j.sc.launchBound {
-		spans, err := ReadStepSpans(filepath.Join(j.dir, "spans.jsonl"))
-		if err != nil {
-			miss("%v", err)
-			return r
-		}
-		si := StepIdle(tr, spans, tr.PID)
-		r.StepIdle = si
-		switch {
-		case si.Matched < len(tr.Steps)/2:
-			miss("per-step idle: only %d of %d truth steps matched by %d gaptrace steps", si.Matched, len(tr.Steps), si.Steps)
-		default:
-			if si.Matched-si.Preempted < minStepIdleJudged {
-				// The machine kept the feeder off a CPU in most steps:
-				// only the totals say how right gaptrace was.
-				t.Logf("%s/%s: per-step idle judged in totals only: %d of %d matched steps waited ≥ %.0f%% of their time for a CPU",
-					j.sc.name, j.probes, si.Preempted, si.Matched, 100*preemptedShare)
-			} else if si.MedianRelErr > maxStepIdleErr {
-				miss("per-step idle: median relative error %.1f%% > %.0f%% (p90 %.1f%%)", 100*si.MedianRelErr, 100*maxStepIdleErr, 100*si.P90RelErr)
-			}
-			if si.TotalRelErr > maxStepIdleErr {
-				miss("per-step idle: total %.1f ms reported vs %.1f ms true (%.1f%% > %.0f%%)",
-					ms(si.ReportedNS), ms(si.TrueNS), 100*si.TotalRelErr, 100*maxStepIdleErr)
-			}
-		}
+		judgeStepIdle(t, j, tr, r, miss)
 	}
 	return r
+}
+
+// judgeStepIdle scores a launch-bound run's per-step idle against the
+// truth's.
+func judgeStepIdle(t *testing.T, j *job, tr *Truth, r *row, miss func(string, ...any)) {
+	t.Helper()
+	spans, err := ReadStepSpans(filepath.Join(j.dir, "spans.jsonl"))
+	if err != nil {
+		miss("%v", err)
+		return
+	}
+	si := StepIdle(tr, spans, tr.PID)
+	r.StepIdle = si
+	switch {
+	case si.Matched < len(tr.Steps)/2:
+		miss("per-step idle: only %d of %d truth steps matched by %d gaptrace steps", si.Matched, len(tr.Steps), si.Steps)
+	default:
+		if si.Matched-si.Preempted < minStepIdleJudged {
+			// The machine kept the feeder off a CPU in most steps:
+			// only the totals say how right gaptrace was.
+			t.Logf("%s/%s: per-step idle judged in totals only: %d of %d matched steps waited ≥ %.0f%% of their time for a CPU",
+				j.sc.name, j.probes, si.Preempted, si.Matched, 100*preemptedShare)
+		} else if si.MedianRelErr > maxStepIdleErr {
+			miss("per-step idle: median relative error %.1f%% > %.0f%% (p90 %.1f%%)", 100*si.MedianRelErr, 100*maxStepIdleErr, 100*si.P90RelErr)
+		}
+		if si.TotalRelErr > maxStepIdleErr {
+			miss("per-step idle: total %.1f ms reported vs %.1f ms true (%.1f%% > %.0f%%)",
+				ms(si.ReportedNS), ms(si.TrueNS), 100*si.TotalRelErr, 100*maxStepIdleErr)
+		}
+	}
 }
 
 // attachRE matches the tracer's log line for attached uprobes.

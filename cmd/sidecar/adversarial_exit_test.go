@@ -131,32 +131,10 @@ while [ ! -e "$3" ]; do sleep 0.05; done
 		return err == nil && orphan > 0
 	})
 	// Every link gaptrace holds, as its fds say, until it exits.
-	held := map[string]string{} // link_id → fdinfo
-	snapshot := func() {
-		infos, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fdinfo/*", p.cmd.Process.Pid))
-		for _, f := range infos {
-			b, err := os.ReadFile(f)
-			if err != nil {
-				continue
-			}
-			for _, l := range strings.Split(string(b), "\n") {
-				if id, ok := strings.CutPrefix(l, "link_id:"); ok {
-					held[strings.TrimSpace(id)] = string(b)
-				}
-			}
-		}
-	}
-	orphanLinks := func() (n int) {
-		for _, info := range held {
-			if strings.Contains(info, "probe") && strings.Contains(info, fmt.Sprintf("pid:\t%d\n", orphan)) {
-				n++
-			}
-		}
-		return n
-	}
+	held := heldLinks{}
 	testutil.WaitFor(t, time.Minute, "uprobe links on the trainer left behind", func() bool {
-		snapshot()
-		return orphanLinks() > 0
+		held.snapshot(p.cmd.Process.Pid)
+		return held.uprobesOn(orphan) > 0
 	})
 	if err := os.WriteFile(seenFile, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -184,7 +162,7 @@ while [ ! -e "$3" ]; do sleep 0.05; done
 		case <-p.done:
 			done = true
 		case <-time.After(20 * time.Millisecond):
-			snapshot()
+			held.snapshot(p.cmd.Process.Pid)
 		}
 	}
 	exited := time.Now()
@@ -199,7 +177,7 @@ while [ ! -e "$3" ]; do sleep 0.05; done
 	late := exited.Sub(time.Unix(0, int64(sec*1e9)))
 	delay -= atEnd
 	t.Logf("gaptrace exited %v after the job, %v of it waiting for a CPU; it held %d links, %d of them uprobes on pid %d",
-		late.Round(time.Millisecond), delay.Round(time.Millisecond), len(held), orphanLinks(), orphan)
+		late.Round(time.Millisecond), delay.Round(time.Millisecond), len(held), held.uprobesOn(orphan), orphan)
 	if code != 0 || late > 5*time.Second+delay {
 		t.Errorf("exit %d, %v after the job ended (%v of it waiting for a CPU); want 0 within 5 s\n%s", code, late, delay, p.stderr)
 	}
@@ -212,6 +190,47 @@ while [ ! -e "$3" ]; do sleep 0.05; done
 	if err := syscall.Kill(orphan, 0); err != nil {
 		t.Fatalf("the trainer left behind is gone (%v): it no longer shows that the kernel detached its probes", err)
 	}
+	left := held.stillAttached(t)
+	if len(left) > 0 {
+		slices.Sort(left)
+		t.Errorf("links gaptrace held still attached after it exited: %v", left)
+	}
+}
+
+// heldLinks is every BPF link a process was seen holding, as its fdinfo
+// said: link_id → fdinfo.
+type heldLinks map[string]string
+
+// snapshot adds the links pid holds now.
+func (held heldLinks) snapshot(pid int) {
+	infos, _ := filepath.Glob(fmt.Sprintf("/proc/%d/fdinfo/*", pid))
+	for _, f := range infos {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if id, ok := strings.CutPrefix(l, "link_id:"); ok {
+				held[strings.TrimSpace(id)] = string(b)
+			}
+		}
+	}
+}
+
+// uprobesOn counts the held links that probe process pid.
+func (held heldLinks) uprobesOn(pid int) (n int) {
+	for _, info := range held {
+		if strings.Contains(info, "probe") && strings.Contains(info, fmt.Sprintf("pid:\t%d\n", pid)) {
+			n++
+		}
+	}
+	return n
+}
+
+// stillAttached returns the held links still attached after polling for
+// up to 20 s (none, once the holder exited and the kernel detached them).
+func (held heldLinks) stillAttached(t *testing.T) []string {
+	t.Helper()
 	var left []string
 	testutil.Poll(20*time.Second, 100*time.Millisecond, func() bool {
 		left = left[:0]
@@ -227,8 +246,5 @@ while [ ! -e "$3" ]; do sleep 0.05; done
 		}
 		return len(left) == 0
 	})
-	if len(left) > 0 {
-		slices.Sort(left)
-		t.Errorf("links gaptrace held still attached after it exited: %v", left)
-	}
+	return left
 }

@@ -171,6 +171,33 @@ static void usage(FILE *f)
 	      f);
 }
 
+/* The checks across options, once all are parsed. */
+static void check_args(void)
+{
+	if (opt.dump_timeline == NULL && opt.steps < 0)
+		usage_error("--steps is required");
+	if (opt.rank >= opt.nranks)
+		usage_error("--rank %ld must be below --nranks %ld", opt.rank, opt.nranks);
+	if (opt.kernel_fns > opt.kernels)
+		usage_error("--kernel-fns %ld exceeds --kernels-per-step %ld", opt.kernel_fns, opt.kernels);
+	if (opt.batch_bytes == 0 && opt.copy_api_set)
+		usage_error("--batch-bytes 0 (no batch copy) cannot go with --copy-api");
+	if (opt.comm_id != NULL) {
+		/* The ranks of one job are separate processes that meet in the
+		 * simulated NCCL: every one must issue collectives. */
+		size_t n = strlen(opt.comm_id);
+		if (n == 0 || n > 64 || strspn(opt.comm_id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != n)
+			usage_error("invalid --comm-id %s (want 1-64 of A-Z a-z 0-9 . _ -)", opt.comm_id);
+		if (opt.collectives == 0)
+			usage_error("--comm-id needs --collectives > 0");
+	}
+	for (int i = 0; i < opt.nstalls; i++) {
+		enum cause c = opt.stalls[i].c;
+		if ((c == C_LOADER_IO || c == C_LOADER_CPU) && opt.workers == 0)
+			usage_error("--stall %s needs --workers > 0", opt.stalls[i].name);
+	}
+}
+
 void parse_args(int argc, char **argv)
 {
 	enum {
@@ -273,26 +300,5 @@ void parse_args(int argc, char **argv)
 	}
 	if (optind < argc)
 		usage_error("unexpected argument %s", argv[optind]);
-	if (opt.dump_timeline == NULL && opt.steps < 0)
-		usage_error("--steps is required");
-	if (opt.rank >= opt.nranks)
-		usage_error("--rank %ld must be below --nranks %ld", opt.rank, opt.nranks);
-	if (opt.kernel_fns > opt.kernels)
-		usage_error("--kernel-fns %ld exceeds --kernels-per-step %ld", opt.kernel_fns, opt.kernels);
-	if (opt.batch_bytes == 0 && opt.copy_api_set)
-		usage_error("--batch-bytes 0 (no batch copy) cannot go with --copy-api");
-	if (opt.comm_id != NULL) {
-		/* The ranks of one job are separate processes that meet in the
-		 * simulated NCCL: every one must issue collectives. */
-		size_t n = strlen(opt.comm_id);
-		if (n == 0 || n > 64 || strspn(opt.comm_id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != n)
-			usage_error("invalid --comm-id %s (want 1-64 of A-Z a-z 0-9 . _ -)", opt.comm_id);
-		if (opt.collectives == 0)
-			usage_error("--comm-id needs --collectives > 0");
-	}
-	for (int i = 0; i < opt.nstalls; i++) {
-		enum cause c = opt.stalls[i].c;
-		if ((c == C_LOADER_IO || c == C_LOADER_CPU) && opt.workers == 0)
-			usage_error("--stall %s needs --workers > 0", opt.stalls[i].name);
-	}
+	check_args();
 }

@@ -6,6 +6,9 @@
  */
 #include "simtrain.h"
 
+/* Room for a stall record's cause-specific fields. */
+#define EXTRA_LEN 4608
+
 void reader_open(struct reader *r)
 {
 	r->off = 0;
@@ -175,24 +178,167 @@ static const char *truth_cause(const struct stall *st)
 }
 
 /* Runs one stall on the calling (main) thread and records it. */
+/* cpu.contention: move to the hog's CPU (the old mask saved in oldset),
+ * before the stall's time starts. */
+static void pin_beside_hog(cpu_set_t *oldset)
+{
+	sched_getaffinity(0, sizeof(*oldset), oldset);
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(hog_cpu, &set);
+	if (sched_setaffinity(0, sizeof(set), &set) != 0)
+		die("pin to CPU %d: %s", hog_cpu, strerror(errno));
+	atomic_store(&hog->done, 0);
+	/* Migrate before measuring. */
+	sched_yield();
+}
+
+/* lock: wait until the holder has the mutex for ms_ns: handing it the
+ * request and its wake-up are not the lock's time. */
+static void await_lock_holder(uint64_t ms_ns)
+{
+	atomic_store(&lock_acquired, 0);
+	if (write(lock_req_w, &ms_ns, sizeof(ms_ns)) != (ssize_t)sizeof(ms_ns))
+		die("wake lock holder: %s", strerror(errno));
+	while (atomic_load(&lock_acquired) == 0)
+		sched_yield();
+}
+
+/* io.write: chunks written and synced to the checkpoint file until deadline. */
+static void stall_io_write(uint64_t deadline, char *extra)
+{
+	if (ckpt_fd < 0) {
+		ckpt_fd = open(ckpt_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+		if (ckpt_fd < 0)
+			die("create %s: %s", ckpt_path, strerror(errno));
+		ckpt_buf = malloc(IO_CHUNK);
+		if (ckpt_buf == NULL)
+			die("out of memory");
+		memset(ckpt_buf, 0x5a, IO_CHUNK);
+	}
+	uint64_t b = 0;
+	struct pacer pc = {0, 0};
+	while (pacer_more(&pc, deadline)) {
+		if (ckpt_off >= DATA_FILE_BYTES)
+			ckpt_off = 0;
+		if (pwrite(ckpt_fd, ckpt_buf, IO_CHUNK, (off_t)ckpt_off) != (ssize_t)IO_CHUNK)
+			die("write %s: %s", ckpt_path, strerror(errno));
+		ckpt_off += IO_CHUNK;
+		b += IO_CHUNK;
+		if (fsync(ckpt_fd) != 0)
+			die("fsync %s: %s", ckpt_path, strerror(errno));
+	}
+	snprintf(extra, EXTRA_LEN, ",\"path\":\"%s\",\"bytes\":%llu", ckpt_path,
+		 (unsigned long long)b);
+}
+
+/* loader.wait: a request to the next worker, and the wait for its reply. */
+static void stall_loader(const struct stall *st, uint64_t deadline, char *extra)
+{
+	struct worker *w = &workers[next_worker++ % nworkers];
+	struct loader_req q = {st->c == C_LOADER_IO ? 1 : 2, (uint32_t)st->ms, deadline};
+	struct loader_reply got;
+	if (write(w->req_w, &q, sizeof(q)) != (ssize_t)sizeof(q))
+		die("send request to worker %d: %s", (int)w->pid, strerror(errno));
+	ssize_t n;
+	while ((n = read(w->reply_r, &got, sizeof(got))) < 0 && errno == EINTR)
+		;
+	if (n != (ssize_t)sizeof(got))
+		die("worker %d did not reply", (int)w->pid);
+	snprintf(extra, EXTRA_LEN,
+		 ",\"worker\":%d,\"worker_did\":\"%s\",\"bytes\":%llu,"
+		 "\"worker_run_delay_ns\":%llu",
+		 (int)w->pid, q.kind == 1 ? "io" : "cpu", (unsigned long long)got.bytes,
+		 (unsigned long long)got.run_delay_ns);
+}
+
+/* cuda.alloc: an allocation the driver makes ms_ns slow, and its free. */
+static void stall_alloc(uint64_t ms_ns, long step, uint64_t *start, uint64_t *fixed_end, char *extra)
+{
+	size_t bytes = 64u << 20;
+	CUdeviceptr p;
+	simgpu_set_alloc_delay_ns(ms_ns);
+	uint64_t s = now_ns();
+	CUresult r = cuMemAlloc_v2(&p, bytes);
+	uint64_t m = now_ns();
+	simgpu_set_alloc_delay_ns(0);
+	check_cu(r, "cuMemAlloc_v2");
+	check_cu(cuMemFree_v2(p), "cuMemFree_v2");
+	uint64_t e = now_ns();
+	truth_call("alloc", "cuMemAlloc_v2", step, s, m, NULL, bytes);
+	truth_call("free", "cuMemFree_v2", step, m, e, NULL, bytes);
+	*start = s;
+	*fixed_end = e;
+	snprintf(extra, EXTRA_LEN, ",\"bytes\":%zu", bytes);
+}
+
+/* pageable: an async copy from pageable memory, which the host stages. */
+static void stall_pageable(uint64_t ms_ns, long step, uint64_t *start, uint64_t *fixed_end, char *extra)
+{
+	/* Sized to keep the host staging for ms at the simulated pageable
+	 * rate; the buffers are made once and kept, like a dataset tensor. */
+	size_t bytes = (size_t)((double)ms_ns * env_gbps("SIMGPU_PAGEABLE_GBPS", 6));
+	if (bytes > pageable_len) {
+		free(pageable_buf);
+		pageable_buf = calloc(1, bytes);
+		if (pageable_buf == NULL)
+			die("out of memory");
+		if (dpageable != 0)
+			check_cu(cuMemFree_v2(dpageable), "cuMemFree_v2");
+		check_cu(cuMemAlloc_v2(&dpageable, bytes), "cuMemAlloc_v2");
+		pageable_len = bytes;
+	}
+	uint64_t s = now_ns();
+	check_cu(cuMemcpyHtoDAsync_v2(dpageable, pageable_buf, bytes, streams[0]),
+		 "cuMemcpyHtoDAsync_v2");
+	uint64_t e = now_ns();
+	truth_call("copy", "cuMemcpyHtoDAsync_v2", step, s, e, streams[0], bytes);
+	*start = s;
+	*fixed_end = e;
+	snprintf(extra, EXTRA_LEN, ",\"kind\":\"pageable\",\"bytes\":%zu,\"direction\":\"htod\"",
+		 bytes);
+}
+
+/* checkpoint: torch.save of a CUDA state_dict, tensor by tensor. */
+static void stall_checkpoint(uint64_t ms_ns, uint64_t start, char *extra)
+{
+	if (state_buf == NULL) {
+		state_buf = calloc(1, CKPT_TENSOR_BYTES);
+		if (state_buf == NULL)
+			die("out of memory");
+		check_cu(cuMemAlloc_v2(&dstate, CKPT_TENSOR_BYTES), "cuMemAlloc_v2");
+	}
+	int fd = open(state_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		die("create %s: %s", state_path, strerror(errno));
+	/* Serialization fills what the copies and writes leave of 90% of
+	 * the stall; the fsync takes the rest (what the disk needs). */
+	uint64_t per = ms_ns * 9 / 10 / CKPT_TENSORS;
+	for (int k = 0; k < CKPT_TENSORS; k++) {
+		check_cu(cuMemcpyDtoHAsync_v2(state_buf, dstate, CKPT_TENSOR_BYTES, streams[0]),
+			 "cuMemcpyDtoHAsync_v2");
+		check_cu(cuStreamSynchronize(streams[0]), "cuStreamSynchronize");
+		spin_until(start + (uint64_t)(k + 1) * per);
+		if (write(fd, state_buf, CKPT_TENSOR_BYTES) != (ssize_t)CKPT_TENSOR_BYTES)
+			die("write %s: %s", state_path, strerror(errno));
+	}
+	if (fsync(fd) != 0)
+		die("fsync %s: %s", state_path, strerror(errno));
+	close(fd);
+	snprintf(extra, EXTRA_LEN,
+		 ",\"kind\":\"checkpoint\",\"path\":\"%s\",\"tensors\":%d,\"bytes\":%llu",
+		 state_path, CKPT_TENSORS, (unsigned long long)CKPT_TENSORS * CKPT_TENSOR_BYTES);
+}
+
 void run_stall(const struct stall *st, long step)
 {
 	uint64_t ms_ns = (uint64_t)st->ms * 1000000ull;
-	char extra[4608] = "";
+	char extra[EXTRA_LEN] = "";
 	cpu_set_t oldset;
 
 	/* Preparation that must not count as stall time. */
-	if (st->c == C_CPU_CONTENTION) {
-		sched_getaffinity(0, sizeof(oldset), &oldset);
-		cpu_set_t set;
-		CPU_ZERO(&set);
-		CPU_SET(hog_cpu, &set);
-		if (sched_setaffinity(0, sizeof(set), &set) != 0)
-			die("pin to CPU %d: %s", hog_cpu, strerror(errno));
-		atomic_store(&hog->done, 0);
-		/* Migrate before measuring. */
-		sched_yield();
-	}
+	if (st->c == C_CPU_CONTENTION)
+		pin_beside_hog(&oldset);
 	if (st->c == C_COMM) {
 		/* Applied to the step's last collective; the stall is the wait in the final sync. */
 		pending_comm_delay_ns = ms_ns;
@@ -200,15 +346,8 @@ void run_stall(const struct stall *st, long step)
 		return;
 	}
 
-	if (st->c == C_LOCK) {
-		/* Wait until the holder has the mutex: handing it the request and
-		 * its wake-up are not the lock's time. */
-		atomic_store(&lock_acquired, 0);
-		if (write(lock_req_w, &ms_ns, sizeof(ms_ns)) != (ssize_t)sizeof(ms_ns))
-			die("wake lock holder: %s", strerror(errno));
-		while (atomic_load(&lock_acquired) == 0)
-			sched_yield();
-	}
+	if (st->c == C_LOCK)
+		await_lock_holder(ms_ns);
 
 	uint64_t rd0 = thread_run_delay_ns();
 	uint64_t start = now_ns();
@@ -225,32 +364,9 @@ void run_stall(const struct stall *st, long step)
 			 data_path, (unsigned long long)b, main_reader.direct ? "true" : "false");
 		break;
 	}
-	case C_IO_WRITE: {
-		if (ckpt_fd < 0) {
-			ckpt_fd = open(ckpt_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-			if (ckpt_fd < 0)
-				die("create %s: %s", ckpt_path, strerror(errno));
-			ckpt_buf = malloc(IO_CHUNK);
-			if (ckpt_buf == NULL)
-				die("out of memory");
-			memset(ckpt_buf, 0x5a, IO_CHUNK);
-		}
-		uint64_t b = 0;
-		struct pacer pc = {0, 0};
-		while (pacer_more(&pc, deadline)) {
-			if (ckpt_off >= DATA_FILE_BYTES)
-				ckpt_off = 0;
-			if (pwrite(ckpt_fd, ckpt_buf, IO_CHUNK, (off_t)ckpt_off) != (ssize_t)IO_CHUNK)
-				die("write %s: %s", ckpt_path, strerror(errno));
-			ckpt_off += IO_CHUNK;
-			b += IO_CHUNK;
-			if (fsync(ckpt_fd) != 0)
-				die("fsync %s: %s", ckpt_path, strerror(errno));
-		}
-		snprintf(extra, sizeof(extra), ",\"path\":\"%s\",\"bytes\":%llu", ckpt_path,
-			 (unsigned long long)b);
+	case C_IO_WRITE:
+		stall_io_write(deadline, extra);
 		break;
-	}
 	case C_NET:
 		net_request(st->ms, st->poll);
 		snprintf(extra, sizeof(extra), ",\"peer\":\"%s\",\"server_pid\":%d,\"via\":\"%s\"",
@@ -258,24 +374,9 @@ void run_stall(const struct stall *st, long step)
 			 st->poll ? "poll" : "recv");
 		break;
 	case C_LOADER_IO:
-	case C_LOADER_CPU: {
-		struct worker *w = &workers[next_worker++ % nworkers];
-		struct loader_req q = {st->c == C_LOADER_IO ? 1 : 2, (uint32_t)st->ms, deadline};
-		struct loader_reply got;
-		if (write(w->req_w, &q, sizeof(q)) != (ssize_t)sizeof(q))
-			die("send request to worker %d: %s", (int)w->pid, strerror(errno));
-		ssize_t n;
-		while ((n = read(w->reply_r, &got, sizeof(got))) < 0 && errno == EINTR)
-			;
-		if (n != (ssize_t)sizeof(got))
-			die("worker %d did not reply", (int)w->pid);
-		snprintf(extra, sizeof(extra),
-			 ",\"worker\":%d,\"worker_did\":\"%s\",\"bytes\":%llu,"
-			 "\"worker_run_delay_ns\":%llu",
-			 (int)w->pid, q.kind == 1 ? "io" : "cpu", (unsigned long long)got.bytes,
-			 (unsigned long long)got.run_delay_ns);
+	case C_LOADER_CPU:
+		stall_loader(st, deadline, extra);
 		break;
-	}
 	case C_CUDA_MEMCPY: {
 		size_t bytes = (size_t)((double)ms_ns * pcie_gbps);
 		uint64_t s = now_ns();
@@ -287,78 +388,15 @@ void run_stall(const struct stall *st, long step)
 		snprintf(extra, sizeof(extra), ",\"bytes\":%zu", bytes);
 		break;
 	}
-	case C_CUDA_ALLOC: {
-		size_t bytes = 64u << 20;
-		CUdeviceptr p;
-		simgpu_set_alloc_delay_ns(ms_ns);
-		uint64_t s = now_ns();
-		CUresult r = cuMemAlloc_v2(&p, bytes);
-		uint64_t m = now_ns();
-		simgpu_set_alloc_delay_ns(0);
-		check_cu(r, "cuMemAlloc_v2");
-		check_cu(cuMemFree_v2(p), "cuMemFree_v2");
-		uint64_t e = now_ns();
-		truth_call("alloc", "cuMemAlloc_v2", step, s, m, NULL, bytes);
-		truth_call("free", "cuMemFree_v2", step, m, e, NULL, bytes);
-		start = s;
-		fixed_end = e;
-		snprintf(extra, sizeof(extra), ",\"bytes\":%zu", bytes);
+	case C_CUDA_ALLOC:
+		stall_alloc(ms_ns, step, &start, &fixed_end, extra);
 		break;
-	}
-	case C_PAGEABLE: {
-		/* Sized to keep the host staging for ms at the simulated pageable
-		 * rate; the buffers are made once and kept, like a dataset tensor. */
-		size_t bytes = (size_t)((double)ms_ns * env_gbps("SIMGPU_PAGEABLE_GBPS", 6));
-		if (bytes > pageable_len) {
-			free(pageable_buf);
-			pageable_buf = calloc(1, bytes);
-			if (pageable_buf == NULL)
-				die("out of memory");
-			if (dpageable != 0)
-				check_cu(cuMemFree_v2(dpageable), "cuMemFree_v2");
-			check_cu(cuMemAlloc_v2(&dpageable, bytes), "cuMemAlloc_v2");
-			pageable_len = bytes;
-		}
-		uint64_t s = now_ns();
-		check_cu(cuMemcpyHtoDAsync_v2(dpageable, pageable_buf, bytes, streams[0]),
-			 "cuMemcpyHtoDAsync_v2");
-		uint64_t e = now_ns();
-		truth_call("copy", "cuMemcpyHtoDAsync_v2", step, s, e, streams[0], bytes);
-		start = s;
-		fixed_end = e;
-		snprintf(extra, sizeof(extra), ",\"kind\":\"pageable\",\"bytes\":%zu,\"direction\":\"htod\"",
-			 bytes);
+	case C_PAGEABLE:
+		stall_pageable(ms_ns, step, &start, &fixed_end, extra);
 		break;
-	}
-	case C_CHECKPOINT: {
-		if (state_buf == NULL) {
-			state_buf = calloc(1, CKPT_TENSOR_BYTES);
-			if (state_buf == NULL)
-				die("out of memory");
-			check_cu(cuMemAlloc_v2(&dstate, CKPT_TENSOR_BYTES), "cuMemAlloc_v2");
-		}
-		int fd = open(state_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		if (fd < 0)
-			die("create %s: %s", state_path, strerror(errno));
-		/* Serialization fills what the copies and writes leave of 90% of
-		 * the stall; the fsync takes the rest (what the disk needs). */
-		uint64_t per = ms_ns * 9 / 10 / CKPT_TENSORS;
-		for (int k = 0; k < CKPT_TENSORS; k++) {
-			check_cu(cuMemcpyDtoHAsync_v2(state_buf, dstate, CKPT_TENSOR_BYTES, streams[0]),
-				 "cuMemcpyDtoHAsync_v2");
-			check_cu(cuStreamSynchronize(streams[0]), "cuStreamSynchronize");
-			spin_until(start + (uint64_t)(k + 1) * per);
-			if (write(fd, state_buf, CKPT_TENSOR_BYTES) != (ssize_t)CKPT_TENSOR_BYTES)
-				die("write %s: %s", state_path, strerror(errno));
-		}
-		if (fsync(fd) != 0)
-			die("fsync %s: %s", state_path, strerror(errno));
-		close(fd);
-		snprintf(extra, sizeof(extra),
-			 ",\"kind\":\"checkpoint\",\"path\":\"%s\",\"tensors\":%d,\"bytes\":%llu",
-			 state_path, CKPT_TENSORS, (unsigned long long)CKPT_TENSORS * CKPT_TENSOR_BYTES);
+	case C_CHECKPOINT:
+		stall_checkpoint(ms_ns, start, extra);
 		break;
-	}
 	case C_CPU:
 		spin_until(deadline);
 		break;

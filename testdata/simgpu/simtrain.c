@@ -309,6 +309,165 @@ static int dump_timeline(void)
 	return 0;
 }
 
+/* Enqueues a step's batch copies and kernels, with the scalar reads
+ * (extra syncs) among them; returns the launch entry point the step used
+ * (*mixed set when it used several). */
+static const char *launch_step(long step, int *mixed)
+{
+	/* The batch moves to the device first, as x.to(dev, non_blocking=True)
+	 * does: one copy per tensor, each of its own size. */
+	for (long i = 0; i < opt.batch_copies; i++) {
+		size_t b = (size_t)opt.batch_bytes >> i;
+		uint64_t s = now_ns();
+		check_cu(cuMemcpyHtoDAsync_v2(dbatch, hbatch, b ? b : 1, streams[0]),
+			 "cuMemcpyHtoDAsync_v2");
+		truth_call("copy", "cuMemcpyHtoDAsync_v2", step, s, now_ns(), streams[0],
+			   b ? b : 1);
+	}
+	/* Host code reads scalars (.item(), a loss check, logging) a varying
+	 * number of times per step, each a small device-to-host copy and a
+	 * sync: step n makes extra_of(n) of them, after varying kernels. */
+	long nextra = 0, extra_at[64];
+	if (opt.extra_syncs > 0) {
+		uint64_t h = (uint64_t)step * 0x9e3779b97f4a7c15ull;
+		h ^= h >> 29;
+		nextra = (long)(h % (uint64_t)(opt.extra_syncs + 1));
+		for (long k = 0; k < nextra; k++) {
+			h = h * 6364136223846793005ull + 1442695040888963407ull;
+			extra_at[k] = (long)((h >> 33) % (uint64_t)opt.kernels);
+		}
+	}
+	const char *api = NULL;
+	for (long i = 0; i < opt.kernels; i++) {
+		if (i > 0 && opt.gap_us > 0)
+			spin_until(now_ns() + (uint64_t)opt.gap_us * 1000ull);
+		const char *a = launch_one(i, streams[i % opt.streams]);
+		if (api != NULL && strcmp(api, a) != 0)
+			*mixed = 1;
+		api = a;
+		for (long k = 0; k < nextra; k++) {
+			if (extra_at[k] != i)
+				continue;
+			static float scalar;
+			uint64_t s = now_ns();
+			check_cu(cuMemcpyDtoHAsync_v2(&scalar, dbatch, sizeof(scalar), streams[0]),
+				 "cuMemcpyDtoHAsync_v2");
+			check_cu(cuStreamSynchronize(streams[0]), "cuStreamSynchronize");
+			truth_call("sync", "cuStreamSynchronize", step, s, now_ns(), streams[0], 0);
+		}
+	}
+	return api;
+}
+
+/* Enqueues the step's batch copy and its collectives. */
+static void copy_and_reduce(long step)
+{
+	if (opt.copy_api_set) {
+		CUstream cs = streams[(step - 1) % opt.streams];
+		unsigned long long cb;
+		uint64_t s = now_ns();
+		const char *ca = copy_one(step, cs, &cb);
+		truth_call("copy", ca, step, s, now_ns(), cs, cb);
+	} else if (opt.batch_bytes > 0) { /* 0: a step of kernels and a sync only */
+		check_cu(cuMemcpyHtoDAsync_v2(dbatch, hbatch, (size_t)opt.batch_bytes, streams[0]),
+			 "cuMemcpyHtoDAsync_v2");
+	}
+	long ncoll = opt.collectives;
+	if (pending_comm_delay_ns > 0 && ncoll == 0)
+		ncoll = 1; /* a late peer needs a collective to be late for */
+	for (long i = 0; i < ncoll; i++)
+		collective(step, i == ncoll - 1);
+}
+
+/* The step's final synchronization; returns when it began (0: none). */
+static uint64_t sync_step(long step)
+{
+	uint64_t comm_sync_start = 0;
+	if (step % opt.sync_every != 0 && step != opt.steps) {
+		/* --sync-every: a loop that reads its loss only every Nth
+		 * step leaves the others unsynchronized. */
+	} else if (opt.ctx_sync) {
+		uint64_t s = now_ns();
+		if (opt.ctx_sync == 2)
+			check_cu(cuCtxSynchronize_v2(NULL), "cuCtxSynchronize_v2");
+		else
+			check_cu(cuCtxSynchronize(), "cuCtxSynchronize");
+		uint64_t e = now_ns();
+		truth_call("sync", ctx_sync_name(), step, s, e, NULL, 0);
+		comm_sync_start = s;
+	} else {
+		for (long i = 0; i < opt.streams; i++) {
+			uint64_t s = now_ns();
+			check_cu(cuStreamSynchronize(streams[i]), "cuStreamSynchronize");
+			uint64_t e = now_ns();
+			truth_call("sync", "cuStreamSynchronize", step, s, e, streams[i], 0);
+			if (i == 0)
+				comm_sync_start = s;
+		}
+	}
+	return comm_sync_start;
+}
+
+/* When a step's phases began and ended, and the run-queue waits at its
+ * start and at its final sync, for its truth records. */
+struct step_times {
+	uint64_t start, launches_end, end, sync_start, comm_rd0, rd0;
+};
+
+/* The truth of one step: a late collective's stall, the launch count and
+ * the step itself. */
+static void record_step(long step, const char *api, int mixed, const struct step_times *tm)
+{
+	if (pending_comm_delay_ns > 0) {
+		/* The feeder waited on the late collective from when it started
+		 * on the GPU (or the sync began) until the sync returned. */
+		uint64_t s = comm_capture_start > tm->sync_start ? comm_capture_start
+								 : tm->sync_start;
+		bprintf(&truth_buf,
+			"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"%s\",\"start\":%llu,"
+			"\"end\":%llu,\"tid\":%d,\"ms\":%llu,\"run_delay_ns\":%llu,"
+			"\"op\":\"AllReduce\"}\n",
+			step, pending_comm_name, (unsigned long long)s,
+			(unsigned long long)tm->end, gettid_(),
+			(unsigned long long)(pending_comm_delay_ns / 1000000ull),
+			(unsigned long long)(thread_run_delay_ns() - tm->comm_rd0));
+	} else if (opt.comm_id != NULL) {
+		/* A peer process reached the step's last collective later
+		 * than this rank's stream did: this rank's kernel spun on it
+		 * from then (or from the sync) until the last rank's stream
+		 * reached it. The collective's own time after that, and the
+		 * sync's return, are not the peer's lateness. */
+		uint64_t reach, last;
+		int late_rank;
+		if (simgpu_nccl_last_rendezvous(&reach, &last, &late_rank) &&
+		    last >= reach + 1000000ull && last > tm->sync_start) {
+			uint64_t s = reach > tm->sync_start ? reach : tm->sync_start;
+			uint64_t e = last < tm->end ? last : tm->end;
+			bprintf(&truth_buf,
+				"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"comm\",\"start\":%llu,"
+				"\"end\":%llu,\"tid\":%d,\"ms\":%llu,\"run_delay_ns\":0,"
+				"\"op\":\"AllReduce\",\"late_rank\":%d,\"late_ns\":%llu}\n",
+				step, (unsigned long long)s, (unsigned long long)e, gettid_(),
+				(unsigned long long)((last - reach) / 1000000ull), late_rank,
+				(unsigned long long)(last - reach));
+		}
+	}
+	bprintf(&truth_buf,
+		"{\"type\":\"call\",\"what\":\"launch_count\",\"api\":\"%s\",\"step\":%ld,"
+		"\"start\":%llu,\"end\":%llu,\"tid\":%d,\"count\":%ld,\"copies\":1}\n",
+		mixed ? "mix" : api, step, (unsigned long long)tm->start,
+		(unsigned long long)tm->launches_end, gettid_(), opt.kernels);
+	/* cpu_ns: the process's CPU time so far (every thread; a
+	 * uprobe's trap is charged to the thread that hit it), for
+	 * the overhead benchmark's CPU time per step. */
+	bprintf(&truth_buf,
+		"{\"type\":\"step\",\"step\":%ld,\"start\":%llu,\"end\":%llu,\"cpu_ns\":%llu,"
+		"\"run_delay_ns\":%llu}\n",
+		step, (unsigned long long)tm->start, (unsigned long long)tm->end,
+		(unsigned long long)process_cpu_ns(),
+		(unsigned long long)(thread_run_delay_ns() - tm->rd0));
+}
+
 int main(int argc, char **argv)
 {
 	parse_args(argc, argv);
@@ -320,23 +479,7 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
-	if (opt.data_dir != NULL) {
-		snprintf(data_dir, sizeof(data_dir), "%s", opt.data_dir);
-		if (mkdir(data_dir, 0755) != 0 && errno != EEXIST)
-			die("create --data-dir %s: %s", data_dir, strerror(errno));
-	} else {
-		const char *tmp = getenv("TMPDIR");
-		snprintf(data_dir, sizeof(data_dir), "%s/simtrain-XXXXXX",
-			 tmp && *tmp ? tmp : "/var/tmp");
-		if (mkdtemp(data_dir) == NULL)
-			die("create temporary data dir: %s", strerror(errno));
-		data_dir_is_temp = 1;
-		main_pid = getpid();
-		atexit(remove_temp_data_dir);
-	}
-	snprintf(data_path, sizeof(data_path), "%s/simtrain-data.bin", data_dir);
-	snprintf(ckpt_path, sizeof(ckpt_path), "%s/simtrain-ckpt.bin", data_dir);
-	snprintf(state_path, sizeof(state_path), "%s/simtrain-state.pt", data_dir);
+	open_data_dir();
 	if (has_cause(C_IO_READ) || has_cause(C_LOADER_IO))
 		create_data_file();
 
@@ -357,33 +500,8 @@ int main(int argc, char **argv)
 	if (has_cause(C_LOCK))
 		start_lock_holder();
 
-	if (truth_f != NULL) {
-		bprintf(&truth_buf,
-			"{\"type\":\"meta\",\"clock\":\"monotonic\",\"realtime_minus_monotonic_ns\":%llu,"
-			"\"pid\":%d,\"tid\":%d,\"device\":%ld,\"rank\":%ld,\"nranks\":%ld,\"steps\":%ld,"
-			"\"kernels_per_step\":%ld,\"kernel_us\":%ld,\"launch_gap_us\":%ld,"
-			"\"streams\":%ld,\"collectives\":%ld,\"launch_api\":\"%s\",\"copy_api\":\"%s\","
-			"\"sync\":\"%s\","
-			"\"batch_bytes\":%ld,\"bucket_bytes\":%ld,\"pcie_gbps\":%g,\"data_dir\":\"%s\","
-			"\"server\":\"%s\",\"server_pid\":%d,\"workers\":[",
-			(unsigned long long)realtime_minus_monotonic(), (int)getpid(), gettid_(),
-			opt.device, opt.rank, opt.nranks, opt.steps, opt.kernels, opt.kernel_us,
-			opt.gap_us, opt.streams, opt.collectives, launch_api_names[opt.api],
-			copy_api_names[opt.copy_api], ctx_sync_name(), opt.batch_bytes,
-			opt.bucket_bytes, pcie_gbps, data_dir,
-			opt.server ? opt.server : server_addr, (int)logsrv_pid);
-		for (int i = 0; i < nworkers; i++)
-			bprintf(&truth_buf, "%s%d", i ? "," : "", (int)workers[i].pid);
-		bprintf(&truth_buf, "],\"stalls\":[");
-		for (int i = 0; i < opt.nstalls; i++)
-			bprintf(&truth_buf, "%s{\"cause\":\"%s\",\"every\":%ld,\"ms\":%ld%s%s}",
-				i ? "," : "", opt.stalls[i].name, opt.stalls[i].every,
-				opt.stalls[i].ms, opt.stalls[i].ahead ? ",\"at\":\"ahead\"" : "",
-				opt.stalls[i].poll ? ",\"via\":\"poll\"" : "");
-		bprintf(&truth_buf, "]}\n");
-		truth_flush();
-		truth_start_writer();
-	}
+	if (truth_f != NULL)
+		write_meta();
 
 	uint64_t t0 = now_ns(), last_print = t0, last_flush = t0;
 	long step;
@@ -397,94 +515,17 @@ int main(int argc, char **argv)
 		/* The feeder's own run-queue wait over the step: a loaded host's
 		 * share of the step, which tests judge timing against. */
 		uint64_t step_rd0 = truth_f != NULL ? thread_run_delay_ns() : 0;
-		/* The batch moves to the device first, as x.to(dev, non_blocking=True)
-		 * does: one copy per tensor, each of its own size. */
-		for (long i = 0; i < opt.batch_copies; i++) {
-			size_t b = (size_t)opt.batch_bytes >> i;
-			uint64_t s = now_ns();
-			check_cu(cuMemcpyHtoDAsync_v2(dbatch, hbatch, b ? b : 1, streams[0]),
-				 "cuMemcpyHtoDAsync_v2");
-			truth_call("copy", "cuMemcpyHtoDAsync_v2", step, s, now_ns(), streams[0],
-				   b ? b : 1);
-		}
-		/* Host code reads scalars (.item(), a loss check, logging) a varying
-		 * number of times per step, each a small device-to-host copy and a
-		 * sync: step n makes extra_of(n) of them, after varying kernels. */
-		long nextra = 0, extra_at[64];
-		if (opt.extra_syncs > 0) {
-			uint64_t h = (uint64_t)step * 0x9e3779b97f4a7c15ull;
-			h ^= h >> 29;
-			nextra = (long)(h % (uint64_t)(opt.extra_syncs + 1));
-			for (long k = 0; k < nextra; k++) {
-				h = h * 6364136223846793005ull + 1442695040888963407ull;
-				extra_at[k] = (long)((h >> 33) % (uint64_t)opt.kernels);
-			}
-		}
-		const char *api = NULL;
 		int mixed = 0;
-		for (long i = 0; i < opt.kernels; i++) {
-			if (i > 0 && opt.gap_us > 0)
-				spin_until(now_ns() + (uint64_t)opt.gap_us * 1000ull);
-			const char *a = launch_one(i, streams[i % opt.streams]);
-			if (api != NULL && strcmp(api, a) != 0)
-				mixed = 1;
-			api = a;
-			for (long k = 0; k < nextra; k++) {
-				if (extra_at[k] != i)
-					continue;
-				static float scalar;
-				uint64_t s = now_ns();
-				check_cu(cuMemcpyDtoHAsync_v2(&scalar, dbatch, sizeof(scalar), streams[0]),
-					 "cuMemcpyDtoHAsync_v2");
-				check_cu(cuStreamSynchronize(streams[0]), "cuStreamSynchronize");
-				truth_call("sync", "cuStreamSynchronize", step, s, now_ns(), streams[0], 0);
-			}
-		}
+		const char *api = launch_step(step, &mixed);
 		uint64_t launches_end = now_ns();
-		if (opt.copy_api_set) {
-			CUstream cs = streams[(step - 1) % opt.streams];
-			unsigned long long cb;
-			uint64_t s = now_ns();
-			const char *ca = copy_one(step, cs, &cb);
-			truth_call("copy", ca, step, s, now_ns(), cs, cb);
-		} else if (opt.batch_bytes > 0) { /* 0: a step of kernels and a sync only */
-			check_cu(cuMemcpyHtoDAsync_v2(dbatch, hbatch, (size_t)opt.batch_bytes, streams[0]),
-				 "cuMemcpyHtoDAsync_v2");
-		}
-		long ncoll = opt.collectives;
-		if (pending_comm_delay_ns > 0 && ncoll == 0)
-			ncoll = 1; /* a late peer needs a collective to be late for */
-		for (long i = 0; i < ncoll; i++)
-			collective(step, i == ncoll - 1);
+		copy_and_reduce(step);
 		/* The CPU runs ahead: everything is enqueued, nothing waits for it yet. */
 		for (int i = 0; i < opt.nstalls; i++)
 			if (opt.stalls[i].ahead && step % opt.stalls[i].every == 0)
 				run_stall(&opt.stalls[i], step);
 
-		uint64_t comm_sync_start = 0;
 		uint64_t comm_rd0 = pending_comm_delay_ns > 0 ? thread_run_delay_ns() : 0;
-		if (step % opt.sync_every != 0 && step != opt.steps) {
-			/* --sync-every: a loop that reads its loss only every Nth
-			 * step leaves the others unsynchronized. */
-		} else if (opt.ctx_sync) {
-			uint64_t s = now_ns();
-			if (opt.ctx_sync == 2)
-				check_cu(cuCtxSynchronize_v2(NULL), "cuCtxSynchronize_v2");
-			else
-				check_cu(cuCtxSynchronize(), "cuCtxSynchronize");
-			uint64_t e = now_ns();
-			truth_call("sync", ctx_sync_name(), step, s, e, NULL, 0);
-			comm_sync_start = s;
-		} else {
-			for (long i = 0; i < opt.streams; i++) {
-				uint64_t s = now_ns();
-				check_cu(cuStreamSynchronize(streams[i]), "cuStreamSynchronize");
-				uint64_t e = now_ns();
-				truth_call("sync", "cuStreamSynchronize", step, s, e, streams[i], 0);
-				if (i == 0)
-					comm_sync_start = s;
-			}
-		}
+		uint64_t comm_sync_start = sync_step(step);
 		uint64_t step_end = now_ns();
 		/* Work right after the step's last sync, as GradScaler.update after
 		 * its found_inf read or an optimizer step after loss.item() makes:
@@ -496,54 +537,8 @@ int main(int argc, char **argv)
 		}
 
 		if (truth_f != NULL) {
-			if (pending_comm_delay_ns > 0) {
-				/* The feeder waited on the late collective from when it started
-				 * on the GPU (or the sync began) until the sync returned. */
-				uint64_t s = comm_capture_start > comm_sync_start ? comm_capture_start
-										 : comm_sync_start;
-				bprintf(&truth_buf,
-					"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"%s\",\"start\":%llu,"
-					"\"end\":%llu,\"tid\":%d,\"ms\":%llu,\"run_delay_ns\":%llu,"
-					"\"op\":\"AllReduce\"}\n",
-					step, pending_comm_name, (unsigned long long)s,
-					(unsigned long long)step_end, gettid_(),
-					(unsigned long long)(pending_comm_delay_ns / 1000000ull),
-					(unsigned long long)(thread_run_delay_ns() - comm_rd0));
-			} else if (opt.comm_id != NULL) {
-				/* A peer process reached the step's last collective later
-				 * than this rank's stream did: this rank's kernel spun on it
-				 * from then (or from the sync) until the last rank's stream
-				 * reached it. The collective's own time after that, and the
-				 * sync's return, are not the peer's lateness. */
-				uint64_t reach, last;
-				int late_rank;
-				if (simgpu_nccl_last_rendezvous(&reach, &last, &late_rank) &&
-				    last >= reach + 1000000ull && last > comm_sync_start) {
-					uint64_t s = reach > comm_sync_start ? reach : comm_sync_start;
-					uint64_t e = last < step_end ? last : step_end;
-					bprintf(&truth_buf,
-						"{\"type\":\"stall\",\"step\":%ld,\"cause\":\"comm\",\"start\":%llu,"
-						"\"end\":%llu,\"tid\":%d,\"ms\":%llu,\"run_delay_ns\":0,"
-						"\"op\":\"AllReduce\",\"late_rank\":%d,\"late_ns\":%llu}\n",
-						step, (unsigned long long)s, (unsigned long long)e, gettid_(),
-						(unsigned long long)((last - reach) / 1000000ull), late_rank,
-						(unsigned long long)(last - reach));
-				}
-			}
-			bprintf(&truth_buf,
-				"{\"type\":\"call\",\"what\":\"launch_count\",\"api\":\"%s\",\"step\":%ld,"
-				"\"start\":%llu,\"end\":%llu,\"tid\":%d,\"count\":%ld,\"copies\":1}\n",
-				mixed ? "mix" : api, step, (unsigned long long)step_start,
-				(unsigned long long)launches_end, gettid_(), opt.kernels);
-			/* cpu_ns: the process's CPU time so far (every thread; a
-			 * uprobe's trap is charged to the thread that hit it), for
-			 * the overhead benchmark's CPU time per step. */
-			bprintf(&truth_buf,
-				"{\"type\":\"step\",\"step\":%ld,\"start\":%llu,\"end\":%llu,\"cpu_ns\":%llu,"
-				"\"run_delay_ns\":%llu}\n",
-				step, (unsigned long long)step_start, (unsigned long long)step_end,
-				(unsigned long long)process_cpu_ns(),
-				(unsigned long long)(thread_run_delay_ns() - step_rd0));
+			struct step_times tm = {step_start, launches_end, step_end, comm_sync_start, comm_rd0, step_rd0};
+			record_step(step, api, mixed, &tm);
 		}
 		comm_capture = 0;
 		comm_capture_start = 0;

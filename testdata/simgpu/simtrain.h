@@ -240,8 +240,8 @@ extern uint64_t comm_capture_start; /* GPU start of the delayed collective */
 extern int comm_capture;
 void on_busy(void *arg, int dev, uint64_t s, uint64_t e, uint32_t kind, uint32_t stream);
 void truth_flush(void);
-void truth_start_writer(void);
 void truth_close(void);
+void write_meta(void);
 void truth_call(const char *what, const char *api, long step, uint64_t s, uint64_t e,
 		       CUstream stream, unsigned long long bytes);
 
@@ -250,13 +250,11 @@ void parse_args(int argc, char **argv);
 
 /* simtrain_env.c: data files and child processes */
 extern char data_dir[4096];
-extern int data_dir_is_temp;
 extern char data_path[4200];
 extern char ckpt_path[4200];
 extern char state_path[4200]; /* the checkpoint stall's file */
-extern pid_t main_pid;
-void remove_temp_data_dir(void);
 void create_data_file(void);
+void open_data_dir(void);
 extern struct worker workers[MAX_WORKERS];
 extern int nworkers, next_worker;
 void start_workers(void);

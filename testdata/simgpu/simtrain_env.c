@@ -11,15 +11,15 @@
 /* Files for the I/O stalls                                            */
 
 char data_dir[4096];
-int data_dir_is_temp;
+static int data_dir_is_temp;
 char data_path[4200];
 char ckpt_path[4200];
 char state_path[4200]; /* the checkpoint stall's file */
 
-pid_t main_pid;
+static pid_t main_pid;
 
 /* Runs at any exit of the trainer (die() included), never in a child. */
-void remove_temp_data_dir(void)
+static void remove_temp_data_dir(void)
 {
 	if (!data_dir_is_temp || getpid() != main_pid)
 		return;
@@ -50,6 +50,28 @@ void create_data_file(void)
 		die("fsync %s: %s", data_path, strerror(errno));
 	close(fd);
 	free(buf);
+}
+
+/* Opens (or creates) the data directory and names the stalls' files in it. */
+void open_data_dir(void)
+{
+	if (opt.data_dir != NULL) {
+		snprintf(data_dir, sizeof(data_dir), "%s", opt.data_dir);
+		if (mkdir(data_dir, 0755) != 0 && errno != EEXIST)
+			die("create --data-dir %s: %s", data_dir, strerror(errno));
+	} else {
+		const char *tmp = getenv("TMPDIR");
+		snprintf(data_dir, sizeof(data_dir), "%s/simtrain-XXXXXX",
+			 tmp && *tmp ? tmp : "/var/tmp");
+		if (mkdtemp(data_dir) == NULL)
+			die("create temporary data dir: %s", strerror(errno));
+		data_dir_is_temp = 1;
+		main_pid = getpid();
+		atexit(remove_temp_data_dir);
+	}
+	snprintf(data_path, sizeof(data_path), "%s/simtrain-data.bin", data_dir);
+	snprintf(ckpt_path, sizeof(ckpt_path), "%s/simtrain-ckpt.bin", data_dir);
+	snprintf(state_path, sizeof(state_path), "%s/simtrain-state.pt", data_dir);
 }
 
 /* ------------------------------------------------------------------ */

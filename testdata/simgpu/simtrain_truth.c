@@ -181,7 +181,7 @@ void truth_flush(void)
 	pthread_mutex_unlock(&wmu);
 }
 
-void truth_start_writer(void)
+static void truth_start_writer(void)
 {
 	if (truth_f == NULL)
 		return;
@@ -221,3 +221,32 @@ void truth_call(const char *what, const char *api, long step, uint64_t s, uint64
 		(unsigned long long)(uintptr_t)stream, bytes);
 }
 
+/* The truth's first record: the run's configuration. */
+void write_meta(void)
+{
+	bprintf(&truth_buf,
+		"{\"type\":\"meta\",\"clock\":\"monotonic\",\"realtime_minus_monotonic_ns\":%llu,"
+		"\"pid\":%d,\"tid\":%d,\"device\":%ld,\"rank\":%ld,\"nranks\":%ld,\"steps\":%ld,"
+		"\"kernels_per_step\":%ld,\"kernel_us\":%ld,\"launch_gap_us\":%ld,"
+		"\"streams\":%ld,\"collectives\":%ld,\"launch_api\":\"%s\",\"copy_api\":\"%s\","
+		"\"sync\":\"%s\","
+		"\"batch_bytes\":%ld,\"bucket_bytes\":%ld,\"pcie_gbps\":%g,\"data_dir\":\"%s\","
+		"\"server\":\"%s\",\"server_pid\":%d,\"workers\":[",
+		(unsigned long long)realtime_minus_monotonic(), (int)getpid(), gettid_(),
+		opt.device, opt.rank, opt.nranks, opt.steps, opt.kernels, opt.kernel_us,
+		opt.gap_us, opt.streams, opt.collectives, launch_api_names[opt.api],
+		copy_api_names[opt.copy_api], ctx_sync_name(), opt.batch_bytes,
+		opt.bucket_bytes, pcie_gbps, data_dir,
+		opt.server ? opt.server : server_addr, (int)logsrv_pid);
+	for (int i = 0; i < nworkers; i++)
+		bprintf(&truth_buf, "%s%d", i ? "," : "", (int)workers[i].pid);
+	bprintf(&truth_buf, "],\"stalls\":[");
+	for (int i = 0; i < opt.nstalls; i++)
+		bprintf(&truth_buf, "%s{\"cause\":\"%s\",\"every\":%ld,\"ms\":%ld%s%s}",
+			i ? "," : "", opt.stalls[i].name, opt.stalls[i].every,
+			opt.stalls[i].ms, opt.stalls[i].ahead ? ",\"at\":\"ahead\"" : "",
+			opt.stalls[i].poll ? ",\"via\":\"poll\"" : "");
+	bprintf(&truth_buf, "]}\n");
+	truth_flush();
+	truth_start_writer();
+}

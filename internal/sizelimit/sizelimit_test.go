@@ -29,7 +29,7 @@ func repoRoot(t *testing.T) string {
 }
 
 // TestRepositorySizeLimits holds every hand-written Go and C file of the
-// repository to MaxFileLines lines.
+// repository to MaxFileLines lines and every C function to MaxFuncLines.
 func TestRepositorySizeLimits(t *testing.T) {
 	root := repoRoot(t)
 	v, err := Check(root)
@@ -40,7 +40,7 @@ func TestRepositorySizeLimits(t *testing.T) {
 		t.Error(x)
 	}
 	if len(v) > 0 {
-		t.Logf("split the files above by concern, each part a file of its own")
+		t.Logf("split the files and functions above by concern")
 	}
 	// The walk must have seen the tree: a root that resolved to an empty
 	// directory would pass vacuously.
@@ -89,6 +89,11 @@ func TestCheckFindsViolations(t *testing.T) {
 	write(t, dir, "vendor/v/v.go", "package v\n\n"+lines(2*MaxFileLines, "// filler"))
 	write(t, dir, "doc/notes.md", lines(2*MaxFileLines, "text"))
 	write(t, dir, "sub/build/kept.c", lines(MaxFileLines+1, "int x;")) // only the root's build/ is output
+	// C functions: one at the limit, one over it, one brace-on-its-line
+	// block that is not at the start of the line (not a function).
+	write(t, dir, "fn/fn.c", "static int fits(void)\n{\n"+lines(MaxFuncLines, "\tx++;")+"}\n\n"+
+		"int long_one(int a,\n\t     int b)\n{\n"+lines(MaxFuncLines+1, "\tx++;")+"}\n"+
+		"struct s {\n"+lines(2*MaxFuncLines, "\tint f;")+"};\n")
 
 	v, err := Check(dir)
 	if err != nil {
@@ -103,6 +108,7 @@ func TestCheckFindsViolations(t *testing.T) {
 		fmt.Sprintf("big/big.go: %d lines, over the limit of %d for a file", MaxFileLines+2, MaxFileLines),
 		fmt.Sprintf("big/big.h: %d lines, over the limit of %d for a file", MaxFileLines+5, MaxFileLines),
 		fmt.Sprintf("big/last.go: %d lines, over the limit of %d for a file", MaxFileLines+1, MaxFileLines),
+		fmt.Sprintf("fn/fn.c:%d: int long_one(int a,: %d lines, over the limit of %d for a function", MaxFuncLines+7, MaxFuncLines+1, MaxFuncLines),
 		fmt.Sprintf("sub/build/kept.c: %d lines, over the limit of %d for a file", MaxFileLines+1, MaxFileLines),
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

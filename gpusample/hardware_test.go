@@ -56,7 +56,14 @@ func TestHardwareGPU(t *testing.T) {
 	}
 	d := s.devs[idx]
 
-	// 1. The refresh period, measured raw: read every 1 ms for 3 s.
+	measureGPMRefresh(t, s, d)
+	checkSourceOnHardware(t, s, d)
+}
+
+// measureGPMRefresh measures the GPM refresh period raw: it reads every
+// 1 ms for 3 s and expects ~100 ms between changes, as on Hopper.
+func measureGPMRefresh(t *testing.T, s *Source, d *device) {
+	t.Helper()
 	g := &gpmSampler{s: s, d: d, period: 100 * time.Millisecond}
 	a, ret := s.lib.GpmSampleAlloc()
 	if ret != nvml.SUCCESS {
@@ -111,9 +118,14 @@ func TestHardwareGPU(t *testing.T) {
 	if med < 80*time.Millisecond || med > 130*time.Millisecond {
 		t.Errorf("median GPM refresh spacing %v, expected ~100 ms on Hopper", med)
 	}
+}
 
-	// 2. The source itself, 5 s or GAPTRACE_HW_SECONDS (long enough to see
-	// the phase re-measured: > 40 s).
+// checkSourceOnHardware runs the source itself and checks its windows:
+// contiguous, GPM aligned to the refresh, no unchanged reads under load.
+func checkSourceOnHardware(t *testing.T, s *Source, d *device) {
+	t.Helper()
+	// 5 s or GAPTRACE_HW_SECONDS (long enough to see the phase
+	// re-measured: > 40 s).
 	dur := 5 * time.Second
 	if v, err := strconv.Atoi(os.Getenv("GAPTRACE_HW_SECONDS")); err == nil && v > 0 {
 		dur = time.Duration(v) * time.Second
@@ -133,7 +145,7 @@ func TestHardwareGPU(t *testing.T) {
 			nv = append(nv, w)
 		}
 	}
-	st = s.Stats()
+	st := s.Stats()
 	t.Logf("stats after 5 s: %+v", st)
 	if !st.GPMAligned {
 		t.Errorf("GPM sampler not aligned to the refresh under load")

@@ -152,30 +152,52 @@ func (s *Source) snapshot(d *device) hwSnapshot {
 // (-1 unknown): a PCIe link trains down to a lower generation when idle to
 // save power, so a low generation only counts while the GPU works.
 func (s *Source) evaluate(d *device, sn hwSnapshot, busy float64) []Finding {
-	dev := d.info.Index
-	var out []Finding
-	add := func(check string, lvl Level, state, detail, fix string) {
-		out = append(out, Finding{Device: dev, Check: check, Level: lvl, Detail: detail, Fix: fix, state: state})
-	}
+	f := &findings{dev: d.info.Index}
+	checkPCIe(f, d, sn, busy)
+	checkThrottle(f, d, sn)
+	checkTemperature(f, d, sn)
+	checkECC(f, sn)
+	checkPersistence(f, sn)
+	s.checkProcesses(f, sn)
+	s.checkXid(f, d, sn)
+	checkGPM(f, d)
+	return f.out
+}
 
+// findings collects one device's findings in the order the checks run.
+type findings struct {
+	dev int
+	out []Finding
+}
+
+func (f *findings) add(check string, lvl Level, state, detail, fix string) {
+	f.out = append(f.out, Finding{Device: f.dev, Check: check, Level: lvl, Detail: detail, Fix: fix, state: state})
+}
+
+// checkPCIe grades the link against its capability; a lower generation
+// counts only under load (an idle link trains down to save power).
+func checkPCIe(f *findings, d *device, sn hwSnapshot, busy float64) {
 	if sn.pcieGen > 0 && sn.pcieWidth > 0 && d.info.PCIeMaxGen > 0 && d.info.PCIeMaxWidth > 0 {
 		cur := fmt.Sprintf("Gen%d x%d", sn.pcieGen, sn.pcieWidth)
 		maxs := fmt.Sprintf("Gen%d x%d", d.info.PCIeMaxGen, d.info.PCIeMaxWidth)
 		fix := "reseat the card or move it to a full x16 slot of the right generation; check BIOS PCIe settings, risers and `lspci -vv` LnkSta vs LnkCap"
 		switch {
 		case sn.pcieWidth < d.info.PCIeMaxWidth:
-			add(CheckPCIe, WARN, "width:"+cur, fmt.Sprintf("PCIe link %s, capable of %s: host<->device bandwidth cut to %d/%d",
+			f.add(CheckPCIe, WARN, "width:"+cur, fmt.Sprintf("PCIe link %s, capable of %s: host<->device bandwidth cut to %d/%d",
 				cur, maxs, sn.pcieWidth, d.info.PCIeMaxWidth), fix)
 		case sn.pcieGen < d.info.PCIeMaxGen && busy > 0.05:
-			add(CheckPCIe, WARN, "gen:"+cur, fmt.Sprintf("PCIe link %s under load, capable of %s: host<->device bandwidth about halved per generation lost",
+			f.add(CheckPCIe, WARN, "gen:"+cur, fmt.Sprintf("PCIe link %s under load, capable of %s: host<->device bandwidth about halved per generation lost",
 				cur, maxs), fix)
 		case sn.pcieGen < d.info.PCIeMaxGen:
-			add(CheckPCIe, OK, "ok", fmt.Sprintf("PCIe link %s while idle (power saving), capable of %s; graded under load", cur, maxs), "")
+			f.add(CheckPCIe, OK, "ok", fmt.Sprintf("PCIe link %s while idle (power saving), capable of %s; graded under load", cur, maxs), "")
 		default:
-			add(CheckPCIe, OK, "ok", "PCIe link "+cur+" (maximum)", "")
+			f.add(CheckPCIe, OK, "ok", "PCIe link "+cur+" (maximum)", "")
 		}
 	}
+}
 
+// checkThrottle names the active clock event reasons and their fixes.
+func checkThrottle(f *findings, d *device, sn hwSnapshot) {
 	if sn.throttleKnown {
 		names := ThrottleReasonNames(sn.throttle)
 		lvl := OK
@@ -199,48 +221,61 @@ func (s *Source) evaluate(d *device, sn hwSnapshot, busy float64) []Finding {
 				detail += fmt.Sprintf(" (SM clock %d of %d MHz)", sn.smClock, d.info.MaxSMClockMHz)
 			}
 		}
-		add(CheckThrottle, lvl, fmt.Sprintf("%#x", sn.throttle&^uint64(nvml.ClocksEventReasonGpuIdle)), detail, strings.Join(fixes, "; "))
+		f.add(CheckThrottle, lvl, fmt.Sprintf("%#x", sn.throttle&^uint64(nvml.ClocksEventReasonGpuIdle)), detail, strings.Join(fixes, "; "))
 	}
+}
 
+// checkTemperature compares the GPU temperature with its slowdown threshold.
+func checkTemperature(f *findings, d *device, sn hwSnapshot) {
 	if sn.tempC > 0 && d.info.SlowdownTempC > 0 {
 		detail := fmt.Sprintf("%d C, slowdown at %d C", sn.tempC, d.info.SlowdownTempC)
 		switch {
 		case sn.tempC >= d.info.SlowdownTempC:
-			add(CheckTemperature, FAIL, "fail", detail+": clocks are being reduced", "improve cooling/airflow; check fans, inlet temperature and rack placement")
+			f.add(CheckTemperature, FAIL, "fail", detail+": clocks are being reduced", "improve cooling/airflow; check fans, inlet temperature and rack placement")
 		case sn.tempC+5 >= d.info.SlowdownTempC:
-			add(CheckTemperature, WARN, "warn", detail+": within 5 C of slowdown", "improve cooling/airflow before clocks drop")
+			f.add(CheckTemperature, WARN, "warn", detail+": within 5 C of slowdown", "improve cooling/airflow before clocks drop")
 		default:
-			add(CheckTemperature, OK, "ok", detail, "")
+			f.add(CheckTemperature, OK, "ok", detail, "")
 		}
 	}
+}
 
+// checkECC reports ECC mode and the error counts since the driver loaded.
+func checkECC(f *findings, sn hwSnapshot) {
 	if sn.eccKnown {
 		switch {
 		case !sn.eccOn:
-			add(CheckECC, WARN, "off", "ECC disabled: memory errors go undetected",
+			f.add(CheckECC, WARN, "off", "ECC disabled: memory errors go undetected",
 				"enable ECC (`nvidia-smi -e 1`, then reset the GPU or reboot) unless the loss of capacity was a deliberate choice")
 		case sn.eccErrKnown && sn.eccUncorrect > 0:
-			add(CheckECC, FAIL, fmt.Sprintf("uncorrected:%d", sn.eccUncorrect),
+			f.add(CheckECC, FAIL, fmt.Sprintf("uncorrected:%d", sn.eccUncorrect),
 				fmt.Sprintf("%d uncorrected ECC errors since the driver loaded (%d corrected)", sn.eccUncorrect, sn.eccCorrected),
 				"drain the node and reset the GPU; if errors recur, check row remapping (`nvidia-smi -q -d ROW_REMAPPER`) and replace the GPU")
 		case sn.eccErrKnown && sn.eccCorrected > 0:
-			add(CheckECC, WARN, fmt.Sprintf("corrected:%d", sn.eccCorrected),
+			f.add(CheckECC, WARN, fmt.Sprintf("corrected:%d", sn.eccCorrected),
 				fmt.Sprintf("ECC on; %d corrected errors since the driver loaded", sn.eccCorrected),
 				"watch the count: a rising rate precedes uncorrectable errors (`nvidia-smi -q -d ECC`)")
 		default:
-			add(CheckECC, OK, "ok", "ECC on, no errors", "")
+			f.add(CheckECC, OK, "ok", "ECC on, no errors", "")
 		}
 	}
+}
 
+// checkPersistence reports whether persistence mode keeps the GPU up.
+func checkPersistence(f *findings, sn hwSnapshot) {
 	if sn.persistKnown {
 		if sn.persistenceOn {
-			add(CheckPersistence, OK, "ok", "persistence mode on", "")
+			f.add(CheckPersistence, OK, "ok", "persistence mode on", "")
 		} else {
-			add(CheckPersistence, WARN, "off", "persistence mode off: the driver tears the GPU down between jobs, adding seconds to every CUDA init",
+			f.add(CheckPersistence, WARN, "off", "persistence mode off: the driver tears the GPU down between jobs, adding seconds to every CUDA init",
 				"run nvidia-persistenced (or `nvidia-smi -pm 1`)")
 		}
 	}
+}
 
+// checkProcesses reports processes other than the traced ones holding a
+// context on the GPU.
+func (s *Source) checkProcesses(f *findings, sn hwSnapshot) {
 	if sn.pidsKnown {
 		traced := s.tracedSet()
 		self := uint32(selfPID())
@@ -252,16 +287,19 @@ func (s *Source) evaluate(d *device, sn hwSnapshot, busy float64) []Finding {
 		}
 		switch {
 		case len(traced) == 0:
-			add(CheckProcesses, OK, fmt.Sprint(sn.pids), fmt.Sprintf("%d processes hold a context: %v", len(sn.pids), sn.pids), "")
+			f.add(CheckProcesses, OK, fmt.Sprint(sn.pids), fmt.Sprintf("%d processes hold a context: %v", len(sn.pids), sn.pids), "")
 		case len(others) > 0:
-			add(CheckProcesses, WARN, fmt.Sprint(others),
+			f.add(CheckProcesses, WARN, fmt.Sprint(others),
 				fmt.Sprintf("%d other processes share the GPU (pids %v): time-slicing takes GPU time from the traced job", len(others), others),
 				"give the job exclusive GPUs (no time-slicing in the device plugin, `nvidia-smi -c EXCLUSIVE_PROCESS`) or isolate with MIG")
 		default:
-			add(CheckProcesses, OK, "ok", "only the traced processes use the GPU", "")
+			f.add(CheckProcesses, OK, "ok", "only the traced processes use the GPU", "")
 		}
 	}
+}
 
+// checkXid reports the last Xid of the past hour.
+func (s *Source) checkXid(f *findings, d *device, sn hwSnapshot) {
 	d.mu.Lock()
 	var recent []xidEvent
 	for _, x := range d.xids {
@@ -272,20 +310,22 @@ func (s *Source) evaluate(d *device, sn hwSnapshot, busy float64) []Finding {
 	d.mu.Unlock()
 	if len(recent) > 0 {
 		last := recent[len(recent)-1]
-		add(CheckXid, FAIL, fmt.Sprintf("%d@%d", last.code, last.t),
+		f.add(CheckXid, FAIL, fmt.Sprintf("%d@%d", last.code, last.t),
 			fmt.Sprintf("Xid %d (%s) at %s; %d Xids in the last hour", last.code, xidMeaning(last.code),
 				time.Unix(0, last.t).UTC().Format(time.RFC3339), len(recent)),
 			"see `dmesg | grep -i xid` and NVIDIA's Xid catalogue; drain the node if it recurs")
 	} else if s.have.events {
-		add(CheckXid, OK, "ok", "no Xid seen", "")
+		f.add(CheckXid, OK, "ok", "no Xid seen", "")
 	}
+}
 
+// checkGPM says whether SM activity is measured (GPM) or unknown.
+func checkGPM(f *findings, d *device) {
 	if !d.info.GPMSupported {
-		add(CheckGPM, OK, "unsupported", "GPM not supported (pre-Hopper GPU or old driver): idle per window from utilization samples only; SM activity unknown", "")
+		f.add(CheckGPM, OK, "unsupported", "GPM not supported (pre-Hopper GPU or old driver): idle per window from utilization samples only; SM activity unknown", "")
 	} else {
-		add(CheckGPM, OK, "ok", "GPM supported: SM activity per ~100 ms", "")
+		f.add(CheckGPM, OK, "ok", "GPM supported: SM activity per ~100 ms", "")
 	}
-	return out
 }
 
 // xidMeaning names the Xids a training job meets most often.

@@ -152,6 +152,24 @@ func resolveJobID(cfg string) string {
 // every problem at once.
 func resolve(cfg Config) (*resolved, error) {
 	r := &resolved{Config: cfg}
+	errs := r.resolveLocal()
+	envEndpoint := envFirst("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+	if r.Endpoint == "" && envEndpoint == "" {
+		r.mode = "file"
+		return r, errors.Join(errs...)
+	}
+	r.mode = "otlp"
+	errs = append(errs, otlpEnvProblems(r.Endpoint != "")...)
+	errs = append(errs, r.resolveEndpoint(envEndpoint)...)
+	errs = append(errs, r.resolveHeaders()...)
+	errs = append(errs, r.resolveTLS()...)
+	r.resolveSignals()
+	return r, errors.Join(errs...)
+}
+
+// resolveLocal applies the defaults and reads what every mode uses: the
+// queue, the job's identity, the sampler and the Prometheus listener.
+func (r *resolved) resolveLocal() []error {
 	var errs []error
 	if r.Logger == nil {
 		r.Logger = slog.Default()
@@ -191,15 +209,13 @@ func resolve(cfg Config) (*resolved, error) {
 	}
 
 	errs = append(errs, exporterEnvProblems()...)
+	return errs
+}
 
-	envEndpoint := envFirst("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-	if r.Endpoint == "" && envEndpoint == "" {
-		r.mode = "file"
-		return r, errors.Join(errs...)
-	}
-	r.mode = "otlp"
-	errs = append(errs, otlpEnvProblems(r.Endpoint != "")...)
-
+// resolveEndpoint picks the OTLP protocol and parses the endpoint, the
+// flag's before the environment's.
+func (r *resolved) resolveEndpoint(envEndpoint string) []error {
+	var errs []error
 	r.protocol = r.Protocol
 	if r.protocol == "" {
 		r.protocol = envFirst("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -230,7 +246,12 @@ func resolve(cfg Config) (*resolved, error) {
 	if r.Endpoint != "" {
 		r.endpointURL = u
 	}
+	return errs
+}
 
+// resolveHeaders merges the environment's headers with the flags'.
+func (r *resolved) resolveHeaders() []error {
+	var errs []error
 	// Passing headers to the exporter replaces the environment's, so merge.
 	r.headers = map[string]string{}
 	for _, v := range []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"} {
@@ -245,12 +266,18 @@ func resolve(cfg Config) (*resolved, error) {
 	for k, v := range r.Headers {
 		r.headers[k] = v
 	}
+	return errs
+}
 
+// resolveTLS decides between plaintext and TLS and loads the TLS files.
+func (r *resolved) resolveTLS() []error {
+	var errs []error
 	r.insecure = r.Insecure
 	if r.insecure == nil && r.endpointURL != nil {
 		// A flag endpoint: a URL's scheme decides; a bare loopback host:port
 		// is plaintext (TLS to loopback is rare), other bare hosts honour
 		// the environment and default to TLS.
+		u := r.endpointURL
 		if u.Scheme == "http" {
 			r.insecure = ptr(true)
 		} else if u.Scheme == "https" {
@@ -272,7 +299,11 @@ func resolve(cfg Config) (*resolved, error) {
 			errs = append(errs, errors.New("tls files given for an insecure (plaintext) otlp endpoint"))
 		}
 	}
+	return errs
+}
 
+// resolveSignals decides which signals go over OTLP.
+func (r *resolved) resolveSignals() {
 	// Metrics follow the traces' endpoint unless OTEL_METRICS_EXPORTER says
 	// otherwise; a traces-only endpoint variable does not imply a metrics
 	// endpoint (the exporter would fall back to localhost).
@@ -284,7 +315,6 @@ func resolve(cfg Config) (*resolved, error) {
 		(r.Endpoint != "" || envFirst("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") != "")
 	te := strings.ToLower(envFirst("OTEL_TRACES_EXPORTER"))
 	r.otlpTraces = te == "" || strings.Contains(te, "otlp")
-	return r, errors.Join(errs...)
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -103,14 +103,20 @@ func TestOTLPEnvironmentProblemsAtOnce(t *testing.T) {
 	}
 }
 
+// resolveCase is one configuration and environment resolve is given, and
+// either a check of the result or the error it must report.
+type resolveCase struct {
+	name  string
+	env   map[string]string
+	cfg   Config
+	check func(t *testing.T, r *resolved)
+	err   string
+}
+
+// TestResolve covers the export mode, the endpoint, protocol, TLS and
+// headers, and validation.
 func TestResolve(t *testing.T) {
-	tests := []struct {
-		name  string
-		env   map[string]string
-		cfg   Config
-		check func(t *testing.T, r *resolved)
-		err   string
-	}{
+	runResolveCases(t, []resolveCase{
 		{name: "no endpoint is file mode", check: func(t *testing.T, r *resolved) {
 			if r.mode != "file" || r.QueueSize != DefaultQueueSize || r.JobID != "" {
 				t.Errorf("mode %q queue %d job %q", r.mode, r.QueueSize, r.JobID)
@@ -163,6 +169,21 @@ func TestResolve(t *testing.T) {
 					t.Errorf("headers %v", r.headers)
 				}
 			}},
+		{name: "metrics exporter none", env: map[string]string{"OTEL_METRICS_EXPORTER": "none"}, cfg: Config{Endpoint: "http://c:4318"},
+			check: func(t *testing.T, r *resolved) {
+				if r.otlpMetrics {
+					t.Error("OTEL_METRICS_EXPORTER=none ignored")
+				}
+			}},
+		{name: "every problem at once", cfg: Config{Endpoint: "ftp://x", Protocol: "carrier-pigeon", Rank: -3, PrometheusAddr: "a:b:c"},
+			err: "scheme"},
+	})
+}
+
+// TestResolveJobAndSampling covers the job ID, the Prometheus listener and
+// the sampler, which every mode uses.
+func TestResolveJobAndSampling(t *testing.T) {
+	runResolveCases(t, []resolveCase{
 		{name: "job id from torchelastic before slurm", env: map[string]string{"TORCHELASTIC_RUN_ID": "te-1", "SLURM_JOB_ID": "77"},
 			check: func(t *testing.T, r *resolved) {
 				if r.JobID != "te-1" {
@@ -193,12 +214,6 @@ func TestResolve(t *testing.T) {
 					t.Errorf("addr %q", r.PrometheusAddr)
 				}
 			}},
-		{name: "metrics exporter none", env: map[string]string{"OTEL_METRICS_EXPORTER": "none"}, cfg: Config{Endpoint: "http://c:4318"},
-			check: func(t *testing.T, r *resolved) {
-				if r.otlpMetrics {
-					t.Error("OTEL_METRICS_EXPORTER=none ignored")
-				}
-			}},
 		{name: "trace id ratio sampling", env: map[string]string{"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"},
 			check: func(t *testing.T, r *resolved) {
 				if r.sampleRatio != 0.25 {
@@ -210,9 +225,11 @@ func TestResolve(t *testing.T) {
 				t.Errorf("ratio %v", r.sampleRatio)
 			}
 		}},
-		{name: "every problem at once", cfg: Config{Endpoint: "ftp://x", Protocol: "carrier-pigeon", Rank: -3, PrometheusAddr: "a:b:c"},
-			err: "scheme"},
-	}
+	})
+}
+
+func runResolveCases(t *testing.T, tests []resolveCase) {
+	t.Helper()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			clearOTelEnv(t)

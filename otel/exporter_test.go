@@ -163,32 +163,39 @@ func TestFileModeSpanModel(t *testing.T) {
 		if got := root.Attributes["gpu.step.what_if.cpu_ms"]; got != wantCPU {
 			t.Errorf("step %d: gpu.step.what_if.cpu_ms %v, want %v", n, got, wantCPU)
 		}
-		switch wantCause {
-		case correlate.CauseIORead:
-			if p, _ := gapSpan.Attributes["file.path"].(string); !strings.HasPrefix(p, "/data/shard-") {
-				t.Errorf("io.read gap file.path %q", p)
-			}
-		case correlate.CauseIOWrite:
-			if a := gapSpan.Attributes; a["gpu.gap.episode.kind"] != "checkpoint" || a["gpu.gap.episode.file"] != a["file.path"] ||
-				a["gpu.gap.episode.copies"] != 16.0 || a["gpu.gap.episode.serialize_ms"] != 10.0 || a["gpu.gap.episode.fsync_ms"] != 8.0 {
-				t.Errorf("io.write gap episode attrs %v", a)
-			}
-		case correlate.CauseNet:
-			if gapSpan.Attributes["network.peer.address"] != "10.1.2.3:443" {
-				t.Errorf("net gap peer %v", gapSpan.Attributes["network.peer.address"])
-			}
-		case correlate.CauseComm:
-			if gapSpan.Attributes["gpu.gap.kind"] != "stall" || gapSpan.Attributes["gpu.collective.op"] != "AllReduce" ||
-				gapSpan.Attributes["gpu.gap.sm_activity"] != 0.25 || gapSpan.Attributes["gpu.gap.baseline_ms"] != 5.0 ||
-				fmt.Sprint(gapSpan.Attributes["gpu.collective.ranks"]) != "2" ||
-				fmt.Sprint(gapSpan.Attributes["gpu.collective.waiting_on_ranks"]) != "[1]" ||
-				fmt.Sprint(gapSpan.Attributes["gpu.collective.late_rank"]) != "1" ||
-				gapSpan.Attributes["gpu.collective.late_by_ms"] != 27.0 || gapSpan.Attributes["gpu.collective.late_pid"] == nil {
-				t.Errorf("comm gap attrs %v", gapSpan.Attributes)
-			}
-		}
+		checkCauseAttrs(t, wantCause, gapSpan)
 		if len(gapSpan.Events) != 2 {
 			t.Errorf("gpu.idle events %v, want drained and enqueued", gapSpan.Events)
+		}
+	}
+}
+
+// checkCauseAttrs checks the attributes a gap span of each cause carries
+// beyond the common ones.
+func checkCauseAttrs(t *testing.T, wantCause correlate.Cause, gapSpan *otel.FileSpan) {
+	t.Helper()
+	switch wantCause {
+	case correlate.CauseIORead:
+		if p, _ := gapSpan.Attributes["file.path"].(string); !strings.HasPrefix(p, "/data/shard-") {
+			t.Errorf("io.read gap file.path %q", p)
+		}
+	case correlate.CauseIOWrite:
+		if a := gapSpan.Attributes; a["gpu.gap.episode.kind"] != "checkpoint" || a["gpu.gap.episode.file"] != a["file.path"] ||
+			a["gpu.gap.episode.copies"] != 16.0 || a["gpu.gap.episode.serialize_ms"] != 10.0 || a["gpu.gap.episode.fsync_ms"] != 8.0 {
+			t.Errorf("io.write gap episode attrs %v", a)
+		}
+	case correlate.CauseNet:
+		if gapSpan.Attributes["network.peer.address"] != "10.1.2.3:443" {
+			t.Errorf("net gap peer %v", gapSpan.Attributes["network.peer.address"])
+		}
+	case correlate.CauseComm:
+		if gapSpan.Attributes["gpu.gap.kind"] != "stall" || gapSpan.Attributes["gpu.collective.op"] != "AllReduce" ||
+			gapSpan.Attributes["gpu.gap.sm_activity"] != 0.25 || gapSpan.Attributes["gpu.gap.baseline_ms"] != 5.0 ||
+			fmt.Sprint(gapSpan.Attributes["gpu.collective.ranks"]) != "2" ||
+			fmt.Sprint(gapSpan.Attributes["gpu.collective.waiting_on_ranks"]) != "[1]" ||
+			fmt.Sprint(gapSpan.Attributes["gpu.collective.late_rank"]) != "1" ||
+			gapSpan.Attributes["gpu.collective.late_by_ms"] != 27.0 || gapSpan.Attributes["gpu.collective.late_pid"] == nil {
+			t.Errorf("comm gap attrs %v", gapSpan.Attributes)
 		}
 	}
 }

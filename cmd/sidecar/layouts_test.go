@@ -130,21 +130,11 @@ func TestNamespaceLayouts(t *testing.T) {
 		return []string{"--live", "off", "--nvml-lib", nvml, "--gaps-out", filepath.Join(dir, "gaps.jsonl"),
 			"--summary-json", filepath.Join(dir, "summary.json"), "--spans-out", filepath.Join(dir, "spans.jsonl")}
 	}
-	type layout struct {
-		name string
-		// run starts the job and gaptrace; it returns gaptrace and the
-		// pids expected in the gaps: as gaptrace's namespace numbers the
-		// job, and as the job's own does (0: the same).
-		run func(t *testing.T, environ []string, dir, truth string) (gt *gtProc, pid func() (int, int))
-		// afterExit, when set, runs once gaptrace has exited: it ends a
-		// job that outlives gaptrace.
-		afterExit func(t *testing.T)
-	}
 	// steps is the length of a job gaptrace runs or attaches to at once;
 	// scoredSteps is what an attached job must run while traced.
 	const steps, scoredSteps = 120, 60
 	var compose int // the compose layout's job, which outlives gaptrace
-	layouts := []layout{
+	layouts := []nsLayout{
 		{"host-run", func(t *testing.T, environ []string, dir, truth string) (*gtProc, func() (int, int)) {
 			gt := start(t, environ, append(append([]string{"run"}, outFlags(dir)...), append([]string{"--"}, layoutJob(truth, steps)...)...)...)
 			return gt, nil
@@ -196,75 +186,7 @@ func TestNamespaceLayouts(t *testing.T) {
 	var results []layoutResult
 	for _, l := range layouts {
 		t.Run(l.name, func(t *testing.T) {
-			dir := t.TempDir()
-			truth := filepath.Join(dir, "truth.jsonl")
-			gt, pids := l.run(t, env(t), dir, truth)
-			code := gt.wait(t, 3*time.Minute)
-			if l.afterExit != nil {
-				l.afterExit(t)
-			}
-			if code != 0 {
-				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, gt.stdout, gt.stderr)
-			}
-			// The trainer may outlive gaptrace (compose): its truth is
-			// complete once it exits.
-			deadline := time.Now().Add(time.Minute)
-			var tr *accuracy.Truth
-			for {
-				var err error
-				tr, err = accuracy.ReadTruth(truth)
-				if err == nil && tr.Ended {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("truth never completed: %v", err)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			gaps, err := accuracy.ReadGaps(filepath.Join(dir, "gaps.jsonl"))
-			if err != nil || len(gaps) == 0 {
-				t.Fatalf("no gaps (%v)\nstderr:\n%s", err, gt.stderr)
-			}
-			res := layoutResult{name: l.name, right: map[string]float64{}}
-			res.pidOK = checkGapPids(gaps, tr.PID, pids)
-			if res.pidOK != "" {
-				t.Error(res.pidOK)
-			}
-			// Score what was traced: from a second after the first gap
-			// (probes attached, step pattern found) to the last gap.
-			first, last := gaps[0].Start, gaps[0].End
-			for _, g := range gaps {
-				first, last = min(first, g.Start), max(last, g.End)
-			}
-			tr.TracedFrom(first + int64(time.Second))
-			tr.Until(last)
-			res.scored = len(tr.Steps)
-			if res.scored < 40 {
-				t.Fatalf("only %d steps scored", res.scored)
-			}
-			ev := accuracy.Evaluate(tr, gaps, int64(time.Millisecond))
-			for _, c := range []string{"io.read", "sleep"} {
-				cr := ev.Causes[c]
-				if cr == nil || cr.TruthNS == 0 {
-					t.Errorf("%s: no injected stalls scored", c)
-					continue
-				}
-				res.right[c] = rightShare(tr, gaps, c)
-				if res.right[c] < 0.85 {
-					t.Errorf("%s: %.3f of its stalls' time labelled %s (confusion %v)", c, res.right[c], c, cr.Confusion)
-				}
-			}
-			var sum struct {
-				Steps int64 `json:"steps"`
-			}
-			if b, err := os.ReadFile(filepath.Join(dir, "summary.json")); err == nil {
-				json.Unmarshal(b, &sum) //nolint:errcheck // checked below
-			}
-			res.steps = sum.Steps
-			if sum.Steps == 0 {
-				t.Errorf("summary counts no steps")
-			}
-			results = append(results, res)
+			results = append(results, runLayout(t, l))
 		})
 	}
 	if len(results) != len(layouts) {
@@ -281,6 +203,94 @@ func TestNamespaceLayouts(t *testing.T) {
 			}
 		}
 	}
+}
+
+// nsLayout is one deployment layout of the job and gaptrace.
+type nsLayout struct {
+	name string
+	// run starts the job and gaptrace; it returns gaptrace and the
+	// pids expected in the gaps: as gaptrace's namespace numbers the
+	// job, and as the job's own does (0: the same).
+	run func(t *testing.T, environ []string, dir, truth string) (gt *gtProc, pid func() (int, int))
+	// afterExit, when set, runs once gaptrace has exited: it ends a
+	// job that outlives gaptrace.
+	afterExit func(t *testing.T)
+}
+
+// runLayout runs one layout and scores gaptrace's gaps against the job's
+// truth: the pids as the layout expects them and the share of each
+// injected cause labelled right.
+func runLayout(t *testing.T, l nsLayout) layoutResult {
+	t.Helper()
+	dir := t.TempDir()
+	truth := filepath.Join(dir, "truth.jsonl")
+	gt, pids := l.run(t, env(t), dir, truth)
+	code := gt.wait(t, 3*time.Minute)
+	if l.afterExit != nil {
+		l.afterExit(t)
+	}
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, gt.stdout, gt.stderr)
+	}
+	// The trainer may outlive gaptrace (compose): its truth is
+	// complete once it exits.
+	deadline := time.Now().Add(time.Minute)
+	var tr *accuracy.Truth
+	for {
+		var err error
+		tr, err = accuracy.ReadTruth(truth)
+		if err == nil && tr.Ended {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("truth never completed: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	gaps, err := accuracy.ReadGaps(filepath.Join(dir, "gaps.jsonl"))
+	if err != nil || len(gaps) == 0 {
+		t.Fatalf("no gaps (%v)\nstderr:\n%s", err, gt.stderr)
+	}
+	res := layoutResult{name: l.name, right: map[string]float64{}}
+	res.pidOK = checkGapPids(gaps, tr.PID, pids)
+	if res.pidOK != "" {
+		t.Error(res.pidOK)
+	}
+	// Score what was traced: from a second after the first gap
+	// (probes attached, step pattern found) to the last gap.
+	first, last := gaps[0].Start, gaps[0].End
+	for _, g := range gaps {
+		first, last = min(first, g.Start), max(last, g.End)
+	}
+	tr.TracedFrom(first + int64(time.Second))
+	tr.Until(last)
+	res.scored = len(tr.Steps)
+	if res.scored < 40 {
+		t.Fatalf("only %d steps scored", res.scored)
+	}
+	ev := accuracy.Evaluate(tr, gaps, int64(time.Millisecond))
+	for _, c := range []string{"io.read", "sleep"} {
+		cr := ev.Causes[c]
+		if cr == nil || cr.TruthNS == 0 {
+			t.Errorf("%s: no injected stalls scored", c)
+			continue
+		}
+		res.right[c] = rightShare(tr, gaps, c)
+		if res.right[c] < 0.85 {
+			t.Errorf("%s: %.3f of its stalls' time labelled %s (confusion %v)", c, res.right[c], c, cr.Confusion)
+		}
+	}
+	var sum struct {
+		Steps int64 `json:"steps"`
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "summary.json")); err == nil {
+		json.Unmarshal(b, &sum) //nolint:errcheck // checked below
+	}
+	res.steps = sum.Steps
+	if sum.Steps == 0 {
+		t.Errorf("summary counts no steps")
+	}
+	return res
 }
 
 // rightShare is the share of cause's injected stall time that the gaps
@@ -362,26 +372,6 @@ var stepsRe = regexp.MustCompile(`steps (\d+)`)
 func TestAttachToRunningCUDAJob(t *testing.T) {
 	need(t)
 	nvml := filepath.Join(simgpuDir, "libnvidia-ml.so.1")
-	startJob := func(t *testing.T, steps int, extra ...string) (*exec.Cmd, string) {
-		truth := filepath.Join(t.TempDir(), "truth.jsonl")
-		argv := simtrain(append([]string{"--steps", strconv.Itoa(steps), "--kernel-us", "2000", "--stall", "io.read:every=4:ms=20", "--truth", truth, "--quiet"}, extra...)...)
-		job := exec.Command(argv[0], argv[1:]...)
-		job.Env = env(t)
-		if err := job.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { job.Process.Kill(); job.Wait() }) //nolint:errcheck // may have exited
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			if libs, err := proc.Libraries(job.Process.Pid, "libcuda.so"); err == nil && len(libs["libcuda.so"]) > 0 {
-				return job, truth
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("simtrain never mapped libcuda")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 	// untilExit attaches to a job started with many steps, lets it run
 	// 100 steps past gaptrace's first traced second (attaching takes
 	// seconds on a loaded machine: a job of a fixed length raced it) and
@@ -417,7 +407,7 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 		}
 	}
 	t.Run("until the job exits", func(t *testing.T) {
-		job, truth := startJob(t, 100000)
+		job, truth := startCUDAJob(t, 100000)
 		untilExit(t, job, truth)
 	})
 	// PyTorch on CUDA 13: torch.cuda.synchronize() is cudaDeviceSynchronize,
@@ -425,7 +415,7 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 	// nothing but syncs and copies (this job copies nothing, as a launch-bound
 	// PyTorch loop), so without that probe it saw no step.
 	t.Run("a job that syncs with cuCtxSynchronize_v2, lite", func(t *testing.T) {
-		job, truth := startJob(t, 100000, "--ctx-sync-v2", "--batch-bytes", "0")
+		job, truth := startCUDAJob(t, 100000, "--ctx-sync-v2", "--batch-bytes", "0")
 		untilExit(t, job, truth, "--probes", "lite")
 	})
 	// A launcher (torchrun, a shell script) that starts the job after
@@ -465,7 +455,7 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 		}
 	})
 	t.Run("with --duration", func(t *testing.T) {
-		job, _ := startJob(t, 100000)
+		job, _ := startCUDAJob(t, 100000)
 		began := time.Now()
 		gt := start(t, env(t), "attach", "--pid", strconv.Itoa(job.Process.Pid), "--duration", "4s", "--live", "off", "--nvml-lib", nvml)
 		code := gt.wait(t, 2*time.Minute)
@@ -482,6 +472,30 @@ func TestAttachToRunningCUDAJob(t *testing.T) {
 			t.Errorf("the job did not survive gaptrace's --duration (state %c, %v)", st, err)
 		}
 	})
+}
+
+// startCUDAJob starts simtrain for steps steps with an io.read stall every
+// fourth and returns it, and its truth file, once it has mapped libcuda.
+func startCUDAJob(t *testing.T, steps int, extra ...string) (*exec.Cmd, string) {
+	t.Helper()
+	truth := filepath.Join(t.TempDir(), "truth.jsonl")
+	argv := simtrain(append([]string{"--steps", strconv.Itoa(steps), "--kernel-us", "2000", "--stall", "io.read:every=4:ms=20", "--truth", truth, "--quiet"}, extra...)...)
+	job := exec.Command(argv[0], argv[1:]...)
+	job.Env = env(t)
+	if err := job.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { job.Process.Kill(); job.Wait() }) //nolint:errcheck // may have exited
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if libs, err := proc.Libraries(job.Process.Pid, "libcuda.so"); err == nil && len(libs["libcuda.so"]) > 0 {
+			return job, truth
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("simtrain never mapped libcuda")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // TestKill9WithLiveView kills gaptrace while its live view is drawn on a

@@ -123,8 +123,8 @@ func TestNativeStacksNameTheTrainerFunction(t *testing.T) {
 		}
 	}
 	if site == nil || site.Gaps < int64(reads) || site.ByCause[correlate.CauseIORead] <= 0 ||
-		!strings.HasPrefix(site.Site, "simtrain.c:") || !strings.HasSuffix(site.Site, " read_cold_until") {
-		t.Errorf("summary call sites do not charge %d io.read gaps to simtrain.c:LINE read_cold_until: %+v", reads, sum.CallSites)
+		!strings.HasPrefix(site.Site, "simtrain_stall.c:") || !strings.HasSuffix(site.Site, " read_cold_until") {
+		t.Errorf("summary call sites do not charge %d io.read gaps to simtrain_stall.c:LINE read_cold_until: %+v", reads, sum.CallSites)
 	}
 	if !strings.Contains(stdout, "top call sites") || !strings.Contains(stdout, " read_cold_until — ") {
 		t.Errorf("terminal summary names no call site:\n%s", stdout)

@@ -26,76 +26,11 @@ var autoRE = regexp.MustCompile(`msg="auto: per-launch probes (attached|detached
 // of the lite periods are found and attributed as the suite requires.
 func TestAutoWindows(t *testing.T) {
 	s := need(t)
-	dir := filepath.Join(s.root, accuracyOutRoot, "runs", "auto-windows")
-	unlock, err := lockSuite(t, filepath.Join(s.root, accuracyOutRoot, ".lock"), lockWait)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unlock()
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
-	j := &job{probes: "auto", dir: dir, flags: []string{"--auto-window", "200ms", "--auto-every", "1500ms"},
-		sc: scenario{name: "auto-windows", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 240,
-			stalls: []stall{{cause: "io.read", every: 3, ms: 30}}}}
-	detached, err := s.start(j, filepath.Join(t.TempDir(), "data"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(j.kill)
-	if err := j.driveTrainer(time.Now().Add(runDeadline)); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-detached:
-	case <-time.After(runDeadline):
-		t.Fatalf("trainer still running %v after it was told to stop", runDeadline)
-	}
-	if err := j.wait(time.Now().Add(runDeadline)); err != nil {
-		t.Fatal(err)
-	}
-	if j.err != nil {
-		t.Fatalf("gaptrace: %v (outputs in %s)", j.err, dir)
-	}
+	j := runAutoJob(t, s)
+	dir := j.dir
 
-	// The windows, as the engine was told of them.
-	type window struct{ on, off int64 }
-	var wins []window
-	for _, line := range j.logLines() {
-		m := autoRE.FindStringSubmatch(line)
-		if m == nil {
-			continue
-		}
-		at, _ := strconv.ParseInt(m[2], 10, 64)
-		switch {
-		case m[1] == "attached" && (len(wins) == 0 || wins[len(wins)-1].off != 0):
-			wins = append(wins, window{on: at})
-		case m[1] == "detached" && len(wins) > 0 && wins[len(wins)-1].off == 0:
-			wins[len(wins)-1].off = at
-		default:
-			t.Errorf("probes %s twice in a row: %s", m[1], line)
-		}
-	}
-	if len(wins) < 3 {
-		t.Fatalf("%d windows of per-launch probes, want the warm-up and at least two more (outputs in %s)", len(wins), dir)
-	}
-	inWindow := func(lo, hi int64) bool {
-		for _, w := range wins {
-			if w.on <= lo && (w.off == 0 || hi <= w.off) {
-				return true
-			}
-		}
-		return false
-	}
-	near := func(lo, hi int64) bool {
-		const margin = int64(50 * time.Millisecond)
-		for _, w := range wins {
-			if hi >= w.on-margin && (w.off == 0 || lo <= w.off+margin) {
-				return true
-			}
-		}
-		return false
-	}
+	wins := autoWindows(t, j)
+	inWindow, near := wins.covers, wins.near
 
 	var sum correlate.Summary
 	b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
@@ -187,4 +122,94 @@ func TestAutoWindows(t *testing.T) {
 	if res.Precision.Defined() && res.Precision.Value() < minPrecision {
 		t.Errorf("lite periods: precision %s < %.2f", res.Precision, minPrecision)
 	}
+}
+
+// runAutoJob runs simtrain under --probes auto with short windows and
+// waits for gaptrace to finish.
+func runAutoJob(t *testing.T, s setup) *job {
+	t.Helper()
+	dir := filepath.Join(s.root, accuracyOutRoot, "runs", "auto-windows")
+	unlock, err := lockSuite(t, filepath.Join(s.root, accuracyOutRoot, ".lock"), lockWait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(unlock) // held until the test ends, as a deferred unlock in the test was
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	j := &job{probes: "auto", dir: dir, flags: []string{"--auto-window", "200ms", "--auto-every", "1500ms"},
+		sc: scenario{name: "auto-windows", kernels: 8, kernelUS: 2000, gapUS: 20, streams: 1, steps: 240,
+			stalls: []stall{{cause: "io.read", every: 3, ms: 30}}}}
+	detached, err := s.start(j, filepath.Join(t.TempDir(), "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(j.kill)
+	if err := j.driveTrainer(time.Now().Add(runDeadline)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-detached:
+	case <-time.After(runDeadline):
+		t.Fatalf("trainer still running %v after it was told to stop", runDeadline)
+	}
+	if err := j.wait(time.Now().Add(runDeadline)); err != nil {
+		t.Fatal(err)
+	}
+	if j.err != nil {
+		t.Fatalf("gaptrace: %v (outputs in %s)", j.err, dir)
+	}
+	return j
+}
+
+// probeWindow is one window of per-launch probes, as the engine was told
+// of it: attached at on, detached at off (0: still attached at the end).
+type probeWindow struct{ on, off int64 }
+
+type probeWindows []probeWindow
+
+// autoWindows reads the windows from gaptrace's log.
+func autoWindows(t *testing.T, j *job) probeWindows {
+	t.Helper()
+	var wins probeWindows
+	for _, line := range j.logLines() {
+		m := autoRE.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		at, _ := strconv.ParseInt(m[2], 10, 64)
+		switch {
+		case m[1] == "attached" && (len(wins) == 0 || wins[len(wins)-1].off != 0):
+			wins = append(wins, probeWindow{on: at})
+		case m[1] == "detached" && len(wins) > 0 && wins[len(wins)-1].off == 0:
+			wins[len(wins)-1].off = at
+		default:
+			t.Errorf("probes %s twice in a row: %s", m[1], line)
+		}
+	}
+	if len(wins) < 3 {
+		t.Fatalf("%d windows of per-launch probes, want the warm-up and at least two more (outputs in %s)", len(wins), j.dir)
+	}
+	return wins
+}
+
+// covers reports whether [lo, hi] lies inside one window.
+func (ws probeWindows) covers(lo, hi int64) bool {
+	for _, w := range ws {
+		if w.on <= lo && (w.off == 0 || hi <= w.off) {
+			return true
+		}
+	}
+	return false
+}
+
+// near reports whether [lo, hi] comes within 50 ms of a window.
+func (ws probeWindows) near(lo, hi int64) bool {
+	const margin = int64(50 * time.Millisecond)
+	for _, w := range ws {
+		if hi >= w.on-margin && (w.off == 0 || lo <= w.off+margin) {
+			return true
+		}
+	}
+	return false
 }

@@ -112,24 +112,7 @@ func TestPythonStacks(t *testing.T) {
 		}
 	}
 	gil := &tally{}
-	// The main thread takes the GIL back after every call that released
-	// it: the driver calls, and the read of its own schedstat each step
-	// (pytrain's run_delay_ns). The gap is charged to its longest wait.
-	sites := map[event.Frame]bool{
-		{Function: "Driver.launch", File: meta.File, Line: meta.LaunchLine}: true,
-		{Function: "Driver.sync", File: meta.File, Line: meta.SyncLine}:     true,
-	}
-	if src, err := os.ReadFile(meta.File); err == nil {
-		in := false
-		for i, l := range strings.Split(string(src), "\n") {
-			if strings.HasPrefix(l, "def run_delay_ns(") {
-				in = true
-			} else if in && strings.Contains(l, "os.pread(") {
-				sites[event.Frame{Function: "run_delay_ns", File: meta.File, Line: i + 1}] = true
-				break
-			}
-		}
-	}
+	sites := gilSites(meta)
 	for _, b := range bursts {
 		if b.Start < attached+gilSettle {
 			continue
@@ -162,6 +145,30 @@ func TestPythonStacks(t *testing.T) {
 	}
 	t.Logf("gaps naming their stall's function, file and line: %s", strings.Join(summary, ", "))
 	checkPySpans(t, spansPath, want)
+}
+
+// gilSites are the call sites where pytrain's main thread takes the GIL
+// back: the driver calls and the schedstat read of each step.
+func gilSites(meta pyStackRecord) map[event.Frame]bool {
+	// The main thread takes the GIL back after every call that released
+	// it: the driver calls, and the read of its own schedstat each step
+	// (pytrain's run_delay_ns). The gap is charged to its longest wait.
+	sites := map[event.Frame]bool{
+		{Function: "Driver.launch", File: meta.File, Line: meta.LaunchLine}: true,
+		{Function: "Driver.sync", File: meta.File, Line: meta.SyncLine}:     true,
+	}
+	if src, err := os.ReadFile(meta.File); err == nil {
+		in := false
+		for i, l := range strings.Split(string(src), "\n") {
+			if strings.HasPrefix(l, "def run_delay_ns(") {
+				in = true
+			} else if in && strings.Contains(l, "os.pread(") {
+				sites[event.Frame{Function: "run_delay_ns", File: meta.File, Line: i + 1}] = true
+				break
+			}
+		}
+	}
+	return sites
 }
 
 // checkPySpans looks for a gap span per stall kind carrying its code

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,6 +94,52 @@ type ranksCase struct {
 }
 
 func runRanks(t *testing.T, rc ranksCase) {
+	rr := newRanksRun(t, rc)
+	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
+	defer cancel()
+	log := rr.trace(ctx, t)
+	tr := rr.readTruths(t, strings.Split(log, "\n"))
+	gaps, err := ReadGaps(filepath.Join(rr.dir, "gaps.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each rank's gaps: with a sidecar per rank, from that sidecar's file
+	// (in PID namespaces of their own both trainers may have one pid).
+	gapsOf := func(r int) []correlate.Gap {
+		from := gaps
+		if rc.sidecars {
+			var err error
+			if from, err = ReadGaps(filepath.Join(rr.dir, fmt.Sprintf("gaps%d.jsonl", r))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var out []correlate.Gap
+		for _, g := range from {
+			if int(g.PID) == tr[r].PID {
+				out = append(out, g)
+			}
+		}
+		return out
+	}
+	rr.checkRank0(t, tr, gapsOf(0))
+	rr.checkRank1(t, tr, gapsOf(1))
+	rr.checkSpans(t, tr, len(gaps), log)
+}
+
+// ranksRun is one two-rank job of a ranksCase: its directory, its own
+// copies of the simulated GPU, and the ranks' command lines.
+type ranksRun struct {
+	s        setup
+	rc       ranksCase
+	dir, sim string
+	id       string // the communicator's rendezvous id
+	steps    int    // steps to score
+	ranks    [2]string
+	env      []string
+}
+
+func newRanksRun(t *testing.T, rc ranksCase) *ranksRun {
+	t.Helper()
 	s := need(t)
 	steps := 160
 	if v := os.Getenv("GAPTRACE_RANKS_STEPS"); v != "" {
@@ -131,6 +176,7 @@ func runRanks(t *testing.T, rc ranksCase) {
 		// other leaves its peer waiting in the all-reduce.
 		simSteps = 2 * steps
 	}
+	rr := &ranksRun{s: s, rc: rc, dir: dir, sim: sim, id: id, steps: steps}
 	rank := func(r int, extra string) string {
 		cmd := fmt.Sprintf("%s --truth %s --rank %d --nranks 2 --device %d --steps %d --collectives 1 "+
 			"--kernels-per-step 9 --kernel-us 1500 --launch-gap-us 20 --comm-id %s --workers 0 --quiet %s",
@@ -143,83 +189,91 @@ func runRanks(t *testing.T, rc ranksCase) {
 		}
 		return cmd
 	}
-	ranks := [2]string{rank(0, ""), rank(1, "--stall cpu:every=1:ms=30")}
-	script := ranks[0] + " & " + ranks[1] + "; wait"
-	outsOf := func(sfx string) []string {
-		return []string{"--live", "off", "--log-level", "debug",
-			"--gaps-out", filepath.Join(dir, "gaps"+sfx+".jsonl"),
-			"--spans-out", filepath.Join(dir, "spans"+sfx+".jsonl"),
-			"--summary-json", filepath.Join(dir, "summary"+sfx+".json"),
-			"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1")}
-	}
-	outs := outsOf("")
-	env := append(cleanEnv(), "SIMGPU_DIR="+tl, "SIMGPU_DEVICES=2")
-	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
-	defer cancel()
-	var log string
-	var err error
-	if rc.sidecars {
-		log = runSidecars(ctx, t, s.bin, dir, env, id, ranks, outsOf, rc.attach, rc.pidns)
-	} else {
-		var job *exec.Cmd
-		args := append(append([]string{"run"}, outs...), "--", "sh", "-c", script)
-		if rc.attach {
-			job = exec.CommandContext(ctx, "sh", "-c", script)
-			job.Dir, job.Env = dir, env
-			job.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-			if err := job.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				_ = syscall.Kill(-job.Process.Pid, syscall.SIGKILL)
-				_ = job.Wait()
-			}()
-			if err := raisePriority(job.Process.Pid); err != nil {
-				t.Fatal(err)
-			}
-			// Both ranks have met on their communicator and step.
-			time.Sleep(time.Second)
-			args = append([]string{"attach", "--pid", fmt.Sprint(job.Process.Pid)}, outs...)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "command"), []byte(s.bin+" "+strings.Join(args, " ")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.CommandContext(ctx, s.bin, args...)
-		cmd.Dir = dir
-		cmd.Env = env
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-		var out testutil.LockedBuffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if err := raisePriority(cmd.Process.Pid); err != nil {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			t.Fatal(err)
-		}
-		err = cmd.Wait()
-		_ = os.WriteFile(filepath.Join(dir, "gaptrace.log"), []byte(out.String()), 0o644)
-		if err != nil {
-			t.Fatalf("gaptrace %s: %v (log in %s)", args[0], err, dir)
-		}
-		if rc.attach {
-			if err := job.Wait(); err != nil {
-				t.Fatalf("the job: %v (%s)", err, dir)
-			}
-		}
-		log = out.String()
-	}
-	lines := strings.Split(log, "\n")
+	rr.ranks = [2]string{rank(0, ""), rank(1, "--stall cpu:every=1:ms=30")}
+	rr.env = append(cleanEnv(), "SIMGPU_DIR="+tl, "SIMGPU_DEVICES=2")
+	return rr
+}
 
+// outsOf is gaptrace's output flags, the files named with suffix sfx.
+func (rr *ranksRun) outsOf(sfx string) []string {
+	return []string{"--live", "off", "--log-level", "debug",
+		"--gaps-out", filepath.Join(rr.dir, "gaps"+sfx+".jsonl"),
+		"--spans-out", filepath.Join(rr.dir, "spans"+sfx+".jsonl"),
+		"--summary-json", filepath.Join(rr.dir, "summary"+sfx+".json"),
+		"--nvml-lib", filepath.Join(rr.sim, "libnvidia-ml.so.1")}
+}
+
+// trace runs the job under one gaptrace (run, or attach once both ranks
+// step) or under a sidecar per rank, and returns gaptrace's log.
+func (rr *ranksRun) trace(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	if rr.rc.sidecars {
+		return runSidecars(ctx, t, rr.s.bin, rr.dir, rr.env, rr.id, rr.ranks, rr.outsOf, rr.rc.attach, rr.rc.pidns)
+	}
+	script := rr.ranks[0] + " & " + rr.ranks[1] + "; wait"
+	var job *exec.Cmd
+	args := append(append([]string{"run"}, rr.outsOf("")...), "--", "sh", "-c", script)
+	if rr.rc.attach {
+		job = exec.CommandContext(ctx, "sh", "-c", script)
+		job.Dir, job.Env = rr.dir, rr.env
+		job.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+		if err := job.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			_ = syscall.Kill(-job.Process.Pid, syscall.SIGKILL)
+			_ = job.Wait()
+		}()
+		if err := raisePriority(job.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+		// Both ranks have met on their communicator and step.
+		time.Sleep(time.Second)
+		args = append([]string{"attach", "--pid", fmt.Sprint(job.Process.Pid)}, rr.outsOf("")...)
+	}
+	if err := os.WriteFile(filepath.Join(rr.dir, "command"), []byte(rr.s.bin+" "+strings.Join(args, " ")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, rr.s.bin, args...)
+	cmd.Dir = rr.dir
+	cmd.Env = rr.env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	var out testutil.LockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := raisePriority(cmd.Process.Pid); err != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	_ = os.WriteFile(filepath.Join(rr.dir, "gaptrace.log"), []byte(out.String()), 0o644)
+	if err != nil {
+		t.Fatalf("gaptrace %s: %v (log in %s)", args[0], err, rr.dir)
+	}
+	if rr.rc.attach {
+		if err := job.Wait(); err != nil {
+			t.Fatalf("the job: %v (%s)", err, rr.dir)
+		}
+	}
+	return out.String()
+}
+
+// readTruths reads both ranks' truth, scored from when every probe was
+// attached to both.
+func (rr *ranksRun) readTruths(t *testing.T, lines []string) [2]*Truth {
+	t.Helper()
 	var tr [2]*Truth
 	var from int64
 	for r := range tr {
-		if tr[r], err = ReadTruth(filepath.Join(dir, fmt.Sprintf("truth%d.jsonl", r))); err != nil {
+		var err error
+		if tr[r], err = ReadTruth(filepath.Join(rr.dir, fmt.Sprintf("truth%d.jsonl", r))); err != nil {
 			t.Fatal(err)
 		}
 		at, _ := attachTime(lines, tr[r].PID)
 		if at == 0 {
-			t.Fatalf("no uprobes attached to rank %d (pid %d); log in %s", r, tr[r].PID, dir)
+			t.Fatalf("no uprobes attached to rank %d (pid %d); log in %s", r, tr[r].PID, rr.dir)
 		}
 		from = max(from, at)
 	}
@@ -228,36 +282,20 @@ func runRanks(t *testing.T, rc ranksCase) {
 		tr[r].TracedFrom(from)
 		tr[r].Until(tr[r].Range().End)
 	}
-	if len(tr[0].Steps) < steps/2 {
-		t.Fatalf("only %d of %d steps ran after the probes attached (%s)", len(tr[0].Steps), steps, dir)
+	if len(tr[0].Steps) < rr.steps/2 {
+		t.Fatalf("only %d of %d steps ran after the probes attached (%s)", len(tr[0].Steps), rr.steps, rr.dir)
 	}
-	gaps, err := ReadGaps(filepath.Join(dir, "gaps.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Each rank's gaps: with a sidecar per rank, from that sidecar's file
-	// (in PID namespaces of their own both trainers may have one pid).
-	gapsOf := func(r int) []correlate.Gap {
-		from := gaps
-		if rc.sidecars {
-			var err error
-			if from, err = ReadGaps(filepath.Join(dir, fmt.Sprintf("gaps%d.jsonl", r))); err != nil {
-				t.Fatal(err)
-			}
-		}
-		var out []correlate.Gap
-		for _, g := range from {
-			if int(g.PID) == tr[r].PID {
-				out = append(out, g)
-			}
-		}
-		return out
-	}
-	mine := gapsOf(0)
+	return tr
+}
+
+// checkRank0 checks that rank 0's stalls on the late rank 1 are found
+// from the first steps and name rank 1.
+func (rr *ranksRun) checkRank0(t *testing.T, tr [2]*Truth, mine []correlate.Gap) {
+	t.Helper()
 	res := Evaluate(tr[0], mine, int64(time.Millisecond))
 	cm := res.Causes["comm"]
 	if cm == nil || cm.Stalls == 0 {
-		t.Fatalf("rank 0's truth has no comm stall in the scored steps (%s)", dir)
+		t.Fatalf("rank 0's truth has no comm stall in the scored steps (%s)", rr.dir)
 	}
 	t.Logf("rank 0: %d scored steps, %d truth comm stalls (%.1f ms): coverage %s, accuracy %s; stall recall %s, precision %s",
 		len(tr[0].Steps), cm.Stalls, ms(cm.TruthNS), cm.Coverage, cm.Accuracy, res.StallRecall, res.StallPrecision)
@@ -272,16 +310,6 @@ func runRanks(t *testing.T, rc ranksCase) {
 			first = append(first, st.Interval)
 		}
 	}
-	// A stall names the late rank where the ranks are known: from the
-	// communicators' creation or from the environment. Under run without
-	// either, the probes may still have seen one rank's creation (the
-	// other rank is then the one left), or none: the pid alone.
-	named := func(c *correlate.CollectiveEvidence, rank int32) bool {
-		if c.LateRank == nil {
-			return !rc.await && !rc.env
-		}
-		return *c.LateRank == rank
-	}
 	var reported []Interval
 	seen := 0
 	for _, g := range mine {
@@ -290,19 +318,19 @@ func runRanks(t *testing.T, rc ranksCase) {
 		}
 		reported = append(reported, Interval{g.Start, g.End})
 		c := g.Evidence.Collective
-		if g.Cause != correlate.CauseComm || c == nil || !named(c, 1) || int(c.LatePID) != tr[1].PID || c.LateByNS < g.Duration {
+		if g.Cause != correlate.CauseComm || c == nil || !rr.named(c, 1) || int(c.LatePID) != tr[1].PID || c.LateByNS < g.Duration {
 			t.Errorf("rank 0 stall does not name rank 1 (pid %d) late by at least its length: %+v %+v", tr[1].PID, g, c)
 			continue
 		}
 		if c.Ranks > 0 {
 			seen++
 		}
-		if rc.sidecars && !strings.Contains(c.LateSidecar, "/rank1/") {
+		if rr.rc.sidecars && !strings.Contains(c.LateSidecar, "/rank1/") {
 			t.Errorf("rank 0 stall does not name rank 1's sidecar: %q", c.LateSidecar)
 		}
 	}
 	t.Logf("rank 0: %d of %d stalls on a communicator seen created", seen, len(reported))
-	if rc.attach && seen > 0 {
+	if rr.rc.attach && seen > 0 {
 		t.Errorf("attached after the communicators were created, yet %d stalls know the communicator's size", seen)
 	}
 	for i, iv := range first {
@@ -310,43 +338,66 @@ func runRanks(t *testing.T, rc ranksCase) {
 			t.Errorf("scored comm stall %d [%d,+%.1f ms] covered %.1f ms: not found from the first steps", i+1, iv.Start, ms(iv.Len()), ms(got))
 		}
 	}
+}
+
+// named reports whether a stall's evidence names rank as the late one.
+// It does where the ranks are known: from the communicators' creation or
+// from the environment. Under run without either, the probes may still
+// have seen one rank's creation (the other rank is then the one left), or
+// none: the pid alone.
+func (rr *ranksRun) named(c *correlate.CollectiveEvidence, rank int32) bool {
+	if c.LateRank == nil {
+		return !rr.rc.await && !rr.rc.env
+	}
+	return *c.LateRank == rank
+}
+
+// checkRank1 checks that the late rank's own stalls name rank 0.
+func (rr *ranksRun) checkRank1(t *testing.T, tr [2]*Truth, theirsAll []correlate.Gap) {
+	t.Helper()
 	// The late rank waits only where the loaded host made rank 0 later
 	// still (its truth records those waits too), and then names rank 0.
 	var theirs []correlate.Gap
-	for _, g := range gapsOf(1) {
+	for _, g := range theirsAll {
 		if g.Kind != correlate.GapStall {
 			continue
 		}
 		theirs = append(theirs, g)
-		if c := g.Evidence.Collective; c == nil || !named(c, 0) || int(c.LatePID) != tr[0].PID {
+		if c := g.Evidence.Collective; c == nil || !rr.named(c, 0) || int(c.LatePID) != tr[0].PID {
 			t.Errorf("rank 1 stall does not name rank 0 (pid %d): %+v %+v", tr[0].PID, g, c)
 		}
 	}
 	res1 := Evaluate(tr[1], theirs, int64(time.Millisecond))
 	t.Logf("rank 1: stall recall %s, precision %s (rank 0 late by the host's load)", res1.StallRecall, res1.StallPrecision)
-	spans, err := ReadStepSpans(filepath.Join(dir, "spans.jsonl"))
+}
+
+// checkSpans checks that every gap is in the spans and that each rank's
+// steps are counted.
+func (rr *ranksRun) checkSpans(t *testing.T, tr [2]*Truth, ngaps int, log string) {
+	t.Helper()
+	spans, err := ReadStepSpans(filepath.Join(rr.dir, "spans.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	spansOf := [2][]StepSpan{spans, spans}
-	if rc.sidecars {
+	if rr.rc.sidecars {
 		// Rank 1's sidecar hangs its steps under rank 0's roots; each
 		// rank's steps come from its own sidecar's file.
-		if spansOf[0], err = ReadStepSpans(filepath.Join(dir, "spans0.jsonl")); err != nil {
+		if spansOf[0], err = ReadStepSpans(filepath.Join(rr.dir, "spans0.jsonl")); err != nil {
 			t.Fatal(err)
 		}
-		if spansOf[1], err = ReadRankSpans(filepath.Join(dir, "spans1.jsonl")); err != nil {
+		if spansOf[1], err = ReadRankSpans(filepath.Join(rr.dir, "spans1.jsonl")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Every gap is in the spans too, whichever rank's verdict came after
 	// its step was emitted, and whenever a rank's device became known.
-	raw, err := os.ReadFile(filepath.Join(dir, "spans.jsonl"))
+	raw, err := os.ReadFile(filepath.Join(rr.dir, "spans.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := bytes.Count(raw, []byte(`"name":"gpu.idle"`)); n != len(gaps) || strings.Contains(log, "spans were lost") {
-		t.Errorf("%d gpu.idle spans for %d gaps (gaptrace.log in %s)", n, len(gaps), dir)
+	if n := bytes.Count(raw, []byte(`"name":"gpu.idle"`)); n != ngaps || strings.Contains(log, "spans were lost") {
+		t.Errorf("%d gpu.idle spans for %d gaps (gaptrace.log in %s)", n, ngaps, rr.dir)
 	}
 	var counted [2]*StepCountResult
 	for r := range tr {
@@ -357,223 +408,4 @@ func runRanks(t *testing.T, rc ranksCase) {
 			t.Errorf("rank %d: counted %d steps, the trainer ran %d", r, counted[r].Counted, counted[r].True)
 		}
 	}
-}
-
-// runSidecars runs each rank of the job under a gaptrace of its own, the
-// two exchanging through --peers on a free local port, and merges their
-// gaps and spans files into gaps.jsonl and spans.jsonl; it returns both
-// logs. attach: the ranks run on their own for a second, then each
-// gaptrace attaches to its rank.
-func runSidecars(ctx context.Context, t *testing.T, bin, dir string, env []string, job string, ranks [2]string,
-	outsOf func(string) []string, attach, pidns bool) string {
-	t.Helper()
-	var jobs [2]*exec.Cmd
-	if attach {
-		for r := range jobs {
-			j := exec.CommandContext(ctx, "sh", "-c", ranks[r])
-			j.Dir, j.Env = dir, env
-			j.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-			if err := j.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				_ = syscall.Kill(-j.Process.Pid, syscall.SIGKILL)
-				_ = j.Wait()
-			}()
-			if err := raisePriority(j.Process.Pid); err != nil {
-				t.Fatal(err)
-			}
-			jobs[r] = j
-		}
-		time.Sleep(time.Second)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	secret := peersSecret(t)
-	var cmds [2]*exec.Cmd
-	var outs [2]testutil.LockedBuffer
-	var lines []string
-	for r := range cmds {
-		args := append(append([]string{"run"}, outsOf(fmt.Sprint(r))...),
-			"--job-id", job, "--rank", fmt.Sprint(r), "--peers", addr, "--peers-secret-file", secret, "--", "sh", "-c", ranks[r])
-		if attach {
-			args = append(append([]string{"attach", "--pid", fmt.Sprint(jobs[r].Process.Pid)}, outsOf(fmt.Sprint(r))...),
-				"--job-id", job, "--rank", fmt.Sprint(r), "--peers", addr, "--peers-secret-file", secret)
-		}
-		argv := append([]string{bin}, args...)
-		if pidns {
-			argv = append([]string{"unshare", "--pid", "--fork", "--mount-proc"}, argv...)
-		}
-		lines = append(lines, strings.Join(argv, " "))
-		c := exec.CommandContext(ctx, argv[0], argv[1:]...)
-		c.Dir, c.Env = dir, env
-		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-		c.Stdout, c.Stderr = &outs[r], &outs[r]
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }()
-		if err := raisePriority(c.Process.Pid); err != nil {
-			t.Fatal(err)
-		}
-		cmds[r] = c
-	}
-	if err := os.WriteFile(filepath.Join(dir, "command"), []byte(strings.Join(lines, " &\n")+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var logs strings.Builder
-	for r, c := range cmds {
-		err := c.Wait()
-		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("gaptrace%d.log", r)), []byte(outs[r].String()), 0o644)
-		if err != nil {
-			t.Errorf("gaptrace of rank %d: %v (log in %s)", r, err, dir)
-		}
-		logs.WriteString(outs[r].String())
-	}
-	for r, j := range jobs {
-		if j != nil {
-			if err := j.Wait(); err != nil {
-				t.Errorf("rank %d: %v (%s)", r, err, dir)
-			}
-		}
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
-	for _, f := range []string{"gaps", "spans"} {
-		var all []byte
-		for r := range cmds {
-			b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("%s%d.jsonl", f, r)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			all = append(all, b...)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f+".jsonl"), all, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return logs.String()
-}
-
-// TestRanksSidecarKilled: of two sidecars exchanging through --peers, the
-// one serving the address is killed with SIGKILL mid-run. Its rank's job
-// runs on to the end untraced; the other sidecar takes the address over
-// (same host), keeps tracing its rank and exits cleanly when the job ends.
-func TestRanksSidecarKilled(t *testing.T) {
-	s := need(t)
-	dir := filepath.Join(s.root, accuracyOutRoot, "ranks", "sidecar-killed")
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
-	sim, tl := filepath.Join(dir, "simgpu"), filepath.Join(dir, "timeline")
-	for _, d := range []string{sim, tl} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, f := range []string{"simtrain", "libcuda.so.1", "libnccl.so.2", "libnvidia-ml.so.1"} {
-		if err := copyFile(filepath.Join(s.sim, f), filepath.Join(sim, f)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	id := fmt.Sprintf("sidecar-killed-%d", time.Now().UnixNano())
-	const steps = 200
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	env := append(cleanEnv(), "SIMGPU_DIR="+tl, "SIMGPU_DEVICES=2")
-	ctx, cancel := context.WithTimeout(context.Background(), runDeadline)
-	defer cancel()
-	var cmds [2]*exec.Cmd
-	var outs [2]testutil.LockedBuffer
-	for r := range cmds {
-		stall := ""
-		if r == 1 {
-			stall = "--stall cpu:every=1:ms=30"
-		}
-		rank := fmt.Sprintf("%s --truth %s --rank %d --nranks 2 --device %d --steps %d --collectives 1 "+
-			"--kernels-per-step 9 --kernel-us 1500 --launch-gap-us 20 --comm-id %s --workers 0 --quiet --await-probes 60 %s",
-			filepath.Join(sim, "simtrain"), filepath.Join(dir, fmt.Sprintf("truth%d.jsonl", r)), r, r, steps, id, stall)
-		c := exec.CommandContext(ctx, s.bin, "run", "--live", "off", "--log-level", "debug",
-			"--gaps-out", filepath.Join(dir, fmt.Sprintf("gaps%d.jsonl", r)),
-			"--spans-out", filepath.Join(dir, fmt.Sprintf("spans%d.jsonl", r)),
-			"--nvml-lib", filepath.Join(sim, "libnvidia-ml.so.1"),
-			"--job-id", id, "--rank", fmt.Sprint(r), "--peers", addr, "--peers-secret-file", peersSecret(t), "--", "sh", "-c", rank)
-		c.Dir, c.Env = dir, env
-		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		c.Stdout, c.Stderr = &outs[r], &outs[r]
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		// The whole group at the end: the killed sidecar's job included.
-		defer func() { _ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }()
-		cmds[r] = c
-		if r == 0 {
-			waitLog(t, &outs[0], "peer exchange: serving at", dir)
-		}
-	}
-	waitLog(t, &outs[1], "peer exchange: joined hub at", dir)
-	time.Sleep(2 * time.Second)
-	// SIGKILL to the sidecar alone: its job is its child and runs on.
-	if err := cmds[0].Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmds[0].Wait()
-	err = cmds[1].Wait()
-	for r := range outs {
-		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("gaptrace%d.log", r)), []byte(outs[r].String()), 0o644)
-	}
-	if err != nil {
-		t.Fatalf("the surviving sidecar: %v (log in %s)", err, dir)
-	}
-	log := outs[1].String()
-	if i, j := strings.Index(log, "peer exchange: lost hub"), strings.LastIndex(log, "peer exchange: serving at"); i < 0 || j < i {
-		t.Errorf("rank 1's sidecar did not take the address over after the hub died (log in %s)", dir)
-	}
-	// Both ranks ran every step: the killed sidecar's rank too, which its
-	// peer's collectives kept pace with.
-	for r := range cmds {
-		tr, err := ReadTruth(filepath.Join(dir, fmt.Sprintf("truth%d.jsonl", r)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(tr.Steps) != steps {
-			t.Errorf("rank %d ran %d of %d steps", r, len(tr.Steps), steps)
-		}
-	}
-	gaps, err := ReadGaps(filepath.Join(dir, "gaps1.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("the surviving sidecar reported %d gaps", len(gaps))
-}
-
-// waitLog waits until out holds msg.
-func waitLog(t *testing.T, out *testutil.LockedBuffer, msg, dir string) {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), msg); {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %q in a minute (%s):\n%s", msg, dir, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// peersSecret writes a secret for a job's --peers exchange (mode 0600)
-// and returns its path.
-func peersSecret(t *testing.T) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "peers.secret")
-	if err := os.WriteFile(path, []byte("accuracy-test-secret-0123456789abcdef\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }

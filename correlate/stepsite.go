@@ -329,10 +329,20 @@ func (s *stepper) outweighed() (stepclock.Site, bool) {
 }
 
 // heavier compares the launches an iteration of sites a and b on tid, as
-// last seen (stepclock.Heavier; 0 where either is not known).
+// last seen (stepclock.Heavier; a site known to launch nothing between
+// its calls is lighter than one that launches; 0 where either is not
+// known).
 func (c *siteClock) heavier(a, b string, tid uint32) int {
-	wa, wb := c.weight[stepclock.SiteID(tid, a)], c.weight[stepclock.SiteID(tid, b)]
-	if wa == 0 || wb == 0 {
+	wa, oka := c.weight[stepclock.SiteID(tid, a)]
+	wb, okb := c.weight[stepclock.SiteID(tid, b)]
+	switch {
+	case !oka || !okb:
+		return 0
+	case wa > 0 && wb == 0:
+		return 1
+	case wa == 0 && wb > 0:
+		return -1
+	case wa == 0:
 		return 0
 	}
 	return stepclock.Heavier(wa, wb)

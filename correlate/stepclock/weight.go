@@ -48,14 +48,28 @@ func medLaunches(l []uint64) float64 {
 // in items that recurs (SiteMinRuns calls at least), over the intervals
 // that hold one iteration and some launches seen, by SiteID: what a stepper remembers of a site's iterations
 // while the stream holds another loop's (an evaluation's) calls only.
+//
+// A site between whose calls nothing was launched at all, where the
+// stream shows launches elsewhere (they are seen), weighs 0: per-tensor
+// copies of a checkpoint are no iterations (an attach during one finds
+// its site first).
 func Weights(items []Item) map[string]float64 {
 	w := map[string]float64{}
-	for _, c := range scoreSites(items) {
+	cands := scoreSites(items)
+	seen := false
+	for _, c := range cands {
+		for _, n := range c.launches {
+			seen = seen || n > 0
+		}
+	}
+	for _, c := range cands {
 		if len(c.at) < SiteMinRuns {
 			continue
 		}
 		if m := medLaunches(c.work); m > 0 {
 			w[SiteID(c.tid, c.site.Key)] = m
+		} else if seen && slices.Max(c.launches) == 0 {
+			w[SiteID(c.tid, c.site.Key)] = 0
 		}
 	}
 	return w

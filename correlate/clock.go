@@ -73,12 +73,13 @@ func (s *stepper) notePending(tid uint32, pending uint64, flush bool) {
 // step ended.
 func (s *stepper) onToken(set settings, key stepclock.Key, occ, t int64) bool {
 	from := t
+	pos := s.flushedAll + s.pendSum
+	posFrom := pos
 	if n := len(s.toks); n > 0 {
-		from = s.toks[n-1].T
+		from, posFrom = s.toks[n-1].T, s.toks[n-1].Pos
 	}
 	s.siteToken(key, t)
-	pos := s.flushedAll + s.pendSum
-	tok := stepclock.Token{Key: key, T: t, Launches: s.pendL, Syncs: s.pendSyncs, Seen: set.launchesSeen(from, t), Occ: occ, From: from, Pos: pos}
+	tok := stepclock.Token{Key: key, T: t, Launches: s.pendL, Syncs: s.pendSyncs, Seen: set.launchesSeen(from, t), Occ: occ, From: from, Pos: pos, PosFrom: posFrom}
 	if key.Marked() {
 		tok.MLaunches = pos - min(pos, s.markPos)
 		s.markPos = pos
@@ -128,6 +129,7 @@ func (s *stepper) trimToks() {
 			if i+1 < len(s.toks) {
 				s.toks[i+1].Launches += s.toks[i].Launches
 				s.toks[i+1].Syncs += s.toks[i].Syncs
+				s.toks[i+1].PosFrom = s.toks[i].PosFrom
 			}
 			s.toks = append(s.toks[:i], s.toks[i+1:]...)
 			break

@@ -57,6 +57,9 @@ type siteClock struct {
 	pend map[uint32]uint64
 	// micro: the sites known to read micro-batches (stepclock.MicroSites).
 	micro map[string]bool
+	// weight: each recurring site's launches an iteration, as last seen
+	// (stepclock.Weights).
+	weight map[string]float64
 	// mainBare: when the main thread's latest syncs returned, sited or
 	// not (its stack not captured), oldest first.
 	mainBare []int64
@@ -195,6 +198,12 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 func (s *stepper) checkSite(set settings) bool {
 	c := &s.sites
 	c.checks++
+	for id, w := range stepclock.Weights(c.items) {
+		if c.weight == nil {
+			c.weight = map[string]float64{}
+		}
+		c.weight[id] = w
+	}
 	for _, id := range stepclock.MicroSites(c.items) {
 		if c.micro == nil {
 			c.micro = map[string]bool{}
@@ -208,6 +217,12 @@ func (s *stepper) checkSite(set settings) bool {
 		set.log.Info("step site is a background thread's, back to the work pattern", "pid", s.pid, "site", c.name)
 		c.key, c.source = "", ""
 		s.toWindows(c.lastAt)
+	}
+	if site, ok := s.outweighed(); ok {
+		// The running site was found in an evaluation's batches (an
+		// attach during one): the training's, whose iterations launch
+		// clearly more, still recurs and takes over at once.
+		return s.takeSite(set, site, c.tid, stepclock.PinIn(c.items, site.Key))
 	}
 	if s.mode == modeSite && stepclock.Qualifies(c.items, c.key, c.tid) && !s.mainTakesOver() {
 		// The running site still recurs: a rival (an evaluation's
@@ -233,6 +248,12 @@ func (s *stepper) checkSite(set settings) bool {
 		ok = false
 	}
 	set.log.Debug("step site check", "pid", s.pid, "site", p.Site.Name, "runs", p.Runs, "rival", p.Rival.Name, "ok", ok)
+	if ok && s.mode == modeSite && c.source == stepclock.SourceCallSite && p.TID == c.tid && c.heavier(c.key, p.Site.Key, p.TID) == 1 {
+		// The running site's iterations launch clearly more than the
+		// site found: an evaluation's batches fill the stream for now,
+		// and the training's site stays.
+		return false
+	}
 	if s.mode == modeSite {
 		if !ok && c.recent() {
 			// Still called lately, and nothing else recurs: a phase (an
@@ -252,15 +273,22 @@ func (s *stepper) checkSite(set settings) bool {
 	} else if !ok {
 		return false
 	}
+	return s.takeSite(set, p.Site, p.TID, p.Pin)
+}
+
+// takeSite makes site on tid the running call site: its calls in the
+// stream end the steps from the open one on.
+func (s *stepper) takeSite(set settings, site stepclock.Site, tid uint32, pin string) bool {
+	c := &s.sites
 	var ends []int64
 	for i := range c.items {
-		if it := &c.items[i]; it.Site.Key == p.Site.Key && it.TID == p.TID {
+		if it := &c.items[i]; it.Site.Key == site.Key && it.TID == tid {
 			ends = append(ends, it.T)
 		}
 	}
-	c.source, c.key, c.tid, c.name, c.strikes = stepclock.SourceCallSite, p.Site.Key, p.TID, p.Pin, 0
+	c.source, c.key, c.tid, c.name, c.strikes = stepclock.SourceCallSite, site.Key, tid, pin, 0
 	c.lastAt = ends[len(ends)-1]
-	set.log.Info("steps end at a call site", "pid", s.pid, "site", c.name, "tid", p.TID)
+	set.log.Info("steps end at a call site", "pid", s.pid, "site", c.name, "tid", tid)
 	s.enterSite(ends)
 	return true
 }
@@ -276,6 +304,48 @@ func (s *stepper) mainTakesOver() bool {
 	}
 	p, ok := stepclock.PickSite(c.items, s.pid)
 	return ok && p.TID == s.pid
+}
+
+// outweighed is the site of the running call site's thread that recurs
+// in the stream (stepclock.Qualifies) and whose iterations launch
+// clearly more, as last seen (weight): the running one was found in an
+// evaluation's batches.
+func (s *stepper) outweighed() (stepclock.Site, bool) {
+	c := &s.sites
+	if s.mode != modeSite || c.source != stepclock.SourceCallSite {
+		return stepclock.Site{}, false
+	}
+	for i := len(c.items) - 1; i >= 0; i-- {
+		it := &c.items[i]
+		if it.Site.Key == "" || it.Site.Key == c.key || it.TID != c.tid || c.heavier(it.Site.Key, c.key, c.tid) != 1 {
+			continue
+		}
+		if stepclock.Qualifies(c.items, it.Site.Key, c.tid) {
+			return it.Site, true
+		}
+		break
+	}
+	return stepclock.Site{}, false
+}
+
+// heavier compares the launches an iteration of sites a and b on tid, as
+// last seen (stepclock.Heavier; a site known to launch nothing between
+// its calls is lighter than one that launches; 0 where either is not
+// known).
+func (c *siteClock) heavier(a, b string, tid uint32) int {
+	wa, oka := c.weight[stepclock.SiteID(tid, a)]
+	wb, okb := c.weight[stepclock.SiteID(tid, b)]
+	switch {
+	case !oka || !okb:
+		return 0
+	case wa > 0 && wb == 0:
+		return 1
+	case wa == 0 && wb > 0:
+		return -1
+	case wa == 0:
+		return 0
+	}
+	return stepclock.Heavier(wa, wb)
 }
 
 // recent says whether the running site was called in the later half of

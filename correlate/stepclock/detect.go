@@ -89,12 +89,13 @@ type ring struct {
 	pm       []uint64 // marked launches' exact counts
 	ps       []int
 	pi       []int // tokens known to follow no compute
+	pv       []int // tokens whose launches were seen (Token.Seen)
 }
 
 func newRing(toks []Token) *ring {
 	n := len(toks)
 	r := &ring{toks: toks, occ: map[Key][]int{}, ph: make([]uint64, n+1), pl: make([]uint64, n+1),
-		pm: make([]uint64, n+1), ps: make([]int, n+1), pi: make([]int, n+1)}
+		pm: make([]uint64, n+1), ps: make([]int, n+1), pi: make([]int, n+1), pv: make([]int, n+1)}
 	for i := range toks {
 		k := toks[i].Key
 		if _, ok := r.occ[k]; !ok {
@@ -109,7 +110,10 @@ func newRing(toks []Token) *ring {
 		r.pl[i+1] = r.pl[i] + toks[i].Launches
 		r.pm[i+1] = r.pm[i] + toks[i].MLaunches
 		r.ps[i+1] = r.ps[i] + toks[i].Syncs
-		r.pi[i+1] = r.pi[i]
+		r.pi[i+1], r.pv[i+1] = r.pi[i], r.pv[i]
+		if toks[i].Seen {
+			r.pv[i+1]++
+		}
 		if toks[i].Idle() {
 			r.pi[i+1]++
 		}
@@ -190,6 +194,10 @@ type stepWork struct {
 	workSum  float64
 	nwork    int
 	idleSegs int
+	// seen: the launches of the steps whose every launch was seen (auto's
+	// windows), where work is time: counted by launch position, they
+	// measure the steps' work when the host runs ahead of the device.
+	seen []float64
 }
 
 func (r *ring) steps(k Key, u sums, m, nseg int, in Input, useLaunches bool) stepWork {
@@ -213,6 +221,9 @@ func (r *ring) steps(k Key, u sums, m, nseg int, in Input, useLaunches bool) ste
 			st.work[s] = float64(f.Launches)
 		} else {
 			st.work[s] = float64(r.toks[b].T - r.toks[a].T)
+			if r.pv[b+1]-r.pv[a+1] == b-a && (s > 0 || !in.FromStart) {
+				st.seen = append(st.seen, float64(r.toks[b].Pos-min(r.toks[b].Pos, r.toks[a].Pos)))
+			}
 		}
 		if s == 0 && in.FromStart {
 			// The run's first iteration: one-off work.
@@ -222,6 +233,25 @@ func (r *ring) steps(k Key, u sums, m, nseg int, in Input, useLaunches bool) ste
 		st.workSum += st.work[s]
 	}
 	return st
+}
+
+// concentrated says whether the steps' median work (med) is far less
+// than their mean: the work happens in a few of them (a checkpoint's
+// copies, each a step of no work, in one iteration). Where work is time
+// and enough steps had all their launches seen, their launches decide:
+// a loop that syncs every few iterations lets the host run ahead, and
+// the step holding the sync then holds the time of all of them.
+func (st *stepWork) concentrated(med float64) bool {
+	if len(st.seen) >= SegMin {
+		w := slices.Clone(st.seen)
+		slices.Sort(w)
+		sum := 0.0
+		for _, x := range w {
+			sum += x
+		}
+		return w[len(w)/2] < sum/float64(len(w))/4
+	}
+	return med < st.workSum/float64(st.nwork)/4
 }
 
 // candidate judges k at m occurrences per step.
@@ -268,7 +298,7 @@ func (r *ring) candidate(k Key, u sums, m int, minMatch float64, in Input, useLa
 		SyncsVary:    syncSame < nseg-1,
 		SyncsPerStep: feats[nseg-1].Syncs, Occ: int64(len(o)),
 		Unproven: r.ps[o[len(o)-1]+1]-r.ps[o[0]+1] == 0 && toks[o[len(o)-1]].T-toks[o[0]].T < toks[o[0]].T-toks[0].T,
-		Work:     med, Concentrated: med < st.workSum/float64(st.nwork)/4, MedSyncs: ns[nseg/2], SyncCounts: segSyncs(feats[max(0, nseg-SyncsRing):]),
+		Work:     med, Concentrated: st.concentrated(med), MedSyncs: ns[nseg/2], SyncCounts: segSyncs(feats[max(0, nseg-SyncsRing):]),
 		Phase: clockPhase(toks, o, m, in.Posts)}, true
 }
 

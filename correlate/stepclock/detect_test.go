@@ -65,3 +65,63 @@ func TestPhasesDifferByLaunches(t *testing.T) {
 		}
 	}
 }
+
+// aheadLoop is a loop that copies its batch (async, 1 MiB) and launches
+// six kernels an iteration, and reads its loss every tenth: the host runs
+// ahead, so nine iterations enqueue within a few hundred microseconds and
+// the tenth waits 45 ms at its sync. Launches are seen (seen) but flushed
+// only at the sync; each copy reports the six launches before it pending
+// (Pos). A checkpoint of perTensor copies, nothing launched between them,
+// follows every tenth iteration where ckpt.
+func aheadLoop(iters int, seen bool, ckpt int) []Token {
+	var toks []Token
+	var t int64
+	var pos uint64
+	batch := Key{Kind: event.KindMemcpyAsync, Dir: event.CUMemcpyHtoD, Bytes: 1 << 20}
+	for i := 1; i <= iters; i++ {
+		tk := Token{Key: batch, T: t, Seen: seen, Pos: pos, PosFrom: pos}
+		if n := len(toks); n > 0 {
+			tk.From, tk.PosFrom = toks[n-1].T, toks[n-1].Pos
+		}
+		if i%10 == 1 && i > 1 {
+			// The sync before it flushed the ten iterations' launches.
+			tk.Launches, tk.Syncs = 60, 2
+		}
+		toks = append(toks, tk)
+		pos += 6
+		t += 30_000
+		if i%10 == 0 {
+			t += 45_000_000
+			for k := 0; k < ckpt; k++ {
+				toks = append(toks, Token{Key: Key{Kind: event.KindMemcpyAsync, Dir: event.CUMemcpyDtoH, Bytes: 4 << 20}, T: t, Seen: seen, Pos: pos, PosFrom: pos, From: toks[len(toks)-1].T})
+				t += 20_000
+			}
+		}
+	}
+	return toks
+}
+
+// TestDetectAheadLoop: a loop that reads its loss every tenth iteration
+// lets the host run ahead, so by time its batch copy's steps look like a
+// burst (nine short, one long). Where their launches were seen (auto's
+// windows, lite's rules), the launches made between the copies, reported
+// pending, say each step holds the same work: the copy clocks it. A
+// token after launches reported pending follows compute (Idle).
+func TestDetectAheadLoop(t *testing.T) {
+	in := Input{Posts: func(lo, hi int64) int64 { return -1 }}
+	cf, _ := Detect(aheadLoop(80, true, 0), in)
+	if cf.Key.Bytes != 1<<20 || cf.M != 1 {
+		t.Fatalf("clock %s ×%d, want the batch copy ×1", cf.Key, cf.M)
+	}
+	// Unseen launches (lite): time is all there is, and it says burst.
+	if cf, _ := Detect(aheadLoop(80, false, 0), in); cf.Key.Bytes == 1<<20 && cf.M == 1 {
+		t.Errorf("clock %s ×%d with no launch seen, want none by time alone", cf.Key, cf.M)
+	}
+	toks := aheadLoop(3, true, 0)
+	if toks[1].Idle() {
+		t.Errorf("a copy after six launches reported pending is idle")
+	}
+	if tk := (Token{Key: toks[0].Key, Seen: true, Pos: 6, PosFrom: 6}); !tk.Idle() {
+		t.Errorf("a copy with no launch since the previous token is not idle")
+	}
+}

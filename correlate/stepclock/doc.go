@@ -25,6 +25,8 @@
 //	segments.go  what the segments between occurrences hold, compared
 //	period.go    Sync, SameSync, DetectPeriod: the sync period and its phase
 //	site.go      Site, PickSite: steps from the code's call sites
+//	weight.go    Weights, Heavier: the launches of a site's iterations,
+//	             which tell a training loop from an evaluation's
 //	spec.go      Spec, ParseSpec: a step site the user declared
 //	framework.go FrameworkClock: steps from a framework's own markers
 //	             (PyTorch's optimizer step, its profiler step)

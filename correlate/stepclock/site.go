@@ -114,6 +114,10 @@ type Pick struct {
 	// Rival: another site on the thread that recurs as well, apart from
 	// it (PickSite then reports no pick).
 	Rival Site
+	// Over: the keys of the sites on its thread that recur as well,
+	// apart from it, whose iterations launch clearly less (an
+	// evaluation's batches): a running step site among them gives way.
+	Over []string
 	// Pin names the site's innermost frame that no other site in the
 	// stream holds ("train.py:42 main"; a helper that reads the loss for
 	// the training and the evaluation is pinned at its caller): what
@@ -128,6 +132,8 @@ type siteCand struct {
 	good, all int
 	// launches: the thread's launches in each interval, in order.
 	launches []uint64
+	// work: the launches of the good intervals where some were seen.
+	work []uint64
 	// micro: the micro-batches an optimizer step groups, where the
 	// launches show the site reads each micro-batch's loss (microBatches).
 	micro int
@@ -148,7 +154,9 @@ type siteCand struct {
 // thread (tid == pid) wins over other threads' (a background saver). Ties
 // go to the site called last (a loop's last sync ends its iteration).
 // Where another site of the thread qualifies too, with half its runs at
-// least, and is not called in lockstep with it, there is no pick
+// least, and is not called in lockstep with it, the one whose iterations
+// launch clearly more wins (an evaluation's batches run a forward only;
+// Pick.Over names the others); where neither does, there is no pick
 // (Pick.Rival names it). A pick's calls span the stream (the first in its
 // first quarter, the last in its last): an evaluation's batches, however
 // many, are a phase of it. A site that reads each micro-batch's loss
@@ -170,16 +178,41 @@ func PickSite(items []Item, pid uint32) (Pick, bool) {
 	if best == nil {
 		return Pick{}, false
 	}
-	for _, c := range ok {
-		if c != best && (c.tid == pid) == (best.tid == pid) && 2*c.good >= best.good && !lockstep(best, c) {
-			// Two loops on the thread that recur apart (training and an
-			// evaluation with more batches than the training's steps
-			// between them): the stream alone does not say which is the
-			// iteration. The work pattern decides, or --step-at.
-			return Pick{Site: best.site, TID: best.tid, Runs: best.good, Rival: c.site}, false
-		}
+	rival := func(c *siteCand) bool {
+		return c != best && (c.tid == pid) == (best.tid == pid) && 2*c.good >= best.good && !lockstep(best, c)
 	}
-	return Pick{Site: best.site, TID: best.tid, Runs: best.good, Pin: pin(best.site, cands)}, true
+	for n := 0; n < len(ok); n++ {
+		heavy := best
+		for _, c := range ok {
+			if rival(c) && heavier(c, heavy) == 1 {
+				heavy = c
+			}
+		}
+		if heavy == best {
+			break
+		}
+		best = heavy
+	}
+	var over []string
+	for _, c := range ok {
+		if !rival(c) {
+			continue
+		}
+		// Two loops on the thread that recur apart (training and an
+		// evaluation with more batches than the training's steps
+		// between them). A training iteration launches its forward,
+		// backward and optimizer; an evaluation's batch, its forward
+		// only: where one's iterations launch clearly more than the
+		// other's, it is the training's.
+		if heavier(best, c) == 1 {
+			over = append(over, c.site.Key)
+			continue
+		}
+		// Otherwise the stream alone does not say which is the
+		// iteration. The work pattern decides, or --step-at.
+		return Pick{Site: best.site, TID: best.tid, Runs: best.good, Rival: c.site}, false
+	}
+	return Pick{Site: best.site, TID: best.tid, Runs: best.good, Pin: pin(best.site, cands), Over: over}, true
 }
 
 // scoreSites groups items' sited calls by thread and site, and counts
@@ -207,6 +240,9 @@ func scoreSites(items []Item) []*siteCand {
 			span := items[c.at[j-1]+1 : c.at[j]+1]
 			if oneIteration(span, c.tid, SiteRepeat) {
 				c.good++
+				if n := threadLaunches(span, c.tid); n > 0 {
+					c.work = append(c.work, n)
+				}
 				if tokened(span) {
 					c.tokened++
 				}

@@ -194,22 +194,50 @@ func TestSiteOfNativeWithoutLines(t *testing.T) {
 
 func TestPickSiteRivalLoops(t *testing.T) {
 	// An evaluation every 10 iterations runs 15 batches, each read at its
-	// own line: more calls than the training's, apart from them. No pick:
-	// the stream alone cannot say which loop is the iteration.
-	var s stream
-	for i := 0; i < 60; i++ {
-		s.tok(4096)
-		s.call(pid, 27, 97, 100)
-		if i%10 == 9 {
+	// own line: more calls than the training's, apart from them. Where
+	// the evaluation's batches launch as much as the training's
+	// iterations, no pick: the stream alone cannot say which loop is the
+	// iteration. Where they launch clearly less (a forward only, against
+	// the training's forward, backward and optimizer), the training's
+	// site is picked over it, whichever came first in the stream (an
+	// attach during an evaluation).
+	for _, c := range []struct {
+		name       string
+		evalL      uint64
+		evalFirst  bool
+		want, over string
+	}{
+		{"alike", 25, false, "", ""},
+		{"forward only", 8, false, "train.py:97 main", "train.py:104 main<train.py:100 main"},
+		{"forward only, attached mid-evaluation", 8, true, "train.py:97 main", "train.py:104 main<train.py:100 main"},
+	} {
+		var s stream
+		eval := func() {
 			for k := 0; k < 15; k++ {
 				s.tok(1024)
-				s.call(pid, 8, 104, 100)
+				s.call(pid, c.evalL, 104, 100)
 			}
 		}
-	}
-	p, ok := PickSite(s.items, pid)
-	if ok || p.Rival.Key == "" {
-		t.Fatalf("picked %+v %v, want none with a rival", p, ok)
+		if c.evalFirst {
+			eval()
+		}
+		for i := 0; i < 60; i++ {
+			s.tok(4096)
+			s.call(pid, 27, 97, 100)
+			if i%10 == 9 {
+				eval()
+			}
+		}
+		p, ok := PickSite(s.items, pid)
+		if c.want == "" {
+			if ok || p.Rival.Key == "" {
+				t.Errorf("%s: picked %+v %v, want none with a rival", c.name, p, ok)
+			}
+			continue
+		}
+		if !ok || p.Site.Name != c.want || len(p.Over) != 1 || p.Over[0] != c.over {
+			t.Errorf("%s: picked %+v %v, want %s over %s", c.name, p, ok, c.want, c.over)
+		}
 	}
 }
 
@@ -403,5 +431,36 @@ func TestPickSiteNoneScalarReadsSomeSteps(t *testing.T) {
 	}
 	if p, ok := PickSite(s.items, pid); ok && p.Site.Name == "train.py:50 main" {
 		t.Fatalf("picked the scalar read %+v", p)
+	}
+}
+
+// TestSiteWeights: each recurring site's launches an iteration, over the
+// intervals that hold one iteration and launches seen: the training's
+// loss read 27, the evaluation's batch read 8 (the interval that spans
+// the other loop counts for neither); lite, no launch seen, no weight.
+func TestSiteWeights(t *testing.T) {
+	for _, launches := range []uint64{27, 0} {
+		var s stream
+		for i := 0; i < 40; i++ {
+			s.tok(4096)
+			s.call(pid, launches, 97, 100)
+			if i%10 == 9 {
+				for k := 0; k < 15; k++ {
+					s.tok(1024)
+					s.call(pid, launches*8/27, 104, 100)
+				}
+			}
+		}
+		w := Weights(s.items)
+		train, eval := w[SiteID(pid, s.items[1].Site.Key)], w[SiteID(pid, "train.py:104 main<train.py:100 main")]
+		if launches == 0 {
+			if len(w) != 0 {
+				t.Errorf("no launch seen: weights %v, want none", w)
+			}
+			continue
+		}
+		if train != 27 || eval != 8 || Heavier(train, eval) != 1 || Heavier(eval, train) != -1 || Heavier(27, 25) != 0 {
+			t.Errorf("weights %v: training %v, evaluation %v, want 27 and 8, the training heavier", w, train, eval)
+		}
 	}
 }

@@ -88,6 +88,11 @@ type Token struct {
 	// flushed between them (a sync flushes the step's tail early, which
 	// the next step's first launch would have flushed).
 	Pos uint64
+	// PosFrom: the launch position at the previous token (Pos where
+	// none came before). A launch reported unflushed in between (an
+	// async copy's Event.Pending) is compute, though no flush counted it
+	// in Launches yet.
+	PosFrom uint64
 	// occ: for a collective on a communicator seen from its creation, how
 	// many like it the communicator issued before; -1 otherwise.
 	Occ int64
@@ -99,13 +104,14 @@ type Token struct {
 }
 
 // Idle says whether the token is known to follow no compute: no launch
-// since the previous token, all launches seen, and no collective itself;
+// since the previous token, flushed or reported pending, all launches
+// seen, and no collective itself;
 // or, launches unseen, GPM saw no compute on the device meanwhile.
 func (t *Token) Idle() bool {
 	if t.Key.Marked() {
 		return false // a launch itself
 	}
-	return t.Key.Kind != event.KindCollective && (t.Quiet || t.Seen && t.Launches == 0)
+	return t.Key.Kind != event.KindCollective && (t.Quiet || t.Seen && t.Launches == 0 && t.Pos <= t.PosFrom)
 }
 
 // Seg is what one step enqueued, for comparing steps.

@@ -75,6 +75,32 @@ func TestPythonStepSources(t *testing.T) {
 	})
 }
 
+// TestPythonEvalAttach attaches `gaptrace attach --pid` to the evaluation
+// loop of pysteps.py once it has run 24 iterations, as the 25th's
+// evaluation begins: the loss read every iteration (30 launches), every
+// 25th iteration an evaluation of 25 batches (10 launches and a read
+// each). Attached during an evaluation, the first call site the stream
+// shows recurring is the evaluation's; it kept the steps (on a GPU, 0.80
+// of an eval loop's iterations counted), and the training's site, whose
+// iterations launch three times as much, must take over once the stream
+// holds both. Every iteration seen must be one step, as in
+// TestPythonRoutedSteps (the evaluation's batches ended as steps before
+// the first training iteration are within the 2%), and the summary must
+// name the loss read's site.
+func TestPythonEvalAttach(t *testing.T) {
+	s := need(t)
+	const steps = 1500
+	dir := attachPythonAfter(t, s, "pysteps-eval-mid", "pysteps.py", correlate.ProbesFull, 24,
+		"--job", "eval", "--eval-batches", "25", "--steps", fmt.Sprint(steps))
+	checkPyStepsSeen(t, dir, "eval-mid/attach", steps, 0.5)
+	clock := readStepClock(t, dir)
+	t.Logf("step_clock %+v", clock)
+	line := lineOf(t, filepath.Join(s.root, "testdata", "simgpu", "pysteps.py"), "loop.read()  # loss.item(), the step site")
+	if site := fmt.Sprintf("pysteps.py:%d main", line); clock.Source != "call_site" || clock.Site != site {
+		t.Errorf("steps counted by %s (%s), want the loss read's call site %s (outputs in %s)", clock.Source, clock.Site, site, dir)
+	}
+}
+
 // TestPythonDeclaredStepSite traces the checkpoint loop with --step-at at
 // the loss read's line: every step ends there, and the summary says so.
 func TestPythonDeclaredStepSite(t *testing.T) {
@@ -139,6 +165,13 @@ func readStepClock(t *testing.T, dir string) correlate.StepClock {
 // where runPython puts them (name-attach).
 func attachPython(t *testing.T, s setup, name, script, probes string, args ...string) string {
 	t.Helper()
+	return attachPythonAfter(t, s, name, script, probes, 10, args...)
+}
+
+// attachPythonAfter is attachPython, attaching once the trainer has run
+// after iterations.
+func attachPythonAfter(t *testing.T, s setup, name, script, probes string, after int, args ...string) string {
+	t.Helper()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")
@@ -171,11 +204,11 @@ func attachPython(t *testing.T, s setup, name, script, probes string, args ...st
 	deadline := time.Now().Add(time.Minute)
 	for {
 		b, _ := os.ReadFile(truth)
-		if bytes.Count(b, []byte(`"type": "step"`)) >= 10 {
+		if bytes.Count(b, []byte(`"type": "step"`)) >= after {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the job ran no 10 iterations in a minute: %s", jobOut.String())
+			t.Fatalf("the job ran no %d iterations in a minute: %s", after, jobOut.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

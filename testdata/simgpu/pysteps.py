@@ -13,7 +13,8 @@ seeded) and copying it to the device (4 MiB, pinned, async):
             iteration a checkpoint copies 24 tensors of 1 to 3 MiB to the
             host one by one (the loss read's direction), each with a sync.
   eval      eager, the loss read every iteration; every 25th iteration an
-            evaluation of 12 batches (2 MiB, 10 launches, a read each).
+            evaluation of 12 batches (--eval-batches; 2 MiB, 10 launches, a
+            read each).
   logevery  eager, the loss read every 10th iteration only, and a metric
             read every 25th.
   accum     4 micro-batches an iteration (each its batch copy and 20
@@ -113,11 +114,12 @@ def main():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--stalls", action="store_true", help="stall the host: 15 ms of CPU every 7th iteration, a 20 ms sleep every 11th, a pageable 8 MiB copy every 13th")
+    p.add_argument("--eval-batches", type=int, default=12, help="batches an evaluation runs (eval)")
     p.add_argument("--sync-reads", action="store_true", help="read with cuMemcpyDtoH (synchronous) instead of an async copy and a stream sync")
     p.add_argument("--truth", help="write the ground truth here (JSON Lines)")
     a = p.parse_args()
-    if a.steps < 1:
-        p.error("want --steps >= 1")
+    if a.steps < 1 or a.eval_batches < 0:
+        p.error("want --steps >= 1, --eval-batches >= 0")
     loop = Loop(a)
     cu = loop.cu
     truth = open(a.truth, "w") if a.truth else None
@@ -173,7 +175,7 @@ def main():
                 for k in range(24):
                     loop.read((1 + k % 3) << 20)  # one tensor of the checkpoint
             if a.job == "eval" and step % 25 == 24:
-                for _ in range(12):
+                for _ in range(a.eval_batches):
                     loop.batch(2)
                     loop.launch(10)
                     loop.read()  # the evaluation batch's metric

@@ -1,0 +1,76 @@
+package stepclock
+
+import "slices"
+
+// Site weights: a training iteration launches its forward, backward and
+// optimizer; an evaluation's batch, its forward only. Where two loops of
+// one thread recur apart, the one whose iterations launch clearly more is
+// the training's (PickSite), and a stepper remembers each site's weight
+// while the stream holds one loop's calls only (an evaluation's batches
+// filling it).
+
+// heavier says whether b's iterations launch clearly more than c's (1),
+// clearly fewer (-1), or neither (Heavier): the medians over the
+// intervals that hold one iteration, where launches were seen (a sync's
+// count of them may come at another call: the intervals with none say
+// nothing).
+func heavier(b, c *siteCand) int {
+	return Heavier(medLaunches(b.work), medLaunches(c.work))
+}
+
+// Heavier says whether iterations of mb launches (a site's median between
+// its calls) are clearly more than of mc (1), clearly fewer (-1), or
+// neither (0: alike, or launches not seen): they must differ by more
+// than a step's jitter (JitterRel) and by more than a few kernels.
+func Heavier(mb, mc float64) int {
+	switch {
+	case mb == 0 || mc == 0:
+		return 0
+	case mb > (1+JitterRel)*mc && mb-mc > 2:
+		return 1
+	case mc > (1+JitterRel)*mb && mc-mb > 2:
+		return -1
+	}
+	return 0
+}
+
+// medLaunches is the median of the counts in l, 0 where it is empty.
+func medLaunches(l []uint64) float64 {
+	if len(l) == 0 {
+		return 0
+	}
+	v := slices.Clone(l)
+	slices.Sort(v)
+	return float64(v[len(v)/2])
+}
+
+// Weights is the median launches between consecutive calls of each site
+// in items that recurs (SiteMinRuns calls at least), over the intervals
+// that hold one iteration and some launches seen, by SiteID: what a stepper remembers of a site's iterations
+// while the stream holds another loop's (an evaluation's) calls only.
+//
+// A site between whose calls nothing was launched at all, where the
+// stream shows launches elsewhere (they are seen), weighs 0: per-tensor
+// copies of a checkpoint are no iterations (an attach during one finds
+// its site first).
+func Weights(items []Item) map[string]float64 {
+	w := map[string]float64{}
+	cands := scoreSites(items)
+	seen := false
+	for _, c := range cands {
+		for _, n := range c.launches {
+			seen = seen || n > 0
+		}
+	}
+	for _, c := range cands {
+		if len(c.at) < SiteMinRuns {
+			continue
+		}
+		if m := medLaunches(c.work); m > 0 {
+			w[SiteID(c.tid, c.site.Key)] = m
+		} else if seen && slices.Max(c.launches) == 0 {
+			w[SiteID(c.tid, c.site.Key)] = 0
+		}
+	}
+	return w
+}

@@ -43,7 +43,7 @@ func (p *proc) onBlocking(th *attribute.Thread, ev *event.Event) {
 	if !p.everEnq || !p.feeders.has(th.TID) {
 		return
 	}
-	if p.gap != nil || p.q.AllDrained() || ev.Start < p.q.LastEnqueue() {
+	if p.gap.cur() != nil || p.q.AllDrained() || ev.Start < p.q.LastEnqueue() {
 		return
 	}
 	p.ahead.Block(th.TID, ev.Start, ev.Duration())
@@ -112,7 +112,7 @@ func (x env) knownIdle(d *device) []interval.Span {
 			continue
 		}
 		first = min(first, p.st.origin)
-		if g := p.gap; g != nil && (!x.liteOver(g.start, x.clk.now) || g.ep != nil && g.ep.bulk) {
+		if g := p.gap.cur(); g != nil && (!x.liteOver(g.start, x.clk.now) || g.ep != nil && g.ep.bulk) {
 			l = interval.Add(l, interval.Span{A: g.start, B: math.MaxInt64})
 		}
 	}

@@ -344,8 +344,11 @@
 //	world.go      world: processes, threads, devices, the communicators'
 //	              registry (ranks); who is a loader worker; collective
 //	              evidence; the view an attribution reads (attribute.World)
-//	proc.go       proc: one process's state, its outbox, what it must keep,
-//	              closing at exit; waitRing statistics
+//	proc.go       proc: one process's state (the models it composes), its
+//	              outbox, what it must keep, closing at exit
+//	gapstate.go   gapState: the open host-bounded gap, begun and ended
+//	              only through its methods
+//	waitring.go   waitRing: a ring of recent durations and its statistics
 //	queue.go      the queue model's events: enqueues fill the streams
 //	              (queue.Streams), syncs and synchronous copies drain them;
 //	              open and close host-bounded gaps

@@ -81,7 +81,7 @@ func (p *proc) episodeEvent(x env, th *attribute.Thread, ev *event.Event) bool {
 		if p.hold != nil && p.hold.tid != th.TID {
 			p.release(x)
 		}
-		if p.gap != nil && p.everEnq {
+		if p.gap.cur() != nil && p.everEnq {
 			if p.hold == nil {
 				p.hold = &heldCopies{tid: th.TID, chained: true}
 			} else if !soonAfter(th, p.hold.last, ev.Start) {
@@ -148,7 +148,7 @@ func (p *proc) releasedBy(th *attribute.Thread, ev *event.Event) bool {
 // its compute.
 func (p *proc) absorbSync(x env, th *attribute.Thread, ev *event.Event) bool {
 	h := p.hold
-	if h == nil || p.gap == nil || h.tid != th.TID || !h.chained || !soonAfter(th, h.last, ev.Start) {
+	if h == nil || p.gap.cur() == nil || h.tid != th.TID || !h.chained || !soonAfter(th, h.last, ev.Start) {
 		return false
 	}
 	// Launches the sync flushes (full) were made between the copies and the
@@ -157,9 +157,9 @@ func (p *proc) absorbSync(x env, th *attribute.Thread, ev *event.Event) bool {
 	if ev.Count > 0 && (ev.LastLaunch == 0 || ev.LastLaunch >= h.evs[0].Start) {
 		return false
 	}
-	lite := x.liteOver(p.gap.start, ev.End)
+	lite := x.liteOver(p.gap.cur().start, ev.End)
 	big := bulk(h.evs)
-	if (p.gap.ep == nil || !p.gap.ep.bulk) && !big && lite && !th.OpenedSince(p.gap.start) {
+	if (p.gap.cur().ep == nil || !p.gap.cur().ep.bulk) && !big && lite && !th.OpenedSince(p.gap.cur().start) {
 		// Lite: a scalar read (.item(): a few bytes and a sync) may follow
 		// launches lite cannot see, so it is step work; only a copy of
 		// real data, or one made after the thread opened a file in the
@@ -185,10 +185,10 @@ func (p *proc) absorbSync(x env, th *attribute.Thread, ev *event.Event) bool {
 			}
 		}
 	}
-	ep := p.gap.ep
+	ep := p.gap.cur().ep
 	if ep == nil {
 		ep = &episode{}
-		p.gap.ep = ep
+		p.gap.cur().ep = ep
 	}
 	for i := range h.evs {
 		ep.copies++
@@ -209,7 +209,7 @@ func (p *proc) absorbSync(x env, th *attribute.Thread, ev *event.Event) bool {
 		p.st.hist[n-1].Absorbed = true
 	}
 	if ep.bulk {
-		p.st.hostOp(p.gap.start)
+		p.st.hostOp(p.gap.cur().start)
 	}
 	// On the timeline the sync is what it waited for: the copies.
 	w := *ev

@@ -26,7 +26,7 @@ func (p *proc) ready(x env, st *stepAcc) bool {
 			return false
 		}
 	}
-	if p.gap != nil && p.gap.start < st.End {
+	if p.gap.cur() != nil && p.gap.cur().start < st.End {
 		return false
 	}
 	for _, c := range p.cands {

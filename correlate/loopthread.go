@@ -97,7 +97,7 @@ func (p *proc) loopTID() (uint32, bool) {
 // and its tid in the gap's threads. A thread that feeds the GPU
 // (autograd's backward thread, a second launcher) ends the gap as before.
 func (p *proc) aside(th *attribute.Thread, ev *event.Event) bool {
-	if p.gap == nil || feeds(ev) || !p.loop.reader(th.TID) {
+	if p.gap.cur() == nil || feeds(ev) || !p.loop.reader(th.TID) {
 		return false
 	}
 	loop, ok := p.loopTID()

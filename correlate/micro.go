@@ -63,8 +63,8 @@ func (p *proc) launchWeight(a, b int64, hid []interval.Span) float64 {
 func (p *proc) finishStep(x env, st *stepAcc) {
 	d := x.d
 	var open []interval.Span
-	if p.gap != nil && p.gap.start < x.clk.wm {
-		open = append(open, interval.Span{A: p.gap.start, B: x.clk.wm})
+	if p.gap.cur() != nil && p.gap.cur().start < x.clk.wm {
+		open = append(open, interval.Span{A: p.gap.cur().start, B: x.clk.wm})
 	}
 	micro, nonGap := d.micro(st.Start, st.End, open, p.launchWeight)
 	var split []causeNS

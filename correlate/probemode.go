@@ -123,7 +123,7 @@ func (p *proc) shadowLead(x env, ev *event.Event) {
 		sh.done, sh.from = sh.from, 0
 		return
 	}
-	g := p.gap
+	g := p.gap.cur()
 	if g == nil || g.start == sh.done || x.liteOver(g.start, ev.Start) {
 		return // lite's own closure records this gap's lead
 	}

@@ -1,71 +1,12 @@
 package correlate
 
 import (
-	"slices"
 	"sort"
 
 	"github.com/gaptrace/gaptrace/correlate/attribute"
 	"github.com/gaptrace/gaptrace/correlate/queue"
 	"github.com/gaptrace/gaptrace/event"
 )
-
-// Ring statistics: a ring needs minHistory samples before it stands for
-// what the process usually does (drain time, lite lead, comm baseline);
-// the drain and the lead are the medians of the last drainRecent and
-// leadRecent samples, the latest steps saying best what this one is like;
-// the queue's depth when the feeder stops is the upper quartile of the
-// last waitRecent sync waits.
-const (
-	minHistory  = 4
-	drainRecent = 5
-	leadRecent  = 9
-	waitRecent  = 16
-)
-
-// waitRing holds the recent waits of one sync slot.
-type waitRing struct {
-	v [32]int64
-	n int
-}
-
-func (r *waitRing) push(x int64) { r.v[r.n%len(r.v)] = x; r.n++ }
-
-// recentMedian is the median of the last k values pushed (fewer when fewer
-// were): the latest steps say best what this step's work looks like.
-func (r *waitRing) recentMedian(k int) int64 {
-	v := r.recentSorted(k)
-	return v[len(v)/2]
-}
-
-// recentSorted is the last k values pushed (fewer when fewer were), sorted.
-func (r *waitRing) recentSorted(k int) []int64 {
-	k = min(k, r.n, len(r.v))
-	v := make([]int64, 0, k)
-	for i := 1; i <= k; i++ {
-		v = append(v, r.v[(r.n-i)%len(r.v)])
-	}
-	slices.Sort(v)
-	return v
-}
-
-// low is the lower quartile of the values held: what an ordinary step
-// takes. Not the minimum: one step that reached its sync unusually (a
-// host delay in lite, an outlier) would lower the baseline for the whole
-// ring and turn every ordinary step after it into a false stall.
-func (r *waitRing) low() int64 {
-	k := min(r.n, len(r.v))
-	v := slices.Clone(r.v[:k])
-	slices.Sort(v)
-	return v[(k-1)/4]
-}
-
-// high is the upper quartile of the last k values pushed: a queue that
-// is deep at one sync of a step (the step's last, on the stream that
-// computes) is deep, however many other syncs return at once.
-func (r *waitRing) high(k int) int64 {
-	v := r.recentSorted(k)
-	return v[(3*len(v))/4]
-}
 
 // tidSet is a small ordered set of thread ids (feeders are few).
 type tidSet []uint32
@@ -104,7 +45,7 @@ type proc struct {
 	// last drained (queue.Streams).
 	q       queue.Streams[queuedColl]
 	everEnq bool
-	gap     *openGap
+	gap     gapState    // the open host-bounded gap (gapstate.go)
 	hold    *heldCopies // async copies issued into gap, undecided (episode.go)
 
 	// ahead is a feeder's blocking while its queue held work, a possible
@@ -260,8 +201,8 @@ func (p *proc) keepFrom(wm int64) int64 {
 	if len(p.st.steps) > 0 {
 		lower(p.st.steps[0].Start)
 	}
-	if p.gap != nil {
-		lower(p.gap.start)
+	if p.gap.cur() != nil {
+		lower(p.gap.cur().start)
 	}
 	for _, c := range p.cands {
 		lower(c.lo)
@@ -281,7 +222,7 @@ func (p *proc) keepFrom(wm int64) int64 {
 func (p *proc) closeAll(x env, t int64) {
 	set := x.set
 	p.closeSaveAtExit(x, t)
-	p.gap = nil
+	p.gap.end()
 	p.ahead.Reset()
 	if !p.everEnq {
 		return
@@ -308,7 +249,7 @@ func (p *proc) tickSteps(set settings, wm int64) {
 // with a few writes to stdout), stay dropped; so does a gap open when the
 // trace ends with the job still running (its wait may go on).
 func (p *proc) closeWaitAtExit(x env, t int64) {
-	g := p.gap
+	g := p.gap.cur()
 	if g == nil {
 		return
 	}
@@ -344,7 +285,7 @@ func (p *proc) closeWaitAtExit(x env, t int64) {
 // GPU's idle like any checkpoint's. The rest of a gap open at the end
 // (the interpreter exiting, the sidecar stopped mid-wait) is no loop's.
 func (p *proc) closeSaveAtExit(x env, t int64) {
-	g := p.gap
+	g := p.gap.cur()
 	if g == nil || g.ep == nil || !g.ep.bulk {
 		return
 	}

@@ -67,8 +67,8 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 	p.st.dev = x.d
 	p.stepToken(x, ev, occ, t)
 	first := p.firstOps.Learn(ev, launchesBefore, x.set.launchesSeen)
-	if p.gap != nil && !aside {
-		if first && p.gap.start == p.firstOps.SyncEnd() && p.firstOps.Quiet(ev) {
+	if p.gap.cur() != nil && !aside {
+		if first && p.gap.cur().start == p.firstOps.SyncEnd() && p.firstOps.Quiet(ev) {
 			p.closer = ev
 		}
 		p.closeGap(x, th, t)
@@ -116,16 +116,16 @@ func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 	p.waits.push(wait)
 	// Another thread's sync drains its own copies: the loop's gap stays
 	// open, whether it waited or not (loopthread.go).
-	if p.gap != nil && !aside {
+	if p.gap.cur() != nil && !aside {
 		switch {
-		case x.liteOver(p.gap.start, ev.Start):
+		case x.liteOver(p.gap.cur().start, ev.Start):
 			// Launches are invisible in lite: the sync says work resumed.
 			p.closeGap(x, th, ev.Start)
 		case waited:
 			// The GPU had work the tracer did not show (lost events): the
 			// open gap is not trustworthy.
 			p.out.rejected++
-			p.gap = nil
+			p.gap.end()
 		}
 	}
 	// Preemptions before this sync, the gap it closed included: its wait
@@ -159,8 +159,8 @@ func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 	}
 	p.patternSync(x, ev)
 	p.firstOps.Sync(ev.End)
-	if p.gap == nil && p.q.AllDrained() {
-		p.gap = &openGap{start: ev.End, tid: th.TID, exact: waited, open: ev}
+	if p.gap.cur() == nil && p.q.AllDrained() {
+		p.gap.begin(&openGap{start: ev.End, tid: th.TID, exact: waited, open: ev})
 	}
 }
 
@@ -186,7 +186,7 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 		}
 		return
 	}
-	if p.gap != nil && x.liteOver(p.gap.start, ev.Start) && !p.aside(th, ev) {
+	if p.gap.cur() != nil && x.liteOver(p.gap.cur().start, ev.Start) && !p.aside(th, ev) {
 		p.closeGap(x, th, ev.Start)
 	}
 	if _, cref := p.drainStreams(th, ev); cref.Valid() {
@@ -196,8 +196,8 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
 		p.patternSync(x, ev)
 	}
-	if p.gap == nil && p.q.AllDrained() {
-		p.gap = &openGap{start: ev.End, tid: th.TID, exact: true, open: ev}
+	if p.gap.cur() == nil && p.q.AllDrained() {
+		p.gap.begin(&openGap{start: ev.End, tid: th.TID, exact: true, open: ev})
 	}
 }
 
@@ -306,8 +306,8 @@ func (p *proc) settlePreempted(tid uint32, t, wait int64) {
 }
 
 func (p *proc) closeGap(x env, th *attribute.Thread, t int64) {
-	g := p.gap
-	p.gap = nil
+	g := p.gap.cur()
+	p.gap.end()
 	end := t
 	switch {
 	case p.closer != nil && x.liteOver(g.start, t):

@@ -57,7 +57,7 @@ const (
 // event of th) shows th stopped launching long enough before it.
 func (p *proc) quietDrain(x env, th *attribute.Thread, ev *event.Event) {
 	start, bytes, ok := p.burst.Of(th.TID)
-	if !ok || ev.LastLaunch == 0 || p.gap != nil || p.hold != nil || p.q.AllDrained() {
+	if !ok || ev.LastLaunch == 0 || p.gap.cur() != nil || p.hold != nil || p.q.AllDrained() {
 		// LastLaunch is 0 where launches are not probed (lite) or before
 		// the thread's first launch.
 		return
@@ -93,7 +93,7 @@ func (p *proc) quietDrain(x env, th *attribute.Thread, ev *event.Event) {
 	p.q.DrainAll()
 	p.burst.End()
 	p.ahead.Reset()
-	p.gap = &openGap{start: drained, tid: th.TID, quiet: true}
+	p.gap.begin(&openGap{start: drained, tid: th.TID, quiet: true})
 }
 
 // perLaunch is the usual GPU time per launch: the lower quartile over

@@ -306,8 +306,7 @@ func (p *proc) settlePreempted(tid uint32, t, wait int64) {
 }
 
 func (p *proc) closeGap(x env, th *attribute.Thread, t int64) {
-	g := p.gap.cur()
-	p.gap.end()
+	g := p.gap.end()
 	end := t
 	switch {
 	case p.closer != nil && x.liteOver(g.start, t):

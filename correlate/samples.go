@@ -58,14 +58,13 @@ const (
 
 // add keeps ev, a KindCPUSample, charged to its site frame.
 func (s *samples) add(ev *event.Event) {
-	if len(ev.Stack) == 0 {
+	f, ok := SiteFrame(ev.Stack)
+	if !ok {
 		return
 	}
-	// The site frame (SiteFrame: the innermost of the job's code, else the
-	// innermost) and the job's frame that called it.
-	f, caller := ev.Stack[0], ""
+	caller := ""
 	if i := attribute.UserFrame(ev.Stack); i >= 0 {
-		f, caller = ev.Stack[i], attribute.CallerOf(ev.Stack, i)
+		caller = attribute.CallerOf(ev.Stack, i)
 	}
 	gc := false
 	for _, fr := range ev.Stack {

@@ -88,6 +88,9 @@ func TestHostileRecordsRejected(t *testing.T) {
 	noLeaks(t)
 	addr := freeAddr(t)
 	hub := startPeer(t, addr, "job", "hub")
+	// Started together, either may bind addr first: hub must hold it
+	// before m tries, or m is the hub that counts the rejections.
+	eventually(t, "hub serving", func() bool { return hub.Stats().Role == roleHub })
 	m := startPeer(t, addr, "job", "m")
 	settled(t, hub, m)
 	r := dialRaw(t, addr)

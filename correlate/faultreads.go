@@ -54,7 +54,7 @@ func (s *samples) mappedReads(g *Gap) {
 		delete(g.Breakdown, CauseCPU)
 	}
 	g.Breakdown[CauseIORead] += moved
-	g.Cause = dominant(g.Breakdown)
+	g.Cause = attribute.Dominant(g.Breakdown)
 }
 
 // addFileNS merges f into ev's files (same path and op: calls and time
@@ -71,16 +71,4 @@ func addFileNS(ev *Evidence, f attribute.FileEvidence) {
 	}
 	ev.Files = append(ev.Files, f)
 	slices.SortStableFunc(ev.Files, func(a, b attribute.FileEvidence) int { return cmp.Compare(b.NS, a.NS) })
-}
-
-// dominant is the cause with the most time in bd, in the order of
-// attribute.Causes on ties (as Attribution.Result picks it).
-func dominant(bd map[Cause]int64) Cause {
-	dom, best := CauseCPU, int64(-1)
-	for _, c := range attribute.Causes {
-		if ns := bd[c]; ns > best && ns > 0 {
-			dom, best = c, ns
-		}
-	}
-	return dom
 }

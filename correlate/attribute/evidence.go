@@ -11,19 +11,28 @@ import (
 // An attribution's result: the dominant cause, the breakdown, and the
 // evidence a user checks it by, bounded to the top entries.
 
+// Dominant is the cause with the most time in bd, the first in Causes on
+// ties; cpu when bd holds no time.
+func Dominant(bd map[Cause]int64) Cause {
+	dom, best := CauseCPU, int64(0)
+	for _, c := range Causes {
+		if ns := bd[c]; ns > best {
+			dom, best = c, ns
+		}
+	}
+	return dom
+}
+
 // Result turns the accumulators into a dominant cause, a breakdown and
 // capped evidence (its Source and Threads are the caller's to set).
 func (at *Attribution) Result() (Cause, map[Cause]int64, Evidence, []HostOp) {
-	dom, best := CauseCPU, int64(-1)
 	bd := make(map[Cause]int64, len(at.byCause))
 	for _, c := range Causes {
 		if ns := at.byCause[c]; ns > 0 {
 			bd[c] = ns
-			if ns > best {
-				dom, best = c, ns
-			}
 		}
 	}
+	dom := Dominant(bd)
 	var ev Evidence
 	// A staged copy is named whatever won: preempted on a loaded host it
 	// is contention, and still a copy from pageable memory to fix.

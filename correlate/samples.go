@@ -58,13 +58,14 @@ const (
 
 // add keeps ev, a KindCPUSample, charged to its site frame.
 func (s *samples) add(ev *event.Event) {
-	f, ok := SiteFrame(ev.Stack)
-	if !ok {
+	if len(ev.Stack) == 0 {
 		return
 	}
-	caller := ""
+	// The site frame (SiteFrame: the innermost of the job's code, else the
+	// innermost frame) and the job's frame that called it, from one walk.
+	f, caller := ev.Stack[0], ""
 	if i := attribute.UserFrame(ev.Stack); i >= 0 {
-		caller = attribute.CallerOf(ev.Stack, i)
+		f, caller = ev.Stack[i], attribute.CallerOf(ev.Stack, i)
 	}
 	gc := false
 	for _, fr := range ev.Stack {

@@ -58,7 +58,8 @@ func (s *samples) mappedReads(g *Gap) {
 }
 
 // addFileNS merges f into ev's files (same path and op: calls and time
-// add up), longest first.
+// add up), ordered and capped as Attribution.Result leaves them
+// (attribute.TopFiles).
 func addFileNS(ev *Evidence, f attribute.FileEvidence) {
 	for i := range ev.Files {
 		if e := &ev.Files[i]; e.Path == f.Path && e.Op == f.Op {
@@ -70,5 +71,5 @@ func addFileNS(ev *Evidence, f attribute.FileEvidence) {
 		}
 	}
 	ev.Files = append(ev.Files, f)
-	slices.SortStableFunc(ev.Files, func(a, b attribute.FileEvidence) int { return cmp.Compare(b.NS, a.NS) })
+	ev.Files = attribute.TopFiles(ev.Files)
 }

@@ -1,6 +1,8 @@
 package correlate
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -170,5 +172,32 @@ func TestMappedReads(t *testing.T) {
 	s.mappedReads(&other)
 	if other.Breakdown[CauseCPU] != 3000 || len(other.Evidence.Files) != 0 {
 		t.Errorf("a gap without fault samples changed: %v %+v", other.Breakdown, other.Evidence.Files)
+	}
+}
+
+// TestMappedReadsFilesBounded: files that fault alike are listed by path
+// whatever order their samples came in, and no more of them than a gap's
+// evidence holds (8, as Attribution.Result leaves it).
+func TestMappedReadsFilesBounded(t *testing.T) {
+	var s samples
+	for i := range 10 {
+		ev := sampleAt(7, int64(11+i), "scan_shards", false) // shard09 first
+		ev.Path, ev.FDKind = fmt.Sprintf("/data/shard%02d", 9-i), event.FDFile
+		s.add(&ev)
+	}
+	g := Gap{TID: 7, Start: 10, End: 30, Cause: CauseCPU, Breakdown: map[Cause]int64{CauseCPU: 10_000},
+		Evidence: Evidence{Files: []FileEvidence{{Path: "/data/labels", Op: "read", Calls: 1, NS: 1000}}}}
+	s.mappedReads(&g)
+	var got []string
+	for _, f := range g.Evidence.Files {
+		got = append(got, f.Path)
+	}
+	want := []string{"/data/labels", "/data/shard00", "/data/shard01", "/data/shard02", "/data/shard03",
+		"/data/shard04", "/data/shard05", "/data/shard06"}
+	if !slices.Equal(got, want) {
+		t.Errorf("files %v, want %v", got, want)
+	}
+	if g.Breakdown[CauseIORead] != 10_000 || g.Cause != CauseIORead {
+		t.Errorf("breakdown %v cause %s, want io.read 10000", g.Breakdown, g.Cause)
 	}
 }

@@ -66,24 +66,31 @@ func (at *Attribution) Result() (Cause, map[Cause]int64, Evidence, []HostOp) {
 	return dom, bd, ev, hops
 }
 
+// TopFiles orders files the longest first (by path, then op, on ties) and
+// keeps the first maxFiles: a gap's file evidence, wherever it is added.
+func TopFiles(files []FileEvidence) []FileEvidence {
+	sort.Slice(files, func(i, j int) bool {
+		if files[i].NS != files[j].NS {
+			return files[i].NS > files[j].NS
+		}
+		if files[i].Path != files[j].Path {
+			return files[i].Path < files[j].Path
+		}
+		return files[i].Op < files[j].Op
+	})
+	if len(files) > maxFiles {
+		files = files[:maxFiles]
+	}
+	return files
+}
+
 // filesAndPeers lists the files and socket peers the interval touched, the
 // longest first, up to maxFiles and maxPeers.
 func (at *Attribution) filesAndPeers(ev *Evidence) {
 	for _, f := range at.files {
 		ev.Files = append(ev.Files, *f)
 	}
-	sort.Slice(ev.Files, func(i, j int) bool {
-		if ev.Files[i].NS != ev.Files[j].NS {
-			return ev.Files[i].NS > ev.Files[j].NS
-		}
-		if ev.Files[i].Path != ev.Files[j].Path {
-			return ev.Files[i].Path < ev.Files[j].Path
-		}
-		return ev.Files[i].Op < ev.Files[j].Op
-	})
-	if len(ev.Files) > maxFiles {
-		ev.Files = ev.Files[:maxFiles]
-	}
+	ev.Files = TopFiles(ev.Files)
 	for _, p := range at.peers {
 		ev.Peers = append(ev.Peers, *p)
 	}

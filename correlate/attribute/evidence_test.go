@@ -1,6 +1,9 @@
 package attribute
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 func TestDominant(t *testing.T) {
 	for _, tc := range []struct {
@@ -17,6 +20,24 @@ func TestDominant(t *testing.T) {
 	} {
 		if got := Dominant(tc.bd); got != tc.want {
 			t.Errorf("%s: Dominant(%v) = %s, want %s", tc.name, tc.bd, got, tc.want)
+		}
+	}
+}
+
+func TestTopFiles(t *testing.T) {
+	var files []FileEvidence
+	for i := range maxFiles + 2 {
+		files = append(files, FileEvidence{Path: fmt.Sprintf("/d/%02d", maxFiles+1-i), Op: "read", NS: 10})
+	}
+	files = append(files, FileEvidence{Path: "/d/05", Op: "fault", NS: 10}, FileEvidence{Path: "/d/99", Op: "read", NS: 20})
+	got := TopFiles(files)
+	if len(got) != maxFiles {
+		t.Fatalf("%d files kept, want %d", len(got), maxFiles)
+	}
+	want := []string{"/d/99 read", "/d/00 read", "/d/01 read", "/d/02 read", "/d/03 read", "/d/04 read", "/d/05 fault", "/d/05 read"}
+	for i, f := range got {
+		if s := f.Path + " " + f.Op; s != want[i] {
+			t.Errorf("file %d is %s, want %s (longest first, then by path and op)", i, s, want[i])
 		}
 	}
 }

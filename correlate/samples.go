@@ -32,7 +32,7 @@ const (
 type sample struct {
 	at     int64
 	frame  event.Frame
-	caller string // the job's frame that called frame's function
+	caller event.Frame // the job's frame that called frame's function; Function "" if none
 	// fault: the mapped file whose page fault the kernel was handling
 	// when the sample was taken, "" when none.
 	fault string
@@ -63,9 +63,10 @@ func (s *samples) add(ev *event.Event) {
 	}
 	// The site frame (SiteFrame: the innermost of the job's code, else the
 	// innermost frame) and the job's frame that called it, from one walk.
-	f, caller := ev.Stack[0], ""
+	f, caller := ev.Stack[0], event.Frame{}
 	if i := attribute.UserFrame(ev.Stack); i >= 0 {
-		f, caller = ev.Stack[i], attribute.CallerOf(ev.Stack, i)
+		f = ev.Stack[i]
+		caller, _ = attribute.CallerOf(ev.Stack, i)
 	}
 	gc := false
 	for _, fr := range ev.Stack {
@@ -77,7 +78,7 @@ func (s *samples) add(ev *event.Event) {
 	if gc && f.Function == GCFunction {
 		// Nothing of the job's own code above the collector.
 		f = event.Frame{Function: GCFunction}
-		caller = ""
+		caller = event.Frame{}
 	}
 	if s.byTID == nil {
 		s.byTID = make(map[uint32][]sample)
@@ -120,14 +121,15 @@ func (s *samples) code(tid uint32, a, b int64, role string) []CodeSample {
 	l := s.byTID[tid]
 	i, _ := slices.BinarySearchFunc(l, a, func(x sample, t int64) int { return cmp.Compare(x.at, t) })
 	type key struct {
-		fn, file, caller string
-		line             int
-		gc               bool
+		fn, file, callerFn, callerFile string
+		line, callerLine               int
+		gc                             bool
 	}
 	counts := map[key]int{}
 	var order []key
 	for ; i < len(l) && l[i].at < b; i++ {
-		k := key{l[i].frame.Function, l[i].frame.Where(), l[i].caller, l[i].frame.Line, l[i].gc}
+		c := l[i].caller
+		k := key{l[i].frame.Function, l[i].frame.Where(), c.Function, c.Where(), l[i].frame.Line, c.Line, l[i].gc}
 		if counts[k] == 0 {
 			order = append(order, k)
 		}
@@ -135,8 +137,11 @@ func (s *samples) code(tid uint32, a, b int64, role string) []CodeSample {
 	}
 	out := make([]CodeSample, 0, len(order))
 	for _, k := range order {
-		out = append(out, CodeSample{Function: k.fn, File: k.file, Line: k.line, Samples: counts[k], TID: tid, Role: role, GC: k.gc,
-			Caller: k.caller})
+		cs := CodeSample{Function: k.fn, File: k.file, Line: k.line, Samples: counts[k], TID: tid, Role: role, GC: k.gc}
+		if k.callerFn != "" {
+			cs.Caller = &event.Frame{Function: k.callerFn, File: k.callerFile, Line: k.callerLine}
+		}
+		out = append(out, cs)
 	}
 	slices.SortStableFunc(out, func(x, y CodeSample) int { return cmp.Compare(y.Samples, x.Samples) })
 	if len(out) > maxGapCode {

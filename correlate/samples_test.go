@@ -1,8 +1,10 @@
 package correlate
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -136,8 +138,17 @@ func TestCodeNamesCaller(t *testing.T) {
 			t.Errorf("code[%d] site %q, want %q", i, got[i].Site(), w)
 		}
 	}
-	if got[0].Caller != "train.py:84 tokenize_batch" || got[0].Samples != 3 {
-		t.Errorf("code[0] = %+v, want caller train.py:84 tokenize_batch ×3", got[0])
+	if c := got[0].Caller; c == nil || c.Function != "tokenize_batch" || c.File != "/job/train.py" || c.Line != 84 || got[0].Samples != 3 {
+		t.Errorf("code[0] = %+v (caller %+v), want caller tokenize_batch at /job/train.py:84 ×3", got[0], got[0].Caller)
+	}
+	if got[2].Caller != nil {
+		t.Errorf("code[2] caller %+v, want none", got[2].Caller)
+	}
+	// The caller is an object with the function's name in the gap's JSON:
+	// what reads the gap finds the function by its name.
+	raw, err := json.Marshal(got[0])
+	if err != nil || !strings.Contains(string(raw), `"caller":{"function":"tokenize_batch","file":"/job/train.py","line":84}`) {
+		t.Errorf("code[0] JSON %s (%v), want its caller as an object", raw, err)
 	}
 }
 

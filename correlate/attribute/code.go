@@ -1,8 +1,6 @@
 package attribute
 
 import (
-	"strings"
-
 	"github.com/gaptrace/gaptrace/event"
 )
 
@@ -21,41 +19,32 @@ type CodeSample struct {
 	TID      uint32 `json:"tid"`
 	Role     string `json:"role"`
 	GC       bool   `json:"gc,omitempty"`
-	// Caller is the job's own frame that called Function, as CallSite
-	// names it ("train.py:88 tokenize_batch"): a helper that burns the
-	// time for several callers (a shared loop, a parser) is told apart
-	// by who called it. Empty where no frame of the job's code is above.
-	Caller string `json:"caller,omitempty"`
+	// Caller is the job's own frame that called Function (its function,
+	// file and line): a helper that burns the time for several callers (a
+	// shared loop, a parser) is told apart by who called it. Nil where no
+	// frame of the job's code is above.
+	Caller *event.Frame `json:"caller,omitempty"`
 }
 
 // Site names the location as CallSite does: "train.py:142 step", with its
 // caller's function where known: "util.py:30 burn ← tokenize_batch".
 func (c CodeSample) Site() string {
 	s := CallSite(event.Frame{Function: c.Function, File: c.File, Line: c.Line})
-	if c.Caller != "" {
-		s += " ← " + callerFunction(c.Caller)
+	if c.Caller != nil {
+		s += " ← " + c.Caller.Function
 	}
 	return s
 }
 
-// callerFunction is the function part of a CallSite name ("train.py:88
-// tokenize_batch" → "tokenize_batch").
-func callerFunction(site string) string {
-	if i := strings.IndexByte(site, ' '); i >= 0 {
-		return site[i+1:]
-	}
-	return site
-}
-
-// CallerOf names the frame of the job's own code that called stack[i] (the
-// next one out that is not system code), "" when none.
-func CallerOf(stack []event.Frame, i int) string {
+// CallerOf is the frame of the job's own code that called stack[i] (the
+// next one out that is not system code), false when none.
+func CallerOf(stack []event.Frame, i int) (event.Frame, bool) {
 	for j := i + 1; j < len(stack); j++ {
 		if f := stack[j]; !event.SystemCode(f.File) {
-			return CallSite(f)
+			return f, true
 		}
 	}
-	return ""
+	return event.Frame{}, false
 }
 
 // Code roles.

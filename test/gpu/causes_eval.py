@@ -5,7 +5,8 @@ stalls (truth JSON Lines with "stall" records: kind, start, end, function).
 Per stall kind: the share of the stall's time that gaps gave the expected
 cause (each gap's breakdown spread evenly over it, clipped to the stall),
 the share of stalls whose overlapping gaps name the stall's function (in the
-blocking stack, evidence.stack, or among the CPU-sampled code), and over the
+blocking stack, evidence.stack, or among the CPU-sampled code, its callers
+and the lock holders' code), and over the
 whole run the share of idle labelled other. A stall record's run_delay_ns
 (the thread's run-queue wait during it, which the machine's load adds) is
 set aside: cpu.contention up to that much is counted in neither share.
@@ -35,11 +36,20 @@ def load(path):
 
 
 def names(g):
+    """The functions a gap names: its blocking stack, the sampled code and
+    each code entry's caller, its lock holders' code."""
     fns = set()
-    for fr in g.get("evidence", {}).get("stack") or []:
+    ev = g.get("evidence", {})
+    for fr in ev.get("stack") or []:
         fns.add(fr.get("function", ""))
-    for c in g.get("code") or []:
+    code = list(g.get("code") or [])
+    for h in ev.get("lock_holders") or []:
+        code += h.get("code") or []
+    for c in code:
         fns.add(c.get("function", ""))
+        caller = c.get("caller")
+        if isinstance(caller, dict):
+            fns.add(caller.get("function", ""))
     return fns
 
 

@@ -26,6 +26,12 @@ func (s *stepper) onMarker(set settings, ev *event.Event) bool {
 	if set.stepAt != nil {
 		return false
 	}
+	if s.mode == modeUnknown && s.origin == 0 {
+		// No launch or sync came before it: attached mid-loop, the
+		// marker's probe (libtorch's) went in before libcuda's. The first
+		// iteration seen begins here, not at the clock's zero.
+		s.origin = ev.End
+	}
 	prev := s.fw
 	var ends bool
 	s.fw, ends = s.fw.Take(stepclock.Marker{TID: ev.TID, Name: ev.Name, T: ev.End})

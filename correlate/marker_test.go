@@ -1,8 +1,14 @@
 package correlate_test
 
 import (
+	"log/slog"
+	"os"
 	"path/filepath"
+	"slices"
 	"testing"
+
+	"github.com/gaptrace/gaptrace/correlate/record"
+	"github.com/gaptrace/gaptrace/event"
 )
 
 // A gradient-accumulation loop (pyoptim.py: four micro-batches, each its
@@ -41,5 +47,60 @@ func TestDeclaredSiteOverFramework(t *testing.T) {
 	}
 	if d := sc.counted - 4*sc.truth; d*50 > 4*sc.truth || -d*50 > 4*sc.truth {
 		t.Errorf("%s, want four steps per optimizer step (the micro-batches)", sc)
+	}
+}
+
+// Attached between a loop's launches and its optimizer step, the marker's
+// probe can report before any launch or sync does (libtorch's probe goes
+// in before libcuda's): the first step begins at that marker, not at the
+// clock's zero. The recording, cut as an attach at its fifth marker would
+// see it, must give no step far longer than the loop's others.
+func TestFrameworkMarkerFirstAfterAttach(t *testing.T) {
+	f, err := os.Open(filepath.Join("testdata", "recordings", "sim-pyoptim-lite.rec.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h, calls, err := record.Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cut *event.Event
+	n := 0
+	for _, c := range calls {
+		if c.Ev != nil && c.Ev.Kind == event.KindMarker {
+			if n++; n == 5 {
+				cut = c.Ev
+				break
+			}
+		}
+	}
+	if cut == nil {
+		t.Fatal("the recording holds fewer than five markers")
+	}
+	var kept []record.Call
+	for _, c := range calls {
+		if c.Ev != nil && c.Ev != cut && c.Ev.Start < cut.End {
+			continue // the probes were not in yet
+		}
+		kept = append(kept, c)
+	}
+	cfg := h.Config()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	var sink stepSink
+	record.Replay(cfg, &sink, kept)
+	var durs []int64
+	for _, st := range sink.steps {
+		if !st.Window {
+			durs = append(durs, st.End-st.Start)
+		}
+	}
+	if len(durs) < 100 {
+		t.Fatalf("%d steps after the cut, want the loop's", len(durs))
+	}
+	med := slices.Clone(durs)
+	slices.Sort(med)
+	if first := durs[0]; first > 3*med[len(med)/2] {
+		t.Errorf("first step lasts %d ns, the median %d: it began before the probes were in", first, med[len(med)/2])
 	}
 }

@@ -7,6 +7,8 @@
 #
 #   test/gpu/steps.sh OUTDIR [JOB...]     (default: every job; about 6 minutes in all)
 #
+# STEPS_MODES picks the modes (default "full auto lite attach"), STEPS_SECONDS each run's length.
+#
 # OUTDIR/steps.tsv: one row per job and mode: job, mode, true steps, gaptrace steps, their ratio,
 # and the step clock the summary names (source and site). OUTDIR/JOB-MODE/ keeps each run's
 # outputs (log, spans, summary, the job's truth).
@@ -83,7 +85,7 @@ EOF
 
 for job in $JOBS; do
   # The four modes of a job run side by side: one GPU, separate processes.
-  for mode in full auto lite attach; do
+  for mode in ${STEPS_MODES:-full auto lite attach}; do
     one "$job" "$mode" &
   done
   wait

@@ -3,8 +3,10 @@ package tracer
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -93,7 +95,10 @@ func (t *Tracer) libraryOf(path string) (library, bool) {
 
 // scanProcess reads /proc/PID/maps and attaches uprobes to probed libraries
 // the process maps and that are not attached for it yet.
-func (t *Tracer) scanProcess(pid uint32) {
+//
+// It returns a signature of the process's executable file mappings (their
+// paths): the periodic rescan backs off while it stays the same.
+func (t *Tracer) scanProcess(pid uint32) uint64 {
 	// One scan at a time: Trace and the rescanner may look at the same
 	// process at once, and attaching a library twice would count every
 	// call twice.
@@ -104,9 +109,10 @@ func (t *Tracer) scanProcess(pid uint32) {
 	closed := t.closed
 	t.mu.Unlock()
 	if !ok || closed {
-		return
+		return 0
 	}
 	libs := make(map[string]library)
+	var sig uint64
 	if t.cfg.LibCUDA != "" {
 		libs[t.cfg.LibCUDA] = libCUDA
 	}
@@ -121,6 +127,9 @@ func (t *Tracer) scanProcess(pid uint32) {
 		for _, m := range maps {
 			if m.Pathname == "" || !strings.HasPrefix(m.Pathname, "/") {
 				continue
+			}
+			if m.Perms != nil && m.Perms.Execute {
+				sig += pathSig(m.Pathname, m.StartAddr)
 			}
 			if lib, ok := t.libraryOf(m.Pathname); ok {
 				libs[m.Pathname] = lib
@@ -161,11 +170,20 @@ func (t *Tracer) scanProcess(pid uint32) {
 			if err := closeLinks(la.allLinks()); err != nil {
 				t.log.Debug("detach uprobes of a process gone while attaching", "pid", pid, "error", err)
 			}
-			return
+			return sig
 		}
 		ps.libs[p] = la
 		t.mu.Unlock()
 	}
+	return sig
+}
+
+// pathSig is one executable mapping's share of a scan's signature: a sum
+// over the mappings, so their order in the maps does not count.
+func pathSig(path string, start uintptr) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(path))
+	return h.Sum64() ^ uint64(start)*0x9e3779b97f4a7c15
 }
 
 // noteUnmapped keeps a warning in Stats.Missing while a traced root process
@@ -237,6 +255,33 @@ func (t *Tracer) requestRescan(pid uint32) {
 // attaches its probes, and a scan costs well under a millisecond.
 const rescanDebounce = 2 * time.Millisecond
 
+// rescanBackoff bounds how far the periodic rescan of a process backs off
+// while its executable mappings stay the same. The rescan is a fallback:
+// an executable mmap asks for a scan at once (requestRescan), and reading
+// a PyTorch process's maps (thousands of lines) costs milliseconds of the
+// kernel's time, which at one a second per process was 0.6-1% of a core
+// on an H100 job with two loader workers.
+const rescanBackoff = 8 * time.Second
+
+// rescanState is one process's periodic rescan: the last signature and
+// how long until the next.
+type rescanState struct {
+	sig   uint64
+	every time.Duration
+	due   time.Time
+}
+
+// next records a scan's signature at now: the interval doubles while
+// nothing changed (up to rescanBackoff) and starts over when it did.
+func (r *rescanState) next(sig uint64, now time.Time, base time.Duration) {
+	if sig == r.sig && r.every > 0 {
+		r.every = min(2*r.every, max(base, rescanBackoff))
+	} else {
+		r.every = base
+	}
+	r.sig, r.due = sig, now.Add(r.every)
+}
+
 func (t *Tracer) rescanLoop() {
 	defer t.wg.Done()
 	periodic := time.NewTicker(t.cfg.RescanInterval)
@@ -244,6 +289,7 @@ func (t *Tracer) rescanLoop() {
 	clock := time.NewTicker(clockRemeasure)
 	defer clock.Stop()
 	pending := make(map[uint32]bool)
+	state := make(map[uint32]*rescanState)
 	var debounce <-chan time.Time
 	for {
 		select {
@@ -258,21 +304,38 @@ func (t *Tracer) rescanLoop() {
 			debounce = nil
 			for pid := range pending {
 				delete(pending, pid)
-				t.scanProcess(pid)
+				sig := t.scanProcess(pid)
+				if r := state[pid]; r != nil {
+					r.sig, r.every = sig, 0 // changed: the periodic scan starts over
+				}
 			}
-		case <-periodic.C:
+		case now := <-periodic.C:
 			t.mu.Lock()
 			pids := make([]uint32, 0, len(t.procs))
 			for pid := range t.procs {
 				pids = append(pids, pid)
 			}
 			t.mu.Unlock()
+			for pid := range state {
+				if !slices.Contains(pids, pid) {
+					delete(state, pid)
+				}
+			}
 			for _, pid := range pids {
 				if _, err := os.Stat(fmt.Sprintf("%s/%d", procRoot, pid)); err != nil {
 					t.dropProcess(pid)
+					delete(state, pid)
 					continue
 				}
-				t.scanProcess(pid)
+				r := state[pid]
+				if r == nil {
+					r = &rescanState{}
+					state[pid] = r
+				}
+				if now.Before(r.due) {
+					continue
+				}
+				r.next(t.scanProcess(pid), now, t.cfg.RescanInterval)
 			}
 		case <-clock.C:
 			remeasureClockOffset()

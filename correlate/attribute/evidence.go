@@ -104,7 +104,7 @@ func (at *Attribution) filesAndPeers(ev *Evidence) {
 // workerEvidence says what each loader worker waited on did, by pid.
 func (at *Attribution) workerEvidence(ev *Evidence) {
 	for _, w := range at.workers {
-		we := WorkerEvidence{PID: w.pid, Activity: "cpu", IONS: w.ioNS}
+		we := WorkerEvidence{PID: w.pid, Activity: "cpu", IONS: w.ioNS, RunnableNS: w.runNS}
 		if w.waitNS > 0 && 2*w.ioNS >= w.waitNS {
 			we.Activity = "io"
 		}
@@ -147,6 +147,7 @@ func (at *Attribution) lockHolders(ev *Evidence) {
 					e.Doing, top = c, ns
 				}
 			}
+			e.RunnableNS = h.doing[CauseCPUContention]
 			ev.LockHolders = append(ev.LockHolders, e)
 		}
 		sort.Slice(ev.LockHolders, func(i, j int) bool {

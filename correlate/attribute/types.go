@@ -55,6 +55,9 @@ type WorkerEvidence struct {
 	Activity string   `json:"activity"` // "io" or "cpu"
 	Files    []string `json:"files,omitempty"`
 	IONS     int64    `json:"io_ns"`
+	// RunnableNS is the time its threads waited for a CPU meanwhile: on a
+	// loaded machine the worker waited on was runnable, not running.
+	RunnableNS int64 `json:"runnable_ns,omitempty"`
 }
 
 // CollectiveEvidence describes the collective a thread waited on.
@@ -168,6 +171,9 @@ type LockHolderEvidence struct {
 	Doing Cause  `json:"doing,omitempty"`
 	File  string `json:"file,omitempty"`
 	Peer  string `json:"peer,omitempty"`
+	// RunnableNS is how long it waited for a CPU while waited on (holding
+	// the lock all the same).
+	RunnableNS int64 `json:"runnable_ns,omitempty"`
 	// Code is where CPU samples found it while the waiter waited.
 	Code []CodeSample `json:"code,omitempty"`
 }

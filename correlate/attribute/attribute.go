@@ -29,7 +29,6 @@ type workerAcc struct {
 	pid     uint32
 	waitNS  int64
 	ioNS    int64
-	runNS   int64
 	files   map[string]int64
 	calls   int
 	visited map[*event.Event]bool
@@ -394,9 +393,7 @@ func (at *Attribution) peer(world World, ev *event.Event) *PeerEvidence {
 }
 
 // worker records what loader worker process pid did over [a,b): time in
-// file I/O decides whether it was reading or computing; its threads' time
-// waiting for a CPU is kept as evidence (a worker starved of a CPU is
-// still the worker waited on).
+// file I/O decides whether it was reading or computing.
 func (at *Attribution) worker(world World, pid uint32, a, b int64) {
 	w := at.workers[pid]
 	if w == nil {
@@ -411,10 +408,6 @@ func (at *Attribution) worker(world World, pid uint32, a, b int64) {
 		}
 		for _, s := range th.Segments(a, b, nil) {
 			if s.Ev == nil {
-				continue
-			}
-			if s.Ev.Kind == event.KindRunqueue {
-				w.runNS += s.B - s.A
 				continue
 			}
 			if c := BaseCause(s.Ev); (c == CauseIORead || c == CauseIOWrite) && !handOver(s.Ev) {

@@ -104,7 +104,7 @@ func (at *Attribution) filesAndPeers(ev *Evidence) {
 // workerEvidence says what each loader worker waited on did, by pid.
 func (at *Attribution) workerEvidence(ev *Evidence) {
 	for _, w := range at.workers {
-		we := WorkerEvidence{PID: w.pid, Activity: "cpu", IONS: w.ioNS, RunnableNS: w.runNS}
+		we := WorkerEvidence{PID: w.pid, Activity: "cpu", IONS: w.ioNS}
 		if w.waitNS > 0 && 2*w.ioNS >= w.waitNS {
 			we.Activity = "io"
 		}

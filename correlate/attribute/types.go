@@ -55,9 +55,6 @@ type WorkerEvidence struct {
 	Activity string   `json:"activity"` // "io" or "cpu"
 	Files    []string `json:"files,omitempty"`
 	IONS     int64    `json:"io_ns"`
-	// RunnableNS is the time its threads waited for a CPU meanwhile: on a
-	// loaded machine the worker waited on was runnable, not running.
-	RunnableNS int64 `json:"runnable_ns,omitempty"`
 }
 
 // CollectiveEvidence describes the collective a thread waited on.

@@ -75,6 +75,10 @@ type Attribution struct {
 	// (a sibling whose compute while the feeder waited is lock time).
 	holders map[uint32]*holderAcc
 	holder  *holderAcc
+	// waitAt is 1 + the index, among the segments Add walks, of the wait
+	// waitT says what it waited on (queued); 0 when none.
+	waitAt int
+	waitT  waitTarget
 }
 
 // holderAcc is a lock holder's evidence and what it did while waited on.
@@ -155,6 +159,7 @@ func (at *Attribution) Add(world World, th *Thread, a, b int64, mask []interval.
 		}
 	}
 	next := callAfter(segs)
+	at.waitAt = 0
 	for i, s := range segs {
 		if s.Ev == nil && s.B-s.A <= absorbNS && i > 0 && i+1 < len(segs) &&
 			segs[i-1].Ev != nil && segs[i+1].Ev != nil && segs[i-1].B == s.A && segs[i+1].A == s.B {

@@ -61,7 +61,12 @@ func (at *Attribution) queued(world World, th *Thread, segs []Segment, i int, ne
 	if !isWait(w.Ev) {
 		return false
 	}
-	t := at.waitedOn(world, th, w.Ev, w.A, w.B, 0)
+	if at.waitAt != next[i]+1 {
+		// Run-queue waits before one wait (a thread preempted again and
+		// again) ask what it waited on once.
+		at.waitAt, at.waitT = next[i]+1, at.waitedOn(world, th, w.Ev, w.A, w.B, 0)
+	}
+	t := at.waitT
 	ns := s.B - s.A
 	switch {
 	case t.loader != 0:

@@ -47,12 +47,14 @@ func readLoadedStalls(t *testing.T, path string) []loadedStall {
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
-		if r.Type == "stall" {
-			c := correlate.Cause(r.Cause)
-			if r.Cause == "loader.wait.cpu" {
-				c = correlate.CauseLoaderWait
-			}
-			out = append(out, loadedStall{c, r.Start, r.End, r.RunDelay})
+		// The loader and lock stalls; gil_gc's cpu stalls are the loop's
+		// own work.
+		switch {
+		case r.Type != "stall":
+		case r.Cause == "loader.wait.cpu":
+			out = append(out, loadedStall{correlate.CauseLoaderWait, r.Start, r.End, r.RunDelay})
+		case r.Cause == "lock":
+			out = append(out, loadedStall{correlate.CauseLock, r.Start, r.End, r.RunDelay})
 		}
 	}
 	if err := sc.Err(); err != nil {

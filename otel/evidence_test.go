@@ -96,7 +96,7 @@ func TestLockHolderAttributes(t *testing.T) {
 	g.Cause, g.Evidence.Files, g.Evidence.Syscalls = correlate.CauseLock, nil, nil
 	g.Breakdown = map[correlate.Cause]int64{correlate.CauseLock: 20e6}
 	g.Evidence.LockHolders = []correlate.LockHolderEvidence{
-		{TID: 12, Comm: "metrics", NS: 20e6, Doing: correlate.CauseSleep},
+		{TID: 12, Comm: "metrics", NS: 20e6, Doing: correlate.CauseSleep, RunnableNS: 2.5e6},
 		{TID: 13, NS: 1e6, Doing: correlate.CauseCPU},
 	}
 	deliver(x, st, g)
@@ -110,7 +110,7 @@ func TestLockHolderAttributes(t *testing.T) {
 		a := s.Attributes
 		tids, _ := a["gpu.gap.lock.holder.tids"].([]any)
 		if a["gpu.gap.lock.holder.tid"] != 12.0 || a["gpu.gap.lock.holder.name"] != "metrics" ||
-			a["gpu.gap.lock.holder.doing"] != "sleep" || len(tids) != 2 {
+			a["gpu.gap.lock.holder.doing"] != "sleep" || a["gpu.gap.lock.holder.runnable_ms"] != 2.5 || len(tids) != 2 {
 			t.Errorf("lock holder attrs %v", a)
 		}
 		return

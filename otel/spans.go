@@ -458,6 +458,10 @@ func lockAttributes(a []attribute.KeyValue, ev *correlate.Evidence) []attribute.
 		if h.Peer != "" {
 			a = append(a, attribute.String("gpu.gap.lock.holder.peer", h.Peer))
 		}
+		if h.RunnableNS > 0 {
+			// A holder starved of a CPU still held the lock.
+			a = append(a, attribute.Float64("gpu.gap.lock.holder.runnable_ms", float64(h.RunnableNS)/1e6))
+		}
 		if len(h.Code) > 0 {
 			a = append(a, attribute.String("gpu.gap.lock.holder.code", h.Code[0].Site()),
 				attribute.Int("gpu.gap.lock.holder.code.samples", h.Code[0].Samples))

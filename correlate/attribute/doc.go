@@ -29,6 +29,11 @@
 //	attribute.go Attribution and World: accumulating one interval's
 //	             activity, following wakers to siblings, lock holders and
 //	             loader workers
+//	waits.go     what a wait waited on: its waker, or for a wait a timer
+//	             ended, the wait it was retried in or the sibling that
+//	             computed; the interpreter's own lock waits
+//	queued.go    a thread's wait for a CPU before a wait on a worker or a
+//	             holder is that wait's, while they worked
 //	evidence.go  an attribution's Result: cause, breakdown, evidence and
 //	             host operations, bounded to the top entries; a staged
 //	             copy's evidence

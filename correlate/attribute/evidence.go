@@ -163,6 +163,7 @@ func (at *Attribution) lockHolders(ev *Evidence) {
 					e.Doing, top = c, ns
 				}
 			}
+			e.RunnableNS = h.doing[CauseCPUContention]
 			ev.LockHolders = append(ev.LockHolders, e)
 		}
 		sort.Slice(ev.LockHolders, func(i, j int) bool {

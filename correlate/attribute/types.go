@@ -168,6 +168,9 @@ type LockHolderEvidence struct {
 	Doing Cause  `json:"doing,omitempty"`
 	File  string `json:"file,omitempty"`
 	Peer  string `json:"peer,omitempty"`
+	// RunnableNS is how long it waited for a CPU while waited on (holding
+	// the lock all the same).
+	RunnableNS int64 `json:"runnable_ns,omitempty"`
 	// Code is where CPU samples found it while the waiter waited.
 	Code []CodeSample `json:"code,omitempty"`
 }

@@ -75,6 +75,8 @@ type Attribution struct {
 	// (a sibling whose compute while the feeder waited is lock time).
 	holders map[uint32]*holderAcc
 	holder  *holderAcc
+	// gil: the lock holder is charged for a wait on CPython's GIL.
+	gil bool
 	// waitAt is 1 + the index, among the segments Add walks, of the wait
 	// waitT says what it waited on (queued); 0 when none.
 	waitAt int
@@ -259,15 +261,22 @@ func (at *Attribution) segment(world World, th *Thread, s Segment, depth int) {
 	}
 	c := at.cause(ev)
 	own := c
-	if at.holder != nil {
+	switch {
+	case at.gil:
+		// Waiting for the GIL is waiting for the interpreter, whatever its
+		// holder does with it.
+		c = CauseLock
+	case at.holder != nil:
 		// A holder waiting for a CPU still holds the lock: the feeder
 		// waits on the lock, and the machine's load only lengthens it.
 		c = heldWhile(c)
 	}
 	at.byCause[c] += ns
 	at.note(world, th, ev, ns)
+	// The evidence is what the thread did (own): a GIL holder's write
+	// names its file, though the waiter's time is the lock's.
 	var file, peer string
-	switch c {
+	switch own {
 	case CauseIORead, CauseIOWrite:
 		f := at.file(ev)
 		f.NS += ns

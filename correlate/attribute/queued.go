@@ -105,9 +105,10 @@ func (at *Attribution) queuedOnSibling(world World, ev *event.Event, sib *Thread
 		if ev.Syscall == event.SysFutex {
 			at.holder = at.lockHolder(sib)
 			at.holder.ev.NS += ss.B - ss.A
+			at.gil = gilWait(ev.Stack)
 		}
 		at.segment(world, sib, ss, 1)
-		at.holder = nil
+		at.holder, at.gil = nil, false
 	}
 }
 

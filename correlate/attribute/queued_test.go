@@ -150,3 +150,38 @@ func TestStrayFutexWakeIsTimer(t *testing.T) {
 		t.Fatalf("breakdown %v, holders %+v: want lock 20 ms held by tid 3", bd, ev.LockHolders)
 	}
 }
+
+// A wait for the GIL (CPython's take_gil: a timed condition wait under a
+// Python frame) is the lock's time whatever its holder did meanwhile; the
+// holder's write stays its evidence. The same holder woken from a
+// queue's semaphore wait passes its write on: the waiter waited for what
+// it made.
+func TestGILWaitIsLock(t *testing.T) {
+	libc := "/usr/lib/x86_64-linux-gnu/libc.so.6"
+	for _, c := range []struct {
+		name  string
+		stack []event.Frame
+		want  Cause
+	}{
+		{"gil", []event.Frame{{Function: "libc.so.6+0x98e51", File: libc}, {Function: "pthread_cond_timedwait", File: libc},
+			{Function: "Linear.forward", File: "/venv/torch/nn/modules/linear.py", Line: 125}}, CauseLock},
+		{"queue", []event.Frame{{Function: "libc.so.6+0x98e51", File: libc}, {Function: "libc.so.6+0xa439e", File: libc},
+			{Function: "Condition.wait", File: "/usr/lib/python3.12/threading.py", Line: 355},
+			{Function: "Queue.get", File: "/usr/lib/python3.12/queue.py", Line: 171}}, CauseIOWrite},
+	} {
+		w := newFakeWorld()
+		wait := call(event.SysFutex, event.FDUnknown, 0, 20, 1, 3)
+		wait.Stack = c.stack
+		feeder := w.thread(1, 1, wait)
+		write := call(event.SysWrite, event.FDFile, 2, 18, 0, 0)
+		write.Path = "/ckpt/step.pt"
+		w.thread(1, 3, write)
+		bd, ev := breakdown(w, feeder, 20)
+		if bd[c.want] < 16*ms {
+			t.Errorf("%s: breakdown %v, want the holder's 16 ms write as %s", c.name, bd, c.want)
+		}
+		if len(ev.LockHolders) != 1 || ev.LockHolders[0].Doing != CauseIOWrite || ev.LockHolders[0].File != "/ckpt/step.pt" {
+			t.Errorf("%s: holders %+v, want tid 3 doing io.write on /ckpt/step.pt", c.name, ev.LockHolders)
+		}
+	}
+}

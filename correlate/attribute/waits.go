@@ -90,6 +90,27 @@ func pythonLockWait(stack []event.Frame) bool {
 	return false
 }
 
+// gilWait: a Python lock wait (pythonLockWait) in a timed condition wait,
+// which is how CPython's take_gil waits for the GIL (its switch
+// interval); threading's locks, queues and events wait on a semaphore
+// instead. The thread waited for the interpreter, not for what the holder
+// was making: whatever the holder did meanwhile (a copy, a write it made
+// without dropping the GIL) is the lock's time.
+func gilWait(stack []event.Frame) bool {
+	if !pythonLockWait(stack) {
+		return false
+	}
+	for _, f := range stack {
+		if strings.HasSuffix(f.File, ".py") || strings.HasPrefix(f.File, "<frozen ") {
+			return false
+		}
+		if strings.Contains(f.Function, "pthread_cond_timedwait") || strings.Contains(f.Function, "pthread_cond_clockwait") {
+			return true
+		}
+	}
+	return false
+}
+
 // timedOut reports a futex wait that ended by its timeout.
 func timedOut(ev *event.Event) bool {
 	return ev.Kind == event.KindSyscall && ev.Syscall == event.SysFutex && ev.Ret == etimedout
@@ -192,14 +213,16 @@ func strayWake(world World, th *Thread, ev *event.Event) bool {
 // sibling charges ns of a feeder's wait ev on sibling sib over [a,b) to
 // what sib did meanwhile. A futex it woke the feeder from is a lock (a
 // mutex, the GIL, a condition) it held: what it did meanwhile is the
-// lock's time, unless it waited on the job's data (heldWhile).
+// lock's time, unless it waited on the job's data (heldWhile); all of it
+// where the lock was the GIL (gilWait).
 func (at *Attribution) sibling(world World, ev *event.Event, sib *Thread, a, b, ns int64) {
 	if ev.Syscall == event.SysFutex {
 		at.holder = at.lockHolder(sib)
 		at.holder.ev.NS += ns
+		at.gil = gilWait(ev.Stack)
 	}
 	for _, ss := range sib.Segments(a, b, nil) {
 		at.segment(world, sib, ss, 1)
 	}
-	at.holder = nil
+	at.holder, at.gil = nil, false
 }

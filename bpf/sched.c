@@ -13,12 +13,16 @@
  * that waits for a CPU after its wakeup for at least threshold_ns gets a
  * K_RUNQUEUE event from the wakeup (SCHED_F_WOKEN): a sync's wait for the
  * GPU ended there, not at its return.
- * page_fault_user: a traced thread's latest user page fault (address and
- * faulting instruction) is kept per thread; a K_OFFCPU block whose thread
- * comes back with its user registers still at that instruction was spent
- * inside the fault (reading a page of a mapped file in), and its event
- * carries the address, which user space maps to the file. Such a block is
- * emitted however short: each is a read.
+ * page_fault_user: a traced thread's latest user page fault (address,
+ * faulting instruction, start, the regular file mapped there) is kept per
+ * thread (bpf/fault.h); a K_OFFCPU block whose thread comes back with its
+ * user registers still at that instruction was spent inside the fault
+ * (reading a page of a mapped file in), and its event carries the address,
+ * which user space maps to the file. Such a block is emitted however
+ * short: each is a read. The time a thread spends off the CPU inside a
+ * fault is added to the fault's, which profile.c takes out of its
+ * duration when it completes; a thread leaving the CPU emits its burst
+ * of file faults.
  * sched_process_fork: children of traced processes are traced from their
  * first instruction (added to traced_tgids here, before user space knows).
  * sched_process_exit: per-thread state is dropped; the last thread of a
@@ -45,6 +49,8 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 			if (!t->off_runnable && t->sc_start == 0)
 				t->waker = 0;
 		}
+		/* The faults it ran so far are one stretch of its time. */
+		fault_flush_id(pid);
 	}
 
 	__u64 nid = btf_task_id(next);
@@ -59,6 +65,9 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	__u64 woke = t->wake_ns;
 	t->off_start = 0;
 	t->wake_ns = 0;
+	struct fault *flt = bpf_map_lookup_elem(&faults, &nid);
+	if (flt && flt->start && flt->start <= start)
+		flt->off += now - start; /* off the CPU inside a fault */
 	__u32 kind, flags = 0;
 	if (t->off_runnable) {
 		/* A process that does not feed the GPU (TGID_GPU) reaches a gap
@@ -105,8 +114,21 @@ int BPF_PROG(on_page_fault_user, unsigned long address, struct pt_regs *regs, un
 	__u64 id;
 	if (!enter_traced(&id))
 		return 0;
-	struct fault f = {.addr = address, .ip = regs->ip};
-	bpf_map_update_elem(&faults, &id, &f, BPF_ANY);
+	struct fault *f = bpf_map_lookup_elem(&faults, &id);
+	if (!f) {
+		struct fault zero = {};
+		bpf_map_update_elem(&faults, &id, &zero, BPF_NOEXIST);
+		f = bpf_map_lookup_elem(&faults, &id);
+		if (!f)
+			return 0;
+	}
+	f->addr = address;
+	f->ip = regs->ip;
+	f->off = 0;
+	/* Only a fault on a regular file's mapping is timed: one on anonymous
+	 * memory is no read, and its completion is then skipped at once. */
+	f->file = mapped_file(address);
+	f->start = f->file ? bpf_ktime_get_ns() : 0;
 	return 0;
 }
 
@@ -209,6 +231,7 @@ int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 		return 0;
 	__u32 tgid = id >> 32;
 	bpf_map_delete_elem(&threads, &id);
+	fault_flush_id(id);
 	bpf_map_delete_elem(&faults, &id);
 	if (group_dead)
 		bpf_map_delete_elem(&traced_tgids, &tgid);

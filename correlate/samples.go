@@ -46,6 +46,8 @@ type samples struct {
 	byTID  map[uint32][]sample
 	n      int   // samples added, for the sweep
 	newest int64 // the newest sample's time
+	// reads: each thread's page faults on mapped files (faultreads.go).
+	reads faultReads
 }
 
 // sampleKeep is how far behind a thread's newest sample the older ones are

@@ -138,37 +138,3 @@ func TestCodeNamesCaller(t *testing.T) {
 		t.Errorf("code[0] = %+v, want caller train.py:84 tokenize_batch ×3", got[0])
 	}
 }
-
-// TestMappedReads: the share of a cpu gap's samples taken inside the
-// page-fault handler for a mapped file moves that share of its cpu time
-// to io.read, names the file (op fault) and picks the cause again;
-// samples in anonymous faults (no file) or outside the gap move nothing.
-func TestMappedReads(t *testing.T) {
-	var s samples
-	add := func(at int64, file string) {
-		ev := sampleAt(7, at, "scan_index", false)
-		if file != "" {
-			ev.Path, ev.FDKind = file, event.FDFile
-		}
-		s.add(&ev)
-	}
-	add(5, "/data/index.bin") // before the gap
-	for _, at := range []int64{12, 14, 16} {
-		add(at, "/data/index.bin")
-	}
-	add(18, "")
-	g := Gap{TID: 7, Start: 10, End: 20, Cause: CauseCPU, Breakdown: map[Cause]int64{CauseCPU: 8000, CauseIORead: 500}}
-	s.mappedReads(&g)
-	if g.Breakdown[CauseIORead] != 6500 || g.Breakdown[CauseCPU] != 2000 || g.Cause != CauseIORead {
-		t.Fatalf("breakdown %v cause %s, want io.read 6500 (500 + 3/4 of 8000), cpu 2000, cause io.read", g.Breakdown, g.Cause)
-	}
-	if len(g.Evidence.Files) != 1 || g.Evidence.Files[0].Path != "/data/index.bin" || g.Evidence.Files[0].Op != "fault" ||
-		g.Evidence.Files[0].Calls != 3 || g.Evidence.Files[0].NS != 6000 {
-		t.Errorf("files %+v, want /data/index.bin fault ×3 6000 ns", g.Evidence.Files)
-	}
-	other := Gap{TID: 7, Start: 17, End: 20, Cause: CauseCPU, Breakdown: map[Cause]int64{CauseCPU: 3000}}
-	s.mappedReads(&other)
-	if other.Breakdown[CauseCPU] != 3000 || len(other.Evidence.Files) != 0 {
-		t.Errorf("a gap without fault samples changed: %v %+v", other.Breakdown, other.Evidence.Files)
-	}
-}

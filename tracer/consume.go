@@ -426,8 +426,13 @@ func (t *Tracer) handle(d *decoded) {
 		return
 	}
 	if d.faultAddr != 0 {
-		// Blocked in a page fault: on a mapped file, a read of it.
-		ev.Path = t.fmaps.file(ev.PID, d.faultAddr)
+		// Blocked in a page fault, or faults timed on the CPU (on a
+		// regular file's mapping by then): on a mapped file, a read of it.
+		at := int64(0)
+		if ev.Kind == event.KindFaultRead {
+			at = ev.End
+		}
+		ev.Path = t.fmaps.file(ev.PID, d.faultAddr, at)
 		if ev.Path != "" {
 			ev.FDKind = event.FDFile
 		}

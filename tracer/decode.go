@@ -21,6 +21,8 @@ const (
 	// evSyscallPath: a syscall record followed by the path the call named.
 	evSyscallPath = uint32(cudaEventTypeEV_SYSCALL_PATH)
 	evCPUSample   = uint32(cudaEventTypeEV_CPU_SAMPLE)
+	// evFaultRead: page faults that read a mapped file (bpf/fault.h).
+	evFaultRead = uint32(cudaEventTypeEV_FAULT_READ)
 	// evMarker: a framework step marker (bpf/marker.c).
 	evMarker = uint32(markerEventTypeEV_MARKER)
 )
@@ -44,6 +46,7 @@ type (
 	rawSched   = schedSchedEvent
 	rawProc    = schedProcEvent
 	rawSample  = profileCpuSampleEvent
+	rawFault   = profileFaultReadEvent
 	rawMarker  = markerMarkerEvent
 )
 
@@ -58,6 +61,7 @@ var recordSizes = [...]uintptr{
 	evPyStack:     unsafe.Sizeof(rawPyStack{}),
 	evSyscallPath: unsafe.Sizeof(rawSysPath{}),
 	evCPUSample:   unsafe.Sizeof(rawSample{}),
+	evFaultRead:   unsafe.Sizeof(rawFault{}),
 	evMarker:      unsafe.Sizeof(rawMarker{}),
 }
 
@@ -99,8 +103,9 @@ type decoded struct {
 	waitN     uint32
 	waitSocks uint32
 	// sampleIPs, for a CPU sample, its user stack as the record holds it;
-	// faultAddr, for an off-CPU block inside a page fault or a CPU
-	// sample taken in the fault's handler, the address.
+	// faultAddr, for an off-CPU block inside a page fault, a CPU sample
+	// taken in the fault's handler or a burst of faults on a mapped file,
+	// the address.
 	sampleIPs []uint64
 	faultAddr uint64
 }
@@ -218,6 +223,8 @@ func decodeRecord(rec []byte, d *decoded) error {
 			d.faultAddr = r.FaultAddr
 		}
 		d.emit = true
+	case evFaultRead:
+		return decodeFaultRead(rec, h, d)
 	case evMarker:
 		return decodeMarker(rec, h, d)
 	}

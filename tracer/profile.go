@@ -154,7 +154,7 @@ func (t *Tracer) sample(ev *event.Event, d *decoded) {
 	if d.faultAddr != 0 {
 		// Sampled in the kernel handling a page fault: on a mapped
 		// file, the thread was reading it in (anonymous memory: "").
-		ev.Path = t.fmaps.file(ev.PID, d.faultAddr)
+		ev.Path = t.fmaps.file(ev.PID, d.faultAddr, 0)
 		if ev.Path != "" {
 			ev.FDKind = event.FDFile
 		}
@@ -175,9 +175,12 @@ func newFileMaps() *fileMaps {
 }
 
 // file is the path of the file pid maps at addr; "" when none (anonymous
-// memory, a process gone). The maps are read again when addr is not in
-// them and the copy is older than 100 ms.
-func (f *fileMaps) file(pid uint32, addr uint64) string {
+// memory, a process gone). When addr is in none of the cached mappings the
+// maps are read again: if the copy was read before at, the time by which
+// the kernel saw a regular file mapped at addr (a fault it timed there; the
+// file was mapped after the copy was read), else, when at is 0 (the
+// address may be anonymous memory), if the copy is older than 100 ms.
+func (f *fileMaps) file(pid uint32, addr uint64, at int64) string {
 	if f == nil {
 		return "" // a tracer fed recorded records
 	}
@@ -186,7 +189,8 @@ func (f *fileMaps) file(pid uint32, addr uint64) string {
 	for attempt := 0; attempt < 2; attempt++ {
 		ms, ok := f.procs[pid]
 		if !ok || attempt == 1 {
-			if attempt == 1 && time.Since(f.readAt[pid]) < 100*time.Millisecond {
+			if attempt == 1 && (at != 0 && !f.readAt[pid].Before(time.Unix(0, at)) ||
+				at == 0 && time.Since(f.readAt[pid]) < 100*time.Millisecond) {
 				return ""
 			}
 			var err error

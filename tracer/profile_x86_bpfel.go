@@ -29,9 +29,38 @@ type profileCpuSampleEvent struct {
 }
 
 type profileFault struct {
-	_    structs.HostLayout
-	Addr uint64
-	Ip   uint64
+	_       structs.HostLayout
+	Addr    uint64
+	Ip      uint64
+	Start   uint64
+	Off     uint64
+	File    uint64
+	B_file  uint64
+	B_start uint64
+	B_end   uint64
+	B_on    uint64
+	B_off   uint64
+	B_addr  uint64
+	B_count uint64
+	B_stack int64
+}
+
+type profileFaultReadEvent struct {
+	_   structs.HostLayout
+	Hdr struct {
+		_       structs.HostLayout
+		Type    uint32
+		Kind    uint32
+		PidTgid uint64
+		KtimeNs uint64
+	}
+	StartNs uint64
+	OnNs    uint64
+	OffNs   uint64
+	Addr    uint64
+	Count   uint64
+	StackId int32
+	Pad     uint32
 }
 
 type profilePyOffsets struct {
@@ -132,6 +161,7 @@ const (
 	profileMapTracedTgids            = "traced_tgids"
 	profileMapUserStacks             = "user_stacks"
 	profileProgOnCpuSample           = "on_cpu_sample"
+	profileProgOnFaultDone           = "on_fault_done"
 	profileVarNullProbes             = "null_probes"
 	profileVarPidnsInum              = "pidns_inum"
 	profileVarPidnsLevelSeen         = "pidns_level_seen"
@@ -141,6 +171,7 @@ const (
 	profileVarUnusedEventHdr         = "unused_event_hdr"
 	profileVarUnusedEventKind        = "unused_event_kind"
 	profileVarUnusedEventType        = "unused_event_type"
+	profileVarUnusedFaultReadEvent   = "unused_fault_read_event"
 	profileVarUnusedFdEvent          = "unused_fd_event"
 	profileVarUnusedNcclEvent        = "unused_nccl_event"
 	profileVarUnusedProcEvent        = "unused_proc_event"
@@ -202,6 +233,7 @@ type profileSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type profileProgramSpecs struct {
 	OnCpuSample *ebpf.ProgramSpec `ebpf:"on_cpu_sample"`
+	OnFaultDone *ebpf.ProgramSpec `ebpf:"on_fault_done"`
 }
 
 // profileMapSpecs contains maps before they are loaded into the kernel.
@@ -233,6 +265,7 @@ type profileVariableSpecs struct {
 	UnusedEventHdr         *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
 	UnusedEventKind        *ebpf.VariableSpec `ebpf:"unused_event_kind"`
 	UnusedEventType        *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedFaultReadEvent   *ebpf.VariableSpec `ebpf:"unused_fault_read_event"`
 	UnusedFdEvent          *ebpf.VariableSpec `ebpf:"unused_fd_event"`
 	UnusedNcclEvent        *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
 	UnusedProcEvent        *ebpf.VariableSpec `ebpf:"unused_proc_event"`
@@ -311,6 +344,7 @@ type profileVariables struct {
 	UnusedEventHdr         *ebpf.Variable `ebpf:"unused_event_hdr"`
 	UnusedEventKind        *ebpf.Variable `ebpf:"unused_event_kind"`
 	UnusedEventType        *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedFaultReadEvent   *ebpf.Variable `ebpf:"unused_fault_read_event"`
 	UnusedFdEvent          *ebpf.Variable `ebpf:"unused_fd_event"`
 	UnusedNcclEvent        *ebpf.Variable `ebpf:"unused_nccl_event"`
 	UnusedProcEvent        *ebpf.Variable `ebpf:"unused_proc_event"`
@@ -334,11 +368,13 @@ type profileVariables struct {
 // It can be passed to loadProfileObjects or ebpf.CollectionSpec.LoadAndAssign.
 type profilePrograms struct {
 	OnCpuSample *ebpf.Program `ebpf:"on_cpu_sample"`
+	OnFaultDone *ebpf.Program `ebpf:"on_fault_done"`
 }
 
 func (p *profilePrograms) Close() error {
 	return _ProfileClose(
 		p.OnCpuSample,
+		p.OnFaultDone,
 	)
 }
 

@@ -14,9 +14,20 @@ import (
 )
 
 type schedFault struct {
-	_    structs.HostLayout
-	Addr uint64
-	Ip   uint64
+	_       structs.HostLayout
+	Addr    uint64
+	Ip      uint64
+	Start   uint64
+	Off     uint64
+	File    uint64
+	B_file  uint64
+	B_start uint64
+	B_end   uint64
+	B_on    uint64
+	B_off   uint64
+	B_addr  uint64
+	B_count uint64
+	B_stack int64
 }
 
 type schedProcEvent struct {

@@ -196,6 +196,9 @@ func New(cfg Config) (*Tracer, error) {
 	if err := t.attachSampler(); err != nil {
 		return nil, errors.Join(err, closeLinksParallel(t.tps), t.closeObjects())
 	}
+	if err := t.attachFaultEvents(); err != nil {
+		return nil, errors.Join(err, closeLinksParallel(t.tps), t.closeObjects())
+	}
 	rd, err := ringbuf.NewReader(t.shared[cudaMapEvents])
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("open ring buffer reader: %w", err), closeLinksParallel(t.tps), t.closeObjects())

@@ -235,16 +235,15 @@ struct cpu_sample_event {
 	__u64 ips[SAMPLE_DEPTH];
 };
 
-/* EV_FAULT_READ: a burst of a traced thread's completed user page faults
- * on one regular file's mapping (bpf/fault.h), from the start of the first
- * (start_ns) to the end of the latest (hdr.ktime_ns). The Python frames of
+/* EV_FAULT_READ: a burst of a traced thread's user page faults on one
+ * regular file's mapping, on the CPU throughout (bpf/fault.h), from the
+ * start of the first (start_ns) to the start of the latest, or the
+ * burst's end when the thread was still inside that fault (hdr.ktime_ns). The Python frames of
  * the first fault, for a CPython thread, come in an EV_PYSTACK record of
  * the same thread with time start_ns, before it. */
 struct fault_read_event {
 	struct event_hdr hdr;
 	__u64 start_ns;
-	__u64 on_ns;  /* time on the CPU inside the faults */
-	__u64 off_ns; /* time off it inside them (its blocks are K_OFFCPU events) */
 	__u64 addr;  /* the first fault's address: the file is what the process maps there */
 	__u64 count; /* faults */
 	__s32 stack_id; /* user_stacks id of the first fault's user stack, -1 when none */

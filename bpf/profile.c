@@ -16,16 +16,8 @@
  * gap belongs to. A sample taken in the kernel while the thread handles a
  * page fault carries the faulting address (fault.h): time spent filling a
  * mapped file's pages is a read of that file, not computation. A sample
- * ends the thread's burst of file faults (fault.h): a burst then spans at
- * most one sampling period of the thread's time on the CPU.
- *
- * on_fault_done runs on the software page-fault events (minor and major,
- * one per CPU, a sample per event), which the kernel raises once a user
- * fault completed (mm_account_fault: not for a fault retried, failed, or
- * taken by the kernel on its own behalf). A traced thread's fault begun
- * on a regular file's mapping (sched.c) ends there: its time on the CPU
- * joins the thread's burst on that file; the first fault of a burst
- * takes the thread's user stack and Python frames.
+ * taken outside the fault ends the thread's burst of file faults
+ * (fault.h): the thread ran its own code.
  */
 #include "common.h"
 #include "python.h"
@@ -40,7 +32,7 @@ int on_cpu_sample(void *ctx)
 	if (!(__u32)id)
 		return 0; /* a traced process's idle task never runs; be safe */
 	__u64 now = bpf_ktime_get_ns();
-	fault_flush_id(id);
+	fault_flush_task(bpf_get_current_task_btf(), id, false);
 	py_stack(id, now);
 	struct cpu_sample_event *e = reserve(sizeof(*e));
 	if (!e)
@@ -57,43 +49,6 @@ int on_cpu_sample(void *ctx)
 	 * sampled there is a read of it. */
 	e->fault_addr = e->kernel ? fault_in(bpf_get_current_task_btf(), id) : 0;
 	submit(e);
-	return 0;
-}
-
-SEC("perf_event")
-int on_fault_done(struct bpf_perf_event_data *ctx)
-{
-	__u64 id;
-	if (!enter_traced(&id))
-		return 0;
-	struct fault *f = bpf_map_lookup_elem(&faults, &id);
-	if (!f || !f->start)
-		return 0;
-	/* The fault begun in user space at this instruction and address, not
-	 * one the kernel took copying to user memory inside a syscall. */
-	if ((ctx->regs.cs & 3) == 0 || ctx->regs.ip != f->ip || ctx->addr != f->addr)
-		return 0;
-	__u64 now = bpf_ktime_get_ns();
-	__u64 took = now - f->start;
-	__u64 off = f->off < took ? f->off : took;
-	__u64 on = took - off;
-	__u64 start = f->start;
-	f->start = 0;
-	if (f->b_count && f->b_file != f->file)
-		fault_flush(id, f);
-	if (!f->b_count) {
-		/* A new burst: which code reads the file, as the user
-		 * registers of the fault and the Python frames stand. */
-		f->b_file = f->file;
-		f->b_start = start;
-		f->b_addr = f->addr;
-		f->b_stack = user_stack(ctx);
-		py_stack(id, start);
-	}
-	f->b_end = now;
-	f->b_on += on;
-	f->b_off += off;
-	f->b_count++;
 	return 0;
 }
 

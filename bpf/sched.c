@@ -14,21 +14,21 @@
  * K_RUNQUEUE event from the wakeup (SCHED_F_WOKEN): a sync's wait for the
  * GPU ended there, not at its return.
  * page_fault_user: a traced thread's latest user page fault (address,
- * faulting instruction, start, the regular file mapped there) is kept per
- * thread (bpf/fault.h); a K_OFFCPU block whose thread comes back with its
- * user registers still at that instruction was spent inside the fault
+ * faulting instruction) is kept per thread; mm_filemap_map_pages and
+ * mm_filemap_fault say it read a regular file, and it joins the thread's
+ * burst of faults on that file (bpf/fault.h); a K_OFFCPU
+ * block whose thread comes back with its user registers still at that
+ * instruction was spent inside the fault
  * (reading a page of a mapped file in), and its event carries the address,
  * which user space maps to the file. Such a block is emitted however
- * short: each is a read. The time a thread spends off the CPU inside a
- * fault is added to the fault's, which profile.c takes out of its
- * duration when it completes; a thread leaving the CPU emits its burst
- * of file faults.
+ * short: each is a read. A thread leaving the CPU emits its burst.
  * sched_process_fork: children of traced processes are traced from their
  * first instruction (added to traced_tgids here, before user space knows).
  * sched_process_exit: per-thread state is dropped; the last thread of a
  * process removes it from traced_tgids.
  */
 #include "common.h"
+#include "python.h"
 #include "fault.h"
 
 #define TASK_RUNNING 0
@@ -50,7 +50,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 				t->waker = 0;
 		}
 		/* The faults it ran so far are one stretch of its time. */
-		fault_flush_id(pid);
+		fault_flush_task(prev, pid, true);
 	}
 
 	__u64 nid = btf_task_id(next);
@@ -65,9 +65,6 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	__u64 woke = t->wake_ns;
 	t->off_start = 0;
 	t->wake_ns = 0;
-	struct fault *flt = bpf_map_lookup_elem(&faults, &nid);
-	if (flt && flt->start && flt->start <= start)
-		flt->off += now - start; /* off the CPU inside a fault */
 	__u32 kind, flags = 0;
 	if (t->off_runnable) {
 		/* A process that does not feed the GPU (TGID_GPU) reaches a gap
@@ -114,21 +111,21 @@ int BPF_PROG(on_page_fault_user, unsigned long address, struct pt_regs *regs, un
 	__u64 id;
 	if (!enter_traced(&id))
 		return 0;
-	struct fault *f = bpf_map_lookup_elem(&faults, &id);
-	if (!f) {
-		struct fault zero = {};
-		bpf_map_update_elem(&faults, &id, &zero, BPF_NOEXIST);
-		f = bpf_map_lookup_elem(&faults, &id);
-		if (!f)
-			return 0;
-	}
-	f->addr = address;
-	f->ip = regs->ip;
-	f->off = 0;
-	/* Only a fault on a regular file's mapping is timed: one on anonymous
-	 * memory is no read, and its completion is then skipped at once. */
-	f->file = mapped_file(address);
-	f->start = f->file ? bpf_ktime_get_ns() : 0;
+	fault_begin(ctx, id, address, regs->ip);
+	return 0;
+}
+
+SEC("tp_btf/mm_filemap_map_pages")
+int BPF_PROG(on_filemap_map_pages, struct address_space *mapping, unsigned long start, unsigned long last)
+{
+	fault_filemap(ctx, mapping);
+	return 0;
+}
+
+SEC("tp_btf/mm_filemap_fault")
+int BPF_PROG(on_filemap_fault, struct address_space *mapping, unsigned long index)
+{
+	fault_filemap(ctx, mapping);
 	return 0;
 }
 
@@ -231,7 +228,9 @@ int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 		return 0;
 	__u32 tgid = id >> 32;
 	bpf_map_delete_elem(&threads, &id);
-	fault_flush_id(id);
+	struct fault *f = bpf_map_lookup_elem(&faults, &id);
+	if (f)
+		fault_flush(id, f, 0, false);
 	bpf_map_delete_elem(&faults, &id);
 	if (group_dead)
 		bpf_map_delete_elem(&traced_tgids, &tgid);

@@ -134,6 +134,11 @@ struct file {
 	struct inode *f_inode;
 } __attribute__((preserve_access_index));
 
+/* A file's page cache (the filemap fault tracepoints). */
+struct address_space {
+	struct inode *host;
+} __attribute__((preserve_access_index));
+
 /* A mapping of a process's address space (bpf_find_vma's callback). */
 struct vm_area_struct {
 	struct file *vm_file;

@@ -9,10 +9,9 @@ import (
 )
 
 // faultRead is a thread's burst of page faults on one mapped file
-// (event.KindFaultRead): from..to, on ns of it on the CPU inside them.
+// (event.KindFaultRead): from..to on the CPU, reading it.
 type faultRead struct {
 	from, to int64
-	on, off  int64
 	count    uint64
 	path     string
 	// stack: the code of its first fault (Python frames included).
@@ -32,13 +31,13 @@ type faultReads struct {
 // add keeps ev, a KindFaultRead; one whose file is unknown (the mapping
 // was gone before the tracer read the process's maps) is dropped.
 func (r *faultReads) add(ev *event.Event) {
-	if ev.Path == "" || ev.Count == 0 || ev.End < ev.Start || ev.OnCPU < 0 || ev.OffCPU < 0 || ev.OnCPU+ev.OffCPU > ev.End-ev.Start {
+	if ev.Path == "" || ev.Count == 0 || ev.End < ev.Start {
 		return
 	}
 	if r.byTID == nil {
 		r.byTID = make(map[uint32][]faultRead)
 	}
-	f := faultRead{from: ev.Start, to: ev.End, on: ev.OnCPU, off: ev.OffCPU, count: ev.Count, path: ev.Path, stack: ev.Stack, truncated: ev.StackTruncated}
+	f := faultRead{from: ev.Start, to: ev.End, count: ev.Count, path: ev.Path, stack: ev.Stack, truncated: ev.StackTruncated}
 	l := r.byTID[ev.TID]
 	if n := len(l); n > 0 && l[n-1].to > f.to {
 		i, _ := slices.BinarySearchFunc(l, f.to, func(x faultRead, t int64) int { return cmp.Compare(x.to, t) })
@@ -68,17 +67,11 @@ func (r *faultReads) add(ev *event.Event) {
 // (finding, reading ahead and mapping the pages) as well as the blocks the
 // scheduler shows (those are io.read already), and both are what a user
 // changes by reading the file differently. The tracer reports a thread's
-// faults on one file as bursts: from the start of the first to the end of
-// the last the thread stayed on the CPU, no CPU sample was taken of it and
-// it faulted on no other file, and the time inside the faults is timed. A
-// fault costs more than its handler (the way into the kernel and back,
-// which under a hypervisor is the hypervisor's, and the TLB it leaves
-// cold), so a burst's whole span less its blocks counts (at least its
-// faults' own time); the code the thread ran between faults of one burst
-// is counted with them. A burst that straddles g's edge counts for the part
-// of its span inside g. Each file gets its part in the evidence (op
-// "fault"), and the dominant cause is chosen again; a gap that reads
-// mostly through faults gets the faulting code's stack.
+// consecutive faults on one file as a burst, on the CPU from its first
+// fault to its last (event.KindFaultRead); a burst that straddles g's edge
+// counts for the part of its span inside g. Each file gets its part in the
+// evidence (op "fault"), and the dominant cause is chosen again; a gap
+// that reads mostly through faults gets the faulting code's stack.
 func (s *samples) mappedReads(g *Gap) {
 	cpu := g.Breakdown[CauseCPU]
 	l := s.reads.byTID[g.TID]
@@ -160,17 +153,17 @@ func faultNS(files []attribute.FileEvidence) int64 {
 	return ns
 }
 
-// readIn is the time of f inside [a, b) that its thread spent reading
-// through its faults, and its faults there: the part of its span inside,
-// in proportion, less its blocks, and at least its faults' timed part.
+// readIn is f's time inside [a, b), the part of its span inside, and
+// its faults there, in proportion.
 func (f *faultRead) readIn(a, b int64) (int64, uint64) {
 	frac := f.within(a, b)
 	if frac <= 0 {
 		return 0, 0
 	}
-	on := int64(float64(f.on) * frac)
-	walk := int64(float64(f.to-f.from-f.off) * frac)
-	return max(on, walk), uint64(float64(f.count)*frac + 0.5)
+	if f.to == f.from {
+		return 0, f.count // one fault, timed no further than its start
+	}
+	return int64(float64(f.to-f.from) * frac), uint64(float64(f.count)*frac + 0.5)
 }
 
 // within is the share of f's span inside [a, b); a burst of no span

@@ -7,8 +7,8 @@ import (
 	"github.com/gaptrace/gaptrace/event"
 )
 
-func faultBurst(tid uint32, from, to, on, off int64, count uint64, path, fn string) event.Event {
-	ev := event.Event{Kind: event.KindFaultRead, PID: 1, TID: tid, Start: from, End: to, OnCPU: on, OffCPU: off, Count: count, Path: path, FDKind: event.FDFile}
+func faultBurst(tid uint32, from, to int64, count uint64, path, fn string) event.Event {
+	ev := event.Event{Kind: event.KindFaultRead, PID: 1, TID: tid, Start: from, End: to, Count: count, Path: path, FDKind: event.FDFile}
 	if fn != "" {
 		ev.Stack = []event.Frame{{Function: fn, File: "/job/train.py", Line: 20}}
 	}
@@ -16,7 +16,7 @@ func faultBurst(tid uint32, from, to, on, off int64, count uint64, path, fn stri
 }
 
 // TestMappedReads: the span of a gap's thread's bursts of page faults on
-// mapped files inside the gap, less their blocks, moves from its cpu time
+// mapped files inside the gap moves from its cpu time
 // to io.read, each file named (op fault, merged with the blocks in faults
 // already there); a burst that straddles the gap's edge counts for the
 // part of its span inside; the cause is picked again and, the gap reading
@@ -25,12 +25,12 @@ func faultBurst(tid uint32, from, to, on, off int64, count uint64, path, fn stri
 func TestMappedReads(t *testing.T) {
 	var s samples
 	for _, ev := range []event.Event{
-		faultBurst(7, 1000, 5000, 2000, 0, 8, "/data/index.bin", "scan_index"),      // before the gap
-		faultBurst(7, 12000, 16000, 1000, 500, 30, "/data/index.bin", "scan_index"), // inside: 3500
-		faultBurst(7, 17000, 17500, 100, 0, 1, "/data/other.bin", ""),               // inside, another file: 500
-		faultBurst(7, 18000, 22000, 800, 0, 10, "/data/index.bin", "scan_index"),    // half inside: 2000
-		faultBurst(8, 12000, 16000, 3000, 0, 30, "/data/index.bin", "scan_index"),   // another thread
-		faultBurst(7, 16000, 17000, 900, 0, 3, "", ""),                              // file unknown
+		faultBurst(7, 1000, 5000, 8, "/data/index.bin", "scan_index"),    // before the gap
+		faultBurst(7, 12000, 16000, 30, "/data/index.bin", "scan_index"), // inside: 4000
+		faultBurst(7, 17000, 17500, 1, "/data/other.bin", ""),            // inside, another file: 500
+		faultBurst(7, 18000, 22000, 10, "/data/index.bin", "scan_index"), // half inside: 2000
+		faultBurst(8, 12000, 16000, 30, "/data/index.bin", "scan_index"), // another thread
+		faultBurst(7, 16000, 17000, 3, "", ""),                           // file unknown
 	} {
 		s.reads.add(&ev)
 	}
@@ -38,13 +38,13 @@ func TestMappedReads(t *testing.T) {
 		Evidence: Evidence{Files: []attribute.FileEvidence{{Path: "/data/index.bin", Op: "fault", Calls: 2, NS: 500}},
 			Stack: []event.Frame{{Function: "cuCtxSynchronize"}}}}
 	s.mappedReads(&g)
-	if g.Breakdown[CauseIORead] != 6500 || g.Breakdown[CauseCPU] != 2000 || g.Cause != CauseIORead {
-		t.Fatalf("breakdown %v cause %s, want io.read 6500, cpu 2000, cause io.read", g.Breakdown, g.Cause)
+	if g.Breakdown[CauseIORead] != 7000 || g.Breakdown[CauseCPU] != 1500 || g.Cause != CauseIORead {
+		t.Fatalf("breakdown %v cause %s, want io.read 7000, cpu 1500, cause io.read", g.Breakdown, g.Cause)
 	}
 	f := g.Evidence.Files
-	if len(f) != 2 || f[0].Path != "/data/index.bin" || f[0].Op != "fault" || f[0].Calls != 2+30+5 || f[0].NS != 6000 ||
+	if len(f) != 2 || f[0].Path != "/data/index.bin" || f[0].Op != "fault" || f[0].Calls != 2+30+5 || f[0].NS != 6500 ||
 		f[1].Path != "/data/other.bin" || f[1].Calls != 1 || f[1].NS != 500 {
-		t.Errorf("files %+v, want index.bin fault ×37 6000 ns, other.bin ×1 500 ns", f)
+		t.Errorf("files %+v, want index.bin fault ×37 6500 ns, other.bin ×1 500 ns", f)
 	}
 	if len(g.Evidence.Stack) != 1 || g.Evidence.Stack[0].Function != "scan_index" {
 		t.Errorf("stack %+v, want the faulting code's (scan_index)", g.Evidence.Stack)
@@ -62,8 +62,8 @@ func TestMappedReads(t *testing.T) {
 		Evidence: Evidence{Files: []attribute.FileEvidence{{Path: "/data/shard.tar", Op: "read", Calls: 4, NS: 20000}},
 			Stack: []event.Frame{{Function: "load_shard"}}}}
 	s.mappedReads(&reads)
-	if reads.Breakdown[CauseIORead] != 26000 || reads.Evidence.Stack[0].Function != "load_shard" {
-		t.Errorf("read gap: io.read %d stack %+v, want 26000 and load_shard kept", reads.Breakdown[CauseIORead], reads.Evidence.Stack)
+	if reads.Breakdown[CauseIORead] != 26500 || reads.Evidence.Stack[0].Function != "load_shard" {
+		t.Errorf("read gap: io.read %d stack %+v, want 26500 and load_shard kept", reads.Breakdown[CauseIORead], reads.Evidence.Stack)
 	}
 
 	other := Gap{TID: 7, Start: 30000, End: 40000, Cause: CauseCPU, Breakdown: map[Cause]int64{CauseCPU: 3000}}
@@ -74,21 +74,21 @@ func TestMappedReads(t *testing.T) {
 }
 
 // TestFaultReadIn: a burst's read time in a window is its span's part
-// inside less its blocks' part, at least its faults' timed part.
+// inside; a burst of one fault has no span to count.
 func TestFaultReadIn(t *testing.T) {
-	f := faultRead{from: 0, to: 10000, on: 1000, off: 2000, count: 40}
+	f := faultRead{from: 0, to: 10000, count: 40}
 	for _, c := range []struct {
 		a, b  int64
 		ns    int64
 		calls uint64
-	}{{0, 10000, 8000, 40}, {5000, 20000, 4000, 20}, {10000, 20000, 0, 0}} {
+	}{{0, 10000, 10000, 40}, {5000, 20000, 5000, 20}, {10000, 20000, 0, 0}} {
 		if ns, calls := f.readIn(c.a, c.b); ns != c.ns || calls != c.calls {
 			t.Errorf("[%d, %d): %d ns %d faults, want %d %d", c.a, c.b, ns, calls, c.ns, c.calls)
 		}
 	}
-	blocked := faultRead{from: 0, to: 10000, on: 1000, off: 9000, count: 1}
-	if ns, _ := blocked.readIn(0, 10000); ns != 1000 {
-		t.Errorf("a burst blocked all but its faults' time: %d ns, want 1000", ns)
+	one := faultRead{from: 500, to: 500, count: 1}
+	if ns, calls := one.readIn(0, 1000); ns != 0 || calls != 1 {
+		t.Errorf("one fault: %d ns %d faults, want 0 1", ns, calls)
 	}
 }
 

@@ -72,14 +72,15 @@ const (
 	// processes; they say which code burned a gap charged to the CPU.
 	KindCPUSample
 	// KindFaultRead: the thread's page faults on one mapped regular file,
-	// from the start of the first (Start) to the end of the last (End),
-	// with nothing else of the thread seen between (it stayed on the
-	// CPU): reads of the file through its pages (a memory-mapped dataset
-	// touched cold). Count faults, OnCPU the time on the CPU inside them
-	// (the handler finding, reading ahead and mapping the pages), OffCPU
-	// the time blocked inside them (KindOffCPU events with the same Path
-	// cover it), Path the file. Faults on anonymous memory are not
-	// reported.
+	// one after another with the thread on the CPU throughout (no CPU
+	// sample of it between): from the start of the first (Start) to the
+	// start of the last, or until the thread left the CPU or was sampled
+	// when still inside that fault (End). Reads of the file through its
+	// pages (a memory-mapped dataset touched cold); the code the thread
+	// ran between two of the faults is inside the span. Count faults,
+	// Path the file, Stack the first fault's code. The thread's blocks
+	// inside faults are KindOffCPU events with the file's Path. Faults on
+	// anonymous memory are not reported.
 	KindFaultRead
 )
 
@@ -230,10 +231,6 @@ type Event struct {
 	// say when the thread stopped feeding the GPU and how much it fed.
 	LastLaunch int64  `json:",omitempty"`
 	Pending    uint64 `json:",omitempty"`
-	// OnCPU and OffCPU (KindFaultRead): ns on and off the CPU inside the
-	// faults; together at most End - Start.
-	OnCPU  int64 `json:",omitempty"`
-	OffCPU int64 `json:",omitempty"`
 	// Mark (KindEnqueue) is the launched function's handle (CUfunction,
 	// or the CUgraphExec of a graph launch) when the tracer marked it as
 	// one that clocks steps: such a launch is emitted wherever it comes.

@@ -33,13 +33,10 @@ type profileFault struct {
 	Addr    uint64
 	Ip      uint64
 	Start   uint64
-	Off     uint64
 	File    uint64
 	B_file  uint64
 	B_start uint64
 	B_end   uint64
-	B_on    uint64
-	B_off   uint64
 	B_addr  uint64
 	B_count uint64
 	B_stack int64
@@ -55,8 +52,6 @@ type profileFaultReadEvent struct {
 		KtimeNs uint64
 	}
 	StartNs uint64
-	OnNs    uint64
-	OffNs   uint64
 	Addr    uint64
 	Count   uint64
 	StackId int32
@@ -161,7 +156,7 @@ const (
 	profileMapTracedTgids            = "traced_tgids"
 	profileMapUserStacks             = "user_stacks"
 	profileProgOnCpuSample           = "on_cpu_sample"
-	profileProgOnFaultDone           = "on_fault_done"
+	profileVarFaultFindVma           = "fault_find_vma"
 	profileVarNullProbes             = "null_probes"
 	profileVarPidnsInum              = "pidns_inum"
 	profileVarPidnsLevelSeen         = "pidns_level_seen"
@@ -233,7 +228,6 @@ type profileSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type profileProgramSpecs struct {
 	OnCpuSample *ebpf.ProgramSpec `ebpf:"on_cpu_sample"`
-	OnFaultDone *ebpf.ProgramSpec `ebpf:"on_fault_done"`
 }
 
 // profileMapSpecs contains maps before they are loaded into the kernel.
@@ -256,6 +250,7 @@ type profileMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type profileVariableSpecs struct {
+	FaultFindVma           *ebpf.VariableSpec `ebpf:"fault_find_vma"`
 	NullProbes             *ebpf.VariableSpec `ebpf:"null_probes"`
 	PidnsInum              *ebpf.VariableSpec `ebpf:"pidns_inum"`
 	PidnsLevelSeen         *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
@@ -335,6 +330,7 @@ func (m *profileMaps) Close() error {
 //
 // It can be passed to loadProfileObjects or ebpf.CollectionSpec.LoadAndAssign.
 type profileVariables struct {
+	FaultFindVma           *ebpf.Variable `ebpf:"fault_find_vma"`
 	NullProbes             *ebpf.Variable `ebpf:"null_probes"`
 	PidnsInum              *ebpf.Variable `ebpf:"pidns_inum"`
 	PidnsLevelSeen         *ebpf.Variable `ebpf:"pidns_level_seen"`
@@ -368,13 +364,11 @@ type profileVariables struct {
 // It can be passed to loadProfileObjects or ebpf.CollectionSpec.LoadAndAssign.
 type profilePrograms struct {
 	OnCpuSample *ebpf.Program `ebpf:"on_cpu_sample"`
-	OnFaultDone *ebpf.Program `ebpf:"on_fault_done"`
 }
 
 func (p *profilePrograms) Close() error {
 	return _ProfileClose(
 		p.OnCpuSample,
-		p.OnFaultDone,
 	)
 }
 

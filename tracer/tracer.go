@@ -89,6 +89,9 @@ type Tracer struct {
 	syms  *symbolizer
 	py    *pyStacks
 	fmaps *fileMaps // page faults: address → mapped file
+	// filemapTPs: the kernel has the filemap fault tracepoints
+	// (faultread.go prepareFaults).
+	filemapTPs bool
 	pipes *pipeReaders
 	// children: what each traced process exec'd, for waits on it.
 	children *childCommands
@@ -194,9 +197,6 @@ func New(cfg Config) (*Tracer, error) {
 		return nil, errors.Join(err, closeLinksParallel(t.tps), t.closeObjects())
 	}
 	if err := t.attachSampler(); err != nil {
-		return nil, errors.Join(err, closeLinksParallel(t.tps), t.closeObjects())
-	}
-	if err := t.attachFaultEvents(); err != nil {
 		return nil, errors.Join(err, closeLinksParallel(t.tps), t.closeObjects())
 	}
 	rd, err := ringbuf.NewReader(t.shared[cudaMapEvents])

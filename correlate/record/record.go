@@ -348,9 +348,6 @@ func Check(c *Call) error {
 		if ev.Kind == event.KindInvalid || ev.Kind > event.KindFaultRead && ev.Kind != event.KindMarker {
 			return fmt.Errorf("event kind %d out of range", ev.Kind)
 		}
-		if ev.OnCPU < 0 || ev.OffCPU < 0 || (ev.OnCPU > 0 || ev.OffCPU > 0) && (ev.Kind != event.KindFaultRead || ev.End-ev.Start-ev.OnCPU < ev.OffCPU) {
-			return fmt.Errorf("%d ns on the CPU and %d off in a %d ns event of kind %d out of range", ev.OnCPU, ev.OffCPU, ev.End-ev.Start, ev.Kind)
-		}
 		if ev.Kind == event.KindMarker && (len(ev.Name) > maxMarkerName || stepclock.ClassOf(ev.Name) == stepclock.MarkerNone) {
 			return fmt.Errorf("marker %.80q is not a step marker of at most %d bytes", ev.Name, maxMarkerName)
 		}

@@ -92,7 +92,7 @@ type Tracer struct {
 	// filemapTPs: the kernel has the filemap fault tracepoints
 	// (faultread.go prepareFaults).
 	filemapTPs bool
-	pipes *pipeReaders
+	pipes      *pipeReaders
 	// children: what each traced process exec'd, for waits on it.
 	children *childCommands
 	// multi: uprobes are attached as one uprobe_multi link per program and

@@ -14,7 +14,9 @@
  * start of the first to the start of the latest, extended to the moment
  * it ends when the thread is still inside its latest fault then; the
  * burst is emitted as one EV_FAULT_READ record when the thread leaves the
- * CPU (sched_switch: so a burst never holds time off the CPU), when a CPU
+ * CPU (sched_switch: so a burst never holds time off the CPU; one that
+ * left inside the fault goes on with it in a new burst when it runs
+ * again), when a CPU
  * sample finds it outside the fault (running its own code: so a burst
  * holds at most one sampling period of that), when it faults on another
  * file, or when it exits. The
@@ -44,6 +46,9 @@ struct fault {
 	__u64 b_addr;  /* its first fault's address (user space names the file) */
 	__u64 b_count; /* faults */
 	__s64 b_stack; /* its first fault's user stack (user_stacks id), -1: none */
+	/* The thread left the CPU inside the burst's latest fault: when it
+	 * runs again, a burst goes on from there (fault_resume). */
+	__u64 b_cont;
 };
 
 struct {
@@ -127,6 +132,25 @@ static __always_inline void fault_flush_task(struct task_struct *task, __u64 id,
 	if (inside && !always)
 		return;
 	fault_flush(id, f, bpf_ktime_get_ns(), inside);
+	f->b_cont = inside;
+}
+
+/* fault_resume: thread id runs again at now; having left the CPU inside a
+ * fault of a burst, it goes on with that fault in a new one (the same
+ * code: its stack is kept; the first fault counts in both). */
+static __always_inline void fault_resume(__u64 id, __u64 now)
+{
+	struct fault *f = bpf_map_lookup_elem(&faults, &id);
+	if (!f || !f->b_cont)
+		return;
+	f->b_cont = 0;
+	if (f->b_count)
+		return;
+	f->b_file = f->file;
+	f->b_start = now;
+	f->b_end = now;
+	f->b_addr = f->addr;
+	f->b_count = 1;
 }
 
 /* fault_join adds thread id's latest fault, f, which read the regular
@@ -166,6 +190,7 @@ static __always_inline void fault_begin(void *ctx, __u64 id, __u64 addr, __u64 i
 	f->ip = ip;
 	f->start = bpf_ktime_get_ns();
 	f->file = 0;
+	f->b_cont = 0;
 	if (fault_find_vma) {
 		__u64 file = mapped_file(addr);
 		if (file)

@@ -58,6 +58,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	__u32 *nflags = bpf_map_lookup_elem(&traced_tgids, &ntgid);
 	if (!nflags)
 		return 0;
+	fault_resume(nid, now);
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &nid);
 	if (!t || t->off_start == 0)
 		return 0;

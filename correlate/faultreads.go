@@ -82,7 +82,7 @@ func (s *samples) mappedReads(g *Gap) {
 	type part struct {
 		ns    int64
 		calls uint64
-		top   *faultRead // the burst with the most time in g
+		top   *faultRead // the burst whose stack names the code best
 		topNS int64
 	}
 	byFile := map[string]*part{}
@@ -102,7 +102,10 @@ func (s *samples) mappedReads(g *Gap) {
 		p.ns += ns
 		p.calls += calls
 		total += ns
-		if ns > p.topNS && len(l[i].stack) > 0 {
+		if len(l[i].stack) > 0 && (p.top == nil || len(l[i].stack) > len(p.top.stack) ||
+			len(l[i].stack) == len(p.top.stack) && ns > p.topNS) {
+			// The deepest stack (one taken with its Python frames),
+			// then the most time.
 			p.top, p.topNS = &l[i], ns
 		}
 	}

@@ -40,6 +40,7 @@ type profileFault struct {
 	B_addr  uint64
 	B_count uint64
 	B_stack int64
+	B_cont  uint64
 }
 
 type profileFaultReadEvent struct {

@@ -25,6 +25,7 @@ type schedFault struct {
 	B_addr  uint64
 	B_count uint64
 	B_stack int64
+	B_cont  uint64
 }
 
 type schedProcEvent struct {

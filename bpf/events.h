@@ -185,6 +185,9 @@ enum sched_flags {
 	 * (a sync sleeping until the GPU is done) and start_ns is when it was
 	 * woken: the call's wait ended there, the rest was waiting for a CPU. */
 	SCHED_F_WOKEN = 1,
+	/* K_OFFCPU with fault_addr: the fault read a regular file (fault.h),
+	 * mapped at the address by the time of the block. */
+	SCHED_F_FILE = 2,
 };
 
 /* EV_PROC: fork (process or thread), exec, exit. */
@@ -230,8 +233,6 @@ struct cpu_sample_event {
 	struct event_hdr hdr;
 	__u32 depth;  /* frames in ips */
 	__u32 kernel; /* the timer fired while the thread ran in the kernel */
-	/* In the kernel inside a user page fault: the faulting address. */
-	__u64 fault_addr;
 	__u64 ips[SAMPLE_DEPTH];
 };
 

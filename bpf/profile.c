@@ -13,11 +13,9 @@
  *
  * The samples say which code burned the time of a gap charged to the CPU
  * (or to a lock whose holder ran): correlate merges those of the thread the
- * gap belongs to. A sample taken in the kernel while the thread handles a
- * page fault carries the faulting address (fault.h): time spent filling a
- * mapped file's pages is a read of that file, not computation. A sample
- * taken outside the fault ends the thread's burst of file faults
- * (fault.h): the thread ran its own code.
+ * gap belongs to. A sample that finds the thread outside its latest fault
+ * ends its burst of faults on a mapped file (fault.h): the thread ran its
+ * own code.
  */
 #include "common.h"
 #include "python.h"
@@ -44,10 +42,6 @@ int on_cpu_sample(void *ctx)
 	 * with them); the verifier rewrites this read to the real ones. */
 	struct pt_regs *regs = ctx;
 	e->kernel = (regs->cs & 3) == 0;
-	/* In the kernel inside a page fault (the fault handler filling a
-	 * mapped file's page): user space names the file, and the time
-	 * sampled there is a read of it. */
-	e->fault_addr = e->kernel ? fault_in(bpf_get_current_task_btf(), id) : 0;
 	submit(e);
 	return 0;
 }

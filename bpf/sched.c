@@ -100,6 +100,11 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	e->start_ns = start;
 	e->waker = kind == K_OFFCPU ? t->waker : 0;
 	e->fault_addr = fault;
+	if (fault) {
+		struct fault *f = bpf_map_lookup_elem(&faults, &nid);
+		if (f && f->file)
+			flags |= SCHED_F_FILE;
+	}
 	e->flags = flags;
 	submit(e);
 	arm_enqueue(t);

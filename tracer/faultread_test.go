@@ -1,8 +1,11 @@
 package tracer
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf/btf"
@@ -25,7 +28,7 @@ func TestDecodeFaultRead(t *testing.T) {
 	if !reflect.DeepEqual(d.ev, want) {
 		t.Errorf("event\n got %+v\nwant %+v", d.ev, want)
 	}
-	if !d.emit || d.faultAddr != 0x7f0000001000 || d.stackID != 9 || d.ktime != tStart {
+	if !d.emit || d.faultAddr != 0x7f0000001000 || !d.faultFile || d.stackID != 9 || d.ktime != tStart {
 		t.Errorf("emit %v address %#x stack %d ktime %d, want true 0x7f0000001000 9 %d", d.emit, d.faultAddr, d.stackID, d.ktime, tStart)
 	}
 	for name, mod := range map[string]func(r *rawFault){
@@ -68,6 +71,60 @@ func TestFaultReadLayout(t *testing.T) {
 	for i, m := range st.Members {
 		if uintptr(m.Offset.Bytes()) != offs[i] {
 			t.Errorf("%s: C offset %d, Go %d", m.Name, m.Offset.Bytes(), offs[i])
+		}
+	}
+}
+
+// TestFileMapsReread: an address in none of the cached mappings reads the
+// maps again, for a fault burst at once when the copy is older than the
+// burst (the file was mapped after it was read), otherwise at most every
+// 100 ms (the address may be anonymous memory); a copy read after the
+// burst is not read again for it (the mapping is gone).
+func TestFileMapsReread(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "42")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(lines string) {
+		if err := os.WriteFile(filepath.Join(dir, "maps"), []byte(lines), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idx := "7f0000000000-7f0000600000 r--s 00000000 fd:01 1234 /data/index.bin\n"
+	write(idx)
+	f := newFileMaps()
+	f.root = root
+	if got := f.file(42, 0x7f0000001000, 0); got != "/data/index.bin" {
+		t.Fatalf("first lookup: %q", got)
+	}
+	write(idx + "7f1000000000-7f1000100000 r--p 00000000 fd:01 99 /data/shard.bin\n")
+	if got := f.file(42, 0x7f1000000000, 0); got != "" {
+		t.Errorf("unknown address, copy fresh, no fault time: %q, want \"\" (not read again)", got)
+	}
+	if got := f.file(42, 0x7f1000000000, time.Now().Add(-time.Hour).UnixNano()); got != "" {
+		t.Errorf("burst before the copy was read: %q, want \"\"", got)
+	}
+	if got := f.file(42, 0x7f1000000000, time.Now().UnixNano()); got != "/data/shard.bin" {
+		t.Errorf("burst after the copy was read: %q, want /data/shard.bin", got)
+	}
+}
+
+// TestDecodeOffCPUFileFault: a block inside a fault the kernel saw read a
+// regular file carries the address and says so; one in another fault
+// carries the address only.
+func TestDecodeOffCPUFileFault(t *testing.T) {
+	for _, c := range []struct {
+		flags uint32
+		file  bool
+	}{{schedFlagFile, true}, {0, false}} {
+		rec := rawSched{Hdr: hdr(evSched, uint32(event.KindOffCPU), 100, 101, tEnd), StartNs: tStart, FaultAddr: 0x7f0000002000, Flags: c.flags}
+		var d decoded
+		if err := decodeRecord(asBytes(&rec), &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.faultAddr != 0x7f0000002000 || d.faultFile != c.file {
+			t.Errorf("flags %d: address %#x file %v, want 0x7f0000002000 %v", c.flags, d.faultAddr, d.faultFile, c.file)
 		}
 	}
 }

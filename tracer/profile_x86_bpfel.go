@@ -22,10 +22,9 @@ type profileCpuSampleEvent struct {
 		PidTgid uint64
 		KtimeNs uint64
 	}
-	Depth     uint32
-	Kernel    uint32
-	FaultAddr uint64
-	Ips       [32]uint64
+	Depth  uint32
+	Kernel uint32
+	Ips    [32]uint64
 }
 
 type profileFault struct {

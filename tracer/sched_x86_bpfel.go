@@ -119,6 +119,7 @@ type schedSchedFlags uint32
 
 const (
 	schedSchedFlagsSCHED_F_WOKEN schedSchedFlags = 1
+	schedSchedFlagsSCHED_F_FILE  schedSchedFlags = 2
 )
 
 type schedShortKey struct {

@@ -42,27 +42,42 @@ func decodeFaultRead(rec []byte, h *rawHeader, d *decoded) error {
 var filemapTracepoints = []string{"mm_filemap_map_pages", "mm_filemap_fault"}
 
 // prepareFaults readies the sched object's fault programs for this
-// kernel: without the filemap tracepoints, page_fault_user looks up what
-// each fault's address maps instead (fault_find_vma), and the two
-// programs are loaded against page_fault_user, which their argument reads
-// tolerate, and never attached.
+// kernel (haveFilemapTracepoints).
 func (t *Tracer) prepareFaults(spec *ebpf.CollectionSpec) error {
+	t.filemapTPs = haveFilemapTracepoints()
+	return prepareFaultSpec(spec, t.filemapTPs)
+}
+
+// haveFilemapTracepoints reports whether the running kernel's BTF has the
+// filemap fault tracepoints.
+func haveFilemapTracepoints() bool {
 	kern, err := btf.LoadKernelSpec()
-	t.filemapTPs = err == nil
+	if err != nil {
+		return false
+	}
 	for _, tp := range filemapTracepoints {
-		if t.filemapTPs {
-			var fn *btf.Typedef
-			t.filemapTPs = kern.TypeByName("btf_trace_"+tp, &fn) == nil
+		var fn *btf.Typedef
+		if kern.TypeByName("btf_trace_"+tp, &fn) != nil {
+			return false
 		}
 	}
-	if !t.filemapTPs {
+	return true
+}
+
+// prepareFaultSpec: without the filemap tracepoints (filemap false),
+// page_fault_user looks up what each fault's address maps instead
+// (fault_find_vma), and the two programs are loaded against
+// page_fault_user, which their argument reads tolerate, and never
+// attached.
+func prepareFaultSpec(spec *ebpf.CollectionSpec, filemap bool) error {
+	if !filemap {
 		for _, p := range []string{schedProgOnFilemapMapPages, schedProgOnFilemapFault} {
 			if ps := spec.Programs[p]; ps != nil {
 				ps.AttachTo = "page_fault_user"
 			}
 		}
 	}
-	return setVariable(spec, schedVarFaultFindVma, !t.filemapTPs)
+	return setVariable(spec, schedVarFaultFindVma, !filemap)
 }
 
 // attachFilemap attaches the filemap fault programs where the kernel has

@@ -128,3 +128,29 @@ func TestDecodeOffCPUFileFault(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultSpecLoads: the sched object's programs load both ways: with the
+// filemap tracepoints this kernel has, and as on a kernel without them
+// (the filemap programs loaded against page_fault_user, bpf_find_vma on).
+func TestFaultSpecLoads(t *testing.T) {
+	if !haveFilemapTracepoints() {
+		t.Log("this kernel has no filemap fault tracepoints: only the fallback is loaded")
+	}
+	for _, filemap := range []bool{true, false} {
+		if filemap && !haveFilemapTracepoints() {
+			continue
+		}
+		spec, err := loadSched()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := prepareFaultSpec(spec, filemap); err != nil {
+			t.Fatal(err)
+		}
+		var objs schedObjects
+		if err := spec.LoadAndAssign(&objs, nil); err != nil {
+			t.Fatalf("filemap tracepoints %v: %v", filemap, err)
+		}
+		_ = objs.Close() // loaded only to be verified
+	}
+}

@@ -99,7 +99,7 @@ const (
 
 var kindNames = [...]string{"invalid", "enqueue", "memcpy_async", "memset", "memcpy", "sync", "alloc", "free",
 	"collective", "group_end", "syscall", "runqueue", "offcpu", "fork", "exec", "exit", "open", "close", "comm_init",
-	"memcpy_staged", "cpu_sample"}
+	"memcpy_staged", "cpu_sample", "fault_read"}
 
 func (k Kind) String() string {
 	if k == KindMarker {

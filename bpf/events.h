@@ -23,6 +23,7 @@ enum event_type {
 	EV_PYSTACK = 8, /* the Python frames of the event that follows (bpf/python.h) */
 	EV_SYSCALL_PATH = 9, /* a syscall that names its file by path: syscall_path_event */
 	EV_CPU_SAMPLE = 10, /* a timer sample of a traced thread on a CPU: cpu_sample_event */
+	EV_FAULT_READ = 11, /* page faults that read a mapped file: fault_read_event (bpf/fault.h) */
 	EV_MARKER = 40, /* a framework step marker: marker_event (bpf/marker.c) */
 };
 
@@ -52,6 +53,8 @@ enum event_kind {
 	K_MEMCPY_STAGED = 19,
 	/* A CPU-clock timer fired while the thread ran (bpf/profile.c). */
 	K_CPU_SAMPLE = 20,
+	/* Page faults of a thread on one mapped regular file (bpf/fault.h). */
+	K_FAULT_READ = 21,
 	K_MARKER = 40, /* a framework step marker (bpf/marker.c) */
 };
 
@@ -182,6 +185,9 @@ enum sched_flags {
 	 * (a sync sleeping until the GPU is done) and start_ns is when it was
 	 * woken: the call's wait ended there, the rest was waiting for a CPU. */
 	SCHED_F_WOKEN = 1,
+	/* K_OFFCPU with fault_addr: the fault read a regular file (fault.h),
+	 * mapped at the address by the time of the block. */
+	SCHED_F_FILE = 2,
 };
 
 /* EV_PROC: fork (process or thread), exec, exit. */
@@ -227,9 +233,22 @@ struct cpu_sample_event {
 	struct event_hdr hdr;
 	__u32 depth;  /* frames in ips */
 	__u32 kernel; /* the timer fired while the thread ran in the kernel */
-	/* In the kernel inside a user page fault: the faulting address. */
-	__u64 fault_addr;
 	__u64 ips[SAMPLE_DEPTH];
+};
+
+/* EV_FAULT_READ: a burst of a traced thread's user page faults on one
+ * regular file's mapping, on the CPU throughout (bpf/fault.h), from the
+ * start of the first (start_ns) to the start of the latest, or the
+ * burst's end when the thread was still inside that fault (hdr.ktime_ns). The Python frames of
+ * the first fault, for a CPython thread, come in an EV_PYSTACK record of
+ * the same thread with time start_ns, before it. */
+struct fault_read_event {
+	struct event_hdr hdr;
+	__u64 start_ns;
+	__u64 addr;  /* the first fault's address: the file is what the process maps there */
+	__u64 count; /* faults */
+	__s32 stack_id; /* user_stacks id of the first fault's user stack, -1 when none */
+	__u32 _pad;
 };
 
 #endif /* GAPTRACE_EVENTS_H */

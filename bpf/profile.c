@@ -13,9 +13,9 @@
  *
  * The samples say which code burned the time of a gap charged to the CPU
  * (or to a lock whose holder ran): correlate merges those of the thread the
- * gap belongs to. A sample taken in the kernel while the thread handles a
- * page fault carries the faulting address (fault.h): time spent filling a
- * mapped file's pages is a read of that file, not computation.
+ * gap belongs to. A sample that finds the thread outside its latest fault
+ * ends its burst of faults on a mapped file (fault.h): the thread ran its
+ * own code.
  */
 #include "common.h"
 #include "python.h"
@@ -30,6 +30,7 @@ int on_cpu_sample(void *ctx)
 	if (!(__u32)id)
 		return 0; /* a traced process's idle task never runs; be safe */
 	__u64 now = bpf_ktime_get_ns();
+	fault_flush_task(bpf_get_current_task_btf(), id, false);
 	py_stack(id, now);
 	struct cpu_sample_event *e = reserve(sizeof(*e));
 	if (!e)
@@ -41,12 +42,9 @@ int on_cpu_sample(void *ctx)
 	 * with them); the verifier rewrites this read to the real ones. */
 	struct pt_regs *regs = ctx;
 	e->kernel = (regs->cs & 3) == 0;
-	/* In the kernel inside a page fault (the fault handler filling a
-	 * mapped file's page): user space names the file, and the time
-	 * sampled there is a read of it. */
-	e->fault_addr = e->kernel ? fault_in(bpf_get_current_task_btf(), id) : 0;
 	submit(e);
 	return 0;
 }
 
 const struct cpu_sample_event *unused_cpu_sample_event __attribute__((unused));
+const struct fault_read_event *unused_fault_read_event __attribute__((unused));

@@ -13,18 +13,22 @@
  * that waits for a CPU after its wakeup for at least threshold_ns gets a
  * K_RUNQUEUE event from the wakeup (SCHED_F_WOKEN): a sync's wait for the
  * GPU ended there, not at its return.
- * page_fault_user: a traced thread's latest user page fault (address and
- * faulting instruction) is kept per thread; a K_OFFCPU block whose thread
- * comes back with its user registers still at that instruction was spent
- * inside the fault (reading a page of a mapped file in), and its event
- * carries the address, which user space maps to the file. Such a block is
- * emitted however short: each is a read.
+ * page_fault_user: a traced thread's latest user page fault (address,
+ * faulting instruction) is kept per thread; mm_filemap_map_pages and
+ * mm_filemap_fault say it read a regular file, and it joins the thread's
+ * burst of faults on that file (bpf/fault.h); a K_OFFCPU
+ * block whose thread comes back with its user registers still at that
+ * instruction was spent inside the fault
+ * (reading a page of a mapped file in), and its event carries the address,
+ * which user space maps to the file. Such a block is emitted however
+ * short: each is a read. A thread leaving the CPU emits its burst.
  * sched_process_fork: children of traced processes are traced from their
  * first instruction (added to traced_tgids here, before user space knows).
  * sched_process_exit: per-thread state is dropped; the last thread of a
  * process removes it from traced_tgids.
  */
 #include "common.h"
+#include "python.h"
 #include "fault.h"
 
 #define TASK_RUNNING 0
@@ -45,6 +49,8 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 			if (!t->off_runnable && t->sc_start == 0)
 				t->waker = 0;
 		}
+		/* The faults it ran so far are one stretch of its time. */
+		fault_flush_task(prev, pid, true);
 	}
 
 	__u64 nid = btf_task_id(next);
@@ -52,6 +58,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	__u32 *nflags = bpf_map_lookup_elem(&traced_tgids, &ntgid);
 	if (!nflags)
 		return 0;
+	fault_resume(nid, now);
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &nid);
 	if (!t || t->off_start == 0)
 		return 0;
@@ -93,6 +100,11 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	e->start_ns = start;
 	e->waker = kind == K_OFFCPU ? t->waker : 0;
 	e->fault_addr = fault;
+	if (fault) {
+		struct fault *f = bpf_map_lookup_elem(&faults, &nid);
+		if (f && f->file)
+			flags |= SCHED_F_FILE;
+	}
 	e->flags = flags;
 	submit(e);
 	arm_enqueue(t);
@@ -105,8 +117,21 @@ int BPF_PROG(on_page_fault_user, unsigned long address, struct pt_regs *regs, un
 	__u64 id;
 	if (!enter_traced(&id))
 		return 0;
-	struct fault f = {.addr = address, .ip = regs->ip};
-	bpf_map_update_elem(&faults, &id, &f, BPF_ANY);
+	fault_begin(ctx, id, address, regs->ip);
+	return 0;
+}
+
+SEC("tp_btf/mm_filemap_map_pages")
+int BPF_PROG(on_filemap_map_pages, struct address_space *mapping, unsigned long start, unsigned long last)
+{
+	fault_filemap(ctx, mapping);
+	return 0;
+}
+
+SEC("tp_btf/mm_filemap_fault")
+int BPF_PROG(on_filemap_fault, struct address_space *mapping, unsigned long index)
+{
+	fault_filemap(ctx, mapping);
 	return 0;
 }
 
@@ -209,6 +234,9 @@ int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 		return 0;
 	__u32 tgid = id >> 32;
 	bpf_map_delete_elem(&threads, &id);
+	struct fault *f = bpf_map_lookup_elem(&faults, &id);
+	if (f)
+		fault_flush(id, f, 0, false);
 	bpf_map_delete_elem(&faults, &id);
 	if (group_dead)
 		bpf_map_delete_elem(&traced_tgids, &tgid);

@@ -78,6 +78,15 @@ struct pt_regs {
 	unsigned long ss;
 } __attribute__((preserve_access_index));
 
+/* A perf_event program's context (uapi/linux/bpf_perf_event.h): the
+ * sampled registers, the period, and the event's data address (for a
+ * software page-fault event, the faulting address). */
+struct bpf_perf_event_data {
+	struct pt_regs regs;
+	__u64 sample_period;
+	__u64 addr;
+};
+
 struct trace_entry {
 	unsigned short type;
 	unsigned char flags;
@@ -123,6 +132,16 @@ struct inode {
 
 struct file {
 	struct inode *f_inode;
+} __attribute__((preserve_access_index));
+
+/* A file's page cache (the filemap fault tracepoints). */
+struct address_space {
+	struct inode *host;
+} __attribute__((preserve_access_index));
+
+/* A mapping of a process's address space (bpf_find_vma's callback). */
+struct vm_area_struct {
+	struct file *vm_file;
 } __attribute__((preserve_access_index));
 
 struct fdtable {

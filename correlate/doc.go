@@ -16,7 +16,9 @@
 // CPU samples (event.KindCPUSample) skip the queue: each thread's recent
 // samples are kept apart (samples.go), move no model, and name, when a gap
 // is emitted, the code its thread, its lock holders and its data-loader
-// workers ran during it (Gap.Code).
+// workers ran during it (Gap.Code). So do page-fault bursts on mapped
+// files (event.KindFaultRead, faultreads.go): they move a gap's cpu time
+// to io.read of the file when it is emitted.
 //
 // Events may arrive out of order across threads by up to EmitDelay. They
 // are buffered in a heap and processed in order of their end time once the
@@ -373,8 +375,9 @@
 //	              their step
 //	samples.go    each thread's recent CPU samples; the code (and its
 //	              caller) they name in a gap
-//	faultreads.go a gap's cpu time sampled in a mapped file's page-fault
-//	              handler, given to io.read of that file
+//	faultreads.go each thread's bursts of page faults on mapped files
+//	              (KindFaultRead); their time in a gap's cpu given to
+//	              io.read of the file
 //	steps.go      the stepper: sync history, fixed windows, the mode it
 //	              counts steps by (the detection itself is stepclock's)
 //	final.go      when a step is final, and emitting it

@@ -116,6 +116,11 @@ func (e *Engine) Event(ev event.Event) {
 		e.ranks.Add(&ev)
 		return
 	}
+	if ev.Kind == event.KindFaultRead {
+		// Kept aside as samples are, for the cpu time of later gaps.
+		e.samples.reads.add(&ev)
+		return
+	}
 	if ev.Kind == event.KindCPUSample {
 		// Kept aside for the gaps decided later: a sample moves no model.
 		e.samples.add(&ev)

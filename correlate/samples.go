@@ -33,10 +33,7 @@ type sample struct {
 	at     int64
 	frame  event.Frame
 	caller event.Frame // the job's frame that called frame's function; Function "" if none
-	// fault: the mapped file whose page fault the kernel was handling
-	// when the sample was taken, "" when none.
-	fault string
-	gc    bool
+	gc     bool
 }
 
 // samples keeps each thread's recent CPU samples, in time order, for the
@@ -46,6 +43,8 @@ type samples struct {
 	byTID  map[uint32][]sample
 	n      int   // samples added, for the sweep
 	newest int64 // the newest sample's time
+	// reads: each thread's page faults on mapped files (faultreads.go).
+	reads faultReads
 }
 
 // sampleKeep is how far behind a thread's newest sample the older ones are
@@ -83,17 +82,13 @@ func (s *samples) add(ev *event.Event) {
 	if s.byTID == nil {
 		s.byTID = make(map[uint32][]sample)
 	}
-	fault := ""
-	if ev.FDKind == event.FDFile {
-		fault = ev.Path
-	}
 	l := s.byTID[ev.TID]
 	if n := len(l); n > 0 && l[n-1].at > ev.End {
 		// Out of order (another CPU's batch): keep the list sorted.
 		i, _ := slices.BinarySearchFunc(l, ev.End, func(x sample, t int64) int { return cmp.Compare(x.at, t) })
-		l = slices.Insert(l, i, sample{at: ev.End, frame: f, caller: caller, fault: fault, gc: gc})
+		l = slices.Insert(l, i, sample{at: ev.End, frame: f, caller: caller, gc: gc})
 	} else {
-		l = append(l, sample{at: ev.End, frame: f, caller: caller, fault: fault, gc: gc})
+		l = append(l, sample{at: ev.End, frame: f, caller: caller, gc: gc})
 	}
 	drop := 0
 	newest := l[len(l)-1].at

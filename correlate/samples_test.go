@@ -2,8 +2,6 @@ package correlate
 
 import (
 	"encoding/json"
-	"fmt"
-	"slices"
 	"strings"
 	"testing"
 
@@ -149,66 +147,5 @@ func TestCodeNamesCaller(t *testing.T) {
 	raw, err := json.Marshal(got[0])
 	if err != nil || !strings.Contains(string(raw), `"caller":{"function":"tokenize_batch","file":"/job/train.py","line":84}`) {
 		t.Errorf("code[0] JSON %s (%v), want its caller as an object", raw, err)
-	}
-}
-
-// TestMappedReads: the share of a cpu gap's samples taken inside the
-// page-fault handler for a mapped file moves that share of its cpu time
-// to io.read, names the file (op fault) and picks the cause again;
-// samples in anonymous faults (no file) or outside the gap move nothing.
-func TestMappedReads(t *testing.T) {
-	var s samples
-	add := func(at int64, file string) {
-		ev := sampleAt(7, at, "scan_index", false)
-		if file != "" {
-			ev.Path, ev.FDKind = file, event.FDFile
-		}
-		s.add(&ev)
-	}
-	add(5, "/data/index.bin") // before the gap
-	for _, at := range []int64{12, 14, 16} {
-		add(at, "/data/index.bin")
-	}
-	add(18, "")
-	g := Gap{TID: 7, Start: 10, End: 20, Cause: CauseCPU, Breakdown: map[Cause]int64{CauseCPU: 8000, CauseIORead: 500}}
-	s.mappedReads(&g)
-	if g.Breakdown[CauseIORead] != 6500 || g.Breakdown[CauseCPU] != 2000 || g.Cause != CauseIORead {
-		t.Fatalf("breakdown %v cause %s, want io.read 6500 (500 + 3/4 of 8000), cpu 2000, cause io.read", g.Breakdown, g.Cause)
-	}
-	if len(g.Evidence.Files) != 1 || g.Evidence.Files[0].Path != "/data/index.bin" || g.Evidence.Files[0].Op != "fault" ||
-		g.Evidence.Files[0].Calls != 3 || g.Evidence.Files[0].NS != 6000 {
-		t.Errorf("files %+v, want /data/index.bin fault ×3 6000 ns", g.Evidence.Files)
-	}
-	other := Gap{TID: 7, Start: 17, End: 20, Cause: CauseCPU, Breakdown: map[Cause]int64{CauseCPU: 3000}}
-	s.mappedReads(&other)
-	if other.Breakdown[CauseCPU] != 3000 || len(other.Evidence.Files) != 0 {
-		t.Errorf("a gap without fault samples changed: %v %+v", other.Breakdown, other.Evidence.Files)
-	}
-}
-
-// TestMappedReadsFilesBounded: files that fault alike are listed by path
-// whatever order their samples came in, and no more of them than a gap's
-// evidence holds (8, as Attribution.Result leaves it).
-func TestMappedReadsFilesBounded(t *testing.T) {
-	var s samples
-	for i := range 10 {
-		ev := sampleAt(7, int64(11+i), "scan_shards", false) // shard09 first
-		ev.Path, ev.FDKind = fmt.Sprintf("/data/shard%02d", 9-i), event.FDFile
-		s.add(&ev)
-	}
-	g := Gap{TID: 7, Start: 10, End: 30, Cause: CauseCPU, Breakdown: map[Cause]int64{CauseCPU: 10_000},
-		Evidence: Evidence{Files: []FileEvidence{{Path: "/data/labels", Op: "read", Calls: 1, NS: 1000}}}}
-	s.mappedReads(&g)
-	var got []string
-	for _, f := range g.Evidence.Files {
-		got = append(got, f.Path)
-	}
-	want := []string{"/data/labels", "/data/shard00", "/data/shard01", "/data/shard02", "/data/shard03",
-		"/data/shard04", "/data/shard05", "/data/shard06"}
-	if !slices.Equal(got, want) {
-		t.Errorf("files %v, want %v", got, want)
-	}
-	if g.Breakdown[CauseIORead] != 10_000 || g.Cause != CauseIORead {
-		t.Errorf("breakdown %v cause %s, want io.read 10000", g.Breakdown, g.Cause)
 	}
 }

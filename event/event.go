@@ -71,6 +71,17 @@ const (
 	// CPU (tracer.Config.CPUSampleHz), for every thread of the traced
 	// processes; they say which code burned a gap charged to the CPU.
 	KindCPUSample
+	// KindFaultRead: the thread's page faults on one mapped regular file,
+	// one after another with the thread on the CPU throughout (no CPU
+	// sample of it between): from the start of the first (Start) to the
+	// start of the last, or until the thread left the CPU or was sampled
+	// when still inside that fault (End). Reads of the file through its
+	// pages (a memory-mapped dataset touched cold); the code the thread
+	// ran between two of the faults is inside the span. Count faults,
+	// Path the file, Stack the first fault's code. The thread's blocks
+	// inside faults are KindOffCPU events with the file's Path. Faults on
+	// anonymous memory are not reported.
+	KindFaultRead
 )
 
 // KindMarker: a framework step marker entered (point event): Name is the
@@ -88,7 +99,7 @@ const (
 
 var kindNames = [...]string{"invalid", "enqueue", "memcpy_async", "memset", "memcpy", "sync", "alloc", "free",
 	"collective", "group_end", "syscall", "runqueue", "offcpu", "fork", "exec", "exit", "open", "close", "comm_init",
-	"memcpy_staged", "cpu_sample"}
+	"memcpy_staged", "cpu_sample", "fault_read"}
 
 func (k Kind) String() string {
 	if k == KindMarker {

@@ -43,7 +43,8 @@ func (t *Tracer) attachTracepoints() error {
 		{"sched_process_fork", t.sched.OnSchedProcessFork},
 		{"sched_process_exec", t.sched.OnSchedProcessExec},
 		{"sched_process_exit", t.sched.OnSchedProcessExit},
-		// Which fault an off-CPU block was in (bpf/sched.c).
+		// Which fault an off-CPU block was in, and faults that read
+		// mapped files (bpf/sched.c, bpf/fault.h).
 		{"page_fault_user", t.sched.OnPageFaultUser},
 	} {
 		l, err := link.AttachTracing(link.TracingOptions{Program: p.prog})
@@ -53,7 +54,7 @@ func (t *Tracer) attachTracepoints() error {
 		t.tps = append(t.tps, l)
 		t.tpInfo = append(t.tpInfo, ProbeInfo{Library: "sched", Symbol: p.name, Kind: "tp_btf"})
 	}
-	return nil
+	return t.attachFilemap()
 }
 
 // noteMissing records what in Stats.Missing; false when already known.

@@ -426,8 +426,14 @@ func (t *Tracer) handle(d *decoded) {
 		return
 	}
 	if d.faultAddr != 0 {
-		// Blocked in a page fault: on a mapped file, a read of it.
-		ev.Path = t.fmaps.file(ev.PID, d.faultAddr)
+		// Blocked in a page fault, or a burst of faults on the CPU: on a
+		// mapped file, a read of it. One the kernel saw read a regular
+		// file was on a file mapping by the event's end.
+		at := int64(0)
+		if d.faultFile {
+			at = ev.End
+		}
+		ev.Path = t.fmaps.file(ev.PID, d.faultAddr, at)
 		if ev.Path != "" {
 			ev.FDKind = event.FDFile
 		}

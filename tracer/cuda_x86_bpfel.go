@@ -109,6 +109,7 @@ const (
 	cudaEventKindK_COMM_INIT     cudaEventKind = 18
 	cudaEventKindK_MEMCPY_STAGED cudaEventKind = 19
 	cudaEventKindK_CPU_SAMPLE    cudaEventKind = 20
+	cudaEventKindK_FAULT_READ    cudaEventKind = 21
 	cudaEventKindK_MARKER        cudaEventKind = 40
 )
 
@@ -125,6 +126,7 @@ const (
 	cudaEventTypeEV_PYSTACK      cudaEventType = 8
 	cudaEventTypeEV_SYSCALL_PATH cudaEventType = 9
 	cudaEventTypeEV_CPU_SAMPLE   cudaEventType = 10
+	cudaEventTypeEV_FAULT_READ   cudaEventType = 11
 	cudaEventTypeEV_MARKER       cudaEventType = 40
 )
 

@@ -21,6 +21,8 @@ const (
 	// evSyscallPath: a syscall record followed by the path the call named.
 	evSyscallPath = uint32(cudaEventTypeEV_SYSCALL_PATH)
 	evCPUSample   = uint32(cudaEventTypeEV_CPU_SAMPLE)
+	// evFaultRead: page faults that read a mapped file (bpf/fault.h).
+	evFaultRead = uint32(cudaEventTypeEV_FAULT_READ)
 	// evMarker: a framework step marker (bpf/marker.c).
 	evMarker = uint32(markerEventTypeEV_MARKER)
 )
@@ -28,6 +30,7 @@ const (
 // Flags of sched_event and proc_event (enum sched_flags, enum proc_flags).
 const (
 	schedFlagWoken    = uint32(schedSchedFlagsSCHED_F_WOKEN)
+	schedFlagFile     = uint32(schedSchedFlagsSCHED_F_FILE)
 	procFlagThread    = uint32(schedProcFlagsPROC_F_THREAD)
 	procFlagGroupDead = uint32(schedProcFlagsPROC_F_GROUP_DEAD)
 )
@@ -44,6 +47,7 @@ type (
 	rawSched   = schedSchedEvent
 	rawProc    = schedProcEvent
 	rawSample  = profileCpuSampleEvent
+	rawFault   = profileFaultReadEvent
 	rawMarker  = markerMarkerEvent
 )
 
@@ -58,6 +62,7 @@ var recordSizes = [...]uintptr{
 	evPyStack:     unsafe.Sizeof(rawPyStack{}),
 	evSyscallPath: unsafe.Sizeof(rawSysPath{}),
 	evCPUSample:   unsafe.Sizeof(rawSample{}),
+	evFaultRead:   unsafe.Sizeof(rawFault{}),
 	evMarker:      unsafe.Sizeof(rawMarker{}),
 }
 
@@ -99,10 +104,13 @@ type decoded struct {
 	waitN     uint32
 	waitSocks uint32
 	// sampleIPs, for a CPU sample, its user stack as the record holds it;
-	// faultAddr, for an off-CPU block inside a page fault or a CPU
-	// sample taken in the fault's handler, the address.
+	// faultAddr, for an off-CPU block inside a page fault or a burst of
+	// faults on a mapped file, the address.
 	sampleIPs []uint64
 	faultAddr uint64
+	// faultFile: the kernel saw the fault read a regular file (mapped at
+	// faultAddr by the record's time).
+	faultFile bool
 }
 
 // decodeError describes a record that could not be decoded; the tracer
@@ -197,6 +205,7 @@ func decodeRecord(rec []byte, d *decoded) error {
 		ev.Woken = ev.Kind == event.KindRunqueue && r.Flags&schedFlagWoken != 0
 		if ev.Kind == event.KindOffCPU {
 			d.faultAddr = r.FaultAddr
+			d.faultFile = r.Flags&schedFlagFile != 0
 		}
 		d.emit = true
 	case evProc:
@@ -214,10 +223,9 @@ func decodeRecord(rec []byte, d *decoded) error {
 		}
 		ev.Start = ev.End
 		d.sampleIPs = r.Ips[:r.Depth]
-		if r.Kernel != 0 {
-			d.faultAddr = r.FaultAddr
-		}
 		d.emit = true
+	case evFaultRead:
+		return decodeFaultRead(rec, h, d)
 	case evMarker:
 		return decodeMarker(rec, h, d)
 	}

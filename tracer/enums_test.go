@@ -38,6 +38,7 @@ var cEnumsOfEvent = map[string]map[string]uint64{
 		"K_COMM_INIT":     uint64(event.KindCommInit),
 		"K_MEMCPY_STAGED": uint64(event.KindMemcpyStaged),
 		"K_CPU_SAMPLE":    uint64(event.KindCPUSample),
+		"K_FAULT_READ":    uint64(event.KindFaultRead),
 		"K_MARKER":        uint64(event.KindMarker),
 	},
 	"cuda_func": {
@@ -89,7 +90,7 @@ var internalMembers = map[string]map[string]uint64{
 // goCounts is how many values each Go type has above its zero value, so a
 // Go value with no C member fails too.
 var goCounts = map[string]int{
-	"event_kind":    int(event.KindCPUSample) + 1, // and KindMarker, apart
+	"event_kind":    int(event.KindFaultRead) + 1, // and KindMarker, apart
 	"cuda_func":     int(event.CUDALast) - 1,
 	"nccl_op":       int(event.NCCLLast) - 1,
 	"syscall_class": int(event.SysLast) + 1, // SC_OTHER..SC_CLOSE and SC_LAST

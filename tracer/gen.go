@@ -10,5 +10,5 @@ package tracer
 //go:generate go tool bpf2go -tags linux -target amd64 -cflags "-O2 -g -Wall -Werror" -type nccl_event -type nccl_op nccl ../bpf/nccl.c -- -I../bpf
 //go:generate go tool bpf2go -tags linux -target amd64 -cflags "-O2 -g -Wall -Werror" -type syscall_event -type syscall_path_event -type fd_event -type syscall_class -type syscall_class_bits syscalls ../bpf/syscalls.c -- -I../bpf
 //go:generate go tool bpf2go -tags linux -target amd64 -cflags "-O2 -g -Wall -Werror" -type sched_event -type proc_event -type sched_flags -type proc_flags sched ../bpf/sched.c -- -I../bpf
-//go:generate go tool bpf2go -tags linux -target amd64 -cflags "-O2 -g -Wall -Werror" -type cpu_sample_event profile ../bpf/profile.c -- -I../bpf
+//go:generate go tool bpf2go -tags linux -target amd64 -cflags "-O2 -g -Wall -Werror" -type cpu_sample_event -type fault_read_event profile ../bpf/profile.c -- -I../bpf
 //go:generate go tool bpf2go -tags linux -target amd64 -cflags "-O2 -g -Wall -Werror" -type marker_event -type marker_kind -type event_hdr -type event_type -type event_kind marker ../bpf/marker.c -- -I../bpf

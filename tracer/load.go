@@ -117,6 +117,11 @@ func (t *Tracer) load() error {
 				return fmt.Errorf("%s object: %w", s.name, err)
 			}
 		}
+		if s.name == "sched" {
+			if err := t.prepareFaults(spec); err != nil {
+				return fmt.Errorf("%s object: %w", s.name, err)
+			}
+		}
 		if s.name == "cuda" {
 			// Launches are counted per function where marks.go reads them.
 			if err := setVariable(spec, cudaVarCountLaunches, t.cfg.Probes == ProbesFull); err != nil {

@@ -44,6 +44,7 @@ const (
 	markerEventKindK_COMM_INIT     markerEventKind = 18
 	markerEventKindK_MEMCPY_STAGED markerEventKind = 19
 	markerEventKindK_CPU_SAMPLE    markerEventKind = 20
+	markerEventKindK_FAULT_READ    markerEventKind = 21
 	markerEventKindK_MARKER        markerEventKind = 40
 )
 
@@ -60,6 +61,7 @@ const (
 	markerEventTypeEV_PYSTACK      markerEventType = 8
 	markerEventTypeEV_SYSCALL_PATH markerEventType = 9
 	markerEventTypeEV_CPU_SAMPLE   markerEventType = 10
+	markerEventTypeEV_FAULT_READ   markerEventType = 11
 	markerEventTypeEV_MARKER       markerEventType = 40
 )
 

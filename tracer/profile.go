@@ -1,17 +1,12 @@
 package tracer
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -151,105 +146,4 @@ func (t *Tracer) sample(ev *event.Event, d *decoded) {
 	if inGC(native, interp) && (len(ev.Stack) == 0 || ev.Stack[0] != GCFrame) {
 		ev.Stack = append([]event.Frame{GCFrame}, ev.Stack...)
 	}
-	if d.faultAddr != 0 {
-		// Sampled in the kernel handling a page fault: on a mapped
-		// file, the thread was reading it in (anonymous memory: "").
-		ev.Path = t.fmaps.file(ev.PID, d.faultAddr)
-		if ev.Path != "" {
-			ev.FDKind = event.FDFile
-		}
-	}
-}
-
-// fileMaps caches, per process, the file mappings of /proc/PID/maps (all
-// of them, not only the executable ones): a page fault's address is
-// resolved to the file it read.
-type fileMaps struct {
-	mu     sync.Mutex
-	procs  map[uint32][]*mapping
-	readAt map[uint32]time.Time
-}
-
-func newFileMaps() *fileMaps {
-	return &fileMaps{procs: make(map[uint32][]*mapping), readAt: make(map[uint32]time.Time)}
-}
-
-// file is the path of the file pid maps at addr; "" when none (anonymous
-// memory, a process gone). The maps are read again when addr is not in
-// them and the copy is older than 100 ms.
-func (f *fileMaps) file(pid uint32, addr uint64) string {
-	if f == nil {
-		return "" // a tracer fed recorded records
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for attempt := 0; attempt < 2; attempt++ {
-		ms, ok := f.procs[pid]
-		if !ok || attempt == 1 {
-			if attempt == 1 && time.Since(f.readAt[pid]) < 100*time.Millisecond {
-				return ""
-			}
-			var err error
-			ms, err = readFileMappings(filepath.Join(procRoot, strconv.Itoa(int(pid)), "maps"))
-			if err != nil {
-				return ""
-			}
-			if len(f.procs) > 1024 {
-				clear(f.procs)
-				clear(f.readAt)
-			}
-			f.procs[pid], f.readAt[pid] = ms, time.Now()
-		}
-		i := sort.Search(len(ms), func(i int) bool { return ms[i].end > addr })
-		if i < len(ms) && ms[i].start <= addr {
-			return ms[i].path
-		}
-	}
-	return ""
-}
-
-func (f *fileMaps) forget(pid uint32) {
-	if f == nil {
-		return
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.procs, pid)
-	delete(f.readAt, pid)
-}
-
-// readFileMappings parses every file mapping of a maps file, sorted by
-// address.
-func readFileMappings(path string) ([]*mapping, error) {
-	fh, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("open maps: %w", err)
-	}
-	defer func() { _ = fh.Close() }() // read-only
-	var out []*mapping
-	sc := bufio.NewScanner(fh)
-	for sc.Scan() {
-		if m, ok := parseFileMapping(sc.Text()); ok {
-			out = append(out, &m)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read maps: %w", err)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].start < out[j].start })
-	return out, nil
-}
-
-// parseFileMapping is parseMapsLine for any file mapping, executable or
-// not ("(deleted)" files included: the pages still come from them).
-func parseFileMapping(line string) (mapping, bool) {
-	fs := strings.Fields(line)
-	if len(fs) < 6 || len(fs[1]) < 3 || !strings.HasPrefix(fs[5], "/") {
-		return mapping{}, false
-	}
-	exec := []byte(line)
-	// parseMapsLine keeps executable mappings only: present it as one.
-	i := strings.Index(line, fs[1])
-	exec[i+2] = 'x'
-	return parseMapsLine(string(exec))
 }

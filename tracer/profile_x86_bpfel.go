@@ -22,16 +22,40 @@ type profileCpuSampleEvent struct {
 		PidTgid uint64
 		KtimeNs uint64
 	}
-	Depth     uint32
-	Kernel    uint32
-	FaultAddr uint64
-	Ips       [32]uint64
+	Depth  uint32
+	Kernel uint32
+	Ips    [32]uint64
 }
 
 type profileFault struct {
-	_    structs.HostLayout
-	Addr uint64
-	Ip   uint64
+	_       structs.HostLayout
+	Addr    uint64
+	Ip      uint64
+	Start   uint64
+	File    uint64
+	B_file  uint64
+	B_start uint64
+	B_end   uint64
+	B_addr  uint64
+	B_count uint64
+	B_stack int64
+	B_cont  uint64
+}
+
+type profileFaultReadEvent struct {
+	_   structs.HostLayout
+	Hdr struct {
+		_       structs.HostLayout
+		Type    uint32
+		Kind    uint32
+		PidTgid uint64
+		KtimeNs uint64
+	}
+	StartNs uint64
+	Addr    uint64
+	Count   uint64
+	StackId int32
+	Pad     uint32
 }
 
 type profilePyOffsets struct {
@@ -132,6 +156,7 @@ const (
 	profileMapTracedTgids            = "traced_tgids"
 	profileMapUserStacks             = "user_stacks"
 	profileProgOnCpuSample           = "on_cpu_sample"
+	profileVarFaultFindVma           = "fault_find_vma"
 	profileVarNullProbes             = "null_probes"
 	profileVarPidnsInum              = "pidns_inum"
 	profileVarPidnsLevelSeen         = "pidns_level_seen"
@@ -141,6 +166,7 @@ const (
 	profileVarUnusedEventHdr         = "unused_event_hdr"
 	profileVarUnusedEventKind        = "unused_event_kind"
 	profileVarUnusedEventType        = "unused_event_type"
+	profileVarUnusedFaultReadEvent   = "unused_fault_read_event"
 	profileVarUnusedFdEvent          = "unused_fd_event"
 	profileVarUnusedNcclEvent        = "unused_nccl_event"
 	profileVarUnusedProcEvent        = "unused_proc_event"
@@ -224,6 +250,7 @@ type profileMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type profileVariableSpecs struct {
+	FaultFindVma           *ebpf.VariableSpec `ebpf:"fault_find_vma"`
 	NullProbes             *ebpf.VariableSpec `ebpf:"null_probes"`
 	PidnsInum              *ebpf.VariableSpec `ebpf:"pidns_inum"`
 	PidnsLevelSeen         *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
@@ -233,6 +260,7 @@ type profileVariableSpecs struct {
 	UnusedEventHdr         *ebpf.VariableSpec `ebpf:"unused_event_hdr"`
 	UnusedEventKind        *ebpf.VariableSpec `ebpf:"unused_event_kind"`
 	UnusedEventType        *ebpf.VariableSpec `ebpf:"unused_event_type"`
+	UnusedFaultReadEvent   *ebpf.VariableSpec `ebpf:"unused_fault_read_event"`
 	UnusedFdEvent          *ebpf.VariableSpec `ebpf:"unused_fd_event"`
 	UnusedNcclEvent        *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
 	UnusedProcEvent        *ebpf.VariableSpec `ebpf:"unused_proc_event"`
@@ -302,6 +330,7 @@ func (m *profileMaps) Close() error {
 //
 // It can be passed to loadProfileObjects or ebpf.CollectionSpec.LoadAndAssign.
 type profileVariables struct {
+	FaultFindVma           *ebpf.Variable `ebpf:"fault_find_vma"`
 	NullProbes             *ebpf.Variable `ebpf:"null_probes"`
 	PidnsInum              *ebpf.Variable `ebpf:"pidns_inum"`
 	PidnsLevelSeen         *ebpf.Variable `ebpf:"pidns_level_seen"`
@@ -311,6 +340,7 @@ type profileVariables struct {
 	UnusedEventHdr         *ebpf.Variable `ebpf:"unused_event_hdr"`
 	UnusedEventKind        *ebpf.Variable `ebpf:"unused_event_kind"`
 	UnusedEventType        *ebpf.Variable `ebpf:"unused_event_type"`
+	UnusedFaultReadEvent   *ebpf.Variable `ebpf:"unused_fault_read_event"`
 	UnusedFdEvent          *ebpf.Variable `ebpf:"unused_fd_event"`
 	UnusedNcclEvent        *ebpf.Variable `ebpf:"unused_nccl_event"`
 	UnusedProcEvent        *ebpf.Variable `ebpf:"unused_proc_event"`

@@ -14,9 +14,18 @@ import (
 )
 
 type schedFault struct {
-	_    structs.HostLayout
-	Addr uint64
-	Ip   uint64
+	_       structs.HostLayout
+	Addr    uint64
+	Ip      uint64
+	Start   uint64
+	File    uint64
+	B_file  uint64
+	B_start uint64
+	B_end   uint64
+	B_addr  uint64
+	B_count uint64
+	B_stack int64
+	B_cont  uint64
 }
 
 type schedProcEvent struct {
@@ -43,6 +52,53 @@ const (
 	schedProcFlagsPROC_F_GROUP_DEAD schedProcFlags = 2
 )
 
+type schedPyOffsets struct {
+	_               structs.HostLayout
+	Runtime         uint64
+	InterpHead      uint32
+	TstateHead      uint32
+	TstateNext      uint32
+	TstateThreadId  uint32
+	TstateFrame     uint32
+	CframeFrame     int32
+	FramePrev       uint32
+	FrameCode       uint32
+	FrameInstr      uint32
+	FrameOwner      int32
+	FrameRead       uint32
+	InstrIsPtr      uint32
+	CodeFirstlineno uint32
+	Pad             uint32
+}
+
+type schedPyScratch struct {
+	_     structs.HostLayout
+	Frame struct {
+		_ structs.HostLayout
+		B [128]uint8
+	}
+	Ev struct {
+		_   structs.HostLayout
+		Hdr struct {
+			_       structs.HostLayout
+			Type    uint32
+			Kind    uint32
+			PidTgid uint64
+			KtimeNs uint64
+		}
+		Depth uint32
+		Flags uint32
+		Code  [32]uint64
+		Instr [32]uint64
+	}
+}
+
+type schedPyStat struct {
+	_      structs.HostLayout
+	Stacks uint64
+	Ns     uint64
+}
+
 type schedSchedEvent struct {
 	_   structs.HostLayout
 	Hdr struct {
@@ -63,6 +119,7 @@ type schedSchedFlags uint32
 
 const (
 	schedSchedFlagsSCHED_F_WOKEN schedSchedFlags = 1
+	schedSchedFlagsSCHED_F_FILE  schedSchedFlags = 2
 )
 
 type schedShortKey struct {
@@ -107,11 +164,16 @@ type schedThreadState struct {
 const (
 	schedMapEvents                 = "events"
 	schedMapFaults                 = "faults"
+	schedMapPyProcs                = "py_procs"
+	schedMapPyScratch              = "py_scratch"
+	schedMapPyStats                = "py_stats"
 	schedMapRingDrops              = "ring_drops"
 	schedMapShortCalls             = "short_calls"
 	schedMapThreads                = "threads"
 	schedMapTracedTgids            = "traced_tgids"
 	schedMapUserStacks             = "user_stacks"
+	schedProgOnFilemapFault        = "on_filemap_fault"
+	schedProgOnFilemapMapPages     = "on_filemap_map_pages"
 	schedProgOnPageFaultUser       = "on_page_fault_user"
 	schedProgOnSchedProcessExec    = "on_sched_process_exec"
 	schedProgOnSchedProcessExit    = "on_sched_process_exit"
@@ -119,6 +181,7 @@ const (
 	schedProgOnSchedSwitch         = "on_sched_switch"
 	schedProgOnSchedWakeupNew      = "on_sched_wakeup_new"
 	schedProgOnSchedWaking         = "on_sched_waking"
+	schedVarFaultFindVma           = "fault_find_vma"
 	schedVarNullProbes             = "null_probes"
 	schedVarPidnsInum              = "pidns_inum"
 	schedVarPidnsLevelSeen         = "pidns_level_seen"
@@ -131,6 +194,10 @@ const (
 	schedVarUnusedNcclEvent        = "unused_nccl_event"
 	schedVarUnusedProcEvent        = "unused_proc_event"
 	schedVarUnusedProcFlags        = "unused_proc_flags"
+	schedVarUnusedPyFlags          = "unused_py_flags"
+	schedVarUnusedPyOffsets        = "unused_py_offsets"
+	schedVarUnusedPyStackEvent     = "unused_py_stack_event"
+	schedVarUnusedPyStat           = "unused_py_stat"
 	schedVarUnusedSchedEvent       = "unused_sched_event"
 	schedVarUnusedSchedFlags       = "unused_sched_flags"
 	schedVarUnusedShortKey         = "unused_short_key"
@@ -183,6 +250,8 @@ type schedSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type schedProgramSpecs struct {
+	OnFilemapFault     *ebpf.ProgramSpec `ebpf:"on_filemap_fault"`
+	OnFilemapMapPages  *ebpf.ProgramSpec `ebpf:"on_filemap_map_pages"`
 	OnPageFaultUser    *ebpf.ProgramSpec `ebpf:"on_page_fault_user"`
 	OnSchedProcessExec *ebpf.ProgramSpec `ebpf:"on_sched_process_exec"`
 	OnSchedProcessExit *ebpf.ProgramSpec `ebpf:"on_sched_process_exit"`
@@ -198,6 +267,9 @@ type schedProgramSpecs struct {
 type schedMapSpecs struct {
 	Events      *ebpf.MapSpec `ebpf:"events"`
 	Faults      *ebpf.MapSpec `ebpf:"faults"`
+	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
+	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
+	PyStats     *ebpf.MapSpec `ebpf:"py_stats"`
 	RingDrops   *ebpf.MapSpec `ebpf:"ring_drops"`
 	ShortCalls  *ebpf.MapSpec `ebpf:"short_calls"`
 	Threads     *ebpf.MapSpec `ebpf:"threads"`
@@ -209,6 +281,7 @@ type schedMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type schedVariableSpecs struct {
+	FaultFindVma           *ebpf.VariableSpec `ebpf:"fault_find_vma"`
 	NullProbes             *ebpf.VariableSpec `ebpf:"null_probes"`
 	PidnsInum              *ebpf.VariableSpec `ebpf:"pidns_inum"`
 	PidnsLevelSeen         *ebpf.VariableSpec `ebpf:"pidns_level_seen"`
@@ -221,6 +294,10 @@ type schedVariableSpecs struct {
 	UnusedNcclEvent        *ebpf.VariableSpec `ebpf:"unused_nccl_event"`
 	UnusedProcEvent        *ebpf.VariableSpec `ebpf:"unused_proc_event"`
 	UnusedProcFlags        *ebpf.VariableSpec `ebpf:"unused_proc_flags"`
+	UnusedPyFlags          *ebpf.VariableSpec `ebpf:"unused_py_flags"`
+	UnusedPyOffsets        *ebpf.VariableSpec `ebpf:"unused_py_offsets"`
+	UnusedPyStackEvent     *ebpf.VariableSpec `ebpf:"unused_py_stack_event"`
+	UnusedPyStat           *ebpf.VariableSpec `ebpf:"unused_py_stat"`
 	UnusedSchedEvent       *ebpf.VariableSpec `ebpf:"unused_sched_event"`
 	UnusedSchedFlags       *ebpf.VariableSpec `ebpf:"unused_sched_flags"`
 	UnusedShortKey         *ebpf.VariableSpec `ebpf:"unused_short_key"`
@@ -253,6 +330,9 @@ func (o *schedObjects) Close() error {
 type schedMaps struct {
 	Events      *ebpf.Map `ebpf:"events"`
 	Faults      *ebpf.Map `ebpf:"faults"`
+	PyProcs     *ebpf.Map `ebpf:"py_procs"`
+	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
+	PyStats     *ebpf.Map `ebpf:"py_stats"`
 	RingDrops   *ebpf.Map `ebpf:"ring_drops"`
 	ShortCalls  *ebpf.Map `ebpf:"short_calls"`
 	Threads     *ebpf.Map `ebpf:"threads"`
@@ -264,6 +344,9 @@ func (m *schedMaps) Close() error {
 	return _SchedClose(
 		m.Events,
 		m.Faults,
+		m.PyProcs,
+		m.PyScratch,
+		m.PyStats,
 		m.RingDrops,
 		m.ShortCalls,
 		m.Threads,
@@ -276,6 +359,7 @@ func (m *schedMaps) Close() error {
 //
 // It can be passed to loadSchedObjects or ebpf.CollectionSpec.LoadAndAssign.
 type schedVariables struct {
+	FaultFindVma           *ebpf.Variable `ebpf:"fault_find_vma"`
 	NullProbes             *ebpf.Variable `ebpf:"null_probes"`
 	PidnsInum              *ebpf.Variable `ebpf:"pidns_inum"`
 	PidnsLevelSeen         *ebpf.Variable `ebpf:"pidns_level_seen"`
@@ -288,6 +372,10 @@ type schedVariables struct {
 	UnusedNcclEvent        *ebpf.Variable `ebpf:"unused_nccl_event"`
 	UnusedProcEvent        *ebpf.Variable `ebpf:"unused_proc_event"`
 	UnusedProcFlags        *ebpf.Variable `ebpf:"unused_proc_flags"`
+	UnusedPyFlags          *ebpf.Variable `ebpf:"unused_py_flags"`
+	UnusedPyOffsets        *ebpf.Variable `ebpf:"unused_py_offsets"`
+	UnusedPyStackEvent     *ebpf.Variable `ebpf:"unused_py_stack_event"`
+	UnusedPyStat           *ebpf.Variable `ebpf:"unused_py_stat"`
 	UnusedSchedEvent       *ebpf.Variable `ebpf:"unused_sched_event"`
 	UnusedSchedFlags       *ebpf.Variable `ebpf:"unused_sched_flags"`
 	UnusedShortKey         *ebpf.Variable `ebpf:"unused_short_key"`
@@ -302,6 +390,8 @@ type schedVariables struct {
 //
 // It can be passed to loadSchedObjects or ebpf.CollectionSpec.LoadAndAssign.
 type schedPrograms struct {
+	OnFilemapFault     *ebpf.Program `ebpf:"on_filemap_fault"`
+	OnFilemapMapPages  *ebpf.Program `ebpf:"on_filemap_map_pages"`
 	OnPageFaultUser    *ebpf.Program `ebpf:"on_page_fault_user"`
 	OnSchedProcessExec *ebpf.Program `ebpf:"on_sched_process_exec"`
 	OnSchedProcessExit *ebpf.Program `ebpf:"on_sched_process_exit"`
@@ -313,6 +403,8 @@ type schedPrograms struct {
 
 func (p *schedPrograms) Close() error {
 	return _SchedClose(
+		p.OnFilemapFault,
+		p.OnFilemapMapPages,
 		p.OnPageFaultUser,
 		p.OnSchedProcessExec,
 		p.OnSchedProcessExit,

@@ -6,7 +6,10 @@
 // per-thread state, the ring buffer, the drop and short-syscall counters) and
 // attaches the tracepoints, which cost nothing until a process is traced,
 // and the CPU sampler (one CPU-clock perf event per CPU, Config.CPUSampleHz),
-// which keeps samples of traced processes only.
+// which keeps samples of traced processes only. Page faults that read a
+// mapped regular file come as bursts per thread and file (bpf/fault.h,
+// faultread.go: the filemap tracepoints, or bpf_find_vma before Linux
+// 6.10), named by the file mapped at the first fault's address.
 // Trace adds a process: its tgid goes into traced_tgids (every program checks
 // that map first), and uprobes are attached, filtered to that process, on
 // the libcuda/libnccl it maps and on any library whose dynamic symbols
@@ -89,7 +92,10 @@ type Tracer struct {
 	syms  *symbolizer
 	py    *pyStacks
 	fmaps *fileMaps // page faults: address → mapped file
-	pipes *pipeReaders
+	// filemapTPs: the kernel has the filemap fault tracepoints
+	// (faultread.go prepareFaults).
+	filemapTPs bool
+	pipes      *pipeReaders
 	// children: what each traced process exec'd, for waits on it.
 	children *childCommands
 	// multi: uprobes are attached as one uprobe_multi link per program and

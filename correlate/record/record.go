@@ -345,7 +345,7 @@ func Check(c *Call) error {
 	switch {
 	case c.Ev != nil:
 		ev := c.Ev
-		if ev.Kind == event.KindInvalid || ev.Kind > event.KindCPUSample && ev.Kind != event.KindMarker {
+		if ev.Kind == event.KindInvalid || ev.Kind > event.KindFaultRead && ev.Kind != event.KindMarker {
 			return fmt.Errorf("event kind %d out of range", ev.Kind)
 		}
 		if ev.Kind == event.KindMarker && (len(ev.Name) > maxMarkerName || stepclock.ClassOf(ev.Name) == stepclock.MarkerNone) {

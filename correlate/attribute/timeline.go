@@ -31,6 +31,9 @@ type Thread struct {
 	// dropped counts intervals dropped past MaxIntervals, for every
 	// thread of the engine (Losses.DroppedIntervals).
 	dropped *uint64
+	// peak is the most intervals tl held over the trims counted in trims
+	// (Trim gives back an array much larger than that).
+	peak, trims int
 	// opens are the thread's latest file opens (most opens are too short
 	// to be on the timeline): where a host operation began writing a file.
 	opens [maxOpens]fileOpen
@@ -159,8 +162,13 @@ func (t *Thread) dropFront(k int) {
 	t.tl = t.tl[k:]
 }
 
+// shrinkLook: Trim calls between two looks at whether a thread's array is
+// much larger than its timeline has been since the last look.
+const shrinkLook = MaxIntervals
+
 // Trim forgets intervals that ended before keep.
 func (t *Thread) Trim(keep int64) {
+	t.peak = max(t.peak, len(t.tl))
 	k := 0
 	for k < len(t.tl) && t.tl[k].End < keep {
 		k++
@@ -170,10 +178,18 @@ func (t *Thread) Trim(keep int64) {
 	if k > 0 && (4*k >= len(t.tl) || k >= 64) {
 		t.dropFront(k)
 	}
-	if cap(t.tl) > 64 && len(t.tl) < cap(t.tl)/4 {
-		t.tl = append(make([]event.Event, 0, 2*len(t.tl)+8), t.tl...)
+	// An array a burst grew is given back once the timeline stayed under
+	// a quarter of it for shrinkLook calls: shrinking as soon as it was
+	// under (each trim after a step) and growing again by doubling moved
+	// the timeline and faulted in new pages over and over.
+	if t.trims++; t.trims < shrinkLook {
+		return
+	}
+	if cap(t.base) > 64 && t.peak < cap(t.base)/4 {
+		t.tl = append(make([]event.Event, 0, 2*t.peak+8), t.tl...)
 		t.base = t.tl[:cap(t.tl)]
 	}
+	t.trims, t.peak = 0, len(t.tl)
 }
 
 // wokenReturn bounds the time from the end of a post-wakeup run-queue wait

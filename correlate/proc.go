@@ -74,10 +74,10 @@ type proc struct {
 	held         []Gap
 
 	launches, copies, colls uint64
-	// firstOps: what follows a sync (queue.FirstOps); closer is the
-	// enqueue closing the gap, when it is the first such and known quiet.
+	// firstOps: what follows a sync (queue.FirstOps); closer: the
+	// enqueue closing the gap is the first such and known quiet.
 	firstOps  queue.FirstOps
-	closer    *event.Event
+	closer    bool
 	launchRec []tcount // flushed launch counts, by time
 	recFrom   int64    // start of the interval of launchRec[0]
 	base      map[baseKey]*waitRing

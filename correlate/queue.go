@@ -17,10 +17,14 @@ type queuedColl struct {
 // openGap is a drained queue waiting for its next enqueue.
 type openGap struct {
 	start int64
-	tid   uint32       // thread whose sync drained the queue
-	exact bool         // the sync waited, so start is the drain to the µs
-	open  *event.Event // the sync or copy that drained the queue (its stack)
-	ep    *episode     // device copies of a host operation inside it (episode.go)
+	tid   uint32 // thread whose sync drained the queue
+	exact bool   // the sync waited, so start is the drain to the µs
+	// stack is that of the sync or copy that drained the queue (kept,
+	// not the event: the engine's events are not retained past their
+	// processing).
+	stack      []event.Frame
+	stackTrunc bool
+	ep         *episode // device copies of a host operation inside it (episode.go)
 	// quiet: opened where a trailing burst's work most likely ended
 	// (quiet.go), not at a sync lite would also see.
 	quiet bool
@@ -69,10 +73,10 @@ func (p *proc) onEnqueue(x env, th *attribute.Thread, ev *event.Event, coll *Col
 	first := p.firstOps.Learn(ev, launchesBefore, x.set.launchesSeen)
 	if p.gap.cur() != nil && !aside {
 		if first && p.gap.cur().start == p.firstOps.SyncEnd() && p.firstOps.Quiet(ev) {
-			p.closer = ev
+			p.closer = true
 		}
 		p.closeGap(x, th, t)
-		p.closer = nil
+		p.closer = false
 	}
 	p.endAhead(x.set, t, true, false)
 	p.q.Enqueue(ev.Stream, t)
@@ -160,7 +164,7 @@ func (p *proc) onSync(x env, th *attribute.Thread, ev *event.Event) {
 	p.patternSync(x, ev)
 	p.firstOps.Sync(ev.End)
 	if p.gap.cur() == nil && p.q.AllDrained() {
-		p.gap.begin(&openGap{start: ev.End, tid: th.TID, exact: waited, open: ev})
+		p.gap.begin(&openGap{start: ev.End, tid: th.TID, exact: waited, stack: ev.Stack, stackTrunc: ev.StackTruncated})
 	}
 }
 
@@ -197,7 +201,7 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 		p.patternSync(x, ev)
 	}
 	if p.gap.cur() == nil && p.q.AllDrained() {
-		p.gap.begin(&openGap{start: ev.End, tid: th.TID, exact: true, open: ev})
+		p.gap.begin(&openGap{start: ev.End, tid: th.TID, exact: true, stack: ev.Stack, stackTrunc: ev.StackTruncated})
 	}
 }
 
@@ -309,7 +313,7 @@ func (p *proc) closeGap(x env, th *attribute.Thread, t int64) {
 	g := p.gap.end()
 	end := t
 	switch {
-	case p.closer != nil && x.liteOver(g.start, t):
+	case p.closer && x.liteOver(g.start, t):
 		// The first operation after the sync, which the loop launches
 		// nothing before (learnt where launches were seen): the GPU
 		// idled until it.
@@ -369,8 +373,8 @@ func (p *proc) closeGap(x env, th *attribute.Thread, t int64) {
 				gap.Evidence.Stack, gap.Evidence.StackTruncated = stack, truncated
 			}
 		}
-		if gap.Evidence.Stack == nil && g.open != nil && a == g.start {
-			gap.Evidence.Stack, gap.Evidence.StackTruncated = g.open.Stack, g.open.StackTruncated
+		if gap.Evidence.Stack == nil && g.stack != nil && a == g.start {
+			gap.Evidence.Stack, gap.Evidence.StackTruncated = g.stack, g.stackTrunc
 		}
 		gap.Evidence.Source = "host"
 		gap.Evidence.Threads = append([]uint32(nil), p.feeders...)

@@ -7,15 +7,14 @@ import (
 	"github.com/gaptrace/gaptrace/whatif"
 )
 
-// whatIfAttributes says, per cause, how much shorter this step would have
+// appendWhatIf appends, per cause, how much shorter this step would have
 // been without it (gpu.step.what_if.<cause>_ms): the step's own saving,
 // not amortized, so a checkpoint step shows its whole cost.
-func whatIfAttributes(s correlate.Step, gaps []correlate.Gap) []attribute.KeyValue {
+func appendWhatIf(a []attribute.KeyValue, s correlate.Step, gaps []correlate.Gap) []attribute.KeyValue {
 	saved := whatif.ForStep(s, gaps)
-	a := make([]attribute.KeyValue, 0, len(saved))
 	for _, c := range correlate.Causes {
 		if ns := saved[c]; ns > 0 {
-			a = append(a, attribute.Float64("gpu.step.what_if."+string(c)+"_ms", ms(ns)))
+			a = append(a, whatIfKeys[c].Float64(ms(ns)))
 		}
 	}
 	return a

@@ -1,6 +1,8 @@
 package attribute
 
 import (
+	"cmp"
+	"slices"
 	"sort"
 	"time"
 
@@ -29,6 +31,9 @@ type Thread struct {
 	// dropped counts intervals dropped past MaxIntervals, for every
 	// thread of the engine (Losses.DroppedIntervals).
 	dropped *uint64
+	// peak is the most intervals tl held over the trims counted in trims
+	// (Trim gives back an array much larger than that).
+	peak, trims int
 	// opens are the thread's latest file opens (most opens are too short
 	// to be on the timeline): where a host operation began writing a file.
 	opens [maxOpens]fileOpen
@@ -157,8 +162,13 @@ func (t *Thread) dropFront(k int) {
 	t.tl = t.tl[k:]
 }
 
+// shrinkLook: Trim calls between two looks at whether a thread's array is
+// much larger than its timeline has been since the last look.
+const shrinkLook = MaxIntervals
+
 // Trim forgets intervals that ended before keep.
 func (t *Thread) Trim(keep int64) {
+	t.peak = max(t.peak, len(t.tl))
 	k := 0
 	for k < len(t.tl) && t.tl[k].End < keep {
 		k++
@@ -168,10 +178,18 @@ func (t *Thread) Trim(keep int64) {
 	if k > 0 && (4*k >= len(t.tl) || k >= 64) {
 		t.dropFront(k)
 	}
-	if cap(t.tl) > 64 && len(t.tl) < cap(t.tl)/4 {
-		t.tl = append(make([]event.Event, 0, 2*len(t.tl)+8), t.tl...)
+	// An array a burst grew is given back once the timeline stayed under
+	// a quarter of it for shrinkLook calls: shrinking as soon as it was
+	// under (each trim after a step) and growing again by doubling moved
+	// the timeline and faulted in new pages over and over.
+	if t.trims++; t.trims < shrinkLook {
+		return
+	}
+	if cap(t.base) > 64 && t.peak < cap(t.base)/4 {
+		t.tl = append(make([]event.Event, 0, 2*t.peak+8), t.tl...)
 		t.base = t.tl[:cap(t.tl)]
 	}
+	t.trims, t.peak = 0, len(t.tl)
 }
 
 // wokenReturn bounds the time from the end of a post-wakeup run-queue wait
@@ -264,7 +282,10 @@ type Segment struct {
 }
 
 // Segments splits [a,b) of t's time by the dominant interval, skipping the
-// spans in mask (sorted, non-overlapping).
+// spans in mask (sorted, non-overlapping). The cuts are swept once in time
+// order with the intervals open at each: comparing every interval with
+// every cut took a step's walk of a thread waiting for a CPU hundreds of
+// times a step quadratic time, the engine's largest cost on 8 ranks.
 func (t *Thread) Segments(a, b int64, mask []interval.Span) []Segment {
 	if b <= a {
 		return nil
@@ -288,7 +309,16 @@ func (t *Thread) Segments(a, b int64, mask []interval.Span) []Segment {
 			pts = append(pts, m.B)
 		}
 	}
-	sort.Slice(pts, func(i, j int) bool { return pts[i] < pts[j] })
+	slices.Sort(pts)
+	// byStart holds positions in idx ordered by start; open, those of the
+	// intervals begun by the current cut and not yet ended.
+	byStart := make([]int32, len(idx))
+	for k := range byStart {
+		byStart[k] = int32(k)
+	}
+	slices.SortStableFunc(byStart, func(p, q int32) int { return cmp.Compare(t.tl[idx[p]].Start, t.tl[idx[q]].Start) })
+	var open []int32
+	next := 0
 	var out []Segment
 	mi := 0
 	for k := 0; k+1 < len(pts); k++ {
@@ -302,14 +332,28 @@ func (t *Thread) Segments(a, b int64, mask []interval.Span) []Segment {
 		if mi < len(mask) && mask[mi].A <= x && mask[mi].B >= y {
 			continue
 		}
+		for ; next < len(byStart) && t.tl[idx[byStart[next]]].Start <= x; next++ {
+			open = append(open, byStart[next])
+		}
+		n := 0
+		for _, p := range open {
+			if t.tl[idx[p]].End > x {
+				open[n] = p
+				n++
+			}
+		}
+		open = open[:n]
+		// The highest priority covering [x,y); among equals, the first
+		// in timeline order.
 		var best *event.Event
-		bp := 0
-		for _, i := range idx {
-			ev := &t.tl[i]
-			if ev.Start <= x && ev.End >= y {
-				if p := priority(ev); p > bp {
-					best, bp = ev, p
-				}
+		bp, bpos := 0, int32(len(idx))
+		for _, p := range open {
+			ev := &t.tl[idx[p]]
+			if ev.End < y {
+				continue
+			}
+			if pr := priority(ev); pr > bp || pr == bp && pr > 0 && p < bpos {
+				best, bp, bpos = ev, pr, p
 			}
 		}
 		if n := len(out); n > 0 && out[n-1].Ev == best && out[n-1].B == x {

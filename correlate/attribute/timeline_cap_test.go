@@ -47,3 +47,32 @@ func TestTimelineAtCapReusesArray(t *testing.T) {
 		t.Errorf("%.2f allocations per interval at the cap, want none", allocs)
 	}
 }
+
+// A timeline that fills over a step and is trimmed to the step's start
+// keeps its array from step to step, and one that stays small for long
+// gives a large array back.
+func TestTrimKeepsArrayAcrossSteps(t *testing.T) {
+	th := NewThread(0, 0, nil)
+	now := int64(0)
+	step := func(n int) {
+		from := now
+		for range n {
+			now += 10
+			th.Add(&event.Event{Kind: event.KindRunqueue, Start: now, End: now + 5})
+			th.Trim(from) // the engine keeps the pending step's intervals
+		}
+	}
+	step(800)
+	step(800)
+	allocs := testing.AllocsPerRun(20, func() { step(800) })
+	if allocs > 0.05 {
+		t.Errorf("%.2f allocations per step of 800 intervals, want none", allocs)
+	}
+	big := cap(th.base)
+	for range 2 * shrinkLook / 10 {
+		step(10)
+	}
+	if c := cap(th.base); c >= big/4 || c < len(th.tl) {
+		t.Errorf("array of %d intervals after %d trims holding %d (was %d)", c, 2*shrinkLook, len(th.tl), big)
+	}
+}

@@ -9,11 +9,7 @@
 // (Config.MaxBuffered) and moves the watermark.
 package reorder
 
-import (
-	"container/heap"
-
-	"github.com/gaptrace/gaptrace/event"
-)
+import "github.com/gaptrace/gaptrace/event"
 
 // Queue holds events until the watermark passes their end, and
 // gives them back in end order: a gap is decided with every host event
@@ -42,19 +38,19 @@ func (q *Queue) Push(ev event.Event) {
 		slot = int32(len(q.slab))
 		q.slab = append(q.slab, ev)
 	}
-	heap.Push(&q.h, queued{end: ev.End, start: ev.Start, seq: q.seq, slot: slot})
+	q.h.push(queued{end: ev.End, start: ev.Start, seq: q.seq, slot: slot})
 }
 
 // Pop returns the next event ending at or before wm.
 func (q *Queue) Pop(wm int64) (event.Event, bool) {
-	if q.h.Len() == 0 || q.h[0].end > wm {
-		if q.h.Len() == 0 && cap(q.slab) > slabKeep {
+	if len(q.h) == 0 || q.h[0].end > wm {
+		if len(q.h) == 0 && cap(q.slab) > slabKeep {
 			// A burst is over: give its memory back.
 			q.slab, q.free = nil, nil
 		}
 		return event.Event{}, false
 	}
-	k := heap.Pop(&q.h).(queued)
+	k := q.h.pop()
 	ev := q.slab[k.slot]
 	q.slab[k.slot] = event.Event{}
 	q.free = append(q.free, k.slot)
@@ -62,7 +58,7 @@ func (q *Queue) Pop(wm int64) (event.Event, bool) {
 }
 
 // Len is the number of events buffered.
-func (q *Queue) Len() int { return q.h.Len() }
+func (q *Queue) Len() int { return len(q.h) }
 
 // MinEnd is the end of the next event Pop returns; the queue must not be
 // empty.
@@ -76,10 +72,11 @@ type queued struct {
 	slot       int32
 }
 
+// evHeap is a binary min-heap of queued keys, typed: container/heap
+// boxed each key in an interface, two allocations an event.
 type evHeap []queued
 
-func (h evHeap) Len() int { return len(h) }
-func (h evHeap) Less(i, j int) bool {
+func (h evHeap) less(i, j int) bool {
 	a, b := &h[i], &h[j]
 	if a.end != b.end {
 		return a.end < b.end
@@ -91,12 +88,42 @@ func (h evHeap) Less(i, j int) bool {
 	}
 	return a.seq < b.seq
 }
-func (h evHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *evHeap) Push(x any)   { *h = append(*h, x.(queued)) }
-func (h *evHeap) Pop() any {
-	old := *h
-	n := len(old)
-	x := old[n-1]
-	*h = old[:n-1]
-	return x
+
+func (h *evHeap) push(k queued) {
+	*h = append(*h, k)
+	s := *h
+	for j := len(s) - 1; j > 0; {
+		i := (j - 1) / 2
+		if !s.less(j, i) {
+			break
+		}
+		s[i], s[j] = s[j], s[i]
+		j = i
+	}
+}
+
+// pop removes and returns the least key; h must not be empty.
+func (h *evHeap) pop() queued {
+	s := *h
+	n := len(s) - 1
+	top := s[0]
+	s[0] = s[n]
+	s = s[:n]
+	for i := 0; ; {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		j := l
+		if r := l + 1; r < n && s.less(r, l) {
+			j = r
+		}
+		if !s.less(j, i) {
+			break
+		}
+		s[i], s[j] = s[j], s[i]
+		i = j
+	}
+	*h = s
+	return top
 }

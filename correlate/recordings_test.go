@@ -242,6 +242,7 @@ var microSteps = map[string]int{
 	"h200-accum-lite":         4,
 	"h100-accum-full":         4,
 	"sim-prefetch-accum-full": 4,
+	"sim-accum-thread-full":   4,
 }
 
 // viewsOff are the recordings whose replay as another probe set misses the

@@ -35,7 +35,9 @@ const (
 // siteClock is a stepper's call-site state.
 type siteClock struct {
 	items []stepclock.Item // the stream PickSite reads, oldest first
-	calls int              // sited calls since the last check
+	// trimmed: the stream no longer holds the process's first items.
+	trimmed bool
+	calls   int // sited calls since the last check
 	// The running site: its source (declared or call site), key and
 	// thread (call site), and the name of the frame it was found at.
 	source  string
@@ -123,6 +125,7 @@ func (s *stepper) siteToken(key stepclock.Key, t int64) {
 func (c *siteClock) push(it stepclock.Item) {
 	c.items = append(c.items, it)
 	if n := len(c.items); n > stepclock.SiteRing {
+		c.trimmed = true
 		copy(c.items, c.items[n-stepclock.SiteRing:])
 		c.items = c.items[:stepclock.SiteRing]
 	}
@@ -368,6 +371,9 @@ func (s *stepper) enterSite(ends []int64) {
 	if s.mode == modeUnknown {
 		s.open(s.origin, true)
 	}
+	if len(ends) > 1 && s.anchor == nil {
+		s.giveBack(ends)
+	}
 	s.mode = modeSite
 	s.clock, s.anchor = nil, nil
 	s.period, s.phase = 0, 0
@@ -380,6 +386,81 @@ func (s *stepper) enterSite(ends []int64) {
 		}
 		s.boundary(e, false)
 	}
+}
+
+// giveBack takes back the steps the work pattern laid over the site's
+// calls in the stream (ends) where they cut each of its iterations into
+// the same number of steps, two or more: micro-batches, which the batch
+// copy's clock counted until the optimizer step's site was known. Only
+// steps that nothing refers to yet go: not emitted (still pending), no
+// gap delivered with their number, no fixed window. The earliest of them
+// is open again from its start, and the site's calls end it and the
+// steps after it (enterSite). Where the stream still holds the process's
+// first calls, the steps before the site's first call are its first
+// iteration's. Steps numbered by collectives (anchor) keep their numbers.
+func (s *stepper) giveBack(ends []int64) {
+	n := len(s.steps)
+	if n < 2 || s.steps[n-1].closed || s.steps[n-1].Gaps > 0 {
+		return
+	}
+	first := ends[0]
+	if !s.sites.trimmed {
+		first = s.origin
+	}
+	j := n - 1
+	for j > 0 {
+		p := s.steps[j-1]
+		if p.End <= first || p.Window || p.ClockSource != stepclock.SourceWork || s.steps[j].Gaps > 0 {
+			break
+		}
+		j--
+	}
+	var cuts []int64
+	for _, st := range s.steps[j : n-1] {
+		cuts = append(cuts, st.End)
+	}
+	if !subdivides(cuts, ends) {
+		return
+	}
+	o := s.steps[j]
+	o.End, o.closed, o.ClockSource, o.ClockSite = 0, false, "", ""
+	for i := j + 1; i < n; i++ {
+		s.steps[i] = nil
+	}
+	s.steps = s.steps[:j+1]
+	s.next = o.Number + 1
+}
+
+// subdivides says whether the step ends cuts (ascending) fall g times,
+// g >= 2 the same throughout, into each interval between consecutive
+// site calls (ends) that they span, and at most g times before the first.
+func subdivides(cuts, ends []int64) bool {
+	if len(cuts) == 0 {
+		return false
+	}
+	k, g, whole := 0, 0, 0
+	for i, e := range ends {
+		if e > cuts[len(cuts)-1] {
+			break
+		}
+		m := 0
+		for k < len(cuts) && cuts[k] <= e {
+			m++
+			k++
+		}
+		if i == 0 {
+			g = m
+			continue
+		}
+		if whole == 0 && g < m {
+			g = m
+		}
+		if m != g {
+			return false
+		}
+		whole++
+	}
+	return whole > 0 && g >= 2
 }
 
 // clockSource is the step clock steps end by now: its source and site

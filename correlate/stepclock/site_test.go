@@ -464,3 +464,43 @@ func TestSiteWeights(t *testing.T) {
 		}
 	}
 }
+
+func TestPickSiteOptimizerStepOnceGroupsKnown(t *testing.T) {
+	// A trainer thread: four micro-batches an optimizer step, each
+	// copying its batch and reading its loss at line 50 (three
+	// launches), then the optimizer's two launches and an event wait at
+	// line 70. Once the micro-batch reads' launches show the grouping
+	// (three groups), the update's site clocks with three runs: the
+	// batch copy's clock would count micro-batches meanwhile.
+	var s stream
+	update := func(n int) {
+		for i := 0; i < n; i++ {
+			for k := 0; k < 4; k++ {
+				s.tok(1 << 20)
+				s.call(pid+1, 3, 50, 100)
+			}
+			s.call(pid+1, 2, 70, 100)
+		}
+	}
+	update(4)
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Name != "train.py:70 main" || p.Groups != 3 {
+		t.Fatalf("picked %+v %v after four optimizer steps, want train.py:70 with 3 groups", p, ok)
+	}
+	if !Qualifies(s.items, p.Site.Key, p.TID) {
+		t.Fatal("the update's site does not qualify on the stream it was picked from")
+	}
+}
+
+func TestPickSiteFewRunsWithoutGroups(t *testing.T) {
+	// Three runs of a loss read alone are too few: only a site that
+	// encloses micro-batch reads clocks that early.
+	var s stream
+	for i := 0; i < 4; i++ {
+		s.tok(1 << 20)
+		s.call(pid, 12, 40, 100)
+	}
+	if p, ok := PickSite(s.items, pid); ok {
+		t.Fatalf("picked %+v after three runs, want none", p)
+	}
+}

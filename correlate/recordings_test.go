@@ -243,6 +243,7 @@ var microSteps = map[string]int{
 	"h100-accum-full":         4,
 	"sim-prefetch-accum-full": 4,
 	"sim-accum-thread-full":   4,
+	"sim-accum-thread-auto":   4,
 }
 
 // viewsOff are the recordings whose replay as another probe set misses the

@@ -389,6 +389,7 @@ func recurs(c *siteCand) bool {
 // no site that microBatches tells by the optimizer's launches).
 func encloses(items []Item, c, b *siteCand) {
 	good, k := 0, 0
+	var work []uint64
 	for j := 1; j < len(c.at); j++ {
 		n := 0
 		for k < len(b.at) && b.at[k] < c.at[j] {
@@ -397,12 +398,17 @@ func encloses(items []Item, c, b *siteCand) {
 			}
 			k++
 		}
-		if n == b.micro && oneIteration(items[c.at[j-1]+1:c.at[j]+1], c.tid, b.micro*SiteRepeat) {
+		span := items[c.at[j-1]+1 : c.at[j]+1]
+		if n == b.micro && oneIteration(span, c.tid, b.micro*SiteRepeat) {
 			good++
+			if l := threadLaunches(span, c.tid); l > 0 {
+				work = append(work, l)
+			}
 		}
 	}
 	if good > c.good {
-		c.good, c.groups = good, good
+		// An optimizer step's iteration launches all its micro-batches.
+		c.good, c.groups, c.work = good, good, work
 	}
 }
 

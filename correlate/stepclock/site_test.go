@@ -504,3 +504,45 @@ func TestPickSiteFewRunsWithoutGroups(t *testing.T) {
 		t.Fatalf("picked %+v after three runs, want none", p)
 	}
 }
+
+func TestWeightsAfterLaunchesStop(t *testing.T) {
+	// Auto's full window ends as the stream begins: the micro-batch
+	// read's first intervals saw launches, then lite sees none. The
+	// update's site, called only after launches stopped, does not weigh
+	// 0 (the rule for a checkpoint's per-tensor copies): it would give
+	// way to the read.
+	var s stream
+	for i := 0; i < 40; i++ {
+		for k := 0; k < 4; k++ {
+			s.tok(1 << 20)
+			n := uint64(0)
+			if i == 0 {
+				n = 3
+			}
+			s.call(pid+1, n, 50, 100)
+		}
+		s.call(pid+1, 0, 70, 100)
+	}
+	// The first update call after the full window's reads.
+	s.items = s.items[2:]
+	w := Weights(s.items)
+	if v, ok := w[SiteID(pid+1, "train.py:70 main<train.py:100 main")]; ok {
+		t.Fatalf("update site weighs %v with no launch seen after its first call, want unknown", v)
+	}
+}
+
+func TestWeightsOptimizerStepGroup(t *testing.T) {
+	// An optimizer step's site weighs its whole group of micro-batches.
+	var s stream
+	for i := 0; i < 12; i++ {
+		for k := 0; k < 4; k++ {
+			s.tok(1 << 20)
+			s.call(pid+1, 3, 50, 100)
+		}
+		s.call(pid+1, 2, 70, 100)
+	}
+	w := Weights(s.items)
+	if v := w[SiteID(pid+1, "train.py:70 main<train.py:100 main")]; v != 14 {
+		t.Fatalf("update site weighs %v, want 14 (four micro-batches of 3, then 2)", v)
+	}
+}

@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"fmt"
+	"math"
 	"sort"
 
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
@@ -19,6 +20,9 @@ import (
 const (
 	// siteEvery: sited calls between two PickSite checks.
 	siteEvery = 16
+	// siteEarly: sited calls between two looks for an optimizer step's
+	// site over micro-batches (pickOverGroups) while the stream is young.
+	siteEarly = 4
 	// siteStrikes: checks in a row that must disagree with the running
 	// site (another site, or none) before it gives way: an evaluation
 	// phase fills the stream with its own batches for a while.
@@ -192,8 +196,30 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 	if c.calls >= siteEvery {
 		c.calls = 0
 		ended = s.checkSite(set) || ended
+	} else if c.calls%siteEarly == 0 && !c.trimmed && s.mode != modeSite {
+		ended = s.pickOverGroups(set) || ended
 	}
 	return ended
+}
+
+// pickOverGroups takes the site PickSite finds where it is called once
+// after each group of another site's micro-batch reads (an optimizer
+// step's, Pick.Groups), between the regular checks while the stream is
+// young: the batch copy's clock counts micro-batches until it does, and
+// steps emitted meanwhile cannot be taken back (giveBack).
+func (s *stepper) pickOverGroups(set settings) bool {
+	if set.stepAt != nil {
+		return false
+	}
+	c := &s.sites
+	p, ok := stepclock.PickSite(c.items, s.pid)
+	if !ok || p.Groups == 0 || c.micro[stepclock.SiteID(p.TID, p.Site.Key)] {
+		return false
+	}
+	if p.TID != s.pid && c.mainSyncs(c.items[0].T) >= stepclock.SiteMinRuns {
+		return false // a background thread's (checkSite)
+	}
+	return s.takeSite(set, p.Site, p.TID, p.Pin)
 }
 
 // checkSite runs PickSite over the stream: it enters the site found, or
@@ -419,7 +445,7 @@ func (s *stepper) giveBack(ends []int64) {
 	for _, st := range s.steps[j : n-1] {
 		cuts = append(cuts, st.End)
 	}
-	if !subdivides(cuts, ends) {
+	if !subdivides(s.steps[j].Start, cuts, ends) {
 		return
 	}
 	o := s.steps[j]
@@ -431,15 +457,19 @@ func (s *stepper) giveBack(ends []int64) {
 	s.next = o.Number + 1
 }
 
-// subdivides says whether the step ends cuts (ascending) fall g times,
-// g >= 2 the same throughout, into each interval between consecutive
-// site calls (ends) that they span, and at most g times before the first.
-func subdivides(cuts, ends []int64) bool {
+// subdivides says whether the step ends cuts (ascending, of steps from
+// from on) fall g times, g >= 2 the same throughout, into each interval
+// between consecutive site calls (ends) that they span, and at most g
+// times into those that begin before from (the process's first, or one
+// whose first steps were emitted already).
+func subdivides(from int64, cuts, ends []int64) bool {
 	if len(cuts) == 0 {
 		return false
 	}
 	k, g, whole := 0, 0, 0
-	for i, e := range ends {
+	var partial []int
+	prev := int64(math.MinInt64)
+	for _, e := range ends {
 		if e > cuts[len(cuts)-1] {
 			break
 		}
@@ -448,19 +478,29 @@ func subdivides(cuts, ends []int64) bool {
 			m++
 			k++
 		}
-		if i == 0 {
+		switch {
+		case prev < from:
+			partial = append(partial, m)
+		case g == 0:
 			g = m
-			continue
+			fallthrough
+		default:
+			if m != g {
+				return false
+			}
+			whole++
 		}
-		if whole == 0 && g < m {
-			g = m
-		}
-		if m != g {
+		prev = e
+	}
+	if whole == 0 || g < 2 {
+		return false
+	}
+	for _, m := range partial {
+		if m > g {
 			return false
 		}
-		whole++
 	}
-	return whole > 0 && g >= 2
+	return true
 }
 
 // clockSource is the step clock steps end by now: its source and site

@@ -382,6 +382,8 @@
 //	              the step clock each process's steps came from
 //	clock.go      the stepper under the work clock: the token ring,
 //	              detection, laying a clock's steps over the ring
+//	premarks.go   a marked launch's clock before the tracer marked it:
+//	              the key each of its steps holds once cuts the ring
 //	clockstate.go the running clock: its recent steps' syncs, insertions
 //	accum.go      gradient accumulation: a clock's steps grouped into the
 //	              loop's iterations

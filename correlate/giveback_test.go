@@ -33,12 +33,11 @@ func TestSubdivides(t *testing.T) {
 // iterations, give way to the site's calls after its first call in the
 // stream (40); a gap delivered to one keeps it and those before.
 func TestGiveBackMicroSteps(t *testing.T) {
-	lay := func(gapAt int) *stepper {
+	lay := func(gapAt int, source string) *stepper {
 		s := &stepper{pid: 1, next: 1, origin: 0}
 		s.sites.trimmed = true
 		s.open(0, false)
 		for i := 1; i <= 12; i++ {
-			s.steps[len(s.steps)-1].ClockSource = stepclock.SourceWork
 			if i == gapAt {
 				s.steps[len(s.steps)-1].Gaps = 1
 			}
@@ -46,18 +45,28 @@ func TestGiveBackMicroSteps(t *testing.T) {
 		}
 		for _, st := range s.steps {
 			if st.closed {
-				st.ClockSource = stepclock.SourceWork
+				st.ClockSource = source
 			}
 		}
 		return s
 	}
-	s := lay(0)
-	s.giveBack([]int64{40, 80, 120})
-	if n := len(s.steps); n != 5 || s.steps[4].closed || s.steps[4].Start != 40 || s.next != 6 {
-		t.Fatalf("after give-back: %d steps, open %v from %d, next %d; want steps 1-4 kept and 5 open from 40",
-			n, !s.steps[n-1].closed, s.steps[n-1].Start, s.next)
+	// The micro-batch read's site ended them (picked before the
+	// launches showed the grouping), or the work pattern: both give way.
+	for _, src := range []string{stepclock.SourceWork, stepclock.SourceCallSite} {
+		s := lay(0, src)
+		s.giveBack([]int64{40, 80, 120})
+		if n := len(s.steps); n != 5 || s.steps[4].closed || s.steps[4].Start != 40 || s.next != 6 {
+			t.Fatalf("%s: after give-back: %d steps, open %v from %d, next %d; want steps 1-4 kept and 5 open from 40",
+				src, n, !s.steps[n-1].closed, s.steps[n-1].Start, s.next)
+		}
 	}
-	s = lay(10)
+	// A declared site's steps stay.
+	s := lay(0, stepclock.SourceDeclared)
+	s.giveBack([]int64{40, 80, 120})
+	if n := len(s.steps); n != 13 {
+		t.Fatalf("declared steps: %d steps after give-back, want all 13 kept", n)
+	}
+	s = lay(10, stepclock.SourceWork)
 	s.giveBack([]int64{40, 80, 120})
 	if n := len(s.steps); n != 13 {
 		t.Fatalf("a gap in step 10: %d steps, want all 13 kept (nothing after it to take back)", n)

@@ -245,6 +245,7 @@ var microSteps = map[string]int{
 	"sim-accum-thread-full":   4,
 	"sim-accum-thread-auto":   4,
 	"sim-accum-thread-full-2": 4,
+	"sim-accum-thread-full-3": 4,
 }
 
 // viewsOff are the recordings whose replay as another probe set misses the

@@ -414,10 +414,11 @@ func (s *stepper) enterSite(ends []int64) {
 	}
 }
 
-// giveBack takes back the steps the work pattern laid over the site's
-// calls in the stream (ends) where they cut each of its iterations into
-// the same number of steps, two or more: micro-batches, which the batch
-// copy's clock counted until the optimizer step's site was known. Only
+// giveBack takes back the steps the work pattern (or another call site)
+// laid over the site's calls in the stream (ends) where they cut each of
+// its iterations into the same number of steps, two or more:
+// micro-batches, which the batch copy's clock or the micro-batch read's
+// site counted until the optimizer step's site was known. Only
 // steps that nothing refers to yet go: not emitted (still pending), no
 // gap delivered with their number, no fixed window. The earliest of them
 // is open again from its start, and the site's calls end it and the
@@ -436,7 +437,7 @@ func (s *stepper) giveBack(ends []int64) {
 	j := n - 1
 	for j > 0 {
 		p := s.steps[j-1]
-		if p.End <= first || p.Window || p.ClockSource != stepclock.SourceWork || s.steps[j].Gaps > 0 {
+		if p.End <= first || p.Window || !givable(p.ClockSource) || s.steps[j].Gaps > 0 {
 			break
 		}
 		j--
@@ -455,6 +456,14 @@ func (s *stepper) giveBack(ends []int64) {
 	}
 	s.steps = s.steps[:j+1]
 	s.next = o.Number + 1
+}
+
+// givable says whether steps ended by source may be laid again by a
+// call site: the work pattern's, or another call site's (the
+// micro-batch read's, picked before the launches showed the grouping);
+// never a declared site's or a framework marker's.
+func givable(source string) bool {
+	return source == stepclock.SourceWork || source == stepclock.SourceCallSite
 }
 
 // subdivides says whether the step ends cuts (ascending, of steps from

@@ -538,7 +538,8 @@ func (s *stepper) openStart() int64 {
 // the clock has not ended yet: under the clock a step's end is known only
 // once the next step's operation is enqueued.
 func (s *stepper) undecided(t int64) bool {
-	if s.mode == modeUnknown || s.vote != nil && s.vote.open {
+	if s.mode == modeUnknown || s.vote != nil && s.vote.open || s.siteYoung() {
+		// siteYoung: a call site found yet may lay the steps again.
 		return true
 	}
 	if s.warming {

@@ -244,6 +244,7 @@ var microSteps = map[string]int{
 	"sim-prefetch-accum-full": 4,
 	"sim-accum-thread-full":   4,
 	"sim-accum-thread-auto":   4,
+	"sim-accum-thread-auto-2": 4,
 	"sim-accum-thread-full-2": 4,
 	"sim-accum-thread-full-3": 4,
 }

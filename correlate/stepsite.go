@@ -202,6 +202,24 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 	return ended
 }
 
+// siteYoung says whether sited calls have begun to arrive and PickSite
+// has not judged siteHold streams of them yet, with no declared site or
+// framework marker running: an optimizer step's site found then takes
+// back the micro-batch steps laid meanwhile (giveBack), so they wait
+// (final.go), within the emission promise.
+func (s *stepper) siteYoung() bool {
+	c := &s.sites
+	if c.checks >= siteHold || c.trimmed || s.fw.On() || s.mode == modeSite && c.source != stepclock.SourceCallSite {
+		return false
+	}
+	for i := range c.items {
+		if c.items[i].Site.Key != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // pickOverGroups takes the site PickSite finds where it is called once
 // after each group of another site's micro-batch reads (an optimizer
 // step's, Pick.Groups), between the regular checks while the stream is

@@ -479,25 +479,20 @@ func (s *stepper) loopStart() int {
 // step per clock period.
 func (s *stepper) retroClock() {
 	c := s.clock
-	var idx int64
 	first := true
 	// The first boundary is held until the second is known: a prologue
 	// that is a sliver of the first iteration (the clock's operation comes
 	// just after the loop's first work) is that iteration, not a window
 	// of its own, so that step N is the loop's iteration N.
 	pending := int64(-1)
-	// No step ends before the loop's first iteration (loopStart).
-	lastBefore := s.loopStart()
+	at := s.retroBounds()
 	for i := range s.toks {
 		tok := &s.toks[i]
 		c.seg.Add(tok, c.key.Marked())
-		if tok.Key != c.key {
+		if len(at) == 0 || at[0] != i {
 			continue
 		}
-		idx++
-		if int((idx-1)%int64(c.m)) != c.phase || i < lastBefore {
-			continue
-		}
+		at = at[1:]
 		c.seg = stepclock.Seg{Counts: map[stepclock.Key]int{}}
 		if first {
 			first = false
@@ -543,7 +538,8 @@ func (s *stepper) openStart() int64 {
 // the clock has not ended yet: under the clock a step's end is known only
 // once the next step's operation is enqueued.
 func (s *stepper) undecided(t int64) bool {
-	if s.mode == modeUnknown || s.vote != nil && s.vote.open {
+	if s.mode == modeUnknown || s.vote != nil && s.vote.open || s.siteYoung() {
+		// siteYoung: a call site found yet may lay the steps again.
 		return true
 	}
 	if s.warming {

@@ -383,8 +383,12 @@
 //	final.go      when a step is final, and emitting it
 //	stepsite.go   the step site: declared or found in the calls' stacks,
 //	              the step clock each process's steps came from
+//	giveback.go   micro-batch steps laid before an optimizer step's site
+//	              was found, laid again by its calls
 //	clock.go      the stepper under the work clock: the token ring,
 //	              detection, laying a clock's steps over the ring
+//	premarks.go   a marked launch's clock before the tracer marked it:
+//	              the key each of its steps holds once cuts the ring
 //	clockstate.go the running clock: its recent steps' syncs, insertions
 //	accum.go      gradient accumulation: a clock's steps grouped into the
 //	              loop's iterations

@@ -42,6 +42,10 @@ func (p *proc) ready(x env, st *stepAcc) bool {
 	if a := p.ahead.Start(); a != 0 && a < st.End {
 		return false
 	}
+	if p.st.siteYoung() && x.clk.now < st.End+holdMax {
+		// The call sites may yet take these steps back (giveBack).
+		return false
+	}
 	if wEnd := x.d.coverEnd(st.End); wEnd > 0 && x.clk.wm >= wEnd {
 		return true
 	}

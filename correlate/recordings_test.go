@@ -242,6 +242,11 @@ var microSteps = map[string]int{
 	"h200-accum-lite":         4,
 	"h100-accum-full":         4,
 	"sim-prefetch-accum-full": 4,
+	"sim-accum-thread-full":   4,
+	"sim-accum-thread-auto":   4,
+	"sim-accum-thread-auto-2": 4,
+	"sim-accum-thread-full-2": 4,
+	"sim-accum-thread-full-3": 4,
 }
 
 // viewsOff are the recordings whose replay as another probe set misses the

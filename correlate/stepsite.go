@@ -19,6 +19,9 @@ import (
 const (
 	// siteEvery: sited calls between two PickSite checks.
 	siteEvery = 16
+	// siteEarly: sited calls between two looks for an optimizer step's
+	// site over micro-batches (pickOverGroups) while the stream is young.
+	siteEarly = 4
 	// siteStrikes: checks in a row that must disagree with the running
 	// site (another site, or none) before it gives way: an evaluation
 	// phase fills the stream with its own batches for a while.
@@ -35,7 +38,9 @@ const (
 // siteClock is a stepper's call-site state.
 type siteClock struct {
 	items []stepclock.Item // the stream PickSite reads, oldest first
-	calls int              // sited calls since the last check
+	// trimmed: the stream no longer holds the process's first items.
+	trimmed bool
+	calls   int // sited calls since the last check
 	// The running site: its source (declared or call site), key and
 	// thread (call site), and the name of the frame it was found at.
 	source  string
@@ -123,6 +128,7 @@ func (s *stepper) siteToken(key stepclock.Key, t int64) {
 func (c *siteClock) push(it stepclock.Item) {
 	c.items = append(c.items, it)
 	if n := len(c.items); n > stepclock.SiteRing {
+		c.trimmed = true
 		copy(c.items, c.items[n-stepclock.SiteRing:])
 		c.items = c.items[:stepclock.SiteRing]
 	}
@@ -189,8 +195,48 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 	if c.calls >= siteEvery {
 		c.calls = 0
 		ended = s.checkSite(set) || ended
+	} else if c.calls%siteEarly == 0 && !c.trimmed && s.mode != modeSite {
+		ended = s.pickOverGroups(set) || ended
 	}
 	return ended
+}
+
+// siteYoung says whether sited calls have begun to arrive and PickSite
+// has not judged siteHold streams of them yet, with no declared site or
+// framework marker running: an optimizer step's site found then takes
+// back the micro-batch steps laid meanwhile (giveBack), so they wait
+// (final.go), within the emission promise.
+func (s *stepper) siteYoung() bool {
+	c := &s.sites
+	if c.checks >= siteHold || c.trimmed || s.fw.On() || s.mode == modeSite && c.source != stepclock.SourceCallSite {
+		return false
+	}
+	for i := range c.items {
+		if c.items[i].Site.Key != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// pickOverGroups takes the site PickSite finds where it is called once
+// after each group of another site's micro-batch reads (an optimizer
+// step's, Pick.Groups), between the regular checks while the stream is
+// young: the batch copy's clock counts micro-batches until it does, and
+// steps emitted meanwhile cannot be taken back (giveBack).
+func (s *stepper) pickOverGroups(set settings) bool {
+	if set.stepAt != nil {
+		return false
+	}
+	c := &s.sites
+	p, ok := stepclock.PickSite(c.items, s.pid)
+	if !ok || p.Groups == 0 || c.micro[stepclock.SiteID(p.TID, p.Site.Key)] {
+		return false
+	}
+	if p.TID != s.pid && c.mainSyncs(c.items[0].T) >= stepclock.SiteMinRuns {
+		return false // a background thread's (checkSite)
+	}
+	return s.takeSite(set, p.Site, p.TID, p.Pin)
 }
 
 // checkSite runs PickSite over the stream: it enters the site found, or
@@ -367,6 +413,9 @@ func (s *stepper) enterSite(ends []int64) {
 	s.flushDeferred()
 	if s.mode == modeUnknown {
 		s.open(s.origin, true)
+	}
+	if len(ends) > 1 && s.anchor == nil {
+		s.giveBack(ends)
 	}
 	s.mode = modeSite
 	s.clock, s.anchor = nil, nil

@@ -34,6 +34,12 @@ const (
 	SiteDepth = 3
 	// SiteMinRuns: intervals between a site's calls before it may clock.
 	SiteMinRuns = 6
+	// SiteMinGroups: the intervals that suffice for a site called once
+	// after each group of another site's micro-batch reads (encloses):
+	// microBatches already saw the grouping in three groups at least, so
+	// the optimizer step's site clocks as soon as the micro-batches are
+	// known, before the work pattern counts them as steps.
+	SiteMinGroups = 3
 	// SiteGood: the least share of those intervals that must hold one
 	// iteration's work (work, and no token twice).
 	SiteGood = 0.75
@@ -118,6 +124,10 @@ type Pick struct {
 	// apart from it, whose iterations launch clearly less (an
 	// evaluation's batches): a running step site among them gives way.
 	Over []string
+	// Groups: the intervals between its calls that hold one group of
+	// another site's micro-batch reads (an optimizer step's site), 0
+	// where it encloses none.
+	Groups int
 	// Pin names the site's innermost frame that no other site in the
 	// stream holds ("train.py:42 main"; a helper that reads the loss for
 	// the training and the evaluation is pinned at its caller): what
@@ -142,6 +152,9 @@ type siteCand struct {
 	// bare: the intervals that showed nothing at all (no launch, no
 	// token): lite, or a CUDA graph's replays, which lite does not see.
 	bare int
+	// groups: the intervals that hold exactly one group of another
+	// site's micro-batch reads (encloses).
+	groups int
 }
 
 // PickSite finds the call site that recurs once per iteration in items
@@ -212,7 +225,7 @@ func PickSite(items []Item, pid uint32) (Pick, bool) {
 		// iteration. The work pattern decides, or --step-at.
 		return Pick{Site: best.site, TID: best.tid, Runs: best.good, Rival: c.site}, false
 	}
-	return Pick{Site: best.site, TID: best.tid, Runs: best.good, Pin: pin(best.site, cands), Over: over}, true
+	return Pick{Site: best.site, TID: best.tid, Runs: best.good, Groups: best.groups, Pin: pin(best.site, cands), Over: over}, true
 }
 
 // scoreSites groups items' sited calls by thread and site, and counts
@@ -349,12 +362,24 @@ func SiteID(tid uint32, key string) string {
 // qualified says whether c recurs once per iteration over a stream of n
 // items: enough good intervals, no micro-batches, calls that span it.
 func qualified(c *siteCand, n int) bool {
-	if c.good < SiteMinRuns || float64(c.good) < SiteGood*float64(c.all) || c.micro > 0 {
+	if !recurs(c) {
 		return false
 	}
 	// Calls that do not span the stream are a phase (an evaluation's
 	// batches), not the loop.
 	return 4*c.at[0] < n && 4*c.at[len(c.at)-1] >= 3*n
+}
+
+// recurs says whether c's intervals hold one iteration often enough:
+// SiteMinRuns of them and a SiteGood share, or SiteMinGroups where each
+// good one holds a group of micro-batch reads; never a site that reads
+// micro-batches itself.
+func recurs(c *siteCand) bool {
+	least := SiteMinRuns
+	if c.groups >= c.good && c.good > 0 {
+		least = SiteMinGroups
+	}
+	return c.good >= least && float64(c.good) >= SiteGood*float64(c.all) && c.micro == 0
 }
 
 // encloses rescores c as the optimizer step of b's micro-batches where
@@ -364,6 +389,7 @@ func qualified(c *siteCand, n int) bool {
 // no site that microBatches tells by the optimizer's launches).
 func encloses(items []Item, c, b *siteCand) {
 	good, k := 0, 0
+	var work []uint64
 	for j := 1; j < len(c.at); j++ {
 		n := 0
 		for k < len(b.at) && b.at[k] < c.at[j] {
@@ -372,11 +398,18 @@ func encloses(items []Item, c, b *siteCand) {
 			}
 			k++
 		}
-		if n == b.micro && oneIteration(items[c.at[j-1]+1:c.at[j]+1], c.tid, b.micro*SiteRepeat) {
+		span := items[c.at[j-1]+1 : c.at[j]+1]
+		if n == b.micro && oneIteration(span, c.tid, b.micro*SiteRepeat) {
 			good++
+			if l := threadLaunches(span, c.tid); l > 0 {
+				work = append(work, l)
+			}
 		}
 	}
-	c.good = max(c.good, good)
+	if good > c.good {
+		// An optimizer step's iteration launches all its micro-batches.
+		c.good, c.groups, c.work = good, good, work
+	}
 }
 
 // PinIn is the pin of the site key in items (Pick.Pin), "" when items
@@ -427,7 +460,7 @@ func pin(s Site, cands []*siteCand) string {
 func Qualifies(items []Item, key string, tid uint32) bool {
 	for _, c := range scoreSites(items) {
 		if c.site.Key == key && c.tid == tid {
-			return c.good >= SiteMinRuns && float64(c.good) >= SiteGood*float64(c.all) && c.micro == 0
+			return recurs(c)
 		}
 	}
 	return false

@@ -464,3 +464,85 @@ func TestSiteWeights(t *testing.T) {
 		}
 	}
 }
+
+func TestPickSiteOptimizerStepOnceGroupsKnown(t *testing.T) {
+	// A trainer thread: four micro-batches an optimizer step, each
+	// copying its batch and reading its loss at line 50 (three
+	// launches), then the optimizer's two launches and an event wait at
+	// line 70. Once the micro-batch reads' launches show the grouping
+	// (three groups), the update's site clocks with three runs: the
+	// batch copy's clock would count micro-batches meanwhile.
+	var s stream
+	update := func(n int) {
+		for i := 0; i < n; i++ {
+			for k := 0; k < 4; k++ {
+				s.tok(1 << 20)
+				s.call(pid+1, 3, 50, 100)
+			}
+			s.call(pid+1, 2, 70, 100)
+		}
+	}
+	update(4)
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Name != "train.py:70 main" || p.Groups != 3 {
+		t.Fatalf("picked %+v %v after four optimizer steps, want train.py:70 with 3 groups", p, ok)
+	}
+	if !Qualifies(s.items, p.Site.Key, p.TID) {
+		t.Fatal("the update's site does not qualify on the stream it was picked from")
+	}
+}
+
+func TestPickSiteFewRunsWithoutGroups(t *testing.T) {
+	// Three runs of a loss read alone are too few: only a site that
+	// encloses micro-batch reads clocks that early.
+	var s stream
+	for i := 0; i < 4; i++ {
+		s.tok(1 << 20)
+		s.call(pid, 12, 40, 100)
+	}
+	if p, ok := PickSite(s.items, pid); ok {
+		t.Fatalf("picked %+v after three runs, want none", p)
+	}
+}
+
+func TestWeightsAfterLaunchesStop(t *testing.T) {
+	// Auto's full window ends as the stream begins: the micro-batch
+	// read's first intervals saw launches, then lite sees none. The
+	// update's site, called only after launches stopped, does not weigh
+	// 0 (the rule for a checkpoint's per-tensor copies): it would give
+	// way to the read.
+	var s stream
+	for i := 0; i < 40; i++ {
+		for k := 0; k < 4; k++ {
+			s.tok(1 << 20)
+			n := uint64(0)
+			if i == 0 {
+				n = 3
+			}
+			s.call(pid+1, n, 50, 100)
+		}
+		s.call(pid+1, 0, 70, 100)
+	}
+	// The first update call after the full window's reads.
+	s.items = s.items[2:]
+	w := Weights(s.items)
+	if v, ok := w[SiteID(pid+1, "train.py:70 main<train.py:100 main")]; ok {
+		t.Fatalf("update site weighs %v with no launch seen after its first call, want unknown", v)
+	}
+}
+
+func TestWeightsOptimizerStepGroup(t *testing.T) {
+	// An optimizer step's site weighs its whole group of micro-batches.
+	var s stream
+	for i := 0; i < 12; i++ {
+		for k := 0; k < 4; k++ {
+			s.tok(1 << 20)
+			s.call(pid+1, 3, 50, 100)
+		}
+		s.call(pid+1, 2, 70, 100)
+	}
+	w := Weights(s.items)
+	if v := w[SiteID(pid+1, "train.py:70 main<train.py:100 main")]; v != 14 {
+		t.Fatalf("update site weighs %v, want 14 (four micro-batches of 3, then 2)", v)
+	}
+}

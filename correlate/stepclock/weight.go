@@ -50,27 +50,33 @@ func medLaunches(l []uint64) float64 {
 // while the stream holds another loop's (an evaluation's) calls only.
 //
 // A site between whose calls nothing was launched at all, where the
-// stream shows launches elsewhere (they are seen), weighs 0: per-tensor
-// copies of a checkpoint are no iterations (an attach during one finds
-// its site first).
+// stream shows launches elsewhere after its first call (they are seen),
+// weighs 0: per-tensor copies of a checkpoint are no iterations (an
+// attach during one finds its site first). Launches seen only before
+// its first call say nothing of it: auto's full window ended there, and
+// its lite stretch sees none.
 func Weights(items []Item) map[string]float64 {
 	w := map[string]float64{}
-	cands := scoreSites(items)
-	seen := false
-	for _, c := range cands {
-		for _, n := range c.launches {
-			seen = seen || n > 0
-		}
-	}
-	for _, c := range cands {
+	for _, c := range scoreSites(items) {
 		if len(c.at) < SiteMinRuns {
 			continue
 		}
 		if m := medLaunches(c.work); m > 0 {
 			w[SiteID(c.tid, c.site.Key)] = m
-		} else if seen && slices.Max(c.launches) == 0 {
+		} else if launchedAfter(items, c.at[0]) && slices.Max(c.launches) == 0 {
 			w[SiteID(c.tid, c.site.Key)] = 0
 		}
 	}
 	return w
+}
+
+// launchedAfter says whether a sited call after items[i] reports
+// launches.
+func launchedAfter(items []Item, i int) bool {
+	for j := i + 1; j < len(items); j++ {
+		if items[j].Site.Key != "" && items[j].Launches > 0 {
+			return true
+		}
+	}
+	return false
 }

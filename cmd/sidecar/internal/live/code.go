@@ -57,6 +57,14 @@ func (a *Aggregator) topCode(n int) []correlate.CodeSummary {
 	return out
 }
 
+// samplesOf says n samples: "1 sample", "41 samples".
+func samplesOf(n int) string {
+	if n == 1 {
+		return "1 sample"
+	}
+	return fmt.Sprintf("%d samples", n)
+}
+
 // codeItem renders a site as a view row: "41 samples in 12 gaps (holder)".
 func codeItem(s correlate.CodeSummary) TopItem {
 	var b strings.Builder

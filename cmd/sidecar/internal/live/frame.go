@@ -93,13 +93,13 @@ func holderLine(h correlate.LockHolderEvidence) string {
 		d += " with " + h.Peer
 	}
 	if len(h.Code) > 0 {
-		d += fmt.Sprintf(", in %s (%d samples)", h.Code[0].Site(), h.Code[0].Samples)
+		d += fmt.Sprintf(", in %s (%s)", h.Code[0].Site(), samplesOf(h.Code[0].Samples))
 	}
 	return d
 }
 
 // codeLine names the code the samples found running in a gap: "code:
-// train.py:88 collate (6 samples), gc.collect (3)".
+// train.py:88 collate (6 samples), util.py:30 burn (1 sample)".
 func codeLine(g *correlate.Gap) string {
 	var parts []string
 	for _, c := range g.Code {
@@ -110,7 +110,7 @@ func codeLine(g *correlate.Gap) string {
 		if c.GC {
 			site += " in gc.collect"
 		}
-		parts = append(parts, fmt.Sprintf("%s (%d samples)", site, c.Samples))
+		parts = append(parts, fmt.Sprintf("%s (%s)", site, samplesOf(c.Samples)))
 	}
 	if len(parts) == 0 {
 		return ""

@@ -59,3 +59,18 @@ func TestCallSitesStayBounded(t *testing.T) {
 		t.Errorf("the heaviest site was evicted: %+v", top)
 	}
 }
+
+// TestCodeLineCounts: the last gap's code line counts its samples in
+// words a reader expects ("1 sample", "6 samples"), and leaves out code
+// of other threads.
+func TestCodeLineCounts(t *testing.T) {
+	g := &correlate.Gap{Code: []correlate.CodeSample{
+		{Function: "collate", File: "/job/train.py", Line: 88, Samples: 6, Role: correlate.RoleFeeder},
+		{Function: "burn", File: "/job/train.py", Line: 30, Samples: 1, Role: correlate.RoleFeeder},
+		{Function: "save", File: "/job/ckpt.py", Line: 9, Samples: 4, Role: correlate.RoleHolder},
+	}}
+	want := "code: train.py:88 collate (6 samples), train.py:30 burn (1 sample)"
+	if got := codeLine(g); got != want {
+		t.Errorf("codeLine = %q, want %q", got, want)
+	}
+}

@@ -9,7 +9,8 @@
 # OUTDIR/causes.tsv gets one row per stall kind and probe set: the share of the stalls' time given
 # the right cause, the share of stalls whose gap names the stall's function, and the share of all
 # idle labelled other (test/gpu/causes_eval.py). OUTDIR/MODE/ keeps each run's gaps, truth,
-# summary and log. Takes about 4 minutes (STEPS, default 144, sets the length).
+# summary and log. Takes about 4 minutes (STEPS, default 144, sets the length). CAUSES_RECORD=1
+# adds --record (OUTDIR/MODE/rec.gz, for `gaptrace replay`).
 set -uo pipefail
 OUTDIR=${1:-${OUT:?usage: test/gpu/causes.sh OUTDIR}}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -27,7 +28,7 @@ for mode in full auto lite; do
   mkdir -p "$d"
   echo "=== $mode ($(date -u +%FT%TZ))"
   timeout 150 "$G" run --probes "$mode" --live off --gaps-out "$d/gaps.jsonl" --summary-json "$d/summary.json" \
-    --spans-out "$d/spans.jsonl" -- "$PY" "$HERE/causes_job.py" --steps "$STEPS" --truth "$d/truth.jsonl" \
+    --spans-out "$d/spans.jsonl" ${CAUSES_RECORD:+--record "$d/rec.gz"} -- "$PY" "$HERE/causes_job.py" --steps "$STEPS" --truth "$d/truth.jsonl" \
     --data-dir "$d" > "$d/gaptrace.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || echo "gaptrace run ($mode) exited $rc: see $d/gaptrace.log"

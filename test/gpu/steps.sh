@@ -7,7 +7,8 @@
 #
 #   test/gpu/steps.sh OUTDIR [JOB...]     (default: every job; about 6 minutes in all)
 #
-# STEPS_MODES picks the modes (default "full auto lite attach"), STEPS_SECONDS each run's length.
+# STEPS_MODES picks the modes (default "full auto lite attach"), STEPS_SECONDS each run's length;
+# STEPS_RECORD=1 adds --record (DIR/rec.gz, which `gaptrace replay` reproduces offline).
 #
 # OUTDIR/steps.tsv: one row per job and mode: job, mode, true steps, gaptrace steps, their ratio,
 # and the step clock the summary names (source and site). OUTDIR/JOB-MODE/ keeps each run's
@@ -29,6 +30,7 @@ export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$OU
 
 outs() { # outs DIR: gaptrace's output flags
   echo --live off --spans-out "$1/spans.jsonl" --summary-json "$1/summary.json" --gaps-out "$1/gaps.jsonl"
+  [ -n "${STEPS_RECORD:-}" ] && echo --record "$1/rec.gz"
 }
 
 # one JOB MODE: runs the job once under gaptrace.

@@ -8,7 +8,7 @@ synchronized per step. Every 12th step, in turn:
     Expected label net (the loop waits on the socket).
   - run_shell_hook: os.system("sleep 0.05"), a shell hook the loop waits
     for. Expected label subprocess.
-  - log_step: logging.info of 256 KiB of records through a StreamHandler
+  - log_step: logging.info of 64 tables of 4 KiB through a StreamHandler
     on a pipe read by a slow log collector (a child reading 8 KiB every
     2 ms): the handler's write blocks. Expected label io.write.
   - tokenize: 50 ms of pure Python two calls below the loop
@@ -121,6 +121,8 @@ def main():
 
     record = "loss=%.4f lr=%.6f " + "m" * 100
     bulk = "m" * 8000
+    table = "loss=%.4f lr=%.6f\n" + "\n".join("layer.%03d grad_norm=0.000 w_norm=0.000" % i
+                                                for i in range(100))
     summary = {"run": {"layer%d" % i: {"w": [random.random() for _ in range(40)],
                                        "name": "block.%d.attn" % i, "i": i}
                        for i in range(1000)}}
@@ -138,8 +140,8 @@ def main():
 
     def log_step(step):
         with xtruth.timed_stall(truth, "io.write", "log_step", reader=fg_proc.pid):
-            for i in range(2048):
-                fg.info(record, 1.0 / step, 1e-4)
+            for i in range(64):
+                fg.info(table, 1.0 / step, 1e-4)
             fg.handlers[0].flush()
 
     def tokenize_step():

@@ -221,7 +221,15 @@ func (at *Attribution) sibling(world World, ev *event.Event, sib *Thread, a, b, 
 		at.holder.ev.NS += ns
 		at.gil = gilWait(ev.Stack)
 	}
-	for _, ss := range sib.Segments(a, b, nil) {
+	segs := sib.Segments(a, b, nil)
+	for i, ss := range segs {
+		if c := at.absorbed(world, sib, segs, i); c != "" && at.holder != nil && !at.gil {
+			// The holder's read loop: its slivers between reads are
+			// reading, as the feeder's own are (Add).
+			at.holder.did(c, ss.B-ss.A, "", "")
+			at.byCause[heldWhile(c)] += ss.B - ss.A
+			continue
+		}
 		at.segment(world, sib, ss, 1)
 	}
 	at.holder, at.gil = nil, false

@@ -137,3 +137,29 @@ func replayCrossCheck(t *testing.T, path, as string) []correlate.Gap {
 	}
 	return sink.gaps
 }
+
+// The same job's checkpoint writes 1024 blocks of 8 KiB and fsyncs: most
+// writes are shorter than the tracer's threshold, so the save's gap held
+// them as cpu; the thread's CPU samples inside libc's write wrapper say
+// which share of that time was writing.
+func TestShortWritesFromSamples(t *testing.T) {
+	const name = "sim-prefetch_queue-full"
+	dir := filepath.Join("testdata", "crosscheck")
+	var saves []loadedStall
+	for _, s := range readCodedStalls(t, filepath.Join(dir, name+".truth.jsonl")) {
+		if s.code == "save_checkpoint" {
+			saves = append(saves, s.loadedStall)
+		}
+	}
+	if len(saves) == 0 {
+		t.Fatal("no checkpoint stalls in the truth")
+	}
+	for _, as := range []string{"full", "lite", "auto"} {
+		gaps := replayCrossCheck(t, filepath.Join(dir, name+".rec.gz"), as)
+		share := loadedShare(saves, gaps)
+		t.Logf("%s: %d saves, %.3f of their time given io.write", as, len(saves), share)
+		if !(share >= 0.85) {
+			t.Errorf("%s: %.3f of the saves' time given io.write, want ≥ 0.85", as, share)
+		}
+	}
+}

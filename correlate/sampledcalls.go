@@ -42,6 +42,14 @@ func (s *samples) sampledCalls(g *Gap, th *attribute.Thread) {
 	if cpu <= 0 || len(l) == 0 || th == nil {
 		return
 	}
+	// Most gaps hold no sample in a read or write: skip the timeline walk.
+	found := false
+	for i := s.first(g.TID, g.Start); i < len(l) && l[i].at < g.End && !found; i++ {
+		found = l[i].sys != event.SysOther
+	}
+	if !found {
+		return
+	}
 	var n, writes, reads int
 	for _, seg := range th.Segments(g.Start, g.End, nil) {
 		if seg.Ev != nil {

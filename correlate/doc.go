@@ -18,7 +18,9 @@
 // is emitted, the code its thread, its lock holders and its data-loader
 // workers ran during it (Gap.Code). So do page-fault bursts on mapped
 // files (event.KindFaultRead, faultreads.go): they move a gap's cpu time
-// to io.read of the file when it is emitted.
+// to io.read of the file when it is emitted; samples inside libc's read
+// or write wrappers move the share of its cpu they stand for to io.read
+// or io.write (reads and writes too short to be emitted).
 //
 // Events may arrive out of order across threads by up to EmitDelay. They
 // are buffered in a heap and processed in order of their end time once the
@@ -378,6 +380,8 @@
 //	faultreads.go each thread's bursts of page faults on mapped files
 //	              (KindFaultRead); their time in a gap's cpu given to
 //	              io.read of the file
+//	sampledcalls.go the share of a gap's cpu its thread's samples found in
+//	              short reads and writes, given to io.read and io.write
 //	steps.go      the stepper: sync history, fixed windows, the mode it
 //	              counts steps by (the detection itself is stepclock's)
 //	final.go      when a step is final, and emitting it

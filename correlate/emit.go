@@ -8,6 +8,7 @@ func (p *proc) emit(x env, g Gap) {
 		g.Probes = x.probesOver(g.Start, g.End)
 	}
 	x.w.samples.mappedReads(&g)
+	x.w.samples.sampledCalls(&g, x.w.Thread(g.TID))
 	x.w.samples.attachCode(&g)
 	d := x.d
 	if g.Kind == GapStall {

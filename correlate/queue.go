@@ -180,6 +180,10 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 		p.st.dev = x.d
 		p.stepToken(x, ev, -1, ev.Start)
 	}
+	if ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH && x.liteOver(ev.Start, ev.End) && !p.aside(th, ev) {
+		p.liteReadBack(x, th, ev)
+		return
+	}
 	if !p.everEnq || p.q.AllDrained() {
 		p.onBlocking(th, ev)
 		if p.everEnq && ev.Kind == event.KindMemcpy && ev.CUDA == event.CUMemcpyDtoH {
@@ -201,6 +205,31 @@ func (p *proc) onSyncCopy(x env, th *attribute.Thread, ev *event.Event) {
 		p.patternSync(x, ev)
 	}
 	if p.gap.cur() == nil && p.q.AllDrained() {
+		p.gap.begin(&openGap{start: ev.End, tid: th.TID, exact: true, stack: ev.Stack, stackTrunc: ev.StackTruncated})
+	}
+}
+
+// liteReadBack (lite) takes a synchronous read of device data as the sync
+// it is: it waits for everything queued before it on the legacy stream,
+// which lite cannot see. A loop whose only syncs are such reads (the loss
+// copied back with cuMemcpyDtoH) would otherwise never open a gap: to lite
+// its queue is always drained and its GPU never fed. As at a sync, the read
+// says work resumed in the open gap, and the GPU idles from its return.
+func (p *proc) liteReadBack(x env, th *attribute.Thread, ev *event.Event) {
+	p.feeders.add(th.TID)
+	p.startGPU(ev.Start)
+	if p.gap.cur() != nil {
+		p.closeGap(x, th, ev.Start)
+	}
+	wait := max(ev.Duration()-th.Runnable(ev.Start, ev.End), 0)
+	p.waits.push(wait)
+	p.settlePreempted(th.TID, ev.Start, wait)
+	if _, cref := p.drainStreams(th, ev); cref.Valid() {
+		cref.Complete(ev.End, ev.Start)
+	}
+	p.patternSync(x, ev)
+	p.firstOps.Sync(ev.End)
+	if p.gap.cur() == nil {
 		p.gap.begin(&openGap{start: ev.End, tid: th.TID, exact: true, stack: ev.Stack, stackTrunc: ev.StackTruncated})
 	}
 }

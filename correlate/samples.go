@@ -34,6 +34,8 @@ type sample struct {
 	frame  event.Frame
 	caller event.Frame // the job's frame that called frame's function; Function "" if none
 	gc     bool
+	// sys: the sample found the thread in a read or write (sampledcalls.go).
+	sys event.SyscallClass
 }
 
 // samples keeps each thread's recent CPU samples, in time order, for the
@@ -83,12 +85,13 @@ func (s *samples) add(ev *event.Event) {
 		s.byTID = make(map[uint32][]sample)
 	}
 	l := s.byTID[ev.TID]
+	smp := sample{at: ev.End, frame: f, caller: caller, gc: gc, sys: wrapperClass(ev.Stack[0])}
 	if n := len(l); n > 0 && l[n-1].at > ev.End {
 		// Out of order (another CPU's batch): keep the list sorted.
 		i, _ := slices.BinarySearchFunc(l, ev.End, func(x sample, t int64) int { return cmp.Compare(x.at, t) })
-		l = slices.Insert(l, i, sample{at: ev.End, frame: f, caller: caller, gc: gc})
+		l = slices.Insert(l, i, smp)
 	} else {
-		l = append(l, sample{at: ev.End, frame: f, caller: caller, gc: gc})
+		l = append(l, smp)
 	}
 	drop := 0
 	newest := l[len(l)-1].at

@@ -15,6 +15,9 @@ const (
 	maxOps      = 16
 	maxSyscalls = 16
 	maxWFiles   = 4
+	// maxHolderFrames bounds a lock holder's stack: its own code is
+	// innermost, the callers that reach the loop's are of less use.
+	maxHolderFrames = 24
 )
 
 type fileKey struct{ path, op string }
@@ -88,6 +91,17 @@ type holderAcc struct {
 	ev             LockHolderEvidence
 	doing          map[Cause]int64
 	fileNS, peerNS int64
+	// block is its blocking call with a stack that was waited on longest
+	// (blockNS of it), its code where it held the lock off the CPU.
+	block   *event.Event
+	blockNS int64
+}
+
+// blocked notes that the holder was in blocking call ev for ns of the wait.
+func (h *holderAcc) blocked(ev *event.Event, ns int64) {
+	if len(ev.Stack) > 0 && (ns > h.blockNS || ns == h.blockNS && h.block != nil && ev.Start < h.block.Start) {
+		h.block, h.blockNS = ev, ns
+	}
 }
 
 // did notes that the holder spent ns as its own cause c (on file or peer).
@@ -163,21 +177,33 @@ func (at *Attribution) Add(world World, th *Thread, a, b int64, mask []interval.
 	next := callAfter(segs)
 	at.waitAt = 0
 	for i, s := range segs {
-		if s.Ev == nil && s.B-s.A <= absorbNS && i > 0 && i+1 < len(segs) &&
-			segs[i-1].Ev != nil && segs[i+1].Ev != nil && segs[i-1].B == s.A && segs[i+1].A == s.B {
-			if c := at.quickCause(world, th, segs[i-1].Ev); c != "" && c == at.quickCause(world, th, segs[i+1].Ev) {
-				if !at.micro || c != CauseOther {
-					at.byCause[c] += s.B - s.A
-					at.total += s.B - s.A
-				}
-				continue
+		if c := at.absorbed(world, th, segs, i); c != "" {
+			if !at.micro || c != CauseOther {
+				at.byCause[c] += s.B - s.A
+				at.total += s.B - s.A
 			}
+			continue
 		}
 		if at.queued(world, th, segs, i, next) {
 			continue
 		}
 		at.segment(world, th, s, 0)
 	}
+}
+
+// absorbed is the cause of segs[i] when it is an on-CPU sliver (absorbNS
+// at most) between two blocking calls of th of that same cause, "" when
+// it is not one.
+func (at *Attribution) absorbed(world World, th *Thread, segs []Segment, i int) Cause {
+	s := segs[i]
+	if s.Ev != nil || s.B-s.A > absorbNS || i == 0 || i+1 >= len(segs) ||
+		segs[i-1].Ev == nil || segs[i+1].Ev == nil || segs[i-1].B != s.A || segs[i+1].A != s.B {
+		return ""
+	}
+	if c := at.quickCause(world, th, segs[i-1].Ev); c == at.quickCause(world, th, segs[i+1].Ev) {
+		return c
+	}
+	return ""
 }
 
 // lockHolder is the evidence entry of sibling thread th as a lock holder.
@@ -292,6 +318,7 @@ func (at *Attribution) segment(world World, th *Thread, s Segment, depth int) {
 	}
 	if at.holder != nil {
 		at.holder.did(own, ns, file, peer)
+		at.holder.blocked(ev, ns)
 	}
 }
 

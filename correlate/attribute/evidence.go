@@ -164,6 +164,12 @@ func (at *Attribution) lockHolders(ev *Evidence) {
 				}
 			}
 			e.RunnableNS = h.doing[CauseCPUContention]
+			if b := h.block; b != nil {
+				e.Stack, e.StackTruncated = b.Stack, b.StackTruncated
+				if len(e.Stack) > maxHolderFrames {
+					e.Stack, e.StackTruncated = e.Stack[:maxHolderFrames], true
+				}
+			}
 			ev.LockHolders = append(ev.LockHolders, e)
 		}
 		sort.Slice(ev.LockHolders, func(i, j int) bool {

@@ -165,6 +165,8 @@ func TestGILWaitIsLock(t *testing.T) {
 	}{
 		{"gil", []event.Frame{{Function: "libc.so.6+0x98e51", File: libc}, {Function: "pthread_cond_timedwait", File: libc},
 			{Function: "Linear.forward", File: "/venv/torch/nn/modules/linear.py", Line: 125}}, CauseLock},
+		{"forced switch", []event.Frame{{Function: "libc.so.6+0x85f16", File: libc}, {Function: "pthread_cond_wait", File: libc},
+			{Function: "JSONEncoder.iterencode", File: "/usr/lib/python3.11/json/encoder.py", Line: 258}}, CauseLock},
 		{"queue", []event.Frame{{Function: "libc.so.6+0x98e51", File: libc}, {Function: "libc.so.6+0xa439e", File: libc},
 			{Function: "Condition.wait", File: "/usr/lib/python3.12/threading.py", Line: 355},
 			{Function: "Queue.get", File: "/usr/lib/python3.12/queue.py", Line: 171}}, CauseIOWrite},

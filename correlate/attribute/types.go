@@ -173,6 +173,12 @@ type LockHolderEvidence struct {
 	RunnableNS int64 `json:"runnable_ns,omitempty"`
 	// Code is where CPU samples found it while the waiter waited.
 	Code []CodeSample `json:"code,omitempty"`
+	// Stack is the stack of the call it blocked in longest while waited
+	// on, holding the lock (a sleep, a read: no CPU sample finds a thread
+	// asleep), innermost first, at most maxHolderFrames frames
+	// (StackTruncated: cut there or by the tracer).
+	Stack          []event.Frame `json:"stack,omitempty"`
+	StackTruncated bool          `json:"stack_truncated,omitempty"`
 }
 
 // HostOp is a host operation that explains a gap; otel/ turns each into a

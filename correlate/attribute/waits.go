@@ -90,12 +90,16 @@ func pythonLockWait(stack []event.Frame) bool {
 	return false
 }
 
-// gilWait: a Python lock wait (pythonLockWait) in a timed condition wait,
-// which is how CPython's take_gil waits for the GIL (its switch
-// interval); threading's locks, queues and events wait on a semaphore
-// instead. The thread waited for the interpreter, not for what the holder
-// was making: whatever the holder did meanwhile (a copy, a write it made
-// without dropping the GIL) is the lock's time.
+// gilWait: a Python lock wait (pythonLockWait) in a condition wait, which
+// is how CPython waits for the GIL: take_gil waits timed (its switch
+// interval), and a thread that dropped the GIL on another's request waits
+// untimed in drop_gil until that thread has taken it (the forced switch,
+// pthread_cond_wait); threading's locks, queues and events wait on a
+// semaphore instead. The thread waited for the interpreter, not for what
+// the holder was making: whatever the holder did meanwhile (a copy, a
+// write it made without dropping the GIL, or with it dropped, a logging
+// thread's write into a slow pipe that took the GIL between records) is
+// the lock's time.
 func gilWait(stack []event.Frame) bool {
 	if !pythonLockWait(stack) {
 		return false
@@ -104,7 +108,8 @@ func gilWait(stack []event.Frame) bool {
 		if strings.HasSuffix(f.File, ".py") || strings.HasPrefix(f.File, "<frozen ") {
 			return false
 		}
-		if strings.Contains(f.Function, "pthread_cond_timedwait") || strings.Contains(f.Function, "pthread_cond_clockwait") {
+		if strings.Contains(f.Function, "pthread_cond_timedwait") || strings.Contains(f.Function, "pthread_cond_clockwait") ||
+			strings.Contains(f.Function, "pthread_cond_wait") {
 			return true
 		}
 	}
@@ -221,7 +226,15 @@ func (at *Attribution) sibling(world World, ev *event.Event, sib *Thread, a, b, 
 		at.holder.ev.NS += ns
 		at.gil = gilWait(ev.Stack)
 	}
-	for _, ss := range sib.Segments(a, b, nil) {
+	segs := sib.Segments(a, b, nil)
+	for i, ss := range segs {
+		if c := at.absorbed(world, sib, segs, i); c != "" && at.holder != nil && !at.gil {
+			// The holder's read loop: its slivers between reads are
+			// reading, as the feeder's own are (Add).
+			at.holder.did(c, ss.B-ss.A, "", "")
+			at.byCause[heldWhile(c)] += ss.B - ss.A
+			continue
+		}
 		at.segment(world, sib, ss, 1)
 	}
 	at.holder, at.gil = nil, false

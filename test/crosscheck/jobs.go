@@ -39,6 +39,10 @@ var Jobs = []Job{
 		Desc: "C, legacy stream: loss read copy+sync; save_checkpoint every 25 steps copies 48 tensors with the same copy+sync, writes, fsyncs"},
 	{Name: "stripped", Source: "stripped.c", Strip: true,
 		Desc: "C built with -s, no Python: copy stream + event wait, 8 kernels, event sync; sleep stall (code cannot be named)"},
+	{Name: "sync_logger", Source: "sync_logger.py",
+		Desc: "Python: HTTP POST to a slow tracking server, os.system hook, logging into a slow pipe; cpu two calls deep beside a QueueListener's blocked writes; json.dumps"},
+	{Name: "prefetch_queue", Source: "prefetch_queue.py", DataFlag: "--dir",
+		Desc: "Python: queue.get on a prefetch thread decoding (lock) or reading a cold shard (io.read); small writes + fsync checkpoint; mmap slice copy; metrics lock held asleep"},
 }
 
 // pickJobs returns the jobs named in the comma-separated list (all when

@@ -79,15 +79,8 @@ func retriedWait(th *Thread, ev *event.Event) *event.Event {
 // will do; a native program's own wait has no Python frame above them. A
 // Python frame names a .py file (or a <frozen …> module).
 func pythonLockWait(stack []event.Frame) bool {
-	for _, f := range stack {
-		if strings.HasSuffix(f.File, ".py") || strings.HasPrefix(f.File, "<frozen ") {
-			return true
-		}
-		if !strings.HasPrefix(f.File, "/") || !event.SystemCode(f.File) {
-			return false // a frame of the job's own code before any wait
-		}
-	}
-	return false
+	lock, _ := pythonWait(stack)
+	return lock
 }
 
 // gilWait: a Python lock wait (pythonLockWait) in a timed condition wait,
@@ -97,18 +90,26 @@ func pythonLockWait(stack []event.Frame) bool {
 // was making: whatever the holder did meanwhile (a copy, a write it made
 // without dropping the GIL) is the lock's time.
 func gilWait(stack []event.Frame) bool {
-	if !pythonLockWait(stack) {
-		return false
-	}
+	lock, timed := pythonWait(stack)
+	return lock && timed
+}
+
+// pythonWait walks a wait's stack once, from its innermost frame to the
+// first Python frame: lock is pythonLockWait, timed that a system frame
+// on the way is a timed condition wait.
+func pythonWait(stack []event.Frame) (lock, timed bool) {
 	for _, f := range stack {
 		if strings.HasSuffix(f.File, ".py") || strings.HasPrefix(f.File, "<frozen ") {
-			return false
+			return true, timed
+		}
+		if !strings.HasPrefix(f.File, "/") || !event.SystemCode(f.File) {
+			return false, false // a frame of the job's own code before any wait
 		}
 		if strings.Contains(f.Function, "pthread_cond_timedwait") || strings.Contains(f.Function, "pthread_cond_clockwait") {
-			return true
+			timed = true
 		}
 	}
-	return false
+	return false, false
 }
 
 // timedOut reports a futex wait that ended by its timeout.

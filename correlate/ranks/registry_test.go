@@ -71,39 +71,3 @@ func TestRanksGroupLinking(t *testing.T) {
 		t.Errorf("rank 0 issued %d collectives, want 2", c.n)
 	}
 }
-
-// TestAwaitsLinkBeforePeers: a communicator known from its collectives
-// alone, in a process whose environment says its job has 2 ranks, awaits
-// the ranks before any other rank's communicator is known (another
-// sidecar's first records come after this rank's first waits), until it
-// is past linkEager collectives; with no size, or a size of 1, it does not.
-func TestAwaitsLinkBeforePeers(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		size int32 // 0: no SetRank
-		want bool
-	}{
-		{"job of 2", 2, true},
-		{"size unknown", 0, false},
-		{"job of 1", 1, false},
-	} {
-		w := testRegistry(map[uint32]bool{100: true})
-		if c.size > 0 {
-			w.SetRank(100, 0, c.size)
-		}
-		issue := func(n int64) Ref {
-			return w.Issue(&event.Event{Kind: event.KindCollective, PID: 100, TID: 100, Start: t0 + n*ms, End: t0 + n*ms,
-				Op: event.NCCLAllReduce, Comm: commHandle, Count: 1024}, 0)
-		}
-		if got := w.AwaitsLink(issue(1)); got != c.want {
-			t.Errorf("%s: first collective awaits the ranks: %v, want %v", c.name, got, c.want)
-		}
-		var r Ref
-		for n := int64(2); n <= linkEager+1; n++ {
-			r = issue(n)
-		}
-		if w.AwaitsLink(r) {
-			t.Errorf("%s: still awaiting the ranks after %d collectives", c.name, linkEager+1)
-		}
-	}
-}

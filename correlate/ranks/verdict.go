@@ -68,11 +68,7 @@ func (reg *Registry) Completion(r Ref) (int64, bool) {
 // AwaitsLink reports whether a verdict on a wait on collective r is best
 // left for a while to the ranks: its communicator may soon be linked to
 // another traced process's, or a member of its group has not shown the
-// collective yet (its event arrives late). A communicator whose process's
-// environment says its job has more ranks than it waits too before any
-// other rank is known: another sidecar may trace them, and one that
-// attached at the same time reports its first collectives only after
-// this rank's first waits ended.
+// collective yet (its event arrives late).
 func (reg *Registry) AwaitsLink(r Ref) bool {
 	c := r.c
 	if c == nil {
@@ -95,7 +91,7 @@ func (reg *Registry) AwaitsLink(r Ref) bool {
 			return true
 		}
 	}
-	return c.group == nil && sizeOf(c) > 1
+	return false
 }
 
 // Vote records process pid's verdict of the half-step prologue rule

@@ -136,9 +136,12 @@ struct {
 } short_calls SEC(".maps");
 
 /* User stacks of the blocking events that can open or extend a gap (long
- * syscalls, the feeder's syncs), by frame-pointer walk. The map dedups: a
- * training loop blocks at a handful of call sites, so the ids repeat and
- * user space symbolizes each once. Launches never take a stack. */
+ * syscalls, the feeder's syncs, page-fault bursts), by frame-pointer walk.
+ * The map dedups: a training loop blocks at a handful of call sites, so
+ * the ids repeat and user space symbolizes each once. A stack whose hash
+ * bucket holds another gets no id, so user space deletes the ids no event
+ * named for a while (tracer/userstacks.go): only recent stacks hold
+ * buckets. Launches never take a stack. */
 #define STACK_DEPTH 64
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);

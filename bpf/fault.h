@@ -39,13 +39,17 @@ struct fault {
 	__u64 ip;    /* its faulting instruction */
 	__u64 start; /* when it began */
 	__u64 file;  /* the inode of the regular file it read, 0: none (yet) */
+	/* It fetched an instruction (the code of a mapped library or
+	 * executable paged in): its user stack names whatever jumped there,
+	 * the loader's or the interpreter's code, not a read the user wrote. */
+	__u64 instr;
 	/* The burst: faults on one file not yet emitted. */
 	__u64 b_file;  /* the file's inode (its identity only), 0: no burst */
 	__u64 b_start; /* its first fault's start */
 	__u64 b_end;   /* its latest fault's start */
 	__u64 b_addr;  /* its first fault's address (user space names the file) */
 	__u64 b_count; /* faults */
-	__s64 b_stack; /* its first fault's user stack (user_stacks id), -1: none */
+	__s64 b_stack; /* its first data fault's user stack (user_stacks id), -1: none */
 	/* The thread left the CPU inside the burst's latest fault: when it
 	 * runs again, a burst goes on from there (fault_resume). */
 	__u64 b_cont;
@@ -155,28 +159,43 @@ static __always_inline void fault_resume(__u64 id, __u64 now)
 
 /* fault_join adds thread id's latest fault, f, which read the regular
  * file whose inode is file, to its burst; ctx is the program's, for the
- * first fault's stack. */
+ * first data fault's stack.
+ *
+ * Only a burst of a process that feeds the GPU takes stacks: the code of
+ * a burst is named only in a gap of the thread that faulted (user space,
+ * correlate/faultreads.go), and gaps are those of GPU feeders; a loader
+ * worker's bursts count as time, by file. An instruction fetch takes no
+ * user_stacks id either: the id would name the loader, and each one
+ * holds a bucket of the shared map that the syncs' stacks need. */
 static __always_inline void fault_join(void *ctx, __u64 id, struct fault *f, __u64 file)
 {
 	f->file = file;
 	if (f->b_count && f->b_file != file)
 		fault_flush(id, f, 0, false);
+	bool gpu = feeds_gpu(id >> 32);
 	if (!f->b_count) {
 		/* A new burst: which code reads the file, as the user
 		 * registers of the fault and the Python frames stand. */
 		f->b_file = file;
 		f->b_start = f->start;
 		f->b_addr = f->addr;
-		f->b_stack = user_stack(ctx);
-		py_stack(id, f->start);
+		f->b_stack = -1;
+		if (gpu)
+			py_stack(id, f->start);
 	}
+	if (gpu && f->b_stack < 0 && !f->instr)
+		f->b_stack = user_stack(ctx);
 	f->b_end = f->start;
 	f->b_count++;
 }
 
+#define X86_PF_INSTR (1 << 4)
+#define PAGE_MASK_4K (~4095ULL)
+
 /* fault_begin records a user fault of the current thread (id) at addr,
- * from instruction ip. */
-static __always_inline void fault_begin(void *ctx, __u64 id, __u64 addr, __u64 ip)
+ * from instruction ip, with the hardware's error code: an instruction
+ * fetch (X86_PF_INSTR, or the address on the page of ip) is marked. */
+static __always_inline void fault_begin(void *ctx, __u64 id, __u64 addr, __u64 ip, __u64 error_code)
 {
 	struct fault *f = bpf_map_lookup_elem(&faults, &id);
 	if (!f) {
@@ -190,6 +209,7 @@ static __always_inline void fault_begin(void *ctx, __u64 id, __u64 addr, __u64 i
 	f->ip = ip;
 	f->start = bpf_ktime_get_ns();
 	f->file = 0;
+	f->instr = (error_code & X86_PF_INSTR) || (addr & PAGE_MASK_4K) == (ip & PAGE_MASK_4K);
 	f->b_cont = 0;
 	if (fault_find_vma) {
 		__u64 file = mapped_file(addr);

@@ -117,7 +117,7 @@ int BPF_PROG(on_page_fault_user, unsigned long address, struct pt_regs *regs, un
 	__u64 id;
 	if (!enter_traced(&id))
 		return 0;
-	fault_begin(ctx, id, address, regs->ip);
+	fault_begin(ctx, id, address, regs->ip, error_code);
 	return 0;
 }
 

@@ -27,10 +27,21 @@ func TestCPUAheadWithoutSync(t *testing.T) {
 		s.step(20, 2*ms, 100*us)
 	}
 	truth := s.idle(wAt, wEnd+5*us)
+	g := onlyHostGPUGap(t, s)
+	if !near(g.Duration, truth, truth/10) || !near(g.End, wEnd+5*us, 10*us) || g.Cause != CauseIOWrite {
+		t.Errorf("gap %s %d..%d (%d), truth %d ending %d", g.Cause, g.Start-t0, g.End-t0, g.Duration, truth, wEnd-t0)
+	}
+}
+
+// onlyHostGPUGap feeds s's job (NVML windows) to an engine, checks its
+// totals, and returns its one gap that both the host and the GPU showed.
+func onlyHostGPUGap(t *testing.T, s *gpuSim) Gap {
+	t.Helper()
 	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
 	c := &collect{}
 	e := newEngine(c, nil)
 	sum := feed(e, c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
+	checkTotals(t, c, sum)
 	var got []Gap
 	for _, g := range c.gaps {
 		if g.Evidence.Source == "host+gpu" {
@@ -40,11 +51,7 @@ func TestCPUAheadWithoutSync(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("host+gpu gaps = %+v (all %d)", got, len(c.gaps))
 	}
-	g := got[0]
-	if !near(g.Duration, truth, truth/10) || !near(g.End, wEnd+5*us, 10*us) || g.Cause != CauseIOWrite {
-		t.Errorf("gap %s %d..%d (%d), truth %d ending %d", g.Cause, g.Start-t0, g.End-t0, g.Duration, truth, wEnd-t0)
-	}
-	checkTotals(t, c, sum)
+	return got[0]
 }
 
 // TestCPUAheadReadLoop: after enqueueing 30 ms of work the feeder reads a
@@ -86,24 +93,10 @@ func TestCPUAheadReadLoop(t *testing.T) {
 				s.sync()
 			}
 			truth := s.idle(rAt, rEnd+tc.endAt)
-			wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
-			c := &collect{}
-			e := newEngine(c, nil)
-			sum := feed(e, c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
-			var got []Gap
-			for _, g := range c.gaps {
-				if g.Evidence.Source == "host+gpu" {
-					got = append(got, g)
-				}
-			}
-			if len(got) != 1 {
-				t.Fatalf("host+gpu gaps = %+v (all %d)", got, len(c.gaps))
-			}
-			g := got[0]
+			g := onlyHostGPUGap(t, s)
 			if !near(g.Duration, truth, 300*us) || !near(g.End, rEnd+tc.endAt, 10*us) || g.Cause != CauseIORead {
 				t.Errorf("gap %s %d..%d (%d), truth %d ending %d", g.Cause, g.Start-t0, g.End-t0, g.Duration, truth, rEnd+tc.endAt-t0)
 			}
-			checkTotals(t, c, sum)
 		})
 	}
 }

@@ -1,8 +1,6 @@
 package correlate_test
 
 import (
-	"bufio"
-	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -28,37 +26,17 @@ type loadedStall struct {
 	runDelay   int64 // the loop thread's own wait for a CPU over the stall
 }
 
-func readLoadedStalls(t *testing.T, path string) []loadedStall {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+// loadedStalls are the truth's loader and lock stalls; gil_gc's cpu
+// stalls are the loop's own work.
+func loadedStalls(truth []truthStall) []loadedStall {
 	var out []loadedStall
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var r struct {
-			Type       string `json:"type"`
-			Cause      string `json:"cause"`
-			Start, End int64
-			RunDelay   int64 `json:"run_delay_ns"`
+	for _, r := range truth {
+		switch r.cause {
+		case "loader.wait.cpu":
+			out = append(out, loadedStall{correlate.CauseLoaderWait, r.start, r.end, r.runDelay})
+		case "lock":
+			out = append(out, loadedStall{correlate.CauseLock, r.start, r.end, r.runDelay})
 		}
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		// The loader and lock stalls; gil_gc's cpu stalls are the loop's
-		// own work.
-		switch {
-		case r.Type != "stall":
-		case r.Cause == "loader.wait.cpu":
-			out = append(out, loadedStall{correlate.CauseLoaderWait, r.Start, r.End, r.RunDelay})
-		case r.Cause == "lock":
-			out = append(out, loadedStall{correlate.CauseLock, r.Start, r.End, r.RunDelay})
-		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return out
 }
@@ -132,7 +110,7 @@ func TestLoadedHostWaits(t *testing.T) {
 				if _, err := record.ReplayAs(cfg, &sink, h, calls, v); err != nil {
 					t.Fatal(err)
 				}
-				stalls := readLoadedStalls(t, filepath.Join(dir, name+".truth.jsonl"))
+				stalls := loadedStalls(readStalls(t, filepath.Join(dir, name+".truth.jsonl")))
 				if len(stalls) == 0 {
 					t.Fatal("no stalls in the truth")
 				}

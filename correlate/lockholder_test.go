@@ -51,6 +51,14 @@ func TestLockHolderComputing(t *testing.T) {
 		s.step(8, 500*us, 20*us)
 		s.t += 100 * us
 	}
+	checkLockGaps(t, s, sib, "bg-worker", waits)
+}
+
+// checkLockGaps feeds s's job to an engine: every gap must be lock, held
+// by thread sib alone (named comm), and the gaps' lock time must be at
+// least 0.9 of waits.
+func checkLockGaps(t *testing.T, s *gpuSim, sib uint32, comm string, waits int64) {
+	t.Helper()
 	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
 	c := &collect{}
 	feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
@@ -61,8 +69,8 @@ func TestLockHolderComputing(t *testing.T) {
 			continue
 		}
 		lock += g.Breakdown[CauseLock]
-		if len(g.Evidence.LockHolders) != 1 || g.Evidence.LockHolders[0].TID != sib || g.Evidence.LockHolders[0].Comm != "bg-worker" {
-			t.Errorf("lock holders %+v, want thread %d bg-worker", g.Evidence.LockHolders, sib)
+		if h := g.Evidence.LockHolders; len(h) != 1 || h[0].TID != sib || h[0].Comm != comm {
+			t.Errorf("lock holders %+v, want thread %d %s", h, sib, comm)
 		}
 	}
 	if lock < waits*9/10 {
@@ -192,23 +200,7 @@ func TestGILTimedWait(t *testing.T) {
 		s.step(8, 500*us, 20*us)
 		s.t += 100 * us
 	}
-	wins := s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil)
-	c := &collect{}
-	feed(newEngine(c, nil), c, s.evs, wins, s.t+2e9, 20*ms, 250*ms)
-	var lock int64
-	for _, g := range bigGaps(c.gaps) {
-		if g.Cause != CauseLock {
-			t.Errorf("gap %+v, want cause lock", g)
-			continue
-		}
-		lock += g.Breakdown[CauseLock]
-		if len(g.Evidence.LockHolders) != 1 || g.Evidence.LockHolders[0].TID != sib {
-			t.Errorf("lock holders %+v, want thread %d", g.Evidence.LockHolders, sib)
-		}
-	}
-	if lock < waits*9/10 {
-		t.Errorf("lock %d ns of %d ns waited", lock, waits)
-	}
+	checkLockGaps(t, s, sib, "python3", waits)
 }
 
 // TestLockHolderActivity: the feeder waits on a futex a sibling holds

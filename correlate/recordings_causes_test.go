@@ -24,9 +24,12 @@ var trainerCause = map[string]correlate.Cause{
 type truthStall struct {
 	cause      string
 	start, end int64 // Unix ns
+	runDelay   int64 // the stalling thread's wait for a CPU over it, where the job measured it
 }
 
-// readStalls returns the stalls of a trainer truth file in Unix ns.
+// readStalls returns the stalls of a trainer truth file in Unix ns (the
+// trainer's CLOCK_MONOTONIC times moved by its meta's offset; the
+// simulated jobs' are Unix ns already, with none).
 func readStalls(t *testing.T, path string) []truthStall {
 	t.Helper()
 	f, err := os.Open(path)
@@ -43,6 +46,7 @@ func readStalls(t *testing.T, path string) []truthStall {
 			Cause      string `json:"cause"`
 			Start, End int64
 			Off        int64 `json:"realtime_minus_monotonic_ns"`
+			RunDelay   int64 `json:"run_delay_ns"`
 		}
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatalf("%s: %v", path, err)
@@ -51,8 +55,11 @@ func readStalls(t *testing.T, path string) []truthStall {
 		case "meta":
 			off = r.Off
 		case "stall":
-			out = append(out, truthStall{r.Cause, r.Start + off, r.End + off})
+			out = append(out, truthStall{r.Cause, r.Start + off, r.End + off, r.RunDelay})
 		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("%s: %v", path, err)
 	}
 	return out
 }

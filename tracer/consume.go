@@ -439,7 +439,8 @@ func (t *Tracer) handle(d *decoded) {
 		}
 	}
 	if d.stackID >= 0 {
-		ev.Stack, ev.StackTruncated = t.syms.frames(ev.PID, d.stackID, t.stackIPs(ev.PID, d.stackID), d.spWords)
+		ips, sum := t.stacks.ips(d.stackID)
+		ev.Stack, ev.StackTruncated = t.syms.frames(ev.PID, sum, ips, d.spWords)
 	}
 	t.pyMerge(ev, d.ktime)
 	if ev.Kind == event.KindExit {

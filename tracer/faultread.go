@@ -1,13 +1,10 @@
 package tracer
 
 import (
-	"bufio"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -163,35 +160,9 @@ func (f *fileMaps) forget(pid uint32) {
 // readFileMappings parses every file mapping of a maps file, sorted by
 // address.
 func readFileMappings(path string) ([]*mapping, error) {
-	fh, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("open maps: %w", err)
-	}
-	defer func() { _ = fh.Close() }() // read-only
-	var out []*mapping
-	sc := bufio.NewScanner(fh)
-	for sc.Scan() {
-		if m, ok := parseFileMapping(sc.Text()); ok {
-			out = append(out, &m)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read maps: %w", err)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].start < out[j].start })
-	return out, nil
+	return readMappings(path, parseFileMapping)
 }
 
 // parseFileMapping is parseMapsLine for any file mapping, executable or
 // not ("(deleted)" files included: the pages still come from them).
-func parseFileMapping(line string) (mapping, bool) {
-	fs := strings.Fields(line)
-	if len(fs) < 6 || len(fs[1]) < 3 || !strings.HasPrefix(fs[5], "/") {
-		return mapping{}, false
-	}
-	exec := []byte(line)
-	// parseMapsLine keeps executable mappings only: present it as one.
-	i := strings.Index(line, fs[1])
-	exec[i+2] = 'x'
-	return parseMapsLine(string(exec))
-}
+func parseFileMapping(line string) (mapping, bool) { return parseMapping(line, false) }

@@ -154,6 +154,7 @@ func (t *Tracer) load() error {
 	if vs := t.shared[cudaMapUserStacks].ValueSize(); vs != stackDepth*8 {
 		return fmt.Errorf("map %s holds %d-byte stacks, want %d (stale generated object? run make generate)", cudaMapUserStacks, vs, stackDepth*8)
 	}
+	t.stacks = newStackTable(t.shared[cudaMapUserStacks], stackIdle)
 	// syscall number → class; numbers not listed stay untraced.
 	untraced := uint32(classUntraced)
 	for nr := uint32(0); nr < t.sys.SyscallClasses.MaxEntries(); nr++ {

@@ -53,6 +53,12 @@ func (s *symbolizer) mappingOf(pid uint32, addr uint64) (*mapping, bool) {
 // readExecMappings parses the executable file mappings of a maps file,
 // sorted by address.
 func readExecMappings(path string) ([]*mapping, error) {
+	return readMappings(path, parseMapsLine)
+}
+
+// readMappings parses the lines of a maps file that parse keeps, sorted by
+// address.
+func readMappings(path string, parse func(string) (mapping, bool)) ([]*mapping, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open maps: %w", err)
@@ -61,8 +67,7 @@ func readExecMappings(path string) ([]*mapping, error) {
 	var out []*mapping
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		m, ok := parseMapsLine(sc.Text())
-		if ok {
+		if m, ok := parse(sc.Text()); ok {
 			out = append(out, &m)
 		}
 	}
@@ -75,9 +80,13 @@ func readExecMappings(path string) ([]*mapping, error) {
 
 // parseMapsLine reads "start-end perms offset major:minor inode path" and
 // keeps executable mappings of files.
-func parseMapsLine(line string) (mapping, bool) {
+func parseMapsLine(line string) (mapping, bool) { return parseMapping(line, true) }
+
+// parseMapping is parseMapsLine for any mapping of a file ("(deleted)"
+// files included) where exec is false.
+func parseMapping(line string, exec bool) (mapping, bool) {
 	fs := strings.Fields(line)
-	if len(fs) < 6 || len(fs[1]) < 3 || fs[1][2] != 'x' || !strings.HasPrefix(fs[5], "/") {
+	if len(fs) < 6 || len(fs[1]) < 3 || exec && fs[1][2] != 'x' || !strings.HasPrefix(fs[5], "/") {
 		return mapping{}, false
 	}
 	lo, hi, ok := strings.Cut(fs[0], "-")

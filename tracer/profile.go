@@ -132,7 +132,7 @@ func inGC(native []event.Frame, interp string) bool {
 // carries, the Python frames the record before it held, and the collector
 // named when the native stack was in it.
 func (t *Tracer) sample(ev *event.Event, d *decoded) {
-	native, trunc := t.syms.frames(ev.PID, -1, d.sampleIPs, nil)
+	native, trunc := t.syms.frames(ev.PID, 0, d.sampleIPs, nil)
 	ev.Stack, ev.StackTruncated = native, trunc
 	t.pyMerge(ev, d.ktime)
 	var interp string

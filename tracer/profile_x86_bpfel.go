@@ -33,6 +33,7 @@ type profileFault struct {
 	Ip      uint64
 	Start   uint64
 	File    uint64
+	Instr   uint64
 	B_file  uint64
 	B_start uint64
 	B_end   uint64

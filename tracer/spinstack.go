@@ -70,7 +70,7 @@ func (t *Tracer) sampleStack(pid, tid uint32) ([]event.Frame, error) {
 		return nil, err
 	}
 	ips := t.walkStack(pid, ip, sp, stack)
-	frames, _ := t.syms.frames(pid, -1, ips, nil)
+	frames, _ := t.syms.frames(pid, 0, ips, nil)
 	return frames, nil
 }
 

@@ -26,11 +26,7 @@ type symbolizer struct {
 	mu       sync.Mutex
 	files    map[fileID]*elfFile
 	procs    map[uint32][]*mapping
-	// raw caches the addresses behind a stack id per process: ids are
-	// stable (the map is never told to reuse a bucket), so one lookup per
-	// call site.
-	raw map[pidStack][]uint64
-	// done caches symbolized stacks per process, stack id and the caller
+	// done caches symbolized stacks per process, stack (stackSum) and the caller
 	// recovered from the stack words: a loop blocks at a handful of call
 	// sites, so after the first time a stack costs one map lookup.
 	done map[stackKey]symbolized
@@ -60,7 +56,7 @@ const mapsRereadChanged = 50 * time.Millisecond
 
 type stackKey struct {
 	pid    uint32
-	id     int32 // user_stacks id: one stack's addresses, never reused
+	sum    uint64 // stackSum of its addresses
 	caller uint64
 }
 
@@ -72,14 +68,9 @@ type symbolized struct {
 // maxSymbolized bounds the symbolized-stack cache.
 const maxSymbolized = 1 << 14
 
-type pidStack struct {
-	pid uint32
-	id  int32
-}
-
 func newSymbolizer() *symbolizer {
 	s := &symbolizer{procRoot: procRoot, files: map[fileID]*elfFile{}, procs: map[uint32][]*mapping{},
-		raw: map[pidStack][]uint64{}, readAt: map[uint32]time.Time{}, changed: map[uint32]bool{}, done: map[stackKey]symbolized{}}
+		readAt: map[uint32]time.Time{}, changed: map[uint32]bool{}, done: map[stackKey]symbolized{}}
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/self/exe", &st); err == nil {
 		s.self.dev = uint64(unix.Major(st.Dev))<<32 | uint64(unix.Minor(st.Dev))
@@ -98,11 +89,6 @@ func (s *symbolizer) forget(pid uint32) {
 	for k := range s.done {
 		if k.pid == pid {
 			delete(s.done, k)
-		}
-	}
-	for k := range s.raw {
-		if k.pid == pid {
-			delete(s.raw, k)
 		}
 	}
 }
@@ -129,15 +115,15 @@ func (s *symbolizer) close() {
 	s.files = map[fileID]*elfFile{}
 }
 
-// frames symbolizes the return addresses ips of user_stacks id of pid
-// (id < 0: a stack of no id, not remembered), innermost
+// frames symbolizes the return addresses ips of a stack of pid whose
+// stackSum is sum (0: not remembered), innermost
 // first; truncated says outer frames were cut (the walk filled its depth,
 // or the stack has more than maxStackFrames). spWords (may be nil) are the words at the stack pointer when the
 // stack was taken inside a syscall: the wrapper that made the call keeps no
 // frame pointer, so the frame-pointer walk goes from it straight to its
 // caller's caller; the first word among them that is a return address
 // (it follows a call instruction in an executable mapping) is that caller.
-func (s *symbolizer) frames(pid uint32, id int32, ips []uint64, spWords []uint64) (frames []event.Frame, truncated bool) {
+func (s *symbolizer) frames(pid uint32, sum uint64, ips []uint64, spWords []uint64) (frames []event.Frame, truncated bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(ips) == 0 {
@@ -150,12 +136,12 @@ func (s *symbolizer) frames(pid uint32, id int32, ips []uint64, spWords []uint64
 			caller = c
 		}
 	}
-	key := stackKey{pid: pid, id: id, caller: caller}
-	if d, ok := s.done[key]; ok && id >= 0 {
+	key := stackKey{pid: pid, sum: sum, caller: caller}
+	if d, ok := s.done[key]; ok && sum != 0 {
 		return d.frames, d.truncated
 	}
 	pending := false
-	if id >= 0 {
+	if sum != 0 {
 		defer func() {
 			if pending {
 				return // a line table still being read: the next time knows more
@@ -227,37 +213,6 @@ func (s *symbolizer) frame(pid uint32, ip uint64) (fr event.Frame, pending bool)
 	}
 	fr.Function = fmt.Sprintf("%s+0x%x", filepath.Base(m.path), off)
 	return fr, false
-}
-
-// stackIPs returns the return addresses stored under a user_stacks id,
-// innermost first, looked up once per process and id.
-func (t *Tracer) stackIPs(pid uint32, id int32) []uint64 {
-	k := pidStack{pid, id}
-	t.syms.mu.Lock()
-	ips, ok := t.syms.raw[k]
-	t.syms.mu.Unlock()
-	if ok {
-		return ips
-	}
-	m := t.shared[cudaMapUserStacks]
-	if m == nil {
-		return nil // not loaded (a tracer fed recorded records)
-	}
-	var buf [stackDepth]uint64
-	if err := m.Lookup(uint32(id), &buf); err != nil {
-		t.log.Debug("user stack lookup", "id", id, "error", err)
-		return nil
-	}
-	for _, ip := range buf {
-		if ip == 0 {
-			break
-		}
-		ips = append(ips, ip)
-	}
-	t.syms.mu.Lock()
-	t.syms.raw[k] = ips
-	t.syms.mu.Unlock()
-	return ips
 }
 
 // stackDepth is STACK_DEPTH of bpf/common.h: the user_stacks value size in

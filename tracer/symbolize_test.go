@@ -172,10 +172,10 @@ func BenchmarkSymbolizeStack(b *testing.B) {
 	pid := uint32(os.Getpid())
 	_, some, _ := libcFuncs(b, "getpid", "pread64", "clock_nanosleep", "read", "write", "fsync", "poll", "nanosleep")
 	ips := append(append([]uint64{}, some...), some...)
-	s.frames(pid, -1, ips, nil)
+	s.frames(pid, 0, ips, nil)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if fr, _ := s.frames(pid, -1, ips, nil); len(fr) != 16 {
+		if fr, _ := s.frames(pid, 0, ips, nil); len(fr) != 16 {
 			b.Fatal(fr)
 		}
 	}
@@ -188,7 +188,7 @@ func BenchmarkSymbolizeColdFile(b *testing.B) {
 	_, ips, _ := libcFuncs(b, "getpid")
 	for i := 0; i < b.N; i++ {
 		s := newSymbolizer()
-		if fr, _ := s.frames(pid, -1, ips, nil); len(fr) != 1 {
+		if fr, _ := s.frames(pid, 0, ips, nil); len(fr) != 1 {
 			b.Fatal(fr)
 		}
 		s.close()

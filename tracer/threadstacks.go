@@ -148,7 +148,7 @@ func (t *Tracer) nativeStack(pid uint32, dir string) (frames []event.Frame, sysc
 		return nil, syscall, "stack unreadable"
 	}
 	ips := t.walkStack(pid, pc, sp, stack[:n])
-	frames, _ = t.syms.frames(pid, -1, ips, nil)
+	frames, _ = t.syms.frames(pid, 0, ips, nil)
 	return frames, syscall, ""
 }
 

@@ -90,8 +90,11 @@ type Tracer struct {
 	fds   *fdResolver
 	comms *taskComms
 	syms  *symbolizer
-	py    *pyStacks
-	fmaps *fileMaps // page faults: address → mapped file
+	// stacks reads user_stacks ids and deletes the idle ones
+	// (userstacks.go); nil for a tracer fed recorded records.
+	stacks *stackTable
+	py     *pyStacks
+	fmaps  *fileMaps // page faults: address → mapped file
 	// filemapTPs: the kernel has the filemap fault tracepoints
 	// (faultread.go prepareFaults).
 	filemapTPs bool

@@ -1,9 +1,13 @@
 package attribute
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -124,23 +128,9 @@ func (at *Attribution) workerEvidence(ev *Evidence) {
 		if w.waitNS > 0 && 2*w.ioNS >= w.waitNS {
 			we.Activity = "io"
 		}
-		type fns struct {
-			p  string
-			ns int64
-		}
-		var fs []fns
-		for p, ns := range w.files {
-			fs = append(fs, fns{p, ns})
-		}
-		sort.Slice(fs, func(i, j int) bool {
-			if fs[i].ns != fs[j].ns {
-				return fs[i].ns > fs[j].ns
-			}
-			return fs[i].p < fs[j].p
-		})
-		for i := 0; i < len(fs) && i < maxWFiles; i++ {
-			if fs[i].p != "" {
-				we.Files = append(we.Files, fs[i].p)
+		for _, p := range topKeys(w.files, maxWFiles) {
+			if p != "" {
+				we.Files = append(we.Files, p)
 			}
 		}
 		ev.Workers = append(ev.Workers, we)
@@ -188,24 +178,23 @@ func (at *Attribution) lockHolders(ev *Evidence) {
 func (at *Attribution) syscallCounts(ev *Evidence) {
 	if len(at.syscalls) > 0 {
 		ev.Syscalls = make(map[string]int, len(at.syscalls))
-		type nc struct {
-			n string
-			c int
-		}
-		var l []nc
-		for n, c := range at.syscalls {
-			l = append(l, nc{n, c})
-		}
-		sort.Slice(l, func(i, j int) bool {
-			if l[i].c != l[j].c {
-				return l[i].c > l[j].c
-			}
-			return l[i].n < l[j].n
-		})
-		for i := 0; i < len(l) && i < maxSyscalls; i++ {
-			ev.Syscalls[l[i].n] = l[i].c
+		for _, n := range topKeys(at.syscalls, maxSyscalls) {
+			ev.Syscalls[n] = at.syscalls[n]
 		}
 	}
+}
+
+// topKeys is the n keys of m with the largest values, the largest first
+// (ties by key).
+func topKeys[V cmp.Ordered](m map[string]V, n int) []string {
+	keys := slices.Collect(maps.Keys(m))
+	slices.SortFunc(keys, func(a, b string) int {
+		if c := cmp.Compare(m[b], m[a]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	return keys[:min(n, len(keys))]
 }
 
 // hostOps are the maxOps longest host operations, in time order.

@@ -2,6 +2,7 @@ package attribute
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 )
 
@@ -39,5 +40,20 @@ func TestTopFiles(t *testing.T) {
 		if s := f.Path + " " + f.Op; s != want[i] {
 			t.Errorf("file %d is %s, want %s (longest first, then by path and op)", i, s, want[i])
 		}
+	}
+}
+
+// TestTopKeys: the keys with the largest values first, ties by key, at
+// most n.
+func TestTopKeys(t *testing.T) {
+	m := map[string]int{"read": 3, "write": 7, "futex": 3, "poll": 1}
+	if got := topKeys(m, 3); !slices.Equal(got, []string{"write", "futex", "read"}) {
+		t.Errorf("top 3: %q", got)
+	}
+	if got := topKeys(m, 10); len(got) != 4 {
+		t.Errorf("top 10 of 4: %q", got)
+	}
+	if got := topKeys(map[string]int64{}, 2); len(got) != 0 {
+		t.Errorf("top of none: %q", got)
 	}
 }

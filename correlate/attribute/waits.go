@@ -79,15 +79,8 @@ func retriedWait(th *Thread, ev *event.Event) *event.Event {
 // will do; a native program's own wait has no Python frame above them. A
 // Python frame names a .py file (or a <frozen …> module).
 func pythonLockWait(stack []event.Frame) bool {
-	for _, f := range stack {
-		if strings.HasSuffix(f.File, ".py") || strings.HasPrefix(f.File, "<frozen ") {
-			return true
-		}
-		if !strings.HasPrefix(f.File, "/") || !event.SystemCode(f.File) {
-			return false // a frame of the job's own code before any wait
-		}
-	}
-	return false
+	lock, _ := pythonWait(stack)
+	return lock
 }
 
 // gilWait: a Python lock wait (pythonLockWait) in a condition wait, which
@@ -101,19 +94,27 @@ func pythonLockWait(stack []event.Frame) bool {
 // thread's write into a slow pipe that took the GIL between records) is
 // the lock's time.
 func gilWait(stack []event.Frame) bool {
-	if !pythonLockWait(stack) {
-		return false
-	}
+	lock, cond := pythonWait(stack)
+	return lock && cond
+}
+
+// pythonWait walks a wait's stack once, from its innermost frame to the
+// first Python frame: lock is pythonLockWait, cond that a system frame
+// on the way is a condition wait (timed or not).
+func pythonWait(stack []event.Frame) (lock, cond bool) {
 	for _, f := range stack {
 		if strings.HasSuffix(f.File, ".py") || strings.HasPrefix(f.File, "<frozen ") {
-			return false
+			return true, cond
+		}
+		if !strings.HasPrefix(f.File, "/") || !event.SystemCode(f.File) {
+			return false, false // a frame of the job's own code before any wait
 		}
 		if strings.Contains(f.Function, "pthread_cond_timedwait") || strings.Contains(f.Function, "pthread_cond_clockwait") ||
 			strings.Contains(f.Function, "pthread_cond_wait") {
-			return true
+			cond = true
 		}
 	}
-	return false
+	return false, false
 }
 
 // timedOut reports a futex wait that ended by its timeout.

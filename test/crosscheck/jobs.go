@@ -39,6 +39,16 @@ var Jobs = []Job{
 		Desc: "C, legacy stream: loss read copy+sync; save_checkpoint every 25 steps copies 48 tensors with the same copy+sync, writes, fsyncs"},
 	{Name: "stripped", Source: "stripped.c", Strip: true,
 		Desc: "C built with -s, no Python: copy stream + event wait, 8 kernels, event sync; sleep stall (code cannot be named)"},
+	{Name: "hf_trainer", Source: "hf_trainer.py", DataFlag: "--data-dir",
+		Desc: "Python, Trainer-shaped: accumulation 8, no per-step sync, loss read every 5th step; eval every 40 (15 reads), checkpoint every 60 (24 sync copies)"},
+	{Name: "lightning_hooks", Source: "lightning_hooks.py",
+		Desc: "Python, fit-loop-shaped: step through callbacks and strategy; loss logged every step by a callback through the chain validation logs by (12 batches every 30)"},
+	{Name: "two_graphs", Source: "two_graphs.py",
+		Desc: "Python: 15 eager warm-up steps, then a train graph + scalar read each step, an eval graph + read every 10 through the same reader"},
+	{Name: "varmicro", Source: "varmicro.py",
+		Desc: "Python: 2-6 micro-batches a step (data decides), no reads; one event record+sync a step from a helper evaluate() uses 10 times every 25"},
+	{Name: "split_threads", Source: "split_threads.c",
+		Desc: "C: a producer pthread launches and records an event, a consumer pthread waits on it and reads the loss on its own stream; 2 steps ahead"},
 }
 
 // pickJobs returns the jobs named in the comma-separated list (all when

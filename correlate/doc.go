@@ -198,10 +198,11 @@
 //     comes; each ends a step, so gradient accumulation counts optimizer
 //     steps, not micro-batches.
 //   - call_site: the site of the main thread's sync that recurs once an
-//     iteration (stepclock.PickSite): its own frames, up to three, tell
-//     a helper called from the loop from the same helper called from an
-//     evaluation; between two of its calls the thread launched or a copy
-//     or collective was enqueued, none more than twice; a checkpoint's
+//     iteration (stepclock.PickSite): its own frames, up to eight, tell
+//     a helper (or a chain of them: log, update, sync, item) called from
+//     the loop from the same one called from an evaluation; between two
+//     of its calls the thread launched or a copy or collective was
+//     enqueued, none more than twice; a checkpoint's
 //     per-tensor reads hold no work between them, a read every tenth
 //     iteration ten batch copies, a saver thread is not the main thread.
 //     Where two sites of the thread recur apart with comparable counts

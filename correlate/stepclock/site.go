@@ -31,7 +31,12 @@ const (
 const (
 	// SiteDepth: user frames that make a site's key, innermost first (one
 	// helper called from the loop and from the evaluation is two sites).
-	SiteDepth = 3
+	// A framework-shaped loop reads its loss through a chain of its own
+	// frames (log, update, sync, item) that its validation shares, and
+	// only the caller of the chain, four or five frames out, tells them
+	// apart; a loop's frames do not change from one iteration to the
+	// next, so the deeper key splits nothing else.
+	SiteDepth = 8
 	// SiteMinRuns: intervals between a site's calls before it may clock.
 	SiteMinRuns = 6
 	// SiteMinGroups: the intervals that suffice for a site called once

@@ -67,3 +67,27 @@ func TestVariedGoodFit(t *testing.T) {
 		t.Fatalf("%d intervals fit with no fixed part, want 0", n)
 	}
 }
+
+func TestSameWork(t *testing.T) {
+	// Eager steps (line 40) and then graph replays (line 50) both copy
+	// one batch an interval; a checkpoint's reads (line 60) copy none.
+	var s stream
+	for i := 0; i < 10; i++ {
+		s.tok(4096)
+		s.call(pid, 5, 40)
+	}
+	for i := 0; i < 10; i++ {
+		s.tok(4096)
+		s.call(pid, 0, 50)
+	}
+	for i := 0; i < 10; i++ {
+		s.call(pid, 0, 60)
+	}
+	key := func(l int) string { return SiteOf(pyStack(l)).Key }
+	if !SameWork(s.items, key(40), key(50), pid) {
+		t.Fatal("the eager steps and the replays copy the same batch: want same work")
+	}
+	if SameWork(s.items, key(40), key(60), pid) {
+		t.Fatal("a checkpoint's reads copy no batch: want no same work")
+	}
+}

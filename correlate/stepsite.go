@@ -418,8 +418,11 @@ func (s *stepper) replacedBy() (stepclock.Pick, bool) {
 	// windows): the new one launches no clearly less, or no kernel seen
 	// at all (a graph's replays) while its iterations copy the same
 	// batch as the running one's (a checkpoint's reads copy none).
+	// The new site's weight from the stream after the running one's
+	// last call: its earlier intervals span the running loop's
+	// iterations (a checkpoint every 25 steps).
 	was, okWas := c.weight[stepclock.SiteID(c.tid, c.key)]
-	now, okNow := c.weight[stepclock.SiteID(p.TID, p.Site.Key)]
+	now, okNow := stepclock.Weights(c.items[last+1:])[stepclock.SiteID(p.TID, p.Site.Key)]
 	switch {
 	case !okWas || was == 0:
 		return stepclock.Pick{}, false

@@ -200,17 +200,28 @@
 //     comes; each ends a step, so gradient accumulation counts optimizer
 //     steps, not micro-batches.
 //   - call_site: the site of the main thread's sync that recurs once an
-//     iteration (stepclock.PickSite): its own frames, up to three, tell
-//     a helper called from the loop from the same helper called from an
-//     evaluation; between two of its calls the thread launched or a copy
-//     or collective was enqueued, none more than twice; a checkpoint's
+//     iteration (stepclock.PickSite): its own frames, up to eight, tell
+//     a helper (or a chain of them: log, update, sync, item) called from
+//     the loop from the same one called from an evaluation; between two
+//     of its calls the thread launched or a copy or collective was
+//     enqueued, none more than twice; a checkpoint's
 //     per-tensor reads hold no work between them, a read every tenth
 //     iteration ten batch copies, a saver thread is not the main thread.
 //     Where two sites of the thread recur apart with comparable counts
 //     (training and an evaluation longer than the training between), the
 //     stream does not say which is the iteration: the work pattern
 //     decides. A running site gives way only after three checks in a row
-//     find it no longer recurring.
+//     find it no longer recurring, or at once where it is no longer called
+//     and, after its last call, another site of its thread recurs twelve
+//     times launching no clearly less, or no kernel while copying the
+//     same batch (the loop changed: eager warm-up steps, then a captured
+//     graph's replays; stepsite.go replacedBy; the launches must be
+//     known, so not under lite).
+//     Where the batch copies between a site's calls vary (2-6
+//     micro-batches packed by a token budget), the launches decide
+//     (stepclock/varied.go): a fixed part on top of a part per copy is
+//     one optimizer step; none, a read every few iterations. Lite sees
+//     no launch and cannot tell them apart.
 //   - work_pattern: the rules below, for code with no usable site
 //     (stripped native loops, stacks not captured).
 //

@@ -42,7 +42,8 @@ func (s *stepper) giveBack(ends []int64) {
 	for _, st := range s.steps[j : n-1] {
 		cuts = append(cuts, st.End)
 	}
-	if !subdivides(s.steps[j].Start, cuts, ends) {
+	varied := stepclock.Varied(s.sites.items, s.sites.key, s.sites.tid)
+	if !subdivides(s.steps[j].Start, cuts, ends, varied) {
 		return
 	}
 	o := s.steps[j]
@@ -66,12 +67,14 @@ func givable(source string) bool {
 // from on) fall g times, g >= 2 the same throughout, into each interval
 // between consecutive site calls (ends) that they span, and at most g
 // times into those that begin before from (the process's first, or one
-// whose first steps were emitted already).
-func subdivides(from int64, cuts, ends []int64) bool {
+// whose first steps were emitted already). Where the site's iterations
+// hold a varying number of micro-batches (varied), each interval holds
+// one cut at least and some two or more, and g is the most.
+func subdivides(from int64, cuts, ends []int64, varied bool) bool {
 	if len(cuts) == 0 {
 		return false
 	}
-	k, g, whole := 0, 0, 0
+	k, g, whole, most := 0, 0, 0, 0
 	var partial []int
 	prev := int64(math.MinInt64)
 	for _, e := range ends {
@@ -86,6 +89,12 @@ func subdivides(from int64, cuts, ends []int64) bool {
 		switch {
 		case prev < from:
 			partial = append(partial, m)
+		case varied:
+			if m == 0 {
+				return false
+			}
+			g, most = 1, max(most, m)
+			whole++
 		case g == 0:
 			g = m
 			fallthrough
@@ -96,6 +105,9 @@ func subdivides(from int64, cuts, ends []int64) bool {
 			whole++
 		}
 		prev = e
+	}
+	if varied {
+		g = most
 	}
 	if whole == 0 || g < 2 {
 		return false

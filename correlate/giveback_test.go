@@ -12,18 +12,22 @@ func TestSubdivides(t *testing.T) {
 		from       int64
 		cuts, ends []int64
 		want       bool
+		varied     bool
 	}{
-		{"micro-batches, four a site iteration", 0, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, []int64{4, 8, 12, 16}, true},
-		{"three before the site's first call", 1, []int64{2, 3, 4, 5, 6, 7, 8}, []int64{4, 8, 12}, true},
-		{"the first steps emitted already", 6, []int64{7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, []int64{4, 8, 12, 16}, true},
-		{"one step each: nothing to take back", 0, []int64{1, 2, 3, 4}, []int64{1, 2, 3, 4, 5}, false},
-		{"a site call missing", 0, []int64{1, 2, 3, 4, 5, 6, 7}, []int64{1, 2, 3, 5, 6, 7}, false},
-		{"uneven", 0, []int64{1, 2, 3, 4, 5, 6, 7}, []int64{2, 4, 7}, false},
-		{"more before the first call than after", 0, []int64{1, 2, 3, 4, 5, 6}, []int64{4, 6}, false},
-		{"no whole interval", 0, []int64{1, 2}, []int64{2, 4}, false},
-		{"no cut", 0, nil, []int64{2, 4}, false},
+		{"micro-batches, four a site iteration", 0, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, []int64{4, 8, 12, 16}, true, false},
+		{"three before the site's first call", 1, []int64{2, 3, 4, 5, 6, 7, 8}, []int64{4, 8, 12}, true, false},
+		{"the first steps emitted already", 6, []int64{7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, []int64{4, 8, 12, 16}, true, false},
+		{"one step each: nothing to take back", 0, []int64{1, 2, 3, 4}, []int64{1, 2, 3, 4, 5}, false, false},
+		{"a site call missing", 0, []int64{1, 2, 3, 4, 5, 6, 7}, []int64{1, 2, 3, 5, 6, 7}, false, false},
+		{"uneven", 0, []int64{1, 2, 3, 4, 5, 6, 7}, []int64{2, 4, 7}, false, false},
+		{"more before the first call than after", 0, []int64{1, 2, 3, 4, 5, 6}, []int64{4, 6}, false, false},
+		{"no whole interval", 0, []int64{1, 2}, []int64{2, 4}, false, false},
+		{"no cut", 0, nil, []int64{2, 4}, false, false},
+		{"uneven, iterations of varying micro-batches", 0, []int64{1, 2, 3, 4, 5, 6, 7}, []int64{2, 4, 7}, true, true},
+		{"varying, one step each", 0, []int64{1, 2, 3, 4}, []int64{1, 2, 3, 4, 5}, false, true},
+		{"varying, an iteration without a cut", 0, []int64{1, 2, 3, 6, 7}, []int64{2, 4, 5, 7}, false, true},
 	} {
-		if got := subdivides(c.from, c.cuts, c.ends); got != c.want {
+		if got := subdivides(c.from, c.cuts, c.ends, c.varied); got != c.want {
 			t.Errorf("%s: subdivides = %v, want %v", c.name, got, c.want)
 		}
 	}

@@ -264,6 +264,10 @@ func (s *stepper) checkSite(set settings) bool {
 		c.key, c.source = "", ""
 		s.toWindows(c.lastAt)
 	}
+	if p, ok := s.replacedBy(); ok {
+		set.log.Info("step site replaced: the loop changed", "pid", s.pid, "was", c.name, "site", p.Pin)
+		return s.takeSite(set, p.Site, p.TID, p.Pin)
+	}
 	if site, ok := s.outweighed(); ok {
 		// The running site was found in an evaluation's batches (an
 		// attach during one): the training's, whose iterations launch
@@ -372,6 +376,60 @@ func (s *stepper) outweighed() (stepclock.Site, bool) {
 		break
 	}
 	return stepclock.Site{}, false
+}
+
+// replacedBy is the site that took the running call site's place: the
+// running one is no longer called, and the stream after its last call
+// holds another site of its thread that recurs once an iteration
+// (PickSite over that part, twice SiteMinRuns intervals) and launches
+// no clearly less, as seen (weight), or no kernel at all while copying
+// the same batch (SameWork): the loop changed (eager warm-up steps,
+// then a captured graph's replays; compiled steps after eager ones).
+// An evaluation's batches launch clearly less, a checkpoint's reads
+// copy no batch: the running site waits for the training to return
+// (checkSite). Lite sees no launches and keeps waiting. Until the running site's calls
+// leave the stream, the running site still qualifies there, so without
+// this the new loop's iterations would wait hundreds of steps for it.
+func (s *stepper) replacedBy() (stepclock.Pick, bool) {
+	c := &s.sites
+	if s.mode != modeSite || c.source != stepclock.SourceCallSite {
+		return stepclock.Pick{}, false
+	}
+	last, after := -1, 0
+	for i := len(c.items) - 1; i >= 0; i-- {
+		it := &c.items[i]
+		if it.Site.Key == c.key && it.TID == c.tid {
+			last = i
+			break
+		}
+		if it.Site.Key != "" && it.TID == c.tid {
+			after++
+		}
+	}
+	if last < 0 || after <= 2*stepclock.SiteMinRuns {
+		return stepclock.Pick{}, false
+	}
+	p, ok := stepclock.PickSite(c.items[last+1:], s.pid)
+	if !ok || p.TID != c.tid || p.Site.Key == c.key || p.Runs < 2*stepclock.SiteMinRuns ||
+		c.micro[stepclock.SiteID(p.TID, p.Site.Key)] {
+		return stepclock.Pick{}, false
+	}
+	// The running loop's launches must be known (full, or auto's
+	// windows): the new one launches no clearly less, or no kernel seen
+	// at all (a graph's replays) while its iterations copy the same
+	// batch as the running one's (a checkpoint's reads copy none).
+	// The new site's weight from the stream after the running one's
+	// last call: its earlier intervals span the running loop's
+	// iterations (a checkpoint every 25 steps).
+	was, okWas := c.weight[stepclock.SiteID(c.tid, c.key)]
+	now, okNow := stepclock.Weights(c.items[last+1:])[stepclock.SiteID(p.TID, p.Site.Key)]
+	switch {
+	case !okWas || was == 0:
+		return stepclock.Pick{}, false
+	case !okNow || now == 0:
+		return p, stepclock.SameWork(c.items, c.key, p.Site.Key, c.tid)
+	}
+	return p, stepclock.Heavier(was, now) != 1
 }
 
 // heavier compares the launches an iteration of sites a and b on tid, as

@@ -27,6 +27,8 @@
 //	site.go      Site, PickSite: steps from the code's call sites
 //	weight.go    Weights, Heavier: the launches of a site's iterations,
 //	             which tell a training loop from an evaluation's
+//	varied.go    iterations of a varying number of micro-batches: the
+//	             launches against the copies between a site's calls
 //	spec.go      Spec, ParseSpec: a step site the user declared
 //	framework.go FrameworkClock: steps from a framework's own markers
 //	             (PyTorch's optimizer step, its profiler step)

@@ -31,7 +31,12 @@ const (
 const (
 	// SiteDepth: user frames that make a site's key, innermost first (one
 	// helper called from the loop and from the evaluation is two sites).
-	SiteDepth = 3
+	// A framework-shaped loop reads its loss through a chain of its own
+	// frames (log, update, sync, item) that its validation shares, and
+	// only the caller of the chain, four or five frames out, tells them
+	// apart; a loop's frames do not change from one iteration to the
+	// next, so the deeper key splits nothing else.
+	SiteDepth = 8
 	// SiteMinRuns: intervals between a site's calls before it may clock.
 	SiteMinRuns = 6
 	// SiteMinGroups: the intervals that suffice for a site called once
@@ -155,6 +160,10 @@ type siteCand struct {
 	// groups: the intervals that hold exactly one group of another
 	// site's micro-batch reads (encloses).
 	groups int
+	// sized: each interval's most repeated token count and launches
+	// (variedGood); varied: its good intervals are those.
+	sized  []sized
+	varied bool
 }
 
 // PickSite finds the call site that recurs once per iteration in items
@@ -263,6 +272,7 @@ func scoreSites(items []Item) []*siteCand {
 				c.bare++
 			}
 			c.launches = append(c.launches, threadLaunches(span, c.tid))
+			c.sized = append(c.sized, sized{repeats(span), threadLaunches(span, c.tid)})
 		}
 		c.micro = microBatches(c.launches)
 		if c.tokened > 0 && c.tokened < c.good {
@@ -271,6 +281,10 @@ func scoreSites(items []Item) []*siteCand {
 			// within iterations too (a scalar read made some steps and
 			// not others), and only the former hold one iteration.
 			c.good = c.tokened
+		}
+		if n, work := variedGood(c.sized); n > c.good && c.micro == 0 {
+			// Iterations of a varying number of micro-batches each.
+			c.good, c.work, c.varied = n, work, true
 		}
 	}
 	for _, c := range cands {
@@ -551,47 +565,4 @@ func better(c, b *siteCand, pid uint32) bool {
 		return c.good > b.good
 	}
 	return c.at[len(c.at)-1] > b.at[len(b.at)-1]
-}
-
-// oneIteration says whether the items after one call of a site on tid up
-// to and including the next hold one iteration's work: the thread
-// launched, or a token came, and no token came more than repeat times (marked launches count as work, not as repeats: a function may
-// be launched any number of times an iteration). A copy to the host is
-// the read of a sited call, no work of its
-// own (a checkpoint's per-tensor copies, each with its sync, hold no
-// work between them), and neither is a sited call that is a copy.
-func oneIteration(span []Item, tid uint32, repeat int) bool {
-	work := false
-	seen := map[Key]int{}
-	for i := range span {
-		it := &span[i]
-		if it.Site.Key != "" {
-			work = work || it.TID == tid && it.Launches > 0
-			continue
-		}
-		if it.Key.Dir == event.CUMemcpyDtoH {
-			continue
-		}
-		work = true
-		if it.Key.Fn != 0 {
-			// A marked launch: a function an iteration may launch any
-			// number of times.
-			continue
-		}
-		if seen[it.Key]++; seen[it.Key] > repeat {
-			return false
-		}
-	}
-	return work
-}
-
-// tokened says whether span holds a token other than a read or a marked
-// launch (which an iteration may make anywhere, any number of times).
-func tokened(span []Item) bool {
-	for i := range span {
-		if it := &span[i]; it.Site.Key == "" && it.Key.Dir != event.CUMemcpyDtoH && it.Key.Fn == 0 {
-			return true
-		}
-	}
-	return false
 }

@@ -109,6 +109,33 @@ func TestPickSiteCallerTellsApart(t *testing.T) {
 	}
 }
 
+func TestPickSiteDeepSharedChain(t *testing.T) {
+	// A fit loop logs its loss every step through four frames of its own
+	// (log, update, sync, item: lines 13..10) from a callback (line 40),
+	// and its validation logs each of 12 batches every 30 steps through
+	// the same four frames from validation_step (line 70): only the fifth
+	// frame tells them apart, and the validation's batches are no steps.
+	var s stream
+	train, val := []int{10, 11, 12, 13, 40, 90, 100}, []int{10, 11, 12, 13, 70, 91, 100}
+	for i := 0; i < 90; i++ {
+		s.tok(4096)
+		s.call(pid, 4, train...)
+		if i%30 == 29 {
+			for k := 0; k < 12; k++ {
+				s.tok(4096)
+				s.call(pid, 1, val...)
+			}
+		}
+	}
+	if SiteOf(pyStack(train...)).Key == SiteOf(pyStack(val...)).Key {
+		t.Fatalf("the training's and the validation's reads are one site %q", SiteOf(pyStack(train...)).Key)
+	}
+	p, ok := PickSite(s.items, pid)
+	if !ok || p.Site.Key != SiteOf(pyStack(train...)).Key || p.Pin != "train.py:40 main" {
+		t.Fatalf("picked %+v %v, want the chain as called from line 40, pinned there", p, ok)
+	}
+}
+
 func TestPickSiteLastOfTwo(t *testing.T) {
 	// Two reads an iteration: the later one ends it.
 	var s stream

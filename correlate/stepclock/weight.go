@@ -1,6 +1,10 @@
 package stepclock
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/gaptrace/gaptrace/event"
+)
 
 // Site weights: a training iteration launches its forward, backward and
 // optimizer; an evaluation's batch, its forward only. Where two loops of
@@ -79,4 +83,54 @@ func launchedAfter(items []Item, i int) bool {
 		}
 	}
 	return false
+}
+
+// SameWork says whether the sites a and b of tid, in items, each hold one
+// same token (not a read, not a marked launch) once in most intervals
+// between their calls (SiteGood): the batch copy an eager step and a CUDA
+// graph's replay of it both make, which a checkpoint's per-tensor reads
+// never hold.
+func SameWork(items []Item, a, b string, tid uint32) bool {
+	ka, kb := onceKeys(items, a, tid), onceKeys(items, b, tid)
+	for k := range ka {
+		if kb[k] {
+			return true
+		}
+	}
+	return false
+}
+
+// onceKeys are the tokens that come exactly once in most intervals
+// between consecutive calls of site key on tid.
+func onceKeys(items []Item, key string, tid uint32) map[Key]bool {
+	count := map[Key]int{}
+	n, prev := 0, -1
+	for i := range items {
+		it := &items[i]
+		if it.Site.Key != key || it.TID != tid {
+			continue
+		}
+		if prev >= 0 {
+			n++
+			seen := map[Key]int{}
+			for _, t := range items[prev+1 : i] {
+				if t.Site.Key == "" && t.Key.Dir != event.CUMemcpyDtoH && t.Key.Fn == 0 {
+					seen[t.Key]++
+				}
+			}
+			for k, m := range seen {
+				if m == 1 {
+					count[k]++
+				}
+			}
+		}
+		prev = i
+	}
+	out := map[Key]bool{}
+	for k, m := range count {
+		if n > 0 && float64(m) >= SiteGood*float64(n) {
+			out[k] = true
+		}
+	}
+	return out
 }

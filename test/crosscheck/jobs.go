@@ -43,6 +43,16 @@ var Jobs = []Job{
 		Desc: "Python: HTTP POST to a slow tracking server, os.system hook, logging into a slow pipe; cpu two calls deep beside a QueueListener's blocked writes; json.dumps"},
 	{Name: "prefetch_queue", Source: "prefetch_queue.py", DataFlag: "--dir",
 		Desc: "Python: queue.get on a prefetch thread decoding (lock) or reading a cold shard (io.read); small writes + fsync checkpoint; mmap slice copy; metrics lock held asleep"},
+	{Name: "hf_trainer", Source: "hf_trainer.py", DataFlag: "--data-dir",
+		Desc: "Python, Trainer-shaped: accumulation 8, no per-step sync, loss read every 5th step; eval every 40 (15 reads), checkpoint every 60 (24 sync copies)"},
+	{Name: "lightning_hooks", Source: "lightning_hooks.py",
+		Desc: "Python, fit-loop-shaped: step through callbacks and strategy; loss logged every step by a callback through the chain validation logs by (12 batches every 30)"},
+	{Name: "two_graphs", Source: "two_graphs.py",
+		Desc: "Python: 15 eager warm-up steps, then a train graph + scalar read each step, an eval graph + read every 10 through the same reader"},
+	{Name: "varmicro", Source: "varmicro.py",
+		Desc: "Python: 2-6 micro-batches a step (data decides), no reads; one event record+sync a step from a helper evaluate() uses 10 times every 25"},
+	{Name: "split_threads", Source: "split_threads.c",
+		Desc: "C: a producer pthread launches and records an event, a consumer pthread waits on it and reads the loss on its own stream; 2 steps ahead"},
 }
 
 // pickJobs returns the jobs named in the comma-separated list (all when

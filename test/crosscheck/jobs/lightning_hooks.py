@@ -101,8 +101,11 @@ class MetricsCallback(Callback):
 class SlowStorageCallback(Callback):
     def on_train_batch_start(self, loop, batch):
         if batch % 19 == 0:
-            with xtruth.timed_stall(loop.truth, "sleep", "checkpoint_wait"):
-                time.sleep(0.02)
+            self.checkpoint_wait(loop)
+
+    def checkpoint_wait(self, loop):
+        with xtruth.timed_stall(loop.truth, "sleep", "checkpoint_wait"):
+            time.sleep(0.02)
 
 
 class FitLoop:

@@ -64,6 +64,12 @@ def micro_batches(rng):
     return n
 
 
+def read_index(truth):
+    """Waits on a slow index service (the stall)."""
+    with xtruth.timed_stall(truth, "sleep", "read_index"):
+        time.sleep(0.015)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--lib", required=True)
@@ -75,8 +81,7 @@ def main():
     rng = random.Random(20261206)
     for step in range(1, a.steps + 1):
         if step % 29 == 0:
-            with xtruth.timed_stall(truth, "sleep", "read_index"):
-                time.sleep(0.015)
+            read_index(truth)
         t0 = time.time_ns()
         for _ in range(micro_batches(rng)):
             j.micro_batch()

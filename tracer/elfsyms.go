@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -190,11 +191,45 @@ func (ef *elfFile) symName(sym elfSym) string {
 	if i := strings.IndexByte(s, '@'); i > 0 {
 		s = s[:i] // "read@@GLIBC_2.2.5"
 	}
+	s = sourceName(s)
 	if ef.names == nil {
 		ef.names = make(map[uint32]string)
 	}
 	ef.names[sym.name] = s
 	return s
+}
+
+// cloneSuffixes are the parts a compiler appends to a function's name
+// when it emits a specialised or split copy of it: GCC's constant
+// propagation, scalar replacement, partial inlining and cold split
+// (augment_batch.constprop.0, step.part.0.cold), LTO's private copies,
+// LLVM's internalised ones.
+var cloneSuffixes = []string{"constprop", "isra", "part", "cold", "lto_priv", "localalias", "clone", "llvm"}
+
+// sourceName is the function's name as its source spells it: a compiler
+// clone's suffixes (cloneSuffixes, each with its optional number) are
+// cut, so a stack names the function the user wrote.
+func sourceName(s string) string {
+	for {
+		i := strings.LastIndexByte(s, '.')
+		if i <= 0 {
+			return s
+		}
+		tail := s[i+1:]
+		if _, err := strconv.ParseUint(tail, 10, 64); err == nil {
+			// A clone's number: its word comes before it.
+			j := strings.LastIndexByte(s[:i], '.')
+			if j <= 0 || !slices.Contains(cloneSuffixes, s[j+1:i]) {
+				return s
+			}
+			s = s[:j]
+			continue
+		}
+		if !slices.Contains(cloneSuffixes, tail) {
+			return s
+		}
+		s = s[:i]
+	}
 }
 
 // afterCall is afterCall on the file, remembered per offset (bounded).

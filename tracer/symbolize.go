@@ -3,6 +3,7 @@ package tracer
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -121,8 +122,11 @@ func (s *symbolizer) close() {
 // or the stack has more than maxStackFrames). spWords (may be nil) are the words at the stack pointer when the
 // stack was taken inside a syscall: the wrapper that made the call keeps no
 // frame pointer, so the frame-pointer walk goes from it straight to its
-// caller's caller; the first word among them that is a return address
-// (it follows a call instruction in an executable mapping) is that caller.
+// caller's caller, or, where the job's own code was built without frame
+// pointers (gcc -O2), stops there; the words among them that are return
+// addresses (each follows a call instruction in an executable mapping),
+// up to the first the walk already has, are those callers, innermost
+// first (callersOf).
 func (s *symbolizer) frames(pid uint32, sum uint64, ips []uint64, spWords []uint64) (frames []event.Frame, truncated bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -130,10 +134,12 @@ func (s *symbolizer) frames(pid uint32, sum uint64, ips []uint64, spWords []uint
 		return nil, false
 	}
 	truncated = len(ips) >= stackDepth
-	var caller uint64
+	var callers []uint64
+	var caller uint64 // the callers' key
 	if len(spWords) > 0 {
-		if c, ok := s.callerOf(pid, ips, spWords); ok {
-			caller = c
+		callers = s.callersOf(pid, ips, spWords)
+		for _, c := range callers {
+			caller = caller*1099511628211 ^ c
 		}
 	}
 	key := stackKey{pid: pid, sum: sum, caller: caller}
@@ -152,8 +158,8 @@ func (s *symbolizer) frames(pid uint32, sum uint64, ips []uint64, spWords []uint
 			s.done[key] = symbolized{frames, truncated}
 		}()
 	}
-	if caller != 0 {
-		ips = append([]uint64{ips[0], caller}, ips[1:]...)
+	if len(callers) > 0 {
+		ips = slices.Concat(ips[:1], callers, ips[1:])
 	}
 	if len(ips) > maxStackFrames {
 		ips, truncated = ips[:maxStackFrames], true
@@ -167,13 +173,26 @@ func (s *symbolizer) frames(pid uint32, sum uint64, ips []uint64, spWords []uint
 	return frames, truncated
 }
 
-func (s *symbolizer) callerOf(pid uint32, ips, spWords []uint64) (uint64, bool) {
+// maxScanCallers bounds the callers read from the words at the stack
+// pointer (frames): a syscall's wrapper, the job's function that called
+// it, and that function's caller are all a stack without frame pointers
+// can name.
+const maxScanCallers = 3
+
+// callersOf returns the return addresses among spWords, in stack order,
+// that the frame-pointer walk (ips) lacks: it stops at the first word the
+// walk has, from where the walk goes on.
+func (s *symbolizer) callersOf(pid uint32, ips, spWords []uint64) []uint64 {
+	var out []uint64
 	for _, w := range spWords {
-		if w < 4096 {
+		if len(out) == maxScanCallers {
+			break
+		}
+		if w < 4096 || slices.Contains(out, w) {
 			continue
 		}
 		if contains(ips, w) {
-			return 0, false // the walk already has it
+			break // the walk already has it, and what follows
 		}
 		m, ok := s.mappingOf(pid, w)
 		if !ok {
@@ -184,10 +203,10 @@ func (s *symbolizer) callerOf(pid uint32, ips, spWords []uint64) (uint64, bool) 
 			continue
 		}
 		if ef.afterCall(w - m.start + m.off) {
-			return w, true
+			out = append(out, w)
 		}
 	}
-	return 0, false
+	return out
 }
 
 // frame symbolizes one return address. The address after a call belongs

@@ -111,6 +111,33 @@ func TestCallerFromStackWords(t *testing.T) {
 	}
 }
 
+// Code built without frame pointers (gcc -O2) stops the walk at the
+// syscall's wrapper: the return addresses among the stack words, the
+// wrapper's caller and its caller, are inserted in stack order, up to the
+// first word the walk already has.
+func TestCallersFromStackWords(t *testing.T) {
+	s := newSymbolizer()
+	defer s.close()
+	pid := uint32(os.Getpid())
+	_, ips, _ := libcFuncs(t, "getpid", "pread64")
+	pcs := make([]uintptr, 1)
+	inner := uint64(callerPC(pcs))
+	outer := uint64(callerPC(pcs))
+	after := uint64(callerPC(pcs))
+	heap := new(uint64)
+	words := []uint64{7, inner, uint64(uintptr(unsafe.Pointer(heap))), outer, inner, ips[1], after}
+	frames, _ := s.frames(pid, 5, ips, words)
+	if len(frames) != 4 {
+		t.Fatalf("%d frames, want the walk's 2 and 2 callers: %+v", len(frames), frames)
+	}
+	for i, want := range []uint64{inner, outer} {
+		fr, _ := s.frame(pid, want)
+		if got := frames[1+i]; got.File == "" || got.Line != fr.Line || got.File != fr.File {
+			t.Errorf("frame %d = %+v, want %+v", 1+i, got, fr)
+		}
+	}
+}
+
 func TestDeepStackIsTruncated(t *testing.T) {
 	s := newSymbolizer()
 	defer s.close()

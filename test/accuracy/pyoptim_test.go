@@ -53,6 +53,15 @@ func TestPythonOptimizerSteps(t *testing.T) {
 			t.Errorf("step_clock %+v, want the loss read's call site (outputs in %s)", clock, dir)
 		}
 	})
+	// The same with a graph's static inputs filled by blocking copies
+	// before each replay, and none in the warm-up: the markers come with
+	// no sited call between them, then each replay makes three.
+	t.Run("capture-copies/full", func(t *testing.T) {
+		dir := runPython(t, s, "pyoptim-capture-copies", "pyoptim.py", correlate.ProbesFull, func(string) []string {
+			return []string{"--torch", lib, "--capture", "4", "--replay-copies", "2", "--steps", "300"}
+		})
+		checkPySteps(t, dir, "pyoptim-capture-copies/full", 300)
+	})
 	// The profiler's step marker, where no optimizer step comes: its
 	// names ("ProfilerStep#12") fit std::string's inline buffer.
 	t.Run("profiler/full", func(t *testing.T) {

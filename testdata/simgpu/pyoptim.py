@@ -38,6 +38,7 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--marker", choices=("optimizer", "profiler"), default="optimizer", help="the step marker entered")
     p.add_argument("--capture", type=int, default=0, help="a CUDA-graph loop: the first N iterations step the optimizer (marked) with no read, the rest read their loss once and enter no marker")
+    p.add_argument("--replay-copies", type=int, default=0, help="with --capture: the warm-up copies nothing; each replay copies its inputs with N blocking copies first, as a graph's static inputs are filled")
     p.add_argument("--truth", help="write the ground truth here (JSON Lines)")
     a = p.parse_args()
     if a.steps < 1:
@@ -49,6 +50,7 @@ def main():
     loop = Loop(a)
     torch.sim_record_function.argtypes = [ctypes.c_char_p]
     torch.sim_record_function.restype = None
+    loop.cu.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
     truth = open(a.truth, "w") if a.truth else None
 
     def record(**kv):
@@ -60,7 +62,11 @@ def main():
     for step in range(a.steps):
         start = time.time_ns()
         if a.capture:
-            loop.batch()
+            if not a.replay_copies:
+                loop.batch()
+            elif step >= a.capture:
+                for _ in range(a.replay_copies):
+                    loop.cu.cuMemcpyHtoD_v2(loop.dptr.value, loop.host, 1 << 20)
             loop.launch(20)
             if step < a.capture:
                 torch.sim_record_function(b"Optimizer.step#SGD.step")  # warm-up and capture

@@ -1,14 +1,10 @@
 package correlate_test
 
 import (
-	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/gaptrace/gaptrace/correlate"
-	"github.com/gaptrace/gaptrace/correlate/record"
 )
 
 // Recordings of two cross-check trainers (test/crosscheck/jobs) on the
@@ -94,27 +90,12 @@ func TestLoadedHostWaits(t *testing.T) {
 		for _, as := range []string{"full", "lite", "auto"} {
 			t.Run(name+"/"+as, func(t *testing.T) {
 				dir := filepath.Join("testdata", "loaded")
-				f, err := os.Open(filepath.Join(dir, name+".rec.gz"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer f.Close()
-				h, calls, err := record.Read(f)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cfg := h.Config()
-				cfg.Logger = slog.New(slog.DiscardHandler)
-				var sink gapSink
-				v := record.View{Probes: as, Window: 500 * time.Millisecond, WarmupSteps: 5, WarmupMax: 10 * time.Second}
-				if _, err := record.ReplayAs(cfg, &sink, h, calls, v); err != nil {
-					t.Fatal(err)
-				}
+				gaps := replayCrossCheck(t, filepath.Join(dir, name+".rec.gz"), as)
 				stalls := loadedStalls(readStalls(t, filepath.Join(dir, name+".truth.jsonl")))
 				if len(stalls) == 0 {
 					t.Fatal("no stalls in the truth")
 				}
-				share := loadedShare(stalls, sink.gaps)
+				share := loadedShare(stalls, gaps)
 				t.Logf("%d stalls, %.3f of the time over them given their cause", len(stalls), share)
 				if share < floor {
 					t.Errorf("%.3f of the stalls' time given their cause, want ≥ %.2f", share, floor)

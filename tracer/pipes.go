@@ -14,9 +14,13 @@ import (
 // pipeReaders finds the process that reads a pipe a traced thread blocked
 // writing into (stdout into a log collector, a tee, a pager): the process,
 // other than the writer, that holds the pipe's inode open for reading
-// (/proc/PID/fd and fdinfo). One scan of /proc per pipe at most every
-// pipeTTL: a slow reader makes every write block, and each write is an
-// event.
+// (/proc/PID/fd and fdinfo). A slow reader makes every write block, and
+// each write is an event: a pipe's reader is looked up at most every
+// pipeTTL, and a reader other than the writer found once is then only
+// checked (its fd still names the pipe: one readlink) rather than found
+// again by a scan of every process's fds, which on a busy host is
+// thousands of readlinks (a tenth of the sidecar's CPU on a job whose
+// loader workers write batches into pipes).
 type pipeReaders struct {
 	procRoot string
 	mu       sync.Mutex
@@ -26,6 +30,7 @@ type pipeReaders struct {
 type pipeReader struct {
 	pid  uint32
 	comm string
+	fd   string // the reader's fd on the pipe, under /proc/PID/fd
 	at   time.Time
 }
 
@@ -68,12 +73,17 @@ func (p *pipeReaders) describe(writer uint32, path string) (string, uint32) {
 
 func (p *pipeReaders) reader(writer uint32, ino uint64) pipeReader {
 	p.mu.Lock()
-	if r, ok := p.m[ino]; ok && time.Since(r.at) < pipeTTL {
-		p.mu.Unlock()
-		return r
-	}
+	r, ok := p.m[ino]
 	p.mu.Unlock()
-	r := scanPipeReader(p.procRoot, writer, ino)
+	switch {
+	case ok && time.Since(r.at) < pipeTTL:
+		return r
+	case ok && r.pid != 0 && r.pid != writer && holdsPipe(p.procRoot, r, ino):
+		// The writer itself, or no reader, is looked for again: another
+		// process may have opened the read end since.
+	default:
+		r = scanPipeReader(p.procRoot, writer, ino)
+	}
 	r.at = time.Now()
 	p.mu.Lock()
 	if len(p.m) > 1024 {
@@ -108,7 +118,7 @@ func scanPipeReader(root string, writer uint32, ino uint64) pipeReader {
 			if err != nil || t != want || !readEnd(filepath.Join(root, d.Name(), "fdinfo", fd.Name())) {
 				continue
 			}
-			r := pipeReader{pid: uint32(pid), comm: readComm(filepath.Join(root, d.Name(), "comm"))}
+			r := pipeReader{pid: uint32(pid), comm: readComm(filepath.Join(root, d.Name(), "comm")), fd: fd.Name()}
 			if uint32(pid) != writer {
 				return r
 			}
@@ -117,6 +127,18 @@ func scanPipeReader(root string, writer uint32, ino uint64) pipeReader {
 		}
 	}
 	return self
+}
+
+// holdsPipe reports whether r's process still holds the read end of pipe
+// ino on the fd it was found on.
+func holdsPipe(root string, r pipeReader, ino uint64) bool {
+	if r.fd == "" {
+		return false
+	}
+	pid := strconv.FormatUint(uint64(r.pid), 10)
+	t, err := os.Readlink(filepath.Join(root, pid, "fd", r.fd))
+	return err == nil && t == "pipe:["+strconv.FormatUint(ino, 10)+"]" &&
+		readEnd(filepath.Join(root, pid, "fdinfo", r.fd))
 }
 
 // readEnd reports whether an fdinfo file says the fd was opened for reading

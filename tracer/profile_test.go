@@ -93,3 +93,54 @@ func TestScanPipeReader(t *testing.T) {
 		t.Errorf("describe of a file: %q %d", s, pid)
 	}
 }
+
+// TestPipeReaderChecked: a reader found once is checked, not looked for
+// again, once its lookup is pipeTTL old: while it still holds the read end
+// it stays the reader (a scan would now find another first); once it closed
+// it, a scan finds the next.
+func TestPipeReaderChecked(t *testing.T) {
+	root := t.TempDir()
+	fd := func(pid, fd, target, flags string) {
+		t.Helper()
+		for _, d := range []string{"fd", "fdinfo"} {
+			if err := os.MkdirAll(filepath.Join(root, pid, d), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Symlink(target, filepath.Join(root, pid, "fd", fd)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, pid, "fdinfo", fd), []byte("flags:\t"+flags+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	age := func(p *pipeReaders) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for ino, r := range p.m {
+			r.at = r.at.Add(-2 * pipeTTL)
+			p.m[ino] = r
+		}
+	}
+	fd("100", "1", "pipe:[77]", "01")
+	fd("200", "4", "pipe:[77]", "0")
+	p := &pipeReaders{procRoot: root, m: map[uint64]pipeReader{}}
+	if _, pid := p.describe(100, "pipe:[77]"); pid != 200 {
+		t.Fatalf("reader %d, want 200", pid)
+	}
+	fd("150", "3", "pipe:[77]", "0") // a scan would find it first
+	age(p)
+	if _, pid := p.describe(100, "pipe:[77]"); pid != 200 {
+		t.Errorf("reader %d after its lookup aged, want 200 (checked, still holding the read end)", pid)
+	}
+	if err := os.Remove(filepath.Join(root, "200", "fd", "4")); err != nil {
+		t.Fatal(err)
+	}
+	if _, pid := p.describe(100, "pipe:[77]"); pid != 200 {
+		t.Errorf("reader %d within pipeTTL of the check, want 200 (cached)", pid)
+	}
+	age(p)
+	if _, pid := p.describe(100, "pipe:[77]"); pid != 150 {
+		t.Errorf("reader %d after 200 closed its end, want 150", pid)
+	}
+}

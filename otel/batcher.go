@@ -17,13 +17,20 @@ import (
 // drops on a full queue but does not expose how many spans it dropped or
 // how long its queue is, and both are part of what gaptrace reports.
 //
-// One goroutine owns the exporter: it collects up to batchSize spans or
-// waits batchTimeout, then exports. While an export is retrying (the OTLP
-// exporters back off inside their own timeout) the queue keeps absorbing
-// spans up to its capacity; beyond that OnEnd drops.
+// One goroutine owns the exporter: it takes the queue when batchSize spans
+// are waiting or every batchTimeout, then exports. While an export is
+// retrying (the OTLP exporters back off inside their own timeout) the
+// queue keeps absorbing spans up to its capacity; beyond that OnEnd drops.
+// The queue is a slice under a mutex, not a channel: a step ends its spans
+// one after another, and a channel woke the exporting goroutine for each
+// (on 8 ranks, a fifth of all the sidecar's goroutine wake-ups); OnEnd
+// signals it only when a batch is full.
 type batcher struct {
 	exp          sdktrace.SpanExporter
-	queue        chan sdktrace.ReadOnlySpan
+	queueSize    int
+	qmu          sync.Mutex
+	queue        []sdktrace.ReadOnlySpan // at most queueSize, guarded by qmu
+	full         chan struct{}           // a batch is waiting; capacity 1
 	batchSize    int
 	batchTimeout time.Duration
 	log          *slog.Logger
@@ -65,7 +72,9 @@ func newBatcher(exp sdktrace.SpanExporter, queueSize, batchSize int, batchTimeou
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &batcher{
 		exp:          exp,
-		queue:        make(chan sdktrace.ReadOnlySpan, queueSize),
+		queueSize:    queueSize,
+		queue:        make([]sdktrace.ReadOnlySpan, 0, min(queueSize, batchSize)),
+		full:         make(chan struct{}, 1),
 		batchSize:    batchSize,
 		batchTimeout: batchTimeout,
 		log:          log,
@@ -88,66 +97,70 @@ func (b *batcher) OnEnd(s sdktrace.ReadOnlySpan) {
 	if !s.SpanContext().IsSampled() {
 		return
 	}
-	if b.closed.Load() {
+	b.qmu.Lock()
+	if b.closed.Load() || len(b.queue) >= b.queueSize {
+		b.qmu.Unlock()
 		b.dropped.Add(1)
 		return
 	}
-	select {
-	case b.queue <- s:
-	default:
-		b.dropped.Add(1)
+	b.queue = append(b.queue, s)
+	n := len(b.queue)
+	b.qmu.Unlock()
+	if n == b.batchSize || n == b.queueSize {
+		select {
+		case b.full <- struct{}{}:
+		default:
+		}
 	}
+}
+
+// queueLen is how many spans wait for the exporting goroutine.
+func (b *batcher) queueLen() int {
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	return len(b.queue)
+}
+
+// take swaps the queue for spare (emptied) and returns what was queued.
+func (b *batcher) take(spare []sdktrace.ReadOnlySpan) []sdktrace.ReadOnlySpan {
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	q := b.queue
+	b.queue = spare[:0]
+	return q
 }
 
 func (b *batcher) run() {
 	defer close(b.done)
-	batch := make([]sdktrace.ReadOnlySpan, 0, b.batchSize)
+	var spare []sdktrace.ReadOnlySpan
 	timer := time.NewTimer(b.batchTimeout)
 	defer timer.Stop()
+	// export sends what is queued, batchSize spans at a time.
 	export := func() {
-		if len(batch) > 0 {
-			b.export(batch)
-			clear(batch)
-			batch = batch[:0]
+		q := b.take(spare)
+		for rest := q; len(rest) > 0; {
+			n := min(len(rest), b.batchSize)
+			b.export(rest[:n])
+			rest = rest[n:]
 		}
+		clear(q)
+		spare = q[:0]
 	}
 	for {
 		select {
-		case s := <-b.queue:
-			batch = append(batch, s)
-			if len(batch) >= b.batchSize {
-				export()
-				timer.Reset(b.batchTimeout)
-			}
+		case <-b.full:
+			export()
+			timer.Reset(b.batchTimeout)
 		case <-timer.C:
 			export()
 			b.retryDue()
 			timer.Reset(b.batchTimeout)
 		case ack := <-b.flushReq:
-			b.drain(&batch)
 			export()
 			close(ack)
 		case <-b.stopping:
-			b.drain(&batch)
 			export()
 			b.retryAtExit()
-			return
-		}
-	}
-}
-
-// drain moves everything queued now into batches, exporting full ones.
-func (b *batcher) drain(batch *[]sdktrace.ReadOnlySpan) {
-	for {
-		select {
-		case s := <-b.queue:
-			*batch = append(*batch, s)
-			if len(*batch) >= b.batchSize {
-				b.export(*batch)
-				clear(*batch)
-				*batch = (*batch)[:0]
-			}
-		default:
 			return
 		}
 	}
@@ -274,16 +287,8 @@ func (b *batcher) Shutdown(ctx context.Context) error {
 			err = fmt.Errorf("flush spans at shutdown: %w", ctx.Err())
 		}
 		b.cancelRun()
-		// Spans that raced with closed or were left when the deadline hit.
-		for {
-			select {
-			case <-b.queue:
-				b.dropped.Add(1)
-				continue
-			default:
-			}
-			break
-		}
+		// Spans left when the deadline hit.
+		b.dropped.Add(uint64(len(b.take(nil))))
 		if e := b.exp.Shutdown(ctx); e != nil && !errors.Is(e, context.Canceled) {
 			err = errors.Join(err, fmt.Errorf("shut down span exporter: %w", e))
 		}

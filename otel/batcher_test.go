@@ -62,7 +62,7 @@ func TestBatcherFullQueueDropsWithoutBlocking(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("ending 1000 spans against a stuck exporter took %s; OnEnd must not block", d)
 	}
-	if q := len(b.queue); q != 16 {
+	if q := b.queueLen(); q != 16 {
 		t.Errorf("queue holds %d spans, want its capacity 16", q)
 	}
 	if d := b.dropped.Load(); d != 1000-16 {

@@ -413,13 +413,13 @@ func (x *Exporter) Stats() Stats {
 		SpansDropped:  x.batcher.dropped.Load(),
 		ExportErrors:  x.batcher.errors.Load(),
 		ExportFailing: x.batcher.failing.Load(),
-		QueueLen:      len(x.batcher.queue),
+		QueueLen:      x.batcher.queueLen(),
 		GapsDropped:   x.gapDropped.Load(),
 	}
 	if c := x.copy; c != nil {
 		st.SpansDropped += c.dropped.Load()
 		st.ExportErrors += c.errors.Load()
-		st.QueueLen = max(st.QueueLen, len(c.queue))
+		st.QueueLen = max(st.QueueLen, c.queueLen())
 	}
 	return st
 }

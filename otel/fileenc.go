@@ -18,9 +18,9 @@ import (
 // already encoded res (TestFileSpanEncoding holds it to that). The spans
 // file gets every step's spans, hundreds a second on a fast loop, and
 // encoding/json's reflection and sorted maps were most of the sidecar's
-// export cost; this writes straight from the span's attributes. kvs is
-// scratch space for sorting.
-func appendFileSpan(b []byte, s sdktrace.ReadOnlySpan, service string, res []byte, kvs *[]attribute.KeyValue) ([]byte, error) {
+// export cost; this writes straight from the span's attributes. o keeps
+// the order attributes are written in, per sequence of keys.
+func appendFileSpan(b []byte, s sdktrace.ReadOnlySpan, service string, res []byte, o *attrOrders) ([]byte, error) {
 	sc := s.SpanContext()
 	b = append(b, `{"trace_id":"`...)
 	tid := sc.TraceID()
@@ -44,7 +44,7 @@ func appendFileSpan(b []byte, s sdktrace.ReadOnlySpan, service string, res []byt
 	var err error
 	if attrs := s.Attributes(); len(attrs) > 0 {
 		b = append(b, `,"attributes":`...)
-		if b, err = appendAttrObject(b, attrs, kvs); err != nil {
+		if b, err = appendAttrObject(b, attrs, o); err != nil {
 			return b, err
 		}
 	}
@@ -60,7 +60,7 @@ func appendFileSpan(b []byte, s sdktrace.ReadOnlySpan, service string, res []byt
 			b = strconv.AppendInt(b, e.Time.UnixNano(), 10)
 			if len(e.Attributes) > 0 {
 				b = append(b, `,"attributes":`...)
-				if b, err = appendAttrObject(b, e.Attributes, kvs); err != nil {
+				if b, err = appendAttrObject(b, e.Attributes, o); err != nil {
 					return b, err
 				}
 			}
@@ -79,29 +79,81 @@ func appendFileSpan(b []byte, s sdktrace.ReadOnlySpan, service string, res []byt
 
 // appendAttrObject writes attrs as encoding/json writes attrMap(attrs):
 // keys sorted, a repeated key's last value.
-func appendAttrObject(b []byte, attrs []attribute.KeyValue, kvs *[]attribute.KeyValue) ([]byte, error) {
-	*kvs = append((*kvs)[:0], attrs...)
-	sorted := *kvs
-	slices.SortStableFunc(sorted, func(x, y attribute.KeyValue) int { return cmp.Compare(x.Key, y.Key) })
+func appendAttrObject(b []byte, attrs []attribute.KeyValue, o *attrOrders) ([]byte, error) {
 	b = append(b, '{')
-	first := true
-	for i, kv := range sorted {
-		if i+1 < len(sorted) && sorted[i+1].Key == kv.Key {
-			continue // a later value replaces this one, as in a map
-		}
-		if !first {
+	for n, i := range o.of(attrs) {
+		if n > 0 {
 			b = append(b, ',')
 		}
-		first = false
-		b = appendJSONString(b, string(kv.Key))
+		b = appendJSONString(b, string(attrs[i].Key))
 		b = append(b, ':')
 		var err error
-		if b, err = appendAttrValue(b, kv.Value); err != nil {
+		if b, err = appendAttrValue(b, attrs[i].Value); err != nil {
 			return b, err
 		}
 	}
-	clear(sorted) // drop the references to the span's strings
 	return append(b, '}'), nil
+}
+
+// attrOrders remembers the order attributes are written in for the
+// sequences of keys spans come with. Spans of one kind (a step, a gap of
+// one cause, a host operation) carry the same keys in the same order, and
+// sorting each span's ~25 attributes anew was most of the file encoder's
+// CPU; a sequence seen before is recognized by comparing its keys (the
+// same constant strings, so mostly by pointer).
+type attrOrders struct {
+	seqs []attrOrder
+	next int // the entry replaced next once seqs is full
+}
+
+type attrOrder struct {
+	keys []attribute.Key
+	idx  []int // into the sequence, by key, a repeated key's last only
+}
+
+// attrOrdersMax bounds the sequences remembered.
+const attrOrdersMax = 64
+
+// of returns the indices of attrs to write, in order.
+func (o *attrOrders) of(attrs []attribute.KeyValue) []int {
+	for i := range o.seqs {
+		if sameKeys(o.seqs[i].keys, attrs) {
+			return o.seqs[i].idx
+		}
+	}
+	keys := make([]attribute.Key, len(attrs))
+	idx := make([]int, len(attrs))
+	for i, kv := range attrs {
+		keys[i], idx[i] = kv.Key, i
+	}
+	slices.SortStableFunc(idx, func(x, y int) int { return cmp.Compare(keys[x], keys[y]) })
+	kept := idx[:0]
+	for n, i := range idx {
+		if n+1 < len(idx) && keys[idx[n+1]] == keys[i] {
+			continue // a later value replaces this one, as in a map
+		}
+		kept = append(kept, i)
+	}
+	e := attrOrder{keys: keys, idx: kept}
+	if len(o.seqs) < attrOrdersMax {
+		o.seqs = append(o.seqs, e)
+	} else {
+		o.seqs[o.next] = e
+		o.next = (o.next + 1) % attrOrdersMax
+	}
+	return kept
+}
+
+func sameKeys(keys []attribute.Key, attrs []attribute.KeyValue) bool {
+	if len(keys) != len(attrs) {
+		return false
+	}
+	for i := range keys {
+		if keys[i] != attrs[i].Key {
+			return false
+		}
+	}
+	return true
 }
 
 func appendAttrValue(b []byte, v attribute.Value) ([]byte, error) {

@@ -50,8 +50,8 @@ type fileExporter struct {
 	resAttrs map[string]any
 	resJSON  []byte // resAttrs encoded; empty when there are none
 
-	line []byte               // the batch being encoded, reused
-	kvs  []attribute.KeyValue // attributes being sorted, reused
+	line  []byte     // the batch being encoded, reused
+	order attrOrders // the order attributes are written in
 }
 
 func (x *fileExporter) resourceAttrs(r *resource.Resource) map[string]any {
@@ -120,7 +120,7 @@ func (x *fileExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlyS
 			return err
 		}
 		n := len(b)
-		if b, err = appendFileSpan(b, s, x.service, res, &x.kvs); err != nil {
+		if b, err = appendFileSpan(b, s, x.service, res, &x.order); err != nil {
 			return fmt.Errorf("encode span: %w", err)
 		}
 		// A batch that would take the file past its cap is split at the

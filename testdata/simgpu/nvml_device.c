@@ -2,6 +2,9 @@
 
 #include "nvml_internal.h"
 
+#include <poll.h>
+#include <sys/inotify.h>
+
 /* ---- clocks, throttling, temperature ---- */
 
 EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock)
@@ -284,15 +287,62 @@ static int take_xid(struct nvmlDevice_st *d, unsigned long long *code)
 	return got;
 }
 
+/* Ms until the SIMGPU_XID code is due on a device of set that has not had
+ * it, or -1 when none waits. */
+static int64_t env_xid_due_ms(nvmlEventSet_t set)
+{
+	const char *spec = getenv("SIMGPU_XID");
+	if (!spec || !*spec)
+		return -1;
+	int pending = 0;
+	for (int i = 0; i < sim_ndev; i++)
+		if ((set.handle->types[i] & SIM_EVENT_XID) && !__atomic_load_n(&sim_devs[i].xid_env_delivered, __ATOMIC_ACQUIRE))
+			pending = 1;
+	if (!pending)
+		return -1;
+	const char *at = strchr(spec, '@');
+	uint64_t due = sim_init_mono_ns + (at ? strtoull(at + 1, NULL, 0) * 1000000ull : 0);
+	uint64_t now = now_ns(CLOCK_MONOTONIC);
+	return due > now ? (int64_t)((due - now + 999999) / 1000000) : 0;
+}
+
+/* Reads what the inotify fd holds: whether an Xid file was among it. */
+static int xid_written(int ifd)
+{
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+	int any = 0;
+	ssize_t n;
+	while ((n = read(ifd, buf, sizeof(buf))) > 0) {
+		for (char *p = buf; p < buf + n;) {
+			struct inotify_event *e = (struct inotify_event *)p;
+			size_t l = e->len ? strlen(e->name) : 0;
+			if (l > 4 && strcmp(e->name + l - 4, ".xid") == 0)
+				any = 1;
+			p += sizeof(*e) + e->len;
+		}
+	}
+	return any;
+}
+
+/* Like the driver's, the wait sleeps until an event may be there: an Xid
+ * file written (closed) or moved into the directory, or the SIMGPU_XID code
+ * due, rather than polling the files. */
 EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
 	CHECK_INIT();
 	if (!set.handle || !data)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	uint64_t deadline = now_ns(CLOCK_MONOTONIC) + (uint64_t)timeoutms * 1000000ull;
-	for (;;) {
-		for (int i = 0; i < sim_ndev; i++) {
-			unsigned long long code;
+	/* Watched before the first look, so a file written in between wakes it. */
+	int ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+	if (ifd >= 0 && inotify_add_watch(ifd, sim_dir(), IN_CLOSE_WRITE | IN_MOVED_TO) < 0) {
+		close(ifd);
+		ifd = -1;
+	}
+	nvmlReturn_t ret = NVML_ERROR_TIMEOUT;
+	for (int look = 1;;) {
+		for (int i = 0; look && i < sim_ndev; i++) {
+			unsigned long long code = 0;
 			if (!(set.handle->types[i] & SIM_EVENT_XID) || !take_xid(&sim_devs[i], &code))
 				continue;
 			memset(data, 0, sizeof(*data));
@@ -301,12 +351,29 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
 			data->eventData = code;
 			data->gpuInstanceId = 0xFFFFFFFFu;
 			data->computeInstanceId = 0xFFFFFFFFu;
-			return NVML_SUCCESS;
+			ret = NVML_SUCCESS;
+			goto out;
 		}
-		if (now_ns(CLOCK_MONOTONIC) >= deadline)
-			return NVML_ERROR_TIMEOUT;
-		struct timespec ts = {0, 10 * 1000000L};
-		nanosleep(&ts, NULL);
+		uint64_t now = now_ns(CLOCK_MONOTONIC);
+		if (now >= deadline)
+			goto out;
+		int64_t wait = (int64_t)((deadline - now + 999999) / 1000000);
+		int64_t env = env_xid_due_ms(set);
+		if (env >= 0 && env < wait)
+			wait = env;
+		if (ifd < 0) {
+			/* No inotify: look every 10 ms. */
+			struct timespec ts = {0, 10 * 1000000L};
+			nanosleep(&ts, NULL);
+			continue;
+		}
+		struct pollfd pfd = {.fd = ifd, .events = POLLIN};
+		poll(&pfd, 1, (int)wait);
+		look = xid_written(ifd) || env_xid_due_ms(set) == 0;
 	}
+out:
+	if (ifd >= 0)
+		close(ifd);
+	return ret;
 }
 

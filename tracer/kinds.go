@@ -12,19 +12,20 @@ import (
 type RecordKind uint8
 
 const (
-	RecLaunch   RecordKind = iota // a flushed run of kernel launches (K_ENQUEUE)
-	RecCUDA                       // any other driver call: copy, memset, sync, alloc, free
-	RecNCCL                       // a collective, group end, communicator creation
-	RecFutex                      // a futex wait at least the threshold long
-	RecSyscall                    // any other syscall at least the threshold long
-	RecRunqueue                   // a runqueue wait (sched_switch)
-	RecOffCPU                     // a block outside any traced call (sched_switch)
-	RecPyStack                    // the Python frames of the event after it
-	RecFD                         // an open or close, for the fd cache
-	RecProc                       // fork, exec, exit, executable mapping
-	RecSample                     // a CPU sample of a running thread
-	RecOther                      // a record that did not decode
-	RecMarker                     // a framework step marker (marker.go)
+	RecLaunch    RecordKind = iota // a flushed run of kernel launches (K_ENQUEUE)
+	RecCUDA                        // any other driver call: copy, memset, sync, alloc, free
+	RecNCCL                        // a collective, group end, communicator creation
+	RecFutex                       // a futex wait at least the threshold long
+	RecSyscall                     // any other syscall at least the threshold long
+	RecRunqueue                    // a runqueue wait (sched_switch)
+	RecOffCPU                      // a block outside any traced call (sched_switch)
+	RecPyStack                     // the Python frames of the event after it
+	RecFD                          // an open or close, for the fd cache
+	RecProc                        // fork, exec, exit, executable mapping
+	RecSample                      // a CPU sample of a running thread
+	RecOther                       // a record that did not decode
+	RecMarker                      // a framework step marker (marker.go)
+	RecFaultRead                   // a burst of page faults reading a mapped file
 	recKinds
 )
 
@@ -32,7 +33,7 @@ var recordKindNames = [recKinds]string{
 	RecLaunch: "cuda.launch", RecCUDA: "cuda.call", RecNCCL: "nccl", RecFutex: "syscall.futex",
 	RecSyscall: "syscall", RecRunqueue: "sched.runqueue", RecOffCPU: "sched.offcpu",
 	RecPyStack: "python.stack", RecFD: "fd", RecProc: "proc", RecSample: "cpu.sample", RecOther: "undecodable",
-	RecMarker: "marker",
+	RecMarker: "marker", RecFaultRead: "fault.read",
 }
 
 func (k RecordKind) String() string {
@@ -78,6 +79,8 @@ func recordKind(rec []byte) RecordKind {
 		return RecSample
 	case evMarker:
 		return RecMarker
+	case evFaultRead:
+		return RecFaultRead
 	}
 	return RecOther
 }

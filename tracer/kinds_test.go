@@ -27,6 +27,10 @@ func TestRecordKind(t *testing.T) {
 	if got := recordKind(asBytes(&offcpu)); got != RecOffCPU {
 		t.Errorf("off-CPU: %v", got)
 	}
+	fault := rawFault{Hdr: hdr(evFaultRead, uint32(event.KindFaultRead), 100, 101, tEnd), StartNs: tStart, Count: 3}
+	if got := recordKind(asBytes(&fault)); got != RecFaultRead {
+		t.Errorf("fault read: %v", got)
+	}
 	if got := recordKind([]byte{1, 2, 3}); got != RecOther {
 		t.Errorf("3 bytes: %v", got)
 	}

@@ -388,3 +388,29 @@ func TestElfSymSize(t *testing.T) {
 		t.Errorf("elfSym is %d bytes, want 12 (a million of them in a PyTorch process)", n)
 	}
 }
+
+// TestSampleFramesCached: a CPU sample's addresses (no stack id) are
+// symbolized once per process; the second sample is answered from the
+// cache with the same frames, an unmapped address is never cached, and an
+// exec or exit (forget) drops the process's addresses.
+func TestSampleFramesCached(t *testing.T) {
+	s := newSymbolizer()
+	defer s.close()
+	_, ips, _ := libcFuncs(t, "getpid", "pread64")
+	pid := uint32(os.Getpid())
+	first, _ := s.frames(pid, -1, append(ips, 0x10), nil)
+	if n := len(s.frameAt[pid]); n != 2 {
+		t.Fatalf("%d addresses cached, want the 2 in libc", n)
+	}
+	// Poison the maps: a second sample must not need them.
+	s.procs[pid] = nil
+	s.readAt[pid] = time.Now()
+	again, _ := s.frames(pid, -1, ips, nil)
+	if len(again) != 2 || again[0] != first[0] || again[1] != first[1] {
+		t.Fatalf("cached frames %+v, want %+v", again, first[:2])
+	}
+	s.forget(pid)
+	if _, ok := s.frameAt[pid]; ok {
+		t.Fatal("forget kept the process's addresses")
+	}
+}

@@ -164,14 +164,17 @@ func codeCause(c Cause) bool {
 
 // attachCode names the code that burned g: the samples of its thread
 // during it, when part of it was charged to the CPU, to runqueue waits or
-// to a lock, or when no blocking call's stack names it (an off-CPU block
-// in a page fault has none), and those of each lock holder and data-loader
-// worker meanwhile.
+// to a lock or to page faults on a mapped file, or when no blocking
+// call's stack names it (an off-CPU block in a page fault has none), and
+// those of each lock holder and data-loader worker meanwhile.
 func (s *samples) attachCode(g *Gap) {
 	if len(s.byTID) == 0 {
 		return
 	}
-	charged := codeCause(g.Cause)
+	// Page faults on a mapped file (io.read, op "fault") ran on the CPU
+	// too: the samples name the code that touched the pages when the
+	// bursts' stacks do not.
+	charged := codeCause(g.Cause) || faultNS(g.Evidence.Files) > 0
 	for c, ns := range g.Breakdown {
 		if ns > 0 && codeCause(c) {
 			charged = true

@@ -556,7 +556,12 @@ func (s *pyStacks) hold(rec []byte) {
 	if len(s.pending) >= 1<<16 {
 		clear(s.pending) // events never came (lost in a full ring)
 	}
-	s.pending[r.Hdr.PidTgid] = pyPending{ktime: r.Hdr.KtimeNs, rec: r}
+	ps := s.pending[r.Hdr.PidTgid]
+	if ps == nil {
+		ps = &pyPendingSet{}
+		s.pending[r.Hdr.PidTgid] = ps
+	}
+	ps.put(pyPending{ktime: r.Hdr.KtimeNs, rec: r})
 }
 
 // take returns the Python frames recorded for the event of thread id at
@@ -567,14 +572,21 @@ func (s *pyStacks) take(id, ktime uint64) (frames []event.Frame, truncated, ok b
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	pend, found := s.pending[id]
-	// Records of the thread from other CPUs (a scheduling event about
-	// it) may come between the stack and its event: only the event with
-	// the stack's timestamp takes it.
-	if !found || pend.ktime != ktime {
+	ps := s.pending[id]
+	if ps == nil {
 		return nil, false, false, nil
 	}
-	delete(s.pending, id)
+	// Records of the thread from other CPUs (a scheduling event about
+	// it) may come between the stack and its event, and a fault burst's
+	// record waits for the burst's end: only the event with the stack's
+	// timestamp takes it.
+	pend, found := ps.take(ktime)
+	if !found {
+		return nil, false, false, nil
+	}
+	if ps.n == 0 {
+		delete(s.pending, id)
+	}
 	p := s.procs[uint32(id>>32)]
 	if p == nil {
 		return nil, false, false, errNoPython

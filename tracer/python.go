@@ -254,9 +254,9 @@ type pyStacks struct {
 	// tried: processes looked at and found not CPython (or unsupported),
 	// with the binary path that decided it, so rescans cost nothing.
 	tried map[uint32]string
-	// pending holds each thread's Python stack record until the event it
-	// belongs to (same thread, same timestamp) is decoded.
-	pending map[uint64]pyPending
+	// pending holds each thread's Python stack records until the event
+	// each belongs to (same thread, same timestamp) is decoded.
+	pending map[uint64]*pyPendingSet
 }
 
 type pyPending struct {
@@ -264,8 +264,46 @@ type pyPending struct {
 	rec   rawPyStack
 }
 
+// pyPendingSlots is how many of a thread's Python stack records wait for
+// their events at once. Most events follow their record at once (a CPU
+// sample, a syscall's return), but a page-fault burst's record is written
+// when the burst begins and its event when the burst ends, with the
+// samples' own records in between: one slot per thread lost the burst's
+// frames to the next sample.
+const pyPendingSlots = 4
+
+// pyPendingSet is a thread's waiting records, oldest first.
+type pyPendingSet struct {
+	n    int
+	recs [pyPendingSlots]pyPending
+}
+
+// put keeps p, dropping the oldest record when every slot is taken (its
+// event was lost, or never comes).
+func (ps *pyPendingSet) put(p pyPending) {
+	if ps.n == pyPendingSlots {
+		copy(ps.recs[:], ps.recs[1:])
+		ps.n--
+	}
+	ps.recs[ps.n] = p
+	ps.n++
+}
+
+// take removes and returns the record of ktime.
+func (ps *pyPendingSet) take(ktime uint64) (pyPending, bool) {
+	for i := 0; i < ps.n; i++ {
+		if ps.recs[i].ktime == ktime {
+			p := ps.recs[i]
+			copy(ps.recs[i:], ps.recs[i+1:ps.n])
+			ps.n--
+			return p, true
+		}
+	}
+	return pyPending{}, false
+}
+
 func newPyStacks() *pyStacks {
-	return &pyStacks{procRoot: procRoot, procs: map[uint32]*pyProc{}, tried: map[uint32]string{}, pending: map[uint64]pyPending{}}
+	return &pyStacks{procRoot: procRoot, procs: map[uint32]*pyProc{}, tried: map[uint32]string{}, pending: map[uint64]*pyPendingSet{}}
 }
 
 // forget drops what is known of pid (exec, exit).

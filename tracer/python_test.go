@@ -331,3 +331,37 @@ func testName(py string) string {
 	}
 	return filepath.Base(py)
 }
+
+// TestPyPendingKeepsBurstRecord: a page-fault burst's Python frames are
+// written when the burst begins and its event comes when it ends, after
+// the CPU samples taken meanwhile took their own records; the burst's
+// record must still be there for it, and a thread whose events never come
+// holds at most pyPendingSlots records.
+func TestPyPendingKeepsBurstRecord(t *testing.T) {
+	var ps pyPendingSet
+	ps.put(pyPending{ktime: 100}) // the burst begins
+	for k := uint64(110); k < 200; k += 10 {
+		ps.put(pyPending{ktime: k}) // a sample's record, then the sample
+		if _, ok := ps.take(k); !ok {
+			t.Fatalf("sample at %d lost its record", k)
+		}
+	}
+	if _, ok := ps.take(100); !ok {
+		t.Fatal("the burst's record was lost to the samples' records")
+	}
+	if _, ok := ps.take(100); ok || ps.n != 0 {
+		t.Fatalf("a record was taken twice (%d left)", ps.n)
+	}
+	for k := uint64(1); k <= 2*pyPendingSlots; k++ {
+		ps.put(pyPending{ktime: k})
+	}
+	if ps.n != pyPendingSlots {
+		t.Fatalf("%d records held, want at most %d", ps.n, pyPendingSlots)
+	}
+	if _, ok := ps.take(1); ok {
+		t.Error("the oldest record outlived newer ones past the bound")
+	}
+	if _, ok := ps.take(2 * pyPendingSlots); !ok {
+		t.Error("the newest record was dropped")
+	}
+}

@@ -398,14 +398,14 @@ func TestSampleFramesCached(t *testing.T) {
 	defer s.close()
 	_, ips, _ := libcFuncs(t, "getpid", "pread64")
 	pid := uint32(os.Getpid())
-	first, _ := s.frames(pid, -1, append(ips, 0x10), nil)
+	first, _ := s.frames(pid, 0, append(ips, 0x10), nil)
 	if n := len(s.frameAt[pid]); n != 2 {
 		t.Fatalf("%d addresses cached, want the 2 in libc", n)
 	}
 	// Poison the maps: a second sample must not need them.
 	s.procs[pid] = nil
 	s.readAt[pid] = time.Now()
-	again, _ := s.frames(pid, -1, ips, nil)
+	again, _ := s.frames(pid, 0, ips, nil)
 	if len(again) != 2 || again[0] != first[0] || again[1] != first[1] {
 		t.Fatalf("cached frames %+v, want %+v", again, first[:2])
 	}

@@ -158,10 +158,14 @@ func printTable(w io.Writer, scores []*Score) (met, missed int) {
 				share = fmt.Sprintf("%.2f", k.Share())
 			}
 			code := "n/a"
-			if k.Nameable {
+			if k.Nameable && k.Stalls > 0 {
 				code = fmt.Sprintf("%.2f", float64(k.Named)/float64(k.Stalls))
 			}
-			cells = append(cells, fmt.Sprintf("%s ×%d %s/%s [%s]", k.Kind, k.Stalls, share, code, k.Top()))
+			short := ""
+			if k.Short > 0 {
+				short = fmt.Sprintf(" (+%d short)", k.Short)
+			}
+			cells = append(cells, fmt.Sprintf("%s ×%d%s %s/%s [%s]", k.Kind, k.Stalls, short, share, code, k.Top()))
 		}
 		other := "—"
 		if sc.IdleNS > 0 {

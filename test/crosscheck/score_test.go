@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/test/accuracy"
@@ -30,21 +31,24 @@ func TestNames(t *testing.T) {
 }
 
 func TestScoreStalls(t *testing.T) {
+	const ms = int64(time.Millisecond)
 	tr := &JobTruth{Truth: accuracy.Truth{PID: 7}}
 	tr.Stalls = []Stall{
-		{Cause: "cpu", Code: "tokenize|tok2", Interval: accuracy.Interval{Start: 100, End: 200}, RunDelayNS: 10},
-		{Cause: "loader.wait.cpu", Code: "next_batch", Interval: accuracy.Interval{Start: 300, End: 400}},
-		{Cause: "sleep", Interval: accuracy.Interval{Start: 500, End: 600}},
+		{Cause: "cpu", Code: "tokenize|tok2", Interval: accuracy.Interval{Start: 100 * ms, End: 200 * ms}, RunDelayNS: 10 * ms},
+		{Cause: "loader.wait.cpu", Code: "next_batch", Interval: accuracy.Interval{Start: 300 * ms, End: 400 * ms}},
+		{Cause: "sleep", Interval: accuracy.Interval{Start: 500 * ms, End: 600 * ms}},
+		// Shorter than any gap: counted apart, not judged.
+		{Cause: "cpu", Code: "tokenize", Interval: accuracy.Interval{Start: 700 * ms, End: 700*ms + ms/2}},
 	}
 	gaps := []correlate.Gap{
-		// Half over the cpu stall: 80 cpu, 20 contention over 200 ns.
-		{PID: 7, Start: 100, End: 300, Duration: 200, Cause: correlate.CauseCPU,
-			Breakdown: map[correlate.Cause]int64{correlate.CauseCPU: 160, correlate.CauseCPUContention: 40}},
-		{PID: 7, Start: 300, End: 400, Duration: 100, Cause: correlate.CauseLoaderWait,
-			Breakdown: map[correlate.Cause]int64{correlate.CauseLoaderWait: 100},
+		// Half over the cpu stall: 80 cpu, 20 contention over 200 ms.
+		{PID: 7, Start: 100 * ms, End: 300 * ms, Duration: 200 * ms, Cause: correlate.CauseCPU,
+			Breakdown: map[correlate.Cause]int64{correlate.CauseCPU: 160 * ms, correlate.CauseCPUContention: 40 * ms}},
+		{PID: 7, Start: 300 * ms, End: 400 * ms, Duration: 100 * ms, Cause: correlate.CauseLoaderWait,
+			Breakdown: map[correlate.Cause]int64{correlate.CauseLoaderWait: 100 * ms},
 			Evidence:  correlate.Evidence{Workers: []correlate.WorkerEvidence{{PID: 9, Activity: "io"}}}},
-		{PID: 8, Start: 500, End: 600, Duration: 100, Cause: correlate.CauseSleep, // another process
-			Breakdown: map[correlate.Cause]int64{correlate.CauseSleep: 100}},
+		{PID: 8, Start: 500 * ms, End: 600 * ms, Duration: 100 * ms, Cause: correlate.CauseSleep, // another process
+			Breakdown: map[correlate.Cause]int64{correlate.CauseSleep: 100 * ms}},
 	}
 	raws := [][]byte{[]byte(`{"evidence":{"stack":[{"function":"tok2"}]}}`), []byte(`{}`), []byte(`{}`)}
 	ks := scoreStalls(tr, gaps, raws)
@@ -52,8 +56,8 @@ func TestScoreStalls(t *testing.T) {
 		t.Fatalf("kinds %+v", ks)
 	}
 	// cpu: seen 100, right 80, contention 20 of which 10 excused.
-	if got := ks[0].Share(); got < 80.0/90-1e-9 || got > 80.0/90+1e-9 || ks[0].Named != 1 {
-		t.Errorf("cpu share %v named %d, want %v and 1", got, ks[0].Named, 80.0/90)
+	if got := ks[0].Share(); got < 80.0/90-1e-9 || got > 80.0/90+1e-9 || ks[0].Named != 1 || ks[0].Stalls != 1 || ks[0].Short != 1 {
+		t.Errorf("cpu share %v named %d, %d stalls (%d short), want %v, 1, 1 (1)", got, ks[0].Named, ks[0].Stalls, ks[0].Short, 80.0/90)
 	}
 	// loader: the workers read, the truth says they computed.
 	if ks[1].Share() != 0 || ks[1].Top() != "loader.wait.io" || ks[1].Named != 0 {

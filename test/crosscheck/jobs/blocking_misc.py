@@ -87,6 +87,9 @@ def main():
         span = cfg.scan_mb << 20
         off = cursor[0] % ((cfg.data_mb << 20) - span)
         cursor[0] += span
+        # Unmap the pages first: the page cache keeps pages a mapping
+        # still maps, and once the cursor wraps they would not fault.
+        mm.madvise(mmap.MADV_DONTNEED, off, span)
         os.posix_fadvise(fd, off, span, os.POSIX_FADV_DONTNEED)
         total = 0
         with xtruth.timed_stall(truth, "io.read", "scan_index", path=path):

@@ -2,7 +2,6 @@ package correlate_test
 
 import (
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -56,15 +55,7 @@ func TestDeclaredSiteOverFramework(t *testing.T) {
 // clock's zero. The recording, cut as an attach at its fifth marker would
 // see it, must give no step far longer than the loop's others.
 func TestFrameworkMarkerFirstAfterAttach(t *testing.T) {
-	f, err := os.Open(filepath.Join("testdata", "recordings", "sim-pyoptim-lite.rec.gz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h, calls, err := record.Read(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, calls, _ := readRecording(t, filepath.Join("testdata", "recordings", "sim-pyoptim-lite.rec.gz"))
 	var cut *event.Event
 	n := 0
 	for _, c := range calls {

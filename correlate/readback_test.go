@@ -3,7 +3,6 @@ package correlate_test
 import (
 	"bufio"
 	"encoding/json"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -119,17 +118,7 @@ func TestSyncReadBackAndSleepingHolder(t *testing.T) {
 // replayCrossCheck replays a cross-check recording as probe set as.
 func replayCrossCheck(t *testing.T, path, as string) []correlate.Gap {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h, calls, err := record.Read(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := h.Config()
-	cfg.Logger = slog.New(slog.DiscardHandler)
+	h, calls, cfg := readRecording(t, path)
 	var sink gapSink
 	v := record.View{Probes: as, Window: 500 * time.Millisecond, WarmupSteps: 5, WarmupMax: 10 * time.Second}
 	if _, err := record.ReplayAs(cfg, &sink, h, calls, v); err != nil {

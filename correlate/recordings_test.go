@@ -205,6 +205,15 @@ func (s *stepSink) Step(st correlate.StepResult) { s.steps = append(s.steps, st.
 // made with.
 func replayFile(t *testing.T, path string, sink correlate.Sink) record.Header {
 	t.Helper()
+	h, calls, cfg := readRecording(t, path)
+	record.Replay(cfg, sink, calls)
+	return h
+}
+
+// readRecording reads a recording whole: its header, its calls, and the
+// engine configuration it was made with, logging discarded.
+func readRecording(t *testing.T, path string) (record.Header, []record.Call, correlate.Config) {
+	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -216,8 +225,7 @@ func replayFile(t *testing.T, path string, sink correlate.Sink) record.Header {
 	}
 	cfg := h.Config()
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	record.Replay(cfg, sink, calls)
-	return h
+	return h, calls, cfg
 }
 
 // wholeRun: recordings whose every iteration must be a step, the first
@@ -274,15 +282,7 @@ func TestRecordedSteps(t *testing.T) {
 	}
 	for _, rec := range recs {
 		name := strings.TrimSuffix(filepath.Base(rec), ".rec.gz")
-		f, err := os.Open(rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, calls, err := record.Read(f)
-		f.Close()
-		if err != nil {
-			t.Fatalf("%s: %v", rec, err)
-		}
+		h, calls, _ := readRecording(t, rec)
 		// A recording made at full also holds what lite and auto would
 		// have seen of the same run (replay --probes): each is held to
 		// the job's iterations too.

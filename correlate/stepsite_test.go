@@ -1,8 +1,6 @@
 package correlate_test
 
 import (
-	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -14,18 +12,8 @@ import (
 // returns its steps and step clocks.
 func replaySteps(t *testing.T, name, at string) ([]correlate.Step, []correlate.StepClock) {
 	t.Helper()
-	f, err := os.Open(filepath.Join("testdata", "recordings", name+".rec.gz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h, calls, err := record.Read(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := h.Config()
+	_, calls, cfg := readRecording(t, filepath.Join("testdata", "recordings", name+".rec.gz"))
 	cfg.StepAt = at
-	cfg.Logger = slog.New(slog.DiscardHandler)
 	var sink stepSink
 	sum := record.Replay(cfg, &sink, calls)
 	return sink.steps, sum.StepClocks

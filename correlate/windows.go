@@ -68,19 +68,32 @@ func (d *device) addWindow(w event.GPUWindow) {
 }
 
 // hidden returns the spans the idle windows must not count as unbounded
-// idle: the gaps, and for GPM (SM idle) also the comm stalls.
-func (d *device) hidden(extra []interval.Span) []interval.Span {
+// idle that overlap [lo,hi): the gaps, and for GPM (SM idle) also the comm
+// stalls. Only the spans of the range are merged (a device keeps minutes
+// of gaps; merging them all for every step was a fifth of what the sidecar
+// allocated): inside the range the union is the same.
+func (d *device) hidden(extra []interval.Span, lo, hi int64) []interval.Span {
+	l := interval.Clip(d.gaps, lo, hi)
 	if len(extra) == 0 && d.nvml {
-		return d.gaps
+		return l
 	}
-	l := d.gaps
 	if !d.nvml {
-		l = interval.Merge(l, d.stalls)
+		l = interval.Merge(l, interval.Clip(d.stalls, lo, hi))
 	}
 	if len(extra) > 0 {
-		l = interval.Merge(l, extra)
+		l = interval.Merge(l, interval.Clip(extra, lo, hi))
 	}
 	return l
+}
+
+// winSpan is the time the windows cover, from the first's start to the
+// latest end.
+func winSpan(wins []event.GPUWindow) (lo, hi int64) {
+	lo, hi = wins[0].Start, wins[0].End
+	for _, w := range wins[1:] {
+		lo, hi = min(lo, w.Start), max(hi, w.End)
+	}
+	return lo, hi
 }
 
 func (d *device) overlapping(a, b int64) []event.GPUWindow {
@@ -105,8 +118,8 @@ func (d *device) micro(s, e int64, extra []interval.Span, weight func(a, b int64
 	if len(wins) == 0 {
 		return 0, 0
 	}
-	lo, hi := wins[0].Start, wins[len(wins)-1].End
-	hid := interval.Clip(d.hidden(extra), lo, hi)
+	lo, hi := winSpan(wins)
+	hid := d.hidden(extra, lo, hi)
 	// known: time whose state the host already knows (gaps idle; sync
 	// waits, and for NVML comm stalls, busy).
 	known := interval.Merge(hid, interval.Clip(d.busy, lo, hi))
@@ -144,7 +157,7 @@ func (d *device) micro(s, e int64, extra []interval.Span, weight func(a, b int64
 // gapsIn returns the hidden spans clipped to [s,e).
 func (d *device) gapsIn(s, e int64, extra []interval.Span) []interval.Span {
 	var out []interval.Span
-	for _, h := range d.hidden(extra) {
+	for _, h := range d.hidden(extra, s, e) {
 		if h.B <= s || h.A >= e {
 			continue
 		}
@@ -158,9 +171,14 @@ func (d *device) gapsIn(s, e int64, extra []interval.Span) []interval.Span {
 // over the rest of each window.
 func (d *device) idleWithin(lo, hi int64, known []interval.Span) int64 {
 	bg := max(d.bg, 0)
-	hid := d.hidden(known)
+	wins := d.overlapping(lo, hi)
+	if len(wins) == 0 {
+		return 0
+	}
+	a, b := winSpan(wins)
+	hid := d.hidden(known, a, b)
 	var idle float64
-	for _, w := range d.overlapping(lo, hi) {
+	for _, w := range wins {
 		a, b := max(lo, w.Start), min(hi, w.End)
 		o := b - a
 		wl := w.End - w.Start
@@ -182,9 +200,14 @@ func (d *device) idleWithin(lo, hi int64, known []interval.Span) int64 {
 // (nor known, as for idleWithin) holds: per window, its idle less every
 // bounded gap in it, and never more than the unbounded part of the overlap.
 func (d *device) idleAtMost(lo, hi int64, known []interval.Span) int64 {
-	hid := d.hidden(known)
+	wins := d.overlapping(lo, hi)
+	if len(wins) == 0 {
+		return 0
+	}
+	a, b := winSpan(wins)
+	hid := d.hidden(known, a, b)
 	var idle float64
-	for _, w := range d.overlapping(lo, hi) {
+	for _, w := range wins {
 		a, b := max(lo, w.Start), min(hi, w.End)
 		wl := w.End - w.Start
 		gAll := interval.Overlap(hid, w.Start, w.End)

@@ -83,6 +83,16 @@ struct thread_state {
 	__u64 init_commp;
 	__u32 init_nranks;
 	__s32 init_rank;
+	/* A run of reads not yet emitted (bpf/readrun.h): a process that
+	 * does not feed the GPU reading one fd call after call. */
+	__u64 rr_start;
+	__u64 rr_end;
+	__u64 rr_bytes;
+	__u64 rr_waker;
+	__s32 rr_fd;
+	__s32 rr_nr;
+	__u32 rr_calls; /* 0: no run */
+	__u32 rr_pad;
 };
 
 /* traced_tgids values: bits. */

@@ -159,7 +159,10 @@ struct syscall_event {
 	__u32 wait_nfds;
 	__u32 wait_socks;
 	__u32 open_flags; /* openat: its flags (O_WRONLY, O_CREAT, O_TRUNC, ...) */
-	__u32 _pad_flags;
+	/* The calls the record stands for: 1, or a run of reads of one fd
+	 * (bpf/readrun.h) from start_ns to the header's time, ret their
+	 * bytes. */
+	__u32 calls;
 	/* The words at the user stack pointer: a syscall wrapper without a
 	 * frame pointer hides its caller from the frame-pointer walk, and its
 	 * return address is among these (user space picks it). */

@@ -15,11 +15,13 @@
  * (or to a lock whose holder ran): correlate merges those of the thread the
  * gap belongs to. A sample that finds the thread outside its latest fault
  * ends its burst of faults on a mapped file (fault.h): the thread ran its
- * own code.
+ * own code; one that finds it outside a syscall ends its run of reads
+ * (readrun.h).
  */
 #include "common.h"
 #include "python.h"
 #include "fault.h"
+#include "readrun.h"
 
 SEC("perf_event")
 int on_cpu_sample(void *ctx)
@@ -31,6 +33,11 @@ int on_cpu_sample(void *ctx)
 		return 0; /* a traced process's idle task never runs; be safe */
 	__u64 now = bpf_ktime_get_ns();
 	fault_flush_task(bpf_get_current_task_btf(), id, false);
+	/* Running outside a syscall, it computes on what it read: its run
+	 * of reads is over. */
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	if (t && t->rr_calls && !t->sc_start)
+		read_run_flush(t, id);
 	py_stack(id, now);
 	struct cpu_sample_event *e = reserve(sizeof(*e));
 	if (!e)

@@ -30,6 +30,7 @@
 #include "common.h"
 #include "python.h"
 #include "fault.h"
+#include "readrun.h"
 
 #define TASK_RUNNING 0
 
@@ -233,6 +234,9 @@ int BPF_PROG(on_sched_process_exit, struct task_struct *p, bool group_dead)
 	if (!enter_traced(&id))
 		return 0;
 	__u32 tgid = id >> 32;
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &id);
+	if (t)
+		read_run_flush(t, id);
 	bpf_map_delete_elem(&threads, &id);
 	struct fault *f = bpf_map_lookup_elem(&faults, &id);
 	if (f)

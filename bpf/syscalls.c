@@ -12,11 +12,14 @@
  * reported so that libraries dlopen'd late get their uprobes.
  * A call that names its file by path (rename, unlink, truncate: the class
  * map's value says which argument) is emitted with that path.
+ * A process that does not feed the GPU has its reads of one fd, call after
+ * call, emitted as one record per run (readrun.h).
  * While a probed CUDA/NCCL call is in flight on the thread, its syscalls are
  * not traced: the driver's own waiting is explained by the call itself.
  */
 #include "common.h"
 #include "python.h"
+#include "readrun.h"
 
 #define PROT_EXEC 0x4
 
@@ -239,6 +242,19 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 	__s64 ret = BPF_CORE_READ(ctx, ret);
 	__u32 cls = t->sc_class;
 	__u64 dur = now - t->sc_start;
+	bool gpu = feeds_gpu(id >> 32);
+
+	/* A process that does not feed the GPU reading one fd call after
+	 * call: the read joins the run of the reads before it (readrun.h);
+	 * any other call emits the run first. */
+	if (!gpu && t->rr_calls) {
+		if (cls == SC_READ && ret > 0 && !t->sc_path &&
+		    read_run_join(t, t->sc_start, now, ret, fd_of(cls, t->sc_arg0), t->sc_nr)) {
+			t->sc_start = 0;
+			return 0;
+		}
+		read_run_flush(t, id);
+	}
 
 	if (cls == SC_MMAP) {
 		t->sc_start = 0;
@@ -262,7 +278,6 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 	 * logging subprocess) reaches a gap only through the I/O its calls
 	 * did: its waits on futexes, polls and sleeps are counted like short
 	 * calls, not emitted, and its other calls take no stacks. */
-	bool gpu = feeds_gpu(id >> 32);
 	if (dur < threshold_ns || (!gpu && (cls == SC_FUTEX || cls == SC_POLL || cls == SC_SLEEP))) {
 		t->sc_start = 0;
 		struct short_key k = { .pid_tgid = id, .class = cls };
@@ -276,6 +291,12 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		return 0;
 	}
 
+	if (!gpu && cls == SC_READ && ret > 0 && !t->sc_path) {
+		/* A read long enough to be emitted begins a run. */
+		read_run_start(t, t->sc_start, now, ret, fd_of(cls, t->sc_arg0), t->sc_nr);
+		t->sc_start = 0;
+		return 0;
+	}
 	if (gpu)
 		py_stack(id, now);
 	struct syscall_event *e;
@@ -302,6 +323,7 @@ int sys_exit(struct trace_event_raw_sys_exit *ctx)
 		e->class = cls;
 		e->stack_id = -1;
 		e->open_flags = t->sc_flags;
+		e->calls = 1;
 		if (gpu) {
 			e->stack_id = user_stack(ctx);
 			struct pt_regs *regs =

@@ -219,7 +219,7 @@ type Event struct {
 	CUDA     CUDA
 	Stream   uint64 // CUstream / cudaStream_t value; 0 is the legacy default stream
 	Bytes    uint64 // copy/memset/alloc size, collective payload (count*dtype size), syscall bytes
-	Count    uint64 // launches aggregated (Enqueue, Sync), elements (Collective)
+	Count    uint64 // launches aggregated (Enqueue, Sync), elements (Collective), reads in a run (Syscall, bpf/readrun.h)
 	Op       NCCLOp
 	Comm     uint64 // ncclComm_t value
 	PeerRank int32  // send/recv peer or reduce/broadcast root; -1 when n/a

@@ -251,6 +251,11 @@ func decodeSyscall(rec []byte, h *rawHeader, d *decoded) error {
 	if r.Ret > 0 && (ev.Syscall == event.SysRead || ev.Syscall == event.SysWrite || ev.Syscall == event.SysNet) {
 		ev.Bytes = uint64(r.Ret)
 	}
+	if r.Calls > 1 && ev.Syscall == event.SysRead {
+		// A run of reads of one fd by a process that feeds no GPU
+		// (bpf/readrun.h): Start..End spans them, Ret and Bytes sum them.
+		ev.Count = uint64(r.Calls)
+	}
 	ev.WakerPID, ev.WakerTID = uint32(r.Waker>>32), uint32(r.Waker)
 	d.stackID = r.StackId
 	d.spWords = r.SpWords[:]

@@ -79,6 +79,14 @@ type ncclThreadState struct {
 	InitCommp   uint64
 	InitNranks  uint32
 	InitRank    int32
+	RrStart     uint64
+	RrEnd       uint64
+	RrBytes     uint64
+	RrWaker     uint64
+	RrFd        int32
+	RrNr        int32
+	RrCalls     uint32
+	RrPad       uint32
 }
 
 // Names of all BPF objects in the ELF.

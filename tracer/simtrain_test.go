@@ -192,6 +192,43 @@ func testSimtrain(t *testing.T, set ProbeSet) {
 
 	checkSimtrainProcs(t, r)
 	checkStacksFeedersOnly(t, r)
+	checkWorkerReadRuns(t, r)
+}
+
+// checkWorkerReadRuns: a loader worker's cold read is a run of preads of
+// one fd, call after call; each run is one record (bpf/readrun.h) whose
+// Count says how many calls it stands for and whose Ret and Bytes sum
+// theirs. The main process feeds the GPU: its reads stay one record each.
+func checkWorkerReadRuns(t *testing.T, r simRun) {
+	t.Helper()
+	workers := map[uint32]bool{}
+	for _, w := range r.meta.Workers {
+		workers[uint32(w)] = true
+	}
+	var records, calls, runs uint64
+	for _, ev := range r.events {
+		if ev.Kind != event.KindSyscall || ev.Syscall != event.SysRead {
+			continue
+		}
+		if !workers[ev.PID] {
+			if ev.Count > 1 {
+				t.Errorf("pid %d (not a worker): a %s record stands for %d calls", ev.PID, ev.Name, ev.Count)
+			}
+			continue
+		}
+		records++
+		calls += max(ev.Count, 1)
+		if ev.Count > 1 {
+			runs++
+			if ev.Ret <= 0 || ev.Bytes != uint64(ev.Ret) || ev.End < ev.Start || ev.FD < 0 {
+				t.Errorf("worker %d: run of %d %s calls: ret %d, bytes %d, %d..%d, fd %d", ev.PID, ev.Count, ev.Name, ev.Ret, ev.Bytes, ev.Start, ev.End, ev.FD)
+			}
+		}
+	}
+	t.Logf("workers' reads: %d records for %d calls (%d runs)", records, calls, runs)
+	if runs == 0 || calls < 2*records {
+		t.Errorf("workers' reads: %d records for %d calls (%d runs); want runs of several calls each", records, calls, runs)
+	}
 }
 
 // checkStacksFeedersOnly: the main process feeds the GPU and its long

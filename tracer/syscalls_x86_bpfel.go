@@ -128,7 +128,7 @@ type syscallsSyscallEvent struct {
 	WaitNfds  uint32
 	WaitSocks uint32
 	OpenFlags uint32
-	PadFlags  uint32
+	Calls     uint32
 	SpWords   [8]uint64
 }
 
@@ -165,6 +165,14 @@ type syscallsThreadState struct {
 	InitCommp   uint64
 	InitNranks  uint32
 	InitRank    int32
+	RrStart     uint64
+	RrEnd       uint64
+	RrBytes     uint64
+	RrWaker     uint64
+	RrFd        int32
+	RrNr        int32
+	RrCalls     uint32
+	RrPad       uint32
 }
 
 // Names of all BPF objects in the ELF.

@@ -335,7 +335,7 @@ func (at *Attribution) note(world World, th *Thread, ev *event.Event, ns int64) 
 		return
 	}
 	if ev.Kind == event.KindSyscall {
-		at.syscalls[syscallName(ev)]++
+		at.syscalls[syscallName(ev)] += callsOf(ev)
 	}
 	var bytes uint64
 	if ev.Kind == event.KindSyscall && ev.Ret > 0 {
@@ -346,7 +346,7 @@ func (at *Attribution) note(world World, th *Thread, ev *event.Event, ns int64) 
 	switch at.cause(ev) {
 	case CauseIORead, CauseIOWrite:
 		f := at.file(ev)
-		f.Calls++
+		f.Calls += callsOf(ev)
 		f.Bytes += bytes
 	case CauseNet:
 		p := at.peer(world, ev)
@@ -355,6 +355,15 @@ func (at *Attribution) note(world World, th *Thread, ev *event.Event, ns int64) 
 	case CauseSubprocess:
 		at.child(ev).Calls++
 	}
+}
+
+// callsOf is how many calls syscall record ev stands for: a run of reads
+// (event.Event Count) or one.
+func callsOf(ev *event.Event) int {
+	if ev.Kind == event.KindSyscall && ev.Count > 1 {
+		return int(min(ev.Count, 1<<20))
+	}
+	return 1
 }
 
 // child is the evidence entry of the child process ev waited for: wait4

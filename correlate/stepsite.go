@@ -244,13 +244,14 @@ func (s *stepper) pickOverGroups(set settings) bool {
 func (s *stepper) checkSite(set settings) bool {
 	c := &s.sites
 	c.checks++
-	for id, w := range stepclock.Weights(c.items) {
+	sc := stepclock.Score(c.items) // c.items stays as it is until the check ends
+	for id, w := range sc.Weights() {
 		if c.weight == nil {
 			c.weight = map[string]float64{}
 		}
 		c.weight[id] = w
 	}
-	for _, id := range stepclock.MicroSites(c.items) {
+	for _, id := range sc.MicroSites() {
 		if c.micro == nil {
 			c.micro = map[string]bool{}
 		}
@@ -268,13 +269,13 @@ func (s *stepper) checkSite(set settings) bool {
 		set.log.Info("step site replaced: the loop changed", "pid", s.pid, "was", c.name, "site", p.Pin)
 		return s.takeSite(set, p.Site, p.TID, p.Pin)
 	}
-	if site, ok := s.outweighed(); ok {
+	if site, ok := s.outweighed(sc); ok {
 		// The running site was found in an evaluation's batches (an
 		// attach during one): the training's, whose iterations launch
 		// clearly more, still recurs and takes over at once.
 		return s.takeSite(set, site, c.tid, stepclock.PinIn(c.items, site.Key))
 	}
-	if s.mode == modeSite && stepclock.Qualifies(c.items, c.key, c.tid) && !s.mainTakesOver() {
+	if s.mode == modeSite && sc.Qualifies(c.key, c.tid) && !s.mainTakesOver(sc) {
 		// The running site still recurs: a rival (an evaluation's
 		// batches) does not unseat it.
 		c.strikes = 0
@@ -285,7 +286,7 @@ func (s *stepper) checkSite(set settings) bool {
 		}
 		return false
 	}
-	p, ok := stepclock.PickSite(c.items, s.pid)
+	p, ok := sc.Pick(s.pid)
 	if ok && c.micro[stepclock.SiteID(p.TID, p.Site.Key)] {
 		// It reads micro-batches, as launches showed earlier: no step.
 		ok = false
@@ -347,12 +348,12 @@ func (s *stepper) takeSite(set settings, site stepclock.Site, tid uint32, pin st
 // the main one gives way to a site PickSite now finds on the main thread:
 // a background thread's burst (a saver's copies) that filled the stream
 // when the site was first looked for never owns the step clock.
-func (s *stepper) mainTakesOver() bool {
+func (s *stepper) mainTakesOver(sc *stepclock.Scored) bool {
 	c := &s.sites
 	if c.source != stepclock.SourceCallSite || c.tid == s.pid {
 		return false
 	}
-	p, ok := stepclock.PickSite(c.items, s.pid)
+	p, ok := sc.Pick(s.pid)
 	return ok && p.TID == s.pid
 }
 
@@ -360,7 +361,7 @@ func (s *stepper) mainTakesOver() bool {
 // in the stream (stepclock.Qualifies) and whose iterations launch
 // clearly more, as last seen (weight): the running one was found in an
 // evaluation's batches.
-func (s *stepper) outweighed() (stepclock.Site, bool) {
+func (s *stepper) outweighed(sc *stepclock.Scored) (stepclock.Site, bool) {
 	c := &s.sites
 	if s.mode != modeSite || c.source != stepclock.SourceCallSite {
 		return stepclock.Site{}, false
@@ -370,7 +371,7 @@ func (s *stepper) outweighed() (stepclock.Site, bool) {
 		if it.Site.Key == "" || it.Site.Key == c.key || it.TID != c.tid || c.heavier(it.Site.Key, c.key, c.tid) != 1 {
 			continue
 		}
-		if stepclock.Qualifies(c.items, it.Site.Key, c.tid) {
+		if sc.Qualifies(it.Site.Key, c.tid) {
 			return it.Site, true
 		}
 		break

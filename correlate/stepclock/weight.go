@@ -59,9 +59,13 @@ func medLaunches(l []uint64) float64 {
 // attach during one finds its site first). Launches seen only before
 // its first call say nothing of it: auto's full window ended there, and
 // its lite stretch sees none.
-func Weights(items []Item) map[string]float64 {
+func Weights(items []Item) map[string]float64 { return Score(items).Weights() }
+
+// Weights is the package's Weights over the scored stream.
+func (sc *Scored) Weights() map[string]float64 {
+	items := sc.items
 	w := map[string]float64{}
-	for _, c := range scoreSites(items) {
+	for _, c := range sc.cands {
 		if len(c.at) < SiteMinRuns {
 			continue
 		}

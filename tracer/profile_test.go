@@ -52,18 +52,7 @@ func TestScanPipeReader(t *testing.T) {
 	root := t.TempDir()
 	fd := func(pid, fd, target, flags, comm string) {
 		t.Helper()
-		for _, d := range []string{"fd", "fdinfo"} {
-			if err := os.MkdirAll(filepath.Join(root, pid, d), 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := os.Symlink(target, filepath.Join(root, pid, "fd", fd)); err != nil {
-			t.Fatal(err)
-		}
-		info := "pos:\t0\nflags:\t" + flags + "\nmnt_id:\t15\n"
-		if err := os.WriteFile(filepath.Join(root, pid, "fdinfo", fd), []byte(info), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		fakeFD(t, root, pid, fd, target, "pos:\t0\nflags:\t"+flags+"\nmnt_id:\t15\n")
 		if err := os.WriteFile(filepath.Join(root, pid, "comm"), []byte(comm+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -102,17 +91,7 @@ func TestPipeReaderChecked(t *testing.T) {
 	root := t.TempDir()
 	fd := func(pid, fd, target, flags string) {
 		t.Helper()
-		for _, d := range []string{"fd", "fdinfo"} {
-			if err := os.MkdirAll(filepath.Join(root, pid, d), 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := os.Symlink(target, filepath.Join(root, pid, "fd", fd)); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(root, pid, "fdinfo", fd), []byte("flags:\t"+flags+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		fakeFD(t, root, pid, fd, target, "flags:\t"+flags+"\n")
 	}
 	age := func(p *pipeReaders) {
 		p.mu.Lock()
@@ -142,5 +121,22 @@ func TestPipeReaderChecked(t *testing.T) {
 	age(p)
 	if _, pid := p.describe(100, "pipe:[77]"); pid != 150 {
 		t.Errorf("reader %d after 200 closed its end, want 150", pid)
+	}
+}
+
+// fakeFD makes fd of pid, under a fake /proc at root, a link to target
+// with info as its fdinfo.
+func fakeFD(t *testing.T, root, pid, fd, target, info string) {
+	t.Helper()
+	for _, d := range []string{"fd", "fdinfo"} {
+		if err := os.MkdirAll(filepath.Join(root, pid, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(target, filepath.Join(root, pid, "fd", fd)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, pid, "fdinfo", fd), []byte(info), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -201,10 +201,7 @@ func testSimtrain(t *testing.T, set ProbeSet) {
 // theirs. The main process feeds the GPU: its reads stay one record each.
 func checkWorkerReadRuns(t *testing.T, r simRun) {
 	t.Helper()
-	workers := map[uint32]bool{}
-	for _, w := range r.meta.Workers {
-		workers[uint32(w)] = true
-	}
+	workers := r.workerPIDs()
 	var records, calls, runs uint64
 	for _, ev := range r.events {
 		if ev.Kind != event.KindSyscall || ev.Syscall != event.SysRead {
@@ -237,10 +234,7 @@ func checkWorkerReadRuns(t *testing.T, r simRun) {
 // poll, sleep) and run-queue waits not at all (TGID_GPU).
 func checkStacksFeedersOnly(t *testing.T, r simRun) {
 	t.Helper()
-	workers := map[uint32]bool{}
-	for _, w := range r.meta.Workers {
-		workers[uint32(w)] = true
-	}
+	workers := r.workerPIDs()
 	var mainN, mainStacks, workerN int
 	for _, ev := range r.events {
 		if workers[ev.PID] && (ev.Kind == event.KindRunqueue ||
@@ -499,4 +493,13 @@ func checkStall(t *testing.T, r simRun, st truthRec) {
 	default:
 		fail("cause not checked by this test")
 	}
+}
+
+// workerPIDs is the set of the run's loader worker processes.
+func (r simRun) workerPIDs() map[uint32]bool {
+	workers := map[uint32]bool{}
+	for _, w := range r.meta.Workers {
+		workers[uint32(w)] = true
+	}
+	return workers
 }

@@ -118,6 +118,18 @@ func (g *gpmSampler) read(smp nvml.GpmSample) (lo, hi int64, ok bool) {
 // is false when the call itself failed.
 func (g *gpmSampler) metrics(a, b nvml.GpmSample, ids []nvml.GpmMetricId) (vals []float64, ok bool) {
 	gpmMu.Lock()
+	if d := g.s.gpmDirect; d != nil {
+		vals = make([]float64, len(ids))
+		ret, done := d.metrics(a, b, ids, vals)
+		if done {
+			gpmMu.Unlock()
+			if ret != nvml.SUCCESS {
+				g.s.countErr(g.d, "nvmlGpmMetricsGet", ret)
+				return nil, false
+			}
+			return vals, true
+		}
+	}
 	m := &g.req
 	*m = nvml.GpmMetricsGetType{NumMetrics: uint32(len(ids)), Sample1: a, Sample2: b}
 	for i, id := range ids {

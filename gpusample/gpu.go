@@ -199,6 +199,9 @@ type Source struct {
 	driver   string
 	devs     []*device
 	procRoot string // "/proc"; tests point it elsewhere
+	// gpmDirect: nvmlGpmMetricsGet called without go-nvml's copies (the
+	// library Open loaded); nil: through lib.
+	gpmDirect *directGPM
 
 	changes chan Finding
 	ran     atomic.Bool
@@ -238,7 +241,11 @@ func Open(cfg Config) (*Source, error) {
 	if err := pin.Open(); err != nil {
 		return nil, fmt.Errorf("load %s: %w: %w", cfg.LibPath, err, ErrNoNVML)
 	}
-	return open(nvml.New(nvml.WithLibraryPath(cfg.LibPath)), cfg)
+	s, err := open(nvml.New(nvml.WithLibraryPath(cfg.LibPath)), cfg)
+	if err == nil {
+		s.gpmDirect = newDirectGPM()
+	}
+	return s, err
 }
 
 func open(lib nvml.Interface, cfg Config) (*Source, error) {

@@ -261,29 +261,54 @@ func scoreSites(items []Item) []*siteCand {
 		tid uint32
 		key string
 	}
-	idx := map[siteOn]*siteCand{}
+	// A stream holds a few sites: they are found by a scan that compares
+	// lengths first (hashing each call's key of up to SiteDepth frames
+	// was a sixth of a check), and by a map past siteScan of them.
+	const siteScan = 16
+	var idx map[siteOn]*siteCand
 	for i := range items {
 		it := &items[i]
 		if it.Site.Key == "" {
 			continue
 		}
-		k := siteOn{it.TID, it.Site.Key}
-		c := idx[k]
+		var c *siteCand
+		if idx != nil {
+			c = idx[siteOn{it.TID, it.Site.Key}]
+		} else {
+			for _, o := range cands {
+				if o.tid == it.TID && len(o.site.Key) == len(it.Site.Key) && o.site.Key == it.Site.Key {
+					c = o
+					break
+				}
+			}
+		}
 		if c == nil {
 			c = &siteCand{site: it.Site, tid: it.TID}
-			idx[k] = c
 			cands = append(cands, c)
+			if idx != nil {
+				idx[siteOn{c.tid, c.site.Key}] = c
+			} else if len(cands) > siteScan {
+				idx = make(map[siteOn]*siteCand, 2*len(cands))
+				for _, o := range cands {
+					idx[siteOn{o.tid, o.site.Key}] = o
+				}
+			}
 		}
 		c.at = append(c.at, i)
 	}
+	var seen tally
 	for _, c := range cands {
+		if n := len(c.at) - 1; n > 0 {
+			c.launches, c.sized = make([]uint64, 0, n), make([]sized, 0, n)
+		}
 		for j := 1; j < len(c.at); j++ {
 			c.all++
 			span := items[c.at[j-1]+1 : c.at[j]+1]
-			if oneIteration(span, c.tid, SiteRepeat) {
+			l := threadLaunches(span, c.tid)
+			if oneIteration(span, c.tid, SiteRepeat, &seen) {
 				c.good++
-				if n := threadLaunches(span, c.tid); n > 0 {
-					c.work = append(c.work, n)
+				if l > 0 {
+					c.work = append(c.work, l)
 				}
 				if tokened(span) {
 					c.tokened++
@@ -291,8 +316,8 @@ func scoreSites(items []Item) []*siteCand {
 			} else if bareSpan(span, c.tid) {
 				c.bare++
 			}
-			c.launches = append(c.launches, threadLaunches(span, c.tid))
-			c.sized = append(c.sized, sized{repeats(span), threadLaunches(span, c.tid)})
+			c.launches = append(c.launches, l)
+			c.sized = append(c.sized, sized{repeats(span, &seen), l})
 		}
 		c.micro = microBatches(c.launches)
 		if c.tokened > 0 && c.tokened < c.good {
@@ -427,6 +452,7 @@ func recurs(c *siteCand) bool {
 func encloses(items []Item, c, b *siteCand) {
 	good, k := 0, 0
 	var work []uint64
+	var seen tally
 	for j := 1; j < len(c.at); j++ {
 		n := 0
 		for k < len(b.at) && b.at[k] < c.at[j] {
@@ -436,7 +462,7 @@ func encloses(items []Item, c, b *siteCand) {
 			k++
 		}
 		span := items[c.at[j-1]+1 : c.at[j]+1]
-		if n == b.micro && oneIteration(span, c.tid, b.micro*SiteRepeat) {
+		if n == b.micro && oneIteration(span, c.tid, b.micro*SiteRepeat, &seen) {
 			good++
 			if l := threadLaunches(span, c.tid); l > 0 {
 				work = append(work, l)
@@ -526,6 +552,18 @@ func microBatches(l []uint64) int {
 	// One buffer for every (g, phase): a new one each time was a quarter
 	// of all the sidecar allocated on a job of 8 ranks.
 	rest := make([]uint64, 0, len(l))
+	if len(l) < 6 {
+		return 0
+	}
+	// Most loops launch about as much in every interval: then no phase
+	// can hold an interval heavier than its rest's median, which is at
+	// least the sorted l's floor(len/2)/2-th (a rest keeps half of l at
+	// least, and dropping values only raises an order statistic).
+	rest = append(rest, l...)
+	slices.Sort(rest)
+	if low := rest[len(l)/2/2]; low > 0 && rest[len(rest)-1] <= low+low/10 {
+		return 0
+	}
 	for g := 2; g <= 8; g++ {
 		if len(l) < 3*g {
 			break

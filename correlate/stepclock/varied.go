@@ -37,18 +37,63 @@ type sized struct {
 
 // repeats is how many times span's most repeated token comes (copies
 // to the host and marked launches left out, as oneIteration does).
-func repeats(span []Item) int {
-	seen := map[Key]int{}
+func repeats(span []Item, seen *tally) int {
+	seen.reset()
 	most := 0
 	for i := range span {
 		it := &span[i]
 		if it.Site.Key != "" || it.Key.Dir == event.CUMemcpyDtoH || it.Key.Fn != 0 {
 			continue
 		}
-		seen[it.Key]++
-		most = max(most, seen[it.Key])
+		most = max(most, seen.add(it.Key))
 	}
 	return most
+}
+
+// tally counts tokens by key. An interval between two calls holds a
+// handful of distinct tokens, and a new map for each interval of each
+// site was most of what a site check allocated; past tallyLinear keys it
+// counts in a map, reused too.
+type tally struct {
+	keys []Key
+	n    []int
+	m    map[Key]int
+}
+
+const tallyLinear = 16
+
+func (t *tally) reset() {
+	t.keys, t.n = t.keys[:0], t.n[:0]
+	if len(t.m) > 0 {
+		clear(t.m)
+	}
+}
+
+// add counts k once more and returns its count.
+func (t *tally) add(k Key) int {
+	if len(t.m) > 0 {
+		t.m[k]++
+		return t.m[k]
+	}
+	for i := range t.keys {
+		if t.keys[i] == k {
+			t.n[i]++
+			return t.n[i]
+		}
+	}
+	if len(t.keys) < tallyLinear {
+		t.keys, t.n = append(t.keys, k), append(t.n, 1)
+		return 1
+	}
+	if t.m == nil {
+		t.m = make(map[Key]int, 2*tallyLinear)
+	}
+	for i, kk := range t.keys {
+		t.m[kk] = t.n[i]
+	}
+	t.keys, t.n = t.keys[:0], t.n[:0]
+	t.m[k]++
+	return t.m[k]
 }
 
 // variedGood is how many of xs hold one iteration of a loop whose
@@ -129,9 +174,9 @@ func Varied(items []Item, key string, tid uint32) bool {
 // oneIteration says whether span, the stream between two calls of a site
 // on tid, holds work (the thread launched, or a token came) and no token
 // more than repeat times.
-func oneIteration(span []Item, tid uint32, repeat int) bool {
+func oneIteration(span []Item, tid uint32, repeat int, seen *tally) bool {
 	work := false
-	seen := map[Key]int{}
+	seen.reset()
 	for i := range span {
 		it := &span[i]
 		if it.Site.Key != "" {
@@ -147,7 +192,7 @@ func oneIteration(span []Item, tid uint32, repeat int) bool {
 			// number of times.
 			continue
 		}
-		if seen[it.Key]++; seen[it.Key] > repeat {
+		if seen.add(it.Key) > repeat {
 			return false
 		}
 	}

@@ -34,6 +34,8 @@ type device struct {
 	// bg is the recent micro-idle density (idle per ns of non-gap time),
 	// -1 until a step measured it.
 	bg float64
+	// knownBuf: micro's scratch for the known spans (valid during a call).
+	knownBuf [2][]interval.Span
 }
 
 func insertWindow(l []event.GPUWindow, w event.GPUWindow) []event.GPUWindow {
@@ -122,9 +124,13 @@ func (d *device) micro(s, e int64, extra []interval.Span, weight func(a, b int64
 	hid := d.hidden(extra, lo, hi)
 	// known: time whose state the host already knows (gaps idle; sync
 	// waits, and for NVML comm stalls, busy).
-	known := interval.Merge(hid, interval.Clip(d.busy, lo, hi))
+	// Into the device's scratch: a new list each step was most of the
+	// engine's allocation by size on a loader job.
+	known := interval.MergeAppend(d.knownBuf[0], hid, interval.Clip(d.busy, lo, hi))
+	d.knownBuf[0] = known
 	if d.nvml {
-		known = interval.Merge(known, interval.Clip(d.stalls, lo, hi))
+		known = interval.MergeAppend(d.knownBuf[1], known, interval.Clip(d.stalls, lo, hi))
+		d.knownBuf[1] = known
 	}
 	var m float64
 	for _, w := range wins {

@@ -52,9 +52,10 @@ func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []corre
 		if rank <= 0 && x.claimRoot(s.Number) {
 			// Rank 0, or a lone process of unknown rank, owns the root;
 			// once per step even when the process drives several GPUs.
+			// One attribute option: the SDK copies each option's list
+			// into a growing slice (stepAttrs has room; Start copies it).
 			_, root = x.tracer.Start(withFixedIDs(base, tid, rootID), SpanStep, trace.WithNewRoot(),
-				trace.WithTimestamp(unix(s.Start)), trace.WithAttributes(stepAttrs...),
-				trace.WithAttributes(jobAttr))
+				trace.WithTimestamp(unix(s.Start)), trace.WithAttributes(append(stepAttrs, jobAttr)...))
 			parent = root
 		}
 		if rank >= 0 {
@@ -64,8 +65,7 @@ func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []corre
 			pctx := withFixedIDs(trace.ContextWithRemoteSpanContext(base, remote), tid,
 				rankSpanID(job, s.Number, rank, s.Device))
 			_, parent = x.tracer.Start(pctx, "rank "+strconv.Itoa(rank), trace.WithTimestamp(unix(s.Start)),
-				trace.WithAttributes(stepAttrs...),
-				trace.WithAttributes(jobAttr, attribute.Int("gaptrace.rank", rank)))
+				trace.WithAttributes(append(stepAttrs, jobAttr, attribute.Int("gaptrace.rank", rank))...))
 		}
 	}
 	if parent == nil {
@@ -167,8 +167,9 @@ func workloadAttributes(w *correlate.Workload) []attribute.KeyValue {
 
 // stepAttrsRoom: the room stepAttributes allocates beyond the step's
 // causes: 11 fixed attributes, 7 of a workload, 3 of the window and clock,
-// 16 of the hardware, and as many what-if savings as causes.
-var stepAttrsRoom = 37 + len(correlate.Causes)
+// 16 of the hardware, the job and rank emitStep adds, and as many what-if
+// savings as causes.
+var stepAttrsRoom = 39 + len(correlate.Causes)
 
 // idleKeys and whatIfKeys are the per-cause attribute keys, built once
 // (a key built per step and cause was a string allocation each).

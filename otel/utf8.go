@@ -116,8 +116,16 @@ type utf8Exporter struct{ next sdktrace.SpanExporter }
 
 func (x utf8Exporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
 	out := spans
+	// A batch's spans share one resource (immutable): its attributes,
+	// copied out on each call, are checked once per resource, not once
+	// per span (a tenth of what the sidecar allocated on a loader job).
+	var lastRes *resource.Resource
+	resOK := true
 	for i, s := range spans {
-		if validSpan(s) && validKVs(s.Resource().Attributes()) {
+		if r := s.Resource(); r != lastRes || i == 0 {
+			lastRes, resOK = r, validKVs(r.Attributes())
+		}
+		if resOK && validSpan(s) {
 			continue
 		}
 		if &out[0] == &spans[0] {

@@ -71,8 +71,12 @@ func Clip(l []Span, a, b int64) []Span {
 }
 
 // Merge unions two sorted disjoint lists into a new one.
-func Merge(x, y []Span) []Span {
-	out := make([]Span, 0, len(x)+len(y))
+func Merge(x, y []Span) []Span { return MergeAppend(make([]Span, 0, len(x)+len(y)), x, y) }
+
+// MergeAppend is Merge appending to dst[:0] (a caller's scratch, which
+// must not share memory with x or y).
+func MergeAppend(dst, x, y []Span) []Span {
+	out := dst[:0]
 	i, j := 0, 0
 	for i < len(x) || j < len(y) {
 		var s Span

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/correlate/record"
+	"github.com/gaptrace/gaptrace/correlate/stepclock"
 )
 
 // The recordings tier replays whole runs of real jobs (testdata/recordings:
@@ -268,6 +269,8 @@ var viewsOff = map[string]string{
 	// must not clock (stepclock.variedGood needs the launches).
 	"sim-varmicro-full": "lite: a varying number of micro-batches a step needs the launches",
 	"sim-varmicro-auto": "lite: a varying number of micro-batches a step needs the launches",
+	// Attached mid-run (auto): the first window's checks saw the launches.
+	"sim-varmicro-attach": "lite: a varying number of micro-batches a step needs the launches",
 	// Lite sees no launch: eager warm-up steps, then a graph's replays at
 	// another site, look like a training whose evaluation began and has
 	// not ended; the eager site keeps the steps until its calls leave
@@ -394,4 +397,32 @@ func recordedSteps(t *testing.T, errorf func(string, ...any), rec string, h reco
 			}
 		}
 	}
+}
+
+// TestClockSettlingUntilTheSiteIsTaken: attached mid-run to a loop of a
+// varying number of micro-batches a step, the work pattern's first steps
+// say the step site is still looked for (auto's first window waits for
+// that), and the steps after the optimizer step's site was taken do not.
+func TestClockSettlingUntilTheSiteIsTaken(t *testing.T) {
+	var sink stepSink
+	replayFile(t, filepath.Join("testdata", "recordings", "sim-varmicro-attach.rec.gz"), &sink)
+	settling, site := 0, 0
+	for _, st := range sink.steps {
+		switch {
+		case st.ClockSource == stepclock.SourceCallSite:
+			site++
+			if st.ClockSettling {
+				t.Fatalf("step %d clocked by the site %s still says its site is looked for", st.Number, st.ClockSite)
+			}
+		case st.ClockSettling:
+			if site > 0 {
+				t.Fatalf("step %d: settling again after %d site steps", st.Number, site)
+			}
+			settling++
+		}
+	}
+	if settling == 0 || site < 500 {
+		t.Errorf("%d settling steps, %d site steps: want the first steps settling, then the site's", settling, site)
+	}
+	t.Logf("%d steps laid while the site was looked for, then %d by the site", settling, site)
 }

@@ -473,6 +473,7 @@ func (s *stepper) boundary(t int64, window bool) {
 		}
 		o.End, o.closed = t, true
 		o.ClockSource, o.ClockSite = s.clockSource()
+		o.ClockSettling = s.clockSettling()
 		if !o.Window {
 			d := t - o.Start
 			if s.typical == 0 {
@@ -520,6 +521,7 @@ func (s *stepper) closeOpen(t int64) {
 		}
 		o.End, o.closed = t, true
 		o.ClockSource, o.ClockSite = s.clockSource()
+		o.ClockSettling = s.clockSettling()
 		if s.anchor != nil {
 			s.renumber(n - 1)
 		}

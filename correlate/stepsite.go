@@ -33,6 +33,9 @@ const (
 	// siteHold: PickSite checks the sync period waits for while the
 	// stream holds sited calls and no step has been laid yet.
 	siteHold = 2
+	// siteSettle: site checks after which a work-pattern clock is taken
+	// as the process's (clockSettling).
+	siteSettle = 6
 )
 
 // siteClock is a stepper's call-site state.
@@ -209,6 +212,24 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 func (s *stepper) siteYoung() bool {
 	c := &s.sites
 	if c.checks >= siteHold || c.trimmed || s.fw.On() || s.mode == modeSite && c.source != stepclock.SourceCallSite {
+		return false
+	}
+	for i := range c.items {
+		if c.items[i].Site.Key != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// clockSettling says whether the work pattern clocks the steps while
+// sited calls arrive and the site checks have not had their say (no site
+// taken, fewer than siteSettle checks). A check with the launches in view
+// tells an iteration from a micro-batch or an evaluation's batch where one
+// blind to them (lite) may not, so auto's first window waits for it.
+func (s *stepper) clockSettling() bool {
+	c := &s.sites
+	if s.mode == modeSite || s.fw.On() || c.checks >= siteSettle {
 		return false
 	}
 	for i := range c.items {

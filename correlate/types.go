@@ -129,6 +129,10 @@ type Step struct {
 	// counted); on the train.step span and in the summary's step_clock.
 	ClockSource string `json:"-"`
 	ClockSite   string `json:"-"`
+	// ClockSettling: the work pattern ended the step while the process's
+	// sited calls had not had their site checks yet (auto's first window
+	// lasts until they have, so they see the launches).
+	ClockSettling bool `json:"-"`
 }
 
 // Summary is the --summary-json contract, written at exit.

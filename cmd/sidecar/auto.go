@@ -14,7 +14,8 @@ import (
 // kernel launch; lite's probes see the stalls but not micro-idle between
 // launches nor exact gap ends. Auto keeps lite's probes and attaches the
 // per-launch ones for sampled windows: at start until the step pattern is
-// found and a few steps were measured, then every --auto-every for
+// found, a few steps were measured and the step site checks had their say
+// (Step.ClockSettling), then every --auto-every for
 // --auto-window (and at least autoMinSteps steps), and sooner when the
 // steps change while lite (their duration or idle share moves, or their
 // pattern is lost).
@@ -52,6 +53,9 @@ type autoSchedule struct {
 	procs  map[uint32]*autoBaseline
 
 	windows int
+	// settling: the processes whose latest step of the warm-up was laid
+	// while their step site was still looked for (Step.ClockSettling).
+	settling map[uint32]bool
 }
 
 // autoBaseline is one process's lite steps since the last window. The
@@ -68,8 +72,8 @@ type autoBaseline struct {
 	recent     []autoRecent
 	// durBuf, idleBuf: scratch for the recent steps' medians.
 	durBuf, idleBuf []float64
-	changed    int   // consecutive steps that showed the change
-	since      int64 // end of the first of them
+	changed         int   // consecutive steps that showed the change
+	since           int64 // end of the first of them
 }
 
 type autoRecent struct {
@@ -79,7 +83,7 @@ type autoRecent struct {
 
 func newAutoSchedule(window, every time.Duration, now time.Time, log *slog.Logger) *autoSchedule {
 	return &autoSchedule{window: window, every: every, log: log, full: true, since: now, reason: "start",
-		procs: map[uint32]*autoBaseline{}}
+		procs: map[uint32]*autoBaseline{}, settling: map[uint32]bool{}}
 }
 
 // step takes one finished step from the engine.
@@ -90,6 +94,13 @@ func (a *autoSchedule) step(st correlate.Step) {
 	if a.full {
 		if !st.Window && st.Start >= a.since.UnixNano() {
 			a.steps++
+		}
+		if !a.warm {
+			if st.ClockSettling {
+				a.settling[st.PID] = true
+			} else {
+				delete(a.settling, st.PID)
+			}
 		}
 		return
 	}
@@ -185,7 +196,10 @@ func (a *autoSchedule) tick(now time.Time) (change, full bool, reason string) {
 			// Until the job does GPU work the per-launch probes cost
 			// nothing: the warm-up's time limit runs from its first step
 			// (a model that loads for minutes keeps its first window).
-			done = (a.steps >= autoWarmupSteps && elapsed >= a.window) ||
+			// Nor while a process's step site is still being looked
+			// for: the checks that see the launches tell its iterations
+			// from micro-batches and an evaluation's batches.
+			done = (a.steps >= autoWarmupSteps && elapsed >= a.window && len(a.settling) == 0) ||
 				(!a.active.IsZero() && now.Sub(a.active) >= autoWarmupMax*a.window)
 		} else {
 			done = (a.steps >= autoMinSteps && elapsed >= a.window) || elapsed >= autoMaxWindows*a.window

@@ -19,6 +19,8 @@ type schedRun struct {
 	events []string
 	times  []time.Time // of events
 	q      []pendingStep
+	// settling: the steps laid now are ClockSettling.
+	settling bool
 }
 
 type pendingStep struct {
@@ -38,7 +40,8 @@ func (r *schedRun) run(d, step time.Duration, idle float64, window bool) {
 	for r.now.Before(end) {
 		r.now = r.now.Add(100 * time.Millisecond)
 		for step > 0 && !r.next.Add(step).After(r.now) {
-			st := correlate.Step{PID: 7, Start: r.next.UnixNano(), End: r.next.Add(step).UnixNano(), IdleRatio: idle, Window: window}
+			st := correlate.Step{PID: 7, Start: r.next.UnixNano(), End: r.next.Add(step).UnixNano(), IdleRatio: idle, Window: window,
+				ClockSettling: r.settling}
 			r.q = append(r.q, pendingStep{st, r.next.Add(step + time.Second)})
 			r.next = r.next.Add(step)
 		}
@@ -98,6 +101,35 @@ func TestAutoScheduleWarmupAndPeriodic(t *testing.T) {
 	}
 	if r.a.windows != 2 {
 		t.Errorf("%d windows after the warm-up, want 2", r.a.windows)
+	}
+}
+
+// TestAutoScheduleWaitsForTheStepSite: while the work pattern lays the
+// steps and the process's step site is still looked for, the warm-up keeps
+// the per-launch probes on past its five steps, until a step comes that
+// was laid once the site checks had their say; a site never settled
+// leaves it after autoWarmupMax windows, as a job without steps does.
+func TestAutoScheduleWaitsForTheStepSite(t *testing.T) {
+	r := newSchedRun(t, 500*time.Millisecond, time.Minute)
+	r.settling = true
+	r.run(3*time.Second, 200*time.Millisecond, 0.1, false)
+	r.want() // five steps by 1 s, delivered by 2 s: still settling
+	r.settling = false
+	r.run(2*time.Second, 200*time.Millisecond, 0.1, false)
+	r.want("lite:start")
+	// Steps laid from 3 s on are delivered from 4.2 s.
+	if at := r.at(0); at < 4*time.Second || at > 4300*time.Millisecond {
+		t.Errorf("warm-up ended at %v, want 4.2s (the first settled step's delivery)", at)
+	}
+
+	r = newSchedRun(t, 500*time.Millisecond, time.Minute)
+	r.settling = true
+	r.run(15*time.Second, 200*time.Millisecond, 0.1, false)
+	r.want("lite:start")
+	// The first step reaches the schedule at 1.2 s; 20 windows of 500 ms
+	// after its end (0.2 s).
+	if at := r.at(0); at < 10*time.Second || at > 10300*time.Millisecond {
+		t.Errorf("warm-up ended at %v, want 10.2s (autoWarmupMax windows after the first step)", at)
 	}
 }
 

@@ -24,7 +24,7 @@ func TestDirectGPMMatchesGoNVML(t *testing.T) {
 		if smp[i], ret = s.lib.GpmSampleAlloc(); ret != nvml.SUCCESS {
 			t.Fatalf("GpmSampleAlloc: %v", ret)
 		}
-		defer smp[i].Free()
+		defer func() { _ = smp[i].Free() }()
 	}
 	if ret := smp[0].Get(h); ret != nvml.SUCCESS {
 		t.Fatalf("GpmSampleGet: %v", ret)
@@ -72,8 +72,9 @@ func BenchmarkGPMMetrics(b *testing.B) {
 	g := &gpmSampler{s: s, d: s.devs[0]}
 	a, _ := s.lib.GpmSampleAlloc()
 	c, _ := s.lib.GpmSampleAlloc()
-	a.Get(s.devs[0].h)
-	c.Get(s.devs[0].h)
+	if a.Get(s.devs[0].h) != nvml.SUCCESS || c.Get(s.devs[0].h) != nvml.SUCCESS {
+		b.Fatal("GpmSampleGet failed")
+	}
 	for _, direct := range []bool{false, true} {
 		name := "go-nvml"
 		if direct {

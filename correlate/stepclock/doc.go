@@ -25,6 +25,8 @@
 //	segments.go  what the segments between occurrences hold, compared
 //	period.go    Sync, SameSync, DetectPeriod: the sync period and its phase
 //	site.go      Site, PickSite: steps from the code's call sites; Score: a stream scored once for a check's questions
+//	micro.go     MicroSites, microBatches, encloses: gradient accumulation
+//	             told by the launches between a site's calls
 //	weight.go    Weights, Heavier: the launches of a site's iterations,
 //	             which tell a training loop from an evaluation's
 //	varied.go    iterations of a varying number of micro-batches: the

@@ -117,43 +117,50 @@ func (g *gpmSampler) read(smp nvml.GpmSample) (lo, hi int64, ok bool) {
 // metrics computes ids between two samples; an unknown metric is -1. ok
 // is false when the call itself failed.
 func (g *gpmSampler) metrics(a, b nvml.GpmSample, ids []nvml.GpmMetricId) (vals []float64, ok bool) {
+	vals = make([]float64, len(ids))
 	gpmMu.Lock()
+	var ret nvml.Return
+	done := false
 	if d := g.s.gpmDirect; d != nil {
-		vals = make([]float64, len(ids))
-		ret, done := d.metrics(a, b, ids, vals)
-		if done {
-			gpmMu.Unlock()
-			if ret != nvml.SUCCESS {
-				g.s.countErr(g.d, "nvmlGpmMetricsGet", ret)
-				return nil, false
-			}
-			return vals, true
-		}
+		ret, done = d.metrics(a, b, ids, vals)
 	}
+	if !done {
+		ret = g.metricsVia(a, b, ids, vals)
+	}
+	gpmMu.Unlock()
+	if ret != nvml.SUCCESS {
+		g.s.countErr(g.d, "nvmlGpmMetricsGet", ret)
+		return nil, false
+	}
+	return vals, true
+}
+
+// metricsVia is metrics through nvml.Interface (a test's fake NVML, or a
+// library whose symbol the direct call did not find), under gpmMu.
+func (g *gpmSampler) metricsVia(a, b nvml.GpmSample, ids []nvml.GpmMetricId, vals []float64) nvml.Return {
 	m := &g.req
 	*m = nvml.GpmMetricsGetType{NumMetrics: uint32(len(ids)), Sample1: a, Sample2: b}
 	for i, id := range ids {
 		m.Metrics[i].MetricId = uint32(id)
 	}
 	ret := g.s.lib.GpmMetricsGet(m)
-	if ret != nvml.SUCCESS {
-		gpmMu.Unlock()
-		g.s.countErr(g.d, "nvmlGpmMetricsGet", ret)
-		return nil, false
-	}
-	defer gpmMu.Unlock()
-	vals = make([]float64, len(ids))
-	for i := range ids {
-		v := m.Metrics[i].Value
-		// Measured on the H200: between two reads of one refresh, DRAM
-		// bandwidth comes back NaN with SUCCESS (a zero-time division).
-		if m.Metrics[i].NvmlReturn != uint32(nvml.SUCCESS) || math.IsNaN(v) || math.IsInf(v, 0) {
-			vals[i] = -1
-		} else {
-			vals[i] = m.Metrics[i].Value
+	if ret == nvml.SUCCESS {
+		for i := range ids {
+			vals[i] = gpmValue(nvml.Return(m.Metrics[i].NvmlReturn), m.Metrics[i].Value)
 		}
 	}
-	return vals, true
+	return ret
+}
+
+// gpmValue is one metric's value as metrics reports it: -1 where NVML
+// could not compute it. Measured on the H200: between two reads of one
+// refresh, DRAM bandwidth comes back NaN with SUCCESS (a zero-time
+// division).
+func gpmValue(ret nvml.Return, v float64) float64 {
+	if ret != nvml.SUCCESS || math.IsNaN(v) || math.IsInf(v, 0) {
+		return -1
+	}
+	return v
 }
 
 // changed reports whether a pair of samples spans a counter refresh: with

@@ -36,7 +36,6 @@ static int gt_gpm_call(void *fn, gt_gpm_metrics_get *m) { return ((gt_gpm_metric
 import "C"
 
 import (
-	"math"
 	"reflect"
 	"unsafe"
 
@@ -82,8 +81,7 @@ func sampleHandle(s nvml.GpmSample) (unsafe.Pointer, bool) {
 
 const nvmlPkg = "github.com/NVIDIA/go-nvml/pkg/nvml"
 
-// metrics fills vals (len(ids)) with ids between a and b, an unknown or
-// non-finite metric as -1. done is false when a sample is not go-nvml's
+// metrics fills vals (len(ids)) with ids between a and b (gpmValue). done is false when a sample is not go-nvml's
 // (the caller then asks nvml.Interface); ret is NVML's return otherwise.
 func (d *directGPM) metrics(a, b nvml.GpmSample, ids []nvml.GpmMetricId, vals []float64) (ret nvml.Return, done bool) {
 	pa, okA := sampleHandle(a)
@@ -103,12 +101,7 @@ func (d *directGPM) metrics(a, b nvml.GpmSample, ids []nvml.GpmMetricId, vals []
 		return ret, true
 	}
 	for i := range ids {
-		e := &m.metrics[i]
-		v := float64(e.value)
-		if nvml.Return(e.nvmlReturn) != nvml.SUCCESS || math.IsNaN(v) || math.IsInf(v, 0) {
-			v = -1
-		}
-		vals[i] = v
+		vals[i] = gpmValue(nvml.Return(m.metrics[i].nvmlReturn), float64(m.metrics[i].value))
 	}
 	return ret, true
 }

@@ -214,6 +214,11 @@ func (s *stepper) siteYoung() bool {
 	if c.checks >= siteHold || c.trimmed || s.fw.On() || s.mode == modeSite && c.source != stepclock.SourceCallSite {
 		return false
 	}
+	return c.sited()
+}
+
+// sited says whether the stream holds a sited call.
+func (c *siteClock) sited() bool {
 	for i := range c.items {
 		if c.items[i].Site.Key != "" {
 			return true
@@ -232,12 +237,7 @@ func (s *stepper) clockSettling() bool {
 	if s.mode == modeSite || s.fw.On() || c.checks >= siteSettle {
 		return false
 	}
-	for i := range c.items {
-		if c.items[i].Site.Key != "" {
-			return true
-		}
-	}
-	return false
+	return c.sited()
 }
 
 // pickOverGroups takes the site PickSite finds where it is called once

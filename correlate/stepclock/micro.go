@@ -38,17 +38,10 @@ func SiteID(tid uint32, key string) string {
 // one iteration, not a site read every g-th iteration (that one encloses
 // no site that microBatches tells by the optimizer's launches).
 func encloses(items []Item, c, b *siteCand) {
-	good, k := 0, 0
+	good := 0
 	var work []uint64
 	var seen tally
-	for j := 1; j < len(c.at); j++ {
-		n := 0
-		for k < len(b.at) && b.at[k] < c.at[j] {
-			if b.at[k] > c.at[j-1] {
-				n++
-			}
-			k++
-		}
+	callsBetween(c.at, b.at, func(j, n int) {
 		span := items[c.at[j-1]+1 : c.at[j]+1]
 		if n == b.micro && oneIteration(span, c.tid, b.micro*SiteRepeat, &seen) {
 			good++
@@ -56,7 +49,7 @@ func encloses(items []Item, c, b *siteCand) {
 				work = append(work, l)
 			}
 		}
-	}
+	})
 	if good > c.good {
 		// An optimizer step's iteration launches all its micro-batches.
 		c.good, c.groups, c.work = good, good, work
@@ -70,12 +63,12 @@ func encloses(items []Item, c, b *siteCand) {
 // is one optimizer step, which the site called once a group (encloses)
 // or the work pattern groups (lite, blind to launches, cannot tell).
 func microBatches(l []uint64) int {
-	// One buffer for every (g, phase): a new one each time was a quarter
-	// of all the sidecar allocated on a job of 8 ranks.
-	rest := make([]uint64, 0, len(l))
 	if len(l) < 6 {
 		return 0
 	}
+	// One buffer for every (g, phase): a new one each time was a quarter
+	// of all the sidecar allocated on a job of 8 ranks.
+	rest := make([]uint64, 0, len(l))
 	// Most loops launch about as much in every interval: then no phase
 	// can hold an interval heavier than its rest's median, which is at
 	// least the sorted l's floor(len/2)/2-th (a rest keeps half of l at

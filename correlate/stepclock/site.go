@@ -492,20 +492,29 @@ func threadLaunches(span []Item, tid uint32) uint64 {
 // lockstep says whether c is called once between most consecutive calls
 // of b: two syncs of one iteration (a loss read and an accuracy read).
 func lockstep(b, c *siteCand) bool {
-	k, once := 0, 0
-	for j := 1; j < len(b.at); j++ {
+	once := 0
+	callsBetween(b.at, c.at, func(_, n int) {
+		if n == 1 {
+			once++
+		}
+	})
+	return float64(once) >= SiteGood*float64(len(b.at)-1)
+}
+
+// callsBetween calls f(j, n) for each j from 1 with n the calls of inner
+// (stream indexes, ascending) strictly between outer's calls j-1 and j.
+func callsBetween(outer, inner []int, f func(j, n int)) {
+	k := 0
+	for j := 1; j < len(outer); j++ {
 		n := 0
-		for k < len(c.at) && c.at[k] < b.at[j] {
-			if c.at[k] > b.at[j-1] {
+		for k < len(inner) && inner[k] < outer[j] {
+			if inner[k] > outer[j-1] {
 				n++
 			}
 			k++
 		}
-		if n == 1 {
-			once++
-		}
+		f(j, n)
 	}
-	return float64(once) >= SiteGood*float64(len(b.at)-1)
 }
 
 func better(c, b *siteCand, pid uint32) bool {

@@ -7,7 +7,8 @@
  * A fault on a mapping of a regular file reads that file through its
  * page cache: the kernel's filemap code says so (mm_filemap_map_pages,
  * mm_filemap_fault: every file fault goes through one or both, a fault on
- * anonymous memory through neither, so those cost nothing more here). On
+ * anonymous memory through neither, so those cost nothing more here);
+ * files that live in memory (tmpfs, ramfs, hugetlbfs) are left out. On
  * kernels without those tracepoints (before 6.10) page_fault_user asks
  * bpf_find_vma what is mapped at the address instead (fault_find_vma).
  * A thread's consecutive such faults on one file make a burst, from the
@@ -30,6 +31,25 @@
 
 #define S_IFMT 00170000
 #define S_IFREG 0100000
+
+/* File systems whose files are memory (include/uapi/linux/magic.h): POSIX
+ * shared memory and memfds (tmpfs), ramfs, hugetlbfs. */
+#define TMPFS_MAGIC 0x01021994
+#define RAMFS_MAGIC 0x858458f6
+#define HUGETLBFS_MAGIC 0x958458f6
+
+/* stored_file: inode is a regular file whose pages come from storage. A
+ * fault on a file in memory (a DataLoader worker's batch in /dev/shm, a
+ * memfd) reads nothing: the kernel maps or zeroes a page, CPU time that
+ * the sampler sees, not a read to report (and one such file a batch made
+ * every fault a new file for user space to look up). */
+static __always_inline bool stored_file(struct inode *inode)
+{
+	if (!inode || (BPF_CORE_READ(inode, i_mode) & S_IFMT) != S_IFREG)
+		return false;
+	unsigned long magic = BPF_CORE_READ(inode, i_sb, s_magic);
+	return magic != TMPFS_MAGIC && magic != RAMFS_MAGIC && magic != HUGETLBFS_MAGIC;
+}
 
 /* Set by user space when the filemap tracepoints are missing. */
 const volatile bool fault_find_vma = false;
@@ -79,14 +99,15 @@ static __always_inline __u64 fault_in(struct task_struct *task, __u64 id)
 }
 
 /* bpf_find_vma's callback: the inode of the regular file the mapping
- * maps, into *ctx (anonymous memory, devices, sockets: left 0). */
+ * maps, into *ctx (anonymous memory, devices, sockets, files in memory:
+ * left 0). */
 static long vma_file(struct task_struct *task, struct vm_area_struct *vma, void *ctx)
 {
 	struct file *file = BPF_CORE_READ(vma, vm_file);
 	if (!file)
 		return 0;
 	struct inode *inode = BPF_CORE_READ(file, f_inode);
-	if (inode && (BPF_CORE_READ(inode, i_mode) & S_IFMT) == S_IFREG)
+	if (stored_file(inode))
 		*(__u64 *)ctx = (__u64)inode;
 	return 0;
 }
@@ -231,7 +252,7 @@ static __always_inline void fault_filemap(void *ctx, struct address_space *mappi
 	if (!f || f->file)
 		return;
 	struct inode *inode = BPF_CORE_READ(mapping, host);
-	if (!inode || (BPF_CORE_READ(inode, i_mode) & S_IFMT) != S_IFREG)
+	if (!stored_file(inode))
 		return;
 	if (!fault_in(bpf_get_current_task_btf(), id))
 		return; /* a fault the kernel took for a syscall, not the user's */

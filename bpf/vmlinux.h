@@ -126,8 +126,14 @@ struct pid {
 	struct upid numbers[1];
 } __attribute__((preserve_access_index));
 
+/* A file system instance: s_magic names its type (tmpfs, ramfs, ...). */
+struct super_block {
+	unsigned long s_magic;
+} __attribute__((preserve_access_index));
+
 struct inode {
 	unsigned short i_mode;
+	struct super_block *i_sb;
 } __attribute__((preserve_access_index));
 
 struct file {

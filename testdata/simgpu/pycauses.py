@@ -11,6 +11,9 @@ ways that no probed call explains, each in a function of its own.
   (io.read of that file, through page faults).
 - collect_garbage: gc.collect() over a few hundred thousand objects in
   reference cycles (cpu, inside the collector).
+- read_shared: batches read from fresh files in /dev/shm, as a DataLoader
+  worker's tensors arrive: page faults on shared memory, which read
+  nothing (cpu, not io.read).
 
 Each method returns (function, line) as pytrain's stalls do: the function's
 qualified name and the line that blocks or burns; collect_garbage adds when
@@ -42,6 +45,8 @@ def here():
 
 class Causes:
     MAPPED_BYTES = 64 << 20
+    SHM_DIR = "/dev/shm"
+    SHM_BYTES = 4 << 20
     PIPE_BYTES = 1 << 16  # Linux's default pipe capacity
 
     def __init__(self, ms, data_dir, child_ms=None):
@@ -61,6 +66,9 @@ class Causes:
         self.garbage_objects = 600000
         self.kinds = [("cpu", self.burn_python), ("pipe", self.log_to_pipe), ("subprocess", self.run_child),
                       ("mmap", self.touch_mapped), ("gc", self.collect_garbage)]
+        if os.path.isdir(self.SHM_DIR):
+            self.kinds.append(("shm", self.read_shared))
+            self.shm_batch = os.urandom(self.SHM_BYTES)
 
     def burn_python(self):
         deadline = time.monotonic_ns() + self.ns
@@ -100,6 +108,33 @@ class Causes:
             site = here()
             total += self.mm[self.map_off]
             self.map_off = (self.map_off + 16 * page + page) % self.MAPPED_BYTES
+        return site
+
+    def read_shared(self):
+        # Each batch a new file in shared memory that a worker filled (here
+        # through a mapping of its own, as a worker's tensor storage is),
+        # mapped again and read page by page, then dropped: every first
+        # touch faults pages that are already in memory into the mapping.
+        deadline = time.monotonic_ns() + self.ns
+        page, n, total, site = mmap.PAGESIZE, 0, 0, None
+        while time.monotonic_ns() < deadline:
+            path = os.path.join(self.SHM_DIR, "pycauses-%d-%d" % (os.getpid(), n))
+            n += 1
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.unlink(path)
+                os.ftruncate(fd, self.SHM_BYTES)
+                with mmap.mmap(fd, self.SHM_BYTES) as worker:
+                    worker[:] = self.shm_batch
+                mm = mmap.mmap(fd, self.SHM_BYTES, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            for off in range(0, self.SHM_BYTES, page):
+                site = here()
+                total += mm[off]
+                if time.monotonic_ns() >= deadline:
+                    break
+            mm.close()
         return site
 
     def collect_garbage(self):

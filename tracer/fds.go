@@ -21,6 +21,9 @@ type fdInfo struct {
 	path     string // file path, "pipe:[ino]", unix socket path or "socket:[ino]"
 	peerAddr string // tcp/udp peer "ip:port"
 	peerPID  uint32 // loopback tcp: the process that owns the other end
+	// recheck, when not zero, is when a socket that may still change
+	// (not connected yet, or in no table) is looked up again (unix ns).
+	recheck int64
 }
 
 type fdKey struct {
@@ -44,6 +47,12 @@ type fdResolver struct {
 
 // inodeRescan rate-limits rescans of every /proc/PID/fd after a miss.
 const inodeTTL = 20 * time.Millisecond
+
+// socketRecheck is how long the resolution of a socket that may still
+// connect is kept: each lookup reads the namespace's tcp, udp and unix
+// tables, and a loop on such a socket (a DataLoader's connection, a
+// client polling before it connects) would otherwise read them per event.
+const socketRecheck = 200 * time.Millisecond
 
 // newFDResolver resolves fds through gaptrace's /proc (procRoot).
 func newFDResolver() *fdResolver {
@@ -119,20 +128,23 @@ func (r *fdResolver) resolve(pid uint32, fd int32) fdInfo {
 		return fdInfo{}
 	}
 	k := fdKey{pid, fd}
+	now := time.Now().UnixNano()
 	r.mu.Lock()
-	if info, ok := r.cache[k]; ok {
+	if info, ok := r.cache[k]; ok && (info.recheck == 0 || now < info.recheck) {
 		r.mu.Unlock()
+		info.recheck = 0
 		return info
 	}
 	r.mu.Unlock()
 
 	info := r.lookup(pid, fd)
-	// An unconnected socket may connect later: only cache what is final.
-	if info.kind != event.FDUnknown && (info.kind != event.FDSocket || info.peerAddr != "" || !strings.HasPrefix(info.path, "socket:")) {
-		r.mu.Lock()
-		r.cache[k] = info
-		r.mu.Unlock()
+	if info.kind == event.FDUnknown {
+		return info // the fd is gone (or not readable): nothing to keep
 	}
+	r.mu.Lock()
+	r.cache[k] = info
+	r.mu.Unlock()
+	info.recheck = 0
 	return info
 }
 
@@ -161,8 +173,12 @@ func (r *fdResolver) lookup(pid uint32, fd int32) fdInfo {
 }
 
 // socket finds the socket inode in the process's network namespace tables.
+// What may still change is marked for a recheck: a socket in no table (not
+// connected yet, or gone) and an IP socket without a peer (listening, or a
+// UDP socket that may connect). A unix socket's entry is final, named or
+// not (socketpair, a DataLoader worker's connection).
 func (r *fdResolver) socket(pid uint32, ino uint64, target string) fdInfo {
-	info := fdInfo{kind: event.FDSocket, path: target}
+	info := fdInfo{kind: event.FDSocket, path: target, recheck: time.Now().Add(socketRecheck).UnixNano()}
 	fs, err := procfs.NewFS(filepath.Join(r.procRoot, strconv.Itoa(int(pid))))
 	if err != nil {
 		return info
@@ -190,6 +206,7 @@ func (r *fdResolver) socket(pid uint32, ino uint64, target string) fdInfo {
 			}
 			if s.remPort != 0 {
 				info.peerAddr = net.JoinHostPort(s.remIP.String(), strconv.FormatUint(s.remPort, 10))
+				info.recheck = 0
 			}
 			if tb.tcp && s.remIP.IsLoopback() {
 				info.peerPID = r.loopbackPeer(rows, s)
@@ -203,6 +220,7 @@ func (r *fdResolver) socket(pid uint32, ino uint64, target string) fdInfo {
 				if row.Path != "" {
 					info.path = row.Path
 				}
+				info.recheck = 0
 				return info
 			}
 		}

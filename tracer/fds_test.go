@@ -6,7 +6,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -225,5 +227,72 @@ func TestWaitedSocket(t *testing.T) {
 				t.Errorf("peer %q pid %d, want peer %v", ev.PeerAddr, ev.PeerPID, tc.peered)
 			}
 		})
+	}
+}
+
+// An unnamed unix socket (socketpair: a DataLoader worker's connection) is
+// resolved once: each lookup reads every socket table of the namespace.
+func TestFDResolveUnnamedUnixSocketCached(t *testing.T) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fds[0])
+	defer syscall.Close(fds[1])
+	pid := uint32(os.Getpid())
+	r := newFDResolver()
+	info := r.resolve(pid, int32(fds[0]))
+	if info.kind != event.FDSocket || !strings.HasPrefix(info.path, "socket:[") || info.recheck != 0 {
+		t.Fatalf("socketpair: got %+v", info)
+	}
+	if c, ok := r.cached(pid, int32(fds[0])); !ok || c.recheck != 0 {
+		t.Fatalf("socketpair not kept as final: %+v %v", c, ok)
+	}
+	// A kept entry answers without /proc: a wrong root would fail a lookup.
+	r.procRoot = t.TempDir()
+	if again := r.resolve(pid, int32(fds[0])); again.path != info.path {
+		t.Fatalf("second resolve: %+v, want %+v", again, info)
+	}
+}
+
+// A socket in no table yet (created, not connected) is kept for
+// socketRecheck, then looked up again: it finds its peer once connected.
+func TestFDResolveSocketRecheck(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	pid := uint32(os.Getpid())
+	r := newFDResolver()
+	info := r.resolve(pid, int32(fd))
+	if info.kind != event.FDSocket || info.peerAddr != "" {
+		t.Fatalf("unconnected: got %+v", info)
+	}
+	kept, ok := r.cached(pid, int32(fd))
+	if !ok || kept.recheck == 0 {
+		t.Fatalf("unconnected socket kept without a recheck: %+v %v", kept, ok)
+	}
+	addr := ln.Addr().(*net.TCPAddr)
+	if err := syscall.Connect(fd, &syscall.SockaddrInet4{Port: addr.Port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if again := r.resolve(pid, int32(fd)); again.peerAddr != "" {
+		t.Fatalf("looked up again before the recheck: %+v", again)
+	}
+	kept.recheck = time.Now().Add(-time.Millisecond).UnixNano()
+	r.mu.Lock()
+	r.cache[fdKey{pid, int32(fd)}] = kept
+	r.mu.Unlock()
+	if again := r.resolve(pid, int32(fd)); again.peerAddr != ln.Addr().String() {
+		t.Fatalf("after the recheck: got %+v, want peer %s", again, ln.Addr())
+	}
+	if c, _ := r.cached(pid, int32(fd)); c.recheck != 0 {
+		t.Fatalf("connected socket still rechecked: %+v", c)
 	}
 }

@@ -27,6 +27,13 @@
 // ID, so it keeps or drops whole steps, identically on every rank; metrics
 // always count everything.
 //
+// Step, rank, device, gap and host-operation spans are built as finished
+// spans and handed to the span processors directly (direct.go), not through
+// the SDK's tracer, whose Start and End copied each span's attributes four
+// times: the provider's sampler, ID generator, resource (with
+// OTEL_RESOURCE_ATTRIBUTES) and default limits still apply, and a span's
+// attributes never repeat a key. Other spans go through the SDK.
+//
 // Hangs (hang.go) are spans of their own, outside the step traces: a
 // gpu.hang span when a hang is detected (ended at detection, status
 // "ongoing", with a gpu.hang.thread event per thread carrying its stacks)

@@ -52,6 +52,7 @@ type Exporter struct {
 	log     *slog.Logger
 	tp      *sdktrace.TracerProvider
 	tracer  trace.Tracer
+	direct  *directOut // steps, gaps and their operations (direct.go)
 	batcher *batcher
 	copy    *batcher // spans file beside OTLP; nil when there is none
 	metrics *metrics
@@ -134,6 +135,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 	}
 	x.tp = sdktrace.NewTracerProvider(opts...)
 	x.tracer = x.tp.Tracer(instrumentationName)
+	x.direct = newDirectOut(sampler(r.sampleRatio), res, x.processors()...)
 
 	x.metrics, err = newMetrics(ctx, r, res, x.Stats)
 	if err != nil {
@@ -338,12 +340,11 @@ func (x *Exporter) Gap(g correlate.Gap) {
 	x.mu.Lock()
 	sc, ok := x.emitted[stepKey{g.PID, g.Step}]
 	x.mu.Unlock()
-	base := context.Background()
 	if ok {
-		x.emitGap(base, trace.ContextWithRemoteSpanContext(base, sc), &g)
+		x.emitGap(sc.WithRemote(true), nil, &g)
 		return
 	}
-	x.emitOrphans(base, []correlate.Gap{g})
+	x.emitOrphans([]correlate.Gap{g})
 }
 
 // Step emits the step's trace with the gaps it carries and remembers its
@@ -355,7 +356,7 @@ func (x *Exporter) Step(s correlate.StepResult) {
 	}
 	ctx := context.Background()
 	x.metrics.step(ctx, s.Step)
-	sc := x.emitStep(ctx, s.Step, s.GapList)
+	sc := x.emitStep(s.Step, s.GapList)
 	k := stepKey{s.PID, s.Number}
 	x.mu.Lock()
 	if _, ok := x.emitted[k]; !ok {
@@ -372,16 +373,16 @@ func (x *Exporter) Step(s correlate.StepResult) {
 // emitOrphans emits gaps whose step was not emitted here, in time order:
 // with a job ID under the root its step's trace would have (another rank's
 // sidecar may emit it), else each as the root of a trace of its own.
-func (x *Exporter) emitOrphans(base context.Context, gaps []correlate.Gap) {
+func (x *Exporter) emitOrphans(gaps []correlate.Gap) {
 	sort.SliceStable(gaps, func(i, j int) bool { return gaps[i].Start < gaps[j].Start })
 	for i := range gaps {
-		parent := base
+		var parent trace.SpanContext
 		if job := x.cfg.JobID; job != "" {
-			parent = trace.ContextWithRemoteSpanContext(base, trace.NewSpanContext(trace.SpanContextConfig{
+			parent = trace.NewSpanContext(trace.SpanContextConfig{
 				TraceID: StepTraceID(job, gaps[i].Step), SpanID: StepRootSpanID(job, gaps[i].Step),
-				TraceFlags: trace.FlagsSampled, Remote: true}))
+				TraceFlags: trace.FlagsSampled, Remote: true})
 		}
-		x.emitGap(base, parent, &gaps[i])
+		x.emitGap(parent, nil, &gaps[i])
 	}
 }
 

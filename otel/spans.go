@@ -1,8 +1,8 @@
 package otel
 
 import (
-	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -25,17 +25,14 @@ func ms(ns int64) float64 { return float64(ns) / 1e6 }
 
 func unix(ns int64) time.Time { return time.Unix(0, ns) }
 
-// emitStep creates and ends every span of one step. Children are started
-// from contexts built on a clean base so that fixed IDs meant for one span
-// never leak to its children (see withFixedIDs).
+// emitStep builds and ends every span of one step (direct.go): the root or
+// the rank's span, its gaps and their host operations. Fixed IDs are given
+// to the one span they name, never to its children.
 // It returns the span the gaps hang under, for gaps that come later.
-func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []correlate.Gap) trace.SpanContext {
+func (x *Exporter) emitStep(s correlate.Step, gaps []correlate.Gap) trace.SpanContext {
 	stepAttrs := appendWhatIf(stepAttributes(s), s, gaps)
-	var parent trace.Span
-	// Spans are not compared with ==: some implementations (the
-	// non-recording span of an unsampled trace) are not comparable.
-	var root trace.Span
-	separateRoot := false
+	out := x.direct
+	var parent, root *directSpan
 	job, rank := x.cfg.JobID, x.cfg.Rank
 	if rank < 0 && s.Workload != nil && s.Workload.Rank != nil {
 		// One sidecar tracing several ranks (torchrun's workers, a
@@ -43,72 +40,69 @@ func (x *Exporter) emitStep(base context.Context, s correlate.Step, gaps []corre
 		rank = *s.Workload.Rank
 	}
 	if job == "" {
-		_, root = x.tracer.Start(base, SpanStep, trace.WithNewRoot(), trace.WithTimestamp(unix(s.Start)),
-			trace.WithAttributes(stepAttrs...))
+		root = out.start(trace.SpanContext{}, nil, SpanStep, s.Start, stepAttrs)
 		parent = root
 	} else {
 		tid, rootID := StepTraceID(job, s.Number), StepRootSpanID(job, s.Number)
 		jobAttr := attribute.String("gaptrace.job.id", job)
+		remote := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: rootID,
+			TraceFlags: trace.FlagsSampled, Remote: true})
 		if rank <= 0 && x.claimRoot(s.Number) {
 			// Rank 0, or a lone process of unknown rank, owns the root;
 			// once per step even when the process drives several GPUs.
-			// One attribute option: the SDK copies each option's list
-			// into a growing slice (stepAttrs has room; Start copies it).
-			_, root = x.tracer.Start(withFixedIDs(base, tid, rootID), SpanStep, trace.WithNewRoot(),
-				trace.WithTimestamp(unix(s.Start)), trace.WithAttributes(append(stepAttrs, jobAttr)...))
+			// Each span gets a list of its own (stepAttrs has room).
+			attrs := stepAttrs
+			if rank >= 0 {
+				attrs = slices.Clone(stepAttrs)
+			}
+			root = out.start(trace.SpanContext{}, &fixedIDs{tid, rootID}, SpanStep, s.Start, setAttr(attrs, jobAttr))
 			parent = root
 		}
 		if rank >= 0 {
-			separateRoot = root != nil
-			remote := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: rootID,
-				TraceFlags: trace.FlagsSampled, Remote: true})
-			pctx := withFixedIDs(trace.ContextWithRemoteSpanContext(base, remote), tid,
-				rankSpanID(job, s.Number, rank, s.Device))
-			_, parent = x.tracer.Start(pctx, "rank "+strconv.Itoa(rank), trace.WithTimestamp(unix(s.Start)),
-				trace.WithAttributes(append(stepAttrs, jobAttr, attribute.Int("gaptrace.rank", rank))...))
+			parent = out.start(remote, &fixedIDs{tid, rankSpanID(job, s.Number, rank, s.Device)}, "rank "+strconv.Itoa(rank),
+				s.Start, setAttr(setAttr(stepAttrs, jobAttr), attribute.Int("gaptrace.rank", rank)))
+		}
+		if parent == nil {
+			// Rank -1 with a job ID on a second device: hang under the
+			// root the first device emitted.
+			parent = out.start(remote, nil, "device "+strconv.Itoa(s.Device), s.Start, stepAttrs)
 		}
 	}
-	if parent == nil {
-		// Rank -1 with a job ID on a second device: hang under the root
-		// the first device emitted.
-		remote := trace.NewSpanContext(trace.SpanContextConfig{TraceID: StepTraceID(job, s.Number),
-			SpanID: StepRootSpanID(job, s.Number), TraceFlags: trace.FlagsSampled, Remote: true})
-		_, parent = x.tracer.Start(trace.ContextWithRemoteSpanContext(base, remote), "device "+strconv.Itoa(s.Device),
-			trace.WithTimestamp(unix(s.Start)), trace.WithAttributes(stepAttrs...))
-	}
 	addStepEvents(parent, s)
-	pctx := trace.ContextWithSpan(base, parent)
 	for i := range gaps {
-		x.emitGap(base, pctx, &gaps[i])
+		x.emitGap(parent.SpanContext(), parent, &gaps[i])
 	}
-	if separateRoot {
-		root.End(trace.WithTimestamp(unix(s.End)))
+	if root != nil && root != parent {
+		root.end(s.End)
 	}
-	parent.End(trace.WithTimestamp(unix(s.End)))
+	parent.end(s.End)
 	return parent.SpanContext()
 }
 
-// emitGap emits one gap's span as a child of the span in parent (none:
-// the root of a trace of its own), with its host operations.
-func (x *Exporter) emitGap(base, parent context.Context, g *correlate.Gap) {
-	_, sp := x.tracer.Start(parent, SpanGap, trace.WithTimestamp(unix(g.Start)),
-		trace.WithAttributes(gapAttributes(g)...))
-	sp.AddEvent("gpu.queue.drained", trace.WithTimestamp(unix(g.Start)),
-		trace.WithAttributes(attribute.String("gpu.gap.source", g.Evidence.Source)))
-	endAttrs := []attribute.KeyValue{}
-	if g.Evidence.CUDACall != "" {
-		endAttrs = append(endAttrs, attribute.String("gpu.cuda.call", g.Evidence.CUDACall))
+// emitGap emits one gap's span as a child of parent (invalid: the root of
+// a trace of its own), with its host operations. under, when not nil, is
+// parent's span being built (it counts its children).
+func (x *Exporter) emitGap(parent trace.SpanContext, under *directSpan, g *correlate.Gap) {
+	var sp *directSpan
+	if under != nil {
+		sp = under.child(SpanGap, g.Start, gapAttributes(g))
+	} else {
+		sp = x.direct.start(parent, nil, SpanGap, g.Start, gapAttributes(g))
 	}
-	sp.AddEvent("gpu.work.enqueued", trace.WithTimestamp(unix(g.End)), trace.WithAttributes(endAttrs...))
+	sp.addEvent("gpu.queue.drained", g.Start, attribute.String("gpu.gap.source", g.Evidence.Source))
+	var endAttrs []attribute.KeyValue
+	if g.Evidence.CUDACall != "" {
+		endAttrs = []attribute.KeyValue{attribute.String("gpu.cuda.call", g.Evidence.CUDACall)}
+	}
+	sp.addEvent("gpu.work.enqueued", g.End, endAttrs...)
 	ops := g.Ops
 	if len(ops) > MaxOpsPerGap {
 		// Keep the longest: they explain the most of the gap.
 		ops = append([]correlate.HostOp(nil), ops...)
 		sort.SliceStable(ops, func(i, j int) bool { return ops[i].End-ops[i].Start > ops[j].End-ops[j].Start })
-		sp.SetAttributes(attribute.Int("gpu.gap.ops.omitted", len(ops)-MaxOpsPerGap))
+		sp.setAttributes([]attribute.KeyValue{attribute.Int("gpu.gap.ops.omitted", len(ops)-MaxOpsPerGap)})
 		ops = ops[:MaxOpsPerGap]
 	}
-	opCtx := trace.ContextWithSpan(base, sp)
 	for i := range ops {
 		op := &ops[i]
 		attrs := make([]attribute.KeyValue, 0, 1+len(op.Attrs))
@@ -122,10 +116,22 @@ func (x *Exporter) emitGap(base, parent context.Context, g *correlate.Gap) {
 		if name == "" {
 			name = "host.op"
 		}
-		_, osp := x.tracer.Start(opCtx, name, trace.WithTimestamp(unix(op.Start)), trace.WithAttributes(attrs...))
-		osp.End(trace.WithTimestamp(unix(op.End)))
+		sp.child(name, op.Start, attrs).end(op.End)
 	}
-	sp.End(trace.WithTimestamp(unix(g.End)))
+	sp.end(g.End)
+}
+
+// setAttr sets kv in attrs: in place of an attribute of its key (a
+// process's own rank, from its workload), else appended. A span's
+// attributes never repeat a key.
+func setAttr(attrs []attribute.KeyValue, kv attribute.KeyValue) []attribute.KeyValue {
+	for i := range attrs {
+		if attrs[i].Key == kv.Key {
+			attrs[i] = kv
+			return attrs
+		}
+	}
+	return append(attrs, kv)
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -269,24 +275,24 @@ func appendHW(a []attribute.KeyValue, hw *event.HWContext) []attribute.KeyValue 
 
 // addStepEvents marks what a user should not miss in a step: hardware
 // conditions that slow busy time rather than create gaps.
-func addStepEvents(sp trace.Span, s correlate.Step) {
+func addStepEvents(sp *directSpan, s correlate.Step) {
 	hw := s.HW
 	if hw == nil {
 		return
 	}
-	at := trace.WithTimestamp(unix(s.Start))
+	at := s.Start
 	for _, xid := range hw.XidErrors {
-		sp.AddEvent("gpu.xid", at, trace.WithAttributes(attribute.Int64("gpu.xid", int64(xid))))
+		sp.addEvent("gpu.xid", at, attribute.Int64("gpu.xid", int64(xid)))
 	}
 	if len(hw.ThrottleReasons) > 0 {
-		sp.AddEvent("gpu.throttled", at, trace.WithAttributes(attribute.StringSlice("gpu.throttle_reasons", hw.ThrottleReasons)))
+		sp.addEvent("gpu.throttled", at, attribute.StringSlice("gpu.throttle_reasons", hw.ThrottleReasons))
 	}
 	if hw.PCIeMaxWidth > 0 && (hw.PCIeWidth < hw.PCIeMaxWidth || hw.PCIeGen < hw.PCIeMaxGen) {
-		sp.AddEvent("gpu.pcie.degraded", at, trace.WithAttributes(
-			attribute.String("gpu.pcie.link", fmt.Sprintf("gen%d x%d of gen%d x%d", hw.PCIeGen, hw.PCIeWidth, hw.PCIeMaxGen, hw.PCIeMaxWidth))))
+		sp.addEvent("gpu.pcie.degraded", at,
+			attribute.String("gpu.pcie.link", fmt.Sprintf("gen%d x%d of gen%d x%d", hw.PCIeGen, hw.PCIeWidth, hw.PCIeMaxGen, hw.PCIeMaxWidth)))
 	}
 	if len(hw.OtherProcesses) > 0 {
-		sp.AddEvent("gpu.shared", at, trace.WithAttributes(attribute.Int64Slice("gpu.other_processes", u32s(hw.OtherProcesses))))
+		sp.addEvent("gpu.shared", at, attribute.Int64Slice("gpu.other_processes", u32s(hw.OtherProcesses)))
 	}
 }
 

@@ -7,11 +7,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
-func selfPID() int { return os.Getpid() }
+// selfPID is the sidecar's own pid, read once: HWContext asks at every
+// step, and os.Getpid is a system call each time.
+var selfPID = sync.OnceValue(os.Getpid)
 
 // pidAliases returns pid and the ids the same process has in the nested
 // PID namespaces it belongs to (the NSpid line of /proc/PID/status, read in

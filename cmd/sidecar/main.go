@@ -37,10 +37,14 @@ var version = "dev"
 
 // memoryLimit caps the memory the Go runtime manages (heap, stacks) unless
 // GOMEMLIMIT says otherwise: a sidecar shares its pod's memory with the job.
-// The live heap is ~25 MB tracing a PyTorch job; without a limit the
-// collector let it double, and reading a large library's symbols pushed RSS
-// past 100 MB. Near the limit the collector runs more often instead.
-const memoryLimit = 64 << 20
+// The live heap is 14-25 MB (8 ranks; a PyTorch job with its libraries'
+// symbols); without a limit the collector let it double, and reading a
+// large library's symbols pushed RSS past 100 MB. At 64 MiB an H100
+// PyTorch job with a DataLoader still peaked at 94-100 MiB, of which the
+// executable is ~20 MiB and the ring 8 MiB: the rest is mostly heap the
+// limit let grow between collections (GOGC 200). Near the limit the
+// collector runs more often instead.
+const memoryLimit = 48 << 20
 
 // maxProcs caps the threads that run Go code at once unless GOMAXPROCS
 // says otherwise. The sidecar's work is one pipeline of a few goroutines

@@ -3,8 +3,9 @@
 # it traces a simtrain job. JOB is one of
 #   launch[:K]  launch-bound: K (default 300) 1 µs kernels a step, a 19 µs
 #               gap between launches (at most 50k launches/s)
-#   loader      2 data-loader worker processes serving a batch every step
-#               (cold reads and CPU work), 8 kernels of 200 µs a step
+#   loader[:N]  N (default 2) data-loader worker processes serving a batch
+#               every step (cold reads and CPU work), 8 kernels of 200 µs a
+#               step
 #   ranks8      8 processes: 8 ranks on 8 simulated devices, an all-reduce
 #               every step, 9 kernels of 1.5 ms
 # CPU is read from /proc/PID/stat, and the records read by kind from the
@@ -30,8 +31,9 @@ case $job in
 launch | launch:*)
 	kernels=${job#launch}; kernels=${kernels#:}; kernels=${kernels:-300}
 	set -- "$sim/simtrain" --steps 100000000 --kernels-per-step "$kernels" --kernel-us 1 --launch-gap-us 19 --workers 0 ;;
-loader)
-	set -- "$sim/simtrain" --steps 100000000 --workers 2 --data-dir "$tmp" \
+loader | loader:*)
+	workers=${job#loader}; workers=${workers#:}
+	set -- "$sim/simtrain" --steps 100000000 --workers "${workers:-2}" --data-dir "$tmp" \
 		--stall loader.wait.io:every=2:ms=4 --stall loader.wait.cpu:every=3:ms=4 ;;
 ranks8)
 	kernels=9
@@ -43,7 +45,7 @@ ranks8)
 	done
 	set -- sh -c "$cmd wait" ;;
 *)
-	echo "sidecar-cost.sh: unknown job $job (launch[:K], loader, ranks8)" >&2
+	echo "sidecar-cost.sh: unknown job $job (launch[:K], loader[:N], ranks8)" >&2
 	exit 2 ;;
 esac
 port=$((20000 + $$ % 20000))

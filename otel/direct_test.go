@@ -72,7 +72,11 @@ func TestDirectSpans(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer x.Shutdown(context.Background())
+			defer func() {
+				if err := x.Shutdown(context.Background()); err != nil {
+					t.Error(err)
+				}
+			}()
 			mem := &memProc{}
 			x.direct.procs = []sdktrace.SpanProcessor{mem}
 			x.tp.RegisterSpanProcessor(mem)
@@ -164,7 +168,11 @@ func TestDirectSpansSampled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer x.Shutdown(context.Background())
+	defer func() {
+		if err := x.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
 	mem := &memProc{}
 	x.direct.procs = []sdktrace.SpanProcessor{mem}
 	for n := range int64(20) {

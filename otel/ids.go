@@ -59,30 +59,19 @@ func spanIDFrom(d [32]byte) trace.SpanID {
 	return id
 }
 
-type fixedIDsKey struct{}
-
+// fixedIDs are the IDs a job's shared span takes (direct.go): the step's
+// root and each rank's span, derived above.
 type fixedIDs struct {
 	trace trace.TraceID
 	span  trace.SpanID
 }
 
-// withFixedIDs makes the next span started with ctx take these IDs. Only the
-// context handed to that one Start call may carry them: contexts derived
-// from it would hand the same span ID to children, so children are always
-// started from a context built afresh (trace.ContextWithSpan on a base).
-func withFixedIDs(ctx context.Context, tid trace.TraceID, sid trace.SpanID) context.Context {
-	return context.WithValue(ctx, fixedIDsKey{}, fixedIDs{tid, sid})
-}
-
-// idGenerator is the SDK's IDGenerator: fixed IDs when the context asks for
-// them, otherwise random ones from the runtime's per-thread ChaCha8 source
-// (no lock on the hot path, unlike the SDK's default generator).
+// idGenerator is the SDK's IDGenerator and the direct spans' (direct.go):
+// random IDs from the runtime's per-thread ChaCha8 source (no lock on the
+// hot path, unlike the SDK's default generator).
 type idGenerator struct{}
 
-func (idGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
-	if f, ok := ctx.Value(fixedIDsKey{}).(fixedIDs); ok && f.trace.IsValid() && f.span.IsValid() {
-		return f.trace, f.span
-	}
+func (idGenerator) NewIDs(context.Context) (trace.TraceID, trace.SpanID) {
 	var tid trace.TraceID
 	for !tid.IsValid() {
 		binary.BigEndian.PutUint64(tid[:8], rand.Uint64())
@@ -91,10 +80,7 @@ func (idGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
 	return tid, randomSpanID()
 }
 
-func (idGenerator) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
-	if f, ok := ctx.Value(fixedIDsKey{}).(fixedIDs); ok && f.span.IsValid() {
-		return f.span
-	}
+func (idGenerator) NewSpanID(context.Context, trace.TraceID) trace.SpanID {
 	return randomSpanID()
 }
 

@@ -28,6 +28,24 @@ func (m *memProc) OnEnd(s sdktrace.ReadOnlySpan) {
 func (m *memProc) Shutdown(context.Context) error   { return nil }
 func (m *memProc) ForceFlush(context.Context) error { return nil }
 
+// directExporter is an exporter whose direct spans go to mem only; it is
+// shut down when the test ends.
+func directExporter(t *testing.T, cfg Config) (*Exporter, *memProc) {
+	t.Helper()
+	x, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := x.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	mem := &memProc{}
+	x.direct.procs = []sdktrace.SpanProcessor{mem}
+	return x, mem
+}
+
 // directStep is a step with two gaps, one with two host operations, and a
 // throttled GPU.
 func directStep(n int64) correlate.StepResult {
@@ -68,17 +86,7 @@ func TestDirectSpans(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "team=vision")
-			x, err := New(context.Background(), Config{JobID: tc.job, Rank: tc.rank})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				if err := x.Shutdown(context.Background()); err != nil {
-					t.Error(err)
-				}
-			}()
-			mem := &memProc{}
-			x.direct.procs = []sdktrace.SpanProcessor{mem}
+			x, mem := directExporter(t, Config{JobID: tc.job, Rank: tc.rank})
 			x.tp.RegisterSpanProcessor(mem)
 			_, sdkSpan := x.tracer.Start(context.Background(), "reference")
 			sdkSpan.End()
@@ -164,17 +172,7 @@ func TestDirectSpans(t *testing.T) {
 func TestDirectSpansSampled(t *testing.T) {
 	t.Setenv("OTEL_TRACES_SAMPLER", "traceidratio")
 	t.Setenv("OTEL_TRACES_SAMPLER_ARG", "0")
-	x, err := New(context.Background(), Config{Rank: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := x.Shutdown(context.Background()); err != nil {
-			t.Error(err)
-		}
-	}()
-	mem := &memProc{}
-	x.direct.procs = []sdktrace.SpanProcessor{mem}
+	x, mem := directExporter(t, Config{Rank: -1})
 	for n := range int64(20) {
 		x.Step(directStep(n))
 	}

@@ -5,12 +5,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/procfs"
+	"golang.org/x/sys/unix"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -159,7 +161,7 @@ func (r *fdResolver) lookup(pid uint32, fd int32) fdInfo {
 		if err != nil {
 			return fdInfo{kind: event.FDSocket, path: target}
 		}
-		return r.socket(pid, ino, target)
+		return r.socket(pid, ino, target, sockProto(filepath.Join(r.procRoot, strconv.Itoa(int(pid)), "fd", strconv.Itoa(int(fd)))))
 	case strings.HasPrefix(target, "pipe:["):
 		return fdInfo{kind: event.FDPipe, path: target}
 	case strings.HasPrefix(target, "/"):
@@ -177,25 +179,39 @@ func (r *fdResolver) lookup(pid uint32, fd int32) fdInfo {
 // connected yet, or gone) and an IP socket without a peer (listening, or a
 // UDP socket that may connect). A unix socket's entry is final, named or
 // not (socketpair, a DataLoader worker's connection).
-func (r *fdResolver) socket(pid uint32, ino uint64, target string) fdInfo {
+//
+// proto is the socket's protocol as the kernel names it (sockProto): only
+// its table is read ("" when unknown: all of them). A DataLoader makes a
+// unix socket connection for every batch whose storage it passes on; each
+// read the four IP tables before the unix one.
+func (r *fdResolver) socket(pid uint32, ino uint64, target, proto string) fdInfo {
 	info := fdInfo{kind: event.FDSocket, path: target, recheck: time.Now().Add(socketRecheck).UnixNano()}
+	unixSock := strings.HasPrefix(proto, "UNIX")
+	if proto != "" && !unixSock && !slices.Contains([]string{"TCP", "TCPv6", "UDP", "UDPv6"}, proto) {
+		info.recheck = 0 // netlink, packet, ...: in none of the tables
+		return info
+	}
 	fs, err := procfs.NewFS(filepath.Join(r.procRoot, strconv.Itoa(int(pid))))
 	if err != nil {
 		return info
 	}
 	type table struct {
-		read func() ([]ipSocket, error)
-		tcp  bool
+		proto string
+		read  func() ([]ipSocket, error)
+		tcp   bool
 	}
 	tables := []table{
 		// /proc/net/tcp{,6} stay in every kernel; the netlink query procfs
 		// recommends instead would be a second resolver to maintain.
-		{func() ([]ipSocket, error) { return fromTCP(fs.NetTCP()) }, true},  //nolint:staticcheck // see above
-		{func() ([]ipSocket, error) { return fromTCP(fs.NetTCP6()) }, true}, //nolint:staticcheck // see above
-		{func() ([]ipSocket, error) { return fromUDP(fs.NetUDP()) }, false},
-		{func() ([]ipSocket, error) { return fromUDP(fs.NetUDP6()) }, false},
+		{"TCP", func() ([]ipSocket, error) { return fromTCP(fs.NetTCP()) }, true},    //nolint:staticcheck // see above
+		{"TCPv6", func() ([]ipSocket, error) { return fromTCP(fs.NetTCP6()) }, true}, //nolint:staticcheck // see above
+		{"UDP", func() ([]ipSocket, error) { return fromUDP(fs.NetUDP()) }, false},
+		{"UDPv6", func() ([]ipSocket, error) { return fromUDP(fs.NetUDP6()) }, false},
 	}
 	for _, tb := range tables {
+		if unixSock || proto != "" && proto != tb.proto {
+			continue
+		}
 		rows, err := tb.read()
 		if err != nil {
 			continue
@@ -213,6 +229,9 @@ func (r *fdResolver) socket(pid uint32, ino uint64, target string) fdInfo {
 			}
 			return info
 		}
+	}
+	if proto != "" && !unixSock {
+		return info
 	}
 	if u, err := fs.NetUNIX(); err == nil {
 		for _, row := range u.Rows {
@@ -371,4 +390,16 @@ func (c *taskComms) forget(tid uint32) {
 	c.mu.Lock()
 	delete(c.m, tid)
 	c.mu.Unlock()
+}
+
+// sockProto is the protocol of the socket an fd link names, as the kernel
+// gives it in the socket's system.sockprotoname attribute: "UNIX-STREAM",
+// "TCP", "TCPv6", "UDP", "NETLINK", ...; "" when it cannot be read.
+func sockProto(fdLink string) string {
+	var b [32]byte
+	n, err := unix.Getxattr(fdLink, "system.sockprotoname", b[:])
+	if err != nil || n <= 0 || n > len(b) {
+		return ""
+	}
+	return strings.TrimRight(string(b[:n]), "\x00")
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -295,4 +296,69 @@ func TestFDResolveSocketRecheck(t *testing.T) {
 	if c, _ := r.cached(pid, int32(fd)); c.recheck != 0 {
 		t.Fatalf("connected socket still rechecked: %+v", c)
 	}
+}
+
+// The kernel names each socket's protocol; only that socket's table is
+// read, and a socket no table lists (netlink) needs none.
+func TestSockProto(t *testing.T) {
+	pid := os.Getpid()
+	for _, tc := range []struct {
+		domain, typ int
+		want        string
+	}{
+		{syscall.AF_UNIX, syscall.SOCK_STREAM, "UNIX-STREAM"},
+		{syscall.AF_INET, syscall.SOCK_STREAM, "TCP"},
+		{syscall.AF_INET6, syscall.SOCK_DGRAM, "UDPv6"},
+		{syscall.AF_NETLINK, syscall.SOCK_RAW, "NETLINK"},
+	} {
+		fd, err := syscall.Socket(tc.domain, tc.typ|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		link := filepath.Join("/proc", strconv.Itoa(pid), "fd", strconv.Itoa(fd))
+		if got := sockProto(link); got != tc.want {
+			t.Errorf("socket(%d, %d): %q, want %q", tc.domain, tc.typ, got, tc.want)
+		}
+		if tc.domain == syscall.AF_NETLINK {
+			info := newFDResolver().resolve(uint32(pid), int32(fd))
+			if info.kind != event.FDSocket || info.recheck != 0 {
+				t.Errorf("netlink socket: %+v, want a final socket", info)
+			}
+		}
+		syscall.Close(fd)
+	}
+	if got := sockProto(filepath.Join(t.TempDir(), "none")); got != "" {
+		t.Errorf("no such link: %q", got)
+	}
+}
+
+// BenchmarkResolveUnixSocket: a fresh unix socket's first lookup, with the
+// protocol the kernel names and without it (every table, as before).
+func BenchmarkResolveUnixSocket(b *testing.B) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer syscall.Close(fds[0])
+	defer syscall.Close(fds[1])
+	pid := uint32(os.Getpid())
+	target, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(int(pid)), "fd", strconv.Itoa(fds[0])))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(target, "socket:["), "]"), 10, 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("named", func(b *testing.B) {
+		for b.Loop() {
+			newFDResolver().resolve(pid, int32(fds[0]))
+		}
+	})
+	b.Run("every-table", func(b *testing.B) {
+		r := newFDResolver()
+		for b.Loop() {
+			r.socket(pid, ino, target, "")
+		}
+	})
 }

@@ -40,10 +40,10 @@ var version = "dev"
 // The live heap is 14-25 MB (8 ranks; a PyTorch job with its libraries'
 // symbols); without a limit the collector let it double, and reading a
 // large library's symbols pushed RSS past 100 MB. At 64 MiB an H100
-// PyTorch job with a DataLoader still peaked at 94-100 MiB, of which the
-// executable is ~20 MiB and the ring 8 MiB: the rest is mostly heap the
-// limit let grow between collections (GOGC 200). Near the limit the
-// collector runs more often instead.
+// PyTorch job with a DataLoader still peaked at 94-105 MiB, its heap
+// reaching 50 MB between collections (GOGC 200); at 48, 35 MB and 91 MiB
+// (the executable is ~20 MiB of it). Near the limit the collector runs
+// more often instead.
 const memoryLimit = 48 << 20
 
 // maxProcs caps the threads that run Go code at once unless GOMAXPROCS

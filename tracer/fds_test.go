@@ -231,15 +231,25 @@ func TestWaitedSocket(t *testing.T) {
 	}
 }
 
+// socketPair is a connected pair of unnamed unix sockets, closed when the
+// test ends.
+func socketPair(tb testing.TB) [2]int {
+	tb.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		syscall.Close(fds[0])
+		syscall.Close(fds[1])
+	})
+	return [2]int{fds[0], fds[1]}
+}
+
 // An unnamed unix socket (socketpair: a DataLoader worker's connection) is
 // resolved once: each lookup reads every socket table of the namespace.
 func TestFDResolveUnnamedUnixSocketCached(t *testing.T) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Close(fds[0])
-	defer syscall.Close(fds[1])
+	fds := socketPair(t)
 	pid := uint32(os.Getpid())
 	r := newFDResolver()
 	info := r.resolve(pid, int32(fds[0]))
@@ -335,12 +345,7 @@ func TestSockProto(t *testing.T) {
 // BenchmarkResolveUnixSocket: a fresh unix socket's first lookup, with the
 // protocol the kernel names and without it (every table, as before).
 func BenchmarkResolveUnixSocket(b *testing.B) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer syscall.Close(fds[0])
-	defer syscall.Close(fds[1])
+	fds := socketPair(b)
 	pid := uint32(os.Getpid())
 	target, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(int(pid)), "fd", strconv.Itoa(fds[0])))
 	if err != nil {

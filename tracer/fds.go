@@ -90,11 +90,17 @@ func (r *fdResolver) opened(pid uint32, fd int32, path string) {
 		delete(r.cache, k)
 		return
 	}
-	kind := event.FDFile
-	if strings.HasPrefix(path, "/dev/") {
-		kind = event.FDOther
+	r.cache[k] = fdInfo{kind: pathKind(path), path: path}
+}
+
+// pathKind is the kind of an fd on an absolute path: a file, but a device
+// node under /dev is other, except the files of /dev/shm (POSIX shared
+// memory, and datasets or checkpoints kept in memory), which are files.
+func pathKind(path string) event.FDKind {
+	if strings.HasPrefix(path, "/dev/") && !strings.HasPrefix(path, "/dev/shm/") {
+		return event.FDOther
 	}
-	r.cache[k] = fdInfo{kind: kind, path: path}
+	return event.FDFile
 }
 
 // probePathMax is the longest path the probe copies (PATH_LEN in
@@ -165,10 +171,7 @@ func (r *fdResolver) lookup(pid uint32, fd int32) fdInfo {
 	case strings.HasPrefix(target, "pipe:["):
 		return fdInfo{kind: event.FDPipe, path: target}
 	case strings.HasPrefix(target, "/"):
-		if strings.HasPrefix(target, "/dev/") {
-			return fdInfo{kind: event.FDOther, path: target}
-		}
-		return fdInfo{kind: event.FDFile, path: target}
+		return fdInfo{kind: pathKind(target), path: target}
 	default: // anon_inode:[eventfd], ...
 		return fdInfo{kind: event.FDOther, path: target}
 	}

@@ -367,3 +367,38 @@ func BenchmarkResolveUnixSocket(b *testing.B) {
 		}
 	})
 }
+
+// A file in /dev/shm is a file (a dataset or checkpoint kept in memory:
+// its reads and writes are io.read and io.write); a device node is not.
+func TestFDResolveShmFile(t *testing.T) {
+	if _, err := os.Stat("/dev/shm"); err != nil {
+		t.Skip("no /dev/shm")
+	}
+	f, err := os.CreateTemp("/dev/shm", "gaptrace-fds-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	null, err := os.Open("/dev/null")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	pid := uint32(os.Getpid())
+	r := newFDResolver()
+	if info := r.resolve(pid, int32(f.Fd())); info.kind != event.FDFile || info.path != f.Name() {
+		t.Errorf("/dev/shm file: %+v, want a file", info)
+	}
+	if info := r.resolve(pid, int32(null.Fd())); info.kind != event.FDOther {
+		t.Errorf("/dev/null: %+v, want other", info)
+	}
+	r.opened(9, 4, "/dev/shm/batch-1")
+	r.opened(9, 5, "/dev/nvidia0")
+	if info, _ := r.cached(9, 4); info.kind != event.FDFile {
+		t.Errorf("opened /dev/shm file: %+v, want a file", info)
+	}
+	if info, _ := r.cached(9, 5); info.kind != event.FDOther {
+		t.Errorf("opened device: %+v, want other", info)
+	}
+}

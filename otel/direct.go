@@ -17,8 +17,9 @@ import (
 // handed to the span processors, not through the SDK's tracer: its Start
 // and End copied each span's attributes four times and deduplicated them
 // through a map, 17% of the sidecar's CPU on that job. The SDK's own
-// decisions are kept: the provider's sampler, its ID generator (fixed IDs
-// for a job's shared spans), its resource and the default span limits.
+// decisions are kept: the provider's sampler, its ID generator (a job's
+// shared spans take their derived IDs, fixedIDs), its resource and the
+// default span limits.
 // What the spans carry is built once per span: the attribute lists are
 // the span's own, never reused.
 

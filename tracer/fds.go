@@ -157,7 +157,8 @@ func (r *fdResolver) resolve(pid uint32, fd int32) fdInfo {
 }
 
 func (r *fdResolver) lookup(pid uint32, fd int32) fdInfo {
-	target, err := os.Readlink(filepath.Join(r.procRoot, strconv.Itoa(int(pid)), "fd", strconv.Itoa(int(fd))))
+	link := filepath.Join(r.procRoot, strconv.Itoa(int(pid)), "fd", strconv.Itoa(int(fd)))
+	target, err := os.Readlink(link)
 	if err != nil {
 		return fdInfo{}
 	}
@@ -167,7 +168,7 @@ func (r *fdResolver) lookup(pid uint32, fd int32) fdInfo {
 		if err != nil {
 			return fdInfo{kind: event.FDSocket, path: target}
 		}
-		return r.socket(pid, ino, target, sockProto(filepath.Join(r.procRoot, strconv.Itoa(int(pid)), "fd", strconv.Itoa(int(fd)))))
+		return r.socket(pid, ino, target, sockProto(link))
 	case strings.HasPrefix(target, "pipe:["):
 		return fdInfo{kind: event.FDPipe, path: target}
 	case strings.HasPrefix(target, "/"):

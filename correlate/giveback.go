@@ -20,30 +20,29 @@ import (
 // is open again from its start, and the site's calls end it and the
 // steps after it (enterSite). Where the stream still holds the process's
 // first calls, the steps before the site's first call are its first
-// iteration's. Steps numbered by collectives (anchor) keep their numbers.
+// iteration's, unless they cut it more often than the site's iterations
+// are cut. Steps numbered by collectives (anchor) keep their numbers.
 func (s *stepper) giveBack(ends []int64) {
 	n := len(s.steps)
 	if n < 2 || s.steps[n-1].closed || s.steps[n-1].Gaps > 0 {
 		return
 	}
+	varied := stepclock.Varied(s.sites.items, s.sites.key, s.sites.tid)
 	first := ends[0]
 	if !s.sites.trimmed {
 		first = s.origin
 	}
-	j := n - 1
-	for j > 0 {
-		p := s.steps[j-1]
-		if p.End <= first || p.Window || !givable(p.ClockSource) || s.steps[j].Gaps > 0 {
-			break
-		}
-		j--
+	j, ok := s.giveFrom(first, ends, varied)
+	if !ok && first != ends[0] {
+		// The stream holds the process's first calls, but the steps
+		// before the site's first call cut it more often than the site's
+		// iterations are cut: more than one iteration went by there,
+		// their site calls unseen (attached mid-run, stacks not captured
+		// yet). Those steps stay as laid; the ones from the site's first
+		// call on are judged alone.
+		j, ok = s.giveFrom(ends[0], ends, varied)
 	}
-	var cuts []int64
-	for _, st := range s.steps[j : n-1] {
-		cuts = append(cuts, st.End)
-	}
-	varied := stepclock.Varied(s.sites.items, s.sites.key, s.sites.tid)
-	if !subdivides(s.steps[j].Start, cuts, ends, varied) {
+	if !ok {
 		return
 	}
 	o := s.steps[j]
@@ -53,6 +52,27 @@ func (s *stepper) giveBack(ends []int64) {
 	}
 	s.steps = s.steps[:j+1]
 	s.next = o.Number + 1
+}
+
+// giveFrom is the first of the latest steps that end after first and may
+// be given back (givable sources, no fixed window, no gap delivered to
+// the step after it), and whether their ends subdivide the site's
+// iterations (ends).
+func (s *stepper) giveFrom(first int64, ends []int64, varied bool) (int, bool) {
+	n := len(s.steps)
+	j := n - 1
+	for j > 0 {
+		p := s.steps[j-1]
+		if p.End <= first || p.Window || !givable(p.ClockSource) || s.steps[j].Gaps > 0 {
+			break
+		}
+		j--
+	}
+	cuts := make([]int64, 0, n-1-j)
+	for _, st := range s.steps[j : n-1] {
+		cuts = append(cuts, st.End)
+	}
+	return j, subdivides(s.steps[j].Start, cuts, ends, varied)
 }
 
 // givable says whether steps ended by source may be laid again by a

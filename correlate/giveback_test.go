@@ -76,3 +76,43 @@ func TestGiveBackMicroSteps(t *testing.T) {
 		t.Fatalf("a gap in step 10: %d steps, want all 13 kept (nothing after it to take back)", n)
 	}
 }
+
+// TestGiveBackAfterUnseenSiteCalls: attached mid-run, the steps before the
+// site's first sited call cut it more often than any of its iterations
+// (an iteration went by there, its site call without a stack): those
+// steps stay, and the ones from the site's first call on are given back.
+func TestGiveBackAfterUnseenSiteCalls(t *testing.T) {
+	s := &stepper{pid: 1, next: 1, origin: 0}
+	s.open(0, false)
+	for i := 1; i <= 12; i++ {
+		s.boundary(int64(10*i), false)
+	}
+	for _, st := range s.steps {
+		if st.closed {
+			st.ClockSource = stepclock.SourceWork
+		}
+	}
+	// Six cuts before the first call at 60, four in each iteration after.
+	s.giveBack([]int64{60, 100, 140})
+	n := len(s.steps)
+	if n != 7 || s.steps[n-1].closed || s.steps[n-1].Start != 60 || s.next != 8 {
+		t.Fatalf("after give-back: %d steps, open %v from %d, next %d; want steps 1-6 kept and 7 open from 60",
+			n, !s.steps[n-1].closed, s.steps[n-1].Start, s.next)
+	}
+	// Where the first interval holds no more cuts than an iteration (the
+	// process's first), everything from its start is given back.
+	s = &stepper{pid: 1, next: 1, origin: 0}
+	s.open(0, false)
+	for i := 1; i <= 12; i++ {
+		s.boundary(int64(10*i), false)
+	}
+	for _, st := range s.steps {
+		if st.closed {
+			st.ClockSource = stepclock.SourceWork
+		}
+	}
+	s.giveBack([]int64{40, 80, 120})
+	if n := len(s.steps); n != 1 || s.steps[0].closed || s.steps[0].Start != 0 || s.next != 2 {
+		t.Fatalf("process's first iteration: %d steps, next %d; want one open from 0", n, s.next)
+	}
+}

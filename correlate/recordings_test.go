@@ -271,6 +271,10 @@ var viewsOff = map[string]string{
 	"sim-varmicro-auto": "lite: a varying number of micro-batches a step needs the launches",
 	// Attached mid-run (auto): the first window's checks saw the launches.
 	"sim-varmicro-attach": "lite: a varying number of micro-batches a step needs the launches",
+	// The same, attached as an iteration's site call went by without a
+	// stack: the steps before the first sited call span more than one
+	// iteration (giveBack gives back those after it).
+	"sim-varmicro-attach-2": "lite: a varying number of micro-batches a step needs the launches",
 	// Lite sees no launch: eager warm-up steps, then a graph's replays at
 	// another site, look like a training whose evaluation began and has
 	// not ended; the eager site keeps the steps until its calls leave

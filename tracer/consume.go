@@ -364,7 +364,7 @@ func (t *Tracer) handle(d *decoded) {
 		t.syms.mapped(ev.PID)
 		t.requestRescan(ev.PID)
 	case ctlNewProcess:
-		if err := t.addProcess(ev.ChildPID, true); err == nil {
+		if err := t.addProcess(ev.ChildPID, 0); err == nil {
 			t.requestRescan(ev.ChildPID)
 		}
 	case ctlExec:

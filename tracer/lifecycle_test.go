@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/hostproc"
 	"github.com/gaptrace/gaptrace/internal/testutil"
 )
 
@@ -384,4 +386,45 @@ func TestRingDropsCounted(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestAttachFlagsOnlyTheNamedProcess: attached to a running process, that
+// process feeds the GPU from its first event; a descendant already running
+// (a data-loader worker forked from it maps libcuda too) starts as one it
+// forks later does, traced but not feeding the GPU until it calls a probe.
+func TestAttachFlagsOnlyTheNamedProcess(t *testing.T) {
+	tr := newTestTracer(t, Config{})
+	parent := exec.Command("sh", "-c", "sleep 30 & wait")
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = parent.Process.Kill(); _ = parent.Wait() })
+	var child int
+	deadline := time.Now().Add(10 * time.Second)
+	for child == 0 && time.Now().Before(deadline) {
+		if kids := hostproc.Descendants(parent.Process.Pid); len(kids) > 0 {
+			child = kids[0]
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if child == 0 {
+		t.Fatal("the shell's child never appeared")
+	}
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	if err := tr.Trace(parent.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	flags := func(pid int) uint32 {
+		var v uint32
+		if err := tr.shared[cudaMapTracedTgids].Lookup(uint32(pid), &v); err != nil {
+			t.Fatalf("traced_tgids[%d]: %v", pid, err)
+		}
+		return v
+	}
+	if got := flags(parent.Process.Pid); got != tgidTraced|tgidGPU {
+		t.Errorf("named process: flags %#x, want traced and GPU (%#x)", got, tgidTraced|tgidGPU)
+	}
+	if got := flags(child); got != tgidTraced {
+		t.Errorf("its running child: flags %#x, want traced only (%#x)", got, tgidTraced)
+	}
 }

@@ -40,8 +40,17 @@ func (t *Tracer) Trace(pid int) error {
 	for _, d := range hostproc.Descendants(pid) {
 		pids = append(pids, uint32(d))
 	}
-	for _, p := range pids {
-		if err := t.addProcess(p, false); err != nil {
+	for i, p := range pids {
+		// The process the user named is the job itself: it takes stacks
+		// from its first event. Its running descendants start as the ones
+		// it forks later do: a data-loader worker (forked from a CUDA
+		// process, so it maps libcuda too) never feeds the GPU, and a rank
+		// under a launcher is marked by its next CUDA call.
+		flags := tgidTraced
+		if i == 0 {
+			flags |= tgidGPU
+		}
+		if err := t.addProcess(p, flags); err != nil {
 			return fmt.Errorf("trace pid %d: %w", p, err)
 		}
 	}
@@ -56,22 +65,22 @@ const (
 	tgidTraced uint32 = 1
 	// tgidGPU: the process feeds the GPU (made a probed CUDA or NCCL call,
 	// or was named): its long syscalls take stacks. A child forked by a
-	// traced process starts without it.
+	// traced process starts without it, and so does a descendant already
+	// running when the named one is attached to.
 	tgidGPU uint32 = 2
 )
 
-// addProcess tracks pid in user space and, unless the kernel already did
-// (forked children are added by the fork program), in traced_tgids.
-func (t *Tracer) addProcess(pid uint32, inKernel bool) error {
+// addProcess tracks pid in user space and, with flags (tgid*), in
+// traced_tgids; flags 0: the kernel already did (forked children are
+// added by the fork program).
+func (t *Tracer) addProcess(pid uint32, flags uint32) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return errors.New("tracer closed")
 	}
-	if !inKernel {
-		// A process the user named is the job itself: it takes stacks
-		// from its first event, before its first GPU call marks it.
-		if err := t.shared[cudaMapTracedTgids].Put(pid, tgidTraced|tgidGPU); err != nil {
+	if flags != 0 {
+		if err := t.shared[cudaMapTracedTgids].Put(pid, flags); err != nil {
 			return fmt.Errorf("add to traced_tgids: %w", err)
 		}
 	}

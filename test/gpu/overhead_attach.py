@@ -19,7 +19,12 @@ time at full in each attachment. Attach and detach themselves happen outside the
 
 The table (median, bootstrap 95% interval) is printed by bin/bench -merge, as make bench prints it.
 
-Usage: overhead_attach.py --gaptrace bin/gaptrace --out DIR [--reps 20] [--window 2] [--modes ...]
+--job loader runs cost.sh's job instead (trainer.py --serve: 2 pinned DataLoader workers, loader and
+read stalls), whose steps are whole iterations (the wait for the loader and the stalls included), so
+the ratio is what tracing costs a job with loader workers; its median skips the stalled iterations.
+
+Usage: overhead_attach.py --gaptrace bin/gaptrace --out DIR [--job launch|loader] [--reps 20] [--window 2]
+                          [--modes ...]
 """
 import argparse
 import json
@@ -53,10 +58,15 @@ class Job:
         for f in (self.log, self.ctl, self.ctl + ".ack"):
             if os.path.exists(f):
                 os.remove(f)
-        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "launchjob.py"), "--serve", self.log,
-                                   "--ctl", self.ctl, "--kernels", str(a.kernels), "--warmup", str(a.warmup),
-                                   "--host-us", str(a.host_us)],
-                                  stdout=open(os.path.join(a.out, "job.log"), "w"), stderr=subprocess.STDOUT)
+        if a.job == "loader":
+            # cost.sh's job: trainer.py fed by 2 pinned DataLoader workers, with loader and read stalls.
+            cmd = [sys.executable, os.path.join(HERE, "trainer.py"), "--serve", self.log, "--ctl", self.ctl,
+                   "--warmup", "20", "--loader-workers", "2", "--pin-memory", "--stall", "loader.wait:every=10:ms=40",
+                   "--stall", "io.read:every=15:ms=20", "--data-dir", a.out]
+        else:
+            cmd = [sys.executable, os.path.join(HERE, "launchjob.py"), "--serve", self.log, "--ctl", self.ctl,
+                   "--kernels", str(a.kernels), "--warmup", str(a.warmup), "--host-us", str(a.host_us)]
+        self.p = subprocess.Popen(cmd, stdout=open(os.path.join(a.out, "job.log"), "w"), stderr=subprocess.STDOUT)
 
     def tell(self, word, timeout=120):
         with open(self.ctl + ".tmp", "w") as f:
@@ -161,9 +171,10 @@ def sidecar_cost(a, job, mode):
         rss.append(proc_rss_mib(g.pid))
     c1, t1 = proc_cpu_s(g.pid), time.monotonic_ns()
     extra = detach(g, pre)
-    launches = sum(1 for s in job.steps() if s[0] >= t0 and s[1] <= t1) * a.kernels / ((t1 - t0) / 1e9)
+    steps = sum(1 for s in job.steps() if s[0] >= t0 and s[1] <= t1) / ((t1 - t0) / 1e9)
     return {"mode": mode, "cpu_share": (c1 - c0) / ((t1 - t0) / 1e9), "rss_mib_max": max(rss), "rss_mib_end": rss[-1],
-            "launches_per_s": launches, "seconds": (t1 - t0) / 1e9, "full_share": extra.get("full_share"),
+            "steps_per_s": steps, "launches_per_s": steps * a.kernels if a.job == "launch" else None,
+            "seconds": (t1 - t0) / 1e9, "full_share": extra.get("full_share"),
             "peak_rss_mib": (extra.get("sidecar") or {}).get("max_rss_bytes", 0) / 2**20}
 
 
@@ -195,6 +206,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--kernels", type=int, default=300)
     ap.add_argument("--host-us", type=int, default=0, help="µs of Python work a step after its launches (a lower launch rate)")
+    ap.add_argument("--job", choices=("launch", "loader"), default="launch",
+                    help="launch: launchjob.py; loader: trainer.py fed by DataLoader workers (cost.sh's job; no profiler mode)")
     ap.add_argument("--modes", default="null,lite,auto,full,profiler")
     ap.add_argument("--budget", type=float, default=0, help="stop starting repetitions after this many seconds (0: none)")
     ap.add_argument("--pprof", action="store_true", help="GAPTRACE_PPROF for auto's attachments and every sidecar attachment (heap and CPU profiles)")
@@ -202,6 +215,8 @@ def main():
     ap.add_argument("--sidecar-seconds", type=float, default=30)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
+    if a.job == "loader" and "profiler" in a.modes.split(","):
+        ap.error("--job loader has no profiler mode")
     os.makedirs(a.out, exist_ok=True)
     modes = a.modes.split(",")
     rng = random.Random(a.seed)
@@ -247,8 +262,10 @@ def main():
                 c = sidecar_cost(a, job, m)
                 if c:
                     costs.append(c)
+                    rate = (f"{c['launches_per_s'] / 1e3:.0f}k launches/s" if c["launches_per_s"] is not None
+                            else f"{c['steps_per_s']:.1f} steps/s")
                     print(f"overhead-attach: gaptrace {m} on its own: {100 * c['cpu_share']:.1f}% of a core over "
-                          f"{c['seconds']:.0f} s at {c['launches_per_s'] / 1e3:.0f}k launches/s, RSS {c['rss_mib_end']:.0f} MiB "
+                          f"{c['seconds']:.0f} s at {rate}, RSS {c['rss_mib_end']:.0f} MiB "
                           f"(max {c['rss_mib_max']:.0f}, peak {c['peak_rss_mib']:.0f})", flush=True)
         with open(os.path.join(a.out, "sidecar.json"), "w") as f:
             json.dump(costs, f)
@@ -284,14 +301,19 @@ def main():
             lo, hi = extra.pop("traced")
             extra["job_steps"] = sum(1 for s in steps if lo <= s[1] <= hi)
         rows.append({"mode": m, "rep": rep, "base": fb, "traced": fw, **extra})
+    if a.job != "launch":
+        # bench -merge keys a job other than launch as JOB/mode.
+        for k in ("Ratio", "CPU", "Launch"):
+            saved[k] = {f"{a.job}/{m}": v for m, v in saved[k].items()}
     with open(os.path.join(a.out, "pairs.json"), "w") as f:
         json.dump(saved, f)
     with open(os.path.join(a.out, "windows.json"), "w") as f:
         json.dump(rows, f)
     n = min((len(v) for k, v in saved["Ratio"].items() if v), default=0)
-    print(f"\nlaunch-bound PyTorch job: {a.kernels} in-place kernels a step; one process, {a.window:g} s windows, "
-          f"{n}+ pairs per mode, {len(steps)} steps logged")
-    print_table(a.bench, os.path.join(a.out, "pairs.json"), saved, ["untraced"] + modes, sidecar, "attachment")
+    what = (f"launch-bound PyTorch job: {a.kernels} in-place kernels a step" if a.job == "launch" else
+            "PyTorch job fed by 2 DataLoader workers (trainer.py, loader and read stalls; launch column not measured)")
+    print(f"\n{what}; one process, {a.window:g} s windows, {n}+ pairs per mode, {len(steps)} steps logged")
+    print_table(a.bench, os.path.join(a.out, "pairs.json"), saved, ["untraced"] + modes, sidecar, "attachment", a.job)
     for m in modes:
         counted = [(r["steps"], r["job_steps"]) for r in rows if r["mode"] == m and r.get("job_steps") and r.get("steps") is not None]
         if counted:

@@ -14,18 +14,21 @@ def add_pair(saved, mode, traced, base):
     saved["Launch"][mode].append(traced["launch_ns"])
 
 
-def print_table(bench, path, saved, modes, sidecar, per):
-    """saved: bench's -save format ({"Ratio"|"CPU"|"Launch": {mode: [...]}}) as written to path;
-    sidecar: {mode: [summary "sidecar" objects]}; per: what one sidecar figure covers ("run")."""
-    shown = [m for m in modes if saved["Ratio"].get(m)]
+def print_table(bench, path, saved, modes, sidecar, per, job="launch"):
+    """saved: bench's -save format ({"Ratio"|"CPU"|"Launch": {mode: [...]}}, or {"JOB/mode": [...]}
+    for a job other than launch) as written to path; sidecar: {mode: [summary "sidecar" objects]};
+    per: what one sidecar figure covers ("run")."""
+    pre = "" if job == "launch" else job + "/"
+    shown = [m for m in modes if saved["Ratio"].get(pre + m)]
     if os.access(bench, os.X_OK):
-        subprocess.run([bench, "-merge", path, "-modes", ",".join(shown)])
+        subprocess.run([bench, "-merge", path, "-jobs", job, "-modes", ",".join(shown)])
     else:
         print(f"(no {bench}: medians only)")
         for m in shown:
-            print(f"{m:<9} wall/step vs untraced {statistics.median(saved['Ratio'][m]):.4f}  "
-                  f"cpu {statistics.median(saved['CPU'][m]) / 1e3:.1f} µs/step  "
-                  f"{statistics.median(saved['Launch'][m]) / 1e3:.3f} µs/launch")
+            k = pre + m
+            print(f"{m:<9} wall/step vs untraced {statistics.median(saved['Ratio'][k]):.4f}  "
+                  f"cpu {statistics.median(saved['CPU'][k]) / 1e3:.1f} µs/step  "
+                  f"{statistics.median(saved['Launch'][k]) / 1e3:.3f} µs/launch")
     for m in modes:
         if sidecar.get(m):
             cpu = statistics.median(s["cpu_ns"] for s in sidecar[m]) / 1e9

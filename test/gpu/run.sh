@@ -2,7 +2,8 @@
 # Validate gaptrace on a real GPU machine. Builds nothing: bin/gaptrace is built beforehand on an
 # x86-64 machine (make build) and shipped with the repository.
 #
-#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead pairs cost attach-pairs layouts loops styles auto-steady
+#   test/gpu/run.sh OUTDIR [PHASE...]     phases: info pyinfo accuracy ddp ddp-one overhead pairs cost attach-pairs attach-loader layouts loops
+#                                         styles auto-steady
 #
 # RECORD=1 adds --record to the traced runs of accuracy, ddp and loops and packs the recordings into
 # OUTDIR/recordings.tar ('gaptrace replay' reproduces those runs offline), with the accuracy runs'
@@ -139,6 +140,21 @@ for p in $PHASES; do
       --budget "${ATTACH_BUDGET:-0}" --seed "$seed" --sidecar "${SIDECAR:-auto,lite}" --host-us "${HOST_US:-0}" --pprof 2>&1 | tee -a "$RES"
     for f in pairs windows sidecar; do cp "$WORK/attach-$seed/$f.json" "$OUTDIR/attach-$seed-$f.json" 2>/dev/null; done
     (cd "$WORK/attach-$seed" && tar cf "$OUTDIR/attach-$seed-pprof.tar" *.cpu *.heap 2>/dev/null)
+    ;;
+  attach-loader)
+    # cost.sh's job (trainer.py fed by 2 pinned DataLoader workers, loader and read stalls) in one
+    # long-running process: untraced windows against auto and lite attached (overhead_attach.py --job
+    # loader), whole iterations timed, so the loader's wait and the stalls are in them; then the
+    # sidecar's own CPU and RSS in one attachment per mode in SIDECAR (SIDECAR_SECONDS, default 40).
+    phase "overhead in one job with loader workers: untraced windows vs attached auto/lite"
+    seed=${SEED:-1}
+    "$PY" "$HERE/overhead_attach.py" --job loader --gaptrace "$G" --bench "${BENCH:-$ROOT/bin/bench}" \
+      --out "$WORK/loader-$seed" --reps "${REPS:-10}" --window "${WINDOW:-4}" --settle-auto 3 \
+      --modes "${PAIR_MODES:-auto,lite}" --budget "${ATTACH_BUDGET:-0}" --seed "$seed" --sidecar "${SIDECAR:-auto}" \
+      --sidecar-seconds "${SIDECAR_SECONDS:-40}" --pprof 2>&1 | tee -a "$RES"
+    for f in pairs windows sidecar; do cp "$WORK/loader-$seed/$f.json" "$OUTDIR/loader-$seed-$f.json" 2>/dev/null; done
+    (cd "$WORK/loader-$seed" && tar cf "$OUTDIR/loader-$seed-pprof.tar" *.cpu *.heap 2>/dev/null)
+    tail -n 20 "$WORK/loader-$seed/job.log" >"$OUTDIR/loader-$seed-job.log" 2>/dev/null
     ;;
   layouts)
     # attach --pid to a job that already runs CUDA, and the PID-namespace

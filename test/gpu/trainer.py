@@ -32,6 +32,12 @@ Usage: trainer.py --steps N [--stall CAUSE:every=E:ms=M]... [--truth FILE] [--pr
                   [--warmup W] [--result FILE]
 --profile records a PyTorch profiler (Kineto/CUPTI) trace of the measured steps for the ground
 truth of GPU idle time. --result writes {"steps_per_s":..} over the measured steps.
+
+--serve LOG runs until --ctl FILE says "stop" (read every 25 steps, acknowledged by writing the word
+to FILE.ack) and appends one line per measured iteration to LOG, as launchjob.py --serve does:
+"end_ns wall_ns cpu_ns 0" (end: CLOCK_MONOTONIC; wall: from the previous iteration's end, so the
+wait for the loader and every stall are in it; cpu: this process's CPU time over it, every thread
+but not the loader workers'). overhead_attach.py --job loader drives it.
 """
 import argparse
 import http.server
@@ -141,6 +147,29 @@ class SlowDataset(torch.utils.data.IterableDataset):
             yield torch.randint(0, 1000, self.shape)
 
 
+def served_step(log, ctl, n, prev):
+    """Logs the iteration that just ended (--serve); returns its (end, CPU) for the next one and
+    whether --ctl says stop."""
+    end, cpu = MONO(), time.process_time_ns()
+    if n > 0 and prev is not None:
+        log.write(f"{end} {end - prev[0]} {cpu - prev[1]} 0\n")
+    now = (end, cpu)
+    if n % 25:
+        return now, False
+    log.flush()  # about once a second: the driver reads the steps while the job runs
+    try:
+        with open(ctl) as f:
+            want = f.read().strip()
+    except FileNotFoundError:
+        return now, False
+    if want != "stop":
+        return now, False
+    with open(ctl + ".ack.tmp", "w") as f:
+        f.write(want)
+    os.replace(ctl + ".ack.tmp", ctl + ".ack")
+    return now, True
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
@@ -160,7 +189,11 @@ def main():
     ap.add_argument("--item-reads", type=int, default=0, help="extra .item() reads per step (varying 0..K)")
     ap.add_argument("--graph", action="store_true", help="replay the forward/backward as a CUDA graph")
     ap.add_argument("--pageable-mb", type=int, default=256)
+    ap.add_argument("--serve", metavar="LOG")
+    ap.add_argument("--ctl", metavar="FILE")
     args = ap.parse_args()
+    if args.serve and not args.ctl:
+        ap.error("--serve needs --ctl")
 
     stalls = [parse_stall(s) for s in args.stall]
     known = {"io.read", "loader.wait", "net", "io.write", "cpu", "launch", "checkpoint", "lock", "pageable"}
@@ -184,7 +217,9 @@ def main():
     if any(c == "net" for c, _, _ in stalls):
         logsrv, port = start_log_server()
 
-    total = args.warmup + args.steps
+    total = args.warmup + (10**9 if args.serve else args.steps)
+    serve = open(args.serve, "a", buffering=1 << 16) if args.serve else None
+    served = None  # (monotonic ns, process CPU ns) at the last iteration's end
     loader_stall = [(e, m) for c, e, m in stalls if c == "loader.wait"]
     le, lm = loader_stall[0] if loader_stall else (0, 0)
     ds = SlowDataset(total + 1, le, lm, data, (args.batch, args.seq))
@@ -327,9 +362,20 @@ def main():
         for _ in range(step % (args.item_reads + 1)):
             x[0, 0].item()  # a scalar read: one more sync inside the step
         loss.item()
+        if serve is not None:
+            served, stop = served_step(serve, args.ctl, n, served)
+            if stop:
+                break
+            continue
         if n > 0:
             truth.append({"type": "step", "step": n, "start": s0, "end": MONO()})
     torch.cuda.synchronize()
+    if serve is not None:
+        serve.close()
+        if logsrv:
+            os.kill(logsrv, 9)
+            os.waitpid(logsrv, 0)
+        return
     elapsed = time.perf_counter() - t_measure
     if prof:
         prof.stop()

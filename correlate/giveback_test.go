@@ -82,17 +82,22 @@ func TestGiveBackMicroSteps(t *testing.T) {
 // (an iteration went by there, its site call without a stack): those
 // steps stay, and the ones from the site's first call on are given back.
 func TestGiveBackAfterUnseenSiteCalls(t *testing.T) {
-	s := &stepper{pid: 1, next: 1, origin: 0}
-	s.open(0, false)
-	for i := 1; i <= 12; i++ {
-		s.boundary(int64(10*i), false)
-	}
-	for _, st := range s.steps {
-		if st.closed {
-			st.ClockSource = stepclock.SourceWork
+	// Twelve work-pattern steps of 10 from the stream's first call at 0.
+	lay := func() *stepper {
+		s := &stepper{pid: 1, next: 1, origin: 0}
+		s.open(0, false)
+		for i := 1; i <= 12; i++ {
+			s.boundary(int64(10*i), false)
 		}
+		for _, st := range s.steps {
+			if st.closed {
+				st.ClockSource = stepclock.SourceWork
+			}
+		}
+		return s
 	}
 	// Six cuts before the first call at 60, four in each iteration after.
+	s := lay()
 	s.giveBack([]int64{60, 100, 140})
 	n := len(s.steps)
 	if n != 7 || s.steps[n-1].closed || s.steps[n-1].Start != 60 || s.next != 8 {
@@ -101,16 +106,7 @@ func TestGiveBackAfterUnseenSiteCalls(t *testing.T) {
 	}
 	// Where the first interval holds no more cuts than an iteration (the
 	// process's first), everything from its start is given back.
-	s = &stepper{pid: 1, next: 1, origin: 0}
-	s.open(0, false)
-	for i := 1; i <= 12; i++ {
-		s.boundary(int64(10*i), false)
-	}
-	for _, st := range s.steps {
-		if st.closed {
-			st.ClockSource = stepclock.SourceWork
-		}
-	}
+	s = lay()
 	s.giveBack([]int64{40, 80, 120})
 	if n := len(s.steps); n != 1 || s.steps[0].closed || s.steps[0].Start != 0 || s.next != 2 {
 		t.Fatalf("process's first iteration: %d steps, next %d; want one open from 0", n, s.next)

@@ -28,8 +28,7 @@ PROBES=${PROBES:-auto}
 mkdir -p "$OUTDIR" "$WORK"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 
-JOB=("$PY" "$HERE/trainer.py" --steps "$STEPS" --warmup 20 --loader-workers 2 --pin-memory
-  --stall loader.wait:every=10:ms=40 --stall io.read:every=15:ms=20 --data-dir "$WORK")
+JOB=("$PY" "$HERE/trainer.py" --preset loader-cost --steps "$STEPS" --data-dir "$WORK")
 
 untraced() { "${JOB[@]}" --result "$WORK/u$1.json" >"$WORK/u$1.log" 2>&1; }
 

@@ -59,10 +59,9 @@ class Job:
             if os.path.exists(f):
                 os.remove(f)
         if a.job == "loader":
-            # cost.sh's job: trainer.py fed by 2 pinned DataLoader workers, with loader and read stalls.
-            cmd = [sys.executable, os.path.join(HERE, "trainer.py"), "--serve", self.log, "--ctl", self.ctl,
-                   "--warmup", "20", "--loader-workers", "2", "--pin-memory", "--stall", "loader.wait:every=10:ms=40",
-                   "--stall", "io.read:every=15:ms=20", "--data-dir", a.out]
+            # cost.sh's job (trainer.py's loader-cost preset): 2 pinned DataLoader workers, loader and read stalls.
+            cmd = [sys.executable, os.path.join(HERE, "trainer.py"), "--preset", "loader-cost",
+                   "--serve", self.log, "--ctl", self.ctl, "--data-dir", a.out]
         else:
             cmd = [sys.executable, os.path.join(HERE, "launchjob.py"), "--serve", self.log, "--ctl", self.ctl,
                    "--kernels", str(a.kernels), "--warmup", str(a.warmup), "--host-us", str(a.host_us)]

@@ -29,7 +29,9 @@ Stall causes:
 still one iteration of the loop each.
 
 Usage: trainer.py --steps N [--stall CAUSE:every=E:ms=M]... [--truth FILE] [--profile FILE]
-                  [--warmup W] [--result FILE]
+                  [--warmup W] [--result FILE] [--preset NAME]
+--preset loader-cost is the job the cost harnesses time (2 pinned DataLoader workers, loader and read
+stalls); its flags come first, so the command line's own override them.
 --profile records a PyTorch profiler (Kineto/CUPTI) trace of the measured steps for the ground
 truth of GPU idle time. --result writes {"steps_per_s":..} over the measured steps.
 
@@ -170,8 +172,17 @@ def served_step(log, ctl, n, prev):
     return now, True
 
 
+# Named jobs, so that every harness that times one runs the same flags. loader-cost: fed by 2
+# pinned DataLoader workers, with loader and read stalls (cost.sh, overhead_attach.py --job loader).
+PRESETS = {
+    "loader-cost": ["--warmup", "20", "--loader-workers", "2", "--pin-memory",
+                    "--stall", "loader.wait:every=10:ms=40", "--stall", "io.read:every=15:ms=20"],
+}
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="a named job's flags; flags given after it win")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--stall", action="append", default=[])
@@ -192,6 +203,9 @@ def main():
     ap.add_argument("--serve", metavar="LOG")
     ap.add_argument("--ctl", metavar="FILE")
     args = ap.parse_args()
+    if args.preset:
+        # The preset's flags first: the command line's own come after and override them (--stall adds).
+        args = ap.parse_args(PRESETS[args.preset] + sys.argv[1:])
     if args.serve and not args.ctl:
         ap.error("--serve needs --ctl")
 
@@ -248,8 +262,14 @@ def main():
             static_loss.backward()
 
     truth = []
+
+    def note(rec):
+        # A served job runs until told to stop and never writes its truth: keep nothing.
+        if serve is None:
+            truth.append(rec)
+
     off = time.time_ns() - MONO()
-    truth.append({"type": "meta", "clock": "monotonic", "realtime_minus_monotonic_ns": off, "pid": os.getpid(),
+    note({"type": "meta", "clock": "monotonic", "realtime_minus_monotonic_ns": off, "pid": os.getpid(),
                   "device": 0, "rank": 0, "stalls": args.stall, "warmup": args.warmup})
     tid = threading.get_native_id()
     tiny = torch.ones(64, device=dev)
@@ -292,7 +312,7 @@ def main():
                 t1 = MONO()
                 hogger.join()
                 sys.setswitchinterval(0.005)
-                truth.append({"type": "stall", "step": n, "cause": "lock", "start": t0, "end": t1, "tid": tid})
+                note({"type": "stall", "step": n, "cause": "lock", "start": t0, "end": t1, "tid": tid})
                 continue
             if cause == "io.write":
                 buf = io.BytesIO()
@@ -338,14 +358,14 @@ def main():
             if cause == "pageable":
                 # what gaptrace's copy evidence should say
                 rec.update(bytes=pageable.numel() * pageable.element_size(), direction="htod")
-            truth.append(rec)
+            note(rec)
         t0 = MONO()
         batch = next(loader)
         t1 = MONO()
         if le and n > 0 and t1 - t0 > lm * 1e6 / 4:
             # the worker was still reading cold data for this batch (an ordinary next() costs
             # ~1 ms of unpickling on this thread: that is CPU work, not a wait)
-            truth.append({"type": "stall", "step": n, "cause": "loader.wait", "start": t0, "end": t1, "tid": tid})
+            note({"type": "stall", "step": n, "cause": "loader.wait", "start": t0, "end": t1, "tid": tid})
         s0 = MONO()
         x = batch.to(dev, non_blocking=True)
         if graph is not None:
@@ -368,7 +388,7 @@ def main():
                 break
             continue
         if n > 0:
-            truth.append({"type": "step", "step": n, "start": s0, "end": MONO()})
+            note({"type": "step", "step": n, "start": s0, "end": MONO()})
     torch.cuda.synchronize()
     if serve is not None:
         serve.close()

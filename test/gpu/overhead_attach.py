@@ -94,17 +94,20 @@ class Job:
 def attach(a, job, mode, name):
     """Starts gaptrace on the job and returns (process, log path) once it traces, else None.
     mode is a probe set, optionally followed by +VAR=VALUE settings of gaptrace's environment
-    (lite+GOMAXPROCS=16)."""
+    (lite+GOMAXPROCS=16) and by @alt: the --gaptrace-alt binary in place of --gaptrace's."""
     pre = os.path.join(a.out, name)
     log = pre + ".log"
     env = dict(os.environ)
+    binary = a.gaptrace
+    if mode.endswith("@alt"):
+        mode, binary = mode[:-len("@alt")], a.gaptrace_alt
     mode, *settings = mode.split("+")
     for kv in settings:
         k, _, v = kv.partition("=")
         env[k] = v
     if a.pprof and (mode == "auto" or name.startswith("sidecar-")):
         env["GAPTRACE_PPROF"] = pre
-    g = subprocess.Popen([a.gaptrace, "attach", "--pid", str(job.p.pid), "--probes", mode, "--live", "off",
+    g = subprocess.Popen([binary, "attach", "--pid", str(job.p.pid), "--probes", mode, "--live", "off",
                           "--summary-json", pre + "-summary.json", "--gaps-out", pre + "-gaps.jsonl",
                           "--spans-out", pre + "-spans.jsonl"], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
 
@@ -117,6 +120,11 @@ def attach(a, job, mode, name):
         return None
     g.traced_from = time.monotonic_ns()
     return g, pre
+
+
+def probes_of(mode):
+    """The probe set of a mode: auto of auto+GOMAXPROCS=4@alt."""
+    return mode.split("@")[0].split("+")[0]
 
 
 def detach(g, pre):
@@ -156,9 +164,9 @@ def proc_rss_mib(pid):
     return 0.0
 
 
-def sidecar_cost(a, job, mode):
-    """gaptrace's own CPU (share of one core) and RSS over a long attachment, after its start."""
-    at = attach(a, job, mode, f"sidecar-{mode.replace('+', '-').replace('=', '')}")
+def sidecar_cost(a, job, mode, i):
+    """gaptrace's own CPU (share of one core) and RSS over the i-th long attachment, after its start."""
+    at = attach(a, job, mode, f"sidecar-{i}-{mode.replace('+', '-').replace('=', '').replace('@', '-')}")
     if at is None:
         return None
     g, pre = at
@@ -196,6 +204,7 @@ def figures(steps, t0, t1, kernels):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gaptrace", required=True)
+    ap.add_argument("--gaptrace-alt", help="the binary of modes ending in @alt (auto@alt): two builds timed interleaved")
     ap.add_argument("--bench", default=os.path.join(HERE, "..", "..", "bin", "bench"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=20)
@@ -210,12 +219,15 @@ def main():
     ap.add_argument("--modes", default="null,lite,auto,full,profiler")
     ap.add_argument("--budget", type=float, default=0, help="stop starting repetitions after this many seconds (0: none)")
     ap.add_argument("--pprof", action="store_true", help="GAPTRACE_PPROF for auto's attachments and every sidecar attachment (heap and CPU profiles)")
-    ap.add_argument("--sidecar", default="auto,lite", help="modes whose own cost is measured in a long attachment at the end (MODE+VAR=VALUE sets gaptrace's environment)")
+    ap.add_argument("--sidecar", default="auto,lite", help="modes whose own cost is measured in a long attachment each, in this order, at the end "
+                    "(MODE+VAR=VALUE sets gaptrace's environment; a mode may repeat)")
     ap.add_argument("--sidecar-seconds", type=float, default=30)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     if a.job == "loader" and "profiler" in a.modes.split(","):
         ap.error("--job loader has no profiler mode")
+    if "@alt" in a.modes + a.sidecar and not a.gaptrace_alt:
+        ap.error("a mode ending in @alt needs --gaptrace-alt")
     os.makedirs(a.out, exist_ok=True)
     modes = a.modes.split(",")
     rng = random.Random(a.seed)
@@ -246,7 +258,7 @@ def main():
                     at = attach(a, job, m, f"{rep:03d}-{m}")
                     if at is None:
                         continue
-                    time.sleep(a.settle_auto if m == "auto" else a.settle)
+                    time.sleep(a.settle_auto if probes_of(m) == "auto" else a.settle)
                     w = window(a)
                     extra = detach(*at)
                     time.sleep(a.settle)
@@ -256,9 +268,9 @@ def main():
                 print("overhead-attach: the job exited", flush=True)
                 break
         costs = []
-        for m in [m for m in a.sidecar.split(",") if m]:
+        for i, m in enumerate(m for m in a.sidecar.split(",") if m):
             if job.p.poll() is None:
-                c = sidecar_cost(a, job, m)
+                c = sidecar_cost(a, job, m, i)
                 if c:
                     costs.append(c)
                     rate = (f"{c['launches_per_s'] / 1e3:.0f}k launches/s" if c["launches_per_s"] is not None
@@ -290,7 +302,7 @@ def main():
             add_pair(saved, "untraced", fb, prev)
         prev = fb
         add_pair(saved, m, fw, fb)
-        if m == "auto" and "full_share" in extra:
+        if probes_of(m) == "auto" and "full_share" in extra:
             saved["FullShare"].append(extra["full_share"])
         if extra.get("sidecar"):
             sidecar[m].append(extra["sidecar"])

@@ -171,9 +171,25 @@ func changed(vals []float64) bool {
 	return slices.ContainsFunc(vals, func(v float64) bool { return v > 0 })
 }
 
+// calPair is a pair of calibration reads with a refresh between them: the
+// metrics of the refresh interval that ended there (each read holds the
+// counters of the last refresh before it, and the reads are calStep apart,
+// far less than a period), to become a window once the phase is known.
+type calPair struct {
+	lo, hi int64 // the first read's start, the second's return
+	vals   []float64
+}
+
 // calibrate samples every calStep until it has seen a few refreshes (or the
-// budget is spent) and sets the phase and period from them.
-func (g *gpmSampler) calibrate(ctx context.Context) {
+// budget is spent) and sets the phase and period from them. The first time
+// (no window emitted yet) it returns a window for each refresh interval it
+// saw end, so that the GPU is covered from the sampler's start rather than
+// from the end of calibration: a sidecar attached to a running job would
+// otherwise be blind to SM activity, and so to its comm stalls, for the
+// calibration's ~400 ms. It then leaves the last calibration read as the
+// steady state's previous sample, so the steady windows chain on.
+func (g *gpmSampler) calibrate(ctx context.Context) []gpmWindow {
+	first := g.prevT == 0 && g.lastEnd == 0
 	g.lastCal = time.Now()
 	// The first calibration needs a few refreshes to measure the period;
 	// later ones measure it against the first refresh ever seen, so two
@@ -185,9 +201,10 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 	deadline := time.Now().Add(budget)
 	aLo, aHi, ok := g.read(g.calA)
 	if !ok {
-		return
+		return nil
 	}
 	var changes []int64 // midpoints of the pairs that spanned a refresh
+	var pairs []calPair // with first: every metric of each such pair
 	// The pairs themselves: the refresh came after the first read's
 	// counters were taken (at or after its call began) and before the
 	// second's (at or before its call returned), whatever the scheduler did
@@ -198,23 +215,28 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 	for len(changes) < want && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-tick.C:
 		}
 		bLo, bHi, ok := g.read(g.calB)
 		if !ok {
-			return
+			return nil
 		}
 		if vals, ok := g.metrics(g.calA, g.calB, calMetricIDs); ok && changed(vals) {
 			changes = append(changes, (aLo+aHi+bLo+bHi)/4)
 			spans = append(spans, [2]int64{aLo, bHi})
+			if first {
+				if all, ok := g.metrics(g.calA, g.calB, gpmMetricIDs); ok {
+					pairs = append(pairs, calPair{lo: aLo, hi: bHi, vals: all})
+				}
+			}
 		}
 		g.calA, g.calB = g.calB, g.calA
 		aLo, aHi = bLo, bHi
 	}
 	if len(changes) == 0 {
 		g.s.log.Debug("gpm refresh not observed (idle GPU?); sampling unaligned", "device", g.d.info.Index)
-		return
+		return nil
 	}
 	// The period: spacings are whole multiples of it (a refresh of an idle
 	// GPU shows no change), so count periods against a first guess and
@@ -281,6 +303,49 @@ func (g *gpmSampler) calibrate(ctx context.Context) {
 		g.s.log.Info("gpm sampling aligned to the counter refresh", "device", g.d.info.Index,
 			"period", g.period, "refreshes_seen", len(changes))
 	}
+	if !first {
+		return nil
+	}
+	return g.steadyFrom(aLo, aHi, pairs)
+}
+
+// steadyFrom makes the first calibration's last read, taken at lo..hi and
+// held in calA, the steady state's previous sample (its counters are those
+// of the refresh before it), and returns the windows of pairs that chain
+// up to that refresh.
+func (g *gpmSampler) steadyFrom(lo, hi int64, pairs []calPair) []gpmWindow {
+	g.prev, g.calA = g.calA, g.prev
+	g.prevT = lo + (hi-lo)/2
+	g.lastEnd = g.boundary(g.prevT)
+	return calWindows(pairs, g.boundary, int64(g.period), g.lastEnd)
+}
+
+// calWindows turns calibration pairs into windows on the refresh grid
+// (boundary), each one period long and ending at the refresh its pair
+// spans: the run of them that chains, window to window, up to last, where
+// the steady windows go on. A refresh interval calibration saw no counter
+// move in (an idle GPU) breaks the chain: the windows before it are left
+// out, so that the windows stay contiguous. So is a pair whose reads do
+// not hold its grid refresh (the phase estimate disagrees with it).
+func calWindows(pairs []calPair, boundary func(int64) int64, period, last int64) []gpmWindow {
+	want := last // the end the next window back must have
+	first := len(pairs)
+	for i := len(pairs) - 1; i >= 0; i-- {
+		c := pairs[i]
+		end := boundary(c.hi)
+		if end < c.lo || end != want {
+			break
+		}
+		first, want = i, end-period
+	}
+	out := make([]gpmWindow, 0, len(pairs)-first)
+	for _, c := range pairs[first:] {
+		end, v := boundary(c.hi), c.vals
+		out = append(out, gpmWindow{start: end - period, end: end,
+			sm: pct(v[0]), occupancy: pct(v[1]), tensor: pct(v[2]), dram: pct(v[3]),
+			pcieTx: mibps(v[4]), pcieRx: mibps(v[5]), nvlTx: mibps(v[6]), nvlRx: mibps(v[7])})
+	}
+	return out
 }
 
 // refreshPhase places the last refresh of spans as tightly as the spans
@@ -346,7 +411,9 @@ func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWind
 	d.gpmPeriod = g.period
 	d.mu.Unlock()
 
-	g.calibrate(ctx)
+	if !g.calibrateAndPublish(ctx, emit) {
+		return
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -360,7 +427,9 @@ func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWind
 			g.busyCal = true
 		}
 		if due {
-			g.calibrate(ctx)
+			if !g.calibrateAndPublish(ctx, emit) {
+				return
+			}
 			now = time.Now().UnixNano()
 		}
 		timer.Reset(time.Duration(g.nextSample(now) - now))
@@ -413,23 +482,41 @@ func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWind
 		w := gpmWindow{start: start, end: end,
 			sm: pct(vals[0]), occupancy: pct(vals[1]), tensor: pct(vals[2]), dram: pct(vals[3]),
 			pcieTx: mibps(vals[4]), pcieRx: mibps(vals[5]), nvlTx: mibps(vals[6]), nvlRx: mibps(vals[7])}
-		d.addGPMWindow(w)
-		g.lastEnd = end
-		g.lastBusy = w.sm > 0.01
-		if w.sm < 0 {
-			continue // SM activity unknown: no idle fraction to report
-		}
-		// Unaligned, a sample holds the counters of the last refresh
-		// before it, up to a period earlier than the read.
-		var skew int64
-		if !g.aligned {
-			skew = int64(g.period)
-		}
-		if !emit(event.GPUWindow{Device: d.info.Index, UUID: d.info.UUID, Start: start, End: end,
-			IdleFraction: 1 - w.sm, Source: event.SourceGPM, SMActivity: w.sm, TensorActivity: w.tensor, Skew: skew}) {
+		if !g.publish(w, emit) {
 			return
 		}
 	}
+}
+
+// publish keeps w for the device's hardware context and sends it as a
+// GPU window where its SM activity is known; false when emit says stop.
+func (g *gpmSampler) publish(w gpmWindow, emit func(event.GPUWindow) bool) bool {
+	d := g.d
+	d.addGPMWindow(w)
+	g.lastEnd = max(g.lastEnd, w.end)
+	g.lastBusy = w.sm > 0.01
+	if w.sm < 0 {
+		return true // SM activity unknown: no idle fraction to report
+	}
+	// Unaligned, a sample holds the counters of the last refresh before
+	// it, up to a period earlier than the read.
+	var skew int64
+	if !g.aligned {
+		skew = int64(g.period)
+	}
+	return emit(event.GPUWindow{Device: d.info.Index, UUID: d.info.UUID, Start: w.start, End: w.end,
+		IdleFraction: 1 - w.sm, Source: event.SourceGPM, SMActivity: w.sm, TensorActivity: w.tensor, Skew: skew})
+}
+
+// calibrateAndPublish calibrates and sends the windows of the refresh
+// intervals the first calibration saw; false when emit says stop.
+func (g *gpmSampler) calibrateAndPublish(ctx context.Context, emit func(event.GPUWindow) bool) bool {
+	for _, w := range g.calibrate(ctx) {
+		if !g.publish(w, emit) {
+			return false
+		}
+	}
+	return true
 }
 
 // pct converts a GPM percentage to 0..1, keeping -1 (unknown).

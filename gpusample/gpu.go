@@ -22,6 +22,9 @@
 //   - GPM windows follow the counters' own refresh: the sampler measures the
 //     refresh phase and period (about 100 ms on Hopper) and samples just
 //     after each refresh, so every window is exactly one counter interval.
+//     The refresh intervals its first calibration read (~400 ms, four
+//     refreshes) become windows too once the phase is known, so the GPU is
+//     covered from the first refresh after sampling began.
 //     Its metrics are read through the loaded library's nvmlGpmMetricsGet
 //     with a request kept in C memory (gpmcall.go): go-nvml copies its
 //     19 KB request twice a call. A test's fake NVML goes through go-nvml.

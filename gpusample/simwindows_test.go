@@ -1,8 +1,11 @@
 package gpusample
 
 import (
+	"context"
+	"log/slog"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -251,4 +254,87 @@ func TestSimGPMAlignsWhenTheJobStarts(t *testing.T) {
 		t.Errorf("aligned %v after the GPU became busy, want within 1.5 s", d)
 	}
 	t.Logf("aligned %v after the GPU became busy; %d windows", time.Duration(alignedAt-busyAt), len(gp))
+}
+
+// A sidecar attached to a job that already computes: GPM windows cover the
+// GPU from the sampler's first refresh on, not from the end of its
+// calibration (four refreshes, ~400 ms): the refresh intervals calibration
+// read become windows on the refresh grid once the phase is known, with
+// the SM activity the timeline says, and the steady windows chain on from
+// the last of them.
+func TestSimGPMWindowsFromCalibration(t *testing.T) {
+	w := startWriter(t)
+	off := realMinusMono()
+	// Computing from before the sampler starts, for 3 s.
+	p := testPattern(monoNow()-int64(200*time.Millisecond), 45)
+	p.write(w)
+	logs := &alignLog{}
+	s := openSim(t, Config{SampleInterval: 30 * time.Millisecond, Logger: slog.New(logs)})
+	gp := bySource(collect(t, s, 8*time.Second, func(ws []event.GPUWindow) bool {
+		g := bySource(ws, event.SourceGPM)
+		return len(g) >= 12
+	}), event.SourceGPM)
+	checkContiguous(t, gp)
+	aligned := logs.at()
+	if aligned == 0 {
+		t.Fatal("the sampler never logged its alignment")
+	}
+	R, phase := int64(simGPMRefresh), int64(simGPMPhase)
+	before := 0
+	for i, win := range gp {
+		a, b := win.Start-off, win.End-off
+		if win.Skew != 0 {
+			t.Errorf("gpm window %d [%d,%d) has skew %v: the sampler aligned before any window", i, a, b, time.Duration(win.Skew))
+		}
+		ra := (a-phase+R/2)/R*R + phase
+		rb := (b-phase+R/2)/R*R + phase
+		if abs(a-ra) > int64(gpmMargin) || abs(b-rb) > int64(gpmMargin) {
+			t.Errorf("gpm window %d [%d,%d) off the refresh grid by %v / %v", i, a, b, time.Duration(a-ra), time.Duration(b-rb))
+			continue
+		}
+		if win.End < aligned {
+			before++
+			k, c := p.busy(ra, rb)
+			want := (float64(k) + 0.05*float64(c)) / float64(rb-ra)
+			if math.Abs(win.SMActivity-want) > 0.005 {
+				t.Errorf("calibration window %d: SM activity %.3f, timeline says %.3f", i, win.SMActivity, want)
+			}
+		}
+	}
+	// Calibration saw four refreshes before it logged: the intervals ending
+	// at least at the last three of them are windows.
+	if before < 3 {
+		t.Errorf("%d gpm windows end before the sampler aligned (%d), want the ≥ 3 refresh intervals calibration read", before, aligned)
+	}
+	if first := gp[0].End; first > aligned-2*R {
+		t.Errorf("first gpm window ends %v before alignment, want ≥ %v: calibration's refreshes were not kept", time.Duration(aligned-first), time.Duration(2*R))
+	}
+	t.Logf("%d windows before alignment; the first ends %v before it", before, time.Duration(aligned-gp[0].End))
+}
+
+// alignLog is a slog handler that keeps when the sampler logged its
+// alignment to the counter refresh (Unix ns).
+type alignLog struct {
+	mu sync.Mutex
+	t  int64
+}
+
+func (l *alignLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *alignLog) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "aligned to the counter refresh") {
+		l.mu.Lock()
+		if l.t == 0 {
+			l.t = r.Time.UnixNano()
+		}
+		l.mu.Unlock()
+	}
+	return nil
+}
+func (l *alignLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *alignLog) WithGroup(string) slog.Handler      { return l }
+
+func (l *alignLog) at() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.t
 }

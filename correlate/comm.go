@@ -227,7 +227,8 @@ func (p *proc) resolveStalls(x env, force bool) {
 				continue
 			}
 		}
-		if force || d.gpmEnd == 0 || d.gpmEnd >= s.gap.End || x.clk.now >= s.gap.End+holdMax {
+		noGPM := d.gpmEnd == 0 && !d.gpmComing
+		if force || noGPM || d.gpmEnd >= s.gap.End || x.clk.now >= s.gap.End+holdMax {
 			sm := d.smActivity(s.gap.Start, s.gap.End)
 			// With a baseline, the wait's excess is already set apart from
 			// the compute: reject it only when the GPU must have computed

@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"slices"
+	"sort"
 	"testing"
 
 	"github.com/gaptrace/gaptrace/event"
@@ -256,6 +257,81 @@ func TestCommStallLateFromFirstStep(t *testing.T) {
 			// which hides the last few steps' spinning (busy − compute < half).
 			if n < 17 || float64(comm) < 0.8*float64(late) || float64(comm) > 1.1*float64(late) {
 				t.Fatalf("%d stalls, %d ns of comm; the peer was late %d ns over 20 steps", n, comm, late)
+			}
+		})
+	}
+}
+
+// A sidecar attached to a job whose peer is late in every step: the GPM
+// sampler calibrates for its first few hundred ms and only then sends the
+// windows of the refreshes it read, all at once; on a loaded host, later
+// than the engine's emit delay. The stalls of those first steps wait for
+// them on a device whose GPM windows will come (Config.GPMDevices) and are
+// found; judged at once without GPM, as on a device that has none, those
+// the engine reached before the windows came cannot be.
+func TestCommStallWaitsForCalibrationWindows(t *testing.T) {
+	const calibrated = 800 * ms // when the sampler sends its first windows
+	for _, tc := range []struct {
+		name      string
+		gpmComing bool
+	}{
+		{"gpm coming", true},
+		{"gpm not announced", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim()
+			s.evs = append(s.evs, event.Event{Kind: event.KindCommInit, PID: s.pid, TID: s.tid, Start: s.t, End: s.t,
+				Comm: 0xc0ffee, Count: 2, PeerRank: 1})
+			var early []int64 // the stalls' ends before the first windows came
+			for range 30 {
+				s.launches(20, 50*us, 100*us)
+				s.collective(event.NCCLAllReduce, 3*ms+30*ms)
+				s.sync()
+				if s.t < t0+calibrated {
+					early = append(early, s.t)
+				}
+			}
+			wins := s.windows(t0, s.t+200*ms, 200*ms, event.SourceNVML, nil)
+			gpm := s.windows(t0, s.t+200*ms, 100*ms, event.SourceGPM, func(a, b int64) float64 { return 0.1 })
+			c := &collect{}
+			e := newEngine(c, func(cfg *Config) {
+				if tc.gpmComing {
+					cfg.GPMDevices = []int{0}
+				}
+			})
+			evs := append([]event.Event(nil), s.evs...)
+			sort.SliceStable(evs, func(i, j int) bool { return evs[i].End < evs[j].End })
+			i, j, k := 0, 0, 0
+			until := s.t + 2e9
+			for now := int64(t0); now <= until; now += 20 * ms {
+				c.now = now
+				for ; i < len(evs) && evs[i].End <= now; i++ {
+					e.Event(evs[i])
+				}
+				for ; j < len(wins) && wins[j].End+250*ms <= now; j++ {
+					e.Window(wins[j])
+				}
+				for ; k < len(gpm) && (now >= t0+calibrated && gpm[k].End <= now || gpm[k].End+20*ms <= now && gpm[k].End > t0+calibrated); k++ {
+					e.Window(gpm[k])
+				}
+				e.Advance(now)
+			}
+			e.Close(until)
+			found := 0
+			for _, g := range c.gaps {
+				if g.Kind == GapStall && g.Cause == CauseComm && g.End <= early[len(early)-1] {
+					found++
+				}
+			}
+			t.Logf("%d of the %d stalls before the first GPM windows came found", found, len(early))
+			if tc.gpmComing && found < len(early)-1 {
+				t.Errorf("%d of the %d stalls before the first GPM windows came found, want all but the first", found, len(early))
+			}
+			// Reached before the windows came: the stalls that ended an
+			// emit delay before them, less one step for the tick.
+			if reached := (calibrated - DefaultEmitDelay.Nanoseconds()) / (40 * ms); !tc.gpmComing && found > len(early)-int(reached)+1 {
+				t.Errorf("%d of %d stalls found, yet the engine reached ~%d of them with no GPM window to judge them by",
+					found, len(early), reached)
 			}
 		})
 	}

@@ -62,6 +62,13 @@ type Config struct {
 	// 2 s of event time, by which the loop's first steps went to fixed
 	// windows.
 	NoGPUWindows bool
+	// GPMDevices are the devices whose GPM windows will come (the
+	// sampler reads GPM on them). A comm stall on one, before its first
+	// GPM window, waits for GPM's verdict (up to holdMax) instead of
+	// being judged without it: the sampler's first windows, those of the
+	// refreshes its calibration read, arrive a few hundred ms after they
+	// end, and a sidecar attached mid-run meets the job's stalls at once.
+	GPMDevices []int
 	// HW, when set, is called once per finished step.
 	HW func(dev int, start, end int64) *event.HWContext
 	// Logger defaults to slog.Default().

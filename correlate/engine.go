@@ -80,7 +80,7 @@ func New(cfg Config, sink Sink) *Engine {
 		set:    set,
 		sink:   sink,
 		log:    set.log,
-		world:  newWorld(cfg.NoGPUWindows),
+		world:  newWorld(cfg.NoGPUWindows, cfg.GPMDevices),
 		totals: Summary{ByCause: map[Cause]int64{}},
 	}
 }

@@ -23,8 +23,11 @@ type device struct {
 	// gpm are windows with SM activity, for confirming comm stalls.
 	gpm    []event.GPUWindow
 	gpmEnd int64
-	gaps   []interval.Span // emitted idle gaps
-	stalls []interval.Span // emitted comm stalls
+	// gpmComing: GPM windows will come (Config.GPMDevices), even before
+	// the first has.
+	gpmComing bool
+	gaps      []interval.Span // emitted idle gaps
+	stalls    []interval.Span // emitted comm stalls
 	// busy are waits in syncs that found work queued: the host was
 	// blocked, the queue only drained, so the GPU was busy throughout.
 	busy []interval.Span

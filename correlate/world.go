@@ -17,6 +17,8 @@ type world struct {
 	samples samples
 	// noWindows: no device sends GPU windows (Config.NoGPUWindows).
 	noWindows bool
+	// gpmComing: the devices whose GPM windows will come (Config.GPMDevices).
+	gpmComing map[int]bool
 	devOf     map[uint32]int
 	procs     map[uint32]*proc
 	threads   map[uint32]*attribute.Thread
@@ -30,10 +32,15 @@ type world struct {
 	droppedIntervals uint64
 }
 
-func newWorld(noWindows bool) world {
+func newWorld(noWindows bool, gpmDevices []int) world {
 	procs := map[uint32]*proc{}
+	gpmComing := map[int]bool{}
+	for _, d := range gpmDevices {
+		gpmComing[d] = true
+	}
 	return world{
 		noWindows: noWindows,
+		gpmComing: gpmComing,
 		devOf:     map[uint32]int{},
 		procs:     procs,
 		threads:   map[uint32]*attribute.Thread{},
@@ -48,7 +55,7 @@ func newWorld(noWindows bool) world {
 func (w *world) device(id int) *device {
 	d := w.devs[id]
 	if d == nil {
-		d = &device{id: id, bg: -1, noWindows: w.noWindows}
+		d = &device{id: id, bg: -1, noWindows: w.noWindows, gpmComing: w.gpmComing[id] && !w.noWindows}
 		w.devs[id] = d
 	}
 	return d

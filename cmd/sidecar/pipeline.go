@@ -150,8 +150,14 @@ func newPipeline(ctx context.Context, pc cli.PipelineConfig) (cli.Pipeline, erro
 	ccfg := correlate.Config{Probes: probes, MinGap: cfg.MinGap, StepAt: cfg.StepAt, NoGPUWindows: p.gpu == nil, Logger: pc.Logger}
 	if p.gpu != nil {
 		ccfg.HW = p.gpu.HWContext
+		for _, d := range p.gpu.Devices() {
+			if d.GPMSupported {
+				ccfg.GPMDevices = append(ccfg.GPMDevices, d.Index)
+			}
+		}
 	}
-	rec, err := p.openRecording(cfg.Record, record.Header{Version: version, Probes: probes, MinGap: int64(cfg.MinGap), NoGPUWindows: p.gpu == nil})
+	rec, err := p.openRecording(cfg.Record, record.Header{Version: version, Probes: probes, MinGap: int64(cfg.MinGap),
+		NoGPUWindows: p.gpu == nil, GPMDevices: ccfg.GPMDevices})
 	if err != nil {
 		_ = p.tr.Close() // reporting the recording's error
 		p.closeGPU()

@@ -53,12 +53,15 @@ type Header struct {
 	MinGap  int64  `json:"min_gap_ns,omitempty"`
 	// NoGPUWindows: the run had no NVML (correlate.Config.NoGPUWindows).
 	NoGPUWindows bool `json:"no_gpu_windows,omitempty"`
+	// GPMDevices: the devices whose GPM windows were to come
+	// (correlate.Config.GPMDevices); none in recordings made before it.
+	GPMDevices []int `json:"gpm_devices,omitempty"`
 }
 
 // Config is the engine configuration the recording was made with (its
 // Logger left for the caller).
 func (h Header) Config() correlate.Config {
-	cfg := correlate.Config{Probes: h.Probes, NoGPUWindows: h.NoGPUWindows}
+	cfg := correlate.Config{Probes: h.Probes, NoGPUWindows: h.NoGPUWindows, GPMDevices: h.GPMDevices}
 	if h.MinGap > 0 {
 		cfg.MinGap = time.Duration(h.MinGap)
 	}

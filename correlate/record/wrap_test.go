@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -42,7 +43,7 @@ func TestRecordingDecoratorRecordsEveryInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h2 != h {
+	if !reflect.DeepEqual(h2, h) {
 		t.Errorf("header %+v, want %+v", h2, h)
 	}
 	if calls[len(calls)-1].Close == 0 { // feed closes one second after the last Advance

@@ -170,7 +170,9 @@
 // a stall of kind "stall", cause comm, for the excess, placed at the end of
 // the wait. It needs a step period and four earlier steps. When GPM SM
 // activity covers it, activity above 0.5 rejects it (the GPU was
-// computing); otherwise Evidence.SMActivity confirms it. When every rank
+// computing); otherwise Evidence.SMActivity confirms it. A stall waits for
+// GPM up to holdMax, before a device's first GPM window too where
+// Config.GPMDevices says windows will come. When every rank
 // of the collective's communicator is traced by this engine, the ranks'
 // own timelines judge the wait instead (correlate/ranks): comm for as long as the
 // last rank reached the collective after this one, naming it

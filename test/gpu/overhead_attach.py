@@ -98,10 +98,8 @@ def attach(a, job, mode, name):
     pre = os.path.join(a.out, name)
     log = pre + ".log"
     env = dict(os.environ)
-    binary = a.gaptrace
-    if mode.endswith("@alt"):
-        mode, binary = mode[:-len("@alt")], a.gaptrace_alt
-    mode, *settings = mode.split("+")
+    mode, settings, alt = parse_mode(mode)
+    binary = a.gaptrace_alt if alt else a.gaptrace
     for kv in settings:
         k, _, v = kv.partition("=")
         env[k] = v
@@ -122,9 +120,19 @@ def attach(a, job, mode, name):
     return g, pre
 
 
+def parse_mode(mode):
+    """A mode's probe set, its VAR=VALUE settings and whether it runs the alternative build:
+    ("auto", ["GOMAXPROCS=4"], True) of auto+GOMAXPROCS=4@alt."""
+    alt = mode.endswith("@alt")
+    if alt:
+        mode = mode[:-len("@alt")]
+    probes, *settings = mode.split("+")
+    return probes, settings, alt
+
+
 def probes_of(mode):
     """The probe set of a mode: auto of auto+GOMAXPROCS=4@alt."""
-    return mode.split("@")[0].split("+")[0]
+    return parse_mode(mode)[0]
 
 
 def detach(g, pre):

@@ -116,9 +116,12 @@ func (t *Tracer) attachLibrary(pid uint32, path string, lib library) *libAttach 
 		t.warnMissing(fmt.Sprintf("%s %s", lib, path), err)
 		return la
 	}
-	la.links, la.info = t.attachPlanned(ex, pid, path, lib, planned)
-	t.log.Info("uprobes attached", "library", path, "pid", pid, "probes", len(la.info), "links", len(la.links), "missing", len(missing), "took", time.Since(start).Round(time.Millisecond))
 	if t.cfg.Probes == ProbesAuto && lib == libCUDA {
+		// The per-launch probes first, where a window wants them now:
+		// attached after the copies' and syncs', the copies enqueued
+		// meanwhile would come inside the window (LaunchToggle.At)
+		// with no launch seen between them, and the step clock would
+		// take them for steps that launch nothing.
 		la.file = file
 		t.mu.Lock()
 		on := t.launchOn
@@ -127,6 +130,8 @@ func (t *Tracer) attachLibrary(pid uint32, path string, lib library) *libAttach 
 			t.attachLaunch(la, pid)
 		}
 	}
+	la.links, la.info = t.attachPlanned(ex, pid, path, lib, planned)
+	t.log.Info("uprobes attached", "library", path, "pid", pid, "probes", len(la.info), "links", len(la.links), "missing", len(missing), "took", time.Since(start).Round(time.Millisecond))
 	return la
 }
 

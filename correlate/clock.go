@@ -1,6 +1,8 @@
 package correlate
 
 import (
+	"math"
+
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -27,6 +29,13 @@ func (s *stepper) awaitMarks() bool {
 		}
 	}
 	return n > 0 && n < stepclock.MarkWait
+}
+
+// launchesNear says whether a step that launched n kernels, counted by
+// position, is a step of ref launches: no lag to follow there, only the
+// data's jitter.
+func launchesNear(n uint64, ref float64) bool {
+	return math.Abs(float64(n)-ref) <= max(stepclock.LaunchJitter, stepclock.JitterRel*ref)
 }
 
 // flushDeferred places the boundary the clock still held back: the loop
@@ -148,7 +157,18 @@ func (s *stepper) trimToks() {
 func (s *stepper) clockTick(set settings, tok *stepclock.Token) bool {
 	c := s.clock
 	c.seg.Add(tok, c.key.Marked())
+	c.occSyncs += tok.Syncs
 	if tok.Key != c.key {
+		return false
+	}
+	synced := c.occSyncs > 0
+	c.occSyncs = 0
+	c.all++
+	if c.byPos && synced && int(c.occ%int64(c.m)) != c.phase {
+		// A grouping that launches showed without a sync: its
+		// micro-batches follow no sync, and an occurrence after one
+		// inside a group is an insertion's (an evaluation's batches,
+		// each read back), which counts no micro-batch.
 		return false
 	}
 	idx := c.occ
@@ -156,7 +176,8 @@ func (s *stepper) clockTick(set settings, tok *stepclock.Token) bool {
 	if int(idx%int64(c.m)) != c.phase {
 		return false
 	}
-	synced := s.syncIn(c.lastAt, tok.T)
+	c.lastAll = c.all
+	synced = s.syncIn(c.lastAt, tok.T)
 	c.lastAt = tok.T
 	placed := false
 	if d := c.deferred; d != 0 {
@@ -180,7 +201,11 @@ func (s *stepper) clockTick(set settings, tok *stepclock.Token) bool {
 		return placed
 	}
 	same := true
-	if !set.lite {
+	switch {
+	case set.lite:
+	case c.byPos:
+		same = launchesNear(c.seg.ByPos, c.launches)
+	default:
 		same = c.lag.Fit(c.seg.Launches, c.launches)
 	}
 	if c.havePrev {
@@ -310,9 +335,10 @@ func (s *stepper) tryClock(set settings) bool {
 		// checkpoint) disqualifies the loop's clock for one check at most.
 		// Its grouping into iterations (accum.go) takes over at once.
 		if cf.Key == c.key && cf.M == c.m {
+			s.realign(cf)
 			s.clockStrikes = 0
 			// The loop's steps may grow or shrink (a schedule, a phase).
-			c.launches = cf.Launches
+			c.launches, c.byPos = cf.Launches, cf.ByPosition
 			if s.anchor == nil {
 				s.anchor = s.findAnchor()
 			}
@@ -338,7 +364,7 @@ func (s *stepper) tryClock(set settings) bool {
 	s.flushDeferred()
 	s.lite = set.lite
 	set.log.Debug("step period found", "pid", s.pid, "clock", cf.Key.String(), "per_step", cf.M, "syncs_vary", cf.SyncsVary)
-	s.clock = &clockState{key: cf.Key, m: cf.M, phase: cf.Phase, occ: cf.Occ, launches: cf.Launches,
+	s.clock = &clockState{key: cf.Key, m: cf.M, phase: cf.Phase, occ: cf.Occ, all: cf.Occ, launches: cf.Launches, byPos: cf.ByPosition,
 		seg: stepclock.Seg{Counts: map[stepclock.Key]int{}}, stopAfter: 4*max(cf.MedSyncs, 1) + 4}
 	for _, n := range cf.SyncCounts {
 		s.clock.pushSyncs(n)

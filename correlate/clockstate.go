@@ -31,6 +31,14 @@ type clockState struct {
 	// how many of them reach the tracer in the next step.
 	launches float64
 	lag      stepclock.LagFit
+	// byPos: launches and the steps' counts are by launch position
+	// (stepclock.Found.ByPosition).
+	byPos bool
+	// occSyncs: syncs since the previous occurrence of key; all: occ
+	// with the occurrences it did not count (byPos) included; lastAll:
+	// all at its latest boundary, that one counted (0: none yet).
+	occSyncs     int
+	all, lastAll int64
 	// lastAt: the previous boundary occurrence of the clock's operation;
 	// deferred: where the step it closed ends, while a clock whose every
 	// step syncs waits for the next occurrence to confirm it (a sync

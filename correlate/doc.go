@@ -266,7 +266,18 @@
 // counts the micro-batches (a loss read every g-th iteration looks the
 // same), auto keeps a grouping its windows learnt while the sync still
 // comes once per group; detection waits for four groups while gaps are
-// held, and a grouping takes over from its running steps at once. A
+// held, and a grouping takes over from its running steps at once. Where
+// no sync marks the group (a loop that reads its loss only every few
+// optimizer steps, the host running ahead of the device), the launches
+// by position may (launchSlot): one step of every g launches more than
+// nearly every other, the others alike, syncs seldom elsewhere; the clock
+// then compares its steps by position (a loop that seldom syncs flushes
+// its counts only then), an occurrence after a sync inside a group is an
+// insertion's (an evaluation's batches, each read back) and counts no
+// micro-batch, the grouping is kept where launches are not seen
+// (keepGroup) and realigned when one shows the group's place moved, and
+// a call site whose calls come more often than its steps (withinGroup)
+// does not take the steps. A
 // running clock is checked every 16 operations and gives way, at two
 // checks in a row, to a clearly finer one or when it no longer qualifies;
 // many syncs without any operation mean the loop stopped, and steps fall

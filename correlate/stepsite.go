@@ -312,6 +312,11 @@ func (s *stepper) checkSite(set settings) bool {
 		// It reads micro-batches, as launches showed earlier: no step.
 		ok = false
 	}
+	if ok && s.mode == modeClock && s.withinGroup(p) {
+		// Its calls come more often than the group launches showed
+		// (an evaluation's batches, a micro-batch's read): no step.
+		ok = false
+	}
 	if ok && p.TID != s.pid && c.mainSyncs(c.items[0].T) >= stepclock.SiteMinRuns {
 		// The main thread syncs on its own, recurrently (from a site
 		// that does not qualify, or whose stack was not captured): the
@@ -581,4 +586,40 @@ func (e *Engine) stepClocks() []StepClock {
 		return out[i].PID < out[j].PID
 	})
 	return out
+}
+
+// withinGroup says whether the running clock is a grouping that launches
+// showed without a sync (accum.go, launchSlot) and p's calls come more
+// often than its steps do: most intervals between them hold fewer of the
+// clock's operations than one step holds (one batch copy where a step of
+// eight micro-batches holds eight). Such a site reads a micro-batch's or
+// an evaluation batch's result; it ends no step of the loop.
+func (s *stepper) withinGroup(p stepclock.Pick) bool {
+	a, c := s.accum, s.clock
+	if a == nil || !a.byLaunch || c == nil || c.key != a.key || c.m != a.m*a.g {
+		return false
+	}
+	items := s.sites.items
+	n, fewer, open := 0, 0, false
+	ops := 0
+	for i := range items {
+		it := &items[i]
+		if it.Site.Key == "" {
+			if it.Key == c.key {
+				ops++
+			}
+			continue
+		}
+		if it.Site.Key != p.Site.Key || it.TID != p.TID {
+			continue
+		}
+		if open {
+			n++
+			if ops < c.m {
+				fewer++
+			}
+		}
+		open, ops = true, 0
+	}
+	return n > 0 && 2*fewer > n
 }

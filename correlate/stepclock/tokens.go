@@ -117,8 +117,11 @@ func (t *Token) Idle() bool {
 // Seg is what one step enqueued, for comparing steps.
 type Seg struct {
 	Launches uint64
-	Counts   map[Key]int
-	Syncs    int
+	// ByPos: the launches made in the step by position (Token.Pos),
+	// where Launches counts what was flushed in it.
+	ByPos  uint64
+	Counts map[Key]int
+	Syncs  int
 }
 
 // SameOps says whether two steps enqueued the same operations.
@@ -210,7 +213,11 @@ type Found struct {
 	SyncsVary    bool    // the syncs per step differ between steps
 	SyncsPerStep int     // when they do not
 	Launches     float64 // a step's launches (median), where seen
-	Occ          int64   // occurrences of key in the ring, numbered from 0
+	// ByPosition: Launches counts by launch position (Token.Pos), not by
+	// flush: a grouping that launches alone showed (a loop that syncs
+	// once in several steps flushes its counts only then).
+	ByPosition bool
+	Occ        int64 // occurrences of key in the ring, numbered from 0
 	// work is the median work of a step (launches where they are seen,
 	// else its duration); concentrated: the median step holds far less
 	// than the mean (the work happens in a few of them).
@@ -258,6 +265,7 @@ func (f *Seg) Add(tok *Token, marked bool) {
 	} else {
 		f.Launches += tok.Launches
 	}
+	f.ByPos += tok.Pos - min(tok.Pos, tok.PosFrom)
 	f.Syncs += tok.Syncs
 	if !tok.Key.Marked() {
 		f.Counts[tok.Key]++

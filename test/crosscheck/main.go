@@ -158,12 +158,15 @@ func printTable(w io.Writer, scores []*Score) (met, missed int) {
 				share = fmt.Sprintf("%.2f", k.Share())
 			}
 			code := "n/a"
-			if k.Nameable && k.Stalls > 0 {
-				code = fmt.Sprintf("%.2f", float64(k.Named)/float64(k.Stalls))
+			if k.Nameable && k.Gapped > 0 {
+				code = fmt.Sprintf("%.2f", float64(k.Named)/float64(k.Gapped))
 			}
 			short := ""
 			if k.Short > 0 {
 				short = fmt.Sprintf(" (+%d short)", k.Short)
+			}
+			if idle := k.Stalls - k.Gapped; idle > 0 {
+				short += fmt.Sprintf(" (%d under no gap)", idle)
 			}
 			cells = append(cells, fmt.Sprintf("%s ×%d%s %s/%s [%s]", k.Kind, k.Stalls, short, share, code, k.Top()))
 		}

@@ -32,9 +32,12 @@ type KindScore struct {
 	// SeenNS is the breakdown time of gaps over the stalls, RightNS of it
 	// the expected cause's, ExcusedNS the cpu.contention set aside.
 	SeenNS, RightNS, ExcusedNS float64
-	// Named counts stalls a gap over which names their code; Nameable is
-	// false where the truth gives no code.
+	// Named counts stalls a gap over which names their code, of Gapped,
+	// the stalls that some gap overlaps (a stall the host ran ahead of,
+	// the device busy with work queued before it, idled nothing: no gap
+	// can name it); Nameable is false where the truth gives no code.
 	Named    int
+	Gapped   int
 	Nameable bool
 	// Labels is the seen time by reported cause.
 	Labels map[string]float64
@@ -150,12 +153,13 @@ func scoreStalls(tr *JobTruth, gaps []correlate.Gap, raws [][]byte) []*KindScore
 		k.StallNS += s.Len()
 		want, worker := accuracy.ExpectedCause(s.Cause)
 		var contention float64
-		named := false
+		named, gapped := false, false
 		for i, g := range gaps {
 			ov := min(g.End, s.End) - max(g.Start, s.Start)
 			if int(g.PID) != tr.PID || ov <= 0 || g.Duration <= 0 {
 				continue
 			}
+			gapped = true
 			f := float64(ov) / float64(g.Duration)
 			right := worker == "" || accuracy.ReportedCause(g) == "loader.wait."+worker
 			for cause, ns := range g.Breakdown {
@@ -182,6 +186,9 @@ func scoreStalls(tr *JobTruth, gaps []correlate.Gap, raws [][]byte) []*KindScore
 		}
 		if named {
 			k.Named++
+		}
+		if gapped {
+			k.Gapped++
 		}
 	}
 	return kinds
@@ -291,7 +298,7 @@ func (sc *Score) judge() {
 		}
 		check(k.Share() >= minCauseShare, fmt.Sprintf("%s cause %.2f (top %s)", k.Kind, k.Share(), k.Top()))
 		if k.Nameable {
-			check(float64(k.Named) >= minCodeNamed*float64(k.Stalls), fmt.Sprintf("%s code %d/%d", k.Kind, k.Named, k.Stalls))
+			check(float64(k.Named) >= minCodeNamed*float64(k.Gapped), fmt.Sprintf("%s code %d/%d", k.Kind, k.Named, k.Gapped))
 		}
 	}
 	check(sc.IdleNS > 0 && sc.OtherNS <= maxOther*sc.IdleNS, fmt.Sprintf("other %.3f", sc.OtherNS/max(sc.IdleNS, 1)))

@@ -37,6 +37,9 @@ func TestScoreStalls(t *testing.T) {
 		{Cause: "cpu", Code: "tokenize|tok2", Interval: accuracy.Interval{Start: 100 * ms, End: 200 * ms}, RunDelayNS: 10 * ms},
 		{Cause: "loader.wait.cpu", Code: "next_batch", Interval: accuracy.Interval{Start: 300 * ms, End: 400 * ms}},
 		{Cause: "sleep", Interval: accuracy.Interval{Start: 500 * ms, End: 600 * ms}},
+		// The device busy throughout with work queued before it: no gap
+		// over it, nothing to name it.
+		{Cause: "cpu", Code: "tokenize", Interval: accuracy.Interval{Start: 800 * ms, End: 900 * ms}},
 		// Shorter than any gap: counted apart, not judged.
 		{Cause: "cpu", Code: "tokenize", Interval: accuracy.Interval{Start: 700 * ms, End: 700*ms + ms/2}},
 	}
@@ -56,8 +59,9 @@ func TestScoreStalls(t *testing.T) {
 		t.Fatalf("kinds %+v", ks)
 	}
 	// cpu: seen 100, right 80, contention 20 of which 10 excused.
-	if got := ks[0].Share(); got < 80.0/90-1e-9 || got > 80.0/90+1e-9 || ks[0].Named != 1 || ks[0].Stalls != 1 || ks[0].Short != 1 {
-		t.Errorf("cpu share %v named %d, %d stalls (%d short), want %v, 1, 1 (1)", got, ks[0].Named, ks[0].Stalls, ks[0].Short, 80.0/90)
+	if got := ks[0].Share(); got < 80.0/90-1e-9 || got > 80.0/90+1e-9 || ks[0].Named != 1 || ks[0].Gapped != 1 || ks[0].Stalls != 2 || ks[0].Short != 1 {
+		t.Errorf("cpu share %v named %d of %d under a gap, %d stalls (%d short), want %v, 1 of 1, 2 (1)",
+			got, ks[0].Named, ks[0].Gapped, ks[0].Stalls, ks[0].Short, 80.0/90)
 	}
 	// loader: the workers read, the truth says they computed.
 	if ks[1].Share() != 0 || ks[1].Top() != "loader.wait.io" || ks[1].Named != 0 {

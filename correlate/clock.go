@@ -1,8 +1,6 @@
 package correlate
 
 import (
-	"math"
-
 	"github.com/gaptrace/gaptrace/correlate/stepclock"
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -29,13 +27,6 @@ func (s *stepper) awaitMarks() bool {
 		}
 	}
 	return n > 0 && n < stepclock.MarkWait
-}
-
-// launchesNear says whether a step that launched n kernels, counted by
-// position, is a step of ref launches: no lag to follow there, only the
-// data's jitter.
-func launchesNear(n uint64, ref float64) bool {
-	return math.Abs(float64(n)-ref) <= max(stepclock.LaunchJitter, stepclock.JitterRel*ref)
 }
 
 // flushDeferred places the boundary the clock still held back: the loop
@@ -156,9 +147,9 @@ func (s *stepper) trimToks() {
 // occurrence of its operation.
 func (s *stepper) clockTick(set settings, tok *stepclock.Token) bool {
 	c := s.clock
-	c.seg.Add(tok, c.key.Marked())
 	c.occSyncs += tok.Syncs
 	if tok.Key != c.key {
+		c.seg.Add(tok, c.key.Marked())
 		return false
 	}
 	synced := c.occSyncs > 0
@@ -168,9 +159,12 @@ func (s *stepper) clockTick(set settings, tok *stepclock.Token) bool {
 		// A grouping that launches showed without a sync: its
 		// micro-batches follow no sync, and an occurrence after one
 		// inside a group is an insertion's (an evaluation's batches,
-		// each read back), which counts no micro-batch.
+		// each read back), which counts no micro-batch and is no
+		// operation of the step.
+		c.seg.Syncs += tok.Syncs
 		return false
 	}
+	c.seg.Add(tok, c.key.Marked())
 	idx := c.occ
 	c.occ++
 	if int(idx%int64(c.m)) != c.phase {
@@ -204,7 +198,7 @@ func (s *stepper) clockTick(set settings, tok *stepclock.Token) bool {
 	switch {
 	case set.lite:
 	case c.byPos:
-		same = launchesNear(c.seg.ByPos, c.launches)
+		same = c.lag.Fit(c.seg.ByPos, c.launches)
 	default:
 		same = c.lag.Fit(c.seg.Launches, c.launches)
 	}

@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # Steps on a real GPU: PyTorch loops written the ways step counting finds hard (test/gpu/steps_job.py:
 # eager, CUDA graph with a background saver thread, torch.compile, 4 micro-batches, an evaluation
-# every 25 iterations, the loss read every 10th, per-tensor checkpoint copies), each traced by
+# every 25 iterations, the loss read every 10th, per-tensor checkpoint copies, and 8 micro-batches
+# an optimizer step with no sync in it, with and without torch.optim), each traced by
 # `gaptrace run` under --probes full, auto and lite and by `gaptrace attach --pid` a few seconds
 # into the run. The job writes its own optimizer steps; gaptrace's are its train.step spans.
 #
-#   test/gpu/steps.sh OUTDIR [JOB...]     (default: every job; about 6 minutes in all)
+#   test/gpu/steps.sh OUTDIR [JOB...]     (default: every job; about 8 minutes in all)
 #
-# STEPS_MODES picks the modes (default "full auto lite attach"), STEPS_SECONDS each run's length;
+# STEPS_MODES picks the modes (default "full auto lite attach"), STEPS_SECONDS each run's length,
+# STEPS_ATTACH_PROBES the probe set attach uses (default full; auto is what a user gets);
 # STEPS_RECORD=1 adds --record (DIR/rec.gz, which `gaptrace replay` reproduces offline).
 #
 # OUTDIR/steps.tsv: one row per job and mode: job, mode, true steps, gaptrace steps, their ratio,
 # and the step clock the summary names (source and site). OUTDIR/JOB-MODE/ keeps each run's
 # outputs (log, spans, summary, the job's truth).
 set -uo pipefail
-OUTDIR=${1:?usage: test/gpu/steps.sh OUTDIR [eager graph compile accum eval logevery ckpt]}
+OUTDIR=${1:?usage: test/gpu/steps.sh OUTDIR [eager graph compile accum eval logevery ckpt hfaccum hfmanual]}
 shift
-JOBS=${*:-eager graph compile accum eval logevery ckpt}
+JOBS=${*:-eager graph compile accum eval logevery ckpt hfaccum hfmanual}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 G=${GAPTRACE:-$ROOT/bin/gaptrace}
@@ -47,7 +49,7 @@ one() {
       kill -0 $pid 2>/dev/null || break
       sleep 0.1
     done
-    timeout 300 "$G" attach --pid $pid --probes full $(outs "$d") >"$d/gaptrace.log" 2>&1
+    timeout 300 "$G" attach --pid $pid --probes "${STEPS_ATTACH_PROBES:-full}" $(outs "$d") >"$d/gaptrace.log" 2>&1
     wait $pid
   else
     timeout 300 "$G" run --probes "$mode" $(outs "$d") -- "$PY" "$HERE/steps_job.py" "${jobargs[@]}" >"$d/gaptrace.log" 2>&1

@@ -9,6 +9,12 @@
   --job eval      an evaluation of 20 batches (no grad, its own metric read) every 25 iterations
   --job logevery  the loss read every 10th iteration only
   --job ckpt      every 20th iteration, a checkpoint copying each tensor to the host (.cpu())
+  --job hfaccum   shaped like Hugging Face's Trainer: 8 micro-batches an optimizer step, the loss
+                  summed on the device, clip_grad_norm_ and opt.step() with no sync; the loss read
+                  every 5th step, an evaluation of 15 batches (copied as the training's, each read)
+                  every 40th: the host runs ahead of the device
+  --job hfmanual  the same with a hand-written SGD update (no torch.optim: no optimizer-step
+                  marker), so only the enqueued work can tell the optimizer steps
 
 Runs --seconds of training (after a warm-up of 5 iterations that is not counted as a step by
 the job either: its step records start after it), and writes --truth: a meta record (pid), one
@@ -26,7 +32,8 @@ import torch
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--job", required=True, choices=("eager", "graph", "compile", "accum", "eval", "logevery", "ckpt"))
+    p.add_argument("--job", required=True,
+                   choices=("eager", "graph", "compile", "accum", "eval", "logevery", "ckpt", "hfaccum", "hfmanual"))
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--truth", required=True)
     a = p.parse_args()
@@ -74,6 +81,7 @@ def main():
                 _ = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         threading.Thread(target=saver, daemon=True, name="saver").start()
 
+    tr_loss = None
     n = 0
     warm = 5
     end = None
@@ -82,6 +90,26 @@ def main():
         t0 = time.time_ns()
         if step_fn is not None:
             step_fn()
+        elif a.job in ("hfaccum", "hfmanual"):
+            if tr_loss is None:
+                tr_loss = torch.zeros((), device=dev)
+            for _ in range(8):
+                x, y = host_x.to(dev, non_blocking=True), host_y.to(dev, non_blocking=True)
+                loss = torch.nn.functional.mse_loss(model(x), y) / 8
+                loss.backward()
+                tr_loss += loss.detach()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if a.job == "hfaccum":
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            else:
+                with torch.no_grad():
+                    for q in model.parameters():
+                        q.add_(q.grad, alpha=-1e-3)
+                        q.grad.zero_()
+            if i % 5 == 4:
+                tr_loss.item()
+                tr_loss.zero_()
         elif a.job == "accum":
             opt.zero_grad()
             for _ in range(4):
@@ -102,12 +130,21 @@ def main():
                         fwd(ex).abs().mean().item()
             if a.job == "ckpt" and i % 20 == 19:
                 _ = [v.detach().cpu() for v in model.state_dict().values()]
+        if a.job in ("hfaccum", "hfmanual") and i % 40 == 39:
+            t_end = time.time_ns()  # the step ended; the evaluation is no step
+            with torch.no_grad():
+                for _ in range(15):
+                    ex = host_x.to(dev, non_blocking=True)
+                    fwd(ex).abs().mean().item()
+        else:
+            t_end = None
         i += 1
         if i <= warm:
             if i == warm:
                 end = time.monotonic() + a.seconds
             continue
-        truth.write(json.dumps({"type": "step", "step": n, "start_unix_nano": t0, "end_unix_nano": time.time_ns()}) + "\n")
+        truth.write(json.dumps({"type": "step", "step": n, "start_unix_nano": t0,
+                                "end_unix_nano": t_end or time.time_ns()}) + "\n")
         n += 1
         if time.monotonic() >= end:
             break

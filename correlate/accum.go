@@ -386,16 +386,20 @@ func (s *stepper) group(toks []stepclock.Token, cf stepclock.Found) stepclock.Fo
 // phase is the running clock's, as the ring counts it.
 func (s *stepper) keepGroup(cf stepclock.Found) (stepclock.Found, bool) {
 	a, c := s.accum, s.clock
-	if a == nil || !a.byLaunch || c == nil || s.mode != modeClock || a.key != cf.Key || a.m != cf.M ||
-		c.key != cf.Key || c.m != a.m*a.g {
+	if a == nil || !a.byLaunch || c == nil || s.mode != modeClock || a.key != cf.Key ||
+		c.key != cf.Key || c.m != a.m*a.g || cf.M > c.m || c.m%cf.M != 0 {
 		return cf, false
 	}
+	// cf may count finer than the grouping learnt (one of the batch's
+	// two copies, where an evaluation copied one tensor of each batch
+	// and shifted the pairs): the group is still c.m occurrences.
+	g := float64(c.m / cf.M)
 	f := cf
 	f.M = c.m
 	f.Phase = s.ringPhase()
-	f.SegLen = cf.SegLen * float64(a.g)
+	f.SegLen = cf.SegLen * g
 	f.Launches, f.ByPosition = c.launches, c.byPos
-	f.Work = cf.Work * float64(a.g)
+	f.Work = cf.Work * g
 	return f, true
 }
 

@@ -286,6 +286,9 @@ var viewsOff = map[string]string{
 	"sim-hf-trainer-full":   "lite: micro-batches with no sync in a step need the launches",
 	"sim-hf-trainer-auto":   "lite: micro-batches with no sync in a step need the launches",
 	"sim-hf-trainer-attach": "lite: micro-batches with no sync in a step need the launches",
+	// The same on an H100, with a hand-written update (no optimizer
+	// marker) and two batch copies a micro-batch.
+	"h100-hfmanual-auto": "lite: micro-batches with no sync in a step need the launches",
 }
 
 func TestRecordedSteps(t *testing.T) {

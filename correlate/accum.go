@@ -385,9 +385,8 @@ func (s *stepper) group(toks []stepclock.Token, cf stepclock.Found) stepclock.Fo
 // replaces it in tryClock, and a lost step pattern forgets it). f's
 // phase is the running clock's, as the ring counts it.
 func (s *stepper) keepGroup(cf stepclock.Found) (stepclock.Found, bool) {
-	a, c := s.accum, s.clock
-	if a == nil || !a.byLaunch || c == nil || s.mode != modeClock || a.key != cf.Key ||
-		c.key != cf.Key || c.m != a.m*a.g || cf.M > c.m || c.m%cf.M != 0 {
+	c := s.clock
+	if !s.launchGrouped() || c.key != cf.Key || cf.M > c.m || c.m%cf.M != 0 {
 		return cf, false
 	}
 	// cf may count finer than the grouping learnt (one of the batch's
@@ -401,6 +400,13 @@ func (s *stepper) keepGroup(cf stepclock.Found) (stepclock.Found, bool) {
 	f.Launches, f.ByPosition = c.launches, c.byPos
 	f.Work = cf.Work * g
 	return f, true
+}
+
+// launchGrouped says whether the running clock is a grouping that
+// launches showed without a sync (launchSlot).
+func (s *stepper) launchGrouped() bool {
+	a, c := s.accum, s.clock
+	return a != nil && a.byLaunch && c != nil && s.mode == modeClock && c.key == a.key && c.m == a.m*a.g
 }
 
 // ringPhase is the running clock's phase counted as Detect counts it:

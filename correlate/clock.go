@@ -343,9 +343,28 @@ func (s *stepper) tryClock(set settings) bool {
 			if v.Key == c.key && v.M == c.m {
 				fl, vl := stepclock.StepLens(&cf, &v)
 				still = fl*1.5 > vl
+			} else if _, ok := s.keepGroup(v); ok {
+				// The running clock is a launch-learnt grouping of
+				// v's operation: v still qualifying is the clock
+				// still qualifying, and a clock is clearly finer only
+				// against v (a checkpoint's per-tensor copies, one a
+				// step, against the eight micro-batches' copies of
+				// the group).
+				fl, vl := stepclock.StepLens(&cf, &v)
+				still = fl*1.5 > vl
+				println("KG", s.ntok, fl, vl, still)
+			} else {
+				println("NOKG", s.ntok, v.Key.String(), v.M, s.accum != nil, s.accum != nil && s.accum.byLaunch, c.m)
 			}
 		}
-		if still || insertion(toks, c, valid) {
+		if still || insertion(toks, c, valid) || set.lite && s.launchGrouped() {
+			// A grouping that launches showed is refuted by launches
+			// alone: blind to them, a checkpoint's per-tensor copies
+			// that the host issues while the device still runs the
+			// steps queued before look like a finer clock (no compute
+			// is seen to come between them). A loop that really moved
+			// on loses the clock's pattern (toWindows) or its
+			// operation leaves the ring.
 			s.clockStrikes = 0
 			return false
 		}

@@ -26,16 +26,19 @@ func (r *waitRing) push(x int64) { r.v[r.n%len(r.v)] = x; r.n++ }
 // recentMedian is the median of the last k values pushed (fewer when fewer
 // were): the latest steps say best what this step's work looks like.
 func (r *waitRing) recentMedian(k int) int64 {
-	v := r.recentSorted(k)
+	var buf [len(waitRing{}.v)]int64
+	v := r.recentSorted(k, &buf)
 	return v[len(v)/2]
 }
 
-// recentSorted is the last k values pushed (fewer when fewer were), sorted.
-func (r *waitRing) recentSorted(k int) []int64 {
+// recentSorted is the last k values pushed (fewer when fewer were), sorted,
+// in buf: the rings are read on every sync and enqueue, and a fresh slice
+// each time was the engine's most frequent allocation.
+func (r *waitRing) recentSorted(k int, buf *[len(waitRing{}.v)]int64) []int64 {
 	k = min(k, r.n, len(r.v))
-	v := make([]int64, 0, k)
-	for i := 1; i <= k; i++ {
-		v = append(v, r.v[(r.n-i)%len(r.v)])
+	v := buf[:k]
+	for i := range v {
+		v[i] = r.v[(r.n-1-i)%len(r.v)]
 	}
 	slices.Sort(v)
 	return v
@@ -47,8 +50,8 @@ func (r *waitRing) recentSorted(k int) []int64 {
 // ring and turn every ordinary step after it into a false stall.
 func (r *waitRing) low() int64 {
 	k := min(r.n, len(r.v))
-	v := slices.Clone(r.v[:k])
-	slices.Sort(v)
+	v := r.v
+	slices.Sort(v[:k])
 	return v[(k-1)/4]
 }
 
@@ -56,6 +59,7 @@ func (r *waitRing) low() int64 {
 // is deep at one sync of a step (the step's last, on the stream that
 // computes) is deep, however many other syncs return at once.
 func (r *waitRing) high(k int) int64 {
-	v := r.recentSorted(k)
+	var buf [len(waitRing{}.v)]int64
+	v := r.recentSorted(k, &buf)
 	return v[(3*len(v))/4]
 }

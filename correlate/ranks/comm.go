@@ -157,6 +157,9 @@ type groupKey struct {
 // commGroup is one communicator group: one member per rank.
 type commGroup struct {
 	members map[int32]*commInfo
+	// order is members in slot order (sorted), nil once they changed:
+	// every collective of every rank reads it, members change rarely.
+	order []*commInfo
 	// prologue: each rank's verdict of the half-step prologue rule.
 	prologue map[int32]bool
 	// ambiguous: two live processes claimed one rank (two jobs of the same
@@ -184,11 +187,16 @@ func (g *commGroup) complete() bool {
 
 // sorted is the group's members in slot order: decisions over them must
 // not depend on the order of a map.
+// Callers must not change it; whoever changes members sets order to nil.
 func (g *commGroup) sorted() []*commInfo {
+	if g.order != nil || len(g.members) == 0 {
+		return g.order
+	}
 	out := make([]*commInfo, 0, len(g.members))
 	for _, k := range slices.Sorted(maps.Keys(g.members)) {
 		out = append(out, g.members[k])
 	}
+	g.order = out
 	return out
 }
 

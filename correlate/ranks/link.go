@@ -323,6 +323,7 @@ func (g *commGroup) lastRank() {
 			delete(g.members, unknown.slot)
 			unknown.rank, unknown.slot = r, r
 			g.members[r] = unknown
+			g.order = nil
 			return
 		}
 	}
@@ -363,6 +364,7 @@ func (g *commGroup) add(c *commInfo, off int64) {
 		}
 	}
 	g.members[c.slot] = c
+	g.order = nil
 	c.group, c.off = g, off
 	if sz := sizeOf(c); sz > 0 && g.size == 0 {
 		g.size = sz

@@ -140,6 +140,7 @@ func (reg *Registry) Add(ev *event.Event) {
 		}
 	}
 	g.members[c.rank] = c
+	g.order = nil
 	c.group = g
 }
 
@@ -161,6 +162,7 @@ type commOrdKey struct {
 func (reg *Registry) unlink(c *commInfo) {
 	if c.group != nil && c.group.members[c.slot] == c {
 		delete(c.group.members, c.slot)
+		c.group.order = nil
 	}
 	c.group, c.off = nil, 0
 	if c.inferred {

@@ -26,6 +26,9 @@ func (s *symbolizer) mappingOf(pid uint32, addr uint64) (*mapping, bool) {
 	for attempt := 0; attempt < 2; attempt++ {
 		ms, ok := s.procs[pid]
 		if attempt == 1 {
+			if inSpans(s.vdso[pid], addr) {
+				return nil, false // no reread finds a file there
+			}
 			// The clock is read on a miss only: every frame of every
 			// sample comes through here.
 			if since := time.Since(s.readAt[pid]); since < mapsRereadEvery && (!s.changed[pid] || since < mapsRereadChanged) {
@@ -34,11 +37,13 @@ func (s *symbolizer) mappingOf(pid uint32, addr uint64) (*mapping, bool) {
 		}
 		if !ok || attempt == 1 {
 			var err error
-			ms, err = readExecMappings(filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "maps"))
+			var vdso []span
+			ms, vdso, err = readExecMaps(filepath.Join(s.procRoot, strconv.Itoa(int(pid)), "maps"))
 			if err != nil {
 				return nil, false
 			}
 			s.procs[pid] = ms
+			s.vdso[pid] = vdso
 			s.readAt[pid] = time.Now()
 			delete(s.changed, pid)
 		}
@@ -54,6 +59,53 @@ func (s *symbolizer) mappingOf(pid uint32, addr uint64) (*mapping, bool) {
 // sorted by address.
 func readExecMappings(path string) ([]*mapping, error) {
 	return readMappings(path, parseMapsLine)
+}
+
+// span is an address range [start, end).
+type span struct{ start, end uint64 }
+
+// inSpans reports whether addr lies in one of sp.
+func inSpans(sp []span, addr uint64) bool {
+	for _, r := range sp {
+		if addr >= r.start && addr < r.end {
+			return true
+		}
+	}
+	return false
+}
+
+// readExecMaps is readExecMappings, and where the maps place the [vdso]
+// and [vsyscall] code.
+func readExecMaps(path string) ([]*mapping, []span, error) {
+	var vdso []span
+	ms, err := readMappings(path, func(line string) (mapping, bool) {
+		if m, ok := parseMapsLine(line); ok {
+			return m, true
+		}
+		if r, ok := parseVDSOLine(line); ok {
+			vdso = append(vdso, r)
+		}
+		return mapping{}, false
+	})
+	return ms, vdso, err
+}
+
+// parseVDSOLine parses a maps line of [vdso] or [vsyscall].
+func parseVDSOLine(line string) (span, bool) {
+	fs := strings.Fields(line)
+	if len(fs) != 6 || fs[5] != "[vdso]" && fs[5] != "[vsyscall]" {
+		return span{}, false
+	}
+	lo, hi, ok := strings.Cut(fs[0], "-")
+	if !ok {
+		return span{}, false
+	}
+	start, err1 := strconv.ParseUint(lo, 16, 64)
+	end, err2 := strconv.ParseUint(hi, 16, 64)
+	if err1 != nil || err2 != nil || end <= start {
+		return span{}, false
+	}
+	return span{start, end}, true
 }
 
 // readMappings parses the lines of a maps file that parse keeps, sorted by

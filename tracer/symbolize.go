@@ -38,6 +38,11 @@ type symbolizer struct {
 	// changed: the process mapped executable code since its maps were
 	// last read (a library loaded), so an address they miss may be in it.
 	changed map[uint32]bool
+	// vdso is where a process's [vdso] and [vsyscall] are, from its maps:
+	// code in no file, there from exec to exit. A loop that reads the
+	// clock in a spin has most of its CPU samples there, and each such
+	// frame reread the maps once a second per process.
+	vdso map[uint32][]span
 	// frameAt caches symbolized addresses per process. CPU samples have
 	// no stack id, so done does not hold them, but a loop's samples land
 	// on a few hundred addresses: each was a maps search, a symbol search
@@ -82,7 +87,7 @@ const maxSymbolized = 1 << 14
 
 func newSymbolizer() *symbolizer {
 	s := &symbolizer{procRoot: procRoot, files: map[fileID]*elfFile{}, procs: map[uint32][]*mapping{},
-		readAt: map[uint32]time.Time{}, changed: map[uint32]bool{}, done: map[stackKey]symbolized{},
+		readAt: map[uint32]time.Time{}, changed: map[uint32]bool{}, vdso: map[uint32][]span{}, done: map[stackKey]symbolized{},
 		frameAt: map[uint32]map[uint64]event.Frame{}}
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/self/exe", &st); err == nil {
@@ -99,6 +104,7 @@ func (s *symbolizer) forget(pid uint32) {
 	delete(s.procs, pid)
 	delete(s.readAt, pid)
 	delete(s.changed, pid)
+	delete(s.vdso, pid)
 	delete(s.frameAt, pid)
 	for k := range s.done {
 		if k.pid == pid {

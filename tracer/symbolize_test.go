@@ -272,6 +272,50 @@ func TestMissesRereadMapsAtMostOncePerInterval(t *testing.T) {
 	}
 }
 
+// A frame in the process's [vdso] (a spin reading the clock) is in no file
+// whatever the maps say later: it never rereads them, even past
+// mapsRereadEvery, and an exec or exit forgets where the vdso was.
+func TestVDSOFramesDoNotRereadMaps(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "42")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	maps := "400000-401000 r-xp 00000000 fd:01 7 /opt/a\n" +
+		"7ffd1000-7ffd3000 r-xp 00000000 00:00 0                          [vdso]\n" +
+		"ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]\n"
+	if err := os.WriteFile(filepath.Join(dir, "maps"), []byte(maps), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := newSymbolizer()
+	s.procRoot = root
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.mappingOf(42, 0x400100); !ok {
+		t.Fatal("mapped address not found")
+	}
+	old := time.Now().Add(-2 * mapsRereadEvery)
+	for _, addr := range []uint64{0x7ffd1000, 0x7ffd2fff, 0xffffffffff600400} {
+		s.readAt[42] = old
+		if _, ok := s.mappingOf(42, addr); ok {
+			t.Fatalf("%#x found in a file mapping", addr)
+		}
+		if !s.readAt[42].Equal(old) {
+			t.Errorf("%#x in the vdso reread the maps", addr)
+		}
+	}
+	// Outside it, a miss past the interval still rereads.
+	if _, ok := s.mappingOf(42, 0x7ffd3000); ok || s.readAt[42].Equal(old) {
+		t.Error("a miss outside the vdso did not reread the maps past the interval")
+	}
+	s.mu.Unlock()
+	s.forget(42)
+	s.mu.Lock()
+	if len(s.vdso[42]) != 0 {
+		t.Error("forget kept the vdso's place")
+	}
+}
+
 // A library the process maps after its maps were read (libc, mapped by
 // ld.so right after exec, while a stack of the loader's own reads was
 // symbolized) is found within mapsRereadChanged once the mapping is

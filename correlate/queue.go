@@ -295,7 +295,7 @@ func (p *proc) preempted(x env, th *attribute.Thread, from, launch, t int64) {
 	if p.leads.n >= minHistory {
 		lead = p.leads.recentMedian(leadRecent)
 	}
-	for _, i := range th.Overlapping(from, t) {
+	for i := range th.Overlaps(from, t) {
 		ev := th.At(i)
 		if !attribute.OffRun(ev) || ev.Start < from || ev.End > t {
 			continue

@@ -2,6 +2,7 @@ package attribute
 
 import (
 	"cmp"
+	"iter"
 	"slices"
 	"sort"
 	"time"
@@ -246,7 +247,7 @@ func (t *Thread) Returned(sync *event.Event) int64 {
 // on the timeline when the call is processed).
 func (t *Thread) Runnable(a, b int64) int64 {
 	var ns int64
-	for _, i := range t.Overlapping(a, b) {
+	for i := range t.Overlaps(a, b) {
 		if ev := &t.tl[i]; ev.Kind == event.KindRunqueue {
 			ns += min(ev.End, b) - max(ev.Start, a)
 		}
@@ -256,14 +257,30 @@ func (t *Thread) Runnable(a, b int64) int64 {
 
 // Overlapping returns the indexes of intervals that overlap [a,b).
 func (t *Thread) Overlapping(a, b int64) []int {
-	i := sort.Search(len(t.tl), func(i int) bool { return t.tl[i].End > a })
 	var out []int
-	for ; i < len(t.tl); i++ {
-		if t.tl[i].Start < b && t.tl[i].End > t.tl[i].Start {
-			out = append(out, i)
-		}
+	for i := range t.Overlaps(a, b) {
+		out = append(out, i)
 	}
 	return out
+}
+
+// Overlaps yields the indexes of intervals that overlap [a,b), in timeline
+// order, as Overlapping returns them without a slice: the run-queue and
+// stop sums ask for them on every sync of a thread that waits for a CPU
+// hundreds of times a step. The timeline must not change meanwhile.
+func (t *Thread) Overlaps(a, b int64) iter.Seq[int] {
+	return func(yield func(int) bool) {
+		for i := t.overlapFrom(a); i < len(t.tl); i++ {
+			if t.tl[i].Start < b && t.tl[i].End > t.tl[i].Start && !yield(i) {
+				return
+			}
+		}
+	}
+}
+
+// overlapFrom is the first interval that ends after a.
+func (t *Thread) overlapFrom(a int64) int {
+	return sort.Search(len(t.tl), func(i int) bool { return t.tl[i].End > a })
 }
 
 // priority orders overlapping intervals: a CUDA call owns the syscalls
@@ -384,7 +401,7 @@ func OffRun(ev *event.Event) bool {
 // Stopped is how long t could not run outside its calls within [a,b).
 func (t *Thread) Stopped(a, b int64) int64 {
 	var ns int64
-	for _, i := range t.Overlapping(a, b) {
+	for i := range t.Overlaps(a, b) {
 		if ev := &t.tl[i]; OffRun(ev) {
 			ns += min(ev.End, b) - max(ev.Start, a)
 		}
@@ -395,7 +412,7 @@ func (t *Thread) Stopped(a, b int64) int64 {
 // StoppedFrom is when t first ran at or after a, before b: the end of the
 // chain of times it could not run that begins at a.
 func (t *Thread) StoppedFrom(a, b int64) int64 {
-	for _, i := range t.Overlapping(a, b) {
+	for i := range t.Overlaps(a, b) {
 		ev := &t.tl[i]
 		if !OffRun(ev) {
 			continue
@@ -413,10 +430,11 @@ func (t *Thread) StoppedFrom(a, b int64) int64 {
 // from.
 func (t *Thread) RanBack(from, to, run int64) int64 {
 	x := to
-	idx := t.Overlapping(from, to)
-	for k := len(idx) - 1; k >= 0; k-- {
-		ev := &t.tl[idx[k]]
-		if !OffRun(ev) {
+	// The intervals overlapping [from, to), latest first.
+	first := t.overlapFrom(from)
+	for i := len(t.tl) - 1; i >= first; i-- {
+		ev := &t.tl[i]
+		if ev.Start >= to || ev.End <= ev.Start || !OffRun(ev) {
 			continue
 		}
 		a, b := max(ev.Start, from), min(ev.End, x)

@@ -51,7 +51,7 @@ func retriedWait(th *Thread, ev *event.Event) *event.Event {
 			return nil
 		}
 		var next *event.Event
-		for _, i := range th.Overlapping(cur.End, cur.End+absorbNS) {
+		for i := range th.Overlaps(cur.End, cur.End+absorbNS) {
 			c := &th.tl[i]
 			if c != cur && c.Kind == event.KindSyscall && c.Syscall == event.SysFutex &&
 				c.Start >= cur.End && c.Start-cur.End <= absorbNS && (next == nil || c.Start < next.Start) {

@@ -66,6 +66,21 @@ var idleKeys, whatIfKeys = func() (idle, whatIf map[correlate.Cause]attribute.Ke
 	return idle, whatIf
 }()
 
+// gapAttrsRoom: the room gapAttributes allocates beyond the gap's causes
+// and syscall counts, enough for most gaps' evidence: growing from six
+// attributes by appends reallocated a gap's attributes three or four
+// times.
+const gapAttrsRoom = 40
+
+// breakdownKeys are the gap's per-cause attribute keys, built once.
+var breakdownKeys = func() map[correlate.Cause]attribute.Key {
+	m := map[correlate.Cause]attribute.Key{}
+	for _, c := range correlate.Causes {
+		m[c] = attribute.Key("gpu.gap.breakdown." + string(c))
+	}
+	return m
+}()
+
 // stepAttributes are a step span's attributes, in one allocation with
 // room for appendWhatIf's.
 func stepAttributes(s correlate.Step) []attribute.KeyValue {
@@ -187,14 +202,15 @@ func u32s(v []uint32) []int64 {
 // single-valued attributes carry the heaviest item, the gpu.gap.* slices all
 // of them.
 func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
-	a := []attribute.KeyValue{
+	a := make([]attribute.KeyValue, 0, gapAttrsRoom+len(g.Breakdown)+len(g.Evidence.Syscalls))
+	a = append(a,
 		attribute.String("gpu.gap.cause", string(g.Cause)),
 		attribute.String("gpu.gap.kind", string(orKind(g.Kind))),
 		attribute.Float64("gpu.gap.duration_ms", ms(gapDuration(g))),
 		attribute.Int64("gpu.step.number", g.Step),
 		attribute.Int("gpu.device", g.Device),
 		semconv.ProcessPID(int(g.PID)),
-	}
+	)
 	a = append(a, workloadAttributes(g.Workload)...)
 	if g.Evidence.Source != "" {
 		a = append(a, attribute.String("gpu.gap.source", g.Evidence.Source))
@@ -208,7 +224,7 @@ func gapAttributes(g *correlate.Gap) []attribute.KeyValue {
 	}
 	for _, c := range correlate.Causes {
 		if ns := g.Breakdown[c]; ns > 0 {
-			a = append(a, attribute.Float64("gpu.gap.breakdown."+string(c), ms(ns)))
+			a = append(a, breakdownKeys[c].Float64(ms(ns)))
 		}
 	}
 	ev := &g.Evidence

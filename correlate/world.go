@@ -30,6 +30,10 @@ type world struct {
 	// attribute.MaxIntervals (threads hold a pointer to it: the world is never
 	// copied once threads exist).
 	droppedIntervals uint64
+	// hex: handles (communicators, streams) as collective evidence names
+	// them, formatted once each: a job uses a few, every collective
+	// names two (hexName).
+	hex map[uint64]string
 }
 
 func newWorld(noWindows bool, gpmDevices []int) world {
@@ -160,7 +164,7 @@ func (w *world) ProcComm(pid uint32) (string, bool) {
 
 // collEvidence describes the collective ev enqueued.
 func (w *world) collEvidence(ev *event.Event) *CollectiveEvidence {
-	c := &CollectiveEvidence{Op: ev.Op.String(), Bytes: ev.Bytes, Comm: fmt.Sprintf("0x%x", ev.Comm)}
+	c := &CollectiveEvidence{Op: ev.Op.String(), Bytes: ev.Bytes, Comm: w.hexName(ev.Comm)}
 	if rank, n, ok := w.ranks.RankIn(ev.PID, ev.Comm); ok {
 		c.Ranks, c.Rank = n, &rank
 		// Whom a collective waits on: every other rank. With two ranks
@@ -178,9 +182,25 @@ func (w *world) collEvidence(ev *event.Event) *CollectiveEvidence {
 		c.PeerRank = ev.PeerRank
 	}
 	if ev.Stream != 0 {
-		c.Stream = fmt.Sprintf("0x%x", ev.Stream)
+		c.Stream = w.hexName(ev.Stream)
 	}
 	return c
+}
+
+// maxHexNames bounds world.hex; past it the names start over.
+const maxHexNames = 1024
+
+// hexName is fmt.Sprintf("0x%x", v), kept for the next collective.
+func (w *world) hexName(v uint64) string {
+	if s, ok := w.hex[v]; ok {
+		return s
+	}
+	if w.hex == nil || len(w.hex) >= maxHexNames {
+		w.hex = map[uint64]string{}
+	}
+	s := fmt.Sprintf("0x%x", v)
+	w.hex[v] = s
+	return s
 }
 
 // maxWaitingOn: communicators up to this size list the ranks a collective

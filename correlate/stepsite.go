@@ -41,6 +41,7 @@ const (
 // siteClock is a stepper's call-site state.
 type siteClock struct {
 	items []stepclock.Item // the stream PickSite reads, oldest first
+	buf   []stepclock.Item // the array items slides along, once full (push)
 	// trimmed: the stream no longer holds the process's first items.
 	trimmed bool
 	calls   int // sited calls since the last check
@@ -128,13 +129,29 @@ func (s *stepper) siteToken(key stepclock.Key, t int64) {
 	s.sites.push(stepclock.Item{Key: key, T: t})
 }
 
+// push adds it to the stream, which keeps its last SiteRing items. Once
+// full, the stream is a window sliding along an array of twice its
+// length, moved back to the array's front when it reaches the end: moving
+// every item on each push was the largest memory move of an 8-rank
+// replay (7% of its CPU).
 func (c *siteClock) push(it stepclock.Item) {
-	c.items = append(c.items, it)
-	if n := len(c.items); n > stepclock.SiteRing {
-		c.trimmed = true
-		copy(c.items, c.items[n-stepclock.SiteRing:])
-		c.items = c.items[:stepclock.SiteRing]
+	if len(c.items) < stepclock.SiteRing {
+		c.items = append(c.items, it)
+		return
 	}
+	c.trimmed = true
+	if cap(c.items) == len(c.items) {
+		if len(c.buf) < 2*stepclock.SiteRing {
+			c.buf = make([]stepclock.Item, 2*stepclock.SiteRing)
+		}
+		n := copy(c.buf, c.items[1:]) // may overlap: copy moves
+		clear(c.buf[n:])              // drop what the old items held
+		c.buf[n] = it
+		c.items = c.buf[: n+1 : len(c.buf)]
+		return
+	}
+	c.items[0] = stepclock.Item{} // drop what the oldest held
+	c.items = append(c.items[1:], it)
 }
 
 // onSiteCall takes a sync or blocking copy with its stack; it reports

@@ -110,12 +110,19 @@ func syncSlot(segs []fineSeg, g int) (r int, ok bool) {
 	if best < 0 {
 		return 0, false
 	}
-	for k := 0; k < g; k++ {
-		if k != best && float64(with[k]) > (1-stepclock.MatchMin)*float64(n[k]) {
-			return 0, false
+	return best, syncsOnlyAt(with, n, best)
+}
+
+// syncsOnlyAt says whether no place of a group but r syncs in more than
+// a fifth of its steps (with: the steps that synced at each place, n: the
+// steps at each place).
+func syncsOnlyAt(with, n []int, r int) bool {
+	for k := range with {
+		if k != r && float64(with[k]) > (1-stepclock.MatchMin)*float64(n[k]) {
+			return false
 		}
 	}
-	return best, true
+	return true
 }
 
 // syncedFrom is the first step of the group that holds the ring's first
@@ -276,12 +283,7 @@ func launchSlotOver(segs []fineSeg, g, groups int) (int, bool) {
 	if best < 0 {
 		return 0, false
 	}
-	for k := 0; k < g; k++ {
-		if k != best && float64(with[k]) > (1-stepclock.MatchMin)*float64(n[k]) {
-			return 0, false
-		}
-	}
-	return best, true
+	return best, syncsOnlyAt(with, n, best)
 }
 
 // groupShare: the share of a position's steps that must show what

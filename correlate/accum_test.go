@@ -98,34 +98,7 @@ func TestAccumulationSteps(t *testing.T) {
 				iters = 160
 			}
 			ends := accumLoop(s, iters, c.micro, c.logEvery)
-			col := &collect{}
-			e := newEngine(col, func(cfg *Config) { cfg.Probes = c.probes })
-			evs := s.evs
-			if c.probes == ProbesAuto {
-				// The warm-up window covers the first quarter.
-				liteFrom := ends[iters/4]
-				e.ProbesLive(true, t0)
-				e.ProbesLive(false, liteFrom)
-				evs = nil
-				for _, ev := range s.evs {
-					if ev.Start > liteFrom && ev.Kind == event.KindEnqueue {
-						continue
-					}
-					if ev.Start > liteFrom && ev.Kind == event.KindSync {
-						ev.Count = 0
-					}
-					evs = append(evs, ev)
-				}
-			}
-			feed(e, col, evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
-			n, windows := 0, 0
-			for _, st := range col.steps {
-				if st.Window {
-					windows++
-				} else {
-					n++
-				}
-			}
+			n, windows := simSteps(s, c.probes, ends[iters/4])
 			want := int(c.perIter * float64(iters))
 			t.Logf("%d steps (%d fixed windows) for %d iterations", n, windows, iters)
 			if n != want || windows > 0 {
@@ -196,33 +169,7 @@ func TestPrefetchLogEvery(t *testing.T) {
 				iters = 60
 			}
 			ends := prefetchLoop(s, iters, c.micro, c.logEvery)
-			col := &collect{}
-			e := newEngine(col, func(cfg *Config) { cfg.Probes = c.probes })
-			evs := s.evs
-			if c.probes == ProbesAuto {
-				liteFrom := ends[iters/4]
-				e.ProbesLive(true, t0)
-				e.ProbesLive(false, liteFrom)
-				evs = nil
-				for _, ev := range s.evs {
-					if ev.Start > liteFrom && ev.Kind == event.KindEnqueue {
-						continue
-					}
-					if ev.Start > liteFrom && ev.Kind == event.KindSync {
-						ev.Count = 0
-					}
-					evs = append(evs, ev)
-				}
-			}
-			feed(e, col, evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
-			n, windows := 0, 0
-			for _, st := range col.steps {
-				if st.Window {
-					windows++
-				} else {
-					n++
-				}
-			}
+			n, windows := simSteps(s, c.probes, ends[iters/4])
 			want := int(c.perIter * float64(iters))
 			t.Logf("%d steps (%d fixed windows) for %d iterations", n, windows, iters)
 			if d := n - want; d*50 > want || -d*50 > want || windows > 0 {

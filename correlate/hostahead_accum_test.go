@@ -67,36 +67,7 @@ func TestHostAheadAccumulationSteps(t *testing.T) {
 			s := newSim()
 			const steps = 200
 			ends := hostAheadAccumLoop(s, steps, 8, 5, 40)
-			col := &collect{}
-			e := newEngine(col, func(cfg *Config) { cfg.Probes = c.probes })
-			evs := s.evs
-			if c.probes == ProbesAuto {
-				liteFrom := ends[steps/4]
-				e.ProbesLive(true, t0)
-				e.ProbesLive(false, liteFrom)
-				evs = nil
-				for _, ev := range s.evs {
-					if ev.Start > liteFrom && ev.Kind == event.KindEnqueue {
-						continue
-					}
-					if ev.Start > liteFrom {
-						if ev.Kind == event.KindSync {
-							ev.Count = 0
-						}
-						ev.Pending = 0
-					}
-					evs = append(evs, ev)
-				}
-			}
-			feed(e, col, evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
-			n, windows := 0, 0
-			for _, st := range col.steps {
-				if st.Window {
-					windows++
-				} else {
-					n++
-				}
-			}
+			n, windows := simSteps(s, c.probes, ends[steps/4])
 			t.Logf("%d steps (%d fixed windows) for %d optimizer steps", n, windows, steps)
 			if d := n - steps; d*50 > steps || -d*50 > steps || windows > 0 {
 				t.Errorf("%d steps (%d fixed windows) for %d optimizer steps, want within 2%%", n, windows, steps)
@@ -159,4 +130,40 @@ func TestLaunchSlot(t *testing.T) {
 			t.Errorf("launches the data picks, g=%d: slot %d", g, r)
 		}
 	}
+}
+
+// simSteps runs the simulated job's events through an engine under probes
+// and counts the steps and fixed windows it found. Under auto the
+// per-launch probes are live until liteFrom: after it no launch is seen,
+// syncs flush no count and copies report none pending.
+func simSteps(s *gpuSim, probes string, liteFrom int64) (n, windows int) {
+	col := &collect{}
+	e := newEngine(col, func(cfg *Config) { cfg.Probes = probes })
+	evs := s.evs
+	if probes == ProbesAuto {
+		e.ProbesLive(true, t0)
+		e.ProbesLive(false, liteFrom)
+		evs = nil
+		for _, ev := range s.evs {
+			if ev.Start > liteFrom && ev.Kind == event.KindEnqueue {
+				continue
+			}
+			if ev.Start > liteFrom {
+				if ev.Kind == event.KindSync {
+					ev.Count = 0
+				}
+				ev.Pending = 0
+			}
+			evs = append(evs, ev)
+		}
+	}
+	feed(e, col, evs, s.windows(t0, s.t+200*ms, 100*ms, event.SourceNVML, nil), s.t+2e9, 20*ms, 250*ms)
+	for _, st := range col.steps {
+		if st.Window {
+			windows++
+		} else {
+			n++
+		}
+	}
+	return n, windows
 }

@@ -397,28 +397,6 @@ func (s *stepper) tryClock(set settings) bool {
 	return true
 }
 
-// settledToks settles the tokens waiting for GPM (gpmVerdict) and returns
-// the ring up to the first still waiting.
-func (s *stepper) settledToks() []stepclock.Token {
-	if len(s.toks) == 0 {
-		return s.toks
-	}
-	last := s.toks[len(s.toks)-1].T
-	n := len(s.toks)
-	for i := range s.toks {
-		tok := &s.toks[i]
-		if !tok.GPMWait {
-			continue
-		}
-		if quiet, done := s.gpmVerdict(tok.From, tok.T, last); done {
-			tok.Quiet, tok.GPMWait = quiet, false
-		} else if i < n {
-			n = i
-		}
-	}
-	return s.toks[:n]
-}
-
 // openSeg is what the ring holds of the open step under the clock: the
 // tokens after its last boundary occurrence, and the syncs since. A clock
 // taking over from another clock, the sync period or fixed windows

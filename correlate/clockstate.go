@@ -151,3 +151,25 @@ func insertion(toks []stepclock.Token, c *clockState, valid []stepclock.Found) b
 	silent := toks[len(toks)-1].T - at[len(at)-1]
 	return silent > 2*int64(c.m)*steps[len(steps)/2] && silent < at[len(at)-1]-at[0]
 }
+
+// settledToks settles the tokens waiting for GPM (gpmVerdict) and returns
+// the ring up to the first still waiting.
+func (s *stepper) settledToks() []stepclock.Token {
+	if len(s.toks) == 0 {
+		return s.toks
+	}
+	last := s.toks[len(s.toks)-1].T
+	n := len(s.toks)
+	for i := range s.toks {
+		tok := &s.toks[i]
+		if !tok.GPMWait {
+			continue
+		}
+		if quiet, done := s.gpmVerdict(tok.From, tok.T, last); done {
+			tok.Quiet, tok.GPMWait = quiet, false
+		} else if i < n {
+			n = i
+		}
+	}
+	return s.toks[:n]
+}

@@ -409,17 +409,21 @@
 //	steps.go      the stepper: sync history, fixed windows, the mode it
 //	              counts steps by (the detection itself is stepclock's)
 //	final.go      when a step is final, and emitting it
-//	stepsite.go   the step site: declared or found in the calls' stacks,
-//	              the step clock each process's steps came from
+//	stepsite.go   the step site: declared or found in the calls' stacks
+//	clocksummary.go the step clock each process's steps came from
+//	              (StepClock, the summary's step_clock)
 //	giveback.go   micro-batch steps laid before an optimizer step's site
 //	              was found, laid again by its calls
 //	clock.go      the stepper under the work clock: the token ring,
 //	              detection, laying a clock's steps over the ring
 //	premarks.go   a marked launch's clock before the tracer marked it:
 //	              the key each of its steps holds once cuts the ring
-//	clockstate.go the running clock: its recent steps' syncs, insertions
+//	clockstate.go the running clock: its recent steps' syncs, insertions,
+//	              the ring's tokens settled by GPM
 //	accum.go      gradient accumulation: a clock's steps grouped into the
 //	              loop's iterations
+//	launchgroup.go the groups that no sync marks: launches by position,
+//	              the grouping kept, realigned and refuted
 //	marker.go     framework markers (PyTorch's optimizer step) ending steps
 //	probemode.go  under auto, which probe set decided each span of time
 //	micro.go      micro idle of a finished step and its cause split; launch

@@ -1,10 +1,10 @@
 package stepclock
 
 import (
-	"fmt"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/gaptrace/gaptrace/event"
 )
@@ -73,25 +73,31 @@ type Site struct {
 // function would be one site: the work pattern serves such code).
 func SiteOf(stack []event.Frame) Site {
 	var s Site
-	n := 0
+	var key strings.Builder
 	for _, f := range stack {
 		if event.SystemCode(f.File) {
 			continue
 		}
+		n := len(s.Frames)
 		if n == 0 && f.Line <= 0 {
 			return Site{}
 		}
-		where := filepath.Base(f.Where())
-		if n == 0 {
-			s.Name = frameName(f)
-		} else {
-			s.Key += "<"
+		name := frameName(f)
+		if n > 0 {
+			key.WriteByte('<')
 		}
-		s.Frames = append(s.Frames, frameName(f))
-		s.Key += where + ":" + strconv.Itoa(f.Line) + " " + f.Function
-		if n++; n == SiteDepth {
+		s.Frames = append(s.Frames, name)
+		if f.Line > 0 {
+			key.WriteString(name) // "base:line function", as the key spells it
+		} else {
+			key.WriteString(filepath.Base(f.Where()) + ":" + strconv.Itoa(f.Line) + " " + f.Function)
+		}
+		if n+1 == SiteDepth {
 			break
 		}
+	}
+	if len(s.Frames) > 0 {
+		s.Name, s.Key = s.Frames[0], key.String()
 	}
 	return s
 }
@@ -99,7 +105,7 @@ func SiteOf(stack []event.Frame) Site {
 func frameName(f event.Frame) string {
 	base := filepath.Base(f.Where())
 	if f.Line > 0 {
-		return fmt.Sprintf("%s:%d %s", base, f.Line, f.Function)
+		return base + ":" + strconv.Itoa(f.Line) + " " + f.Function
 	}
 	return base + " " + f.Function
 }

@@ -340,21 +340,14 @@ func (s *stepper) tryClock(set settings) bool {
 		}
 		still := false
 		for _, v := range valid {
-			if v.Key == c.key && v.M == c.m {
+			// Where the running clock is a launch-learnt grouping of
+			// v's operation, v still qualifying is the clock still
+			// qualifying, and a clock is clearly finer only against v
+			// (a checkpoint's per-tensor copies, one a step, against
+			// the eight micro-batches' copies of the group).
+			if v.Key == c.key && v.M == c.m || s.groupsClock(v) {
 				fl, vl := stepclock.StepLens(&cf, &v)
 				still = fl*1.5 > vl
-			} else if _, ok := s.keepGroup(v); ok {
-				// The running clock is a launch-learnt grouping of
-				// v's operation: v still qualifying is the clock
-				// still qualifying, and a clock is clearly finer only
-				// against v (a checkpoint's per-tensor copies, one a
-				// step, against the eight micro-batches' copies of
-				// the group).
-				fl, vl := stepclock.StepLens(&cf, &v)
-				still = fl*1.5 > vl
-				println("KG", s.ntok, fl, vl, still)
-			} else {
-				println("NOKG", s.ntok, v.Key.String(), v.M, s.accum != nil, s.accum != nil && s.accum.byLaunch, c.m)
 			}
 		}
 		if still || insertion(toks, c, valid) || set.lite && s.launchGrouped() {

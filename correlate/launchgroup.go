@@ -155,10 +155,10 @@ func (s *stepper) launchGrouped() bool {
 // replaces it in tryClock, and a lost step pattern forgets it). f's
 // phase is the running clock's, as the ring counts it.
 func (s *stepper) keepGroup(cf stepclock.Found) (stepclock.Found, bool) {
-	c := s.clock
-	if !s.launchGrouped() || c.key != cf.Key || cf.M > c.m || c.m%cf.M != 0 {
+	if !s.groupsClock(cf) {
 		return cf, false
 	}
+	c := s.clock
 	// cf may count finer than the grouping learnt (one of the batch's
 	// two copies, where an evaluation copied one tensor of each batch
 	// and shifted the pairs): the group is still c.m occurrences.
@@ -170,6 +170,14 @@ func (s *stepper) keepGroup(cf stepclock.Found) (stepclock.Found, bool) {
 	f.Launches, f.ByPosition = c.launches, c.byPos
 	f.Work = cf.Work * g
 	return f, true
+}
+
+// groupsClock says whether the running clock is a launch-learnt
+// grouping of f's clock: the same operation, a whole multiple of its
+// occurrences a step.
+func (s *stepper) groupsClock(f stepclock.Found) bool {
+	c := s.clock
+	return s.launchGrouped() && c.key == f.Key && f.M <= c.m && c.m%f.M == 0
 }
 
 // ringPhase is the running clock's phase counted as Detect counts it:
@@ -222,10 +230,10 @@ func (s *stepper) realign(f stepclock.Found) {
 // eight micro-batches holds eight). Such a site reads a micro-batch's or
 // an evaluation batch's result; it ends no step of the loop.
 func (s *stepper) withinGroup(p stepclock.Pick) bool {
-	a, c := s.accum, s.clock
-	if a == nil || !a.byLaunch || c == nil || c.key != a.key || c.m != a.m*a.g {
+	if !s.launchGrouped() {
 		return false
 	}
+	c := s.clock
 	items := s.sites.items
 	n, fewer, open := 0, 0, false
 	ops := 0

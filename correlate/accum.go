@@ -210,16 +210,32 @@ const groupMisses = 2 * groupMin
 // one holding the sync launching clearly more than the others, as seen
 // now or learnt in an earlier window while the sync still comes once per
 // g steps at one place. Otherwise cf is returned as found, and a grouping
-// that the launches now refute is forgotten.
+// that the launches now refute is forgotten. A marked function's steps
+// are grouped by launches alone (launchSlot): the tracer marks the
+// functions a micro-batch launches once where nothing rarer is launched
+// often enough, and a loop's syncs say nothing of their group.
 func (s *stepper) group(toks []stepclock.Token, cf stepclock.Found) stepclock.Found {
-	if cf.Key.Marked() {
-		// The tracer marks the rarest functions, the optimizer's among
-		// them: a clock on one groups nothing.
-		return cf
+	if c := s.clock; s.mode == modeClock && c != nil && cf.Key != c.key && s.accum != nil && s.accum.key == c.key {
+		// Another operation's grouping (a marked function's, where the
+		// running clock is the batch copy's, or another marked one's)
+		// is learnt aside: it must not replace the running clock's,
+		// which keepGroup and the running clock's checks go on asking
+		// for. It becomes the clock's own if that operation takes over.
+		own := s.accum
+		s.accum = s.rival
+		f := s.groupOf(toks, cf)
+		s.rival, s.accum = s.accum, own
+		return f
 	}
+	return s.groupOf(toks, cf)
+}
+
+// groupOf is group for a clock found with no grouping of another
+// operation's running clock to keep aside.
+func (s *stepper) groupOf(toks []stepclock.Token, cf stepclock.Found) stepclock.Found {
 	segs := fineSegs(toks, cf.Key, cf.M, cf.Phase)
 	bySync := false
-	for g := 2; g*cf.M <= groupMax && !bySync; g++ {
+	for g := 2; g*cf.M <= groupMax && !bySync && !cf.Key.Marked(); g++ {
 		_, bySync = syncSlot(segs, g)
 	}
 	for g := 2; g*cf.M <= groupMax; g++ {
@@ -331,10 +347,7 @@ func (s *stepper) mayGroup(toks []stepclock.Token, cf stepclock.Found) bool {
 			other++
 		}
 	}
-	if other >= stepclock.TokMax || cf.Key.Marked() {
-		// A marked launch counts micro-batches only where nothing rarer
-		// is launched once per group: the tracer marks the rarest
-		// functions, the optimizer's among them.
+	if other >= stepclock.TokMax {
 		return false
 	}
 	seen := false
@@ -350,6 +363,13 @@ func (s *stepper) mayGroup(toks []stepclock.Token, cf stepclock.Found) bool {
 		if segs[j].syncs > 0 {
 			at = append(at, j)
 		}
+	}
+	if cf.Key.Marked() {
+		// A marked function's steps are grouped by launches alone
+		// (group): a loop that reads its loss every few steps syncs
+		// at no place of a group.
+		return len(at) < len(segs) && len(segs) < groupMin*groupMax/cf.M &&
+			(launchHint(segs, groupMax/cf.M) || len(at) == 0 && len(segs) < groupMax/cf.M)
 	}
 	switch {
 	case len(at) == len(segs):

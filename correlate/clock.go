@@ -310,6 +310,10 @@ func (s *stepper) tryClock(set settings) bool {
 		return false
 	}
 	cf = s.group(toks, cf)
+	if s.keepOverMarks(toks, cf) {
+		s.clockStrikes = 0
+		return false
+	}
 	undecided := s.mode == modeUnknown || s.mode == modeWindow
 	if c := s.clock; s.mode == modeClock && c != nil && c.key.Marked() && !cf.Key.Marked() {
 		// A copy or collective clock takes over from marked launches
@@ -370,6 +374,9 @@ func (s *stepper) tryClock(set settings) bool {
 	s.flushDeferred()
 	s.lite = set.lite
 	set.log.Debug("step period found", "pid", s.pid, "clock", cf.Key.String(), "per_step", cf.M, "syncs_vary", cf.SyncsVary)
+	if a := s.rival; a != nil && a.key == cf.Key {
+		s.accum, s.rival = a, nil
+	}
 	s.clock = &clockState{key: cf.Key, m: cf.M, phase: cf.Phase, occ: cf.Occ, all: cf.Occ, launches: cf.Launches, byPos: cf.ByPosition,
 		seg: stepclock.Seg{Counts: map[stepclock.Key]int{}}, stopAfter: 4*max(cf.MedSyncs, 1) + 4}
 	for _, n := range cf.SyncCounts {

@@ -423,7 +423,8 @@
 //	accum.go      gradient accumulation: a clock's steps grouped into the
 //	              loop's iterations
 //	launchgroup.go the groups that no sync marks: launches by position,
-//	              the grouping kept, realigned and refuted
+//	              the grouping kept, realigned and refuted; the batch
+//	              copy's clock kept against marked launches
 //	marker.go     framework markers (PyTorch's optimizer step) ending steps
 //	probemode.go  under auto, which probe set decided each span of time
 //	micro.go      micro idle of a finished step and its cause split; launch

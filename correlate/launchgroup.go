@@ -13,7 +13,10 @@ import (
 // and over finer clocks of its operation (keepGroup), realigned when the
 // heavier step shows its place moved (realign), refuted by launches
 // alone (tryClock), and a call site called more often than its steps does
-// not take them (withinGroup).
+// not take them (withinGroup). A marked function's steps are grouped so
+// too (a hand-written update has no optimizer marker), and the batch
+// copy's clock keeps the steps against them while the loop still copies
+// (keepOverMarks).
 
 // launchSlot is the position mod g of the step that launches the
 // optimizer's kernels where no sync tells the group: a loop that reads its
@@ -212,14 +215,28 @@ func (s *stepper) ringPhase() int {
 // insertion of the clock's operation (an evaluation's batches copied as
 // the training's are) shifts the group's place among the occurrences,
 // and the heavier step shows the new place once the ring holds enough
-// groups after it. The step open now ends at the new place.
+// groups after it. The step open now ends at the new place. A place
+// within one step of the finer clock moves nothing: the finer clock's
+// phase (which of a batch's two copies starts a micro-batch, alike in
+// launches) is found either way from check to check.
 func (s *stepper) realign(f stepclock.Found) {
 	a, c := s.accum, s.clock
 	if a == nil || !a.byLaunch || c == nil || f.Key != c.key || f.M != c.m {
 		return
 	}
 	if p := s.ringPhase(); p != f.Phase {
-		c.phase = int(((int64(c.phase)+int64(f.Phase-p))%int64(c.m) + int64(c.m)) % int64(c.m))
+		m := int64(c.m)
+		d := ((int64(f.Phase-p))%m + m) % m
+		if d%int64(a.m) != 0 {
+			return
+		}
+		c.phase = int((int64(c.phase) + d) % m)
+		// The ring's phase counts from the latest boundary: move it
+		// too, or the next check, before the clock passes the new
+		// place, finds the same difference and moves the phase again.
+		if c.lastAll != 0 {
+			c.lastAll += d
+		}
 	}
 }
 
@@ -257,4 +274,26 @@ func (s *stepper) withinGroup(p stepclock.Pick) bool {
 		open, ops = true, 0
 	}
 	return n > 0 && 2*fewer > n
+}
+
+// occursLate says whether k occurs in the latter half of toks: the loop
+// still enqueues it.
+func occursLate(toks []stepclock.Token, k stepclock.Key) bool {
+	for i := len(toks) / 2; i < len(toks); i++ {
+		if toks[i].Key == k {
+			return true
+		}
+	}
+	return false
+}
+
+// keepOverMarks says whether the running clock, a copy's or a
+// collective's, keeps the steps against cf, a marked function's clock,
+// while its own operation still occurs: a copy or collective that clocks
+// the loop wins over marked launches (stepclock's pick), and an insertion
+// of its operation (an evaluation's batches) that disqualifies it for a
+// check or two hands the steps to no function's launches.
+func (s *stepper) keepOverMarks(toks []stepclock.Token, cf stepclock.Found) bool {
+	c := s.clock
+	return s.mode == modeClock && c != nil && !c.key.Marked() && cf.Key.Marked() && occursLate(toks, c.key)
 }

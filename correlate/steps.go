@@ -110,6 +110,9 @@ type stepper struct {
 	// (gradient accumulation) that launches showed, carried where they
 	// are not seen (accum.go).
 	accum *accumGroup
+	// rival: a grouping learnt for another operation than the running
+	// clock's (group), its own if that operation's clock takes over.
+	rival *accumGroup
 	lite  bool // launches are not seen (set with the clock)
 	// vote: the half-step prologue rule's verdict, shared with the other
 	// ranks of the process's communicators (rankstep.go).

@@ -49,8 +49,11 @@ type siteClock struct {
 	tid     uint32
 	name    string
 	strikes int
-	checks  int   // PickSite checks run
-	lastAt  int64 // its latest call's return
+	checks  int // PickSite checks run
+	// undecided: the latest check found a main-thread site that may yet
+	// prove a loop of varying micro-batches (stepclock's Undecided).
+	undecided bool
+	lastAt    int64 // its latest call's return
 	// syncs: syncs since the latest step end under the site: a sync's
 	// place in its step, for the comm baselines (stepper.slot).
 	syncs int
@@ -219,13 +222,20 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 }
 
 // siteYoung says whether sited calls have begun to arrive and PickSite
-// has not judged siteHold streams of them yet, with no declared site or
+// has not judged siteHold streams of them yet (siteSettle while the
+// latest check found a site whose intervals may yet prove a loop of
+// varying micro-batches: the data picked 3 of them mostly, 2 now and
+// then, too few counts to fit), with no declared site or
 // framework marker running: an optimizer step's site found then takes
 // back the micro-batch steps laid meanwhile (giveBack), so they wait
 // (final.go), within the emission promise.
 func (s *stepper) siteYoung() bool {
 	c := &s.sites
-	if c.checks >= siteHold || c.trimmed || s.fw.On() || s.mode == modeSite && c.source != stepclock.SourceCallSite {
+	hold := siteHold
+	if c.undecided {
+		hold = siteSettle
+	}
+	if c.checks >= hold || c.trimmed || s.fw.On() || s.mode == modeSite && c.source != stepclock.SourceCallSite {
 		return false
 	}
 	return c.sited()
@@ -280,6 +290,7 @@ func (s *stepper) checkSite(set settings) bool {
 	c := &s.sites
 	c.checks++
 	sc := stepclock.Score(c.items) // c.items stays as it is until the check ends
+	c.undecided = s.mode != modeSite && sc.Undecided(s.pid)
 	for id, w := range sc.Weights() {
 		if c.weight == nil {
 			c.weight = map[string]float64{}

@@ -170,6 +170,9 @@ type siteCand struct {
 	// (variedGood); varied: its good intervals are those.
 	sized  []sized
 	varied bool
+	// short: the intervals vary as a loop of varying micro-batches
+	// would, too few yet to tell (variedShort).
+	short bool
 }
 
 // PickSite finds the call site that recurs once per iteration in items
@@ -336,6 +339,8 @@ func scoreSites(items []Item) []*siteCand {
 		if n, work := variedGood(c.sized); n > c.good && c.micro == 0 {
 			// Iterations of a varying number of micro-batches each.
 			c.good, c.work, c.varied = n, work, true
+		} else if c.micro == 0 {
+			c.short = variedShort(c.sized)
 		}
 	}
 	for _, c := range cands {
@@ -469,6 +474,19 @@ func pin(s Site, cands []*siteCand) string {
 		}
 	}
 	return s.Frames[len(s.Frames)-1]
+}
+
+// Undecided says whether a site on tid does not recur as an iteration's
+// yet but may once more of its intervals are seen: they hold a varying
+// number of the same token (2 micro-batches, then 3) and the launches
+// have not shown enough of them to fit (variedShort).
+func (sc *Scored) Undecided(tid uint32) bool {
+	for _, c := range sc.cands {
+		if c.tid == tid && c.short && !recurs(c) {
+			return true
+		}
+	}
+	return false
 }
 
 // Qualifies says whether the site key on tid still recurs once per

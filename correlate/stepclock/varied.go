@@ -209,3 +209,26 @@ func tokened(span []Item) bool {
 	}
 	return false
 }
+
+// variedShort says whether xs may yet prove a loop of varying
+// micro-batches that variedGood cannot judge: the intervals whose
+// launches were seen hold the same token two or more different numbers
+// of times, but fewer than VariedCounts of those numbers recur enough to
+// fit (the data picks 3 micro-batches most of the time, 2 now and then).
+func variedShort(xs []sized) bool {
+	byK := map[int]int{}
+	n := 0
+	for _, x := range xs {
+		if x.k > 0 && x.l > 0 {
+			byK[x.k]++
+			n++
+		}
+	}
+	fit := 0
+	for _, c := range byK {
+		if c >= 2 && 20*c >= n {
+			fit++
+		}
+	}
+	return len(byK) >= 2 && fit < VariedCounts
+}

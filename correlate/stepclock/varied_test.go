@@ -91,3 +91,49 @@ func TestSameWork(t *testing.T) {
 		t.Fatal("a checkpoint's reads copy no batch: want no same work")
 	}
 }
+
+func TestUndecidedVariedMicroBatches(t *testing.T) {
+	// The data picked 3 micro-batches in most of the first 15 steps and 2
+	// in two: two counts, too few to fit a·k + b. No site is picked yet,
+	// and the check says one may be (Undecided); with the counts the
+	// later steps bring, the site is picked and nothing is undecided.
+	first := []int{3, 2, 3, 3, 3, 3, 3, 3, 3, 3, 2, 3, 3, 3, 3}
+	var s stream
+	add := func(k int) {
+		for m := 0; m < k; m++ {
+			s.tok(4096)
+		}
+		s.call(pid, uint64(2*k+1), 10, 40)
+	}
+	for _, k := range first {
+		add(k)
+	}
+	sc := Score(s.items)
+	if p, ok := sc.Pick(pid); ok {
+		t.Fatalf("15 steps of 2 or 3 micro-batches: picked %+v, want none yet", p)
+	}
+	if !sc.Undecided(pid) {
+		t.Fatal("15 steps of 2 or 3 micro-batches: not undecided, want undecided")
+	}
+	for _, k := range ks {
+		add(k)
+	}
+	sc = Score(s.items)
+	if _, ok := sc.Pick(pid); !ok {
+		t.Fatal("with 4, 5 and 6 micro-batches too: no pick, want the step's site")
+	}
+	if sc.Undecided(pid) {
+		t.Fatal("picked, and still undecided")
+	}
+	// A loop whose every step holds 3 micro-batches varies in nothing.
+	var same stream
+	for range 15 {
+		for m := 0; m < 3; m++ {
+			same.tok(4096)
+		}
+		same.call(pid, 7, 10, 40)
+	}
+	if Score(same.items).Undecided(pid) {
+		t.Fatal("3 micro-batches every step: undecided, want decided")
+	}
+}

@@ -78,7 +78,7 @@ func (s *stepper) onToken(set settings, key stepclock.Key, occ, t int64) bool {
 	if n := len(s.toks); n > 0 {
 		from, posFrom = s.toks[n-1].T, s.toks[n-1].Pos
 	}
-	s.siteToken(key, t)
+	s.siteToken(set, key, t)
 	tok := stepclock.Token{Key: key, T: t, Launches: s.pendL, Syncs: s.pendSyncs, Seen: set.launchesSeen(from, t), Occ: occ, From: from, Pos: pos, PosFrom: posFrom}
 	if key.Marked() {
 		tok.MLaunches = pos - min(pos, s.markPos)

@@ -280,6 +280,11 @@ var viewsOff = map[string]string{
 	// fit the varying counts, and the micro-batch steps laid meanwhile
 	// were emitted before the site took them (577/544 before).
 	"sim-varmicro-attach-3": "lite: a varying number of micro-batches a step needs the launches",
+	// Attached during a checkpoint of a loop that copies nothing to the
+	// device: blind to launches, the checkpoint's per-tensor reads are
+	// the thread's one loop and keep the steps (auto's window sees that
+	// nothing was launched between them: 275/278, 266/274 before).
+	"sim-ckpt-attach-during": "lite: a checkpoint's per-tensor reads look like the loop without the launches",
 	// Lite sees no launch: eager warm-up steps, then a graph's replays at
 	// another site, look like a training whose evaluation began and has
 	// not ended; the eager site keeps the steps until its calls leave

@@ -44,7 +44,7 @@ func (p *proc) stepToken(x env, ev *event.Event, occ, t int64) {
 		return
 	}
 	if key.Dir == event.CUMemcpyDtoH && !p.st.loopSync(ev.TID) {
-		p.st.siteToken(key, t)
+		p.st.siteToken(x.set, key, t)
 		return
 	}
 	if p.st.onToken(x.set, key, occ, t) {

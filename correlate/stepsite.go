@@ -125,8 +125,17 @@ func (s *stepper) awaitSite() bool {
 }
 
 // siteToken notes one enqueued token in the stream.
-func (s *stepper) siteToken(key stepclock.Key, t int64) {
-	s.sites.push(stepclock.Item{Key: key, T: t})
+func (s *stepper) siteToken(set settings, key stepclock.Key, t int64) {
+	c := &s.sites
+	c.push(stepclock.Item{Key: key, T: t, Seen: set.launchesSeen(c.lastT(t), t), Pos: s.flushedAll + s.pendSum})
+}
+
+// lastT is when the stream's latest item came, t where it holds none.
+func (c *siteClock) lastT(t int64) int64 {
+	if n := len(c.items); n > 0 {
+		return min(c.items[n-1].T, t)
+	}
+	return t
 }
 
 // push adds it to the stream, which keeps its last SiteRing items. Once
@@ -194,7 +203,8 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 	if site.Key == "" {
 		return false
 	}
-	it := stepclock.Item{Site: site, TID: ev.TID, Launches: c.newLaunches(ev), T: ev.End}
+	it := stepclock.Item{Site: site, TID: ev.TID, Launches: c.newLaunches(ev), T: ev.End,
+		Seen: set.launchesSeen(c.lastT(ev.End), ev.End), Pos: s.flushedAll + s.pendSum}
 	if n := len(c.items); n > 0 && ev.Kind == event.KindMemcpy {
 		// The copy came as a token just before: it is this call.
 		if k, ok := stepclock.TokenOf(ev); ok && c.items[n-1].Site.Key == "" && c.items[n-1].Key == k {

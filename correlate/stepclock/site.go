@@ -120,6 +120,11 @@ type Item struct {
 	Key      Key
 	Launches uint64
 	T        int64 // when the call returned, or the token was enqueued
+	// Seen: every kernel launch since the item before it was seen
+	// (per-launch probes live); Pos: the process's launches so far,
+	// flushed and reported pending, at the item.
+	Seen bool
+	Pos  uint64
 }
 
 // Pick is the call site PickSite chose.
@@ -322,7 +327,7 @@ func scoreSites(items []Item) []*siteCand {
 				if tokened(span) {
 					c.tokened++
 				}
-			} else if bareSpan(span, c.tid) {
+			} else if bareSpan(span, c.tid) && !idleSpan(items[c.at[j-1]], span) {
 				c.bare++
 			}
 			c.launches = append(c.launches, l)
@@ -375,6 +380,20 @@ func bareSpan(span []Item, tid uint32) bool {
 			continue
 		}
 		if it.Key.Dir != event.CUMemcpyDtoH {
+			return false
+		}
+	}
+	return true
+}
+
+// idleSpan says whether span, the interval after the call from, is known
+// to hold no compute: every launch in it was seen, and the process
+// launched nothing (a checkpoint's per-tensor copies, each read back).
+// Such an interval is no iteration, however blind the stream (blind):
+// a loop launches its kernels.
+func idleSpan(from Item, span []Item) bool {
+	for i := range span {
+		if it := &span[i]; !it.Seen || it.Pos != from.Pos || it.Site.Key != "" && it.Launches > 0 {
 			return false
 		}
 	}

@@ -285,11 +285,6 @@ var viewsOff = map[string]string{
 	// the thread's one loop and keep the steps (auto's window sees that
 	// nothing was launched between them: 275/278, 266/274 before).
 	"sim-ckpt-attach-during": "lite: a checkpoint's per-tensor reads look like the loop without the launches",
-	// Lite sees no launch: eager warm-up steps, then a graph's replays at
-	// another site, look like a training whose evaluation began and has
-	// not ended; the eager site keeps the steps until its calls leave
-	// the stream (stepsite.go replacedBy needs the launches).
-	"sim-two-graphs-full": "lite: a loop that changed site needs the launches",
 	// Lite sees no launch: eight micro-batch copies and no sync in an
 	// optimizer step (the loss read every fifth) show no group; only the
 	// optimizer's launches do (accum.go launchSlot).

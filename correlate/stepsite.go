@@ -486,6 +486,12 @@ func (s *stepper) replacedBy() (stepclock.Pick, bool) {
 	was, okWas := c.weight[stepclock.SiteID(c.tid, c.key)]
 	now, okNow := stepclock.Weights(c.items[last+1:])[stepclock.SiteID(p.TID, p.Site.Key)]
 	switch {
+	case !okWas:
+		// The running loop's launches were never seen (lite): the same
+		// batch copied once an iteration tells the loop that changed its
+		// site (eager warm-up steps, then a graph's replays), and nothing
+		// else does.
+		return p, stepclock.SameData(c.items, c.key, p.Site.Key, c.tid)
 	case !okWas || was == 0:
 		return stepclock.Pick{}, false
 	case !okNow || now == 0:

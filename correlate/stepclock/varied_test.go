@@ -92,6 +92,40 @@ func TestSameWork(t *testing.T) {
 	}
 }
 
+func TestSameData(t *testing.T) {
+	// Eager steps (line 40) and graph replays (line 50) copy an input
+	// and a target an interval; an evaluation (line 70) copies the input
+	// alone; a checkpoint's reads (line 60) copy nothing.
+	var s stream
+	for i := 0; i < 10; i++ {
+		s.tok(4096)
+		s.tok(64)
+		s.call(pid, 0, 40)
+	}
+	for i := 0; i < 10; i++ {
+		s.tok(4096)
+		s.tok(64)
+		s.call(pid, 0, 50)
+	}
+	for i := 0; i < 10; i++ {
+		s.tok(4096)
+		s.call(pid, 0, 70)
+	}
+	for i := 0; i < 10; i++ {
+		s.call(pid, 0, 60)
+	}
+	key := func(l int) string { return SiteOf(pyStack(l)).Key }
+	if !SameData(s.items, key(40), key(50), pid) {
+		t.Fatal("the eager steps and the replays copy the same batch: want the same data")
+	}
+	if SameData(s.items, key(40), key(70), pid) {
+		t.Fatal("the evaluation copies the input alone: want other data")
+	}
+	if SameData(s.items, key(60), key(60), pid) {
+		t.Fatal("a checkpoint's reads copy no batch: want no data to compare")
+	}
+}
+
 func TestUndecidedVariedMicroBatches(t *testing.T) {
 	// The data picked 3 micro-batches in most of the first 15 steps and 2
 	// in two: two counts, too few to fit a·k + b. No site is picked yet,

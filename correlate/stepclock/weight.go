@@ -94,6 +94,25 @@ func launchedAfter(items []Item, i int) bool {
 // between their calls (SiteGood): the batch copy an eager step and a CUDA
 // graph's replay of it both make, which a checkpoint's per-tensor reads
 // never hold.
+// SameData says whether sites a and b on tid enclose the same data
+// movement: the tokens that come exactly once in most of their intervals
+// are the same, and there are some (the batch copy of an eager step and
+// of a graph's replay; not an evaluation that copies the input alone,
+// nor a checkpoint's reads). Blind to launches (lite), it is all that
+// tells a loop that changed its site.
+func SameData(items []Item, a, b string, tid uint32) bool {
+	ka, kb := onceKeys(items, a, tid), onceKeys(items, b, tid)
+	if len(ka) == 0 || len(ka) != len(kb) {
+		return false
+	}
+	for k := range ka {
+		if !kb[k] {
+			return false
+		}
+	}
+	return true
+}
+
 func SameWork(items []Item, a, b string, tid uint32) bool {
 	ka, kb := onceKeys(items, a, tid), onceKeys(items, b, tid)
 	for k := range ka {

@@ -28,9 +28,11 @@
 //	micro.go     MicroSites, microBatches, encloses: gradient accumulation
 //	             told by the launches between a site's calls
 //	weight.go    Weights, Heavier: the launches of a site's iterations,
-//	             which tell a training loop from an evaluation's
+//	             which tell a training loop from an evaluation's;
+//	             SameWork, SameData: a loop that changed its site
 //	varied.go    iterations of a varying number of micro-batches: the
-//	             launches against the copies between a site's calls
+//	             launches against the copies between a site's calls;
+//	             variedShort (Scored.Undecided): too few counts yet
 //	spec.go      Spec, ParseSpec: a step site the user declared
 //	framework.go FrameworkClock: steps from a framework's own markers
 //	             (PyTorch's optimizer step, its profiler step)

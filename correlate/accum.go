@@ -378,6 +378,12 @@ func (s *stepper) mayGroup(toks []stepclock.Token, cf stepclock.Found) bool {
 		// The launches begin to show a group that no sync marks: wait
 		// until launchSlot can judge it.
 		return true
+	case len(segs) < 2*groupMax/cf.M && seenAll(segs):
+		// Too few steps yet for the launches to show a group at all
+		// (two of the largest): a loop that reads its loss every few
+		// steps syncs once in a while whatever its grouping, and an
+		// attach may come just before such a read.
+		return true
 	case len(at) == 0:
 		return len(segs) < groupMax/cf.M
 	case len(at) == 1:
@@ -396,4 +402,14 @@ func (s *stepper) mayGroup(toks []stepclock.Token, cf stepclock.Found) bool {
 // iterations: the same operation, a whole multiple of its occurrences.
 func (c *clockState) groupedBy(cf stepclock.Found) bool {
 	return cf.Key == c.key && cf.M > c.m && cf.M%c.m == 0
+}
+
+// seenAll says whether every launch of segs was seen.
+func seenAll(segs []fineSeg) bool {
+	for i := range segs {
+		if !segs[i].seen {
+			return false
+		}
+	}
+	return len(segs) > 0
 }

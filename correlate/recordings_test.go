@@ -293,8 +293,9 @@ var viewsOff = map[string]string{
 	"sim-hf-trainer-attach": "lite: micro-batches with no sync in a step need the launches",
 	// The same on an H100, with a hand-written update (no optimizer
 	// marker) and two batch copies a micro-batch.
-	"h100-hfmanual-auto": "lite: micro-batches with no sync in a step need the launches",
-	"h100-hfmanual-full": "lite: micro-batches with no sync in a step need the launches",
+	"h100-hfmanual-auto":   "lite: micro-batches with no sync in a step need the launches",
+	"h100-hfmanual-full":   "lite: micro-batches with no sync in a step need the launches",
+	"h100-hfmanual-attach": "lite: micro-batches with no sync in a step need the launches",
 }
 
 func TestRecordedSteps(t *testing.T) {

@@ -364,13 +364,6 @@ func (s *stepper) mayGroup(toks []stepclock.Token, cf stepclock.Found) bool {
 			at = append(at, j)
 		}
 	}
-	if cf.Key.Marked() {
-		// A marked function's steps are grouped by launches alone
-		// (group): a loop that reads its loss every few steps syncs
-		// at no place of a group.
-		return len(at) < len(segs) && len(segs) < groupMin*groupMax/cf.M &&
-			(launchHint(segs, groupMax/cf.M) || len(at) == 0 && len(segs) < groupMax/cf.M)
-	}
 	switch {
 	case len(at) == len(segs):
 		return false
@@ -378,7 +371,7 @@ func (s *stepper) mayGroup(toks []stepclock.Token, cf stepclock.Found) bool {
 		// The launches begin to show a group that no sync marks: wait
 		// until launchSlot can judge it.
 		return true
-	case len(segs) < 2*groupMax/cf.M && seenAll(segs):
+	case !cf.Key.Marked() && len(segs) < 2*groupMax/cf.M && seenAll(segs):
 		// Too few steps yet for the launches to show a group at all
 		// (two of the largest): a loop that reads its loss every few
 		// steps syncs once in a while whatever its grouping, and an
@@ -386,6 +379,11 @@ func (s *stepper) mayGroup(toks []stepclock.Token, cf stepclock.Found) bool {
 		return true
 	case len(at) == 0:
 		return len(segs) < groupMax/cf.M
+	case cf.Key.Marked():
+		// A marked function's steps are grouped by launches alone
+		// (group): a loop that reads its loss every few steps syncs
+		// at no place of a group.
+		return false
 	case len(at) == 1:
 		return len(segs)-1-at[0] < groupMax/cf.M
 	}

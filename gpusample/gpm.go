@@ -11,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/wake"
 )
 
 // GPM metrics read for every window, in this order.
@@ -393,6 +394,19 @@ func (g *gpmSampler) nextSample(now int64) int64 {
 	return g.boundary(now-int64(gpmMargin)) + int64(g.period) + int64(gpmMargin)
 }
 
+// wait is how long from now until the next read. Aligned on a period
+// of four grid steps or more, the read moves to the sidecar's wake-up grid
+// (internal/wake): up to a grid step after the refresh plus gpmMargin is
+// still well before the next refresh, and the devices' reads then share one
+// wake-up of the process instead of one each.
+func (g *gpmSampler) wait(now int64) time.Duration {
+	due := g.nextSample(now)
+	if g.aligned && g.period >= 2*wake.Grid+2*gpmMargin {
+		return wake.Until(time.Unix(0, now), time.Unix(0, due))
+	}
+	return time.Duration(due - now)
+}
+
 func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWindow) bool) {
 	g := &gpmSampler{s: s, d: d, period: s.cfg.GPMInterval}
 	var all []nvml.GpmSample
@@ -432,7 +446,7 @@ func (s *Source) gpmLoop(ctx context.Context, d *device, emit func(event.GPUWind
 			}
 			now = time.Now().UnixNano()
 		}
-		timer.Reset(time.Duration(g.nextSample(now) - now))
+		timer.Reset(g.wait(now))
 		select {
 		case <-ctx.Done():
 			return

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gaptrace/gaptrace/internal/wake"
 )
 
 // Level grades a Finding.
@@ -365,7 +367,7 @@ func xidMeaning(code uint64) string {
 
 // hwLoop reads the hardware state every HWInterval and reports changes.
 func (s *Source) hwLoop(ctx context.Context, d *device) {
-	tick := time.NewTicker(s.cfg.HWInterval)
+	tick := wake.NewTicker(s.cfg.HWInterval)
 	defer tick.Stop()
 	for {
 		s.pollHW(d)
@@ -373,6 +375,7 @@ func (s *Source) hwLoop(ctx context.Context, d *device) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			tick.Next()
 		}
 	}
 }

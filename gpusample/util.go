@@ -10,6 +10,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/wake"
 )
 
 // utilReader turns utilization samples into contiguous windows. A sample
@@ -134,13 +135,14 @@ func (s *Source) utilLoop(ctx context.Context, d *device, emit func(event.GPUWin
 	r := &utilReader{dev: d.info.Index, uuid: d.info.UUID}
 	// Anchor at the newest sample so history from before Run is skipped.
 	s.readSamples(d, r)
-	tick := time.NewTicker(s.cfg.SampleInterval)
+	tick := wake.NewTicker(s.cfg.SampleInterval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			tick.Next()
 		}
 		wins := s.readSamples(d, r)
 		for _, w := range wins {

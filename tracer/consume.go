@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gaptrace/gaptrace/event"
+	"github.com/gaptrace/gaptrace/internal/wake"
 )
 
 // recordReader is the ring buffer as Run sees it; tests feed recorded
@@ -140,10 +141,12 @@ func (r *ringReader) markCaughtUp(at time.Time) {
 	}
 }
 
-// park waits until the programs wake the ring, every passes, or Flush
-// or Close is called (they move the deadline to now).
+// park waits until the programs wake the ring, about every passes (on the
+// wake-up grid, internal/wake, when every spans two grid steps or more), or
+// Flush or Close is called (they move the deadline to now).
 func (r *ringReader) park() {
-	if err := r.poll.SetReadDeadline(time.Now().Add(r.every)); err != nil {
+	now := time.Now()
+	if err := r.poll.SetReadDeadline(now.Add(wake.Every(now, r.every))); err != nil {
 		return
 	}
 	select {

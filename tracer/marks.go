@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/gaptrace/gaptrace/internal/wake"
 )
 
 // Marked launches: a loop that enqueues nothing but kernels (a benchmark
@@ -216,7 +218,7 @@ func (s *markState) update(now fnSnap, every time.Duration) (mark, unmark []uint
 // process's step-clocking functions.
 func (t *Tracer) markLoop() {
 	defer t.wg.Done()
-	tick := time.NewTicker(markScan)
+	tick := wake.NewTicker(markScan)
 	defer tick.Stop()
 	states := map[uint32]*markState{}
 	last := time.Now()
@@ -225,6 +227,7 @@ func (t *Tracer) markLoop() {
 		case <-t.done:
 			return
 		case now := <-tick.C:
+			tick.Next()
 			every := now.Sub(last)
 			last = now
 			if err := t.scanMarks(states, every); err != nil {

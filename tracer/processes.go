@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/gaptrace/gaptrace/internal/hostproc"
+	"github.com/gaptrace/gaptrace/internal/wake"
 )
 
 // Trace starts tracing pid, its existing descendants and, from now on, every
@@ -293,7 +294,7 @@ func (r *rescanState) next(sig uint64, now time.Time, base time.Duration) {
 
 func (t *Tracer) rescanLoop() {
 	defer t.wg.Done()
-	periodic := time.NewTicker(t.cfg.RescanInterval)
+	periodic := wake.NewTicker(t.cfg.RescanInterval)
 	defer periodic.Stop()
 	clock := time.NewTicker(clockRemeasure)
 	defer clock.Stop()
@@ -319,6 +320,7 @@ func (t *Tracer) rescanLoop() {
 				}
 			}
 		case now := <-periodic.C:
+			periodic.Next()
 			t.mu.Lock()
 			pids := make([]uint32, 0, len(t.procs))
 			for pid := range t.procs {

@@ -12,6 +12,7 @@ import (
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/event"
 	"github.com/gaptrace/gaptrace/hang"
+	"github.com/gaptrace/gaptrace/internal/wake"
 	"github.com/gaptrace/gaptrace/otel"
 	"github.com/gaptrace/gaptrace/tracer"
 )
@@ -156,7 +157,7 @@ func (h *hangWatch) setDevice(pid uint32, dev int) {
 
 // run ticks until ctx is done, then ends the hangs still in progress.
 func (h *hangWatch) run(ctx context.Context) {
-	t := time.NewTicker(hangEvery)
+	t := wake.NewTicker(hangEvery)
 	defer t.Stop()
 	for {
 		select {
@@ -164,6 +165,7 @@ func (h *hangWatch) run(ctx context.Context) {
 			h.finish()
 			return
 		case <-t.C:
+			t.Next()
 			h.tick(time.Now())
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/peers"
 	"github.com/gaptrace/gaptrace/event"
 	"github.com/gaptrace/gaptrace/gpusample"
+	"github.com/gaptrace/gaptrace/internal/wake"
 )
 
 // event feeds one host event to the engine. A new or exec'd process's
@@ -106,7 +107,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 		fromPeers = p.peers.Recv()
 	}
 	defer p.watchHangs(ctx)()
-	advance := time.NewTicker(advanceEvery)
+	advance := wake.NewTicker(advanceEvery)
 	defer advance.Stop()
 	lastSnap, lastDev := time.Time{}, time.Time{}
 	p.mapDevices()
@@ -142,6 +143,7 @@ func (p *pipeline) Run(ctx context.Context) error {
 			}
 			p.peerBatch(b)
 		case now := <-advance.C:
+			advance.Next()
 			at := now.UnixNano()
 			if trDone != nil {
 				// While the tracer runs, the engine's clock is what it

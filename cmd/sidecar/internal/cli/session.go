@@ -14,6 +14,7 @@ import (
 	"github.com/gaptrace/gaptrace/cmd/sidecar/internal/regress"
 	"github.com/gaptrace/gaptrace/correlate"
 	"github.com/gaptrace/gaptrace/internal/safefile"
+	"github.com/gaptrace/gaptrace/internal/wake"
 	"github.com/gaptrace/gaptrace/otel"
 	"github.com/gaptrace/gaptrace/perfetto"
 	"github.com/gaptrace/gaptrace/whatif"
@@ -130,7 +131,7 @@ func (s *session) render() {
 	if s.mode == "log" {
 		every = 5 * time.Second
 	}
-	t := time.NewTicker(every)
+	t := wake.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -140,6 +141,7 @@ func (s *session) render() {
 			}
 			return
 		case <-t.C:
+			t.Next()
 			s.agg.SetStats(s.pipe.Stats())
 			v := s.agg.View(s.title)
 			if s.term != nil {

@@ -69,6 +69,18 @@ func (s *stepper) notePending(tid uint32, pending uint64, flush bool) {
 	s.pend[tid] = pending
 }
 
+// unclocked says whether key's latest token makes a stretch with no
+// sited call in which it came more than stepclock.UnclockedMax times
+// (once per stretch): under a running call site, that stretch may show
+// the loop iterating without it, which checkSite then decides.
+func (c *siteClock) unclocked(key stepclock.Key) bool {
+	if c.ran || c.source != stepclock.SourceCallSite || c.run[key] <= stepclock.UnclockedMax {
+		return false
+	}
+	c.ran = true
+	return true
+}
+
 // onToken feeds one enqueue that can clock steps; it reports whether a
 // step ended.
 func (s *stepper) onToken(set settings, key stepclock.Key, occ, t int64) bool {
@@ -90,7 +102,7 @@ func (s *stepper) onToken(set settings, key stepclock.Key, occ, t int64) bool {
 	s.trimToks()
 	s.ntok++
 	if s.mode == modeSite {
-		return false
+		return s.sites.unclocked(key) && s.checkSite(set)
 	}
 	if s.mode == modeClock {
 		ended := s.clockTick(set, &tok)

@@ -64,6 +64,14 @@ type siteClock struct {
 	// pend: each thread's launches a copy reported pending, which its
 	// next sync counts again (newLaunches).
 	pend map[uint32]uint64
+	// run: the tokens of each key since the latest sited call; ran: one
+	// of them passed stepclock.UnclockedMax in this stretch, and the
+	// running site was checked for it (onToken).
+	run map[stepclock.Key]int
+	ran bool
+	// phase: the sites found to be a phase inside the loop (Unclocked):
+	// never picked again.
+	phase map[string]bool
 	// micro: the sites known to read micro-batches (stepclock.MicroSites).
 	micro map[string]bool
 	// weight: each recurring site's launches an iteration, as last seen
@@ -127,6 +135,10 @@ func (s *stepper) awaitSite() bool {
 // siteToken notes one enqueued token in the stream.
 func (s *stepper) siteToken(set settings, key stepclock.Key, t int64) {
 	c := &s.sites
+	if c.run == nil {
+		c.run = map[stepclock.Key]int{}
+	}
+	c.run[key]++
 	c.push(stepclock.Item{Key: key, T: t, Seen: set.launchesSeen(c.lastT(t), t), Pos: s.flushedAll + s.pendSum})
 }
 
@@ -203,6 +215,8 @@ func (s *stepper) onSiteCall(set settings, ev *event.Event) bool {
 	if site.Key == "" {
 		return false
 	}
+	clear(c.run)
+	c.ran = false
 	it := stepclock.Item{Site: site, TID: ev.TID, Launches: c.newLaunches(ev), T: ev.End,
 		Seen: set.launchesSeen(c.lastT(ev.End), ev.End), Pos: s.flushedAll + s.pendSum}
 	if n := len(c.items); n > 0 && ev.Kind == event.KindMemcpy {
@@ -285,7 +299,7 @@ func (s *stepper) pickOverGroups(set settings) bool {
 	}
 	c := &s.sites
 	p, ok := stepclock.PickSite(c.items, s.pid)
-	if !ok || p.Groups == 0 || c.micro[stepclock.SiteID(p.TID, p.Site.Key)] {
+	if !ok || p.Groups == 0 || c.micro[stepclock.SiteID(p.TID, p.Site.Key)] || c.phase[stepclock.SiteID(p.TID, p.Site.Key)] {
 		return false
 	}
 	if p.TID != s.pid && c.mainSyncs(c.items[0].T) >= stepclock.SiteMinRuns {
@@ -331,6 +345,19 @@ func (s *stepper) checkSite(set settings) bool {
 		// clearly more, still recurs and takes over at once.
 		return s.takeSite(set, site, c.tid, stepclock.PinIn(c.items, site.Key))
 	}
+	if s.mode == modeSite && c.source == stepclock.SourceCallSite && sc.Unclocked(c.key, c.tid) {
+		// Its iterations' work came again and again with no call of it
+		// (stepclock.Unclocked): the site was a phase the sidecar met
+		// first (an evaluation's batches), and the loop runs without it.
+		set.log.Info("step site misses the loop's iterations, back to the work pattern", "pid", s.pid, "site", c.name)
+		if c.phase == nil {
+			c.phase = map[string]bool{}
+		}
+		c.phase[stepclock.SiteID(c.tid, c.key)] = true
+		c.key, c.source, c.strikes = "", "", 0
+		s.toWindows(c.lastAt)
+		return true
+	}
 	if s.mode == modeSite && sc.Qualifies(c.key, c.tid) && !s.mainTakesOver(sc) {
 		// The running site still recurs: a rival (an evaluation's
 		// batches) does not unseat it.
@@ -345,6 +372,10 @@ func (s *stepper) checkSite(set settings) bool {
 	p, ok := sc.Pick(s.pid)
 	if ok && c.micro[stepclock.SiteID(p.TID, p.Site.Key)] {
 		// It reads micro-batches, as launches showed earlier: no step.
+		ok = false
+	}
+	if ok && (c.phase[stepclock.SiteID(p.TID, p.Site.Key)] || sc.Unclocked(p.Site.Key, p.TID)) {
+		// The loop iterates without calling it: a phase, not the loop.
 		ok = false
 	}
 	if ok && s.mode == modeClock && s.withinGroup(p) {

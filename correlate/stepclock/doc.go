@@ -33,6 +33,10 @@
 //	varied.go    iterations of a varying number of micro-batches: the
 //	             launches against the copies between a site's calls;
 //	             variedShort (Scored.Undecided): too few counts yet
+//	unclocked.go Scored.Unclocked: a site whose iterations' work the loop
+//	             enqueues again and again with no sited call at all is a
+//	             phase inside the loop (an evaluation met first), not its
+//	             step site
 //	spec.go      Spec, ParseSpec: a step site the user declared
 //	framework.go FrameworkClock: steps from a framework's own markers
 //	             (PyTorch's optimizer step, its profiler step)

@@ -523,7 +523,7 @@ func (s *stepper) replacedBy() (stepclock.Pick, bool) {
 		// site (eager warm-up steps, then a graph's replays), and nothing
 		// else does.
 		return p, stepclock.SameData(c.items, c.key, p.Site.Key, c.tid)
-	case !okWas || was == 0:
+	case was == 0:
 		return stepclock.Pick{}, false
 	case !okNow || now == 0:
 		return p, stepclock.SameWork(c.items, c.key, p.Site.Key, c.tid)

@@ -514,12 +514,18 @@ func Qualifies(items []Item, key string, tid uint32) bool { return Score(items).
 
 // Qualifies is the package's Qualifies over the scored stream.
 func (sc *Scored) Qualifies(key string, tid uint32) bool {
-	for _, c := range sc.cands {
+	c := candOf(sc.cands, key, tid)
+	return c != nil && recurs(c)
+}
+
+// candOf is the candidate of site key on tid among cands, nil if none.
+func candOf(cands []*siteCand, key string, tid uint32) *siteCand {
+	for _, c := range cands {
 		if c.site.Key == key && c.tid == tid {
-			return recurs(c)
+			return c
 		}
 	}
-	return false
+	return nil
 }
 
 func threadLaunches(span []Item, tid uint32) uint64 {

@@ -26,6 +26,17 @@ func (s *stream) tok(bytes uint64) {
 	s.items = append(s.items, Item{Key: Key{Kind: event.KindMemcpyAsync, Dir: event.CUMemcpyHtoD, Bytes: bytes}})
 }
 
+// intervals adds n intervals of the main thread, each the tokens of
+// toks' sizes and then a call at line with launches.
+func (s *stream) intervals(n int, launches uint64, line int, toks ...uint64) {
+	for i := 0; i < n; i++ {
+		for _, b := range toks {
+			s.tok(b)
+		}
+		s.call(pid, launches, line)
+	}
+}
+
 const pid = 100
 
 func TestPickSiteLossRead(t *testing.T) {

@@ -21,13 +21,7 @@ const UnclockedMax = 2 * SiteRepeat
 // stretch between two sited calls (of any site and thread) in which one
 // token of the site's own intervals came more than UnclockedMax times.
 func (sc *Scored) Unclocked(key string, tid uint32) bool {
-	var c *siteCand
-	for _, x := range sc.cands {
-		if x.site.Key == key && x.tid == tid {
-			c = x
-			break
-		}
-	}
+	c := candOf(sc.cands, key, tid)
 	if c == nil || len(c.at) < 2 {
 		return false
 	}
@@ -35,8 +29,9 @@ func (sc *Scored) Unclocked(key string, tid uint32) bool {
 	// own: each token of the site's intervals, with the most times one
 	// interval held it (micro-batches copy the batch several times).
 	own := map[Key]int{}
+	n := map[Key]int{} // one interval's, then one stretch's counts
 	for k := 1; k < len(c.at); k++ {
-		n := map[Key]int{}
+		clear(n)
 		for i := c.at[k-1] + 1; i < c.at[k]; i++ {
 			if it := &items[i]; it.Site.Key == "" {
 				n[it.Key]++
@@ -49,7 +44,7 @@ func (sc *Scored) Unclocked(key string, tid uint32) bool {
 	if len(own) == 0 {
 		return false
 	}
-	n := map[Key]int{}
+	clear(n)
 	for i := range items {
 		it := &items[i]
 		if it.Site.Key != "" {

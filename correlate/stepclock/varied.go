@@ -163,12 +163,8 @@ func fitLine(x, y []float64) (a, b float64) {
 // a weaker clock laid before it, one per micro-batch, cut its iterations
 // into varying numbers of steps.
 func Varied(items []Item, key string, tid uint32) bool {
-	for _, c := range scoreSites(items) {
-		if c.site.Key == key && c.tid == tid {
-			return c.varied && recurs(c)
-		}
-	}
-	return false
+	c := candOf(scoreSites(items), key, tid)
+	return c != nil && c.varied && recurs(c)
 }
 
 // oneIteration says whether span, the stream between two calls of a site

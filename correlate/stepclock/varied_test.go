@@ -72,17 +72,9 @@ func TestSameWork(t *testing.T) {
 	// Eager steps (line 40) and then graph replays (line 50) both copy
 	// one batch an interval; a checkpoint's reads (line 60) copy none.
 	var s stream
-	for i := 0; i < 10; i++ {
-		s.tok(4096)
-		s.call(pid, 5, 40)
-	}
-	for i := 0; i < 10; i++ {
-		s.tok(4096)
-		s.call(pid, 0, 50)
-	}
-	for i := 0; i < 10; i++ {
-		s.call(pid, 0, 60)
-	}
+	s.intervals(10, 5, 40, 4096)
+	s.intervals(10, 0, 50, 4096)
+	s.intervals(10, 0, 60)
 	key := func(l int) string { return SiteOf(pyStack(l)).Key }
 	if !SameWork(s.items, key(40), key(50), pid) {
 		t.Fatal("the eager steps and the replays copy the same batch: want same work")
@@ -97,23 +89,10 @@ func TestSameData(t *testing.T) {
 	// and a target an interval; an evaluation (line 70) copies the input
 	// alone; a checkpoint's reads (line 60) copy nothing.
 	var s stream
-	for i := 0; i < 10; i++ {
-		s.tok(4096)
-		s.tok(64)
-		s.call(pid, 0, 40)
-	}
-	for i := 0; i < 10; i++ {
-		s.tok(4096)
-		s.tok(64)
-		s.call(pid, 0, 50)
-	}
-	for i := 0; i < 10; i++ {
-		s.tok(4096)
-		s.call(pid, 0, 70)
-	}
-	for i := 0; i < 10; i++ {
-		s.call(pid, 0, 60)
-	}
+	s.intervals(10, 0, 40, 4096, 64)
+	s.intervals(10, 0, 50, 4096, 64)
+	s.intervals(10, 0, 70, 4096)
+	s.intervals(10, 0, 60)
 	key := func(l int) string { return SiteOf(pyStack(l)).Key }
 	if !SameData(s.items, key(40), key(50), pid) {
 		t.Fatal("the eager steps and the replays copy the same batch: want the same data")

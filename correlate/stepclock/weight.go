@@ -94,6 +94,16 @@ func launchedAfter(items []Item, i int) bool {
 // between their calls (SiteGood): the batch copy an eager step and a CUDA
 // graph's replay of it both make, which a checkpoint's per-tensor reads
 // never hold.
+func SameWork(items []Item, a, b string, tid uint32) bool {
+	ka, kb := onceKeys(items, a, tid), onceKeys(items, b, tid)
+	for k := range ka {
+		if kb[k] {
+			return true
+		}
+	}
+	return false
+}
+
 // SameData says whether sites a and b on tid enclose the same data
 // movement: the tokens that come exactly once in most of their intervals
 // are the same, and there are some (the batch copy of an eager step and
@@ -111,16 +121,6 @@ func SameData(items []Item, a, b string, tid uint32) bool {
 		}
 	}
 	return true
-}
-
-func SameWork(items []Item, a, b string, tid uint32) bool {
-	ka, kb := onceKeys(items, a, tid), onceKeys(items, b, tid)
-	for k := range ka {
-		if kb[k] {
-			return true
-		}
-	}
-	return false
 }
 
 // onceKeys are the tokens that come exactly once in most intervals

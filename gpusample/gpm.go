@@ -394,11 +394,12 @@ func (g *gpmSampler) nextSample(now int64) int64 {
 	return g.boundary(now-int64(gpmMargin)) + int64(g.period) + int64(gpmMargin)
 }
 
-// wait is how long from now until the next read. Aligned on a period
-// of four grid steps or more, the read moves to the sidecar's wake-up grid
-// (internal/wake): up to a grid step after the refresh plus gpmMargin is
-// still well before the next refresh, and the devices' reads then share one
-// wake-up of the process instead of one each.
+// wait is how long from now until the next read. Aligned, on a period
+// of at least twice a grid step plus gpmMargin, the read moves to the
+// sidecar's wake-up grid (internal/wake): up to a grid step after the
+// refresh plus gpmMargin is then at most half a period, well before the
+// next refresh, and the devices' reads share one wake-up of the process
+// instead of one each.
 func (g *gpmSampler) wait(now int64) time.Duration {
 	due := g.nextSample(now)
 	if g.aligned && g.period >= 2*wake.Grid+2*gpmMargin {

@@ -142,7 +142,7 @@ func (r *ringReader) markCaughtUp(at time.Time) {
 }
 
 // park waits until the programs wake the ring, about every passes (on the
-// wake-up grid, internal/wake, when every spans two grid steps or more), or
+// wake-up grid, internal/wake, when every is a grid step or more), or
 // Flush or Close is called (they move the deadline to now).
 func (r *ringReader) park() {
 	now := time.Now()

@@ -48,11 +48,16 @@ const memoryLimit = 48 << 20
 
 // maxProcs caps the threads that run Go code at once unless GOMAXPROCS
 // says otherwise. The sidecar's work is one pipeline of a few goroutines
-// that wake hundreds of times a second; on a GPU host's 16+ cores every
-// wake-up sent idle threads spinning through all the others' run queues
-// for work (12–25% of the sidecar's CPU on an H200 host), and the
-// collector's workers ran beside the job's threads.
-const maxProcs = 2
+// that wake together on the wake-up grid (internal/wake), at most 50 times
+// a second, and use a few percent of one core; a second thread only spins
+// through the run queues looking for work each time a goroutine readies
+// another. On a GPU host's 16+ cores that spinning was 12-25% of the
+// sidecar's CPU (an H200 host, 16 threads -> 2); on a 2-core VM, one
+// thread against two took 8 ranks 6.15% -> 5.25% of a core (medians of 14
+// interleaved pairs, lower in 13) and a loader job 4.3% -> 3.4% (3 of 3);
+// a launch-bound job moved within its noise. A thread blocked in a system
+// call or NVML hands the processor on, as with any count.
+const maxProcs = 1
 
 // gcPercent is the collector's GOGC unless the environment sets it. At
 // the default 100 the sidecar collected every ~25 MB it allocated, and

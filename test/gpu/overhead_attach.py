@@ -61,6 +61,7 @@ class Job:
         if a.job == "loader":
             # cost.sh's job (trainer.py's loader-cost preset): 2 pinned DataLoader workers, loader and read stalls.
             cmd = [sys.executable, os.path.join(HERE, "trainer.py"), "--preset", "loader-cost",
+                   "--loader-workers", str(a.loader_workers),
                    "--serve", self.log, "--ctl", self.ctl, "--data-dir", a.out]
         else:
             cmd = [sys.executable, os.path.join(HERE, "launchjob.py"), "--serve", self.log, "--ctl", self.ctl,
@@ -224,6 +225,7 @@ def main():
     ap.add_argument("--host-us", type=int, default=0, help="µs of Python work a step after its launches (a lower launch rate)")
     ap.add_argument("--job", choices=("launch", "loader"), default="launch",
                     help="launch: launchjob.py; loader: trainer.py fed by DataLoader workers (cost.sh's job; no profiler mode)")
+    ap.add_argument("--loader-workers", type=int, default=2, help="--job loader: its DataLoader worker processes")
     ap.add_argument("--modes", default="null,lite,auto,full,profiler")
     ap.add_argument("--budget", type=float, default=0, help="stop starting repetitions after this many seconds (0: none)")
     ap.add_argument("--pprof", action="store_true", help="GAPTRACE_PPROF for auto's attachments and every sidecar attachment (heap and CPU profiles)")
@@ -330,7 +332,7 @@ def main():
         json.dump(rows, f)
     n = min((len(v) for k, v in saved["Ratio"].items() if v), default=0)
     what = (f"launch-bound PyTorch job: {a.kernels} in-place kernels a step" if a.job == "launch" else
-            "PyTorch job fed by 2 DataLoader workers (trainer.py, loader and read stalls; launch column not measured)")
+            f"PyTorch job fed by {a.loader_workers} DataLoader workers (trainer.py, loader and read stalls; launch column not measured)")
     print(f"\n{what}; one process, {a.window:g} s windows, {n}+ pairs per mode, {len(steps)} steps logged")
     print_table(a.bench, os.path.join(a.out, "pairs.json"), saved, ["untraced"] + modes, sidecar, "attachment", a.job)
     for m in modes:

@@ -147,9 +147,10 @@ for p in $PHASES; do
     # loader), whole iterations timed, so the loader's wait and the stalls are in them; then the
     # sidecar's own CPU and RSS in one attachment per mode in SIDECAR (SIDECAR_SECONDS, default 40).
     # GAPTRACE_ALT=BIN: modes ending in @alt (auto@alt) run that build, timed interleaved with $G's.
+    # LOADER_WORKERS: the job's DataLoader workers (default 2; 8 is a job of 9 processes).
     phase "overhead in one job with loader workers: untraced windows vs attached auto/lite"
     seed=${SEED:-1}
-    "$PY" "$HERE/overhead_attach.py" --job loader --gaptrace "$G" ${GAPTRACE_ALT:+--gaptrace-alt "$GAPTRACE_ALT"} \
+    "$PY" "$HERE/overhead_attach.py" --job loader --loader-workers "${LOADER_WORKERS:-2}" --gaptrace "$G" ${GAPTRACE_ALT:+--gaptrace-alt "$GAPTRACE_ALT"} \
       --bench "${BENCH:-$ROOT/bin/bench}" \
       --out "$WORK/loader-$seed" --reps "${REPS:-10}" --window "${WINDOW:-4}" --settle-auto 3 \
       --modes "${PAIR_MODES:-auto,lite}" --budget "${ATTACH_BUDGET:-0}" --seed "$seed" --sidecar "${SIDECAR:-auto}" \

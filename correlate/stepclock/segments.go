@@ -183,21 +183,22 @@ func PhasesDiffer(unit []SegSum, m int, launchesSeen bool) bool {
 // counts (give or take countSlack of each): at least three in four.
 func fewCounts(l []uint64) bool {
 	taken := make([]bool, len(l))
+	free := make([]int, len(l)+1) // counts not taken before each index
 	covered := 0
 	for pick := 0; pick < 2; pick++ {
+		for i := range l {
+			free[i+1] = free[i]
+			if !taken[i] {
+				free[i+1]++
+			}
+		}
 		best, bestLo, bestHi := 0, 0, 0
 		lo := 0
 		for hi := range l {
 			for l[hi]-l[lo] > 2*countSlack(l[hi]) {
 				lo++
 			}
-			n := 0
-			for k := lo; k <= hi; k++ {
-				if !taken[k] {
-					n++
-				}
-			}
-			if n > best {
+			if n := free[hi+1] - free[lo]; n > best {
 				best, bestLo, bestHi = n, lo, hi
 			}
 		}

@@ -180,6 +180,11 @@ func (r *ring) judge(k Key, in Input, useLaunches bool) (Found, bool) {
 			continue
 		}
 		if f, ok := r.candidate(k, u, m, minMatch, in, useLaunches); ok {
+			if m == 1 && r.positional(o, unit, useLaunches) {
+				// Matched by operations alone, yet one position
+				// of every few runs no kernel: a slice of a step.
+				continue
+			}
 			return f, true
 		}
 	}
@@ -427,4 +432,105 @@ func rarerMarks(toks []Token, occ map[Key][]int, k Key) (ph []uint64, wait bool)
 		}
 	}
 	return ph, wait
+}
+
+// positional says whether the occurrences o of an operation are slices
+// of steps by the launches between them (unit): one position mod some m
+// runs no kernel at all while the others do, as the training's copies of
+// x and then y, with nothing launched between them and the micro-batch's
+// 22 kernels after y. A step runs kernels. The positions are compared
+// within each run of alike segments, since an insertion (an evaluation's
+// 15 batches, each read back) both differs and shifts the training's
+// phase; runs whose segments all launch alike (the evaluation's) say
+// nothing, and those with an idle position must outnumber those that vary
+// otherwise. Under full's rules this is asked only where the counts
+// are too varied for modalMatch to hold the steps to them (as where a
+// loop's data picks its kernels), which an evaluation's batches beside the
+// training's make them; under lite's (useLaunches false) the steps are
+// matched by their operations alone, and the counts are known only where
+// a window saw every launch, taken from the launch positions.
+func (r *ring) positional(o []int, unit []SegSum, useLaunches bool) bool {
+	if len(o) < 2 {
+		return false
+	}
+	if !useLaunches {
+		if a, b := o[0], o[len(o)-1]; r.pv[b+1]-r.pv[a+1] != b-a {
+			return false
+		}
+		unit = slices.Clone(unit)
+		for i := range unit {
+			a, b := r.toks[o[i]].Pos, r.toks[o[i+1]].Pos
+			unit[i].Launches = b - min(a, b)
+		}
+	}
+	if !slices.ContainsFunc(unit, func(g SegSum) bool { return g.Launches == 0 }) {
+		return false // every segment runs kernels
+	}
+	if useLaunches {
+		l := make([]uint64, len(unit))
+		for i := range unit {
+			l[i] = unit[i].Launches
+		}
+		slices.Sort(l)
+		if fewCounts(l) {
+			return false
+		}
+	}
+	// Runs of alike segments (the same operations, synced or not): an
+	// evaluation's batches, each read back, are not the training's.
+	idle, busy := 0, 0
+	for a := 0; a < len(unit); {
+		b := a + 1
+		for b < len(unit) && unit[b].Ops == unit[a].Ops && (unit[b].Syncs > 0) == (unit[a].Syncs > 0) {
+			b++
+		}
+		switch run := unit[a:b]; {
+		case len(run) < 2*2:
+			// Too short to show a position's work (the last
+			// micro-batch before an evaluation, its read synced).
+		case idleRun(run):
+			idle += len(run)
+		case !alike(run):
+			busy += len(run)
+		}
+		a = b
+	}
+	return idle > busy && idle >= 2*SegMin
+}
+
+// idleRun says whether, for some m, the segments at one position mod m
+// launch nothing while the others launch something.
+func idleRun(unit []SegSum) bool {
+	for m := 2; m <= MaxM && len(unit) >= 2*m; m++ {
+		var sum [MaxM]uint64
+		for i := range unit {
+			sum[i%m] += unit[i].Launches
+		}
+		idle, busy := false, false
+		for _, n := range sum[:m] {
+			idle = idle || n == 0
+			busy = busy || n > 0
+		}
+		if idle && busy {
+			return true
+		}
+	}
+	return false
+}
+
+// alike says whether three in four segments launch about as many kernels
+// as their median.
+func alike(unit []SegSum) bool {
+	l := make([]uint64, len(unit))
+	for i := range unit {
+		l[i] = unit[i].Launches
+	}
+	slices.Sort(l)
+	n := 0
+	for _, x := range l {
+		if launchesClose(x, l[len(l)/2]) {
+			n++
+		}
+	}
+	return 4*n >= 3*len(l)
 }

@@ -125,3 +125,71 @@ func TestDetectAheadLoop(t *testing.T) {
 		t.Errorf("a copy with no launch since the previous token is not idle")
 	}
 }
+
+// evalAmidMicroBatches is what an attach just before an evaluation sees
+// of a loop of 8 micro-batches an optimizer step, each copying x and then
+// y (1 MiB each) and launching its forward and backward after y: 22
+// launches after every second copy, 26 more at each optimizer step. The
+// evaluation copies one batch at a time, launches 5 kernels and reads its
+// metric (a sync). before and after micro-batches of training frame the
+// evaluation's evals batches. Every launch is seen and flushed at the
+// next token.
+func evalAmidMicroBatches(before, evals, after int) []Token {
+	batch := Key{Kind: event.KindMemcpyAsync, Dir: event.CUMemcpyHtoD, Bytes: 1 << 20}
+	var toks []Token
+	var t int64
+	var pos uint64
+	add := func(launches uint64, syncs int, dt int64) {
+		t += dt
+		toks = append(toks, Token{Key: batch, T: t, Launches: launches, Syncs: syncs, Seen: true, PosFrom: pos, Pos: pos + launches})
+		pos += launches
+	}
+	micro := func(i int) {
+		n := uint64(22)
+		if i%8 == 0 {
+			n += 26
+		}
+		add(n, 0, 1_200_000) // x, after the previous micro-batch's work
+		add(0, 0, 30_000)    // y
+	}
+	for i := range before {
+		micro(i)
+	}
+	for range evals {
+		add(5, 1, 300_000)
+	}
+	for i := range after {
+		micro(i)
+	}
+	return toks
+}
+
+// TestDetectEvaluationAmidMicroBatches: the training's copies alternate
+// 0 and 22 launches after them, the evaluation's come with 5 each. Their
+// counts together are too varied for one step's, as a loop whose data
+// picks its kernels would launch, but they differ by position within the
+// training: each copy is half a micro-batch, not a step, in full's rules
+// and in lite's where a window saw the launches. Counts that the loop's
+// data picks, spread at every position, still clock at every copy.
+func TestDetectEvaluationAmidMicroBatches(t *testing.T) {
+	posts := func(lo, hi int64) int64 { return -1 }
+	toks := evalAmidMicroBatches(10, 15, 10)
+	for _, seen := range []bool{true, false} {
+		cf, valid := Detect(toks, Input{LaunchesSeen: seen, Posts: posts})
+		for _, v := range valid {
+			if v.M == 1 {
+				t.Errorf("launches seen %v: the batch copy qualifies at every copy (best %s ×%d)", seen, cf.Key, cf.M)
+			}
+		}
+	}
+	batch := Key{Kind: event.KindMemcpyAsync, Dir: event.CUMemcpyHtoD, Bytes: 1 << 20}
+	var picked []Token
+	var pos uint64
+	for i, n := range []uint64{4, 17, 9, 22, 13, 6, 24, 11, 3, 19, 15, 8, 21, 5, 12, 18, 7, 10, 16, 14, 20, 2, 23, 9} {
+		picked = append(picked, Token{Key: batch, T: int64(i) * 1_000_000, Launches: n, Syncs: 1, Seen: true, PosFrom: pos, Pos: pos + n})
+		pos += n
+	}
+	if cf, _ := Detect(picked, Input{LaunchesSeen: true, Posts: posts}); cf.Key != batch || cf.M != 1 {
+		t.Errorf("counts picked by data: clock %s ×%d, want the batch copy at every copy", cf.Key, cf.M)
+	}
+}

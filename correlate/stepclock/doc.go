@@ -21,7 +21,8 @@
 //
 //	tokens.go    Key, Token, Seg, LagFit, Found: what the clock compares
 //	detect.go    Detect: the clock in a token ring, judged operation by
-//	             operation
+//	             operation; positional: occurrences of which one
+//	             position runs no kernel are slices of a step
 //	segments.go  what the segments between occurrences hold, compared
 //	period.go    Sync, SameSync, DetectPeriod: the sync period and its phase
 //	site.go      Site, PickSite: steps from the code's call sites; Score: a stream scored once for a check's questions

@@ -130,6 +130,23 @@ func TestLaunchSlot(t *testing.T) {
 			t.Errorf("launches the data picks, g=%d: slot %d", g, r)
 		}
 	}
+	// Attached just before an evaluation: a group and a half of
+	// training, 7 evaluation steps that each read back, then the
+	// training again, its group shifted by the odd insertion: the
+	// optimizer's step at 22, 30, ... (slot 6), where before the
+	// insertion it was at 7. Only the groups after it tell the place.
+	eval := segs(hf, 1, -1)
+	eval = append(eval, segs(hf[:5], 1, -1)...)
+	for range 7 {
+		eval = append(eval, fineSeg{exact: 5, syncs: 1, seen: true})
+	}
+	eval = append(eval, segs(hf[5:], 1, -1)...)
+	if _, ok := launchSlot(append(eval, segs(hf, 3, -1)...), 8); ok {
+		t.Error("three whole groups after an evaluation's synced steps: grouped, want none yet")
+	}
+	if r, ok := launchSlot(append(eval, segs(hf, 5, -1)...), 8); !ok || r != 6 {
+		t.Errorf("five groups after an evaluation's synced steps: slot %d %v, want 6", r, ok)
+	}
 }
 
 // simSteps runs the simulated job's events through an engine under probes

@@ -41,6 +41,13 @@ func launchSlotOver(segs []fineSeg, g, groups int) (int, bool) {
 	// occurrences, and the groups before it say nothing of the place now.
 	from := max(0, len(segs)-groupTail*g)
 	from -= from % g
+	// The whole groups after the latest insertion only.
+	if c := afterInsertion(segs); c > from {
+		from = c + (g-c%g)%g
+	}
+	if from >= len(segs) {
+		return 0, false
+	}
 	segs = segs[from:]
 	n := make([]int, g)
 	with := make([]int, g)
@@ -119,6 +126,20 @@ func launchSlotOver(segs []fineSeg, g, groups int) (int, bool) {
 		return 0, false
 	}
 	return best, syncsOnlyAt(with, n, best)
+}
+
+// afterInsertion is where segs stop holding the latest run of steps that
+// sync one after another: an insertion of the clock's operation (an
+// evaluation's batches, each read back), 0 where none. A loop that syncs
+// only at its group's place never syncs in two steps in a row, and one
+// that syncs in every step groups nothing.
+func afterInsertion(segs []fineSeg) int {
+	for j := len(segs) - 1; j > 0; j-- {
+		if segs[j].syncs > 0 && segs[j-1].syncs > 0 {
+			return j + 1
+		}
+	}
+	return 0
 }
 
 // groupShare: the share of a position's steps that must show what

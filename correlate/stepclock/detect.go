@@ -121,6 +121,14 @@ func newRing(toks []Token) *ring {
 	return r
 }
 
+// seen says whether every launch after token a up to token b was seen
+// (Token.Seen).
+func (r *ring) seen(a, b int) bool { return r.pv[b+1]-r.pv[a+1] == b-a }
+
+// exact is the launches made after token a up to token b, by the
+// process's launch positions (Token.Pos).
+func (r *ring) exact(a, b int) uint64 { return r.toks[b].Pos - min(r.toks[b].Pos, r.toks[a].Pos) }
+
 // sums are the prefix sums one operation's segments are measured by.
 type sums struct{ ops, launches []uint64 }
 
@@ -226,8 +234,8 @@ func (r *ring) steps(k Key, u sums, m, nseg int, in Input, useLaunches bool) ste
 			st.work[s] = float64(f.Launches)
 		} else {
 			st.work[s] = float64(r.toks[b].T - r.toks[a].T)
-			if r.pv[b+1]-r.pv[a+1] == b-a && (s > 0 || !in.FromStart) {
-				st.seen = append(st.seen, float64(r.toks[b].Pos-min(r.toks[b].Pos, r.toks[a].Pos)))
+			if r.seen(a, b) && (s > 0 || !in.FromStart) {
+				st.seen = append(st.seen, float64(r.exact(a, b)))
 			}
 		}
 		if s == 0 && in.FromStart {
@@ -454,13 +462,12 @@ func (r *ring) positional(o []int, unit []SegSum, useLaunches bool) bool {
 		return false
 	}
 	if !useLaunches {
-		if a, b := o[0], o[len(o)-1]; r.pv[b+1]-r.pv[a+1] != b-a {
+		if !r.seen(o[0], o[len(o)-1]) {
 			return false
 		}
 		unit = slices.Clone(unit)
 		for i := range unit {
-			a, b := r.toks[o[i]].Pos, r.toks[o[i+1]].Pos
-			unit[i].Launches = b - min(a, b)
+			unit[i].Launches = r.exact(o[i], o[i+1])
 		}
 	}
 	if !slices.ContainsFunc(unit, func(g SegSum) bool { return g.Launches == 0 }) {
